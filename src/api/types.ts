@@ -1,0 +1,240 @@
+// The API objects, compatible with kubernetes-sigs/agent-sandbox: `agents.x-k8s.io` Sandbox and
+// `extensions.agents.x-k8s.io` SandboxTemplate, SandboxClaim and SandboxWarmPool. Both v1alpha1
+// (replicas, sandboxTemplateRef) and v1beta1 (operatingMode, warmPoolRef) field names are
+// accepted; the store keeps what the user wrote, controllers read both.
+import type { Condition, KubeObject, ObjectMeta, ResourceType } from './meta.ts';
+
+export const CORE_GROUP = 'agents.x-k8s.io';
+export const EXT_GROUP = 'extensions.agents.x-k8s.io';
+/** Our own kinds (API keys) live in this group. */
+export const ASB_GROUP = 'asb.dev';
+
+export const SandboxType: ResourceType = { group: CORE_GROUP, version: 'v1alpha1', kind: 'Sandbox', plural: 'sandboxes', namespaced: true };
+export const SandboxTemplateType: ResourceType = { group: EXT_GROUP, version: 'v1alpha1', kind: 'SandboxTemplate', plural: 'sandboxtemplates', namespaced: true };
+export const SandboxClaimType: ResourceType = { group: EXT_GROUP, version: 'v1alpha1', kind: 'SandboxClaim', plural: 'sandboxclaims', namespaced: true };
+export const SandboxWarmPoolType: ResourceType = { group: EXT_GROUP, version: 'v1alpha1', kind: 'SandboxWarmPool', plural: 'sandboxwarmpools', namespaced: true };
+export const ApiKeyType: ResourceType = { group: ASB_GROUP, version: 'v1alpha1', kind: 'ApiKey', plural: 'apikeys', namespaced: false };
+
+export const RESOURCE_TYPES: readonly ResourceType[] = [SandboxType, SandboxTemplateType, SandboxClaimType, SandboxWarmPoolType, ApiKeyType];
+
+/** Labels and annotations we own. User templates may not set keys under these prefixes. */
+export const LABEL = {
+  /** Which warm pool a sandbox belongs to while it is unclaimed. */
+  pool: 'agents.x-k8s.io/warm-pool-sandbox',
+  /** cold | warm */
+  launchType: 'agents.x-k8s.io/launch-type',
+  claimUid: 'agents.x-k8s.io/claim-uid',
+  template: 'asb.dev/template',
+  /** The team (tenant) that owns a claimed sandbox. Unclaimed warm members have none. */
+  owner: 'asb.dev/owner',
+} as const;
+
+export const ANNOTATION = {
+  /** On a claim: the sandbox it bound. */
+  sandboxName: 'agents.x-k8s.io/sandbox-name',
+  /** Idle timeout in milliseconds; the sandbox hibernates after this long without activity. */
+  idleTimeoutMs: 'asb.dev/idle-timeout-ms',
+  /** ISO time of the last activity seen (exec, files, API, data plane). */
+  lastActivity: 'asb.dev/last-activity',
+} as const;
+
+// ---- Pod spec: the subset of corev1.PodSpec the local runtime honours; the rest is kept as-is.
+
+export interface EnvVar { name: string; value?: string }
+export interface ContainerPort { containerPort: number; name?: string; protocol?: string }
+export interface VolumeMount { name: string; mountPath: string; readOnly?: boolean; subPath?: string }
+
+export interface Probe {
+  exec?: { command: string[] };
+  httpGet?: { path?: string; port: number | string; scheme?: string };
+  tcpSocket?: { port: number | string };
+  initialDelaySeconds?: number;
+  periodSeconds?: number;
+  timeoutSeconds?: number;
+  failureThreshold?: number;
+  successThreshold?: number;
+}
+
+export interface Container {
+  name: string;
+  image?: string | null;
+  command?: string[];
+  args?: string[];
+  workingDir?: string;
+  env?: EnvVar[];
+  ports?: ContainerPort[];
+  volumeMounts?: VolumeMount[];
+  readinessProbe?: Probe;
+  resources?: { limits?: Record<string, string | number>; requests?: Record<string, string | number> };
+  securityContext?: { runAsUser?: number; runAsGroup?: number };
+  [other: string]: unknown;
+}
+
+export interface Volume {
+  name: string;
+  emptyDir?: Record<string, unknown>;
+  persistentVolumeClaim?: { claimName: string };
+  [other: string]: unknown;
+}
+
+export interface PodSpec {
+  containers: Container[];
+  initContainers?: Container[];
+  volumes?: Volume[];
+  runtimeClassName?: string;
+  serviceAccountName?: string;
+  automountServiceAccountToken?: boolean;
+  hostname?: string;
+  securityContext?: { runAsUser?: number; runAsGroup?: number; fsGroup?: number };
+  [other: string]: unknown;
+}
+
+export interface PodTemplate {
+  metadata?: { labels?: Record<string, string>; annotations?: Record<string, string> };
+  spec: PodSpec;
+}
+
+export interface VolumeClaimTemplate {
+  metadata: { name: string; labels?: Record<string, string>; annotations?: Record<string, string> };
+  spec: { accessModes?: string[]; resources?: { requests?: Record<string, string | number> }; storageClassName?: string; [other: string]: unknown };
+}
+
+export type ShutdownPolicy = 'Delete' | 'Retain';
+
+export interface Lifecycle {
+  shutdownTime?: string;
+  shutdownPolicy?: ShutdownPolicy;
+}
+
+// ---- Sandbox
+
+export type OperatingMode = 'Running' | 'Suspended';
+
+export interface SandboxSpec {
+  podTemplate: PodTemplate;
+  volumeClaimTemplates?: VolumeClaimTemplate[];
+  service?: boolean;
+  /** v1alpha1: 1 runs the pod, 0 hibernates it. */
+  replicas?: number;
+  /** v1beta1 equivalent of replicas. */
+  operatingMode?: OperatingMode;
+  lifecycle?: Lifecycle;
+  /** Ours: hibernate after this many ms without activity (0 or absent: never). */
+  idleTimeoutMs?: number;
+}
+
+/** Phases users see; `Hibernated` keeps volumes and the writable filesystem. */
+export type SandboxPhase = 'Pending' | 'Running' | 'Hibernating' | 'Hibernated' | 'Waking' | 'Failed' | 'Expired' | 'Terminating';
+
+export interface SandboxStatus {
+  phase?: SandboxPhase;
+  conditions?: Condition[];
+  podIPs?: string[];
+  nodeName?: string;
+  serviceFQDN?: string;
+  service?: string;
+  selector?: string;
+  replicas?: number;
+  /** ISO time the pod last became ready. */
+  readyTime?: string;
+  message?: string;
+}
+
+export interface Sandbox extends KubeObject {
+  metadata: ObjectMeta;
+  spec: SandboxSpec;
+  status?: SandboxStatus;
+}
+
+// ---- SandboxTemplate
+
+export interface SandboxTemplateSpec {
+  podTemplate: PodTemplate;
+  volumeClaimTemplates?: VolumeClaimTemplate[];
+  service?: boolean;
+  networkPolicy?: unknown;
+  networkPolicyManagement?: 'Managed' | 'Unmanaged';
+  envVarsInjectionPolicy?: 'Disallowed' | 'Allowed' | 'Overrides';
+  volumeClaimTemplatesPolicy?: 'Disallowed' | 'Allowed' | 'Overrides';
+  /** Ours: idle timeout copied onto sandboxes made from this template. */
+  idleTimeoutMs?: number;
+}
+
+export interface SandboxTemplate extends KubeObject {
+  metadata: ObjectMeta;
+  spec: SandboxTemplateSpec;
+}
+
+// ---- SandboxWarmPool
+
+export interface SandboxWarmPoolSpec {
+  replicas: number;
+  sandboxTemplateRef: { name: string };
+  updateStrategy?: { type: 'Recreate' | 'OnReplenish' };
+}
+
+export interface SandboxWarmPoolStatus {
+  replicas?: number;
+  readyReplicas?: number;
+  selector?: string;
+  observedGeneration?: number;
+  conditions?: Condition[];
+}
+
+export interface SandboxWarmPool extends KubeObject {
+  metadata: ObjectMeta;
+  spec: SandboxWarmPoolSpec;
+  status?: SandboxWarmPoolStatus;
+}
+
+// ---- SandboxClaim
+
+export interface SandboxClaimSpec {
+  /** v1beta1 */
+  warmPoolRef?: { name: string };
+  /** v1alpha1 */
+  sandboxTemplateRef?: { name: string };
+  /** v1alpha1: none | default | <pool name> */
+  warmpool?: string;
+  lifecycle?: Lifecycle & { ttlSecondsAfterFinished?: number };
+  additionalPodMetadata?: { labels?: Record<string, string>; annotations?: Record<string, string> };
+  env?: { name: string; value: string; containerName?: string }[];
+  volumeClaimTemplates?: VolumeClaimTemplate[];
+}
+
+export interface SandboxClaimStatus {
+  conditions?: Condition[];
+  sandbox?: { name: string; podIPs?: string[] };
+  /** warm | cold: how the claim was satisfied. */
+  launchType?: 'warm' | 'cold';
+}
+
+export interface SandboxClaim extends KubeObject {
+  metadata: ObjectMeta;
+  spec: SandboxClaimSpec;
+  status?: SandboxClaimStatus;
+}
+
+// ---- ApiKey (ours): only the hash is stored.
+
+export interface ApiKeySpec {
+  team: string;
+  /** hex sha256 of the secret part of the key */
+  hash: string;
+  /** The public prefix shown in listings, e.g. asb_ab12cd34 */
+  prefix: string;
+  admin?: boolean;
+  revoked?: boolean;
+  description?: string;
+}
+
+export interface ApiKey extends KubeObject {
+  metadata: ObjectMeta;
+  spec: ApiKeySpec;
+}
+
+/** Whether a sandbox should be running: v1beta1 operatingMode wins over v1alpha1 replicas. */
+export function wantsRunning(spec: SandboxSpec): boolean {
+  if (spec.operatingMode !== undefined) return spec.operatingMode === 'Running';
+  return (spec.replicas ?? 1) > 0;
+}

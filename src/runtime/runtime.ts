@@ -1,0 +1,115 @@
+// The pod runtime contract: what the kubelet does for a Sandbox's pod. The local runtime
+// (src/runtime/local/) runs pods as isolated process trees on this machine; on Kubernetes the
+// same interface is served by Pods plus `pods/exec`. Exec, files and PTY all go through here so
+// no agent has to be baked into a sandbox image: a POSIX shell is enough.
+import type { PodSpec, VolumeClaimTemplate } from '../api/types.ts';
+
+export interface PodRequest {
+  /** The sandbox id ([a-z0-9-]+, unique on this worker); names the pod, its disk and its IP. */
+  id: string;
+  namespace: string;
+  hostname: string;
+  spec: PodSpec;
+  volumeClaimTemplates?: VolumeClaimTemplate[];
+  labels?: Record<string, string>;
+}
+
+/**
+ * Absent: the runtime knows nothing of the id (never started, or removed).
+ * Stopped: hibernated: no process, but the writable filesystem and volumes are kept.
+ */
+export type PodPhase = 'Absent' | 'Pending' | 'Running' | 'Stopped' | 'Succeeded' | 'Failed';
+
+export interface PodState {
+  phase: PodPhase;
+  /** True once every container is running and its readiness probe (if any) passed. */
+  ready: boolean;
+  ip?: string;
+  /** Host-side pid of the pod's init process, when running. */
+  pid?: number;
+  startedAt?: string;
+  exitCode?: number;
+  message?: string;
+}
+
+export interface ExecRequest {
+  command: string[];
+  /** Written to the process's stdin, then stdin is closed. */
+  stdin?: Uint8Array | string;
+  env?: Record<string, string>;
+  cwd?: string;
+  /** Run as this uid inside the sandbox; default: the pod's user. */
+  user?: number;
+  /** Kill the process group after this long; the result says timedOut. */
+  timeoutMs?: number;
+  /** Cap on captured bytes per stream; beyond it output is truncated and `truncated` set. */
+  maxOutputBytes?: number;
+}
+
+export interface ExecResult {
+  exitCode: number;
+  stdout: Uint8Array;
+  stderr: Uint8Array;
+  timedOut: boolean;
+  truncated: boolean;
+  /** Signal name when the process died of one. */
+  signal?: string;
+}
+
+export interface FileEntry {
+  name: string;
+  path: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  size: number;
+  mode: number;
+  mtime: string;
+}
+
+export interface PtyOptions {
+  command?: string[];
+  cols: number;
+  rows: number;
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: number;
+}
+
+/** A terminal inside a sandbox. Output is pulled by the consumer so backpressure holds. */
+export interface PtySession {
+  /** Bytes typed by the user. Resolves when accepted by the pty (backpressure). */
+  write(data: Uint8Array | string): Promise<void>;
+  resize(cols: number, rows: number): void;
+  /** Terminal output; ends when the session exits. Not reading it pauses the process. */
+  readonly output: AsyncIterable<Uint8Array>;
+  /** Resolves with the shell's exit code (128+n for signal n). */
+  readonly exited: Promise<number>;
+  /** Hangs up the terminal (SIGHUP), then kills it; idempotent. */
+  close(): void;
+}
+
+export interface PodRuntime {
+  /**
+   * Starts the pod if it is not running, reusing its writable filesystem and volumes when they
+   * exist (wake after hibernation). Idempotent: resolves at once for a running pod.
+   */
+  start(pod: PodRequest): Promise<PodState>;
+  /** Hibernates: ends every process, keeps filesystem, volumes and IP reservation. Idempotent. */
+  stop(id: string): Promise<void>;
+  /** Ends every process and deletes the pod's filesystem and volumes. Idempotent. */
+  remove(id: string): Promise<void>;
+  /** The current state, from memory: no I/O. */
+  state(id: string): PodState;
+  /** Every pod id the runtime holds (running or stopped), e.g. for recovery after a restart. */
+  list(): string[];
+  /** Called with the id whenever a pod's state changes (started, ready, exited, removed). */
+  onChange(listener: (id: string) => void): () => void;
+
+  exec(id: string, req: ExecRequest): Promise<ExecResult>;
+  readFile(id: string, path: string): Promise<Uint8Array>;
+  writeFile(id: string, path: string, data: Uint8Array, mode?: number): Promise<void>;
+  listDir(id: string, path: string): Promise<FileEntry[]>;
+  openPty(id: string, opts: PtyOptions): Promise<PtySession>;
+
+  /** Stops watching; leaves pods as they are (they survive a worker restart). Idempotent. */
+  close(): Promise<void>;
+}
