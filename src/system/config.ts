@@ -1,0 +1,134 @@
+// Worker configuration: parsed once at the edge from flags and environment, every problem
+// listed at once, then frozen and passed down. Nothing else reads the environment.
+import { resolve } from 'node:path';
+import { isClusterTag } from '../api/ids.ts';
+
+export interface WorkerConfig {
+  /** ASB_DATA_DIR / --data-dir: store, pod filesystems and volumes live here. Default .asb/data */
+  readonly dataDir: string;
+  /** ASB_API_HOST / --host: address the REST API binds. Default 127.0.0.1 */
+  readonly apiHost: string;
+  /** ASB_API_PORT / --port: REST API port; 0 picks a free one. Default 7080 */
+  readonly apiPort: number;
+  /** ASB_CLUSTER_NAME / --cluster: this worker cluster's name. Default local */
+  readonly clusterName: string;
+  /** ASB_CLUSTER_TAG / --cluster-tag: 4 chars [a-z0-9] prefixed to every sandbox id. Default loc1 */
+  readonly clusterTag: string;
+  /** ASB_SUBNET / --subnet: pod addresses (a /16); the bridge takes .0.1. Default 10.213.0.0/16 */
+  readonly subnet: string;
+  /** ASB_BRIDGE / --bridge: host bridge for pod veths. Default asb0 */
+  readonly bridge: string;
+  /** ASB_BASE_POOL_REPLICAS / --base-pool: warm members of the built-in base pool. Default 3 */
+  readonly basePoolReplicas: number;
+  /** ASB_ADMIN_KEY_FILE / --admin-key-file: keep (or create) an admin key here, mode 0600. */
+  readonly adminKeyFile: string | undefined;
+  /** ASB_LOG_LEVEL / --log-level. Default info */
+  readonly logLevel: string;
+}
+
+const DEFAULTS = {
+  dataDir: '.asb/data',
+  apiHost: '127.0.0.1',
+  apiPort: '7080',
+  clusterName: 'local',
+  clusterTag: 'loc1',
+  subnet: '10.213.0.0/16',
+  bridge: 'asb0',
+  basePoolReplicas: '3',
+  logLevel: 'info',
+} as const;
+
+type Key = keyof typeof DEFAULTS | 'adminKeyFile';
+
+const SOURCES: Record<Key, { env: string; flag: string }> = {
+  dataDir: { env: 'ASB_DATA_DIR', flag: 'data-dir' },
+  apiHost: { env: 'ASB_API_HOST', flag: 'host' },
+  apiPort: { env: 'ASB_API_PORT', flag: 'port' },
+  clusterName: { env: 'ASB_CLUSTER_NAME', flag: 'cluster' },
+  clusterTag: { env: 'ASB_CLUSTER_TAG', flag: 'cluster-tag' },
+  subnet: { env: 'ASB_SUBNET', flag: 'subnet' },
+  bridge: { env: 'ASB_BRIDGE', flag: 'bridge' },
+  basePoolReplicas: { env: 'ASB_BASE_POOL_REPLICAS', flag: 'base-pool' },
+  adminKeyFile: { env: 'ASB_ADMIN_KEY_FILE', flag: 'admin-key-file' },
+  logLevel: { env: 'ASB_LOG_LEVEL', flag: 'log-level' },
+};
+
+export class ConfigError extends Error {
+  readonly problems: readonly string[];
+  constructor(problems: string[]) {
+    super(`invalid configuration:\n  ${problems.join('\n  ')}`);
+    this.name = 'ConfigError';
+    this.problems = problems;
+  }
+}
+
+/** Flags (`--name value` or `--name=value`) win over environment variables, which win over defaults. */
+export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): WorkerConfig {
+  const problems: string[] = [];
+  const flags = parseFlags(argv, problems);
+  const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (key === 'adminKeyFile' ? undefined : DEFAULTS[key]);
+  const str = (key: Exclude<Key, 'adminKeyFile'>): string => raw(key) ?? DEFAULTS[key];
+  const int = (key: 'apiPort' | 'basePoolReplicas', min: number, max: number): number => {
+    const text = str(key);
+    const value = Number(text);
+    if (!Number.isInteger(value) || value < min || value > max) {
+      problems.push(`${describe(key)} must be an integer from ${min} to ${max}, got "${text}"`);
+      return Number(DEFAULTS[key]);
+    }
+    return value;
+  };
+
+  const known = new Set(Object.values(SOURCES).map((s) => s.flag));
+  for (const flag of flags.keys()) if (!known.has(flag)) problems.push(`unknown flag --${flag}`);
+
+  const clusterTag = str('clusterTag');
+  if (!isClusterTag(clusterTag)) problems.push(`${describe('clusterTag')} must be 4 characters [a-z0-9], got "${clusterTag}"`);
+  const subnet = str('subnet');
+  if (!/^(\d{1,3})\.(\d{1,3})\.0\.0\/16$/.test(subnet)) problems.push(`${describe('subnet')} must be a /16 like 10.213.0.0/16, got "${subnet}"`);
+  const bridge = str('bridge');
+  if (!/^[a-z][a-z0-9]{0,11}$/.test(bridge)) problems.push(`${describe('bridge')} must be 1-12 characters [a-z0-9] starting with a letter, got "${bridge}"`);
+
+  const adminKeyFile = raw('adminKeyFile');
+  const config: WorkerConfig = {
+    dataDir: resolve(str('dataDir')),
+    apiHost: str('apiHost'),
+    apiPort: int('apiPort', 0, 65535),
+    clusterName: str('clusterName'),
+    clusterTag,
+    subnet,
+    bridge,
+    basePoolReplicas: int('basePoolReplicas', 0, 1000),
+    adminKeyFile: adminKeyFile === undefined ? undefined : resolve(adminKeyFile),
+    logLevel: str('logLevel'),
+  };
+  if (problems.length > 0) throw new ConfigError(problems);
+  return Object.freeze(config);
+}
+
+function describe(key: Key): string {
+  return `--${SOURCES[key].flag} (${SOURCES[key].env})`;
+}
+
+function parseFlags(argv: readonly string[], problems: string[]): Map<string, string> {
+  const flags = new Map<string, string>();
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i] ?? '';
+    if (!arg.startsWith('--')) {
+      problems.push(`unexpected argument "${arg}"`);
+      continue;
+    }
+    const eq = arg.indexOf('=');
+    if (eq > 0) {
+      flags.set(arg.slice(2, eq), arg.slice(eq + 1));
+      continue;
+    }
+    const value = argv[i + 1];
+    if (value === undefined || value.startsWith('--')) {
+      problems.push(`flag ${arg} needs a value`);
+      continue;
+    }
+    flags.set(arg.slice(2), value);
+    i++;
+  }
+  return flags;
+}
