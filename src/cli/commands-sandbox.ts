@@ -1,0 +1,227 @@
+// Sandbox lifecycle commands: create, ls, get, pause, resume, rm.
+import { ApiUnreachableError, type SandboxView } from '../client/api-client.ts';
+import { isAsbError } from '../errors.ts';
+import { boolOpt, parseCommandArgs, parseDuration, parseKeyValues, stringList, stringOpt, UsageError } from './args.ts';
+import { EXIT, type Command } from './command.ts';
+import { formatAge, formatError, formatFields, formatTable, writeJson } from './output.ts';
+import { withSpinner } from './progress.ts';
+
+const JSON_FLAG = { json: { type: 'boolean' } } as const;
+
+export const createCommand: Command = {
+  name: 'create',
+  summary: 'Create a sandbox from a template (claims a warm one when the pool has it)',
+  usage: 'asb create [--template NAME] [--label K=V]... [--timeout DUR] [--idle-timeout DUR] [--no-wait] [--json]',
+  help: `Options:
+  -t, --template NAME    template to start from (server default: base)
+  -n, --namespace NS     namespace (default: default)
+  --label K=V            label the sandbox; repeatable
+  --timeout DUR          shut the sandbox down this long after creation (30s, 10m, 1h)
+  --idle-timeout DUR     hibernate after this long without activity
+  --no-wait              return at once instead of when the sandbox is Ready
+  --no-cold-start        fail instead of starting a cold sandbox when the pool is empty
+  --json                 print the sandbox as JSON (has "id")
+
+Example:
+  asb create --template base --label task=demo --timeout 1h`,
+  options: {
+    ...JSON_FLAG,
+    template: { type: 'string', short: 't' },
+    namespace: { type: 'string', short: 'n' },
+    label: { type: 'string', multiple: true },
+    timeout: { type: 'string' },
+    'idle-timeout': { type: 'string' },
+    wait: { type: 'boolean', default: true },
+    'cold-start': { type: 'boolean', default: true },
+  },
+  async run(argv, ctx) {
+    const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
+    if (positionals.length > 0) throw new UsageError(`unexpected argument "${positionals[0] ?? ''}"`, this.usage);
+    const template = stringOpt(values, 'template');
+    const namespace = stringOpt(values, 'namespace');
+    const timeout = stringOpt(values, 'timeout');
+    const idle = stringOpt(values, 'idle-timeout');
+    const labels = parseKeyValues(stringList(values, 'label'), '--label');
+    const wait = boolOpt(values, 'wait') ?? true;
+    const req = {
+      ...(template === undefined ? {} : { template }),
+      ...(namespace === undefined ? {} : { namespace }),
+      ...(Object.keys(labels).length === 0 ? {} : { labels }),
+      ...(timeout === undefined ? {} : { timeoutMs: parseDuration(timeout, '--timeout') }),
+      ...(idle === undefined ? {} : { idleTimeoutMs: parseDuration(idle, '--idle-timeout') }),
+      wait,
+      coldStart: boolOpt(values, 'cold-start') ?? true,
+    };
+    const client = ctx.client(global);
+    const label = `creating a sandbox from ${template ?? 'the default template'}`;
+    const sb = wait ? await withSpinner(ctx.io.stderr, ctx.clock, label, () => client.createSandbox(req)) : await client.createSandbox(req);
+    if (values.json === true) writeJson(ctx.io.stdout, sb);
+    else ctx.io.stdout.write(`${sb.id}  ${sb.phase}${sb.ready ? ' (ready)' : ''}  ${sb.launchType}\n`);
+    return EXIT.ok;
+  },
+};
+
+export const lsCommand: Command = {
+  name: 'ls',
+  summary: 'List sandboxes',
+  usage: 'asb ls [-l SELECTOR] [--template NAME] [--phase PHASE] [--all-pages] [--json]',
+  help: `Options:
+  -l, --selector SEL     label selector, e.g. task=demo,team!=ops
+  --template NAME        only sandboxes from this template
+  --phase PHASE          only sandboxes in this phase (Running, Hibernated, ...)
+  --limit N              page size
+  --all-pages            follow continue tokens until the list is complete
+  --json                 print {items: [...]} as JSON`,
+  options: {
+    ...JSON_FLAG,
+    selector: { type: 'string', short: 'l' },
+    template: { type: 'string' },
+    phase: { type: 'string' },
+    limit: { type: 'string' },
+    'all-pages': { type: 'boolean' },
+  },
+  async run(argv, ctx) {
+    const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
+    if (positionals.length > 0) throw new UsageError(`unexpected argument "${positionals[0] ?? ''}"`, this.usage);
+    const limitText = stringOpt(values, 'limit');
+    const limit = limitText === undefined ? undefined : Number(limitText);
+    if (limit !== undefined && (!Number.isInteger(limit) || limit <= 0)) throw new UsageError(`--limit must be a positive integer, got "${limitText ?? ''}"`, this.usage);
+    const base = {
+      ...(limit === undefined ? {} : { limit }),
+      ...optional('labelSelector', stringOpt(values, 'selector')),
+      ...optional('template', stringOpt(values, 'template')),
+      ...optional('phase', stringOpt(values, 'phase')),
+    };
+    const client = ctx.client(global);
+    const items: SandboxView[] = [];
+    let token: string | undefined;
+    do {
+      const page = await client.listSandboxes({ ...base, ...optional('continue', token) });
+      items.push(...page.items);
+      token = page.continue === '' ? undefined : page.continue;
+    } while (token !== undefined && values['all-pages'] === true);
+
+    if (values.json === true) {
+      writeJson(ctx.io.stdout, token === undefined ? { items } : { items, continue: token });
+      return EXIT.ok;
+    }
+    if (items.length === 0) ctx.io.stderr.write('No sandboxes.\n');
+    else ctx.io.stdout.write(sandboxTable(items, ctx.clock.now()));
+    if (token !== undefined) ctx.io.stderr.write('(more sandboxes: pass --all-pages to list them all)\n');
+    return EXIT.ok;
+  },
+};
+
+export function sandboxTable(items: readonly SandboxView[], nowMs: number): string {
+  const rows = items.map((s) => [s.id, s.template, s.phase, s.ready ? 'true' : 'false', formatAge(s.createdAt, nowMs), s.owner === '' ? '-' : s.owner]);
+  return formatTable(['ID', 'TEMPLATE', 'PHASE', 'READY', 'AGE', 'OWNER'], rows);
+}
+
+export const getCommand: Command = {
+  name: 'get',
+  summary: 'Show one sandbox',
+  usage: 'asb get <id> [--json]',
+  help: 'Options:\n  --json                 print the sandbox as JSON',
+  options: { ...JSON_FLAG },
+  async run(argv, ctx) {
+    const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
+    const id = singleId(positionals, this.usage);
+    const sb = await ctx.client(global).getSandbox(id);
+    if (values.json === true) writeJson(ctx.io.stdout, sb);
+    else ctx.io.stdout.write(describeSandbox(sb, ctx.clock.now()));
+    return EXIT.ok;
+  },
+};
+
+export function describeSandbox(sb: SandboxView, nowMs: number): string {
+  const labels = Object.entries(sb.labels).map(([k, v]) => `${k}=${v}`).join(',');
+  return formatFields([
+    ['id', sb.id],
+    ['namespace', sb.namespace],
+    ['template', sb.template],
+    ['phase', sb.phase],
+    ['ready', String(sb.ready)],
+    ['launch', sb.launchType],
+    ['owner', sb.owner === '' ? '-' : sb.owner],
+    ['ip', sb.ip],
+    ['age', formatAge(sb.createdAt, nowMs)],
+    ['shutdown', sb.shutdownTime],
+    ['idle timeout', sb.idleTimeoutMs === undefined ? undefined : `${sb.idleTimeoutMs}ms`],
+    ['labels', labels === '' ? undefined : labels],
+    ['message', sb.message],
+  ]);
+}
+
+export const pauseCommand: Command = {
+  name: 'pause',
+  summary: 'Hibernate a sandbox (stops it, keeps its files)',
+  usage: 'asb pause <id> [--json]',
+  help: 'Options:\n  --json                 print the sandbox as JSON',
+  options: { ...JSON_FLAG },
+  async run(argv, ctx) {
+    const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
+    const id = singleId(positionals, this.usage);
+    const sb = await ctx.client(global).pause(id);
+    if (values.json === true) writeJson(ctx.io.stdout, sb);
+    else ctx.io.stdout.write(`${sb.id}  ${sb.phase}\n`);
+    return EXIT.ok;
+  },
+};
+
+export const resumeCommand: Command = {
+  name: 'resume',
+  summary: 'Wake a hibernated sandbox',
+  usage: 'asb resume <id> [--no-wait] [--json]',
+  help: 'Options:\n  --no-wait              return at once instead of when the sandbox is Ready\n  --json                 print the sandbox as JSON',
+  options: { ...JSON_FLAG, wait: { type: 'boolean', default: true } },
+  async run(argv, ctx) {
+    const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
+    const id = singleId(positionals, this.usage);
+    const wait = boolOpt(values, 'wait') ?? true;
+    const client = ctx.client(global);
+    const sb = wait ? await withSpinner(ctx.io.stderr, ctx.clock, `waking ${id}`, () => client.resume(id, { wait })) : await client.resume(id, { wait });
+    if (values.json === true) writeJson(ctx.io.stdout, sb);
+    else ctx.io.stdout.write(`${sb.id}  ${sb.phase}${sb.ready ? ' (ready)' : ''}\n`);
+    return EXIT.ok;
+  },
+};
+
+export const rmCommand: Command = {
+  name: 'rm',
+  summary: 'Delete sandboxes',
+  usage: 'asb rm <id>... [--json]',
+  help: 'Deletes every sandbox named; keeps going past failures and exits 1 if any failed.\n\nOptions:\n  --json                 print the deleted sandboxes as JSON',
+  options: { ...JSON_FLAG },
+  async run(argv, ctx) {
+    const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
+    if (positionals.length === 0) throw new UsageError('missing sandbox id', this.usage);
+    const client = ctx.client(global);
+    const deleted: SandboxView[] = [];
+    let failed = false;
+    for (const id of positionals) {
+      try {
+        const sb = await client.deleteSandbox(id);
+        deleted.push(sb);
+        if (values.json !== true) ctx.io.stdout.write(`${id} deleted\n`);
+      } catch (err) {
+        // Unreachable worker: every other id would fail the same way, so stop here.
+        if (!isAsbError(err) || err instanceof ApiUnreachableError) throw err;
+        failed = true;
+        ctx.io.stderr.write(formatError(`${id}: ${err.message}`, err.fields));
+      }
+    }
+    if (values.json === true) writeJson(ctx.io.stdout, { items: deleted });
+    return failed ? EXIT.failed : EXIT.ok;
+  },
+};
+
+function singleId(positionals: readonly string[], usage: string): string {
+  const [id, extra] = positionals;
+  if (id === undefined) throw new UsageError('missing sandbox id', usage);
+  if (extra !== undefined) throw new UsageError(`unexpected argument "${extra}"`, usage);
+  return id;
+}
+
+function optional<K extends string>(key: K, value: string | undefined): Partial<Record<K, string>> {
+  return value === undefined ? {} : ({ [key]: value } as Record<K, string>);
+}

@@ -1,0 +1,301 @@
+// A typed client for the worker REST API (docs/api-surface.md): one method per route. Every
+// failure is converted here, once, into an AsbError subclass: ApiError when the server answered
+// with a problem (its code, detail and field list kept as sent), ApiUnreachableError when no
+// answer came at all. Callers switch on the class and `code`, never on messages.
+import { AsbError, ERRORS, type ErrorCode, type FieldProblem } from '../errors.ts';
+import type { KubeObject } from '../api/meta.ts';
+import type { SandboxClaim, SandboxPhase, SandboxTemplate, SandboxWarmPool } from '../api/types.ts';
+import type { FileEntry } from '../runtime/runtime.ts';
+
+export type { FileEntry };
+
+export interface SandboxView {
+  id: string;
+  namespace: string;
+  template: string;
+  phase: SandboxPhase;
+  ready: boolean;
+  launchType: 'warm' | 'cold';
+  owner: string;
+  labels: Record<string, string>;
+  ip?: string;
+  createdAt: string;
+  shutdownTime?: string;
+  idleTimeoutMs?: number;
+  message?: string;
+}
+
+export interface StatusView {
+  cluster: { name: string; tag: string };
+  pools: { namespace: string; name: string; template: string; replicas: number; readyReplicas: number }[];
+  sandboxes: Partial<Record<SandboxPhase, number>> & Record<string, number>;
+  version: string;
+}
+
+export type ApplyAction = 'created' | 'configured' | 'unchanged';
+
+export interface ApplyResult {
+  kind: string;
+  namespace: string;
+  name: string;
+  action: ApplyAction;
+}
+
+export interface CreateSandboxRequest {
+  template?: string;
+  namespace?: string;
+  labels?: Record<string, string>;
+  timeoutMs?: number;
+  idleTimeoutMs?: number;
+  wait?: boolean;
+  coldStart?: boolean;
+}
+
+export interface ListSandboxesQuery {
+  limit?: number;
+  continue?: string;
+  labelSelector?: string;
+  template?: string;
+  phase?: string;
+}
+
+export interface ExecRequest {
+  /** An argv, or a string the sandbox runs with `sh -c`. */
+  command: string[] | string;
+  stdin?: string;
+  env?: Record<string, string>;
+  cwd?: string;
+  timeoutMs?: number;
+}
+
+export interface ExecResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  timedOut: boolean;
+}
+
+export interface ApiClientOptions {
+  /** Base URL of the worker API, e.g. http://127.0.0.1:8080 */
+  url: string;
+  /** API key, sent as `Authorization: Bearer <key>`. Omitted: requests go unauthenticated. */
+  key?: string;
+  /** Injected for tests; default the global fetch. */
+  fetch?: typeof fetch;
+}
+
+/** The server answered with an error (problem+json, or anything else non-2xx). */
+export class ApiError extends AsbError {
+  /** The HTTP status the server sent (may differ from ERRORS[code].status for unknown codes). */
+  readonly httpStatus: number;
+  /** The server's `code` exactly as sent, even when it is not one we know. */
+  readonly serverCode: string;
+  readonly detail: string;
+
+  constructor(httpStatus: number, serverCode: string, detail: string, fields: FieldProblem[]) {
+    super(knownCode(serverCode, httpStatus), detail, { fields });
+    this.name = 'ApiError';
+    this.httpStatus = httpStatus;
+    this.serverCode = serverCode;
+    this.detail = detail;
+  }
+}
+
+/** No HTTP answer at all: connection refused, DNS failure, reset. */
+export class ApiUnreachableError extends AsbError {
+  readonly url: string;
+
+  constructor(url: string, cause: unknown) {
+    super('Unavailable', `cannot reach the worker at ${url}: ${causeText(cause)}`, { cause });
+    this.name = 'ApiUnreachableError';
+    this.url = url;
+  }
+}
+
+export interface ApiClient {
+  readonly url: string;
+  healthz(): Promise<{ ok: boolean }>;
+  metrics(): Promise<string>;
+  status(): Promise<StatusView>;
+  apply(objects: KubeObject[]): Promise<{ results: ApplyResult[] }>;
+
+  listTemplates(): Promise<{ items: SandboxTemplate[] }>;
+  getTemplate(name: string, namespace?: string): Promise<SandboxTemplate>;
+  putTemplate(template: SandboxTemplate): Promise<SandboxTemplate>;
+  deleteTemplate(name: string, namespace?: string): Promise<SandboxTemplate>;
+
+  listPools(): Promise<{ items: SandboxWarmPool[] }>;
+  getPool(name: string, namespace?: string): Promise<SandboxWarmPool>;
+  putPool(pool: SandboxWarmPool): Promise<SandboxWarmPool>;
+  deletePool(name: string, namespace?: string): Promise<SandboxWarmPool>;
+
+  createSandbox(req: CreateSandboxRequest, opts?: { signal?: AbortSignal }): Promise<SandboxView>;
+  listSandboxes(query?: ListSandboxesQuery): Promise<{ items: SandboxView[]; continue?: string }>;
+  getSandbox(id: string): Promise<SandboxView>;
+  deleteSandbox(id: string): Promise<SandboxView>;
+  exec(id: string, req: ExecRequest): Promise<ExecResult>;
+  readFile(id: string, path: string): Promise<Uint8Array>;
+  writeFile(id: string, path: string, data: Uint8Array): Promise<void>;
+  listFiles(id: string, path: string): Promise<{ entries: FileEntry[] }>;
+  pause(id: string): Promise<SandboxView>;
+  resume(id: string, opts?: { wait?: boolean; signal?: AbortSignal }): Promise<SandboxView>;
+  setTimeout(id: string, timeoutMs: number): Promise<SandboxView>;
+
+  listClaims(): Promise<{ items: SandboxClaim[] }>;
+  getClaim(name: string, namespace?: string): Promise<SandboxClaim>;
+  deleteClaim(name: string, namespace?: string): Promise<SandboxClaim>;
+}
+
+interface RequestSpec {
+  method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  path: string;
+  query?: Record<string, string | number | undefined>;
+  json?: unknown;
+  bytes?: Uint8Array;
+  signal?: AbortSignal | undefined;
+}
+
+export function createApiClient(opts: ApiClientOptions): ApiClient {
+  const base = opts.url.replace(/\/+$/, '');
+  const doFetch = opts.fetch ?? fetch;
+
+  async function send(spec: RequestSpec): Promise<Response> {
+    const url = new URL(base + spec.path);
+    for (const [k, v] of Object.entries(spec.query ?? {})) {
+      if (v !== undefined) url.searchParams.set(k, String(v));
+    }
+    const headers: Record<string, string> = { accept: 'application/json' };
+    if (opts.key !== undefined) headers.authorization = `Bearer ${opts.key}`;
+    let body: string | Uint8Array | undefined;
+    if (spec.json !== undefined) {
+      headers['content-type'] = 'application/json';
+      body = JSON.stringify(spec.json);
+    } else if (spec.bytes !== undefined) {
+      headers['content-type'] = 'application/octet-stream';
+      body = spec.bytes;
+    }
+    let res: Response;
+    try {
+      res = await doFetch(url, {
+        method: spec.method,
+        headers,
+        ...(body === undefined ? {} : { body }),
+        ...(spec.signal === undefined ? {} : { signal: spec.signal }),
+      });
+    } catch (err) {
+      if (spec.signal?.aborted === true) throw err;
+      throw new ApiUnreachableError(base, err);
+    }
+    if (!res.ok) throw await problemOf(res);
+    return res;
+  }
+
+  async function json<T>(spec: RequestSpec): Promise<T> {
+    const res = await send(spec);
+    const text = await res.text();
+    try {
+      return JSON.parse(text) as T;
+    } catch (err) {
+      throw new AsbError('Internal', `the worker sent a non-JSON answer to ${spec.method} ${spec.path} (HTTP ${res.status})`, { cause: err });
+    }
+  }
+
+  const enc = encodeURIComponent;
+  const nsQuery = (namespace: string | undefined): Record<string, string | undefined> => ({ namespace });
+  const objNs = (o: KubeObject): string => o.metadata.namespace ?? 'default';
+
+  return {
+    url: base,
+    healthz: () => json({ method: 'GET', path: '/healthz' }),
+    metrics: async () => (await send({ method: 'GET', path: '/metrics' })).text(),
+    status: () => json({ method: 'GET', path: '/v1/status' }),
+    apply: (objects) => json({ method: 'POST', path: '/v1/apply', json: { objects } }),
+
+    listTemplates: () => json({ method: 'GET', path: '/v1/templates' }),
+    getTemplate: (name, namespace) => json({ method: 'GET', path: `/v1/templates/${enc(name)}`, query: nsQuery(namespace) }),
+    putTemplate: (t) => json({ method: 'PUT', path: `/v1/templates/${enc(t.metadata.name)}`, query: { namespace: objNs(t) }, json: t }),
+    deleteTemplate: (name, namespace) => json({ method: 'DELETE', path: `/v1/templates/${enc(name)}`, query: nsQuery(namespace) }),
+
+    listPools: () => json({ method: 'GET', path: '/v1/pools' }),
+    getPool: (name, namespace) => json({ method: 'GET', path: `/v1/pools/${enc(name)}`, query: nsQuery(namespace) }),
+    putPool: (p) => json({ method: 'PUT', path: `/v1/pools/${enc(p.metadata.name)}`, query: { namespace: objNs(p) }, json: p }),
+    deletePool: (name, namespace) => json({ method: 'DELETE', path: `/v1/pools/${enc(name)}`, query: nsQuery(namespace) }),
+
+    createSandbox: (req, o) => json({ method: 'POST', path: '/v1/sandboxes', json: req, signal: o?.signal }),
+    listSandboxes: (q) => json({ method: 'GET', path: '/v1/sandboxes', query: { ...q } }),
+    getSandbox: (id) => json({ method: 'GET', path: `/v1/sandboxes/${enc(id)}` }),
+    deleteSandbox: (id) => json({ method: 'DELETE', path: `/v1/sandboxes/${enc(id)}` }),
+    exec: (id, req) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/exec`, json: req }),
+    readFile: async (id, path) => {
+      const res = await send({ method: 'GET', path: `/v1/sandboxes/${enc(id)}/files`, query: { path } });
+      return new Uint8Array(await res.arrayBuffer());
+    },
+    writeFile: async (id, path, data) => {
+      const res = await send({ method: 'PUT', path: `/v1/sandboxes/${enc(id)}/files`, query: { path }, bytes: data });
+      await res.body?.cancel();
+    },
+    listFiles: (id, path) => json({ method: 'GET', path: `/v1/sandboxes/${enc(id)}/files/list`, query: { path } }),
+    pause: (id) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/pause` }),
+    resume: (id, o) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/resume`, json: o?.wait === undefined ? {} : { wait: o.wait }, signal: o?.signal }),
+    setTimeout: (id, timeoutMs) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/timeout`, json: { timeoutMs } }),
+
+    listClaims: () => json({ method: 'GET', path: '/v1/claims' }),
+    getClaim: (name, namespace) => json({ method: 'GET', path: `/v1/claims/${enc(name)}`, query: nsQuery(namespace) }),
+    deleteClaim: (name, namespace) => json({ method: 'DELETE', path: `/v1/claims/${enc(name)}`, query: nsQuery(namespace) }),
+  };
+}
+
+/** Reads an error response: problem+json when the server sent it, else the status and body text. */
+async function problemOf(res: Response): Promise<ApiError> {
+  const text = await res.text().catch(() => '');
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    parsed = undefined;
+  }
+  if (isRecord(parsed)) {
+    const code = typeof parsed.code === 'string' ? parsed.code : '';
+    const detail = typeof parsed.detail === 'string' ? parsed.detail
+      : typeof parsed.message === 'string' ? parsed.message
+      : typeof parsed.title === 'string' ? parsed.title
+      : `HTTP ${res.status}`;
+    return new ApiError(res.status, code, detail, fieldsOf(parsed.fields));
+  }
+  const snippet = text.trim().slice(0, 200);
+  return new ApiError(res.status, '', snippet === '' ? `HTTP ${res.status} ${res.statusText}` : `HTTP ${res.status}: ${snippet}`, []);
+}
+
+function fieldsOf(raw: unknown): FieldProblem[] {
+  if (!Array.isArray(raw)) return [];
+  const out: FieldProblem[] = [];
+  for (const f of raw as unknown[]) {
+    if (isRecord(f) && typeof f.field === 'string') out.push({ field: f.field, message: typeof f.message === 'string' ? f.message : '' });
+  }
+  return out;
+}
+
+/** Maps the server's code onto our catalogue; an unknown one falls back on the HTTP status. */
+function knownCode(code: string, status: number): ErrorCode {
+  if (Object.hasOwn(ERRORS, code)) return code as ErrorCode;
+  if (status === 401) return 'Unauthorized';
+  if (status === 403) return 'Forbidden';
+  if (status === 404) return 'NotFound';
+  if (status === 409) return 'Conflict';
+  if (status === 422) return 'Invalid';
+  if (status === 503) return 'Unavailable';
+  if (status === 504) return 'Timeout';
+  if (status >= 400 && status < 500) return 'BadRequest';
+  return 'Internal';
+}
+
+function causeText(err: unknown): string {
+  // undici wraps the socket error: fetch failed -> cause ECONNREFUSED.
+  const inner = err instanceof Error && err.cause instanceof Error ? err.cause : err;
+  if (isRecord(inner) && typeof inner.code === 'string') return inner.code;
+  return inner instanceof Error ? inner.message : String(inner);
+}
+
+function isRecord(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
