@@ -1,0 +1,84 @@
+// What the worker API needs from the rest of the worker, as narrow interfaces: the operator's
+// claimer and activity tracker, the store, the pod runtime, the key ring, metrics and a logger.
+import type { Registry } from 'prom-client';
+import type { Principal } from '../auth/keyring.ts';
+import type { Sandbox } from '../api/types.ts';
+import type { Metrics } from '../metrics/metrics.ts';
+import type { PodRuntime } from '../runtime/runtime.ts';
+import type { ObjectStore } from '../store/store.ts';
+import type { Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import type { SandboxIndex } from './sandbox-index.ts';
+
+export interface ClaimRequest {
+  namespace: string;
+  template?: string;
+  pool?: string;
+  /** Team that owns the sandbox: becomes its asb.dev/owner label. */
+  owner: string;
+  labels?: Record<string, string>;
+  shutdownTime?: string;
+  idleTimeoutMs?: number;
+  coldStart?: boolean;
+}
+
+export interface ClaimResult {
+  sandbox: Sandbox;
+  launch: 'warm' | 'cold';
+}
+
+/** The part of the operator the API drives (src/operator/operator.ts implements it). */
+export interface WorkerOperator {
+  claimer: {
+    claim(req: ClaimRequest): Promise<ClaimResult>;
+    waitReady(namespace: string, name: string, timeoutMs: number): Promise<Sandbox>;
+  };
+  activity: { touch(id: string): void };
+}
+
+export interface Authenticator {
+  verify(presented: string): Principal | undefined;
+}
+
+export interface WorkerLimits {
+  /** Largest JSON request body; default 1 MiB. */
+  jsonBytes: number;
+  /** Largest file upload (PUT /files); default 64 MiB. */
+  uploadBytes: number;
+  /** How long create/resume wait for Ready when asked to; default 60 s (a cold start pulls no image, so ~1 s is typical). */
+  waitReadyMs: number;
+  /** Cap on captured exec output per stream; default 8 MiB, so one exec cannot exhaust memory. */
+  execOutputBytes: number;
+}
+
+export interface WorkerDeps {
+  store: ObjectStore;
+  runtime: PodRuntime;
+  operator: WorkerOperator;
+  auth: Authenticator;
+  registry: Registry;
+  metrics: Metrics;
+  log: Logger;
+  clock?: Clock;
+  cluster: { name: string; tag: string };
+  /** Reported by /v1/status. */
+  version?: string;
+  /** Namespace of sandboxes created without one. */
+  defaultNamespace?: string;
+  limits?: Partial<WorkerLimits>;
+}
+
+/** Everything a route handler may use, resolved once at start-up. */
+export interface WorkerContext {
+  store: ObjectStore;
+  runtime: PodRuntime;
+  operator: WorkerOperator;
+  registry: Registry;
+  log: Logger;
+  clock: Clock;
+  cluster: { name: string; tag: string };
+  version: string;
+  defaultNamespace: string;
+  limits: WorkerLimits;
+  index: SandboxIndex;
+}

@@ -1,0 +1,165 @@
+// /v1/sandboxes: create (claim from a warm pool or cold start), get, list, delete, pause,
+// resume and timeout. Lifecycle changes are spec writes; the operator does the work.
+import type { Sandbox, SandboxPhase, SandboxTemplate } from '../api/types.ts';
+import { LABEL, SandboxTemplateType, SandboxType } from '../api/types.ts';
+import { AsbError, isAsbError } from '../errors.ts';
+import { findSandbox, isObjectName, principalOf, sandboxNotFound, visibilitySelector } from './access.ts';
+import { readJson } from './body.ts';
+import type { ClaimRequest, WorkerContext } from './deps.ts';
+import { checkBody, queryInt } from './input.ts';
+import { checkSelector, userLabelProblems } from './labels.ts';
+import type { Reply, RequestContext, Route } from './router.ts';
+import { sandboxView, type SandboxView } from './views.ts';
+
+// A year: anything longer is a typo, and shutdownTime must stay a valid ISO date.
+const MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000;
+const PHASES: readonly SandboxPhase[] = ['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating'];
+// Optimistic-concurrency retries for a lifecycle write racing the operator's status writes.
+const UPDATE_ATTEMPTS = 5;
+
+const CREATE_BODY = {
+  template: { kind: 'string', min: 1, max: 253 },
+  namespace: { kind: 'string', min: 1, max: 63 },
+  labels: { kind: 'stringMap' },
+  timeoutMs: { kind: 'integer', min: 1, max: MAX_TIMEOUT_MS },
+  idleTimeoutMs: { kind: 'integer', min: 0, max: MAX_TIMEOUT_MS },
+  wait: { kind: 'boolean' },
+  coldStart: { kind: 'boolean' },
+} as const;
+const RESUME_BODY = { wait: { kind: 'boolean' } } as const;
+const TIMEOUT_BODY = { timeoutMs: { kind: 'integer', required: true, min: 1, max: MAX_TIMEOUT_MS } } as const;
+
+function viewReply(status: number, view: SandboxView): Reply {
+  return { status, json: view };
+}
+
+/** Read-modify-write with retry on Conflict; 404 if the sandbox went away meanwhile. */
+async function mutateSandbox(w: WorkerContext, current: Sandbox, change: (s: Sandbox) => Sandbox): Promise<Sandbox> {
+  let latest = current;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await w.store.update<Sandbox>(SandboxType, change(structuredClone(latest)));
+    } catch (err) {
+      if (!isAsbError(err, 'Conflict') || attempt >= UPDATE_ATTEMPTS) throw err;
+      const again = await w.store.tryGet<Sandbox>(SandboxType, latest.metadata.namespace ?? w.defaultNamespace, latest.metadata.name);
+      if (again === undefined) throw sandboxNotFound(latest.metadata.name);
+      latest = again;
+    }
+  }
+}
+
+async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  const p = principalOf(ctx);
+  const body = checkBody(await readJson(ctx.req, w.limits.jsonBytes), CREATE_BODY);
+  const namespace = body.namespace ?? w.defaultNamespace;
+  const problems = userLabelProblems(body.labels ?? {}, 'labels');
+  if (!isObjectName(namespace)) problems.push({ field: 'namespace', message: 'must be a DNS label: lower-case letters, digits and -' });
+  if (body.template !== undefined && !isObjectName(body.template)) problems.push({ field: 'template', message: 'must be a lower-case DNS name' });
+  if (problems.length > 0) throw new AsbError('Invalid', `request body is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
+  const template = body.template ?? 'base';
+  const found = await w.store.tryGet<SandboxTemplate>(SandboxTemplateType, namespace, template);
+  if (found === undefined) throw new AsbError('NotFound', `template "${template}" not found in namespace "${namespace}"; list templates with GET /v1/templates`);
+
+  const req: ClaimRequest = { namespace, template, owner: p.team, coldStart: body.coldStart ?? true };
+  if (body.labels !== undefined) req.labels = body.labels;
+  if (body.timeoutMs !== undefined) req.shutdownTime = new Date(w.clock.now() + body.timeoutMs).toISOString();
+  if (body.idleTimeoutMs !== undefined) req.idleTimeoutMs = body.idleTimeoutMs;
+  const claimed = await w.operator.claimer.claim(req);
+  let sandbox = claimed.sandbox;
+  w.index.remember(sandbox.metadata.name, namespace);
+  if ((body.wait ?? true) && !sandboxView(sandbox).ready) {
+    sandbox = await w.operator.claimer.waitReady(namespace, sandbox.metadata.name, w.limits.waitReadyMs);
+  }
+  return viewReply(201, { ...sandboxView(sandbox), launchType: claimed.launch });
+}
+
+async function list(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  const p = principalOf(ctx);
+  const q = ctx.query;
+  const selectors = [visibilitySelector(p)];
+  const userSelector = q.get('labelSelector');
+  if (userSelector !== null && userSelector !== '') {
+    checkSelector(userSelector, 'labelSelector');
+    selectors.push(userSelector);
+  }
+  const template = q.get('template');
+  if (template !== null && template !== '') {
+    if (!isObjectName(template)) throw new AsbError('BadRequest', `query parameter template must be a template name, got "${template}"`, { fields: [{ field: 'template', message: 'not a valid name' }] });
+    selectors.push(`${LABEL.template}=${template}`);
+  }
+  const phase = q.get('phase');
+  if (phase !== null && phase !== '' && !(PHASES as readonly string[]).includes(phase)) {
+    throw new AsbError('BadRequest', `query parameter phase must be one of ${PHASES.join(', ')}, got "${phase}"`, { fields: [{ field: 'phase', message: 'unknown phase' }] });
+  }
+  const namespace = q.get('namespace');
+  if (namespace !== null && namespace !== '' && !isObjectName(namespace)) {
+    throw new AsbError('BadRequest', `query parameter namespace must be a DNS label, got "${namespace}"`, { fields: [{ field: 'namespace', message: 'not a valid name' }] });
+  }
+  const limit = queryInt(q, 'limit', 1, 1000);
+  const cont = q.get('continue');
+  const opts: Parameters<typeof w.store.list>[1] = { labelSelector: selectors.join(',') };
+  if (namespace !== null && namespace !== '') opts.namespace = namespace;
+  if (limit !== undefined) opts.limit = limit;
+  if (cont !== null && cont !== '') opts.continue = cont;
+  const page = await w.store.list<Sandbox>(SandboxType, opts);
+  // phase is status, not a label: filtered per page, so a page may hold fewer than `limit`.
+  const items = page.items.map(sandboxView).filter((v) => phase === null || phase === '' || v.phase === phase);
+  return { status: 200, json: page.continue === undefined ? { items } : { items, continue: page.continue } };
+}
+
+async function get(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  return viewReply(200, sandboxView(await findSandbox(w, ctx, ctx.params.id ?? '')));
+}
+
+async function remove(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
+  let deleted: Sandbox;
+  try {
+    deleted = await w.store.delete<Sandbox>(SandboxType, sandbox.metadata.namespace ?? w.defaultNamespace, sandbox.metadata.name);
+  } catch (err) {
+    if (isAsbError(err, 'NotFound')) throw sandboxNotFound(sandbox.metadata.name);
+    throw err;
+  }
+  return viewReply(202, { ...sandboxView(deleted), phase: 'Terminating', ready: false });
+}
+
+async function pause(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
+  checkBody(await readJson(ctx.req, w.limits.jsonBytes), {});
+  const updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Suspended', replicas: 0 } }));
+  return viewReply(200, sandboxView(updated));
+}
+
+async function resume(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
+  const body = checkBody(await readJson(ctx.req, w.limits.jsonBytes), RESUME_BODY);
+  let updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Running', replicas: 1 } }));
+  w.operator.activity.touch(updated.metadata.name);
+  if ((body.wait ?? true) && !sandboxView(updated).ready) {
+    updated = await w.operator.claimer.waitReady(updated.metadata.namespace ?? w.defaultNamespace, updated.metadata.name, w.limits.waitReadyMs);
+  }
+  return viewReply(200, sandboxView(updated));
+}
+
+async function timeout(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
+  const body = checkBody(await readJson(ctx.req, w.limits.jsonBytes), TIMEOUT_BODY);
+  const shutdownTime = new Date(w.clock.now() + body.timeoutMs).toISOString();
+  const updated = await mutateSandbox(w, sandbox, (s) => ({
+    ...s,
+    spec: { ...s.spec, lifecycle: { ...s.spec.lifecycle, shutdownTime, shutdownPolicy: 'Delete' } },
+  }));
+  return viewReply(200, sandboxView(updated));
+}
+
+export function sandboxRoutes(w: WorkerContext): Route[] {
+  return [
+    { method: 'POST', pattern: '/v1/sandboxes', handler: (ctx) => create(w, ctx) },
+    { method: 'GET', pattern: '/v1/sandboxes', handler: (ctx) => list(w, ctx) },
+    { method: 'GET', pattern: '/v1/sandboxes/{id}', handler: (ctx) => get(w, ctx) },
+    { method: 'DELETE', pattern: '/v1/sandboxes/{id}', handler: (ctx) => remove(w, ctx) },
+    { method: 'POST', pattern: '/v1/sandboxes/{id}/pause', handler: (ctx) => pause(w, ctx) },
+    { method: 'POST', pattern: '/v1/sandboxes/{id}/resume', handler: (ctx) => resume(w, ctx) },
+    { method: 'POST', pattern: '/v1/sandboxes/{id}/timeout', handler: (ctx) => timeout(w, ctx) },
+  ];
+}

@@ -1,0 +1,55 @@
+// SandboxView: the flat shape the REST API and the CLI show for a sandbox, derived from the
+// Sandbox object (labels, spec, status) so it never disagrees with what the operator wrote.
+import { findCondition } from '../api/meta.ts';
+import type { Sandbox, SandboxPhase } from '../api/types.ts';
+import { ANNOTATION, LABEL } from '../api/types.ts';
+
+export interface SandboxView {
+  id: string;
+  namespace: string;
+  template: string;
+  phase: SandboxPhase;
+  ready: boolean;
+  launchType: 'warm' | 'cold';
+  owner: string;
+  labels: Record<string, string>;
+  ip?: string;
+  createdAt: string;
+  shutdownTime?: string;
+  idleTimeoutMs?: number;
+  message?: string;
+}
+
+function idleTimeoutOf(sandbox: Sandbox): number | undefined {
+  if (sandbox.spec.idleTimeoutMs !== undefined) return sandbox.spec.idleTimeoutMs;
+  const annotated = sandbox.metadata.annotations?.[ANNOTATION.idleTimeoutMs];
+  if (annotated === undefined) return undefined;
+  const n = Number(annotated);
+  return Number.isSafeInteger(n) && n >= 0 ? n : undefined;
+}
+
+export function sandboxView(sandbox: Sandbox): SandboxView {
+  const labels = sandbox.metadata.labels ?? {};
+  const status = sandbox.status ?? {};
+  const deleting = sandbox.metadata.deletionTimestamp !== undefined;
+  const phase: SandboxPhase = deleting ? 'Terminating' : status.phase ?? 'Pending';
+  const view: SandboxView = {
+    id: sandbox.metadata.name,
+    namespace: sandbox.metadata.namespace ?? 'default',
+    template: labels[LABEL.template] ?? '',
+    phase,
+    ready: !deleting && findCondition(status.conditions, 'Ready')?.status === 'True',
+    launchType: labels[LABEL.launchType] === 'warm' ? 'warm' : 'cold',
+    owner: labels[LABEL.owner] ?? '',
+    labels: { ...labels },
+    createdAt: sandbox.metadata.creationTimestamp ?? '',
+  };
+  const ip = status.podIPs?.[0];
+  if (ip !== undefined) view.ip = ip;
+  const shutdownTime = sandbox.spec.lifecycle?.shutdownTime;
+  if (shutdownTime !== undefined) view.shutdownTime = shutdownTime;
+  const idle = idleTimeoutOf(sandbox);
+  if (idle !== undefined) view.idleTimeoutMs = idle;
+  if (status.message !== undefined) view.message = status.message;
+  return view;
+}
