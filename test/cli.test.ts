@@ -1,0 +1,229 @@
+// The asb CLI, run as a user runs it: a child process with ASB_API_URL/ASB_API_KEY set, checked
+// on its exit code, stdout and stderr. Pure pieces (durations, env files, tables) are checked
+// in-process.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { parseDuration, ValueError } from '../src/cli/args.ts';
+import { parseEnvFile, resolveClientConfig } from '../src/cli/env-file.ts';
+import { formatAge, formatTable } from '../src/cli/output.ts';
+import { sandboxTable } from '../src/cli/commands-sandbox.ts';
+import { ApiError, createApiClient } from '../src/client/api-client.ts';
+
+const ASB = join(import.meta.dirname, '..', 'src', 'cli', 'asb.ts');
+
+interface RunResult {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs asb with only the environment given (plus PATH), so a developer's .asb/env never leaks in. */
+function asb(args: string[], opts: { env?: Record<string, string>; cwd?: string; input?: string } = {}): Promise<RunResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [ASB, ...args], {
+      cwd: opts.cwd ?? emptyDir(),
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ASB_STATE_DIR: emptyDir(), ...opts.env },
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+    child.stdin.end(opts.input ?? '');
+  });
+}
+
+const dirs: string[] = [];
+function emptyDir(): string {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-cli-'));
+  dirs.push(dir);
+  return dir;
+}
+process.on('exit', () => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+/** A port nothing listens on: bind one, then close it. */
+async function closedPort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((r) => server.close(() => r()));
+  return port;
+}
+
+type Handler = (req: IncomingMessage, res: ServerResponse, body: string) => void;
+
+/** A stand-in worker for client-side error paths; the real worker is exercised end to end below. */
+async function stubServer(t: { after(fn: () => Promise<void>): void }, handler: Handler): Promise<{ url: string; requests: { method: string; url: string; auth: string; body: string }[] }> {
+  const requests: { method: string; url: string; auth: string; body: string }[] = [];
+  const server = createServer((req, res) => {
+    let body = '';
+    req.setEncoding('utf8').on('data', (d: string) => (body += d));
+    req.on('end', () => {
+      requests.push({ method: req.method ?? '', url: req.url ?? '', auth: req.headers.authorization ?? '', body });
+      handler(req, res, body);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.after(() => new Promise<void>((r) => server.close(() => r())));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, requests };
+}
+
+function problem(res: ServerResponse, status: number, body: Record<string, unknown>): void {
+  res.writeHead(status, { 'content-type': 'application/problem+json' }).end(JSON.stringify(body));
+}
+
+test('--help lists every command and exits 0; a command --help shows its usage', async () => {
+  const top = await asb(['--help']);
+  assert.equal(top.code, 0);
+  for (const cmd of ['up', 'create', 'ls', 'exec', 'pause', 'resume', 'rm', 'status', 'get', 'files']) {
+    assert.match(top.stdout, new RegExp(`^  ${cmd}\\s`, 'm'), `asb --help lists ${cmd}`);
+  }
+  const exec = await asb(['exec', '--help']);
+  assert.equal(exec.code, 0);
+  assert.match(exec.stdout, /Usage: asb exec <id>/);
+});
+
+test('an unknown command or flag is a usage error: exit 2 with the usage line', async () => {
+  const cmd = await asb(['frobnicate']);
+  assert.equal(cmd.code, 2);
+  assert.match(cmd.stderr, /unknown command "frobnicate"/);
+  assert.match(cmd.stderr, /usage: asb <command>/);
+
+  const flag = await asb(['ls', '--colour']);
+  assert.equal(flag.code, 2);
+  assert.match(flag.stderr, /unknown flag '--colour'/);
+  assert.match(flag.stderr, /usage: asb ls/);
+});
+
+test('a duration without a unit is refused with an example of the right form', async () => {
+  const r = await asb(['create', '--timeout', '10', '--url', 'http://127.0.0.1:9']);
+  assert.equal(r.code, 2);
+  assert.match(r.stderr, /--timeout: "10" has no unit/);
+  assert.match(r.stderr, /e\.g\. 30s, 10m, 1h/);
+});
+
+test('parseDuration reads s, m, h, ms, d and combinations, and refuses junk', () => {
+  assert.equal(parseDuration('30s', '--t'), 30_000);
+  assert.equal(parseDuration('10m', '--t'), 600_000);
+  assert.equal(parseDuration('1h', '--t'), 3_600_000);
+  assert.equal(parseDuration('1h30m', '--t'), 5_400_000);
+  assert.equal(parseDuration('250ms', '--t'), 250);
+  assert.equal(parseDuration('1.5s', '--t'), 1500);
+  assert.equal(parseDuration('2d', '--t'), 172_800_000);
+  for (const bad of ['', '10', 'ten minutes', '5 m', '1x', '1h junk']) {
+    assert.throws(() => parseDuration(bad, '--t'), ValueError, `"${bad}" is refused`);
+  }
+});
+
+test('connection refused says the worker cannot be reached and asks whether make up runs', async () => {
+  const port = await closedPort();
+  const url = `http://127.0.0.1:${port}`;
+  const r = await asb(['ls'], { env: { ASB_API_URL: url, ASB_API_KEY: 'k' } });
+  assert.equal(r.code, 1);
+  assert.match(r.stderr, new RegExp(`cannot reach the worker at ${url}: is \`make up\` running\\?`));
+});
+
+test('with no URL anywhere the CLI says how to get one', async () => {
+  const r = await asb(['ls']);
+  assert.equal(r.code, 1);
+  assert.match(r.stderr, /no worker URL/);
+  assert.match(r.stderr, /make up/);
+});
+
+test('env file: sourceable lines parse; flags beat env vars, env vars beat the file', () => {
+  const parsed = parseEnvFile('# made by make up\nASB_API_URL=http://127.0.0.1:7080\nexport ASB_API_KEY="asb_abc_def"\nASB_CLUSTER=local # comment\n\nnot a line\n');
+  assert.deepEqual(parsed, { ASB_API_URL: 'http://127.0.0.1:7080', ASB_API_KEY: 'asb_abc_def', ASB_CLUSTER: 'local' });
+
+  const dir = emptyDir();
+  mkdirSync(join(dir, '.asb'));
+  writeFileSync(join(dir, '.asb', 'env'), 'ASB_API_URL=http://file:1\nASB_API_KEY=filekey\n');
+  const sub = join(dir, 'deep', 'er');
+  mkdirSync(sub, { recursive: true });
+  const noRepo = emptyDir();
+
+  const fromFile = resolveClientConfig({ flags: {}, env: {}, cwd: sub, repoRoot: noRepo });
+  assert.deepEqual(fromFile, { url: 'http://file:1', key: 'filekey', envFile: join(dir, '.asb', 'env') });
+
+  const fromEnv = resolveClientConfig({ flags: {}, env: { ASB_API_URL: 'http://env:2' }, cwd: sub, repoRoot: noRepo });
+  assert.equal(fromEnv.url, 'http://env:2');
+  assert.equal(fromEnv.key, 'filekey', 'a key only in the file still applies');
+
+  const fromFlags = resolveClientConfig({ flags: { url: 'http://flag:3', key: 'flagkey' }, env: { ASB_API_URL: 'http://env:2', ASB_API_KEY: 'envkey' }, cwd: sub, repoRoot: noRepo });
+  assert.deepEqual([fromFlags.url, fromFlags.key], ['http://flag:3', 'flagkey']);
+
+  const other = join(emptyDir(), 'my.env');
+  writeFileSync(other, "ASB_API_URL='http://other:4'\n");
+  assert.equal(resolveClientConfig({ flags: { envFile: other }, env: {}, cwd: sub, repoRoot: noRepo }).url, 'http://other:4');
+  assert.throws(() => resolveClientConfig({ flags: { envFile: join(noRepo, 'missing') }, env: {}, cwd: sub, repoRoot: noRepo }), /no such file/);
+});
+
+test('the CLI reads .asb/env from the working directory and sends the key from it', async (t) => {
+  const stub = await stubServer(t, (_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"items":[]}'));
+  const dir = emptyDir();
+  mkdirSync(join(dir, '.asb'));
+  writeFileSync(join(dir, '.asb', 'env'), `ASB_API_URL=${stub.url}\nASB_API_KEY=asb_test1234_secret\n`);
+  // No ASB_STATE_DIR here: the lookup walks up from the working directory.
+  const r = await new Promise<RunResult>((resolve, reject) => {
+    const child = spawn(process.execPath, [ASB, 'ls', '--json'], { cwd: dir, env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+  });
+  assert.equal(r.code, 0, r.stderr);
+  assert.deepEqual(JSON.parse(r.stdout), { items: [] });
+  assert.equal(stub.requests[0]?.auth, 'Bearer asb_test1234_secret');
+});
+
+test('an API problem prints error: <detail> and one line per field, exit 1', async (t) => {
+  const stub = await stubServer(t, (_req, res) =>
+    problem(res, 422, { type: 'about:blank', title: 'Invalid object', status: 422, code: 'Invalid', detail: 'sandbox request is invalid', fields: [{ field: 'template', message: 'no template named "nope"' }] }),
+  );
+  const r = await asb(['create', '--template', 'nope', '--no-wait'], { env: { ASB_API_URL: stub.url, ASB_API_KEY: 'k' } });
+  assert.equal(r.code, 1);
+  assert.equal(r.stderr, 'error: sandbox request is invalid\n  template: no template named "nope"\n');
+  assert.deepEqual(JSON.parse(stub.requests[0]?.body ?? ''), { template: 'nope', wait: false, coldStart: true });
+});
+
+test('the API client throws a coded ApiError carrying the server code, detail and fields', async (t) => {
+  const stub = await stubServer(t, (_req, res) => problem(res, 404, { code: 'NotFound', detail: 'sandbox "x" not found', status: 404, title: 'Not found' }));
+  const client = createApiClient({ url: stub.url, key: 'k' });
+  await assert.rejects(client.getSandbox('x'), (err: unknown) => {
+    assert.ok(err instanceof ApiError);
+    assert.equal(err.code, 'NotFound');
+    assert.equal(err.httpStatus, 404);
+    assert.equal(err.detail, 'sandbox "x" not found');
+    assert.deepEqual(err.fields, []);
+    return true;
+  });
+});
+
+test('ls prints the table columns users scan: ID, TEMPLATE, PHASE, READY, AGE, OWNER', () => {
+  const now = Date.parse('2025-01-01T01:00:00Z');
+  const table = sandboxTable(
+    [
+      { id: 'loc1aaaa', namespace: 'default', template: 'base', phase: 'Running', ready: true, launchType: 'warm', owner: 'team-a', labels: {}, createdAt: '2025-01-01T00:59:30Z' },
+      { id: 'loc1bbbbbbbb', namespace: 'default', template: 'python', phase: 'Hibernated', ready: false, launchType: 'cold', owner: '', labels: {}, createdAt: '2024-12-30T01:00:00Z' },
+    ],
+    now,
+  );
+  assert.equal(
+    table,
+    'ID            TEMPLATE  PHASE       READY  AGE  OWNER\n' + 'loc1aaaa      base      Running     true   30s  team-a\n' + 'loc1bbbbbbbb  python    Hibernated  false  2d   -\n',
+  );
+  assert.equal(formatTable(['A'], []), 'A\n');
+  assert.equal(formatAge('2025-01-01T00:00:00Z', now), '60m');
+  assert.equal(formatAge(undefined, now), '<unknown>');
+});
