@@ -13,7 +13,9 @@ import { parseDuration, ValueError } from '../src/cli/args.ts';
 import { parseEnvFile, resolveClientConfig } from '../src/cli/env-file.ts';
 import { formatAge, formatTable } from '../src/cli/output.ts';
 import { sandboxTable } from '../src/cli/commands-sandbox.ts';
+import { Spinner } from '../src/cli/progress.ts';
 import { ApiError, createApiClient } from '../src/client/api-client.ts';
+import type { Clock } from '../src/system/clock.ts';
 
 const ASB = join(import.meta.dirname, '..', 'src', 'cli', 'asb.ts');
 
@@ -226,4 +228,46 @@ test('ls prints the table columns users scan: ID, TEMPLATE, PHASE, READY, AGE, O
   assert.equal(formatTable(['A'], []), 'A\n');
   assert.equal(formatAge('2025-01-01T00:00:00Z', now), '60m');
   assert.equal(formatAge(undefined, now), '<unknown>');
+});
+
+/** A clock the test advances by hand; timers fire when their time is reached. */
+function manualClock(): { clock: Clock; advance: (ms: number) => void } {
+  let now = 0;
+  let timers: { at: number; fn: () => void; live: boolean }[] = [];
+  return {
+    clock: {
+      now: () => now,
+      after(ms, fn) {
+        const timer = { at: now + ms, fn, live: true };
+        timers.push(timer);
+        return { cancel: () => (timer.live = false) };
+      },
+    },
+    advance: (ms) => {
+      now += ms;
+      const due = timers.filter((t) => t.live && t.at <= now);
+      timers = timers.filter((t) => t.live && t.at > now);
+      for (const t of due) t.fn();
+    },
+  };
+}
+
+test('the spinner shows elapsed time on a terminal, erases itself, and writes nothing to a pipe', () => {
+  const { clock, advance } = manualClock();
+  const tty: string[] = [];
+  const spinner = new Spinner({ isTTY: true, write: (s: string) => tty.push(s) }, clock, 'creating');
+  advance(1000);
+  advance(1000);
+  spinner.close();
+  spinner.close();
+  assert.match(tty[0] ?? '', /creating 0\.0s/);
+  assert.ok(tty.some((s) => s.includes('creating 1.0s')), 'the elapsed time advances');
+  assert.equal(tty.at(-1), '\r\x1b[K', 'the line is erased once, on close');
+  assert.equal(tty.filter((s) => s === '\r\x1b[K').length, 1);
+
+  const pipe: string[] = [];
+  const quiet = new Spinner({ isTTY: false, write: (s: string) => pipe.push(s) }, clock, 'creating');
+  advance(1000);
+  quiet.close();
+  assert.deepEqual(pipe, []);
 });
