@@ -100,6 +100,8 @@ export interface VolumeClaimTemplate {
 }
 
 export type ShutdownPolicy = 'Delete' | 'Retain';
+/** Claims may also ask for foreground deletion (the claim goes after its sandbox). */
+export type ClaimShutdownPolicy = ShutdownPolicy | 'DeleteForeground';
 
 export interface Lifecycle {
   shutdownTime?: string;
@@ -119,6 +121,9 @@ export interface SandboxSpec {
   /** v1beta1 equivalent of replicas. */
   operatingMode?: OperatingMode;
   lifecycle?: Lifecycle;
+  /** k8s-sigs inlines Lifecycle into the Sandbox spec; read both forms with sandboxLifecycle(). */
+  shutdownTime?: string;
+  shutdownPolicy?: ShutdownPolicy;
   /** Ours: hibernate after this many ms without activity (0 or absent: never). */
   idleTimeoutMs?: number;
 }
@@ -196,7 +201,7 @@ export interface SandboxClaimSpec {
   sandboxTemplateRef?: { name: string };
   /** v1alpha1: none | default | <pool name> */
   warmpool?: string;
-  lifecycle?: Lifecycle & { ttlSecondsAfterFinished?: number };
+  lifecycle?: { shutdownTime?: string; shutdownPolicy?: ClaimShutdownPolicy; ttlSecondsAfterFinished?: number };
   additionalPodMetadata?: { labels?: Record<string, string>; annotations?: Record<string, string> };
   env?: { name: string; value: string; containerName?: string }[];
   volumeClaimTemplates?: VolumeClaimTemplate[];
@@ -237,4 +242,16 @@ export interface ApiKey extends KubeObject {
 export function wantsRunning(spec: SandboxSpec): boolean {
   if (spec.operatingMode !== undefined) return spec.operatingMode === 'Running';
   return (spec.replicas ?? 1) > 0;
+}
+
+/**
+ * The sandbox's lifecycle whichever way it was written: k8s-sigs YAML puts shutdownTime and
+ * shutdownPolicy directly in spec, our own form nests them in spec.lifecycle. Validation
+ * refuses objects that use both, so at most one side is set.
+ */
+export function sandboxLifecycle(spec: SandboxSpec): Lifecycle {
+  const lifecycle: Lifecycle = { ...spec.lifecycle };
+  if (spec.shutdownTime !== undefined) lifecycle.shutdownTime = spec.shutdownTime;
+  if (spec.shutdownPolicy !== undefined) lifecycle.shutdownPolicy = spec.shutdownPolicy;
+  return lifecycle;
 }
