@@ -87,7 +87,7 @@ function problem(res: ServerResponse, status: number, body: Record<string, unkno
 test('--help lists every command and exits 0; a command --help shows its usage', async () => {
   const top = await asb(['--help']);
   assert.equal(top.code, 0);
-  for (const cmd of ['up', 'create', 'ls', 'exec', 'pause', 'resume', 'rm', 'status', 'get', 'files']) {
+  for (const cmd of ['up', 'apply', 'create', 'ls', 'exec', 'pause', 'resume', 'rm', 'status', 'get', 'files']) {
     assert.match(top.stdout, new RegExp(`^  ${cmd}\\s`, 'm'), `asb --help lists ${cmd}`);
   }
   const exec = await asb(['exec', '--help']);

@@ -7,6 +7,7 @@ import { isAsbError } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import { GLOBAL_OPTIONS, UsageError, ValueError } from './args.ts';
 import { EXIT, type CliIo, type Command, type CommandContext } from './command.ts';
+import { applyCommand } from './commands-apply.ts';
 import { execCommand, filesCommand } from './commands-exec.ts';
 import { createCommand, getCommand, lsCommand, pauseCommand, resumeCommand, rmCommand } from './commands-sandbox.ts';
 import { statusCommand, upCommand } from './commands-system.ts';
@@ -16,6 +17,7 @@ import { formatError } from './output.ts';
 export const COMMANDS: readonly Command[] = [
   upCommand,
   statusCommand,
+  applyCommand,
   createCommand,
   lsCommand,
   getCommand,

@@ -49,7 +49,11 @@ export function writeJson(out: Writer, value: unknown): void {
 /** `error: <detail>` then one indented line per field, the way validation errors are read. */
 export function formatError(detail: string, fields: readonly FieldProblem[] = []): string {
   const lines = [`error: ${detail}`];
-  for (const f of fields) lines.push(`  ${f.field}: ${f.message}`);
+  for (const f of fields) {
+    const line = `${f.field}: ${f.message}`;
+    // A single-problem error often repeats its one field in the detail; say it once.
+    if (!detail.includes(line)) lines.push(`  ${line}`);
+  }
   return lines.join('\n') + '\n';
 }
 
