@@ -271,3 +271,24 @@ test('the spinner shows elapsed time on a terminal, erases itself, and writes no
   quiet.close();
   assert.deepEqual(pipe, []);
 });
+
+test('a bad manifest names the document and field path, exits 1 and sends nothing', async (t) => {
+  const stub = await stubServer(t, (_req, res) => res.writeHead(500).end());
+  const yaml = [
+    'apiVersion: extensions.agents.x-k8s.io/v1alpha1',
+    'kind: SandboxTemplate',
+    'metadata: {name: fine}',
+    'spec: {podTemplate: {spec: {containers: [{name: main, image: python}]}}}',
+    '---',
+    'apiVersion: extensions.agents.x-k8s.io/v1alpha1',
+    'kind: SandboxWarmPool',
+    'metadata: {name: broken}',
+    'spec: {replicas: -3, sandboxTemplateRef: {name: fine}}',
+    '',
+  ].join('\n');
+  const r = await asb(['apply', '-f', '-'], { env: { ASB_API_URL: stub.url, ASB_API_KEY: 'k' }, input: yaml });
+  assert.equal(r.code, 1);
+  assert.match(r.stderr, /^error: <stdin> is invalid; nothing was applied$/m);
+  assert.match(r.stderr, /^ {2}<stdin>#2\.spec\.replicas: /m);
+  assert.deepEqual(stub.requests, []);
+});

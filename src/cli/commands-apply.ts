@@ -78,7 +78,7 @@ function readSource(path: string, shown: string): string {
     return readFileSync(path, 'utf8');
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
-    throw new UsageError(`cannot read ${shown}: ${code === 'ENOENT' ? 'no such file' : String(code ?? err)}`, applyCommand.usage);
+    throw new AsbError('BadRequest', `cannot read ${shown}: ${code === 'ENOENT' ? 'no such file' : String(code ?? err)}`, { cause: err });
   }
 }
 
