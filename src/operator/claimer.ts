@@ -1,0 +1,317 @@
+// The claim hot path the REST API calls. A claim of a warm sandbox is one compare-and-swap
+// store.update of a member the informer already showed Ready: no list, no read, no pod start.
+// - Ready unclaimed members wait in an in-memory FIFO per (namespace, pool), fed by the Sandbox
+//   informer. A popped member is out of the FIFO, so two callers never race for it; if its CAS
+//   fails (someone else changed it), it is skipped, and the watch puts it back if it still
+//   qualifies. The CAS on resourceVersion is what makes a double bind impossible; the FIFO only
+//   makes conflicts rare.
+// - FIFO (oldest ready first) rather than k8s-sigs' node spreading: one worker is one node.
+// - An empty pool cold-starts a new Sandbox from the template (launch 'cold') unless the caller
+//   refused that (PoolExhausted).
+import { newSandboxId } from '../api/ids.ts';
+import type { OwnerReference } from '../api/meta.ts';
+import { apiVersionOf } from '../api/meta.ts';
+import {
+  LABEL,
+  SandboxClaimType,
+  SandboxTemplateType,
+  SandboxType,
+  SandboxWarmPoolType,
+  type Lifecycle,
+  type Sandbox,
+  type SandboxTemplate,
+  type SandboxWarmPool,
+  type ShutdownPolicy,
+} from '../api/types.ts';
+import { AsbError, invalid, isAsbError } from '../errors.ts';
+import type { Metrics } from '../metrics/metrics.ts';
+import type { ObjectStore } from '../store/store.ts';
+import type { Clock, Timer } from '../system/clock.ts';
+import { isDeleting, isSandboxReady, sandboxFromTemplate } from './blueprint.ts';
+import type { Informer } from './informer.ts';
+
+export interface ClaimRequest {
+  namespace: string;
+  template?: string;
+  pool?: string;
+  /** The team that owns the sandbox (label asb.dev/owner). */
+  owner: string;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+  shutdownTime?: string;
+  shutdownPolicy?: ShutdownPolicy;
+  idleTimeoutMs?: number;
+  /** Default true: cold-start when the pool is empty; false fails with PoolExhausted. */
+  coldStart?: boolean;
+  /** The SandboxClaim this binds for, if any: becomes the sandbox's owner and claim-uid label. */
+  claimRef?: { name: string; uid: string };
+}
+
+export interface ClaimResult {
+  sandbox: Sandbox;
+  launch: 'warm' | 'cold';
+}
+
+export interface ClaimerDeps {
+  store: ObjectStore;
+  sandboxes: Informer<Sandbox>;
+  pools: Informer<SandboxWarmPool>;
+  templates: Informer<SandboxTemplate>;
+  clock: Clock;
+  metrics: Metrics;
+  clusterTag: string;
+}
+
+/** Index on the pool informer: `<namespace>/<template>` → pools that keep that template warm. */
+export const POOL_BY_TEMPLATE_INDEX = 'template';
+export function poolTemplateIndexValues(pool: SandboxWarmPool): string[] {
+  return [`${pool.metadata.namespace ?? ''}/${pool.spec.sandboxTemplateRef.name}`];
+}
+
+const RESERVED_PREFIXES = ['agents.x-k8s.io/', 'asb.dev/'];
+
+/** A warm candidate: Ready, still in its pool, not deleting, not owned by anyone yet. */
+export function isWarmCandidate(sandbox: Sandbox): boolean {
+  const labels = sandbox.metadata.labels ?? {};
+  return labels[LABEL.pool] !== undefined && labels[LABEL.owner] === undefined && !isDeleting(sandbox) && isSandboxReady(sandbox);
+}
+
+/** A queue with O(1) push and shift; the consumed head is dropped once it is half the array. */
+class Fifo {
+  #items: string[] = [];
+  #head = 0;
+  push(item: string): void {
+    this.#items.push(item);
+  }
+  shift(): string | undefined {
+    if (this.#head >= this.#items.length) return undefined;
+    const item = this.#items[this.#head++];
+    if (this.#head > 1024 && this.#head * 2 > this.#items.length) {
+      this.#items = this.#items.slice(this.#head);
+      this.#head = 0;
+    }
+    return item;
+  }
+}
+
+interface Waiter {
+  resolve: (sandbox: Sandbox) => void;
+  reject: (err: Error) => void;
+  timer: Timer;
+}
+
+export class Claimer {
+  #deps: ClaimerDeps;
+  /** pool key → FIFO of sandbox keys; entries not in #queued are stale and skipped. */
+  #fifos = new Map<string, Fifo>();
+  #queued = new Set<string>();
+  #waiters = new Map<string, Set<Waiter>>();
+  #closed = false;
+
+  constructor(deps: ClaimerDeps) {
+    this.#deps = deps;
+  }
+
+  /** Sandbox informer handler: keeps the FIFOs and resolves waitReady callers. */
+  observe(key: string, current: Sandbox | undefined, previous: Sandbox | undefined): void {
+    if (current !== undefined && isWarmCandidate(current)) {
+      if (!this.#queued.has(key)) {
+        this.#queued.add(key);
+        const poolKey = `${current.metadata.namespace ?? ''}/${current.metadata.labels?.[LABEL.pool] ?? ''}`;
+        let fifo = this.#fifos.get(poolKey);
+        if (fifo === undefined) this.#fifos.set(poolKey, (fifo = new Fifo()));
+        fifo.push(key);
+      }
+    } else {
+      this.#queued.delete(key);
+    }
+    const waiters = this.#waiters.get(key);
+    if (waiters === undefined) return;
+    if (current === undefined) {
+      if (previous !== undefined) this.#settle(key, new AsbError('NotFound', `sandbox ${key} was deleted`));
+    } else if (isSandboxReady(current)) {
+      this.#settle(key, current);
+    } else if (current.status?.phase === 'Failed' || current.status?.phase === 'Expired' || isDeleting(current)) {
+      this.#settle(key, new AsbError('SandboxNotRunning', `sandbox ${key} is ${current.status?.phase ?? 'deleting'}`));
+    }
+  }
+
+  /** Warm members ready to be claimed right now, for a pool. */
+  available(namespace: string, pool: string): number {
+    let n = 0;
+    for (const key of this.#queued) {
+      const sb = this.#deps.sandboxes.get(key);
+      if (sb?.metadata.namespace === namespace && sb.metadata.labels?.[LABEL.pool] === pool) n++;
+    }
+    return n;
+  }
+
+  async claim(req: ClaimRequest): Promise<ClaimResult> {
+    const started = performance.now();
+    try {
+      const result = await this.#claim(req);
+      // performance.now, not the injected clock: this is a latency measurement, not behaviour.
+      this.#deps.metrics.claimSeconds.observe({ launch: result.launch }, (performance.now() - started) / 1000);
+      this.#deps.metrics.claimsTotal.inc({ launch: result.launch, result: 'bound' });
+      return result;
+    } catch (err) {
+      this.#deps.metrics.claimsTotal.inc({ launch: 'none', result: 'failed' });
+      throw err;
+    }
+  }
+
+  /** Resolves once the sandbox is Ready (from the informer: no polling), or fails after timeoutMs. */
+  waitReady(namespace: string, name: string, timeoutMs: number): Promise<Sandbox> {
+    const key = `${namespace}/${name}`;
+    const cached = this.#deps.sandboxes.get(key);
+    if (cached !== undefined && isSandboxReady(cached)) return Promise.resolve(cached);
+    if (this.#closed) return Promise.reject(new AsbError('Unavailable', 'claimer is closed'));
+    return new Promise((resolve, reject) => {
+      let set = this.#waiters.get(key);
+      if (set === undefined) this.#waiters.set(key, (set = new Set()));
+      const waiter: Waiter = {
+        resolve,
+        reject,
+        timer: this.#deps.clock.after(timeoutMs, () => {
+          set.delete(waiter);
+          if (set.size === 0) this.#waiters.delete(key);
+          reject(new AsbError('Timeout', `sandbox ${key} not ready within ${timeoutMs} ms`));
+        }),
+      };
+      set.add(waiter);
+    });
+  }
+
+  /** Rejects pending waitReady callers; idempotent. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    for (const key of [...this.#waiters.keys()]) this.#settle(key, new AsbError('Unavailable', 'claimer closed'));
+  }
+
+  #settle(key: string, outcome: Sandbox | Error): void {
+    const waiters = this.#waiters.get(key);
+    if (waiters === undefined) return;
+    this.#waiters.delete(key);
+    for (const w of waiters) {
+      w.timer.cancel();
+      if (outcome instanceof Error) w.reject(outcome);
+      else w.resolve(outcome);
+    }
+  }
+
+  #resolvePool(req: ClaimRequest): { pool?: SandboxWarmPool; template?: string } {
+    const { pools } = this.#deps;
+    if (req.pool !== undefined) {
+      const pool = pools.getByName(req.namespace, req.pool);
+      if (pool === undefined) {
+        if (req.template === undefined) throw new AsbError('NotFound', `SandboxWarmPool "${req.pool}" not found in namespace "${req.namespace}"`);
+        return { template: req.template };
+      }
+      return { pool, template: pool.spec.sandboxTemplateRef.name };
+    }
+    if (req.template === undefined) {
+      throw invalid('SandboxClaim', '', [{ field: 'template', message: 'a template or a pool is required' }]);
+    }
+    const candidates = pools.byIndex(POOL_BY_TEMPLATE_INDEX, `${req.namespace}/${req.template}`).filter((p) => !isDeleting(p));
+    // Several pools for one template: the oldest pool is the template's default.
+    candidates.sort((a, b) => (a.metadata.creationTimestamp ?? '').localeCompare(b.metadata.creationTimestamp ?? ''));
+    const pool = candidates[0];
+    return pool === undefined ? { template: req.template } : { pool, template: req.template };
+  }
+
+  async #claim(req: ClaimRequest): Promise<ClaimResult> {
+    checkLabels(req);
+    const { pool, template } = this.#resolvePool(req);
+    if (pool !== undefined) {
+      const warm = await this.#claimWarm(req, `${req.namespace}/${pool.metadata.name}`);
+      if (warm !== undefined) return { sandbox: warm, launch: 'warm' };
+    }
+    if (req.coldStart === false) {
+      throw new AsbError('PoolExhausted', `no warm sandbox ready for ${pool === undefined ? `template "${template ?? ''}"` : `pool "${pool.metadata.name}"`} and cold start refused`);
+    }
+    return { sandbox: await this.#coldStart(req, template ?? ''), launch: 'cold' };
+  }
+
+  async #claimWarm(req: ClaimRequest, poolKey: string): Promise<Sandbox | undefined> {
+    const fifo = this.#fifos.get(poolKey);
+    if (fifo === undefined) return undefined;
+    for (let key = fifo.shift(); key !== undefined; key = fifo.shift()) {
+      if (!this.#queued.delete(key)) continue;
+      const member = this.#deps.sandboxes.get(key);
+      if (member === undefined || !isWarmCandidate(member)) continue;
+      try {
+        return await this.#deps.store.update<Sandbox>(SandboxType, bindWarm(member, req));
+      } catch (err) {
+        // Taken or changed since the cache saw it: skip it; the watch re-queues it if still free.
+        if (isAsbError(err, 'Conflict') || isAsbError(err, 'NotFound')) continue;
+        throw err;
+      }
+    }
+    return undefined;
+  }
+
+  async #coldStart(req: ClaimRequest, templateName: string): Promise<Sandbox> {
+    const { templates, store, clusterTag } = this.#deps;
+    const template =
+      templates.getByName(req.namespace, templateName) ??
+      (await store.tryGet<SandboxTemplate>(SandboxTemplateType, req.namespace, templateName));
+    if (template === undefined) throw new AsbError('NotFound', `SandboxTemplate "${templateName}" not found in namespace "${req.namespace}"`);
+    const sandbox = sandboxFromTemplate(template, {
+      name: newSandboxId(clusterTag),
+      namespace: req.namespace,
+      labels: { ...req.labels, ...systemLabels(req, 'cold'), [LABEL.template]: templateName },
+      ...(req.annotations === undefined ? {} : { annotations: req.annotations }),
+      ...(req.claimRef === undefined ? {} : { ownerReferences: [claimOwner(req.claimRef)] }),
+      ...lifecycleOf(req),
+      ...(req.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: req.idleTimeoutMs }),
+    });
+    return store.create(SandboxType, sandbox);
+  }
+}
+
+function checkLabels(req: ClaimRequest): void {
+  const problems = Object.keys({ ...req.labels, ...req.annotations })
+    .filter((k) => RESERVED_PREFIXES.some((p) => k.startsWith(p)))
+    .map((k) => ({ field: `labels[${k}]`, message: `keys under ${RESERVED_PREFIXES.join(', ')} are reserved` }));
+  if (problems.length > 0) throw invalid('Sandbox', '', problems);
+}
+
+function systemLabels(req: ClaimRequest, launch: 'warm' | 'cold'): Record<string, string> {
+  return {
+    [LABEL.owner]: req.owner,
+    [LABEL.launchType]: launch,
+    ...(req.claimRef === undefined ? {} : { [LABEL.claimUid]: req.claimRef.uid }),
+  };
+}
+
+function claimOwner(ref: { name: string; uid: string }): OwnerReference {
+  return { apiVersion: apiVersionOf(SandboxClaimType), kind: SandboxClaimType.kind, name: ref.name, uid: ref.uid, controller: true, blockOwnerDeletion: true };
+}
+
+function lifecycleOf(req: ClaimRequest): { lifecycle?: Lifecycle } {
+  if (req.shutdownTime === undefined) return {};
+  return { lifecycle: { shutdownTime: req.shutdownTime, ...(req.shutdownPolicy === undefined ? {} : { shutdownPolicy: req.shutdownPolicy }) } };
+}
+
+/** The one write of a warm claim: leave the pool, take the owner, carry the claim's settings. */
+export function bindWarm(member: Sandbox, req: ClaimRequest): Sandbox {
+  const { [LABEL.pool]: _pool, ...labels } = { ...member.metadata.labels, ...req.labels, ...systemLabels(req, 'warm') };
+  const owners = (member.metadata.ownerReferences ?? []).filter((o) => o.kind !== SandboxWarmPoolType.kind);
+  if (req.claimRef !== undefined) owners.push(claimOwner(req.claimRef));
+  const { lifecycle } = lifecycleOf(req);
+  return {
+    ...member,
+    metadata: {
+      ...member.metadata,
+      labels,
+      ...(req.annotations === undefined ? {} : { annotations: { ...member.metadata.annotations, ...req.annotations } }),
+      ownerReferences: owners,
+    },
+    spec: {
+      ...member.spec,
+      ...(lifecycle === undefined ? {} : { lifecycle }),
+      ...(req.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: req.idleTimeoutMs }),
+    },
+  };
+}

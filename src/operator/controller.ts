@@ -1,0 +1,174 @@
+// A controller in the controller-runtime mould: a keyed work queue feeding `reconcile(key)`.
+// - Level-based: the queue carries keys, never events; a key enqueued N times before a worker
+//   picks it up is reconciled once.
+// - The same key never runs concurrently: a key enqueued while it runs is marked dirty and
+//   runs again once the current reconcile ends.
+// - Errors requeue with per-key exponential backoff (5 ms doubling to a 10 s cap); an AsbError
+//   with code Invalid is terminal: counted and logged, not retried (retrying cannot fix input).
+// - `{ requeueAfterMs }` schedules a recheck (expiry, idle timeout, not-ready replacement).
+import { randomString } from '../api/ids.ts';
+import { isAsbError } from '../errors.ts';
+import type { Metrics } from '../metrics/metrics.ts';
+import type { Clock, Timer } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+
+export interface ReconcileResult {
+  requeueAfterMs?: number;
+}
+
+export interface ReconcileContext {
+  log: Logger;
+  reconcileId: string;
+}
+
+export type Reconciler = (key: string, ctx: ReconcileContext) => Promise<ReconcileResult | undefined>;
+
+export interface ControllerOptions {
+  name: string;
+  reconcile: Reconciler;
+  clock: Clock;
+  log: Logger;
+  metrics: Metrics;
+  /** Reconciles running at once (different keys). Default 16. */
+  workers?: number;
+  baseBackoffMs?: number;
+  maxBackoffMs?: number;
+}
+
+const DEFAULT_WORKERS = 16;
+const BASE_BACKOFF_MS = 5;
+const MAX_BACKOFF_MS = 10_000;
+
+export class Controller {
+  readonly name: string;
+  #reconcile: Reconciler;
+  #clock: Clock;
+  #log: Logger;
+  #metrics: Metrics;
+  #workers: number;
+  #baseBackoffMs: number;
+  #maxBackoffMs: number;
+  /** Keys waiting for a worker, in arrival order (a Set keeps order and dedups). */
+  #pending = new Set<string>();
+  #running = new Set<string>();
+  /** Keys enqueued while they were running: they run again when the current run ends. */
+  #dirty = new Set<string>();
+  #failures = new Map<string, number>();
+  #timers = new Map<string, { at: number; timer: Timer }>();
+  #idle: (() => void)[] = [];
+  #closed = false;
+
+  constructor(opts: ControllerOptions) {
+    this.name = opts.name;
+    this.#reconcile = opts.reconcile;
+    this.#clock = opts.clock;
+    this.#log = opts.log.child({ controller: opts.name });
+    this.#metrics = opts.metrics;
+    this.#workers = opts.workers ?? DEFAULT_WORKERS;
+    this.#baseBackoffMs = opts.baseBackoffMs ?? BASE_BACKOFF_MS;
+    this.#maxBackoffMs = opts.maxBackoffMs ?? MAX_BACKOFF_MS;
+  }
+
+  enqueue(key: string): void {
+    if (this.#closed) return;
+    if (this.#running.has(key)) {
+      this.#dirty.add(key);
+      return;
+    }
+    this.#pending.add(key);
+    this.#pump();
+  }
+
+  /** Enqueues the key after ms; an earlier pending recheck for the same key wins. */
+  enqueueAfter(key: string, ms: number): void {
+    if (this.#closed) return;
+    if (ms <= 0) {
+      this.enqueue(key);
+      return;
+    }
+    const at = this.#clock.now() + ms;
+    const existing = this.#timers.get(key);
+    if (existing !== undefined) {
+      if (existing.at <= at) return;
+      existing.timer.cancel();
+    }
+    const timer = this.#clock.after(ms, () => {
+      this.#timers.delete(key);
+      this.enqueue(key);
+    });
+    this.#timers.set(key, { at, timer });
+  }
+
+  /** Keys queued or running: tests and health checks use it to tell a settled controller. */
+  get depth(): number {
+    return this.#pending.size + this.#running.size;
+  }
+
+  /** Stops taking keys, cancels rechecks and waits (up to deadlineMs) for running reconciles. */
+  async close(deadlineMs = 10_000): Promise<void> {
+    if (!this.#closed) {
+      this.#closed = true;
+      this.#pending.clear();
+      this.#dirty.clear();
+      for (const { timer } of this.#timers.values()) timer.cancel();
+      this.#timers.clear();
+    }
+    if (this.#running.size === 0) return;
+    await new Promise<void>((resolve) => {
+      const timer = this.#clock.after(deadlineMs, () => {
+        this.#log.warn({ running: [...this.#running] }, 'reconciles still running at close deadline');
+        resolve();
+      });
+      this.#idle.push(() => {
+        timer.cancel();
+        resolve();
+      });
+    });
+  }
+
+  #pump(): void {
+    while (this.#running.size < this.#workers && this.#pending.size > 0) {
+      const next = this.#pending.values().next();
+      if (next.done === true) return;
+      const key = next.value;
+      this.#pending.delete(key);
+      this.#running.add(key);
+      void this.#run(key);
+    }
+  }
+
+  async #run(key: string): Promise<void> {
+    const reconcileId = randomString(8);
+    const log = this.#log.child({ reconcileId, key });
+    try {
+      const result = await this.#reconcile(key, { log, reconcileId });
+      this.#failures.delete(key);
+      const after = result?.requeueAfterMs;
+      if (after !== undefined) {
+        this.#metrics.reconcileTotal.inc({ controller: this.name, result: 'requeue' });
+        this.enqueueAfter(key, after);
+      } else {
+        this.#metrics.reconcileTotal.inc({ controller: this.name, result: 'ok' });
+      }
+    } catch (err) {
+      this.#metrics.reconcileTotal.inc({ controller: this.name, result: 'error' });
+      if (isAsbError(err, 'Invalid')) {
+        this.#failures.delete(key);
+        log.warn({ err }, 'terminal reconcile error; not retried');
+      } else {
+        const failures = (this.#failures.get(key) ?? 0) + 1;
+        this.#failures.set(key, failures);
+        const delay = Math.min(this.#maxBackoffMs, this.#baseBackoffMs * 2 ** Math.min(failures - 1, 20));
+        // Conflicts are expected when a cache lags a write; they are noise at info level.
+        if (isAsbError(err, 'Conflict')) log.debug({ err, delay }, 'reconcile conflict; retrying');
+        else log.warn({ err, delay, failures }, 'reconcile failed; retrying');
+        this.enqueueAfter(key, delay);
+      }
+    } finally {
+      this.#running.delete(key);
+      if (this.#dirty.delete(key)) this.enqueue(key);
+      this.#pump();
+      if (this.#running.size === 0) for (const done of this.#idle.splice(0)) done();
+    }
+  }
+}

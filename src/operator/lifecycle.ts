@@ -1,0 +1,52 @@
+// Time-based lifecycle decisions for one sandbox, as pure functions of the object and the time:
+// scheduled shutdown (spec.lifecycle.shutdownTime with Delete or Retain) and the idle timeout.
+import { ANNOTATION, LABEL, type Sandbox, type ShutdownPolicy } from '../api/types.ts';
+
+/** Milliseconds since the epoch at which the sandbox expires, if it has a shutdown time. */
+export function expiryOf(sandbox: Sandbox): number | undefined {
+  const at = sandbox.spec.lifecycle?.shutdownTime;
+  if (at === undefined) return undefined;
+  const ms = Date.parse(at);
+  return Number.isNaN(ms) ? undefined : ms;
+}
+
+export function shutdownPolicyOf(sandbox: Sandbox): ShutdownPolicy {
+  return sandbox.spec.lifecycle?.shutdownPolicy ?? 'Delete';
+}
+
+/** The idle timeout in ms (0: never): spec.idleTimeoutMs wins over the annotation. */
+export function idleTimeoutOf(sandbox: Sandbox): number {
+  const fromSpec = sandbox.spec.idleTimeoutMs;
+  if (fromSpec !== undefined) return Math.max(0, fromSpec);
+  const raw = sandbox.metadata.annotations?.[ANNOTATION.idleTimeoutMs];
+  if (raw === undefined) return 0;
+  const parsed = Number(raw);
+  return Number.isFinite(parsed) && parsed > 0 ? parsed : 0;
+}
+
+/** Claimed by someone: it carries an owner and has left its warm pool. */
+export function isClaimed(sandbox: Sandbox): boolean {
+  const labels = sandbox.metadata.labels ?? {};
+  return labels[LABEL.pool] === undefined && labels[LABEL.owner] !== undefined;
+}
+
+export interface IdleCheck {
+  idle: boolean;
+  /** When not idle yet: ms until it would be. */
+  remainingMs?: number;
+}
+
+/**
+ * Whether a running sandbox has been idle past its timeout. Unclaimed warm members never idle
+ * out: the pool exists to keep them running. The idle clock starts at the later of the last
+ * activity and the last time the pod became ready (a wake counts as activity).
+ */
+export function idleCheck(sandbox: Sandbox, now: number, lastActivity: number | undefined): IdleCheck {
+  const timeout = idleTimeoutOf(sandbox);
+  if (timeout <= 0 || !isClaimed(sandbox)) return { idle: false };
+  const readyAt = sandbox.status?.readyTime === undefined ? undefined : Date.parse(sandbox.status.readyTime);
+  const since = Math.max(lastActivity ?? 0, readyAt ?? 0);
+  if (since === 0) return { idle: false, remainingMs: timeout };
+  const remaining = since + timeout - now;
+  return remaining <= 0 ? { idle: true } : { idle: false, remainingMs: remaining };
+}

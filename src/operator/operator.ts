@@ -1,0 +1,184 @@
+// Composition of the operator: four informers (Sandbox, SandboxTemplate, SandboxWarmPool,
+// SandboxClaim), three controllers, the claimer and the activity tracker.
+// Start order: informers list and sync first; only then do controllers get keys (a pool
+// reconciled against a half-filled sandbox cache would over-create members), and only then does
+// recovery run: pods the runtime holds for sandboxes that no longer exist are removed, and every
+// sandbox is reconciled, which restarts pods that should run (after a worker restart).
+// Shutdown order, under one deadline: controllers drain, the claimer rejects its waiters, the
+// informers stop. The store and the runtime belong to the caller and stay open.
+import {
+  SandboxClaimType,
+  SandboxTemplateType,
+  SandboxType,
+  SandboxWarmPoolType,
+  type Sandbox,
+  type SandboxClaim,
+  type SandboxTemplate,
+  type SandboxWarmPool,
+} from '../api/types.ts';
+import type { Metrics } from '../metrics/metrics.ts';
+import type { PodRuntime } from '../runtime/runtime.ts';
+import type { ObjectStore } from '../store/store.ts';
+import { systemClock, type Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import { createActivity, type Activity } from './activity.ts';
+import { CLAIM_INDEX, claimIndexValues, createClaimReconciler } from './claim-controller.ts';
+import { Claimer, POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues } from './claimer.ts';
+import { Controller } from './controller.ts';
+import { Informer, objectKey } from './informer.ts';
+import { createSandboxReconciler } from './sandbox-controller.ts';
+import { POOL_INDEX, createWarmPoolController, poolIndexValues } from './warmpool-controller.ts';
+
+export interface OperatorOptions {
+  store: ObjectStore;
+  runtime: PodRuntime;
+  log: Logger;
+  metrics: Metrics;
+  clock?: Clock;
+  /** This worker's 4-character cluster tag, the prefix of every sandbox id it makes. */
+  clusterTag: string;
+  /** Sandbox reconciles at once; default 64 (each may wait on a pod start). */
+  workers?: number;
+  /** Replace warm members not Ready after this long; default 60 s. */
+  notReadyReplaceMs?: number;
+  /** Deadline for close(); default 10 s. */
+  closeDeadlineMs?: number;
+}
+
+export interface Operator {
+  claimer: Claimer;
+  activity: Activity;
+  sandboxes: Informer<Sandbox>;
+  /** Resolves once every cache has synced and recovery has run. */
+  ready(): Promise<void>;
+  /** Reconciles queued or running across controllers; 0 when the operator has settled. */
+  depth(): number;
+  close(): Promise<void>;
+}
+
+const NAME_INDEX = 'name';
+const SANDBOX_WORKERS = 64;
+const POOL_WORKERS = 4;
+const CLAIM_WORKERS = 16;
+
+export function startOperator(opts: OperatorOptions): Promise<Operator> {
+  const { store, runtime, metrics, clusterTag } = opts;
+  const clock = opts.clock ?? systemClock;
+  const log = opts.log.child({ component: 'operator' });
+
+  const sandboxes = new Informer<Sandbox>({ store, type: SandboxType, clock, log });
+  const templates = new Informer<SandboxTemplate>({ store, type: SandboxTemplateType, clock, log });
+  const pools = new Informer<SandboxWarmPool>({ store, type: SandboxWarmPoolType, clock, log });
+  const claims = new Informer<SandboxClaim>({ store, type: SandboxClaimType, clock, log });
+  sandboxes.addIndex(POOL_INDEX, poolIndexValues);
+  sandboxes.addIndex(CLAIM_INDEX, claimIndexValues);
+  sandboxes.addIndex(NAME_INDEX, (s) => [s.metadata.name]);
+  pools.addIndex(POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues);
+
+  const activity = createActivity(clock);
+  const claimer = new Claimer({ store, sandboxes, pools, templates, clock, metrics, clusterTag });
+  const warmPool = createWarmPoolController({
+    store,
+    sandboxes,
+    pools,
+    templates,
+    clock,
+    metrics,
+    clusterTag,
+    ...(opts.notReadyReplaceMs === undefined ? {} : { notReadyReplaceMs: opts.notReadyReplaceMs }),
+  });
+  const sandboxController = new Controller({
+    name: 'sandbox',
+    reconcile: createSandboxReconciler({ store, runtime, sandboxes, activity, clock, metrics }),
+    clock,
+    log,
+    metrics,
+    workers: opts.workers ?? SANDBOX_WORKERS,
+  });
+  const poolController = new Controller({ name: 'warmpool', reconcile: warmPool.reconcile, clock, log, metrics, workers: POOL_WORKERS });
+  const claimController = new Controller({
+    name: 'claim',
+    reconcile: createClaimReconciler({ store, claims, sandboxes, claimer, clock }),
+    clock,
+    log,
+    metrics,
+    workers: CLAIM_WORKERS,
+  });
+  const controllers = [sandboxController, poolController, claimController];
+
+  let started = false;
+  const phaseCounts = new Map<string, number>();
+  const countPhase = (sandbox: Sandbox | undefined, delta: number): void => {
+    if (sandbox === undefined) return;
+    const phase = sandbox.status?.phase ?? 'Pending';
+    const n = (phaseCounts.get(phase) ?? 0) + delta;
+    phaseCounts.set(phase, n);
+    metrics.sandboxesByPhase.set({ phase }, n);
+  };
+
+  sandboxes.onChange((key, current, previous) => {
+    countPhase(previous, -1);
+    countPhase(current, 1);
+    warmPool.observed(key, current);
+    claimer.observe(key, current, previous);
+    if (!started) return;
+    sandboxController.enqueue(key);
+    for (const poolKey of new Set([...(current ? poolIndexValues(current) : []), ...(previous ? poolIndexValues(previous) : [])])) {
+      poolController.enqueue(poolKey);
+    }
+    for (const claimKey of new Set([...(current ? claimIndexValues(current) : []), ...(previous ? claimIndexValues(previous) : [])])) {
+      claimController.enqueue(claimKey);
+    }
+  });
+  pools.onChange((key) => {
+    if (started) poolController.enqueue(key);
+  });
+  templates.onChange((key) => {
+    if (!started) return;
+    for (const pool of pools.byIndex(POOL_BY_TEMPLATE_INDEX, key)) poolController.enqueue(objectKey(pool));
+  });
+  claims.onChange((key) => {
+    if (started) claimController.enqueue(key);
+  });
+  const stopRuntimeEvents = runtime.onChange((id) => {
+    if (!started) return;
+    for (const sandbox of sandboxes.byIndex(NAME_INDEX, id)) sandboxController.enqueue(objectKey(sandbox));
+  });
+
+  const informers = [sandboxes, templates, pools, claims];
+  for (const informer of informers) informer.start();
+  const readyPromise = (async () => {
+    await Promise.all(informers.map((i) => i.synced()));
+    // Recovery: pods whose sandbox is gone (deleted while this worker was down).
+    const orphans = runtime.list().filter((id) => sandboxes.byIndex(NAME_INDEX, id).length === 0);
+    await Promise.all(orphans.map((id) => runtime.remove(id)));
+    if (orphans.length > 0) log.info({ orphans: orphans.length }, 'removed pods of sandboxes that no longer exist');
+    started = true;
+    for (const s of sandboxes.list()) sandboxController.enqueue(objectKey(s));
+    for (const p of pools.list()) poolController.enqueue(objectKey(p));
+    for (const c of claims.list()) claimController.enqueue(objectKey(c));
+    log.info({ sandboxes: sandboxes.list().length, pools: pools.list().length, claims: claims.list().length }, 'operator caches synced');
+  })();
+  readyPromise.catch((err: unknown) => log.error({ err }, 'operator failed to start'));
+
+  let closing: Promise<void> | undefined;
+  const close = (): Promise<void> => {
+    closing ??= (async () => {
+      stopRuntimeEvents();
+      const deadline = opts.closeDeadlineMs ?? 10_000;
+      await Promise.all(controllers.map((c) => c.close(deadline)));
+      claimer.close();
+      for (const informer of informers) informer.close();
+    })();
+    return closing;
+  };
+
+  return Promise.resolve({
+    claimer,
+    activity,
+    sandboxes,
+    ready: () => readyPromise,
+    depth: () => controllers.reduce((n, c) => n + c.depth, 0),
+    close,
+  });
+}

@@ -1,0 +1,181 @@
+// The Sandbox reconciler: plays the kubelet-facing half of the k8s-sigs sandbox controller.
+// Level-based: every run reads the cached Sandbox and the runtime's in-memory pod state and
+// drives the pod toward the spec, then mirrors the pod into status, writing only on change.
+// - wantsRunning → runtime.start (idempotent; a Stopped pod wakes on its kept volumes).
+// - not wantsRunning → runtime.stop: hibernated, volumes and identity kept.
+// - shutdownTime reached → Ready=False SandboxExpired, pod stopped; Delete deletes the object,
+//   Retain keeps it with phase Expired.
+// - idle past its timeout (claimed sandboxes only) → spec.operatingMode=Suspended.
+// - deletionTimestamp → runtime.remove, then drop the finalizer so the store deletes the object.
+// A failed pod is not restarted (as in k8s-sigs): it reports PodFailed until the user acts.
+import { isDeepStrictEqual } from 'node:util';
+import type { Condition } from '../api/meta.ts';
+import { SandboxType, wantsRunning, type Sandbox, type SandboxStatus } from '../api/types.ts';
+import type { Metrics } from '../metrics/metrics.ts';
+import type { PodRequest, PodRuntime, PodState } from '../runtime/runtime.ts';
+import type { ObjectStore } from '../store/store.ts';
+import { isoNow, type Clock } from '../system/clock.ts';
+import type { Activity } from './activity.ts';
+import { RUNTIME_FINALIZER } from './blueprint.ts';
+import type { Reconciler, ReconcileResult } from './controller.ts';
+import { splitKey, type Informer } from './informer.ts';
+import { expiryOf, idleCheck, shutdownPolicyOf } from './lifecycle.ts';
+
+export interface SandboxControllerDeps {
+  store: ObjectStore;
+  runtime: PodRuntime;
+  sandboxes: Informer<Sandbox>;
+  activity: Activity;
+  clock: Clock;
+  metrics: Metrics;
+}
+
+export function podRequestFor(sandbox: Sandbox): PodRequest {
+  const { name } = sandbox.metadata;
+  return {
+    id: name,
+    namespace: sandbox.metadata.namespace ?? 'default',
+    hostname: sandbox.spec.podTemplate.spec.hostname ?? name,
+    spec: sandbox.spec.podTemplate.spec,
+    ...(sandbox.spec.volumeClaimTemplates === undefined ? {} : { volumeClaimTemplates: sandbox.spec.volumeClaimTemplates }),
+    labels: { ...sandbox.spec.podTemplate.metadata?.labels, ...sandbox.metadata.labels },
+  };
+}
+
+export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler {
+  const { store, runtime, sandboxes, activity, clock, metrics } = deps;
+  /** Sandboxes waking from hibernation: name → time the wake began, for asb_wake_seconds. */
+  const wakes = new Map<string, number>();
+
+  const writeStatus = async (sandbox: Sandbox, status: SandboxStatus): Promise<void> => {
+    if (isDeepStrictEqual(sandbox.status ?? {}, status)) return;
+    await store.updateStatus<Sandbox>(SandboxType, { ...sandbox, status });
+  };
+
+  const condition = (sandbox: Sandbox, type: string, status: Condition['status'], reason: string, message?: string): Condition => {
+    const prev = sandbox.status?.conditions?.find((c) => c.type === type);
+    const keep = prev !== undefined && prev.status === status;
+    return {
+      type,
+      status,
+      reason,
+      ...(message === undefined ? {} : { message }),
+      lastTransitionTime: keep ? prev.lastTransitionTime : isoNow(clock),
+      ...(sandbox.metadata.generation === undefined ? {} : { observedGeneration: sandbox.metadata.generation }),
+    };
+  };
+
+  const runningStatus = (sandbox: Sandbox, state: PodState): SandboxStatus => {
+    const name = sandbox.metadata.name;
+    if (state.phase === 'Failed' || state.phase === 'Succeeded') {
+      return {
+        phase: 'Failed',
+        conditions: [condition(sandbox, 'Ready', 'False', 'PodFailed', state.message ?? `pod exited with code ${state.exitCode ?? 'unknown'}`)],
+      };
+    }
+    if (state.ready) {
+      const wasReady = sandbox.status?.phase === 'Running' && sandbox.status.readyTime !== undefined;
+      return {
+        phase: 'Running',
+        conditions: [condition(sandbox, 'Ready', 'True', 'DependenciesReady')],
+        ...(state.ip === undefined ? {} : { podIPs: [state.ip] }),
+        readyTime: wasReady && sandbox.status?.readyTime !== undefined ? sandbox.status.readyTime : isoNow(clock),
+      };
+    }
+    return {
+      phase: wakes.has(name) ? 'Waking' : 'Pending',
+      conditions: [condition(sandbox, 'Ready', 'False', 'DependenciesNotReady', `pod is ${state.phase}`)],
+      ...(state.ip === undefined ? {} : { podIPs: [state.ip] }),
+    };
+  };
+
+  const expire = async (sandbox: Sandbox): Promise<undefined> => {
+    const { name, namespace } = sandbox.metadata;
+    await runtime.stop(name);
+    wakes.delete(name);
+    if (shutdownPolicyOf(sandbox) === 'Delete') {
+      // The finalizer holds the object until the next run has removed the pod and its volumes.
+      await store.delete(SandboxType, namespace ?? '', name);
+      return undefined;
+    }
+    await writeStatus(sandbox, {
+      phase: 'Expired',
+      conditions: [condition(sandbox, 'Ready', 'False', 'SandboxExpired', `shutdownTime ${sandbox.spec.lifecycle?.shutdownTime ?? ''} reached`)],
+    });
+    return undefined;
+  };
+
+  const finalize = async (sandbox: Sandbox): Promise<void> => {
+    const { name } = sandbox.metadata;
+    await runtime.remove(name);
+    wakes.delete(name);
+    activity.forget(name);
+    const finalizers = sandbox.metadata.finalizers ?? [];
+    if (!finalizers.includes(RUNTIME_FINALIZER)) return;
+    await store.update<Sandbox>(SandboxType, {
+      ...sandbox,
+      metadata: { ...sandbox.metadata, finalizers: finalizers.filter((f) => f !== RUNTIME_FINALIZER) },
+    });
+  };
+
+  return async (key): Promise<ReconcileResult | undefined> => {
+    const sandbox = sandboxes.get(key);
+    if (sandbox === undefined) {
+      // Gone without our finalizer (created by someone who did not set it): still free the pod.
+      const { name } = splitKey(key);
+      wakes.delete(name);
+      activity.forget(name);
+      if (runtime.state(name).phase !== 'Absent') await runtime.remove(name);
+      return undefined;
+    }
+    if (sandbox.metadata.deletionTimestamp !== undefined) {
+      await finalize(sandbox);
+      return undefined;
+    }
+    const name = sandbox.metadata.name;
+    const now = clock.now();
+    const expiry = expiryOf(sandbox);
+    if (expiry !== undefined && now >= expiry) return expire(sandbox);
+    // k8s-sigs requeues at max(remaining, 2 s) because each check costs an apiserver read; ours
+    // reads memory, so the recheck lands at the exact shutdown time.
+    let requeueAfterMs = expiry === undefined ? undefined : expiry - now;
+
+    if (!wantsRunning(sandbox.spec)) {
+      wakes.delete(name);
+      const phase = runtime.state(name).phase;
+      if (phase !== 'Absent' && phase !== 'Stopped') await runtime.stop(name);
+      await writeStatus(sandbox, {
+        phase: 'Hibernated',
+        conditions: [
+          condition(sandbox, 'Ready', 'False', 'SandboxSuspended', 'operatingMode is Suspended'),
+          condition(sandbox, 'Suspended', 'True', 'SandboxSuspended'),
+        ],
+      });
+      return requeueAfterMs === undefined ? undefined : { requeueAfterMs };
+    }
+
+    let state = runtime.state(name);
+    if (state.phase === 'Absent' || state.phase === 'Stopped') {
+      if (state.phase === 'Stopped' && !wakes.has(name)) wakes.set(name, now);
+      state = await runtime.start(podRequestFor(sandbox));
+      // start() may return before the runtime's own state settles; the in-memory read is current.
+      state = runtime.state(name);
+    }
+    if (state.ready) {
+      const woke = wakes.get(name);
+      if (woke !== undefined) {
+        metrics.wakeSeconds.observe((clock.now() - woke) / 1000);
+        wakes.delete(name);
+      }
+      const idle = idleCheck(sandbox, now, activity.last(name));
+      if (idle.idle) {
+        // A spec change, not a status one: the user sees (and can flip back) why it stopped.
+        await store.update<Sandbox>(SandboxType, { ...sandbox, spec: { ...sandbox.spec, operatingMode: 'Suspended' } });
+        return undefined;
+      }
+      if (idle.remainingMs !== undefined) requeueAfterMs = Math.min(requeueAfterMs ?? Infinity, idle.remainingMs);
+    }
+    await writeStatus(sandbox, runningStatus(sandbox, state));
+    return requeueAfterMs === undefined ? undefined : { requeueAfterMs };
+  };
+}

@@ -1,0 +1,134 @@
+// TEST DOUBLE: an in-memory PodRuntime for operator tests. No process runs; a pod "starts" by
+// changing a map entry. It becomes ready at once (autoReady) or when the test says so, keeps
+// its volumes and IP across stop (hibernation) like the real runtime, and loses them on remove.
+// The real runtime lives in src/runtime/local/; end-to-end tests use that one.
+import type { ExecResult, FileEntry, PodRequest, PodRuntime, PodState, PtySession } from '../../src/runtime/runtime.ts';
+
+interface FakePod {
+  request: PodRequest;
+  state: PodState;
+}
+
+export class FakeRuntime implements PodRuntime {
+  /** Pods become ready as soon as they start; tests flip it to hold pods in Pending. */
+  autoReady: boolean;
+  /** Every start/stop/remove call, in order, as `<verb> <id>`. */
+  readonly calls: string[] = [];
+  #pods = new Map<string, FakePod>();
+  /** Volumes per pod id: kept across stop, gone after remove. */
+  #volumes = new Set<string>();
+  #listeners = new Set<(id: string) => void>();
+  #nextIp = 2;
+
+  constructor(opts: { autoReady?: boolean } = {}) {
+    this.autoReady = opts.autoReady ?? true;
+  }
+
+  start(pod: PodRequest): Promise<PodState> {
+    this.calls.push(`start ${pod.id}`);
+    const existing = this.#pods.get(pod.id);
+    if (existing !== undefined && (existing.state.phase === 'Running' || existing.state.phase === 'Pending')) {
+      return Promise.resolve({ ...existing.state });
+    }
+    const ip = existing?.state.ip ?? `10.77.${Math.floor(this.#nextIp / 250)}.${(this.#nextIp++ % 250) + 2}`;
+    this.#volumes.add(pod.id);
+    const state: PodState = this.autoReady
+      ? { phase: 'Running', ready: true, ip, startedAt: new Date().toISOString() }
+      : { phase: 'Pending', ready: false, ip };
+    this.#pods.set(pod.id, { request: pod, state });
+    this.#emit(pod.id);
+    return Promise.resolve({ ...state });
+  }
+
+  stop(id: string): Promise<void> {
+    this.calls.push(`stop ${id}`);
+    const pod = this.#pods.get(id);
+    if (pod !== undefined && pod.state.phase !== 'Stopped') {
+      pod.state = { phase: 'Stopped', ready: false, ...(pod.state.ip === undefined ? {} : { ip: pod.state.ip }) };
+      this.#emit(id);
+    }
+    return Promise.resolve();
+  }
+
+  remove(id: string): Promise<void> {
+    this.calls.push(`remove ${id}`);
+    this.#volumes.delete(id);
+    if (this.#pods.delete(id)) this.#emit(id);
+    return Promise.resolve();
+  }
+
+  state(id: string): PodState {
+    const pod = this.#pods.get(id);
+    return pod === undefined ? { phase: 'Absent', ready: false } : { ...pod.state };
+  }
+
+  list(): string[] {
+    return [...this.#pods.keys()];
+  }
+
+  onChange(listener: (id: string) => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
+  }
+
+  // ---- test controls
+
+  /** Marks a pending pod running and ready, as a passing readiness probe would. */
+  makeReady(id: string): void {
+    const pod = this.#pods.get(id);
+    if (pod === undefined) throw new Error(`fake runtime: no pod ${id}`);
+    pod.state = { ...pod.state, phase: 'Running', ready: true, startedAt: new Date().toISOString() };
+    this.#emit(id);
+  }
+
+  /** Makes the pod's main process exit with a failure. */
+  fail(id: string, message: string): void {
+    const pod = this.#pods.get(id);
+    if (pod === undefined) throw new Error(`fake runtime: no pod ${id}`);
+    pod.state = { phase: 'Failed', ready: false, exitCode: 1, message };
+    this.#emit(id);
+  }
+
+  /** Places a pod the operator does not know about, as if left over from before a restart. */
+  adopt(request: PodRequest, phase: 'Running' | 'Stopped'): void {
+    this.#volumes.add(request.id);
+    this.#pods.set(request.id, { request, state: { phase, ready: phase === 'Running', ip: `10.77.250.${this.#nextIp++ % 250}` } });
+  }
+
+  hasVolumes(id: string): boolean {
+    return this.#volumes.has(id);
+  }
+
+  request(id: string): PodRequest | undefined {
+    return this.#pods.get(id)?.request;
+  }
+
+  // ---- not used by the operator
+
+  exec(): Promise<ExecResult> {
+    return Promise.reject(new Error('fake runtime: exec not supported'));
+  }
+  readFile(): Promise<Uint8Array> {
+    return Promise.reject(new Error('fake runtime: readFile not supported'));
+  }
+  writeFile(): Promise<void> {
+    return Promise.reject(new Error('fake runtime: writeFile not supported'));
+  }
+  listDir(): Promise<FileEntry[]> {
+    return Promise.reject(new Error('fake runtime: listDir not supported'));
+  }
+  openPty(): Promise<PtySession> {
+    return Promise.reject(new Error('fake runtime: openPty not supported'));
+  }
+  close(): Promise<void> {
+    this.#listeners.clear();
+    return Promise.resolve();
+  }
+
+  #emit(id: string): void {
+    // Asynchronous, like a real runtime's watcher: never re-enters the caller.
+    queueMicrotask(() => {
+      for (const listener of this.#listeners) listener(id);
+    });
+  }
+}
