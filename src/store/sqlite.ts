@@ -140,6 +140,11 @@ export class SqliteStore implements ObjectStore {
     return state;
   }
 
+  #sortedKeys(state: KindState): string[] {
+    state.sorted ??= [...state.objects.keys()].sort();
+    return state.sorted;
+  }
+
   #scope(rt: ResourceType, namespace: string): string {
     return rt.namespaced ? namespace : CLUSTER_SCOPE;
   }
@@ -172,8 +177,7 @@ export class SqliteStore implements ObjectStore {
     const state = this.#kinds.get(kindKey(rt));
     const result: ListResult<T> = { items: [], resourceVersion: String(this.#rv) };
     if (state === undefined) return result;
-    state.sorted ??= [...state.objects.keys()].sort();
-    const keys = state.sorted;
+    const keys = this.#sortedKeys(state);
     const prefix = namespace === undefined ? '' : `${namespace}\u0000`;
     const startKey = after === undefined ? prefix : objectKey(after.namespace, after.name);
     let i = firstIndexAfter(keys, startKey, after !== undefined);
@@ -353,9 +357,12 @@ export class SqliteStore implements ObjectStore {
     set.add(w);
     if (from === undefined || from >= this.#rv) {
       w.start([]);
-    } else if (from === 0) {
+    } else if (from === 0 && this.#oldestEvent > 1) {
       // "0" means "any version", as in Kubernetes: the current state as ADDED events, then live.
-      const current = [...(this.#kinds.get(gk)?.objects.values() ?? [])];
+      // While the whole history is still retained we replay it instead (below), so a client
+      // that listed an empty store (version "0") and watches from there misses nothing.
+      const state = this.#kinds.get(gk);
+      const current = state === undefined ? [] : this.#sortedKeys(state).flatMap((key) => state.objects.get(key) ?? []);
       w.start(current.map((object) => ({ rv: this.#rv, type: 'ADDED', namespace: object.metadata.namespace ?? CLUSTER_SCOPE, object, prevLabels: undefined })));
     } else if (from + 1 < this.#oldestEvent) {
       w.fail(
