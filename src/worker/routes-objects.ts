@@ -1,0 +1,190 @@
+// Configuration objects: templates and warm pools (anyone reads, admins write), claims (scoped
+// to the team like sandboxes), and /v1/apply, which validates and authorizes every object before
+// it writes any, and undoes its own writes if a later one fails.
+import type { KubeObject, ResourceType } from '../api/meta.ts';
+import { LABEL, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
+import { applyDefaults, validateObject } from '../api/validate.ts';
+import type { Principal } from '../auth/keyring.ts';
+import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
+import { canSee, isObjectName, principalOf, requireAdmin, visibilitySelector } from './access.ts';
+import { readJson } from './body.ts';
+import type { WorkerContext } from './deps.ts';
+import { isPlainObject } from './input.ts';
+import type { Reply, RequestContext, Route } from './router.ts';
+
+/** Kinds /v1/apply takes, in the order it writes them (a pool after its template). */
+const APPLY_ORDER: readonly ResourceType[] = [SandboxTemplateType, SandboxWarmPoolType, SandboxType, SandboxClaimType];
+/** Kinds whose objects belong to a team (asb.dev/owner) rather than to the cluster's admins. */
+const TEAM_KINDS: ReadonlySet<string> = new Set([SandboxType.kind, SandboxClaimType.kind]);
+// One apply writes at most this many objects: enough for any config file, bounded undo work.
+const MAX_APPLY_OBJECTS = 500;
+
+type Action = 'created' | 'configured' | 'unchanged';
+
+function namespaceParam(w: WorkerContext, ctx: RequestContext): string {
+  const ns = ctx.query.get('namespace');
+  if (ns === null || ns === '') return w.defaultNamespace;
+  if (!isObjectName(ns)) throw new AsbError('BadRequest', `query parameter namespace must be a DNS label, got "${ns}"`, { fields: [{ field: 'namespace', message: 'not a valid name' }] });
+  return ns;
+}
+
+function notFound(rt: ResourceType, namespace: string, name: string): AsbError {
+  return new AsbError('NotFound', `${rt.kind} "${name}" not found in namespace "${namespace}"`);
+}
+
+function sameContent(a: KubeObject, b: KubeObject): boolean {
+  return JSON.stringify([a.spec, a.metadata.labels ?? {}, a.metadata.annotations ?? {}]) === JSON.stringify([b.spec, b.metadata.labels ?? {}, b.metadata.annotations ?? {}]);
+}
+
+/** The object to write over `existing`: the user's spec, labels and annotations merged in. */
+function merged(existing: KubeObject, desired: KubeObject): KubeObject {
+  return {
+    ...existing,
+    spec: desired.spec,
+    metadata: {
+      ...existing.metadata,
+      labels: { ...existing.metadata.labels, ...desired.metadata.labels },
+      annotations: { ...existing.metadata.annotations, ...desired.metadata.annotations },
+    },
+  };
+}
+
+/** Validated, defaulted, namespaced and owned, ready to write; 422 naming every bad field. */
+function prepare(w: WorkerContext, p: Principal, raw: unknown, path: string): { rt: ResourceType; obj: KubeObject } {
+  const obj = applyDefaults(validateObject(raw, path));
+  const rt = APPLY_ORDER.find((t) => t.kind === obj.kind);
+  if (rt === undefined) {
+    throw new AsbError('Invalid', `${path}.kind: ${obj.kind} cannot be applied through the API; apply ${APPLY_ORDER.map((t) => t.kind).join(', ')}`, {
+      fields: [{ field: `${path}.kind`, message: `must be one of ${APPLY_ORDER.map((t) => t.kind).join(', ')}` }],
+    });
+  }
+  obj.metadata.namespace ??= w.defaultNamespace;
+  if (TEAM_KINDS.has(rt.kind)) obj.metadata.labels = { ...obj.metadata.labels, [LABEL.owner]: p.team };
+  return { rt, obj };
+}
+
+async function upsert(w: WorkerContext, rt: ResourceType, obj: KubeObject, existing: KubeObject | undefined): Promise<{ action: Action; object: KubeObject }> {
+  if (existing === undefined) return { action: 'created', object: await w.store.create(rt, obj) };
+  if (sameContent(merged(existing, obj), existing)) return { action: 'unchanged', object: existing };
+  return { action: 'configured', object: await w.store.update(rt, merged(existing, obj)) };
+}
+
+async function listKind(w: WorkerContext, ctx: RequestContext, rt: ResourceType): Promise<Reply> {
+  const p = principalOf(ctx);
+  const ns = ctx.query.get('namespace');
+  const opts: { namespace?: string; labelSelector?: string } = {};
+  if (ns !== null && ns !== '') opts.namespace = namespaceParam(w, ctx);
+  if (TEAM_KINDS.has(rt.kind)) opts.labelSelector = visibilitySelector(p);
+  const listed = await w.store.list(rt, opts);
+  return { status: 200, json: { items: listed.items } };
+}
+
+async function getVisible(w: WorkerContext, ctx: RequestContext, rt: ResourceType): Promise<KubeObject> {
+  const p = principalOf(ctx);
+  const ns = namespaceParam(w, ctx);
+  const name = ctx.params.name ?? '';
+  if (!isObjectName(name)) throw notFound(rt, ns, name);
+  const obj = await w.store.tryGet(rt, ns, name);
+  if (obj === undefined || (TEAM_KINDS.has(rt.kind) && !canSee(p, obj))) throw notFound(rt, ns, name);
+  return obj;
+}
+
+async function putOne(w: WorkerContext, ctx: RequestContext, rt: ResourceType): Promise<Reply> {
+  const p = requireAdmin(ctx, `writing a ${rt.kind}`);
+  const raw = await readJson(ctx.req, w.limits.jsonBytes);
+  if (raw === undefined) throw new AsbError('BadRequest', `PUT needs a ${rt.kind} object as its JSON body`);
+  const name = ctx.params.name ?? '';
+  const queryNs = namespaceParam(w, ctx);
+  if (isPlainObject(raw) && isPlainObject(raw.metadata) && raw.metadata.namespace === undefined) raw.metadata.namespace = queryNs;
+  const { rt: bodyRt, obj } = prepare(w, p, raw, '');
+  const problems: FieldProblem[] = [];
+  if (bodyRt !== rt) problems.push({ field: 'kind', message: `must be ${rt.kind} on this route, got ${obj.kind}` });
+  if (obj.metadata.name !== name) problems.push({ field: 'metadata.name', message: `must match the name in the path ("${name}"), got "${obj.metadata.name}"` });
+  if (obj.metadata.namespace !== queryNs) problems.push({ field: 'metadata.namespace', message: `must match the namespace query parameter ("${queryNs}")` });
+  if (problems.length > 0) throw new AsbError('Invalid', `${rt.kind} "${name}" is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
+  const existing = await w.store.tryGet(rt, queryNs, name);
+  const result = await upsert(w, rt, obj, existing);
+  return { status: result.action === 'created' ? 201 : 200, json: result.object };
+}
+
+async function deleteOne(w: WorkerContext, ctx: RequestContext, rt: ResourceType): Promise<Reply> {
+  if (!TEAM_KINDS.has(rt.kind)) requireAdmin(ctx, `deleting a ${rt.kind}`);
+  const obj = await getVisible(w, ctx, rt);
+  const ns = obj.metadata.namespace ?? w.defaultNamespace;
+  try {
+    return { status: 200, json: await w.store.delete(rt, ns, obj.metadata.name) };
+  } catch (err) {
+    if (isAsbError(err, 'NotFound')) throw notFound(rt, ns, obj.metadata.name);
+    throw err;
+  }
+}
+
+async function apply(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  const p = principalOf(ctx);
+  const raw = await readJson(ctx.req, w.limits.jsonBytes);
+  if (!isPlainObject(raw)) throw new AsbError('BadRequest', 'request body must be a JSON object {"objects": [...]}');
+  const unknown = Object.keys(raw).filter((k) => k !== 'objects');
+  if (unknown.length > 0) throw new AsbError('Invalid', `request body is invalid: unknown field ${unknown.join(', ')}; the only field is objects`, { fields: unknown.map((field) => ({ field, message: 'unknown field' })) });
+  const list = raw.objects;
+  if (!Array.isArray(list)) throw new AsbError('Invalid', 'request body is invalid: objects: must be an array of objects', { fields: [{ field: 'objects', message: 'must be an array' }] });
+  if (list.length > MAX_APPLY_OBJECTS) throw new AsbError('Invalid', `request body is invalid: objects: at most ${MAX_APPLY_OBJECTS} objects per apply`, { fields: [{ field: 'objects', message: `at most ${MAX_APPLY_OBJECTS}` }] });
+
+  // 1. Validate everything, reporting every problem of every object at once.
+  const problems: FieldProblem[] = [];
+  const prepared: { rt: ResourceType; obj: KubeObject; index: number }[] = [];
+  for (const [i, item] of list.entries()) {
+    try {
+      prepared.push({ ...prepare(w, p, item, `objects[${i}]`), index: i });
+    } catch (err) {
+      if (!isAsbError(err, 'Invalid')) throw err;
+      problems.push(...(err.fields.length > 0 ? err.fields : [{ field: `objects[${i}]`, message: err.message }]));
+    }
+  }
+  if (problems.length > 0) throw new AsbError('Invalid', `nothing was applied: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
+
+  // 2. Authorize everything and read what exists, still without writing.
+  const plan: { rt: ResourceType; obj: KubeObject; existing: KubeObject | undefined }[] = [];
+  const ordered = prepared.sort((a, b) => APPLY_ORDER.indexOf(a.rt) - APPLY_ORDER.indexOf(b.rt) || a.index - b.index);
+  for (const { rt, obj, index } of ordered) {
+    if (!TEAM_KINDS.has(rt.kind) && !p.admin) throw new AsbError('Forbidden', `nothing was applied: objects[${index}] is a ${rt.kind}, and writing one needs an admin API key`);
+    const existing = await w.store.tryGet(rt, obj.metadata.namespace ?? w.defaultNamespace, obj.metadata.name);
+    if (existing !== undefined && TEAM_KINDS.has(rt.kind) && !canSee(p, existing)) {
+      throw new AsbError('AlreadyExists', `nothing was applied: objects[${index}]: the name ${rt.kind} "${obj.metadata.name}" is taken; choose another`);
+    }
+    plan.push({ rt, obj, existing });
+  }
+
+  // 3. Write, undoing this request's earlier writes if one fails.
+  const results: { kind: string; namespace: string; name: string; action: Action }[] = [];
+  const undo: (() => Promise<unknown>)[] = [];
+  try {
+    for (const { rt, obj, existing } of plan) {
+      const { action, object } = await upsert(w, rt, obj, existing);
+      const ns = object.metadata.namespace ?? w.defaultNamespace;
+      if (action === 'created') undo.push(() => w.store.delete(rt, ns, object.metadata.name));
+      if (action === 'configured' && existing !== undefined) undo.push(() => w.store.update(rt, { ...existing, metadata: { ...existing.metadata, resourceVersion: object.metadata.resourceVersion ?? '' } }));
+      results.push({ kind: rt.kind, namespace: ns, name: object.metadata.name, action });
+    }
+  } catch (err) {
+    for (const step of undo.reverse()) {
+      await step().catch((undoErr: unknown) => ctx.log.error({ err: undoErr }, 'apply: undoing a write failed'));
+    }
+    throw err;
+  }
+  return { status: 200, json: { results } };
+}
+
+export function objectRoutes(w: WorkerContext): Route[] {
+  const crud = (base: string, rt: ResourceType, writable: boolean): Route[] => [
+    { method: 'GET', pattern: base, handler: (ctx) => listKind(w, ctx, rt) },
+    { method: 'GET', pattern: `${base}/{name}`, handler: async (ctx) => ({ status: 200, json: await getVisible(w, ctx, rt) }) },
+    ...(writable ? [{ method: 'PUT' as const, pattern: `${base}/{name}`, handler: (ctx: RequestContext) => putOne(w, ctx, rt) }] : []),
+    { method: 'DELETE', pattern: `${base}/{name}`, handler: (ctx) => deleteOne(w, ctx, rt) },
+  ];
+  return [
+    { method: 'POST', pattern: '/v1/apply', handler: (ctx) => apply(w, ctx) },
+    ...crud('/v1/templates', SandboxTemplateType, true),
+    ...crud('/v1/pools', SandboxWarmPoolType, true),
+    ...crud('/v1/claims', SandboxClaimType, false),
+  ];
+}

@@ -1,0 +1,168 @@
+// The worker REST API: a factory that composes the routes (one file per area) behind one
+// request pipeline: authenticate → route → handler → reply, with every error converted once
+// into application/problem+json and every request counted by route pattern and status.
+//
+// Shutdown order in close(): stop accepting connections, end idle keep-alive sockets, wait for
+// in-flight requests, then stop the sandbox index watch. The key ring and the store belong to
+// the caller and are closed by it afterwards.
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { randomUUID } from 'node:crypto';
+import { AsbError } from '../errors.ts';
+import { systemClock } from '../system/clock.ts';
+import { DEFAULT_JSON_LIMIT_BYTES, DEFAULT_UPLOAD_LIMIT_BYTES } from './body.ts';
+import type { WorkerContext, WorkerDeps, WorkerLimits } from './deps.ts';
+import { toAsbError, writeProblem } from './problem.ts';
+import { createRouter, type Reply, type Route, type Router } from './router.ts';
+import { objectRoutes } from './routes-objects.ts';
+import { fileRoutes } from './routes-files.ts';
+import { sandboxRoutes } from './routes-sandboxes.ts';
+import { systemRoutes } from './routes-system.ts';
+import { SandboxIndex } from './sandbox-index.ts';
+
+export interface WorkerServer {
+  /** The node:http request listener, for callers that own their server. */
+  handler: (req: IncomingMessage, res: ServerResponse) => void;
+  /** Every registered route (method + pattern), e.g. to check the OpenAPI file covers them. */
+  routes: readonly Pick<Route, 'method' | 'pattern'>[];
+  /** Starts an HTTP server on host:port (port 0 picks a free one). */
+  listen(port: number, host?: string): Promise<AddressInfo>;
+  /** Idempotent. */
+  close(): Promise<void>;
+}
+
+const DEFAULT_LIMITS: WorkerLimits = {
+  jsonBytes: DEFAULT_JSON_LIMIT_BYTES,
+  uploadBytes: DEFAULT_UPLOAD_LIMIT_BYTES,
+  waitReadyMs: 60_000,
+  execOutputBytes: 8 * 1024 * 1024,
+};
+
+const AUTH_HINT = 'pass an API key as "Authorization: Bearer asb_<prefix>_<secret>" or "X-API-Key: asb_<prefix>_<secret>"';
+
+function presentedKey(req: IncomingMessage): string | undefined {
+  const header = req.headers.authorization;
+  if (header !== undefined) {
+    const m = /^Bearer\s+(\S+)\s*$/i.exec(header);
+    return m?.[1] ?? '';
+  }
+  const apiKey = req.headers['x-api-key'];
+  return typeof apiKey === 'string' ? apiKey.trim() : undefined;
+}
+
+function writeReply(res: ServerResponse, reply: Reply): void {
+  if ('json' in reply) {
+    const body = JSON.stringify(reply.json);
+    res.writeHead(reply.status, { ...reply.headers, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+    res.end(body);
+  } else if ('bytes' in reply) {
+    res.writeHead(reply.status, { 'content-type': reply.contentType, 'content-length': reply.bytes.byteLength });
+    res.end(reply.bytes);
+  } else {
+    res.writeHead(204);
+    res.end();
+  }
+}
+
+export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer> {
+  const log = deps.log.child({ component: 'worker-api' });
+  const clock = deps.clock ?? systemClock;
+  const index = await SandboxIndex.open(deps.store, log, clock);
+  const w: WorkerContext = Object.freeze({
+    store: deps.store,
+    runtime: deps.runtime,
+    operator: deps.operator,
+    registry: deps.registry,
+    log,
+    clock,
+    cluster: deps.cluster,
+    version: deps.version ?? '0.0.0',
+    defaultNamespace: deps.defaultNamespace ?? 'default',
+    limits: Object.freeze({ ...DEFAULT_LIMITS, ...deps.limits }),
+    index,
+  });
+  const router: Router = createRouter([...systemRoutes(w), ...objectRoutes(w), ...sandboxRoutes(w), ...fileRoutes(w)]);
+  const requests = deps.metrics.httpRequestsTotal;
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<string> {
+    const reqLog = log.child({ reqId: randomUUID() });
+    let label = 'unmatched';
+    try {
+      const url = new URL(req.url ?? '/', 'http://worker.invalid');
+      const resolution = router.resolve(req.method ?? '', url.pathname);
+      const route = resolution.kind === 'match' ? resolution.match.route : undefined;
+      if (resolution.kind !== 'none') label = route?.pattern ?? (resolution.kind === 'method' ? resolution.pattern : label);
+      let principal;
+      if (route?.auth !== false) {
+        const key = presentedKey(req);
+        if (key === undefined) throw new AsbError('Unauthorized', `no API key: ${AUTH_HINT}`);
+        principal = deps.auth.verify(key);
+        if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown or revoked (or not of the form asb_<8 chars>_<32 chars>); ${AUTH_HINT}`);
+      }
+      if (resolution.kind === 'none') throw new AsbError('NotFound', `no such route: ${req.method ?? ''} ${url.pathname}; the routes are listed in docs/openapi.yaml`);
+      if (resolution.kind === 'method') {
+        const allow = resolution.allow.join(', ');
+        res.setHeader('allow', allow);
+        throw new AsbError('MethodNotAllowed', `${req.method ?? ''} is not allowed on ${url.pathname}; allowed: ${allow}`);
+      }
+      const reply = await resolution.match.route.handler({
+        req,
+        params: resolution.match.params,
+        query: url.searchParams,
+        principal: principal === undefined ? undefined : principal,
+        log: principal === undefined ? reqLog : reqLog.child({ team: principal.team, key: principal.prefix }),
+      });
+      writeReply(res, reply);
+      return label;
+    } catch (err) {
+      const problem = toAsbError(err);
+      if (problem.code === 'Internal') reqLog.error({ err, method: req.method, url: req.url }, 'request failed');
+      else reqLog.debug({ code: problem.code, detail: problem.message }, 'request rejected');
+      const headers: Record<string, string> = problem.code === 'Unauthorized' ? { 'www-authenticate': 'Bearer realm="asb"' } : {};
+      if (res.headersSent) res.destroy();
+      else writeProblem(res, problem, headers);
+      return label;
+    }
+  }
+
+  const handler = (req: IncomingMessage, res: ServerResponse): void => {
+    handle(req, res).then(
+      (route) => requests.inc({ route, code: String(res.statusCode) }),
+      (err: unknown) => {
+        log.error({ err }, 'request pipeline failed');
+        res.destroy();
+      },
+    );
+  };
+
+  let server: Server | undefined;
+  let closing: Promise<void> | undefined;
+  return {
+    handler,
+    routes: router.routes.map((r) => ({ method: r.method, pattern: r.pattern })),
+    listen(port, host = '127.0.0.1') {
+      if (server !== undefined) return Promise.reject(new Error('worker API is already listening'));
+      const s = createServer(handler);
+      server = s;
+      return new Promise<AddressInfo>((resolve, reject) => {
+        s.once('error', reject);
+        s.listen(port, host, () => {
+          s.off('error', reject);
+          resolve(s.address() as AddressInfo);
+        });
+      });
+    },
+    close() {
+      closing ??= (async () => {
+        const s = server;
+        if (s !== undefined) {
+          const closed = new Promise<void>((resolve) => s.close(() => resolve()));
+          s.closeIdleConnections();
+          await closed;
+        }
+        index.close();
+      })();
+      return closing;
+    },
+  };
+}

@@ -1,0 +1,180 @@
+// A real worker API on port 0 over the real SQLite store and operator, with an in-memory pod
+// runtime (pods are "running" at once; exec runs on the host's /bin/sh; files live in a Map), and
+// three API keys: an admin, team-a and team-b.
+import { execFile } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { Registry } from 'prom-client';
+import type { SandboxTemplate } from '../../src/api/types.ts';
+import { SandboxTemplateType } from '../../src/api/types.ts';
+import { createApiKey } from '../../src/auth/keys.ts';
+import { KeyRing } from '../../src/auth/keyring.ts';
+import { createMetrics } from '../../src/metrics/metrics.ts';
+import { startOperator } from '../../src/operator/operator.ts';
+import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodState, PtySession } from '../../src/runtime/runtime.ts';
+import { openSqliteStore } from '../../src/store/sqlite.ts';
+import type { ObjectStore } from '../../src/store/store.ts';
+import { silentLogger } from '../../src/system/log.ts';
+import type { WorkerLimits } from '../../src/worker/deps.ts';
+import { createWorkerServer, type WorkerServer } from '../../src/worker/server.ts';
+
+function enoent(path: string): Error {
+  return Object.assign(new Error(`ENOENT: no such file or directory, '${path}'`), { code: 'ENOENT' });
+}
+
+export class MemoryRuntime implements PodRuntime {
+  readonly #pods = new Map<string, PodState>();
+  readonly #files = new Map<string, Map<string, Uint8Array>>();
+  readonly #listeners = new Set<(id: string) => void>();
+  #nextIp = 2;
+
+  #set(id: string, state: PodState): void {
+    this.#pods.set(id, state);
+    queueMicrotask(() => {
+      for (const l of this.#listeners) l(id);
+    });
+  }
+  start(pod: PodRequest): Promise<PodState> {
+    const prev = this.#pods.get(pod.id);
+    if (prev?.phase === 'Running') return Promise.resolve(prev);
+    const state: PodState = { phase: 'Running', ready: true, ip: prev?.ip ?? `10.99.0.${this.#nextIp++}`, startedAt: new Date().toISOString() };
+    if (!this.#files.has(pod.id)) this.#files.set(pod.id, new Map());
+    this.#set(pod.id, state);
+    return Promise.resolve(state);
+  }
+  stop(id: string): Promise<void> {
+    const prev = this.#pods.get(id);
+    if (prev !== undefined && prev.phase !== 'Stopped') this.#set(id, { phase: 'Stopped', ready: false, ...(prev.ip === undefined ? {} : { ip: prev.ip }) });
+    return Promise.resolve();
+  }
+  remove(id: string): Promise<void> {
+    this.#files.delete(id);
+    if (this.#pods.delete(id)) queueMicrotask(() => { for (const l of this.#listeners) l(id); });
+    return Promise.resolve();
+  }
+  state(id: string): PodState {
+    return this.#pods.get(id) ?? { phase: 'Absent', ready: false };
+  }
+  list(): string[] {
+    return [...this.#pods.keys()];
+  }
+  onChange(listener: (id: string) => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
+  }
+  exec(_id: string, req: ExecRequest): Promise<ExecResult> {
+    const [file, ...args] = req.command;
+    return new Promise((resolve) => {
+      const child = execFile(file ?? '/bin/true', args, { encoding: 'buffer', cwd: req.cwd ?? '/', env: { PATH: '/usr/bin:/bin', ...req.env }, ...(req.timeoutMs === undefined ? {} : { timeout: req.timeoutMs }) }, (err, stdout, stderr) => {
+        const code = err === null ? 0 : typeof err.code === 'number' ? err.code : 1;
+        resolve({ exitCode: code, stdout, stderr, timedOut: err?.killed === true, truncated: false });
+      });
+      // The command may exit without reading stdin; the broken pipe is not an exec failure.
+      child.stdin?.on('error', () => undefined);
+      child.stdin?.end(req.stdin ?? '');
+    });
+  }
+  #fs(id: string): Map<string, Uint8Array> {
+    const fs = this.#files.get(id);
+    if (fs === undefined) throw new Error(`pod ${id} has no filesystem`);
+    return fs;
+  }
+  readFile(id: string, path: string): Promise<Uint8Array> {
+    const data = this.#fs(id).get(path);
+    return data === undefined ? Promise.reject(enoent(path)) : Promise.resolve(data);
+  }
+  writeFile(id: string, path: string, data: Uint8Array): Promise<void> {
+    this.#fs(id).set(path, new Uint8Array(data));
+    return Promise.resolve();
+  }
+  listDir(id: string, path: string): Promise<FileEntry[]> {
+    const dir = path.endsWith('/') && path !== '/' ? path.slice(0, -1) : path;
+    const entries: FileEntry[] = [];
+    for (const [p, data] of this.#fs(id)) {
+      if (dirname(p) === dir) entries.push({ name: p.slice(dir === '/' ? 1 : dir.length + 1), path: p, type: 'file', size: data.byteLength, mode: 0o644, mtime: new Date(0).toISOString() });
+    }
+    if (entries.length === 0 && dir !== '/') return Promise.reject(enoent(path));
+    return Promise.resolve(entries);
+  }
+  openPty(): Promise<PtySession> {
+    return Promise.reject(new Error('no pty in the memory runtime'));
+  }
+  close(): Promise<void> {
+    return Promise.resolve();
+  }
+}
+
+export const BASE_TEMPLATE: SandboxTemplate = {
+  apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
+  kind: 'SandboxTemplate',
+  metadata: { name: 'base', namespace: 'default' },
+  spec: { podTemplate: { spec: { containers: [{ name: 'main', image: 'busybox', command: ['sleep', 'infinity'] }] } } },
+};
+
+export interface WorkerFixture {
+  url: string;
+  store: ObjectStore;
+  registry: Registry;
+  runtime: MemoryRuntime;
+  server: WorkerServer;
+  keys: { admin: string; teamA: string; teamB: string };
+}
+
+/** Starts everything; registers cleanup with `after` (the test's t.after). */
+export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}): Promise<WorkerFixture> {
+  const dir = await mkdtemp(join(tmpdir(), 'asb-worker-'));
+  const log = silentLogger();
+  const registry = new Registry();
+  const metrics = createMetrics(registry);
+  const store = await openSqliteStore({ path: join(dir, 'store.db'), metrics, log });
+  const runtime = new MemoryRuntime();
+  const operator = await startOperator({ store, runtime, log, metrics, clusterTag: 'tst1' });
+  await store.create(SandboxTemplateType, structuredClone(BASE_TEMPLATE));
+  const admin = await createApiKey(store, { team: 'ops', admin: true });
+  const teamA = await createApiKey(store, { team: 'team-a' });
+  const teamB = await createApiKey(store, { team: 'team-b' });
+  const auth = await KeyRing.open({ store, log });
+  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits });
+  const address = await server.listen(0, '127.0.0.1');
+  after(async () => {
+    await server.close();
+    auth.close();
+    await operator.close();
+    await runtime.close();
+    await store.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+  return { url: `http://127.0.0.1:${address.port}`, store, registry, runtime, server, keys: { admin: admin.key, teamA: teamA.key, teamB: teamB.key } };
+}
+
+export interface ApiResponse {
+  status: number;
+  headers: Headers;
+  json: unknown;
+  text: string;
+  bytes: Uint8Array;
+}
+
+export interface CallOptions {
+  key?: string;
+  json?: unknown;
+  body?: string | Uint8Array;
+  headers?: Record<string, string>;
+}
+
+export async function call(fx: { url: string }, method: string, path: string, opts: CallOptions = {}): Promise<ApiResponse> {
+  const headers: Record<string, string> = { ...opts.headers };
+  if (opts.key !== undefined) headers.authorization = `Bearer ${opts.key}`;
+  let body: string | Uint8Array | undefined = opts.body;
+  if (opts.json !== undefined) {
+    body = JSON.stringify(opts.json);
+    headers['content-type'] ??= 'application/json';
+  }
+  const res = await fetch(fx.url + path, { method, headers, ...(body === undefined ? {} : { body }) });
+  const bytes = new Uint8Array(await res.arrayBuffer());
+  const text = new TextDecoder().decode(bytes);
+  const type = res.headers.get('content-type') ?? '';
+  const json: unknown = type.includes('json') && text !== '' ? JSON.parse(text) : undefined;
+  return { status: res.status, headers: res.headers, json, text, bytes };
+}
