@@ -3,10 +3,14 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { DatabaseSync } from 'node:sqlite';
 import { test, type TestContext } from 'node:test';
+import { Registry } from 'prom-client';
 import type { KubeObject } from '../src/api/meta.ts';
 import { ApiKeyType, SandboxType } from '../src/api/types.ts';
 import { AsbError, isAsbError } from '../src/errors.ts';
+import { createMetrics } from '../src/metrics/metrics.ts';
+import type { Clock } from '../src/system/clock.ts';
 import { openSqliteStore, type SqliteStore } from '../src/store/sqlite.ts';
 import type { WatchEvent, WatchOptions } from '../src/store/store.ts';
 
@@ -326,4 +330,51 @@ test('close commits pending writes, then refuses new ones; reopening keeps versi
   const z = await reopened.create(SandboxType, box('z'));
   assert.ok(Number(z.metadata.resourceVersion) > Number(x.metadata.resourceVersion));
   assert.ok(Number(z.metadata.resourceVersion) > Number(y.metadata.resourceVersion));
+});
+
+test('a failed commit rejects every write in its batch and changes nothing', async (t) => {
+  const path = tempPath(t);
+  await (await openSqliteStore({ path })).close();
+  // Stand-in for a full disk: SQLite itself refuses the batch that holds "poison".
+  const raw = new DatabaseSync(path);
+  raw.exec("CREATE TRIGGER poison BEFORE INSERT ON events WHEN NEW.name = 'poison' BEGIN SELECT RAISE(ABORT, 'disk on fire'); END");
+  raw.close();
+  const store = await openStore(t, path);
+  const { events } = recordWatch(t, store, {});
+  const before = store.resourceVersion;
+  const batch = await Promise.allSettled([
+    store.create(SandboxType, box('ok-1')),
+    store.create(SandboxType, box('poison')),
+    store.create(SandboxType, box('ok-2')),
+  ]);
+  for (const r of batch) {
+    assert.equal(r.status, 'rejected');
+    assert.ok(isAsbError(r.reason, 'Unavailable'), String(r.reason));
+  }
+  assert.equal(store.resourceVersion, before);
+  assert.deepEqual((await store.list(SandboxType)).items, []);
+  assert.deepEqual(events, []);
+
+  const later = await store.create(SandboxType, box('ok-1'));
+  assert.equal(Number(later.metadata.resourceVersion), Number(before) + 1);
+  await until(() => events.length === 1, 'the later write\'s event');
+  assert.deepEqual(summary(events), ['ADDED ok-1']);
+});
+
+test('timestamps come from the injected clock; writes are counted in the store metrics', async (t) => {
+  const clock: Clock = { now: () => Date.parse('2030-01-02T03:04:05.000Z'), after: () => ({ cancel: () => undefined }) };
+  const registry = new Registry();
+  const store = await openSqliteStore({ path: tempPath(t), clock, metrics: createMetrics(registry) });
+  t.after(() => store.close());
+  const created = await store.create(SandboxType, { ...box('sb-1'), metadata: { ...box('sb-1').metadata, finalizers: ['f'] } });
+  assert.equal(created.metadata.creationTimestamp, '2030-01-02T03:04:05.000Z');
+  const deleting = await store.delete(SandboxType, 'default', 'sb-1');
+  assert.equal(deleting.metadata.deletionTimestamp, '2030-01-02T03:04:05.000Z');
+  await Promise.all([store.create(SandboxType, box('a')), store.create(SandboxType, box('b'))]);
+
+  const text = await registry.metrics();
+  assert.match(text, /asb_store_write_seconds_count\{op="create"\} 3/);
+  assert.match(text, /asb_store_write_seconds_count\{op="delete"\} 1/);
+  assert.match(text, /asb_store_commit_batch_writes_count 3/);
+  assert.match(text, /asb_store_commit_batch_writes_sum 4/);
 });
