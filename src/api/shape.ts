@@ -70,7 +70,11 @@ export function optBoolean(problems: Problems, path: string, value: unknown): bo
 
 export function optInt(problems: Problems, path: string, value: unknown, range: IntRange = {}): number | undefined {
   if (value === undefined) return undefined;
-  if (typeof value !== 'number' || !Number.isInteger(value)) return wrongType(problems, path, 'an integer', value);
+  if (typeof value !== 'number') return wrongType(problems, path, 'an integer', value);
+  if (!Number.isInteger(value)) {
+    report(problems, path, `must be an integer, got ${value}`);
+    return undefined;
+  }
   if (range.min !== undefined && value < range.min) {
     report(problems, path, `must be at least ${range.min}, got ${value}`);
     return undefined;
