@@ -19,9 +19,9 @@ import { AsbError, isAsbError } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import { isoNow, systemClock, type Clock } from '../system/clock.ts';
 import { silentLogger, type Logger } from '../system/log.ts';
-import { decodeContinue, encodeContinue } from './continue-token.ts';
+import { listPage, objectKey } from './list-page.ts';
 import { decide, describeObject, type Decision, type WriteOp, type WriteRequest } from './mutation.ts';
-import { matchesSelector, parseSelector } from './selector.ts';
+import { parseSelector } from './selector.ts';
 import { openTables, readEventsAfter, readObjects, readOldestEvent, readVersion, type Tables } from './sqlite-tables.ts';
 import {
   CLUSTER_SCOPE,
@@ -75,11 +75,6 @@ interface StagedEvent {
 
 function kindKey(rt: ResourceType): string {
   return `${rt.group}/${rt.kind}`;
-}
-
-// NUL sorts before every character a name may hold, so key order is (namespace, name) order.
-function objectKey(namespace: string, name: string): string {
-  return `${namespace}\u0000${name}`;
 }
 
 function toAsbError(err: unknown): AsbError {
@@ -169,35 +164,10 @@ export class SqliteStore implements ObjectStore {
   }
 
   #listNow<T extends KubeObject>(rt: ResourceType, opts: ListOptions): ListResult<T> {
-    const selector = parseSelector(opts.labelSelector);
-    const after = opts.continue === undefined || opts.continue === '' ? undefined : decodeContinue(opts.continue);
-    const limit = opts.limit ?? 0;
-    if (!Number.isInteger(limit) || limit < 0) throw new AsbError('BadRequest', `list limit must be a non-negative integer, got ${limit}`);
-    const namespace = rt.namespaced && opts.namespace !== undefined && opts.namespace !== '' ? opts.namespace : undefined;
     const state = this.#kinds.get(kindKey(rt));
-    const result: ListResult<T> = { items: [], resourceVersion: String(this.#rv) };
-    if (state === undefined) return result;
-    const keys = this.#sortedKeys(state);
-    const prefix = namespace === undefined ? '' : `${namespace}\u0000`;
-    const startKey = after === undefined ? prefix : objectKey(after.namespace, after.name);
-    let i = firstIndexAfter(keys, startKey, after !== undefined);
-    let last: KubeObject | undefined;
-    for (; i < keys.length; i++) {
-      const key = keys[i] ?? '';
-      if (!key.startsWith(prefix)) {
-        if (key > prefix) break; // past the namespace in sorted order
-        continue;
-      }
-      const obj = state.objects.get(key);
-      if (obj === undefined || !matchesSelector(selector, obj.metadata.labels)) continue;
-      if (limit > 0 && result.items.length === limit) {
-        // One more match exists: hand out a token that resumes after the last item returned.
-        if (last !== undefined) result.continue = encodeContinue({ namespace: last.metadata.namespace ?? CLUSTER_SCOPE, name: last.metadata.name });
-        break;
-      }
-      result.items.push(structuredClone(obj) as T);
-      last = obj;
-    }
+    const page = listPage(rt, state?.objects ?? new Map<string, KubeObject>(), state === undefined ? [] : this.#sortedKeys(state), opts);
+    const result: ListResult<T> = { items: page.items.map((o) => structuredClone(o) as T), resourceVersion: String(this.#rv) };
+    if (page.continue !== undefined) result.continue = page.continue;
     return result;
   }
 
@@ -398,19 +368,6 @@ export class SqliteStore implements ObjectStore {
     });
     return this.#closing;
   }
-}
-
-/** Index of the first key >= start (or > start when `exclusive`), by binary search. */
-function firstIndexAfter(keys: readonly string[], start: string, exclusive: boolean): number {
-  let lo = 0;
-  let hi = keys.length;
-  while (lo < hi) {
-    const mid = (lo + hi) >>> 1;
-    const key = keys[mid] ?? '';
-    if (key < start || (exclusive && key === start)) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
 }
 
 function parseVersion(rv: string | undefined): number | undefined {
