@@ -54,6 +54,7 @@ export function claimRequestOf(claim: SandboxClaim): ClaimRequest {
     ...(template === undefined ? {} : { template }),
     // warmpool: none asks for a cold start from the template, skipping every pool.
     ...(poolName === undefined ? {} : { pool: poolName }),
+    ...(spec.warmpool === 'none' && poolName === undefined ? { warm: false } : {}),
     owner: metadata.labels?.[LABEL.owner] ?? namespace,
     ...(spec.additionalPodMetadata?.labels === undefined ? {} : { labels: spec.additionalPodMetadata.labels }),
     ...(spec.additionalPodMetadata?.annotations === undefined ? {} : { annotations: spec.additionalPodMetadata.annotations }),

@@ -41,6 +41,8 @@ export interface ClaimRequest {
   shutdownTime?: string;
   shutdownPolicy?: ShutdownPolicy;
   idleTimeoutMs?: number;
+  /** Default true: take a warm pool member when one is ready; false always cold-starts. */
+  warm?: boolean;
   /** Default true: cold-start when the pool is empty; false fails with PoolExhausted. */
   coldStart?: boolean;
   /** The SandboxClaim this binds for, if any: becomes the sandbox's owner and claim-uid label. */
@@ -172,7 +174,8 @@ export class Claimer {
       const waiter: Waiter = {
         resolve,
         reject,
-        timer: this.#deps.clock.after(timeoutMs, () => {
+        // Clamped to the largest timer Node honours (2^31-1 ms); longer would fire at once.
+        timer: this.#deps.clock.after(Math.min(timeoutMs, 2_147_483_647), () => {
           set.delete(waiter);
           if (set.size === 0) this.#waiters.delete(key);
           reject(new AsbError('Timeout', `sandbox ${key} not ready within ${timeoutMs} ms`));
@@ -222,7 +225,7 @@ export class Claimer {
 
   async #claim(req: ClaimRequest): Promise<ClaimResult> {
     checkLabels(req);
-    const { pool, template } = this.#resolvePool(req);
+    const { pool, template } = req.warm === false ? { pool: undefined, template: req.template } : this.#resolvePool(req);
     if (pool !== undefined) {
       const warm = await this.#claimWarm(req, `${req.namespace}/${pool.metadata.name}`);
       if (warm !== undefined) return { sandbox: warm, launch: 'warm' };

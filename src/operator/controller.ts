@@ -38,6 +38,9 @@ export interface ControllerOptions {
 const DEFAULT_WORKERS = 16;
 const BASE_BACKOFF_MS = 5;
 const MAX_BACKOFF_MS = 10_000;
+// Timers cannot wait longer than 2^31-1 ms (~24.8 days; longer fires after 1 ms). A recheck
+// that far out (a shutdownTime in a year) is clamped to a daily level check instead.
+const MAX_REQUEUE_MS = 86_400_000;
 
 export class Controller {
   readonly name: string;
@@ -86,6 +89,7 @@ export class Controller {
       this.enqueue(key);
       return;
     }
+    ms = Math.min(ms, MAX_REQUEUE_MS);
     const at = this.#clock.now() + ms;
     const existing = this.#timers.get(key);
     if (existing !== undefined) {

@@ -1,0 +1,138 @@
+// Shared fixture for operator and claim tests: a real SQLite store in a temp dir, the fake
+// runtime, a fresh metrics registry, and a clock the test can move forward.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { TestContext } from 'node:test';
+import { Registry } from 'prom-client';
+import { apiVersionOf } from '../../src/api/meta.ts';
+import { SandboxTemplateType, SandboxWarmPoolType, type SandboxTemplate, type SandboxWarmPool } from '../../src/api/types.ts';
+import { createMetrics, type Metrics } from '../../src/metrics/metrics.ts';
+import { startOperator, type Operator } from '../../src/operator/operator.ts';
+import { openSqliteStore } from '../../src/store/sqlite.ts';
+import type { ObjectStore } from '../../src/store/store.ts';
+import type { Clock, Timer } from '../../src/system/clock.ts';
+import { silentLogger } from '../../src/system/log.ts';
+import { FakeRuntime } from './fake-runtime.ts';
+
+/**
+ * Real time plus an offset the test advances. Short timers (backoff, 5 ms) fire on their own in
+ * real time; advance(ms) jumps the clock and fires every timer that is now due, so a 60 s idle
+ * timeout or shutdownTime is reached without waiting.
+ */
+export class ManualClock implements Clock {
+  #offset = 0;
+  #timers = new Set<{ due: number; fire: () => void }>();
+
+  now(): number {
+    return Date.now() + this.#offset;
+  }
+
+  after(ms: number, fn: () => void): Timer {
+    let done = false;
+    const entry = {
+      due: this.now() + ms,
+      fire: () => {
+        if (done) return;
+        done = true;
+        clearTimeout(handle);
+        this.#timers.delete(entry);
+        fn();
+      },
+    };
+    const handle = setTimeout(entry.fire, ms);
+    handle.unref();
+    this.#timers.add(entry);
+    return {
+      cancel: () => {
+        done = true;
+        clearTimeout(handle);
+        this.#timers.delete(entry);
+      },
+    };
+  }
+
+  advance(ms: number): void {
+    this.#offset += ms;
+    const now = this.now();
+    for (const entry of [...this.#timers]) if (entry.due <= now) entry.fire();
+  }
+}
+
+export interface Harness {
+  store: ObjectStore;
+  runtime: FakeRuntime;
+  metrics: Metrics;
+  registry: Registry;
+  clock: ManualClock;
+  op: Operator;
+  /** Starts a second operator on the same store and runtime (after op.close()): a restart. */
+  restart(): Promise<Operator>;
+}
+
+export const NS = 'default';
+export const CLUSTER_TAG = 'tst1';
+
+export async function startHarness(t: TestContext, opts: { autoReady?: boolean; notReadyReplaceMs?: number } = {}): Promise<Harness> {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-operator-'));
+  const store = await openSqliteStore({ path: join(dir, 'store.db') });
+  const runtime = new FakeRuntime({ autoReady: opts.autoReady ?? true });
+  const registry = new Registry();
+  const metrics = createMetrics(registry);
+  const clock = new ManualClock();
+  const operators: Operator[] = [];
+  const start = async (): Promise<Operator> => {
+    const op = await startOperator({
+      store,
+      runtime,
+      log: silentLogger(),
+      metrics,
+      clock,
+      clusterTag: CLUSTER_TAG,
+      ...(opts.notReadyReplaceMs === undefined ? {} : { notReadyReplaceMs: opts.notReadyReplaceMs }),
+    });
+    operators.push(op);
+    await op.ready();
+    return op;
+  };
+  const op = await start();
+  t.after(async () => {
+    for (const o of operators) await o.close();
+    await store.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  return { store, runtime, metrics, registry, clock, op, restart: start };
+}
+
+/** Polls until check() returns a value other than undefined/false; fails after timeoutMs. */
+export async function eventually<T>(what: string, check: () => T | undefined | false | Promise<T | undefined | false>, timeoutMs = 10_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value !== undefined && value !== false) return value;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for: ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
+export function template(name: string, extra: Partial<SandboxTemplate['spec']> = {}): SandboxTemplate {
+  return {
+    apiVersion: apiVersionOf(SandboxTemplateType),
+    kind: 'SandboxTemplate',
+    metadata: { name, namespace: NS },
+    spec: {
+      podTemplate: { spec: { containers: [{ name: 'main', image: 'busybox', command: ['sleep', 'infinity'] }] } },
+      volumeClaimTemplates: [{ metadata: { name: 'work' }, spec: { resources: { requests: { storage: '1Gi' } } } }],
+      ...extra,
+    },
+  };
+}
+
+export function warmPool(name: string, templateName: string, replicas: number): SandboxWarmPool {
+  return {
+    apiVersion: apiVersionOf(SandboxWarmPoolType),
+    kind: 'SandboxWarmPool',
+    metadata: { name, namespace: NS },
+    spec: { replicas, sandboxTemplateRef: { name: templateName } },
+  };
+}
