@@ -34,6 +34,7 @@ function main(): void {
     { stdio: ['ignore', 'pipe', logFd], env: process.env },
   );
   let stopping = false;
+  if (worker.stdout === null) throw new Error('worker stdout is not piped');
   const lines = createInterface({ input: worker.stdout });
   lines.on('line', (line) => {
     const ready = parseReady(line);
