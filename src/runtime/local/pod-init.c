@@ -50,7 +50,7 @@ static gid_t gid = 1000;
 static const char *overlays[8];
 static int n_overlays;
 static const char *vol_src[MAX_ITEMS], *vol_dst[MAX_ITEMS];
-static int vol_ro[MAX_ITEMS], vol_fd[MAX_ITEMS], n_vols;
+static int vol_ro[MAX_ITEMS], n_vols;
 static char *envs[256];
 static int n_envs;
 static char **cmd;
@@ -208,11 +208,16 @@ static void setup_root(void) {
   path_join(p, root, "/run");
   mount_or_fail("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=16m");
   setup_dev(root);
-  // Volume sources are opened now and mounted after pivot_root, so that creating the mount point
-  // resolves symlinks inside the sandbox and never on the host (the sandbox user owns its home).
+  // Volumes are bind-mounted in two steps: first onto a staging dir in the pod's fresh /run tmpfs
+  // (no sandbox process has run there yet, so nothing in that path can be a planted symlink),
+  // then, after pivot_root, onto their mount points, so that creating a mount point resolves
+  // symlinks inside the sandbox and never on the host (the sandbox user owns its home). A bind
+  // from an fd opened before pivot_root fails with EINVAL once the old root is detached.
   for (int i = 0; i < n_vols; i++) {
-    vol_fd[i] = open(vol_src[i], O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (vol_fd[i] < 0) fail("volume", vol_src[i]);
+    char stage[PATH_MAX];
+    snprintf(stage, sizeof stage, "%s/run/.asb-vol%d", root, i);
+    if (mkdir(stage, 0700) < 0 && errno != EEXIST) fail("mkdir", stage);
+    mount_or_fail(vol_src[i], stage, NULL, MS_BIND | MS_REC, NULL);
   }
   if (sethostname(hostname, strlen(hostname)) < 0) fail("sethostname", hostname);
   if (net_ip) setup_net();
@@ -222,10 +227,11 @@ static void setup_root(void) {
   if (chdir("/") < 0) fail("chdir", "/");
   for (int i = 0; i < n_vols; i++) {
     mkdir_p(vol_dst[i], 0755);
-    snprintf(p, sizeof p, "/proc/self/fd/%d", vol_fd[i]);
+    snprintf(p, sizeof p, "/run/.asb-vol%d", i);
     mount_or_fail(p, vol_dst[i], NULL, MS_BIND | MS_REC, NULL);
     if (vol_ro[i]) mount_or_fail(NULL, vol_dst[i], NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL);
-    close(vol_fd[i]);
+    if (umount2(p, MNT_DETACH) < 0) fail("umount", p);
+    rmdir(p);
   }
 }
 
