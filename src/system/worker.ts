@@ -1,0 +1,146 @@
+// The worker's composition root: store → runtime → operator → API, started in that order and
+// closed in the reverse order under one deadline.
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { Registry } from 'prom-client';
+import { builtinObjects } from '../api/builtin.ts';
+import { resourceTypeFor } from '../api/validate.ts';
+import { ApiKeyType, SandboxWarmPoolType, type ApiKey, type SandboxWarmPool } from '../api/types.ts';
+import { createApiKey, hashApiKey, parseApiKey } from '../auth/keys.ts';
+import { KeyRing } from '../auth/keyring.ts';
+import { isAsbError } from '../errors.ts';
+import { createMetrics } from '../metrics/metrics.ts';
+import { startOperator } from '../operator/operator.ts';
+import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
+import type { PodRuntime } from '../runtime/runtime.ts';
+import { openSqliteStore } from '../store/sqlite.ts';
+import type { ObjectStore } from '../store/store.ts';
+import { createWorkerServer } from '../worker/server.ts';
+import { systemClock, type Clock } from './clock.ts';
+import type { WorkerConfig } from './config.ts';
+import type { Logger } from './log.ts';
+
+export interface WorkerDeps {
+  log: Logger;
+  clock?: Clock;
+  registry?: Registry;
+  /** Replaces the local runtime (tests of API behaviour only). */
+  runtime?: PodRuntime;
+}
+
+export interface RunningWorker {
+  readonly apiUrl: string;
+  readonly store: ObjectStore;
+  readonly runtime: PodRuntime;
+  /** The admin key, when this start created or verified one (config.adminKeyFile). */
+  readonly adminKey: string | undefined;
+  /** hibernate: stop every running sandbox (kept on disk; restarted on the next start). */
+  close(opts?: { hibernate?: boolean }): Promise<void>;
+}
+
+export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promise<RunningWorker> {
+  const clock = deps.clock ?? systemClock;
+  const registry = deps.registry ?? new Registry();
+  const metrics = createMetrics(registry);
+  const log = deps.log;
+  mkdirSync(config.dataDir, { recursive: true });
+
+  const store = await openSqliteStore({ path: join(config.dataDir, 'store.db'), clock, metrics, log: log.child({ component: 'store' }) });
+  const runtime =
+    deps.runtime ??
+    (await createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge }));
+  await ensureBuiltins(store, config);
+  const adminKey = config.adminKeyFile === undefined ? undefined : await ensureAdminKey(store, config.adminKeyFile);
+
+  const operator = await startOperator({ store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag });
+  const keyRing = await KeyRing.open({ store, log: log.child({ component: 'keyring' }), clock });
+  const api = await createWorkerServer({
+    store,
+    runtime,
+    operator,
+    auth: keyRing,
+    log: log.child({ component: 'api' }),
+    metrics,
+    registry,
+    clock,
+    cluster: { name: config.clusterName, tag: config.clusterTag },
+  });
+  const server = createServer(api.handler);
+  // Claims come in bursts of many short requests: keep connections alive past the default 5 s.
+  server.keepAliveTimeout = 65_000;
+  await listen(server, config.apiPort, config.apiHost);
+  const { port } = server.address() as AddressInfo;
+  const host = config.apiHost.includes(':') ? `[${config.apiHost}]` : config.apiHost;
+  const apiUrl = `http://${host}:${port}`;
+  log.info({ apiUrl }, 'worker API listening');
+
+  let closing: Promise<void> | undefined;
+  return {
+    apiUrl,
+    store,
+    runtime,
+    adminKey,
+    close(opts = {}) {
+      closing ??= (async () => {
+        server.closeIdleConnections();
+        await new Promise<void>((resolve) => server.close(() => resolve()));
+        server.closeAllConnections();
+        await api.close();
+        keyRing.close();
+        await operator.close();
+        if (opts.hibernate === true) {
+          await Promise.all(runtime.list().map((id) => runtime.stop(id)));
+        }
+        await runtime.close();
+        await store.close();
+      })();
+      return closing;
+    },
+  };
+}
+
+function listen(server: Server, port: number, host: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+}
+
+/** Creates the built-in base template and pool when absent; never overwrites a user's edit. */
+async function ensureBuiltins(store: ObjectStore, config: WorkerConfig): Promise<void> {
+  for (const obj of builtinObjects()) {
+    const rt = resourceTypeFor(obj.apiVersion, obj.kind);
+    if (rt === undefined) throw new Error(`builtin object of unknown kind ${obj.kind}`);
+    if (rt === SandboxWarmPoolType) (obj as SandboxWarmPool).spec.replicas = config.basePoolReplicas;
+    try {
+      await store.create(rt, obj);
+    } catch (err) {
+      if (!isAsbError(err, 'AlreadyExists')) throw err;
+    }
+  }
+}
+
+/** Reuses the key in `file` if it is still valid in the store, else creates one and writes it. */
+async function ensureAdminKey(store: ObjectStore, file: string): Promise<string> {
+  let existing: string | undefined;
+  try {
+    existing = readFileSync(file, 'utf8').trim();
+  } catch {
+    existing = undefined;
+  }
+  if (existing !== undefined) {
+    const parsed = parseApiKey(existing);
+    if (parsed !== undefined) {
+      const obj = await store.tryGet<ApiKey>(ApiKeyType, '', parsed.prefix);
+      if (obj !== undefined && obj.spec.revoked !== true && obj.spec.admin === true && obj.spec.hash === hashApiKey(existing)) return existing;
+    }
+  }
+  const { key } = await createApiKey(store, { team: 'admin', admin: true, description: 'local admin key created by make up' });
+  writeFileSync(file, `${key}\n`, { mode: 0o600 });
+  return key;
+}
