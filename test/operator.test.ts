@@ -3,7 +3,13 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { LABEL, SandboxTemplateType, SandboxType, SandboxWarmPoolType, type Sandbox, type SandboxWarmPool } from '../src/api/types.ts';
+import { Registry } from 'prom-client';
+import { AsbError } from '../src/errors.ts';
+import { createMetrics } from '../src/metrics/metrics.ts';
+import { Controller, type Reconciler } from '../src/operator/controller.ts';
 import type { ObjectStore } from '../src/store/store.ts';
+import { systemClock } from '../src/system/clock.ts';
+import { silentLogger } from '../src/system/log.ts';
 import { NS, eventually, startHarness, template, warmPool } from './support/operator-harness.ts';
 
 async function members(store: ObjectStore, pool: string): Promise<Sandbox[]> {
@@ -181,10 +187,12 @@ test('idle timeout hibernates a claimed sandbox; activity and warm membership ke
   await h.store.create(SandboxTemplateType, template('py', { idleTimeoutMs: 30_000 }));
   await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 2));
   await eventually('pool ready', async () => (await poolStatus(h.store, 'py-pool'))?.readyReplicas === 2);
+  // Members sit warm for an hour: the claim, not the pod start, starts the idle clock.
+  h.clock.advance(3_600_000);
   const idle = (await h.op.claimer.claim({ namespace: NS, template: 'py', owner: 'a' })).sandbox.metadata.name;
   const busy = (await h.op.claimer.claim({ namespace: NS, template: 'py', owner: 'a' })).sandbox.metadata.name;
-  await eventually('claimed status settled', async () => (await sandbox(h.store, busy))?.status?.readyTime !== undefined);
-  await eventually('pool refilled', async () => (await poolStatus(h.store, 'py-pool'))?.readyReplicas === 2);
+  await eventually('pool refilled and settled', async () => (await poolStatus(h.store, 'py-pool'))?.readyReplicas === 2 && h.op.depth() === 0);
+  assert.equal((await sandbox(h.store, idle))?.status?.phase, 'Running', 'a long-warm member does not idle out on claim');
 
   h.clock.advance(20_000);
   h.op.activity.touch(busy);
@@ -229,4 +237,59 @@ test('after a restart the operator removes orphan pods and restarts pods that sh
   await eventually('orphan removed', () => h.runtime.state('ghost').phase === 'Absent');
   const s = await op2.claimer.waitReady(NS, name, 5_000);
   assert.equal(s.status?.phase, 'Running');
+});
+
+test('deleting a warm pool deletes its members and their pods', async (t) => {
+  const h = await startHarness(t);
+  await h.store.create(SandboxTemplateType, template('py'));
+  await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 3));
+  await eventually('pool ready', async () => (await poolStatus(h.store, 'py-pool'))?.readyReplicas === 3);
+  await h.store.delete(SandboxWarmPoolType, NS, 'py-pool');
+  await eventually('members gone', async () => (await members(h.store, 'py-pool')).length === 0);
+  await eventually('pods removed', () => h.runtime.list().length === 0);
+});
+
+// ---- the work queue under the controllers
+
+function queueFixture(reconcile: Reconciler): Controller {
+  return new Controller({ name: 'test', reconcile, clock: systemClock, log: silentLogger(), metrics: createMetrics(new Registry()), workers: 4 });
+}
+
+test('the work queue dedups keys and never runs one key twice at once', async (t) => {
+  let running = 0;
+  let maxRunning = 0;
+  const runs: string[] = [];
+  let release: () => void = () => undefined;
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  const c = queueFixture(async (key) => {
+    running++;
+    maxRunning = Math.max(maxRunning, running);
+    runs.push(key);
+    if (runs.length === 1) await gate;
+    running--;
+    return undefined;
+  });
+  t.after(() => c.close());
+  c.enqueue('a');
+  for (let i = 0; i < 10; i++) c.enqueue('a');
+  release();
+  await eventually('queue drained', () => c.depth === 0 && runs.length >= 2);
+  assert.equal(maxRunning, 1, 'key a never ran concurrently');
+  assert.deepEqual(runs, ['a', 'a'], '11 enqueues while running collapse into one rerun');
+});
+
+test('the work queue retries errors with backoff and does not retry Invalid', async (t) => {
+  const attempts = new Map<string, number>();
+  const c = queueFixture((key) => {
+    const n = (attempts.get(key) ?? 0) + 1;
+    attempts.set(key, n);
+    if (key === 'bad') return Promise.reject(new AsbError('Invalid', 'cannot be fixed by retrying'));
+    if (n < 4) return Promise.reject(new Error('transient'));
+    return Promise.resolve(undefined);
+  });
+  t.after(() => c.close());
+  c.enqueue('flaky');
+  c.enqueue('bad');
+  await eventually('flaky succeeded', () => attempts.get('flaky') === 4 && c.depth === 0);
+  assert.equal(attempts.get('bad'), 1, 'a terminal error is not retried');
 });

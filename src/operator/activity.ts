@@ -7,16 +7,17 @@ import type { Clock } from '../system/clock.ts';
 
 export interface Activity {
   touch(id: string): void;
-  /** Milliseconds since the epoch of the last touch, or undefined if none since start. */
-  last(id: string): number | undefined;
+  /** Milliseconds since the epoch of the last touch; the tracker's creation time if none since. */
+  last(id: string): number;
   forget(id: string): void;
 }
 
 export function createActivity(clock: Clock): Activity {
   const times = new Map<string, number>();
+  const startedAt = clock.now();
   return {
     touch: (id) => void times.set(id, clock.now()),
-    last: (id) => times.get(id),
+    last: (id) => times.get(id) ?? startedAt,
     forget: (id) => void times.delete(id),
   };
 }

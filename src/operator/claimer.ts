@@ -28,6 +28,7 @@ import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import { isDeleting, isSandboxReady, sandboxFromTemplate } from './blueprint.ts';
+import type { Activity } from './activity.ts';
 import type { Informer } from './informer.ts';
 
 export interface ClaimRequest {
@@ -62,6 +63,8 @@ export interface ClaimerDeps {
   clock: Clock;
   metrics: Metrics;
   clusterTag: string;
+  /** Binding counts as activity: a member warm for an hour must not idle out on claim. */
+  activity?: Activity;
 }
 
 /** Index on the pool informer: `<namespace>/<template>` → pools that keep that template warm. */
@@ -244,6 +247,10 @@ export class Claimer {
       const member = this.#deps.sandboxes.get(key);
       if (member === undefined || !isWarmCandidate(member)) continue;
       try {
+        // Touch first: the watch event of this write reaches the sandbox controller before our
+        // await resumes. A touch on a member whose CAS then fails is harmless (pool members
+        // never idle out).
+        this.#deps.activity?.touch(member.metadata.name);
         return await this.#deps.store.update<Sandbox>(SandboxType, bindWarm(member, req));
       } catch (err) {
         // Taken or changed since the cache saw it: skip it; the watch re-queues it if still free.

@@ -39,14 +39,14 @@ export interface IdleCheck {
 /**
  * Whether a running sandbox has been idle past its timeout. Unclaimed warm members never idle
  * out: the pool exists to keep them running. The idle clock starts at the later of the last
- * activity and the last time the pod became ready (a wake counts as activity).
+ * activity (a claim counts; after a restart, the restart does) and the last time the pod became
+ * ready (a wake counts).
  */
-export function idleCheck(sandbox: Sandbox, now: number, lastActivity: number | undefined): IdleCheck {
+export function idleCheck(sandbox: Sandbox, now: number, lastActivity: number): IdleCheck {
   const timeout = idleTimeoutOf(sandbox);
   if (timeout <= 0 || !isClaimed(sandbox)) return { idle: false };
   const readyAt = sandbox.status?.readyTime === undefined ? undefined : Date.parse(sandbox.status.readyTime);
-  const since = Math.max(lastActivity ?? 0, readyAt ?? 0);
-  if (since === 0) return { idle: false, remainingMs: timeout };
+  const since = Math.max(lastActivity, readyAt ?? 0);
   const remaining = since + timeout - now;
   return remaining <= 0 ? { idle: true } : { idle: false, remainingMs: remaining };
 }

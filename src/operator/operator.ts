@@ -76,7 +76,7 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
   pools.addIndex(POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues);
 
   const activity = createActivity(clock);
-  const claimer = new Claimer({ store, sandboxes, pools, templates, clock, metrics, clusterTag });
+  const claimer = new Claimer({ store, sandboxes, pools, templates, clock, metrics, clusterTag, activity });
   const warmPool = createWarmPoolController({
     store,
     sandboxes,

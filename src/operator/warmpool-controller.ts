@@ -82,12 +82,20 @@ export function createWarmPoolController(deps: WarmPoolControllerDeps): WarmPool
   const pendingCreates = new Map<string, Set<string>>();
   /** sandbox key → deleted by us, still in the cache */
   const pendingDeletes = new Set<string>();
+  /**
+   * sandbox key → when this process first saw it. The not-ready deadline counts from here, not
+   * from creationTimestamp: the store's clock may differ from ours (another host, a test clock),
+   * and a skew larger than the window would delete every new member at once, forever.
+   */
+  const firstSeen = new Map<string, number>();
 
   const observed = (key: string, current: Sandbox | undefined): void => {
     if (current === undefined) {
       pendingDeletes.delete(key);
+      firstSeen.delete(key);
       return;
     }
+    if (!firstSeen.has(key)) firstSeen.set(key, clock.now());
     for (const poolKey of poolIndexValues(current)) pendingCreates.get(poolKey)?.delete(current.metadata.name);
   };
 
@@ -148,8 +156,8 @@ export function createWarmPoolController(deps: WarmPoolControllerDeps): WarmPool
         ready.push(member);
         continue;
       }
-      const created = Date.parse(member.metadata.creationTimestamp ?? '') || now;
-      const deadline = created + replaceMs;
+      const seen = firstSeen.get(`${namespace}/${member.metadata.name}`) ?? now;
+      const deadline = seen + replaceMs;
       const failed = member.status?.phase === 'Failed';
       if (failed || deadline <= now) stale.push(member);
       else {

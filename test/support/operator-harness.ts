@@ -75,11 +75,11 @@ export const CLUSTER_TAG = 'tst1';
 
 export async function startHarness(t: TestContext, opts: { autoReady?: boolean; notReadyReplaceMs?: number } = {}): Promise<Harness> {
   const dir = mkdtempSync(join(tmpdir(), 'asb-operator-'));
-  const store = await openSqliteStore({ path: join(dir, 'store.db') });
+  const clock = new ManualClock();
+  const store = await openSqliteStore({ path: join(dir, 'store.db'), clock });
   const runtime = new FakeRuntime({ autoReady: opts.autoReady ?? true });
   const registry = new Registry();
   const metrics = createMetrics(registry);
-  const clock = new ManualClock();
   const operators: Operator[] = [];
   const start = async (): Promise<Operator> => {
     const op = await startOperator({
