@@ -2,12 +2,14 @@
 // (pause/resume, shutdownTime, idle timeout), finalizers and restart convergence.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { LABEL, SandboxTemplateType, SandboxType, SandboxWarmPoolType, type Sandbox, type SandboxWarmPool } from '../src/api/types.ts';
+import type { KubeObject, ResourceType } from '../src/api/meta.ts';
+import { LABEL, SandboxTemplateType, SandboxType, SandboxWarmPoolType, type Sandbox, type SandboxTemplate, type SandboxWarmPool } from '../src/api/types.ts';
 import { Registry } from 'prom-client';
 import { AsbError } from '../src/errors.ts';
 import { createMetrics } from '../src/metrics/metrics.ts';
 import { Controller, type Reconciler } from '../src/operator/controller.ts';
-import type { ObjectStore } from '../src/store/store.ts';
+import { Informer } from '../src/operator/informer.ts';
+import type { ObjectStore, WatchHandlers, WatchOptions } from '../src/store/store.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { NS, eventually, startHarness, template, warmPool } from './support/operator-harness.ts';
@@ -292,4 +294,61 @@ test('the work queue retries errors with backoff and does not retry Invalid', as
   c.enqueue('bad');
   await eventually('flaky succeeded', () => attempts.get('flaky') === 4 && c.depth === 0);
   assert.equal(attempts.get('bad'), 1, 'a terminal error is not retried');
+});
+
+test('a warm pool with updateStrategy Recreate replaces members when its template changes', async (t) => {
+  const h = await startHarness(t);
+  await h.store.create(SandboxTemplateType, template('py'));
+  const pool = warmPool('py-pool', 'py', 2);
+  await h.store.create(SandboxWarmPoolType, { ...pool, spec: { ...pool.spec, updateStrategy: { type: 'Recreate' } } });
+  await eventually('pool ready', async () => (await poolStatus(h.store, 'py-pool'))?.readyReplicas === 2);
+  const old = (await members(h.store, 'py-pool')).map((m) => m.metadata.name);
+
+  const tpl = await h.store.get<SandboxTemplate>(SandboxTemplateType, NS, 'py');
+  const image = 'python:3.13';
+  const containers = tpl.spec.podTemplate.spec.containers.map((c) => ({ ...c, image }));
+  await h.store.update(SandboxTemplateType, { ...tpl, spec: { ...tpl.spec, podTemplate: { spec: { ...tpl.spec.podTemplate.spec, containers } } } });
+  const fresh = await eventually('members rebuilt from the new template', async () => {
+    const list = await members(h.store, 'py-pool');
+    const ready = (await poolStatus(h.store, 'py-pool'))?.readyReplicas === 2;
+    return ready && list.length === 2 && list.every((m) => !old.includes(m.metadata.name)) ? list : undefined;
+  });
+  for (const m of fresh) assert.equal(m.spec.podTemplate.spec.containers[0]?.image, image);
+});
+
+test('the informer relists after its watch ends (Gone) and reports what changed in the gap', async (t) => {
+  const h = await startHarness(t);
+  let breakWatch: (() => void) | undefined;
+  const flaky = new Proxy(h.store, {
+    get(target, prop, receiver) {
+      if (prop === 'watch') {
+        return (rt: ResourceType, opts: WatchOptions, handlers: WatchHandlers<KubeObject>) => {
+          const inner = target.watch(rt, opts, handlers);
+          breakWatch = () => {
+            inner.close();
+            handlers.onError(new AsbError('Gone', 'resource version too old'));
+          };
+          return inner;
+        };
+      }
+      const value: unknown = Reflect.get(target, prop, receiver);
+      return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+    },
+  });
+  const informer = new Informer<SandboxTemplate>({ store: flaky, type: SandboxTemplateType, clock: systemClock, log: silentLogger() });
+  const seen: string[] = [];
+  informer.onChange((key) => seen.push(key));
+  informer.start();
+  t.after(() => informer.close());
+  await h.store.create(SandboxTemplateType, template('a'));
+  await informer.synced();
+  await eventually('a cached', () => informer.getByName(NS, 'a') !== undefined);
+
+  breakWatch?.();
+  assert.equal(informer.healthy, false);
+  await h.store.create(SandboxTemplateType, template('b'));
+  await h.store.delete(SandboxTemplateType, NS, 'a');
+  await eventually('relisted', () => informer.healthy && informer.getByName(NS, 'b') !== undefined);
+  assert.equal(informer.getByName(NS, 'a'), undefined, 'the delete in the gap is seen');
+  assert.ok(seen.includes(`${NS}/b`) && seen.filter((k) => k === `${NS}/a`).length >= 2, 'handlers heard both keys');
 });

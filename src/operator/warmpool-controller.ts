@@ -9,6 +9,7 @@
 // - A member not Ready within notReadyReplaceMs (60 s; k8s-sigs waits 5 min) is deleted and
 //   replaced; scale-down deletes surplus members, not-ready ones first.
 // - Status (replicas, readyReplicas, selector, observedGeneration, Ready) is written on change.
+import { createHash } from 'node:crypto';
 import { isDeepStrictEqual } from 'node:util';
 import { newSandboxId } from '../api/ids.ts';
 import { apiVersionOf, type Condition } from '../api/meta.ts';
@@ -30,6 +31,8 @@ import type { Reconciler } from './controller.ts';
 import { splitKey, type Informer } from './informer.ts';
 
 export const POOL_INDEX = 'pool';
+/** On members: which version of the template built them, for updateStrategy Recreate. */
+export const TEMPLATE_HASH_ANNOTATION = 'asb.dev/template-hash';
 const CREATE_CONCURRENCY = 64;
 const DEFAULT_NOT_READY_REPLACE_MS = 60_000;
 const TEMPLATE_MISSING_RECHECK_MS = 10_000;
@@ -49,6 +52,12 @@ export interface WarmPoolControllerDeps {
 export function poolIndexValues(sandbox: Sandbox): string[] {
   const pool = sandbox.metadata.labels?.[LABEL.pool];
   return pool === undefined ? [] : [`${sandbox.metadata.namespace ?? ''}/${pool}`];
+}
+
+/** A short digest of what a member copies from its template. */
+export function templateHash(template: SandboxTemplate): string {
+  const { podTemplate, volumeClaimTemplates, service, idleTimeoutMs } = template.spec;
+  return createHash('sha256').update(JSON.stringify({ podTemplate, volumeClaimTemplates, service, idleTimeoutMs })).digest('hex').slice(0, 16);
 }
 
 /** Runs fn over items with at most `limit` in flight; rejects with the first error after all settle. */
@@ -145,6 +154,11 @@ export function createWarmPoolController(deps: WarmPoolControllerDeps): WarmPool
     const templateName = pool.spec.sandboxTemplateRef.name;
     const template = templates.getByName(namespace, templateName);
     const now = clock.now();
+    // Recreate: members built from an older template are replaced now; OnReplenish (the
+    // default) lets them be claimed and only new members use the new template.
+    const hash = template === undefined ? undefined : templateHash(template);
+    const outdated = (m: Sandbox): boolean =>
+      pool.spec.updateStrategy?.type === 'Recreate' && hash !== undefined && m.metadata.annotations?.[TEMPLATE_HASH_ANNOTATION] !== hash;
 
     // Replace members that were given their chance to become ready.
     const ready: Sandbox[] = [];
@@ -152,6 +166,10 @@ export function createWarmPoolController(deps: WarmPoolControllerDeps): WarmPool
     const stale: Sandbox[] = [];
     let nextDeadline = Infinity;
     for (const member of members) {
+      if (outdated(member)) {
+        stale.push(member);
+        continue;
+      }
       if (isSandboxReady(member)) {
         ready.push(member);
         continue;
@@ -211,6 +229,7 @@ export function createWarmPoolController(deps: WarmPoolControllerDeps): WarmPool
           name: memberName,
           namespace,
           labels: { [LABEL.pool]: name, [LABEL.template]: templateName },
+          annotations: { [TEMPLATE_HASH_ANNOTATION]: templateHash(template) },
           ownerReferences: [owner],
         });
         try {
