@@ -38,7 +38,8 @@ export async function openPodPty(target: PodTarget, opts: PtyOptions): Promise<P
   stdin.on('error', () => undefined); // the bridge exited; `exited` reports it
   child.stderr?.resume();
   const exited = new Promise<number>((resolve) => {
-    child.on('close', (code, signal) => resolve(code ?? (signal === null ? 1 : 128 + constants.signals[signal])));
+    // 'exit', not 'close': 'close' waits for stdout to end, which never happens if nobody reads it.
+    child.on('exit', (code, signal) => resolve(code ?? (signal === null ? 1 : 128 + constants.signals[signal])));
     child.on('error', () => resolve(127));
   });
   let closed = false;

@@ -1,0 +1,247 @@
+// The local runtime with REAL sandboxes: namespaces, overlay root, bridge networking, exec, files,
+// PTY, probes, hibernation and re-adoption. Needs root (as in CI). Its own subnet and bridge so it
+// never collides with a running worker (10.213.0.0/16 on asb0).
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { get } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, test } from 'node:test';
+import type { Container } from '../src/api/types.ts';
+import { isAsbError } from '../src/errors.ts';
+import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
+import { deleteBridge } from '../src/runtime/local/network.ts';
+import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
+import { silentLogger } from '../src/system/log.ts';
+
+const BRIDGE = 'asbt0';
+const SUBNET = '10.214.0.0/16';
+let root = '';
+let rt: LocalRuntime;
+
+before(async () => {
+  root = await mkdtemp(join(tmpdir(), 'asb-runtime-'));
+  rt = await createLocalRuntime({ root, log: silentLogger(), bridge: BRIDGE, subnet: SUBNET, probeIntervalMs: 100 });
+});
+
+after(async () => {
+  for (const id of rt.list()) await rt.remove(id);
+  await rt.close();
+  await deleteBridge(BRIDGE);
+  await rm(root, { recursive: true, force: true });
+});
+
+function pod(id: string, container: Partial<Container> = {}): PodRequest {
+  return { id, namespace: 'default', hostname: `${id}-host`, spec: { containers: [{ name: 'main', image: 'debian:12', ...container }] } };
+}
+
+const text = (b: Uint8Array): string => Buffer.from(b).toString('utf8');
+
+async function sh(id: string, script: string, stdin?: string): Promise<{ exitCode: number; out: string; err: string }> {
+  const r = await rt.exec(id, stdin === undefined ? { command: ['sh', '-c', script] } : { command: ['sh', '-c', script], stdin });
+  return { exitCode: r.exitCode, out: text(r.stdout), err: text(r.stderr) };
+}
+
+/** Resolves once pred holds for the pod's state (checked on every change), or fails after 10 s. */
+function waitForState(id: string, pred: (s: PodState) => boolean, what: string): Promise<PodState> {
+  return new Promise((resolve, reject) => {
+    const check = (): boolean => {
+      const s = rt.state(id);
+      if (!pred(s)) return false;
+      clearTimeout(timer);
+      off();
+      resolve(s);
+      return true;
+    };
+    const timer = setTimeout(() => {
+      off();
+      reject(new Error(`pod ${id}: ${what} not reached; state ${JSON.stringify(rt.state(id))}`));
+    }, 10_000);
+    const off = rt.onChange((changed) => changed === id && check());
+    check();
+  });
+}
+
+function httpGet(url: string): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    get(url, { agent: false }, (res) => {
+      let body = '';
+      res.setEncoding('utf8').on('data', (c: string) => (body += c)).on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+    }).on('error', reject);
+  });
+}
+
+test('exec runs inside the pod: stdout, exit codes, stdin', async () => {
+  const state = await rt.start(pod('exec1'));
+  assert.equal(state.phase, 'Running');
+  assert.equal(state.ready, true, 'a pod without a probe is ready once its command runs');
+  const hello = await rt.exec('exec1', { command: ['echo', 'hello'] });
+  assert.equal(text(hello.stdout), 'hello\n');
+  assert.equal(hello.exitCode, 0);
+  assert.equal((await sh('exec1', 'exit 3')).exitCode, 3);
+  assert.equal((await sh('exec1', 'tr a-z A-Z', 'piped in')).out, 'PIPED IN');
+  const err = await sh('exec1', 'echo oops >&2; exit 1');
+  assert.deepEqual([err.exitCode, err.err], [1, 'oops\n']);
+  const slow = await rt.exec('exec1', { command: ['sleep', '30'], timeoutMs: 200 });
+  assert.equal(slow.timedOut, true);
+  const big = await rt.exec('exec1', { command: ['head', '-c', '100000', '/dev/zero'], maxOutputBytes: 1000 });
+  assert.deepEqual([big.stdout.length, big.truncated], [1000, true]);
+});
+
+test('a pod is isolated: own hostname, processes, user and filesystem', async () => {
+  await rt.start(pod('iso1'));
+  assert.equal((await sh('iso1', 'hostname')).out.trim(), 'iso1-host');
+  assert.equal((await sh('iso1', 'id -u')).out.trim(), '1000');
+  assert.equal((await sh('iso1', 'id -un')).out.trim(), 'user');
+  assert.equal((await sh('iso1', 'echo $HOME')).out.trim(), '/home/user');
+  const pids = (await sh('iso1', 'ls /proc | grep -E "^[0-9]+$"')).out.trim().split('\n');
+  assert.ok(pids.length <= 5, `only the pod's few processes are visible, saw ${pids.join(' ')}`);
+  assert.ok(pids.includes('1'));
+  assert.notEqual((await sh('iso1', 'test -e /work')).exitCode, 0, '/work of the host is not visible');
+  assert.equal((await sh('iso1', 'ls /home')).out.trim(), 'user');
+  assert.equal((await sh('iso1', 'ls /root 2>&1; echo $?')).out.trim().endsWith('2'), true, '/root is not readable by the user');
+  assert.equal((await sh('iso1', 'for c in bash python3 ls; do command -v $c; done | wc -l')).out.trim(), '3');
+  // Host paths a write could reach must stay untouched: /usr writes land in the pod's own layer.
+  assert.notEqual((await sh('iso1', 'touch /usr/bin/x 2>&1')).exitCode, 0, 'the user cannot write /usr');
+  assert.notEqual((await sh('iso1', 'cat /proc/1/environ 2>&1')).exitCode, 0, 'no capabilities: init is out of reach');
+});
+
+test('the pod has its own IP, reachable from the host', async () => {
+  const state = await rt.start(pod('net1', {
+    command: ['python3', '-m', 'http.server', '8080', '--bind', '0.0.0.0', '--directory', '/home/user'],
+    readinessProbe: { tcpSocket: { port: 8080 } },
+  }));
+  assert.match(state.ip ?? '', /^10\.214\./);
+  await rt.writeFile('net1', '/home/user/index.html', Buffer.from('served from the sandbox'));
+  await waitForState('net1', (s) => s.ready, 'ready');
+  const res = await httpGet(`http://${state.ip ?? ''}:8080/index.html`);
+  assert.deepEqual(res, { status: 200, body: 'served from the sandbox' });
+});
+
+test('hibernation keeps home, /tmp and the IP; exec refuses a stopped pod', async () => {
+  const first = await rt.start(pod('hib1'));
+  await sh('hib1', 'echo kept > ~/home.txt && echo kept-too > /tmp/tmp.txt && mkdir -p ~/.cache && echo x > ~/.cache/c');
+  await rt.stop('hib1');
+  assert.equal(rt.state('hib1').phase, 'Stopped');
+  await assert.rejects(rt.exec('hib1', { command: ['true'] }), (err) => isAsbError(err, 'SandboxNotRunning'));
+  const again = await rt.start(pod('hib1'));
+  assert.equal(again.phase, 'Running');
+  assert.equal(again.ip, first.ip);
+  assert.notEqual(again.pid, first.pid);
+  assert.equal((await sh('hib1', 'cat ~/home.txt /tmp/tmp.txt ~/.cache/c')).out, 'kept\nkept-too\nx\n');
+});
+
+test('volumes from claim templates survive remove of the process and are mounted for the user', async () => {
+  const req = pod('vol1', { volumeMounts: [{ name: 'workspace', mountPath: '/workspace' }] });
+  req.volumeClaimTemplates = [{ metadata: { name: 'workspace' }, spec: {} }];
+  const started = await rt.start(req);
+  assert.equal(started.phase, 'Running', started.message);
+  assert.equal((await sh('vol1', 'echo data > /workspace/f && cat /workspace/f')).out, 'data\n');
+  await rt.stop('vol1');
+  await rt.start(req);
+  assert.equal((await sh('vol1', 'cat /workspace/f')).out, 'data\n');
+  assert.ok(existsSync(join(root, 'volumes', 'vol1', 'workspace', 'f')));
+});
+
+test('files API reads, writes and lists inside the sandbox', async () => {
+  await rt.start(pod('files1'));
+  await rt.writeFile('files1', '/home/user/deep/dir/a.txt', Buffer.from('alpha'), 0o600);
+  assert.equal(text(await rt.readFile('files1', '/home/user/deep/dir/a.txt')), 'alpha');
+  assert.equal((await sh('files1', 'stat -c %a:%U ~/deep/dir/a.txt')).out.trim(), '600:user');
+  const entries = await rt.listDir('files1', '/home/user/deep/dir');
+  assert.deepEqual(entries.map((e) => [e.name, e.path, e.type, e.size, e.mode]), [['a.txt', '/home/user/deep/dir/a.txt', 'file', 5, 0o600]]);
+  await assert.rejects(rt.readFile('files1', '/home/user/missing'), (err) => isAsbError(err, 'NotFound') && err.message.includes('/home/user/missing'));
+  await assert.rejects(rt.listDir('files1', '/nope'), (err) => isAsbError(err, 'NotFound'));
+  await assert.rejects(rt.readFile('files1', '/home/user'), (err) => isAsbError(err, 'BadRequest'));
+  await assert.rejects(rt.writeFile('files1', '/usr/bin/evil', Buffer.from('x')), (err) => isAsbError(err, 'Forbidden'));
+  // A symlink made inside the sandbox resolves inside it: the pod's /etc/hostname, not the host's.
+  await sh('files1', 'ln -s /etc/hostname ~/link');
+  assert.equal(text(await rt.readFile('files1', '/home/user/link')), 'files1-host\n');
+  const listed = await rt.listDir('files1', '/home/user');
+  assert.equal(listed.find((e) => e.name === 'link')?.type, 'symlink');
+});
+
+test('readiness probes: exec, tcp and http turn ready only when their condition holds', async () => {
+  await rt.start(pod('probe-exec', { readinessProbe: { exec: { command: ['test', '-f', '/tmp/ready'] } } }));
+  await rt.start(pod('probe-tcp', { readinessProbe: { tcpSocket: { port: 'web' } }, ports: [{ containerPort: 9000, name: 'web' }] }));
+  await rt.start(pod('probe-http', {
+    command: ['python3', '-m', 'http.server', '9001', '--directory', '/tmp'],
+    readinessProbe: { httpGet: { path: '/ok', port: 9001 } },
+  }));
+  // The http server answers 404 for /ok until the file exists.
+  for (let i = 0; i < 100 && (await sh('probe-http', 'python3 -c "import socket; socket.create_connection((\'127.0.0.1\', 9001))"')).exitCode !== 0; i++);
+  assert.equal(rt.state('probe-exec').ready, false);
+  assert.equal(rt.state('probe-tcp').ready, false);
+  assert.equal(rt.state('probe-http').ready, false);
+  await rt.writeFile('probe-exec', '/tmp/ready', Buffer.from(''));
+  await waitForState('probe-exec', (s) => s.ready, 'exec probe ready');
+  await sh('probe-tcp', 'nohup python3 -m http.server 9000 >/dev/null 2>&1 &');
+  await waitForState('probe-tcp', (s) => s.ready, 'tcp probe ready');
+  await rt.writeFile('probe-http', '/tmp/ok', Buffer.from('ok'));
+  await waitForState('probe-http', (s) => s.ready, 'http probe ready');
+  await sh('probe-exec', 'rm /tmp/ready');
+  await waitForState('probe-exec', (s) => !s.ready, 'exec probe unready after failures');
+});
+
+test('pty: a real terminal with resize and echo', async () => {
+  await rt.start(pod('pty1'));
+  const session = await rt.openPty('pty1', { cols: 80, rows: 24, command: ['bash', '--norc', '--noprofile'] });
+  const reader = session.output[Symbol.asyncIterator]();
+  let seen = '';
+  const waitOutput = async (needle: string): Promise<void> => {
+    while (!seen.includes(needle)) {
+      const next = await reader.next();
+      if (next.done === true) throw new Error(`terminal ended before "${needle}"; saw ${JSON.stringify(seen)}`);
+      seen += text(next.value);
+    }
+  };
+  await session.write('stty size; echo "mark-$((40+2))"\n');
+  await waitOutput('mark-42');
+  assert.match(seen, /24 80/);
+  session.resize(132, 50);
+  seen = '';
+  await session.write('stty size; tty; echo "done-$((1+1))"\n');
+  await waitOutput('done-2');
+  assert.match(seen, /50 132/);
+  assert.match(seen, /\/dev\/pts\/\d+/);
+  await session.write('exit 7\n');
+  assert.equal(await session.exited, 7);
+  session.close();
+});
+
+test('a new runtime on the same root re-adopts running pods', async () => {
+  const state = await rt.start(pod('adopt1'));
+  const rt2 = await createLocalRuntime({ root, log: silentLogger(), bridge: BRIDGE, subnet: SUBNET, probeIntervalMs: 100 });
+  try {
+    const adopted = rt2.state('adopt1');
+    assert.deepEqual([adopted.phase, adopted.pid, adopted.ip], ['Running', state.pid, state.ip]);
+    assert.equal(rt2.state('hib1').phase === 'Running' || rt2.state('hib1').phase === 'Stopped', true);
+    assert.equal(text((await rt2.exec('adopt1', { command: ['hostname'] })).stdout), 'adopt1-host\n');
+    // The new runtime notices when the adopted pod ends.
+    const ended = new Promise<void>((resolve) => rt2.onChange((id) => id === 'adopt1' && rt2.state('adopt1').phase !== 'Running' && resolve()));
+    await rt.stop('adopt1');
+    await ended;
+  } finally {
+    await rt2.close();
+  }
+});
+
+test('a container that exits reports its code; an unknown image fails clearly', async () => {
+  await rt.start(pod('exit1', { command: ['sh', '-c', 'exit 4'] }));
+  const done = await waitForState('exit1', (s) => s.phase === 'Failed', 'failed');
+  assert.equal(done.exitCode, 4);
+  const bad = await rt.start(pod('bad1', { image: 'quay.io/acme/private-thing:9' }));
+  assert.equal(bad.phase, 'Failed');
+  assert.match(bad.message ?? '', /quay\.io\/acme\/private-thing:9/);
+  assert.match(bad.message ?? '', /python/);
+});
+
+test('remove deletes the pod dir and volumes', async () => {
+  await rt.start(pod('rm1'));
+  assert.ok(existsSync(join(root, 'pods', 'rm1')));
+  await rt.remove('rm1');
+  assert.equal(rt.state('rm1').phase, 'Absent');
+  assert.equal(existsSync(join(root, 'pods', 'rm1')), false);
+  assert.equal(rt.list().includes('rm1'), false);
+});
