@@ -16,6 +16,7 @@ import {
   type SandboxTemplate,
   type SandboxWarmPool,
 } from '../api/types.ts';
+import { AsbError } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
@@ -147,8 +148,13 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
 
   const informers = [sandboxes, templates, pools, claims];
   for (const informer of informers) informer.start();
+  // close() before the caches sync must not leave ready() callers hanging.
+  let abortStart: (err: Error) => void = () => undefined;
+  const closedEarly = new Promise<never>((_, reject) => {
+    abortStart = reject;
+  });
   const readyPromise = (async () => {
-    await Promise.all(informers.map((i) => i.synced()));
+    await Promise.race([Promise.all(informers.map((i) => i.synced())), closedEarly]);
     // Recovery: pods whose sandbox is gone (deleted while this worker was down).
     const orphans = runtime.list().filter((id) => sandboxes.byIndex(NAME_INDEX, id).length === 0);
     await Promise.all(orphans.map((id) => runtime.remove(id)));
@@ -165,6 +171,7 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
   const close = (): Promise<void> => {
     closing ??= (async () => {
       stopRuntimeEvents();
+      abortStart(new AsbError('Unavailable', 'operator closed before its caches synced'));
       const deadline = opts.closeDeadlineMs ?? 10_000;
       await Promise.all(controllers.map((c) => c.close(deadline)));
       claimer.close();
