@@ -16,6 +16,7 @@ import { sandboxTable } from '../src/cli/commands-sandbox.ts';
 import { Spinner } from '../src/cli/progress.ts';
 import { ApiError, createApiClient } from '../src/client/api-client.ts';
 import type { Clock } from '../src/system/clock.ts';
+import { removeDataDir, startWorkerProcess } from './support/worker-process.ts';
 
 const ASB = join(import.meta.dirname, '..', 'src', 'cli', 'asb.ts');
 
@@ -291,4 +292,85 @@ test('a bad manifest names the document and field path, exits 1 and sends nothin
   assert.match(r.stderr, /^error: <stdin> is invalid; nothing was applied$/m);
   assert.match(r.stderr, /^ {2}<stdin>#2\.spec\.replicas: /m);
   assert.deepEqual(stub.requests, []);
+});
+
+// ---- End to end: the CLI against a real worker (store, operator, local runtime, REST API).
+
+test('end to end: apply, create, ls, exec, pause, resume, status, rm against a real worker', async (t) => {
+  // Its own tag, bridge and subnet (10.231/16), so neither other test files nor `make up` collide.
+  const worker = await startWorkerProcess({ clusterTag: 'clit', subnetOctet: 231, basePool: 0 });
+  t.after(async () => {
+    await worker.stop();
+    removeDataDir(worker.dataDir);
+  });
+  const env = { ASB_API_URL: worker.apiUrl, ASB_API_KEY: worker.adminKey };
+  const run = (args: string[], input?: string): Promise<RunResult> => asb(args, { env, ...(input === undefined ? {} : { input }) });
+
+  const manifests = [
+    'apiVersion: extensions.agents.x-k8s.io/v1alpha1',
+    'kind: SandboxTemplate',
+    'metadata: {name: cli}',
+    'spec:',
+    '  podTemplate:',
+    '    spec:',
+    '      containers: [{name: main, image: python, command: [sleep, infinity]}]',
+    '---',
+    'apiVersion: extensions.agents.x-k8s.io/v1alpha1',
+    'kind: SandboxWarmPool',
+    'metadata: {name: cli}',
+    'spec: {replicas: 1, sandboxTemplateRef: {name: cli}}',
+    '',
+  ].join('\n');
+  const file = join(emptyDir(), 'cli.yaml');
+  writeFileSync(file, manifests);
+  const applied = await run(['apply', '-f', file]);
+  assert.equal(applied.code, 0, applied.stderr);
+  assert.equal(applied.stdout, 'sandboxtemplate/cli created\nsandboxwarmpool/cli created\n');
+  const again = await run(['apply', '-f', '-'], manifests);
+  assert.equal(again.stdout, 'sandboxtemplate/cli unchanged\nsandboxwarmpool/cli unchanged\n');
+
+  const created = await run(['create', '--template', 'cli', '--label', 'task=e2e', '--timeout', '1h', '--json']);
+  assert.equal(created.code, 0, created.stderr);
+  assert.equal(created.stderr, '', 'no spinner when stderr is not a terminal');
+  const sb = JSON.parse(created.stdout) as { id: string; ready: boolean; labels: Record<string, string>; shutdownTime?: string };
+  assert.match(sb.id, /^clit[a-z0-9]+$/);
+  assert.equal(sb.ready, true);
+  assert.equal(sb.labels.task, 'e2e');
+  assert.ok(sb.shutdownTime !== undefined);
+
+  const listed = await run(['ls', '--json', '-l', 'task=e2e', '--all-pages']);
+  assert.equal(listed.code, 0, listed.stderr);
+  assert.deepEqual((JSON.parse(listed.stdout) as { items: { id: string }[] }).items.map((s) => s.id), [sb.id]);
+  const table = await run(['ls']);
+  assert.match(table.stdout, /^ID\s+TEMPLATE\s+PHASE\s+READY\s+AGE\s+OWNER$/m);
+  assert.match(table.stdout, new RegExp(`^${sb.id}\\s+cli\\s+Running\\s+true\\s`, 'm'));
+
+  const hi = await run(['exec', sb.id, '--', 'echo', 'hi']);
+  assert.deepEqual([hi.code, hi.stdout], [0, 'hi\n']);
+  const seven = await run(['exec', sb.id, '--', 'sh', '-c', 'echo oops >&2; exit 7']);
+  assert.deepEqual([seven.code, seven.stderr], [7, 'oops\n']);
+  const piped = await run(['exec', sb.id, '-e', 'GREETING=hello', '--', 'sh', '-c', 'printf "%s " "$GREETING"; cat'], 'from stdin');
+  assert.equal(piped.stdout, 'hello from stdin');
+
+  const paused = await run(['pause', sb.id, '--json']);
+  assert.equal(paused.code, 0, paused.stderr);
+  assert.equal((JSON.parse(paused.stdout) as { phase: string }).phase, 'Hibernated');
+  const resumed = await run(['resume', sb.id, '--json']);
+  assert.equal(resumed.code, 0, resumed.stderr);
+  assert.equal((JSON.parse(resumed.stdout) as { ready: boolean }).ready, true);
+  const after = await run(['exec', sb.id, '--', 'echo', 'awake']);
+  assert.deepEqual([after.code, after.stdout], [0, 'awake\n']);
+
+  const status = await run(['status', '--json']);
+  assert.equal(status.code, 0, status.stderr);
+  const st = JSON.parse(status.stdout) as { cluster: { tag: string }; pools: { name: string; replicas: number }[]; sandboxes: Record<string, number> };
+  assert.equal(st.cluster.tag, 'clit');
+  assert.equal(st.pools.find((p) => p.name === 'cli')?.replicas, 1);
+  assert.ok((st.sandboxes.Running ?? 0) >= 1);
+
+  const removed = await run(['rm', sb.id]);
+  assert.deepEqual([removed.code, removed.stdout], [0, `${sb.id} deleted\n`]);
+  const missing = await run(['rm', 'clitnosuchsandbox000']);
+  assert.equal(missing.code, 1);
+  assert.match(missing.stderr, /^error: clitnosuchsandbox000: /);
 });

@@ -1,6 +1,7 @@
 // The `asb` command line: dispatches to a command and turns every failure into one clear line
 // and an exit code (0 ok, 1 failed, 2 wrong usage). `bin/asb` runs this file with Node 24.
 import { realpathSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { ApiError, ApiUnreachableError, createApiClient } from '../client/api-client.ts';
 import { isAsbError } from '../errors.ts';
@@ -99,6 +100,7 @@ export async function runCli(argv: readonly string[], io: CliIo, clock: Clock = 
   const ctx: CommandContext = {
     io,
     clock,
+    delay: (ms) => sleep(ms),
     client(global) {
       const config = resolveClientConfig({ flags: global, env: io.env, cwd: io.cwd });
       return createApiClient({ url: config.url, ...(config.key === undefined ? {} : { key: config.key }) });

@@ -22,6 +22,8 @@ export interface CliIo {
 export interface CommandContext {
   io: CliIo;
   clock: Clock;
+  /** Waits ms, keeping the process alive (Clock timers are unref'd, which would let a poll exit). */
+  delay: (ms: number) => Promise<void>;
   /** Builds the API client from flags, environment and .asb/env; throws ClientConfigError. */
   client(global: GlobalFlags): ApiClient;
 }

@@ -1,5 +1,6 @@
 // Working inside a sandbox: exec and files (get, put, ls).
 import { readFileSync, writeFileSync } from 'node:fs';
+import { constants } from 'node:os';
 import { resolve } from 'node:path';
 import type { ExecRequest } from '../client/api-client.ts';
 import { parseCommandArgs, parseDuration, parseKeyValues, stringList, stringOpt, UsageError } from './args.ts';
@@ -56,11 +57,18 @@ Examples:
     const result = await client.exec(id, req);
     ctx.io.stdout.write(result.stdout);
     ctx.io.stderr.write(result.stderr);
+    if (result.truncated === true) ctx.io.stderr.write('asb: output was truncated by the worker (over 8 MiB on a stream)\n');
     if (result.timedOut) {
       ctx.io.stderr.write(`asb: command timed out${timeout === undefined ? '' : ` after ${timeout}`}\n`);
       return EXIT_TIMED_OUT;
     }
-    // Process exit statuses are 0-255; anything else (a signal reported as negative) is a failure.
+    if (result.signal !== undefined) {
+      ctx.io.stderr.write(`asb: command killed by ${result.signal}\n`);
+      // The shell's convention: 128 + the signal number.
+      const signo = (constants.signals as Record<string, number | undefined>)[result.signal];
+      if (signo !== undefined) return 128 + signo;
+    }
+    // Process exit statuses are 0-255; anything else is reported as a plain failure.
     return Number.isInteger(result.exitCode) && result.exitCode >= 0 && result.exitCode <= 255 ? result.exitCode : EXIT.failed;
   },
 };

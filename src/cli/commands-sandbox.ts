@@ -1,8 +1,8 @@
 // Sandbox lifecycle commands: create, ls, get, pause, resume, rm.
-import { ApiUnreachableError, type SandboxView } from '../client/api-client.ts';
-import { isAsbError } from '../errors.ts';
+import { ApiUnreachableError, type ApiClient, type SandboxView } from '../client/api-client.ts';
+import { AsbError, isAsbError } from '../errors.ts';
 import { boolOpt, parseCommandArgs, parseDuration, parseKeyValues, stringList, stringOpt, UsageError } from './args.ts';
-import { EXIT, type Command } from './command.ts';
+import { EXIT, type Command, type CommandContext } from './command.ts';
 import { formatAge, formatError, formatFields, formatTable, writeJson } from './output.ts';
 import { withSpinner } from './progress.ts';
 
@@ -155,18 +155,40 @@ export function describeSandbox(sb: SandboxView, nowMs: number): string {
 export const pauseCommand: Command = {
   name: 'pause',
   summary: 'Hibernate a sandbox (stops it, keeps its files)',
-  usage: 'asb pause <id> [--json]',
-  help: 'Options:\n  --json                 print the sandbox as JSON',
-  options: { ...JSON_FLAG },
+  usage: 'asb pause <id> [--no-wait] [--json]',
+  help: 'Waits until the sandbox is Hibernated (at most 2 minutes).\n\nOptions:\n  --no-wait              return once the request is accepted\n  --json                 print the sandbox as JSON',
+  options: { ...JSON_FLAG, wait: { type: 'boolean', default: true } },
   async run(argv, ctx) {
     const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
     const id = singleId(positionals, this.usage);
-    const sb = await ctx.client(global).pause(id);
+    const client = ctx.client(global);
+    let sb = await client.pause(id);
+    if (values.wait !== false && sb.phase !== 'Hibernated') {
+      sb = await withSpinner(ctx.io.stderr, ctx.clock, `hibernating ${id}`, () => waitForPhase(client, ctx, id, 'Hibernated', PAUSE_WAIT_MS));
+    }
     if (values.json === true) writeJson(ctx.io.stdout, sb);
     else ctx.io.stdout.write(`${sb.id}  ${sb.phase}\n`);
     return EXIT.ok;
   },
 };
+
+// Hibernation stops the pod and syncs its writable layer; on the local runtime that takes about
+// a second, on Kubernetes up to the pod's 30 s grace period. Two minutes leaves room for both.
+const PAUSE_WAIT_MS = 120_000;
+// 250 ms between polls: a pause takes seconds, so a quarter-second of lag is not noticed.
+const POLL_MS = 250;
+
+/** Polls the sandbox until it reaches `phase`; fails on Failed/Terminating or after `timeoutMs`. */
+async function waitForPhase(client: ApiClient, { clock, delay }: CommandContext, id: string, phase: SandboxView['phase'], timeoutMs: number): Promise<SandboxView> {
+  const deadline = clock.now() + timeoutMs;
+  for (;;) {
+    const sb = await client.getSandbox(id);
+    if (sb.phase === phase) return sb;
+    if (sb.phase === 'Failed' || sb.phase === 'Terminating') throw new AsbError('Conflict', `sandbox ${id} is ${sb.phase}${sb.message === undefined ? '' : `: ${sb.message}`}`);
+    if (clock.now() >= deadline) throw new AsbError('Timeout', `sandbox ${id} is still ${sb.phase} after ${timeoutMs / 1000} s`);
+    await delay(POLL_MS);
+  }
+}
 
 export const resumeCommand: Command = {
   name: 'resume',

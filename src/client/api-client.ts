@@ -73,6 +73,10 @@ export interface ExecResult {
   stdout: string;
   stderr: string;
   timedOut: boolean;
+  /** Output passed the server's cap (8 MiB per stream) and was cut. */
+  truncated?: boolean;
+  /** The signal that ended the command, e.g. SIGKILL. */
+  signal?: string;
 }
 
 export interface ApiClientOptions {
