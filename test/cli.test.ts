@@ -352,6 +352,9 @@ test('end to end: apply, create, ls, exec, pause, resume, status, rm against a r
   const piped = await run(['exec', sb.id, '-e', 'GREETING=hello', '--', 'sh', '-c', 'printf "%s " "$GREETING"; cat'], 'from stdin');
   assert.equal(piped.stdout, 'hello from stdin');
 
+  const put = await run(['files', 'put', sb.id, '-', '/tmp/note.txt'], 'kept across hibernation');
+  assert.equal(put.code, 0, put.stderr);
+
   const paused = await run(['pause', sb.id, '--json']);
   assert.equal(paused.code, 0, paused.stderr);
   assert.equal((JSON.parse(paused.stdout) as { phase: string }).phase, 'Hibernated');
@@ -360,6 +363,8 @@ test('end to end: apply, create, ls, exec, pause, resume, status, rm against a r
   assert.equal((JSON.parse(resumed.stdout) as { ready: boolean }).ready, true);
   const after = await run(['exec', sb.id, '--', 'echo', 'awake']);
   assert.deepEqual([after.code, after.stdout], [0, 'awake\n']);
+  const note = await run(['files', 'get', sb.id, '/tmp/note.txt']);
+  assert.deepEqual([note.code, note.stdout], [0, 'kept across hibernation']);
 
   const status = await run(['status', '--json']);
   assert.equal(status.code, 0, status.stderr);
