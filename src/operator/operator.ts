@@ -30,6 +30,9 @@ import { Informer, objectKey } from './informer.ts';
 import { createSandboxReconciler } from './sandbox-controller.ts';
 import { POOL_INDEX, createWarmPoolController, poolIndexValues } from './warmpool-controller.ts';
 
+/** How long member changes wait before the pool reconciles; see the sandbox informer handler. */
+const POOL_COALESCE_MS = 20;
+
 export interface OperatorOptions {
   store: ObjectStore;
   runtime: PodRuntime;
@@ -124,8 +127,11 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
     claimer.observe(key, current, previous);
     if (!started) return;
     sandboxController.enqueue(key);
+    // Member changes reach the pool after a short coalescing delay: a burst of 64 claims then
+    // costs one refill reconcile after the burst instead of refill work interleaved with (and
+    // delaying) every claim's response.
     for (const poolKey of new Set([...(current ? poolIndexValues(current) : []), ...(previous ? poolIndexValues(previous) : [])])) {
-      poolController.enqueue(poolKey);
+      poolController.enqueueAfter(poolKey, POOL_COALESCE_MS);
     }
     for (const claimKey of new Set([...(current ? claimIndexValues(current) : []), ...(previous ? claimIndexValues(previous) : [])])) {
       claimController.enqueue(claimKey);

@@ -66,6 +66,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     registry,
     clock,
     cluster: { name: config.clusterName, tag: config.clusterTag },
+    version: packageVersion(),
   });
   const server = createServer(api.handler);
   // Claims come in bursts of many short requests: keep connections alive past the default 5 s.
@@ -99,6 +100,11 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
       return closing;
     },
   };
+}
+
+function packageVersion(): string {
+  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version?: unknown };
+  return typeof pkg.version === 'string' ? pkg.version : 'unknown';
 }
 
 function listen(server: Server, port: number, host: string): Promise<void> {
