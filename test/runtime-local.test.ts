@@ -22,7 +22,8 @@ let rt: LocalRuntime;
 
 before(async () => {
   root = await mkdtemp(join(tmpdir(), 'asb-runtime-'));
-  rt = await createLocalRuntime({ root, log: silentLogger(), bridge: BRIDGE, subnet: SUBNET, probeIntervalMs: 100 });
+  // pollIntervalMs: pods started before the launcher-kill test are watched by polling afterwards.
+  rt = await createLocalRuntime({ root, log: silentLogger(), bridge: BRIDGE, subnet: SUBNET, probeIntervalMs: 100, pollIntervalMs: 100 });
 });
 
 after(async () => {
@@ -244,4 +245,60 @@ test('remove deletes the pod dir and volumes', async () => {
   assert.equal(rt.state('rm1').phase, 'Absent');
   assert.equal(existsSync(join(root, 'pods', 'rm1')), false);
   assert.equal(rt.list().includes('rm1'), false);
+});
+
+test('killing the launcher (kill -9) leaves running pods alone; it restarts and starts new pods', async () => {
+  const running = await rt.start(pod('lch1'));
+  const launcher = rt.launcherPid;
+  assert.ok(launcher !== undefined && running.pid !== undefined);
+  process.kill(launcher, 'SIGKILL');
+  // Started at once, racing the launcher's death: it must land on the restarted launcher.
+  const fresh = await rt.start(pod('lch2'));
+  assert.equal(fresh.phase, 'Running', fresh.message);
+  assert.equal(text((await rt.exec('lch2', { command: ['hostname'] })).stdout), 'lch2-host\n');
+  assert.notEqual(rt.launcherPid, launcher, 'a new launcher runs');
+  assert.equal(rt.state('lch1').phase, 'Running');
+  assert.equal(text((await rt.exec('lch1', { command: ['hostname'] })).stdout), 'lch1-host\n', 'the pod outlived its launcher');
+  assert.equal(processAlive(running.pid), true);
+  // Its exit is still noticed (by polling now): stop() completes and the pod is Stopped.
+  await rt.stop('lch1');
+  assert.equal(rt.state('lch1').phase, 'Stopped');
+  assert.equal(processAlive(running.pid), false);
+});
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test('a running container that exits later reports its exit code; 0 is Succeeded, a signal is 128+n', async () => {
+  const waitForFile = 'while [ ! -f /tmp/go ]; do sleep 0.05; done';
+  await rt.start(pod('code9', { command: ['sh', '-c', `${waitForFile}; exit 9`] }));
+  await rt.start(pod('code0', { command: ['sh', '-c', `${waitForFile}; exit 0`] }));
+  await rt.start(pod('killed', { command: ['sh', '-c', `${waitForFile}; kill -KILL $$`] }));
+  for (const id of ['code9', 'code0', 'killed']) {
+    assert.equal(rt.state(id).phase, 'Running');
+    await rt.writeFile(id, '/tmp/go', Buffer.from(''));
+  }
+  assert.equal((await waitForState('code9', (s) => s.phase === 'Failed', 'failed')).exitCode, 9);
+  assert.equal((await waitForState('code0', (s) => s.phase === 'Succeeded', 'succeeded')).exitCode, 0);
+  assert.equal((await waitForState('killed', (s) => s.phase === 'Failed', 'failed')).exitCode, 137);
+});
+
+test('argv and env reach the container byte for byte: spaces, quotes, newlines, UTF-8, empty', async () => {
+  const args = ['two  spaces', `"double" 'single' \\back`, 'line1\nline2\n', 'ünïcødé ✓ 沙箱', '', '$HOME `id` $(id) ;|&*'];
+  await rt.start(pod('argv1', {
+    command: ['sh', '-c', 'i=0; for a in "$@"; do printf %s "$a" > /tmp/arg$i; i=$((i+1)); done; printf %s "$#" > /tmp/argc; printf %s "$WEIRD" > /tmp/env; exec sleep infinity', 'sh'],
+    args,
+    env: [{ name: 'WEIRD', value: 'a=b\nc "d" ✓' }],
+    readinessProbe: { exec: { command: ['test', '-f', '/tmp/env'] } }, // ready once the files are written
+  }));
+  await waitForState('argv1', (s) => s.ready, 'ready');
+  assert.equal(text(await rt.readFile('argv1', '/tmp/argc')), String(args.length));
+  for (const [i, arg] of args.entries()) assert.equal(text(await rt.readFile('argv1', `/tmp/arg${i}`)), arg);
+  assert.equal(text(await rt.readFile('argv1', '/tmp/env')), 'a=b\nc "d" ✓');
 });

@@ -7,7 +7,6 @@
 // Degraded mode (documented in README.md): without root, or when the bridge cannot be set up, pods
 // share the host network (their ports on 127.0.0.1) and, without root, run in a user namespace as
 // the caller's own uid; one warning is logged.
-import { spawn, type ChildProcess } from 'node:child_process';
 import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AsbError } from '../../errors.ts';
@@ -17,8 +16,10 @@ import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodSta
 import { execInPod, type PodTarget } from './exec.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { resolveImage } from './images.ts';
-import { ensureInitBinary } from './init-binary.ts';
+import { ensureInitBinary, ensureLauncherBinary } from './init-binary.ts';
+import { Launcher, type Launched } from './launcher.ts';
 import { createIpPool, createVethBatcher, ensureBridge, parseSubnet, vethName, type IpPool, type Subnet } from './network.ts';
+import { launchPodInit } from './pod-launch.ts';
 import { containerArgv, initArgs, mainContainer, podEnv, podUser, resolveMounts, type InitNetwork } from './pod-process.ts';
 import { startProbeLoop } from './probes.ts';
 import { openPodPty } from './pty.ts';
@@ -51,7 +52,7 @@ interface Pod {
   persisted: PersistedPod | undefined;
   state: PodState;
   target?: PodTarget;
-  shim?: ChildProcess;
+  shim?: Launched;
   /** Bumped on every start so events of an old process never touch a new one. */
   generation: number;
   stopping: boolean;
@@ -62,11 +63,13 @@ interface Pod {
   markExited?: () => void;
   /** An exit seen while start() was still waiting for the init: start() reports it. */
   pendingExit?: number | undefined;
+  /** The launcher died while start() was still finishing: start() switches to polling. */
+  lostLauncher?: boolean;
 }
 
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
-  const binary = await ensureInitBinary(opts.root);
-  const runtime = new LocalRuntime(opts, binary);
+  const [binary, launcher] = await Promise.all([ensureInitBinary(opts.root), ensureLauncherBinary(opts.root)]);
+  const runtime = new LocalRuntime(opts, binary, launcher);
   await runtime.recover();
   return runtime;
 }
@@ -76,6 +79,7 @@ export class LocalRuntime implements PodRuntime {
   readonly #log: Logger;
   readonly #clock: Clock;
   readonly #binary: string;
+  readonly #launcher: Launcher;
   readonly #subnet: Subnet;
   readonly #bridge: string;
   readonly #ips: IpPool;
@@ -86,7 +90,7 @@ export class LocalRuntime implements PodRuntime {
   #network: Promise<boolean> | undefined;
   #closed = false;
 
-  constructor(opts: LocalRuntimeOptions, binary: string) {
+  constructor(opts: LocalRuntimeOptions, binary: string, launcherBinary: string) {
     this.#opts = opts;
     this.#log = opts.log.child({ component: 'local-runtime' });
     this.#clock = opts.clock ?? systemClock;
@@ -94,11 +98,17 @@ export class LocalRuntime implements PodRuntime {
     this.#subnet = parseSubnet(opts.subnet ?? '10.213.0.0/16');
     this.#bridge = opts.bridge ?? 'asb0';
     this.#ips = createIpPool(this.#subnet);
-    this.#attachVeth = createVethBatcher(this.#bridge, this.#log);
+    this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
+    this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
     this.#userns = process.getuid?.() !== 0;
     if (this.#userns) {
       this.#log.warn('local runtime is not running as root: DEGRADED MODE — pods run in a user namespace as your own uid and share the host network (ports on 127.0.0.1)');
     }
+  }
+
+  /** The pid of the launcher process that starts pods, while it runs (diagnostics, tests). */
+  get launcherPid(): number | undefined {
+    return this.#launcher.pid;
   }
 
   /** Whether pods get their own network namespace and address (false: degraded, host network). */
@@ -190,20 +200,30 @@ export class LocalRuntime implements PodRuntime {
       this.#log.warn({ err, id: pod.id }, 'cannot prepare pod');
       return fail(`cannot prepare pod: ${err instanceof Error ? err.message : String(err)}`);
     }
-    const shim = spawn(this.#binary, args, { detached: true, stdio: ['pipe', 'pipe', 'ignore'] });
-    pod.shim = shim;
+    pod.lostLauncher = false;
+    const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
-    shim.on('exit', (code, signal) => {
-      if (pod.generation === generation) this.#exited(pod, code ?? (signal === null ? 1 : 137));
+    const launch = launchPodInit(this.#launcher, this.#binary, args, {
+      ...(net ? { attach: (pid: number) => this.#attachVeth(pid, vethName(this.#bridge, pod.id)) } : {}),
+      exited: (code) => {
+        if (pod.generation === generation) this.#exited(pod, code);
+      },
+      lost: () => {
+        if (pod.generation === generation) this.#launcherLost(pod);
+      },
     });
-    const outcome = await this.#awaitInit(pod, shim, net);
+    pod.shim = launch.child;
+    const outcome = await launch.outcome;
     if (pod.generation !== generation) return { ...pod.state };
     if (!outcome.ok) {
-      shim.kill('SIGKILL');
+      launch.child.kill('SIGKILL');
+      // A lost launcher cannot kill: the pod's init is killed directly (its pid is fresh, seconds old).
+      const initPid = launch.pid();
+      if (launcherLost() && initPid !== undefined) signal(initPid, 'SIGKILL');
       return fail(outcome.message);
     }
-    shim.stdin.end();
-    shim.unref();
+    launch.child.closeStdin();
+    launch.child.unref();
     const startedAt = isoNow(this.#clock);
     const pidStart = await processStartTime(outcome.pid);
     if (pod.generation !== generation) return { ...pod.state };
@@ -212,39 +232,20 @@ export class LocalRuntime implements PodRuntime {
     // The container may have ended already (a command that exits at once).
     const early = pod.pendingExit as number | undefined; // set by the exit event during the awaits
     if (early !== undefined) this.#exited(pod, early);
+    else if (launcherLost()) this.#pollExit(pod, outcome.pid, pod.persisted.pidStart ?? 'gone');
     if (pod.target !== undefined) await writePersisted(pod.paths, pod.persisted);
     return { ...pod.state };
   }
 
-  /** Reads pod-init's protocol lines: "pid N", then "ready" or "error ...". */
-  #awaitInit(pod: Pod, shim: ChildProcess, net: boolean): Promise<{ ok: true; pid: number } | { ok: false; message: string }> {
-    return new Promise((resolve) => {
-      let buffered = '';
-      let pid = 0;
-      let error: string | undefined;
-      shim.on('error', (err) => resolve({ ok: false, message: `cannot run pod init: ${err.message}` }));
-      shim.stdin?.on('error', () => undefined);
-      shim.stdout?.setEncoding('utf8');
-      shim.stdout?.on('data', (chunk: string) => {
-        buffered += chunk;
-        let nl: number;
-        while ((nl = buffered.indexOf('\n')) >= 0) {
-          const line = buffered.slice(0, nl);
-          buffered = buffered.slice(nl + 1);
-          if (line.startsWith('pid ')) {
-            pid = Number(line.slice(4));
-            if (net) {
-              void this.#attachVeth(pid, vethName(this.#bridge, pod.id)).then(() => shim.stdin?.write('go\n'));
-            }
-          } else if (line === 'ready') {
-            resolve({ ok: true, pid });
-          } else if (line.startsWith('error ')) {
-            error = line.slice(6);
-          }
-        }
-      });
-      shim.stdout?.on('end', () => resolve({ ok: false, message: `pod init failed: ${error ?? 'it ended before the pod was ready'}` }));
-    });
+  /**
+   * The launcher died: running pods keep running but their exit events are gone, so they are
+   * watched by polling, like adopted pods. A pod still starting is finished by start().
+   */
+  #launcherLost(pod: Pod): void {
+    pod.lostLauncher = true;
+    const { pid, pidStart } = pod.persisted ?? {};
+    if (this.#closed || pod.state.phase !== 'Running' || pid === undefined || pidStart === undefined) return;
+    this.#pollExit(pod, pid, pidStart);
   }
 
   #running(pod: Pod, pid: number, startedAt: string): void {
@@ -424,10 +425,9 @@ export class LocalRuntime implements PodRuntime {
     for (const pod of this.#pods.values()) {
       pod.probe?.cancel();
       pod.poll?.cancel();
-      pod.shim?.removeAllListeners('exit');
-      pod.shim?.unref();
     }
-    return Promise.resolve();
+    // The launcher exits without touching the pods it started; a new runtime re-adopts them.
+    return this.#launcher.close();
   }
 }
 

@@ -3,8 +3,9 @@
 // pod's init configures eth0 itself with ioctls. Because the namespace belongs to the pod's
 // processes, the kernel deletes the veth when the pod ends: stop() has nothing to clean up and a
 // crashed worker leaks nothing.
-// Host-side commands of concurrent starts are batched into ONE `ip -force -batch -` spawn: at 300
-// concurrent starts that is one process instead of 300 (each spawn costs ~2 ms of CPU here).
+// Host-side commands of concurrent starts are batched into ONE `ip -force -batch -` run: at 300
+// concurrent starts that is a handful of processes instead of 300 (each spawn costs ~2 ms of CPU
+// here). The runtime runs them through its launcher, so the worker itself never forks for them.
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { access } from 'node:fs/promises';
@@ -106,29 +107,42 @@ export async function deleteBridge(bridge: string): Promise<void> {
   if (await bridgeExists(bridge)) await ipBatch([`link del ${bridge}`]);
 }
 
-/** Collects veth requests made in the same tick and runs them in one ip process. */
-export function createVethBatcher(bridge: string, log: Logger): (pid: number, hostIf: string) => Promise<void> {
+/** Runs one `ip -force -batch -` with these lines; resolves with what ip printed (errors). */
+export type IpBatchRunner = (lines: readonly string[]) => Promise<string>;
+
+/**
+ * Collects veth requests and runs them in one ip process. One batch runs at a time and the next
+ * one collects every request made meanwhile: with a launcher, pods report their pids spread over
+ * many ticks, and a batch per tick would be an ip process per pod again.
+ */
+export function createVethBatcher(bridge: string, log: Logger, run: IpBatchRunner = ipBatch): (pid: number, hostIf: string) => Promise<void> {
   let pending: { pid: number; hostIf: string; done: () => void }[] = [];
+  let running = false;
   const flush = (): void => {
     const batch = pending;
     pending = [];
+    running = true;
     // A veth of a just-ended pod may still exist while the kernel tears its namespace down.
     const lines = batch.flatMap(({ pid, hostIf }) => [
       `link del ${hostIf}`,
       `link add ${hostIf} type veth peer name eth0 netns ${pid}`,
       `link set ${hostIf} master ${bridge} up`,
     ]);
-    ipBatch(lines).then(
+    run(lines).then(
       (stderr) => {
         const real = stderr.split('\n').filter((l) => l.trim() !== '' && !l.includes('Cannot find device') && !l.includes('Command failed -:'));
         if (real.length > 0) log.warn({ stderr: real.join('\n') }, 'ip batch reported errors');
       },
       (err: unknown) => log.error({ err }, 'ip batch failed to run'),
-    ).finally(() => batch.forEach((b) => b.done()));
+    ).finally(() => {
+      batch.forEach((b) => b.done());
+      running = false;
+      if (pending.length > 0) flush();
+    });
   };
   return (pid, hostIf) =>
     new Promise<void>((resolve) => {
-      if (pending.length === 0) setImmediate(flush);
+      if (pending.length === 0 && !running) setImmediate(flush);
       pending.push({ pid, hostIf, done: resolve });
     });
 }

@@ -274,7 +274,10 @@ static int run_init(sigset_t *sigs, int log_fd) {
     dprintf(2, "pod-init: exec %s: %s\n", cmd[0], strerror(errno));
     _exit(127);
   }
-  dprintf(1, "ready\n");
+  // Nobody read "ready" (the launcher or the worker died during the start): nobody will track this
+  // pod, so end it rather than leave it running untracked. As the namespace's pid 1 we get no
+  // SIGPIPE for this (the kernel drops default-action signals to it), only EPIPE.
+  if (dprintf(1, "ready\n") < 0) _exit(125);
   int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
   dup2(null_fd, 0);
   dup2(null_fd, 1);

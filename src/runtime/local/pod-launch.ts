@@ -1,0 +1,62 @@
+// Starts one pod-init through the launcher and speaks its protocol (see pod-init.c): it writes
+// "pid N" once the pod's namespaces exist, we attach the veth (when the pod has its own network)
+// and answer "go", then it writes "ready" or "error <what>: <why>".
+import type { Launched, Launcher } from './launcher.ts';
+
+export type InitOutcome = { ok: true; pid: number } | { ok: false; message: string };
+
+export interface PodLaunchHooks {
+  /** Moves the veth peer into the pod's network namespace; pod-init waits for it (-n). */
+  attach?: (pid: number) => Promise<void>;
+  /** pod-init ended: the container's exit code (137 when pod-init itself was killed). */
+  exited(code: number): void;
+  /** The launcher died before pod-init ended: no exit() will come, the pod may still run. */
+  lost(): void;
+}
+
+export interface PodLaunch {
+  outcome: Promise<InitOutcome>;
+  child: Launched;
+  /** pod-init's "pid N": the host pid of the pod's own init, once known. */
+  pid(): number | undefined;
+}
+
+export function launchPodInit(launcher: Launcher, binary: string, args: readonly string[], hooks: PodLaunchHooks): PodLaunch {
+  let buffered = '';
+  let pid: number | undefined;
+  let error: string | undefined;
+  let settle: (o: InitOutcome) => void = () => undefined;
+  const outcome = new Promise<InitOutcome>((resolve) => (settle = resolve));
+  const decoder = new TextDecoder();
+  const child = launcher.launch([binary, ...args], {
+    output(chunk) {
+      buffered += decoder.decode(chunk, { stream: true });
+      let nl: number;
+      while ((nl = buffered.indexOf('\n')) >= 0) {
+        const line = buffered.slice(0, nl);
+        buffered = buffered.slice(nl + 1);
+        if (line.startsWith('pid ')) {
+          const initPid = Number(line.slice(4));
+          pid = initPid;
+          // On a failed attach "go" still goes: pod-init then fails naming the missing eth0.
+          const go = (): void => child.write('go\n');
+          if (hooks.attach !== undefined) void hooks.attach(initPid).then(go, go);
+        } else if (line === 'ready') {
+          settle({ ok: true, pid: pid ?? 0 });
+        } else if (line.startsWith('error ')) {
+          error = line.slice(6);
+        }
+      }
+    },
+    end: () => settle({ ok: false, message: `pod init failed: ${error ?? 'it ended before the pod was ready'}` }),
+    exit(code, signal) {
+      settle({ ok: false, message: `pod init failed: ${error ?? 'it ended before the pod was ready'}` });
+      hooks.exited(code ?? (signal === null ? 1 : 137));
+    },
+    lost() {
+      settle({ ok: false, message: 'pod init failed: the pod launcher went away while the pod was starting' });
+      hooks.lost();
+    },
+  });
+  return { outcome, child, pid: () => pid };
+}
