@@ -1,0 +1,90 @@
+// Where a request is going, from `:authority`, `:path` and E2B's routing headers alone (no
+// table lookup): a sandbox port, a worker API, or a reason to refuse it.
+//
+//   <port>-<id>.<domain>   sandbox <id>, that port
+//   <id>.<domain>          sandbox <id>, its template's default port
+//   api.<domain>           the owning worker's REST/E2B API (owner from /sandboxes/<id> paths)
+//   sandbox.<domain>, an IP address, localhost
+//                          E2b-Sandbox-Id / E2b-Sandbox-Port headers (E2B SDK style), else API
+//                          paths (/sandboxes…, /v2/sandboxes…, /v1/…) go to a worker API
+import { isIP } from 'node:net';
+import { AsbError } from '../errors.ts';
+
+export type Target =
+  /** port undefined: the sandbox's default port (known only from its route entry). */
+  | { kind: 'sandbox'; id: string; port: number | undefined }
+  /** id: the sandbox the API path names, which decides the owning worker; undefined: any worker. */
+  | { kind: 'api'; id: string | undefined };
+
+export interface RequestLine {
+  /** `:authority` as Envoy sent it (may carry a port, any case). */
+  authority: string;
+  path: string;
+  e2bSandboxId: string | undefined;
+  e2bSandboxPort: string | undefined;
+}
+
+// Sandbox ids are DNS labels: generated ones are [a-z0-9]{20}, user-named ones may hold '-'.
+const ID = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+const PORT_PREFIXED = /^(\d{1,5})-(.+)$/;
+const PORT = /^\d{1,5}$/;
+// /sandboxes, /sandboxes/<id>…, /v2/sandboxes…, /v1/sandboxes/<id>… (E2B control plane and ours).
+const API_SANDBOX_PATH = /^\/(?:v[12]\/)?sandboxes(?:\/([^/?#]*))?(?:[/?#]|$)/;
+
+/** Resolves the target, or throws AsbError BadRequest (malformed host/port/id) or NotFound. */
+export function parseTarget(line: RequestLine, domain: string): Target {
+  const host = hostOf(line.authority);
+  if (host === `api.${domain}`) return { kind: 'api', id: apiSandboxId(line.path) };
+  if (host === `sandbox.${domain}` || host === 'localhost' || isIP(host) !== 0) return bareTarget(line, host === `sandbox.${domain}`);
+  const suffix = `.${domain}`;
+  if (!host.endsWith(suffix)) throw new AsbError('NotFound', `host "${host}" is not served here (expected <port>-<sandboxId>.${domain})`);
+  const label = host.slice(0, -suffix.length);
+  if (label.includes('.')) throw new AsbError('BadRequest', `malformed host "${host}": expected <port>-<sandboxId>.${domain} or <sandboxId>.${domain}`);
+  const prefixed = PORT_PREFIXED.exec(label);
+  if (prefixed !== null) return { kind: 'sandbox', id: sandboxId(prefixed[2] ?? '', host), port: portNumber(prefixed[1] ?? '', host) };
+  return { kind: 'sandbox', id: sandboxId(label, host), port: undefined };
+}
+
+/** Lower-cased host without its port; `[v6]:p` → `v6`. */
+export function hostOf(authority: string): string {
+  const a = authority.toLowerCase();
+  if (a.startsWith('[')) {
+    const end = a.indexOf(']');
+    return end === -1 ? a : a.slice(1, end);
+  }
+  const colon = a.indexOf(':');
+  // Two colons: a bare IPv6 address without brackets (no port can be told apart).
+  if (colon === -1 || a.indexOf(':', colon + 1) !== -1) return a;
+  return a.slice(0, colon);
+}
+
+function bareTarget(line: RequestLine, sandboxHost: boolean): Target {
+  if (line.e2bSandboxId !== undefined) {
+    const id = line.e2bSandboxId.trim().toLowerCase();
+    if (!ID.test(id)) throw new AsbError('BadRequest', `malformed E2b-Sandbox-Id header ${JSON.stringify(line.e2bSandboxId)}`);
+    const port = line.e2bSandboxPort === undefined ? undefined : portNumber(line.e2bSandboxPort.trim(), 'E2b-Sandbox-Port header');
+    return { kind: 'sandbox', id, port };
+  }
+  if (line.e2bSandboxPort !== undefined) throw new AsbError('BadRequest', 'E2b-Sandbox-Port header without E2b-Sandbox-Id');
+  if (line.path.startsWith('/v1/') || API_SANDBOX_PATH.test(line.path)) return { kind: 'api', id: apiSandboxId(line.path) };
+  if (sandboxHost) throw new AsbError('BadRequest', 'requests to sandbox.<domain> need the E2b-Sandbox-Id header');
+  throw new AsbError('NotFound', 'no sandbox named: use <port>-<sandboxId>.<domain>, the E2b-Sandbox-Id header, or an API path');
+}
+
+/** The sandbox id an API path names, if any: `/sandboxes/<id>…`, `/v2/sandboxes/<id>…`, `/v1/sandboxes/<id>…`. */
+export function apiSandboxId(path: string): string | undefined {
+  const m = API_SANDBOX_PATH.exec(path);
+  const id = m?.[1];
+  return id !== undefined && ID.test(id) ? id : undefined;
+}
+
+function sandboxId(text: string, where: string): string {
+  if (!ID.test(text)) throw new AsbError('BadRequest', `malformed sandbox id "${text}" in ${where}`);
+  return text;
+}
+
+function portNumber(text: string, where: string): number {
+  const port = PORT.test(text) ? Number(text) : NaN;
+  if (!(port >= 1 && port <= 65535)) throw new AsbError('BadRequest', `malformed port "${text}" in ${where}: expected 1-65535`);
+  return port;
+}

@@ -1,0 +1,108 @@
+// Router configuration: parsed once from flags and environment, every problem listed at once,
+// then frozen. Flags (`--name value` or `--name=value`) win over environment variables.
+//
+//   --listen / ASB_ROUTER_LISTEN           gRPC ext_proc + health address. Default 127.0.0.1:9002
+//   --domain / ASB_DOMAIN                  sandbox domain: <port>-<id>.<domain>. Default asb.localhost
+//   --worker name=url (repeatable) / ASB_ROUTER_WORKERS (comma-separated name=url)
+//                                          each worker cluster's REST API; the first is the default
+//                                          for API requests that name no sandbox
+//   --worker-key / ASB_ROUTER_WORKER_KEY   admin API key for the workers (feed, resume, activity)
+//   --worker-key-file / ASB_ROUTER_WORKER_KEY_FILE   or read it from this file
+//   --hold-limit-ms / ASB_ROUTER_HOLD_LIMIT_MS       longest hold for a wake. Default 25000
+//   --log-level / ASB_LOG_LEVEL            Default info
+import { readFileSync } from 'node:fs';
+import { ConfigError } from '../system/config.ts';
+import { DEFAULT_HOLD_LIMIT_MS } from './waker.ts';
+import type { WorkerEndpoint } from './worker-api.ts';
+
+export interface RouterConfig {
+  readonly listen: string;
+  readonly domain: string;
+  readonly workers: readonly WorkerEndpoint[];
+  readonly holdLimitMs: number;
+  readonly logLevel: string;
+}
+
+const FLAGS = ['listen', 'domain', 'worker', 'worker-key', 'worker-key-file', 'hold-limit-ms', 'log-level'] as const;
+type Flag = (typeof FLAGS)[number];
+const ENV: Record<Flag, string> = {
+  listen: 'ASB_ROUTER_LISTEN',
+  domain: 'ASB_DOMAIN',
+  worker: 'ASB_ROUTER_WORKERS',
+  'worker-key': 'ASB_ROUTER_WORKER_KEY',
+  'worker-key-file': 'ASB_ROUTER_WORKER_KEY_FILE',
+  'hold-limit-ms': 'ASB_ROUTER_HOLD_LIMIT_MS',
+  'log-level': 'ASB_LOG_LEVEL',
+};
+const NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+const DOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+
+export function parseRouterConfig(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): RouterConfig {
+  const problems: string[] = [];
+  const flags = new Map<string, string[]>();
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i] ?? '';
+    if (!arg.startsWith('--')) {
+      problems.push(`unexpected argument "${arg}"`);
+      continue;
+    }
+    const eq = arg.indexOf('=');
+    let name = arg.slice(2);
+    let value: string | undefined;
+    if (eq > 0) {
+      name = arg.slice(2, eq);
+      value = arg.slice(eq + 1);
+    } else {
+      value = argv[i + 1];
+      if (value === undefined || value.startsWith('--')) {
+        problems.push(`flag ${arg} needs a value`);
+        continue;
+      }
+      i++;
+    }
+    if (!(FLAGS as readonly string[]).includes(name)) problems.push(`unknown flag --${name}`);
+    flags.set(name, [...(flags.get(name) ?? []), value]);
+  }
+  const one = (flag: Flag): string | undefined => flags.get(flag)?.at(-1) ?? env[ENV[flag]];
+
+  const listen = one('listen') ?? '127.0.0.1:9002';
+  const port = Number(listen.slice(listen.lastIndexOf(':') + 1));
+  if (!listen.includes(':') || !Number.isInteger(port) || port < 0 || port > 65535) problems.push(`--listen (ASB_ROUTER_LISTEN) must be host:port, got "${listen}"`);
+  const domain = (one('domain') ?? 'asb.localhost').toLowerCase();
+  if (!DOMAIN.test(domain)) problems.push(`--domain (ASB_DOMAIN) must be a DNS name, got "${domain}"`);
+  const holdText = one('hold-limit-ms') ?? String(DEFAULT_HOLD_LIMIT_MS);
+  const holdLimitMs = Number(holdText);
+  if (!Number.isInteger(holdLimitMs) || holdLimitMs < 100 || holdLimitMs > 600_000) problems.push(`--hold-limit-ms (ASB_ROUTER_HOLD_LIMIT_MS) must be an integer from 100 to 600000, got "${holdText}"`);
+
+  let key = one('worker-key');
+  const keyFile = one('worker-key-file');
+  if (key === undefined && keyFile !== undefined) {
+    try {
+      key = readFileSync(keyFile, 'utf8').trim();
+    } catch (err) {
+      problems.push(`--worker-key-file (ASB_ROUTER_WORKER_KEY_FILE): cannot read "${keyFile}": ${err instanceof Error ? err.message : String(err)}`);
+    }
+  }
+  const specs = flags.get('worker') ?? (env.ASB_ROUTER_WORKERS ?? '').split(',').filter((s) => s.trim() !== '');
+  const workers: WorkerEndpoint[] = [];
+  for (const spec of specs) {
+    const eq = spec.indexOf('=');
+    const cluster = spec.slice(0, eq).trim();
+    const url = spec.slice(eq + 1).trim();
+    if (eq <= 0 || !NAME.test(cluster)) {
+      problems.push(`--worker must be name=http://host:port with a DNS-label name, got "${spec}"`);
+      continue;
+    }
+    if (!URL.canParse(url) || !/^https?:$/.test(new URL(url).protocol)) {
+      problems.push(`--worker ${cluster}: "${url}" is not an http(s) URL`);
+      continue;
+    }
+    if (workers.some((w) => w.cluster === cluster)) problems.push(`--worker ${cluster} given twice`);
+    workers.push({ cluster, url, key: key ?? '' });
+  }
+  if (workers.length === 0) problems.push('at least one --worker name=http://host:port (ASB_ROUTER_WORKERS) is required');
+  if (key === undefined || key === '') problems.push('--worker-key (ASB_ROUTER_WORKER_KEY) or --worker-key-file is required: the route feed needs an admin key');
+
+  if (problems.length > 0) throw new ConfigError(problems);
+  return Object.freeze({ listen, domain, workers: Object.freeze(workers), holdLimitMs, logLevel: one('log-level') ?? 'info' });
+}

@@ -1,0 +1,96 @@
+// The router's composition root: route table → feeds (one per worker) → waker and activity →
+// ext_proc server. Closed in the reverse order: stop taking streams, flush activity, drop feeds.
+import { Registry } from 'prom-client';
+import { systemClock, type Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import { ActivityReporter } from './activity.ts';
+import { ExtProcServer } from './extproc-server.ts';
+import { FeedClient, type FeedStatus } from './feed-client.ts';
+import type { RouterConfig } from './router-config.ts';
+import { createRouterMetrics } from './router-metrics.ts';
+import { RouteTable } from './route-table.ts';
+import { Waker } from './waker.ts';
+import type { WorkerEndpoint } from './worker-api.ts';
+
+export interface RouterDeps {
+  log: Logger;
+  clock?: Clock;
+  registry?: Registry;
+  /** Activity flush interval (tests shorten it). Default 5 s. */
+  activityFlushMs?: number;
+}
+
+export interface RunningRouter {
+  /** host:port of the gRPC server. */
+  readonly address: string;
+  readonly table: RouteTable;
+  readonly server: ExtProcServer;
+  readonly registry: Registry;
+  feeds(): FeedStatus[];
+  /** Resolves once every worker's feed delivered its first snapshot. */
+  synced(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export async function startRouter(config: RouterConfig, deps: RouterDeps): Promise<RunningRouter> {
+  const clock = deps.clock ?? systemClock;
+  const registry = deps.registry ?? new Registry();
+  const log = deps.log;
+  const table = new RouteTable({ clock });
+  const metrics = createRouterMetrics(registry, table);
+  const workers = new Map<string, WorkerEndpoint>(config.workers.map((w) => [w.cluster, w]));
+  const first = config.workers[0];
+  if (first === undefined) throw new Error('router needs at least one worker');
+
+  const feeds = config.workers.map(
+    (worker) =>
+      new FeedClient({
+        worker,
+        table,
+        clock,
+        log: log.child({ component: 'feed' }),
+        onMessage: (type, result) => metrics.feedMessagesTotal.inc({ type, result }),
+      }),
+  );
+  const waker = new Waker({ table, workers, clock, log: log.child({ component: 'waker' }), holdLimitMs: config.holdLimitMs, onWake: (_id, result) => metrics.wakesTotal.inc({ result }) });
+  const activity = new ActivityReporter({ workers, clock, log: log.child({ component: 'activity' }), ...(deps.activityFlushMs === undefined ? {} : { flushMs: deps.activityFlushMs }) });
+  let server: ExtProcServer;
+  try {
+    server = await ExtProcServer.start({
+      table,
+      domain: config.domain,
+      clusters: new Set(workers.keys()),
+      defaultCluster: first.cluster,
+      waker,
+      activity,
+      metrics,
+      log: log.child({ component: 'extproc' }),
+      listen: config.listen,
+    });
+  } catch (err) {
+    for (const f of feeds) f.close();
+    await activity.close();
+    throw err;
+  }
+  log.info({ address: server.address, domain: config.domain, workers: config.workers.map((w) => `${w.cluster}=${w.url}`) }, 'router listening');
+
+  let closing: Promise<void> | undefined;
+  return {
+    address: server.address,
+    table,
+    server,
+    registry,
+    feeds: () => feeds.map((f) => f.status()),
+    synced: async () => {
+      await Promise.all(feeds.map((f) => f.synced()));
+    },
+    close() {
+      closing ??= (async () => {
+        await server.close();
+        await activity.close();
+        for (const f of feeds) f.close();
+      })();
+      return closing;
+    },
+  };
+}

@@ -1,0 +1,153 @@
+// Holds requests for sandboxes that are not running yet. A hibernated sandbox gets exactly one
+// resume call however many requests arrive for it (they coalesce on one in-flight wake); every
+// held request is released the moment the route feed shows the sandbox running with a pod IP,
+// or refused with 503 when the wake fails or the hold limit passes. Ids the table lacks are
+// looked up at their worker once (coalesced too) before a 404, which covers feed lag for a
+// sandbox created a moment ago.
+import { AsbError } from '../errors.ts';
+import type { Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import type { RouteEntry } from './contract.ts';
+import type { RouteTable } from './route-table.ts';
+import { resumeSandbox, sandboxExists, type WorkerEndpoint } from './worker-api.ts';
+
+export interface WakerOptions {
+  table: RouteTable;
+  workers: ReadonlyMap<string, WorkerEndpoint>;
+  clock: Clock;
+  log: Logger;
+  /** Longest a request is held for a wake. Default 25 s: below Envoy's route/message deadlines (30 s) so the client gets our 503, not Envoy's 504. */
+  holdLimitMs?: number;
+  /** Longest a request waits for the feed to deliver an id its worker says exists. Default 2 s. */
+  missWaitMs?: number;
+  /** Called once per resume call (metrics, tests). */
+  onWake?: (id: string, result: 'ok' | 'failed') => void;
+}
+
+export const DEFAULT_HOLD_LIMIT_MS = 25_000;
+
+export class Waker {
+  readonly #opts: WakerOptions;
+  readonly #holdLimitMs: number;
+  readonly #missWaitMs: number;
+  /** Sandbox id → its wake, kept until the feed shows the sandbox leave `hibernated`. */
+  readonly #wakes = new Map<string, Promise<void>>();
+  readonly #lookups = new Map<string, Promise<boolean>>();
+
+  constructor(opts: WakerOptions) {
+    this.#opts = opts;
+    this.#holdLimitMs = opts.holdLimitMs ?? DEFAULT_HOLD_LIMIT_MS;
+    this.#missWaitMs = opts.missWaitMs ?? 2_000;
+  }
+
+  get holdLimitMs(): number {
+    return this.#holdLimitMs;
+  }
+
+  /** Sandboxes with a wake in flight. */
+  get waking(): number {
+    return this.#wakes.size;
+  }
+
+  /**
+   * Resolves with the entry once it is running with a pod IP. Rejects with AsbError
+   * Unavailable (wake failed, hold limit, sandbox failed) or NotFound (deleted meanwhile), or
+   * with the signal's reason when the request goes away first.
+   */
+  async holdUntilRunning(entry: RouteEntry, wake: boolean, signal: AbortSignal): Promise<RouteEntry> {
+    const wakeCall = wake ? this.#wake(entry) : undefined;
+    return this.#waitFor(entry.id, this.#holdLimitMs, signal, wakeCall, (e) => {
+      if (e === undefined) throw new AsbError('NotFound', `sandbox ${entry.id} was deleted while waking`);
+      if (e.state === 'failed' || e.state === 'expired') throw new AsbError('Unavailable', `sandbox ${entry.id} is ${e.state}`);
+      return e.state === 'running' && e.podIp !== undefined;
+    }, `sandbox ${entry.id} did not become ready within ${this.#holdLimitMs} ms`);
+  }
+
+  /** For an id the table lacks: resolves with its entry once the feed delivers it, or rejects NotFound. */
+  async lookup(id: string, cluster: string, signal: AbortSignal): Promise<RouteEntry> {
+    const worker = this.#opts.workers.get(cluster);
+    if (worker === undefined) throw new AsbError('NotFound', `sandbox ${id} not found`);
+    let pending = this.#lookups.get(id);
+    if (pending === undefined) {
+      pending = sandboxExists(worker, id).finally(() => this.#lookups.delete(id));
+      this.#lookups.set(id, pending);
+    }
+    // Register the watch before awaiting the lookup so an upsert landing meanwhile is not missed.
+    const waiting = this.#waitFor(id, this.#missWaitMs, signal, pending.then((exists) => {
+      if (!exists) {
+        this.#opts.table.rememberMissing(id);
+        throw new AsbError('NotFound', `sandbox ${id} not found`);
+      }
+    }), (e) => e !== undefined, `sandbox ${id} exists but its route has not arrived yet`);
+    return waiting;
+  }
+
+  #wake(entry: RouteEntry): Promise<void> {
+    const known = this.#wakes.get(entry.id);
+    if (known !== undefined) return known;
+    const worker = this.#opts.workers.get(entry.cluster);
+    const log = this.#opts.log;
+    const call = worker === undefined ? Promise.reject(new AsbError('Unavailable', `no worker for cluster ${entry.cluster}`)) : resumeSandbox(worker, entry.id);
+    const wake = call.then(
+      () => {
+        this.#opts.onWake?.(entry.id, 'ok');
+        log.info({ sandboxId: entry.id }, 'wake requested');
+      },
+      (err: unknown) => {
+        this.#opts.onWake?.(entry.id, 'failed');
+        log.warn({ sandboxId: entry.id, err }, 'wake failed');
+        this.#wakes.delete(entry.id);
+        throw err;
+      },
+    );
+    this.#wakes.set(entry.id, wake);
+    // Forget the wake once the feed shows the sandbox out of `hibernated`, so a later
+    // hibernation gets a fresh wake; the hold limit bounds it if the feed never does.
+    const forget = (): void => {
+      unwatch();
+      timer.cancel();
+      if (this.#wakes.get(entry.id) === wake) this.#wakes.delete(entry.id);
+    };
+    const unwatch = this.#opts.table.watch(entry.id, (e) => {
+      if (e?.state !== 'hibernated') forget();
+    });
+    const timer = this.#opts.clock.after(this.#holdLimitMs, forget);
+    // Waiters observe the failure; this handler only keeps it from being unhandled when none are left.
+    wake.catch(() => undefined);
+    return wake;
+  }
+
+  #waitFor(id: string, limitMs: number, signal: AbortSignal, gate: Promise<void> | undefined, ready: (e: RouteEntry | undefined) => boolean, timeoutMessage: string): Promise<RouteEntry> {
+    const { table, clock } = this.#opts;
+    return new Promise<RouteEntry>((resolve, reject) => {
+      let settled = false;
+      const finish = (err: unknown, entry?: RouteEntry): void => {
+        if (settled) return;
+        settled = true;
+        unwatch();
+        timer.cancel();
+        signal.removeEventListener('abort', onAbort);
+        if (entry !== undefined) resolve(entry);
+        else reject(err instanceof Error ? err : new AsbError('Internal', String(err)));
+      };
+      const check = (e: RouteEntry | undefined): void => {
+        try {
+          if (ready(e) && e !== undefined) finish(undefined, e);
+        } catch (err) {
+          finish(err);
+        }
+      };
+      const onAbort = (): void => finish(signal.reason);
+      const unwatch = table.watch(id, check);
+      const timer = clock.after(limitMs, () => finish(new AsbError('Unavailable', timeoutMessage)));
+      signal.addEventListener('abort', onAbort, { once: true });
+      if (signal.aborted) {
+        onAbort();
+        return;
+      }
+      gate?.catch((err: unknown) => finish(err));
+      const current = table.get(id);
+      if (current !== undefined) check(current);
+    });
+  }
+}
