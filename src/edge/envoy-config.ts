@@ -1,0 +1,248 @@
+// The local Envoy configuration, generated from the production template envoy/edge.yaml so the
+// two cannot drift: `make up` and the tests run the file production runs, with local values.
+//
+// A "static" listener can be added beside the edge: the same HTTP connection manager with the
+// ext_proc filter taken out and one fixed upstream. The benchmark measures the router's cost as
+// the ratio between the two listeners of one Envoy in one run.
+import { readFileSync } from 'node:fs';
+import { isIP } from 'node:net';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { stringify } from 'yaml';
+import { AsbError, type FieldProblem } from '../errors.ts';
+import {
+  arrayAt,
+  fillTemplate,
+  isConfigObject,
+  namedEntry,
+  objectAt,
+  parseTemplate,
+  type ConfigNode,
+  type ConfigObject,
+  type TemplateValues,
+} from './envoy-template.ts';
+
+const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+
+/** envoy/edge.yaml in this checkout. */
+export const EDGE_TEMPLATE_PATH = join(repoRoot, 'envoy', 'edge.yaml');
+/** envoy/ingress.yaml in this checkout (federation; not generated locally yet). */
+export const INGRESS_TEMPLATE_PATH = join(repoRoot, 'envoy', 'ingress.yaml');
+
+export const EDGE_DEFAULTS = Object.freeze({
+  listenAddress: '127.0.0.1',
+  listenPort: 10000,
+  adminAddress: '127.0.0.1',
+  adminPort: 9901,
+  routerAddress: '127.0.0.1:9002',
+  /** An ordinary router answer takes well under 1 ms; 1 s leaves room for a GC pause on a 1M-route heap. */
+  messageTimeoutMs: 1000,
+  /** Ceiling for the router's override_message_timeout: above its 25 s hold limit, so its 503 comes first. */
+  maxMessageTimeoutMs: 30_000,
+  accessLogPath: '/dev/stdout',
+});
+
+/** The cluster the router names in x-asb-upstream for a worker cluster's API. */
+export function apiClusterName(cluster: string): string {
+  return `api-${cluster}`;
+}
+/** The ORIGINAL_DST cluster for pods. */
+export const SANDBOX_CLUSTER = 'sandbox';
+export const STATIC_CLUSTER = 'static-upstream';
+
+export interface EdgeWorker {
+  /** Worker cluster name (lowercase letters, digits, dashes). */
+  cluster: string;
+  /** `host:port` of its REST API. */
+  apiAddress: string;
+}
+
+export interface EdgeConfigOptions {
+  /** Edge listener port; 0 lets the kernel choose (EnvoyProcess reads it back). */
+  listenPort: number;
+  listenAddress?: string;
+  adminPort: number;
+  adminAddress?: string;
+  /** `host:port` of the router's gRPC server. */
+  routerAddress: string;
+  workers: readonly EdgeWorker[];
+  /** Adds the benchmark's comparison listener: no ext_proc, every request to upstreamAddress. */
+  static?: { listenPort: number; upstreamAddress: string };
+  /** Envoy half-closes ext_proc streams instead of resetting them (runtime guard; default false). */
+  gracefulClose?: boolean;
+  messageTimeoutMs?: number;
+  maxMessageTimeoutMs?: number;
+  /** Where Envoy writes one JSON line per request. */
+  accessLogPath?: string;
+  nodeId?: string;
+  /** Template text to use instead of envoy/edge.yaml. */
+  templateText?: string;
+}
+
+export interface HostPort {
+  host: string;
+  port: number;
+}
+
+/** Splits `host:port` or `[v6]:port`. */
+export function parseHostPort(address: string): HostPort | undefined {
+  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:[\]\s]+)):(\d{1,5})$/.exec(address);
+  if (m === null) return undefined;
+  const port = Number(m[3]);
+  if (port > 65535) return undefined;
+  return { host: m[1] ?? m[2] ?? '', port };
+}
+
+/** The edge configuration as an object (what Envoy reads), from the template and opts. */
+export function edgeConfig(opts: EdgeConfigOptions): ConfigObject {
+  const problems = validate(opts);
+  if (problems.length > 0) {
+    const detail = problems.map((p) => `${p.field}: ${p.message}`).join('; ');
+    throw new AsbError('Invalid', `Envoy configuration options are invalid: ${detail}`, { fields: problems });
+  }
+  const router = parseHostPort(opts.routerAddress) ?? { host: '', port: 0 };
+  const template = parseTemplate(opts.templateText ?? readFileSync(EDGE_TEMPLATE_PATH, 'utf8'), 'envoy/edge.yaml');
+  const values: TemplateValues = {
+    NODE_ID: opts.nodeId ?? 'asb-edge-local',
+    LISTEN_ADDRESS: opts.listenAddress ?? EDGE_DEFAULTS.listenAddress,
+    LISTEN_PORT: opts.listenPort,
+    ADMIN_ADDRESS: opts.adminAddress ?? EDGE_DEFAULTS.adminAddress,
+    ADMIN_PORT: opts.adminPort,
+    ACCESS_LOG_PATH: opts.accessLogPath ?? EDGE_DEFAULTS.accessLogPath,
+    ROUTER_HOST: router.host,
+    ROUTER_PORT: router.port,
+    MESSAGE_TIMEOUT: duration(opts.messageTimeoutMs ?? EDGE_DEFAULTS.messageTimeoutMs),
+    MAX_MESSAGE_TIMEOUT: duration(opts.maxMessageTimeoutMs ?? EDGE_DEFAULTS.maxMessageTimeoutMs),
+    EXT_PROC_GRACEFUL_CLOSE: opts.gracefulClose ?? false,
+  };
+
+  // The api-{{WORKER_CLUSTER}} entry is a pattern: taken out, filled once per worker.
+  const clusters = arrayAt(objectAt(template, 'static_resources', ''), 'clusters', 'static_resources');
+  const apiPattern = namedEntry(clusters, 'api-{{WORKER_CLUSTER}}', 'static_resources.clusters');
+  clusters.splice(clusters.indexOf(apiPattern), 1);
+
+  const filled = fillTemplate(template, values);
+  if (!isConfigObject(filled)) throw new AsbError('Internal', 'filled Envoy template is not a mapping');
+  const filledClusters = arrayAt(objectAt(filled, 'static_resources', ''), 'clusters', 'static_resources');
+  for (const worker of opts.workers) {
+    const api = parseHostPort(worker.apiAddress) ?? { host: '', port: 0 };
+    filledClusters.push(fillTemplate(apiPattern, { ...values, WORKER_CLUSTER: worker.cluster, WORKER_API_HOST: api.host, WORKER_API_PORT: api.port }));
+  }
+  // An IP needs no resolver: STATIC spares a DNS timer per cluster and starts ready.
+  for (const cluster of filledClusters) if (isConfigObject(cluster)) preferStatic(cluster);
+  if (opts.static !== undefined) addStaticListener(filled, opts.static);
+  return filled;
+}
+
+export function edgeConfigYaml(opts: EdgeConfigOptions): string {
+  return `# Generated by src/edge/envoy-config.ts from envoy/edge.yaml; edits here are overwritten.\n${stringify(edgeConfig(opts), { lineWidth: 0 })}`;
+}
+
+/** Envoy's Duration form: "1s", "0.25s". */
+export function duration(ms: number): string {
+  return `${ms / 1000}s`;
+}
+
+function validate(opts: EdgeConfigOptions): FieldProblem[] {
+  const problems: FieldProblem[] = [];
+  const port = (field: string, value: number): void => {
+    if (!Number.isInteger(value) || value < 0 || value > 65535) problems.push({ field, message: `must be a port number 0-65535, got ${value}` });
+  };
+  const address = (field: string, value: string): void => {
+    const hp = parseHostPort(value);
+    if (hp === undefined || hp.port === 0) problems.push({ field, message: `must be host:port with a non-zero port, got "${value}"` });
+  };
+  port('listenPort', opts.listenPort);
+  port('adminPort', opts.adminPort);
+  address('routerAddress', opts.routerAddress);
+  const seen = new Set<string>();
+  opts.workers.forEach((w, i) => {
+    // The name travels in a header value and a cluster name: keep it to a DNS label.
+    if (!/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/.test(w.cluster)) problems.push({ field: `workers[${i}].cluster`, message: `must be a DNS label, got "${w.cluster}"` });
+    if (seen.has(w.cluster)) problems.push({ field: `workers[${i}].cluster`, message: `duplicate cluster "${w.cluster}"` });
+    seen.add(w.cluster);
+    address(`workers[${i}].apiAddress`, w.apiAddress);
+  });
+  if (opts.static !== undefined) {
+    port('static.listenPort', opts.static.listenPort);
+    address('static.upstreamAddress', opts.static.upstreamAddress);
+  }
+  const messageMs = opts.messageTimeoutMs ?? EDGE_DEFAULTS.messageTimeoutMs;
+  const maxMs = opts.maxMessageTimeoutMs ?? EDGE_DEFAULTS.maxMessageTimeoutMs;
+  if (!(messageMs >= 1)) problems.push({ field: 'messageTimeoutMs', message: `must be at least 1, got ${messageMs}` });
+  // Envoy caps message timeouts at 3600 s.
+  if (!(maxMs > messageMs && maxMs <= 3_600_000)) problems.push({ field: 'maxMessageTimeoutMs', message: `must be above messageTimeoutMs and at most 3600000, got ${maxMs}` });
+  return problems;
+}
+
+function socketAddresses(cluster: ConfigObject): ConfigObject[] {
+  const out: ConfigObject[] = [];
+  const assignment = cluster.load_assignment;
+  if (!isConfigObject(assignment) || !Array.isArray(assignment.endpoints)) return out;
+  for (const locality of assignment.endpoints) {
+    if (!isConfigObject(locality) || !Array.isArray(locality.lb_endpoints)) continue;
+    for (const lb of locality.lb_endpoints) {
+      if (!isConfigObject(lb) || !isConfigObject(lb.endpoint) || !isConfigObject(lb.endpoint.address)) continue;
+      const sa = lb.endpoint.address.socket_address;
+      if (isConfigObject(sa)) out.push(sa);
+    }
+  }
+  return out;
+}
+
+function preferStatic(cluster: ConfigObject): void {
+  if (cluster.type !== 'STRICT_DNS') return;
+  const addresses = socketAddresses(cluster);
+  if (addresses.length > 0 && addresses.every((sa) => typeof sa.address === 'string' && isIP(sa.address) !== 0)) cluster.type = 'STATIC';
+}
+
+function addStaticListener(config: ConfigObject, opts: { listenPort: number; upstreamAddress: string }): void {
+  const resources = objectAt(config, 'static_resources', '');
+  const listeners = arrayAt(resources, 'listeners', 'static_resources');
+  const edge = namedEntry(listeners, 'edge', 'static_resources.listeners');
+  const copy = structuredClone(edge);
+  copy.name = 'static';
+  objectAt(objectAt(copy, 'address', 'static'), 'socket_address', 'static.address').port_value = opts.listenPort;
+  const hcm = httpConnectionManager(copy);
+  hcm.stat_prefix = 'static';
+  // Same connection manager, same router filter, same access log: only ext_proc is gone.
+  hcm.http_filters = arrayAt(hcm, 'http_filters', 'hcm').filter((f) => !(isConfigObject(f) && f.name === 'envoy.filters.http.ext_proc'));
+  hcm.route_config = {
+    name: 'static',
+    virtual_hosts: [{ name: 'static', domains: ['*'], routes: [{ match: { prefix: '/' }, route: { cluster: STATIC_CLUSTER, timeout: '0s' } }] }],
+  };
+  listeners.push(copy);
+  const upstream = parseHostPort(opts.upstreamAddress) ?? { host: '', port: 0 };
+  const cluster: ConfigObject = {
+    name: STATIC_CLUSTER,
+    type: 'STRICT_DNS',
+    connect_timeout: '1s',
+    load_assignment: {
+      cluster_name: STATIC_CLUSTER,
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: upstream.host, port_value: upstream.port } } } }] }],
+    },
+    // Same limits as the sandbox cluster so the comparison measures the router, not a breaker.
+    circuit_breakers: { thresholds: [{ priority: 'DEFAULT', max_connections: 100000, max_pending_requests: 100000, max_requests: 100000 }] },
+  };
+  preferStatic(cluster);
+  arrayAt(resources, 'clusters', 'static_resources').push(cluster);
+}
+
+function httpConnectionManager(listener: ConfigObject): ConfigObject {
+  const chains = arrayAt(listener, 'filter_chains', 'listener');
+  const chain = chains[0];
+  if (!isConfigObject(chain)) throw new AsbError('Invalid', 'Envoy template: the edge listener has no filter chain');
+  const hcm = namedEntry(arrayAt(chain, 'filters', 'filter_chains[0]'), 'envoy.filters.network.http_connection_manager', 'filter_chains[0].filters');
+  return objectAt(hcm, 'typed_config', 'http_connection_manager');
+}
+
+/** For tests and tools: a value somewhere in a config tree, by a path of keys and list indexes. */
+export function configAt(node: ConfigNode, ...path: (string | number)[]): ConfigNode | undefined {
+  let cur: ConfigNode | undefined = node;
+  for (const key of path) {
+    if (typeof key === 'number') cur = Array.isArray(cur) ? cur[key] : undefined;
+    else cur = isConfigObject(cur) ? cur[key] : undefined;
+    if (cur === undefined) return undefined;
+  }
+  return cur;
+}

@@ -1,0 +1,288 @@
+// An Envoy child process: writes the generated configuration under a state directory, starts
+// Envoy, waits until the admin API says /ready, and stops it (SIGTERM, then SIGKILL). It can be
+// restarted on the same ports, and killed to simulate a crash and started again.
+//
+// Files under stateDir: envoy.yaml (the generated config), envoy.log (Envoy's own log, appended
+// across restarts), access.log (one JSON line per request unless config.accessLogPath says
+// otherwise), admin.address (written by Envoy once its admin listener is bound).
+import { spawn, type ChildProcess } from 'node:child_process';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync, renameSync } from 'node:fs';
+import { join } from 'node:path';
+import { AsbError } from '../errors.ts';
+import { systemClock, type Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import { edgeConfigYaml, type EdgeConfigOptions } from './envoy-config.ts';
+import { findEnvoyBinary } from './envoy-binary.ts';
+
+export interface EnvoyProcessOptions {
+  /** Directory for the generated config, the admin address file and the logs. */
+  stateDir: string;
+  /** What to generate; ports may be 0 (chosen by the kernel, kept across restarts). */
+  config: EdgeConfigOptions;
+  logger: Logger;
+  clock?: Clock;
+  /** Envoy binary; default: the one in .venv/ (findEnvoyBinary). */
+  binary?: string;
+  /** Worker threads; default Envoy's (one per core). */
+  concurrency?: number;
+  /** Envoy's log level (trace…critical, off); default info: start-up and config problems only. */
+  logLevel?: string;
+  /** How long start() waits for /ready; default 20 s (Envoy is ready in ~0.3 s here; slow CI disks). */
+  readyTimeoutMs?: number;
+  /** How long close() waits after SIGTERM before SIGKILL; default 5 s. */
+  stopTimeoutMs?: number;
+  /** Called when Envoy exits without being asked to. */
+  onUnexpectedExit?: (code: number | null, signal: NodeJS.Signals | null) => void;
+}
+
+export interface EnvoyEndpoints {
+  /** http://127.0.0.1:<port> of the edge listener. */
+  edgeUrl: string;
+  edgePort: number;
+  adminUrl: string;
+  adminPort: number;
+  /** The static comparison listener, when config.static was given. */
+  staticUrl?: string;
+  staticPort?: number;
+}
+
+const POLL_MS = 20;
+
+export class EnvoyProcess {
+  readonly #opts: EnvoyProcessOptions;
+  readonly #clock: Clock;
+  readonly #log: Logger;
+  #config: EdgeConfigOptions;
+  #child: ChildProcess | undefined;
+  #exited: Promise<void> = Promise.resolve();
+  #stopping = false;
+  #closed = false;
+  #endpoints: EnvoyEndpoints | undefined;
+
+  constructor(opts: EnvoyProcessOptions) {
+    this.#opts = opts;
+    this.#clock = opts.clock ?? systemClock;
+    this.#log = opts.logger.child({ component: 'envoy' });
+    this.#config = { ...opts.config, accessLogPath: opts.config.accessLogPath ?? join(opts.stateDir, 'access.log') };
+  }
+
+  get configPath(): string {
+    return join(this.#opts.stateDir, 'envoy.yaml');
+  }
+
+  get logPath(): string {
+    return join(this.#opts.stateDir, 'envoy.log');
+  }
+
+  get accessLogPath(): string {
+    return this.#config.accessLogPath ?? join(this.#opts.stateDir, 'access.log');
+  }
+
+  /** Envoy's pid while it runs. */
+  get pid(): number | undefined {
+    return this.#child?.exitCode === null && this.#child.signalCode === null ? this.#child.pid : undefined;
+  }
+
+  get running(): boolean {
+    return this.pid !== undefined;
+  }
+
+  /** Addresses of the last successful start. */
+  get endpoints(): EnvoyEndpoints {
+    if (this.#endpoints === undefined) throw new AsbError('Unavailable', 'Envoy has not been started');
+    return this.#endpoints;
+  }
+
+  /** Starts Envoy and resolves once /ready answers 200; rejects (with the log's tail) if it exits first or is not ready in time. */
+  async start(): Promise<EnvoyEndpoints> {
+    if (this.#closed) throw new AsbError('Unavailable', 'Envoy process is closed');
+    if (this.#child !== undefined && this.running) throw new AsbError('Conflict', 'Envoy is already running');
+    const binary = this.#opts.binary ?? findEnvoyBinary();
+    mkdirSync(this.#opts.stateDir, { recursive: true });
+    const adminAddressPath = join(this.#opts.stateDir, 'admin.address');
+    rmSync(adminAddressPath, { force: true });
+    const yaml = edgeConfigYaml(this.#config);
+    writeFileSync(`${this.configPath}.tmp`, yaml);
+    renameSync(`${this.configPath}.tmp`, this.configPath);
+
+    const args = [
+      '-c', this.configPath,
+      // Hot restart needs a shared-memory region per base id: two Envoys on one machine (tests,
+      // `make up` beside a test run) would collide on base id 0. We restart by stop + start.
+      '--disable-hot-restart',
+      '--admin-address-path', adminAddressPath,
+      '--log-level', this.#opts.logLevel ?? 'info',
+      // Envoy flushes file logs every 10 s by default; someone tailing the access log locally
+      // (or a test reading it) should see a request within a second.
+      '--file-flush-interval-msec', '1000',
+      ...(this.#opts.concurrency === undefined ? [] : ['--concurrency', String(this.#opts.concurrency)]),
+    ];
+    // setpriv --pdeathsig: Envoy dies with us even if we are SIGKILLed, so no test run or crashed
+    // `make up` leaves an Envoy holding port 10000.
+    const [command, argv] = existsSync('/usr/bin/setpriv') ? ['/usr/bin/setpriv', ['--pdeathsig', 'SIGKILL', '--', binary, ...args]] : [binary, args];
+    const logFd = openSync(this.logPath, 'a');
+    let child: ChildProcess;
+    try {
+      child = spawn(command, argv, { stdio: ['ignore', logFd, logFd] });
+    } finally {
+      closeSync(logFd);
+    }
+    this.#child = child;
+    this.#stopping = false;
+    this.#exited = new Promise<void>((resolveExit) => {
+      child.once('exit', (code, signal) => {
+        if (!this.#stopping) {
+          this.#log.warn({ code, signal, log: this.logPath }, 'envoy exited unexpectedly');
+          this.#opts.onUnexpectedExit?.(code, signal);
+        }
+        resolveExit();
+      });
+    });
+    child.once('error', (err) => this.#log.error({ err }, 'envoy could not be spawned'));
+
+    try {
+      const adminUrl = await this.#waitReady(child, adminAddressPath);
+      this.#endpoints = await this.#readEndpoints(adminUrl);
+    } catch (err) {
+      await this.#stop(child);
+      throw err;
+    }
+    // Keep the chosen ports: a restart comes back where clients (and tests) expect it.
+    this.#config = {
+      ...this.#config,
+      listenPort: this.#endpoints.edgePort,
+      adminPort: this.#endpoints.adminPort,
+      ...(this.#config.static === undefined || this.#endpoints.staticPort === undefined
+        ? {}
+        : { static: { ...this.#config.static, listenPort: this.#endpoints.staticPort } }),
+    };
+    this.#log.info({ pid: child.pid, ...this.#endpoints }, 'envoy ready');
+    return this.#endpoints;
+  }
+
+  /** Stops Envoy gracefully and starts it again on the same ports. */
+  async restart(): Promise<EnvoyEndpoints> {
+    if (this.#child !== undefined) await this.#stop(this.#child);
+    return this.start();
+  }
+
+  /** Sends a signal to Envoy without stopping supervision (simulate a crash; start() again afterwards). */
+  async kill(signal: NodeJS.Signals = 'SIGKILL'): Promise<void> {
+    const child = this.#child;
+    if (child === undefined || !this.running) return;
+    this.#stopping = true;
+    child.kill(signal);
+    await this.#exited;
+  }
+
+  /** SIGTERM, SIGKILL after stopTimeoutMs; resolves when Envoy has exited. Idempotent. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    if (this.#child !== undefined) await this.#stop(this.#child);
+  }
+
+  /** Kills Envoy at once. Idempotent. */
+  destroy(): void {
+    this.#closed = true;
+    this.#stopping = true;
+    if (this.running) this.#child?.kill('SIGKILL');
+  }
+
+  /** Envoy's counters and gauges (`/stats`), e.g. `http.edge.ext_proc.streams_failed`. */
+  async stats(filter?: string): Promise<Map<string, number>> {
+    const query = filter === undefined ? '' : `?filter=${encodeURIComponent(filter)}`;
+    const text = await adminGet(`${this.endpoints.adminUrl}/stats${query}`);
+    const out = new Map<string, number>();
+    for (const line of text.split('\n')) {
+      const m = /^([^:\s]+): (\d+)$/.exec(line);
+      if (m?.[1] !== undefined) out.set(m[1], Number(m[2]));
+    }
+    return out;
+  }
+
+  async #stop(child: ChildProcess): Promise<void> {
+    if (child.exitCode !== null || child.signalCode !== null) return this.#exited;
+    this.#stopping = true;
+    child.kill('SIGTERM');
+    const timer = this.#clock.after(this.#opts.stopTimeoutMs ?? 5000, () => {
+      this.#log.warn({ pid: child.pid }, 'envoy did not stop after SIGTERM: killing it');
+      child.kill('SIGKILL');
+    });
+    await this.#exited;
+    timer.cancel();
+  }
+
+  async #waitReady(child: ChildProcess, adminAddressPath: string): Promise<string> {
+    const timeoutMs = this.#opts.readyTimeoutMs ?? 20_000;
+    const deadline = this.#clock.now() + timeoutMs;
+    let lastProblem = 'admin address not written yet';
+    for (;;) {
+      if (child.exitCode !== null || child.signalCode !== null) {
+        throw new AsbError('Unavailable', `Envoy exited (${child.signalCode ?? `code ${child.exitCode ?? '?'}`}) before it was ready; ${this.logPath} ends with:\n${logTail(this.logPath)}`);
+      }
+      if (existsSync(adminAddressPath)) {
+        const adminUrl = `http://${readFileSync(adminAddressPath, 'utf8').trim()}`;
+        try {
+          const res = await fetch(`${adminUrl}/ready`, { signal: AbortSignal.timeout(1000) });
+          await res.body?.cancel();
+          if (res.ok) return adminUrl;
+          lastProblem = `/ready answered ${res.status}`;
+        } catch (err) {
+          lastProblem = `/ready: ${(err as Error).message}`;
+        }
+      }
+      if (this.#clock.now() >= deadline) {
+        throw new AsbError('Timeout', `Envoy was not ready within ${timeoutMs} ms (${lastProblem}); see ${this.logPath}`);
+      }
+      await new Promise<void>((resolveDelay) => this.#clock.after(POLL_MS, resolveDelay));
+    }
+  }
+
+  async #readEndpoints(adminUrl: string): Promise<EnvoyEndpoints> {
+    const body = JSON.parse(await adminGet(`${adminUrl}/listeners?format=json`)) as {
+      listener_statuses?: { name?: string; local_address?: { socket_address?: { address?: string; port_value?: number } } }[];
+    };
+    const ports = new Map<string, { address: string; port: number }>();
+    for (const status of body.listener_statuses ?? []) {
+      const sa = status.local_address?.socket_address;
+      if (status.name !== undefined && sa?.port_value !== undefined) ports.set(status.name, { address: sa.address ?? '127.0.0.1', port: sa.port_value });
+    }
+    const edge = ports.get('edge');
+    if (edge === undefined) throw new AsbError('Internal', 'Envoy reports no "edge" listener');
+    const adminPort = Number(new URL(adminUrl).port);
+    const endpoints: EnvoyEndpoints = { edgeUrl: `http://${hostForUrl(edge.address)}:${edge.port}`, edgePort: edge.port, adminUrl, adminPort };
+    const staticListener = ports.get('static');
+    if (staticListener !== undefined) {
+      endpoints.staticUrl = `http://${hostForUrl(staticListener.address)}:${staticListener.port}`;
+      endpoints.staticPort = staticListener.port;
+    }
+    return endpoints;
+  }
+}
+
+/** A wildcard listen address is reached through loopback. */
+function hostForUrl(address: string): string {
+  if (address === '0.0.0.0') return '127.0.0.1';
+  if (address === '::') return '[::1]';
+  return address.includes(':') ? `[${address}]` : address;
+}
+
+async function adminGet(url: string): Promise<string> {
+  let res: Response;
+  try {
+    res = await fetch(url, { signal: AbortSignal.timeout(5000) });
+  } catch (err) {
+    throw new AsbError('Unavailable', `Envoy admin ${url}: ${(err as Error).message}`, { cause: err });
+  }
+  const text = await res.text();
+  if (!res.ok) throw new AsbError('Unavailable', `Envoy admin ${url} answered ${res.status}: ${text.slice(0, 200)}`);
+  return text;
+}
+
+function logTail(path: string): string {
+  try {
+    return readFileSync(path, 'utf8').split('\n').slice(-15).join('\n');
+  } catch {
+    return '(no log)';
+  }
+}
