@@ -167,6 +167,19 @@ test('/healthz needs no key, /metrics is Prometheus text that promtool accepts',
   assert.equal(check.code, 0, `promtool check metrics: ${check.output}`);
 });
 
+test('data plane: create returns accessToken and url; routers report activity and find the feed a WebSocket', async (t) => {
+  const fx = await start(t);
+  const api = client(fx);
+  const created = await api('POST', '/v1/sandboxes', { key: fx.keys.teamA, json: {} });
+  const view = created.json as View & { accessToken?: string; url?: string };
+  assert.match(view.accessToken ?? '', /^[A-Za-z0-9_-]{32}$/);
+  assert.equal(view.url, `http://49983-${view.id}.asb.localhost:10000`);
+  assert.deepEqual((await api('POST', '/v1/activity', { key: fx.keys.admin, json: { ids: [view.id] } })).json, { touched: 1 });
+  assert.equal((await api('POST', '/v1/activity', { key: fx.keys.teamA, json: { ids: [view.id] } })).status, 403, 'activity is for routers (admin keys)');
+  assert.equal((await api('GET', '/v1/routes/feed', { key: fx.keys.admin })).status, 400, 'the feed needs a WebSocket upgrade');
+  assert.equal((await api('GET', '/v1/routes/feed', { key: fx.keys.teamA })).status, 403);
+});
+
 test('docs/openapi.yaml documents exactly the routes the server registers, and the tests exercised them all', () => {
   assert.deepEqual(checker.operations(), registered);
   assert.deepEqual([...checker.exercised].sort(), registered);

@@ -36,6 +36,8 @@ export const ANNOTATION = {
   idleTimeoutMs: 'asb.dev/idle-timeout-ms',
   /** ISO time of the last activity seen (exec, files, API, data plane). */
   lastActivity: 'asb.dev/last-activity',
+  /** On a SandboxTemplate (copied to its sandboxes): ports reachable without the access token, e.g. "8080,3000". */
+  publicPorts: 'asb.dev/public-ports',
 } as const;
 
 // ---- Pod spec: the subset of corev1.PodSpec the local runtime honours; the rest is kept as-is.

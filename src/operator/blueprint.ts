@@ -2,7 +2,7 @@
 // the few facts about a Sandbox that several controllers read.
 import type { OwnerReference } from '../api/meta.ts';
 import { findCondition } from '../api/meta.ts';
-import { SandboxType, type Lifecycle, type Sandbox, type SandboxTemplate } from '../api/types.ts';
+import { ANNOTATION, SandboxType, type Lifecycle, type Sandbox, type SandboxTemplate } from '../api/types.ts';
 import { apiVersionOf } from '../api/meta.ts';
 
 /** Set by whoever creates a Sandbox (so no extra write); removed once the pod is gone. */
@@ -21,6 +21,9 @@ export interface SandboxParams {
 export function sandboxFromTemplate(template: SandboxTemplate, params: SandboxParams): Sandbox {
   const t = template.spec;
   const idleTimeoutMs = params.idleTimeoutMs ?? t.idleTimeoutMs;
+  // The route feed reads public ports from the sandbox itself, so the router never needs the template.
+  const publicPorts = template.metadata.annotations?.[ANNOTATION.publicPorts];
+  const annotations = publicPorts === undefined ? params.annotations : { ...params.annotations, [ANNOTATION.publicPorts]: publicPorts };
   return {
     apiVersion: apiVersionOf(SandboxType),
     kind: SandboxType.kind,
@@ -28,7 +31,7 @@ export function sandboxFromTemplate(template: SandboxTemplate, params: SandboxPa
       name: params.name,
       namespace: params.namespace,
       labels: params.labels,
-      ...(params.annotations === undefined ? {} : { annotations: params.annotations }),
+      ...(annotations === undefined ? {} : { annotations }),
       finalizers: [RUNTIME_FINALIZER],
       ...(params.ownerReferences === undefined ? {} : { ownerReferences: params.ownerReferences }),
     },

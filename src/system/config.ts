@@ -24,6 +24,10 @@ export interface WorkerConfig {
   readonly adminKeyFile: string | undefined;
   /** ASB_LOG_LEVEL / --log-level. Default info */
   readonly logLevel: string;
+  /** ASB_DOMAIN / --domain: sandboxes answer at <port>-<id>.<domain> through the edge. Default asb.localhost (resolves to loopback) */
+  readonly domain: string;
+  /** ASB_EDGE_URL / --edge-url: the edge (Envoy) base URL; its scheme and port go into sandbox URLs. Default http://127.0.0.1:10000 */
+  readonly edgeUrl: string;
 }
 
 const DEFAULTS = {
@@ -36,6 +40,8 @@ const DEFAULTS = {
   bridge: 'asb0',
   basePoolReplicas: '3',
   logLevel: 'info',
+  domain: 'asb.localhost',
+  edgeUrl: 'http://127.0.0.1:10000',
 } as const;
 
 type Key = keyof typeof DEFAULTS | 'adminKeyFile';
@@ -51,6 +57,8 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   basePoolReplicas: { env: 'ASB_BASE_POOL_REPLICAS', flag: 'base-pool' },
   adminKeyFile: { env: 'ASB_ADMIN_KEY_FILE', flag: 'admin-key-file' },
   logLevel: { env: 'ASB_LOG_LEVEL', flag: 'log-level' },
+  domain: { env: 'ASB_DOMAIN', flag: 'domain' },
+  edgeUrl: { env: 'ASB_EDGE_URL', flag: 'edge-url' },
 };
 
 export class ConfigError extends Error {
@@ -88,6 +96,13 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const bridge = str('bridge');
   if (!/^[a-z][a-z0-9]{0,11}$/.test(bridge)) problems.push(`${describe('bridge')} must be 1-12 characters [a-z0-9] starting with a letter, got "${bridge}"`);
 
+  const domain = str('domain');
+  if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)+$/.test(domain)) {
+    problems.push(`${describe('domain')} must be a lower-case DNS name with at least two labels such as asb.localhost, got "${domain}"`);
+  }
+  const edgeUrl = str('edgeUrl');
+  if (!isEdgeUrl(edgeUrl)) problems.push(`${describe('edgeUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:10000, got "${edgeUrl}"`);
+
   const adminKeyFile = raw('adminKeyFile');
   const config: WorkerConfig = {
     dataDir: resolve(str('dataDir')),
@@ -100,9 +115,20 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     basePoolReplicas: int('basePoolReplicas', 0, 1000),
     adminKeyFile: adminKeyFile === undefined ? undefined : resolve(adminKeyFile),
     logLevel: str('logLevel'),
+    domain,
+    edgeUrl: edgeUrl.replace(/\/$/, ''),
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);
+}
+
+function isEdgeUrl(text: string): boolean {
+  try {
+    const url = new URL(text);
+    return (url.protocol === 'http:' || url.protocol === 'https:') && url.pathname === '/' && url.search === '' && url.username === '';
+  } catch {
+    return false;
+  }
 }
 
 function describe(key: Key): string {

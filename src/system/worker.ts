@@ -17,6 +17,7 @@ import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
+import { createAccessTokens, loadClusterSecret } from '../worker/access-token.ts';
 import { createWorkerServer } from '../worker/server.ts';
 import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
@@ -67,8 +68,10 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     clock,
     cluster: { name: config.clusterName, tag: config.clusterTag },
     version: packageVersion(),
+    dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
   });
   const server = createServer(api.handler);
+  server.on('upgrade', api.upgrade);
   // Claims come in bursts of many short requests: keep connections alive past the default 5 s.
   server.keepAliveTimeout = 65_000;
   await listen(server, config.apiPort, config.apiHost);
@@ -85,6 +88,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     adminKey,
     close(opts = {}) {
       closing ??= (async () => {
+        // Route feed WebSockets first: an upgraded socket would keep server.close() waiting.
+        api.closeStreams();
         server.closeIdleConnections();
         await new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeAllConnections();

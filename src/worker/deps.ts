@@ -8,6 +8,7 @@ import type { PodRuntime } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
+import type { AccessTokens } from './access-token.ts';
 import type { SandboxIndex } from './sandbox-index.ts';
 
 export interface ClaimRequest {
@@ -51,6 +52,23 @@ export interface WorkerLimits {
   execOutputBytes: number;
 }
 
+/** How users reach sandboxes through the edge: `<scheme>://<port>-<id>.<domain>[:<edge port>]`. */
+export interface DataPlane {
+  /** ASB_DOMAIN; default asb.localhost (every *.localhost name resolves to loopback). */
+  domain: string;
+  /** ASB_EDGE_URL; its scheme and port go into sandbox URLs. Default http://127.0.0.1:10000 */
+  edgeUrl: string;
+  /** Data-plane access tokens; default: a secret made for this process (tokens change on restart). */
+  tokens: AccessTokens;
+}
+
+export interface RouteFeedLimits {
+  /** Drop a router whose socket holds more than this beyond its snapshot; default 16 MiB. */
+  maxBufferedBytes?: number;
+  /** WebSocket ping interval on the feed; default 10 s. */
+  pingIntervalMs?: number;
+}
+
 export interface WorkerDeps {
   store: ObjectStore;
   runtime: PodRuntime;
@@ -66,6 +84,8 @@ export interface WorkerDeps {
   /** Namespace of sandboxes created without one. */
   defaultNamespace?: string;
   limits?: Partial<WorkerLimits>;
+  dataPlane?: Partial<DataPlane>;
+  routeFeed?: RouteFeedLimits;
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
@@ -81,4 +101,5 @@ export interface WorkerContext {
   defaultNamespace: string;
   limits: WorkerLimits;
   index: SandboxIndex;
+  dataPlane: DataPlane;
 }

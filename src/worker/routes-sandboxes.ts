@@ -9,7 +9,7 @@ import type { ClaimRequest, WorkerContext } from './deps.ts';
 import { checkBody, queryInt } from './input.ts';
 import { checkSelector, userLabelProblems } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
-import { sandboxView, type SandboxView } from './views.ts';
+import { reachableView, sandboxView, type SandboxView } from './views.ts';
 
 // A year: anything longer is a typo, and shutdownTime must stay a valid ISO date.
 const MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000;
@@ -29,8 +29,9 @@ const CREATE_BODY = {
 const RESUME_BODY = { wait: { kind: 'boolean' } } as const;
 const TIMEOUT_BODY = { timeoutMs: { kind: 'integer', required: true, min: 1, max: MAX_TIMEOUT_MS } } as const;
 
-function viewReply(status: number, view: SandboxView): Reply {
-  return { status, json: view };
+/** A reply about one sandbox: its view, the URL to reach it and (unless `withToken` is false) its access token. */
+function viewReply(w: WorkerContext, status: number, sandbox: Sandbox, view: SandboxView = sandboxView(sandbox), withToken = true): Reply {
+  return { status, json: reachableView(view, sandbox, w.dataPlane, withToken) };
 }
 
 /** Read-modify-write with retry on Conflict; 404 if the sandbox went away meanwhile. */
@@ -70,7 +71,7 @@ async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   if ((body.wait ?? true) && !sandboxView(sandbox).ready) {
     sandbox = await w.operator.claimer.waitReady(namespace, sandbox.metadata.name, w.limits.waitReadyMs);
   }
-  return viewReply(201, { ...sandboxView(sandbox), launchType: claimed.launch });
+  return viewReply(w, 201, sandbox, { ...sandboxView(sandbox), launchType: claimed.launch });
 }
 
 async function list(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
@@ -103,12 +104,13 @@ async function list(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   if (cont !== null && cont !== '') opts.continue = cont;
   const page = await w.store.list<Sandbox>(SandboxType, opts);
   // phase is status, not a label: filtered per page, so a page may hold fewer than `limit`.
-  const items = page.items.map(sandboxView).filter((v) => phase === null || phase === '' || v.phase === phase);
+  // Lists carry no tokens: a page of 1,000 tokens is one log line away from a leak.
+  const items = page.items.map((s) => reachableView(sandboxView(s), s, w.dataPlane, false)).filter((v) => phase === null || phase === '' || v.phase === phase);
   return { status: 200, json: page.continue === undefined ? { items } : { items, continue: page.continue } };
 }
 
 async function get(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
-  return viewReply(200, sandboxView(await findSandbox(w, ctx, ctx.params.id ?? '')));
+  return viewReply(w, 200, await findSandbox(w, ctx, ctx.params.id ?? ''));
 }
 
 async function remove(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
@@ -120,14 +122,14 @@ async function remove(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     if (isAsbError(err, 'NotFound')) throw sandboxNotFound(sandbox.metadata.name);
     throw err;
   }
-  return viewReply(202, { ...sandboxView(deleted), phase: 'Terminating', ready: false });
+  return viewReply(w, 202, deleted, { ...sandboxView(deleted), phase: 'Terminating', ready: false }, false);
 }
 
 async function pause(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
   checkBody(await readJson(ctx.req, w.limits.jsonBytes), {});
   const updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Suspended', replicas: 0 } }));
-  return viewReply(200, sandboxView(updated));
+  return viewReply(w, 200, updated);
 }
 
 async function resume(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
@@ -138,7 +140,7 @@ async function resume(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   if ((body.wait ?? true) && !sandboxView(updated).ready) {
     updated = await w.operator.claimer.waitReady(updated.metadata.namespace ?? w.defaultNamespace, updated.metadata.name, w.limits.waitReadyMs);
   }
-  return viewReply(200, sandboxView(updated));
+  return viewReply(w, 200, updated);
 }
 
 async function timeout(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
@@ -149,7 +151,7 @@ async function timeout(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     ...s,
     spec: { ...s.spec, lifecycle: { ...s.spec.lifecycle, shutdownTime, shutdownPolicy: 'Delete' } },
   }));
-  return viewReply(200, sandboxView(updated));
+  return viewReply(w, 200, updated);
 }
 
 export function sandboxRoutes(w: WorkerContext): Route[] {

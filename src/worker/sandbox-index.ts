@@ -43,6 +43,11 @@ export class SandboxIndex {
     return undefined;
   }
 
+  /** Whether a sandbox with this id exists, as far as the watch has seen (no store read). */
+  has(id: string): boolean {
+    return this.#namespaces.has(id);
+  }
+
   remember(id: string, namespace: string): void {
     this.#namespaces.set(id, namespace);
   }

@@ -2,19 +2,28 @@
 // request pipeline: authenticate → route → handler → reply, with every error converted once
 // into application/problem+json and every request counted by route pattern and status.
 //
-// Shutdown order in close(): stop accepting connections, end idle keep-alive sockets, wait for
-// in-flight requests, then stop the sandbox index watch. The key ring and the store belong to
+// WebSocket upgrades (the route feed) go through `upgrade`, which a caller that owns its server
+// attaches to the server's 'upgrade' event.
+//
+// Shutdown order in close(): close the route feed's WebSockets (an upgraded socket would keep
+// server.close() waiting forever), stop accepting connections, end idle keep-alive sockets, wait
+// for in-flight requests, then stop the sandbox index watch. The key ring and the store belong to
 // the caller and are closed by it afterwards.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
 import type { AddressInfo } from 'node:net';
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { AsbError } from '../errors.ts';
 import { systemClock } from '../system/clock.ts';
+import { createAccessTokens } from './access-token.ts';
 import { DEFAULT_JSON_LIMIT_BYTES, DEFAULT_UPLOAD_LIMIT_BYTES } from './body.ts';
-import type { WorkerContext, WorkerDeps, WorkerLimits } from './deps.ts';
+import type { DataPlane, WorkerContext, WorkerDeps, WorkerLimits } from './deps.ts';
+import { AUTH_HINT, presentedKey } from './presented-key.ts';
 import { toAsbError, writeProblem } from './problem.ts';
 import { createRouter, type Reply, type Route, type Router } from './router.ts';
 import { objectRoutes } from './routes-objects.ts';
+import { activityRoutes } from './routes-activity.ts';
+import { createFeedUpgrade, feedRoutes, RouteFeed } from './route-feed.ts';
 import { fileRoutes } from './routes-files.ts';
 import { sandboxRoutes } from './routes-sandboxes.ts';
 import { systemRoutes } from './routes-system.ts';
@@ -25,6 +34,12 @@ export interface WorkerServer {
   handler: (req: IncomingMessage, res: ServerResponse) => void;
   /** Every registered route (method + pattern), e.g. to check the OpenAPI file covers them. */
   routes: readonly Pick<Route, 'method' | 'pattern'>[];
+  /** The node:http 'upgrade' listener (WebSocket endpoints: the route feed). */
+  upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void;
+  /** Closes long-lived upgraded connections (route feeds), so the caller's server.close() can finish. Idempotent. */
+  closeStreams(): void;
+  /** The route feed, e.g. for its connection count. */
+  readonly routeFeed: RouteFeed;
   /** Starts an HTTP server on host:port (port 0 picks a free one). */
   listen(port: number, host?: string): Promise<AddressInfo>;
   /** Idempotent. */
@@ -37,18 +52,6 @@ const DEFAULT_LIMITS: WorkerLimits = {
   waitReadyMs: 60_000,
   execOutputBytes: 8 * 1024 * 1024,
 };
-
-const AUTH_HINT = 'pass an API key as "Authorization: Bearer asb_<prefix>_<secret>" or "X-API-Key: asb_<prefix>_<secret>"';
-
-function presentedKey(req: IncomingMessage): string | undefined {
-  const header = req.headers.authorization;
-  if (header !== undefined) {
-    const m = /^Bearer\s+(\S+)\s*$/i.exec(header);
-    return m?.[1] ?? '';
-  }
-  const apiKey = req.headers['x-api-key'];
-  return typeof apiKey === 'string' ? apiKey.trim() : undefined;
-}
 
 function writeReply(res: ServerResponse, reply: Reply): void {
   if ('json' in reply) {
@@ -68,6 +71,25 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   const log = deps.log.child({ component: 'worker-api' });
   const clock = deps.clock ?? systemClock;
   const index = await SandboxIndex.open(deps.store, log, clock);
+  const dataPlane: DataPlane = Object.freeze({
+    domain: deps.dataPlane?.domain ?? 'asb.localhost',
+    edgeUrl: deps.dataPlane?.edgeUrl ?? 'http://127.0.0.1:10000',
+    tokens: deps.dataPlane?.tokens ?? createAccessTokens(randomBytes(32)),
+  });
+  const routeFeed = await RouteFeed.open({
+    store: deps.store,
+    cluster: deps.cluster.name,
+    tokens: dataPlane.tokens,
+    log,
+    clock,
+    registry: deps.registry,
+    ...deps.routeFeed,
+  });
+  const feedUpgrade = createFeedUpgrade({ feed: routeFeed, auth: deps.auth, log });
+  const closeStreams = (): void => {
+    feedUpgrade.close();
+    routeFeed.close();
+  };
   const w: WorkerContext = Object.freeze({
     store: deps.store,
     runtime: deps.runtime,
@@ -80,8 +102,9 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     defaultNamespace: deps.defaultNamespace ?? 'default',
     limits: Object.freeze({ ...DEFAULT_LIMITS, ...deps.limits }),
     index,
+    dataPlane,
   });
-  const router: Router = createRouter([...systemRoutes(w), ...objectRoutes(w), ...sandboxRoutes(w), ...fileRoutes(w)]);
+  const router: Router = createRouter([...systemRoutes(w), ...objectRoutes(w), ...sandboxRoutes(w), ...fileRoutes(w), ...activityRoutes(w), ...feedRoutes()]);
   const requests = deps.metrics.httpRequestsTotal;
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<string> {
@@ -140,9 +163,13 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   return {
     handler,
     routes: router.routes.map((r) => ({ method: r.method, pattern: r.pattern })),
+    upgrade: feedUpgrade.handle,
+    closeStreams,
+    routeFeed,
     listen(port, host = '127.0.0.1') {
       if (server !== undefined) return Promise.reject(new Error('worker API is already listening'));
       const s = createServer(handler);
+      s.on('upgrade', feedUpgrade.handle);
       server = s;
       return new Promise<AddressInfo>((resolve, reject) => {
         s.once('error', reject);
@@ -154,6 +181,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     },
     close() {
       closing ??= (async () => {
+        closeStreams();
         const s = server;
         if (s !== undefined) {
           const closed = new Promise<void>((resolve) => s.close(() => resolve()));

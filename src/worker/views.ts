@@ -1,8 +1,11 @@
 // SandboxView: the flat shape the REST API and the CLI show for a sandbox, derived from the
-// Sandbox object (labels, spec, status) so it never disagrees with what the operator wrote.
+// Sandbox object (labels, spec, status) so it never disagrees with what the operator wrote, plus
+// how to reach it through the edge (URL, ports, and for its owner the data-plane access token).
 import { findCondition } from '../api/meta.ts';
 import type { Sandbox, SandboxPhase } from '../api/types.ts';
 import { ANNOTATION, LABEL } from '../api/types.ts';
+import type { DataPlane } from './deps.ts';
+import { defaultPortOf, publicPortsOf } from './route-entry.ts';
 
 export interface SandboxView {
   id: string;
@@ -18,6 +21,35 @@ export interface SandboxView {
   shutdownTime?: string;
   idleTimeoutMs?: number;
   message?: string;
+  /** Data-plane access token (X-Access-Token header or the asb_access cookie); single-sandbox responses only. */
+  accessToken?: string;
+  /** Sandbox hosts are `<port>-<id>.<domain>`. */
+  domain?: string;
+  /** The port `<id>.<domain>` and `url` reach. */
+  defaultPort?: number;
+  /** Ports that answer without the access token. */
+  publicPorts?: number[];
+  /** The sandbox's URL for defaultPort through the edge. */
+  url?: string;
+}
+
+/** `<scheme>://<port>-<id>.<domain>[:<edge port>]`: the edge's scheme and port, the sandbox's host name. */
+export function sandboxUrl(dp: Pick<DataPlane, 'domain' | 'edgeUrl'>, id: string, port: number): string {
+  const edge = new URL(dp.edgeUrl);
+  return `${edge.protocol}//${port}-${id}.${dp.domain}${edge.port === '' ? '' : `:${edge.port}`}`;
+}
+
+/** The view with how to reach the sandbox; `withToken` only for responses about one sandbox to its owner or an admin. */
+export function reachableView(view: SandboxView, sandbox: Sandbox, dp: DataPlane, withToken: boolean): SandboxView {
+  const defaultPort = defaultPortOf(sandbox);
+  return {
+    ...view,
+    ...(withToken ? { accessToken: dp.tokens.accessToken(sandbox.metadata.name) } : {}),
+    domain: dp.domain,
+    defaultPort,
+    publicPorts: publicPortsOf(sandbox),
+    url: sandboxUrl(dp, sandbox.metadata.name, defaultPort),
+  };
 }
 
 function idleTimeoutOf(sandbox: Sandbox): number | undefined {

@@ -1,0 +1,86 @@
+// What the data plane needs to know about one sandbox, derived from the Sandbox object alone
+// (so the route feed never reads a template): its state for routing, the pod address, the port
+// behind `<sandboxId>.<domain>`, the ports open without a token, and its token hash.
+import type { Sandbox } from '../api/types.ts';
+import { ANNOTATION, LABEL } from '../api/types.ts';
+import { DEFAULT_SANDBOX_PORT, type RouteEntry } from '../router/contract.ts';
+import type { AccessTokens } from './access-token.ts';
+
+/** The port `<sandboxId>.<domain>` reaches: the main (first) container's first declared port, else 49983 (envd's). */
+export function defaultPortOf(sandbox: Sandbox): number {
+  return sandbox.spec.podTemplate.spec.containers[0]?.ports?.[0]?.containerPort ?? DEFAULT_SANDBOX_PORT;
+}
+
+/**
+ * Ports from the `asb.dev/public-ports` annotation ("8080, 3000"), sorted, without duplicates.
+ * Items that are not a port number are skipped: a typo must never make a private port public,
+ * and skipping can only make fewer ports public.
+ */
+export function publicPortsOf(sandbox: Pick<Sandbox, 'metadata'>): number[] {
+  const raw = sandbox.metadata.annotations?.[ANNOTATION.publicPorts];
+  if (raw === undefined) return [];
+  const ports = new Set<number>();
+  for (const item of raw.split(',')) {
+    const text = item.trim();
+    const port = Number(text);
+    if (/^\d{1,5}$/.test(text) && port >= 1 && port <= 65535) ports.add(port);
+  }
+  return [...ports].sort((a, b) => a - b);
+}
+
+/** The routing state of a sandbox; a request to a `hibernated` one wakes it. */
+export function routeStateOf(sandbox: Sandbox): RouteEntry['state'] {
+  switch (sandbox.status?.phase) {
+    case 'Running':
+      // The operator writes Running only with the Ready condition; without an address there is nowhere to send traffic yet.
+      return sandbox.status.podIPs?.[0] === undefined ? 'starting' : 'running';
+    case 'Hibernating':
+    case 'Hibernated':
+      return 'hibernated';
+    case 'Failed':
+      return 'failed';
+    case 'Expired':
+      return 'expired';
+    default:
+      return 'starting';
+  }
+}
+
+/**
+ * The route entry of a sandbox, or undefined when it must not be routable: an unclaimed warm pool
+ * member (no owner yet, so no user can hold its token) or one being deleted (it stops answering
+ * at once rather than when its finalizer is gone).
+ */
+export function routeEntryOf(sandbox: Sandbox, cluster: string, tokens: AccessTokens): RouteEntry | undefined {
+  const owner = sandbox.metadata.labels?.[LABEL.owner];
+  if (owner === undefined || owner === '' || sandbox.metadata.deletionTimestamp !== undefined) return undefined;
+  const id = sandbox.metadata.name;
+  const state = routeStateOf(sandbox);
+  const podIp = sandbox.status?.podIPs?.[0];
+  const entry: RouteEntry = {
+    id,
+    cluster,
+    state,
+    defaultPort: defaultPortOf(sandbox),
+    publicPorts: publicPortsOf(sandbox),
+    tokenHash: tokens.tokenHashOf(id),
+    owner,
+  };
+  if (state === 'running' && podIp !== undefined) entry.podIp = podIp;
+  return entry;
+}
+
+/** Field-by-field equality: the feed sends a delta only when the entry really changed. */
+export function sameEntry(a: RouteEntry, b: RouteEntry): boolean {
+  return (
+    a.id === b.id &&
+    a.cluster === b.cluster &&
+    a.podIp === b.podIp &&
+    a.state === b.state &&
+    a.defaultPort === b.defaultPort &&
+    a.tokenHash === b.tokenHash &&
+    a.owner === b.owner &&
+    a.publicPorts.length === b.publicPorts.length &&
+    a.publicPorts.every((p, i) => p === b.publicPorts[i])
+  );
+}
