@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { WebSocket, WebSocketServer } from 'ws';
 import { isAsbError } from '../src/errors.ts';
 import { ENVOY_VERSION, envoyVersion, findEnvoyBinary } from '../src/edge/envoy-binary.ts';
-import { configAt, edgeConfig, edgeConfigYaml, INGRESS_TEMPLATE_PATH, type EdgeConfigOptions } from '../src/edge/envoy-config.ts';
+import { configAt, EDGE_TEMPLATE_PATH, edgeConfig, edgeConfigYaml, INGRESS_TEMPLATE_PATH, type EdgeConfigOptions } from '../src/edge/envoy-config.ts';
 import { fillTemplate, parseTemplate, placeholdersIn } from '../src/edge/envoy-template.ts';
 import { EnvoyProcess } from '../src/edge/envoy-process.ts';
 import { silentLogger } from '../src/system/log.ts';
@@ -113,6 +113,9 @@ test('the generated edge config fails closed, names a cluster per worker and pas
   assert.equal(byName.get('api-local')?.type, 'STATIC');
   assert.equal(byName.get('api-eu-1')?.type, 'STRICT_DNS');
   assert.equal(byName.get('sandbox')?.type, 'ORIGINAL_DST');
+  const guard = ['layered_runtime', 'layers', 0, 'static_layer', 'envoy.reloadable_features.ext_proc_graceful_grpc_close'];
+  assert.equal(configAt(config, ...guard), false, "Envoy's RST-per-stream default");
+  assert.equal(configAt(edgeConfig({ ...opts, gracefulClose: true }), ...guard), true);
   const text = edgeConfigYaml(opts);
   assert.doesNotMatch(text, /\{\{/);
   assert.match(await validate(text, stateDir(t)), /OK/);
@@ -206,7 +209,30 @@ test('Envoy starts from the generated config, serves the static route and fails 
   assert.match(readFileSync(envoy.accessLogPath, 'utf8'), /"status":503,"time".*"upstream_cluster":null/);
 });
 
-test('WebSocket upgrades pass the edge connection manager (static listener)', async (t) => {
+test('the pod never sees x-asb-dst or x-asb-upstream (shown with the filter made to fail open)', async (t) => {
+  // Fail-open is exactly what production must never do: here it lets a client's own routing
+  // headers drive the sandbox cluster without a router, which shows both where they lead and that
+  // Envoy strips them before the upstream.
+  const upstream = await startUpstream(t);
+  const edgeTemplate = readFileSync(EDGE_TEMPLATE_PATH, 'utf8');
+  assert.match(edgeTemplate, /failure_mode_allow: false\n/);
+  const envoy = await startEnvoy(t, {
+    listenPort: 0,
+    adminPort: 0,
+    routerAddress: `127.0.0.1:${await closedPort()}`,
+    workers: [],
+    templateText: edgeTemplate.replace('failure_mode_allow: false\n', 'failure_mode_allow: true\n'),
+  });
+  const res = await fetch(`${envoy.endpoints.edgeUrl}/steered`, { headers: { 'x-asb-upstream': 'sandbox', 'x-asb-dst': upstream.address, 'x-asb-sandbox-id': 'abc' } });
+  assert.equal(await res.text(), 'upstream saw GET /steered');
+  const seen = upstream.seen.at(-1) ?? {};
+  assert.equal(seen['x-asb-dst'], undefined);
+  assert.equal(seen['x-asb-upstream'], undefined);
+  // The sandbox id header is meant for the sandbox and passes.
+  assert.equal(seen['x-asb-sandbox-id'], 'abc');
+});
+
+test('WebSocket upgrades pass the edge connection manager (static listener); the graceful-close guard reaches Envoy', async (t) => {
   const upstream = await startUpstream(t);
   const envoy = await startEnvoy(t, {
     listenPort: 0,
@@ -214,7 +240,10 @@ test('WebSocket upgrades pass the edge connection manager (static listener)', as
     routerAddress: `127.0.0.1:${await closedPort()}`,
     workers: [],
     static: { listenPort: 0, upstreamAddress: upstream.address },
+    gracefulClose: true,
   });
+  const runtime = (await (await fetch(`${envoy.endpoints.adminUrl}/runtime`)).json()) as { entries: Record<string, { final_value?: string }> };
+  assert.equal(runtime.entries['envoy.reloadable_features.ext_proc_graceful_grpc_close']?.final_value, 'true');
   const ws = new WebSocket(`${(envoy.endpoints.staticUrl ?? '').replace('http', 'ws')}/term`);
   t.after(() => ws.terminate());
   await new Promise<void>((resolve, reject) => {
