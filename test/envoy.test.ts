@@ -300,3 +300,15 @@ test('an Envoy that cannot start reports why, with its log', async (t) => {
   await assert.rejects(envoy.start(), (err: unknown) => isAsbError(err) && /address already in use|cannot bind/i.test(err.message));
   assert.equal(envoy.running, false);
 });
+
+test('a binary that cannot be executed is an Unavailable error, not a hang', async (t) => {
+  const envoy = new EnvoyProcess({
+    stateDir: stateDir(t),
+    config: { listenPort: 0, adminPort: 0, routerAddress: '127.0.0.1:9002', workers: [] },
+    logger: silentLogger(),
+    binary: '/nonexistent/envoy',
+  });
+  t.after(() => envoy.close());
+  await assert.rejects(envoy.start(), (err: unknown) => isAsbError(err, 'Unavailable'));
+  assert.equal(envoy.running, false);
+});

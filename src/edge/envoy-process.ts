@@ -129,6 +129,7 @@ export class EnvoyProcess {
     }
     this.#child = child;
     this.#stopping = false;
+    let spawnError: Error | undefined;
     this.#exited = new Promise<void>((resolveExit) => {
       child.once('exit', (code, signal) => {
         if (!this.#stopping) {
@@ -137,11 +138,16 @@ export class EnvoyProcess {
         }
         resolveExit();
       });
+      // A process that never started emits 'error' and no 'exit'.
+      child.once('error', (err) => {
+        spawnError = err;
+        this.#log.error({ err }, 'envoy could not be spawned');
+        if (child.pid === undefined) resolveExit();
+      });
     });
-    child.once('error', (err) => this.#log.error({ err }, 'envoy could not be spawned'));
 
     try {
-      const adminUrl = await this.#waitReady(child, adminAddressPath);
+      const adminUrl = await this.#waitReady(child, adminAddressPath, () => spawnError);
       this.#endpoints = await this.#readEndpoints(adminUrl);
     } catch (err) {
       await this.#stop(child);
@@ -201,7 +207,7 @@ export class EnvoyProcess {
   }
 
   async #stop(child: ChildProcess): Promise<void> {
-    if (child.exitCode !== null || child.signalCode !== null) return this.#exited;
+    if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return this.#exited;
     this.#stopping = true;
     child.kill('SIGTERM');
     const timer = this.#clock.after(this.#opts.stopTimeoutMs ?? 5000, () => {
@@ -212,11 +218,13 @@ export class EnvoyProcess {
     timer.cancel();
   }
 
-  async #waitReady(child: ChildProcess, adminAddressPath: string): Promise<string> {
+  async #waitReady(child: ChildProcess, adminAddressPath: string, spawnError: () => Error | undefined): Promise<string> {
     const timeoutMs = this.#opts.readyTimeoutMs ?? 20_000;
     const deadline = this.#clock.now() + timeoutMs;
     let lastProblem = 'admin address not written yet';
     for (;;) {
+      const failed = spawnError();
+      if (failed !== undefined) throw new AsbError('Unavailable', `Envoy could not be started: ${failed.message}`, { cause: failed });
       if (child.exitCode !== null || child.signalCode !== null) {
         throw new AsbError('Unavailable', `Envoy exited (${child.signalCode ?? `code ${child.exitCode ?? '?'}`}) before it was ready; ${this.logPath} ends with:\n${logTail(this.logPath)}`);
       }
