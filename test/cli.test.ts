@@ -337,6 +337,15 @@ test('end to end: apply, create, ls, exec, pause, resume, status, rm against a r
   assert.equal(sb.ready, true);
   assert.equal(sb.labels.task, 'e2e');
   assert.ok(sb.shutdownTime !== undefined);
+  const reach = JSON.parse(created.stdout) as { accessToken?: string; url?: string };
+  assert.match(reach.accessToken ?? '', /^[A-Za-z0-9_-]{32}$/, 'create --json carries the data-plane access token');
+  assert.equal(reach.url, `http://49983-${sb.id}.asb.localhost:10000`, 'and the URL through the edge (defaults: asb.localhost, 127.0.0.1:10000)');
+  const url = await run(['url', sb.id, '--port', '8080']);
+  assert.deepEqual([url.code, url.stdout], [0, `http://8080-${sb.id}.asb.localhost:10000\n`]);
+  const urlJson = await run(['url', sb.id, '--json']);
+  assert.deepEqual(JSON.parse(urlJson.stdout), { url: reach.url, port: 49983, accessToken: reach.accessToken });
+  const badPort = await run(['url', sb.id, '--port', '70000']);
+  assert.equal(badPort.code, 2, 'a port out of range is a usage error');
 
   const listed = await run(['ls', '--json', '-l', 'task=e2e', '--all-pages']);
   assert.equal(listed.code, 0, listed.stderr);

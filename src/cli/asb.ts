@@ -10,7 +10,7 @@ import { GLOBAL_OPTIONS, UsageError, ValueError } from './args.ts';
 import { EXIT, type CliIo, type Command, type CommandContext } from './command.ts';
 import { applyCommand } from './commands-apply.ts';
 import { execCommand, filesCommand } from './commands-exec.ts';
-import { createCommand, getCommand, lsCommand, pauseCommand, resumeCommand, rmCommand } from './commands-sandbox.ts';
+import { createCommand, getCommand, lsCommand, pauseCommand, resumeCommand, rmCommand, urlCommand } from './commands-sandbox.ts';
 import { statusCommand, upCommand } from './commands-system.ts';
 import { ClientConfigError, resolveClientConfig } from './env-file.ts';
 import { formatError } from './output.ts';
@@ -22,6 +22,7 @@ export const COMMANDS: readonly Command[] = [
   createCommand,
   lsCommand,
   getCommand,
+  urlCommand,
   execCommand,
   pauseCommand,
   resumeCommand,

@@ -1,4 +1,4 @@
-// Sandbox lifecycle commands: create, ls, get, pause, resume, rm.
+// Sandbox lifecycle commands: create, ls, get, url, pause, resume, rm.
 import { ApiUnreachableError, type ApiClient, type SandboxView } from '../client/api-client.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import { boolOpt, parseCommandArgs, parseDuration, parseKeyValues, stringList, stringOpt, UsageError } from './args.ts';
@@ -20,7 +20,7 @@ export const createCommand: Command = {
   --idle-timeout DUR     hibernate after this long without activity
   --no-wait              return at once instead of when the sandbox is Ready
   --no-cold-start        fail instead of starting a cold sandbox when the pool is empty
-  --json                 print the sandbox as JSON (has "id")
+  --json                 print the sandbox as JSON (has "id", "url" and "accessToken")
 
 Example:
   asb create --template base --label task=demo --timeout 1h`,
@@ -133,6 +133,40 @@ export const getCommand: Command = {
   },
 };
 
+export const urlCommand: Command = {
+  name: 'url',
+  summary: "Print a sandbox's URL through the edge (for its default port or --port)",
+  usage: 'asb url <id> [--port N] [--json]',
+  help: `Sandboxes answer at <port>-<id>.<domain> through the edge; requests must carry the
+sandbox's access token in an X-Access-Token header unless the template made the port public.
+
+Options:
+  -p, --port N           the port inside the sandbox (default: the template's first port, else 49983)
+  --json                 print {url, port, accessToken}
+
+Example:
+  curl -H "X-Access-Token: $(asb url <id> --json | jq -r .accessToken)" "$(asb url <id> --port 8080)"`,
+  options: { ...JSON_FLAG, port: { type: 'string', short: 'p' } },
+  async run(argv, ctx) {
+    const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
+    const id = singleId(positionals, this.usage);
+    const portText = stringOpt(values, 'port');
+    const port = portText === undefined ? undefined : Number(portText);
+    if (port !== undefined && (!/^\d+$/.test(portText ?? '') || port < 1 || port > 65535)) throw new UsageError(`--port must be a port number from 1 to 65535, got "${portText ?? ''}"`, this.usage);
+    const sb = await ctx.client(global).getSandbox(id);
+    if (sb.url === undefined || sb.defaultPort === undefined) throw new AsbError('Unavailable', `the worker did not return a URL for ${id}; it predates the data plane, upgrade it`);
+    const url = sandboxUrlFor(sb.url, sb.defaultPort, port ?? sb.defaultPort);
+    if (values.json === true) writeJson(ctx.io.stdout, { url, port: port ?? sb.defaultPort, ...(sb.accessToken === undefined ? {} : { accessToken: sb.accessToken }) });
+    else ctx.io.stdout.write(`${url}\n`);
+    return EXIT.ok;
+  },
+};
+
+/** The worker's URL is <scheme>://<defaultPort>-<id>.<domain>[:<edge port>]; another port swaps the leading label's port. */
+export function sandboxUrlFor(defaultUrl: string, defaultPort: number, port: number): string {
+  return defaultUrl.replace(`//${defaultPort}-`, `//${port}-`);
+}
+
 export function describeSandbox(sb: SandboxView, nowMs: number): string {
   const labels = Object.entries(sb.labels).map(([k, v]) => `${k}=${v}`).join(',');
   return formatFields([
@@ -148,6 +182,8 @@ export function describeSandbox(sb: SandboxView, nowMs: number): string {
     ['shutdown', sb.shutdownTime],
     ['idle timeout', sb.idleTimeoutMs === undefined ? undefined : `${sb.idleTimeoutMs}ms`],
     ['labels', labels === '' ? undefined : labels],
+    ['url', sb.url],
+    ['public ports', sb.publicPorts === undefined || sb.publicPorts.length === 0 ? undefined : sb.publicPorts.join(',')],
     ['message', sb.message],
   ]);
 }

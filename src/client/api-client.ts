@@ -23,6 +23,13 @@ export interface SandboxView {
   shutdownTime?: string;
   idleTimeoutMs?: number;
   message?: string;
+  /** Data-plane access token (X-Access-Token); in single-sandbox responses only. */
+  accessToken?: string;
+  domain?: string;
+  defaultPort?: number;
+  publicPorts?: number[];
+  /** The sandbox through the edge at defaultPort: <scheme>://<defaultPort>-<id>.<domain>[:<port>] */
+  url?: string;
 }
 
 export interface StatusView {
