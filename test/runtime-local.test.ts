@@ -3,7 +3,7 @@
 // never collides with a running worker (10.213.0.0/16 on asb0).
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { get } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -301,4 +301,30 @@ test('argv and env reach the container byte for byte: spaces, quotes, newlines, 
   assert.equal(text(await rt.readFile('argv1', '/tmp/argc')), String(args.length));
   for (const [i, arg] of args.entries()) assert.equal(text(await rt.readFile('argv1', `/tmp/arg${i}`)), arg);
   assert.equal(text(await rt.readFile('argv1', '/tmp/env')), 'a=b\nc "d" ✓');
+});
+
+/** Pids whose command line names this pod's dir: its pod-init shim and init. */
+async function podProcesses(id: string): Promise<number[]> {
+  const pids: number[] = [];
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const cmdline = await readFile(`/proc/${entry}/cmdline`, 'utf8').catch(() => '');
+    if (cmdline.includes(`\0${join(root, 'pods', id)}\0`)) pids.push(Number(entry));
+  }
+  return pids;
+}
+
+// Regression: a launcher started by a launch() was sent that first start twice, so a fresh
+// runtime's first pod ran twice and one copy was left behind, untracked, after stop().
+test('the first pod of a fresh runtime starts once and leaves nothing behind when stopped', async () => {
+  const rt3 = await createLocalRuntime({ root, log: silentLogger(), bridge: BRIDGE, subnet: SUBNET });
+  try {
+    const state = await rt3.start(pod('once1'));
+    assert.equal(state.phase, 'Running', state.message);
+    assert.equal((await podProcesses('once1')).length, 2, 'one pod-init shim and its init');
+    await rt3.stop('once1');
+    assert.deepEqual(await podProcesses('once1'), []);
+  } finally {
+    await rt3.close();
+  }
 });

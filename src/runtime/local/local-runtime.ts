@@ -193,7 +193,6 @@ export class LocalRuntime implements PodRuntime {
     try {
       const mounts = await resolveMounts(req, container, pod.paths, { uid, gid });
       await prepareEtc(pod.paths, req.hostname, ip, firstStart);
-      await rm(pod.paths.exitStatus, { force: true });
       const initNet: InitNetwork | undefined = net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined;
       args = initArgs(pod.paths, req.hostname, { uid, gid, env, cwd, argv: containerArgv(container), mounts }, initNet, this.#userns);
     } catch (err) {

@@ -342,6 +342,8 @@ int main(int argc, char **argv) {
   if (dir_fd < 0) fail("pod dir", pod_dir);
   int log_fd = openat(dir_fd, "container.log", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (log_fd < 0) fail("log", pod_dir);
+  // A previous run's code must not be read as this run's (done here: one fs call less in the worker).
+  if (unlinkat(dir_fd, "exit-status", 0) < 0 && errno != ENOENT) fail("unlink", "exit-status");
   if (userns) map_self();
   if (unshare(CLONE_NEWPID | (net_ip ? CLONE_NEWNET : 0)) < 0) fail("unshare", "pid,net");
   sigset_t sigs;
