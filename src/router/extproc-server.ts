@@ -59,7 +59,7 @@ export class ExtProcServer {
     this.#log = opts.log;
     const ms = opts.holdMessageTimeoutMs ?? opts.waker.holdLimitMs + 3_000;
     this.#holdTimeout = { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 };
-    this.#server = new Server({ 'grpc.max_connection_idle_ms': -1 });
+    this.#server = new Server();
     // grpc-js has no option for these; its private http2 options object is read at bind time.
     Object.assign((this.#server as unknown as { commonServerOptions: object }).commonServerOptions, RESET_LIMITS);
     const protos = loadRouterProtos();

@@ -26,7 +26,9 @@ export interface RequestLine {
 
 // Sandbox ids are DNS labels: generated ones are [a-z0-9]{20}, user-named ones may hold '-'.
 const ID = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
-const PORT_PREFIXED = /^(\d{1,5})-(.+)$/;
+// Any leading digits and '-' are a port prefix, so `123456-x` is a bad port (400), not an id
+// (user-named ids that start that way are reached as <port>-<id>).
+const PORT_PREFIXED = /^(\d+)-(.*)$/;
 const PORT = /^\d{1,5}$/;
 // /sandboxes, /sandboxes/<id>…, /v2/sandboxes…, /v1/sandboxes/<id>… (E2B control plane and ours).
 const API_SANDBOX_PATH = /^\/(?:v[12]\/)?sandboxes(?:\/([^/?#]*))?(?:[/?#]|$)/;

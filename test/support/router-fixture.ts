@@ -1,0 +1,164 @@
+// A router under test without feeds: a route table filled directly, a fake worker HTTP API on
+// port 0 (resume, lookup, activity) and the real ext_proc server on port 0.
+import { createHash } from 'node:crypto';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { TestContext } from 'node:test';
+import { ActivityReporter } from '../../src/router/activity.ts';
+import type { RouteEntry } from '../../src/router/contract.ts';
+import { ExtProcServer } from '../../src/router/extproc-server.ts';
+import { RouteTable } from '../../src/router/route-table.ts';
+import { Waker } from '../../src/router/waker.ts';
+import type { Clock, Timer } from '../../src/system/clock.ts';
+import { silentLogger } from '../../src/system/log.ts';
+
+export const CLUSTER = 'c1';
+export const DOMAIN = 'asb.localhost';
+export const TOKEN = 'tok_0123456789abcdefghijklmnopqrst';
+
+/** A route entry; `podIp: undefined` in the patch removes the pod address. */
+export function entry(id: string, patch: { [K in keyof RouteEntry]?: RouteEntry[K] | undefined } = {}): RouteEntry {
+  const e: Record<string, unknown> = {
+    id,
+    cluster: CLUSTER,
+    state: 'running',
+    podIp: '10.213.0.7',
+    defaultPort: 49983,
+    publicPorts: [],
+    tokenHash: createHash('sha256').update(TOKEN).digest('hex'),
+    owner: 'team-a',
+    ...patch,
+  };
+  if (e.podIp === undefined) delete e.podIp;
+  return e as unknown as RouteEntry;
+}
+
+/** A clock whose timers fire only when the test says so. */
+export class ManualClock implements Clock {
+  #now = 1_700_000_000_000;
+  readonly timers = new Set<{ at: number; fn: () => void }>();
+  now(): number {
+    return this.#now;
+  }
+  after(ms: number, fn: () => void): Timer {
+    const t = { at: this.#now + ms, fn };
+    this.timers.add(t);
+    return { cancel: () => this.timers.delete(t) };
+  }
+  advance(ms: number): void {
+    this.#now += ms;
+    for (const t of [...this.timers]) {
+      if (t.at <= this.#now) {
+        this.timers.delete(t);
+        t.fn();
+      }
+    }
+  }
+}
+
+export interface FakeWorker {
+  url: string;
+  resumes: Map<string, number>;
+  lookups: Map<string, number>;
+  activity: string[][];
+  /** Ids GET /v1/sandboxes/{id} answers 200 for. */
+  existing: Set<string>;
+  /** What a resume answers; default 200. */
+  resumeStatus: number;
+  onResume: (id: string) => void;
+}
+
+export async function startFakeWorker(t: TestContext): Promise<FakeWorker> {
+  const fake: FakeWorker = { url: '', resumes: new Map(), lookups: new Map(), activity: [], existing: new Set(), resumeStatus: 200, onResume: () => undefined };
+  const server: Server = createServer((req: IncomingMessage, res: ServerResponse) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const url = req.url ?? '';
+      const resume = /^\/v1\/sandboxes\/([^/]+)\/resume$/.exec(url);
+      const one = /^\/v1\/sandboxes\/([^/]+)$/.exec(url);
+      if (req.headers.authorization !== 'Bearer admin-key') return send(res, 401, {});
+      if (req.method === 'POST' && resume?.[1] !== undefined) {
+        const id = resume[1];
+        fake.resumes.set(id, (fake.resumes.get(id) ?? 0) + 1);
+        send(res, fake.resumeStatus, { id });
+        if (fake.resumeStatus === 200) fake.onResume(id);
+        return;
+      }
+      if (req.method === 'GET' && one?.[1] !== undefined) {
+        const id = one[1];
+        fake.lookups.set(id, (fake.lookups.get(id) ?? 0) + 1);
+        return send(res, fake.existing.has(id) ? 200 : 404, { id });
+      }
+      if (req.method === 'POST' && url === '/v1/activity') {
+        fake.activity.push((JSON.parse(Buffer.concat(chunks).toString()) as { ids: string[] }).ids);
+        return send(res, 200, { touched: 0 });
+      }
+      send(res, 404, {});
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  fake.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  t.after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  return fake;
+}
+
+function send(res: ServerResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}
+
+export interface RouterUnderTest {
+  server: ExtProcServer;
+  table: RouteTable;
+  worker: FakeWorker;
+  clock: Clock;
+  activity: ActivityReporter;
+  /** Replaces cluster c1's entries (a feed snapshot) and marks its feed connected. */
+  snapshot(entries: RouteEntry[]): void;
+  /** The next feed delta for c1. */
+  upsert(e: RouteEntry): void;
+}
+
+export async function startRouterUnderTest(t: TestContext, opts: { clock?: Clock; holdLimitMs?: number } = {}): Promise<RouterUnderTest> {
+  const worker = await startFakeWorker(t);
+  const clock = opts.clock ?? new ManualClock();
+  const log = silentLogger();
+  const table = new RouteTable({ clock });
+  const workers = new Map([[CLUSTER, { cluster: CLUSTER, url: worker.url, key: 'admin-key' }]]);
+  const waker = new Waker({ table, workers, clock, log, ...(opts.holdLimitMs === undefined ? {} : { holdLimitMs: opts.holdLimitMs }) });
+  const activity = new ActivityReporter({ workers, clock, log });
+  const server = await ExtProcServer.start({ table, domain: DOMAIN, clusters: new Set([CLUSTER]), defaultCluster: CLUSTER, waker, activity, metrics: undefined, log, listen: '127.0.0.1:0' });
+  t.after(async () => {
+    await server.close(100);
+    await activity.close();
+  });
+  let version = 1;
+  return {
+    server,
+    table,
+    worker,
+    clock,
+    activity,
+    snapshot(entries) {
+      table.setConnected(CLUSTER, true);
+      table.apply(CLUSTER, { type: 'snapshot', version: ++version, cluster: CLUSTER, entries });
+    },
+    upsert(e) {
+      table.apply(CLUSTER, { type: 'upsert', version: ++version, entry: e });
+    },
+  };
+}
+
+/** Polls `cond` every 5 ms until it holds or `ms` pass. */
+export async function until(cond: () => boolean, ms = 5_000, what = 'condition'): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
