@@ -18,7 +18,7 @@ import { createAccessTokens, loadClusterSecret, tokenHash, tokenMatches } from '
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { createFeedUpgrade, RouteFeed } from '../src/worker/route-feed.ts';
-import { call, startWorkerFixture } from './support/worker-fixture.ts';
+import { call, startWorkerFixture, type WorkerFixture } from './support/worker-fixture.ts';
 
 interface View {
   id: string;
@@ -100,6 +100,21 @@ function refusedStatus(url: string, headers: Record<string, string>): Promise<nu
   });
 }
 
+/** A feed of its own on the fixture's store and its own HTTP server, with limits a test can make small. */
+async function standaloneFeed(fx: WorkerFixture, t: { after: (fn: () => Promise<unknown>) => void }, limits: { maxBufferedBytes?: number; pingIntervalMs?: number }): Promise<{ feed: RouteFeed; url: string }> {
+  const feed = await RouteFeed.open({ store: fx.store, cluster: 'test', tokens: createAccessTokens(Buffer.alloc(32, 7)), log: silentLogger(), clock: systemClock, ...limits });
+  const upgrade = createFeedUpgrade({ feed, auth: { verify: () => ({ team: 'ops', admin: true, prefix: 'asb_test' }) }, log: silentLogger() });
+  const server = createServer((_req, res) => res.end());
+  server.on('upgrade', upgrade.handle);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.after(async () => {
+    upgrade.close();
+    feed.close();
+    await new Promise((resolve) => server.close(resolve));
+  });
+  return { feed, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` };
+}
+
 const sha256 = (text: string): string => createHash('sha256').update(text).digest('hex');
 const isUpsert = (id: string, state: RouteEntry['state']) => (m: FeedMessage) => m.type === 'upsert' && m.entry.id === id && m.entry.state === state;
 
@@ -171,17 +186,7 @@ test('the route feed refuses non-admin keys and missing keys before upgrading; a
 test('a router that stops reading is dropped instead of buffered without bound, and resyncs on reconnect', async (t) => {
   const fx = await startWorkerFixture((fn) => t.after(fn));
   // A second feed on the same store with a 256 KiB limit, so a few dozen large deltas overflow it.
-  const feed = await RouteFeed.open({ store: fx.store, cluster: 'test', tokens: createAccessTokens(Buffer.alloc(32, 7)), log: silentLogger(), clock: systemClock, maxBufferedBytes: 256 * 1024 });
-  const upgrade = createFeedUpgrade({ feed, auth: { verify: () => ({ team: 'ops', admin: true, prefix: 'asb_test' }) }, log: silentLogger() });
-  const server = createServer((_req, res) => res.end());
-  server.on('upgrade', upgrade.handle);
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  t.after(async () => {
-    upgrade.close();
-    feed.close();
-    await new Promise((resolve) => server.close(resolve));
-  });
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const { feed, url } = await standaloneFeed(fx, t, { maxBufferedBytes: 256 * 1024 });
 
   const created = await call(fx, 'POST', '/v1/sandboxes', { key: fx.keys.teamA, json: {} });
   const id = (created.json as View).id;
@@ -211,6 +216,25 @@ test('a router that stops reading is dropped instead of buffered without bound, 
   const fresh = await again.next((m) => m.type === 'snapshot', 'snapshot after the drop');
   assert.ok(fresh.type === 'snapshot');
   assert.equal(fresh.entries.find((e) => e.id === id)?.publicPorts.length, 4000, 'the reconnect gets the latest state');
+});
+
+test('the feed pings routers and drops one that stops answering pings', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const { feed, url } = await standaloneFeed(fx, t, { pingIntervalMs: 20 });
+  const healthy = connect({ url }, 'any', t);
+  await healthy.next((m) => m.type === 'snapshot', 'snapshot');
+  // ws answers pings by itself: three pings answered keep the connection.
+  await new Promise<void>((resolve) => {
+    let pings = 0;
+    healthy.ws.on('ping', () => ++pings === 3 && resolve());
+  });
+  assert.equal(healthy.ws.readyState, healthy.ws.OPEN);
+
+  const deaf = new WebSocket(`${url.replace(/^http/, 'ws')}/v1/routes/feed`, { autoPong: false, headers: { authorization: 'Bearer any' } });
+  t.after(() => deaf.terminate());
+  const closed = new Promise<void>((resolve) => deaf.on('close', () => resolve()));
+  await closed;
+  assert.equal(feed.connections, 1, 'only the router that answers pings is still connected');
 });
 
 test('the access token from create hashes to the feed tokenHash; only its owner and admins can read it', async (t) => {
