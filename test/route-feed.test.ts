@@ -304,3 +304,22 @@ test('POST /v1/activity touches known sandboxes for admins only', async (t) => {
   assert.equal(bad.status, 422);
   assert.match(bad.text, /ids/);
 });
+
+test('activity reports keep a sandbox in use from hibernating; without them it hibernates', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  // 1.5 s idle timeout, reports every 200 ms: a router reporting an open connection (7 reports per
+  // timeout) must keep it running; the margin is wide so a slow machine cannot flip the result.
+  const created = await call(fx, 'POST', '/v1/sandboxes', { key: fx.keys.teamA, json: { idleTimeoutMs: 1500 } });
+  const id = (created.json as View).id;
+  const phase = async (): Promise<string> => ((await call(fx, 'GET', `/v1/sandboxes/${id}`, { key: fx.keys.teamA })).json as View).phase;
+  for (let i = 0; i < 20; i++) {
+    assert.deepEqual((await call(fx, 'POST', '/v1/activity', { key: fx.keys.admin, json: { ids: [id] } })).json, { touched: 1 });
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+  assert.equal(await phase(), 'Running', 'reported activity keeps the sandbox running past its idle timeout');
+  const deadline = Date.now() + 20_000;
+  while ((await phase()) !== 'Hibernated') {
+    if (Date.now() > deadline) throw new Error('the sandbox never hibernated once reports stopped');
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+});
