@@ -1,0 +1,90 @@
+// A system process started by the local supervisor (`make up`) or by end-to-end tests: a Node
+// entry point that prints one JSON line with `"ready": true` on stdout when it serves, and
+// logs to stderr (sent to a file here). stop() asks with SIGTERM and kills after a deadline.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { closeSync, openSync } from 'node:fs';
+import { createInterface } from 'node:readline';
+
+export interface ReadyChild<R> {
+  readonly name: string;
+  readonly proc: ChildProcess;
+  /** The ready line, parsed. */
+  readonly ready: R;
+  /** Resolves with the exit code (or signal name) when the process ends. */
+  readonly exited: Promise<number | string>;
+  /** SIGTERM, then SIGKILL after deadlineMs; resolves when it has exited. Idempotent. */
+  stop(deadlineMs?: number): Promise<void>;
+  /** SIGKILL now (tests of crashes). */
+  kill(): Promise<void>;
+}
+
+export interface StartChildOptions {
+  name: string;
+  /** The .ts entry point, run with this Node. */
+  entry: string;
+  args: readonly string[];
+  /** stderr goes here (appended). */
+  logPath: string;
+  env?: NodeJS.ProcessEnv;
+  /** How long to wait for the ready line. Default 60 s (a first start compiles the pod init). */
+  readyTimeoutMs?: number;
+}
+
+const DEFAULT_STOP_DEADLINE_MS = 20_000;
+
+export async function startChild<R extends { ready: true }>(opts: StartChildOptions): Promise<ReadyChild<R>> {
+  const logFd = openSync(opts.logPath, 'a');
+  const proc = spawn(process.execPath, [opts.entry, ...opts.args], { stdio: ['ignore', 'pipe', logFd], env: opts.env ?? process.env });
+  closeSync(logFd);
+  const exited = new Promise<number | string>((resolve) => proc.once('exit', (code, signal) => resolve(code ?? signal ?? 'unknown')));
+  const ready = await new Promise<R>((resolve, reject) => {
+    if (proc.stdout === null) {
+      reject(new Error(`${opts.name}: stdout is not piped`));
+      return;
+    }
+    const timer = setTimeout(() => reject(new Error(`${opts.name} did not become ready within ${opts.readyTimeoutMs ?? 60_000} ms; see ${opts.logPath}`)), opts.readyTimeoutMs ?? 60_000);
+    const lines = createInterface({ input: proc.stdout });
+    lines.on('line', (line) => {
+      if (!isReadyLine(line)) return;
+      clearTimeout(timer);
+      resolve(JSON.parse(line) as R);
+    });
+    void exited.then((code) => {
+      clearTimeout(timer);
+      reject(new Error(`${opts.name} exited (${String(code)}) before it was ready; see ${opts.logPath}`));
+    });
+  }).catch((err: unknown) => {
+    proc.kill('SIGKILL');
+    throw err;
+  });
+
+  let stopping: Promise<void> | undefined;
+  return {
+    name: opts.name,
+    proc,
+    ready,
+    exited,
+    stop(deadlineMs = DEFAULT_STOP_DEADLINE_MS) {
+      stopping ??= (async () => {
+        if (proc.exitCode !== null || proc.signalCode !== null) return;
+        proc.kill('SIGTERM');
+        const timer = setTimeout(() => proc.kill('SIGKILL'), deadlineMs);
+        await exited;
+        clearTimeout(timer);
+      })();
+      return stopping;
+    },
+    async kill() {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
+      await exited;
+    },
+  };
+}
+
+function isReadyLine(line: string): boolean {
+  try {
+    return (JSON.parse(line) as { ready?: unknown }).ready === true;
+  } catch {
+    return false;
+  }
+}
