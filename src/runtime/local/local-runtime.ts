@@ -83,7 +83,7 @@ export class LocalRuntime implements PodRuntime {
   readonly #subnet: Subnet;
   readonly #bridge: string;
   readonly #ips: IpPool;
-  readonly #attachVeth: (pid: number, hostIf: string) => Promise<void>;
+  readonly #attachVeth: (pid: number, hostIf: string, ip: string) => Promise<void>;
   readonly #userns: boolean;
   readonly #pods = new Map<string, Pod>();
   readonly #listeners = new Set<(id: string) => void>();
@@ -203,7 +203,7 @@ export class LocalRuntime implements PodRuntime {
     const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
     const launch = launchPodInit(this.#launcher, this.#binary, args, {
-      ...(net ? { attach: (pid: number) => this.#attachVeth(pid, vethName(this.#bridge, pod.id)) } : {}),
+      ...(net ? { attach: (pid: number) => this.#attachVeth(pid, vethName(this.#bridge, pod.id), ip) } : {}),
       exited: (code) => {
         if (pod.generation === generation) this.#exited(pod, code);
       },

@@ -115,17 +115,27 @@ export type IpBatchRunner = (lines: readonly string[]) => Promise<string>;
  * one collects every request made meanwhile: with a launcher, pods report their pids spread over
  * many ticks, and a batch per tick would be an ip process per pod again.
  */
-export function createVethBatcher(bridge: string, log: Logger, run: IpBatchRunner = ipBatch): (pid: number, hostIf: string) => Promise<void> {
-  let pending: { pid: number; hostIf: string; done: () => void }[] = [];
+/**
+ * The pod side's MAC address, derived from its IP: a pod keeps its IP across hibernation, and a
+ * new random MAC on wake left the host's ARP entry pointing at the old one, so the host could
+ * not reach the woken pod until that entry went stale (~30-45 s, seen as wakes that took that
+ * long). 02: is a locally administered, unicast prefix.
+ */
+export function podMac(ip: string): string {
+  return ['02', '42', ...ip.split('.').map((octet) => Number(octet).toString(16).padStart(2, '0'))].join(':');
+}
+
+export function createVethBatcher(bridge: string, log: Logger, run: IpBatchRunner = ipBatch): (pid: number, hostIf: string, ip: string) => Promise<void> {
+  let pending: { pid: number; hostIf: string; ip: string; done: () => void }[] = [];
   let running = false;
   const flush = (): void => {
     const batch = pending;
     pending = [];
     running = true;
     // A veth of a just-ended pod may still exist while the kernel tears its namespace down.
-    const lines = batch.flatMap(({ pid, hostIf }) => [
+    const lines = batch.flatMap(({ pid, hostIf, ip }) => [
       `link del ${hostIf}`,
-      `link add ${hostIf} type veth peer name eth0 netns ${pid}`,
+      `link add ${hostIf} type veth peer name eth0 address ${podMac(ip)} netns ${pid}`,
       `link set ${hostIf} master ${bridge} up`,
     ]);
     run(lines).then(
@@ -140,9 +150,9 @@ export function createVethBatcher(bridge: string, log: Logger, run: IpBatchRunne
       if (pending.length > 0) flush();
     });
   };
-  return (pid, hostIf) =>
+  return (pid, hostIf, ip) =>
     new Promise<void>((resolve) => {
       if (pending.length === 0 && !running) setImmediate(flush);
-      pending.push({ pid, hostIf, done: resolve });
+      pending.push({ pid, hostIf, ip, done: resolve });
     });
 }

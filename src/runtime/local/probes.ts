@@ -58,6 +58,9 @@ export async function runProbe(probe: Probe, target: ProbeTarget, timeoutMs: num
   return true;
 }
 
+/** Probe interval while a pod has not yet been ready; see the loop. */
+const STARTUP_PROBE_MS = 25;
+
 export interface ProbeLoopOptions {
   probe: Probe;
   target: ProbeTarget;
@@ -76,6 +79,7 @@ export function startProbeLoop(opts: ProbeLoopOptions): { cancel(): void } {
   const successThreshold = probe.successThreshold ?? 1;
   const failureThreshold = probe.failureThreshold ?? 3;
   let ready = false;
+  let everReady = false;
   let successes = 0;
   let failures = 0;
   let cancelled = false;
@@ -88,6 +92,7 @@ export function startProbeLoop(opts: ProbeLoopOptions): { cancel(): void } {
         failures = ok ? 0 : failures + 1;
         if (!ready && successes >= successThreshold) {
           ready = true;
+          everReady = true;
           opts.onChange(true);
         } else if (ready && failures >= failureThreshold) {
           ready = false;
@@ -96,7 +101,10 @@ export function startProbeLoop(opts: ProbeLoopOptions): { cancel(): void } {
       },
       (err: unknown) => opts.onError(err),
     ).finally(() => {
-      if (!cancelled) timer = opts.clock.after(periodMs, tick);
+      // Until the pod is first ready, probe every STARTUP_PROBE_MS rather than every period: a
+      // woken sandbox is usually ready within tens of ms, and waiting a whole period (1 s here,
+      // 10 s in Kubernetes) made every wake cost that long. Once ready, the period applies.
+      if (!cancelled) timer = opts.clock.after(everReady ? periodMs : Math.min(periodMs, STARTUP_PROBE_MS), tick);
     });
   };
   timer = opts.clock.after((probe.initialDelaySeconds ?? 0) * 1000, tick);

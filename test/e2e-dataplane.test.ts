@@ -1,0 +1,184 @@
+// The data plane end to end, as `make up` runs it: a worker process with real sandboxes, the
+// router process fed by the worker's route feed, and a real Envoy in front. Every request here
+// goes through Envoy on the edge port, addressed by Host header like a browser or an SDK would.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { request } from 'node:http';
+import { test, type TestContext } from 'node:test';
+import WebSocket from 'ws';
+import { silentLogger } from '../src/system/log.ts';
+import { startLocalSystem, type LocalSystem } from '../src/system/local-system.ts';
+import { api, removeDataDir, tempDataDir } from './support/worker-process.ts';
+
+interface View {
+  id: string;
+  phase: string;
+  ready: boolean;
+  accessToken: string;
+}
+
+const TAG = 'e2ed';
+
+async function startSystem(t: TestContext): Promise<LocalSystem & { adminKey: string }> {
+  const stateDir = tempDataDir(TAG);
+  const system = await startLocalSystem({
+    stateDir,
+    log: silentLogger(),
+    apiPort: 0,
+    edgePort: 0,
+    envoyAdminPort: 0,
+    routerPort: 0,
+    domain: 'asb.localhost',
+    clusterName: 'local',
+    workerArgs: ['--cluster-tag', TAG, '--bridge', `asb${TAG}`, '--subnet', '10.222.0.0/16', '--base-pool', '0', '--log-level', 'warn'],
+  });
+  t.after(async () => {
+    await system.stop();
+    removeDataDir(stateDir);
+    try {
+      execFileSync('ip', ['link', 'del', `asb${TAG}`], { stdio: 'ignore' });
+    } catch {
+      // no bridge
+    }
+  });
+  return system;
+}
+
+/** A GET through Envoy with the given Host and headers; resolves with status and body. */
+function viaEdge(system: LocalSystem, host: string, headers: Record<string, string> = {}): Promise<{ status: number; body: string; headers: Record<string, string | string[] | undefined> }> {
+  return new Promise((resolve, reject) => {
+    const req = request(`${system.edgeUrl}/`, { headers: { host, ...headers } }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (body += c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body, headers: res.headers }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 30_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await fn();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+const WEB_TEMPLATE = {
+  apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
+  kind: 'SandboxTemplate',
+  metadata: { name: 'web', namespace: 'default' },
+  spec: {
+    podTemplate: {
+      spec: {
+        containers: [
+          {
+            name: 'main',
+            image: 'python',
+            // The marker file names the sandbox, so a test can tell which one answered.
+            command: ['sh', '-c', 'hostname > /tmp/whoami.txt && exec python3 -m http.server 8080 --directory /tmp'],
+            ports: [{ containerPort: 8080 }],
+            readinessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1 },
+          },
+        ],
+      },
+    },
+  },
+};
+
+const WEB_POOL = {
+  apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
+  kind: 'SandboxWarmPool',
+  metadata: { name: 'web', namespace: 'default' },
+  spec: { replicas: 2, sandboxTemplateRef: { name: 'web' } },
+};
+
+test('through Envoy: HTTP and WebSocket reach servers in real sandboxes, only with the token, and no client header can redirect', async (t) => {
+  const system = await startSystem(t);
+  const applied = await api(system, 'POST', '/v1/apply', { objects: [WEB_TEMPLATE, WEB_POOL] });
+  assert.equal(applied.status, 200, JSON.stringify(applied.body));
+  const a = (await api<View>(system, 'POST', '/v1/sandboxes', { template: 'web' })).body;
+  const b = (await api<View>(system, 'POST', '/v1/sandboxes', { template: 'web' })).body;
+  assert.ok(a.ready && b.ready);
+
+  const host = `8080-${a.id}.asb.localhost`;
+  const ok = await viaEdge(system, host, { 'x-access-token': a.accessToken });
+  assert.equal(ok.status, 200);
+  assert.match(ok.body, /whoami\.txt/, 'the directory listing of the server inside the sandbox');
+  const whoami = await viaEdge(system, host, { 'x-access-token': a.accessToken });
+  assert.equal(whoami.status, 200);
+
+  const noToken = await viaEdge(system, host);
+  assert.equal(noToken.status, 401);
+  assert.equal((JSON.parse(noToken.body) as { code: string }).code, 'Unauthorized');
+  const wrongToken = await viaEdge(system, host, { 'x-access-token': b.accessToken });
+  assert.ok(wrongToken.status === 401 || wrongToken.status === 403, `another sandbox's token is refused (${wrongToken.status})`);
+
+  // Headers a client might forge to reach sandbox b through a's URL: the router strips them.
+  const bIp = (await api<{ ip: string }>(system, 'GET', `/v1/sandboxes/${b.id}`)).body.ip;
+  const forged = await new Promise<string>((resolve, reject) => {
+    const req = request(`${system.edgeUrl}/whoami.txt`, {
+      headers: { host, 'x-access-token': a.accessToken, 'x-asb-dst': `${bIp}:8080`, 'x-asb-upstream': 'sandbox', 'e2b-sandbox-id': b.id },
+    }, (res) => {
+      let body = '';
+      res.on('data', (c: Buffer) => (body += c.toString()));
+      res.on('end', () => resolve(body));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+  assert.equal(forged.trim(), a.id, 'sandbox a answered, not b');
+
+  const unknown = await viaEdge(system, '8080-e2ednosuchsandbox0000.asb.localhost');
+  assert.equal(unknown.status, 404);
+  const badPort = await viaEdge(system, `99999-${a.id}.asb.localhost`);
+  assert.equal(badPort.status, 400);
+
+  // WebSocket: an echo server started inside sandbox a on port 8765.
+  const script = readFileSync(new URL('./fixtures/ws_echo.py', import.meta.url));
+  const put = await fetch(`${system.apiUrl}/v1/sandboxes/${a.id}/files?path=/tmp/ws_echo.py`, {
+    method: 'PUT',
+    headers: { authorization: `Bearer ${system.adminKey}`, 'content-type': 'application/octet-stream' },
+    body: script,
+  });
+  assert.equal(put.status, 204);
+  await api(system, 'POST', `/v1/sandboxes/${a.id}/exec`, { command: 'nohup python3 /tmp/ws_echo.py 8765 >/dev/null 2>&1 &' });
+  await waitFor('the echo server to listen', async () => {
+    const probe = await api<{ exitCode: number }>(system, 'POST', `/v1/sandboxes/${a.id}/exec`, { command: ['python3', '-c', 'import socket; socket.create_connection(("127.0.0.1", 8765), 1)'] });
+    return probe.body.exitCode === 0 ? true : undefined;
+  });
+  const ws = new WebSocket(`ws://127.0.0.1:${new URL(system.edgeUrl).port}/`, { headers: { host: `8765-${a.id}.asb.localhost`, 'x-access-token': a.accessToken } });
+  t.after(() => ws.terminate());
+  await new Promise<void>((resolve, reject) => {
+    ws.once('open', () => resolve());
+    ws.once('error', reject);
+  });
+  const echoed = new Promise<string>((resolve) => ws.once('message', (data: Buffer) => resolve(data.toString())));
+  ws.send('hello through envoy');
+  assert.equal(await echoed, 'hello through envoy');
+});
+
+test('wake on first connection: a request to a hibernated sandbox wakes it and gets the answer', async (t) => {
+  const system = await startSystem(t);
+  await api(system, 'POST', '/v1/apply', { objects: [WEB_TEMPLATE, { ...WEB_POOL, spec: { ...WEB_POOL.spec, replicas: 1 } }] });
+  const sb = (await api<View>(system, 'POST', '/v1/sandboxes', { template: 'web' })).body;
+  const host = `8080-${sb.id}.asb.localhost`;
+  assert.equal((await viaEdge(system, host, { 'x-access-token': sb.accessToken })).status, 200);
+
+  await api(system, 'POST', `/v1/sandboxes/${sb.id}/pause`);
+  await waitFor('hibernation', async () => {
+    const got = await api<View>(system, 'GET', `/v1/sandboxes/${sb.id}`);
+    return got.body.phase === 'Hibernated' ? true : undefined;
+  });
+
+  // Three requests at once: one wake, all three answered by the woken server.
+  const answers = await Promise.all([1, 2, 3].map(() => viaEdge(system, host, { 'x-access-token': sb.accessToken })));
+  for (const answer of answers) assert.equal(answer.status, 200, answer.body);
+  const after = await api<View>(system, 'GET', `/v1/sandboxes/${sb.id}`);
+  assert.equal(after.body.phase, 'Running');
+});
