@@ -10,6 +10,7 @@
 //   --worker-key-file / ASB_ROUTER_WORKER_KEY_FILE   or read it from this file
 //   --hold-limit-ms / ASB_ROUTER_HOLD_LIMIT_MS       longest hold for a wake. Default 25000
 //   --log-level / ASB_LOG_LEVEL            Default info
+import { parseFlags } from '../system/flags.ts';
 import { readFileSync } from 'node:fs';
 import { ConfigError } from '../system/config.ts';
 import { DEFAULT_HOLD_LIMIT_MS } from './waker.ts';
@@ -39,30 +40,8 @@ const DOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*
 
 export function parseRouterConfig(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): RouterConfig {
   const problems: string[] = [];
-  const flags = new Map<string, string[]>();
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i] ?? '';
-    if (!arg.startsWith('--')) {
-      problems.push(`unexpected argument "${arg}"`);
-      continue;
-    }
-    const eq = arg.indexOf('=');
-    let name = arg.slice(2);
-    let value: string | undefined;
-    if (eq > 0) {
-      name = arg.slice(2, eq);
-      value = arg.slice(eq + 1);
-    } else {
-      value = argv[i + 1];
-      if (value === undefined || value.startsWith('--')) {
-        problems.push(`flag ${arg} needs a value`);
-        continue;
-      }
-      i++;
-    }
-    if (!(FLAGS as readonly string[]).includes(name)) problems.push(`unknown flag --${name}`);
-    flags.set(name, [...(flags.get(name) ?? []), value]);
-  }
+  const flags = parseFlags(argv, problems);
+  for (const name of flags.keys()) if (!(FLAGS as readonly string[]).includes(name)) problems.push(`unknown flag --${name}`);
   const one = (flag: Flag): string | undefined => flags.get(flag)?.at(-1) ?? env[ENV[flag]];
 
   const listen = one('listen') ?? '127.0.0.1:9002';

@@ -2,6 +2,7 @@
 // listed at once, then frozen and passed down. Nothing else reads the environment.
 import { resolve } from 'node:path';
 import { isClusterTag } from '../api/ids.ts';
+import { parseFlags } from './flags.ts';
 
 export interface WorkerConfig {
   /** ASB_DATA_DIR / --data-dir: store, pod filesystems and volumes live here. Default .asb/data */
@@ -73,7 +74,7 @@ export class ConfigError extends Error {
 /** Flags (`--name value` or `--name=value`) win over environment variables, which win over defaults. */
 export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): WorkerConfig {
   const problems: string[] = [];
-  const flags = parseFlags(argv, problems);
+  const flags = new Map([...parseFlags(argv, problems)].map(([name, values]) => [name, values.at(-1) ?? '']));
   const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (key === 'adminKeyFile' ? undefined : DEFAULTS[key]);
   const str = (key: Exclude<Key, 'adminKeyFile'>): string => raw(key) ?? DEFAULTS[key];
   const int = (key: 'apiPort' | 'basePoolReplicas', min: number, max: number): number => {
@@ -133,28 +134,4 @@ function isEdgeUrl(text: string): boolean {
 
 function describe(key: Key): string {
   return `--${SOURCES[key].flag} (${SOURCES[key].env})`;
-}
-
-function parseFlags(argv: readonly string[], problems: string[]): Map<string, string> {
-  const flags = new Map<string, string>();
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i] ?? '';
-    if (!arg.startsWith('--')) {
-      problems.push(`unexpected argument "${arg}"`);
-      continue;
-    }
-    const eq = arg.indexOf('=');
-    if (eq > 0) {
-      flags.set(arg.slice(2, eq), arg.slice(eq + 1));
-      continue;
-    }
-    const value = argv[i + 1];
-    if (value === undefined || value.startsWith('--')) {
-      problems.push(`flag ${arg} needs a value`);
-      continue;
-    }
-    flags.set(arg.slice(2), value);
-    i++;
-  }
-  return flags;
 }

@@ -3,6 +3,7 @@
 import type { Registry } from 'prom-client';
 import type { Principal } from '../auth/keyring.ts';
 import type { Sandbox } from '../api/types.ts';
+import type { ClaimRequest, ClaimResult } from '../operator/claimer.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
@@ -10,23 +11,6 @@ import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { AccessTokens } from './access-token.ts';
 import type { SandboxIndex } from './sandbox-index.ts';
-
-export interface ClaimRequest {
-  namespace: string;
-  template?: string;
-  pool?: string;
-  /** Team that owns the sandbox: becomes its asb.dev/owner label. */
-  owner: string;
-  labels?: Record<string, string>;
-  shutdownTime?: string;
-  idleTimeoutMs?: number;
-  coldStart?: boolean;
-}
-
-export interface ClaimResult {
-  sandbox: Sandbox;
-  launch: 'warm' | 'cold';
-}
 
 /** The part of the operator the API drives (src/operator/operator.ts implements it). */
 export interface WorkerOperator {
