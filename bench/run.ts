@@ -1,16 +1,23 @@
-// `make bench`: benchmarks, not tests. Starts a real worker (real store, real local runtime),
-// measures, prints a table, writes bench/results/<time>.json and bench/results/latest.json, and
-// replaces the table between the bench markers in README.md.
+// `make bench`: benchmarks, not tests. Runs the real local system (worker with the real store
+// and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
+// bench/results/latest.json, and replaces the table between the bench markers in README.md.
+//
+// `node bench/run.ts [claims] [dataplane]` runs only those parts (default: all).
 import { execFileSync } from 'node:child_process';
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { request } from 'node:http';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { call, poolObjects, round, summarize, waitPool, warmClaims } from './claims.ts';
+import { call, poolObjects, round, summarize, waitPool, warmClaims, type Target } from './claims.ts';
+import { benchDataplane } from './dataplane.ts';
 import { benchStore } from './store-bench.ts';
-import { removeDataDir, startWorkerProcess } from '../test/support/worker-process.ts';
+import { silentLogger } from '../src/system/log.ts';
+import { startLocalSystem, type LocalSystem } from '../src/system/local-system.ts';
+import { removeDataDir, tempDataDir } from '../test/support/worker-process.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
+const TAG = 'bnch';
 
 interface Row {
   metric: string;
@@ -19,68 +26,150 @@ interface Row {
   ok: boolean | undefined;
 }
 
+type Recorder = (metric: string, value: string, target: string, ok?: boolean) => void;
+
+async function claimsAndLifecycle(system: LocalSystem, row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const target: Target = { apiUrl: system.apiUrl, adminKey: system.adminKey };
+  // 1. Warm claims through the HTTP API, each burst against a full pool of 128.
+  const applied = await call(target, 'POST', '/v1/apply', { objects: poolObjects('claimbench', 128) });
+  if (applied.status !== 200) throw new Error(`apply failed: ${JSON.stringify(applied.body)}`);
+  results.fill128Ms = round(await waitPool(target, 'claimbench', 128, 180_000), 0);
+  const ids: string[] = [];
+  for (const [concurrency, rounds] of [[1, 100], [16, 10], [64, 5]] as const) {
+    const s = await warmClaims(target, 'claimbench', concurrency, rounds, ids, 'claimbench');
+    results[`warmClaim${concurrency}`] = s;
+    const ok = concurrency === 64 ? s.p50Ms <= 5 && s.p99Ms <= 20 : undefined;
+    row(`warm claim p50 / p99, ${concurrency} concurrent (${s.count} claims)`, `${s.p50Ms} / ${s.p99Ms} ms`, concurrency === 64 ? '≤ 5 / ≤ 20 ms' : '—', ok);
+    if (concurrency === 64) row('claims per second (64-claim bursts)', String(s.claimsPerSec), '≥ 2,000', s.claimsPerSec >= 2000);
+    if (s.cold > 0) throw new Error(`${s.cold} claims were cold: pool too small for the benchmark`);
+  }
+  await call(target, 'PUT', '/v1/pools/claimbench?namespace=default', poolObjects('claimbench', 0)[1]);
+  await Promise.all(ids.map((id) => call(target, 'DELETE', `/v1/sandboxes/${id}`)));
+
+  // 2. Cold create: a template with no warm members, until the sandbox is ready.
+  await call(target, 'POST', '/v1/apply', { objects: poolObjects('coldbench', 0) });
+  const cold: number[] = [];
+  for (let i = 0; i < 10; i++) {
+    const start = performance.now();
+    const res = await call<{ id: string; ready: boolean; launchType: string }>(target, 'POST', '/v1/sandboxes', { template: 'coldbench', wait: true });
+    if (res.status !== 201 || !res.body.ready || res.body.launchType !== 'cold') throw new Error(`cold create failed: ${JSON.stringify(res.body)}`);
+    cold.push(performance.now() - start);
+    await call(target, 'DELETE', `/v1/sandboxes/${res.body.id}`);
+  }
+  const coldSummary = summarize(cold);
+  results.coldCreate = coldSummary;
+  row('cold create to ready, p50 / p99 (10 sandboxes)', `${coldSummary.p50Ms} / ${coldSummary.p99Ms} ms`, '—');
+
+  // 3. Wake on first connection through Envoy: pause, then one HTTP request to the sandbox's
+  // server; the time is from the request to its response (the wake is inside it).
+  await call(target, 'POST', '/v1/apply', { objects: webObjects() });
+  await waitPool(target, 'webbench', 1, 60_000);
+  const web = await call<{ id: string; accessToken: string }>(target, 'POST', '/v1/sandboxes', { template: 'webbench' });
+  const wakes: number[] = [];
+  for (let i = 0; i < 20; i++) {
+    await call(target, 'POST', `/v1/sandboxes/${web.body.id}/pause`);
+    await waitPhase(target, web.body.id, 'Hibernated');
+    const start = performance.now();
+    const status = await viaEdge(system, `8080-${web.body.id}.${system.domain}`, web.body.accessToken);
+    if (status !== 200) throw new Error(`wake request answered ${status}`);
+    wakes.push(performance.now() - start);
+  }
+  const wake = summarize(wakes);
+  results.wake = wake;
+  row('wake on first connection through Envoy, p50 / p99 (20 wakes)', `${wake.p50Ms} / ${wake.p99Ms} ms`, 'p50 ≤ 200 ms', wake.p50Ms <= 200);
+
+  // 4. Refill: a 300-member pool from empty until every member is ready.
+  await new Promise((r) => setTimeout(r, 3000)); // let deletions of the claimed sandboxes drain
+  const start = performance.now();
+  await call(target, 'POST', '/v1/apply', { objects: poolObjects('refill', 300) });
+  await waitPool(target, 'refill', 300, 120_000);
+  const refillMs = performance.now() - start;
+  results.refill300Ms = round(refillMs, 0);
+  row('refill of a 300-member pool to all ready', `${round(refillMs / 1000, 2)} s`, '≤ 3 s', refillMs <= 3000);
+}
+
+function webObjects(): unknown[] {
+  const [template, pool] = poolObjects('webbench', 1) as [{ spec: { podTemplate: { spec: { containers: Record<string, unknown>[] } } } }, unknown];
+  template.spec.podTemplate.spec.containers = [
+    {
+      name: 'main',
+      image: 'python',
+      command: ['python3', '-m', 'http.server', '8080', '--directory', '/tmp'],
+      ports: [{ containerPort: 8080 }],
+      readinessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1 },
+    },
+  ];
+  return [template, pool];
+}
+
+async function waitPhase(target: Target, id: string, phase: string): Promise<void> {
+  for (let i = 0; i < 2000; i++) {
+    const got = await call<{ phase: string }>(target, 'GET', `/v1/sandboxes/${id}`);
+    if (got.body.phase === phase) return;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  throw new Error(`sandbox ${id} never reached ${phase}`);
+}
+
+function viaEdge(system: LocalSystem, host: string, token: string): Promise<number> {
+  return new Promise((res, rej) => {
+    const req = request(`${system.edgeUrl}/`, { headers: { host, 'x-access-token': token }, agent: false }, (response) => {
+      let body = '';
+      response.on('data', (c: Buffer) => (body += c.toString()));
+      response.on('end', () => {
+        if (response.statusCode !== 200) console.error(`wake request: ${response.statusCode ?? 0} ${body.slice(0, 300)}`);
+        res(response.statusCode ?? 0);
+      });
+    });
+    req.on('error', rej);
+    req.end();
+  });
+}
+
+async function dataplane(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const d = await benchDataplane();
+  results.dataplane = d;
+  row('requests/s through Envoy + router vs static route (50 connections)', `${d.rps} vs ${d.staticRps} (${Math.round(d.ratio * 100)} %)`, '≥ 60 %', d.ratio >= 0.6);
+  row('added latency by the router, p50 / p99 (50 connections)', `${d.addedP50Ms} / ${d.addedP99Ms} ms`, 'p99 ≤ 1 ms', d.addedP99Ms <= 1);
+  row('router memory with 1,000,000 routes', `${d.routeMemory.heapMB} MB (${d.routeMemory.bytesPerRoute} B/route)`, '≤ 512 MB', d.routeMemory.heapMB <= 512);
+}
+
 async function main(): Promise<void> {
+  const parts = new Set(process.argv.slice(2));
+  const all = parts.size === 0;
   const rows: Row[] = [];
   const results: Record<string, unknown> = {};
-  const row = (metric: string, value: string, target: string, ok?: boolean): void => {
-    rows.push({ metric, value, target, ok });
-  };
+  const row: Recorder = (metric, value, target, ok) => rows.push({ metric, value, target, ok });
 
-  const store = await benchStore();
-  results.store = store;
-  row('store CAS updates/s (64 concurrent, group commit)', String(store.updatesPerSec), '—');
-
-  const w = await startWorkerProcess({ clusterTag: 'bnch', subnetOctet: 219, basePool: 0 });
-  try {
-    // 1. Warm claims through the HTTP API. 600 warm members: 100 + 160 + 320 claims.
-    const target = { apiUrl: w.apiUrl, adminKey: w.adminKey };
-    const applied = await call(target, 'POST', '/v1/apply', { objects: poolObjects('claimbench', 600) });
-    if (applied.status !== 200) throw new Error(`apply failed: ${JSON.stringify(applied.body)}`);
-    const fillMs = await waitPool(target, 'claimbench', 600, 120_000);
-    results.fill600Ms = round(fillMs, 0);
-    const ids: string[] = [];
-    for (const [concurrency, rounds] of [[1, 100], [16, 10], [64, 5]] as const) {
-      const s = await warmClaims(target, 'claimbench', concurrency, rounds, ids);
-      results[`warmClaim${concurrency}`] = s;
-      const ok = concurrency === 64 ? s.p50Ms <= 5 && s.p99Ms <= 20 : undefined;
-      row(`warm claim p50 / p99, ${concurrency} concurrent (${s.count} claims)`, `${s.p50Ms} / ${s.p99Ms} ms`, concurrency === 64 ? '≤ 5 / ≤ 20 ms' : '—', ok);
-      if (concurrency === 64) row('claims per second (64-claim bursts)', String(s.claimsPerSec), '≥ 2,000', s.claimsPerSec >= 2000);
-      if (s.cold > 0) throw new Error(`${s.cold} claims were cold: pool too small for the benchmark`);
-    }
-    await call(target, 'PUT', '/v1/pools/claimbench?namespace=default', { ...(poolObjects('claimbench', 0)[1] as object) });
-    await Promise.all(ids.map((id) => call(target, 'DELETE', `/v1/sandboxes/${id}`)));
-
-    // 2. Cold create: a template with no warm members, waiting until the sandbox is ready.
-    await call(target, 'POST', '/v1/apply', { objects: poolObjects('coldbench', 0) });
-    const cold: number[] = [];
-    for (let i = 0; i < 10; i++) {
-      const start = performance.now();
-      const res = await call<{ id: string; ready: boolean; launchType: string }>(target, 'POST', '/v1/sandboxes', { template: 'coldbench', wait: true });
-      if (res.status !== 201 || !res.body.ready || res.body.launchType !== 'cold') throw new Error(`cold create failed: ${JSON.stringify(res.body)}`);
-      cold.push(performance.now() - start);
-      await call(target, 'DELETE', `/v1/sandboxes/${res.body.id}`);
-    }
-    const coldSummary = summarize(cold);
-    results.coldCreate = coldSummary;
-    row('cold create to ready, p50 / p99 (10 sandboxes)', `${coldSummary.p50Ms} / ${coldSummary.p99Ms} ms`, '—');
-
-    // 3. Refill: a 300-member pool from empty until every member is ready.
-    await new Promise((r) => setTimeout(r, 2000)); // let deletions of the claimed sandboxes drain
-    const start = performance.now();
-    await call(target, 'POST', '/v1/apply', { objects: poolObjects('refill', 300) });
-    await waitPool(target, 'refill', 300, 60_000);
-    const refillMs = performance.now() - start;
-    results.refill300Ms = round(refillMs, 0);
-    row('refill of a 300-member pool to all ready', `${round(refillMs / 1000, 2)} s`, '≤ 3 s', refillMs <= 3000);
-  } finally {
-    await w.stop();
-    removeDataDir(w.dataDir);
+  if (all || parts.has('claims')) {
+    const store = await benchStore();
+    results.store = store;
+    row('store compare-and-swap updates/s (64 concurrent, group commit)', String(store.updatesPerSec), '—');
+    const stateDir = tempDataDir(TAG);
+    const system = await startLocalSystem({
+      stateDir,
+      log: silentLogger(),
+      apiPort: 0,
+      edgePort: 0,
+      envoyAdminPort: 0,
+      routerPort: 0,
+      domain: 'asb.localhost',
+      clusterName: 'bench',
+      workerArgs: ['--cluster-tag', TAG, '--bridge', `asb${TAG}`, '--subnet', '10.219.0.0/16', '--base-pool', '0', '--log-level', 'warn'],
+    });
     try {
-      execFileSync('ip', ['link', 'del', 'asbbnch'], { stdio: 'ignore' });
-    } catch {
-      // no bridge
+      await claimsAndLifecycle(system, row, results);
+    } finally {
+      await system.stop();
+      removeDataDir(stateDir);
+      try {
+        execFileSync('ip', ['link', 'del', `asb${TAG}`], { stdio: 'ignore' });
+      } catch {
+        // no bridge
+      }
     }
   }
+  if (all || parts.has('dataplane')) await dataplane(row, results);
 
   const machine = `${cpus().length} × ${cpus()[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.versions.node}`;
   const table = [
@@ -97,7 +186,7 @@ async function main(): Promise<void> {
   const json = JSON.stringify({ machine, at: new Date().toISOString(), results, rows }, null, 2);
   writeFileSync(join(dir, `${new Date().toISOString().replace(/[:.]/g, '-')}.json`), json);
   writeFileSync(join(dir, 'latest.json'), json);
-  updateReadme(table);
+  if (all) updateReadme(table);
 }
 
 function updateReadme(table: string): void {
@@ -111,7 +200,10 @@ function updateReadme(table: string): void {
   writeFileSync(path, `${text.slice(0, a + start.length)}\n${table}\n${text.slice(b)}`);
 }
 
-main().catch((err: unknown) => {
-  console.error(err);
-  process.exit(1);
-});
+main().then(
+  () => process.exit(0),
+  (err: unknown) => {
+    console.error(err);
+    process.exit(1);
+  },
+);
