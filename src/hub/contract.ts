@@ -1,0 +1,84 @@
+// Federation contract: what the hub (the wsproxy of the design) keeps, and the sync protocol
+// between the hub and each worker cluster. The hub (src/hub/) and the worker's sync agent
+// (src/worker/sync-agent.ts) both follow this file.
+//
+// The hub is the source of truth for API keys (hashed), sandbox templates and the cluster
+// registry. Each worker dials the hub (outbound only, so clusters behind NAT work) and keeps a
+// copy of what it needs in its own store, so it goes on serving when the hub is away.
+import type { KubeObject, ObjectMeta, ResourceType } from '../api/meta.ts';
+import { ASB_GROUP } from '../api/types.ts';
+
+/** A worker cluster as the hub knows it (cluster-scoped, `asb.dev/v1alpha1`, kind Cluster). */
+export interface ClusterSpec {
+  region: string;
+  /** Where other edges send this cluster's sandbox traffic (its Envoy ingress), host:port. */
+  ingressAddress: string;
+  /** Base URL of its worker API, for the hub's own calls (placement, terminals). */
+  apiUrl?: string;
+  labels?: Record<string, string>;
+  /** Drained clusters keep their sandboxes but get no new ones. */
+  drain?: boolean;
+  /** 4 chars [a-z0-9]: the prefix of this cluster's sandbox ids (src/api/ids.ts). */
+  tag: string;
+  /** hex sha256 of the cluster's sync credential; the credential itself is shown once. */
+  credentialHash: string;
+}
+
+export interface ClusterStatus {
+  connected?: boolean;
+  /** Last hub version this cluster acknowledged as applied. */
+  appliedVersion?: number;
+  /** Hub version minus appliedVersion when last seen. */
+  lag?: number;
+  lastSeen?: string;
+  /** Reported by the worker in heartbeats, for placement. */
+  warm?: Record<string, number>;
+  healthy?: boolean;
+}
+
+export interface Cluster extends KubeObject {
+  metadata: ObjectMeta;
+  spec: ClusterSpec;
+  status?: ClusterStatus;
+}
+
+export const ClusterType: ResourceType = { group: ASB_GROUP, version: 'v1alpha1', kind: 'Cluster', plural: 'clusters', namespaced: false };
+
+/** Kinds the hub syncs to workers. Cluster objects are synced too, without credential hashes. */
+export type SyncKind = 'ApiKey' | 'SandboxTemplate' | 'Cluster';
+
+export interface SyncItem {
+  kind: SyncKind;
+  namespace: string;
+  name: string;
+  /** The object as the hub holds it (Cluster: credentialHash removed). Absent when deleted. */
+  object?: KubeObject;
+}
+
+/**
+ * Sync over WebSocket at `GET <hub>/v1/sync`, `Authorization: Bearer <cluster credential>`.
+ * Versions are the hub store's resourceVersions (numbers), strictly increasing.
+ *
+ * worker → hub
+ *   hello      first frame: which cluster, and the last hub version it applied (0: none)
+ *   ack        after applying (and persisting) everything up to `version`
+ *   heartbeat  every few seconds: liveness and what placement needs
+ * hub → worker
+ *   snapshot   everything, at `version` — when the worker's lastVersion is 0 or older than the
+ *              hub retains; the worker replaces its synced copy (deleting what is absent)
+ *   delta      one change after the worker's version, in version order, none skipped
+ *   heartbeat  liveness
+ * Either side closes a connection that has been silent for 3 heartbeat intervals.
+ */
+export type WorkerToHub =
+  | { type: 'hello'; cluster: string; lastVersion: number }
+  | { type: 'ack'; version: number }
+  | { type: 'heartbeat'; warm: Record<string, number>; healthy: boolean };
+
+export type HubToWorker =
+  | { type: 'snapshot'; version: number; items: SyncItem[] }
+  | { type: 'delta'; version: number; item: SyncItem }
+  | { type: 'heartbeat'; version: number };
+
+/** Heartbeat interval; a peer silent for 3 intervals is dead (so within ~6 s). */
+export const HEARTBEAT_MS = 2000;
