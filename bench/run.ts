@@ -3,7 +3,6 @@
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
 // `node bench/run.ts [claims] [dataplane]` runs only those parts (default: all).
-import { execFileSync } from 'node:child_process';
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { request } from 'node:http';
@@ -12,9 +11,8 @@ import { performance } from 'node:perf_hooks';
 import { call, poolObjects, round, summarize, waitPool, warmClaims, type Target } from './claims.ts';
 import { benchDataplane } from './dataplane.ts';
 import { benchStore } from './store-bench.ts';
-import { silentLogger } from '../src/system/log.ts';
-import { startLocalSystem, type LocalSystem } from '../src/system/local-system.ts';
-import { removeDataDir, tempDataDir } from '../test/support/worker-process.ts';
+import type { LocalSystem } from '../src/system/local-system.ts';
+import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
@@ -145,28 +143,11 @@ async function main(): Promise<void> {
     const store = await benchStore();
     results.store = store;
     row('store compare-and-swap updates/s (64 concurrent, group commit)', String(store.updatesPerSec), '—');
-    const stateDir = tempDataDir(TAG);
-    const system = await startLocalSystem({
-      stateDir,
-      log: silentLogger(),
-      apiPort: 0,
-      edgePort: 0,
-      envoyAdminPort: 0,
-      routerPort: 0,
-      domain: 'asb.localhost',
-      clusterName: 'bench',
-      workerArgs: ['--cluster-tag', TAG, '--bridge', `asb${TAG}`, '--subnet', '10.219.0.0/16', '--base-pool', '0', '--log-level', 'warn'],
-    });
+    const system = await startTestSystem(TAG, 219, 'bench');
     try {
       await claimsAndLifecycle(system, row, results);
     } finally {
-      await system.stop();
-      removeDataDir(stateDir);
-      try {
-        execFileSync('ip', ['link', 'del', `asb${TAG}`], { stdio: 'ignore' });
-      } catch {
-        // no bridge
-      }
+      await system.cleanup();
     }
   }
   if (all || parts.has('dataplane')) await dataplane(row, results);

@@ -2,14 +2,14 @@
 // router process fed by the worker's route feed, and a real Envoy in front. Every request here
 // goes through Envoy on the edge port, addressed by Host header like a browser or an SDK would.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { request } from 'node:http';
 import { test, type TestContext } from 'node:test';
 import WebSocket from 'ws';
-import { silentLogger } from '../src/system/log.ts';
-import { startLocalSystem, type LocalSystem } from '../src/system/local-system.ts';
-import { api, removeDataDir, tempDataDir } from './support/worker-process.ts';
+import type { LocalSystem } from '../src/system/local-system.ts';
+import { startTestSystem } from './support/local-system.ts';
+import { waitFor } from './support/wait.ts';
+import { api } from './support/worker-process.ts';
 
 interface View {
   id: string;
@@ -20,28 +20,9 @@ interface View {
 
 const TAG = 'e2ed';
 
-async function startSystem(t: TestContext): Promise<LocalSystem & { adminKey: string }> {
-  const stateDir = tempDataDir(TAG);
-  const system = await startLocalSystem({
-    stateDir,
-    log: silentLogger(),
-    apiPort: 0,
-    edgePort: 0,
-    envoyAdminPort: 0,
-    routerPort: 0,
-    domain: 'asb.localhost',
-    clusterName: 'local',
-    workerArgs: ['--cluster-tag', TAG, '--bridge', `asb${TAG}`, '--subnet', '10.222.0.0/16', '--base-pool', '0', '--log-level', 'warn'],
-  });
-  t.after(async () => {
-    await system.stop();
-    removeDataDir(stateDir);
-    try {
-      execFileSync('ip', ['link', 'del', `asb${TAG}`], { stdio: 'ignore' });
-    } catch {
-      // no bridge
-    }
-  });
+async function startSystem(t: TestContext): Promise<LocalSystem> {
+  const system = await startTestSystem(TAG, 222);
+  t.after(() => system.cleanup());
   return system;
 }
 
@@ -57,16 +38,6 @@ function viaEdge(system: LocalSystem, host: string, headers: Record<string, stri
     req.on('error', reject);
     req.end();
   });
-}
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 30_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await fn();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 const WEB_TEMPLATE = {

@@ -3,6 +3,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { test } from 'node:test';
+import { waitFor } from './support/wait.ts';
 import { api, removeDataDir, startWorkerProcess, tempDataDir, type WorkerProcess } from './support/worker-process.ts';
 
 interface View {
@@ -23,16 +24,6 @@ function cleanupBridge(tag: string): void {
     execFileSync('ip', ['link', 'del', `asb${tag}`], { stdio: 'ignore' });
   } catch {
     // already gone
-  }
-}
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await fn();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
   }
 }
 

@@ -6,31 +6,12 @@ import { AsbError, ERRORS, type ErrorCode, type FieldProblem } from '../errors.t
 import type { KubeObject } from '../api/meta.ts';
 import type { SandboxClaim, SandboxPhase, SandboxTemplate, SandboxWarmPool } from '../api/types.ts';
 import type { FileEntry } from '../runtime/runtime.ts';
+import type { SandboxView } from '../worker/views.ts';
 
 export type { FileEntry };
 
-export interface SandboxView {
-  id: string;
-  namespace: string;
-  template: string;
-  phase: SandboxPhase;
-  ready: boolean;
-  launchType: 'warm' | 'cold';
-  owner: string;
-  labels: Record<string, string>;
-  ip?: string;
-  createdAt: string;
-  shutdownTime?: string;
-  idleTimeoutMs?: number;
-  message?: string;
-  /** Data-plane access token (X-Access-Token); in single-sandbox responses only. */
-  accessToken?: string;
-  domain?: string;
-  defaultPort?: number;
-  publicPorts?: number[];
-  /** The sandbox through the edge at defaultPort: <scheme>://<defaultPort>-<id>.<domain>[:<port>] */
-  url?: string;
-}
+// The wire shape is defined once, by the server that produces it.
+export type { SandboxView };
 
 export interface StatusView {
   cluster: { name: string; tag: string };

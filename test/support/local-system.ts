@@ -1,0 +1,42 @@
+// The whole local system (worker, router, Envoy) for end-to-end tests and benchmarks, on its own
+// ports, data directory, bridge and subnet, so it never collides with `make up` or another file.
+import { execFileSync } from 'node:child_process';
+import { silentLogger } from '../../src/system/log.ts';
+import { startLocalSystem, type LocalSystem } from '../../src/system/local-system.ts';
+import { removeDataDir, tempDataDir } from './worker-process.ts';
+
+export interface TestSystem extends LocalSystem {
+  /** Stops it and removes its data and bridge; idempotent. */
+  cleanup(): Promise<void>;
+}
+
+/** tag: 4 chars [a-z0-9] (id prefix, bridge asb<tag>); subnetOctet: 10.<octet>.0.0/16. */
+export async function startTestSystem(tag: string, subnetOctet: number, clusterName = 'local'): Promise<TestSystem> {
+  const stateDir = tempDataDir(tag);
+  const system = await startLocalSystem({
+    stateDir,
+    log: silentLogger(),
+    apiPort: 0,
+    edgePort: 0,
+    envoyAdminPort: 0,
+    routerPort: 0,
+    domain: 'asb.localhost',
+    clusterName,
+    workerArgs: ['--cluster-tag', tag, '--bridge', `asb${tag}`, '--subnet', `10.${subnetOctet}.0.0/16`, '--base-pool', '0', '--log-level', 'warn'],
+  });
+  let cleaned: Promise<void> | undefined;
+  return Object.assign(system, {
+    cleanup() {
+      cleaned ??= (async () => {
+        await system.stop();
+        removeDataDir(stateDir);
+        try {
+          execFileSync('ip', ['link', 'del', `asb${tag}`], { stdio: 'ignore' });
+        } catch {
+          // no bridge
+        }
+      })();
+      return cleaned;
+    },
+  });
+}
