@@ -1,10 +1,10 @@
 // Runs a real worker process (src/system/worker-main.ts) for end-to-end tests, on its own data
 // directory, port, bridge and subnet so test files never collide with each other or `make up`.
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { createInterface } from 'node:readline';
+import { startChild } from '../../src/system/child.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
 
@@ -37,10 +37,10 @@ export function tempDataDir(prefix: string): string {
 export async function startWorkerProcess(opts: WorkerProcessOptions): Promise<WorkerProcess> {
   const dataDir = opts.dataDir ?? tempDataDir(opts.clusterTag);
   const keyFile = join(dataDir, 'admin.key');
-  const proc = spawn(
-    process.execPath,
-    [
-      join(repoRoot, 'src/system/worker-main.ts'),
+  const child = await startChild<{ ready: true; apiUrl: string }>({
+    name: `worker ${opts.clusterTag}`,
+    entry: join(repoRoot, 'src/system/worker-main.ts'),
+    args: [
       '--data-dir', join(dataDir, 'data'),
       '--admin-key-file', keyFile,
       '--port', '0',
@@ -51,36 +51,15 @@ export async function startWorkerProcess(opts: WorkerProcessOptions): Promise<Wo
       '--log-level', 'warn',
       ...(opts.extraArgs ?? []),
     ],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  let stderr = '';
-  proc.stderr.on('data', (chunk: Buffer) => {
-    stderr = (stderr + chunk.toString()).slice(-8000);
+    logPath: join(dataDir, 'worker.log'),
   });
-  const exited = new Promise<number | null>((res) => proc.once('exit', (code) => res(code)));
-  const apiUrl = await new Promise<string>((res, rej) => {
-    const lines = createInterface({ input: proc.stdout });
-    lines.on('line', (line) => {
-      try {
-        const parsed = JSON.parse(line) as { ready?: boolean; apiUrl?: string };
-        if (parsed.ready === true && parsed.apiUrl !== undefined) res(parsed.apiUrl);
-      } catch {
-        // not the ready line
-      }
-    });
-    void exited.then((code) => rej(new Error(`worker exited (${code}) before ready:\n${stderr}`)));
-  });
-  const adminKey = readFileSync(keyFile, 'utf8').trim();
   return {
-    apiUrl,
-    adminKey,
+    apiUrl: child.ready.apiUrl,
+    adminKey: readFileSync(keyFile, 'utf8').trim(),
     dataDir,
-    proc,
-    exited,
-    async stop() {
-      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
-      await exited;
-    },
+    proc: child.proc,
+    exited: child.exited.then((code) => (typeof code === 'number' ? code : null)),
+    stop: () => child.stop(),
   };
 }
 
