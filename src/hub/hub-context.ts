@@ -1,0 +1,22 @@
+// What every hub route handler may use. Built once by the admin API and frozen.
+import type { Counter, Registry } from 'prom-client';
+import type { ObjectStore } from '../store/store.ts';
+import type { Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+
+export interface HubContext {
+  readonly store: ObjectStore;
+  readonly log: Logger;
+  readonly clock: Clock;
+  readonly registry: Registry;
+  /** The package version, reported by GET /v1/status. */
+  readonly version: string;
+  /** Largest JSON request body accepted, in bytes. */
+  readonly jsonBytes: number;
+  /** Namespace of templates written without one. */
+  readonly defaultNamespace: string;
+}
+
+export interface HubMetrics {
+  httpRequestsTotal: Counter<'route' | 'code'>;
+}

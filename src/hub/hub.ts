@@ -1,0 +1,107 @@
+// The hub's composition root: store → key ring → admin API → HTTP server (+ the sync endpoint),
+// started in that order and closed in the reverse order.
+//
+// The hub is the federation's source of truth for API keys (hashed), sandbox templates and the
+// cluster registry. It keeps them in its own embedded store at <dataDir>/hub.db; workers dial
+// GET /v1/sync on the same HTTP server and keep a copy (src/hub/contract.ts).
+import { mkdirSync, readFileSync } from 'node:fs';
+import { createServer, type IncomingMessage, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
+import { join } from 'node:path';
+import { Registry } from 'prom-client';
+import { KeyRing } from '../auth/keyring.ts';
+import { openSqliteStore } from '../store/sqlite.ts';
+import type { ObjectStore } from '../store/store.ts';
+import { systemClock, type Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import { createHubApi } from './admin-api.ts';
+import { ensureHubAdminKey } from './admin-key.ts';
+import type { HubConfig } from './hub-config.ts';
+
+/** The WebSocket side of the hub, mounted on GET /v1/sync. */
+export interface SyncEndpoint {
+  upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void;
+  close(): Promise<void>;
+}
+
+export interface HubDeps {
+  log: Logger;
+  clock?: Clock;
+  registry?: Registry;
+  /** Builds the sync endpoint over the hub's store; without one, /v1/sync upgrades answer 503. */
+  createSync?: (opts: { store: ObjectStore; log: Logger; clock: Clock; registry: Registry }) => SyncEndpoint;
+}
+
+export interface RunningHub {
+  /** Base URL of the admin API and the sync endpoint, e.g. http://127.0.0.1:7070 */
+  readonly url: string;
+  readonly store: ObjectStore;
+  /** The admin key, when config.adminKeyFile asked for one. */
+  readonly adminKey: string | undefined;
+  /** Idempotent. */
+  close(): Promise<void>;
+}
+
+export async function startHub(config: HubConfig, deps: HubDeps): Promise<RunningHub> {
+  const clock = deps.clock ?? systemClock;
+  const registry = deps.registry ?? new Registry();
+  const log = deps.log;
+  mkdirSync(config.dataDir, { recursive: true });
+
+  const store = await openSqliteStore({ path: join(config.dataDir, 'hub.db'), clock, log: log.child({ component: 'store' }) });
+  const adminKey = config.adminKeyFile === undefined ? undefined : await ensureHubAdminKey(store, config.adminKeyFile);
+  const keyRing = await KeyRing.open({ store, log, clock });
+  const api = createHubApi({ store, auth: keyRing, log, registry, clock, version: packageVersion() });
+  const sync = deps.createSync?.({ store, log: log.child({ component: 'sync' }), clock, registry });
+
+  const server = createServer(api.handler);
+  server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    const path = new URL(req.url ?? '/', 'http://hub.invalid').pathname;
+    if (path === '/v1/sync' && sync !== undefined) {
+      sync.upgrade(req, socket, head);
+      return;
+    }
+    const status = path === '/v1/sync' ? '503 Service Unavailable' : '404 Not Found';
+    socket.end(`HTTP/1.1 ${status}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+  });
+  await listen(server, config.port, config.host);
+  const { port } = server.address() as AddressInfo;
+  const host = config.host.includes(':') ? `[${config.host}]` : config.host;
+  const url = `http://${host}:${port}`;
+  log.info({ url }, 'hub listening');
+
+  let closing: Promise<void> | undefined;
+  return {
+    url,
+    store,
+    adminKey,
+    close() {
+      closing ??= (async () => {
+        // Sync WebSockets first: an upgraded socket would keep server.close() waiting.
+        await sync?.close();
+        const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+        server.closeIdleConnections();
+        await closed;
+        keyRing.close();
+        await store.close();
+      })();
+      return closing;
+    },
+  };
+}
+
+function packageVersion(): string {
+  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version?: unknown };
+  return typeof pkg.version === 'string' ? pkg.version : 'unknown';
+}
+
+function listen(server: Server, port: number, host: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+}

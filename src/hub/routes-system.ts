@@ -1,0 +1,58 @@
+// Liveness, Prometheus metrics and the federation summary: the hub's version and, per cluster,
+// whether it is connected, the hub version it has applied and how far behind it is.
+import type { Cluster } from './contract.ts';
+import { ClusterType } from './contract.ts';
+import type { Route } from '../worker/router.ts';
+import type { HubContext } from './hub-context.ts';
+
+export interface HubStatusView {
+  /** The hub's package version. */
+  version: string;
+  /** The hub store's current version: every change the hub syncs carries one at most this. */
+  hubVersion: number;
+  clusters: {
+    name: string;
+    region: string;
+    tag: string;
+    drain: boolean;
+    connected: boolean;
+    healthy: boolean | undefined;
+    appliedVersion: number | undefined;
+    lag: number | undefined;
+    lastSeen: string | undefined;
+  }[];
+}
+
+export async function hubStatus(h: HubContext): Promise<HubStatusView> {
+  const listed = await h.store.list<Cluster>(ClusterType);
+  return {
+    version: h.version,
+    hubVersion: Number(listed.resourceVersion),
+    clusters: listed.items.map((c) => ({
+      name: c.metadata.name,
+      region: c.spec.region,
+      tag: c.spec.tag,
+      drain: c.spec.drain === true,
+      connected: c.status?.connected === true,
+      healthy: c.status?.healthy,
+      appliedVersion: c.status?.appliedVersion,
+      lag: c.status?.lag,
+      lastSeen: c.status?.lastSeen,
+    })),
+  };
+}
+
+export function hubSystemRoutes(h: HubContext): Route[] {
+  return [
+    { method: 'GET', pattern: '/healthz', auth: false, handler: () => Promise.resolve({ status: 200, json: { ok: true } }) },
+    {
+      method: 'GET',
+      pattern: '/metrics',
+      async handler() {
+        const text = await h.registry.metrics();
+        return { status: 200, bytes: Buffer.from(text, 'utf8'), contentType: h.registry.contentType };
+      },
+    },
+    { method: 'GET', pattern: '/v1/status', handler: async () => ({ status: 200, json: await hubStatus(h) }) },
+  ];
+}

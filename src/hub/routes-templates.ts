@@ -1,0 +1,178 @@
+// Sandbox templates, held by the hub and synced to every cluster: any key reads them, admin keys
+// write them. Every object passes the same validation as on a worker (src/api/validate.ts), so
+// what the hub accepts every cluster accepts. /v1/apply takes SandboxTemplates only (pools,
+// sandboxes and claims belong to a cluster) and validates every object before writing any.
+import type { KubeObject } from '../api/meta.ts';
+import { SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
+import { applyDefaults, validateObject } from '../api/validate.ts';
+import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
+import { isObjectName, requireAdmin } from '../worker/access.ts';
+import { readJson } from '../worker/body.ts';
+import { isPlainObject } from '../worker/input.ts';
+import type { RequestContext, Route } from '../worker/router.ts';
+import type { HubContext } from './hub-context.ts';
+
+// One apply writes at most this many templates: more than any config file, bounded undo work.
+const MAX_APPLY_OBJECTS = 500;
+
+type Action = 'created' | 'configured' | 'unchanged';
+
+function namespaceParam(h: HubContext, ctx: RequestContext): string {
+  const ns = ctx.query.get('namespace');
+  if (ns === null || ns === '') return h.defaultNamespace;
+  if (!isObjectName(ns)) throw new AsbError('BadRequest', `query parameter namespace must be a DNS label, got "${ns}"`, { fields: [{ field: 'namespace', message: 'not a valid name' }] });
+  return ns;
+}
+
+function notFound(namespace: string, name: string): AsbError {
+  return new AsbError('NotFound', `SandboxTemplate "${name}" not found in namespace "${namespace}" on the hub`);
+}
+
+/** Validated and defaulted, with its namespace set; 422 naming every bad field under `path`. */
+function prepare(h: HubContext, raw: unknown, path: string): SandboxTemplate {
+  const obj = applyDefaults(validateObject(raw, path));
+  if (obj.kind !== SandboxTemplateType.kind) {
+    const field = path === '' ? 'kind' : `${path}.kind`;
+    throw new AsbError('Invalid', `${field}: the hub holds SandboxTemplates only; apply ${obj.kind} objects to a cluster`, {
+      fields: [{ field, message: `must be SandboxTemplate, got ${obj.kind}` }],
+    });
+  }
+  obj.metadata.namespace ??= h.defaultNamespace;
+  return obj as SandboxTemplate;
+}
+
+function sameContent(a: KubeObject, b: KubeObject): boolean {
+  return JSON.stringify([a.spec, a.metadata.labels ?? {}, a.metadata.annotations ?? {}]) === JSON.stringify([b.spec, b.metadata.labels ?? {}, b.metadata.annotations ?? {}]);
+}
+
+/** The user's spec, labels and annotations over what is stored; the rest of the metadata kept. */
+function merged(existing: SandboxTemplate, desired: SandboxTemplate): SandboxTemplate {
+  return {
+    ...existing,
+    spec: desired.spec,
+    metadata: {
+      ...existing.metadata,
+      labels: { ...existing.metadata.labels, ...desired.metadata.labels },
+      annotations: { ...existing.metadata.annotations, ...desired.metadata.annotations },
+    },
+  };
+}
+
+async function upsert(h: HubContext, obj: SandboxTemplate, existing: SandboxTemplate | undefined): Promise<{ action: Action; object: SandboxTemplate }> {
+  if (existing === undefined) return { action: 'created', object: await h.store.create(SandboxTemplateType, obj) };
+  const next = merged(existing, obj);
+  if (sameContent(next, existing)) return { action: 'unchanged', object: existing };
+  return { action: 'configured', object: await h.store.update(SandboxTemplateType, next) };
+}
+
+async function putOne(h: HubContext, ctx: RequestContext): Promise<{ action: Action; object: SandboxTemplate }> {
+  requireAdmin(ctx, 'writing a SandboxTemplate');
+  const raw = await readJson(ctx.req, h.jsonBytes);
+  if (raw === undefined) throw new AsbError('BadRequest', 'PUT needs a SandboxTemplate object as its JSON body');
+  const name = ctx.params.name ?? '';
+  const ns = namespaceParam(h, ctx);
+  if (isPlainObject(raw) && isPlainObject(raw.metadata) && raw.metadata.namespace === undefined) raw.metadata.namespace = ns;
+  const obj = prepare(h, raw, '');
+  const problems: FieldProblem[] = [];
+  if (obj.metadata.name !== name) problems.push({ field: 'metadata.name', message: `must match the name in the path ("${name}"), got "${obj.metadata.name}"` });
+  if (obj.metadata.namespace !== ns) problems.push({ field: 'metadata.namespace', message: `must match the namespace query parameter ("${ns}")` });
+  if (problems.length > 0) throw new AsbError('Invalid', `SandboxTemplate "${name}" is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
+  const existing = await h.store.tryGet<SandboxTemplate>(SandboxTemplateType, ns, name);
+  return upsert(h, obj, existing);
+}
+
+async function apply(h: HubContext, ctx: RequestContext): Promise<{ results: { kind: string; namespace: string; name: string; action: Action }[] }> {
+  requireAdmin(ctx, 'applying templates');
+  const raw = await readJson(ctx.req, h.jsonBytes);
+  if (!isPlainObject(raw)) throw new AsbError('BadRequest', 'request body must be a JSON object {"objects": [...]}');
+  const unknown = Object.keys(raw).filter((k) => k !== 'objects');
+  if (unknown.length > 0) throw new AsbError('Invalid', `request body is invalid: unknown field ${unknown.join(', ')}; the only field is objects`, { fields: unknown.map((field) => ({ field, message: 'unknown field' })) });
+  const list = raw.objects;
+  if (!Array.isArray(list)) throw new AsbError('Invalid', 'request body is invalid: objects: must be an array of objects', { fields: [{ field: 'objects', message: 'must be an array' }] });
+  if (list.length > MAX_APPLY_OBJECTS) throw new AsbError('Invalid', `request body is invalid: objects: at most ${MAX_APPLY_OBJECTS} objects per apply`, { fields: [{ field: 'objects', message: `at most ${MAX_APPLY_OBJECTS}` }] });
+
+  // 1. Validate everything, reporting every problem of every object at once.
+  const problems: FieldProblem[] = [];
+  const prepared: SandboxTemplate[] = [];
+  for (const [i, item] of list.entries()) {
+    try {
+      prepared.push(prepare(h, item, `objects[${i}]`));
+    } catch (err) {
+      if (!isAsbError(err, 'Invalid')) throw err;
+      problems.push(...(err.fields.length > 0 ? err.fields : [{ field: `objects[${i}]`, message: err.message }]));
+    }
+  }
+  if (problems.length > 0) throw new AsbError('Invalid', `nothing was applied: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
+
+  // 2. Write, undoing this request's earlier writes if one fails.
+  const results: { kind: string; namespace: string; name: string; action: Action }[] = [];
+  const undo: (() => Promise<unknown>)[] = [];
+  try {
+    for (const obj of prepared) {
+      const ns = obj.metadata.namespace ?? h.defaultNamespace;
+      const existing = await h.store.tryGet<SandboxTemplate>(SandboxTemplateType, ns, obj.metadata.name);
+      const { action, object } = await upsert(h, obj, existing);
+      if (action === 'created') undo.push(() => h.store.delete(SandboxTemplateType, ns, object.metadata.name));
+      if (action === 'configured' && existing !== undefined) {
+        undo.push(() => h.store.update(SandboxTemplateType, { ...existing, metadata: { ...existing.metadata, resourceVersion: object.metadata.resourceVersion ?? '' } }));
+      }
+      results.push({ kind: SandboxTemplateType.kind, namespace: ns, name: object.metadata.name, action });
+    }
+  } catch (err) {
+    for (const step of undo.reverse()) {
+      await step().catch((undoErr: unknown) => ctx.log.error({ err: undoErr }, 'apply: undoing a write failed'));
+    }
+    throw err;
+  }
+  return { results };
+}
+
+export function templateRoutes(h: HubContext): Route[] {
+  return [
+    { method: 'POST', pattern: '/v1/apply', handler: async (ctx) => ({ status: 200, json: await apply(h, ctx) }) },
+    {
+      method: 'GET',
+      pattern: '/v1/templates',
+      async handler(ctx) {
+        const ns = ctx.query.get('namespace');
+        const listed = await h.store.list<SandboxTemplate>(SandboxTemplateType, ns === null || ns === '' ? {} : { namespace: namespaceParam(h, ctx) });
+        return { status: 200, json: { items: listed.items } };
+      },
+    },
+    {
+      method: 'GET',
+      pattern: '/v1/templates/{name}',
+      async handler(ctx) {
+        const ns = namespaceParam(h, ctx);
+        const name = ctx.params.name ?? '';
+        const obj = isObjectName(name) ? await h.store.tryGet<SandboxTemplate>(SandboxTemplateType, ns, name) : undefined;
+        if (obj === undefined) throw notFound(ns, name);
+        return { status: 200, json: obj };
+      },
+    },
+    {
+      method: 'PUT',
+      pattern: '/v1/templates/{name}',
+      async handler(ctx) {
+        const { action, object } = await putOne(h, ctx);
+        return { status: action === 'created' ? 201 : 200, json: object };
+      },
+    },
+    {
+      method: 'DELETE',
+      pattern: '/v1/templates/{name}',
+      async handler(ctx) {
+        requireAdmin(ctx, 'deleting a SandboxTemplate');
+        const ns = namespaceParam(h, ctx);
+        const name = ctx.params.name ?? '';
+        if (!isObjectName(name)) throw notFound(ns, name);
+        try {
+          return { status: 200, json: await h.store.delete(SandboxTemplateType, ns, name) };
+        } catch (err) {
+          if (isAsbError(err, 'NotFound')) throw notFound(ns, name);
+          throw err;
+        }
+      },
+    },
+  ];
+}
