@@ -29,6 +29,10 @@ export interface WorkerConfig {
   readonly domain: string;
   /** ASB_EDGE_URL / --edge-url: the edge (Envoy) base URL; its scheme and port go into sandbox URLs. Default http://127.0.0.1:10000 */
   readonly edgeUrl: string;
+  /** ASB_HUB_URL / --hub-url: the hub's base URL (http(s)://host:port); when set the worker syncs keys, templates and clusters from it. */
+  readonly hubUrl: string | undefined;
+  /** ASB_HUB_CREDENTIAL_FILE / --hub-credential-file: file holding this cluster's sync credential (asbc_...); required with --hub-url. */
+  readonly hubCredentialFile: string | undefined;
 }
 
 const DEFAULTS = {
@@ -45,7 +49,8 @@ const DEFAULTS = {
   edgeUrl: 'http://127.0.0.1:10000',
 } as const;
 
-type Key = keyof typeof DEFAULTS | 'adminKeyFile';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile';
+type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
   dataDir: { env: 'ASB_DATA_DIR', flag: 'data-dir' },
@@ -60,6 +65,8 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   logLevel: { env: 'ASB_LOG_LEVEL', flag: 'log-level' },
   domain: { env: 'ASB_DOMAIN', flag: 'domain' },
   edgeUrl: { env: 'ASB_EDGE_URL', flag: 'edge-url' },
+  hubUrl: { env: 'ASB_HUB_URL', flag: 'hub-url' },
+  hubCredentialFile: { env: 'ASB_HUB_CREDENTIAL_FILE', flag: 'hub-credential-file' },
 };
 
 export class ConfigError extends Error {
@@ -75,8 +82,8 @@ export class ConfigError extends Error {
 export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): WorkerConfig {
   const problems: string[] = [];
   const flags = new Map([...parseFlags(argv, problems)].map(([name, values]) => [name, values.at(-1) ?? '']));
-  const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (key === 'adminKeyFile' ? undefined : DEFAULTS[key]);
-  const str = (key: Exclude<Key, 'adminKeyFile'>): string => raw(key) ?? DEFAULTS[key];
+  const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (isOptional(key) ? undefined : DEFAULTS[key]);
+  const str = (key: Exclude<Key, OptionalKey>): string => raw(key) ?? DEFAULTS[key];
   const int = (key: 'apiPort' | 'basePoolReplicas', min: number, max: number): number => {
     const text = str(key);
     const value = Number(text);
@@ -105,6 +112,10 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   if (!isEdgeUrl(edgeUrl)) problems.push(`${describe('edgeUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:10000, got "${edgeUrl}"`);
 
   const adminKeyFile = raw('adminKeyFile');
+  const hubUrl = raw('hubUrl');
+  const hubCredentialFile = raw('hubCredentialFile');
+  if (hubUrl !== undefined && !isEdgeUrl(hubUrl)) problems.push(`${describe('hubUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:7090, got "${hubUrl}"`);
+  if ((hubUrl === undefined) !== (hubCredentialFile === undefined)) problems.push(`${describe('hubUrl')} and ${describe('hubCredentialFile')} go together: set both or neither`);
   const config: WorkerConfig = {
     dataDir: resolve(str('dataDir')),
     apiHost: str('apiHost'),
@@ -118,9 +129,15 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     logLevel: str('logLevel'),
     domain,
     edgeUrl: edgeUrl.replace(/\/$/, ''),
+    hubUrl: hubUrl?.replace(/\/$/, ''),
+    hubCredentialFile: hubCredentialFile === undefined ? undefined : resolve(hubCredentialFile),
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);
+}
+
+function isOptional(key: Key): key is OptionalKey {
+  return key === 'adminKeyFile' || key === 'hubUrl' || key === 'hubCredentialFile';
 }
 
 function isEdgeUrl(text: string): boolean {

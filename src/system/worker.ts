@@ -19,6 +19,7 @@ import { openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { createAccessTokens, loadClusterSecret } from '../worker/access-token.ts';
 import { createWorkerServer } from '../worker/server.ts';
+import { startSyncAgent, type SyncAgent } from '../worker/sync-agent.ts';
 import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
 import type { Logger } from './log.ts';
@@ -47,6 +48,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const metrics = createMetrics(registry);
   const log = deps.log;
   mkdirSync(config.dataDir, { recursive: true });
+  // Read before anything opens, so a missing credential file fails the start cleanly.
+  const hubCredential = config.hubCredentialFile === undefined ? undefined : readCredential(config.hubCredentialFile);
 
   const store = await openSqliteStore({ path: join(config.dataDir, 'store.db'), clock, metrics, log: log.child({ component: 'store' }) });
   const runtime =
@@ -57,6 +60,12 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
 
   const operator = await startOperator({ store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag });
   const keyRing = await KeyRing.open({ store, log: log.child({ component: 'keyring' }), clock });
+  // Keys, templates and peers from the hub land in this store; the key ring and the operator
+  // read them from here, so they keep working while the hub is away.
+  const sync: SyncAgent | undefined =
+    config.hubUrl === undefined || hubCredential === undefined
+      ? undefined
+      : startSyncAgent({ hubUrl: config.hubUrl, credential: hubCredential, cluster: config.clusterName, store, log, clock });
   const api = await createWorkerServer({
     store,
     runtime,
@@ -69,6 +78,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     cluster: { name: config.clusterName, tag: config.clusterTag },
     version: packageVersion(),
     dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
+    ...(sync === undefined ? {} : { sync: () => sync.status() }),
   });
   const server = createServer(api.handler);
   server.on('upgrade', api.upgrade);
@@ -88,6 +98,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     adminKey,
     close(opts = {}) {
       closing ??= (async () => {
+        // The hub link first: nothing synced after this point could be acknowledged anyway.
+        await sync?.close();
         // Route feed WebSockets first: an upgraded socket would keep server.close() waiting.
         api.closeStreams();
         server.closeIdleConnections();
@@ -105,6 +117,12 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
       return closing;
     },
   };
+}
+
+function readCredential(file: string): string {
+  const credential = readFileSync(file, 'utf8').trim();
+  if (credential === '') throw new Error(`hub credential file ${file} is empty`);
+  return credential;
 }
 
 function packageVersion(): string {

@@ -70,6 +70,8 @@ export interface WorkerDeps {
   limits?: Partial<WorkerLimits>;
   dataPlane?: Partial<DataPlane>;
   routeFeed?: RouteFeedLimits;
+  /** The hub sync agent's state, for /v1/status (absent when the worker runs without a hub). */
+  sync?: () => { connected: boolean; appliedVersion: number };
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
@@ -86,4 +88,5 @@ export interface WorkerContext {
   limits: WorkerLimits;
   index: SandboxIndex;
   dataPlane: DataPlane;
+  sync: (() => { connected: boolean; appliedVersion: number }) | undefined;
 }

@@ -22,9 +22,12 @@ async function status(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     const phase = sandboxView(s).phase;
     byPhase[phase] = (byPhase[phase] ?? 0) + 1;
   }
+  const sync = w.sync?.();
   return {
     status: 200,
     json: {
+      // Present when the worker syncs from a hub: whether it is connected and the hub version applied.
+      ...(sync === undefined ? {} : { sync: { connected: sync.connected, appliedVersion: sync.appliedVersion } }),
       cluster: { name: w.cluster.name, tag: w.cluster.tag },
       pools: pools.items.map((pool) => ({
         namespace: pool.metadata.namespace ?? w.defaultNamespace,

@@ -103,6 +103,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     limits: Object.freeze({ ...DEFAULT_LIMITS, ...deps.limits }),
     index,
     dataPlane,
+    sync: deps.sync,
   });
   const router: Router = createRouter([...systemRoutes(w), ...objectRoutes(w), ...sandboxRoutes(w), ...fileRoutes(w), ...activityRoutes(w), ...feedRoutes()]);
   const requests = deps.metrics.httpRequestsTotal;

@@ -1,0 +1,277 @@
+// The worker end of sync (protocol in src/hub/contract.ts): dials the hub (outbound only, so a
+// cluster behind NAT needs no inbound port), says which hub version it last applied, and applies
+// the snapshot or deltas it gets to the worker's own store (src/worker/sync-apply.ts), persisting
+// the version before acknowledging it.
+//
+// Messages are applied one batch at a time, in arrival order; a delta at or below the applied
+// version is a replay and is skipped, so nothing is applied twice or out of order. A hub silent
+// for 3 heartbeat intervals is taken for dead and the socket is dropped. Reconnects back off
+// exponentially (250 ms doubling to 10 s) with jitter: after a hub restart 100 workers spread
+// over the window instead of arriving in one burst. Everything applied stays in the worker's
+// store, so keys, templates and pools keep working while the hub is away.
+import { WebSocket, type RawData } from 'ws';
+import type { SandboxWarmPool } from '../api/types.ts';
+import { SandboxWarmPoolType } from '../api/types.ts';
+import { HEARTBEAT_MS, type HubToWorker, type SyncItem, type WorkerToHub } from '../hub/contract.ts';
+import type { ObjectStore } from '../store/store.ts';
+import type { Clock, Timer } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import { advanceTo, applyDeltas, applySnapshot, loadAppliedVersion } from './sync-apply.ts';
+
+const SILENT_INTERVALS = 3;
+const DEFAULT_BACKOFF = { baseMs: 250, maxMs: 10_000 };
+// Snapshots of a large federation (10,000 keys and templates at ~1 KB) fit well under this.
+const MAX_INBOUND_FRAME_BYTES = 256 * 1024 * 1024;
+
+export interface SyncAgentOptions {
+  /** The hub's base URL (http(s)://host:port); the agent dials <hubUrl>/v1/sync as ws(s). */
+  hubUrl: string;
+  credential: string;
+  /** This worker cluster's name, as registered at the hub. */
+  cluster: string;
+  /** The worker's own store. */
+  store: ObjectStore;
+  log: Logger;
+  clock: Clock;
+  backoff?: { baseMs?: number; maxMs?: number };
+  heartbeatMs?: number;
+  /** [0, 1): the jitter source; injected so tests can pin it. */
+  random?: () => number;
+}
+
+export interface SyncStatus {
+  connected: boolean;
+  /** Last hub version applied and persisted here (0: never synced). */
+  appliedVersion: number;
+  /** The hub's version as it last said (absent before the first message). */
+  hubVersion?: number;
+}
+
+export interface SyncAgent {
+  status(): SyncStatus;
+  /** Closes the connection and stops reconnecting; waits for a batch being applied. Idempotent. */
+  close(): Promise<void>;
+}
+
+type Incoming = { type: 'snapshot'; version: number; items: SyncItem[] } | { type: 'delta'; version: number; item: SyncItem } | { type: 'heartbeat'; version: number };
+
+export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
+  const log = opts.log.child({ component: 'sync-agent', hub: opts.hubUrl });
+  const { clock, store } = opts;
+  const heartbeatMs = opts.heartbeatMs ?? HEARTBEAT_MS;
+  const baseMs = opts.backoff?.baseMs ?? DEFAULT_BACKOFF.baseMs;
+  const maxMs = opts.backoff?.maxMs ?? DEFAULT_BACKOFF.maxMs;
+  const random = opts.random ?? Math.random;
+  const url = syncUrl(opts.hubUrl);
+
+  let applied = 0;
+  let hubVersion: number | undefined;
+  let ws: WebSocket | undefined;
+  let connected = false;
+  let failures = 0;
+  let retry: Timer | undefined;
+  let beatTimer: Timer | undefined;
+  let lastHeard = 0;
+  let queue: Incoming[] = [];
+  let applying: Promise<void> | undefined;
+  let closed = false;
+
+  const sendTo = (socket: WebSocket, msg: WorkerToHub): void => {
+    if (socket.readyState === socket.OPEN) socket.send(JSON.stringify(msg));
+  };
+
+  /** Applies everything queued, in order, then acks; one batch at a time. */
+  const drain = (socket: WebSocket): void => {
+    if (applying !== undefined || queue.length === 0) return;
+    const batch = queue;
+    queue = [];
+    applying = applyBatch(batch)
+      .then(
+        (changed) => {
+          // A batch that outlived its socket is acked on the new one.
+          const current = ws ?? socket;
+          if (changed) sendTo(current, { type: 'ack', version: applied });
+        },
+        (err: unknown) => {
+          // The version was not persisted: drop the link and resume from what was.
+          log.error({ err }, 'applying sync messages failed; reconnecting');
+          queue = [];
+          socket.terminate();
+        },
+      )
+      .finally(() => {
+        applying = undefined;
+        if (ws !== undefined) drain(ws);
+      });
+  };
+
+  const applyBatch = async (batch: Incoming[]): Promise<boolean> => {
+    const start = applied;
+    let deltas: { version: number; item: SyncItem }[] = [];
+    const flushDeltas = async (): Promise<void> => {
+      if (deltas.length === 0) return;
+      const written = await applyDeltas(store, deltas);
+      applied = deltas.at(-1)?.version ?? applied;
+      log.debug({ deltas: deltas.length, written, version: applied }, 'applied sync deltas');
+      deltas = [];
+    };
+    for (const msg of batch) {
+      if (msg.type === 'delta') {
+        // A replay (at or below what is applied) is skipped: never twice, never backwards.
+        if (msg.version > (deltas.at(-1)?.version ?? applied)) deltas.push({ version: msg.version, item: msg.item });
+      } else if (msg.type === 'snapshot') {
+        deltas = [];
+        if (msg.version === applied) continue;
+        if (msg.version < applied) log.warn({ applied, version: msg.version }, 'hub snapshot is older than what was applied (hub store reset?); taking it as the truth');
+        const written = await applySnapshot(store, msg.version, msg.items);
+        applied = msg.version;
+        log.info({ items: msg.items.length, written, version: applied }, 'applied sync snapshot');
+      } else {
+        await flushDeltas();
+        // Every change up to a heartbeat's version came before it on this socket: if none was
+        // for us, we are current at that version all the same.
+        if (msg.version > applied) {
+          await advanceTo(store, msg.version);
+          applied = msg.version;
+        }
+      }
+    }
+    await flushDeltas();
+    return applied !== start;
+  };
+
+  const scheduleReconnect = (): void => {
+    if (closed || retry !== undefined) return;
+    const ceiling = Math.min(maxMs, baseMs * 2 ** Math.min(failures, 16));
+    failures += 1;
+    // Jitter over the upper half of the window: never zero, never all at once.
+    const delay = Math.round(ceiling / 2 + (random() * ceiling) / 2);
+    log.info({ delayMs: delay, failures }, 'reconnecting to the hub');
+    retry = clock.after(delay, () => {
+      retry = undefined;
+      connect();
+    });
+  };
+
+  const beat = (socket: WebSocket): void => {
+    beatTimer = clock.after(heartbeatMs, () => {
+      if (socket !== ws || socket.readyState !== socket.OPEN) return;
+      if (clock.now() - lastHeard > SILENT_INTERVALS * heartbeatMs) {
+        log.warn(`hub silent for ${SILENT_INTERVALS} heartbeat intervals; dropping the connection`);
+        socket.terminate();
+        return;
+      }
+      warmCounts(store).then(
+        (warm) => sendTo(socket, { type: 'heartbeat', warm, healthy: true }),
+        (err: unknown) => log.warn({ err }, 'could not count warm sandboxes for the heartbeat'),
+      );
+      beat(socket);
+    });
+  };
+
+  const connect = (): void => {
+    if (closed) return;
+    const socket = new WebSocket(url, {
+      headers: { authorization: `Bearer ${opts.credential}` },
+      handshakeTimeout: SILENT_INTERVALS * heartbeatMs,
+      maxPayload: MAX_INBOUND_FRAME_BYTES,
+    });
+    ws = socket;
+    socket.on('open', () => {
+      connected = true;
+      lastHeard = clock.now();
+      sendTo(socket, { type: 'hello', cluster: opts.cluster, lastVersion: applied });
+      log.info({ lastVersion: applied }, 'connected to the hub');
+      beat(socket);
+    });
+    socket.on('message', (data: RawData) => {
+      lastHeard = clock.now();
+      let msg: Incoming;
+      try {
+        msg = parseMessage(data);
+      } catch (err) {
+        log.warn({ err }, 'bad frame from the hub; reconnecting');
+        socket.terminate();
+        return;
+      }
+      failures = 0;
+      hubVersion = Math.max(hubVersion ?? 0, msg.version);
+      queue.push(msg);
+      drain(socket);
+    });
+    socket.on('unexpected-response', (_req, res) => {
+      log.error({ status: res.statusCode }, 'the hub refused this cluster (check --hub-credential-file and the cluster name)');
+      res.resume();
+      socket.terminate();
+    });
+    socket.on('error', (err) => log.debug({ err }, 'hub socket error'));
+    socket.on('close', () => {
+      if (socket !== ws) return;
+      beatTimer?.cancel();
+      connected = false;
+      ws = undefined;
+      queue = [];
+      scheduleReconnect();
+    });
+  };
+
+  const started = loadAppliedVersion(store).then(
+    (v) => {
+      applied = v;
+      connect();
+    },
+    (err: unknown) => {
+      log.error({ err }, 'could not read the applied sync version; starting from a snapshot');
+      connect();
+    },
+  );
+
+  let closing: Promise<void> | undefined;
+  return {
+    status: () => ({ connected, appliedVersion: applied, ...(hubVersion === undefined ? {} : { hubVersion }) }),
+    close() {
+      closing ??= (async () => {
+        closed = true;
+        await started;
+        retry?.cancel();
+        beatTimer?.cancel();
+        const socket = ws;
+        ws = undefined;
+        connected = false;
+        if (socket !== undefined) {
+          const gone = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+          socket.close(1001, 'worker shutting down');
+          const timer = clock.after(1000, () => socket.terminate());
+          await gone;
+          timer.cancel();
+        }
+        await applying;
+      })();
+      return closing;
+    },
+  };
+}
+
+function syncUrl(hubUrl: string): string {
+  const url = new URL(hubUrl);
+  url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+  url.pathname = `${url.pathname.replace(/\/$/, '')}/v1/sync`;
+  return url.toString();
+}
+
+async function warmCounts(store: ObjectStore): Promise<Record<string, number>> {
+  const pools = await store.list<SandboxWarmPool>(SandboxWarmPoolType);
+  const warm: Record<string, number> = {};
+  for (const p of pools.items) warm[`${p.metadata.namespace ?? 'default'}/${p.metadata.name}`] = p.status?.readyReplicas ?? 0;
+  return warm;
+}
+
+function parseMessage(data: RawData): Incoming {
+  const text = Array.isArray(data) ? Buffer.concat(data).toString('utf8') : Buffer.from(data as ArrayBuffer).toString('utf8');
+  const msg = JSON.parse(text) as HubToWorker;
+  if (typeof msg !== 'object' || !Number.isSafeInteger(msg.version)) throw new Error('frame lacks a version');
+  if (msg.type === 'snapshot' && Array.isArray(msg.items)) return msg;
+  if (msg.type === 'delta' && typeof msg.item === 'object') return msg;
+  if (msg.type === 'heartbeat') return msg;
+  throw new Error('unknown frame type');
+}
