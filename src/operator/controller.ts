@@ -60,6 +60,14 @@ export class Controller {
   #timers = new Map<string, { at: number; timer: Timer }>();
   #idle: (() => void)[] = [];
   #closed = false;
+  /**
+   * Reconcile ids are this random prefix plus a counter: unique per process and cheap. A fresh
+   * randomString per reconcile cost 7 ms of a 5×64-claim probe's worker CPU (randomBytes), and a
+   * pino child logger per reconcile 4 ms; the child is now made only when a reconcile logs.
+   */
+  #idPrefix = randomString(4);
+  #pumpScheduled = false;
+  #runs = 0;
 
   constructor(opts: ControllerOptions) {
     this.name = opts.name;
@@ -80,6 +88,30 @@ export class Controller {
     }
     this.#pending.add(key);
     this.#pump();
+  }
+
+  /**
+   * Like enqueue, but the reconcile starts from a setImmediate. For handlers inside the store's
+   * watch delivery: a burst of 64 claims delivers 64 events before any claim's response is
+   * written, and started inline, 64 sandbox reconciles ran ahead of every response.
+   */
+  enqueueSoon(key: string): void {
+    if (this.#closed) return;
+    if (this.#running.has(key)) {
+      this.#dirty.add(key);
+      return;
+    }
+    this.#pending.add(key);
+    this.#schedulePump();
+  }
+
+  #schedulePump(): void {
+    if (this.#pumpScheduled) return;
+    this.#pumpScheduled = true;
+    setImmediate(() => {
+      this.#pumpScheduled = false;
+      if (!this.#closed) this.#pump();
+    });
   }
 
   /** Enqueues the key after ms; an earlier pending recheck for the same key wins. */
@@ -142,10 +174,18 @@ export class Controller {
   }
 
   async #run(key: string): Promise<void> {
-    const reconcileId = randomString(8);
-    const log = this.#log.child({ reconcileId, key });
+    const reconcileId = `${this.#idPrefix}${(this.#runs++).toString(36)}`;
+    let child: Logger | undefined;
+    const parent = this.#log;
+    const ctx: ReconcileContext = {
+      reconcileId,
+      get log(): Logger {
+        child ??= parent.child({ reconcileId, key });
+        return child;
+      },
+    };
     try {
-      const result = await this.#reconcile(key, { log, reconcileId });
+      const result = await this.#reconcile(key, ctx);
       this.#failures.delete(key);
       const after = result?.requeueAfterMs;
       if (after !== undefined) {
@@ -158,14 +198,14 @@ export class Controller {
       this.#metrics.reconcileTotal.inc({ controller: this.name, result: 'error' });
       if (isAsbError(err, 'Invalid')) {
         this.#failures.delete(key);
-        log.warn({ err }, 'terminal reconcile error; not retried');
+        ctx.log.warn({ err }, 'terminal reconcile error; not retried');
       } else {
         const failures = (this.#failures.get(key) ?? 0) + 1;
         this.#failures.set(key, failures);
         const delay = Math.min(this.#maxBackoffMs, this.#baseBackoffMs * 2 ** Math.min(failures - 1, 20));
         // Conflicts are expected when a cache lags a write; they are noise at info level.
-        if (isAsbError(err, 'Conflict')) log.debug({ err, delay }, 'reconcile conflict; retrying');
-        else log.warn({ err, delay, failures }, 'reconcile failed; retrying');
+        if (isAsbError(err, 'Conflict')) ctx.log.debug({ err, delay }, 'reconcile conflict; retrying');
+        else ctx.log.warn({ err, delay, failures }, 'reconcile failed; retrying');
         this.enqueueAfter(key, delay);
       }
     } finally {

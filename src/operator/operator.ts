@@ -126,7 +126,7 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
     warmPool.observed(key, current);
     claimer.observe(key, current, previous);
     if (!started) return;
-    sandboxController.enqueue(key);
+    sandboxController.enqueueSoon(key);
     // Member changes reach the pool after a short coalescing delay: a burst of 64 claims then
     // costs one refill reconcile after the burst instead of refill work interleaved with (and
     // delaying) every claim's response.

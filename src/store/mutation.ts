@@ -80,6 +80,22 @@ export function jsonEqual(a: unknown, b: unknown): boolean {
   return true;
 }
 
+/**
+ * True when two versions differ outside metadata and status: what moves generation, as for the
+ * apiserver's custom resources. A warm claim changes only labels and owners; bumping generation
+ * for it made the sandbox controller rewrite status.observedGeneration of every claimed sandbox,
+ * one more commit and one more round of watch events per claim.
+ */
+function contentChanged(a: KubeObject, b: KubeObject): boolean {
+  const ra = a as unknown as Record<string, unknown>;
+  const rb = b as unknown as Record<string, unknown>;
+  for (const key of new Set([...Object.keys(ra), ...Object.keys(rb)])) {
+    if (key === 'metadata' || key === 'status') continue;
+    if (!jsonEqual(ra[key], rb[key])) return true;
+  }
+  return false;
+}
+
 function metadataOf(rt: ResourceType, obj: KubeObject): ObjectMeta {
   if (typeof obj !== 'object' || typeof obj.metadata !== 'object') {
     throw invalid(rt.kind, '', [{ field: 'metadata', message: 'required' }]);
@@ -179,7 +195,7 @@ function decideUpdate(ctx: DecideContext, input: KubeObject): Decision {
     }
   }
   metadata.resourceVersion = ctx.rv;
-  metadata.generation = (curMeta.generation ?? 1) + 1;
+  if (contentChanged(candidate, cur)) metadata.generation = (curMeta.generation ?? 1) + 1;
   if (metadata.deletionTimestamp !== undefined && (metadata.finalizers ?? []).length === 0) {
     return { kind: 'remove', namespace, name: curMeta.name, object: candidate, prev: cur };
   }

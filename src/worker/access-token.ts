@@ -7,7 +7,7 @@
 //
 // The cluster secret is 32 random bytes in <dataDir>/cluster.secret, mode 0600, created on the
 // first start and read on every later one. Deleting it rotates every token of the cluster.
-import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHash, createHmac, createSecretKey, randomBytes, timingSafeEqual } from 'node:crypto';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
@@ -16,6 +16,11 @@ export const CLUSTER_SECRET_FILE = 'cluster.secret';
 const SECRET_BYTES = 32;
 /** 32 base64url characters = 192 bits: far past guessing, short enough to paste into a URL or header. */
 const TOKEN_CHARS = 32;
+// Tokens and their hashes are remembered per sandbox id: a claim needs both (the route feed's
+// entry and the response), and deriving them was 30 of the ~540 ms of worker CPU in a probe of
+// 5 bursts of 64 claims (bench/claim-probe.ts), mostly createHmac re-importing the raw key.
+// 100,000 ids × ~200 B = ~20 MB at most; past that the memo starts over (a cache, not state).
+const MEMO_LIMIT = 100_000;
 
 export interface AccessTokens {
   /** The sandbox's data-plane access token; the same for the sandbox's whole life. */
@@ -38,11 +43,25 @@ export function tokenMatches(presented: string, expectedHash: string): boolean {
 
 export function createAccessTokens(secret: Uint8Array): AccessTokens {
   if (secret.byteLength < SECRET_BYTES) throw new AsbError('Internal', `cluster secret must be at least ${SECRET_BYTES} bytes, got ${secret.byteLength}`);
-  const key = Buffer.from(secret);
-  const accessToken = (id: string): string => createHmac('sha256', key).update(id, 'utf8').digest('base64url').slice(0, TOKEN_CHARS);
+  // A KeyObject is imported once; a raw Buffer key is re-imported by every createHmac.
+  const key = createSecretKey(Buffer.from(secret));
+  const memo = new Map<string, { token: string; hash: string | undefined }>();
+  const remembered = (id: string): { token: string; hash: string | undefined } => {
+    let found = memo.get(id);
+    if (found === undefined) {
+      if (memo.size >= MEMO_LIMIT) memo.clear();
+      found = { token: createHmac('sha256', key).update(id, 'utf8').digest('base64url').slice(0, TOKEN_CHARS), hash: undefined };
+      memo.set(id, found);
+    }
+    return found;
+  };
   return {
-    accessToken,
-    tokenHashOf: (id) => tokenHash(accessToken(id)),
+    accessToken: (id) => remembered(id).token,
+    tokenHashOf: (id) => {
+      const found = remembered(id);
+      found.hash ??= tokenHash(found.token);
+      return found.hash;
+    },
   };
 }
 
