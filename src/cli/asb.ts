@@ -10,6 +10,7 @@ import { GLOBAL_OPTIONS, UsageError, ValueError } from './args.ts';
 import { EXIT, type CliIo, type Command, type CommandContext } from './command.ts';
 import { applyCommand } from './commands-apply.ts';
 import { execCommand, filesCommand } from './commands-exec.ts';
+import { clusterCommand, keyCommand, templateCommand } from './commands-hub.ts';
 import { createCommand, getCommand, lsCommand, pauseCommand, resumeCommand, rmCommand, urlCommand } from './commands-sandbox.ts';
 import { statusCommand, upCommand } from './commands-system.ts';
 import { ClientConfigError, resolveClientConfig } from './env-file.ts';
@@ -28,6 +29,9 @@ export const COMMANDS: readonly Command[] = [
   resumeCommand,
   rmCommand,
   filesCommand,
+  clusterCommand,
+  keyCommand,
+  templateCommand,
 ];
 
 const USAGE = 'asb <command> [flags]';

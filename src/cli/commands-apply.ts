@@ -64,7 +64,7 @@ Example:
  * The manifest parser names each failing object in its message and again in its fields; the
  * fields (`file.yaml#2.spec.replicas: ...`) already say where, so the headline stays short.
  */
-function parseOrExplain(text: string, source: string): KubeObject[] {
+export function parseOrExplain(text: string, source: string): KubeObject[] {
   try {
     return parseManifests(text, source);
   } catch (err) {
@@ -73,7 +73,7 @@ function parseOrExplain(text: string, source: string): KubeObject[] {
   }
 }
 
-function readSource(path: string, shown: string): string {
+export function readSource(path: string, shown: string): string {
   try {
     return readFileSync(path, 'utf8');
   } catch (err) {
