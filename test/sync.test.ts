@@ -10,7 +10,15 @@ import { createServer, connect, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { test } from 'node:test';
-import { HEARTBEAT_MS } from '../src/hub/contract.ts';
+import { createServer as createHttpServer } from 'node:http';
+import { WebSocket } from 'ws';
+import { createApiKey } from '../src/auth/keys.ts';
+import { generateClusterCredential, hashClusterCredential } from '../src/hub/cluster-credential.ts';
+import { ClusterType, HEARTBEAT_MS, type Cluster } from '../src/hub/contract.ts';
+import { createSyncServer } from '../src/hub/sync-server.ts';
+import { openSqliteStore } from '../src/store/sqlite.ts';
+import { systemClock } from '../src/system/clock.ts';
+import { silentLogger } from '../src/system/log.ts';
 import { startChild, type ReadyChild } from '../src/system/child.ts';
 import { waitFor } from './support/wait.ts';
 import { api, startWorkerProcess, type WorkerProcess } from './support/worker-process.ts';
@@ -256,4 +264,83 @@ test('federation sync between a hub and two worker processes', async (t) => {
     assert.equal(tplAfter.body.metadata.resourceVersion, tplBefore.body.metadata.resourceVersion, 'an unchanged template is not written again by the resync');
     assert.equal(tplAfter.body.metadata.annotations['asb.dev/synced-version'], tplBefore.body.metadata.annotations['asb.dev/synced-version']);
   });
+});
+
+// The hub end on its own, in this process: what a worker that speaks the protocol by hand sees.
+test('sync server: credential checked before upgrade, snapshot then deltas, resume without a snapshot, no deltas for status writes', async (t) => {
+  type Msg = { type: string; version: number; items?: { kind: string; object?: { spec?: Record<string, unknown> } }[]; item?: { kind: string; name: string } };
+
+  const dir = mkdtempSync(join(tmpdir(), 'asb-sync-unit-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const store = await openSqliteStore({ path: join(dir, 'hub.db') });
+  t.after(() => store.close());
+  const credential = generateClusterCredential();
+  await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name: 'c1' }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: 'cccc', credentialHash: hashClusterCredential(credential) } });
+  await createApiKey(store, { team: 'one' });
+  const sync = createSyncServer({ store, log: silentLogger(), clock: systemClock, statusFlushMs: 10 });
+  const server = createHttpServer((_req, res) => res.end());
+  server.on('upgrade', (req, socket, head) => sync.upgrade(req, socket, head));
+  await new Promise<void>((res) => server.listen(0, '127.0.0.1', res));
+  t.after(async () => {
+    await sync.close();
+    server.closeAllConnections();
+    server.close();
+  });
+  const url = `ws://127.0.0.1:${(server.address() as { port: number }).port}/v1/sync`;
+
+  const refusedWith = (auth: string | undefined): Promise<number> =>
+    new Promise((res) => {
+      const ws = new WebSocket(url, auth === undefined ? {} : { headers: { authorization: auth } });
+      ws.on('unexpected-response', (_req, r) => res(r.statusCode ?? 0));
+      ws.on('open', () => res(101));
+      ws.on('error', () => undefined);
+    });
+  assert.equal(await refusedWith(undefined), 401, 'no credential');
+  assert.equal(await refusedWith(`Bearer ${generateClusterCredential()}`), 401, 'unknown credential');
+
+  /** Connects as c1 from `lastVersion`, collecting every frame; next() waits for one that matches. */
+  const session = (lastVersion: number): { frames: Msg[]; next: (pred: (m: Msg) => boolean) => Promise<Msg>; ws: WebSocket } => {
+    const frames: Msg[] = [];
+    const waiters: { pred: (m: Msg) => boolean; res: (m: Msg) => void }[] = [];
+    const ws = new WebSocket(url, { headers: { authorization: `Bearer ${credential}` } });
+    ws.on('open', () => ws.send(JSON.stringify({ type: 'hello', cluster: 'c1', lastVersion })));
+    ws.on('message', (data: Buffer) => {
+      const m = JSON.parse(data.toString()) as Msg;
+      frames.push(m);
+      for (const w of [...waiters]) {
+        if (!w.pred(m)) continue;
+        waiters.splice(waiters.indexOf(w), 1);
+        w.res(m);
+      }
+    });
+    t.after(() => ws.terminate());
+    const next = (pred: (m: Msg) => boolean): Promise<Msg> => {
+      const seen = frames.find(pred);
+      return seen !== undefined ? Promise.resolve(seen) : new Promise((res) => waiters.push({ pred, res }));
+    };
+    return { frames, next, ws };
+  };
+
+  const first = session(0);
+  const snap = await first.next((m) => m.type === 'snapshot');
+  const items = snap.items ?? [];
+  assert.deepEqual(items.map((i) => i.kind).sort(), ['ApiKey', 'Cluster']);
+  const cluster = items.find((i) => i.kind === 'Cluster');
+  assert.equal(cluster?.object?.spec?.credentialHash, undefined, 'workers never see credential hashes');
+
+  first.ws.send(JSON.stringify({ type: 'ack', version: snap.version }));
+  await until('the ack recorded in the Cluster status', 5000, async () => (await store.get<Cluster>(ClusterType, '', 'c1')).status?.appliedVersion === snap.version);
+  const { object: second } = await createApiKey(store, { team: 'two' });
+  const delta = await first.next((m) => m.type === 'delta');
+  assert.equal(delta.version, Number(second.metadata.resourceVersion));
+  assert.equal(delta.item?.name, second.metadata.name);
+  assert.ok(!first.frames.some((m) => m.type === 'delta' && m.item?.kind === 'Cluster'), 'status writes from acks are not deltas');
+
+  // A reconnect from the snapshot's version gets just the change since, not a snapshot, and
+  // replaces the first connection.
+  const resumed = session(snap.version);
+  const beat = await resumed.next((m) => m.type === 'heartbeat');
+  assert.deepEqual(resumed.frames.filter((m) => m.type !== 'heartbeat').map((m) => [m.type, m.version]), [['delta', delta.version]]);
+  assert.equal(beat.version, delta.version, 'the heartbeat tells the worker the version it is current at');
+  assert.deepEqual(sync.connections().map((c) => c.cluster), ['c1'], 'one connection per cluster');
 });

@@ -51,7 +51,10 @@ export interface SyncItem {
   kind: SyncKind;
   namespace: string;
   name: string;
-  /** The object as the hub holds it (Cluster: credentialHash removed). Absent when deleted. */
+  /**
+   * The object as the hub holds it (Cluster: credentialHash and status removed — the hub rewrites
+   * status on every ack, and syncing that would make acks cause deltas forever). Absent when deleted.
+   */
   object?: KubeObject;
 }
 
