@@ -9,10 +9,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { SandboxTemplateType } from '../src/api/types.ts';
-import { ClusterType, type Cluster } from '../src/hub/contract.ts';
+import { WebSocket } from 'ws';
+import type { ClusterView } from '../src/hub/clusters.ts';
+import { ClusterType, type Cluster, type HubToWorker } from '../src/hub/contract.ts';
 import { startHub, type RunningHub } from '../src/hub/hub.ts';
 import { parseHubConfig } from '../src/hub/hub-config.ts';
 import { silentLogger } from '../src/system/log.ts';
+import { waitFor } from './support/wait.ts';
 import { call, type ApiResponse } from './support/worker-fixture.ts';
 
 interface ProblemBody { code: string; detail: string; fields?: { field: string; message: string }[] }
@@ -217,8 +220,42 @@ test('hub admin API', async (t) => {
     const body = status.json as { version: string; hubVersion: number; clusters: { name: string; drain: boolean; connected: boolean }[] };
     assert.ok(body.hubVersion > 0);
     assert.deepEqual(body.clusters.map((c) => [c.name, c.drain, c.connected]), [['region-a', true, false]]);
-    const sync = await fetch(`${hub.url}/v1/sync`, { headers: { authorization: `Bearer ${credential}` } });
-    assert.ok(sync.status >= 400 && sync.status < 500, `a plain GET of the sync endpoint is refused, got ${sync.status}`);
+  });
+
+  await t.test('a cluster on the sync endpoint shows as connected, with its applied version and lag', async () => {
+    const ws = new WebSocket(`${hub.url.replace('http', 'ws')}/v1/sync`, { headers: { authorization: `Bearer ${credential}` } });
+    const frames: HubToWorker[] = [];
+    ws.on('message', (data: Buffer) => frames.push(JSON.parse(data.toString()) as HubToWorker));
+    await new Promise<void>((resolve, reject) => ws.once('open', () => resolve()).once('error', reject));
+    const closed = new Promise<void>((resolve) => ws.once('close', () => resolve()));
+    t.after(async () => {
+      ws.terminate();
+      await closed;
+    });
+    ws.send(JSON.stringify({ type: 'hello', cluster: 'region-a', lastVersion: 0 }));
+    const snapshot = await waitFor('the snapshot', () => Promise.resolve(frames.find((f) => f.type === 'snapshot')), 5000);
+    const clusterOf = async (): Promise<ClusterView> => {
+      const res = await call(hub, 'GET', '/v1/clusters/region-a', { key: admin });
+      return res.json as ClusterView;
+    };
+    const before = await clusterOf();
+    assert.equal(before.status.connected, true);
+    assert.equal(before.status.lag, snapshot.version, 'nothing acknowledged yet: the whole version behind');
+
+    ws.send(JSON.stringify({ type: 'ack', version: snapshot.version }));
+    await waitFor('the ack to show', async () => ((await clusterOf()).status.lag === 0 ? true : undefined), 5000);
+    const status = (await call(hub, 'GET', '/v1/status', { key: admin })).json as { hubVersion: number; clusters: { name: string; connected: boolean; appliedVersion: number; lag: number }[] };
+    assert.equal(status.hubVersion, snapshot.version);
+    assert.deepEqual(status.clusters.map((c) => [c.name, c.connected, c.appliedVersion, c.lag]), [['region-a', true, snapshot.version, 0]]);
+
+    // A change the cluster has not acknowledged yet is lag, as soon as it is made. (Versions are
+    // the store's global counter, which status writes also advance, so the gap may exceed 1.)
+    assert.equal((await call(hub, 'POST', '/v1/keys', { key: admin, json: { team: 'team-c' } })).status, 201);
+    await waitFor('the new key to count as lag', async () => (((await clusterOf()).status.lag ?? 0) > 0 ? true : undefined), 5000);
+
+    ws.close();
+    await closed;
+    await waitFor('the cluster to show disconnected', async () => ((await clusterOf()).status.connected === false ? true : undefined), 5000);
   });
 
   await t.test('a restart keeps keys, clusters and templates, and the same admin key', async () => {

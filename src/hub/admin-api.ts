@@ -18,7 +18,7 @@ import type { Authenticator } from '../worker/deps.ts';
 import { AUTH_HINT, presentedKey } from '../worker/presented-key.ts';
 import { toAsbError, writeProblem } from '../worker/problem.ts';
 import { createRouter, type Reply, type Route } from '../worker/router.ts';
-import type { HubContext } from './hub-context.ts';
+import type { HubContext, SyncView } from './hub-context.ts';
 import { createHubMetrics } from './hub-metrics.ts';
 import { clusterRoutes } from './routes-clusters.ts';
 import { keyRoutes } from './routes-keys.ts';
@@ -34,6 +34,8 @@ export interface HubApiDeps {
   version?: string;
   /** Largest JSON body; default 1 MiB, as on the worker. */
   jsonBytes?: number;
+  /** Live sync state, overlaid on the stored Cluster status in views. */
+  sync?: SyncView;
 }
 
 export interface HubApi {
@@ -66,6 +68,7 @@ export function createHubApi(deps: HubApiDeps): HubApi {
     registry: deps.registry,
     version: deps.version ?? '0.0.0',
     jsonBytes: deps.jsonBytes ?? DEFAULT_JSON_LIMIT_BYTES,
+    sync: deps.sync,
     defaultNamespace: 'default',
   });
   const router = createRouter([...hubSystemRoutes(h), ...keyRoutes(h), ...clusterRoutes(h), ...templateRoutes(h)]);

@@ -7,6 +7,7 @@ import { AsbError, invalid, type FieldProblem } from '../errors.ts';
 import { CLUSTER_SCOPE, type ObjectStore } from '../store/store.ts';
 import { ClusterType, type Cluster, type ClusterSpec, type ClusterStatus } from './contract.ts';
 import { generateClusterCredential, hashClusterCredential } from './cluster-credential.ts';
+import type { SyncView } from './hub-context.ts';
 
 /** What a caller may set on a cluster; absent fields keep their current value on update. */
 export interface ClusterInput {
@@ -27,10 +28,26 @@ export interface ClusterView {
   status: ClusterStatus;
 }
 
-export function clusterView(cluster: Cluster): ClusterView {
+/**
+ * The cluster without its credential hash. With `sync`, the status is made current: the stored
+ * one is written in batches and only when a worker reports, so after a hub restart it may still
+ * say connected, and its lag is as of the last ack. Connected means a live sync connection now,
+ * and lag is the hub's version now minus the newest version the cluster acknowledged.
+ */
+export function clusterView(cluster: Cluster, sync?: SyncView): ClusterView {
   const spec: Omit<ClusterSpec, 'credentialHash'> & { credentialHash?: string } = { ...cluster.spec };
   delete spec.credentialHash;
-  return { apiVersion: cluster.apiVersion, kind: cluster.kind, metadata: cluster.metadata, spec, status: cluster.status ?? {} };
+  const status: ClusterStatus = { ...cluster.status };
+  if (sync !== undefined) {
+    const live = sync.connections().find((c) => c.cluster === cluster.metadata.name);
+    status.connected = live !== undefined;
+    const applied = Math.max(status.appliedVersion ?? 0, live?.appliedVersion ?? 0);
+    if (applied > 0 || live !== undefined) {
+      status.appliedVersion = applied;
+      status.lag = Math.max(0, sync.version() - applied);
+    }
+  }
+  return { apiVersion: cluster.apiVersion, kind: cluster.kind, metadata: cluster.metadata, spec, status };
 }
 
 /** host:port, with an IPv6 host in brackets; port 1-65535. */

@@ -4,6 +4,13 @@ import type { ObjectStore } from '../store/store.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 
+/** What the admin API reads from the sync server: live connections beat stored status. */
+export interface SyncView {
+  /** The version of the last change workers see. */
+  version(): number;
+  connections(): { cluster: string; appliedVersion: number }[];
+}
+
 export interface HubContext {
   readonly store: ObjectStore;
   readonly log: Logger;
@@ -13,6 +20,8 @@ export interface HubContext {
   readonly version: string;
   /** Largest JSON request body accepted, in bytes. */
   readonly jsonBytes: number;
+  /** The sync server, for live connection state; undefined when the hub runs without one. */
+  readonly sync: SyncView | undefined;
   /** Namespace of templates written without one. */
   readonly defaultNamespace: string;
 }

@@ -2,7 +2,6 @@
 // in src/hub/hub-config.ts). Prints one JSON line `{"ready":true,"url":...}` on stdout when it
 // serves; logs go to stderr. SIGINT/SIGTERM close it in order.
 import { startHub } from './hub.ts';
-import { createSyncMetrics, createSyncServer } from './sync-server.ts';
 import { parseHubConfig } from './hub-config.ts';
 import { runMain } from '../system/process-main.ts';
 
@@ -10,10 +9,7 @@ runMain({
   name: 'hub',
   parse: parseHubConfig,
   async start(config, log) {
-    const hub = await startHub(config, {
-      log,
-      createSync: ({ store, log: syncLog, clock, registry }) => createSyncServer({ store, log: syncLog, clock, metrics: createSyncMetrics(registry) }),
-    });
+    const hub = await startHub(config, { log });
     return { ready: { url: hub.url }, close: () => hub.close() };
   },
 });

@@ -18,19 +18,12 @@ import type { Logger } from '../system/log.ts';
 import { createHubApi } from './admin-api.ts';
 import { ensureHubAdminKey } from './admin-key.ts';
 import type { HubConfig } from './hub-config.ts';
-
-/** The WebSocket side of the hub, mounted on GET /v1/sync. */
-export interface SyncEndpoint {
-  upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void;
-  close(): Promise<void>;
-}
+import { createSyncMetrics, createSyncServer, SYNC_PATH } from './sync-server.ts';
 
 export interface HubDeps {
   log: Logger;
   clock?: Clock;
   registry?: Registry;
-  /** Builds the sync endpoint over the hub's store; without one, /v1/sync upgrades answer 503. */
-  createSync?: (opts: { store: ObjectStore; log: Logger; clock: Clock; registry: Registry }) => SyncEndpoint;
 }
 
 export interface RunningHub {
@@ -52,18 +45,17 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
   const store = await openSqliteStore({ path: join(config.dataDir, 'hub.db'), clock, log: log.child({ component: 'store' }) });
   const adminKey = config.adminKeyFile === undefined ? undefined : await ensureHubAdminKey(store, config.adminKeyFile);
   const keyRing = await KeyRing.open({ store, log, clock });
-  const api = createHubApi({ store, auth: keyRing, log, registry, clock, version: packageVersion() });
-  const sync = deps.createSync?.({ store, log: log.child({ component: 'sync' }), clock, registry });
+  const sync = createSyncServer({ store, log, clock, metrics: createSyncMetrics(registry) });
+  const api = createHubApi({ store, auth: keyRing, log, registry, clock, version: packageVersion(), sync });
 
   const server = createServer(api.handler);
   server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     const path = new URL(req.url ?? '/', 'http://hub.invalid').pathname;
-    if (path === '/v1/sync' && sync !== undefined) {
+    if (path === SYNC_PATH) {
       sync.upgrade(req, socket, head);
       return;
     }
-    const status = path === '/v1/sync' ? '503 Service Unavailable' : '404 Not Found';
-    socket.end(`HTTP/1.1 ${status}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+    socket.end('HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
   });
   await listen(server, config.port, config.host);
   const { port } = server.address() as AddressInfo;
@@ -79,7 +71,7 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
     close() {
       closing ??= (async () => {
         // Sync WebSockets first: an upgraded socket would keep server.close() waiting.
-        await sync?.close();
+        await sync.close();
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();
         await closed;

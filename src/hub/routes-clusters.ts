@@ -24,7 +24,7 @@ export function clusterRoutes(h: HubContext): Route[] {
       async handler(ctx) {
         requireAdmin(ctx, 'listing clusters');
         const listed = await h.store.list<Cluster>(ClusterType);
-        return { status: 200, json: { items: listed.items.map(clusterView) } };
+        return { status: 200, json: { items: listed.items.map((c) => clusterView(c, h.sync)) } };
       },
     },
     {
@@ -34,7 +34,7 @@ export function clusterRoutes(h: HubContext): Route[] {
         requireAdmin(ctx, 'reading a cluster');
         const cluster = await h.store.tryGet<Cluster>(ClusterType, CLUSTER_SCOPE, nameOf(ctx));
         if (cluster === undefined) throw clusterNotFound(nameOf(ctx));
-        return { status: 200, json: clusterView(cluster) };
+        return { status: 200, json: clusterView(cluster, h.sync) };
       },
     },
     {
@@ -52,7 +52,7 @@ export function clusterRoutes(h: HubContext): Route[] {
         });
         const result = await registerCluster(h.store, nameOf(ctx), body);
         if (result.created) ctx.log.info({ cluster: nameOf(ctx), tag: result.cluster.spec.tag }, 'cluster registered');
-        const json = result.credential === undefined ? { cluster: clusterView(result.cluster) } : { cluster: clusterView(result.cluster), credential: result.credential };
+        const json = result.credential === undefined ? { cluster: clusterView(result.cluster, h.sync) } : { cluster: clusterView(result.cluster, h.sync), credential: result.credential };
         return { status: result.created ? 201 : 200, json };
       },
     },
@@ -63,7 +63,7 @@ export function clusterRoutes(h: HubContext): Route[] {
         requireAdmin(ctx, "rotating a cluster's credential");
         const { cluster, credential } = await rotateClusterCredential(h.store, nameOf(ctx));
         ctx.log.info({ cluster: nameOf(ctx) }, 'cluster credential rotated');
-        return { status: 200, json: { cluster: clusterView(cluster), credential } };
+        return { status: 200, json: { cluster: clusterView(cluster, h.sync), credential } };
       },
     },
     {
@@ -74,7 +74,7 @@ export function clusterRoutes(h: HubContext): Route[] {
         try {
           const removed = await h.store.delete<Cluster>(ClusterType, CLUSTER_SCOPE, nameOf(ctx));
           ctx.log.info({ cluster: nameOf(ctx) }, 'cluster removed');
-          return { status: 200, json: clusterView(removed) };
+          return { status: 200, json: clusterView(removed, h.sync) };
         } catch (err) {
           if (isAsbError(err, 'NotFound')) throw clusterNotFound(nameOf(ctx));
           throw err;

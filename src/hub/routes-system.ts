@@ -3,12 +3,13 @@
 import type { Cluster } from './contract.ts';
 import { ClusterType } from './contract.ts';
 import type { Route } from '../worker/router.ts';
+import { clusterView } from './clusters.ts';
 import type { HubContext } from './hub-context.ts';
 
 export interface HubStatusView {
   /** The hub's package version. */
   version: string;
-  /** The hub store's current version: every change the hub syncs carries one at most this. */
+  /** The version of the last change synced to workers (the store's version without a sync server). */
   hubVersion: number;
   clusters: {
     name: string;
@@ -27,18 +28,21 @@ export async function hubStatus(h: HubContext): Promise<HubStatusView> {
   const listed = await h.store.list<Cluster>(ClusterType);
   return {
     version: h.version,
-    hubVersion: Number(listed.resourceVersion),
-    clusters: listed.items.map((c) => ({
-      name: c.metadata.name,
-      region: c.spec.region,
-      tag: c.spec.tag,
-      drain: c.spec.drain === true,
-      connected: c.status?.connected === true,
-      healthy: c.status?.healthy,
-      appliedVersion: c.status?.appliedVersion,
-      lag: c.status?.lag,
-      lastSeen: c.status?.lastSeen,
-    })),
+    hubVersion: h.sync?.version() ?? Number(listed.resourceVersion),
+    clusters: listed.items.map((cluster) => {
+      const { spec, status } = clusterView(cluster, h.sync);
+      return {
+        name: cluster.metadata.name,
+        region: spec.region,
+        tag: spec.tag,
+        drain: spec.drain === true,
+        connected: status.connected === true,
+        healthy: status.healthy,
+        appliedVersion: status.appliedVersion,
+        lag: status.lag,
+        lastSeen: status.lastSeen,
+      };
+    }),
   };
 }
 
