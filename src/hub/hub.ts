@@ -16,7 +16,7 @@ import type { ObjectStore } from '../store/store.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import { createHubApi } from './admin-api.ts';
-import { ensureHubAdminKey } from './admin-key.ts';
+import { ensureAdminKey } from '../auth/admin-key.ts';
 import type { HubConfig } from './hub-config.ts';
 import { createSyncMetrics, createSyncServer, SYNC_PATH } from './sync-server.ts';
 
@@ -43,7 +43,7 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
   mkdirSync(config.dataDir, { recursive: true });
 
   const store = await openSqliteStore({ path: join(config.dataDir, 'hub.db'), clock, log: log.child({ component: 'store' }) });
-  const adminKey = config.adminKeyFile === undefined ? undefined : await ensureHubAdminKey(store, config.adminKeyFile);
+  const adminKey = config.adminKeyFile === undefined ? undefined : await ensureAdminKey(store, config.adminKeyFile, 'hub admin key (--admin-key-file)');
   const keyRing = await KeyRing.open({ store, log, clock });
   const sync = createSyncServer({ store, log, clock, metrics: createSyncMetrics(registry) });
   const api = createHubApi({ store, auth: keyRing, log, registry, clock, version: packageVersion(), sync });

@@ -1,14 +1,14 @@
 // The worker's composition root: store → runtime → operator → API, started in that order and
 // closed in the reverse order under one deadline.
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { Registry } from 'prom-client';
 import { builtinObjects } from '../api/builtin.ts';
 import { resourceTypeFor } from '../api/validate.ts';
-import { ApiKeyType, SandboxWarmPoolType, type ApiKey, type SandboxWarmPool } from '../api/types.ts';
-import { createApiKey, hashApiKey, parseApiKey } from '../auth/keys.ts';
+import { SandboxWarmPoolType, type SandboxWarmPool } from '../api/types.ts';
+import { ensureAdminKey } from '../auth/admin-key.ts';
 import { KeyRing } from '../auth/keyring.ts';
 import { isAsbError } from '../errors.ts';
 import { createMetrics } from '../metrics/metrics.ts';
@@ -56,7 +56,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     deps.runtime ??
     (await createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge }));
   await ensureBuiltins(store, config);
-  const adminKey = config.adminKeyFile === undefined ? undefined : await ensureAdminKey(store, config.adminKeyFile);
+  const adminKey = config.adminKeyFile === undefined ? undefined : await ensureAdminKey(store, config.adminKeyFile, 'local admin key created by make up');
 
   const operator = await startOperator({ store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag });
   const keyRing = await KeyRing.open({ store, log: log.child({ component: 'keyring' }), clock });
@@ -152,24 +152,4 @@ async function ensureBuiltins(store: ObjectStore, config: WorkerConfig): Promise
       if (!isAsbError(err, 'AlreadyExists')) throw err;
     }
   }
-}
-
-/** Reuses the key in `file` if it is still valid in the store, else creates one and writes it. */
-async function ensureAdminKey(store: ObjectStore, file: string): Promise<string> {
-  let existing: string | undefined;
-  try {
-    existing = readFileSync(file, 'utf8').trim();
-  } catch {
-    existing = undefined;
-  }
-  if (existing !== undefined) {
-    const parsed = parseApiKey(existing);
-    if (parsed !== undefined) {
-      const obj = await store.tryGet<ApiKey>(ApiKeyType, '', parsed.prefix);
-      if (obj !== undefined && obj.spec.revoked !== true && obj.spec.admin === true && obj.spec.hash === hashApiKey(existing)) return existing;
-    }
-  }
-  const { key } = await createApiKey(store, { team: 'admin', admin: true, description: 'local admin key created by make up' });
-  writeFileSync(file, `${key}\n`, { mode: 0o600 });
-  return key;
 }
