@@ -4,13 +4,14 @@
 // always together with a header_mutation; immediate responses always with a status; one
 // override_message_timeout before a hold, then the real answer; never an empty reply, never a
 // reply to observability_mode; on 'end' (Envoy half-closed or reset) abort the work and end.
-import { Server, ServerCredentials, status as GrpcStatus, type sendUnaryData, type ServerDuplexStream, type ServerUnaryCall, type ServerWritableStream } from '@grpc/grpc-js';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { Logger } from '../system/log.ts';
 import { problemOf } from '../worker/problem.ts';
 import { accessCookie } from './access.ts';
 import { decide, notFound, RETRY_AFTER_S, type DecideContext, type Decision, type RequestHeaders } from './decide.ts';
-import { EXT_PROC_SERVICE, HEADER_SEND, loadRouterProtos, SERVING_STATUS, type HeaderValue, type HeaderValueOption, type HttpHeaders, type ProcessingRequest, type ProcessingResponse } from './proto.ts';
+import { decodeProcessingRequest, encodeProcessingResponse } from './extproc-codec.ts';
+import { GRPC_STATUS, GrpcServer, type GrpcCall, type GrpcMethod } from './grpc-server.ts';
+import { EXT_PROC_SERVICE, HEADER_SEND, HEALTH_SERVICE, loadRouterProtos, SERVING_STATUS, type HeaderValue, type HeaderValueOption, type HttpHeaders, type ProcessingRequest, type ProcessingResponse } from './proto.ts';
 import type { ActivityReporter } from './activity.ts';
 import type { RouterMetrics } from './router-metrics.ts';
 import type { Waker } from './waker.ts';
@@ -30,7 +31,8 @@ export interface ExtProcServerOptions extends DecideContext {
 }
 
 interface StreamState {
-  readonly abort: AbortController;
+  /** Only for a hold or lookup: most streams never wait, and an AbortController per stream (its abort() builds a DOMException with a stack) was measurable. */
+  abort: AbortController | undefined;
   ended: boolean;
   /** Token to set as a cookie when the response headers come through. */
   cookie: string | undefined;
@@ -38,17 +40,15 @@ interface StreamState {
   release: (() => void) | undefined;
 }
 
-// Node ≥22's http2 rapid-reset limiter (nghttp2 token bucket: burst 1000, 33/s) sends GOAWAY
-// once Envoy has reset ~1000 streams faster than 33/s, and Envoy resets every ext_proc stream by
-// default. Only Envoy talks to this port, so the limiter protects nothing here: lift it.
-const RESET_LIMITS = { streamResetBurst: 1_000_000_000, streamResetRate: 1_000_000_000 };
+type Call = GrpcCall<StreamState>;
 
 export class ExtProcServer {
   readonly #opts: ExtProcServerOptions;
-  readonly #server: Server;
+  readonly #server: GrpcServer;
   readonly #log: Logger;
   readonly #holdTimeout: { seconds: number; nanos: number };
-  readonly #watchers = new Set<ServerWritableStream<unknown, unknown>>();
+  readonly #watchers = new Set<GrpcCall<undefined>>();
+  readonly #routed: { inc(): void } | undefined;
   #serving = true;
   #address = '';
   #closing: Promise<void> | undefined;
@@ -59,23 +59,16 @@ export class ExtProcServer {
     this.#log = opts.log;
     const ms = opts.holdMessageTimeoutMs ?? opts.waker.holdLimitMs + 3_000;
     this.#holdTimeout = { seconds: Math.floor(ms / 1000), nanos: (ms % 1000) * 1_000_000 };
-    this.#server = new Server();
-    // grpc-js has no option for these; its private http2 options object is read at bind time.
-    Object.assign((this.#server as unknown as { commonServerOptions: object }).commonServerOptions, RESET_LIMITS);
-    const protos = loadRouterProtos();
-    this.#server.addService(protos.extProc, { Process: (call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => this.#process(call) });
-    this.#server.addService(protos.health, {
-      Check: (call: ServerUnaryCall<{ service?: string }, unknown>, cb: sendUnaryData<unknown>) => this.#healthCheck(call, cb),
-      Watch: (call: ServerWritableStream<{ service?: string }, unknown>) => this.#healthWatch(call),
-    });
+    // The labelled child once, not a label lookup per request.
+    this.#routed = opts.metrics?.requestsTotal.labels({ result: 'route' });
+    this.#server = new GrpcServer({ log: opts.log, methods: this.#methods() });
   }
 
   static async start(opts: ExtProcServerOptions): Promise<ExtProcServer> {
     const server = new ExtProcServer(opts);
-    const port = await new Promise<number>((resolve, reject) => {
-      server.#server.bindAsync(opts.listen, ServerCredentials.createInsecure(), (err, p) => (err === null ? resolve(p) : reject(err)));
-    });
-    const host = opts.listen.slice(0, opts.listen.lastIndexOf(':'));
+    const sep = opts.listen.lastIndexOf(':');
+    const host = opts.listen.slice(0, sep);
+    const port = await server.#server.listen(host.replace(/^\[(.*)\]$/, '$1'), Number(opts.listen.slice(sep + 1)));
     server.#address = `${host}:${port}`;
     return server;
   }
@@ -94,61 +87,96 @@ export class ExtProcServer {
   setServing(serving: boolean): void {
     if (this.#serving === serving) return;
     this.#serving = serving;
-    for (const call of this.#watchers) call.write({ status: this.#healthStatus() });
+    for (const call of this.#watchers) this.#writeHealth(call, this.#healthStatus());
   }
 
   /** Stops accepting streams, lets open ones finish for up to graceMs, then cuts them. Idempotent. */
   close(graceMs = 2_000): Promise<void> {
-    this.#closing ??= new Promise<void>((resolve) => {
+    this.#closing ??= (async () => {
       this.setServing(false);
       for (const call of this.#watchers) call.end();
-      const timer = setTimeout(() => this.#server.forceShutdown(), graceMs);
-      this.#server.tryShutdown(() => {
-        clearTimeout(timer);
-        for (const s of this.#streams) s.abort.abort();
-        resolve();
-      });
-    });
+      await this.#server.close(graceMs);
+      for (const s of this.#streams) s.abort?.abort();
+    })();
     return this.#closing;
   }
 
-  #process(call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>): void {
-    const state: StreamState = { abort: new AbortController(), ended: false, cookie: undefined, release: undefined };
-    this.#streams.add(state);
-    const finish = (): void => {
-      if (!this.#streams.delete(state)) return;
-      state.abort.abort();
-      state.release?.();
+  #methods(): Map<string, GrpcMethod<unknown>> {
+    const protos = loadRouterProtos();
+    const health = protos.health;
+    const process: GrpcMethod<StreamState> = {
+      open: () => {
+        const state: StreamState = { abort: undefined, ended: false, cookie: undefined, release: undefined };
+        this.#streams.add(state);
+        return state;
+      },
+      message: (call, bytes) => {
+        try {
+          this.#onMessage(call, call.state, decodeProcessingRequest(bytes));
+        } catch (err) {
+          this.#opts.metrics?.streamErrorsTotal.inc({ kind: 'handler' });
+          this.#log.error({ err }, 'ext_proc message handling failed');
+          // Non-OK so Envoy fails closed (status_on_error), never an OK close that would let the request through unrouted.
+          call.end(GRPC_STATUS.internal, 'ext_proc message handling failed');
+        }
+      },
+      // Envoy half-closes (graceful) once it needs nothing more: abort any hold, end at once.
+      halfClose: (call) => {
+        this.#finish(call.state);
+        call.end();
+      },
+      // Reset by Envoy (its default close), ended by us, or the connection died.
+      closed: (call) => this.#finish(call.state),
     };
-    call.on('data', (req: ProcessingRequest) => {
-      try {
-        this.#onMessage(call, state, req);
-      } catch (err) {
-        this.#opts.metrics?.streamErrorsTotal.inc({ kind: 'handler' });
-        this.#log.error({ err }, 'ext_proc message handling failed');
-        // Non-OK so Envoy fails closed (status_on_error), never an OK close that would let the request through unrouted.
-        call.destroy(err instanceof Error ? err : new Error(String(err)));
-      }
-    });
-    // Envoy half-closes (graceful) or resets once it needs nothing more; both arrive as 'end'.
-    call.on('end', () => {
-      state.ended = true;
-      finish();
-      call.end();
-    });
-    // Also fires after a normal end: release state, not an error.
-    call.on('cancelled', () => {
-      state.ended = true;
-      finish();
-    });
-    call.on('error', (err) => {
-      this.#log.debug({ err }, 'ext_proc stream error');
-      state.ended = true;
-      finish();
-    });
+    const healthRequest = (bytes: Buffer): string => (health.Check?.requestDeserialize(bytes) as { service?: string } | undefined)?.service ?? '';
+    const check: GrpcMethod<undefined> = {
+      open: () => undefined,
+      message: (call, bytes) => {
+        const service = healthRequest(bytes);
+        if (service !== '' && service !== EXT_PROC_SERVICE) {
+          call.end(GRPC_STATUS.notFound, `unknown service ${service}`);
+          return;
+        }
+        this.#writeHealth(call, this.#healthStatus());
+        call.end();
+      },
+      halfClose: (call) => call.end(),
+      closed: () => undefined,
+    };
+    const watch: GrpcMethod<undefined> = {
+      open: () => undefined,
+      message: (call, bytes) => {
+        const service = healthRequest(bytes);
+        if (service !== '' && service !== EXT_PROC_SERVICE) {
+          this.#writeHealth(call, SERVING_STATUS.serviceUnknown);
+          return;
+        }
+        this.#writeHealth(call, this.#healthStatus());
+        this.#watchers.add(call);
+      },
+      halfClose: () => undefined,
+      closed: (call) => this.#watchers.delete(call),
+    };
+    return new Map<string, GrpcMethod<unknown>>([
+      [`/${EXT_PROC_SERVICE}/Process`, process],
+      [`/${HEALTH_SERVICE}/Check`, check],
+      [`/${HEALTH_SERVICE}/Watch`, watch],
+    ]);
   }
 
-  #onMessage(call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>, state: StreamState, req: ProcessingRequest): void {
+  #finish(state: StreamState): void {
+    state.ended = true;
+    if (!this.#streams.delete(state)) return;
+    state.abort?.abort();
+    state.release?.();
+  }
+
+  #writeHealth(call: GrpcCall<undefined>, status: number): void {
+    const bytes = loadRouterProtos().health.Check?.responseSerialize({ status });
+    if (bytes !== undefined) call.write(bytes);
+  }
+
+  #onMessage(call: Call, state: StreamState, req: ProcessingRequest): void {
     if (req.observability_mode === true) return;
     switch (req.request) {
       case 'request_headers':
@@ -178,7 +206,7 @@ export class ExtProcServer {
     }
   }
 
-  #onRequestHeaders(call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>, state: StreamState, msg: HttpHeaders): void {
+  #onRequestHeaders(call: Call, state: StreamState, msg: HttpHeaders): void {
     const headers = headerMap(msg);
     const decision = decide(headers, this.#opts);
     if (decision.kind !== 'hold' && decision.kind !== 'lookup') {
@@ -188,6 +216,7 @@ export class ExtProcServer {
     // One override_message_timeout, then the real answer once the sandbox is ready.
     this.#write(call, state, { override_message_timeout: this.#holdTimeout });
     const started = performance.now();
+    state.abort = new AbortController();
     const signal = state.abort.signal;
     const wait = decision.kind === 'hold' ? this.#opts.waker.holdUntilRunning(decision.entry, decision.wake, signal) : this.#opts.waker.lookup(decision.id, decision.cluster, signal);
     wait.then(
@@ -209,14 +238,14 @@ export class ExtProcServer {
     );
   }
 
-  #answer(call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>, state: StreamState, decision: Decision): void {
+  #answer(call: Call, state: StreamState, decision: Decision): void {
     if (decision.kind === 'reject') {
       this.#opts.metrics?.requestsTotal.inc({ result: String(decision.error.status) });
       this.#write(call, state, { immediate_response: immediateResponse(decision.error, decision.retryAfterS) });
       return;
     }
     if (decision.kind !== 'route') throw new Error(`cannot answer a ${decision.kind} decision`);
-    this.#opts.metrics?.requestsTotal.inc({ result: 'route' });
+    this.#routed?.inc();
     const reply: ProcessingResponse = {
       request_headers: {
         response: {
@@ -239,36 +268,16 @@ export class ExtProcServer {
     this.#write(call, state, reply);
   }
 
-  #write(call: ServerDuplexStream<ProcessingRequest, ProcessingResponse>, state: StreamState, msg: ProcessingResponse): void {
+  #write(call: Call, state: StreamState, msg: ProcessingResponse): void {
     if (state.ended) {
       this.#opts.metrics?.streamErrorsTotal.inc({ kind: 'late' });
       return;
     }
-    call.write(msg);
+    if (!call.write(encodeProcessingResponse(msg))) this.#opts.metrics?.streamErrorsTotal.inc({ kind: 'late' });
   }
 
   #healthStatus(): number {
     return this.#serving ? SERVING_STATUS.serving : SERVING_STATUS.notServing;
-  }
-
-  #healthCheck(call: ServerUnaryCall<{ service?: string }, unknown>, cb: sendUnaryData<unknown>): void {
-    const service = call.request.service ?? '';
-    if (service !== '' && service !== EXT_PROC_SERVICE) {
-      cb({ code: GrpcStatus.NOT_FOUND, details: `unknown service ${service}` });
-      return;
-    }
-    cb(null, { status: this.#healthStatus() });
-  }
-
-  #healthWatch(call: ServerWritableStream<{ service?: string }, unknown>): void {
-    const service = call.request.service ?? '';
-    if (service !== '' && service !== EXT_PROC_SERVICE) {
-      call.write({ status: SERVING_STATUS.serviceUnknown });
-    } else {
-      call.write({ status: this.#healthStatus() });
-    }
-    this.#watchers.add(call);
-    call.on('cancelled', () => this.#watchers.delete(call));
   }
 }
 
