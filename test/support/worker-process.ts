@@ -1,6 +1,6 @@
 // Runs a real worker process (src/system/worker-main.ts) for end-to-end tests, on its own data
 // directory, port, bridge and subnet so test files never collide with each other or `make up`.
-import type { ChildProcess } from 'node:child_process';
+import { execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -34,7 +34,20 @@ export function tempDataDir(prefix: string): string {
   return mkdtempSync(join(tmpdir(), `asb-${prefix}-`));
 }
 
+/** Bridges made by workers this test process started; removed when it exits (see below). */
+const bridges = new Set<string>();
+process.once('exit', () => {
+  for (const bridge of bridges) {
+    try {
+      execFileSync('ip', ['link', 'del', bridge], { stdio: 'ignore' });
+    } catch {
+      // already gone, or never created (degraded mode)
+    }
+  }
+});
+
 export async function startWorkerProcess(opts: WorkerProcessOptions): Promise<WorkerProcess> {
+  bridges.add(`asb${opts.clusterTag}`);
   const dataDir = opts.dataDir ?? tempDataDir(opts.clusterTag);
   const keyFile = join(dataDir, 'admin.key');
   const child = await startChild<{ ready: true; apiUrl: string }>({
