@@ -304,7 +304,7 @@ test('Envoy restart: requests succeed again once it is back', async (t) => {
   assert.equal((await send(p.envoy.endpoints.edgeUrl, host(p.pod.port, ID), '/three', { 'x-access-token': TOKEN })).body, 'pod GET /three');
 });
 
-// Without the router's raised HTTP/2 reset limits (extproc-server.ts RESET_LIMITS) the RST run
+// Without the router's raised HTTP/2 reset limits (grpc-server.ts HTTP2_OPTIONS) the RST run
 // fails: measured here, 478 of 20,000 requests got 503 (streams_failed 478) once Node's
 // rapid-reset limiter sent GOAWAY; with them, 0. The graceful run proves the other close path.
 for (const [mode, total] of [
