@@ -58,8 +58,6 @@ export class Controller {
   #dirty = new Set<string>();
   #failures = new Map<string, number>();
   #timers = new Map<string, { at: number; timer: Timer }>();
-  /** enqueueQuiet runs: when the first change came and the timer for the latest. */
-  #quiet = new Map<string, { first: number; timer: Timer }>();
   #idle: (() => void)[] = [];
   #closed = false;
   /**
@@ -137,25 +135,6 @@ export class Controller {
     this.#timers.set(key, { at, timer });
   }
 
-  /**
-   * Enqueues the key once changes to it have been quiet for quietMs, but no later than maxMs
-   * after the first change of the run: for work that a burst of changes should trigger once,
-   * after the burst, without starving while changes keep coming.
-   */
-  enqueueQuiet(key: string, quietMs: number, maxMs: number): void {
-    if (this.#closed) return;
-    const now = this.#clock.now();
-    const prev = this.#quiet.get(key);
-    const first = prev?.first ?? now;
-    prev?.timer.cancel();
-    const delay = Math.max(0, Math.min(quietMs, first + maxMs - now));
-    const timer = this.#clock.after(delay, () => {
-      this.#quiet.delete(key);
-      this.enqueue(key);
-    });
-    this.#quiet.set(key, { first, timer });
-  }
-
   /** Keys queued or running: tests and health checks use it to tell a settled controller. */
   get depth(): number {
     return this.#pending.size + this.#running.size;
@@ -169,8 +148,6 @@ export class Controller {
       this.#dirty.clear();
       for (const { timer } of this.#timers.values()) timer.cancel();
       this.#timers.clear();
-      for (const { timer } of this.#quiet.values()) timer.cancel();
-      this.#quiet.clear();
     }
     if (this.#running.size === 0) return;
     await new Promise<void>((resolve) => {

@@ -30,12 +30,8 @@ import { Informer, objectKey } from './informer.ts';
 import { createSandboxReconciler } from './sandbox-controller.ts';
 import { POOL_INDEX, createWarmPoolController, poolIndexValues } from './warmpool-controller.ts';
 
-/**
- * Member changes reach the pool once they have been quiet this long (at most POOL_COALESCE_MAX_MS
- * after the first); see the sandbox informer handler.
- */
+/** How long member changes wait before the pool reconciles; see the sandbox informer handler. */
 const POOL_COALESCE_MS = 20;
-const POOL_COALESCE_MAX_MS = 200;
 
 export interface OperatorOptions {
   store: ObjectStore;
@@ -131,12 +127,11 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
     claimer.observe(key, current, previous);
     if (!started) return;
     sandboxController.enqueueSoon(key);
-    // Member changes reach the pool when they have been quiet for 20 ms (200 ms at most): a
-    // burst of 64 claims then costs one refill reconcile after the burst. With a fixed 20 ms
-    // from the first claim, the refill's 64 creates and pod starts landed in the middle of a
-    // burst that takes longer than 20 ms, and delayed every claim behind them.
+    // Member changes reach the pool after a short coalescing delay: a burst of 64 claims then
+    // costs one refill reconcile after the burst instead of refill work interleaved with (and
+    // delaying) every claim's response.
     for (const poolKey of new Set([...(current ? poolIndexValues(current) : []), ...(previous ? poolIndexValues(previous) : [])])) {
-      poolController.enqueueQuiet(poolKey, POOL_COALESCE_MS, POOL_COALESCE_MAX_MS);
+      poolController.enqueueAfter(poolKey, POOL_COALESCE_MS);
     }
     for (const claimKey of new Set([...(current ? claimIndexValues(current) : []), ...(previous ? claimIndexValues(previous) : [])])) {
       claimController.enqueue(claimKey);
