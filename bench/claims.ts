@@ -79,6 +79,9 @@ export async function warmClaims(target: Target, template: string, concurrency: 
   let busyMs = 0;
   for (let r = 0; r < rounds; r++) {
     if (pool !== undefined) {
+      // The pool's status lags its members by the operator's 20 ms coalescing of refills: give it
+      // time to see the last burst before trusting "all ready".
+      await new Promise((r) => setTimeout(r, 100));
       const { replicas } = await poolReady(target, pool);
       await waitPool(target, pool, replicas, 120_000);
     }
