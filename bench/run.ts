@@ -64,17 +64,27 @@ async function claimsAndLifecycle(system: LocalSystem, row: Recorder, results: R
   await waitPool(target, 'webbench', 1, 60_000);
   const web = await call<{ id: string; accessToken: string }>(target, 'POST', '/v1/sandboxes', { template: 'webbench' });
   const wakes: number[] = [];
+  let wakeFailures = 0;
   for (let i = 0; i < 20; i++) {
     await call(target, 'POST', `/v1/sandboxes/${web.body.id}/pause`);
     await waitPhase(target, web.body.id, 'Hibernated');
     const start = performance.now();
     const status = await viaEdge(system, `8080-${web.body.id}.${system.domain}`, web.body.accessToken);
-    if (status !== 200) throw new Error(`wake request answered ${status}`);
-    wakes.push(performance.now() - start);
+    // A failed wake is a finding to report, not a reason to lose the other figures.
+    if (status === 200) wakes.push(performance.now() - start);
+    else {
+      wakeFailures++;
+      await waitPhase(target, web.body.id, 'Running', 120_000);
+    }
   }
   const wake = summarize(wakes);
-  results.wake = wake;
-  row('wake on first connection through Envoy, p50 / p99 (20 wakes)', `${wake.p50Ms} / ${wake.p99Ms} ms`, 'p50 ≤ 200 ms', wake.p50Ms <= 200);
+  results.wake = { ...wake, failures: wakeFailures };
+  row(
+    `wake on first connection through Envoy, p50 / p99 (${wakes.length} wakes${wakeFailures > 0 ? `, ${wakeFailures} failed` : ''})`,
+    `${wake.p50Ms} / ${wake.p99Ms} ms`,
+    'p50 ≤ 200 ms',
+    wake.p50Ms <= 200 && wakeFailures === 0,
+  );
 
   // 4. Refill: a 300-member pool from empty until every member is ready.
   await new Promise((r) => setTimeout(r, 3000)); // let deletions of the claimed sandboxes drain
@@ -100,8 +110,9 @@ function webObjects(): unknown[] {
   return [template, pool];
 }
 
-async function waitPhase(target: Target, id: string, phase: string): Promise<void> {
-  for (let i = 0; i < 2000; i++) {
+async function waitPhase(target: Target, id: string, phase: string, timeoutMs = 30_000): Promise<void> {
+  const deadline = performance.now() + timeoutMs;
+  while (performance.now() < deadline) {
     const got = await call<{ phase: string }>(target, 'GET', `/v1/sandboxes/${id}`);
     if (got.body.phase === phase) return;
     await new Promise((r) => setTimeout(r, 5));
