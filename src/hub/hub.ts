@@ -4,8 +4,9 @@
 // The hub is the federation's source of truth for API keys (hashed), sandbox templates and the
 // cluster registry. It keeps them in its own embedded store at <dataDir>/hub.db; workers dial
 // GET /v1/sync on the same HTTP server and keep a copy (src/hub/contract.ts).
-import { mkdirSync, readFileSync } from 'node:fs';
-import { createServer, type IncomingMessage, type Server } from 'node:http';
+import { listen, packageVersion } from '../system/http-server.ts';
+import { mkdirSync } from 'node:fs';
+import { createServer, type IncomingMessage } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { join } from 'node:path';
@@ -83,17 +84,4 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
   };
 }
 
-function packageVersion(): string {
-  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version?: unknown };
-  return typeof pkg.version === 'string' ? pkg.version : 'unknown';
-}
 
-function listen(server: Server, port: number, host: string): Promise<void> {
-  return new Promise((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-}

@@ -1,7 +1,8 @@
 // The worker's composition root: store → runtime → operator → API, started in that order and
 // closed in the reverse order under one deadline.
+import { listen, packageVersion } from './http-server.ts';
 import { mkdirSync, readFileSync } from 'node:fs';
-import { createServer, type Server } from 'node:http';
+import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { Registry } from 'prom-client';
@@ -125,20 +126,7 @@ function readCredential(file: string): string {
   return credential;
 }
 
-function packageVersion(): string {
-  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version?: unknown };
-  return typeof pkg.version === 'string' ? pkg.version : 'unknown';
-}
 
-function listen(server: Server, port: number, host: string): Promise<void> {
-  return new Promise((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-}
 
 /** Creates the built-in base template and pool when absent; never overwrites a user's edit. */
 async function ensureBuiltins(store: ObjectStore, config: WorkerConfig): Promise<void> {
