@@ -8,7 +8,8 @@
 // here). The runtime runs them through its launcher, so the worker itself never forks for them.
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { access } from 'node:fs/promises';
+import { access, readlink } from 'node:fs/promises';
+import { basename } from 'node:path';
 import type { Logger } from '../../system/log.ts';
 
 export interface Subnet {
@@ -126,33 +127,66 @@ export function podMac(ip: string): string {
 }
 
 export function createVethBatcher(bridge: string, log: Logger, run: IpBatchRunner = ipBatch): (pid: number, hostIf: string, ip: string) => Promise<void> {
-  let pending: { pid: number; hostIf: string; ip: string; done: () => void }[] = [];
+  interface Request { pid: number; hostIf: string; ip: string; attempt: number; done: () => void }
+  let pending: Request[] = [];
   let running = false;
   const flush = (): void => {
     const batch = pending;
     pending = [];
     running = true;
+    let retrying = false;
     // A veth of a just-ended pod may still exist while the kernel tears its namespace down.
     const lines = batch.flatMap(({ pid, hostIf, ip }) => [
       `link del ${hostIf}`,
       `link add ${hostIf} type veth peer name eth0 address ${podMac(ip)} netns ${pid}`,
       `link set ${hostIf} master ${bridge} up`,
     ]);
-    run(lines).then(
-      (stderr) => {
-        const real = stderr.split('\n').filter((l) => l.trim() !== '' && !l.includes('Cannot find device') && !l.includes('Command failed -:'));
-        if (real.length > 0) log.warn({ stderr: real.join('\n') }, 'ip batch reported errors');
-      },
-      (err: unknown) => log.error({ err }, 'ip batch failed to run'),
-    ).finally(() => {
-      batch.forEach((b) => b.done());
-      running = false;
-      if (pending.length > 0) flush();
-    });
+    void run(lines)
+      .then(
+        (stderr) => {
+          const real = stderr.split('\n').filter((l) => l.trim() !== '' && !l.includes('Cannot find device') && !l.includes('Command failed -:'));
+          if (real.length > 0) log.warn({ stderr: real.join('\n') }, 'ip batch reported errors');
+        },
+        (err: unknown) => log.error({ err }, 'ip batch failed to run'),
+      )
+      .then(async () => {
+        // Verify: about once in 60 quick hibernate/wake cycles the batch failed with "No such
+        // device" while the kernel was still tearing down the pod's previous namespace, and
+        // the woken pod had no link to the bridge (its wake hung). Such a pod is set up again.
+        for (const b of batch) {
+          if (await attached(b.hostIf, bridge)) b.done();
+          else if (b.attempt >= VETH_ATTEMPTS) {
+            log.error({ hostIf: b.hostIf, pid: b.pid }, 'could not attach the pod to the bridge');
+            b.done();
+          } else {
+            retrying = true;
+            pending.push({ ...b, attempt: b.attempt + 1 });
+          }
+        }
+      })
+      .finally(() => {
+        running = false;
+        if (pending.length > 0) {
+          if (retrying) setTimeout(flush, VETH_RETRY_MS);
+          else flush();
+        }
+      });
   };
   return (pid, hostIf, ip) =>
     new Promise<void>((resolve) => {
       if (pending.length === 0 && !running) setImmediate(flush);
-      pending.push({ pid, hostIf, ip, done: resolve });
+      pending.push({ pid, hostIf, ip, attempt: 1, done: resolve });
     });
+}
+
+const VETH_ATTEMPTS = 3;
+const VETH_RETRY_MS = 20;
+
+/** Whether the host side of a pod's veth exists and is enslaved to the bridge. */
+async function attached(hostIf: string, bridge: string): Promise<boolean> {
+  try {
+    return basename(await readlink(`/sys/class/net/${hostIf}/master`)) === bridge;
+  } catch {
+    return false;
+  }
 }
