@@ -12,15 +12,13 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { AddressInfo } from 'node:net';
-import { randomBytes, randomUUID } from 'node:crypto';
-import { AsbError } from '../errors.ts';
+import { randomBytes } from 'node:crypto';
 import { systemClock } from '../system/clock.ts';
 import { createAccessTokens } from './access-token.ts';
 import { DEFAULT_JSON_LIMIT_BYTES, DEFAULT_UPLOAD_LIMIT_BYTES } from './body.ts';
 import type { DataPlane, WorkerContext, WorkerDeps, WorkerLimits } from './deps.ts';
-import { AUTH_HINT, presentedKey } from './presented-key.ts';
-import { toAsbError, writeProblem } from './problem.ts';
-import { createRouter, type Reply, type Route, type Router } from './router.ts';
+import { createPipeline } from './pipeline.ts';
+import { createRouter, type Route, type Router } from './router.ts';
 import { objectRoutes } from './routes-objects.ts';
 import { activityRoutes } from './routes-activity.ts';
 import { createFeedUpgrade, feedRoutes, RouteFeed } from './route-feed.ts';
@@ -52,20 +50,6 @@ const DEFAULT_LIMITS: WorkerLimits = {
   waitReadyMs: 60_000,
   execOutputBytes: 8 * 1024 * 1024,
 };
-
-function writeReply(res: ServerResponse, reply: Reply): void {
-  if ('json' in reply) {
-    const body = JSON.stringify(reply.json);
-    res.writeHead(reply.status, { ...reply.headers, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
-    res.end(body);
-  } else if ('bytes' in reply) {
-    res.writeHead(reply.status, { 'content-type': reply.contentType, 'content-length': reply.bytes.byteLength });
-    res.end(reply.bytes);
-  } else {
-    res.writeHead(204);
-    res.end();
-  }
-}
 
 export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer> {
   const log = deps.log.child({ component: 'worker-api' });
@@ -108,56 +92,15 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   const router: Router = createRouter([...systemRoutes(w), ...objectRoutes(w), ...sandboxRoutes(w), ...fileRoutes(w), ...activityRoutes(w), ...feedRoutes()]);
   const requests = deps.metrics.httpRequestsTotal;
 
-  async function handle(req: IncomingMessage, res: ServerResponse): Promise<string> {
-    const reqLog = log.child({ reqId: randomUUID() });
-    let label = 'unmatched';
-    try {
-      const url = new URL(req.url ?? '/', 'http://worker.invalid');
-      const resolution = router.resolve(req.method ?? '', url.pathname);
-      const route = resolution.kind === 'match' ? resolution.match.route : undefined;
-      if (resolution.kind !== 'none') label = route?.pattern ?? (resolution.kind === 'method' ? resolution.pattern : label);
-      let principal;
-      if (route?.auth !== false) {
-        const key = presentedKey(req);
-        if (key === undefined) throw new AsbError('Unauthorized', `no API key: ${AUTH_HINT}`);
-        principal = deps.auth.verify(key);
-        if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown or revoked (or not of the form asb_<8 chars>_<32 chars>); ${AUTH_HINT}`);
-      }
-      if (resolution.kind === 'none') throw new AsbError('NotFound', `no such route: ${req.method ?? ''} ${url.pathname}; the routes are listed in docs/openapi.yaml`);
-      if (resolution.kind === 'method') {
-        const allow = resolution.allow.join(', ');
-        res.setHeader('allow', allow);
-        throw new AsbError('MethodNotAllowed', `${req.method ?? ''} is not allowed on ${url.pathname}; allowed: ${allow}`);
-      }
-      const reply = await resolution.match.route.handler({
-        req,
-        params: resolution.match.params,
-        query: url.searchParams,
-        principal: principal === undefined ? undefined : principal,
-        log: principal === undefined ? reqLog : reqLog.child({ team: principal.team, key: principal.prefix }),
-      });
-      writeReply(res, reply);
-      return label;
-    } catch (err) {
-      const problem = toAsbError(err);
-      if (problem.code === 'Internal') reqLog.error({ err, method: req.method, url: req.url }, 'request failed');
-      else reqLog.debug({ code: problem.code, detail: problem.message }, 'request rejected');
-      const headers: Record<string, string> = problem.code === 'Unauthorized' ? { 'www-authenticate': 'Bearer realm="asb"' } : {};
-      if (res.headersSent) res.destroy();
-      else writeProblem(res, problem, headers);
-      return label;
-    }
-  }
-
-  const handler = (req: IncomingMessage, res: ServerResponse): void => {
-    handle(req, res).then(
-      (route) => requests.inc({ route, code: String(res.statusCode) }),
-      (err: unknown) => {
-        log.error({ err }, 'request pipeline failed');
-        res.destroy();
-      },
-    );
-  };
+  const handler = createPipeline({
+    router,
+    auth: deps.auth,
+    log,
+    requests,
+    server: 'the worker',
+    realm: 'asb',
+    routesHint: '; the routes are listed in docs/openapi.yaml',
+  });
 
   let server: Server | undefined;
   let closing: Promise<void> | undefined;

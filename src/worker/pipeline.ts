@@ -1,0 +1,96 @@
+// The request pipeline both REST servers (the worker API and the hub's admin API) run:
+// authenticate → route → handler → reply, every error converted once into
+// application/problem+json, every request counted by route pattern and status.
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { randomUUID } from 'node:crypto';
+import type { Counter } from 'prom-client';
+import type { Principal } from '../auth/keyring.ts';
+import { AsbError } from '../errors.ts';
+import type { Logger } from '../system/log.ts';
+import { AUTH_HINT, presentedKey } from './presented-key.ts';
+import { toAsbError, writeProblem } from './problem.ts';
+import type { Reply, Router } from './router.ts';
+
+export interface PipelineOptions {
+  router: Router;
+  auth: { verify(presented: string): Principal | undefined };
+  log: Logger;
+  requests: Counter<'route' | 'code'>;
+  /** Named in messages: "the worker", "the hub". */
+  server: string;
+  /** WWW-Authenticate realm. */
+  realm: string;
+  /** Appended to the 404 for an unknown route, e.g. where the routes are documented. */
+  routesHint?: string;
+}
+
+export function writeReply(res: ServerResponse, reply: Reply): void {
+  if ('json' in reply) {
+    const body = JSON.stringify(reply.json);
+    res.writeHead(reply.status, { ...reply.headers, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+    res.end(body);
+  } else if ('bytes' in reply) {
+    res.writeHead(reply.status, { 'content-type': reply.contentType, 'content-length': reply.bytes.byteLength });
+    res.end(reply.bytes);
+  } else {
+    res.writeHead(204);
+    res.end();
+  }
+}
+
+/** A node:http request listener that runs the pipeline. */
+export function createPipeline(opts: PipelineOptions): (req: IncomingMessage, res: ServerResponse) => void {
+  const { router, auth, log, requests } = opts;
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<string> {
+    const reqLog = log.child({ reqId: randomUUID() });
+    let label = 'unmatched';
+    try {
+      const url = new URL(req.url ?? '/', 'http://api.invalid');
+      const resolution = router.resolve(req.method ?? '', url.pathname);
+      const route = resolution.kind === 'match' ? resolution.match.route : undefined;
+      if (resolution.kind !== 'none') label = route?.pattern ?? (resolution.kind === 'method' ? resolution.pattern : label);
+      let principal: Principal | undefined;
+      // Authentication comes before "no such route", so unauthenticated callers learn nothing.
+      if (route?.auth !== false) {
+        const key = presentedKey(req);
+        if (key === undefined) throw new AsbError('Unauthorized', `no API key: ${AUTH_HINT}`);
+        principal = auth.verify(key);
+        if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown to ${opts.server} or revoked (or not of the form asb_<8 chars>_<32 chars>); ${AUTH_HINT}`);
+      }
+      if (resolution.kind === 'none') throw new AsbError('NotFound', `no such route on ${opts.server}: ${req.method ?? ''} ${url.pathname}${opts.routesHint ?? ''}`);
+      if (resolution.kind === 'method') {
+        const allow = resolution.allow.join(', ');
+        res.setHeader('allow', allow);
+        throw new AsbError('MethodNotAllowed', `${req.method ?? ''} is not allowed on ${url.pathname}; allowed: ${allow}`);
+      }
+      const reply = await resolution.match.route.handler({
+        req,
+        params: resolution.match.params,
+        query: url.searchParams,
+        principal,
+        log: principal === undefined ? reqLog : reqLog.child({ team: principal.team, key: principal.prefix }),
+      });
+      writeReply(res, reply);
+      return label;
+    } catch (err) {
+      const problem = toAsbError(err);
+      if (problem.code === 'Internal') reqLog.error({ err, method: req.method, url: req.url }, 'request failed');
+      else reqLog.debug({ code: problem.code, detail: problem.message }, 'request rejected');
+      const headers: Record<string, string> = problem.code === 'Unauthorized' ? { 'www-authenticate': `Bearer realm="${opts.realm}"` } : {};
+      if (res.headersSent) res.destroy();
+      else writeProblem(res, problem, headers);
+      return label;
+    }
+  }
+
+  return (req, res) => {
+    handle(req, res).then(
+      (route) => requests.inc({ route, code: String(res.statusCode) }),
+      (err: unknown) => {
+        log.error({ err }, 'request pipeline failed');
+        res.destroy();
+      },
+    );
+  };
+}
