@@ -2,7 +2,7 @@
 // write them. Every object passes the same validation as on a worker (src/api/validate.ts), so
 // what the hub accepts every cluster accepts. /v1/apply takes SandboxTemplates only (pools,
 // sandboxes and claims belong to a cluster) and validates every object before writing any.
-import type { KubeObject } from '../api/meta.ts';
+import { applyObject, type ApplyAction } from '../store/apply.ts';
 import { SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
 import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
@@ -15,7 +15,7 @@ import type { HubContext } from './hub-context.ts';
 // One apply writes at most this many templates: more than any config file, bounded undo work.
 const MAX_APPLY_OBJECTS = 500;
 
-type Action = 'created' | 'configured' | 'unchanged';
+type Action = ApplyAction;
 
 function namespaceParam(h: HubContext, ctx: RequestContext): string {
   const ns = ctx.query.get('namespace');
@@ -41,28 +41,8 @@ function prepare(h: HubContext, raw: unknown, path: string): SandboxTemplate {
   return obj as SandboxTemplate;
 }
 
-function sameContent(a: KubeObject, b: KubeObject): boolean {
-  return JSON.stringify([a.spec, a.metadata.labels ?? {}, a.metadata.annotations ?? {}]) === JSON.stringify([b.spec, b.metadata.labels ?? {}, b.metadata.annotations ?? {}]);
-}
-
-/** The user's spec, labels and annotations over what is stored; the rest of the metadata kept. */
-function merged(existing: SandboxTemplate, desired: SandboxTemplate): SandboxTemplate {
-  return {
-    ...existing,
-    spec: desired.spec,
-    metadata: {
-      ...existing.metadata,
-      labels: { ...existing.metadata.labels, ...desired.metadata.labels },
-      annotations: { ...existing.metadata.annotations, ...desired.metadata.annotations },
-    },
-  };
-}
-
-async function upsert(h: HubContext, obj: SandboxTemplate, existing: SandboxTemplate | undefined): Promise<{ action: Action; object: SandboxTemplate }> {
-  if (existing === undefined) return { action: 'created', object: await h.store.create(SandboxTemplateType, obj) };
-  const next = merged(existing, obj);
-  if (sameContent(next, existing)) return { action: 'unchanged', object: existing };
-  return { action: 'configured', object: await h.store.update(SandboxTemplateType, next) };
+function upsert(h: HubContext, obj: SandboxTemplate, existing: SandboxTemplate | undefined): Promise<{ action: Action; object: SandboxTemplate }> {
+  return applyObject(h.store, SandboxTemplateType, obj, existing);
 }
 
 async function putOne(h: HubContext, ctx: RequestContext): Promise<{ action: Action; object: SandboxTemplate }> {

@@ -1,6 +1,7 @@
 // Configuration objects: templates and warm pools (anyone reads, admins write), claims (scoped
 // to the team like sandboxes), and /v1/apply, which validates and authorizes every object before
 // it writes any, and undoes its own writes if a later one fails.
+import { applyObject, type ApplyAction } from '../store/apply.ts';
 import type { KubeObject, ResourceType } from '../api/meta.ts';
 import { LABEL, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
@@ -19,7 +20,7 @@ const TEAM_KINDS: ReadonlySet<string> = new Set([SandboxType.kind, SandboxClaimT
 // One apply writes at most this many objects: enough for any config file, bounded undo work.
 const MAX_APPLY_OBJECTS = 500;
 
-type Action = 'created' | 'configured' | 'unchanged';
+type Action = ApplyAction;
 
 function namespaceParam(w: WorkerContext, ctx: RequestContext): string {
   const ns = ctx.query.get('namespace');
@@ -30,23 +31,6 @@ function namespaceParam(w: WorkerContext, ctx: RequestContext): string {
 
 function notFound(rt: ResourceType, namespace: string, name: string): AsbError {
   return new AsbError('NotFound', `${rt.kind} "${name}" not found in namespace "${namespace}"`);
-}
-
-function sameContent(a: KubeObject, b: KubeObject): boolean {
-  return JSON.stringify([a.spec, a.metadata.labels ?? {}, a.metadata.annotations ?? {}]) === JSON.stringify([b.spec, b.metadata.labels ?? {}, b.metadata.annotations ?? {}]);
-}
-
-/** The object to write over `existing`: the user's spec, labels and annotations merged in. */
-function merged(existing: KubeObject, desired: KubeObject): KubeObject {
-  return {
-    ...existing,
-    spec: desired.spec,
-    metadata: {
-      ...existing.metadata,
-      labels: { ...existing.metadata.labels, ...desired.metadata.labels },
-      annotations: { ...existing.metadata.annotations, ...desired.metadata.annotations },
-    },
-  };
 }
 
 /** Validated, defaulted, namespaced and owned, ready to write; 422 naming every bad field. */
@@ -63,10 +47,8 @@ function prepare(w: WorkerContext, p: Principal, raw: unknown, path: string): { 
   return { rt, obj };
 }
 
-async function upsert(w: WorkerContext, rt: ResourceType, obj: KubeObject, existing: KubeObject | undefined): Promise<{ action: Action; object: KubeObject }> {
-  if (existing === undefined) return { action: 'created', object: await w.store.create(rt, obj) };
-  if (sameContent(merged(existing, obj), existing)) return { action: 'unchanged', object: existing };
-  return { action: 'configured', object: await w.store.update(rt, merged(existing, obj)) };
+function upsert(w: WorkerContext, rt: ResourceType, obj: KubeObject, existing: KubeObject | undefined): Promise<{ action: Action; object: KubeObject }> {
+  return applyObject(w.store, rt, obj, existing);
 }
 
 async function listKind(w: WorkerContext, ctx: RequestContext, rt: ResourceType): Promise<Reply> {
