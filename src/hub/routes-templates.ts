@@ -8,7 +8,7 @@ import { applyDefaults, validateObject } from '../api/validate.ts';
 import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
 import { isObjectName, requireAdmin } from '../worker/access.ts';
 import { readJson } from '../worker/body.ts';
-import { isPlainObject } from '../worker/input.ts';
+import { isPlainObject, namespaceQuery } from '../worker/input.ts';
 import type { RequestContext, Route } from '../worker/router.ts';
 import type { HubContext } from './hub-context.ts';
 
@@ -16,13 +16,6 @@ import type { HubContext } from './hub-context.ts';
 const MAX_APPLY_OBJECTS = 500;
 
 type Action = ApplyAction;
-
-function namespaceParam(h: HubContext, ctx: RequestContext): string {
-  const ns = ctx.query.get('namespace');
-  if (ns === null || ns === '') return h.defaultNamespace;
-  if (!isObjectName(ns)) throw new AsbError('BadRequest', `query parameter namespace must be a DNS label, got "${ns}"`, { fields: [{ field: 'namespace', message: 'not a valid name' }] });
-  return ns;
-}
 
 function notFound(namespace: string, name: string): AsbError {
   return new AsbError('NotFound', `SandboxTemplate "${name}" not found in namespace "${namespace}" on the hub`);
@@ -50,7 +43,7 @@ async function putOne(h: HubContext, ctx: RequestContext): Promise<{ action: Act
   const raw = await readJson(ctx.req, h.jsonBytes);
   if (raw === undefined) throw new AsbError('BadRequest', 'PUT needs a SandboxTemplate object as its JSON body');
   const name = ctx.params.name ?? '';
-  const ns = namespaceParam(h, ctx);
+  const ns = namespaceQuery(ctx.query, h.defaultNamespace);
   if (isPlainObject(raw) && isPlainObject(raw.metadata) && raw.metadata.namespace === undefined) raw.metadata.namespace = ns;
   const obj = prepare(h, raw, '');
   const problems: FieldProblem[] = [];
@@ -115,7 +108,7 @@ export function templateRoutes(h: HubContext): Route[] {
       pattern: '/v1/templates',
       async handler(ctx) {
         const ns = ctx.query.get('namespace');
-        const listed = await h.store.list<SandboxTemplate>(SandboxTemplateType, ns === null || ns === '' ? {} : { namespace: namespaceParam(h, ctx) });
+        const listed = await h.store.list<SandboxTemplate>(SandboxTemplateType, ns === null || ns === '' ? {} : { namespace: namespaceQuery(ctx.query, h.defaultNamespace) });
         return { status: 200, json: { items: listed.items } };
       },
     },
@@ -123,7 +116,7 @@ export function templateRoutes(h: HubContext): Route[] {
       method: 'GET',
       pattern: '/v1/templates/{name}',
       async handler(ctx) {
-        const ns = namespaceParam(h, ctx);
+        const ns = namespaceQuery(ctx.query, h.defaultNamespace);
         const name = ctx.params.name ?? '';
         const obj = isObjectName(name) ? await h.store.tryGet<SandboxTemplate>(SandboxTemplateType, ns, name) : undefined;
         if (obj === undefined) throw notFound(ns, name);
@@ -143,7 +136,7 @@ export function templateRoutes(h: HubContext): Route[] {
       pattern: '/v1/templates/{name}',
       async handler(ctx) {
         requireAdmin(ctx, 'deleting a SandboxTemplate');
-        const ns = namespaceParam(h, ctx);
+        const ns = namespaceQuery(ctx.query, h.defaultNamespace);
         const name = ctx.params.name ?? '';
         if (!isObjectName(name)) throw notFound(ns, name);
         try {

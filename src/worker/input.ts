@@ -2,6 +2,7 @@
 // type, out of range) is collected and reported at once as 422 Invalid, each naming its field,
 // before the route touches anything.
 import { AsbError, type FieldProblem } from '../errors.ts';
+import { isObjectName } from './access.ts';
 
 interface KindTypes {
   string: string;
@@ -112,4 +113,14 @@ export function queryInt(query: URLSearchParams, name: string, min: number, max:
     });
   }
   return n;
+}
+
+/** The `namespace` query parameter, or `fallback` when absent; 400 when it is not a DNS label. */
+export function namespaceQuery(query: URLSearchParams, fallback: string): string {
+  const ns = query.get('namespace');
+  if (ns === null || ns === '') return fallback;
+  if (!isObjectName(ns)) {
+    throw new AsbError('BadRequest', `query parameter namespace must be a DNS label, got "${ns}"`, { fields: [{ field: 'namespace', message: 'not a valid name' }] });
+  }
+  return ns;
 }

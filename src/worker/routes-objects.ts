@@ -10,7 +10,7 @@ import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
 import { canSee, isObjectName, principalOf, requireAdmin, visibilitySelector } from './access.ts';
 import { readJson } from './body.ts';
 import type { WorkerContext } from './deps.ts';
-import { isPlainObject } from './input.ts';
+import { isPlainObject, namespaceQuery } from './input.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
 
 /** Kinds /v1/apply takes, in the order it writes them (a pool after its template). */
@@ -21,13 +21,6 @@ const TEAM_KINDS: ReadonlySet<string> = new Set([SandboxType.kind, SandboxClaimT
 const MAX_APPLY_OBJECTS = 500;
 
 type Action = ApplyAction;
-
-function namespaceParam(w: WorkerContext, ctx: RequestContext): string {
-  const ns = ctx.query.get('namespace');
-  if (ns === null || ns === '') return w.defaultNamespace;
-  if (!isObjectName(ns)) throw new AsbError('BadRequest', `query parameter namespace must be a DNS label, got "${ns}"`, { fields: [{ field: 'namespace', message: 'not a valid name' }] });
-  return ns;
-}
 
 function notFound(rt: ResourceType, namespace: string, name: string): AsbError {
   return new AsbError('NotFound', `${rt.kind} "${name}" not found in namespace "${namespace}"`);
@@ -55,7 +48,7 @@ async function listKind(w: WorkerContext, ctx: RequestContext, rt: ResourceType)
   const p = principalOf(ctx);
   const ns = ctx.query.get('namespace');
   const opts: { namespace?: string; labelSelector?: string } = {};
-  if (ns !== null && ns !== '') opts.namespace = namespaceParam(w, ctx);
+  if (ns !== null && ns !== '') opts.namespace = namespaceQuery(ctx.query, w.defaultNamespace);
   if (TEAM_KINDS.has(rt.kind)) opts.labelSelector = visibilitySelector(p);
   const listed = await w.store.list(rt, opts);
   return { status: 200, json: { items: listed.items } };
@@ -63,7 +56,7 @@ async function listKind(w: WorkerContext, ctx: RequestContext, rt: ResourceType)
 
 async function getVisible(w: WorkerContext, ctx: RequestContext, rt: ResourceType): Promise<KubeObject> {
   const p = principalOf(ctx);
-  const ns = namespaceParam(w, ctx);
+  const ns = namespaceQuery(ctx.query, w.defaultNamespace);
   const name = ctx.params.name ?? '';
   if (!isObjectName(name)) throw notFound(rt, ns, name);
   const obj = await w.store.tryGet(rt, ns, name);
@@ -76,7 +69,7 @@ async function putOne(w: WorkerContext, ctx: RequestContext, rt: ResourceType): 
   const raw = await readJson(ctx.req, w.limits.jsonBytes);
   if (raw === undefined) throw new AsbError('BadRequest', `PUT needs a ${rt.kind} object as its JSON body`);
   const name = ctx.params.name ?? '';
-  const queryNs = namespaceParam(w, ctx);
+  const queryNs = namespaceQuery(ctx.query, w.defaultNamespace);
   if (isPlainObject(raw) && isPlainObject(raw.metadata) && raw.metadata.namespace === undefined) raw.metadata.namespace = queryNs;
   const { rt: bodyRt, obj } = prepare(w, p, raw, '');
   const problems: FieldProblem[] = [];
