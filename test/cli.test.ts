@@ -3,10 +3,9 @@
 // in-process.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { parseDuration, ValueError } from '../src/cli/args.ts';
@@ -16,43 +15,12 @@ import { sandboxTable } from '../src/cli/commands-sandbox.ts';
 import { Spinner } from '../src/cli/progress.ts';
 import { ApiError, createApiClient } from '../src/client/api-client.ts';
 import type { Clock } from '../src/system/clock.ts';
+import { emptyDir, runAsb, type RunResult } from './support/run-asb.ts';
 import { removeDataDir, startWorkerProcess } from './support/worker-process.ts';
 
 const ASB = join(import.meta.dirname, '..', 'src', 'cli', 'asb.ts');
 
-interface RunResult {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-/** Runs asb with only the environment given (plus PATH), so a developer's .asb/env never leaks in. */
-function asb(args: string[], opts: { env?: Record<string, string>; cwd?: string; input?: string } = {}): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [ASB, ...args], {
-      cwd: opts.cwd ?? emptyDir(),
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ASB_STATE_DIR: emptyDir(), ...opts.env },
-      stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-    child.stdin.end(opts.input ?? '');
-  });
-}
-
-const dirs: string[] = [];
-function emptyDir(): string {
-  const dir = mkdtempSync(join(tmpdir(), 'asb-cli-'));
-  dirs.push(dir);
-  return dir;
-}
-process.on('exit', () => {
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
-});
+const asb = runAsb;
 
 /** A port nothing listens on: bind one, then close it. */
 async function closedPort(): Promise<number> {

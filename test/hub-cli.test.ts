@@ -2,7 +2,6 @@
 // user runs them: a child process configured through ASB_HUB_URL/ASB_HUB_KEY, flags or an env
 // file, checked on exit code, stdout and stderr.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { createServer } from 'node:http';
@@ -10,28 +9,12 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { startChild } from '../src/system/child.ts';
+import { runAsb, type RunResult } from './support/run-asb.ts';
 
 const ROOT = join(import.meta.dirname, '..');
-const ASB = join(ROOT, 'src', 'cli', 'asb.ts');
-
-interface RunResult { code: number | null; stdout: string; stderr: string }
 
 function asb(args: string[], env: Record<string, string>, opts: { cwd?: string; input?: string } = {}): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [ASB, ...args], {
-      cwd: opts.cwd ?? tmpdir(),
-      // Only what the test gives, so a developer's .asb/env never leaks in.
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', ASB_STATE_DIR: join(tmpdir(), 'asb-hub-cli-none'), ...env },
-      stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-    child.stdin.end(opts.input ?? '');
-  });
+  return runAsb(args, { ...opts, env });
 }
 
 /** A port nothing listens on: bind one, then close it. */
