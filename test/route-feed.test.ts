@@ -156,7 +156,7 @@ test('the route feed sends a snapshot, then versioned deltas as a sandbox pauses
   assert.equal((await call(fx, 'DELETE', `/v1/sandboxes/${view.id}`, { key: fx.keys.teamA })).status, 202);
   await feed.next((m) => m.type === 'delete' && m.id === view.id, 'delete');
 
-  const versions = feed.messages.map((m) => m.version);
+  const versions = feed.messages.flatMap((m) => (m.type === 'clusters' ? [] : [m.version]));
   for (let i = 1; i < versions.length; i++) assert.ok(versions[i]! > versions[i - 1]!, `versions strictly increase: ${versions.join(', ')}`);
   const deltas = feed.messages.slice(1).filter((m) => m.type === 'upsert' && m.entry.id === view.id);
   for (let i = 1; i < deltas.length; i++) {

@@ -76,7 +76,18 @@ export interface SyncItem {
 export type WorkerToHub =
   | { type: 'hello'; cluster: string; lastVersion: number }
   | { type: 'ack'; version: number }
-  | { type: 'heartbeat'; warm: Record<string, number>; healthy: boolean };
+  | {
+      type: 'heartbeat';
+      /** `<namespace>/<pool>` → ready members of that warm pool. */
+      warm: Record<string, number>;
+      healthy: boolean;
+      /**
+       * `<namespace>/<template>` → ready warm sandboxes of that template (0 when it has no warm
+       * pool or an empty one). Every template the worker holds is listed; one absent here cannot
+       * be created there. Optional only so an older worker's heartbeat still parses.
+       */
+      templates?: Record<string, number>;
+    };
 
 export type HubToWorker =
   | { type: 'snapshot'; version: number; items: SyncItem[] }
@@ -85,3 +96,30 @@ export type HubToWorker =
 
 /** Heartbeat interval; a peer silent for 3 intervals is dead (so within ~6 s). */
 export const HEARTBEAT_MS = 2000;
+
+/** What placement knows of one cluster (from the registry and the cluster's live sync session). */
+export interface PlacementCandidate {
+  name: string;
+  region: string;
+  drain: boolean;
+  /** Connected now and its last heartbeat said healthy. */
+  healthy: boolean;
+  /** As the heartbeat's `templates` (minus the creates placed there since): absent = not available. */
+  templates: Record<string, number>;
+}
+
+export interface PlacementRequest {
+  namespace: string;
+  template: string;
+  /** Preferred region: its clusters come first; the others are the failover. */
+  region?: string;
+  /** A named cluster: only it is tried (no failover). */
+  cluster?: string;
+}
+
+export interface PlacementResult {
+  /** Clusters to try, best first; the next one is the failover when one refuses or is unreachable. */
+  order: string[];
+  /** Clusters left out, each with why (`drained`, `down`, `no template default/base`, `not the named cluster`). */
+  skipped: { cluster: string; reason: string }[];
+}

@@ -36,15 +36,54 @@ export interface RouteEntry {
 export type FeedMessage =
   | { type: 'snapshot'; version: number; cluster: string; entries: RouteEntry[] }
   | { type: 'upsert'; version: number; entry: RouteEntry }
-  | { type: 'delete'; version: number; id: string };
+  | { type: 'delete'; version: number; id: string }
+  | ClustersMessage;
+
+/**
+ * The federation as the worker knows it (its copy of the hub's Cluster objects), so the router
+ * can send a request for another cluster's sandbox to that cluster's ingress with zero lookups.
+ * Sent right after every snapshot and again whenever the registry or `hubConnected` changes; each
+ * one replaces the last in full (no version: it is not part of the route entries' ordering).
+ * A worker that has no hub sends `clusters: []` (only itself is known, by its snapshot).
+ */
+export interface ClustersMessage {
+  type: 'clusters';
+  /** The worker's own cluster name (the same as its snapshot's `cluster`). */
+  self: string;
+  /** Whether the worker's sync link to the hub is up now (the edge sends creates to the hub only then). */
+  hubConnected: boolean;
+  clusters: ClusterRoute[];
+}
+
+/** One cluster of the federation, as the router needs it. */
+export interface ClusterRoute {
+  name: string;
+  /** The 4-char prefix of its sandbox ids (src/api/ids.ts). */
+  tag: string;
+  region: string;
+  /** `host:port` of its ingress listener (mutual TLS); '' when it has none. */
+  ingressAddress: string;
+  drain: boolean;
+}
 
 /** Headers the router sets for Envoy. A client can never set them: the router removes every header with the internal prefix. */
 export const INTERNAL_HEADER_PREFIX = 'x-asb-';
 export const HEADER = {
-  /** Envoy route: which upstream cluster (`cluster_header`): `sandbox` (ORIGINAL_DST), `api-<cluster>`, `ingress-<cluster>`. */
+  /**
+   * Envoy route: which upstream cluster (`cluster_header`): `sandbox` (ORIGINAL_DST to a pod),
+   * `api-<cluster>` (a worker API this Envoy reaches directly), `ingress` (ORIGINAL_DST over
+   * mutual TLS to another cluster's ingress listener, which routes the request again) or `hub`
+   * (the hub's API: placement of creates and lists across clusters).
+   */
   upstream: 'x-asb-upstream',
-  /** ORIGINAL_DST target `ip:port` for the `sandbox` cluster. */
+  /** ORIGINAL_DST target `ip:port` for the `sandbox` and `ingress` clusters. */
   destination: 'x-asb-dst',
+  /**
+   * gRPC metadata (not an HTTP header) on the ext_proc stream: `ingress` when the request came in
+   * on the ingress listener (from another cluster's edge), absent on the edge listener. The
+   * router never forwards an ingress request to a third cluster, so a request cannot loop.
+   */
+  listener: 'x-asb-listener',
   /** Set toward the sandbox so servers inside know which sandbox and port they serve. */
   sandboxId: 'x-asb-sandbox-id',
   /** Data-plane access token, sent by clients (header form); stripped before the sandbox. */
@@ -59,3 +98,6 @@ export const ACCESS_COOKIE = 'asb_access';
 
 /** Port the E2B envd protocol uses; also our default port when a template declares none. */
 export const DEFAULT_SANDBOX_PORT = 49983;
+
+/** Upstream names the router puts in HEADER.upstream besides `api-<cluster>`. */
+export const UPSTREAM = { sandbox: 'sandbox', ingress: 'ingress', hub: 'hub' } as const;

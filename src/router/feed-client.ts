@@ -140,7 +140,7 @@ export class FeedClient {
       this.#failures = 0;
       this.#log.info({ version: msg.version, entries: msg.entries.length }, 'route feed snapshot applied');
       this.#resolveSynced();
-    } else if (result !== 'applied') {
+    } else if (result !== 'applied' && msg.type !== 'clusters') {
       this.#log.warn({ type: msg.type, version: msg.version, result }, 'route feed delta refused');
     }
   }

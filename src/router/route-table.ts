@@ -74,6 +74,8 @@ export class RouteTable {
       feed.synced = true;
       return 'applied';
     }
+    // The federation registry is not a route entry (handled by the router's registry).
+    if (msg.type === 'clusters') return 'applied';
     if (!feed.synced) return 'unsynced';
     if (msg.version <= feed.version) return 'stale';
     if (msg.type === 'upsert') {
