@@ -13,7 +13,8 @@ import { WebSocket } from 'ws';
 import type { Sandbox } from '../src/api/types.ts';
 import { SandboxType } from '../src/api/types.ts';
 import { isAsbError } from '../src/errors.ts';
-import type { FeedMessage, RouteEntry } from '../src/router/contract.ts';
+import { ClusterType, type Cluster } from '../src/hub/contract.ts';
+import type { ClustersMessage, FeedMessage, RouteEntry } from '../src/router/contract.ts';
 import { createAccessTokens, loadClusterSecret, tokenHash, tokenMatches } from '../src/worker/access-token.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
@@ -101,7 +102,11 @@ function refusedStatus(url: string, headers: Record<string, string>): Promise<nu
 }
 
 /** A feed of its own on the fixture's store and its own HTTP server, with limits a test can make small. */
-async function standaloneFeed(fx: WorkerFixture, t: { after: (fn: () => Promise<unknown>) => void }, limits: { maxBufferedBytes?: number; pingIntervalMs?: number }): Promise<{ feed: RouteFeed; url: string }> {
+async function standaloneFeed(
+  fx: WorkerFixture,
+  t: { after: (fn: () => Promise<unknown>) => void },
+  limits: { maxBufferedBytes?: number; pingIntervalMs?: number; hubConnected?: () => boolean; hubPollMs?: number },
+): Promise<{ feed: RouteFeed; url: string }> {
   const feed = await RouteFeed.open({ store: fx.store, cluster: 'test', tokens: createAccessTokens(Buffer.alloc(32, 7)), log: silentLogger(), clock: systemClock, ...limits });
   const upgrade = createFeedUpgrade({ feed, auth: { verify: () => ({ team: 'ops', admin: true, prefix: 'asb_test' }) }, log: silentLogger() });
   const server = createServer((_req, res) => res.end());
@@ -322,4 +327,83 @@ test('activity reports keep a sandbox in use from hibernating; without them it h
     if (Date.now() > deadline) throw new Error('the sandbox never hibernated once reports stopped');
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
+});
+
+/** Polls `cond` every 5 ms, for 10 s at most. */
+async function waitFor(cond: () => boolean, what: string): Promise<void> {
+  for (let i = 0; i < 2000 && !cond(); i++) await new Promise((resolve) => setTimeout(resolve, 5));
+  if (!cond()) throw new Error(`timed out waiting for ${what}`);
+}
+
+const isClusters = (m: FeedMessage): m is ClustersMessage => m.type === 'clusters';
+
+function clusterObject(name: string, spec: Partial<Cluster['spec']>): Cluster {
+  return { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name }, spec: { region: 'eu', ingressAddress: '', tag: 'eu01', credentialHash: '', ...spec } };
+}
+
+test('the Cluster objects in the worker store reach routers as a clusters message after the snapshot and again on every change', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const feed = connect(fx, fx.keys.admin, t);
+  await feed.next((m) => m.type === 'snapshot', 'snapshot');
+  assert.equal(feed.messages[1]?.type, 'clusters', 'the clusters message follows the snapshot at once');
+  assert.deepEqual(await feed.next(isClusters, 'first clusters message'), { type: 'clusters', self: 'test', hubConnected: false, clusters: [] }, 'no hub: only itself, by its snapshot');
+
+  // A synced copy as the sync agent writes it: no ingress address and no drain flag yet.
+  const synced = clusterObject('eu-west', { tag: 'euw1' });
+  delete (synced.spec as Partial<Cluster['spec']>).ingressAddress;
+  await fx.store.create(ClusterType, synced);
+  const first = await feed.next(isClusters, 'clusters message with eu-west');
+  assert.deepEqual(first, { type: 'clusters', self: 'test', hubConnected: false, clusters: [{ name: 'eu-west', tag: 'euw1', region: 'eu', ingressAddress: '', drain: false }] });
+
+  const stored = await fx.store.get<Cluster>(ClusterType, '', 'eu-west');
+  await fx.store.update(ClusterType, { ...stored, spec: { ...stored.spec, ingressAddress: 'ingress.eu.example:10443', drain: true } });
+  await fx.store.create(ClusterType, clusterObject('ap-south', { tag: 'aps1', region: 'ap', ingressAddress: '10.0.0.9:10443' }));
+  const changed = await feed.next((m) => isClusters(m) && m.clusters.length === 2, 'clusters message with both clusters');
+  assert.ok(isClusters(changed));
+  assert.deepEqual(changed.clusters, [
+    { name: 'ap-south', tag: 'aps1', region: 'ap', ingressAddress: '10.0.0.9:10443', drain: false },
+    { name: 'eu-west', tag: 'euw1', region: 'eu', ingressAddress: 'ingress.eu.example:10443', drain: true },
+  ]);
+
+  await fx.store.delete(ClusterType, '', 'ap-south');
+  const afterDelete = await feed.next((m) => isClusters(m) && m.clusters.length === 1, 'clusters message after a delete');
+  assert.ok(isClusters(afterDelete));
+  assert.equal(afterDelete.clusters[0]?.name, 'eu-west');
+
+  // A reconnecting router gets the registry as it is now, right after its snapshot.
+  const again = connect(fx, fx.keys.admin, t);
+  await again.next((m) => m.type === 'snapshot', 'snapshot after reconnect');
+  assert.deepEqual(await again.next(isClusters, 'clusters after reconnect'), afterDelete);
+  // Writes that change nothing a router uses (a label) send nothing: the next message seen is the delete's.
+  const current = await fx.store.get<Cluster>(ClusterType, '', 'eu-west');
+  await fx.store.update(ClusterType, { ...current, metadata: { ...current.metadata, labels: { team: 'x' } } });
+  await fx.store.delete(ClusterType, '', 'eu-west');
+  const emptied = await again.next(isClusters, 'clusters message after the last delete');
+  assert.ok(isClusters(emptied));
+  assert.deepEqual(emptied.clusters, []);
+});
+
+test('the hub link going up and down is sent to routers once per change', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  let hub = false;
+  let polls = 0;
+  const hubConnected = (): boolean => {
+    polls += 1;
+    return hub;
+  };
+  const { url } = await standaloneFeed(fx, t, { hubConnected, hubPollMs: 5 });
+  const router = connect({ url }, 'any', t);
+  await router.next((m) => m.type === 'snapshot', 'snapshot');
+  assert.equal((await router.next(isClusters, 'first clusters')).type, 'clusters');
+  hub = true;
+  const up = await router.next(isClusters, 'hub connected');
+  assert.ok(isClusters(up) && up.hubConnected);
+  hub = false;
+  const down = await router.next(isClusters, 'hub disconnected');
+  assert.ok(isClusters(down) && !down.hubConnected);
+  // Twenty more polls with nothing changed; only the changes were sent.
+  const seen = polls;
+  await waitFor(() => polls >= seen + 20, 'twenty more polls');
+  assert.deepEqual(router.messages.filter(isClusters).map((m) => m.hubConnected), [false, true, false]);
+  assert.equal(router.messages.filter(isClusters).at(0)?.self, 'test');
 });

@@ -76,6 +76,7 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();
         await closed;
+        api.close();
         keyRing.close();
         await store.close();
       })();

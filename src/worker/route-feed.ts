@@ -10,6 +10,14 @@
 // drops every router connection: a reconnect gets a fresh snapshot, which is simpler and safer
 // than inventing versions for the changes merged by the relist.
 //
+// The federation: after every snapshot, and again whenever the worker's copies of the hub's
+// Cluster objects change or its hub link goes up or down, the feed sends a `clusters` message
+// (the whole registry; it replaces the last one). Clusters are listed and watched on their own,
+// and a broken Cluster watch only relists them: a clusters message carries no version, so no
+// router has to resync its route entries for it. The hub link is polled once per second (a
+// SyncAgent status read is a few property reads), and a message goes out only when its text
+// changed, so an idle worker sends nothing.
+//
 // Backpressure: a router that stops reading is dropped once its socket holds more than
 // `maxBufferedBytes` (default 16 MiB, ~60,000 deltas of ~250 bytes) beyond the snapshot still in
 // flight, instead of buffering without bound; it reconnects and resyncs. Liveness: a WebSocket
@@ -22,7 +30,8 @@ import { WebSocketServer, type WebSocket } from 'ws';
 import type { Sandbox } from '../api/types.ts';
 import { SandboxType } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
-import type { FeedMessage, RouteEntry } from '../router/contract.ts';
+import { ClusterType, type Cluster, type ClusterSpec } from '../hub/contract.ts';
+import type { ClusterRoute, ClustersMessage, FeedMessage, RouteEntry } from '../router/contract.ts';
 import type { ObjectStore, Watch, WatchEvent } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -43,6 +52,7 @@ const MAX_INBOUND_FRAME_BYTES = 4096;
 const CLOSE = { shutdown: 1001, resync: 1012, policy: 1008 } as const;
 const RELIST_BASE_MS = 100;
 const RELIST_MAX_MS = 5000;
+const DEFAULT_HUB_POLL_MS = 1000;
 
 export interface RouteFeedOptions {
   store: ObjectStore;
@@ -56,6 +66,10 @@ export interface RouteFeedOptions {
   maxBufferedBytes?: number;
   /** WebSocket ping interval. Default 10 s. */
   pingIntervalMs?: number;
+  /** Whether the worker's sync link to the hub is up now. Absent: the worker has no hub (always false). */
+  hubConnected?: () => boolean;
+  /** How often hubConnected is read. Default 1 000 ms: the edge stops sending creates to a lost hub within ~1 s. */
+  hubPollMs?: number;
 }
 
 interface Subscriber {
@@ -106,6 +120,15 @@ export class RouteFeed {
   #retry: Timer | undefined;
   #failures = 0;
   #closed = false;
+  /** name → the cluster as routers need it, from the Cluster objects in the store. */
+  #clusters = new Map<string, ClusterRoute>();
+  #clustersWatch: Watch | undefined;
+  #clustersRetry: Timer | undefined;
+  #clustersFailures = 0;
+  #hubConnected = false;
+  #hubPoll: Timer | undefined;
+  /** The clusters message as last sent (sent again only when this text changes). */
+  #clustersText = '';
 
   private constructor(opts: RouteFeedOptions) {
     this.#opts = opts;
@@ -119,6 +142,15 @@ export class RouteFeed {
   static async open(opts: RouteFeedOptions): Promise<RouteFeed> {
     const feed = new RouteFeed(opts);
     await feed.#sync(true);
+    try {
+      await feed.#syncClusters();
+    } catch (err) {
+      feed.close();
+      throw err;
+    }
+    feed.#hubConnected = opts.hubConnected?.() ?? false;
+    feed.#clustersText = JSON.stringify(feed.clustersMessage());
+    feed.#pollHub();
     return feed;
   }
 
@@ -133,6 +165,12 @@ export class RouteFeed {
 
   entries(): RouteEntry[] {
     return [...this.#entries.values()].map((e) => e.entry);
+  }
+
+  /** The federation as routers get it now. */
+  clustersMessage(): ClustersMessage {
+    const clusters = [...this.#clusters.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    return { type: 'clusters', self: this.#opts.cluster, hubConnected: this.#hubConnected, clusters };
   }
 
   /** Serves an accepted WebSocket: snapshot now, deltas as they happen, pings until it closes. */
@@ -155,6 +193,7 @@ export class RouteFeed {
     const snapshot = JSON.stringify({ type: 'snapshot', version: this.#version, cluster: this.#opts.cluster, entries: this.entries() } satisfies FeedMessage);
     sub.allowance = Buffer.byteLength(snapshot) + this.#maxBuffered;
     this.#send(sub, snapshot, 'snapshot');
+    this.#send(sub, this.#clustersText, 'clusters');
     this.#schedulePing(sub);
     this.#log.info({ entries: this.#entries.size, version: this.#version }, 'router connected to the route feed');
   }
@@ -165,6 +204,9 @@ export class RouteFeed {
     this.#closed = true;
     this.#watch?.close();
     this.#retry?.cancel();
+    this.#clustersWatch?.close();
+    this.#clustersRetry?.cancel();
+    this.#hubPoll?.cancel();
     for (const sub of this.#subscribers) this.#drop(sub, CLOSE.shutdown, 'worker shutting down', undefined);
   }
 
@@ -215,6 +257,69 @@ export class RouteFeed {
         this.#scheduleResync();
       });
     });
+  }
+
+  async #syncClusters(): Promise<void> {
+    const items: Cluster[] = [];
+    let resourceVersion = '';
+    let token: string | undefined;
+    do {
+      const page = await this.#opts.store.list<Cluster>(ClusterType, token === undefined ? {} : { continue: token });
+      items.push(...page.items);
+      resourceVersion = page.resourceVersion;
+      token = page.continue;
+    } while (token !== undefined);
+    if (this.#closed) return;
+    this.#clusters = new Map(items.map((c) => [c.metadata.name, clusterRouteOf(c)]));
+    this.#publishClusters();
+    this.#clustersWatch = this.#opts.store.watch<Cluster>(ClusterType, { resourceVersion }, {
+      onEvent: (event) => {
+        this.#clustersFailures = 0;
+        if (event.type === 'BOOKMARK') return;
+        if (event.type === 'DELETED') this.#clusters.delete(event.object.metadata.name);
+        else this.#clusters.set(event.object.metadata.name, clusterRouteOf(event.object));
+        this.#publishClusters();
+      },
+      onError: (err) => {
+        this.#clustersWatch = undefined;
+        this.#log.warn({ err }, 'cluster watch ended; relisting');
+        this.#scheduleClustersRelist();
+      },
+    });
+  }
+
+  #scheduleClustersRelist(): void {
+    if (this.#closed) return;
+    const delay = Math.min(RELIST_MAX_MS, RELIST_BASE_MS * 2 ** Math.min(this.#clustersFailures, 16));
+    this.#clustersFailures += 1;
+    this.#clustersRetry = this.#opts.clock.after(delay, () => {
+      this.#syncClusters().catch((err: unknown) => {
+        this.#log.warn({ err }, 'cluster relist failed');
+        this.#scheduleClustersRelist();
+      });
+    });
+  }
+
+  #pollHub(): void {
+    const read = this.#opts.hubConnected;
+    if (read === undefined || this.#closed) return;
+    this.#hubPoll = this.#opts.clock.after(this.#opts.hubPollMs ?? DEFAULT_HUB_POLL_MS, () => {
+      const connected = read();
+      if (connected !== this.#hubConnected) {
+        this.#hubConnected = connected;
+        this.#log.info({ hubConnected: connected }, 'hub link changed; telling the routers');
+        this.#publishClusters();
+      }
+      this.#pollHub();
+    });
+  }
+
+  /** Sends the clusters message to every router if it differs from the last one sent. */
+  #publishClusters(): void {
+    const text = JSON.stringify(this.clustersMessage());
+    if (text === this.#clustersText) return;
+    this.#clustersText = text;
+    for (const sub of this.#subscribers) this.#send(sub, text, 'clusters');
   }
 
   #apply(event: WatchEvent<Sandbox>): void {
@@ -285,6 +390,12 @@ export class RouteFeed {
       sub.ws.once('close', () => timer.cancel());
     }
   }
+}
+
+/** A Cluster object as routers need it; fields a synced copy lacks get their neutral value. */
+function clusterRouteOf(c: Cluster): ClusterRoute {
+  const spec = (c.spec as Partial<ClusterSpec> | undefined) ?? {};
+  return { name: c.metadata.name, tag: spec.tag ?? '', region: spec.region ?? '', ingressAddress: spec.ingressAddress ?? '', drain: spec.drain ?? false };
 }
 
 export interface FeedUpgradeOptions {

@@ -67,6 +67,8 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     log,
     clock,
     registry: deps.registry,
+    // Routers send creates and lists to the hub only while this worker's hub link is up.
+    ...(deps.sync === undefined ? {} : { hubConnected: () => deps.sync?.().connected ?? false }),
     ...deps.routeFeed,
   });
   const feedUpgrade = createFeedUpgrade({ feed: routeFeed, auth: deps.auth, log });
