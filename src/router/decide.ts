@@ -1,10 +1,27 @@
 // The routing decision for one request, pure: request headers + route table → route it (with
 // the header mutation Envoy needs), answer it here, hold it while the sandbox wakes, or look
 // the id up at its worker first. extproc-server.ts turns decisions into ext_proc messages.
+//
+// Across clusters (the registry, from the feeds' clusters messages):
+// - A sandbox (or an API path naming one) whose owner is a cluster this router has a feed for is
+//   routed here, on either listener.
+// - One owned by another cluster of the federation (known by its id's tag), asked on the edge
+//   listener, goes to that cluster's ingress (`x-asb-upstream: ingress`, `x-asb-dst: ip:port`).
+//   Only the client's x-asb-* headers are removed: the access token, the cookie and the E2B
+//   headers travel on, because the owning cluster's router checks them and routes by them. No
+//   cookie is set and no activity reported here; the owning cluster's router does both.
+// - The same asked on the ingress listener is refused (404), never forwarded again: whatever the
+//   registries say, a request crosses at most one edge → ingress hop, so it cannot loop.
+// - Creates and lists (`POST`/`GET /v1/sandboxes`) on the edge listener go to the hub when the
+//   router runs with --hub-upstream on and a worker reports its hub link up, so placement picks
+//   the cluster; otherwise, and for every other path, to the default cluster's worker API.
+// - Drained clusters are routed to like any other: drain only stops placement of new sandboxes.
+import { clusterTagOf } from '../api/ids.ts';
 import { AsbError } from '../errors.ts';
 import { checkAccess } from './access.ts';
-import { HEADER, INTERNAL_HEADER_PREFIX, type RouteEntry } from './contract.ts';
+import { HEADER, INTERNAL_HEADER_PREFIX, UPSTREAM, type RouteEntry } from './contract.ts';
 import { parseTarget } from './host.ts';
+import { joinHostPort, type ClusterRegistry } from './registry.ts';
 import type { RouteTable } from './route-table.ts';
 
 /** Lower-case header name → value; repeated headers joined (cookies with '; ', others with ','). */
@@ -17,7 +34,14 @@ export interface DecideContext {
   clusters: ReadonlySet<string>;
   /** Cluster for API requests that name no sandbox (create, list). */
   defaultCluster: string;
+  /** The federation from the feeds' clusters messages. Absent: only `clusters` exist. */
+  federation?: ClusterRegistry;
+  /** Send creates and lists on the edge listener to the `hub` upstream while the hub is connected (--hub-upstream on). */
+  hubUpstream?: boolean;
 }
+
+/** Which Envoy listener the request came in on (the ext_proc stream's x-asb-listener metadata). */
+export type Listener = 'edge' | 'ingress';
 
 export type Decision =
   | {
@@ -32,6 +56,8 @@ export type Decision =
       sandboxId: string | undefined;
       /** Owning cluster of that sandbox. */
       cluster: string | undefined;
+      /** The other cluster whose ingress the request is forwarded to (metrics). */
+      ingress: string | undefined;
     }
   | { kind: 'reject'; error: AsbError; retryAfterS: number | undefined }
   /** Sandbox not running yet: hold until the table shows it running (wake: ask its worker to resume it). */
@@ -43,7 +69,7 @@ export type Decision =
 export const RETRY_AFTER_S = 2;
 const E2B_HEADERS: readonly string[] = [HEADER.e2bSandboxId, HEADER.e2bSandboxPort];
 
-export function decide(headers: RequestHeaders, ctx: DecideContext): Decision {
+export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Listener = 'edge'): Decision {
   let target;
   try {
     target = parseTarget(
@@ -62,7 +88,12 @@ export function decide(headers: RequestHeaders, ctx: DecideContext): Decision {
 
   if (target.kind === 'api') {
     const id = target.id;
-    const cluster = (id === undefined ? undefined : (table.get(id)?.cluster ?? table.clusterOfId(id))) ?? ctx.defaultCluster;
+    if (id === undefined && listener === 'edge' && ctx.hubUpstream === true && ctx.federation?.hubConnected === true && isHubRequest(headers)) {
+      return route(headers, [[HEADER.upstream, UPSTREAM.hub]], undefined, undefined, undefined);
+    }
+    const owner = id === undefined ? undefined : ownerOf(id, ctx);
+    if (id !== undefined && owner !== undefined && isElsewhere(owner, ctx)) return toOtherCluster(headers, id, owner, ctx, listener);
+    const cluster = owner ?? ctx.defaultCluster;
     const down = unreachable(cluster, ctx);
     if (down !== undefined) return down;
     return route(headers, [[HEADER.upstream, `api-${cluster}`]], undefined, undefined, undefined);
@@ -71,7 +102,9 @@ export function decide(headers: RequestHeaders, ctx: DecideContext): Decision {
   const entry = table.get(target.id);
   if (entry === undefined) {
     if (table.isKnownMissing(target.id)) return notFound(target.id);
-    const cluster = table.clusterOfId(target.id) ?? (ctx.clusters.size === 1 ? ctx.defaultCluster : undefined);
+    const owner = ownerOf(target.id, ctx);
+    if (owner !== undefined && isElsewhere(owner, ctx)) return toOtherCluster(headers, target.id, owner, ctx, listener);
+    const cluster = owner ?? (ctx.clusters.size === 1 ? ctx.defaultCluster : undefined);
     if (cluster === undefined) return notFound(target.id);
     return unreachable(cluster, ctx) ?? { kind: 'lookup', id: target.id, cluster };
   }
@@ -95,10 +128,9 @@ export function decide(headers: RequestHeaders, ctx: DecideContext): Decision {
     case 'running':
       if (entry.state === 'starting' || entry.podIp === undefined) return { kind: 'hold', entry, wake: false };
   }
-  const podIp = entry.podIp;
   const set: [string, string][] = [
-    [HEADER.upstream, 'sandbox'],
-    [HEADER.destination, podIp.includes(':') ? `[${podIp}]:${port}` : `${podIp}:${port}`],
+    [HEADER.upstream, UPSTREAM.sandbox],
+    [HEADER.destination, joinHostPort(entry.podIp, port)],
     [HEADER.sandboxId, entry.id],
   ];
   let removeCookie = false;
@@ -112,14 +144,60 @@ export function decide(headers: RequestHeaders, ctx: DecideContext): Decision {
 }
 
 function route(headers: RequestHeaders, set: [string, string][], setCookie: string | undefined, sandboxId: string | undefined, cluster: string | undefined): Decision {
+  return { kind: 'route', set, remove: clientHeaders(headers, set, isClientRoutingHeader), setCookie, sandboxId, cluster, ingress: undefined };
+}
+
+/** Client headers matching `strip`, except those `set` overwrites anyway (append unset): removing them as well is pointless. */
+function clientHeaders(headers: RequestHeaders, set: [string, string][], strip: (name: string) => boolean): string[] {
   const remove: string[] = [];
   for (const name of headers.keys()) {
-    if (!isClientRoutingHeader(name)) continue;
-    // Headers we set are overwritten anyway (append unset); removing them as well is pointless.
+    if (!strip(name)) continue;
     if (set.some(([key]) => key === name)) continue;
     remove.push(name);
   }
-  return { kind: 'route', set, remove, setCookie, sandboxId, cluster };
+  return remove;
+}
+
+/** The cluster owning `id`: its route entry's, else its tag's (the federation's registry first, then tags the feeds showed). */
+function ownerOf(id: string, ctx: DecideContext): string | undefined {
+  const entry = ctx.table.get(id);
+  if (entry !== undefined) return entry.cluster;
+  const tag = clusterTagOf(id);
+  if (tag === undefined) return undefined;
+  return ctx.federation?.clusterOfTag(tag) ?? ctx.table.clusterOfId(id);
+}
+
+/** A cluster of the federation that this router has no feed for: reached through its ingress. */
+function isElsewhere(cluster: string, ctx: DecideContext): boolean {
+  return !ctx.clusters.has(cluster) && ctx.federation?.cluster(cluster) !== undefined;
+}
+
+function toOtherCluster(headers: RequestHeaders, id: string, owner: string, ctx: DecideContext, listener: Listener): Decision {
+  if (listener === 'ingress') {
+    // Forwarding again could bounce between two edges whose registries disagree.
+    const served = [...ctx.clusters].join(', ');
+    return { kind: 'reject', error: new AsbError('NotFound', `sandbox ${id} belongs to cluster ${owner}; this ingress serves ${served}`), retryAfterS: undefined };
+  }
+  const target = ctx.federation?.ingress(owner) ?? { ok: false, reason: `cluster ${owner} is not in the federation this edge knows` };
+  if (!target.ok) return { kind: 'reject', error: new AsbError('Unavailable', target.reason), retryAfterS: RETRY_AFTER_S };
+  const set: [string, string][] = [
+    [HEADER.upstream, UPSTREAM.ingress],
+    [HEADER.destination, target.destination],
+  ];
+  // Only our own prefix: the token, cookie and E2B headers are for the owning cluster's router.
+  const remove = clientHeaders(headers, set, (name) => name.startsWith(INTERNAL_HEADER_PREFIX));
+  return { kind: 'route', set, remove, setCookie: undefined, sandboxId: undefined, cluster: undefined, ingress: owner };
+}
+
+const HUB_PATH = '/v1/sandboxes';
+
+/** `POST /v1/sandboxes` (create, placed by the hub) or `GET /v1/sandboxes` (list across clusters), any query string. */
+function isHubRequest(headers: RequestHeaders): boolean {
+  const method = headers.get(':method');
+  if (method !== 'POST' && method !== 'GET') return false;
+  const path = headers.get(':path') ?? '';
+  const query = path.indexOf('?');
+  return (query === -1 ? path : path.slice(0, query)) === HUB_PATH;
 }
 
 /** Routing or internal headers a client may send but must never reach Envoy's routing or a sandbox. */

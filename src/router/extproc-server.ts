@@ -8,7 +8,8 @@ import { AsbError, isAsbError } from '../errors.ts';
 import type { Logger } from '../system/log.ts';
 import { problemOf } from '../worker/problem.ts';
 import { accessCookie } from './access.ts';
-import { decide, notFound, RETRY_AFTER_S, type DecideContext, type Decision, type RequestHeaders } from './decide.ts';
+import { HEADER } from './contract.ts';
+import { decide, notFound, RETRY_AFTER_S, type DecideContext, type Decision, type Listener, type RequestHeaders } from './decide.ts';
 import { decodeProcessingRequest, encodeProcessingResponse } from './extproc-codec.ts';
 import { GRPC_STATUS, GrpcServer, type GrpcCall, type GrpcMethod } from './grpc-server.ts';
 import { EXT_PROC_SERVICE, HEADER_SEND, HEALTH_SERVICE, loadRouterProtos, SERVING_STATUS, type HeaderValue, type HeaderValueOption, type HttpHeaders, type ProcessingRequest, type ProcessingResponse } from './proto.ts';
@@ -31,6 +32,8 @@ export interface ExtProcServerOptions extends DecideContext {
 }
 
 interface StreamState {
+  /** The Envoy listener this request came in on, from the stream's metadata. */
+  listener: Listener;
   /** Only for a hold or lookup: most streams never wait, and an AbortController per stream (its abort() builds a DOMException with a stack) was measurable. */
   abort: AbortController | undefined;
   ended: boolean;
@@ -105,8 +108,8 @@ export class ExtProcServer {
     const protos = loadRouterProtos();
     const health = protos.health;
     const process: GrpcMethod<StreamState> = {
-      open: () => {
-        const state: StreamState = { abort: undefined, ended: false, cookie: undefined, release: undefined };
+      open: (call) => {
+        const state: StreamState = { listener: listenerOf(call.metadata[HEADER.listener]), abort: undefined, ended: false, cookie: undefined, release: undefined };
         this.#streams.add(state);
         return state;
       },
@@ -208,7 +211,7 @@ export class ExtProcServer {
 
   #onRequestHeaders(call: Call, state: StreamState, msg: HttpHeaders): void {
     const headers = headerMap(msg);
-    const decision = decide(headers, this.#opts);
+    const decision = decide(headers, this.#opts, state.listener);
     if (decision.kind !== 'hold' && decision.kind !== 'lookup') {
       this.#answer(call, state, decision);
       return;
@@ -222,7 +225,7 @@ export class ExtProcServer {
     wait.then(
       () => {
         // Decide again from the table as it is now; a second hold or lookup would loop, so it ends here.
-        let again = decide(headers, this.#opts);
+        let again = decide(headers, this.#opts, state.listener);
         if (again.kind === 'lookup') again = notFound(again.id);
         if (again.kind === 'hold') again = { kind: 'reject', error: unavailable(`sandbox ${again.entry.id} is not running`), retryAfterS: RETRY_AFTER_S };
         this.#opts.metrics?.holdSeconds.observe({ result: again.kind }, (performance.now() - started) / 1000);
@@ -246,6 +249,7 @@ export class ExtProcServer {
     }
     if (decision.kind !== 'route') throw new Error(`cannot answer a ${decision.kind} decision`);
     this.#routed?.inc();
+    if (decision.ingress !== undefined) this.#opts.metrics?.ingressForwardsTotal.inc({ cluster: decision.ingress });
     const reply: ProcessingResponse = {
       request_headers: {
         response: {
@@ -279,6 +283,15 @@ export class ExtProcServer {
   #healthStatus(): number {
     return this.#serving ? SERVING_STATUS.serving : SERVING_STATUS.notServing;
   }
+}
+
+/**
+ * The listener a stream serves, from Envoy's initial_metadata on that listener's ext_proc filter:
+ * `ingress` only when it says exactly that. Only our Envoy reaches this port, and every listener
+ * but the ingress one is an edge.
+ */
+function listenerOf(value: string | string[] | undefined): Listener {
+  return value === 'ingress' ? 'ingress' : 'edge';
 }
 
 /** Header list → map; Envoy sends values in raw_value (value only with the raw-value guard off). */

@@ -4,11 +4,13 @@
 // connection drops the cluster's entries stay (its pods keep serving) but the cluster counts as
 // unreachable, so requests that need its worker (API, wake) get 503 at once, and we reconnect
 // with capped exponential backoff and jitter. The worker pings every 10 s; we also close a
-// connection that has been silent for 30 s (three missed pings).
+// connection that has been silent for 30 s (three missed pings). `clusters` messages (the
+// federation as the worker knows it) go to the cluster registry, not the route table.
 import WebSocket from 'ws';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
-import type { FeedMessage, RouteEntry } from './contract.ts';
+import type { ClusterRoute, ClustersMessage, FeedMessage, RouteEntry } from './contract.ts';
+import type { ClusterRegistry } from './registry.ts';
 import type { ApplyResult, RouteTable } from './route-table.ts';
 import type { WorkerEndpoint } from './worker-api.ts';
 
@@ -17,6 +19,8 @@ export const FEED_PATH = '/v1/routes/feed';
 export interface FeedClientOptions {
   worker: WorkerEndpoint;
   table: RouteTable;
+  /** Where `clusters` messages go; absent: they are ignored. */
+  federation?: ClusterRegistry;
   clock: Clock;
   log: Logger;
   /** First reconnect delay. Default 100 ms; doubles per failure up to maxBackoffMs. */
@@ -78,6 +82,7 @@ export class FeedClient {
     this.#silence?.cancel();
     this.#ws?.terminate();
     this.#opts.table.setConnected(this.#opts.worker.cluster, false);
+    this.#opts.federation?.feedDown(this.#opts.worker.cluster);
   }
 
   #connect(): void {
@@ -114,6 +119,7 @@ export class FeedClient {
       this.#ws = undefined;
       this.#silence?.cancel();
       table.setConnected(worker.cluster, false);
+      this.#opts.federation?.feedDown(worker.cluster);
       if (this.#closed) return;
       if (!opened) this.#failures += 1;
       const delay = this.#backoff();
@@ -130,6 +136,7 @@ export class FeedClient {
       return this.#invalid('not JSON');
     }
     if (!isFeedMessage(msg)) return this.#invalid('unknown message shape');
+    if (msg.type === 'clusters') return this.#clusters(msg);
     const result = this.#opts.table.apply(this.#opts.worker.cluster, msg);
     this.#opts.onMessage?.(msg.type, result);
     if (msg.type === 'snapshot') {
@@ -140,9 +147,19 @@ export class FeedClient {
       this.#failures = 0;
       this.#log.info({ version: msg.version, entries: msg.entries.length }, 'route feed snapshot applied');
       this.#resolveSynced();
-    } else if (result !== 'applied' && msg.type !== 'clusters') {
+    } else if (result !== 'applied') {
       this.#log.warn({ type: msg.type, version: msg.version, result }, 'route feed delta refused');
     }
+  }
+
+  #clusters(msg: ClustersMessage): void {
+    const result = this.#opts.federation?.apply(this.#opts.worker.cluster, msg) ?? 'applied';
+    this.#opts.onMessage?.(msg.type, result);
+    if (result === 'foreign') {
+      this.#log.error({ expected: this.#opts.worker.cluster, got: msg.self }, 'route feed clusters message is for another cluster: check --worker name=url');
+      return;
+    }
+    this.#log.debug({ clusters: msg.clusters.length, hubConnected: msg.hubConnected }, 'route feed clusters applied');
   }
 
   #invalid(why: string): void {
@@ -176,6 +193,9 @@ function textOf(data: WebSocket.RawData): string {
 function isFeedMessage(v: unknown): v is FeedMessage {
   if (typeof v !== 'object' || v === null) return false;
   const m = v as Record<string, unknown>;
+  if (m.type === 'clusters') {
+    return typeof m.self === 'string' && typeof m.hubConnected === 'boolean' && Array.isArray(m.clusters) && m.clusters.every(isClusterRoute);
+  }
   if (typeof m.version !== 'number') return false;
   switch (m.type) {
     case 'snapshot':
@@ -206,4 +226,10 @@ function isRouteEntry(v: unknown): v is RouteEntry {
     typeof e.tokenHash === 'string' &&
     typeof e.owner === 'string'
   );
+}
+
+function isClusterRoute(v: unknown): v is ClusterRoute {
+  if (typeof v !== 'object' || v === null) return false;
+  const c = v as Record<string, unknown>;
+  return typeof c.name === 'string' && typeof c.tag === 'string' && typeof c.region === 'string' && typeof c.ingressAddress === 'string' && typeof c.drain === 'boolean';
 }

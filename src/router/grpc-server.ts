@@ -41,6 +41,8 @@ export class GrpcCall<S> {
   readonly #method: GrpcMethod<S>;
   /** The method's per-call state (what `open` returned). */
   readonly state: S;
+  /** The request's HTTP/2 headers: gRPC metadata such as Envoy's initial_metadata (x-asb-listener). */
+  readonly metadata: IncomingHttpHeaders;
   #responded = false;
   #ended = false;
   #status: number = GRPC_STATUS.ok;
@@ -48,9 +50,10 @@ export class GrpcCall<S> {
   /** Bytes of an incomplete frame (a frame split across DATA chunks). */
   #pending: Buffer | undefined;
 
-  constructor(stream: ServerHttp2Stream, method: GrpcMethod<S>) {
+  constructor(stream: ServerHttp2Stream, method: GrpcMethod<S>, metadata: IncomingHttpHeaders) {
     this.#stream = stream;
     this.#method = method;
+    this.metadata = metadata;
     stream.on('data', (chunk: Buffer) => this.#onData(chunk));
     stream.on('end', () => {
       if (!this.#ended) method.halfClose(this);
@@ -203,6 +206,6 @@ export class GrpcServer {
       stream.respond({ ':status': 200, 'content-type': 'application/grpc', 'grpc-status': String(GRPC_STATUS.unimplemented), ...grpcMessage(`unknown method ${path}`) }, { endStream: true });
       return;
     }
-    new GrpcCall(stream, method);
+    new GrpcCall(stream, method, headers);
   }
 }

@@ -9,6 +9,11 @@
 //   --worker-key / ASB_ROUTER_WORKER_KEY   admin API key for the workers (feed, resume, activity)
 //   --worker-key-file / ASB_ROUTER_WORKER_KEY_FILE   or read it from this file
 //   --hold-limit-ms / ASB_ROUTER_HOLD_LIMIT_MS       longest hold for a wake. Default 25000
+//   --hub-upstream on|off / ASB_ROUTER_HUB_UPSTREAM  on: creates and lists (POST and GET
+//                                          /v1/sandboxes) on the edge listener go to Envoy's `hub`
+//                                          upstream (the hub places them across clusters) while a
+//                                          worker reports its hub link up; off, or hub down: to the
+//                                          default worker. Needs a `hub` cluster in Envoy. Default off
 //   --log-level / ASB_LOG_LEVEL            Default info
 import { parseFlags } from '../system/flags.ts';
 import { readFileSync } from 'node:fs';
@@ -21,10 +26,12 @@ export interface RouterConfig {
   readonly domain: string;
   readonly workers: readonly WorkerEndpoint[];
   readonly holdLimitMs: number;
+  /** --hub-upstream on. */
+  readonly hubUpstream: boolean;
   readonly logLevel: string;
 }
 
-const FLAGS = ['listen', 'domain', 'worker', 'worker-key', 'worker-key-file', 'hold-limit-ms', 'log-level'] as const;
+const FLAGS = ['listen', 'domain', 'worker', 'worker-key', 'worker-key-file', 'hold-limit-ms', 'hub-upstream', 'log-level'] as const;
 type Flag = (typeof FLAGS)[number];
 const ENV: Record<Flag, string> = {
   listen: 'ASB_ROUTER_LISTEN',
@@ -33,6 +40,7 @@ const ENV: Record<Flag, string> = {
   'worker-key': 'ASB_ROUTER_WORKER_KEY',
   'worker-key-file': 'ASB_ROUTER_WORKER_KEY_FILE',
   'hold-limit-ms': 'ASB_ROUTER_HOLD_LIMIT_MS',
+  'hub-upstream': 'ASB_ROUTER_HUB_UPSTREAM',
   'log-level': 'ASB_LOG_LEVEL',
 };
 const NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
@@ -52,6 +60,8 @@ export function parseRouterConfig(argv: readonly string[], env: Readonly<Record<
   const holdText = one('hold-limit-ms') ?? String(DEFAULT_HOLD_LIMIT_MS);
   const holdLimitMs = Number(holdText);
   if (!Number.isInteger(holdLimitMs) || holdLimitMs < 100 || holdLimitMs > 600_000) problems.push(`--hold-limit-ms (ASB_ROUTER_HOLD_LIMIT_MS) must be an integer from 100 to 600000, got "${holdText}"`);
+  const hubText = one('hub-upstream') ?? 'off';
+  if (hubText !== 'on' && hubText !== 'off') problems.push(`--hub-upstream (ASB_ROUTER_HUB_UPSTREAM) must be on or off, got "${hubText}"`);
 
   let key = one('worker-key');
   const keyFile = one('worker-key-file');
@@ -83,5 +93,5 @@ export function parseRouterConfig(argv: readonly string[], env: Readonly<Record<
   if (key === undefined || key === '') problems.push('--worker-key (ASB_ROUTER_WORKER_KEY) or --worker-key-file is required: the route feed needs an admin key');
 
   if (problems.length > 0) throw new ConfigError(problems);
-  return Object.freeze({ listen, domain, workers: Object.freeze(workers), holdLimitMs, logLevel: one('log-level') ?? 'info' });
+  return Object.freeze({ listen, domain, workers: Object.freeze(workers), holdLimitMs, hubUpstream: hubText === 'on', logLevel: one('log-level') ?? 'info' });
 }

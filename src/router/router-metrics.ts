@@ -9,6 +9,10 @@ export interface RouterMetrics {
   wakesTotal: Counter<'result'>;
   feedMessagesTotal: Counter<'type' | 'result'>;
   streamErrorsTotal: Counter<'kind'>;
+  /** Requests sent on to another cluster's ingress, by that cluster. */
+  ingressForwardsTotal: Counter<'cluster'>;
+  /** Failed lookups of DNS-named ingress addresses (the last good address is kept). */
+  ingressResolveErrorsTotal: Counter;
 }
 
 export function createRouterMetrics(registry: Registry, table: RouteTable): RouterMetrics {
@@ -28,5 +32,7 @@ export function createRouterMetrics(registry: Registry, table: RouteTable): Rout
     wakesTotal: new Counter({ name: 'asb_router_wakes_total', help: 'Resume calls made to wake a sandbox on first connection, by result.', labelNames: ['result'], registers }),
     feedMessagesTotal: new Counter({ name: 'asb_router_feed_messages_total', help: 'Route feed messages, by type and result (applied, stale, unsynced, foreign, invalid).', labelNames: ['type', 'result'], registers }),
     streamErrorsTotal: new Counter({ name: 'asb_router_stream_errors_total', help: 'ext_proc stream problems, by kind (unexpected message, write after end, handler error).', labelNames: ['kind'], registers }),
+    ingressForwardsTotal: new Counter({ name: 'asb_router_ingress_forwards_total', help: "Requests forwarded to another cluster's ingress listener, by that cluster.", labelNames: ['cluster'], registers }),
+    ingressResolveErrorsTotal: new Counter({ name: 'asb_router_ingress_resolve_errors_total', help: "Failed DNS lookups of other clusters' ingress addresses (the last good address is kept).", registers }),
   };
 }

@@ -1,5 +1,6 @@
-// The router's composition root: route table → feeds (one per worker) → waker and activity →
-// ext_proc server. Closed in the reverse order: stop taking streams, flush activity, drop feeds.
+// The router's composition root: route table and cluster registry → feeds (one per worker) →
+// waker and activity → ext_proc server. Closed in the reverse order: stop taking streams, flush
+// activity, drop feeds, stop the registry's DNS refreshes.
 import { Registry } from 'prom-client';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -7,6 +8,7 @@ import { ActivityReporter } from './activity.ts';
 import { ExtProcServer } from './extproc-server.ts';
 import { FeedClient, type FeedStatus } from './feed-client.ts';
 import type { RouterConfig } from './router-config.ts';
+import { ClusterRegistry } from './registry.ts';
 import { createRouterMetrics } from './router-metrics.ts';
 import { RouteTable } from './route-table.ts';
 import { Waker } from './waker.ts';
@@ -24,6 +26,8 @@ export interface RunningRouter {
   /** host:port of the gRPC server. */
   readonly address: string;
   readonly table: RouteTable;
+  /** The federation from the feeds' clusters messages. */
+  readonly federation: ClusterRegistry;
   readonly server: ExtProcServer;
   readonly registry: Registry;
   feeds(): FeedStatus[];
@@ -38,6 +42,7 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
   const log = deps.log;
   const table = new RouteTable({ clock });
   const metrics = createRouterMetrics(registry, table);
+  const federation = new ClusterRegistry({ clock, log: log.child({ component: 'registry' }), onResolveError: () => metrics.ingressResolveErrorsTotal.inc() });
   const workers = new Map<string, WorkerEndpoint>(config.workers.map((w) => [w.cluster, w]));
   const first = config.workers[0];
   if (first === undefined) throw new Error('router needs at least one worker');
@@ -47,6 +52,7 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
       new FeedClient({
         worker,
         table,
+        federation,
         clock,
         log: log.child({ component: 'feed' }),
         onMessage: (type, result) => metrics.feedMessagesTotal.inc({ type, result }),
@@ -61,6 +67,8 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
       domain: config.domain,
       clusters: new Set(workers.keys()),
       defaultCluster: first.cluster,
+      federation,
+      hubUpstream: config.hubUpstream,
       waker,
       activity,
       metrics,
@@ -69,15 +77,17 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
     });
   } catch (err) {
     for (const f of feeds) f.close();
+    federation.close();
     await activity.close();
     throw err;
   }
-  log.info({ address: server.address, domain: config.domain, workers: config.workers.map((w) => `${w.cluster}=${w.url}`) }, 'router listening');
+  log.info({ address: server.address, domain: config.domain, hubUpstream: config.hubUpstream, workers: config.workers.map((w) => `${w.cluster}=${w.url}`) }, 'router listening');
 
   let closing: Promise<void> | undefined;
   return {
     address: server.address,
     table,
+    federation,
     server,
     registry,
     feeds: () => feeds.map((f) => f.status()),
@@ -89,6 +99,7 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
         await server.close();
         await activity.close();
         for (const f of feeds) f.close();
+        federation.close();
       })();
       return closing;
     },
