@@ -3,12 +3,15 @@ import type { Counter, Registry } from 'prom-client';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
+import type { LiveCluster } from './live-clusters.ts';
 
 /** What the admin API reads from the sync server: live connections beat stored status. */
 export interface SyncView {
   /** The version of the last change workers see. */
   version(): number;
   connections(): { cluster: string; appliedVersion: number }[];
+  /** Connected clusters with their last heartbeat: what placement decides on. */
+  live(): ReadonlyMap<string, LiveCluster>;
 }
 
 export interface HubContext {

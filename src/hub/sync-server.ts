@@ -1,7 +1,8 @@
 // The hub end of sync (protocol in src/hub/contract.ts): `GET /v1/sync` WebSocket upgrades from
 // worker clusters. A worker authenticates with its cluster credential before the upgrade, says
 // which hub version it last applied, and gets a snapshot or the deltas since, then live deltas
-// and heartbeats; its acks and heartbeats land in its Cluster status (src/hub/cluster-status.ts).
+// and heartbeats; its acks and heartbeats land in its Cluster status (src/hub/cluster-status.ts),
+// and its heartbeats in the in-memory live view placement reads (src/hub/live-clusters.ts).
 //
 // One connection per cluster: a second one from the same cluster (a worker that noticed a dead
 // link before the hub did) replaces the first.
@@ -22,11 +23,13 @@ import { problemOf } from '../worker/problem.ts';
 import { credentialMatches } from './cluster-credential.ts';
 import { ClusterStatusWriter } from './cluster-status.ts';
 import { HEARTBEAT_MS, type HubToWorker, type WorkerToHub } from './contract.ts';
+import { LiveClusters, NO_LIVE_CLUSTERS, type LiveCluster } from './live-clusters.ts';
 import { SyncFeed, type SyncDelta } from './sync-feed.ts';
 
 export const SYNC_PATH = '/v1/sync';
 const DEFAULT_MAX_BUFFERED_BYTES = 16 * 1024 * 1024;
-// Workers send hello, acks and heartbeats with a pool count map: 64 KiB is generous.
+// Workers send hello, acks and heartbeats with pool and template count maps: 64 KiB holds
+// ~1,000 of each.
 const MAX_INBOUND_FRAME_BYTES = 64 * 1024;
 const SILENT_INTERVALS = 3;
 /** 1001 hub going away, 1008 policy (dropped: silent, backlog, bad frame, replaced), 1012 resync. */
@@ -74,9 +77,22 @@ export interface SyncServer {
   /** The version of the last change workers see. */
   version(): number;
   connections(): SyncConnection[];
+  /**
+   * Connected clusters that have sent a heartbeat, with what it said; a cluster leaves the moment
+   * its socket closes. The same map object on every call, current as of the last message.
+   */
+  live(): ReadonlyMap<string, LiveCluster>;
+  /**
+   * Calls `listener` on every ack a worker sends, with the version it acknowledged (never more
+   * than the hub has sent). Returns the unsubscribe function. A listener that throws is logged
+   * and does not disturb sync.
+   */
+  onAck(listener: AckListener): () => void;
   /** Closes every sync connection (1001) and writes pending statuses. Idempotent. */
   close(): Promise<void>;
 }
+
+export type AckListener = (cluster: string, version: number) => void;
 
 interface Session {
   ws: WebSocket;
@@ -96,13 +112,14 @@ interface Session {
 export function createSyncServer(opts: SyncServerOptions): SyncServer {
   const log = opts.log.child({ component: 'sync-server' });
   const opening = SyncFeed.open({ store: opts.store, log, clock: opts.clock });
+  const ackListeners = new Set<AckListener>();
   let ready: Served | undefined;
   let failed: unknown;
   let closing: Promise<void> | undefined;
   const whenOpen = opening.then(
     (feed) => {
       if (closing !== undefined) feed.close();
-      else ready = serve(opts, log, feed);
+      else ready = serve(opts, log, feed, ackListeners);
     },
     (err: unknown) => {
       failed = err;
@@ -119,6 +136,11 @@ export function createSyncServer(opts: SyncServerOptions): SyncServer {
     },
     version: () => ready?.feed.version ?? 0,
     connections: () => ready?.connections() ?? [],
+    live: () => ready?.live() ?? NO_LIVE_CLUSTERS,
+    onAck(listener) {
+      ackListeners.add(listener);
+      return () => ackListeners.delete(listener);
+    },
     close() {
       closing ??= (async () => {
         await whenOpen;
@@ -142,16 +164,18 @@ interface Served {
   feed: SyncFeed;
   upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void;
   connections(): SyncConnection[];
+  live(): ReadonlyMap<string, LiveCluster>;
   close(): Promise<void>;
 }
 
-function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed): Served {
+function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed, ackListeners: ReadonlySet<AckListener>): Served {
   const { clock, metrics } = opts;
   const heartbeatMs = opts.heartbeatMs ?? HEARTBEAT_MS;
   const maxBuffered = opts.maxBufferedBytes ?? DEFAULT_MAX_BUFFERED_BYTES;
   const status = new ClusterStatusWriter({ store: opts.store, log, clock, hubVersion: () => feed.version, ...(opts.statusFlushMs === undefined ? {} : { flushMs: opts.statusFlushMs }) });
   const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_INBOUND_FRAME_BYTES });
   const sessions = new Map<string, Session>();
+  const live = new LiveClusters();
   let closing: Promise<void> | undefined;
 
   // A hub that crashed left `connected: true` behind; nobody is connected to a hub just started.
@@ -189,6 +213,7 @@ function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed): Served {
     s.unsubscribe = undefined;
     if (sessions.get(s.cluster) === s) {
       sessions.delete(s.cluster);
+      live.forget(s.cluster);
       countSessions();
       if (s.live) status.report(s.cluster, { connected: false });
     }
@@ -250,8 +275,17 @@ function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed): Served {
       // An ack past what the hub sent can only be a confused worker; record no more than the truth.
       s.appliedVersion = Math.min(msg.version, feed.version);
       status.report(s.cluster, { appliedVersion: s.appliedVersion });
+      for (const listener of ackListeners) {
+        try {
+          listener(s.cluster, s.appliedVersion);
+        } catch (err) {
+          log.warn({ err, cluster: s.cluster }, 'an ack listener threw; ignored');
+        }
+      }
     } else {
       status.report(s.cluster, { warm: msg.warm, healthy: msg.healthy });
+      // Before hello a session is not yet the cluster's (a replaced one may still be talking).
+      if (s.live && sessions.get(s.cluster) === s) live.report(s.cluster, msg.healthy, msg.templates ?? {}, s.lastHeard);
     }
   };
 
@@ -305,6 +339,7 @@ function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed): Served {
       wss.handleUpgrade(req, socket, head, (ws) => attach(ws, cluster));
     },
     connections: () => [...sessions.values()].map((s) => ({ cluster: s.cluster, appliedVersion: s.appliedVersion })),
+    live: () => live.view(),
     close() {
       closing ??= (async () => {
         offReset();
@@ -334,15 +369,22 @@ function parseMessage(data: RawData): WorkerToHub {
     case 'ack':
       return { type: 'ack', version: version(m.version) };
     case 'heartbeat': {
-      const warm: Record<string, number> = {};
-      if (typeof m.warm === 'object' && m.warm !== null) {
-        for (const [k, v] of Object.entries(m.warm)) if (typeof v === 'number' && Number.isFinite(v)) warm[k] = v;
-      }
-      return { type: 'heartbeat', warm, healthy: m.healthy === true };
+      const heartbeat: Extract<WorkerToHub, { type: 'heartbeat' }> = { type: 'heartbeat', warm: counts(m.warm), healthy: m.healthy === true };
+      // Absent from an older worker: then it offers no template for placement.
+      if (m.templates !== undefined) heartbeat.templates = counts(m.templates);
+      return heartbeat;
     }
     default:
       throw new Error(`unknown message type ${JSON.stringify(m.type)}`);
   }
+}
+
+/** A `name → count` map; entries that are not non-negative finite numbers are left out. */
+function counts(value: unknown): Record<string, number> {
+  const out: Record<string, number> = {};
+  if (typeof value !== 'object' || value === null) return out;
+  for (const [k, v] of Object.entries(value)) if (typeof v === 'number' && Number.isFinite(v) && v >= 0) out[k] = v;
+  return out;
 }
 
 function refuse(socket: Duplex, err: AsbError): void {

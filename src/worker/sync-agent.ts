@@ -9,9 +9,13 @@
 // exponentially (250 ms doubling to 10 s) with jitter: after a hub restart 100 workers spread
 // over the window instead of arriving in one burst. Everything applied stays in the worker's
 // store, so keys, templates and pools keep working while the hub is away.
+//
+// Heartbeats (every 2 s, and one right after hello so the hub can place here at once) carry
+// what placement needs: every template this cluster holds with its ready warm sandboxes. They
+// are counted from two in-memory store lists, tens of microseconds for tens of templates.
 import { WebSocket, type RawData } from 'ws';
-import type { SandboxWarmPool } from '../api/types.ts';
-import { SandboxWarmPoolType } from '../api/types.ts';
+import type { SandboxTemplate, SandboxWarmPool } from '../api/types.ts';
+import { SandboxTemplateType, SandboxWarmPoolType } from '../api/types.ts';
 import { HEARTBEAT_MS, type HubToWorker, type SyncItem, type WorkerToHub } from '../hub/contract.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
@@ -161,12 +165,16 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
         socket.terminate();
         return;
       }
-      warmCounts(store).then(
-        (warm) => sendTo(socket, { type: 'heartbeat', warm, healthy: true }),
-        (err: unknown) => log.warn({ err }, 'could not count warm sandboxes for the heartbeat'),
-      );
+      sendHeartbeat(socket);
       beat(socket);
     });
+  };
+
+  const sendHeartbeat = (socket: WebSocket): void => {
+    heartbeatCounts(store).then(
+      ({ warm, templates }) => sendTo(socket, { type: 'heartbeat', warm, healthy: true, templates }),
+      (err: unknown) => log.warn({ err }, 'could not count warm sandboxes for the heartbeat'),
+    );
   };
 
   const connect = (): void => {
@@ -182,6 +190,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
       lastHeard = clock.now();
       sendTo(socket, { type: 'hello', cluster: opts.cluster, lastVersion: applied });
       log.info({ lastVersion: applied }, 'connected to the hub');
+      sendHeartbeat(socket);
       beat(socket);
     });
     socket.on('message', (data: RawData) => {
@@ -259,11 +268,24 @@ function syncUrl(hubUrl: string): string {
   return url.toString();
 }
 
-async function warmCounts(store: ObjectStore): Promise<Record<string, number>> {
-  const pools = await store.list<SandboxWarmPool>(SandboxWarmPoolType);
+/**
+ * `warm`: ready members per pool. `templates`: every template held here, with the ready members
+ * of all the pools built from it (0 when none).
+ */
+async function heartbeatCounts(store: ObjectStore): Promise<{ warm: Record<string, number>; templates: Record<string, number> }> {
+  const [pools, held] = await Promise.all([store.list<SandboxWarmPool>(SandboxWarmPoolType), store.list<SandboxTemplate>(SandboxTemplateType)]);
   const warm: Record<string, number> = {};
-  for (const p of pools.items) warm[`${p.metadata.namespace ?? 'default'}/${p.metadata.name}`] = p.status?.readyReplicas ?? 0;
-  return warm;
+  const templates: Record<string, number> = {};
+  for (const t of held.items) templates[`${t.metadata.namespace ?? 'default'}/${t.metadata.name}`] = 0;
+  for (const p of pools.items) {
+    const ns = p.metadata.namespace ?? 'default';
+    const ready = p.status?.readyReplicas ?? 0;
+    warm[`${ns}/${p.metadata.name}`] = ready;
+    const template = `${ns}/${p.spec.sandboxTemplateRef.name}`;
+    // A pool of a template that is not here (deleted under it) makes nothing placeable.
+    if (Object.hasOwn(templates, template)) templates[template] = (templates[template] ?? 0) + ready;
+  }
+  return { warm, templates };
 }
 
 function parseMessage(data: RawData): Incoming {
