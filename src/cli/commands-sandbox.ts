@@ -11,10 +11,13 @@ const JSON_FLAG = { json: { type: 'boolean' } } as const;
 export const createCommand: Command = {
   name: 'create',
   summary: 'Create a sandbox from a template (claims a warm one when the pool has it)',
-  usage: 'asb create [--template NAME] [--label K=V]... [--timeout DUR] [--idle-timeout DUR] [--no-wait] [--json]',
+  usage: 'asb create [--template NAME] [--region R] [--cluster C] [--label K=V]... [--timeout DUR] [--idle-timeout DUR] [--no-wait] [--json]',
   help: `Options:
   -t, --template NAME    template to start from (server default: base)
   -n, --namespace NS     namespace (default: default)
+  --region R             prefer a cluster in region R (through an edge or the hub; other
+                         regions are the failover)
+  --cluster C            only cluster C (through an edge or the hub; no failover)
   --label K=V            label the sandbox; repeatable
   --timeout DUR          shut the sandbox down this long after creation (30s, 10m, 1h)
   --idle-timeout DUR     hibernate after this long without activity
@@ -22,12 +25,16 @@ export const createCommand: Command = {
   --no-cold-start        fail instead of starting a cold sandbox when the pool is empty
   --json                 print the sandbox as JSON (has "id", "url" and "accessToken")
 
+The output names the cluster that holds the sandbox.
+
 Example:
-  asb create --template base --label task=demo --timeout 1h`,
+  asb create --template base --region eu-west --label task=demo --timeout 1h`,
   options: {
     ...JSON_FLAG,
     template: { type: 'string', short: 't' },
     namespace: { type: 'string', short: 'n' },
+    region: { type: 'string' },
+    cluster: { type: 'string' },
     label: { type: 'string', multiple: true },
     timeout: { type: 'string' },
     'idle-timeout': { type: 'string' },
@@ -39,6 +46,8 @@ Example:
     if (positionals.length > 0) throw new UsageError(`unexpected argument "${positionals[0] ?? ''}"`, this.usage);
     const template = stringOpt(values, 'template');
     const namespace = stringOpt(values, 'namespace');
+    const region = stringOpt(values, 'region');
+    const cluster = stringOpt(values, 'cluster');
     const timeout = stringOpt(values, 'timeout');
     const idle = stringOpt(values, 'idle-timeout');
     const labels = parseKeyValues(stringList(values, 'label'), '--label');
@@ -46,6 +55,8 @@ Example:
     const req = {
       ...(template === undefined ? {} : { template }),
       ...(namespace === undefined ? {} : { namespace }),
+      ...(region === undefined ? {} : { region }),
+      ...(cluster === undefined ? {} : { cluster }),
       ...(Object.keys(labels).length === 0 ? {} : { labels }),
       ...(timeout === undefined ? {} : { timeoutMs: parseDuration(timeout, '--timeout') }),
       ...(idle === undefined ? {} : { idleTimeoutMs: parseDuration(idle, '--idle-timeout') }),
@@ -56,7 +67,7 @@ Example:
     const label = `creating a sandbox from ${template ?? 'the default template'}`;
     const sb = wait ? await withSpinner(ctx.io.stderr, ctx.clock, label, () => client.createSandbox(req)) : await client.createSandbox(req);
     if (values.json === true) writeJson(ctx.io.stdout, sb);
-    else ctx.io.stdout.write(`${sb.id}  ${sb.phase}${sb.ready ? ' (ready)' : ''}  ${sb.launchType}\n`);
+    else ctx.io.stdout.write(`${sb.id}  ${sb.phase}${sb.ready ? ' (ready)' : ''}  ${sb.launchType}${sb.cluster === undefined ? '' : `  cluster ${sb.cluster}`}\n`);
     return EXIT.ok;
   },
 };
@@ -171,6 +182,7 @@ export function describeSandbox(sb: SandboxView, nowMs: number): string {
   const labels = Object.entries(sb.labels).map(([k, v]) => `${k}=${v}`).join(',');
   return formatFields([
     ['id', sb.id],
+    ['cluster', sb.cluster],
     ['namespace', sb.namespace],
     ['template', sb.template],
     ['phase', sb.phase],

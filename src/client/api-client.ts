@@ -37,6 +37,10 @@ export interface CreateSandboxRequest {
   idleTimeoutMs?: number;
   wait?: boolean;
   coldStart?: boolean;
+  /** At the hub or an edge: the preferred region (others are the failover). */
+  region?: string;
+  /** At the hub or an edge: the only cluster to try. */
+  cluster?: string;
 }
 
 export interface ListSandboxesQuery {

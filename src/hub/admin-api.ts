@@ -5,7 +5,8 @@
 // route pattern and status.
 //
 // Every route but /healthz needs an API key held in the hub's store. Admin keys may do
-// everything; other keys may only read templates and the status summary (403 otherwise).
+// everything; other keys may read templates and the status summary, and create and list their
+// team's sandboxes, which the hub places on and gathers from worker clusters (403 otherwise).
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Registry } from 'prom-client';
 import type { ObjectStore } from '../store/store.ts';
@@ -19,6 +20,7 @@ import type { HubContext, SyncView } from './hub-context.ts';
 import { createHubMetrics } from './hub-metrics.ts';
 import { clusterRoutes } from './routes-clusters.ts';
 import { keyRoutes } from './routes-keys.ts';
+import { sandboxHubRoutes, type PlacementOptions } from './routes-sandboxes.ts';
 import { hubSystemRoutes } from './routes-system.ts';
 import { templateRoutes } from './routes-templates.ts';
 
@@ -31,8 +33,10 @@ export interface HubApiDeps {
   version?: string;
   /** Largest JSON body; default 1 MiB, as on the worker. */
   jsonBytes?: number;
-  /** Live sync state, overlaid on the stored Cluster status in views. */
+  /** Live sync state, overlaid on the stored Cluster status in views, and what placement reads. */
   sync?: SyncView;
+  /** Deadlines of placement's calls to workers. */
+  placement?: PlacementOptions;
 }
 
 export interface HubApi {
@@ -40,6 +44,8 @@ export interface HubApi {
   handler: (req: IncomingMessage, res: ServerResponse) => void;
   /** Every registered route (method + pattern). */
   routes: readonly Pick<Route, 'method' | 'pattern'>[];
+  /** Closes the API's connections to workers; after the HTTP server stopped taking requests. */
+  close(): void;
 }
 
 export function createHubApi(deps: HubApiDeps): HubApi {
@@ -54,11 +60,13 @@ export function createHubApi(deps: HubApiDeps): HubApi {
     sync: deps.sync,
     defaultNamespace: 'default',
   });
-  const router = createRouter([...hubSystemRoutes(h), ...keyRoutes(h), ...clusterRoutes(h), ...templateRoutes(h)]);
+  const sandboxes = sandboxHubRoutes(h, deps.placement);
+  const router = createRouter([...hubSystemRoutes(h), ...keyRoutes(h), ...clusterRoutes(h), ...templateRoutes(h), ...sandboxes.routes]);
   const requests = createHubMetrics(deps.registry).httpRequestsTotal;
 
   return {
     handler: createPipeline({ router, auth: deps.auth, log, requests, server: 'the hub', realm: 'asb-hub' }),
     routes: router.routes.map((r) => ({ method: r.method, pattern: r.pattern })),
+    close: () => sandboxes.close(),
   };
 }

@@ -30,7 +30,7 @@ export function writeReply(res: ServerResponse, reply: Reply): void {
     res.writeHead(reply.status, { ...reply.headers, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
     res.end(body);
   } else if ('bytes' in reply) {
-    res.writeHead(reply.status, { 'content-type': reply.contentType, 'content-length': reply.bytes.byteLength });
+    res.writeHead(reply.status, { ...reply.headers, 'content-type': reply.contentType, 'content-length': reply.bytes.byteLength });
     res.end(reply.bytes);
   } else {
     res.writeHead(204);

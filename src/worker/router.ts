@@ -18,7 +18,7 @@ export interface RequestContext {
 
 export type Reply =
   | { status: number; json: unknown; headers?: Record<string, string> }
-  | { status: number; bytes: Uint8Array; contentType: string }
+  | { status: number; bytes: Uint8Array; contentType: string; headers?: Record<string, string> }
   | { status: 204 };
 
 export interface Route {

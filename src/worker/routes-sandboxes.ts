@@ -1,37 +1,31 @@
 // /v1/sandboxes: create (claim from a warm pool or cold start), get, list, delete, pause,
-// resume and timeout. Lifecycle changes are spec writes; the operator does the work.
+// resume and timeout. Lifecycle changes are spec writes; the operator does the work. Every view
+// names this cluster; a create that names another cluster or region is refused here (the hub
+// places, src/hub/routes-sandboxes.ts).
 import type { Sandbox, SandboxPhase, SandboxTemplate } from '../api/types.ts';
 import { LABEL, SandboxTemplateType, SandboxType } from '../api/types.ts';
 import { AsbError, isAsbError } from '../errors.ts';
+import { ClusterType, type Cluster } from '../hub/contract.ts';
+import { CLUSTER_SCOPE } from '../store/store.ts';
 import { findSandbox, isObjectName, principalOf, sandboxNotFound, visibilitySelector } from './access.ts';
 import { readJson } from './body.ts';
 import type { ClaimRequest } from '../operator/claimer.ts';
+import { checkCreateBody, MAX_TIMEOUT_MS, type CreateBody } from './create-body.ts';
 import type { WorkerContext } from './deps.ts';
 import { checkBody, queryInt } from './input.ts';
-import { checkSelector, userLabelProblems } from './labels.ts';
+import { checkSelector } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
 import { reachableView, sandboxView, type SandboxView } from './views.ts';
 
-// A year: anything longer is a typo, and shutdownTime must stay a valid ISO date.
-const MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000;
 const PHASES: readonly SandboxPhase[] = ['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating'];
 // Optimistic-concurrency retries for a lifecycle write racing the operator's status writes.
 const UPDATE_ATTEMPTS = 5;
 
-const CREATE_BODY = {
-  template: { kind: 'string', min: 1, max: 253 },
-  namespace: { kind: 'string', min: 1, max: 63 },
-  labels: { kind: 'stringMap' },
-  timeoutMs: { kind: 'integer', min: 1, max: MAX_TIMEOUT_MS },
-  idleTimeoutMs: { kind: 'integer', min: 0, max: MAX_TIMEOUT_MS },
-  wait: { kind: 'boolean' },
-  coldStart: { kind: 'boolean' },
-} as const;
 const RESUME_BODY = { wait: { kind: 'boolean' } } as const;
 const TIMEOUT_BODY = { timeoutMs: { kind: 'integer', required: true, min: 1, max: MAX_TIMEOUT_MS } } as const;
 
 /** A reply about one sandbox: its view, the URL to reach it and (unless `withToken` is false) its access token. */
-function viewReply(w: WorkerContext, status: number, sandbox: Sandbox, view: SandboxView = sandboxView(sandbox), withToken = true): Reply {
+function viewReply(w: WorkerContext, status: number, sandbox: Sandbox, view: SandboxView = sandboxView(sandbox, w.cluster.name), withToken = true): Reply {
   return { status, json: reachableView(view, sandbox, w.dataPlane, withToken) };
 }
 
@@ -50,14 +44,31 @@ async function mutateSandbox(w: WorkerContext, current: Sandbox, change: (s: San
   }
 }
 
+/** A create here must not ask for another cluster or region: placing elsewhere is the hub's job. */
+async function checkPlacement(w: WorkerContext, body: CreateBody): Promise<void> {
+  const here = w.cluster.name;
+  if (body.cluster !== undefined && body.cluster !== here) {
+    const message = `this worker is cluster "${here}", not "${body.cluster}"; to place a sandbox in another cluster, create it at the hub or an edge`;
+    throw new AsbError('BadRequest', message, { fields: [{ field: 'cluster', message }] });
+  }
+  if (body.region === undefined) return;
+  // The worker's own Cluster object comes from the hub by sync; without it this cluster has no region.
+  const own = await w.store.tryGet<Cluster>(ClusterType, CLUSTER_SCOPE, here);
+  if (own === undefined) {
+    const message = `cluster "${here}" has no region (it is not registered at a hub, or has not synced yet); leave region out, or create at the hub or an edge`;
+    throw new AsbError('BadRequest', message, { fields: [{ field: 'region', message }] });
+  }
+  if (own.spec.region !== body.region) {
+    const message = `cluster "${here}" is in region "${own.spec.region}", not "${body.region}"; to place a sandbox in another region, create it at the hub or an edge`;
+    throw new AsbError('BadRequest', message, { fields: [{ field: 'region', message }] });
+  }
+}
+
 async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const p = principalOf(ctx);
-  const body = checkBody(await readJson(ctx.req, w.limits.jsonBytes), CREATE_BODY);
+  const body = checkCreateBody(await readJson(ctx.req, w.limits.jsonBytes));
+  await checkPlacement(w, body);
   const namespace = body.namespace ?? w.defaultNamespace;
-  const problems = userLabelProblems(body.labels ?? {}, 'labels');
-  if (!isObjectName(namespace)) problems.push({ field: 'namespace', message: 'must be a DNS label: lower-case letters, digits and -' });
-  if (body.template !== undefined && !isObjectName(body.template)) problems.push({ field: 'template', message: 'must be a lower-case DNS name' });
-  if (problems.length > 0) throw new AsbError('Invalid', `request body is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
   const template = body.template ?? 'base';
   const found = await w.store.tryGet<SandboxTemplate>(SandboxTemplateType, namespace, template);
   if (found === undefined) throw new AsbError('NotFound', `template "${template}" not found in namespace "${namespace}"; list templates with GET /v1/templates`);
@@ -72,7 +83,7 @@ async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   if ((body.wait ?? true) && !sandboxView(sandbox).ready) {
     sandbox = await w.operator.claimer.waitReady(namespace, sandbox.metadata.name, w.limits.waitReadyMs);
   }
-  return viewReply(w, 201, sandbox, { ...sandboxView(sandbox), launchType: claimed.launch });
+  return viewReply(w, 201, sandbox, { ...sandboxView(sandbox, w.cluster.name), launchType: claimed.launch });
 }
 
 async function list(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
@@ -106,7 +117,7 @@ async function list(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const page = await w.store.list<Sandbox>(SandboxType, opts);
   // phase is status, not a label: filtered per page, so a page may hold fewer than `limit`.
   // Lists carry no tokens: a page of 1,000 tokens is one log line away from a leak.
-  const items = page.items.map((s) => reachableView(sandboxView(s), s, w.dataPlane, false)).filter((v) => phase === null || phase === '' || v.phase === phase);
+  const items = page.items.map((s) => reachableView(sandboxView(s, w.cluster.name), s, w.dataPlane, false)).filter((v) => phase === null || phase === '' || v.phase === phase);
   return { status: 200, json: page.continue === undefined ? { items } : { items, continue: page.continue } };
 }
 
@@ -123,7 +134,7 @@ async function remove(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     if (isAsbError(err, 'NotFound')) throw sandboxNotFound(sandbox.metadata.name);
     throw err;
   }
-  return viewReply(w, 202, deleted, { ...sandboxView(deleted), phase: 'Terminating', ready: false }, false);
+  return viewReply(w, 202, deleted, { ...sandboxView(deleted, w.cluster.name), phase: 'Terminating', ready: false }, false);
 }
 
 async function pause(w: WorkerContext, ctx: RequestContext): Promise<Reply> {

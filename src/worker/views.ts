@@ -9,6 +9,8 @@ import { defaultPortOf, publicPortsOf } from './route-entry.ts';
 
 export interface SandboxView {
   id: string;
+  /** The worker cluster that holds it (absent only from a worker older than federation). */
+  cluster?: string;
   namespace: string;
   template: string;
   phase: SandboxPhase;
@@ -60,13 +62,15 @@ function idleTimeoutOf(sandbox: Sandbox): number | undefined {
   return Number.isSafeInteger(n) && n >= 0 ? n : undefined;
 }
 
-export function sandboxView(sandbox: Sandbox): SandboxView {
+/** The view of `sandbox`; `cluster` is the worker cluster that holds it (every API view names it). */
+export function sandboxView(sandbox: Sandbox, cluster?: string): SandboxView {
   const labels = sandbox.metadata.labels ?? {};
   const status = sandbox.status ?? {};
   const deleting = sandbox.metadata.deletionTimestamp !== undefined;
   const phase: SandboxPhase = deleting ? 'Terminating' : status.phase ?? 'Pending';
   const view: SandboxView = {
     id: sandbox.metadata.name,
+    ...(cluster === undefined ? {} : { cluster }),
     namespace: sandbox.metadata.namespace ?? 'default',
     template: labels[LABEL.template] ?? '',
     phase,
