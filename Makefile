@@ -5,7 +5,7 @@ SHELL := /bin/bash
 export PATH := $(CURDIR)/.tools/node/bin:$(PATH)
 NODE := $(CURDIR)/.tools/node/bin/node
 # Debian packages as package:command pairs; the command proves the package is installed.
-APT_RUNTIME := iproute2:ip util-linux:unshare util-linux:nsenter procps:ps gcc:cc
+APT_RUNTIME := iproute2:ip util-linux:unshare util-linux:nsenter procps:ps gcc:cc openssl:openssl
 APT_TEST := prometheus:promtool
 
 .PHONY: up test test-unit lint typecheck bench deps clean .venv

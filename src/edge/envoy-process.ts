@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
-import { edgeConfigYaml, type EdgeConfigOptions } from './envoy-config.ts';
+import { edgeConfigYaml, INGRESS_LISTENER, type EdgeConfigOptions } from './envoy-config.ts';
 import { findEnvoyBinary } from './envoy-binary.ts';
 
 export interface EnvoyProcessOptions {
@@ -44,6 +44,9 @@ export interface EnvoyEndpoints {
   /** The static comparison listener, when config.static was given. */
   staticUrl?: string;
   staticPort?: number;
+  /** `host:port` of the ingress listener (mutual TLS, so no URL), when config.ingress was given: what other clusters are told. */
+  ingressAddress?: string;
+  ingressPort?: number;
 }
 
 const POLL_MS = 20;
@@ -161,6 +164,9 @@ export class EnvoyProcess {
       ...(this.#config.static === undefined || this.#endpoints.staticPort === undefined
         ? {}
         : { static: { ...this.#config.static, listenPort: this.#endpoints.staticPort } }),
+      ...(this.#config.ingress === undefined || this.#endpoints.ingressPort === undefined
+        ? {}
+        : { ingress: { ...this.#config.ingress, listenPort: this.#endpoints.ingressPort } }),
     };
     this.#log.info({ pid: child.pid, ...this.#endpoints }, 'envoy ready');
     return this.#endpoints;
@@ -263,6 +269,11 @@ export class EnvoyProcess {
     if (staticListener !== undefined) {
       endpoints.staticUrl = `http://${hostForUrl(staticListener.address)}:${staticListener.port}`;
       endpoints.staticPort = staticListener.port;
+    }
+    const ingress = ports.get(INGRESS_LISTENER);
+    if (ingress !== undefined) {
+      endpoints.ingressAddress = `${hostForUrl(ingress.address)}:${ingress.port}`;
+      endpoints.ingressPort = ingress.port;
     }
     return endpoints;
   }
