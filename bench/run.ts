@@ -2,7 +2,8 @@
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
-// `node bench/run.ts [claims] [dataplane]` runs only those parts (default: all).
+// `node bench/run.ts [claims] [dataplane] [federation]` runs only those parts (default: all); a
+// partial run replaces its own rows in the README table and in latest.json and keeps the others.
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { request } from 'node:http';
@@ -10,12 +11,14 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { call, poolObjects, round, summarize, waitPool, warmClaims, type Target } from './claims.ts';
 import { benchDataplane } from './dataplane.ts';
+import { benchPlacement, benchPropagation } from './federation.ts';
 import { benchStore } from './store-bench.ts';
 import type { LocalSystem } from '../src/system/local-system.ts';
 import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
+const PARTS = ['claims', 'dataplane', 'federation'];
 
 interface Row {
   metric: string;
@@ -143,8 +146,26 @@ async function dataplane(row: Recorder, results: Record<string, unknown>): Promi
   row('router memory with 1,000,000 routes', `${d.routeMemory.heapMB} MB (${d.routeMemory.bytesPerRoute} B/route)`, '≤ 512 MB', d.routeMemory.heapMB <= 512);
 }
 
+async function federation(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const p = await benchPropagation();
+  results.federation = p;
+  const c = p.changes;
+  row(
+    `sync propagation, change at the hub to applied and acked by all ${p.workers} clusters, p50 / p99 / max (${c.count + c.timeouts} changes)`,
+    `${c.p50Ms} / ${c.p99Ms} / ${c.maxMs} ms${c.timeouts > 0 ? `, ${c.timeouts} timed out` : ''}`,
+    'p99 ≤ 200 ms',
+    c.p99Ms <= 200 && c.timeouts === 0,
+  );
+  row(`sync burst, ${p.burst.changes} changes back to back until acked by all ${p.workers} clusters`, `${p.burst.ms} ms (${p.burst.changesPerSec} changes/s; the admin API's answers took ${p.burst.apiMs} ms)`, '—');
+  const placement = benchPlacement();
+  results.placement = placement;
+  row(`placement decisions per second (${placement.candidates} candidates)`, String(placement.decisionsPerSec), '—');
+}
+
 async function main(): Promise<void> {
   const parts = new Set(process.argv.slice(2));
+  const unknown = [...parts].filter((p) => !PARTS.includes(p));
+  if (unknown.length > 0) throw new Error(`unknown bench part ${unknown.join(', ')}; the parts are ${PARTS.join(', ')}`);
   const all = parts.size === 0;
   const rows: Row[] = [];
   const results: Record<string, unknown> = {};
@@ -162,26 +183,55 @@ async function main(): Promise<void> {
     }
   }
   if (all || parts.has('dataplane')) await dataplane(row, results);
+  if (all || parts.has('federation')) await federation(row, results);
 
   const machine = `${cpus().length} × ${cpus()[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.versions.node}`;
-  const table = [
-    `Measured ${new Date().toISOString().slice(0, 10)} on ${machine} by \`make bench\`.`,
-    '',
-    '| metric | measured | target |',
-    '|---|---|---|',
-    ...rows.map((r) => `| ${r.metric} | ${r.value}${r.ok === undefined ? '' : r.ok ? ' ✅' : ' ❌'} | ${r.target} |`),
-  ].join('\n');
-  console.log(`\n${table}\n`);
+  const date = new Date().toISOString().slice(0, 10);
+  const header = `Measured ${date} on ${machine} by \`make bench\`.`;
+  console.log(`\n${[header, '', ...tableLines(rows)].join('\n')}\n`);
 
   const dir = join(repoRoot, 'bench/results');
   mkdirSync(dir, { recursive: true });
-  const json = JSON.stringify({ machine, at: new Date().toISOString(), results, rows }, null, 2);
-  writeFileSync(join(dir, `${new Date().toISOString().replace(/[:.]/g, '-')}.json`), json);
-  writeFileSync(join(dir, 'latest.json'), json);
-  if (all) updateReadme(table);
+  const at = new Date().toISOString();
+  writeFileSync(join(dir, `${at.replace(/[:.]/g, '-')}.json`), JSON.stringify({ machine, at, results, rows }, null, 2));
+  const latestPath = join(dir, 'latest.json');
+  const previous = all ? undefined : readLatest(latestPath);
+  const latest = previous === undefined ? { machine, at, results, rows } : { machine, at, results: { ...previous.results, ...results }, rows: mergeRows(previous.rows, rows) };
+  writeFileSync(latestPath, JSON.stringify(latest, null, 2));
+  updateReadme(rows, all ? { header } : { note: `Rows of \`node bench/run.ts ${[...parts].join(' ')}\`: measured ${date} on ${machine}.` });
 }
 
-function updateReadme(table: string): void {
+function rowLine(r: Row): string {
+  return `| ${r.metric} | ${r.value}${r.ok === undefined ? '' : r.ok ? ' ✅' : ' ❌'} | ${r.target} |`;
+}
+
+function tableLines(rows: readonly Row[]): string[] {
+  return ['| metric | measured | target |', '|---|---|---|', ...rows.map(rowLine)];
+}
+
+/** `rows` over `previous`: a row with the same metric is replaced in place, a new one appended. */
+function mergeRows<T extends { metric: string }>(previous: readonly T[], rows: readonly T[]): T[] {
+  const fresh = new Map(rows.map((r) => [r.metric, r]));
+  const merged = previous.map((r) => fresh.get(r.metric) ?? r);
+  const kept = new Set(previous.map((r) => r.metric));
+  return [...merged, ...rows.filter((r) => !kept.has(r.metric))];
+}
+
+function readLatest(path: string): { results: Record<string, unknown>; rows: Row[] } | undefined {
+  try {
+    const parsed = JSON.parse(readFileSync(path, 'utf8')) as { results?: Record<string, unknown>; rows?: Row[] };
+    return { results: parsed.results ?? {}, rows: parsed.rows ?? [] };
+  } catch {
+    return undefined; // no earlier run
+  }
+}
+
+/**
+ * Rewrites the table between the bench markers in README.md. A full run writes it whole under
+ * `header`. A partial run keeps the other rows and the header, replaces or appends its own rows,
+ * and states when they were measured in a note under the header (one note per command).
+ */
+function updateReadme(rows: readonly Row[], how: { header: string } | { note: string }): void {
   const path = join(repoRoot, 'README.md');
   const text = readFileSync(path, 'utf8');
   const start = '<!-- bench:start -->';
@@ -189,7 +239,18 @@ function updateReadme(table: string): void {
   const a = text.indexOf(start);
   const b = text.indexOf(end);
   if (a < 0 || b < a) return;
-  writeFileSync(path, `${text.slice(0, a + start.length)}\n${table}\n${text.slice(b)}`);
+  let block: string[];
+  if ('header' in how) block = [how.header, '', ...tableLines(rows)];
+  else {
+    const lines = text.slice(a + start.length, b).trim().split('\n');
+    const table = lines.filter((l) => l.startsWith('| ') && !l.startsWith('| metric |'));
+    const old = table.map((line) => ({ metric: line.slice(2, line.indexOf(' | ', 2)), line }));
+    const merged = mergeRows(old, rows.map((r) => ({ metric: r.metric, line: rowLine(r) })));
+    const command = how.note.slice(0, how.note.indexOf(':'));
+    const notes = lines.filter((l) => l.startsWith('Rows of `') && !l.startsWith(command));
+    block = [lines[0] ?? '', ...notes, how.note, '', ...tableLines([]), ...merged.map((m) => m.line)];
+  }
+  writeFileSync(path, `${text.slice(0, a + start.length)}\n${block.join('\n')}\n${text.slice(b)}`);
 }
 
 main().then(

@@ -19,7 +19,7 @@ import type { Logger } from '../system/log.ts';
 import { createHubApi } from './admin-api.ts';
 import { ensureAdminKey } from '../auth/admin-key.ts';
 import type { HubConfig } from './hub-config.ts';
-import { createSyncMetrics, createSyncServer, SYNC_PATH } from './sync-server.ts';
+import { createSyncMetrics, createSyncServer, SYNC_PATH, type SyncServer } from './sync-server.ts';
 
 export interface HubDeps {
   log: Logger;
@@ -33,6 +33,8 @@ export interface RunningHub {
   readonly store: ObjectStore;
   /** The admin key, when config.adminKeyFile asked for one. */
   readonly adminKey: string | undefined;
+  /** The sync server: live connections, acks (benchmarks time propagation with onAck). */
+  readonly sync: SyncServer;
   /** Idempotent. */
   close(): Promise<void>;
 }
@@ -69,6 +71,7 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
     url,
     store,
     adminKey,
+    sync,
     close() {
       closing ??= (async () => {
         // Sync WebSockets first: an upgraded socket would keep server.close() waiting.
