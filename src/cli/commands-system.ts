@@ -4,7 +4,8 @@ import { constants } from 'node:os';
 import type { StatusView } from '../client/api-client.ts';
 import { parseCommandArgs, UsageError } from './args.ts';
 import { EXIT, type Command } from './command.ts';
-import { defaultRepoRoot } from './env-file.ts';
+import { ClientConfigError, defaultRepoRoot } from './env-file.ts';
+import { createHubClient, resolveHubClientConfig, type ClusterView } from './hub-client.ts';
 import { formatFields, formatTable, writeJson } from './output.ts';
 
 export const upCommand: Command = {
@@ -66,20 +67,57 @@ function signalQuietly(pid: number, sig: NodeJS.Signals): void {
 
 export const statusCommand: Command = {
   name: 'status',
-  summary: 'Show the cluster, its warm pools and sandboxes by phase',
-  usage: 'asb status [--json]',
-  help: 'Options:\n  --json                 print the status as JSON',
-  options: { json: { type: 'boolean' } },
+  summary: 'Show the cluster, its warm pools and sandboxes by phase, and with a hub every cluster of the federation',
+  usage: 'asb status [--json] [--hub-url URL --hub-key KEY]',
+  help: `Options:
+  --json                 print the status as JSON ({ ...worker status, federation: { hub, clusters } })
+  --hub-url URL          the hub (else $ASB_HUB_URL, else .asb/env); without one, only the worker is shown
+  --hub-key KEY          a hub admin key (else $ASB_HUB_KEY, else .asb/env)
+
+With a hub, each cluster's health (healthy, unhealthy, down; drained), the hub version it has
+applied and its lag behind the hub are listed.`,
+  options: { json: { type: 'boolean' }, 'hub-url': { type: 'string' }, 'hub-key': { type: 'string' } },
   async run(argv, ctx) {
     const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
     if (positionals.length > 0) throw new UsageError(`unexpected argument "${positionals[0] ?? ''}"`, this.usage);
     const client = ctx.client(global);
     const status = await client.status();
-    if (values.json === true) writeJson(ctx.io.stdout, status);
-    else ctx.io.stdout.write(formatStatus(status, client.url));
+    const federation = await federationOf(values, global.envFile, ctx.io);
+    if (values.json === true) writeJson(ctx.io.stdout, federation === undefined ? status : { ...status, federation });
+    else ctx.io.stdout.write(formatStatus(status, client.url) + (federation === undefined ? '' : formatFederation(federation.hub, federation.clusters)));
     return EXIT.ok;
   },
 };
+
+/** The hub's view of every cluster, when a hub is configured (flags, environment or .asb/env). */
+async function federationOf(
+  values: Record<string, unknown>,
+  envFile: string | undefined,
+  io: { env: Readonly<Record<string, string | undefined>>; cwd: string },
+): Promise<{ hub: string; clusters: ClusterView[] } | undefined> {
+  const text = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
+  let config;
+  try {
+    config = resolveHubClientConfig({ flags: { hubUrl: text(values['hub-url']), hubKey: text(values['hub-key']), envFile }, env: io.env, cwd: io.cwd });
+  } catch (err) {
+    // No hub configured: a single cluster. Any other problem (a bad URL) is the user's to see.
+    if (err instanceof ClientConfigError && err.message.startsWith('no hub URL')) return undefined;
+    throw err;
+  }
+  const { items } = await createHubClient(config).listClusters();
+  return { hub: config.url, clusters: items };
+}
+
+/** healthy / unhealthy / down, and drained: what placement makes of the cluster. */
+export function clusterHealth(c: ClusterView): string {
+  const health = c.status.connected !== true ? 'down' : c.status.healthy === false ? 'unhealthy' : 'healthy';
+  return c.spec.drain === true ? `${health}, drained` : health;
+}
+
+export function formatFederation(hub: string, clusters: readonly ClusterView[]): string {
+  const rows = clusters.map((c) => [c.metadata.name, c.spec.region, clusterHealth(c), c.status.appliedVersion === undefined ? '-' : String(c.status.appliedVersion), c.status.lag === undefined ? '-' : String(c.status.lag)]);
+  return `\nFederation (hub ${hub})\n${formatTable(['CLUSTER', 'REGION', 'HEALTH', 'SYNC VERSION', 'LAG'], rows)}`;
+}
 
 export function formatStatus(s: StatusView, url: string): string {
   const phases = Object.entries(s.sandboxes).filter(([, n]) => n > 0);

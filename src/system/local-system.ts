@@ -5,6 +5,7 @@
 import { mkdirSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
+import type { EdgeConfigOptions } from '../edge/envoy-config.ts';
 import { EnvoyProcess } from '../edge/envoy-process.ts';
 import type { Logger } from './log.ts';
 import { startChild, type ReadyChild } from './child.ts';
@@ -27,6 +28,10 @@ export interface LocalSystemOptions {
   clusterName: string;
   /** Extra worker flags (src/system/config.ts), e.g. --cluster-tag, --bridge, --subnet, --base-pool. */
   workerArgs?: readonly string[];
+  /** Extra router flags (src/router/router-config.ts). */
+  routerArgs?: readonly string[];
+  /** Extra Envoy settings (federation: the ingress listener, TLS files, the hub upstream). */
+  envoy?: Partial<Pick<EdgeConfigOptions, 'ingress' | 'tls' | 'hubAddress'>>;
 }
 
 export interface LocalSystem {
@@ -104,6 +109,7 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
         '--domain', opts.domain,
         '--worker', `${opts.clusterName}=${worker.ready.apiUrl}`,
         '--worker-key-file', keyFile,
+        ...(opts.routerArgs ?? []),
       ],
       logPath: join(logs, 'router.log'),
     });
@@ -117,6 +123,7 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
         adminPort: opts.envoyAdminPort,
         routerAddress: router.ready.listen,
         workers: [{ cluster: opts.clusterName, apiAddress }],
+        ...opts.envoy,
       },
     });
     mkdirSync(join(opts.stateDir, 'envoy'), { recursive: true });

@@ -1,20 +1,26 @@
-// `make up`: runs the local system in the foreground (src/system/local-system.ts: worker,
-// router, Envoy), writes `.asb/env` when it is ready, prints the endpoints, and on Ctrl-C or
-// SIGTERM stops everything it started, in order. A second signal kills at once.
+// `make up`: runs the local federation in the foreground (src/system/federation.ts: a hub and two
+// worker clusters, region-a and region-b, each with its worker, router and Envoy), writes
+// `.asb/env` when it is ready, prints the endpoints, and on Ctrl-C or SIGTERM stops everything it
+// started, in order. A second signal kills at once.
 //
 // Settings (environment; the worker's own ASB_* variables in config.ts apply too):
 //   ASB_STATE_DIR          where .asb lives (default <repo>/.asb)
-//   ASB_API_PORT           worker REST API port (default 7080)
-//   ASB_EDGE_PORT          Envoy's HTTP port on 127.0.0.1 (default 10000)
-//   ASB_ENVOY_ADMIN_PORT   Envoy admin port on 127.0.0.1 (default 9901)
-//   ASB_ROUTER_PORT        router gRPC port on 127.0.0.1 (default 9002)
+//   ASB_FEDERATION         off: one cluster and no hub (the ports below are then its own)
+//   ASB_HUB_PORT           the hub's port (default 7070)
+//   ASB_API_PORT           region-a's worker REST API port (default 7080; region-b: +1)
+//   ASB_EDGE_PORT          region-a's edge listener on 127.0.0.1 (default 10000; region-b: +100)
+//   ASB_INGRESS_PORT       region-a's ingress listener, mutual TLS (default 10001; region-b: +100)
+//   ASB_ENVOY_ADMIN_PORT   region-a's Envoy admin port (default 9901; region-b: +1)
+//   ASB_ROUTER_PORT        region-a's router gRPC port (default 9002; region-b: +1)
 //   ASB_DOMAIN             sandbox domain: <port>-<id>.<domain> (default asb.localhost)
-//   ASB_CLUSTER_NAME       this cluster's name (default local)
+//   ASB_CLUSTER_NAME       the cluster's name when ASB_FEDERATION=off (default local)
 import { renameSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createLogger } from './log.ts';
+import { startFederation, type Federation } from './federation.ts';
 import { startLocalSystem, type LocalSystem } from './local-system.ts';
+import type { ReadyChild } from './child.ts';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 
@@ -29,45 +35,47 @@ function port(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
   return value;
 }
 
+/** What `make up` started, whichever mode: enough to write .asb/env, announce and stop it. */
+interface Running {
+  env: Record<string, string>;
+  banner: string;
+  children: ReadyChild<{ ready: true }>[];
+  kill(): void;
+  stop(): Promise<void>;
+}
+
 async function main(): Promise<void> {
   const env = process.env;
   const stateDir = resolve(env.ASB_STATE_DIR ?? join(repoRoot, '.asb'));
   if (process.getuid?.() !== 0) {
     console.warn('warning: not running as root: sandboxes run in degraded mode (no network namespace, ports shared on 127.0.0.1). See README "Degraded mode".');
   }
-  const log = createLogger({ level: env.ASB_LOG_LEVEL ?? 'warn' });
-  console.log('starting: worker, router, Envoy…');
-  let system: LocalSystem;
+  const federated = (env.ASB_FEDERATION ?? 'on') !== 'off';
+  console.log(federated ? 'starting: hub, then region-a and region-b (worker, router, Envoy each)…' : 'starting: worker, router, Envoy…');
+  let running: Running;
   try {
-    system = await startLocalSystem({
-      stateDir,
-      log,
-      apiPort: port(env, 'ASB_API_PORT', 7080),
-      edgePort: port(env, 'ASB_EDGE_PORT', 10000),
-      envoyAdminPort: port(env, 'ASB_ENVOY_ADMIN_PORT', 9901),
-      routerPort: port(env, 'ASB_ROUTER_PORT', 9002),
-      domain: env.ASB_DOMAIN ?? 'asb.localhost',
-      clusterName: env.ASB_CLUSTER_NAME ?? 'local',
-    });
+    running = federated ? await upFederation(env, stateDir) : await upSingle(env, stateDir);
   } catch (err) {
     console.error(`make up failed: ${err instanceof Error ? err.message : String(err)}`);
     process.exit(1);
   }
-  writeEnv(stateDir, system);
-  announce(stateDir, system);
+  writeEnv(stateDir, running.env);
+  console.log(`${running.banner}
+  env file     ${join(stateDir, 'env')}   (source it, or just run: npx asb status)
+  logs         ${join(stateDir, 'logs')}${federated ? ` and ${join(stateDir, 'clusters', '<name>', 'logs')}` : ''}
+Try:  npx asb create --template base${federated ? ' --region region-b' : ''}   then   npx asb exec <id> -- echo hello
+Ctrl-C stops everything.`);
 
   let stopping = false;
   const stop = (sig: NodeJS.Signals): void => {
     if (stopping) {
       console.error('second signal: killing everything now');
-      system.worker.proc.kill('SIGKILL');
-      system.router.proc.kill('SIGKILL');
-      system.envoy.destroy();
+      running.kill();
       process.exit(1);
     }
     stopping = true;
-    console.log(`\n${sig}: stopping (Envoy, router, then the worker hibernates its sandboxes; Ctrl-C again to force)…`);
-    system.stop().then(
+    console.log(`\n${sig}: stopping (Envoy, router, then each worker hibernates its sandboxes; Ctrl-C again to force)…`);
+    running.stop().then(
       () => process.exit(0),
       (err: unknown) => {
         console.error('stop failed:', err);
@@ -77,39 +85,105 @@ async function main(): Promise<void> {
   };
   process.on('SIGINT', stop);
   process.on('SIGTERM', stop);
-  for (const child of [system.worker, system.router]) {
+  for (const child of running.children) {
     void child.exited.then((code) => {
       if (stopping) return;
-      console.error(`${child.name} exited unexpectedly (${String(code)}); its log is in ${join(stateDir, 'logs')}. Stopping.`);
+      console.error(`${child.name} exited unexpectedly (${String(code)}); its log is under ${stateDir}. Stopping.`);
       stop('SIGTERM');
     });
   }
 }
 
-function writeEnv(stateDir: string, system: LocalSystem): void {
-  const env = {
-    ASB_API_URL: system.apiUrl,
-    ASB_API_KEY: system.adminKey,
-    ASB_CLUSTER: system.clusterName,
-    ASB_EDGE_URL: system.edgeUrl,
-    ASB_DOMAIN: system.domain,
+async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Running> {
+  const system: LocalSystem = await startLocalSystem({
+    stateDir,
+    log: createLogger({ level: env.ASB_LOG_LEVEL ?? 'warn' }),
+    apiPort: port(env, 'ASB_API_PORT', 7080),
+    edgePort: port(env, 'ASB_EDGE_PORT', 10000),
+    envoyAdminPort: port(env, 'ASB_ENVOY_ADMIN_PORT', 9901),
+    routerPort: port(env, 'ASB_ROUTER_PORT', 9002),
+    domain: env.ASB_DOMAIN ?? 'asb.localhost',
+    clusterName: env.ASB_CLUSTER_NAME ?? 'local',
+  });
+  return {
+    env: { ASB_API_URL: system.apiUrl, ASB_API_KEY: system.adminKey, ASB_CLUSTER: system.clusterName, ASB_EDGE_URL: system.edgeUrl, ASB_DOMAIN: system.domain },
+    banner: `Agent Sandbox is up (cluster ${system.clusterName}, id tag ${system.clusterTag})
+  worker API   ${system.apiUrl}
+  edge         ${system.edgeUrl}   sandboxes at http://<port>-<id>.${system.domain}:${new URL(system.edgeUrl).port}
+  metrics      ${system.apiUrl}/metrics  (needs the API key)`,
+    children: [system.worker, system.router],
+    kill() {
+      system.worker.proc.kill('SIGKILL');
+      system.router.proc.kill('SIGKILL');
+      system.envoy.destroy();
+    },
+    stop: () => system.stop(),
   };
+}
+
+/** region-a on the base ports, region-b on offsets from them (see the header). */
+async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<Running> {
+  const regions = [
+    { name: 'region-a', tag: 'rgna', bridge: 'asb0', subnet: '10.213.0.0/16', step: 0 },
+    { name: 'region-b', tag: 'rgnb', bridge: 'asb1', subnet: '10.212.0.0/16', step: 1 },
+  ];
+  const fed: Federation = await startFederation({
+    stateDir,
+    log: createLogger({ level: env.ASB_LOG_LEVEL ?? 'warn' }),
+    domain: env.ASB_DOMAIN ?? 'asb.localhost',
+    hubPort: port(env, 'ASB_HUB_PORT', 7070),
+    clusters: regions.map((r) => ({
+      name: r.name,
+      region: r.name,
+      tag: r.tag,
+      apiPort: port(env, 'ASB_API_PORT', 7080) + r.step,
+      edgePort: port(env, 'ASB_EDGE_PORT', 10000) + 100 * r.step,
+      ingressPort: port(env, 'ASB_INGRESS_PORT', 10001) + 100 * r.step,
+      envoyAdminPort: port(env, 'ASB_ENVOY_ADMIN_PORT', 9901) + r.step,
+      routerPort: port(env, 'ASB_ROUTER_PORT', 9002) + r.step,
+      bridge: r.bridge,
+      subnet: r.subnet,
+    })),
+  });
+  const first = fed.clusters[0];
+  if (first === undefined) throw new Error('no cluster started');
+  const rows = fed.clusters.map(
+    (c) => `  ${c.clusterName.padEnd(12)} edge ${c.edgeUrl}   ingress ${c.ingressAddress} (mTLS)   worker API ${c.apiUrl}   id tag ${c.clusterTag}`,
+  );
+  return {
+    env: {
+      ASB_API_URL: first.edgeUrl,
+      ASB_API_KEY: fed.adminKey,
+      ASB_HUB_URL: fed.hubUrl,
+      ASB_HUB_KEY: fed.adminKey,
+      ASB_CLUSTER: first.clusterName,
+      ASB_EDGE_URL: first.edgeUrl,
+      ASB_DOMAIN: fed.domain,
+    },
+    banner: `Agent Sandbox is up: a federation of ${fed.clusters.length} clusters
+  hub          ${fed.hubUrl}   (asb cluster ls, asb key …, asb template …)
+${rows.join('\n')}
+  API          ${first.edgeUrl}/v1/…  through the edge: creates are placed by the hub, any edge reaches any sandbox
+  sandboxes    http://<port>-<id>.${fed.domain}:<edge port>  (any cluster's edge)`,
+    children: [fed.hub, ...fed.clusters.flatMap((c) => [c.worker, c.router])],
+    kill() {
+      fed.hub.proc.kill('SIGKILL');
+      for (const c of fed.clusters) {
+        c.worker.proc.kill('SIGKILL');
+        c.router.proc.kill('SIGKILL');
+        c.envoy.destroy();
+      }
+    },
+    stop: () => fed.stop(),
+  };
+}
+
+function writeEnv(stateDir: string, env: Record<string, string>): void {
   const envPath = join(stateDir, 'env');
   const text = `${Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n')}\n`;
   // Written atomically so a reader never sees half a file.
   writeFileSync(`${envPath}.tmp`, text, { mode: 0o600 });
   renameSync(`${envPath}.tmp`, envPath);
-}
-
-function announce(stateDir: string, system: LocalSystem): void {
-  console.log(`Agent Sandbox is up (cluster ${system.clusterName}, id tag ${system.clusterTag})
-  worker API   ${system.apiUrl}
-  edge         ${system.edgeUrl}   sandboxes at http://<port>-<id>.${system.domain}:${new URL(system.edgeUrl).port}
-  metrics      ${system.apiUrl}/metrics  (needs the API key)
-  env file     ${join(stateDir, 'env')}   (source it, or just run: npx asb status)
-  logs         ${join(stateDir, 'logs')}
-Try:  npx asb create --template base   then   npx asb exec <id> -- echo hello
-Ctrl-C stops everything.`);
 }
 
 void main();

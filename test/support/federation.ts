@@ -1,0 +1,58 @@
+// A whole local federation for end-to-end tests (src/system/federation.ts): a hub and two
+// clusters, each with its own worker, router and Envoy (edge + mutual-TLS ingress), on ports the
+// kernel picks, with bridges and subnets no other test uses.
+import { execFileSync } from 'node:child_process';
+import { silentLogger } from '../../src/system/log.ts';
+import { startFederation, type Federation, type FederatedClusterOptions } from '../../src/system/federation.ts';
+import { removeDataDir, tempDataDir } from './worker-process.ts';
+
+export interface TestFederation extends Federation {
+  /** Stops it and removes its state and bridges; idempotent. */
+  cleanup(): Promise<void>;
+}
+
+/** Each cluster: [name, 4-char tag (bridge asb<tag>), second octet of its 10.x.0.0/16 subnet]. */
+export async function startTestFederation(clusters: readonly (readonly [string, string, number])[], basePool = 0): Promise<TestFederation> {
+  const stateDir = tempDataDir('fed');
+  const options: FederatedClusterOptions[] = clusters.map(([name, tag, octet]) => ({
+    name,
+    region: name,
+    tag,
+    apiPort: 0,
+    edgePort: 0,
+    ingressPort: 0,
+    routerPort: 0,
+    envoyAdminPort: 0,
+    bridge: `asb${tag}`,
+    subnet: `10.${octet}.0.0/16`,
+    workerArgs: ['--base-pool', String(basePool), '--log-level', 'warn'],
+  }));
+  const removeBridges = (): void => {
+    for (const o of options) {
+      try {
+        execFileSync('ip', ['link', 'del', o.bridge], { stdio: 'ignore' });
+      } catch {
+        // no bridge
+      }
+    }
+  };
+  let fed: Federation;
+  try {
+    fed = await startFederation({ stateDir, log: silentLogger(), domain: 'asb.localhost', hubPort: 0, clusters: options });
+  } catch (err) {
+    removeDataDir(stateDir);
+    removeBridges();
+    throw err;
+  }
+  let cleaned: Promise<void> | undefined;
+  return Object.assign(fed, {
+    cleanup() {
+      cleaned ??= (async () => {
+        await fed.stop();
+        removeDataDir(stateDir);
+        removeBridges();
+      })();
+      return cleaned;
+    },
+  });
+}
