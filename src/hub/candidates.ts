@@ -44,7 +44,18 @@ export interface Candidates {
   unusable: { cluster: string; reason: string }[];
 }
 
-export function candidatesFor(clusters: readonly Cluster[], live: ReadonlyMap<string, LiveCluster>, placed: PlacedSinceHeartbeat): Candidates {
+/**
+ * The asked-for template as the hub holds it: a cluster that has acknowledged the hub version that
+ * wrote it holds it too, even before a heartbeat lists it (a template applied at the hub and
+ * used at once). `version` is its resourceVersion; `applied` each connected cluster's acked version.
+ */
+export interface HubTemplate {
+  key: string;
+  version: number;
+  applied: ReadonlyMap<string, number>;
+}
+
+export function candidatesFor(clusters: readonly Cluster[], live: ReadonlyMap<string, LiveCluster>, placed: PlacedSinceHeartbeat, hubTemplate?: HubTemplate): Candidates {
   const candidates: PlacementCandidate[] = [];
   const unusable: Candidates['unusable'] = [];
   for (const c of clusters) {
@@ -54,13 +65,11 @@ export function candidatesFor(clusters: readonly Cluster[], live: ReadonlyMap<st
       continue;
     }
     const now = live.get(name);
-    candidates.push({
-      name,
-      region: c.spec.region,
-      drain: c.spec.drain === true,
-      healthy: now?.healthy === true,
-      templates: now === undefined ? {} : placed.corrected(name, now),
-    });
+    let templates = now === undefined ? {} : placed.corrected(name, now);
+    if (hubTemplate !== undefined && templates[hubTemplate.key] === undefined && (hubTemplate.applied.get(name) ?? 0) >= hubTemplate.version) {
+      templates = { ...templates, [hubTemplate.key]: 0 };
+    }
+    candidates.push({ name, region: c.spec.region, drain: c.spec.drain === true, healthy: now?.healthy === true, templates });
   }
   return { candidates, unusable };
 }

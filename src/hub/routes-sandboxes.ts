@@ -10,6 +10,7 @@
 // sandbox in the first cluster, which its owner sees in lists and can delete; the alternative,
 // refusing the create, fails the user for a fault of ours.
 import { Counter, type Registry } from 'prom-client';
+import { SandboxTemplateType } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
 import { principalOf } from '../worker/access.ts';
 import { readJson } from '../worker/body.ts';
@@ -132,7 +133,13 @@ export function sandboxHubRoutes(h: HubContext, opts: PlacementOptions = {}): Sa
     checkTarget(body, clusters);
     const namespace = body.namespace ?? h.defaultNamespace;
     const template = body.template ?? 'base';
-    const { candidates, unusable } = candidatesFor(clusters, live(), placed);
+    const fromHub = await h.store.tryGet(SandboxTemplateType, namespace, template);
+    const hubTemplate = fromHub === undefined ? undefined : {
+      key: `${namespace}/${template}`,
+      version: Number(fromHub.metadata.resourceVersion),
+      applied: new Map((h.sync?.connections() ?? []).map((c) => [c.cluster, c.appliedVersion])),
+    };
+    const { candidates, unusable } = candidatesFor(clusters, live(), placed, hubTemplate);
     const plan = place(
       { namespace, template, ...(body.region === undefined ? {} : { region: body.region }), ...(body.cluster === undefined ? {} : { cluster: body.cluster }) },
       candidates,
