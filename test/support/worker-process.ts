@@ -76,7 +76,17 @@ export async function startWorkerProcess(opts: WorkerProcessOptions): Promise<Wo
   };
 }
 
+/**
+ * Removes a test's data directory, first killing whatever still runs from it: pods outlive their
+ * worker by design (the next worker re-adopts them), so a test that killed a worker and never
+ * brought it back would otherwise leave its sandboxes running.
+ */
 export function removeDataDir(dir: string): void {
+  try {
+    execFileSync('pkill', ['-KILL', '-f', `${dir}/`], { stdio: 'ignore' });
+  } catch {
+    // nothing left running
+  }
   rmSync(dir, { recursive: true, force: true });
 }
 
