@@ -2,12 +2,12 @@
 // router process fed by the worker's route feed, and a real Envoy in front. Every request here
 // goes through Envoy on the edge port, addressed by Host header like a browser or an SDK would.
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
 import { request } from 'node:http';
 import { test, type TestContext } from 'node:test';
 import WebSocket from 'ws';
 import type { LocalSystem } from '../src/system/local-system.ts';
 import { startTestSystem } from './support/local-system.ts';
+import { edgeGet, startWsEcho, WEB_TEMPLATE, webPool, type EdgeAnswer } from './support/web-sandbox.ts';
 import { waitFor } from './support/wait.ts';
 import { api } from './support/worker-process.ts';
 
@@ -26,52 +26,13 @@ async function startSystem(t: TestContext): Promise<LocalSystem> {
   return system;
 }
 
-/** A GET through Envoy with the given Host and headers; resolves with status and body. */
-function viaEdge(system: LocalSystem, host: string, headers: Record<string, string> = {}): Promise<{ status: number; body: string; headers: Record<string, string | string[] | undefined> }> {
-  return new Promise((resolve, reject) => {
-    const req = request(`${system.edgeUrl}/`, { headers: { host, ...headers } }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (body += c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, body, headers: res.headers }));
-    });
-    req.on('error', reject);
-    req.end();
-  });
+function viaEdge(system: LocalSystem, host: string, headers: Record<string, string> = {}): Promise<EdgeAnswer> {
+  return edgeGet(system.edgeUrl, host, { headers });
 }
-
-const WEB_TEMPLATE = {
-  apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
-  kind: 'SandboxTemplate',
-  metadata: { name: 'web', namespace: 'default' },
-  spec: {
-    podTemplate: {
-      spec: {
-        containers: [
-          {
-            name: 'main',
-            image: 'python',
-            // The marker file names the sandbox, so a test can tell which one answered.
-            command: ['sh', '-c', 'hostname > /tmp/whoami.txt && exec python3 -m http.server 8080 --directory /tmp'],
-            ports: [{ containerPort: 8080 }],
-            readinessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1 },
-          },
-        ],
-      },
-    },
-  },
-};
-
-const WEB_POOL = {
-  apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
-  kind: 'SandboxWarmPool',
-  metadata: { name: 'web', namespace: 'default' },
-  spec: { replicas: 2, sandboxTemplateRef: { name: 'web' } },
-};
 
 test('through Envoy: HTTP and WebSocket reach servers in real sandboxes, only with the token, and no client header can redirect', async (t) => {
   const system = await startSystem(t);
-  const applied = await api(system, 'POST', '/v1/apply', { objects: [WEB_TEMPLATE, WEB_POOL] });
+  const applied = await api(system, 'POST', '/v1/apply', { objects: [WEB_TEMPLATE, webPool(2)] });
   assert.equal(applied.status, 200, JSON.stringify(applied.body));
   const a = (await api<View>(system, 'POST', '/v1/sandboxes', { template: 'web' })).body;
   const b = (await api<View>(system, 'POST', '/v1/sandboxes', { template: 'web' })).body;
@@ -111,18 +72,7 @@ test('through Envoy: HTTP and WebSocket reach servers in real sandboxes, only wi
   assert.equal(badPort.status, 400);
 
   // WebSocket: an echo server started inside sandbox a on port 8765.
-  const script = readFileSync(new URL('./fixtures/ws_echo.py', import.meta.url));
-  const put = await fetch(`${system.apiUrl}/v1/sandboxes/${a.id}/files?path=/tmp/ws_echo.py`, {
-    method: 'PUT',
-    headers: { authorization: `Bearer ${system.adminKey}`, 'content-type': 'application/octet-stream' },
-    body: script,
-  });
-  assert.equal(put.status, 204);
-  await api(system, 'POST', `/v1/sandboxes/${a.id}/exec`, { command: 'nohup python3 /tmp/ws_echo.py 8765 >/dev/null 2>&1 &' });
-  await waitFor('the echo server to listen', async () => {
-    const probe = await api<{ exitCode: number }>(system, 'POST', `/v1/sandboxes/${a.id}/exec`, { command: ['python3', '-c', 'import socket; socket.create_connection(("127.0.0.1", 8765), 1)'] });
-    return probe.body.exitCode === 0 ? true : undefined;
-  });
+  await startWsEcho(system, a.id, 8765);
   const ws = new WebSocket(`ws://127.0.0.1:${new URL(system.edgeUrl).port}/`, { headers: { host: `8765-${a.id}.asb.localhost`, 'x-access-token': a.accessToken } });
   t.after(() => ws.terminate());
   await new Promise<void>((resolve, reject) => {
@@ -136,7 +86,7 @@ test('through Envoy: HTTP and WebSocket reach servers in real sandboxes, only wi
 
 test('wake on first connection: a request to a hibernated sandbox wakes it and gets the answer', async (t) => {
   const system = await startSystem(t);
-  await api(system, 'POST', '/v1/apply', { objects: [WEB_TEMPLATE, { ...WEB_POOL, spec: { ...WEB_POOL.spec, replicas: 1 } }] });
+  await api(system, 'POST', '/v1/apply', { objects: [WEB_TEMPLATE, webPool(1)] });
   const sb = (await api<View>(system, 'POST', '/v1/sandboxes', { template: 'web' })).body;
   const host = `8080-${sb.id}.asb.localhost`;
   assert.equal((await viaEdge(system, host, { 'x-access-token': sb.accessToken })).status, 200);

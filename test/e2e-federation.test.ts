@@ -3,14 +3,13 @@
 // placed by the hub, and any edge reaches any sandbox (the owner's ingress routes it again,
 // over mutual TLS). Then one cluster dies, and comes back.
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
-import { request } from 'node:http';
 import { test } from 'node:test';
 import WebSocket from 'ws';
 import type { FederatedCluster } from '../src/system/federation.ts';
 import { startTestFederation, type TestFederation } from './support/federation.ts';
 import { runAsb } from './support/run-asb.ts';
 import { waitFor } from './support/wait.ts';
+import { edgeGet, startWsEcho, WEB_TEMPLATE, webPool, type EdgeAnswer } from './support/web-sandbox.ts';
 
 interface View {
   id: string;
@@ -24,36 +23,6 @@ interface Answer<T = unknown> {
   status: number;
   body: T;
   headers: Headers;
-}
-
-const WEB_TEMPLATE = {
-  apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
-  kind: 'SandboxTemplate',
-  metadata: { name: 'web', namespace: 'default' },
-  spec: {
-    podTemplate: {
-      spec: {
-        containers: [
-          {
-            name: 'main',
-            image: 'python',
-            command: ['sh', '-c', 'hostname > /tmp/whoami.txt && exec python3 -m http.server 8080 --directory /tmp'],
-            ports: [{ containerPort: 8080 }],
-            readinessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1 },
-          },
-        ],
-      },
-    },
-  },
-};
-
-function webPool(replicas: number): unknown {
-  return {
-    apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
-    kind: 'SandboxWarmPool',
-    metadata: { name: 'web', namespace: 'default' },
-    spec: { replicas, sandboxTemplateRef: { name: 'web' } },
-  };
 }
 
 /** A JSON call with the hub's admin key (synced everywhere) to an edge, a worker or the hub. */
@@ -74,19 +43,9 @@ async function call<T = unknown>(fed: TestFederation, base: string, method: stri
   return { status: res.status, body: parsed as T, headers: res.headers };
 }
 
-/** A GET through an edge for a sandbox host; `timeoutMs` bounds how long an answer may take. */
-function viaEdge(edge: FederatedCluster, host: string, headers: Record<string, string> = {}, path = '/', timeoutMs = 20_000): Promise<{ status: number; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = request(`${edge.edgeUrl}${path}`, { headers: { host, ...headers }, timeout: timeoutMs }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (body += c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
-    });
-    req.on('timeout', () => req.destroy(new Error(`no answer within ${timeoutMs} ms from ${edge.clusterName}'s edge for ${host}`)));
-    req.on('error', reject);
-    req.end();
-  });
+/** A GET through a cluster's edge for a sandbox host. */
+function viaEdge(edge: FederatedCluster, host: string, headers: Record<string, string> = {}, path = '/', timeoutMs = 20_000): Promise<EdgeAnswer> {
+  return edgeGet(edge.edgeUrl, host, { headers, path, timeoutMs });
 }
 
 function asbEnv(fed: TestFederation, edge: FederatedCluster): Record<string, string> {
@@ -180,18 +139,7 @@ test('a federation of two clusters: placement, any edge reaches any sandbox, a c
   await t.test("a WebSocket through one cluster's edge reaches a sandbox in the other", async () => {
     assert.ok(inB !== undefined);
     const b = clusterNamed(fed, 'fed-b');
-    const script = readFileSync(new URL('./fixtures/ws_echo.py', import.meta.url));
-    const put = await fetch(`${b.apiUrl}/v1/sandboxes/${inB.id}/files?path=/tmp/ws_echo.py`, {
-      method: 'PUT',
-      headers: { authorization: `Bearer ${fed.adminKey}`, 'content-type': 'application/octet-stream' },
-      body: script,
-    });
-    assert.equal(put.status, 204);
-    await call(fed, b.apiUrl, 'POST', `/v1/sandboxes/${inB.id}/exec`, { command: 'nohup python3 /tmp/ws_echo.py 8765 >/dev/null 2>&1 &' });
-    await waitFor('the echo server to listen', async () => {
-      const probe = await call<{ exitCode: number }>(fed, b.apiUrl, 'POST', `/v1/sandboxes/${inB?.id ?? ''}/exec`, { command: ['python3', '-c', 'import socket; socket.create_connection(("127.0.0.1", 8765), 1)'] });
-      return probe.body.exitCode === 0 ? true : undefined;
-    });
+    await startWsEcho({ apiUrl: b.apiUrl, adminKey: fed.adminKey }, inB.id, 8765);
     const ws = new WebSocket(`ws://127.0.0.1:${new URL(a.edgeUrl).port}/`, { headers: { host: `8765-${inB.id}.asb.localhost`, 'x-access-token': inB.accessToken } });
     t.after(() => ws.terminate());
     await new Promise<void>((resolve, reject) => {
