@@ -16,6 +16,16 @@ export default tseslint.config(
     },
   },
   {
+    // The web console: plain browser ES modules, no build step and no types, so no type-aware rules.
+    files: ['src/console/**/*.js'],
+    ...tseslint.configs.disableTypeChecked,
+    languageOptions: {
+      ...tseslint.configs.disableTypeChecked.languageOptions,
+      sourceType: 'module',
+      globals: Object.fromEntries(['document', 'location', 'sessionStorage', 'fetch', 'WebSocket', 'TextEncoder', 'URL', 'confirm', 'setInterval', 'clearInterval'].map((name) => [name, 'readonly'])),
+    },
+  },
+  {
     files: ['test/**/*.ts', 'bench/**/*.ts'],
     rules: {
       '@typescript-eslint/no-non-null-assertion': 'off',

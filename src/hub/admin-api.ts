@@ -5,8 +5,11 @@
 // route pattern and status.
 //
 // Every route but /healthz needs an API key held in the hub's store. Admin keys may do
-// everything; other keys may read templates and the status summary, and create and list their
-// team's sandboxes, which the hub places on and gathers from worker clusters (403 otherwise).
+// everything; other keys may read templates, the status summary and GET /v1/federation, and
+// create and list their team's sandboxes, which the hub places on and gathers from worker
+// clusters (403 otherwise). Two paths bypass the router: /v1/sandboxes/{id}[/...] streams to the
+// owning worker (src/hub/sandbox-proxy.ts, still keyed first), and /console/ serves the web
+// console's files without a key (src/hub/console-files.ts).
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Registry } from 'prom-client';
 import type { ObjectStore } from '../store/store.ts';
@@ -18,10 +21,13 @@ import { createPipeline } from '../worker/pipeline.ts';
 import { createRouter, type Route } from '../worker/router.ts';
 import type { HubContext, SyncView } from './hub-context.ts';
 import { createHubMetrics } from './hub-metrics.ts';
+import { isConsolePath, loadConsoleFiles } from './console-files.ts';
 import { clusterRoutes } from './routes-clusters.ts';
+import { federationRoutes } from './routes-federation.ts';
 import { keyRoutes } from './routes-keys.ts';
 import { sandboxHubRoutes, type PlacementOptions } from './routes-sandboxes.ts';
 import { hubSystemRoutes } from './routes-system.ts';
+import { createSandboxProxy, proxiedSandboxId } from './sandbox-proxy.ts';
 import { templateRoutes } from './routes-templates.ts';
 
 export interface HubApiDeps {
@@ -61,12 +67,23 @@ export function createHubApi(deps: HubApiDeps): HubApi {
     defaultNamespace: 'default',
   });
   const sandboxes = sandboxHubRoutes(h, deps.placement);
-  const router = createRouter([...hubSystemRoutes(h), ...keyRoutes(h), ...clusterRoutes(h), ...templateRoutes(h), ...sandboxes.routes]);
+  const router = createRouter([...hubSystemRoutes(h), ...keyRoutes(h), ...clusterRoutes(h), ...templateRoutes(h), ...federationRoutes(h), ...sandboxes.routes]);
   const requests = createHubMetrics(deps.registry).httpRequestsTotal;
+  const pipeline = createPipeline({ router, auth: deps.auth, log, requests, server: 'the hub', realm: 'asb-hub' });
+  const proxy = createSandboxProxy({ store: h.store, sync: h.sync, auth: deps.auth, log, clock: h.clock, requests, ...(deps.placement?.connectTimeoutMs === undefined ? {} : { connectTimeoutMs: deps.placement.connectTimeoutMs }) });
+  const consoleFiles = loadConsoleFiles();
 
   return {
-    handler: createPipeline({ router, auth: deps.auth, log, requests, server: 'the hub', realm: 'asb-hub' }),
+    handler: (req, res) => {
+      const path = new URL(req.url ?? '/', 'http://hub.invalid').pathname;
+      if (proxiedSandboxId(path) !== undefined) proxy.handle(req, res);
+      else if (isConsolePath(path)) consoleFiles.handle(req, res);
+      else pipeline(req, res);
+    },
     routes: router.routes.map((r) => ({ method: r.method, pattern: r.pattern })),
-    close: () => sandboxes.close(),
+    close: () => {
+      sandboxes.close();
+      proxy.close();
+    },
   };
 }

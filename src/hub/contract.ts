@@ -87,7 +87,19 @@ export type WorkerToHub =
        * be created there. Optional only so an older worker's heartbeat still parses.
        */
       templates?: Record<string, number>;
+      /**
+       * `<namespace>/<pool>` → the pool's ready and desired members and its template's name, for
+       * the console. Optional so an older worker's heartbeat still parses.
+       */
+      pools?: Record<string, PoolReport>;
     };
+
+/** One warm pool as a worker reports it in heartbeats. */
+export interface PoolReport {
+  ready: number;
+  desired: number;
+  template: string;
+}
 
 export type HubToWorker =
   | { type: 'snapshot'; version: number; items: SyncItem[] }

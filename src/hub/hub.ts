@@ -20,6 +20,7 @@ import { createHubApi } from './admin-api.ts';
 import { ensureAdminKey } from '../auth/admin-key.ts';
 import type { HubConfig } from './hub-config.ts';
 import { createSyncMetrics, createSyncServer, SYNC_PATH, type SyncServer } from './sync-server.ts';
+import { createTerminalProxy, terminalSandboxId } from './terminal-proxy.ts';
 
 export interface HubDeps {
   log: Logger;
@@ -50,12 +51,17 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
   const keyRing = await KeyRing.open({ store, log, clock });
   const sync = createSyncServer({ store, log, clock, metrics: createSyncMetrics(registry) });
   const api = createHubApi({ store, auth: keyRing, log, registry, clock, version: packageVersion(), sync });
+  const terminals = createTerminalProxy({ store, sync, auth: keyRing, log });
 
   const server = createServer(api.handler);
   server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     const path = new URL(req.url ?? '/', 'http://hub.invalid').pathname;
     if (path === SYNC_PATH) {
       sync.upgrade(req, socket, head);
+      return;
+    }
+    if (terminalSandboxId(path) !== undefined) {
+      terminals.upgrade(req, socket, head);
       return;
     }
     socket.end('HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
@@ -74,7 +80,8 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
     sync,
     close() {
       closing ??= (async () => {
-        // Sync WebSockets first: an upgraded socket would keep server.close() waiting.
+        // WebSockets first (terminals, then sync): an upgraded socket would keep server.close() waiting.
+        await terminals.close();
         await sync.close();
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();

@@ -7,6 +7,7 @@
 //
 // A cluster enters at its first heartbeat after hello (the worker sends one at once), so an
 // entry always carries a report.
+import type { PoolReport } from './contract.ts';
 
 export interface LiveCluster {
   /** Its last heartbeat said healthy. */
@@ -15,14 +16,16 @@ export interface LiveCluster {
   readonly templates: Readonly<Record<string, number>>;
   /** When the hub received that heartbeat (clock ms). */
   readonly heartbeatAt: number;
+  /** `<namespace>/<pool>` → ready/desired members and template (empty from an older worker). */
+  readonly pools: Readonly<Record<string, PoolReport>>;
 }
 
 export class LiveClusters {
   readonly #entries = new Map<string, LiveCluster>();
 
   /** Records a heartbeat; each one replaces the entry, so a reader holding one sees it whole. */
-  report(cluster: string, healthy: boolean, templates: Record<string, number>, at: number): void {
-    this.#entries.set(cluster, Object.freeze({ healthy, templates: Object.freeze(templates), heartbeatAt: at }));
+  report(cluster: string, healthy: boolean, templates: Record<string, number>, at: number, pools: Record<string, PoolReport> = {}): void {
+    this.#entries.set(cluster, Object.freeze({ healthy, templates: Object.freeze(templates), heartbeatAt: at, pools: Object.freeze(pools) }));
   }
 
   forget(cluster: string): void {

@@ -22,7 +22,7 @@ import type { Logger } from '../system/log.ts';
 import { problemOf } from '../worker/problem.ts';
 import { credentialMatches } from './cluster-credential.ts';
 import { ClusterStatusWriter } from './cluster-status.ts';
-import { HEARTBEAT_MS, type HubToWorker, type WorkerToHub } from './contract.ts';
+import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type WorkerToHub } from './contract.ts';
 import { LiveClusters, NO_LIVE_CLUSTERS, type LiveCluster } from './live-clusters.ts';
 import { SyncFeed, type SyncDelta } from './sync-feed.ts';
 
@@ -285,7 +285,7 @@ function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed, ackListener
     } else {
       status.report(s.cluster, { warm: msg.warm, healthy: msg.healthy });
       // Before hello a session is not yet the cluster's (a replaced one may still be talking).
-      if (s.live && sessions.get(s.cluster) === s) live.report(s.cluster, msg.healthy, msg.templates ?? {}, s.lastHeard);
+      if (s.live && sessions.get(s.cluster) === s) live.report(s.cluster, msg.healthy, msg.templates ?? {}, s.lastHeard, msg.pools ?? {});
     }
   };
 
@@ -372,6 +372,7 @@ function parseMessage(data: RawData): WorkerToHub {
       const heartbeat: Extract<WorkerToHub, { type: 'heartbeat' }> = { type: 'heartbeat', warm: counts(m.warm), healthy: m.healthy === true };
       // Absent from an older worker: then it offers no template for placement.
       if (m.templates !== undefined) heartbeat.templates = counts(m.templates);
+      if (m.pools !== undefined) heartbeat.pools = poolReports(m.pools);
       return heartbeat;
     }
     default:
@@ -384,6 +385,19 @@ function counts(value: unknown): Record<string, number> {
   const out: Record<string, number> = {};
   if (typeof value !== 'object' || value === null) return out;
   for (const [k, v] of Object.entries(value)) if (typeof v === 'number' && Number.isFinite(v) && v >= 0) out[k] = v;
+  return out;
+}
+
+/** Pool reports; an entry whose counts are not non-negative integers or whose template is not a string is left out. */
+function poolReports(value: unknown): Record<string, PoolReport> {
+  const out: Record<string, PoolReport> = {};
+  if (typeof value !== 'object' || value === null) return out;
+  const count = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
+  for (const [k, v] of Object.entries(value as Record<string, unknown>)) {
+    if (typeof v !== 'object' || v === null) continue;
+    const { ready, desired, template } = v as Record<string, unknown>;
+    if (count(ready) && count(desired) && typeof template === 'string') out[k] = { ready, desired, template };
+  }
   return out;
 }
 

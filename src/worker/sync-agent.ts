@@ -16,7 +16,7 @@
 import { WebSocket, type RawData } from 'ws';
 import type { SandboxTemplate, SandboxWarmPool } from '../api/types.ts';
 import { SandboxTemplateType, SandboxWarmPoolType } from '../api/types.ts';
-import { HEARTBEAT_MS, type HubToWorker, type SyncItem, type WorkerToHub } from '../hub/contract.ts';
+import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type SyncItem, type WorkerToHub } from '../hub/contract.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -172,7 +172,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
 
   const sendHeartbeat = (socket: WebSocket): void => {
     heartbeatCounts(store).then(
-      ({ warm, templates }) => sendTo(socket, { type: 'heartbeat', warm, healthy: true, templates }),
+      ({ warm, templates, pools }) => sendTo(socket, { type: 'heartbeat', warm, healthy: true, templates, pools }),
       (err: unknown) => log.warn({ err }, 'could not count warm sandboxes for the heartbeat'),
     );
   };
@@ -272,20 +272,22 @@ function syncUrl(hubUrl: string): string {
  * `warm`: ready members per pool. `templates`: every template held here, with the ready members
  * of all the pools built from it (0 when none).
  */
-async function heartbeatCounts(store: ObjectStore): Promise<{ warm: Record<string, number>; templates: Record<string, number> }> {
-  const [pools, held] = await Promise.all([store.list<SandboxWarmPool>(SandboxWarmPoolType), store.list<SandboxTemplate>(SandboxTemplateType)]);
+async function heartbeatCounts(store: ObjectStore): Promise<{ warm: Record<string, number>; templates: Record<string, number>; pools: Record<string, PoolReport> }> {
+  const [poolList, held] = await Promise.all([store.list<SandboxWarmPool>(SandboxWarmPoolType), store.list<SandboxTemplate>(SandboxTemplateType)]);
   const warm: Record<string, number> = {};
   const templates: Record<string, number> = {};
+  const pools: Record<string, PoolReport> = {};
   for (const t of held.items) templates[`${t.metadata.namespace ?? 'default'}/${t.metadata.name}`] = 0;
-  for (const p of pools.items) {
+  for (const p of poolList.items) {
     const ns = p.metadata.namespace ?? 'default';
     const ready = p.status?.readyReplicas ?? 0;
     warm[`${ns}/${p.metadata.name}`] = ready;
+    pools[`${ns}/${p.metadata.name}`] = { ready, desired: p.spec.replicas, template: p.spec.sandboxTemplateRef.name };
     const template = `${ns}/${p.spec.sandboxTemplateRef.name}`;
     // A pool of a template that is not here (deleted under it) makes nothing placeable.
     if (Object.hasOwn(templates, template)) templates[template] = (templates[template] ?? 0) + ready;
   }
-  return { warm, templates };
+  return { warm, templates, pools };
 }
 
 function parseMessage(data: RawData): Incoming {
