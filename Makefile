@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/.tools/node/bin:$(PATH)
 NODE := $(CURDIR)/.tools/node/bin/node
 # Debian packages as package:command pairs; the command proves the package is installed.
 APT_RUNTIME := iproute2:ip util-linux:unshare util-linux:nsenter procps:ps gcc:cc openssl:openssl
-APT_TEST := prometheus:promtool
+APT_TEST := prometheus:promtool chromium:chromium
 
 .PHONY: up test test-unit lint typecheck bench deps clean .venv
 
