@@ -67,6 +67,10 @@ test('a sandbox goes through create, get, list, exec, files, pause, resume, time
   const exec = await api('POST', `/v1/sandboxes/${view.id}/exec`, { key, json: { command: ['sh', '-c', 'read x; echo "got $x from $GREETING"; exit 3'], stdin: 'input\n', env: { GREETING: 'hi' } } });
   assert.equal(exec.status, 200, exec.text);
   assert.deepEqual(exec.json, { exitCode: 3, stdout: 'got input from hi\n', stderr: '', timedOut: false, truncated: false });
+  const terminalToken = await api('POST', `/v1/sandboxes/${view.id}/terminal-tokens`, { key });
+  assert.equal(terminalToken.status, 201, terminalToken.text);
+  assert.equal((await api('POST', `/v1/sandboxes/${view.id}/terminal-tokens`, { key: fx.keys.teamB })).status, 404, "another team's sandbox");
+  assert.equal((await api('GET', `/v1/sandboxes/${view.id}/terminal`, { key })).status, 400, 'the terminal needs a WebSocket upgrade');
   const shell = await api('POST', `/v1/sandboxes/${view.id}/exec`, { key, json: { command: 'echo one; echo two >&2' } });
   assert.equal((shell.json as { stdout: string }).stdout, 'one\n');
   assert.equal((shell.json as { stderr: string }).stderr, 'two\n');

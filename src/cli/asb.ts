@@ -10,6 +10,7 @@ import { GLOBAL_OPTIONS, UsageError, ValueError } from './args.ts';
 import { EXIT, type CliIo, type Command, type CommandContext } from './command.ts';
 import { applyCommand } from './commands-apply.ts';
 import { execCommand, filesCommand } from './commands-exec.ts';
+import { shellCommand } from './commands-shell.ts';
 import { clusterCommand, keyCommand, templateCommand } from './commands-hub.ts';
 import { createCommand, getCommand, lsCommand, pauseCommand, resumeCommand, rmCommand, urlCommand } from './commands-sandbox.ts';
 import { statusCommand, upCommand } from './commands-system.ts';
@@ -25,6 +26,7 @@ export const COMMANDS: readonly Command[] = [
   getCommand,
   urlCommand,
   execCommand,
+  shellCommand,
   pauseCommand,
   resumeCommand,
   rmCommand,

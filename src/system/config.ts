@@ -33,6 +33,8 @@ export interface WorkerConfig {
   readonly hubUrl: string | undefined;
   /** ASB_HUB_CREDENTIAL_FILE / --hub-credential-file: file holding this cluster's sync credential (asbc_...); required with --hub-url. */
   readonly hubCredentialFile: string | undefined;
+  /** ASB_TERMINAL_IDLE_MS / --terminal-idle-ms: close a terminal session after this long with no input or output. Default 900000 (15 min) */
+  readonly terminalIdleMs: number;
 }
 
 const DEFAULTS = {
@@ -47,6 +49,7 @@ const DEFAULTS = {
   logLevel: 'info',
   domain: 'asb.localhost',
   edgeUrl: 'http://127.0.0.1:10000',
+  terminalIdleMs: '900000',
 } as const;
 
 type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile';
@@ -67,6 +70,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   edgeUrl: { env: 'ASB_EDGE_URL', flag: 'edge-url' },
   hubUrl: { env: 'ASB_HUB_URL', flag: 'hub-url' },
   hubCredentialFile: { env: 'ASB_HUB_CREDENTIAL_FILE', flag: 'hub-credential-file' },
+  terminalIdleMs: { env: 'ASB_TERMINAL_IDLE_MS', flag: 'terminal-idle-ms' },
 };
 
 export class ConfigError extends Error {
@@ -84,7 +88,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const flags = new Map([...parseFlags(argv, problems)].map(([name, values]) => [name, values.at(-1) ?? '']));
   const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (isOptional(key) ? undefined : DEFAULTS[key]);
   const str = (key: Exclude<Key, OptionalKey>): string => raw(key) ?? DEFAULTS[key];
-  const int = (key: 'apiPort' | 'basePoolReplicas', min: number, max: number): number => {
+  const int = (key: 'apiPort' | 'basePoolReplicas' | 'terminalIdleMs', min: number, max: number): number => {
     const text = str(key);
     const value = Number(text);
     if (!Number.isInteger(value) || value < min || value > max) {
@@ -131,6 +135,8 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     edgeUrl: edgeUrl.replace(/\/$/, ''),
     hubUrl: hubUrl?.replace(/\/$/, ''),
     hubCredentialFile: hubCredentialFile === undefined ? undefined : resolve(hubCredentialFile),
+    // Up to a day: a terminal left open longer is forgotten, and it holds the sandbox awake.
+    terminalIdleMs: int('terminalIdleMs', 100, 86_400_000),
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);

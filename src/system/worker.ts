@@ -79,6 +79,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     cluster: { name: config.clusterName, tag: config.clusterTag },
     version: packageVersion(),
     dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
+    terminal: { idleMs: config.terminalIdleMs },
     ...(sync === undefined ? {} : { sync: () => sync.status() }),
   });
   const server = createServer(api.handler);

@@ -53,6 +53,13 @@ export interface RouteFeedLimits {
   pingIntervalMs?: number;
 }
 
+export interface TerminalLimits {
+  /** Close a terminal session after this long with no frame either way; default 15 min (--terminal-idle-ms). */
+  idleMs?: number;
+  /** How long an unused terminal token is accepted; default TERMINAL_TOKEN_TTL_MS (60 s). */
+  tokenTtlMs?: number;
+}
+
 export interface WorkerDeps {
   store: ObjectStore;
   runtime: PodRuntime;
@@ -70,6 +77,7 @@ export interface WorkerDeps {
   limits?: Partial<WorkerLimits>;
   dataPlane?: Partial<DataPlane>;
   routeFeed?: RouteFeedLimits;
+  terminal?: TerminalLimits;
   /** The hub sync agent's state, for /v1/status (absent when the worker runs without a hub). */
   sync?: () => { connected: boolean; appliedVersion: number };
 }

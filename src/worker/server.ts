@@ -2,17 +2,17 @@
 // request pipeline: authenticate → route → handler → reply, with every error converted once
 // into application/problem+json and every request counted by route pattern and status.
 //
-// WebSocket upgrades (the route feed) go through `upgrade`, which a caller that owns its server
-// attaches to the server's 'upgrade' event.
+// WebSocket upgrades (the route feed, terminals) go through `upgrade`, which a caller that owns
+// its server attaches to the server's 'upgrade' event; it dispatches on the path.
 //
-// Shutdown order in close(): close the route feed's WebSockets (an upgraded socket would keep
+// Shutdown order in close(): close the route feed's and the terminals' WebSockets (goingAway; an upgraded socket would keep
 // server.close() waiting forever), stop accepting connections, end idle keep-alive sockets, wait
 // for in-flight requests, then stop the sandbox index watch. The key ring and the store belong to
 // the caller and are closed by it afterwards.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { AddressInfo } from 'node:net';
-import { randomBytes } from 'node:crypto';
+import { createSecretKey, randomBytes } from 'node:crypto';
 import { systemClock } from '../system/clock.ts';
 import { createAccessTokens } from './access-token.ts';
 import { DEFAULT_JSON_LIMIT_BYTES, DEFAULT_UPLOAD_LIMIT_BYTES } from './body.ts';
@@ -26,18 +26,24 @@ import { fileRoutes } from './routes-files.ts';
 import { sandboxRoutes } from './routes-sandboxes.ts';
 import { systemRoutes } from './routes-system.ts';
 import { SandboxIndex } from './sandbox-index.ts';
+import { TERMINAL_TOKEN_TTL_MS } from '../terminal/contract.ts';
+import { terminalRoutes } from './routes-terminal.ts';
+import { DEFAULT_TERMINAL_IDLE_MS, TerminalEndpoint, terminalPathId } from './terminal.ts';
+import { createTerminalTokens } from './terminal-token.ts';
 
 export interface WorkerServer {
   /** The node:http request listener, for callers that own their server. */
   handler: (req: IncomingMessage, res: ServerResponse) => void;
   /** Every registered route (method + pattern), e.g. to check the OpenAPI file covers them. */
   routes: readonly Pick<Route, 'method' | 'pattern'>[];
-  /** The node:http 'upgrade' listener (WebSocket endpoints: the route feed). */
+  /** The node:http 'upgrade' listener (WebSocket endpoints: the route feed, terminals). */
   upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void;
-  /** Closes long-lived upgraded connections (route feeds), so the caller's server.close() can finish. Idempotent. */
+  /** Closes long-lived upgraded connections (route feeds, terminals with goingAway), so the caller's server.close() can finish. Idempotent. */
   closeStreams(): void;
   /** The route feed, e.g. for its connection count. */
   readonly routeFeed: RouteFeed;
+  /** The terminal endpoint, e.g. for its session count. */
+  readonly terminals: TerminalEndpoint;
   /** Starts an HTTP server on host:port (port 0 picks a free one). */
   listen(port: number, host?: string): Promise<AddressInfo>;
   /** Idempotent. */
@@ -72,10 +78,15 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     ...deps.routeFeed,
   });
   const feedUpgrade = createFeedUpgrade({ feed: routeFeed, auth: deps.auth, log });
-  const closeStreams = (): void => {
-    feedUpgrade.close();
-    routeFeed.close();
-  };
+  // Terminal tokens are signed with a key derived from the cluster secret: the HMAC of a name no
+  // sandbox id can take (ids have no ':'), so they verify on every worker of the cluster and
+  // survive a restart, and no access token is ever a terminal-token key.
+  const terminalTokens = createTerminalTokens({
+    key: createSecretKey(Buffer.from(dataPlane.tokens.accessToken('asb:terminal-token-key'), 'utf8')),
+    clock,
+    ttlMs: deps.terminal?.tokenTtlMs ?? TERMINAL_TOKEN_TTL_MS,
+  });
+
   const w: WorkerContext = Object.freeze({
     store: deps.store,
     runtime: deps.runtime,
@@ -91,7 +102,26 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     dataPlane,
     sync: deps.sync,
   });
-  const router: Router = createRouter([...systemRoutes(w), ...objectRoutes(w), ...sandboxRoutes(w), ...fileRoutes(w), ...activityRoutes(w), ...feedRoutes()]);
+  const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
+  const closeStreams = (): void => {
+    feedUpgrade.close();
+    routeFeed.close();
+    terminalEndpoint.close();
+  };
+  const upgrade = (req: IncomingMessage, socket: Duplex, head: Buffer): void => {
+    const path = new URL(req.url ?? '/', 'http://worker.invalid').pathname;
+    if (terminalPathId(path) !== undefined) terminalEndpoint.handle(req, socket, head);
+    else feedUpgrade.handle(req, socket, head);
+  };
+  const router: Router = createRouter([
+    ...systemRoutes(w),
+    ...objectRoutes(w),
+    ...sandboxRoutes(w),
+    ...fileRoutes(w),
+    ...activityRoutes(w),
+    ...feedRoutes(),
+    ...terminalRoutes(w, terminalTokens),
+  ]);
   const requests = deps.metrics.httpRequestsTotal;
 
   const handler = createPipeline({
@@ -109,13 +139,14 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   return {
     handler,
     routes: router.routes.map((r) => ({ method: r.method, pattern: r.pattern })),
-    upgrade: feedUpgrade.handle,
+    upgrade,
     closeStreams,
     routeFeed,
+    terminals: terminalEndpoint,
     listen(port, host = '127.0.0.1') {
       if (server !== undefined) return Promise.reject(new Error('worker API is already listening'));
       const s = createServer(handler);
-      s.on('upgrade', feedUpgrade.handle);
+      s.on('upgrade', upgrade);
       server = s;
       return new Promise<AddressInfo>((resolve, reject) => {
         s.once('error', reject);
