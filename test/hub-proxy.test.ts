@@ -8,14 +8,16 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { WebSocket } from 'ws';
+import { WebSocket, WebSocketServer } from 'ws';
+import { ClusterType } from '../src/hub/contract.ts';
 import { startHub } from '../src/hub/hub.ts';
 import { parseHubConfig } from '../src/hub/hub-config.ts';
 import type { FederationView } from '../src/hub/routes-federation.ts';
 import { proxiedSandboxId } from '../src/hub/sandbox-proxy.ts';
-import { terminalSandboxId } from '../src/hub/terminal-proxy.ts';
+import { createTerminalProxy, terminalSandboxId } from '../src/hub/terminal-proxy.ts';
+import { openSqliteStore } from '../src/store/sqlite.ts';
 import { silentLogger } from '../src/system/log.ts';
-import type { TerminalServerControl, TerminalTokenView } from '../src/terminal/contract.ts';
+import { TERMINAL_HIGH_WATER_BYTES, type TerminalServerControl, type TerminalTokenView } from '../src/terminal/contract.ts';
 import { waitFor } from './support/wait.ts';
 import { call, type ApiResponse } from './support/worker-fixture.ts';
 import { removeDataDir, startWorkerProcess } from './support/worker-process.ts';
@@ -223,7 +225,79 @@ test('the hub proxies sandbox calls and terminals to the owning worker', { timeo
     assert.equal(refused.status, 409, refused.body);
     const resumed = await hubCall('POST', `/v1/sandboxes/${id}/resume`);
     assert.ok(resumed.status < 300, `${resumed.status} ${resumed.text}`);
-    const deleted = await hubCall('DELETE', `/v1/sandboxes/${id}`);
-    assert.ok(deleted.status < 300, `${deleted.status} ${deleted.text}`);
   });
+
+  await t.test('a hub shutting down closes the terminals it relays with 1001 (going away)', async () => {
+    await waitFor('the sandbox running again', async () => (((await hubCall('GET', `/v1/sandboxes/${id}`)).json as { phase: string }).phase === 'Running' ? true : undefined));
+    const s = await openTerminal(`${wsBase}/v1/sandboxes/${id}/terminal`, { authorization: `Bearer ${admin}` });
+    await waitFor('the ready frame', () => Promise.resolve(s.controls.find((c) => c.type === 'ready')), 30_000, 20);
+    await hub.close();
+    const closed = await s.closed;
+    assert.equal(closed.code, 1001);
+  });
+});
+
+test('terminal proxy backpressure: a client that stops reading stops the hub reading the worker; all bytes arrive once it reads again', { timeout: 60_000 }, async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-hub-proxy-bp-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  // A worker stand-in that floods the terminal with output as fast as its socket takes it.
+  const total = 64 * 1024 * 1024;
+  const chunk = Buffer.alloc(64 * 1024, 0x61);
+  const workerServer = createHttpServer();
+  const workerWss = new WebSocketServer({ server: workerServer });
+  // Sent = handed to the kernel: the next chunk goes only when the last one was written.
+  let sent = 0;
+  workerWss.on('connection', (ws) => {
+    const next = (): void => {
+      if (sent >= total || ws.readyState !== WebSocket.OPEN) return;
+      ws.send(chunk, { binary: true }, (err) => {
+        if (err instanceof Error) return; // node passes null on success, not undefined
+        sent += chunk.byteLength;
+        next();
+      });
+    };
+    next();
+  });
+  await new Promise<void>((r) => workerServer.listen(0, '127.0.0.1', r));
+  t.after(() => {
+    workerWss.close();
+    workerServer.closeAllConnections();
+    workerServer.close();
+  });
+
+  const store = await openSqliteStore({ path: join(dir, 'hub.db') });
+  t.after(() => store.close());
+  const apiUrl = `http://127.0.0.1:${(workerServer.address() as AddressInfo).port}`;
+  await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name: 'bp' }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: 'bpbp', credentialHash: 'x', apiUrl } });
+  const sync = { version: () => 0, connections: () => [], live: () => new Map([['bp', { healthy: true, templates: {}, heartbeatAt: 0, pools: {} }]]) };
+  const proxy = createTerminalProxy({ store, sync, auth: { verify: () => ({ team: 't', admin: true, prefix: 'asb_x' }) }, log: silentLogger() });
+  const hubServer = createHttpServer();
+  hubServer.on('upgrade', (req, socket, head) => proxy.upgrade(req, socket, head));
+  await new Promise<void>((r) => hubServer.listen(0, '127.0.0.1', r));
+  t.after(async () => {
+    await proxy.close();
+    hubServer.closeAllConnections();
+    hubServer.close();
+  });
+
+  const client = new WebSocket(`ws://127.0.0.1:${(hubServer.address() as AddressInfo).port}/v1/sandboxes/bpbp0000000000000000/terminal`, { headers: { authorization: 'Bearer asb_x_y' } });
+  let received = 0;
+  client.on('message', (data: Buffer) => (received += data.byteLength));
+  await new Promise<void>((r) => client.once('open', () => r()));
+  client.pause();
+  // The hub stops reading the worker once the client's buffer is over the mark, so the worker
+  // stalls after the high-water mark plus what the kernel's socket buffers hold (a few MiB on
+  // loopback); without backpressure the hub would read all 64 MiB into its own memory.
+  let last = -1;
+  let still = 0;
+  await waitFor('the worker to stop making progress', () => {
+    still = sent === last ? still + 1 : 0;
+    last = sent;
+    return Promise.resolve(still >= 25 || sent >= total ? true : undefined);
+  }, 30_000, 20);
+  assert.ok(sent < total / 2, `the worker got ${sent} of ${total} bytes out while the client read nothing`);
+  assert.ok(received < TERMINAL_HIGH_WATER_BYTES * 4, `the paused client got ${received} bytes`);
+  client.resume();
+  await waitFor('every byte at the client', () => Promise.resolve(received === total ? true : undefined), 30_000, 20);
+  client.close();
 });
