@@ -256,6 +256,12 @@ test('an idle terminal closes with 4002', async (t) => {
   const closed = await term.closed;
   assert.equal(closed.closeCode, TERMINAL_CLOSE.idle);
   assert.equal(closed.exitCode, undefined);
+
+  // A session open when the worker stops is closed with goingAway, and does not hold the stop up.
+  const open = await openTerminal(w.apiUrl, id, { key: w.adminKey, command: ['sh', '-c', 'while :; do echo tick; sleep 0.2; done'] });
+  await open.waitFor('tick');
+  await w.stop();
+  assert.equal((await open.closed).closeCode, TERMINAL_CLOSE.goingAway);
 });
 
 test('through the edge Envoy: the terminal of a real sandbox, by key and by token, and asb shell', async (t) => {
