@@ -2,7 +2,7 @@
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
-// `node bench/run.ts [claims] [dataplane] [federation]` runs only those parts (default: all); a
+// `node bench/run.ts [claims] [dataplane] [federation] [terminals]` runs only those parts (default: all); a
 // partial run replaces its own rows in the README table and in latest.json and keeps the others.
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -13,12 +13,13 @@ import { call, poolObjects, round, summarize, waitPool, warmClaims, type Target 
 import { benchDataplane } from './dataplane.ts';
 import { benchPlacement, benchPropagation } from './federation.ts';
 import { benchStore } from './store-bench.ts';
+import { benchTerminals } from './terminals.ts';
 import type { LocalSystem } from '../src/system/local-system.ts';
 import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
-const PARTS = ['claims', 'dataplane', 'federation'];
+const PARTS = ['claims', 'dataplane', 'federation', 'terminals'];
 
 interface Row {
   metric: string;
@@ -162,6 +163,18 @@ async function federation(row: Recorder, results: Record<string, unknown>): Prom
   row(`placement decisions per second (${placement.candidates} candidates)`, String(placement.decisionsPerSec), '—');
 }
 
+async function terminals(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const t = await benchTerminals();
+  results.terminals = t;
+  row(`keystroke echo, p50 / p99, through the edge Envoy (${t.viaEdge.count} keys)`, `${t.viaEdge.p50Ms} / ${t.viaEdge.p99Ms} ms`, '—');
+  row(`keystroke echo, p50 / p99, through the hub (${t.viaHub.count} keys)`, `${t.viaHub.p50Ms} / ${t.viaHub.p99Ms} ms`, '—');
+  row(
+    `terminal sessions held at once, memory per session (worker RSS / PTY bridge and shell PSS)`,
+    `${t.sessions}: ${t.workerKbPerSession} KB / ${t.sandboxKbPerSession} KB`,
+    '—',
+  );
+}
+
 async function main(): Promise<void> {
   const parts = new Set(process.argv.slice(2));
   const unknown = [...parts].filter((p) => !PARTS.includes(p));
@@ -184,6 +197,7 @@ async function main(): Promise<void> {
   }
   if (all || parts.has('dataplane')) await dataplane(row, results);
   if (all || parts.has('federation')) await federation(row, results);
+  if (all || parts.has('terminals')) await terminals(row, results);
 
   const machine = `${cpus().length} × ${cpus()[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.versions.node}`;
   const date = new Date().toISOString().slice(0, 10);
