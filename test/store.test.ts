@@ -198,6 +198,32 @@ test('update ignores status, updateStatus changes only status; generation follow
   assert.equal((await rejection(store.updateStatus(SandboxType, { ...v1, status: { phase: 'Late' } }))).code, 'Conflict');
 });
 
+test('a write is taken as it was when called: changing the object afterwards changes nothing', async (t) => {
+  const store = await openStore(t);
+  const watched = recordWatch(t, store, {});
+  const pending = box('sb-1', 'default', { team: 'a' });
+  const created = store.create(SandboxType, pending);
+  (pending.metadata.labels ?? {}).team = 'changed';
+  (pending.spec ?? {}).image = 'changed';
+  assert.deepEqual((await created).metadata.labels, { team: 'a' });
+  assert.equal((await created).spec.image, 'busybox');
+
+  // A write built on a watched object (frozen, shared with every watcher) by spreading it, as
+  // controllers do: the shared parts are not copied, the caller's own parts are.
+  await until(() => watched.events.length === 1, 'the ADDED event');
+  const seen = watched.events[0]?.object as Box;
+  const next: Box = { ...seen, metadata: { ...seen.metadata, labels: { team: 'b' } } };
+  const updated = store.update(SandboxType, next);
+  (next.metadata.labels ?? {}).team = 'changed';
+  const v2 = await updated;
+  assert.deepEqual(v2.metadata.labels, { team: 'b' });
+  assert.equal(v2.metadata.generation, 1, 'a label change does not move generation');
+  assert.deepEqual((await store.get<Box>(SandboxType, 'default', 'sb-1')).metadata.labels, { team: 'b' });
+  assert.deepEqual(seen.metadata.labels, { team: 'a' }, 'the watched object is unchanged');
+  v2.spec = { image: 'mine' };
+  assert.equal((await store.get<Box>(SandboxType, 'default', 'sb-1')).spec?.image, 'busybox', 'the writer gets its own copy');
+});
+
 test('finalizers hold deletion until the last one is removed', async (t) => {
   const store = await openStore(t);
   const { events } = recordWatch(t, store, {});
