@@ -63,7 +63,7 @@ async function main(): Promise<void> {
   console.log(`${running.banner}
   env file     ${join(stateDir, 'env')}   (source it, or just run: npx asb status)
   logs         ${join(stateDir, 'logs')}${federated ? ` and ${join(stateDir, 'clusters', '<name>', 'logs')}` : ''}
-Try:  npx asb create --template base${federated ? ' --region region-b' : ''}   then   npx asb exec <id> -- echo hello
+Try:  npx asb create --template base${federated ? ' --region region-b' : ''}   then   npx asb exec <id> -- echo hello   or   npx asb shell <id>
 Ctrl-C stops everything.`);
 
   let stopping = false;
@@ -162,6 +162,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<R
     },
     banner: `Agent Sandbox is up: a federation of ${fed.clusters.length} clusters
   hub          ${fed.hubUrl}   (asb cluster ls, asb key …, asb template …)
+  console      ${fed.hubUrl}/console/   (log in with ASB_API_KEY from the env file)
 ${rows.join('\n')}
   API          ${first.edgeUrl}/v1/…  through the edge: creates are placed by the hub, any edge reaches any sandbox
   sandboxes    http://<port>-<id>.${fed.domain}:<edge port>  (any cluster's edge)`,
