@@ -206,7 +206,7 @@ test('a write is taken as it was when called: changing the object afterwards cha
   (pending.metadata.labels ?? {}).team = 'changed';
   (pending.spec ?? {}).image = 'changed';
   assert.deepEqual((await created).metadata.labels, { team: 'a' });
-  assert.equal((await created).spec.image, 'busybox');
+  assert.equal((await created).spec?.image, 'busybox');
 
   // A write built on a watched object (frozen, shared with every watcher) by spreading it, as
   // controllers do: the shared parts are not copied, the caller's own parts are.
