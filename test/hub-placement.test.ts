@@ -10,18 +10,17 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { WebSocket } from 'ws';
-import { generateClusterCredential, hashClusterCredential } from '../src/hub/cluster-credential.ts';
-import { ClusterType, HEARTBEAT_MS, type PlacementCandidate } from '../src/hub/contract.ts';
+import { HEARTBEAT_MS, type PlacementCandidate } from '../src/hub/contract.ts';
 import { startHub, type RunningHub } from '../src/hub/hub.ts';
 import { parseHubConfig } from '../src/hub/hub-config.ts';
 import { place } from '../src/hub/placement.ts';
 import { createSyncServer } from '../src/hub/sync-server.ts';
-import { openSqliteStore } from '../src/store/sqlite.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { OpenApiChecker } from './support/openapi-check.ts';
 import { runAsb } from './support/run-asb.ts';
 import { waitFor } from './support/wait.ts';
+import { hubStoreWithCluster, serveUpgrades } from './support/hub-unit.ts';
 import { call, type ApiResponse } from './support/worker-fixture.ts';
 import { removeDataDir, startWorkerProcess, type WorkerProcess } from './support/worker-process.ts';
 
@@ -90,26 +89,14 @@ test('place: a named cluster is the only one tried, and is skipped when it canno
 // ---- the sync server's live view and ack hook, with a worker spoken by hand
 
 test('sync server: live() holds what each connected cluster last reported and drops it when its socket closes; onAck sees every ack', async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), 'asb-placement-sync-'));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const store = await openSqliteStore({ path: join(dir, 'hub.db') });
-  t.after(() => store.close());
-  const credential = generateClusterCredential();
-  await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name: 'c1' }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: 'cccc', credentialHash: hashClusterCredential(credential) } });
+  const { store, credential } = await hubStoreWithCluster(t);
   // A heartbeat interval far beyond this test: only the socket's close can remove the cluster.
   const sync = createSyncServer({ store, log: silentLogger(), clock: systemClock, heartbeatMs: 600_000 });
-  const server = createHttpServer((_req, res) => res.end());
-  server.on('upgrade', (req, socket, head) => sync.upgrade(req, socket, head));
-  await new Promise<void>((res) => server.listen(0, '127.0.0.1', res));
-  t.after(async () => {
-    await sync.close();
-    server.closeAllConnections();
-    server.close();
-  });
+  const port = await serveUpgrades(t, sync);
   const acks: [string, number][] = [];
   const off = sync.onAck((cluster, version) => acks.push([cluster, version]));
 
-  const ws = new WebSocket(`ws://127.0.0.1:${(server.address() as AddressInfo).port}/v1/sync`, { headers: { authorization: `Bearer ${credential}` } });
+  const ws = new WebSocket(`ws://127.0.0.1:${port}/v1/sync`, { headers: { authorization: `Bearer ${credential}` } });
   t.after(() => ws.terminate());
   const snapshot = new Promise<{ version: number }>((resolve) => ws.on('message', (data: Buffer) => {
     const msg = JSON.parse(data.toString()) as { type: string; version: number };

@@ -10,17 +10,16 @@ import { createServer, connect, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { test } from 'node:test';
-import { createServer as createHttpServer } from 'node:http';
 import { WebSocket } from 'ws';
 import { createApiKey } from '../src/auth/keys.ts';
-import { generateClusterCredential, hashClusterCredential } from '../src/hub/cluster-credential.ts';
+import { generateClusterCredential } from '../src/hub/cluster-credential.ts';
 import { ClusterType, HEARTBEAT_MS, type Cluster } from '../src/hub/contract.ts';
 import { createSyncServer } from '../src/hub/sync-server.ts';
-import { openSqliteStore } from '../src/store/sqlite.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { startChild, type ReadyChild } from '../src/system/child.ts';
 import { waitFor } from './support/wait.ts';
+import { hubStoreWithCluster, serveUpgrades } from './support/hub-unit.ts';
 import { api, startWorkerProcess, type WorkerProcess } from './support/worker-process.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
@@ -270,23 +269,10 @@ test('federation sync between a hub and two worker processes', async (t) => {
 test('sync server: credential checked before upgrade, snapshot then deltas, resume without a snapshot, no deltas for status writes', async (t) => {
   type Msg = { type: string; version: number; items?: { kind: string; object?: { spec?: Record<string, unknown> } }[]; item?: { kind: string; name: string } };
 
-  const dir = mkdtempSync(join(tmpdir(), 'asb-sync-unit-'));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const store = await openSqliteStore({ path: join(dir, 'hub.db') });
-  t.after(() => store.close());
-  const credential = generateClusterCredential();
-  await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name: 'c1' }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: 'cccc', credentialHash: hashClusterCredential(credential) } });
+  const { store, credential } = await hubStoreWithCluster(t);
   await createApiKey(store, { team: 'one' });
   const sync = createSyncServer({ store, log: silentLogger(), clock: systemClock, statusFlushMs: 10 });
-  const server = createHttpServer((_req, res) => res.end());
-  server.on('upgrade', (req, socket, head) => sync.upgrade(req, socket, head));
-  await new Promise<void>((res) => server.listen(0, '127.0.0.1', res));
-  t.after(async () => {
-    await sync.close();
-    server.closeAllConnections();
-    server.close();
-  });
-  const url = `ws://127.0.0.1:${(server.address() as { port: number }).port}/v1/sync`;
+  const url = `ws://127.0.0.1:${await serveUpgrades(t, sync)}/v1/sync`;
 
   const refusedWith = (auth: string | undefined): Promise<number> =>
     new Promise((res) => {
