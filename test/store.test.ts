@@ -86,6 +86,9 @@ test('create sets identity and versions; get returns a private copy', async (t) 
   assert.equal(missing.code, 'NotFound');
   assert.match(missing.message, /default\/nope/);
   assert.equal(await store.tryGet(SandboxType, 'default', 'nope'), undefined);
+  assert.equal(await store.exists(SandboxType, 'default', 'sb-1'), true);
+  assert.equal(await store.exists(SandboxType, 'default', 'nope'), false);
+  assert.equal(await store.exists(SandboxType, 'other', 'sb-1'), false);
   const noName = await rejection(store.create(SandboxType, { apiVersion: '', kind: '', metadata: { name: '', namespace: 'default' } }));
   assert.equal(noName.code, 'Invalid');
   assert.equal(noName.fields[0]?.field, 'metadata.name');

@@ -121,8 +121,11 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
   };
 
   sandboxes.onChange((key, current, previous) => {
-    countPhase(previous, -1);
-    countPhase(current, 1);
+    // Most changes (a claim, a status write) keep the phase: the gauge moves only when it changes.
+    if (current?.status?.phase !== previous?.status?.phase || current === undefined || previous === undefined) {
+      countPhase(previous, -1);
+      countPhase(current, 1);
+    }
     warmPool.observed(key, current);
     claimer.observe(key, current, previous);
     if (!started) return;

@@ -215,6 +215,10 @@ export class SqliteStore implements ObjectStore {
     return Promise.resolve(obj === undefined ? undefined : (structuredClone(obj) as T));
   }
 
+  exists(rt: ResourceType, namespace: string, name: string): Promise<boolean> {
+    return Promise.resolve(this.#kinds.get(kindKey(rt))?.objects.has(objectKey(this.#scope(rt, namespace), name)) ?? false);
+  }
+
   list<T extends KubeObject>(rt: ResourceType, opts: ListOptions = {}): Promise<ListResult<T>> {
     try {
       return Promise.resolve(this.#listNow<T>(rt, opts));

@@ -67,6 +67,8 @@ export interface ObjectStore {
   get<T extends KubeObject>(rt: ResourceType, namespace: string, name: string): Promise<T>;
   /** Like get, but undefined instead of NotFound. */
   tryGet<T extends KubeObject>(rt: ResourceType, namespace: string, name: string): Promise<T | undefined>;
+  /** Whether the object exists: tryGet without the copy, for checks on a hot path. */
+  exists(rt: ResourceType, namespace: string, name: string): Promise<boolean>;
   list<T extends KubeObject>(rt: ResourceType, opts?: ListOptions): Promise<ListResult<T>>;
   /** Sets uid, resourceVersion, generation 1, creationTimestamp; honours generateName. */
   create<T extends KubeObject>(rt: ResourceType, obj: T): Promise<T>;

@@ -2,7 +2,7 @@
 // resume and timeout. Lifecycle changes are spec writes; the operator does the work. Every view
 // names this cluster; a create that names another cluster or region is refused here (the hub
 // places, src/hub/routes-sandboxes.ts).
-import type { Sandbox, SandboxPhase, SandboxTemplate } from '../api/types.ts';
+import type { Sandbox, SandboxPhase } from '../api/types.ts';
 import { LABEL, SandboxTemplateType, SandboxType } from '../api/types.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import { ClusterType, type Cluster } from '../hub/contract.ts';
@@ -70,8 +70,7 @@ async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   await checkPlacement(w, body);
   const namespace = body.namespace ?? w.defaultNamespace;
   const template = body.template ?? 'base';
-  const found = await w.store.tryGet<SandboxTemplate>(SandboxTemplateType, namespace, template);
-  if (found === undefined) throw new AsbError('NotFound', `template "${template}" not found in namespace "${namespace}"; list templates with GET /v1/templates`);
+  if (!(await w.store.exists(SandboxTemplateType, namespace, template))) throw new AsbError('NotFound', `template "${template}" not found in namespace "${namespace}"; list templates with GET /v1/templates`);
 
   const req: ClaimRequest = { namespace, template, owner: p.team, coldStart: body.coldStart ?? true };
   if (body.labels !== undefined) req.labels = body.labels;

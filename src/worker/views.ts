@@ -35,10 +35,22 @@ export interface SandboxView {
   url?: string;
 }
 
+// The edge URL of the last call, parsed: one worker has one edge, and parsing it for every
+// sandbox view was a URL parse per claim response.
+let lastEdge: { url: string; scheme: string; port: string } | undefined;
+
+function parsedEdge(edgeUrl: string): { scheme: string; port: string } {
+  if (lastEdge?.url !== edgeUrl) {
+    const edge = new URL(edgeUrl);
+    lastEdge = { url: edgeUrl, scheme: edge.protocol, port: edge.port === '' ? '' : `:${edge.port}` };
+  }
+  return lastEdge;
+}
+
 /** `<scheme>://<port>-<id>.<domain>[:<edge port>]`: the edge's scheme and port, the sandbox's host name. */
 export function sandboxUrl(dp: Pick<DataPlane, 'domain' | 'edgeUrl'>, id: string, port: number): string {
-  const edge = new URL(dp.edgeUrl);
-  return `${edge.protocol}//${port}-${id}.${dp.domain}${edge.port === '' ? '' : `:${edge.port}`}`;
+  const edge = parsedEdge(dp.edgeUrl);
+  return `${edge.scheme}//${port}-${id}.${dp.domain}${edge.port}`;
 }
 
 /** The view with how to reach the sandbox; `withToken` only for responses about one sandbox to its owner or an admin. */
