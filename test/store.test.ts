@@ -390,6 +390,36 @@ test('a failed commit rejects every write in its batch and changes nothing', asy
   assert.deepEqual(summary(events), ['ADDED ok-1']);
 });
 
+test('a write decided on top of a batch whose commit fails never lands', async (t) => {
+  const path = tempPath(t);
+  await (await openSqliteStore({ path })).close();
+  const raw = new DatabaseSync(path);
+  // Only the create fails: were the update behind it committed, the object would exist on disk.
+  raw.exec("CREATE TRIGGER poison BEFORE INSERT ON events WHEN NEW.name = 'poison' AND NEW.type = 'ADDED' BEGIN SELECT RAISE(ABORT, 'disk on fire'); END");
+  raw.close();
+  const store = await openSqliteStore({ path });
+  t.after(() => store.close());
+  const { events } = recordWatch(t, store, {});
+  const created = store.create(SandboxType, box('poison'));
+  // The create's batch is posted to the writer on the next turn; the update below is decided
+  // against it while it commits (or, if the failure came back first, against nothing).
+  await new Promise((resolve) => setImmediate(resolve));
+  const updated = store.update(SandboxType, { ...box('poison'), spec: { image: 'alpine' } });
+  const [c, u] = await Promise.allSettled([created, updated]);
+  assert.equal(c.status, 'rejected');
+  assert.equal(u.status, 'rejected');
+  assert.ok(isAsbError(u.reason, 'Unavailable') || isAsbError(u.reason, 'NotFound'), String(u.reason));
+  assert.deepEqual((await store.list(SandboxType)).items, []);
+  assert.deepEqual(events, []);
+
+  const later = await store.create(SandboxType, box('ok-1'));
+  assert.equal(later.metadata.name, 'ok-1');
+  await until(() => events.length === 1, "the later write's event");
+  await store.close();
+  const reopened = await openStore(t, path);
+  assert.deepEqual((await reopened.list(SandboxType)).items.map((o) => o.metadata.name), ['ok-1']);
+});
+
 test('timestamps come from the injected clock; writes are counted in the store metrics', async (t) => {
   const clock: Clock = { now: () => Date.parse('2030-01-02T03:04:05.000Z'), after: () => ({ cancel: () => undefined }) };
   const registry = new Registry();

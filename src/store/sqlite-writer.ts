@@ -20,6 +20,11 @@ export interface WriterRow {
 
 export interface WriterBatch {
   id: number;
+  /**
+   * Batches are decided on top of the ones before them, still uncommitted; once one fails, the
+   * rest of its epoch must fail too. The main thread moves to a new epoch after a failure.
+   */
+  epoch: number;
   rows: WriterRow[];
   /** The new last resourceVersion. */
   rv: number;
@@ -56,6 +61,7 @@ function main(): void {
   if (port === null) throw new Error('sqlite-writer runs as a worker thread');
   const { path } = workerData as WriterData;
   const tables = openTables(path, { writer: true });
+  let failedEpoch: number | undefined;
   port.on('message', (msg: WriterBatch | 'close') => {
     if (msg === 'close') {
       tables.db.close();
@@ -63,10 +69,15 @@ function main(): void {
       return;
     }
     let reply: WriterReply;
+    if (msg.epoch === failedEpoch) {
+      port.postMessage({ id: msg.id, ok: false, error: 'an earlier batch it was decided on failed' } satisfies WriterReply);
+      return;
+    }
     try {
       commit(tables, msg);
       reply = { id: msg.id, ok: true };
     } catch (err) {
+      failedEpoch = msg.epoch;
       reply = { id: msg.id, ok: false, error: err instanceof Error ? err.message : String(err) };
     }
     port.postMessage(reply);
