@@ -9,13 +9,13 @@
 // compare-and-swaps from one version give one winner and 49 Conflicts) and hands all of them to
 // the writer thread (sqlite-writer.ts), which persists them in ONE transaction (one fsync of the
 // WAL, synchronous=FULL). Only after COMMIT returns does this thread update the memory, deliver
-// watch events and settle the promises. Two batches may be in flight: while one commits, the
-// writes that arrived meanwhile are decided against the state it will leave and posted behind
-// it, so the writer starts the next transaction the moment the last one is durable instead of
-// waiting a round trip for this thread (a lone claim's 2-6 ms fsync held the other 63 of a
-// burst that long). Nothing is acknowledged before it is durable, so kill -9 at any moment loses
-// no acknowledged write. If COMMIT fails, every write in the batch, and in the batch decided
-// behind it, is rejected and memory is untouched.
+// watch events and settle the promises. Several batches may be in flight: while one commits,
+// the writes that arrived meanwhile are decided against the state it will leave and posted
+// behind it, and the writer commits everything queued in its next transaction the moment the
+// last one is durable, instead of waiting a round trip for this thread (a lone claim's 2-6 ms
+// fsync held the other 63 of a burst that long). Nothing is acknowledged before it is durable, so kill -9 at any moment loses
+// no acknowledged write. If COMMIT fails, every write in its transaction, and in the batches
+// decided behind them, is rejected and memory is untouched.
 //
 // Watch handlers run synchronously inside the flush, in commit order, before the writers'
 // promises resolve: a writer that awaits its write finds its own event already delivered.
@@ -77,9 +77,10 @@ export interface CommitReport {
 // One transaction holds at most this many writes, so a burst cannot stall the event loop for
 // long in one synchronous flush; the rest go in the next flush, one setImmediate later.
 const MAX_BATCH = 1024;
-// Batches decided and not yet acknowledged: one committing and one queued behind it keeps the
-// writer busy; more would only split what group commit would put in one transaction.
-const MAX_IN_FLIGHT = 2;
+// Batches decided and not yet acknowledged. The writer commits the ones queued behind a COMMIT
+// together, so more in flight does not mean more fsyncs; the bound keeps a stalled disk from
+// piling up decided-but-unacknowledged state.
+const MAX_IN_FLIGHT = 4;
 
 interface PendingWrite {
   rt: ResourceType;
