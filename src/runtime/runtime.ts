@@ -2,6 +2,7 @@
 // (src/runtime/local/) runs pods as isolated process trees on this machine; on Kubernetes the
 // same interface is served by Pods plus `pods/exec`. Exec, files and PTY all go through here so
 // no agent has to be baked into a sandbox image: a POSIX shell is enough.
+import type { Readable, Writable } from 'node:stream';
 import type { PodSpec, VolumeClaimTemplate } from '../api/types.ts';
 
 export interface PodRequest {
@@ -87,6 +88,25 @@ export interface PtySession {
   close(): void;
 }
 
+export interface SpawnRequest {
+  command: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  /** Run as this uid inside the sandbox; default: the pod's user. */
+  user?: number;
+}
+
+/** A process inside a sandbox with its pipes, for callers that stream (envd's process.Start). */
+export interface PodProcess {
+  readonly stdin: Writable;
+  readonly stdout: Readable;
+  readonly stderr: Readable;
+  /** Signals the process's whole group (a shell and what it started). Ignored once exited. */
+  kill(signal: NodeJS.Signals): void;
+  /** Resolves with the exit code (128+n for signal n) and the signal's name if it died of one. */
+  readonly exited: Promise<{ exitCode: number; signal?: string }>;
+}
+
 export interface PodRuntime {
   /**
    * Starts the pod if it is not running, reusing its writable filesystem and volumes when they
@@ -109,6 +129,8 @@ export interface PodRuntime {
   writeFile(id: string, path: string, data: Uint8Array, mode?: number): Promise<void>;
   listDir(id: string, path: string): Promise<FileEntry[]>;
   openPty(id: string, opts: PtyOptions): Promise<PtySession>;
+  /** Starts a process with its pipes open; nothing is buffered: read stdout and stderr. */
+  spawn(id: string, req: SpawnRequest): Promise<PodProcess>;
 
   /** Stops watching; leaves pods as they are (they survive a worker restart). Idempotent. */
   close(): Promise<void>;

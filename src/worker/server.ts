@@ -30,6 +30,7 @@ import { TERMINAL_TOKEN_TTL_MS } from '../terminal/contract.ts';
 import { terminalRoutes } from './routes-terminal.ts';
 import { DEFAULT_TERMINAL_IDLE_MS, TerminalEndpoint, terminalPathId } from './terminal.ts';
 import { createTerminalTokens } from './terminal-token.ts';
+import { Envd, isEnvdRequest } from './envd/envd.ts';
 
 export interface WorkerServer {
   /** The node:http request listener, for callers that own their server. */
@@ -103,7 +104,9 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     sync: deps.sync,
   });
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
+  const envd = new Envd(w);
   const closeStreams = (): void => {
+    envd.close();
     feedUpgrade.close();
     routeFeed.close();
     terminalEndpoint.close();
@@ -124,7 +127,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   ]);
   const requests = deps.metrics.httpRequestsTotal;
 
-  const handler = createPipeline({
+  const api = createPipeline({
     router,
     auth: deps.auth,
     log,
@@ -133,6 +136,12 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     realm: 'asb',
     routesHint: '; the routes are listed in docs/openapi.yaml',
   });
+  // envd (the E2B SDK's in-sandbox API) for requests the router sent for a sandbox's port 49983:
+  // kept apart from our API, with its own auth (the sandbox's access token) and error format.
+  const handler = (req: IncomingMessage, res: ServerResponse): void => {
+    if (isEnvdRequest(req)) envd.handle(req, res);
+    else api(req, res);
+  };
 
   let server: Server | undefined;
   let closing: Promise<void> | undefined;

@@ -2,7 +2,7 @@
 // changing a map entry. It becomes ready at once (autoReady) or when the test says so, keeps
 // its volumes and IP across stop (hibernation) like the real runtime, and loses them on remove.
 // The real runtime lives in src/runtime/local/; end-to-end tests use that one.
-import type { ExecResult, FileEntry, PodRequest, PodRuntime, PodState, PtySession } from '../../src/runtime/runtime.ts';
+import type { ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession } from '../../src/runtime/runtime.ts';
 
 interface FakePod {
   request: PodRequest;
@@ -119,6 +119,9 @@ export class FakeRuntime implements PodRuntime {
   }
   openPty(): Promise<PtySession> {
     return Promise.reject(new Error('fake runtime: openPty not supported'));
+  }
+  spawn(): Promise<PodProcess> {
+    return Promise.reject(new Error('fake runtime: spawn not supported'));
   }
   close(): Promise<void> {
     this.#listeners.clear();

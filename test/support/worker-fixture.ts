@@ -12,7 +12,7 @@ import { createApiKey } from '../../src/auth/keys.ts';
 import { KeyRing } from '../../src/auth/keyring.ts';
 import { createMetrics } from '../../src/metrics/metrics.ts';
 import { startOperator } from '../../src/operator/operator.ts';
-import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodState, PtySession } from '../../src/runtime/runtime.ts';
+import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession } from '../../src/runtime/runtime.ts';
 import { openSqliteStore } from '../../src/store/sqlite.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
 import { silentLogger } from '../../src/system/log.ts';
@@ -99,6 +99,9 @@ export class MemoryRuntime implements PodRuntime {
   }
   openPty(): Promise<PtySession> {
     return Promise.reject(new Error('no pty in the memory runtime'));
+  }
+  spawn(): Promise<PodProcess> {
+    return Promise.reject(new Error('no processes in the memory runtime'));
   }
   close(): Promise<void> {
     return Promise.resolve();

@@ -12,8 +12,9 @@ import { join } from 'node:path';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodState, PtyOptions, PtySession } from '../runtime.ts';
+import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 import { execInPod, type PodTarget } from './exec.ts';
+import { spawnPodProcess } from './process.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { resolveImage } from './images.ts';
 import { ensureInitBinary, ensureLauncherBinary } from './init-binary.ts';
@@ -415,6 +416,10 @@ export class LocalRuntime implements PodRuntime {
 
   async openPty(id: string, opts: PtyOptions): Promise<PtySession> {
     return openPodPty(this.#target(id), opts);
+  }
+
+  async spawn(id: string, req: SpawnRequest): Promise<PodProcess> {
+    return spawnPodProcess(this.#target(id), req);
   }
 
   /** Stops probes and watchers; pods keep running and a new runtime re-adopts them. */

@@ -1,0 +1,30 @@
+// A streaming process inside a pod: the runtime's spawn(). Unlike exec() nothing is captured;
+// the caller reads stdout and stderr as they come (envd's process.Start sends them on at once).
+// The process leads its own group (spawnInPod), so kill() reaches a shell and all it started.
+import { constants } from 'node:os';
+import type { PodProcess, SpawnRequest } from '../runtime.ts';
+import { killGroup, spawnInPod, type PodTarget, type SpawnInPodOptions } from './exec.ts';
+
+export function spawnPodProcess(target: PodTarget, req: SpawnRequest): Promise<PodProcess> {
+  const opts: SpawnInPodOptions = {};
+  if (req.user !== undefined) opts.user = req.user;
+  if (req.cwd !== undefined) opts.cwd = req.cwd;
+  if (req.env !== undefined) opts.env = req.env;
+  const child = spawnInPod(target, req.command, opts);
+  const { stdin, stdout, stderr } = child;
+  if (stdin === null || stdout === null || stderr === null) return Promise.reject(new Error('spawned process has no pipes'));
+  // A process that exits or closes stdin early makes writes fail with EPIPE: `exited` reports the end.
+  stdin.on('error', () => undefined);
+  const exited = new Promise<{ exitCode: number; signal?: string }>((resolve) => {
+    // 'exit', not 'close': a background child holding the pipes open must not delay the end.
+    child.on('exit', (code, signal) => {
+      if (signal === null) resolve({ exitCode: code ?? 1 });
+      else resolve({ exitCode: 128 + constants.signals[signal], signal });
+    });
+    child.on('error', () => resolve({ exitCode: 127 }));
+  });
+  return new Promise((resolve, reject) => {
+    child.once('spawn', () => resolve({ stdin, stdout, stderr, exited, kill: (signal) => killGroup(child, signal) }));
+    child.once('error', reject);
+  });
+}

@@ -1,0 +1,86 @@
+// Who may call envd for a sandbox, and as which user.
+//
+// - Every call needs the sandbox's data-plane access token in X-Access-Token (the token the E2B
+//   API hands out as envdAccessToken), compared in constant time; GET /health needs none (the
+//   SDK's isRunning probe), and /files takes a signed URL instead (uploadUrl/downloadUrl).
+// - A signature is `v1_` + base64(sha256("<path>:<read|write>:<user>:<token>[:<expiration>]"))
+//   without padding, the E2B SDK's getSignature. An expired one is refused. The user in it is the
+//   `username` query parameter; without one the SDK signs with its own rendering of no user, so
+//   the empty name and "undefined" are both tried (every candidate still needs the token).
+// - The user comes from HTTP Basic auth (`<user>:`), envd's convention: `root` runs as uid 0, a
+//   missing user or `user` (E2B's default user) as the pod's own user, any other name as the uid
+//   `id -u` gives inside the sandbox.
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
+import { AsbError } from '../../errors.ts';
+import type { PodRuntime } from '../../runtime/runtime.ts';
+
+/** E2B's name for the sandbox's default (non-root) user. */
+export const DEFAULT_USER = 'user';
+
+export function sameSecret(presented: string, expected: string): boolean {
+  const a = createHash('sha256').update(presented, 'utf8').digest();
+  const b = createHash('sha256').update(expected, 'utf8').digest();
+  return timingSafeEqual(a, b);
+}
+
+/** Throws unless X-Access-Token carries the sandbox's token. */
+export function requireToken(req: IncomingMessage, token: string, id: string): void {
+  const presented = req.headers['x-access-token'];
+  if (typeof presented !== 'string' || presented === '') {
+    throw new AsbError('Unauthorized', `envd of sandbox ${id} needs its access token: send the X-Access-Token header (envdAccessToken from the E2B API)`);
+  }
+  if (!sameSecret(presented, token)) throw new AsbError('Unauthorized', `wrong access token for envd of sandbox ${id}`);
+}
+
+export function signatureOf(path: string, operation: 'read' | 'write', user: string, token: string, expiration: number | undefined): string {
+  const raw = expiration === undefined ? `${path}:${operation}:${user}:${token}` : `${path}:${operation}:${user}:${token}:${expiration}`;
+  return `v1_${createHash('sha256').update(raw, 'utf8').digest('base64').replace(/=+$/, '')}`;
+}
+
+export interface SignedQuery {
+  path: string;
+  signature: string;
+  username: string | undefined;
+  expiration: string | undefined;
+}
+
+/** Throws unless the signature matches the path, operation, user and (unexpired) expiration. */
+export function checkSignature(q: SignedQuery, operation: 'read' | 'write', token: string, nowMs: number): void {
+  let expiration: number | undefined;
+  if (q.expiration !== undefined && q.expiration !== '') {
+    if (!/^\d{1,12}$/.test(q.expiration)) throw new AsbError('BadRequest', `signature_expiration must be a unix time in seconds, got "${q.expiration.slice(0, 40)}"`);
+    expiration = Number(q.expiration);
+    if (expiration * 1000 < nowMs) throw new AsbError('Unauthorized', `the signed URL for ${q.path} expired at ${new Date(expiration * 1000).toISOString()}`);
+  }
+  const users = q.username === undefined ? ['', 'undefined'] : [q.username];
+  for (const user of users) {
+    if (sameSecret(q.signature, signatureOf(q.path, operation, user, token, expiration))) return;
+  }
+  throw new AsbError('Unauthorized', `the signature does not match ${operation} of ${q.path}${q.username === undefined ? '' : ` as ${q.username}`}`);
+}
+
+/** The user named by `Authorization: Basic base64(<user>:)`, if any. */
+export function basicUser(req: IncomingMessage): string | undefined {
+  const header = req.headers.authorization;
+  if (header === undefined) return undefined;
+  const m = /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(header);
+  if (m === null) throw new AsbError('BadRequest', 'the Authorization header must be Basic base64("<user>:") to choose the user');
+  const decoded = Buffer.from(m[1] ?? '', 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  const user = colon === -1 ? decoded : decoded.slice(0, colon);
+  return user === '' ? undefined : user;
+}
+
+const USER_NAME = /^[a-z_][a-z0-9_.-]{0,31}\$?$/i;
+
+/** The uid to run as for a user name: undefined means the pod's own user. */
+export async function uidOf(runtime: PodRuntime, id: string, user: string | undefined): Promise<number | undefined> {
+  if (user === undefined || user === DEFAULT_USER) return undefined;
+  if (user === 'root') return 0;
+  if (!USER_NAME.test(user)) throw new AsbError('BadRequest', `"${user.slice(0, 40)}" is not a user name`);
+  const result = await runtime.exec(id, { command: ['id', '-u', '--', user], timeoutMs: 10_000 });
+  const uid = Buffer.from(result.stdout).toString('utf8').trim();
+  if (result.exitCode !== 0 || !/^\d+$/.test(uid)) throw new AsbError('BadRequest', `sandbox ${id} has no user "${user}"`);
+  return Number(uid);
+}

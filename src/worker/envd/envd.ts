@@ -1,0 +1,195 @@
+// envd, the E2B SDK's in-sandbox API (port 49983), served by the worker on the sandbox's behalf:
+// no agent runs in the sandbox image. The router sends requests for port 49983 of a sandbox to
+// its owning worker's API upstream with `x-asb-sandbox-id: <id>` (a header a client cannot send
+// through the router, which strips client x-asb-* headers); the worker answers them here and
+// runs processes and file operations inside the sandbox through the pod runtime.
+//
+// The sandbox-id header alone grants nothing (anyone reaching the worker port directly can send
+// it): every call but GET /health needs the sandbox's access token (X-Access-Token) or, on
+// /files, a signed URL, as envd itself does.
+//
+//   GET  /health                          204 while the sandbox runs, 502 otherwise (isRunning)
+//   GET|POST /files                       file download / upload (files.ts)
+//   POST /process.Process/<Method>        Connect RPC (process.ts)
+//   POST /filesystem.Filesystem/<Method>  Connect RPC (filesystem.ts)
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { AsbError } from '../../errors.ts';
+import type { Sandbox } from '../../api/types.ts';
+import { LABEL } from '../../api/types.ts';
+import { HEADER } from '../../router/contract.ts';
+import { isObjectName } from '../access.ts';
+import { readBody } from '../body.ts';
+import type { WorkerContext } from '../deps.ts';
+import { basicUser, checkSignature, requireToken, uidOf } from './auth.ts';
+import { ConnectError, keepaliveOf, parseJson, parseStreamRequest, ServerStream, timeoutOf, writeUnary, writeUnaryError } from './connect.ts';
+import type { FsTarget } from './entries.ts';
+import { getFile, postFiles, writeRestError } from './files.ts';
+import { FILESYSTEM_UNARY, watchDir } from './filesystem.ts';
+import { PROCESS_STREAMS, PROCESS_UNARY, type ProcessCall } from './process.ts';
+import { ProcessTable } from './processes.ts';
+
+/** The port E2B's SDK reaches envd on. */
+export const ENVD_PORT = 49983;
+/** The envd version the E2B API reports for our sandboxes (version gates in the SDK; see shared research e2b.md). */
+export const ENVD_VERSION = '0.6.13';
+/** Connect request messages are a few fields; 1 MiB is plenty, and SendInput chunks are small. */
+const MESSAGE_LIMIT_BYTES = 4 * 1024 * 1024;
+
+const PROCESS_PREFIX = '/process.Process/';
+const FILESYSTEM_PREFIX = '/filesystem.Filesystem/';
+
+/** Whether a request is for envd: it came through the router for a sandbox and its path is an envd path. */
+export function isEnvdRequest(req: IncomingMessage): boolean {
+  if (req.headers[HEADER.sandboxId] === undefined) return false;
+  const path = pathOf(req);
+  return path === '/health' || path === '/files' || path.startsWith(PROCESS_PREFIX) || path.startsWith(FILESYSTEM_PREFIX);
+}
+
+function pathOf(req: IncomingMessage): string {
+  const url = req.url ?? '/';
+  const q = url.indexOf('?');
+  return q === -1 ? url : url.slice(0, q);
+}
+
+type Kind = 'health' | 'files' | 'rpc';
+
+export class Envd {
+  readonly #w: WorkerContext;
+  readonly #table = new ProcessTable();
+  readonly #streams = new Set<ServerStream>();
+  #closed = false;
+
+  constructor(w: WorkerContext) {
+    this.#w = w;
+  }
+
+  /** The node:http handler for a request isEnvdRequest accepted. */
+  handle(req: IncomingMessage, res: ServerResponse): void {
+    const path = pathOf(req);
+    const kind: Kind = path === '/health' ? 'health' : path === '/files' ? 'files' : 'rpc';
+    this.#serve(kind, path, req, res).catch((err: unknown) => {
+      if (res.headersSent) {
+        this.#w.log.error({ err, path }, 'envd request failed after its reply began');
+        res.destroy();
+      } else if (kind === 'rpc') {
+        writeUnaryError(res, err);
+      } else {
+        writeRestError(res, err);
+      }
+    });
+  }
+
+  /** Ends every open stream (unavailable), so the server can close; processes keep running in their sandboxes. Idempotent. */
+  close(): void {
+    this.#closed = true;
+    for (const stream of this.#streams) stream.end(new ConnectError('unavailable', 'the worker is shutting down'));
+    this.#streams.clear();
+  }
+
+  async #serve(kind: Kind, path: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const w = this.#w;
+    const id = String(req.headers[HEADER.sandboxId]);
+    const sandbox = await this.#sandbox(id);
+    const running = w.runtime.state(id).phase === 'Running';
+    if (kind === 'health') {
+      // The SDK's isRunning(): any 2xx is true, 502 false.
+      if (running) {
+        res.writeHead(204);
+        res.end();
+      } else {
+        writeRestError(res, new AsbError('Unavailable', `sandbox ${id} is not running`), 502);
+      }
+      return;
+    }
+    const token = w.dataPlane.tokens.accessToken(sandbox.metadata.name);
+    const url = new URL(req.url ?? '/', 'http://envd.invalid');
+    if (kind === 'files') {
+      const signature = url.searchParams.get('signature');
+      if (signature !== null && signature !== '') {
+        checkSignature({
+          path: url.searchParams.get('path') ?? '',
+          signature,
+          username: url.searchParams.get('username') ?? undefined,
+          expiration: url.searchParams.get('signature_expiration') ?? undefined,
+        }, req.method === 'GET' ? 'read' : 'write', token, w.clock.now());
+      } else {
+        requireToken(req, token, id);
+      }
+    } else {
+      requireToken(req, token, id);
+      if (req.method !== 'POST') throw new ConnectError('unimplemented', `envd RPCs are POST requests, not ${req.method ?? ''}`);
+    }
+    if (!running) throw new AsbError('Unavailable', `sandbox ${id} is not running (hibernated, starting or stopped); resume it and retry`);
+    w.operator.activity.touch(id);
+    const user = url.searchParams.get('username') ?? basicUser(req);
+    const uid = await uidOf(w.runtime, id, user === '' ? undefined : user);
+    const target: FsTarget = { runtime: w.runtime, id, uid };
+    if (kind === 'files') {
+      const call = { target, req, res, query: url.searchParams, maxBytes: w.limits.uploadBytes };
+      if (req.method === 'GET') await getFile(call);
+      else if (req.method === 'POST') await postFiles(call);
+      else throw new AsbError('MethodNotAllowed', `/files takes GET or POST, not ${req.method ?? ''}`);
+      return;
+    }
+    await this.#rpc(path, req, res, { runtime: w.runtime, table: this.#table, id, uid }, target);
+  }
+
+  /** A claimed, live sandbox of this worker, or not_found. */
+  async #sandbox(id: string): Promise<Sandbox> {
+    const notFound = new AsbError('NotFound', `sandbox ${id} not found`);
+    if (!isObjectName(id)) throw notFound;
+    const sandbox = await this.#w.index.find(id, [this.#w.defaultNamespace]);
+    const owner = sandbox?.metadata.labels?.[LABEL.owner];
+    if (sandbox === undefined || owner === undefined || owner === '' || sandbox.metadata.deletionTimestamp !== undefined) throw notFound;
+    return sandbox;
+  }
+
+  async #rpc(path: string, req: IncomingMessage, res: ServerResponse, call: ProcessCall, target: FsTarget): Promise<void> {
+    const service = path.startsWith(PROCESS_PREFIX) ? 'process' : 'filesystem';
+    const method = path.slice(service === 'process' ? PROCESS_PREFIX.length : FILESYSTEM_PREFIX.length);
+    const processStream = service === 'process' ? PROCESS_STREAMS[method] : undefined;
+    const isWatch = service === 'filesystem' && method === 'WatchDir';
+    if (processStream !== undefined || isWatch) {
+      const message = parseStreamRequest(await readBody(req, MESSAGE_LIMIT_BYTES));
+      await this.#stream(req, res, call.id, (stream) => (processStream !== undefined ? processStream(call, message, stream) : watchDir(target, message, stream, (ms) => this.#sleep(ms))));
+      return;
+    }
+    const unary = service === 'process' ? PROCESS_UNARY[method] : undefined;
+    const fsUnary = service === 'filesystem' ? FILESYSTEM_UNARY[method] : undefined;
+    if (unary === undefined && fsUnary === undefined) throw new ConnectError('unimplemented', `${service}.${service === 'process' ? 'Process' : 'Filesystem'}/${method} is not implemented`);
+    const message = parseJson(await readBody(req, MESSAGE_LIMIT_BYTES));
+    writeUnary(res, unary !== undefined ? await unary(call, message) : await fsUnary?.(target, message));
+  }
+
+  async #stream(req: IncomingMessage, res: ServerResponse, id: string, run: (stream: ServerStream) => Promise<void>): Promise<void> {
+    const w = this.#w;
+    const stream = new ServerStream(res, {
+      clock: w.clock,
+      keepaliveMs: keepaliveOf(req),
+      // A long command is activity: each keepalive holds off idle hibernation.
+      keepalive: () => {
+        w.operator.activity.touch(id);
+        return req.url?.startsWith(FILESYSTEM_PREFIX) === true ? { keepalive: {} } : { event: { keepalive: {} } };
+      },
+      timeoutMs: timeoutOf(req),
+    });
+    if (this.#closed) {
+      stream.end(new ConnectError('unavailable', 'the worker is shutting down'));
+      return;
+    }
+    this.#streams.add(stream);
+    try {
+      await run(stream);
+      stream.end();
+    } catch (err) {
+      // Once streaming, errors go in the end-stream envelope: the SDK reads their code there.
+      stream.end(err);
+    } finally {
+      this.#streams.delete(stream);
+    }
+  }
+
+  #sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => this.#w.clock.after(ms, resolve));
+  }
+}

@@ -1,0 +1,424 @@
+// envd served by the worker: a real worker process (store, operator, local runtime) with real
+// sandboxes, called the way the router forwards E2B SDK requests for port 49983 (x-asb-sandbox-id
+// set), with raw HTTP and hand-built Connect envelopes. Its own tag, bridge and subnet (envd:
+// 10.243/16), so other test files and `make up` never collide.
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { after, before, test } from 'node:test';
+import { gunzipSync, gzipSync } from 'node:zlib';
+import { api, removeDataDir, startWorkerProcess, type WorkerProcess } from './support/worker-process.ts';
+import { waitFor } from './support/wait.ts';
+
+let w: WorkerProcess;
+let id: string;
+let token: string;
+
+before(async () => {
+  w = await startWorkerProcess({ clusterTag: 'envd', subnetOctet: 243, basePool: 1 });
+  const created = await api<{ id: string; accessToken: string }>(w, 'POST', '/v1/sandboxes', { template: 'base', wait: true });
+  assert.equal(created.status, 201, JSON.stringify(created.body));
+  id = created.body.id;
+  token = created.body.accessToken;
+});
+
+after(async () => {
+  await w.stop();
+  removeDataDir(w.dataDir);
+});
+
+function headers(extra: Record<string, string> = {}): Record<string, string> {
+  return { 'x-asb-sandbox-id': id, 'x-access-token': token, 'e2b-sandbox-id': id, 'e2b-sandbox-port': '49983', ...extra };
+}
+
+async function unary<T = Record<string, unknown>>(method: string, message: unknown, extra: Record<string, string> = {}): Promise<{ status: number; body: T }> {
+  const res = await fetch(`${w.apiUrl}/${method}`, {
+    method: 'POST',
+    headers: headers({ 'content-type': 'application/json', 'connect-protocol-version': '1', ...extra }),
+    body: JSON.stringify(message),
+  });
+  return { status: res.status, body: (await res.json()) as T };
+}
+
+function envelope(message: unknown, flags = 0): Buffer {
+  const json = Buffer.from(JSON.stringify(message));
+  const head = Buffer.alloc(5);
+  head.writeUInt8(flags, 0);
+  head.writeUInt32BE(json.length, 1);
+  return Buffer.concat([head, json]);
+}
+
+interface Frame {
+  flags: number;
+  message: Record<string, unknown>;
+}
+
+/** An open server stream: frames as they arrive. */
+class Stream {
+  readonly frames: Frame[] = [];
+  readonly status: number;
+  readonly contentType: string | null;
+  readonly done: Promise<void>;
+  readonly #abort: AbortController;
+  #waiters: (() => void)[] = [];
+
+  constructor(res: Response, abort: AbortController) {
+    this.status = res.status;
+    this.contentType = res.headers.get('content-type');
+    this.#abort = abort;
+    const body = res.body;
+    this.done = (async () => {
+      if (body === null) return;
+      let buf = Buffer.alloc(0);
+      try {
+        for await (const chunk of body) {
+          buf = Buffer.concat([buf, Buffer.from(chunk)]);
+          while (buf.length >= 5 && buf.length >= 5 + buf.readUInt32BE(1)) {
+            const len = buf.readUInt32BE(1);
+            this.frames.push({ flags: buf.readUInt8(0), message: JSON.parse(buf.subarray(5, 5 + len).toString('utf8')) as Record<string, unknown> });
+            buf = buf.subarray(5 + len);
+            for (const wake of this.#waiters.splice(0)) wake();
+          }
+        }
+      } catch (err) {
+        if (!abort.signal.aborted) throw err;
+      } finally {
+        for (const wake of this.#waiters.splice(0)) wake();
+      }
+    })();
+  }
+
+  /** Waits (bounded) until some frame satisfies `pred`. */
+  async until(what: string, pred: (f: Frame) => boolean, timeoutMs = 20_000): Promise<Frame> {
+    const deadline = Date.now() + timeoutMs;
+    for (let i = 0; i < 10_000; i++) {
+      const found = this.frames.find(pred);
+      if (found !== undefined) return found;
+      const left = deadline - Date.now();
+      if (left <= 0) break;
+      let timer: NodeJS.Timeout | undefined;
+      const ended = await Promise.race([
+        this.done.then(() => true),
+        new Promise<boolean>((resolve) => {
+          this.#waiters.push(() => resolve(false));
+          timer = setTimeout(() => resolve(false), left);
+        }),
+      ]);
+      clearTimeout(timer);
+      if (ended) {
+        const last = this.frames.find(pred);
+        if (last !== undefined) return last;
+        break;
+      }
+    }
+    throw new Error(`no ${what} in the stream; frames: ${JSON.stringify(this.frames).slice(0, 2000)}`);
+  }
+
+  abort(): void {
+    this.#abort.abort();
+  }
+
+  /** Bytes of one data kind (stdout, stderr, pty) so far. */
+  output(kind: 'stdout' | 'stderr' | 'pty'): string {
+    return this.frames
+      .map((f) => ((f.message.event as { data?: Record<string, string> } | undefined)?.data?.[kind]))
+      .filter((d): d is string => d !== undefined)
+      .map((d) => Buffer.from(d, 'base64').toString('utf8'))
+      .join('');
+  }
+}
+
+async function openStream(method: string, message: unknown, extra: Record<string, string> = {}): Promise<Stream> {
+  const abort = new AbortController();
+  const res = await fetch(`${w.apiUrl}/${method}`, {
+    method: 'POST',
+    headers: headers({ 'content-type': 'application/connect+json', 'connect-protocol-version': '1', 'keepalive-ping-interval': '50', ...extra }),
+    body: envelope(message),
+    signal: abort.signal,
+  });
+  return new Stream(res, abort);
+}
+
+const endOf = (f: Frame): boolean => (f.message.event as Record<string, unknown> | undefined)?.end !== undefined;
+
+function bash(cmd: string, envs: Record<string, string> = {}): unknown {
+  return { process: { cmd: '/bin/bash', args: ['-l', '-c', cmd], envs }, stdin: false };
+}
+
+test('health answers 204 without a token; envd paths without x-asb-sandbox-id are not envd', async () => {
+  const res = await fetch(`${w.apiUrl}/health`, { headers: { 'x-asb-sandbox-id': id } });
+  assert.equal(res.status, 204);
+  // Without the router's header the worker's own API answers (and wants an API key).
+  const plain = await fetch(`${w.apiUrl}/process.Process/List`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-access-token': token }, body: '{}' });
+  assert.equal(plain.status, 401);
+  assert.match(plain.headers.get('content-type') ?? '', /problem\+json/);
+});
+
+test('process.Start: start event first, stdout, exit code 0, end-stream envelope', async () => {
+  const s = await openStream('process.Process/Start', bash('echo hello-$X; echo oops >&2', { X: 'envd' }), { 'connect-timeout-ms': '60000' });
+  assert.equal(s.status, 200);
+  assert.equal(s.contentType, 'application/connect+json');
+  await s.done;
+  const first = s.frames[0]?.message.event as { start?: { pid: number } } | undefined;
+  assert.ok(first?.start !== undefined && first.start.pid > 0, JSON.stringify(s.frames[0]));
+  assert.equal(s.output('stdout'), 'hello-envd\n');
+  assert.equal(s.output('stderr'), 'oops\n');
+  const end = (await s.until('end event', endOf)).message.event as { end: { exitCode?: number; exited: boolean; status: string } };
+  assert.equal(end.end.exitCode ?? 0, 0);
+  assert.equal(end.end.exited, true);
+  const last = s.frames.at(-1);
+  assert.equal(last?.flags, 2);
+  assert.deepEqual(last.message, {});
+});
+
+test('process.Start: a non-zero exit code, cwd and the user from Basic auth', async () => {
+  const s = await openStream('process.Process/Start', bash('exit 7'));
+  await s.done;
+  const end = (await s.until('end event', endOf)).message.event as { end: { exitCode: number; status: string } };
+  assert.equal(end.end.exitCode, 7);
+  assert.equal(end.end.status, 'exit status 7');
+
+  const asRoot = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', 'id -u; pwd'], cwd: '/tmp' } }, { authorization: `Basic ${Buffer.from('root:').toString('base64')}` });
+  await asRoot.done;
+  assert.equal(asRoot.output('stdout'), '0\n/tmp\n');
+  const asUser = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', 'id -u'] } }, { authorization: `Basic ${Buffer.from('user:').toString('base64')}` });
+  await asUser.done;
+  assert.notEqual(asUser.output('stdout'), '0\n');
+});
+
+test('process: a background sleep is listed, outlives its stream, is re-attached by Connect and killed by SendSignal', async () => {
+  const s = await openStream('process.Process/Start', { process: { cmd: '/bin/sleep', args: ['300'] }, tag: 'napper' });
+  const start = await s.until('start event', (f) => (f.message.event as Record<string, unknown> | undefined)?.start !== undefined);
+  const pid = (start.message.event as { start: { pid: number } }).start.pid;
+  s.abort(); // the SDK's disconnect(): the process keeps running
+  await s.done;
+
+  const listed = await unary<{ processes: { pid: number; tag?: string; config: { cmd: string; args: string[] } }[] }>('process.Process/List', {});
+  assert.equal(listed.status, 200);
+  const mine = listed.body.processes.find((p) => p.pid === pid);
+  assert.deepEqual(mine, { pid, tag: 'napper', config: { cmd: '/bin/sleep', args: ['300'], envs: {} } });
+
+  const again = await openStream('process.Process/Connect', { process: { pid } });
+  await again.until('start event', (f) => (f.message.event as { start?: { pid: number } } | undefined)?.start?.pid === pid);
+  const killed = await unary('process.Process/SendSignal', { process: { pid }, signal: 'SIGNAL_SIGKILL' });
+  assert.equal(killed.status, 200);
+  assert.deepEqual(killed.body, {});
+  const end = (await again.until('end event', endOf)).message.event as { end: { exitCode: number; exited: boolean; status: string } };
+  assert.equal(end.end.exited, false);
+  assert.equal(end.end.status, 'signal: SIGKILL');
+  await again.done;
+  assert.equal(again.frames.at(-1)?.flags, 2);
+
+  const gone = await unary<{ code: string }>('process.Process/SendSignal', { process: { pid }, signal: 'SIGNAL_SIGKILL' });
+  assert.equal(gone.status, 404);
+  assert.equal(gone.body.code, 'not_found');
+  const missing = await openStream('process.Process/Connect', { process: { pid: 999_999 } });
+  await missing.done;
+  assert.deepEqual(missing.frames.at(-1)?.message.error, { code: 'not_found', message: `process with pid 999999 not found in sandbox ${id}` });
+});
+
+test('process: stdin through SendInput, then CloseStdin ends the reader', async () => {
+  const s = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', 'cat; echo done'] }, stdin: true });
+  const start = await s.until('start event', (f) => (f.message.event as Record<string, unknown> | undefined)?.start !== undefined);
+  const pid = (start.message.event as { start: { pid: number } }).start.pid;
+  const sent = await unary('process.Process/SendInput', { process: { pid }, input: { stdin: Buffer.from('typed line\n').toString('base64') } });
+  assert.equal(sent.status, 200);
+  await s.until('echoed stdin', () => s.output('stdout').includes('typed line\n'));
+  assert.equal((await unary('process.Process/CloseStdin', { process: { pid } })).status, 200);
+  await s.until('end event', endOf);
+  assert.equal(s.output('stdout'), 'typed line\ndone\n');
+});
+
+test('process: a pty with its size, resized by Update, fed by SendInput', async () => {
+  const s = await openStream('process.Process/Start', {
+    process: { cmd: '/bin/bash', args: ['--norc', '--noprofile', '-i'], envs: { TERM: 'xterm-256color', PS1: '$ ' } },
+    pty: { size: { cols: 100, rows: 30 } },
+  });
+  const start = await s.until('start event', (f) => (f.message.event as Record<string, unknown> | undefined)?.start !== undefined);
+  const pid = (start.message.event as { start: { pid: number } }).start.pid;
+  const input = (text: string): Promise<{ status: number }> => unary('process.Process/SendInput', { process: { pid }, input: { pty: Buffer.from(text).toString('base64') } });
+  assert.equal((await input('stty size\n')).status, 200);
+  await s.until('30 100', () => s.output('pty').includes('30 100'));
+  assert.equal((await unary('process.Process/Update', { process: { pid }, pty: { size: { cols: 120, rows: 40 } } })).status, 200);
+  await input('stty size; exit 3\n');
+  await s.until('40 120', () => s.output('pty').includes('40 120'));
+  const end = (await s.until('end event', endOf)).message.event as { end: { exitCode: number } };
+  assert.equal(end.end.exitCode, 3);
+  // A pty has no stdin to close.
+  const closing = await unary<{ code: string }>('process.Process/CloseStdin', { process: { pid } });
+  assert.equal(closing.status, 404);
+});
+
+test('process: the Connect-Timeout-Ms deadline kills the command and ends with deadline_exceeded', async () => {
+  const s = await openStream('process.Process/Start', bash('sleep 300'), { 'connect-timeout-ms': '300' });
+  await s.done;
+  const last = s.frames.at(-1);
+  assert.equal(last?.flags, 2);
+  assert.equal((last.message.error as { code: string }).code, 'deadline_exceeded');
+  const pid = (s.frames[0]?.message.event as { start: { pid: number } }).start.pid;
+  await waitFor('the killed process to leave the list', async () => {
+    const listed = await unary<{ processes: { pid: number }[] }>('process.Process/List', {});
+    return listed.body.processes.some((p) => p.pid === pid) ? undefined : true;
+  }, 10_000);
+});
+
+test('filesystem: MakeDir, Stat, ListDir with depth, Move, Remove', async () => {
+  const made = await unary<{ entry: Record<string, unknown> }>('filesystem.Filesystem/MakeDir', { path: '/tmp/fs-test/a/b' });
+  assert.equal(made.status, 200, JSON.stringify(made.body));
+  assert.equal(made.body.entry.type, 'FILE_TYPE_DIRECTORY');
+  assert.equal(made.body.entry.path, '/tmp/fs-test/a/b');
+  assert.equal(made.body.entry.name, 'b');
+  const again = await unary<{ code: string }>('filesystem.Filesystem/MakeDir', { path: '/tmp/fs-test/a/b' });
+  assert.equal(again.status, 409);
+  assert.equal(again.body.code, 'already_exists');
+
+  const run = await openStream('process.Process/Start', bash('printf 12345 > /tmp/fs-test/a/f.txt; ln -s f.txt /tmp/fs-test/a/link'));
+  await run.done;
+
+  const stat = await unary<{ entry: Record<string, unknown> }>('filesystem.Filesystem/Stat', { path: '/tmp/fs-test/a/f.txt' });
+  assert.equal(stat.status, 200);
+  assert.equal(stat.body.entry.type, 'FILE_TYPE_FILE');
+  assert.equal(stat.body.entry.size, 5);
+  assert.match(String(stat.body.entry.permissions), /^-rw/);
+  assert.ok(!Number.isNaN(Date.parse(String(stat.body.entry.modifiedTime))));
+  const link = await unary<{ entry: Record<string, unknown> }>('filesystem.Filesystem/Stat', { path: '/tmp/fs-test/a/link' });
+  assert.equal(link.body.entry.type, 'FILE_TYPE_SYMLINK');
+  assert.equal(link.body.entry.symlinkTarget, 'f.txt');
+  const missing = await unary<{ code: string; message: string }>('filesystem.Filesystem/Stat', { path: '/tmp/fs-test/nope' });
+  assert.equal(missing.status, 404);
+  assert.equal(missing.body.code, 'not_found');
+
+  const shallow = await unary<{ entries: { path: string }[] }>('filesystem.Filesystem/ListDir', { path: '/tmp/fs-test', depth: 1 });
+  assert.deepEqual(shallow.body.entries.map((e) => e.path), ['/tmp/fs-test/a']);
+  const deep = await unary<{ entries: { path: string }[] }>('filesystem.Filesystem/ListDir', { path: '/tmp/fs-test', depth: 3 });
+  assert.deepEqual(deep.body.entries.map((e) => e.path), ['/tmp/fs-test/a', '/tmp/fs-test/a/b', '/tmp/fs-test/a/f.txt', '/tmp/fs-test/a/link']);
+
+  const moved = await unary<{ entry: Record<string, unknown> }>('filesystem.Filesystem/Move', { source: '/tmp/fs-test/a/f.txt', destination: '/tmp/fs-test/c/g.txt' });
+  assert.equal(moved.status, 200);
+  assert.equal(moved.body.entry.path, '/tmp/fs-test/c/g.txt');
+  assert.equal(moved.body.entry.size, 5);
+  const notThere = await unary<{ code: string }>('filesystem.Filesystem/Move', { source: '/tmp/fs-test/a/f.txt', destination: '/tmp/x' });
+  assert.equal(notThere.body.code, 'not_found');
+
+  assert.equal((await unary('filesystem.Filesystem/Remove', { path: '/tmp/fs-test' })).status, 200);
+  assert.equal((await unary('filesystem.Filesystem/Stat', { path: '/tmp/fs-test' })).status, 404);
+  const unknown = await unary<{ code: string }>('filesystem.Filesystem/Nope', {});
+  assert.equal(unknown.body.code, 'unimplemented');
+});
+
+test('filesystem.WatchDir: start first, then create, write and remove events', async () => {
+  assert.equal((await unary('filesystem.Filesystem/MakeDir', { path: '/tmp/watched' })).status, 200);
+  const s = await openStream('filesystem.Filesystem/WatchDir', { path: '/tmp/watched', includeEntry: true }, { 'connect-timeout-ms': '60000' });
+  await s.until('start', (f) => f.message.start !== undefined);
+  assert.deepEqual(s.frames[0]?.message, { start: {} });
+  const event = (type: string, name: string) => (f: Frame): boolean => {
+    const fs = f.message.filesystem as { name: string; type: string } | undefined;
+    return fs?.type === type && fs.name === name;
+  };
+  await (await openStream('process.Process/Start', bash('echo one > /tmp/watched/new.txt'))).done;
+  const created = await s.until('create event', event('EVENT_TYPE_CREATE', 'new.txt'));
+  assert.equal((created.message.filesystem as { entry: { path: string } }).entry.path, '/tmp/watched/new.txt');
+  await (await openStream('process.Process/Start', bash('echo two-more >> /tmp/watched/new.txt'))).done;
+  await s.until('write event', event('EVENT_TYPE_WRITE', 'new.txt'));
+  await (await openStream('process.Process/Start', bash('rm /tmp/watched/new.txt'))).done;
+  await s.until('remove event', event('EVENT_TYPE_REMOVE', 'new.txt'));
+  s.abort();
+  await s.done;
+  const missing = await openStream('filesystem.Filesystem/WatchDir', { path: '/tmp/not-a-dir' });
+  await missing.done;
+  assert.equal((missing.frames.at(-1)?.message.error as { code: string }).code, 'not_found');
+});
+
+test('/files: octet-stream and multipart uploads (gzip too), downloads with and without gzip', async () => {
+  const up = await fetch(`${w.apiUrl}/files?path=${encodeURIComponent('/tmp/files/raw.bin')}`, {
+    method: 'POST',
+    headers: headers({ 'content-type': 'application/octet-stream' }),
+    body: Buffer.from([0, 1, 2, 255]),
+  });
+  assert.equal(up.status, 200);
+  assert.deepEqual(await up.json(), [{ path: '/tmp/files/raw.bin', name: 'raw.bin', type: 'file' }]);
+
+  const zipped = await fetch(`${w.apiUrl}/files?path=/tmp/files/z.txt`, {
+    method: 'POST',
+    headers: headers({ 'content-type': 'application/octet-stream', 'content-encoding': 'gzip' }),
+    body: gzipSync(Buffer.from('inflated on arrival')),
+  });
+  assert.equal(zipped.status, 200);
+
+  const form = new FormData();
+  form.append('file', new Blob(['first file']), '/tmp/files/multi/one.txt');
+  form.append('file', new Blob(['second file']), '/tmp/files/multi/two.txt');
+  const multi = await fetch(`${w.apiUrl}/files`, { method: 'POST', headers: headers(), body: form });
+  assert.equal(multi.status, 200);
+  assert.deepEqual(await multi.json(), [
+    { path: '/tmp/files/multi/one.txt', name: 'one.txt', type: 'file' },
+    { path: '/tmp/files/multi/two.txt', name: 'two.txt', type: 'file' },
+  ]);
+
+  const raw = await fetch(`${w.apiUrl}/files?path=/tmp/files/raw.bin`, { headers: headers({ 'accept-encoding': 'identity' }) });
+  assert.equal(raw.status, 200);
+  assert.deepEqual([...Buffer.from(await raw.arrayBuffer())], [0, 1, 2, 255]);
+  const two = await fetch(`${w.apiUrl}/files?path=/tmp/files/multi/two.txt`, { headers: headers() });
+  assert.equal(await two.text(), 'second file');
+
+  // fetch inflates gzip itself; read the raw bytes over node:http to see the encoding.
+  const { request } = await import('node:http');
+  const gz = await new Promise<{ encoding: string | undefined; body: Buffer }>((resolve, reject) => {
+    const r = request(`${w.apiUrl}/files?path=/tmp/files/z.txt`, { headers: headers({ 'accept-encoding': 'gzip, deflate' }) }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ encoding: res.headers['content-encoding'], body: Buffer.concat(chunks) }));
+    });
+    r.on('error', reject);
+    r.end();
+  });
+  assert.equal(gz.encoding, 'gzip');
+  assert.equal(gunzipSync(gz.body).toString(), 'inflated on arrival');
+
+  const missing = await fetch(`${w.apiUrl}/files?path=/tmp/files/none`, { headers: headers() });
+  assert.equal(missing.status, 404);
+  assert.equal(((await missing.json()) as { code: number }).code, 404);
+});
+
+function signature(path: string, op: 'read' | 'write', user: string, expiration?: number): string {
+  const raw = expiration === undefined ? `${path}:${op}:${user}:${token}` : `${path}:${op}:${user}:${token}:${expiration}`;
+  return `v1_${createHash('sha256').update(raw).digest('base64').replace(/=+$/, '')}`;
+}
+
+test('/files: signed URLs work without the token; a bad or expired signature is 401', async () => {
+  const noToken = { 'x-asb-sandbox-id': id };
+  const path = '/tmp/signed.txt';
+  const write = await fetch(`${w.apiUrl}/files?path=${path}&username=user&signature=${encodeURIComponent(signature(path, 'write', 'user'))}`, {
+    method: 'POST',
+    headers: { ...noToken, 'content-type': 'application/octet-stream' },
+    body: 'signed upload',
+  });
+  assert.equal(write.status, 200, await write.clone().text());
+  const exp = Math.floor(Date.now() / 1000) + 600;
+  const read = await fetch(`${w.apiUrl}/files?path=${path}&username=user&signature=${encodeURIComponent(signature(path, 'read', 'user', exp))}&signature_expiration=${exp}`, { headers: noToken });
+  assert.equal(read.status, 200);
+  assert.equal(await read.text(), 'signed upload');
+
+  const wrongOp = await fetch(`${w.apiUrl}/files?path=${path}&username=user&signature=${encodeURIComponent(signature(path, 'write', 'user'))}`, { headers: noToken });
+  assert.equal(wrongOp.status, 401);
+  const past = Math.floor(Date.now() / 1000) - 10;
+  const expired = await fetch(`${w.apiUrl}/files?path=${path}&username=user&signature=${encodeURIComponent(signature(path, 'read', 'user', past))}&signature_expiration=${past}`, { headers: noToken });
+  assert.equal(expired.status, 401);
+  assert.match(((await expired.json()) as { message: string }).message, /expired/);
+});
+
+test('a missing or wrong token is 401; an unknown sandbox is 404', async () => {
+  const none = await fetch(`${w.apiUrl}/process.Process/List`, { method: 'POST', headers: { 'x-asb-sandbox-id': id, 'content-type': 'application/json' }, body: '{}' });
+  assert.equal(none.status, 401);
+  assert.equal(((await none.json()) as { code: string }).code, 'unauthenticated');
+  const wrong = await unary<{ code: string }>('process.Process/List', {}, { 'x-access-token': 'not-the-token' });
+  assert.equal(wrong.status, 401);
+  const files = await fetch(`${w.apiUrl}/files?path=/etc/hostname`, { headers: { 'x-asb-sandbox-id': id } });
+  assert.equal(files.status, 401);
+  assert.equal(((await files.json()) as { code: number }).code, 401);
+
+  const unknown = await fetch(`${w.apiUrl}/process.Process/List`, { method: 'POST', headers: { 'x-asb-sandbox-id': 'envdnosuchsandbox000', 'x-access-token': token, 'content-type': 'application/json' }, body: '{}' });
+  assert.equal(unknown.status, 404);
+  assert.equal(((await unknown.json()) as { code: string }).code, 'not_found');
+  const health = await fetch(`${w.apiUrl}/health`, { headers: { 'x-asb-sandbox-id': 'envdnosuchsandbox000' } });
+  assert.equal(health.status, 404);
+});
