@@ -38,8 +38,47 @@ test('a running sandbox is routed to its pod ip:port through the sandbox upstrea
   assert.equal(headerValue(answer, 'x-asb-sandbox-id'), ID);
   assert.deepEqual(answer.request_headers?.response?.header_mutation?.remove_headers, ['x-access-token'], 'the token never reaches the sandbox');
 
+  r.snapshot([entry(ID, { defaultPort: 3000 })]);
   const bare = await exchange(client, get(HOST(undefined), '/', { 'x-access-token': TOKEN }));
-  assert.equal(headerValue(bare.answer, 'x-asb-dst'), '10.213.0.7:49983', 'no port prefix: the default port');
+  assert.equal(headerValue(bare.answer, 'x-asb-dst'), '10.213.0.7:3000', 'no port prefix: the default port');
+});
+
+test('envd (port 49983) goes to the owning worker with x-asb-sandbox-id and the token; a template with its own envd keeps it in the pod', async (t) => {
+  const r = await startRouterUnderTest(t);
+  r.snapshot([entry(ID)]);
+  const client = extProcClient(r.server.address);
+  t.after(() => client.close());
+  const toWorker = (answer: ProcessingResponse, what: string): void => {
+    assertRouteReply(answer);
+    assert.equal(headerValue(answer, 'x-asb-upstream'), 'api-c1', what);
+    assert.equal(headerValue(answer, 'x-asb-sandbox-id'), ID, what);
+    assert.equal(headerValue(answer, 'x-asb-dst'), undefined, what);
+    assert.ok(!(answer.request_headers?.response?.header_mutation?.remove_headers ?? []).includes('x-access-token'), `${what}: the worker checks the token itself`);
+  };
+  toWorker((await exchange(client, get(HOST(49983), '/process.Process/Start', { 'x-access-token': TOKEN }))).answer, 'port-prefixed host');
+  toWorker((await exchange(client, get(HOST(undefined), '/health', { 'x-access-token': TOKEN }))).answer, 'bare host, default port 49983');
+  const e2b = await exchange(client, get('127.0.0.1:10000', '/files?path=/a', { 'e2b-sandbox-id': ID, 'e2b-sandbox-port': '49983', 'x-access-token': TOKEN, 'x-asb-sandbox-id': 'forged', 'x-asb-other': '1' }));
+  toWorker(e2b.answer, 'E2B headers');
+  assert.deepEqual([...(e2b.answer.request_headers?.response?.header_mutation?.remove_headers ?? [])].sort(), ['e2b-sandbox-id', 'e2b-sandbox-port', 'x-asb-other']);
+
+  // Without a token only the health probe and signed /files URLs pass (the worker checks the signature).
+  toWorker((await exchange(client, get(HOST(49983), '/health'))).answer, 'health without a token');
+  toWorker((await exchange(client, get(HOST(49983), '/files?path=/a&signature=v1_abc'))).answer, 'signed URL without a token');
+  assert.equal(immediate((await exchange(client, get(HOST(49983), '/files?path=/a'))).answer)?.status, 401);
+  assert.equal(immediate((await exchange(client, get(HOST(49983), '/process.Process/List'))).answer)?.status, 401);
+  assert.equal(immediate((await exchange(client, get(HOST(49983), '/health', { 'x-access-token': 'wrong' }))).answer)?.status, 403);
+
+  // A hibernated sandbox is not woken by a tokenless call.
+  r.snapshot([entry(ID, { state: 'hibernated', podIp: undefined })]);
+  assert.equal(immediate((await exchange(client, get(HOST(49983), '/health'))).answer)?.status, 401);
+  assert.equal(r.worker.resumes.get(ID), undefined);
+
+  r.snapshot([entry(ID, { envdInPod: true })]);
+  const inPod = await exchange(client, get(HOST(49983), '/health', { 'x-access-token': TOKEN }));
+  assertRouteReply(inPod.answer);
+  assert.equal(headerValue(inPod.answer, 'x-asb-upstream'), 'sandbox');
+  assert.equal(headerValue(inPod.answer, 'x-asb-dst'), '10.213.0.7:49983');
+  assert.deepEqual(inPod.answer.request_headers?.response?.header_mutation?.remove_headers, ['x-access-token']);
 });
 
 test('E2B headers route when the host is an IP, localhost or sandbox.<domain>, and are stripped', async (t) => {

@@ -21,6 +21,11 @@ export interface RouteEntry {
   tokenHash: string;
   /** The team that owns the sandbox. */
   owner: string;
+  /**
+   * Set when the template declares container port 49983 itself (it runs its own envd): requests
+   * for that port go to the pod. Otherwise the owning worker answers envd for the sandbox.
+   */
+  envdInPod?: true;
 }
 
 /**

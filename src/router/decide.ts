@@ -16,10 +16,18 @@
 //   router runs with --hub-upstream on and a worker reports its hub link up, so placement picks
 //   the cluster; otherwise, and for every other path, to the default cluster's worker API.
 // - Drained clusters are routed to like any other: drain only stops placement of new sandboxes.
+//
+// envd (port 49983, the E2B SDK's in-sandbox API) is answered by the owning worker, not by the
+// pod: no agent runs in sandbox images. Such requests go to `api-<cluster>` with
+// x-asb-sandbox-id set (clients cannot send it: every client x-asb-* header is removed) and keep
+// X-Access-Token, which the worker checks itself. Only a template that declares container port
+// 49983 (it runs a real envd; the entry's envdInPod) is routed to the pod as any other port.
+// The router still checks the token first, so nothing wakes a sandbox without it; the two envd
+// calls that carry none, GET /health and a signed /files URL, pass only to a running sandbox.
 import { clusterTagOf } from '../api/ids.ts';
 import { AsbError } from '../errors.ts';
-import { checkAccess } from './access.ts';
-import { HEADER, INTERNAL_HEADER_PREFIX, UPSTREAM, type RouteEntry } from './contract.ts';
+import { checkAccess, type AccessGranted } from './access.ts';
+import { DEFAULT_SANDBOX_PORT, HEADER, INTERNAL_HEADER_PREFIX, UPSTREAM, type RouteEntry } from './contract.ts';
 import { parseTarget } from './host.ts';
 import { joinHostPort, type ClusterRegistry } from './registry.ts';
 import type { RouteTable } from './route-table.ts';
@@ -68,6 +76,8 @@ export type Decision =
 /** Seconds a client should wait before retrying a 503: a wake takes ~0.2-2 s. */
 export const RETRY_AFTER_S = 2;
 const E2B_HEADERS: readonly string[] = [HEADER.e2bSandboxId, HEADER.e2bSandboxPort];
+/** The grant of an envd call that needs no token at the router (the worker checks its signature). */
+const TOKENLESS: AccessGranted = Object.freeze({ setCookie: undefined, cookieWithoutToken: undefined });
 
 export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Listener = 'edge'): Decision {
   let target;
@@ -110,10 +120,12 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
   }
 
   const port = target.port ?? entry.defaultPort;
+  const envdOnWorker = port === DEFAULT_SANDBOX_PORT && entry.envdInPod !== true;
   let granted;
   try {
     // Before any wake: a request without the token must not be able to wake a sandbox.
-    granted = checkAccess(entry, port, { header: headers.get(HEADER.accessToken), cookie: headers.get('cookie') });
+    if (envdOnWorker && entry.state === 'running' && headers.get(HEADER.accessToken) === undefined && isTokenlessEnvdCall(headers)) granted = TOKENLESS;
+    else granted = checkAccess(entry, port, { header: headers.get(HEADER.accessToken), cookie: headers.get('cookie') });
   } catch (err) {
     return rejectFrom(err);
   }
@@ -128,6 +140,7 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
     case 'running':
       if (entry.state === 'starting' || entry.podIp === undefined) return { kind: 'hold', entry, wake: false };
   }
+  if (envdOnWorker) return toWorkerEnvd(headers, entry, ctx);
   const set: [string, string][] = [
     [HEADER.upstream, UPSTREAM.sandbox],
     [HEADER.destination, joinHostPort(entry.podIp, port)],
@@ -187,6 +200,27 @@ function toOtherCluster(headers: RequestHeaders, id: string, owner: string, ctx:
   // Only our own prefix: the token, cookie and E2B headers are for the owning cluster's router.
   const remove = clientHeaders(headers, set, (name) => name.startsWith(INTERNAL_HEADER_PREFIX));
   return { kind: 'route', set, remove, setCookie: undefined, sandboxId: undefined, cluster: undefined, ingress: owner };
+}
+
+/** envd on the owning worker: its API upstream, the sandbox named in x-asb-sandbox-id, the token kept for the worker to check. */
+function toWorkerEnvd(headers: RequestHeaders, entry: RouteEntry, ctx: DecideContext): Decision {
+  const down = unreachable(entry.cluster, ctx);
+  if (down !== undefined) return down;
+  const set: [string, string][] = [
+    [HEADER.upstream, `api-${entry.cluster}`],
+    [HEADER.sandboxId, entry.id],
+  ];
+  const remove = clientHeaders(headers, set, (name) => name !== HEADER.accessToken && isClientRoutingHeader(name));
+  return { kind: 'route', set, remove, setCookie: undefined, sandboxId: entry.id, cluster: entry.cluster, ingress: undefined };
+}
+
+/** envd calls that carry no access token: the SDK's isRunning probe, and /files with a signed URL (the worker checks the signature). */
+function isTokenlessEnvdCall(headers: RequestHeaders): boolean {
+  const path = headers.get(':path') ?? '';
+  const query = path.indexOf('?');
+  const pathname = query === -1 ? path : path.slice(0, query);
+  if (pathname === '/health') return headers.get(':method') === 'GET';
+  return pathname === '/files' && query !== -1 && new URLSearchParams(path.slice(query + 1)).has('signature');
 }
 
 const HUB_PATH = '/v1/sandboxes';

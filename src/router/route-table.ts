@@ -159,6 +159,7 @@ export class RouteTable {
       owner: this.#intern(raw.owner),
     };
     if (raw.podIp !== undefined) entry.podIp = raw.podIp;
+    if (raw.envdInPod === true) entry.envdInPod = true;
     this.#entries.set(entry.id, entry);
     this.#missing.delete(entry.id);
     const tag = clusterTagOf(entry.id);

@@ -67,6 +67,7 @@ export function routeEntryOf(sandbox: Sandbox, cluster: string, tokens: AccessTo
     owner,
   };
   if (state === 'running' && podIp !== undefined) entry.podIp = podIp;
+  if (sandbox.spec.podTemplate.spec.containers.some((c) => c.ports?.some((p) => p.containerPort === DEFAULT_SANDBOX_PORT) === true)) entry.envdInPod = true;
   return entry;
 }
 
@@ -80,6 +81,7 @@ export function sameEntry(a: RouteEntry, b: RouteEntry): boolean {
     a.defaultPort === b.defaultPort &&
     a.tokenHash === b.tokenHash &&
     a.owner === b.owner &&
+    a.envdInPod === b.envdInPod &&
     a.publicPorts.length === b.publicPorts.length &&
     a.publicPorts.every((p, i) => p === b.publicPorts[i])
   );
