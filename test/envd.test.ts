@@ -1,11 +1,20 @@
 // envd served by the worker: a real worker process (store, operator, local runtime) with real
 // sandboxes, called the way the router forwards E2B SDK requests for port 49983 (x-asb-sandbox-id
 // set), with raw HTTP and hand-built Connect envelopes. Its own tag, bridge and subnet (envd:
-// 10.243/16), so other test files and `make up` never collide.
+// 10.243/16; through the router and Envoy: envs, 10.244/16), so other test files and `make up`
+// never collide.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { gunzipSync, gzipSync } from 'node:zlib';
+import { request } from 'node:http';
+import { randomBytes } from 'node:crypto';
+import { baseTemplate } from '../src/api/builtin.ts';
+import { LABEL } from '../src/api/types.ts';
+import { sandboxFromTemplate } from '../src/operator/blueprint.ts';
+import { createAccessTokens } from '../src/worker/access-token.ts';
+import { ENVD_ANNOTATION, routeEntryOf } from '../src/worker/route-entry.ts';
+import { startTestSystem } from './support/local-system.ts';
 import { api, removeDataDir, startWorkerProcess, type WorkerProcess } from './support/worker-process.ts';
 import { waitFor } from './support/wait.ts';
 
@@ -421,4 +430,72 @@ test('a missing or wrong token is 401; an unknown sandbox is 404', async () => {
   assert.equal(((await unknown.json()) as { code: string }).code, 'not_found');
   const health = await fetch(`${w.apiUrl}/health`, { headers: { 'x-asb-sandbox-id': 'envdnosuchsandbox000' } });
   assert.equal(health.status, 404);
+});
+
+/** One request through the edge Envoy with a chosen Host (fetch cannot set it). */
+function viaEdge(edgeUrl: string, host: string, method: string, path: string, hdrs: Record<string, string>, body?: Buffer): Promise<{ status: number; body: Buffer }> {
+  return new Promise((resolve, reject) => {
+    const req = request(`${edgeUrl}${path}`, { method, headers: { host, ...hdrs } }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks) }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+function frames(body: Buffer): Frame[] {
+  const out: Frame[] = [];
+  for (let pos = 0; pos + 5 <= body.length && out.length < 10_000;) {
+    const len = body.readUInt32BE(pos + 1);
+    out.push({ flags: body.readUInt8(pos), message: JSON.parse(body.subarray(pos + 5, pos + 5 + len).toString('utf8')) as Record<string, unknown> });
+    pos += 5 + len;
+  }
+  return out;
+}
+
+test('through the router and Envoy: 49983-<id>.<domain> and the E2B headers both reach envd on the worker', async (t) => {
+  const system = await startTestSystem('envs', 244);
+  t.after(() => system.cleanup());
+  const created = await api<{ id: string; accessToken: string }>(system, 'POST', '/v1/sandboxes', { template: 'base', wait: true });
+  assert.equal(created.status, 201, JSON.stringify(created.body));
+  const sb = created.body;
+  const rpc = { 'x-access-token': sb.accessToken, 'connect-protocol-version': '1' };
+
+  // Host routing, a server stream; a forged x-asb-sandbox-id is overwritten by the router.
+  const start = await viaEdge(system.edgeUrl, `49983-${sb.id}.asb.localhost`, 'POST', '/process.Process/Start',
+    { ...rpc, 'content-type': 'application/connect+json', 'x-asb-sandbox-id': 'somebody-else' }, envelope(bash('echo via-envoy; hostname')));
+  assert.equal(start.status, 200, start.body.toString());
+  const got = frames(start.body);
+  assert.ok((got[0]?.message.event as Record<string, unknown> | undefined)?.start !== undefined);
+  const stdout = got.map((f) => (f.message.event as { data?: { stdout?: string } } | undefined)?.data?.stdout).filter((d) => d !== undefined).map((d) => Buffer.from(d, 'base64').toString()).join('');
+  assert.equal(stdout.split('\n')[0], 'via-envoy');
+  assert.equal(got.at(-1)?.flags, 2);
+
+  // E2B header routing (the SDK with E2B_SANDBOX_URL), unary and REST.
+  const e2b = { 'e2b-sandbox-id': sb.id, 'e2b-sandbox-port': '49983' };
+  const health = await viaEdge(system.edgeUrl, '127.0.0.1', 'GET', '/health', e2b);
+  assert.equal(health.status, 204);
+  const stat = await viaEdge(system.edgeUrl, '127.0.0.1', 'POST', '/filesystem.Filesystem/Stat', { ...rpc, ...e2b, 'content-type': 'application/json' }, Buffer.from(JSON.stringify({ path: '/tmp' })));
+  assert.equal(stat.status, 200, stat.body.toString());
+  assert.equal((JSON.parse(stat.body.toString()) as { entry: { type: string } }).entry.type, 'FILE_TYPE_DIRECTORY');
+  const upload = await viaEdge(system.edgeUrl, '127.0.0.1', 'POST', '/files?path=/tmp/edge.txt', { ...e2b, 'x-access-token': sb.accessToken, 'content-type': 'application/octet-stream' }, Buffer.from('through envoy'));
+  assert.equal(upload.status, 200, upload.body.toString());
+  const download = await viaEdge(system.edgeUrl, '127.0.0.1', 'GET', '/files?path=/tmp/edge.txt', { ...e2b, 'x-access-token': sb.accessToken });
+  assert.equal(download.body.toString(), 'through envoy');
+
+  const noToken = await viaEdge(system.edgeUrl, `49983-${sb.id}.asb.localhost`, 'POST', '/process.Process/List', { 'content-type': 'application/json' }, Buffer.from('{}'));
+  assert.equal(noToken.status, 401);
+});
+
+test('route entries: envd stays on the worker unless the pod template says its image runs envd (asb.dev/envd: pod)', () => {
+  const tokens = createAccessTokens(randomBytes(32));
+  const base = baseTemplate();
+  assert.ok(base.spec.podTemplate.spec.containers[0]?.ports?.some((p) => p.containerPort === 49983), 'the base template declares the envd port');
+  const plain = sandboxFromTemplate(base, { name: 'sbx-plain', namespace: 'default', labels: { [LABEL.owner]: 'team-a' } });
+  assert.equal(routeEntryOf(plain, 'c1', tokens)?.envdInPod, undefined);
+  base.spec.podTemplate.metadata = { annotations: { [ENVD_ANNOTATION]: 'pod' } };
+  const own = sandboxFromTemplate(base, { name: 'sbx-own', namespace: 'default', labels: { [LABEL.owner]: 'team-a' } });
+  assert.equal(routeEntryOf(own, 'c1', tokens)?.envdInPod, true);
 });

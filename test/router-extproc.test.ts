@@ -43,7 +43,7 @@ test('a running sandbox is routed to its pod ip:port through the sandbox upstrea
   assert.equal(headerValue(bare.answer, 'x-asb-dst'), '10.213.0.7:3000', 'no port prefix: the default port');
 });
 
-test('envd (port 49983) goes to the owning worker with x-asb-sandbox-id and the token; a template with its own envd keeps it in the pod', async (t) => {
+test('envd (port 49983) goes to the owning worker with x-asb-sandbox-id and the token; an image with its own envd (envdInPod) keeps it in the pod', async (t) => {
   const r = await startRouterUnderTest(t);
   r.snapshot([entry(ID)]);
   const client = extProcClient(r.server.address);

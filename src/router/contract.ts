@@ -22,8 +22,8 @@ export interface RouteEntry {
   /** The team that owns the sandbox. */
   owner: string;
   /**
-   * Set when the template declares container port 49983 itself (it runs its own envd): requests
-   * for that port go to the pod. Otherwise the owning worker answers envd for the sandbox.
+   * Set when the sandbox's image runs its own envd (pod template annotation `asb.dev/envd: pod`):
+   * requests for port 49983 go to the pod. Otherwise the owning worker answers envd for it.
    */
   envdInPod?: true;
 }

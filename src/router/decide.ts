@@ -20,8 +20,9 @@
 // envd (port 49983, the E2B SDK's in-sandbox API) is answered by the owning worker, not by the
 // pod: no agent runs in sandbox images. Such requests go to `api-<cluster>` with
 // x-asb-sandbox-id set (clients cannot send it: every client x-asb-* header is removed) and keep
-// X-Access-Token, which the worker checks itself. Only a template that declares container port
-// 49983 (it runs a real envd; the entry's envdInPod) is routed to the pod as any other port.
+// X-Access-Token, which the worker checks itself. Only a sandbox whose image runs a real envd
+// (pod template annotation `asb.dev/envd: pod`, the entry's envdInPod) has port 49983 routed to
+// the pod like any other port. Declaring the port is not enough: the base template declares it.
 // The router still checks the token first, so nothing wakes a sandbox without it; the two envd
 // calls that carry none, GET /health and a signed /files URL, pass only to a running sandbox.
 import { clusterTagOf } from '../api/ids.ts';

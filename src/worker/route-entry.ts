@@ -6,6 +6,14 @@ import { ANNOTATION, LABEL } from '../api/types.ts';
 import { DEFAULT_SANDBOX_PORT, type RouteEntry } from '../router/contract.ts';
 import type { AccessTokens } from './access-token.ts';
 
+/**
+ * `asb.dev/envd: pod` on a template's spec.podTemplate.metadata.annotations: the image runs its own
+ * envd on port 49983, so the router sends that port to the pod. Without it the worker answers
+ * envd for the sandbox. Declaring port 49983 is not the signal: the built-in base template
+ * declares it (so URLs name the envd port) and runs no envd.
+ */
+export const ENVD_ANNOTATION = 'asb.dev/envd';
+
 /** The port `<sandboxId>.<domain>` reaches: the main (first) container's first declared port, else 49983 (envd's). */
 export function defaultPortOf(sandbox: Sandbox): number {
   return sandbox.spec.podTemplate.spec.containers[0]?.ports?.[0]?.containerPort ?? DEFAULT_SANDBOX_PORT;
@@ -67,7 +75,7 @@ export function routeEntryOf(sandbox: Sandbox, cluster: string, tokens: AccessTo
     owner,
   };
   if (state === 'running' && podIp !== undefined) entry.podIp = podIp;
-  if (sandbox.spec.podTemplate.spec.containers.some((c) => c.ports?.some((p) => p.containerPort === DEFAULT_SANDBOX_PORT) === true)) entry.envdInPod = true;
+  if (sandbox.spec.podTemplate.metadata?.annotations?.[ENVD_ANNOTATION] === 'pod') entry.envdInPod = true;
   return entry;
 }
 
