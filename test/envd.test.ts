@@ -257,6 +257,15 @@ test('process: a pty with its size, resized by Update, fed by SendInput', async 
   assert.equal(closing.status, 404);
 });
 
+test('process: keepalive events every Keepalive-Ping-Interval seconds while a command runs', async () => {
+  const s = await openStream('process.Process/Start', bash('sleep 1.6; echo woke'), { 'keepalive-ping-interval': '1' });
+  await s.done;
+  const kinds = s.frames.map((f) => Object.keys((f.message.event as Record<string, unknown> | undefined) ?? { trailer: 1 })[0]);
+  assert.equal(kinds[0], 'start');
+  assert.ok(kinds.indexOf('keepalive') > 0 && kinds.indexOf('keepalive') < kinds.indexOf('end'), kinds.join(','));
+  assert.equal(s.output('stdout'), 'woke\n');
+});
+
 test('process: the Connect-Timeout-Ms deadline kills the command and ends with deadline_exceeded', async () => {
   const s = await openStream('process.Process/Start', bash('sleep 300'), { 'connect-timeout-ms': '300' });
   await s.done;

@@ -139,8 +139,12 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   // envd (the E2B SDK's in-sandbox API) for requests the router sent for a sandbox's port 49983:
   // kept apart from our API, with its own auth (the sandbox's access token) and error format.
   const handler = (req: IncomingMessage, res: ServerResponse): void => {
-    if (isEnvdRequest(req)) envd.handle(req, res);
-    else api(req, res);
+    if (isEnvdRequest(req)) {
+      res.once('finish', () => requests.inc({ route: 'envd', code: String(res.statusCode) }));
+      envd.handle(req, res);
+    } else {
+      api(req, res);
+    }
   };
 
   let server: Server | undefined;
