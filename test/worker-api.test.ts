@@ -184,6 +184,32 @@ test('data plane: create returns accessToken and url; routers report activity an
   assert.equal((await api('GET', '/v1/routes/feed', { key: fx.keys.teamA })).status, 403);
 });
 
+test('the E2B routes answer in the documented shapes, errors as {code, message}', async (t) => {
+  const fx = await start(t);
+  const api = client(fx);
+  const e2b = (method: string, path: string, json?: unknown, key: string = fx.keys.teamA) => api(method, path, { headers: { 'x-api-key': key }, ...(json === undefined ? {} : { json }) });
+
+  const created = await e2b('POST', '/v2/sandboxes', { templateID: 'base', metadata: { 'user id': 'a&b=c' }, envVars: { FOO: 'bar' }, timeout: 60, secure: true });
+  assert.equal(created.status, 201, created.text);
+  const id = (created.json as { sandboxID: string }).sandboxID;
+  assert.equal((await e2b('POST', '/sandboxes', { templateID: 'base' })).status, 201);
+  const listed = await e2b('GET', `/v2/sandboxes?metadata=${encodeURIComponent(new URLSearchParams({ [encodeURIComponent('user id')]: encodeURIComponent('a&b=c') }).toString())}`);
+  assert.deepEqual((listed.json as { sandboxID: string }[]).map((s) => s.sandboxID), [id]);
+  assert.equal(((await e2b('GET', '/sandboxes?limit=1')).json as unknown[]).length, 1);
+  assert.equal((await e2b('GET', `/sandboxes/${id}`)).status, 200);
+  assert.equal((await e2b('GET', `/sandboxes/${id}/metrics`)).status, 200);
+  assert.equal((await e2b('POST', `/sandboxes/${id}/timeout`, { timeout: 120 })).status, 204);
+  assert.equal((await e2b('POST', `/sandboxes/${id}/connect`, { timeout: 30 })).status, 200, 'running: 200');
+  assert.equal((await e2b('POST', `/sandboxes/${id}/pause`, {})).status, 204);
+  assert.deepEqual((await e2b('POST', `/sandboxes/${id}/pause`, {})).json, { code: 409, message: `sandbox "${id}" is already paused; resume it with connect` });
+  assert.equal((await e2b('POST', `/v2/sandboxes/${id}/connect`, {})).status, 201, 'paused: resumed, 201');
+  assert.equal((await e2b('GET', `/sandboxes/${id}`, undefined, fx.keys.teamB)).status, 404, "another team's sandbox");
+  assert.equal((await e2b('DELETE', `/sandboxes/${id}`)).status, 204);
+  assert.equal((await e2b('DELETE', `/sandboxes/${id}`)).status, 404);
+  const unauthorized = await e2b('GET', '/v2/sandboxes', undefined, 'e2b_not_ours');
+  assert.equal((unauthorized.json as { code: number }).code, 401);
+});
+
 test('docs/openapi.yaml documents exactly the routes the server registers, and the tests exercised them all', () => {
   assert.deepEqual(checker.operations(), registered);
   assert.deepEqual([...checker.exercised].sort(), registered);

@@ -3,45 +3,27 @@
 // names this cluster; a create that names another cluster or region is refused here (the hub
 // places, src/hub/routes-sandboxes.ts).
 import type { Sandbox, SandboxPhase } from '../api/types.ts';
-import { LABEL, SandboxTemplateType, SandboxType } from '../api/types.ts';
-import { AsbError, isAsbError } from '../errors.ts';
+import { LABEL, SandboxType } from '../api/types.ts';
+import { AsbError } from '../errors.ts';
 import { ClusterType, type Cluster } from '../hub/contract.ts';
 import { CLUSTER_SCOPE } from '../store/store.ts';
-import { findSandbox, isObjectName, principalOf, sandboxNotFound, visibilitySelector } from './access.ts';
+import { findSandbox, isObjectName, principalOf, visibilitySelector } from './access.ts';
 import { readJson } from './body.ts';
-import type { ClaimRequest } from '../operator/claimer.ts';
 import { checkCreateBody, MAX_TIMEOUT_MS, type CreateBody } from './create-body.ts';
 import type { WorkerContext } from './deps.ts';
 import { checkBody, queryInt } from './input.ts';
 import { checkSelector } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
+import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, setShutdownIn } from './sandbox-lifecycle.ts';
 import { reachableView, sandboxView, type SandboxView } from './views.ts';
 
 const PHASES: readonly SandboxPhase[] = ['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating'];
-// Optimistic-concurrency retries for a lifecycle write racing the operator's status writes.
-const UPDATE_ATTEMPTS = 5;
-
 const RESUME_BODY = { wait: { kind: 'boolean' } } as const;
 const TIMEOUT_BODY = { timeoutMs: { kind: 'integer', required: true, min: 1, max: MAX_TIMEOUT_MS } } as const;
 
 /** A reply about one sandbox: its view, the URL to reach it and (unless `withToken` is false) its access token. */
 function viewReply(w: WorkerContext, status: number, sandbox: Sandbox, view: SandboxView = sandboxView(sandbox, w.cluster.name), withToken = true): Reply {
   return { status, json: reachableView(view, sandbox, w.dataPlane, withToken) };
-}
-
-/** Read-modify-write with retry on Conflict; 404 if the sandbox went away meanwhile. */
-async function mutateSandbox(w: WorkerContext, current: Sandbox, change: (s: Sandbox) => Sandbox): Promise<Sandbox> {
-  let latest = current;
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await w.store.update<Sandbox>(SandboxType, change(structuredClone(latest)));
-    } catch (err) {
-      if (!isAsbError(err, 'Conflict') || attempt >= UPDATE_ATTEMPTS) throw err;
-      const again = await w.store.tryGet<Sandbox>(SandboxType, latest.metadata.namespace ?? w.defaultNamespace, latest.metadata.name);
-      if (again === undefined) throw sandboxNotFound(latest.metadata.name);
-      latest = again;
-    }
-  }
 }
 
 /** A create here must not ask for another cluster or region: placing elsewhere is the hub's job. */
@@ -68,20 +50,16 @@ async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const p = principalOf(ctx);
   const body = checkCreateBody(await readJson(ctx.req, w.limits.jsonBytes));
   await checkPlacement(w, body);
-  const namespace = body.namespace ?? w.defaultNamespace;
-  const template = body.template ?? 'base';
-  if (!(await w.store.exists(SandboxTemplateType, namespace, template))) throw new AsbError('NotFound', `template "${template}" not found in namespace "${namespace}"; list templates with GET /v1/templates`);
-
-  const req: ClaimRequest = { namespace, template, owner: p.team, coldStart: body.coldStart ?? true };
-  if (body.labels !== undefined) req.labels = body.labels;
-  if (body.timeoutMs !== undefined) req.shutdownTime = new Date(w.clock.now() + body.timeoutMs).toISOString();
-  if (body.idleTimeoutMs !== undefined) req.idleTimeoutMs = body.idleTimeoutMs;
-  const claimed = await w.operator.claimer.claim(req);
-  let sandbox = claimed.sandbox;
-  w.index.remember(sandbox.metadata.name, namespace);
-  if ((body.wait ?? true) && !sandboxView(sandbox).ready) {
-    sandbox = await w.operator.claimer.waitReady(namespace, sandbox.metadata.name, w.limits.waitReadyMs);
-  }
+  const claimed = await claimSandbox(w, p, {
+    namespace: body.namespace ?? w.defaultNamespace,
+    template: body.template ?? 'base',
+    ...(body.labels === undefined ? {} : { labels: body.labels }),
+    ...(body.timeoutMs === undefined ? {} : { timeoutMs: body.timeoutMs }),
+    ...(body.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: body.idleTimeoutMs }),
+    coldStart: body.coldStart ?? true,
+    wait: body.wait ?? true,
+  });
+  const sandbox = claimed.sandbox;
   return viewReply(w, 201, sandbox, { ...sandboxView(sandbox, w.cluster.name), launchType: claimed.launch });
 }
 
@@ -126,43 +104,26 @@ async function get(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
 
 async function remove(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
-  let deleted: Sandbox;
-  try {
-    deleted = await w.store.delete<Sandbox>(SandboxType, sandbox.metadata.namespace ?? w.defaultNamespace, sandbox.metadata.name);
-  } catch (err) {
-    if (isAsbError(err, 'NotFound')) throw sandboxNotFound(sandbox.metadata.name);
-    throw err;
-  }
+  const deleted = await deleteSandbox(w, sandbox);
   return viewReply(w, 202, deleted, { ...sandboxView(deleted, w.cluster.name), phase: 'Terminating', ready: false }, false);
 }
 
 async function pause(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
   checkBody(await readJson(ctx.req, w.limits.jsonBytes), {});
-  const updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Suspended', replicas: 0 } }));
-  return viewReply(w, 200, updated);
+  return viewReply(w, 200, await pauseSandbox(w, sandbox));
 }
 
 async function resume(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
   const body = checkBody(await readJson(ctx.req, w.limits.jsonBytes), RESUME_BODY);
-  let updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Running', replicas: 1 } }));
-  w.operator.activity.touch(updated.metadata.name);
-  if ((body.wait ?? true) && !sandboxView(updated).ready) {
-    updated = await w.operator.claimer.waitReady(updated.metadata.namespace ?? w.defaultNamespace, updated.metadata.name, w.limits.waitReadyMs);
-  }
-  return viewReply(w, 200, updated);
+  return viewReply(w, 200, await resumeSandbox(w, sandbox, body.wait ?? true));
 }
 
 async function timeout(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
   const body = checkBody(await readJson(ctx.req, w.limits.jsonBytes), TIMEOUT_BODY);
-  const shutdownTime = new Date(w.clock.now() + body.timeoutMs).toISOString();
-  const updated = await mutateSandbox(w, sandbox, (s) => ({
-    ...s,
-    spec: { ...s.spec, lifecycle: { ...s.spec.lifecycle, shutdownTime, shutdownPolicy: 'Delete' } },
-  }));
-  return viewReply(w, 200, updated);
+  return viewReply(w, 200, await setShutdownIn(w, sandbox, body.timeoutMs));
 }
 
 export function sandboxRoutes(w: WorkerContext): Route[] {

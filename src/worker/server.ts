@@ -24,6 +24,7 @@ import { activityRoutes } from './routes-activity.ts';
 import { createFeedUpgrade, feedRoutes, RouteFeed } from './route-feed.ts';
 import { fileRoutes } from './routes-files.ts';
 import { sandboxRoutes } from './routes-sandboxes.ts';
+import { e2bRoutes } from './e2b/routes.ts';
 import { systemRoutes } from './routes-system.ts';
 import { SandboxIndex } from './sandbox-index.ts';
 import { TERMINAL_TOKEN_TTL_MS } from '../terminal/contract.ts';
@@ -124,6 +125,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     ...activityRoutes(w),
     ...feedRoutes(),
     ...terminalRoutes(w, terminalTokens),
+    ...e2bRoutes(w, deps.auth),
   ]);
   const requests = deps.metrics.httpRequestsTotal;
 

@@ -1,0 +1,142 @@
+// The E2B control-plane REST API (research e2b.md §2), so the unmodified `e2b` SDKs work against
+// a worker: apiUrl = the worker's API URL, apiKey = one of our API keys. Create and connect are
+// served at both /sandboxes… (SDK ≤ 2.50) and /v2/sandboxes… (2.51 on). The sandbox ids, tokens,
+// templates and tenancy are ours: E2B's `sandboxID` is our id, `envdAccessToken` our data-plane
+// access token, `templateID` one of our templates, and another team's sandbox is a 404.
+//
+//   POST   /sandboxes, /v2/sandboxes                   create: 201 Sandbox
+//   GET    /sandboxes, /v2/sandboxes                   list: ListedSandbox[], X-Next-Token
+//   GET    /sandboxes/{id}                             SandboxDetail (paused ones too)
+//   DELETE /sandboxes/{id}                             kill: 204
+//   POST   /sandboxes/{id}/connect, /v2/…/connect      200 running, 201 resumed from pause
+//   POST   /sandboxes/{id}/timeout                     204
+//   POST   /sandboxes/{id}/pause                       204; 409 when already paused
+//   GET    /sandboxes/{id}/metrics                     one sample now, [] when not running
+//
+// The SDK sends fields we do not act on (secure, allow_internet_access, network, mcp, iam…):
+// they are ignored, except those whose absence would surprise the caller (autoPause,
+// volumeMounts), which are refused with 400.
+import type { Sandbox } from '../../api/types.ts';
+import { sandboxLifecycle, wantsRunning } from '../../api/types.ts';
+import { AsbError } from '../../errors.ts';
+import { findSandbox, sandboxNotFound } from '../access.ts';
+import { readJson } from '../body.ts';
+import { MAX_TIMEOUT_MS } from '../create-body.ts';
+import type { Authenticator, WorkerContext } from '../deps.ts';
+import { checkBody, isPlainObject, type BodyOf, type BodySpec } from '../input.ts';
+import type { Reply, Route } from '../router.ts';
+import { sandboxView } from '../views.ts';
+import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, setShutdownIn, waitReady } from '../sandbox-lifecycle.ts';
+import { listE2bSandboxes } from './list.ts';
+import { sampleMetrics } from './metrics.ts';
+import { e2bRoute, type AuthedContext } from './reply.ts';
+import { E2B_ANNOTATION, e2bSandbox, e2bSandboxDetail, stateOf } from './shape.ts';
+
+/** E2B's default sandbox lifetime when create or connect names none: 5 minutes. */
+const DEFAULT_TIMEOUT_S = 300;
+const MAX_TIMEOUT_S = MAX_TIMEOUT_MS / 1000;
+
+const CREATE_BODY = {
+  templateID: { kind: 'string', min: 1, max: 253 },
+  metadata: { kind: 'stringMap' },
+  envVars: { kind: 'stringMap' },
+  timeout: { kind: 'integer', min: 1, max: MAX_TIMEOUT_S },
+  autoPause: { kind: 'boolean' },
+} as const;
+const CONNECT_BODY = { timeout: { kind: 'integer', min: 1, max: MAX_TIMEOUT_S } } as const;
+const TIMEOUT_BODY = { timeout: { kind: 'integer', required: true, min: 0, max: MAX_TIMEOUT_S } } as const;
+
+/** The body's fields this API knows, checked; the other fields the SDK may send are dropped. */
+function checkKnown<S extends BodySpec>(raw: unknown, spec: S): BodyOf<S> {
+  return checkBody(isPlainObject(raw) ? Object.fromEntries(Object.entries(raw).filter(([k]) => Object.hasOwn(spec, k))) : raw, spec);
+}
+
+async function readKnown<S extends BodySpec>(w: WorkerContext, ctx: AuthedContext, spec: S): Promise<BodyOf<S>> {
+  return checkKnown(await readJson(ctx.req, w.limits.jsonBytes), spec);
+}
+
+/** The caller's sandbox with this id; one being deleted is gone as far as E2B is concerned. */
+async function findLive(w: WorkerContext, ctx: AuthedContext): Promise<Sandbox> {
+  const id = ctx.params.id ?? '';
+  const sandbox = await findSandbox(w, ctx, id);
+  if (sandbox.metadata.deletionTimestamp !== undefined) throw sandboxNotFound(id);
+  return sandbox;
+}
+
+async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
+  const raw: unknown = await readJson(ctx.req, w.limits.jsonBytes);
+  if (isPlainObject(raw) && Array.isArray(raw.volumeMounts) && raw.volumeMounts.length > 0) {
+    throw new AsbError('BadRequest', 'volumeMounts are not supported by this server: a sandbox keeps its template\'s volumes; leave volumeMounts out');
+  }
+  const body = checkKnown(raw, CREATE_BODY);
+  if (body.autoPause === true) throw new AsbError('BadRequest', 'autoPause is not supported by this server: a sandbox is deleted at its timeout; leave onTimeout out, or pause it yourself');
+  const annotations: Record<string, string> = { [E2B_ANNOTATION.startedAt]: new Date(w.clock.now()).toISOString() };
+  if (body.metadata !== undefined) annotations[E2B_ANNOTATION.metadata] = JSON.stringify(body.metadata);
+  if (body.envVars !== undefined) annotations[E2B_ANNOTATION.envVars] = JSON.stringify(body.envVars);
+  const { sandbox } = await claimSandbox(w, ctx.principal, {
+    namespace: w.defaultNamespace,
+    template: body.templateID ?? 'base',
+    annotations,
+    timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000,
+    coldStart: true,
+    wait: true,
+  });
+  return { status: 201, json: e2bSandbox(w, sandbox) };
+}
+
+/**
+ * Connect: the sandbox's TTL is extended to at least `timeout` from now (never shortened, as in
+ * E2B), and a paused sandbox is resumed: 201 once it runs again, 200 if it was running.
+ */
+async function connect(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
+  const body = await readKnown(w, ctx, CONNECT_BODY);
+  let sandbox = await findLive(w, ctx);
+  const until = w.clock.now() + (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000;
+  const current = sandboxLifecycle(sandbox.spec).shutdownTime;
+  if (current !== undefined && Date.parse(current) < until) sandbox = await setShutdownIn(w, sandbox, until - w.clock.now());
+  if (!wantsRunning(sandbox.spec)) return { status: 201, json: e2bSandbox(w, await resumeSandbox(w, sandbox, true)) };
+  if (!sandboxView(sandbox).ready) {
+    if (sandbox.status?.phase === 'Failed') throw new AsbError('SandboxNotRunning', `sandbox "${sandbox.metadata.name}" failed: ${sandbox.status.message ?? 'see its status'}; kill it and create another`);
+    sandbox = await waitReady(w, sandbox);
+  }
+  return { status: 200, json: e2bSandbox(w, sandbox) };
+}
+
+async function pause(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
+  await readJson(ctx.req, w.limits.jsonBytes);
+  const sandbox = await findLive(w, ctx);
+  if (stateOf(sandbox) === 'paused') throw new AsbError('SandboxNotRunning', `sandbox "${sandbox.metadata.name}" is already paused; resume it with connect`);
+  await pauseSandbox(w, sandbox);
+  return { status: 204 };
+}
+
+async function setTimeout(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
+  const body = await readKnown(w, ctx, TIMEOUT_BODY);
+  await setShutdownIn(w, await findLive(w, ctx), body.timeout * 1000);
+  return { status: 204 };
+}
+
+async function kill(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
+  await deleteSandbox(w, await findLive(w, ctx));
+  return { status: 204 };
+}
+
+export function e2bRoutes(w: WorkerContext, auth: Authenticator): Route[] {
+  const route = (method: Route['method'], pattern: string, handler: (ctx: AuthedContext) => Promise<Reply>): Route => e2bRoute(auth, method, pattern, handler);
+  const routes: Route[] = [];
+  for (const prefix of ['', '/v2']) {
+    routes.push(
+      route('POST', `${prefix}/sandboxes`, (ctx) => create(w, ctx)),
+      route('GET', `${prefix}/sandboxes`, (ctx) => listE2bSandboxes(w, ctx.principal, ctx.query)),
+      route('POST', `${prefix}/sandboxes/{id}/connect`, (ctx) => connect(w, ctx)),
+    );
+  }
+  routes.push(
+    route('GET', '/sandboxes/{id}', async (ctx) => ({ status: 200, json: e2bSandboxDetail(w, await findLive(w, ctx)) })),
+    route('DELETE', '/sandboxes/{id}', (ctx) => kill(w, ctx)),
+    route('POST', '/sandboxes/{id}/timeout', (ctx) => setTimeout(w, ctx)),
+    route('POST', '/sandboxes/{id}/pause', (ctx) => pause(w, ctx)),
+    route('GET', '/sandboxes/{id}/metrics', async (ctx) => ({ status: 200, json: await sampleMetrics(w, await findLive(w, ctx)) })),
+  );
+  return routes;
+}

@@ -1,0 +1,92 @@
+// What the sandbox APIs do to a sandbox, shared by our /v1 routes (routes-sandboxes.ts) and the
+// E2B-compatible routes (e2b/routes.ts), so both APIs claim, pause, resume, time out and delete
+// the same way. Lifecycle changes are spec writes; the operator does the work.
+import type { Sandbox } from '../api/types.ts';
+import { SandboxTemplateType, SandboxType } from '../api/types.ts';
+import type { Principal } from '../auth/keyring.ts';
+import { AsbError, isAsbError } from '../errors.ts';
+import type { ClaimRequest, ClaimResult } from '../operator/claimer.ts';
+import { sandboxNotFound } from './access.ts';
+import type { WorkerContext } from './deps.ts';
+import { sandboxView } from './views.ts';
+
+// Optimistic-concurrency retries for a lifecycle write racing the operator's status writes.
+const UPDATE_ATTEMPTS = 5;
+
+/** Read-modify-write with retry on Conflict; 404 if the sandbox went away meanwhile. */
+export async function mutateSandbox(w: WorkerContext, current: Sandbox, change: (s: Sandbox) => Sandbox): Promise<Sandbox> {
+  let latest = current;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await w.store.update<Sandbox>(SandboxType, change(structuredClone(latest)));
+    } catch (err) {
+      if (!isAsbError(err, 'Conflict') || attempt >= UPDATE_ATTEMPTS) throw err;
+      const again = await w.store.tryGet<Sandbox>(SandboxType, latest.metadata.namespace ?? w.defaultNamespace, latest.metadata.name);
+      if (again === undefined) throw sandboxNotFound(latest.metadata.name);
+      latest = again;
+    }
+  }
+}
+
+export interface ClaimOptions {
+  namespace: string;
+  template: string;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+  timeoutMs?: number;
+  idleTimeoutMs?: number;
+  coldStart: boolean;
+  /** Wait until the sandbox is Ready before answering. */
+  wait: boolean;
+}
+
+/** Claims a sandbox of `template` for the principal's team (warm if one is ready), 404 for an unknown template. */
+export async function claimSandbox(w: WorkerContext, p: Principal, opts: ClaimOptions): Promise<ClaimResult> {
+  const { namespace, template } = opts;
+  if (!(await w.store.exists(SandboxTemplateType, namespace, template))) throw new AsbError('NotFound', `template "${template}" not found in namespace "${namespace}"; list templates with GET /v1/templates`);
+  const req: ClaimRequest = { namespace, template, owner: p.team, coldStart: opts.coldStart };
+  if (opts.labels !== undefined) req.labels = opts.labels;
+  if (opts.annotations !== undefined) req.annotations = opts.annotations;
+  if (opts.timeoutMs !== undefined) req.shutdownTime = new Date(w.clock.now() + opts.timeoutMs).toISOString();
+  if (opts.idleTimeoutMs !== undefined) req.idleTimeoutMs = opts.idleTimeoutMs;
+  const claimed = await w.operator.claimer.claim(req);
+  let sandbox = claimed.sandbox;
+  w.index.remember(sandbox.metadata.name, namespace);
+  if (opts.wait && !sandboxView(sandbox).ready) sandbox = await waitReady(w, sandbox);
+  return { sandbox, launch: claimed.launch };
+}
+
+export function waitReady(w: WorkerContext, sandbox: Sandbox): Promise<Sandbox> {
+  return w.operator.claimer.waitReady(sandbox.metadata.namespace ?? w.defaultNamespace, sandbox.metadata.name, w.limits.waitReadyMs);
+}
+
+/** Asks the operator to hibernate the sandbox (the pod goes, volumes stay). */
+export function pauseSandbox(w: WorkerContext, sandbox: Sandbox): Promise<Sandbox> {
+  return mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Suspended', replicas: 0 } }));
+}
+
+/** Asks the operator to run the sandbox again; with `wait`, resolves once it is Ready. */
+export async function resumeSandbox(w: WorkerContext, sandbox: Sandbox, wait: boolean): Promise<Sandbox> {
+  const updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Running', replicas: 1 } }));
+  w.operator.activity.touch(updated.metadata.name);
+  return wait && !sandboxView(updated).ready ? waitReady(w, updated) : updated;
+}
+
+/** Deletes the sandbox `timeoutMs` from now, replacing any earlier shutdown time. */
+export function setShutdownIn(w: WorkerContext, sandbox: Sandbox, timeoutMs: number): Promise<Sandbox> {
+  const shutdownTime = new Date(w.clock.now() + timeoutMs).toISOString();
+  return mutateSandbox(w, sandbox, (s) => ({
+    ...s,
+    spec: { ...s.spec, lifecycle: { ...s.spec.lifecycle, shutdownTime, shutdownPolicy: 'Delete' } },
+  }));
+}
+
+/** Deletes the sandbox; 404 if it is already gone. */
+export async function deleteSandbox(w: WorkerContext, sandbox: Sandbox): Promise<Sandbox> {
+  try {
+    return await w.store.delete<Sandbox>(SandboxType, sandbox.metadata.namespace ?? w.defaultNamespace, sandbox.metadata.name);
+  } catch (err) {
+    if (isAsbError(err, 'NotFound')) throw sandboxNotFound(sandbox.metadata.name);
+    throw err;
+  }
+}
