@@ -54,7 +54,7 @@ async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     namespace: body.namespace ?? w.defaultNamespace,
     template: body.template ?? 'base',
     ...(body.labels === undefined ? {} : { labels: body.labels }),
-    ...(body.timeoutMs === undefined ? {} : { timeoutMs: body.timeoutMs }),
+    ...(body.timeoutMs === undefined ? {} : { shutdownTime: new Date(w.clock.now() + body.timeoutMs).toISOString() }),
     ...(body.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: body.idleTimeoutMs }),
     coldStart: body.coldStart ?? true,
     wait: body.wait ?? true,

@@ -33,7 +33,8 @@ export interface ClaimOptions {
   template: string;
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
-  timeoutMs?: number;
+  /** ISO time the sandbox is deleted at. */
+  shutdownTime?: string;
   idleTimeoutMs?: number;
   coldStart: boolean;
   /** Wait until the sandbox is Ready before answering. */
@@ -47,7 +48,7 @@ export async function claimSandbox(w: WorkerContext, p: Principal, opts: ClaimOp
   const req: ClaimRequest = { namespace, template, owner: p.team, coldStart: opts.coldStart };
   if (opts.labels !== undefined) req.labels = opts.labels;
   if (opts.annotations !== undefined) req.annotations = opts.annotations;
-  if (opts.timeoutMs !== undefined) req.shutdownTime = new Date(w.clock.now() + opts.timeoutMs).toISOString();
+  if (opts.shutdownTime !== undefined) req.shutdownTime = opts.shutdownTime;
   if (opts.idleTimeoutMs !== undefined) req.idleTimeoutMs = opts.idleTimeoutMs;
   const claimed = await w.operator.claimer.claim(req);
   let sandbox = claimed.sandbox;

@@ -70,14 +70,15 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   }
   const body = checkKnown(raw, CREATE_BODY);
   if (body.autoPause === true) throw new AsbError('BadRequest', 'autoPause is not supported by this server: a sandbox is deleted at its timeout; leave onTimeout out, or pause it yourself');
-  const annotations: Record<string, string> = { [E2B_ANNOTATION.startedAt]: new Date(w.clock.now()).toISOString() };
+  const now = w.clock.now();
+  const annotations: Record<string, string> = { [E2B_ANNOTATION.startedAt]: new Date(now).toISOString() };
   if (body.metadata !== undefined) annotations[E2B_ANNOTATION.metadata] = JSON.stringify(body.metadata);
   if (body.envVars !== undefined) annotations[E2B_ANNOTATION.envVars] = JSON.stringify(body.envVars);
   const { sandbox } = await claimSandbox(w, ctx.principal, {
     namespace: w.defaultNamespace,
     template: body.templateID ?? 'base',
     annotations,
-    timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000,
+    shutdownTime: new Date(now + (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000).toISOString(),
     coldStart: true,
     wait: true,
   });
