@@ -79,6 +79,9 @@ test('the real E2B SDKs (2.51 and 2.50) drive sandboxes through the worker: crea
       assert.equal(info.envdVersion, '0.6.13');
       assert.equal(info.endAt.getTime() - info.startedAt.getTime(), 120_000, 'timeout (s) sets the end, from the create');
       assert.ok(info.cpuCount >= 1 && info.memoryMB > 0, 'the machine the sandbox may use');
+      const bySpecial = await Sandbox.list({ ...opts, query: { metadata: { run, 'user id': 'a&b=c' } } }).nextItems();
+      assert.deepEqual(bySpecial.map((s) => s.sandboxId), [sbx.sandboxId], 'metadata with a space, & and = filters through the triple encoding');
+      assert.deepEqual(await Sandbox.list({ ...opts, query: { metadata: { run, 'user id': 'a&b' } } }).nextItems(), []);
 
       await sbx.setTimeout(600_000);
       const later = await sbx.getInfo();

@@ -2,11 +2,13 @@
 // E2B-compatible routes (e2b/routes.ts), so both APIs claim, pause, resume, time out and delete
 // the same way. Lifecycle changes are spec writes; the operator does the work.
 import type { Sandbox } from '../api/types.ts';
-import { SandboxTemplateType, SandboxType } from '../api/types.ts';
+import { SandboxTemplateType, SandboxType, wantsRunning } from '../api/types.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { ClaimRequest, ClaimResult } from '../operator/claimer.ts';
 import { sandboxNotFound } from './access.ts';
+import type { Watch, WatchOptions } from '../store/store.ts';
+import type { Timer } from '../system/clock.ts';
 import type { WorkerContext } from './deps.ts';
 import { sandboxView } from './views.ts';
 
@@ -61,13 +63,69 @@ export function waitReady(w: WorkerContext, sandbox: Sandbox): Promise<Sandbox> 
   return w.operator.claimer.waitReady(sandbox.metadata.namespace ?? w.defaultNamespace, sandbox.metadata.name, w.limits.waitReadyMs);
 }
 
-/** Asks the operator to hibernate the sandbox (the pod goes, volumes stay). */
-export function pauseSandbox(w: WorkerContext, sandbox: Sandbox): Promise<Sandbox> {
-  return mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Suspended', replicas: 0 } }));
+/**
+ * Resolves with the sandbox once `done` holds for it, watching its changes after `from`; 404 if it
+ * is deleted meanwhile, Timeout after waitReadyMs. For states the claimer's waitReady cannot
+ * wait on (hibernated).
+ */
+export function waitUntil(w: WorkerContext, from: Sandbox, done: (s: Sandbox) => boolean, what: string): Promise<Sandbox> {
+  if (done(from)) return Promise.resolve(from);
+  const { name, namespace } = from.metadata;
+  const timeoutMs = w.limits.waitReadyMs;
+  return new Promise((resolve, reject) => {
+    // The watch may deliver (replay) before store.watch returns, so both handles may be unset.
+    const live: { settled: boolean; watch?: Watch; timer?: Timer } = { settled: false };
+    const finish = (outcome: Sandbox | Error): void => {
+      if (live.settled) return;
+      live.settled = true;
+      live.watch?.close();
+      live.timer?.cancel();
+      if (outcome instanceof Error) reject(outcome);
+      else resolve(outcome);
+    };
+    const opts: WatchOptions = { namespace: namespace ?? w.defaultNamespace };
+    if (from.metadata.resourceVersion !== undefined) opts.resourceVersion = from.metadata.resourceVersion;
+    live.watch = w.store.watch<Sandbox>(SandboxType, opts, {
+      onEvent: (event) => {
+        if (event.object.metadata.name !== name) return;
+        if (event.type === 'DELETED') finish(sandboxNotFound(name));
+        else if (done(event.object)) finish(event.object);
+      },
+      onError: (err) => {
+        finish(new AsbError('Unavailable', `lost the store watch while waiting for sandbox "${name}" to be ${what}; try again`, { cause: err }));
+      },
+    });
+    if (live.settled) {
+      live.watch.close();
+      return;
+    }
+    live.timer = w.clock.after(timeoutMs, () => {
+      finish(new AsbError('Timeout', `sandbox "${name}" not ${what} within ${timeoutMs} ms`));
+    });
+  });
 }
 
-/** Asks the operator to run the sandbox again; with `wait`, resolves once it is Ready. */
+/**
+ * Whether a pause has taken effect: the pod is stopped (or the sandbox expired, which stops it
+ * too), or it no longer matters because someone asked for the sandbox to run again.
+ */
+function isPauseSettled(s: Sandbox): boolean {
+  return s.status?.phase === 'Hibernated' || s.status?.phase === 'Expired' || wantsRunning(s.spec);
+}
+
+/** Asks the operator to hibernate the sandbox and, with `wait`, resolves once its pod has stopped. */
+export async function pauseSandbox(w: WorkerContext, sandbox: Sandbox, wait = false): Promise<Sandbox> {
+  const updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Suspended', replicas: 0 } }));
+  return wait ? waitUntil(w, updated, isPauseSettled, 'paused') : updated;
+}
+
+/**
+ * Asks the operator to run the sandbox again; with `wait`, resolves once it is Ready. A pause the
+ * operator has not carried out yet still shows Ready from before it, so a waiting resume first
+ * lets that pause settle: otherwise it would answer at once while the pod goes on to stop.
+ */
 export async function resumeSandbox(w: WorkerContext, sandbox: Sandbox, wait: boolean): Promise<Sandbox> {
+  if (wait) sandbox = await waitUntil(w, sandbox, isPauseSettled, 'paused');
   const updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Running', replicas: 1 } }));
   w.operator.activity.touch(updated.metadata.name);
   return wait && !sandboxView(updated).ready ? waitReady(w, updated) : updated;

@@ -99,7 +99,15 @@ export async function sampleMetrics(w: WorkerContext, sandbox: Sandbox): Promise
   const procs = await podProcesses(pid);
   const root = procs[0];
   if (root === undefined) return [];
-  const [uptime, rss, fs] = await Promise.all([uptimeSeconds(), Promise.all(procs.map((p) => rssBytes(p.pid))), statfs(`/proc/${pid}/root`)]);
+  let fs: Awaited<ReturnType<typeof statfs>>;
+  try {
+    fs = await statfs(`/proc/${pid}/root`);
+  } catch (err) {
+    // The pod stopped while we looked (a pause racing this call): it has no sample now.
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT' || (err as NodeJS.ErrnoException).code === 'ESRCH') return [];
+    throw err;
+  }
+  const [uptime, rss] = await Promise.all([uptimeSeconds(), Promise.all(procs.map((p) => rssBytes(p.pid)))]);
   const { cpuCount, memoryMB } = e2bListedSandbox(w, sandbox);
   const cpuSeconds = (procs.reduce((sum, p) => sum + p.cpuTicks, 0) + root.childTicks) / CLK_TCK;
   const elapsed = uptime - root.startTicks / CLK_TCK;

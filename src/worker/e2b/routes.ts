@@ -107,7 +107,8 @@ async function pause(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   await readJson(ctx.req, w.limits.jsonBytes);
   const sandbox = await findLive(w, ctx);
   if (stateOf(sandbox) === 'paused') throw new AsbError('SandboxNotRunning', `sandbox "${sandbox.metadata.name}" is already paused; resume it with connect`);
-  await pauseSandbox(w, sandbox);
+  // E2B's pause returns once the snapshot is taken; ours once the pod has stopped.
+  await pauseSandbox(w, sandbox, true);
   return { status: 204 };
 }
 
