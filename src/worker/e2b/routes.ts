@@ -112,7 +112,7 @@ async function pause(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   return { status: 204 };
 }
 
-async function setTimeout(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
+async function setSandboxTimeout(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const body = await readKnown(w, ctx, TIMEOUT_BODY);
   await setShutdownIn(w, await findLive(w, ctx), body.timeout * 1000);
   return { status: 204 };
@@ -136,7 +136,7 @@ export function e2bRoutes(w: WorkerContext, auth: Authenticator): Route[] {
   routes.push(
     route('GET', '/sandboxes/{id}', async (ctx) => ({ status: 200, json: e2bSandboxDetail(w, await findLive(w, ctx)) })),
     route('DELETE', '/sandboxes/{id}', (ctx) => kill(w, ctx)),
-    route('POST', '/sandboxes/{id}/timeout', (ctx) => setTimeout(w, ctx)),
+    route('POST', '/sandboxes/{id}/timeout', (ctx) => setSandboxTimeout(w, ctx)),
     route('POST', '/sandboxes/{id}/pause', (ctx) => pause(w, ctx)),
     route('GET', '/sandboxes/{id}/metrics', async (ctx) => ({ status: 200, json: await sampleMetrics(w, await findLive(w, ctx)) })),
   );
