@@ -4,16 +4,12 @@
 // apiKey = one of our team keys; no TLS, no DNS. Only control-plane calls here: envd has its own
 // test (test/envd.test.ts).
 import assert from 'node:assert/strict';
-import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
 import { test } from 'node:test';
 import * as e2bLatest from 'e2b';
 import * as e2b250 from 'e2b-2-50';
 import { SandboxType, type Sandbox as SandboxObject } from '../src/api/types.ts';
-import { createApiKey } from '../src/auth/keys.ts';
-import { openSqliteStore } from '../src/store/sqlite.ts';
 import { E2B_ANNOTATION } from '../src/worker/e2b/shape.ts';
-import { removeDataDir, startWorkerProcess, tempDataDir, type WorkerProcess } from './support/worker-process.ts';
+import { removeDataDir, startWorkerProcess, teamKeyIn, tempDataDir, type WorkerProcess } from './support/worker-process.ts';
 import { startWorkerFixture } from './support/worker-fixture.ts';
 
 /** The two SDKs share their API; the older one's types are a structural subset for what we call. */
@@ -22,17 +18,6 @@ const SDKS: readonly { version: string; sdk: Sdk }[] = [
   { version: '2.51.0', sdk: e2bLatest },
   { version: '2.50.0', sdk: e2b250 as unknown as Sdk },
 ];
-
-/** A key of a team, written into the worker's store before the worker starts (workers get keys from the hub). */
-async function teamKeyIn(dataDir: string, team: string): Promise<string> {
-  mkdirSync(join(dataDir, 'data'), { recursive: true });
-  const store = await openSqliteStore({ path: join(dataDir, 'data', 'store.db') });
-  try {
-    return (await createApiKey(store, { team })).key;
-  } finally {
-    await store.close();
-  }
-}
 
 /** A raw HTTP call, for what the SDK hides: the error body and content type. */
 async function raw(w: WorkerProcess, method: string, path: string, opts: { key?: string; body?: string } = {}): Promise<{ status: number; type: string; json: unknown }> {

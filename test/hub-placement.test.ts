@@ -4,8 +4,6 @@
 // cluster whose API refuses connections, drain, kill -9 of a worker and its return.
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer as createHttpServer } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -16,6 +14,7 @@ import { parseHubConfig } from '../src/hub/hub-config.ts';
 import { place } from '../src/hub/placement.ts';
 import { createSyncServer } from '../src/hub/sync-server.ts';
 import { systemClock } from '../src/system/clock.ts';
+import { freePort } from '../src/system/local-system.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { OpenApiChecker } from './support/openapi-check.ts';
 import { runAsb } from './support/run-asb.ts';
@@ -154,14 +153,6 @@ async function sandboxes(hub: RunningHub, method: 'POST' | 'GET', key: string | 
 function problemOf(res: ApiResponse): Problem {
   assert.equal(res.headers.get('content-type'), 'application/problem+json', `a problem, got ${res.status} ${res.text}`);
   return res.json as Problem;
-}
-
-async function closedPort(): Promise<number> {
-  const server = createHttpServer();
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const { port } = server.address() as AddressInfo;
-  await new Promise<void>((r) => server.close(() => r()));
-  return port;
 }
 
 interface HubStatus {
@@ -345,7 +336,7 @@ test('placement at a hub in front of two worker processes', { timeout: 240_000 }
   });
 
   await t.test('a cluster whose API refuses connections while its sync is up: the create fails over and still answers 201', async (st) => {
-    await hubAdmin('PUT', '/v1/clusters/plc-a', { apiUrl: `http://127.0.0.1:${await closedPort()}` });
+    await hubAdmin('PUT', '/v1/clusters/plc-a', { apiUrl: `http://127.0.0.1:${await freePort()}` });
     st.after(() => hubAdmin('PUT', '/v1/clusters/plc-a', { apiUrl: workers['plc-a'].apiUrl }));
     assert.equal((await clusterState('plc-a'))?.connected, true, 'plc-a still syncs');
 

@@ -16,6 +16,7 @@ import type { FederationView } from '../src/hub/routes-federation.ts';
 import { proxiedSandboxId } from '../src/hub/sandbox-proxy.ts';
 import { createTerminalProxy, terminalSandboxId } from '../src/hub/terminal-proxy.ts';
 import { openSqliteStore } from '../src/store/sqlite.ts';
+import { freePort } from '../src/system/local-system.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { TERMINAL_HIGH_WATER_BYTES, type TerminalServerControl, type TerminalTokenView } from '../src/terminal/contract.ts';
 import { waitFor } from './support/wait.ts';
@@ -77,14 +78,6 @@ async function refusal(p: Promise<Session>): Promise<{ status: number; body: str
   throw new Error('the terminal opened; a refusal was expected');
 }
 
-async function closedPort(): Promise<number> {
-  const server = createHttpServer();
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const { port } = server.address() as AddressInfo;
-  await new Promise<void>((r) => server.close(() => r()));
-  return port;
-}
-
 test('the hub proxies sandbox calls and terminals to the owning worker', { timeout: 240_000 }, async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'asb-hub-proxy-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
@@ -97,7 +90,7 @@ test('the hub proxies sandbox calls and terminals to the owning worker', { timeo
   assert.equal(registered.status, 201, registered.text);
   writeFileSync(join(dir, 'hpx.credential'), `${(registered.json as { credential: string }).credential}\n`, { mode: 0o600 });
   // A cluster that is registered but never connects: its sandboxes are unreachable, not unknown.
-  const away = await hubCall('PUT', '/v1/clusters/hpx-away', { json: { region: 'west', tag: 'hpxw', ingressAddress: '127.0.0.1:10252', apiUrl: `http://127.0.0.1:${await closedPort()}` } });
+  const away = await hubCall('PUT', '/v1/clusters/hpx-away', { json: { region: 'west', tag: 'hpxw', ingressAddress: '127.0.0.1:10252', apiUrl: `http://127.0.0.1:${await freePort()}` } });
   assert.equal(away.status, 201, away.text);
 
   const worker = await startWorkerProcess({ clusterTag: 'hpxa', subnetOctet: 251, basePool: 1, extraArgs: ['--cluster', 'hpx', '--hub-url', hub.url, '--hub-credential-file', join(dir, 'hpx.credential')] });

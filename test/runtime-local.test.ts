@@ -276,7 +276,9 @@ function processAlive(pid: number): boolean {
 }
 
 test('a running container that exits later reports its exit code; 0 is Succeeded, a signal is 128+n', async () => {
-  const waitForFile = 'while [ ! -f /tmp/go ]; do sleep 0.05; done';
+  // The pause after the file appears lets the exec that wrote it leave the pod first: when the
+  // pod's init exits, everything still in its PID namespace is killed, that exec included.
+  const waitForFile = 'while [ ! -f /tmp/go ]; do sleep 0.05; done; sleep 0.3';
   await rt.start(pod('code9', { command: ['sh', '-c', `${waitForFile}; exit 9`] }));
   await rt.start(pod('code0', { command: ['sh', '-c', `${waitForFile}; exit 0`] }));
   await rt.start(pod('killed', { command: ['sh', '-c', `${waitForFile}; kill -KILL $$`] }));

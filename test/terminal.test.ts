@@ -3,18 +3,15 @@
 // Its own tags, bridges and subnets (term: 10.247/16, tmid: 10.248/16, tmsy: 10.249/16), so other test files and
 // `make up` never collide.
 import assert from 'node:assert/strict';
-import { mkdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
-import { createApiKey } from '../src/auth/keys.ts';
-import { openSqliteStore } from '../src/store/sqlite.ts';
 import { TERMINAL_CLOSE, type TerminalTokenView } from '../src/terminal/contract.ts';
 import { createTerminalTokens } from '../src/worker/terminal-token.ts';
 import { createSecretKey, randomBytes } from 'node:crypto';
 import { startTestSystem } from './support/local-system.ts';
 import { runAsb } from './support/run-asb.ts';
 import { openTerminal, Refused, type Terminal } from './support/terminal-client.ts';
-import { api, removeDataDir, startWorkerProcess, tempDataDir, type WorkerProcess } from './support/worker-process.ts';
+import { api, removeDataDir, startWorkerProcess, teamKeyIn, tempDataDir, type WorkerProcess } from './support/worker-process.ts';
 import { waitFor } from './support/wait.ts';
 
 interface View {
@@ -45,17 +42,6 @@ function rssBytes(pid: number): number {
   const m = /^VmRSS:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
   assert.ok(m?.[1] !== undefined, 'VmRSS in /proc status');
   return Number(m[1]) * 1024;
-}
-
-/** A key of another team, written into the worker's store before the worker starts (workers get keys from the hub). */
-async function teamKeyIn(dataDir: string, team: string): Promise<string> {
-  mkdirSync(join(dataDir, 'data'), { recursive: true });
-  const store = await openSqliteStore({ path: join(dataDir, 'data', 'store.db') });
-  try {
-    return (await createApiKey(store, { team })).key;
-  } finally {
-    await store.close();
-  }
 }
 
 /** The text on a line of its own in terminal output (bash may put escape sequences before it). */

@@ -1,9 +1,11 @@
 // Runs a real worker process (src/system/worker-main.ts) for end-to-end tests, on its own data
 // directory, port, bridge and subnet so test files never collide with each other or `make up`.
 import { execFileSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { createApiKey } from '../../src/auth/keys.ts';
+import { openSqliteStore } from '../../src/store/sqlite.ts';
 import { startChild } from '../../src/system/child.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
@@ -105,4 +107,15 @@ export async function api<T = unknown>(w: { apiUrl: string; adminKey: string }, 
     // raw body
   }
   return { status: res.status, body: parsed as T };
+}
+
+/** A key of `team`, written into a worker's store before the worker starts (workers otherwise get keys from the hub). */
+export async function teamKeyIn(dataDir: string, team: string): Promise<string> {
+  mkdirSync(join(dataDir, 'data'), { recursive: true });
+  const store = await openSqliteStore({ path: join(dataDir, 'data', 'store.db') });
+  try {
+    return (await createApiKey(store, { team })).key;
+  } finally {
+    await store.close();
+  }
 }
