@@ -8,12 +8,11 @@ import { applyDefaults, validateObject } from '../api/validate.ts';
 import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
 import { isObjectName, requireAdmin } from '../worker/access.ts';
 import { readJson } from '../worker/body.ts';
-import { isPlainObject, namespaceQuery } from '../worker/input.ts';
+import { applyList, isPlainObject, namespaceQuery } from '../worker/input.ts';
 import type { RequestContext, Route } from '../worker/router.ts';
 import type { HubContext } from './hub-context.ts';
 
 // One apply writes at most this many templates: more than any config file, bounded undo work.
-const MAX_APPLY_OBJECTS = 500;
 
 type Action = ApplyAction;
 
@@ -56,13 +55,7 @@ async function putOne(h: HubContext, ctx: RequestContext): Promise<{ action: Act
 
 async function apply(h: HubContext, ctx: RequestContext): Promise<{ results: { kind: string; namespace: string; name: string; action: Action }[] }> {
   requireAdmin(ctx, 'applying templates');
-  const raw = await readJson(ctx.req, h.jsonBytes);
-  if (!isPlainObject(raw)) throw new AsbError('BadRequest', 'request body must be a JSON object {"objects": [...]}');
-  const unknown = Object.keys(raw).filter((k) => k !== 'objects');
-  if (unknown.length > 0) throw new AsbError('Invalid', `request body is invalid: unknown field ${unknown.join(', ')}; the only field is objects`, { fields: unknown.map((field) => ({ field, message: 'unknown field' })) });
-  const list = raw.objects;
-  if (!Array.isArray(list)) throw new AsbError('Invalid', 'request body is invalid: objects: must be an array of objects', { fields: [{ field: 'objects', message: 'must be an array' }] });
-  if (list.length > MAX_APPLY_OBJECTS) throw new AsbError('Invalid', `request body is invalid: objects: at most ${MAX_APPLY_OBJECTS} objects per apply`, { fields: [{ field: 'objects', message: `at most ${MAX_APPLY_OBJECTS}` }] });
+  const list = applyList(await readJson(ctx.req, h.jsonBytes));
 
   // 1. Validate everything, reporting every problem of every object at once.
   const problems: FieldProblem[] = [];

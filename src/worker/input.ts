@@ -124,3 +124,17 @@ export function namespaceQuery(query: URLSearchParams, fallback: string): string
   }
   return ns;
 }
+
+/** Objects one apply (`POST /v1/apply`, the worker's and the hub's) may carry. */
+export const MAX_APPLY_OBJECTS = 500;
+
+/** The `objects` array of an apply body `{"objects": [...]}`, or the error that names what is wrong. */
+export function applyList(raw: unknown): unknown[] {
+  if (!isPlainObject(raw)) throw new AsbError('BadRequest', 'request body must be a JSON object {"objects": [...]}');
+  const unknown = Object.keys(raw).filter((k) => k !== 'objects');
+  if (unknown.length > 0) throw new AsbError('Invalid', `request body is invalid: unknown field ${unknown.join(', ')}; the only field is objects`, { fields: unknown.map((field) => ({ field, message: 'unknown field' })) });
+  const list = raw.objects;
+  if (!Array.isArray(list)) throw new AsbError('Invalid', 'request body is invalid: objects: must be an array of objects', { fields: [{ field: 'objects', message: 'must be an array' }] });
+  if (list.length > MAX_APPLY_OBJECTS) throw new AsbError('Invalid', `request body is invalid: objects: at most ${MAX_APPLY_OBJECTS} objects per apply`, { fields: [{ field: 'objects', message: `at most ${MAX_APPLY_OBJECTS}` }] });
+  return list;
+}

@@ -10,7 +10,7 @@ import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
 import { canSee, isObjectName, principalOf, requireAdmin, visibilitySelector } from './access.ts';
 import { readJson } from './body.ts';
 import type { WorkerContext } from './deps.ts';
-import { isPlainObject, namespaceQuery } from './input.ts';
+import { applyList, isPlainObject, namespaceQuery } from './input.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
 
 /** Kinds /v1/apply takes, in the order it writes them (a pool after its template). */
@@ -18,7 +18,6 @@ const APPLY_ORDER: readonly ResourceType[] = [SandboxTemplateType, SandboxWarmPo
 /** Kinds whose objects belong to a team (asb.dev/owner) rather than to the cluster's admins. */
 const TEAM_KINDS: ReadonlySet<string> = new Set([SandboxType.kind, SandboxClaimType.kind]);
 // One apply writes at most this many objects: enough for any config file, bounded undo work.
-const MAX_APPLY_OBJECTS = 500;
 
 type Action = ApplyAction;
 
@@ -96,13 +95,7 @@ async function deleteOne(w: WorkerContext, ctx: RequestContext, rt: ResourceType
 
 async function apply(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const p = principalOf(ctx);
-  const raw = await readJson(ctx.req, w.limits.jsonBytes);
-  if (!isPlainObject(raw)) throw new AsbError('BadRequest', 'request body must be a JSON object {"objects": [...]}');
-  const unknown = Object.keys(raw).filter((k) => k !== 'objects');
-  if (unknown.length > 0) throw new AsbError('Invalid', `request body is invalid: unknown field ${unknown.join(', ')}; the only field is objects`, { fields: unknown.map((field) => ({ field, message: 'unknown field' })) });
-  const list = raw.objects;
-  if (!Array.isArray(list)) throw new AsbError('Invalid', 'request body is invalid: objects: must be an array of objects', { fields: [{ field: 'objects', message: 'must be an array' }] });
-  if (list.length > MAX_APPLY_OBJECTS) throw new AsbError('Invalid', `request body is invalid: objects: at most ${MAX_APPLY_OBJECTS} objects per apply`, { fields: [{ field: 'objects', message: `at most ${MAX_APPLY_OBJECTS}` }] });
+  const list = applyList(await readJson(ctx.req, w.limits.jsonBytes));
 
   // 1. Validate everything, reporting every problem of every object at once.
   const problems: FieldProblem[] = [];
