@@ -15,6 +15,7 @@ import { sandboxTable } from '../src/cli/commands-sandbox.ts';
 import { Spinner } from '../src/cli/progress.ts';
 import { ApiError, createApiClient } from '../src/client/api-client.ts';
 import type { Clock } from '../src/system/clock.ts';
+import { freePort } from '../src/system/local-system.ts';
 import { emptyDir, runAsb, type RunResult } from './support/run-asb.ts';
 import { removeDataDir, startWorkerProcess } from './support/worker-process.ts';
 
@@ -23,14 +24,6 @@ const ASB = join(import.meta.dirname, '..', 'src', 'cli', 'asb.ts');
 const asb = runAsb;
 
 /** A port nothing listens on: bind one, then close it. */
-async function closedPort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const { port } = server.address() as AddressInfo;
-  await new Promise<void>((r) => server.close(() => r()));
-  return port;
-}
-
 type Handler = (req: IncomingMessage, res: ServerResponse, body: string) => void;
 
 /** A stand-in worker for client-side error paths; the real worker is exercised end to end below. */
@@ -97,7 +90,7 @@ test('parseDuration reads s, m, h, ms, d and combinations, and refuses junk', ()
 });
 
 test('connection refused says the worker cannot be reached and asks whether make up runs', async () => {
-  const port = await closedPort();
+  const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
   const r = await asb(['ls'], { env: { ASB_API_URL: url, ASB_API_KEY: 'k' } });
   assert.equal(r.code, 1);

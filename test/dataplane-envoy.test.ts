@@ -9,8 +9,8 @@ import { WebSocket } from 'ws';
 import { ACCESS_COOKIE, type RouteEntry } from '../src/router/contract.ts';
 import type { RunningRouter } from '../src/router/start-router.ts';
 import type { EnvoyProcess } from '../src/edge/envoy-process.ts';
+import { freePort } from '../src/system/local-system.ts';
 import {
-  closedPort,
   DOMAIN,
   load,
   sandboxEntry,
@@ -46,7 +46,7 @@ async function plane(t: TestContext, opts: { gracefulClose?: boolean; holdLimitM
   const pod = await startUpstream(after, 'pod');
   const other = await startUpstream(after, 'other');
   const worker = await startFakeWorker(after, 'c1');
-  const downPort = await closedPort();
+  const downPort = await freePort();
   const router = await startTestRouter(after, {
     workers: [
       { cluster: 'c1', url: worker.url },

@@ -19,6 +19,7 @@ import { EnvoyProcess } from '../src/edge/envoy-process.ts';
 import { ensureFederationTls } from '../src/edge/tls.ts';
 import { HEADER } from '../src/router/contract.ts';
 import { silentLogger } from '../src/system/log.ts';
+import { freePort } from '../src/system/local-system.ts';
 
 interface Upstream {
   address: string;
@@ -45,14 +46,6 @@ async function startUpstream(t: test.TestContext): Promise<Upstream> {
 }
 
 /** A loopback port nobody listens on (bound, then closed). */
-async function closedPort(): Promise<number> {
-  const server = createTcpServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const port = (server.address() as AddressInfo).port;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
-}
-
 function stateDir(t: test.TestContext): string {
   const dir = mkdtempSync(join(tmpdir(), 'asb-envoy-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
@@ -251,7 +244,7 @@ test('bad federation options are all reported at once', async (t) => {
 
 test('Envoy starts from the generated config, serves the static route and fails closed without a router', async (t) => {
   const upstream = await startUpstream(t);
-  const routerPort = await closedPort();
+  const routerPort = await freePort();
   const envoy = await startEnvoy(t, {
     listenPort: 0,
     adminPort: 0,
@@ -295,7 +288,7 @@ test('the pod never sees x-asb-dst or x-asb-upstream (shown with the filter made
   const envoy = await startEnvoy(t, {
     listenPort: 0,
     adminPort: 0,
-    routerAddress: `127.0.0.1:${await closedPort()}`,
+    routerAddress: `127.0.0.1:${await freePort()}`,
     workers: [],
     templateText: edgeTemplate.replace('failure_mode_allow: false\n', 'failure_mode_allow: true\n'),
   });
@@ -313,7 +306,7 @@ test('WebSocket upgrades pass the edge connection manager (static listener); the
   const envoy = await startEnvoy(t, {
     listenPort: 0,
     adminPort: 0,
-    routerAddress: `127.0.0.1:${await closedPort()}`,
+    routerAddress: `127.0.0.1:${await freePort()}`,
     workers: [],
     static: { listenPort: 0, upstreamAddress: upstream.address },
     gracefulClose: true,
@@ -336,7 +329,7 @@ test('Envoy restarts on the same ports, after a graceful stop and after a crash'
   const envoy = await startEnvoy(t, {
     listenPort: 0,
     adminPort: 0,
-    routerAddress: `127.0.0.1:${await closedPort()}`,
+    routerAddress: `127.0.0.1:${await freePort()}`,
     workers: [],
     static: { listenPort: 0, upstreamAddress: upstream.address },
     ingress: { listenPort: 0 },

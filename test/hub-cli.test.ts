@@ -4,11 +4,10 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { createServer } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { startChild } from '../src/system/child.ts';
+import { freePort } from '../src/system/local-system.ts';
 import { runAsb, type RunResult } from './support/run-asb.ts';
 
 const ROOT = join(import.meta.dirname, '..');
@@ -18,14 +17,6 @@ function asb(args: string[], env: Record<string, string>, opts: { cwd?: string; 
 }
 
 /** A port nothing listens on: bind one, then close it. */
-async function closedPort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const { port } = server.address() as AddressInfo;
-  await new Promise<void>((r) => server.close(() => r()));
-  return port;
-}
-
 test('asb cluster / key / template against a real hub process', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'asb-hub-cli-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
@@ -154,7 +145,7 @@ spec:
     const none = await asb(['cluster', 'ls'], {});
     assert.equal(none.code, 1);
     assert.match(none.stderr, /no hub URL.*ASB_HUB_URL/);
-    const port = await closedPort();
+    const port = await freePort();
     const down = await asb(['cluster', 'ls', '--hub-url', `http://127.0.0.1:${port}`], { ASB_HUB_KEY: admin });
     assert.equal(down.code, 1);
     assert.match(down.stderr, new RegExp(`cannot reach the hub at http://127\\.0\\.0\\.1:${port} \\(ECONNREFUSED\\)`));

@@ -5,7 +5,7 @@
 import { createHash } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { Agent, createServer, request, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { createServer as createTcpServer, type AddressInfo } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { WebSocketServer, type WebSocket } from 'ws';
@@ -161,14 +161,6 @@ function listen(server: Server): Promise<void> {
 }
 
 /** A loopback port nobody listens on (bound, then closed): a worker that is down. */
-export async function closedPort(): Promise<number> {
-  const server = createTcpServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const port = (server.address() as AddressInfo).port;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
-}
-
 /** A running sandbox served by an upstream on 127.0.0.1. */
 export function sandboxEntry(id: string, cluster: string, patch: Partial<RouteEntry> = {}): RouteEntry {
   return { id, cluster, state: 'running', podIp: '127.0.0.1', defaultPort: 49983, publicPorts: [], tokenHash: TOKEN_HASH, owner: 'team-a', ...patch };
