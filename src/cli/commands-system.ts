@@ -5,7 +5,7 @@ import type { StatusView } from '../client/api-client.ts';
 import { parseCommandArgs, UsageError } from './args.ts';
 import { EXIT, type Command } from './command.ts';
 import { ClientConfigError, defaultRepoRoot } from './env-file.ts';
-import { createHubClient, resolveHubClientConfig, type ClusterView } from './hub-client.ts';
+import { createHubClient, resolveHubClientConfig, type FederationView } from './hub-client.ts';
 import { formatFields, formatTable, writeJson } from './output.ts';
 
 export const upCommand: Command = {
@@ -72,7 +72,7 @@ export const statusCommand: Command = {
   help: `Options:
   --json                 print the status as JSON ({ ...worker status, federation: { hub, clusters } })
   --hub-url URL          the hub (else $ASB_HUB_URL, else .asb/env); without one, only the worker is shown
-  --hub-key KEY          a hub admin key (else $ASB_HUB_KEY, else .asb/env)
+  --hub-key KEY          a key the hub accepts (else $ASB_HUB_KEY, else .asb/env)
 
 With a hub, each cluster's health (healthy, unhealthy, down; drained), the hub version it has
 applied and its lag behind the hub are listed.`,
@@ -94,7 +94,7 @@ async function federationOf(
   values: Record<string, unknown>,
   envFile: string | undefined,
   io: { env: Readonly<Record<string, string | undefined>>; cwd: string },
-): Promise<{ hub: string; clusters: ClusterView[] } | undefined> {
+): Promise<{ hub: string; clusters: FederationView['clusters'] } | undefined> {
   const text = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
   let config;
   try {
@@ -104,18 +104,13 @@ async function federationOf(
     if (err instanceof ClientConfigError && err.message.startsWith('no hub URL')) return undefined;
     throw err;
   }
-  const { items } = await createHubClient(config).listClusters();
-  return { hub: config.url, clusters: items };
+  const { clusters } = await createHubClient(config).federation();
+  return { hub: config.url, clusters };
 }
 
-/** healthy / unhealthy / down, and drained: what placement makes of the cluster. */
-export function clusterHealth(c: ClusterView): string {
-  const health = c.status.connected !== true ? 'down' : c.status.healthy === false ? 'unhealthy' : 'healthy';
-  return c.spec.drain === true ? `${health}, drained` : health;
-}
-
-export function formatFederation(hub: string, clusters: readonly ClusterView[]): string {
-  const rows = clusters.map((c) => [c.metadata.name, c.spec.region, clusterHealth(c), c.status.appliedVersion === undefined ? '-' : String(c.status.appliedVersion), c.status.lag === undefined ? '-' : String(c.status.lag)]);
+/** The hub's own view (GET /v1/federation): health as placement sees it, so both always agree. */
+export function formatFederation(hub: string, clusters: FederationView['clusters']): string {
+  const rows = clusters.map((c) => [c.name, c.region, c.drained ? `${c.health}, drained` : c.health, String(c.appliedVersion), String(c.lag)]);
   return `\nFederation (hub ${hub})\n${formatTable(['CLUSTER', 'REGION', 'HEALTH', 'SYNC VERSION', 'LAG'], rows)}`;
 }
 

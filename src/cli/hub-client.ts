@@ -10,10 +10,11 @@ import type { SandboxTemplate } from '../api/types.ts';
 import { AsbError, ERRORS, type ErrorCode, type FieldProblem } from '../errors.ts';
 import type { ClusterInput, ClusterView } from '../hub/clusters.ts';
 import type { KeyView } from '../hub/routes-keys.ts';
+import type { FederationView } from '../hub/routes-federation.ts';
 import type { HubStatusView } from '../hub/routes-system.ts';
 import { ClientConfigError, findEnvFile, parseEnvFile } from './env-file.ts';
 
-export type { ClusterView, KeyView, HubStatusView };
+export type { ClusterView, FederationView, KeyView, HubStatusView };
 
 export interface HubClientConfig {
   url: string;
@@ -71,6 +72,8 @@ export interface HubClient {
   readonly url: string;
   status(): Promise<HubStatusView>;
   listClusters(): Promise<{ items: ClusterView[] }>;
+  /** Every cluster's health, drain, applied version and lag, as placement sees them (any key). */
+  federation(): Promise<FederationView>;
   putCluster(name: string, input: ClusterInput): Promise<{ cluster: ClusterView; credential?: string }>;
   rotateCredential(name: string): Promise<{ cluster: ClusterView; credential: string }>;
   deleteCluster(name: string): Promise<ClusterView>;
@@ -108,6 +111,7 @@ export function createHubClient(config: HubClientConfig, doFetch: typeof fetch =
     url: config.url,
     status: () => json('GET', '/v1/status'),
     listClusters: () => json('GET', '/v1/clusters'),
+    federation: () => json('GET', '/v1/federation'),
     putCluster: (name, input) => json('PUT', `/v1/clusters/${enc(name)}`, input),
     rotateCredential: (name) => json('POST', `/v1/clusters/${enc(name)}/credential`),
     deleteCluster: (name) => json('DELETE', `/v1/clusters/${enc(name)}`),
