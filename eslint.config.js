@@ -4,7 +4,7 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['node_modules/**', '.tools/**', '.asb/**', '.venv/**', 'bench/results/**', 'test-artifacts/**', 'eslint.config.js'] },
+  { ignores: ['node_modules/**', '.tools/**', '.asb/**', '.venv/**', 'bench/results/**', 'test-artifacts/**', 'eslint.config.js', '.scratch/**'] },
   js.configs.recommended,
   ...tseslint.configs.strictTypeChecked,
   {

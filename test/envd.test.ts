@@ -424,7 +424,7 @@ test('/files: signed URLs work without the token; a bad or expired signature is 
   assert.match(((await expired.json()) as { message: string }).message, /expired/);
 });
 
-test('a missing or wrong token is 401; an unknown sandbox is 404', async () => {
+test('a missing or wrong token is 401; an unknown sandbox gets E2B proxy\'s 502 "not found"', async () => {
   const none = await fetch(`${w.apiUrl}/process.Process/List`, { method: 'POST', headers: { 'x-asb-sandbox-id': id, 'content-type': 'application/json' }, body: '{}' });
   assert.equal(none.status, 401);
   assert.equal(((await none.json()) as { code: string }).code, 'unauthenticated');
@@ -435,10 +435,10 @@ test('a missing or wrong token is 401; an unknown sandbox is 404', async () => {
   assert.equal(((await files.json()) as { code: number }).code, 401);
 
   const unknown = await fetch(`${w.apiUrl}/process.Process/List`, { method: 'POST', headers: { 'x-asb-sandbox-id': 'envdnosuchsandbox000', 'x-access-token': token, 'content-type': 'application/json' }, body: '{}' });
-  assert.equal(unknown.status, 404);
-  assert.equal(((await unknown.json()) as { code: string }).code, 'not_found');
+  assert.equal(unknown.status, 502, 'what the SDKs read as SandboxNotFoundError');
+  assert.deepEqual(await unknown.json(), { sandboxId: 'envdnosuchsandbox000', message: 'The sandbox was not found', code: 502 });
   const health = await fetch(`${w.apiUrl}/health`, { headers: { 'x-asb-sandbox-id': 'envdnosuchsandbox000' } });
-  assert.equal(health.status, 404);
+  assert.equal(health.status, 502, 'isRunning() false');
 });
 
 /** One request through the edge Envoy with a chosen Host (fetch cannot set it). */

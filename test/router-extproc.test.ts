@@ -170,6 +170,26 @@ test('refusals are immediate responses with a status, JSON body and no-space det
   assert.equal(r.worker.lookups.get('loc1zzzzzzzzzzzzzzzz'), 1);
 });
 
+test("an unknown sandbox asked for E2B's way (its headers, or envd's port) gets E2B proxy's 502, which the SDKs read as not found", async (t) => {
+  const r = await startRouterUnderTest(t);
+  r.snapshot([entry(ID)]);
+  const client = extProcClient(r.server.address);
+  t.after(() => client.close());
+  const gone = 'loc1yyyyyyyyyyyyyyyy';
+  const cases: [string, Record<string, string>, number][] = [
+    ['127.0.0.1:10000', { 'e2b-sandbox-id': gone, 'e2b-sandbox-port': '49983' }, 502],
+    [`sandbox.${DOMAIN}`, { 'e2b-sandbox-id': gone, 'e2b-sandbox-port': '8080' }, 502],
+    [HOST(49983, gone), {}, 502],
+    // Named by the host on another port: our own 404, whatever E2B headers ride along.
+    [HOST(8080, gone), { 'e2b-sandbox-id': gone }, 404],
+  ];
+  for (const [host, extra, status] of cases) {
+    const ir = immediate((await exchange(client, get(host, '/health', extra))).answer);
+    assert.equal(ir?.status, status, `${host} ${JSON.stringify(extra)}`);
+    if (status === 502) assert.deepEqual(ir.body, { sandboxId: gone, message: 'The sandbox was not found', code: 502 });
+  }
+});
+
 test('a token in the header sets the access cookie on the response; the cookie alone then works and is stripped', async (t) => {
   const r = await startRouterUnderTest(t);
   r.snapshot([entry(ID, { publicPorts: [3000] })]);

@@ -21,9 +21,9 @@ test('resolves every host form to a target', () => {
     [line(`api.${D}`, '/v1/status'), { kind: 'api', id: undefined }],
     [line('127.0.0.1:10000', '/sandboxes/loc1abc'), { kind: 'api', id: 'loc1abc' }],
     [line('localhost', '/v2/sandboxes/loc1abc/logs'), { kind: 'api', id: 'loc1abc' }],
-    [line('127.0.0.1', '/files', { id: 'loc1abc', port: '49983' }), { kind: 'sandbox', id: 'loc1abc', port: 49983 }],
-    [line('[::1]:10000', '/', { id: 'loc1abc' }), { kind: 'sandbox', id: 'loc1abc', port: undefined }],
-    [line(`sandbox.${D}`, '/', { id: 'loc1abc', port: '8080' }), { kind: 'sandbox', id: 'loc1abc', port: 8080 }],
+    [line('127.0.0.1', '/files', { id: 'loc1abc', port: '49983' }), { kind: 'sandbox', id: 'loc1abc', port: 49983, e2bHeaders: true }],
+    [line('[::1]:10000', '/', { id: 'loc1abc' }), { kind: 'sandbox', id: 'loc1abc', port: undefined, e2bHeaders: true }],
+    [line(`sandbox.${D}`, '/', { id: 'loc1abc', port: '8080' }), { kind: 'sandbox', id: 'loc1abc', port: 8080, e2bHeaders: true }],
     // The host decides when it names a sandbox: E2B headers cannot override it.
     [line(`8080-loc1abc.${D}`, '/', { id: 'loc1other', port: '22' }), { kind: 'sandbox', id: 'loc1abc', port: 8080 }],
   ];

@@ -68,11 +68,12 @@ export type Decision =
       /** The other cluster whose ingress the request is forwarded to (metrics). */
       ingress: string | undefined;
     }
-  | { kind: 'reject'; error: AsbError; retryAfterS: number | undefined }
+  /** e2bSandboxId: answer as E2B's proxy does for a sandbox it cannot find (502 and its JSON), which the SDKs read as "sandbox not running". */
+  | { kind: 'reject'; error: AsbError; retryAfterS: number | undefined; e2bSandboxId?: string }
   /** Sandbox not running yet: hold until the table shows it running (wake: ask its worker to resume it). */
   | { kind: 'hold'; entry: RouteEntry; wake: boolean }
   /** Id not in the table: ask its worker whether it exists before answering 404. */
-  | { kind: 'lookup'; id: string; cluster: string };
+  | { kind: 'lookup'; id: string; cluster: string; e2b: boolean };
 
 /** Seconds a client should wait before retrying a 503: a wake takes ~0.2-2 s. */
 export const RETRY_AFTER_S = 2;
@@ -112,12 +113,15 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
 
   const entry = table.get(target.id);
   if (entry === undefined) {
-    if (table.isKnownMissing(target.id)) return notFound(target.id);
+    // E2B's SDKs take only its proxy's 502 for "this sandbox is gone": a 404 from envd's port
+    // would surface as an unexplained error instead of SandboxNotFoundError.
+    const e2b = target.port === DEFAULT_SANDBOX_PORT || target.e2bHeaders === true;
+    if (table.isKnownMissing(target.id)) return notFound(target.id, e2b);
     const owner = ownerOf(target.id, ctx);
     if (owner !== undefined && isElsewhere(owner, ctx)) return toOtherCluster(headers, target.id, owner, ctx, listener);
     const cluster = owner ?? (ctx.clusters.size === 1 ? ctx.defaultCluster : undefined);
-    if (cluster === undefined) return notFound(target.id);
-    return unreachable(cluster, ctx) ?? { kind: 'lookup', id: target.id, cluster };
+    if (cluster === undefined) return notFound(target.id, e2b);
+    return unreachable(cluster, ctx) ?? { kind: 'lookup', id: target.id, cluster, e2b };
   }
 
   const port = target.port ?? entry.defaultPort;
@@ -250,8 +254,10 @@ function unreachable(cluster: string, ctx: DecideContext): Decision | undefined 
   return undefined;
 }
 
-export function notFound(id: string): Decision {
-  return { kind: 'reject', error: new AsbError('NotFound', `sandbox ${id} not found`), retryAfterS: undefined };
+export function notFound(id: string, e2b: boolean): Decision {
+  const decision: Decision = { kind: 'reject', error: new AsbError('NotFound', `sandbox ${id} not found`), retryAfterS: undefined };
+  if (e2b) decision.e2bSandboxId = id;
+  return decision;
 }
 
 function rejectFrom(err: unknown): Decision {

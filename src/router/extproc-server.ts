@@ -226,7 +226,7 @@ export class ExtProcServer {
       () => {
         // Decide again from the table as it is now; a second hold or lookup would loop, so it ends here.
         let again = decide(headers, this.#opts, state.listener);
-        if (again.kind === 'lookup') again = notFound(again.id);
+        if (again.kind === 'lookup') again = notFound(again.id, again.e2b);
         if (again.kind === 'hold') again = { kind: 'reject', error: unavailable(`sandbox ${again.entry.id} is not running`), retryAfterS: RETRY_AFTER_S };
         this.#opts.metrics?.holdSeconds.observe({ result: again.kind }, (performance.now() - started) / 1000);
         this.#answer(call, state, again);
@@ -236,7 +236,9 @@ export class ExtProcServer {
         const error = isAsbError(err) ? err : unavailable('internal error while holding the request');
         if (!isAsbError(err)) this.#log.error({ err }, 'hold failed');
         this.#opts.metrics?.holdSeconds.observe({ result: String(error.status) }, (performance.now() - started) / 1000);
-        this.#answer(call, state, { kind: 'reject', error, retryAfterS: error.status === 503 ? RETRY_AFTER_S : undefined });
+        const reject: Decision = { kind: 'reject', error, retryAfterS: error.status === 503 ? RETRY_AFTER_S : undefined };
+        if (decision.kind === 'lookup' && decision.e2b && isAsbError(err, 'NotFound')) reject.e2bSandboxId = decision.id;
+        this.#answer(call, state, reject);
       },
     );
   }
@@ -244,7 +246,8 @@ export class ExtProcServer {
   #answer(call: Call, state: StreamState, decision: Decision): void {
     if (decision.kind === 'reject') {
       this.#opts.metrics?.requestsTotal.inc({ result: String(decision.error.status) });
-      this.#write(call, state, { immediate_response: immediateResponse(decision.error, decision.retryAfterS) });
+      const reply = decision.e2bSandboxId === undefined ? immediateResponse(decision.error, decision.retryAfterS) : e2bNotFound(decision.e2bSandboxId);
+      this.#write(call, state, { immediate_response: reply });
       return;
     }
     if (decision.kind !== 'route') throw new Error(`cannot answer a ${decision.kind} decision`);
@@ -321,6 +324,16 @@ function immediateResponse(error: AsbError, retryAfterS: number | undefined): No
     body: Buffer.from(body),
     // Shown in Envoy's access log as %RESPONSE_CODE_DETAILS%; no spaces (Envoy would turn them into '_').
     details: `asb_${error.code}`,
+  };
+}
+
+/** E2B's proxy answer for a sandbox it does not know (research e2b.md §4): 502, `{sandboxId, message, code}`. */
+function e2bNotFound(id: string): NonNullable<ProcessingResponse['immediate_response']> {
+  return {
+    status: { code: 502 },
+    headers: { set_headers: [{ header: raw('content-type', 'application/json') }, { header: raw('cache-control', 'no-store') }] },
+    body: Buffer.from(JSON.stringify({ sandboxId: id, message: 'The sandbox was not found', code: 502 })),
+    details: 'asb_E2bSandboxNotFound',
   };
 }
 

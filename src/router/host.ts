@@ -11,8 +11,8 @@ import { isIP } from 'node:net';
 import { AsbError } from '../errors.ts';
 
 export type Target =
-  /** port undefined: the sandbox's default port (known only from its route entry). */
-  | { kind: 'sandbox'; id: string; port: number | undefined }
+  /** port undefined: the sandbox's default port (known only from its route entry); e2bHeaders: named by E2b-Sandbox-Id, not the host. */
+  | { kind: 'sandbox'; id: string; port: number | undefined; e2bHeaders?: true }
   /** id: the sandbox the API path names, which decides the owning worker; undefined: any worker. */
   | { kind: 'api'; id: string | undefined };
 
@@ -65,7 +65,7 @@ function bareTarget(line: RequestLine, sandboxHost: boolean): Target {
     const id = line.e2bSandboxId.trim().toLowerCase();
     if (!ID.test(id)) throw new AsbError('BadRequest', `malformed E2b-Sandbox-Id header ${JSON.stringify(line.e2bSandboxId)}`);
     const port = line.e2bSandboxPort === undefined ? undefined : portNumber(line.e2bSandboxPort.trim(), 'E2b-Sandbox-Port header');
-    return { kind: 'sandbox', id, port };
+    return { kind: 'sandbox', id, port, e2bHeaders: true };
   }
   if (line.e2bSandboxPort !== undefined) throw new AsbError('BadRequest', 'E2b-Sandbox-Port header without E2b-Sandbox-Id');
   if (line.path.startsWith('/v1/') || API_SANDBOX_PATH.test(line.path)) return { kind: 'api', id: apiSandboxId(line.path) };

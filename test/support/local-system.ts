@@ -10,8 +10,8 @@ export interface TestSystem extends LocalSystem {
   cleanup(): Promise<void>;
 }
 
-/** tag: 4 chars [a-z0-9] (id prefix, bridge asb<tag>); subnetOctet: 10.<octet>.0.0/16. */
-export async function startTestSystem(tag: string, subnetOctet: number, clusterName = 'local'): Promise<TestSystem> {
+/** tag: 4 chars [a-z0-9] (id prefix, bridge asb<tag>); subnetOctet: 10.<octet>.0.0/16; basePool: warm `base` sandboxes. */
+export async function startTestSystem(tag: string, subnetOctet: number, clusterName = 'local', basePool = 0): Promise<TestSystem> {
   const stateDir = tempDataDir(tag);
   const system = await startLocalSystem({
     stateDir,
@@ -22,7 +22,7 @@ export async function startTestSystem(tag: string, subnetOctet: number, clusterN
     routerPort: 0,
     domain: 'asb.localhost',
     clusterName,
-    workerArgs: ['--cluster-tag', tag, '--bridge', `asb${tag}`, '--subnet', `10.${subnetOctet}.0.0/16`, '--base-pool', '0', '--log-level', 'warn'],
+    workerArgs: ['--cluster-tag', tag, '--bridge', `asb${tag}`, '--subnet', `10.${subnetOctet}.0.0/16`, '--base-pool', String(basePool), '--log-level', 'warn'],
   });
   let cleaned: Promise<void> | undefined;
   return Object.assign(system, {

@@ -83,7 +83,8 @@ function failure(result: ExecResult, op: string, path: string): AsbError {
 
 const TYPES: Record<string, EntryInfo['type']> = { f: 'FILE_TYPE_FILE', d: 'FILE_TYPE_DIRECTORY', l: 'FILE_TYPE_SYMLINK' };
 // Go's os.FileMode bits, which envd puts in `mode` as they are.
-const GO_MODE = { dir: 1 << 31, symlink: 1 << 27, setuid: 1 << 23, setgid: 1 << 22, sticky: 1 << 20 };
+// 2 ** 31, not 1 << 31: JS shifts are signed 32-bit, and the SDK refuses a negative uint32.
+const GO_MODE = { dir: 2 ** 31, symlink: 1 << 27, setuid: 1 << 23, setgid: 1 << 22, sticky: 1 << 20 };
 
 function goMode(type: string, octal: number): number {
   let mode = octal & 0o777;

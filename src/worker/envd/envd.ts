@@ -17,6 +17,7 @@ import { AsbError } from '../../errors.ts';
 import type { Sandbox } from '../../api/types.ts';
 import { LABEL } from '../../api/types.ts';
 import { HEADER } from '../../router/contract.ts';
+import { envVarsOf } from '../e2b/shape.ts';
 import { isObjectName } from '../access.ts';
 import { readBody } from '../body.ts';
 import type { WorkerContext } from '../deps.ts';
@@ -90,6 +91,14 @@ export class Envd {
     const w = this.#w;
     const id = String(req.headers[HEADER.sandboxId]);
     const sandbox = await this.#sandbox(id);
+    if (sandbox === undefined) {
+      // What E2B's proxy answers before envd is ever reached: the SDKs make SandboxNotFoundError
+      // of it (and isRunning() false); a 404 would read as a missing RPC.
+      const json = JSON.stringify({ sandboxId: id, message: 'The sandbox was not found', code: 502 });
+      res.writeHead(502, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
+      res.end(json);
+      return;
+    }
     const running = w.runtime.state(id).phase === 'Running';
     if (kind === 'health') {
       // The SDK's isRunning(): any 2xx is true, 502 false.
@@ -131,16 +140,15 @@ export class Envd {
       else throw new AsbError('MethodNotAllowed', `/files takes GET or POST, not ${req.method ?? ''}`);
       return;
     }
-    await this.#rpc(path, req, res, { runtime: w.runtime, table: this.#table, id, uid }, target);
+    await this.#rpc(path, req, res, { runtime: w.runtime, table: this.#table, id, uid, envs: envVarsOf(sandbox) }, target);
   }
 
-  /** A claimed, live sandbox of this worker, or not_found. */
-  async #sandbox(id: string): Promise<Sandbox> {
-    const notFound = new AsbError('NotFound', `sandbox ${id} not found`);
-    if (!isObjectName(id)) throw notFound;
+  /** A claimed, live sandbox of this worker, or undefined. */
+  async #sandbox(id: string): Promise<Sandbox | undefined> {
+    if (!isObjectName(id)) return undefined;
     const sandbox = await this.#w.index.find(id, [this.#w.defaultNamespace]);
     const owner = sandbox?.metadata.labels?.[LABEL.owner];
-    if (sandbox === undefined || owner === undefined || owner === '' || sandbox.metadata.deletionTimestamp !== undefined) throw notFound;
+    if (sandbox === undefined || owner === undefined || owner === '' || sandbox.metadata.deletionTimestamp !== undefined) return undefined;
     return sandbox;
   }
 

@@ -16,6 +16,8 @@ export interface ProcessCall {
   table: ProcessTable;
   id: string;
   uid: number | undefined;
+  /** The sandbox's environment (E2B create's envVars); a process's own envs override it. */
+  envs: Record<string, string>;
 }
 
 function record(value: unknown, what: string): Record<string, unknown> {
@@ -98,13 +100,14 @@ export async function start(call: ProcessCall, message: unknown, stream: ServerS
   const user = call.uid === undefined ? {} : { user: call.uid };
   const cwd = config.cwd === undefined ? {} : { cwd: config.cwd };
   const command = [config.cmd, ...config.args];
+  const env = { ...call.envs, ...config.envs };
   let proc: EnvdProcess;
   if (msg.pty !== undefined && msg.pty !== null) {
     const size = sizeOf(msg.pty);
-    const pty = await call.runtime.openPty(call.id, { command, cols: size.cols, rows: size.rows, env: config.envs, ...cwd, ...user });
+    const pty = await call.runtime.openPty(call.id, { command, cols: size.cols, rows: size.rows, env, ...cwd, ...user });
     proc = call.table.add(call.id, (pid) => new EnvdProcess(pid, tag, config, { pty }));
   } else {
-    const pipes = await call.runtime.spawn(call.id, { command, env: config.envs, ...cwd, ...user });
+    const pipes = await call.runtime.spawn(call.id, { command, env, ...cwd, ...user });
     proc = call.table.add(call.id, (pid) => new EnvdProcess(pid, tag, config, { pipes }));
     // Without stdin:true the process reads end-of-file at once, as under envd (SDK ≥ envd 0.3.0).
     if (msg.stdin !== true) proc.closeStdin();
