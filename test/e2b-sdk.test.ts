@@ -3,6 +3,9 @@
 // edge's address, so the control plane goes to the worker's API through Envoy, and envd traffic
 // carries E2b-Sandbox-Id / E2b-Sandbox-Port, which the router turns into the owning worker.
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import * as e2bLatest from 'e2b';
 import * as e2b250 from 'e2b-2-50';
@@ -136,6 +139,34 @@ test('the E2B SDK 2.50 runs commands and moves files through the edge', async (t
   assert.equal((await sbx.commands.run('echo old-sdk')).stdout, 'old-sdk\n');
   await sbx.files.write('/tmp/f.txt', 'from 2.50');
   assert.equal(await sbx.files.read('/tmp/f.txt'), 'from 2.50');
+});
+
+test('the E2B SDK with only E2B_DOMAIN and a test CA: the API at https://api.<domain>, envd at https://49983-<id>.<domain> over HTTP/2', async (t) => {
+  const system = await startTestSystem('e2bt', 235, 'local', 1, true);
+  t.after(() => system.cleanup());
+  const tlsPort = new URL(system.edgeTlsUrl ?? '').port;
+  const child = spawnSync(process.execPath, [join(import.meta.dirname, 'support', 'e2b-https-client.ts')], {
+    env: { ...process.env, NODE_EXTRA_CA_CERTS: system.caCertPath, E2B_API_KEY: system.adminKey, E2B_DOMAIN: `asb.localhost:${tlsPort}`, E2B_API_URL: '', E2B_SANDBOX_URL: '' },
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+  assert.equal(child.status, 0, `client failed:\n${child.stderr}`);
+  const seen = JSON.parse(child.stdout) as { id: string; stdout: string; read: string; host: string; listed: string[]; killed: boolean };
+  assert.equal(seen.stdout, `https ${seen.id}\n`, 'the create envs and the sandbox hostname');
+  assert.equal(seen.read, 'h2 host routing');
+  assert.equal(seen.host, `49983-${seen.id}.asb.localhost:${tlsPort}`);
+  assert.ok(seen.listed.includes(seen.id));
+  assert.equal(seen.killed, true);
+  // Envoy's access log: the API by api.<domain>, envd by host routing, envd calls over HTTP/2.
+  type Line = { authority: string; protocol: string; path: string; status: number };
+  const log = await waitFor('the DELETE in the access log', () => {
+    const lines = readFileSync(system.envoy.accessLogPath, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Line);
+    return Promise.resolve(lines.some((l) => l.path === `/sandboxes/${seen.id}`) ? lines : undefined);
+  }, 10_000);
+  assert.ok(log.some((l) => l.authority === `api.asb.localhost:${tlsPort}` && l.path === '/v2/sandboxes' && l.status === 201), 'create at api.<domain>');
+  const envd = log.filter((l) => l.authority === `49983-${seen.id}.asb.localhost:${tlsPort}`);
+  assert.ok(envd.some((l) => l.path === '/process.Process/Start' && l.status === 200), 'commands.run by host');
+  assert.ok(envd.length > 0 && envd.every((l) => l.protocol === 'HTTP/2'), `HTTP/2: ${JSON.stringify(envd.map((l) => l.protocol))}`);
 });
 
 /** With sandboxUrl set, the SDK signs URLs on that address: the edge, reached with E2B's headers. */

@@ -16,7 +16,7 @@ import { ENVOY_VERSION, envoyVersion, findEnvoyBinary } from '../src/edge/envoy-
 import { configAt, EDGE_TEMPLATE_PATH, edgeConfig, edgeConfigYaml, type EdgeConfigOptions } from '../src/edge/envoy-config.ts';
 import { isConfigObject, parseTemplate, placeholdersIn, type ConfigNode } from '../src/edge/envoy-template.ts';
 import { EnvoyProcess } from '../src/edge/envoy-process.ts';
-import { ensureFederationTls } from '../src/edge/tls.ts';
+import { ensureEdgeTls, ensureFederationTls } from '../src/edge/tls.ts';
 import { HEADER } from '../src/router/contract.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { freePort } from '../src/system/local-system.ts';
@@ -192,6 +192,7 @@ test('envoy/edge.yaml filled by plain text substitution, as production tooling m
   // Envoy reads the template's YAML anchors (&routes, *routes…) itself here, not our parser.
   const dir = stateDir(t);
   const tls = await ensureFederationTls(join(dir, 'tls'));
+  const edgeTls = await ensureEdgeTls(join(dir, 'edge-tls'), 'sandboxes.example.com');
   const text = readFileSync(EDGE_TEMPLATE_PATH, 'utf8');
   const example: Record<string, string | number | boolean> = {
     NODE_ID: 'edge-text',
@@ -208,6 +209,10 @@ test('envoy/edge.yaml filled by plain text substitution, as production tooling m
     WORKER_CLUSTER: 'eu-1',
     WORKER_API_HOST: 'asb-worker.asb-system.svc',
     WORKER_API_PORT: 7080,
+    EDGE_TLS_ADDRESS: '127.0.0.1',
+    EDGE_TLS_PORT: 443,
+    EDGE_TLS_CERT_CHAIN: edgeTls.certChainPath,
+    EDGE_TLS_PRIVATE_KEY: edgeTls.privateKeyPath,
     INGRESS_ADDRESS: '127.0.0.1',
     INGRESS_PORT: 10443,
     TLS_CA_CERT: tls.caCertPath,

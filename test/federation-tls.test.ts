@@ -7,7 +7,7 @@ import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isAsbError } from '../src/errors.ts';
-import { EDGE_SAN, ensureFederationTls, INGRESS_SAN } from '../src/edge/tls.ts';
+import { EDGE_SAN, ensureEdgeTls, ensureFederationTls, INGRESS_SAN } from '../src/edge/tls.ts';
 
 const SERVER_AUTH = '1.3.6.1.5.5.7.3.1';
 const CLIENT_AUTH = '1.3.6.1.5.5.7.3.2';
@@ -91,4 +91,25 @@ test('bad names are refused, and a missing openssl says what to install', async 
     await assert.rejects(ensureFederationTls(dir, { names }), (err: unknown) => isAsbError(err, 'Invalid') && err.message.includes('Envoy names'), JSON.stringify(names));
   }
   await assert.rejects(ensureFederationTls(join(dir, 'x'), { openssl: '/nonexistent/openssl' }), (err: unknown) => isAsbError(err, 'Unavailable') && /openssl package/.test(err.message));
+});
+
+test('ensureEdgeTls: a serving certificate for *.<domain> and <domain> from a local CA, reused until the domain changes', async (t) => {
+  const dir = join(tempDir(t), 'edge-tls');
+  const files = await ensureEdgeTls(dir, 'asb.localhost');
+  const ca = cert(files.caCertPath);
+  const leaf = cert(files.certChainPath);
+  assert.ok(leaf.verify(ca.publicKey));
+  assert.equal(leaf.checkHost('49983-abc123.asb.localhost'), '*.asb.localhost', 'any sandbox host');
+  assert.equal(leaf.checkHost('api.asb.localhost'), '*.asb.localhost');
+  assert.equal(leaf.checkHost('asb.localhost'), 'asb.localhost');
+  assert.equal(leaf.checkHost('x.other.example'), undefined);
+  assert.deepEqual([...leaf.keyUsage], [SERVER_AUTH]);
+  assert.equal(statSync(files.privateKeyPath).mode & 0o777, 0o600);
+
+  const again = await ensureEdgeTls(dir, 'asb.localhost');
+  assert.equal(readFileSync(again.certChainPath, 'utf8'), readFileSync(files.certChainPath, 'utf8'), 'reused');
+  const moved = await ensureEdgeTls(dir, 'sandboxes.example.com');
+  assert.equal(cert(moved.certChainPath).checkHost('8080-abc.sandboxes.example.com'), '*.sandboxes.example.com', 'a new domain, a new certificate');
+  assert.equal(readFileSync(moved.caCertPath, 'utf8'), readFileSync(files.caCertPath, 'utf8'), 'from the same CA');
+  await assert.rejects(ensureEdgeTls(dir, 'localhost'), (err: unknown) => isAsbError(err, 'Invalid') && /at least two labels/.test(err.message));
 });

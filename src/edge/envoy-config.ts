@@ -59,6 +59,8 @@ export const INGRESS_CLUSTER = UPSTREAM.ingress;
 export const HUB_CLUSTER = UPSTREAM.hub;
 /** The listener other clusters' Envoys forward to. */
 export const INGRESS_LISTENER = 'ingress';
+/** The HTTPS edge listener. */
+export const EDGE_TLS_LISTENER = 'edge_tls';
 export const STATIC_CLUSTER = 'static-upstream';
 
 export interface EdgeWorker {
@@ -88,6 +90,8 @@ export interface EdgeConfigOptions {
    * locally). Adds the `ingress` upstream cluster; the `ingress` listener needs it too.
    */
   tls?: FederationTls;
+  /** Adds the HTTPS edge listener (edge_tls): same routes, TLS with h2 and http/1.1. Port 0 lets the kernel choose. */
+  edgeTls?: { listenPort: number; listenAddress?: string; certChainPath: string; privateKeyPath: string };
   /** Federation: `host:port` of the hub's API; adds the `hub` upstream cluster. */
   hubAddress?: string;
   /** Adds the benchmark's comparison listener: no ext_proc, every request to upstreamAddress. */
@@ -147,6 +151,7 @@ export function edgeConfig(opts: EdgeConfigOptions): ConfigObject {
   const apiPattern = namedEntry(clusters, 'api-{{WORKER_CLUSTER}}', 'static_resources.clusters');
   clusters.splice(clusters.indexOf(apiPattern), 1);
   // Federation parts that are not configured go before filling: their placeholders have no value.
+  keepIf(opts.edgeTls !== undefined, resources, 'listeners', EDGE_TLS_LISTENER);
   keepIf(opts.ingress !== undefined, resources, 'listeners', INGRESS_LISTENER);
   keepIf(opts.tls !== undefined, resources, 'clusters', INGRESS_CLUSTER);
   keepIf(opts.hubAddress !== undefined, resources, 'clusters', HUB_CLUSTER);
@@ -171,6 +176,12 @@ export function edgeConfigYaml(opts: EdgeConfigOptions): string {
 /** Placeholder values of the federation parts that are configured. */
 function federationValues(opts: EdgeConfigOptions): Record<string, TemplateValue> {
   const values: Record<string, TemplateValue> = {};
+  if (opts.edgeTls !== undefined) {
+    values.EDGE_TLS_ADDRESS = opts.edgeTls.listenAddress ?? EDGE_DEFAULTS.listenAddress;
+    values.EDGE_TLS_PORT = opts.edgeTls.listenPort;
+    values.EDGE_TLS_CERT_CHAIN = opts.edgeTls.certChainPath;
+    values.EDGE_TLS_PRIVATE_KEY = opts.edgeTls.privateKeyPath;
+  }
   if (opts.ingress !== undefined) {
     values.INGRESS_ADDRESS = opts.ingress.listenAddress ?? EDGE_DEFAULTS.listenAddress;
     values.INGRESS_PORT = opts.ingress.listenPort;
@@ -234,6 +245,13 @@ function validate(opts: EdgeConfigOptions): FieldProblem[] {
     const at = opts.ingress.listenAddress;
     if (at !== undefined && isIP(at) === 0) problems.push({ field: 'ingress.listenAddress', message: `must be an IP address, got "${at}"` });
     if (opts.tls === undefined) problems.push({ field: 'tls', message: 'is required with ingress: the ingress listener takes mutual TLS only' });
+  }
+  if (opts.edgeTls !== undefined) {
+    port('edgeTls.listenPort', opts.edgeTls.listenPort);
+    if (opts.edgeTls.listenPort !== 0 && opts.edgeTls.listenPort === opts.listenPort) problems.push({ field: 'edgeTls.listenPort', message: `must differ from listenPort (${opts.listenPort})` });
+    for (const field of ['certChainPath', 'privateKeyPath'] as const) {
+      if (!existsSync(opts.edgeTls[field])) problems.push({ field: `edgeTls.${field}`, message: `no such file "${opts.edgeTls[field]}"` });
+    }
   }
   if (opts.tls !== undefined) {
     const tls = opts.tls;

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
-import { edgeConfigYaml, INGRESS_LISTENER, type EdgeConfigOptions } from './envoy-config.ts';
+import { EDGE_TLS_LISTENER, edgeConfigYaml, INGRESS_LISTENER, type EdgeConfigOptions } from './envoy-config.ts';
 import { findEnvoyBinary } from './envoy-binary.ts';
 
 export interface EnvoyProcessOptions {
@@ -44,6 +44,9 @@ export interface EnvoyEndpoints {
   /** The static comparison listener, when config.static was given. */
   staticUrl?: string;
   staticPort?: number;
+  /** https://127.0.0.1:<port> of the HTTPS edge listener, when config.edgeTls was given. */
+  edgeTlsUrl?: string;
+  edgeTlsPort?: number;
   /** `host:port` of the ingress listener (mutual TLS, so no URL), when config.ingress was given: what other clusters are told. */
   ingressAddress?: string;
   ingressPort?: number;
@@ -167,6 +170,9 @@ export class EnvoyProcess {
       ...(this.#config.ingress === undefined || this.#endpoints.ingressPort === undefined
         ? {}
         : { ingress: { ...this.#config.ingress, listenPort: this.#endpoints.ingressPort } }),
+      ...(this.#config.edgeTls === undefined || this.#endpoints.edgeTlsPort === undefined
+        ? {}
+        : { edgeTls: { ...this.#config.edgeTls, listenPort: this.#endpoints.edgeTlsPort } }),
     };
     this.#log.info({ pid: child.pid, ...this.#endpoints }, 'envoy ready');
     return this.#endpoints;
@@ -269,6 +275,11 @@ export class EnvoyProcess {
     if (staticListener !== undefined) {
       endpoints.staticUrl = `http://${hostForUrl(staticListener.address)}:${staticListener.port}`;
       endpoints.staticPort = staticListener.port;
+    }
+    const edgeTls = ports.get(EDGE_TLS_LISTENER);
+    if (edgeTls !== undefined) {
+      endpoints.edgeTlsUrl = `https://${hostForUrl(edgeTls.address)}:${edgeTls.port}`;
+      endpoints.edgeTlsPort = edgeTls.port;
     }
     const ingress = ports.get(INGRESS_LISTENER);
     if (ingress !== undefined) {

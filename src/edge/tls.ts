@@ -59,7 +59,7 @@ const RENEW_BEFORE_MS = 24 * 3600 * 1000;
 
 // `prompt = no` and a [dn] section keep openssl from reading the system openssl.cnf or asking
 // anything; -subj sets the real subject.
-const OPENSSL_CNF = `[req]
+const CNF_HEAD = `[req]
 distinguished_name = dn
 prompt = no
 [dn]
@@ -68,7 +68,8 @@ CN = placeholder
 basicConstraints = critical, CA:TRUE, pathlen:0
 keyUsage = critical, keyCertSign, cRLSign
 subjectKeyIdentifier = hash
-[envoy_ext]
+`;
+const OPENSSL_CNF = `${CNF_HEAD}[envoy_ext]
 basicConstraints = critical, CA:FALSE
 keyUsage = critical, digitalSignature
 extendedKeyUsage = serverAuth, clientAuth
@@ -76,6 +77,53 @@ subjectAltName = DNS:${INGRESS_SAN}, DNS:${EDGE_SAN}
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
 `;
+
+/** What the edge's TLS listener serves: a certificate for `*.<domain>` and `<domain>`, and the local CA that signed it. */
+export interface EdgeTlsFiles {
+  /** PEM file clients trust (NODE_EXTRA_CA_CERTS, SSL_CERT_FILE, curl --cacert). */
+  caCertPath: string;
+  certChainPath: string;
+  privateKeyPath: string;
+}
+
+/**
+ * A local CA and a serving certificate for the edge's HTTPS listener (E2B's host routing:
+ * `https://49983-<id>.<domain>` over HTTP/2). Reused while it still fits (same domain, same CA,
+ * not expiring), like the federation files. Production uses a real certificate instead.
+ */
+export async function ensureEdgeTls(dir: string, domain: string, opts: Pick<FederationTlsOptions, 'now' | 'openssl'> = {}): Promise<EdgeTlsFiles> {
+  if (!/^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$/.test(domain) || !domain.includes('.')) {
+    throw new AsbError('Invalid', `edge TLS: the domain must be a DNS name with at least two labels, got "${domain}"`);
+  }
+  const now = opts.now ?? Date.now;
+  const openssl = opts.openssl ?? 'openssl';
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const cnf = join(dir, 'openssl.cnf');
+  const text = edgeOpensslCnf(domain);
+  if (!existsSync(cnf) || readFileSync(cnf, 'utf8') !== text) writeFileSync(cnf, text);
+  const caCertPath = join(dir, 'ca.crt');
+  const caKeyPath = join(dir, 'ca.key');
+  const ca = await ensureCa(openssl, cnf, caCertPath, caKeyPath, { subject: '/CN=asb local edge CA', days: 8250, now: now(), what: 'edge TLS' });
+  const certChainPath = join(dir, 'edge.crt');
+  const privateKeyPath = join(dir, 'edge.key');
+  const leaf = loadPair(certChainPath, privateKeyPath);
+  const fits = leaf !== undefined && !expiring(leaf, now()) && leaf.verify(ca.publicKey) && leaf.checkHost(`x.${domain}`) !== undefined;
+  if (!fits) {
+    await generate(openssl, certChainPath, privateKeyPath, ['-config', cnf, '-extensions', 'edge_ext', '-CA', caCertPath, '-CAkey', caKeyPath, '-days', '825', '-subj', `/CN=${domain}`]);
+  }
+  return { caCertPath, certChainPath, privateKeyPath };
+}
+
+function edgeOpensslCnf(domain: string): string {
+  return `${CNF_HEAD}[edge_ext]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:*.${domain}, DNS:${domain}, DNS:localhost, IP:127.0.0.1, IP:::1
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+`;
+}
 
 /** Creates what is missing or no longer fits (expiring, another CA's, key mismatch) and returns the paths. */
 export async function ensureFederationTls(dir: string, opts: FederationTlsOptions = {}): Promise<FederationTlsFiles> {
@@ -96,12 +144,7 @@ export async function ensureFederationTls(dir: string, opts: FederationTlsOption
 
   const caCertPath = join(dir, 'ca.crt');
   const caKeyPath = join(dir, 'ca.key');
-  let ca = loadPair(caCertPath, caKeyPath);
-  if (ca === undefined || !ca.ca || expiring(ca, now())) {
-    await generate(openssl, caCertPath, caKeyPath, ['-config', cnf, '-extensions', 'ca_ext', '-days', String(validDays * 10), '-subj', '/CN=asb federation CA']);
-    ca = loadPair(caCertPath, caKeyPath);
-    if (ca === undefined) throw new AsbError('Internal', `federation TLS: openssl wrote a CA in ${dir} that does not load`);
-  }
+  const ca = await ensureCa(openssl, cnf, caCertPath, caKeyPath, { subject: '/CN=asb federation CA', days: validDays * 10, now: now(), what: 'federation TLS' });
 
   const envoys: Record<string, FederationTls> = {};
   for (const name of names) {
@@ -118,6 +161,16 @@ export async function ensureFederationTls(dir: string, opts: FederationTlsOption
   }
   const mine = envoys[first] ?? { caCertPath, certChainPath: '', privateKeyPath: '' };
   return { ...mine, caKeyPath, envoys };
+}
+
+/** The CA in these files, made again when missing, not a CA, or expiring. */
+async function ensureCa(openssl: string, cnf: string, certPath: string, keyPath: string, o: { subject: string; days: number; now: number; what: string }): Promise<X509Certificate> {
+  const ca = loadPair(certPath, keyPath);
+  if (ca !== undefined && ca.ca && !expiring(ca, o.now)) return ca;
+  await generate(openssl, certPath, keyPath, ['-config', cnf, '-extensions', 'ca_ext', '-days', String(o.days), '-subj', o.subject]);
+  const made = loadPair(certPath, keyPath);
+  if (made === undefined) throw new AsbError('Internal', `${o.what}: openssl wrote a CA at ${certPath} that does not load`);
+  return made;
 }
 
 /** The certificate, if both files exist, parse, and the key is the certificate's. */

@@ -29,6 +29,8 @@ export interface WorkerConfig {
   readonly domain: string;
   /** ASB_EDGE_URL / --edge-url: the edge (Envoy) base URL; its scheme and port go into sandbox URLs. Default http://127.0.0.1:10000 */
   readonly edgeUrl: string;
+  /** ASB_EDGE_TLS_URL / --edge-tls-url: the edge's HTTPS listener, if any (E2B calls over it are told its port). */
+  readonly edgeTlsUrl: string | undefined;
   /** ASB_HUB_URL / --hub-url: the hub's base URL (http(s)://host:port); when set the worker syncs keys, templates and clusters from it. */
   readonly hubUrl: string | undefined;
   /** ASB_HUB_CREDENTIAL_FILE / --hub-credential-file: file holding this cluster's sync credential (asbc_...); required with --hub-url. */
@@ -52,7 +54,7 @@ const DEFAULTS = {
   terminalIdleMs: '900000',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -68,6 +70,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   logLevel: { env: 'ASB_LOG_LEVEL', flag: 'log-level' },
   domain: { env: 'ASB_DOMAIN', flag: 'domain' },
   edgeUrl: { env: 'ASB_EDGE_URL', flag: 'edge-url' },
+  edgeTlsUrl: { env: 'ASB_EDGE_TLS_URL', flag: 'edge-tls-url' },
   hubUrl: { env: 'ASB_HUB_URL', flag: 'hub-url' },
   hubCredentialFile: { env: 'ASB_HUB_CREDENTIAL_FILE', flag: 'hub-credential-file' },
   terminalIdleMs: { env: 'ASB_TERMINAL_IDLE_MS', flag: 'terminal-idle-ms' },
@@ -115,6 +118,10 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const edgeUrl = str('edgeUrl');
   if (!isEdgeUrl(edgeUrl)) problems.push(`${describe('edgeUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:10000, got "${edgeUrl}"`);
 
+  const edgeTlsUrl = raw('edgeTlsUrl');
+  if (edgeTlsUrl !== undefined && !(isEdgeUrl(edgeTlsUrl) && edgeTlsUrl.startsWith('https://'))) {
+    problems.push(`${describe('edgeTlsUrl')} must be an https URL with no path, such as https://127.0.0.1:10002, got "${edgeTlsUrl}"`);
+  }
   const adminKeyFile = raw('adminKeyFile');
   const hubUrl = raw('hubUrl');
   const hubCredentialFile = raw('hubCredentialFile');
@@ -133,6 +140,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     logLevel: str('logLevel'),
     domain,
     edgeUrl: edgeUrl.replace(/\/$/, ''),
+    edgeTlsUrl: edgeTlsUrl?.replace(/\/$/, ''),
     hubUrl: hubUrl?.replace(/\/$/, ''),
     hubCredentialFile: hubCredentialFile === undefined ? undefined : resolve(hubCredentialFile),
     // Up to a day: a terminal left open longer is forgotten, and it holds the sandbox awake.

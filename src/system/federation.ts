@@ -8,7 +8,7 @@
 // clusters/<name>/ (data, logs, envoy, admin.key, hub.credential), logs/hub.log.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { ensureFederationTls } from '../edge/tls.ts';
+import { ensureEdgeTls, ensureFederationTls } from '../edge/tls.ts';
 import { startChild, type ReadyChild } from './child.ts';
 import { freePort, startLocalSystem, type LocalSystem } from './local-system.ts';
 import type { Logger } from './log.ts';
@@ -24,6 +24,8 @@ export interface FederatedClusterOptions {
   apiPort: number;
   edgePort: number;
   ingressPort: number;
+  /** The edge's HTTPS listener (0: any free port); absent: none. */
+  edgeTlsPort?: number;
   routerPort: number;
   envoyAdminPort: number;
   bridge: string;
@@ -65,6 +67,7 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
   const logs = join(opts.stateDir, 'logs');
   mkdirSync(logs, { recursive: true });
   const tls = await ensureFederationTls(join(opts.stateDir, 'tls'));
+  const edgeTls = opts.clusters.some((c) => c.edgeTlsPort !== undefined) ? await ensureEdgeTls(join(opts.stateDir, 'edge-tls'), opts.domain) : undefined;
   const started: { stop(): Promise<void> }[] = [];
   const stopAll = async (): Promise<void> => {
     for (const part of started.reverse()) await part.stop();
@@ -106,6 +109,7 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
           '--hub-credential-file', credentialFile,
           ...(c.workerArgs ?? []),
         ],
+        ...(c.edgeTlsPort === undefined || edgeTls === undefined ? {} : { edgeTls: { port: c.edgeTlsPort, files: edgeTls } }),
         routerArgs: ['--hub-upstream', 'on'],
         envoy: { ingress: { listenPort: c.ingressPort }, tls, hubAddress },
       });
@@ -115,7 +119,7 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
     for (const requested of opts.clusters) {
       // Ports are fixed before the first start: the hub registers them, and a restart reuses them.
       const c = { ...requested };
-      for (const key of ['apiPort', 'edgePort', 'ingressPort', 'routerPort', 'envoyAdminPort'] as const) if (c[key] === 0) c[key] = await freePort();
+      for (const key of ['apiPort', 'edgePort', 'ingressPort', 'routerPort', 'envoyAdminPort', 'edgeTlsPort'] as const) if (c[key] === 0) c[key] = await freePort();
       fixed.set(c.name, c);
       clusters.push(await startOne(c));
     }

@@ -7,6 +7,7 @@ import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import type { EdgeConfigOptions } from '../edge/envoy-config.ts';
 import { EnvoyProcess } from '../edge/envoy-process.ts';
+import type { EdgeTlsFiles } from '../edge/tls.ts';
 import type { Logger } from './log.ts';
 import { startChild, type ReadyChild } from './child.ts';
 
@@ -30,6 +31,8 @@ export interface LocalSystemOptions {
   workerArgs?: readonly string[];
   /** Extra router flags (src/router/router-config.ts). */
   routerArgs?: readonly string[];
+  /** The HTTPS edge listener (port 0: any) and its certificate (src/edge/tls.ts ensureEdgeTls). */
+  edgeTls?: { port: number; files: Pick<EdgeTlsFiles, 'certChainPath' | 'privateKeyPath'> };
   /** Extra Envoy settings (federation: the ingress listener, TLS files, the hub upstream). */
   envoy?: Partial<Pick<EdgeConfigOptions, 'ingress' | 'tls' | 'hubAddress'>>;
 }
@@ -37,6 +40,8 @@ export interface LocalSystemOptions {
 export interface LocalSystem {
   apiUrl: string;
   edgeUrl: string;
+  /** https://127.0.0.1:<port>, when edgeTls was asked for. */
+  edgeTlsUrl: string | undefined;
   domain: string;
   adminKey: string;
   clusterName: string;
@@ -78,6 +83,8 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
   mkdirSync(logs, { recursive: true });
   const edgePort = opts.edgePort === 0 ? await freePort() : opts.edgePort;
   const edgeUrl = `http://127.0.0.1:${edgePort}`;
+  const tlsPort = opts.edgeTls === undefined ? undefined : opts.edgeTls.port === 0 ? await freePort() : opts.edgeTls.port;
+  const edgeTlsUrl = tlsPort === undefined ? undefined : `https://127.0.0.1:${tlsPort}`;
   const keyFile = join(opts.stateDir, 'admin.key');
   const started: { stop(): Promise<void> }[] = [];
   const stopAll = async (): Promise<void> => {
@@ -94,6 +101,7 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
         '--cluster', opts.clusterName,
         '--domain', opts.domain,
         '--edge-url', edgeUrl,
+        ...(edgeTlsUrl === undefined ? [] : ['--edge-tls-url', edgeTlsUrl]),
         ...(opts.workerArgs ?? []),
       ],
       logPath: join(logs, 'worker.log'),
@@ -123,6 +131,7 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
         adminPort: opts.envoyAdminPort,
         routerAddress: router.ready.listen,
         workers: [{ cluster: opts.clusterName, apiAddress }],
+        ...(opts.edgeTls === undefined || tlsPort === undefined ? {} : { edgeTls: { listenPort: tlsPort, ...opts.edgeTls.files } }),
         ...opts.envoy,
       },
     });
@@ -134,6 +143,7 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
     return {
       apiUrl: worker.ready.apiUrl,
       edgeUrl,
+      edgeTlsUrl,
       domain: opts.domain,
       adminKey: readFileSync(keyFile, 'utf8').trim(),
       clusterName: worker.ready.clusterName,

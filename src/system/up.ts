@@ -10,6 +10,7 @@
 //   ASB_API_PORT           region-a's worker REST API port (default 7080; region-b: +1)
 //   ASB_EDGE_PORT          region-a's edge listener on 127.0.0.1 (default 10000; region-b: +100)
 //   ASB_INGRESS_PORT       region-a's ingress listener, mutual TLS (default 10001; region-b: +100)
+//   ASB_EDGE_TLS_PORT      region-a's HTTPS edge listener, local CA in .asb/edge-tls (default 10002; region-b: +100)
 //   ASB_ENVOY_ADMIN_PORT   region-a's Envoy admin port (default 9901; region-b: +1)
 //   ASB_ROUTER_PORT        region-a's router gRPC port (default 9002; region-b: +1)
 //   ASB_DOMAIN             sandbox domain: <port>-<id>.<domain> (default asb.localhost)
@@ -19,6 +20,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createLogger } from './log.ts';
 import { startFederation, type Federation } from './federation.ts';
+import { ensureEdgeTls } from '../edge/tls.ts';
 import { startLocalSystem, type LocalSystem } from './local-system.ts';
 import type { ReadyChild } from './child.ts';
 
@@ -94,7 +96,18 @@ Ctrl-C stops everything.`);
   }
 }
 
+/**
+ * What an unmodified E2B program needs after `source .asb/env`: the API and envd through the edge
+ * (header routing, plain HTTP), our key, and the domain for getHost(). Over HTTPS instead: unset
+ * E2B_API_URL and E2B_SANDBOX_URL, set E2B_DOMAIN to the TLS port and trust ASB_CA_CERT (README).
+ */
+function e2bEnv(edgeUrl: string, key: string, domain: string): Record<string, string> {
+  return { E2B_API_URL: edgeUrl, E2B_SANDBOX_URL: edgeUrl, E2B_API_KEY: key, E2B_DOMAIN: `${domain}:${new URL(edgeUrl).port}` };
+}
+
 async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Running> {
+  const domain = env.ASB_DOMAIN ?? 'asb.localhost';
+  const edgeTls = await ensureEdgeTls(join(stateDir, 'edge-tls'), domain);
   const system: LocalSystem = await startLocalSystem({
     stateDir,
     log: createLogger({ level: env.ASB_LOG_LEVEL ?? 'warn' }),
@@ -102,14 +115,27 @@ async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Runni
     edgePort: port(env, 'ASB_EDGE_PORT', 10000),
     envoyAdminPort: port(env, 'ASB_ENVOY_ADMIN_PORT', 9901),
     routerPort: port(env, 'ASB_ROUTER_PORT', 9002),
-    domain: env.ASB_DOMAIN ?? 'asb.localhost',
+    edgeTls: { port: port(env, 'ASB_EDGE_TLS_PORT', 10002), files: edgeTls },
+    domain,
     clusterName: env.ASB_CLUSTER_NAME ?? 'local',
   });
+  const edgeTlsUrl = system.edgeTlsUrl ?? '';
   return {
-    env: { ASB_API_URL: system.apiUrl, ASB_API_KEY: system.adminKey, ASB_CLUSTER: system.clusterName, ASB_EDGE_URL: system.edgeUrl, ASB_DOMAIN: system.domain },
+    env: {
+      ASB_API_URL: system.apiUrl,
+      ASB_API_KEY: system.adminKey,
+      ASB_CLUSTER: system.clusterName,
+      ASB_EDGE_URL: system.edgeUrl,
+      ASB_EDGE_TLS_URL: edgeTlsUrl,
+      ASB_CA_CERT: edgeTls.caCertPath,
+      ASB_DOMAIN: system.domain,
+      ...e2bEnv(system.edgeUrl, system.adminKey, system.domain),
+    },
     banner: `Agent Sandbox is up (cluster ${system.clusterName}, id tag ${system.clusterTag})
   worker API   ${system.apiUrl}
   edge         ${system.edgeUrl}   sandboxes at http://<port>-<id>.${system.domain}:${new URL(system.edgeUrl).port}
+  edge (TLS)   ${edgeTlsUrl}   HTTP/2; trust ${edgeTls.caCertPath}
+  E2B SDKs     source ${join(stateDir, 'env')}: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_DOMAIN are set
   metrics      ${system.apiUrl}/metrics  (needs the API key)`,
     children: [system.worker, system.router],
     kill() {
@@ -139,6 +165,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<R
       apiPort: port(env, 'ASB_API_PORT', 7080) + r.step,
       edgePort: port(env, 'ASB_EDGE_PORT', 10000) + 100 * r.step,
       ingressPort: port(env, 'ASB_INGRESS_PORT', 10001) + 100 * r.step,
+      edgeTlsPort: port(env, 'ASB_EDGE_TLS_PORT', 10002) + 100 * r.step,
       envoyAdminPort: port(env, 'ASB_ENVOY_ADMIN_PORT', 9901) + r.step,
       routerPort: port(env, 'ASB_ROUTER_PORT', 9002) + r.step,
       bridge: r.bridge,
@@ -148,7 +175,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<R
   const first = fed.clusters[0];
   if (first === undefined) throw new Error('no cluster started');
   const rows = fed.clusters.map(
-    (c) => `  ${c.clusterName.padEnd(12)} edge ${c.edgeUrl}   ingress ${c.ingressAddress} (mTLS)   worker API ${c.apiUrl}   id tag ${c.clusterTag}`,
+    (c) => `  ${c.clusterName.padEnd(12)} edge ${c.edgeUrl}   https ${c.edgeTlsUrl ?? ''}   ingress ${c.ingressAddress} (mTLS)   worker API ${c.apiUrl}   id tag ${c.clusterTag}`,
   );
   return {
     env: {
@@ -158,14 +185,18 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<R
       ASB_HUB_KEY: fed.adminKey,
       ASB_CLUSTER: first.clusterName,
       ASB_EDGE_URL: first.edgeUrl,
+      ASB_EDGE_TLS_URL: first.edgeTlsUrl ?? '',
+      ASB_CA_CERT: join(stateDir, 'edge-tls', 'ca.crt'),
       ASB_DOMAIN: fed.domain,
+      ...e2bEnv(first.edgeUrl, fed.adminKey, fed.domain),
     },
     banner: `Agent Sandbox is up: a federation of ${fed.clusters.length} clusters
   hub          ${fed.hubUrl}   (asb cluster ls, asb key …, asb template …)
   console      ${fed.hubUrl}/console/   (log in with ASB_API_KEY from the env file)
 ${rows.join('\n')}
   API          ${first.edgeUrl}/v1/…  through the edge: creates are placed by the hub, any edge reaches any sandbox
-  sandboxes    http://<port>-<id>.${fed.domain}:<edge port>  (any cluster's edge)`,
+  sandboxes    http://<port>-<id>.${fed.domain}:<edge port>  (any cluster's edge); HTTPS: trust ${join(stateDir, 'edge-tls', 'ca.crt')}
+  E2B SDKs     source ${join(stateDir, 'env')}: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_DOMAIN are set`,
     children: [fed.hub, ...fed.clusters.flatMap((c) => [c.worker, c.router])],
     kill() {
       fed.hub.proc.kill('SIGKILL');

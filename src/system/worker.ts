@@ -78,7 +78,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     clock,
     cluster: { name: config.clusterName, tag: config.clusterTag },
     version: packageVersion(),
-    dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
+    dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
     terminal: { idleMs: config.terminalIdleMs },
     ...(sync === undefined ? {} : { sync: () => sync.status() }),
   });

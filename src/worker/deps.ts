@@ -42,6 +42,8 @@ export interface DataPlane {
   domain: string;
   /** ASB_EDGE_URL; its scheme and port go into sandbox URLs. Default http://127.0.0.1:10000 */
   edgeUrl: string;
+  /** The edge's HTTPS listener, when it has one: E2B calls that came in over it are told its port. */
+  edgeTlsUrl?: string;
   /** Data-plane access tokens; default: a secret made for this process (tokens change on restart). */
   tokens: AccessTokens;
 }

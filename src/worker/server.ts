@@ -66,6 +66,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   const dataPlane: DataPlane = Object.freeze({
     domain: deps.dataPlane?.domain ?? 'asb.localhost',
     edgeUrl: deps.dataPlane?.edgeUrl ?? 'http://127.0.0.1:10000',
+    ...(deps.dataPlane?.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: deps.dataPlane.edgeTlsUrl }),
     tokens: deps.dataPlane?.tokens ?? createAccessTokens(randomBytes(32)),
   });
   const routeFeed = await RouteFeed.open({

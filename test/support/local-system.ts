@@ -1,6 +1,8 @@
 // The whole local system (worker, router, Envoy) for end-to-end tests and benchmarks, on its own
 // ports, data directory, bridge and subnet, so it never collides with `make up` or another file.
 import { execFileSync } from 'node:child_process';
+import { join } from 'node:path';
+import { ensureEdgeTls } from '../../src/edge/tls.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import { startLocalSystem, type LocalSystem } from '../../src/system/local-system.ts';
 import { removeDataDir, tempDataDir } from './worker-process.ts';
@@ -10,9 +12,14 @@ export interface TestSystem extends LocalSystem {
   cleanup(): Promise<void>;
 }
 
-/** tag: 4 chars [a-z0-9] (id prefix, bridge asb<tag>); subnetOctet: 10.<octet>.0.0/16; basePool: warm `base` sandboxes. */
-export async function startTestSystem(tag: string, subnetOctet: number, clusterName = 'local', basePool = 0): Promise<TestSystem> {
+/**
+ * tag: 4 chars [a-z0-9] (id prefix, bridge asb<tag>); subnetOctet: 10.<octet>.0.0/16; basePool:
+ * warm `base` sandboxes; https: also an HTTPS edge listener, its certificate signed by a test CA
+ * (caCertPath).
+ */
+export async function startTestSystem(tag: string, subnetOctet: number, clusterName = 'local', basePool = 0, https = false): Promise<TestSystem & { caCertPath: string | undefined }> {
   const stateDir = tempDataDir(tag);
+  const tls = https ? await ensureEdgeTls(join(stateDir, 'tls'), 'asb.localhost') : undefined;
   const system = await startLocalSystem({
     stateDir,
     log: silentLogger(),
@@ -22,10 +29,12 @@ export async function startTestSystem(tag: string, subnetOctet: number, clusterN
     routerPort: 0,
     domain: 'asb.localhost',
     clusterName,
+    ...(tls === undefined ? {} : { edgeTls: { port: 0, files: tls } }),
     workerArgs: ['--cluster-tag', tag, '--bridge', `asb${tag}`, '--subnet', `10.${subnetOctet}.0.0/16`, '--base-pool', String(basePool), '--log-level', 'warn'],
   });
   let cleaned: Promise<void> | undefined;
   return Object.assign(system, {
+    caCertPath: tls?.caCertPath,
     cleanup() {
       cleaned ??= (async () => {
         await system.stop();

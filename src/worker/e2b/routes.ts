@@ -82,7 +82,7 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
     coldStart: true,
     wait: true,
   });
-  return { status: 201, json: e2bSandbox(w, sandbox) };
+  return { status: 201, json: e2bSandbox(w, sandbox, ctx.req) };
 }
 
 /**
@@ -95,12 +95,12 @@ async function connect(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const until = w.clock.now() + (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000;
   const current = sandboxLifecycle(sandbox.spec).shutdownTime;
   if (current !== undefined && Date.parse(current) < until) sandbox = await setShutdownIn(w, sandbox, until - w.clock.now());
-  if (!wantsRunning(sandbox.spec)) return { status: 201, json: e2bSandbox(w, await resumeSandbox(w, sandbox, true)) };
+  if (!wantsRunning(sandbox.spec)) return { status: 201, json: e2bSandbox(w, await resumeSandbox(w, sandbox, true), ctx.req) };
   if (!sandboxView(sandbox).ready) {
     if (sandbox.status?.phase === 'Failed') throw new AsbError('SandboxNotRunning', `sandbox "${sandbox.metadata.name}" failed: ${sandbox.status.message ?? 'see its status'}; kill it and create another`);
     sandbox = await waitReady(w, sandbox);
   }
-  return { status: 200, json: e2bSandbox(w, sandbox) };
+  return { status: 200, json: e2bSandbox(w, sandbox, ctx.req) };
 }
 
 async function pause(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
@@ -134,7 +134,7 @@ export function e2bRoutes(w: WorkerContext, auth: Authenticator): Route[] {
     );
   }
   routes.push(
-    route('GET', '/sandboxes/{id}', async (ctx) => ({ status: 200, json: e2bSandboxDetail(w, await findLive(w, ctx)) })),
+    route('GET', '/sandboxes/{id}', async (ctx) => ({ status: 200, json: e2bSandboxDetail(w, await findLive(w, ctx), ctx.req) })),
     route('DELETE', '/sandboxes/{id}', (ctx) => kill(w, ctx)),
     route('POST', '/sandboxes/{id}/timeout', (ctx) => setSandboxTimeout(w, ctx)),
     route('POST', '/sandboxes/{id}/pause', (ctx) => pause(w, ctx)),

@@ -2,6 +2,7 @@
 // where the E2B-only settings live on it. Metadata and environment variables are annotations
 // holding JSON: E2B metadata values are free text (spaces, `&`, `=`), which label values cannot
 // hold, and annotations keep them off the label index.
+import type { IncomingMessage } from 'node:http';
 import { availableParallelism, totalmem } from 'node:os';
 import type { Sandbox } from '../../api/types.ts';
 import { LABEL, sandboxLifecycle, wantsRunning } from '../../api/types.ts';
@@ -88,9 +89,14 @@ export function startedAtOf(sandbox: Sandbox): string {
   return sandbox.metadata.annotations?.[E2B_ANNOTATION.startedAt] ?? sandbox.metadata.creationTimestamp ?? '';
 }
 
-/** `<domain>[:<edge port>]`: the SDK reaches port p of the sandbox at `<p>-<id>.<domain>`. */
-export function e2bDomain(w: WorkerContext): string {
-  const port = new URL(w.dataPlane.edgeUrl).port;
+/**
+ * `<domain>[:<edge port>]`: the SDK reaches port p of the sandbox at `<p>-<id>.<domain>`. A call
+ * that came in over the edge's HTTPS listener (x-forwarded-proto, set by Envoy) is told that
+ * listener's port: an SDK with no sandbox URL speaks https to the domain it is given.
+ */
+export function e2bDomain(w: WorkerContext, req: IncomingMessage): string {
+  const overTls = req.headers['x-forwarded-proto'] === 'https' && w.dataPlane.edgeTlsUrl !== undefined;
+  const port = new URL(overTls ? (w.dataPlane.edgeTlsUrl ?? '') : w.dataPlane.edgeUrl).port;
   return port === '' ? w.dataPlane.domain : `${w.dataPlane.domain}:${port}`;
 }
 
@@ -125,7 +131,7 @@ function templateOf(sandbox: Sandbox): string {
   return sandbox.metadata.labels?.[LABEL.template] ?? '';
 }
 
-export function e2bSandbox(w: WorkerContext, sandbox: Sandbox): E2bSandbox {
+export function e2bSandbox(w: WorkerContext, sandbox: Sandbox, req: IncomingMessage): E2bSandbox {
   const token = w.dataPlane.tokens.accessToken(sandbox.metadata.name);
   return {
     sandboxID: sandbox.metadata.name,
@@ -135,7 +141,7 @@ export function e2bSandbox(w: WorkerContext, sandbox: Sandbox): E2bSandbox {
     envdAccessToken: token,
     // One token guards every port of a sandbox here, envd's and the others.
     trafficAccessToken: token,
-    domain: e2bDomain(w),
+    domain: e2bDomain(w, req),
   };
 }
 
@@ -153,10 +159,10 @@ export function e2bListedSandbox(w: WorkerContext, sandbox: Sandbox): E2bListedS
   };
 }
 
-export function e2bSandboxDetail(w: WorkerContext, sandbox: Sandbox): E2bSandboxDetail {
+export function e2bSandboxDetail(w: WorkerContext, sandbox: Sandbox, req: IncomingMessage): E2bSandboxDetail {
   return {
     ...e2bListedSandbox(w, sandbox),
     envdAccessToken: w.dataPlane.tokens.accessToken(sandbox.metadata.name),
-    domain: e2bDomain(w),
+    domain: e2bDomain(w, req),
   };
 }
