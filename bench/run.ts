@@ -2,7 +2,7 @@
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
-// `node bench/run.ts [claims] [dataplane] [federation] [terminals]` runs only those parts (default: all); a
+// `node bench/run.ts [claims] [dataplane] [federation] [terminals] [e2b]` runs only those parts (default: all); a
 // partial run replaces its own rows in the README table and in latest.json and keeps the others.
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -11,6 +11,7 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { call, poolObjects, round, summarize, waitPool, warmClaims, type Target } from './claims.ts';
 import { benchDataplane } from './dataplane.ts';
+import { benchE2b } from './e2b.ts';
 import { benchPlacement, benchPropagation } from './federation.ts';
 import { benchStore } from './store-bench.ts';
 import { benchTerminals } from './terminals.ts';
@@ -19,7 +20,7 @@ import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
-const PARTS = ['claims', 'dataplane', 'federation', 'terminals'];
+const PARTS = ['claims', 'dataplane', 'federation', 'terminals', 'e2b'];
 
 interface Row {
   metric: string;
@@ -175,6 +176,17 @@ async function terminals(row: Recorder, results: Record<string, unknown>): Promi
   );
 }
 
+async function e2b(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const e = await benchE2b();
+  results.e2b = e;
+  row(
+    `E2B SDK: Sandbox.create to the first commands.run output, p50 / p99 (warm pool, through Envoy, ${e.firstOutput.count} rounds)`,
+    `${e.firstOutput.p50Ms} / ${e.firstOutput.p99Ms} ms (create ${e.create.p50Ms} / ${e.create.p99Ms}, run ${e.run.p50Ms} / ${e.run.p99Ms})`,
+    'p50 ≤ 50 ms',
+    e.firstOutput.p50Ms <= 50,
+  );
+}
+
 async function main(): Promise<void> {
   const parts = new Set(process.argv.slice(2));
   const unknown = [...parts].filter((p) => !PARTS.includes(p));
@@ -198,6 +210,7 @@ async function main(): Promise<void> {
   if (all || parts.has('dataplane')) await dataplane(row, results);
   if (all || parts.has('federation')) await federation(row, results);
   if (all || parts.has('terminals')) await terminals(row, results);
+  if (all || parts.has('e2b')) await e2b(row, results);
 
   const machine = `${cpus().length} × ${cpus()[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.versions.node}`;
   const date = new Date().toISOString().slice(0, 10);
