@@ -1,0 +1,260 @@
+// The CRDs under clusters/base/crds/ and the TypeScript side agree: the committed YAML is what
+// src/api/crd.ts generates, every object our validator accepts (the seeds, examples, built-ins,
+// what the operator writes) passes the schemas, and objects it refuses for a reason a schema can
+// say are refused by the schemas too, at the same field.
+import assert from 'node:assert/strict';
+import { readdirSync, readFileSync } from 'node:fs';
+import { test } from 'node:test';
+import { builtinObjects, baseTemplate } from '../src/api/builtin.ts';
+import { allCrds, crdFor, type JSONSchemaProps } from '../src/api/crd.ts';
+import { parseManifests } from '../src/api/manifest.ts';
+import type { Condition, KubeObject } from '../src/api/meta.ts';
+import {
+  ApiKeyType, LABEL, RESOURCE_TYPES, SandboxClaimType, SandboxType, SandboxWarmPoolType,
+  type ApiKeySpec, type SandboxClaimSpec, type SandboxClaimStatus, type SandboxSpec, type SandboxStatus,
+  type SandboxTemplateSpec, type SandboxWarmPoolSpec, type SandboxWarmPoolStatus,
+} from '../src/api/types.ts';
+import { applyDefaults, validateObject } from '../src/api/validate.ts';
+import { isAsbError } from '../src/errors.ts';
+import { sandboxFromTemplate } from '../src/operator/blueprint.ts';
+import { CRD_DIR, renderCrdFiles } from '../scripts/gen-crds.ts';
+import { CrdSchemas } from './support/crd-ajv.ts';
+
+const root = new URL('../', import.meta.url);
+const schemas = new CrdSchemas();
+
+function yamlFiles(dir: string): { name: string; text: string }[] {
+  const url = new URL(`${dir}/`, root);
+  return readdirSync(url).filter((f) => f.endsWith('.yaml')).sort().map((name) => ({ name: `${dir}/${name}`, text: readFileSync(new URL(name, url), 'utf8') }));
+}
+
+test('clusters/base/crds holds exactly what scripts/gen-crds.ts generates', () => {
+  const want = renderCrdFiles();
+  const dir = new URL(`${CRD_DIR}/`, root);
+  const have = readdirSync(dir).filter((f) => f.endsWith('.yaml')).sort();
+  assert.deepEqual(have, [...want.keys()].sort(), `${CRD_DIR}/ has other files than the generator writes: run node scripts/gen-crds.ts`);
+  for (const [name, text] of want) {
+    assert.ok(readFileSync(new URL(name, dir), 'utf8') === text, `${CRD_DIR}/${name} differs from src/api/crd.ts: run node scripts/gen-crds.ts`);
+  }
+});
+
+test('each kind\'s CRD is named, scoped and versioned as kubernetes-sigs/agent-sandbox serves it', () => {
+  const crds = allCrds();
+  assert.deepEqual(crds.map((c) => c.metadata.name), [
+    'sandboxes.agents.x-k8s.io', 'sandboxtemplates.extensions.agents.x-k8s.io', 'sandboxclaims.extensions.agents.x-k8s.io',
+    'sandboxwarmpools.extensions.agents.x-k8s.io', 'apikeys.asb.dev',
+  ]);
+  for (const rt of RESOURCE_TYPES) {
+    const crd = crdFor(rt);
+    assert.equal(crd.spec.group, rt.group);
+    assert.equal(crd.spec.names.kind, rt.kind);
+    assert.equal(crd.spec.names.plural, rt.plural);
+    assert.equal(crd.spec.scope, rt.namespaced ? 'Namespaced' : 'Cluster');
+    // One storage version, the one the store uses; every version has a status subresource.
+    assert.deepEqual(crd.spec.versions.filter((v) => v.storage).map((v) => v.name), [rt.version], rt.kind);
+    for (const v of crd.spec.versions) assert.deepEqual(v.subresources.status, {}, `${rt.kind} ${v.name}`);
+  }
+  const versions = (rt: typeof SandboxType): string[] => crdFor(rt).spec.versions.map((v) => v.name);
+  assert.deepEqual(versions(SandboxType), ['v1alpha1', 'v1beta1']);
+  assert.deepEqual(versions(SandboxClaimType), ['v1alpha1', 'v1beta1']);
+  assert.deepEqual(versions(ApiKeyType), ['v1alpha1']);
+  assert.deepEqual(crdFor(SandboxWarmPoolType).spec.names.shortNames, ['swp']);
+});
+
+test('warm pools scale through /scale on every version; sandboxes on v1alpha1, where replicas is 0 or 1', () => {
+  for (const v of crdFor(SandboxWarmPoolType).spec.versions) {
+    assert.deepEqual(v.subresources.scale, { specReplicasPath: '.spec.replicas', statusReplicasPath: '.status.replicas', labelSelectorPath: '.status.selector' });
+  }
+  const sandbox = crdFor(SandboxType).spec.versions;
+  assert.equal(sandbox.find((v) => v.name === 'v1alpha1')?.subresources.scale?.specReplicasPath, '.spec.replicas');
+  assert.equal(sandbox.find((v) => v.name === 'v1beta1')?.subresources.scale, undefined);
+  // kubectl get columns users see, k8s-sigs' where they have them.
+  const columns = (rt: typeof SandboxType): string[] => crdFor(rt).spec.versions[0]?.additionalPrinterColumns?.filter((c) => c.priority === undefined).map((c) => c.name) ?? [];
+  assert.deepEqual(columns(SandboxType), ['Phase', 'Ready', 'Reason', 'Age']);
+  assert.deepEqual(columns(SandboxWarmPoolType), ['Ready', 'Desired', 'Template', 'Age']);
+  assert.deepEqual(columns(SandboxClaimType), ['Ready', 'Sandbox', 'Reason', 'Age']);
+});
+
+test('the schemas are structural, as the kube-apiserver requires', () => {
+  const problems: string[] = [];
+  const visit = (node: JSONSchemaProps, path: string): void => {
+    const open = node['x-kubernetes-preserve-unknown-fields'] === true || node['x-kubernetes-int-or-string'] === true;
+    if (node.type === undefined && !open) problems.push(`${path}: no type`);
+    if (node.properties !== undefined && node.additionalProperties !== undefined) problems.push(`${path}: both properties and additionalProperties`);
+    if (node.type === 'array' && node.items === undefined) problems.push(`${path}: array without items`);
+    for (const req of node.required ?? []) if (node.properties?.[req] === undefined && node.additionalProperties === undefined) problems.push(`${path}: requires unknown ${req}`);
+    if (node.default !== undefined && node.type === 'object' && typeof node.default !== 'object') problems.push(`${path}: default of the wrong type`);
+    for (const [key, child] of Object.entries(node.properties ?? {})) visit(child, `${path}.${key}`);
+    if (node.items !== undefined) visit(node.items, `${path}[]`);
+    if (node.additionalProperties !== undefined) visit(node.additionalProperties, `${path}{}`);
+  };
+  for (const crd of allCrds()) for (const v of crd.spec.versions) visit(v.schema.openAPIV3Schema, `${crd.metadata.name}/${v.name}`);
+  assert.deepEqual(problems, []);
+  // metadata may only narrow name and generateName.
+  for (const crd of allCrds()) {
+    const meta = crd.spec.versions[0]?.schema.openAPIV3Schema.properties?.metadata;
+    assert.deepEqual(Object.keys(meta?.properties ?? {}).filter((k) => k !== 'name' && k !== 'generateName'), [], crd.metadata.name);
+  }
+});
+
+test('every seed, example and built-in object passes its CRD schema unchanged', () => {
+  const sources = [...yamlFiles('test/fixtures/seeds'), ...yamlFiles('examples')];
+  assert.ok(sources.length >= 7, 'the seeds and examples were found');
+  const objects: [string, KubeObject][] = [];
+  for (const { name, text } of sources) for (const obj of parseManifests(text, name)) objects.push([name, obj]);
+  for (const obj of builtinObjects()) objects.push(['src/api/builtin.ts', obj]);
+  const kinds = new Set(objects.map(([, o]) => `${o.apiVersion} ${o.kind}`));
+  // Both versions of the k8s-sigs kinds are among them.
+  assert.ok(kinds.has('agents.x-k8s.io/v1alpha1 Sandbox') && kinds.has('extensions.agents.x-k8s.io/v1beta1 SandboxClaim') && kinds.has('extensions.agents.x-k8s.io/v1alpha1 SandboxClaim'), [...kinds].join(', '));
+  for (const [source, obj] of objects) {
+    assert.deepEqual(schemas.problems(obj), [], `${source}: ${obj.kind}/${obj.metadata.name}`);
+    // What the REST API stores (defaults applied) passes too.
+    assert.deepEqual(schemas.problems(applyDefaults(obj)), [], `${source}: ${obj.kind}/${obj.metadata.name} with defaults`);
+  }
+});
+
+test('a sandbox the operator builds from a template passes the schema (the API server would take the write)', () => {
+  const sandbox = sandboxFromTemplate(baseTemplate(), {
+    name: 'base-x7k2p', namespace: 'default', labels: { [LABEL.pool]: 'base', [LABEL.launchType]: 'warm', [LABEL.template]: 'base' },
+    ownerReferences: [{ apiVersion: 'extensions.agents.x-k8s.io/v1alpha1', kind: 'SandboxWarmPool', name: 'base', uid: 'u1', controller: true, blockOwnerDeletion: true }],
+    lifecycle: { shutdownTime: '2030-01-01T00:00:00Z', shutdownPolicy: 'Delete' }, idleTimeoutMs: 600_000,
+  });
+  assert.deepEqual(schemas.problems(sandbox), []);
+});
+
+const NOW = '2026-01-02T03:04:05Z';
+const CONDITION: Condition = { type: 'Ready', status: 'True', reason: 'DependenciesReady', message: 'ok', lastTransitionTime: NOW, observedGeneration: 2 };
+
+// `Required<...>` makes TypeScript fail here when a field is added to a type in src/api/types.ts
+// and not to these objects; the schema check then fails until the CRD has the field as well.
+const FULL_STATUS = {
+  Sandbox: {
+    phase: 'Running', conditions: [CONDITION], podIPs: ['10.0.0.7'], nodeName: 'node-1', serviceFQDN: 'x.default.svc.cluster.local',
+    service: 'x', selector: 'agents.x-k8s.io/sandbox-name-hash=ab12cd34', replicas: 1, readyTime: NOW, message: 'running',
+  } satisfies Required<SandboxStatus>,
+  SandboxWarmPool: { replicas: 3, readyReplicas: 2, selector: `${LABEL.pool}=base`, observedGeneration: 4, conditions: [CONDITION] } satisfies Required<SandboxWarmPoolStatus>,
+  SandboxClaim: { conditions: [CONDITION], sandbox: { name: 'base-x7k2p', podIPs: ['10.0.0.7'] }, launchType: 'warm' } satisfies Required<SandboxClaimStatus>,
+};
+
+const POD_TEMPLATE = { spec: { containers: [{ name: 'main', image: 'busybox' }] } };
+const VCT = [{ metadata: { name: 'home' }, spec: { resources: { requests: { storage: '1Gi' } } } }];
+const FULL_SPEC = {
+  Sandbox: {
+    podTemplate: POD_TEMPLATE, volumeClaimTemplates: VCT, service: true, replicas: 1, operatingMode: 'Running',
+    lifecycle: { shutdownTime: NOW, shutdownPolicy: 'Delete' }, shutdownTime: NOW, shutdownPolicy: 'Retain', idleTimeoutMs: 1000,
+  } satisfies Required<SandboxSpec>,
+  SandboxTemplate: {
+    podTemplate: POD_TEMPLATE, volumeClaimTemplates: VCT, service: false, networkPolicy: { ingress: [{ from: [] }], egress: [] },
+    networkPolicyManagement: 'Managed', envVarsInjectionPolicy: 'Allowed', volumeClaimTemplatesPolicy: 'Overrides', idleTimeoutMs: 0,
+  } satisfies Required<SandboxTemplateSpec>,
+  SandboxWarmPool: { replicas: 2, sandboxTemplateRef: { name: 't' }, updateStrategy: { type: 'Recreate' } } satisfies Required<SandboxWarmPoolSpec>,
+  SandboxClaim: {
+    warmPoolRef: { name: 'p' }, sandboxTemplateRef: { name: 't' }, warmpool: 'default',
+    lifecycle: { shutdownTime: NOW, shutdownPolicy: 'DeleteForeground', ttlSecondsAfterFinished: 60 },
+    additionalPodMetadata: { labels: { team: 'a' }, annotations: { note: 'x' } }, env: [{ name: 'A', value: '1', containerName: 'main' }], volumeClaimTemplates: VCT,
+  } satisfies Required<SandboxClaimSpec>,
+  ApiKey: { team: 'team-a', hash: 'a'.repeat(64), prefix: 'asb_ab12cd34', admin: false, revoked: false, description: 'ci' } satisfies Required<ApiKeySpec>,
+};
+
+/** Fields of value the schema does not declare (and would prune), by path. */
+function undeclared(schema: JSONSchemaProps, value: unknown, path: string): string[] {
+  if (typeof value !== 'object' || value === null) return [];
+  if (Array.isArray(value)) return schema.items === undefined ? [] : value.flatMap((v, i) => undeclared(schema.items!, v, `${path}[${i}]`));
+  if (schema['x-kubernetes-preserve-unknown-fields'] === true && schema.properties === undefined) return [];
+  return Object.entries(value).flatMap(([key, v]) => {
+    const child = schema.properties?.[key] ?? schema.additionalProperties;
+    if (child === undefined) return schema['x-kubernetes-preserve-unknown-fields'] === true ? [] : [`${path}.${key}`];
+    return undeclared(child, v, `${path}.${key}`);
+  });
+}
+
+test('every field of the TypeScript spec and status types is declared in the CRD (none is pruned)', () => {
+  for (const rt of RESOURCE_TYPES) {
+    const schema = crdFor(rt).spec.versions[0]!.schema.openAPIV3Schema;
+    const spec = FULL_SPEC[rt.kind as keyof typeof FULL_SPEC];
+    assert.deepEqual(undeclared(schema.properties!.spec!, spec, 'spec'), [], rt.kind);
+    const status = (FULL_STATUS as Record<string, object>)[rt.kind];
+    if (status === undefined) continue;
+    assert.deepEqual(undeclared(schema.properties!.status!, status, 'status'), [], rt.kind);
+    // The status the controllers write is valid as a whole, too.
+    const obj = { apiVersion: `${rt.group}/${rt.version}`, kind: rt.kind, metadata: { name: 'x' }, spec: rt === SandboxType ? { podTemplate: POD_TEMPLATE } : spec, status };
+    assert.deepEqual(schemas.problems(obj), [], `${rt.kind} status`);
+  }
+});
+
+interface Case {
+  what: string;
+  obj: Record<string, unknown>;
+  /** The field both our validator and the schema name. */
+  field: string;
+}
+
+const sandbox = (spec: Record<string, unknown>, name = 'box'): Record<string, unknown> =>
+  ({ apiVersion: 'agents.x-k8s.io/v1alpha1', kind: 'Sandbox', metadata: { name }, spec: { podTemplate: POD_TEMPLATE, ...spec } });
+const pool = (spec: Record<string, unknown>): Record<string, unknown> =>
+  ({ apiVersion: 'extensions.agents.x-k8s.io/v1beta1', kind: 'SandboxWarmPool', metadata: { name: 'pool' }, spec: { sandboxTemplateRef: { name: 't' }, ...spec } });
+const claim = (spec: Record<string, unknown>): Record<string, unknown> =>
+  ({ apiVersion: 'extensions.agents.x-k8s.io/v1beta1', kind: 'SandboxClaim', metadata: { name: 'c' }, spec });
+const container = (fields: Record<string, unknown>): Record<string, unknown> => sandbox({ podTemplate: { spec: { containers: [{ name: 'main', ...fields }] } } });
+const apiKey = (spec: Record<string, unknown>): Record<string, unknown> =>
+  ({ apiVersion: 'asb.dev/v1alpha1', kind: 'ApiKey', metadata: { name: 'ab12cd34' }, spec: { team: 't', hash: 'a'.repeat(64), prefix: 'asb_ab12cd34', ...spec } });
+
+const INVALID: Case[] = [
+  { what: 'negative warm pool replicas', obj: pool({ replicas: -1 }), field: 'spec.replicas' },
+  { what: 'a warm pool above the pod-storm cap', obj: pool({ replicas: 1001 }), field: 'spec.replicas' },
+  { what: 'an unknown update strategy', obj: pool({ updateStrategy: { type: 'Rolling' } }), field: 'spec.updateStrategy.type' },
+  { what: 'a warm pool without a template', obj: { ...pool({}), spec: { replicas: 1 } }, field: 'spec.sandboxTemplateRef' },
+  { what: 'a template name that is no DNS name', obj: pool({ sandboxTemplateRef: { name: 'Not_A_Name' } }), field: 'spec.sandboxTemplateRef.name' },
+  { what: 'a misspelt field', obj: pool({ replica: 2 }), field: 'spec.replica' },
+  { what: 'an unknown operating mode', obj: sandbox({ operatingMode: 'Paused' }), field: 'spec.operatingMode' },
+  { what: 'an unknown shutdown policy', obj: sandbox({ shutdownPolicy: 'Destroy' }), field: 'spec.shutdownPolicy' },
+  { what: 'a shutdown time that is not RFC 3339', obj: sandbox({ shutdownTime: 'tomorrow' }), field: 'spec.shutdownTime' },
+  { what: 'sandbox replicas above 1', obj: sandbox({ replicas: 2 }), field: 'spec.replicas' },
+  { what: 'a negative idle timeout', obj: sandbox({ idleTimeoutMs: -5 }), field: 'spec.idleTimeoutMs' },
+  { what: 'both lifecycle forms at once', obj: sandbox({ lifecycle: { shutdownPolicy: 'Delete' }, shutdownTime: NOW }), field: 'spec.lifecycle' },
+  { what: 'a sandbox without a pod template', obj: { ...sandbox({}), spec: { service: true } }, field: 'spec.podTemplate' },
+  { what: 'a pod without containers', obj: sandbox({ podTemplate: { spec: { containers: [] } } }), field: 'spec.podTemplate.spec.containers' },
+  { what: 'a container without a name', obj: sandbox({ podTemplate: { spec: { containers: [{ image: 'busybox' }] } } }), field: 'spec.podTemplate.spec.containers[0].name' },
+  { what: 'a port out of range', obj: container({ ports: [{ containerPort: 70000 }] }), field: 'spec.podTemplate.spec.containers[0].ports[0].containerPort' },
+  { what: 'an unknown protocol', obj: container({ ports: [{ containerPort: 80, protocol: 'HTTP' }] }), field: 'spec.podTemplate.spec.containers[0].ports[0].protocol' },
+  { what: 'a relative mount path', obj: container({ volumeMounts: [{ name: 'home', mountPath: 'home' }] }), field: 'spec.podTemplate.spec.containers[0].volumeMounts[0].mountPath' },
+  { what: 'a probe with two handlers', obj: container({ readinessProbe: { exec: { command: ['true'] }, tcpSocket: { port: 80 } } }), field: 'spec.podTemplate.spec.containers[0].readinessProbe' },
+  { what: 'a command that is not a list of strings', obj: container({ command: 'sleep infinity' }), field: 'spec.podTemplate.spec.containers[0].command' },
+  { what: 'a reserved label in the pod template', obj: sandbox({ podTemplate: { metadata: { labels: { 'agents.x-k8s.io/claim-uid': 'x' } }, spec: POD_TEMPLATE.spec } }), field: 'spec.podTemplate.metadata.labels["agents.x-k8s.io/claim-uid"]' },
+  { what: 'a volume claim without a size', obj: sandbox({ volumeClaimTemplates: [{ metadata: { name: 'home' }, spec: { resources: { requests: {} } } }] }), field: 'spec.volumeClaimTemplates[0].spec.resources.requests.storage' },
+  { what: 'an unknown access mode', obj: sandbox({ volumeClaimTemplates: [{ metadata: { name: 'home' }, spec: { accessModes: ['ReadWriteSometimes'], resources: { requests: { storage: '1Gi' } } } }] }), field: 'spec.volumeClaimTemplates[0].spec.accessModes[0]' },
+  { what: 'a size that is not a quantity', obj: sandbox({ volumeClaimTemplates: [{ metadata: { name: 'home' }, spec: { resources: { requests: { storage: 'big' } } } }] }), field: 'spec.volumeClaimTemplates[0].spec.resources.requests.storage' },
+  { what: 'a sandbox name that is not a DNS label', obj: sandbox({}, 'my.sandbox'), field: 'metadata.name' },
+  { what: 'a claim naming neither a pool nor a template', obj: claim({ lifecycle: { shutdownPolicy: 'Delete' } }), field: 'spec.warmPoolRef' },
+  { what: 'an unknown claim shutdown policy', obj: claim({ warmPoolRef: { name: 'p' }, lifecycle: { shutdownPolicy: 'Foreground' } }), field: 'spec.lifecycle.shutdownPolicy' },
+  { what: 'claim env without a value', obj: claim({ warmPoolRef: { name: 'p' }, env: [{ name: 'A' }] }), field: 'spec.env[0].value' },
+  { what: 'an unknown env injection policy', obj: { apiVersion: 'extensions.agents.x-k8s.io/v1beta1', kind: 'SandboxTemplate', metadata: { name: 't' }, spec: { podTemplate: POD_TEMPLATE, envVarsInjectionPolicy: 'Sometimes' } }, field: 'spec.envVarsInjectionPolicy' },
+  { what: 'an API key hash that is not SHA-256 hex', obj: apiKey({ hash: 'xyz' }), field: 'spec.hash' },
+  { what: 'an API key without a team', obj: { ...apiKey({}), spec: { hash: 'a'.repeat(64), prefix: 'asb_ab12cd34' } }, field: 'spec.team' },
+];
+
+test('objects our validator refuses, the CRD schemas refuse too, at the same field', () => {
+  for (const { what, obj, field } of INVALID) {
+    let fields: string[] = [];
+    try {
+      validateObject(obj);
+      assert.fail(`${what}: our validator accepted it`);
+    } catch (err) {
+      if (!isAsbError(err, 'Invalid')) throw err;
+      fields = err.fields.map((f) => f.field);
+    }
+    assert.ok(fields.includes(field), `${what}: our validator named ${fields.join(', ')}, not ${field}`);
+    const problems = schemas.problems(obj);
+    assert.ok(problems.some((p) => p.field === field), `${what}: the schema named ${JSON.stringify(problems)}, not ${field}`);
+  }
+});
+
+test('both served versions take either version\'s field names (one schema, no conversion webhook)', () => {
+  const alpha = { apiVersion: 'agents.x-k8s.io/v1alpha1', kind: 'Sandbox', metadata: { name: 'a' }, spec: { podTemplate: POD_TEMPLATE, operatingMode: 'Suspended' } };
+  const beta = { ...alpha, apiVersion: 'agents.x-k8s.io/v1beta1', spec: { podTemplate: POD_TEMPLATE, replicas: 0 } };
+  assert.deepEqual(schemas.problems(alpha), []);
+  assert.deepEqual(schemas.problems(beta), []);
+  const v1alpha1Claim = { apiVersion: 'extensions.agents.x-k8s.io/v1beta1', kind: 'SandboxClaim', metadata: { name: 'c' }, spec: { sandboxTemplateRef: { name: 't' }, warmpool: 'none' } };
+  assert.deepEqual(schemas.problems(v1alpha1Claim), []);
+  assert.throws(() => schemas.problems({ ...alpha, apiVersion: 'agents.x-k8s.io/v1' }), /no CRD serves agents.x-k8s.io\/v1\/Sandbox/);
+});
