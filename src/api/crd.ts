@@ -10,7 +10,7 @@
 // either version, and so do these schemas, so an object reads back the same in both.
 import type { ResourceType } from './meta.ts';
 import {
-  anyObject, array, boolean, conditions, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, integer, name, object, oneOf,
+  anyObject, array, boolean, conditions, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, integer, name, object, enumOf,
   podMetadata, podTemplate, string, strings, time, volumeClaimTemplates,
 } from './crd-schema.ts';
 import type { JSONSchemaProps, ValidationRule } from './crd-schema.ts';
@@ -137,7 +137,7 @@ const SANDBOX_POLICIES = ['Delete', 'Retain'];
 function lifecycleFields(policies: readonly string[]): Record<string, JSONSchemaProps> {
   return {
     shutdownTime: time('When the sandbox is shut down (RFC 3339). Absent: never.'),
-    shutdownPolicy: oneOf(policies, 'At shutdownTime: Delete removes the object, Retain keeps it with the pod gone. Default Retain.'),
+    shutdownPolicy: enumOf(policies, 'At shutdownTime: Delete removes the object, Retain keeps it with the pod gone. Default Retain.'),
   };
 }
 
@@ -159,6 +159,7 @@ const SANDBOX_LIFECYCLE_RULE: ValidationRule = {
   rule: '!has(self.lifecycle) || !(has(self.shutdownTime) || has(self.shutdownPolicy))',
   message: 'set either spec.lifecycle or spec.shutdownTime/spec.shutdownPolicy, not both',
   fieldPath: '.lifecycle',
+  reason: 'FieldValueForbidden',
 };
 
 const sandbox: KindSchema = {
@@ -168,13 +169,13 @@ const sandbox: KindSchema = {
   spec: object({
     ...blueprint(),
     replicas: integer(0, 1, 'v1alpha1: 1 runs the pod, 0 hibernates it (volumes kept).'),
-    operatingMode: oneOf(['Running', 'Suspended'], 'v1beta1: Running, or Suspended (hibernated, volumes kept).'),
+    operatingMode: enumOf(['Running', 'Suspended'], 'v1beta1: Running, or Suspended (hibernated, volumes kept).'),
     lifecycle: object(lifecycleFields(SANDBOX_POLICIES), { description: 'Scheduled shutdown (our form; k8s-sigs writes the same fields directly in spec).' }),
     ...lifecycleFields(SANDBOX_POLICIES),
     idleTimeoutMs,
   }, { required: ['podTemplate'], rules: [SANDBOX_LIFECYCLE_RULE] }),
   status: object({
-    phase: oneOf(['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating']),
+    phase: enumOf(['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating']),
     conditions: conditions(),
     podIPs: strings(),
     nodeName: string(),
@@ -192,8 +193,10 @@ const sandbox: KindSchema = {
     AGE,
     { name: 'Pod IP', type: 'string', jsonPath: '.status.podIPs[0]', priority: 1 },
   ],
-  // k8s-sigs v1alpha1 scales a Sandbox between 0 and 1; v1beta1 replaced replicas with operatingMode.
-  scale: (version) => (version === 'v1alpha1' ? { specReplicasPath: '.spec.replicas', statusReplicasPath: '.status.replicas', labelSelectorPath: '.status.selector' } : undefined),
+  // k8s-sigs v1alpha1 scales a Sandbox between 0 and 1 (v1beta1 replaced replicas with
+  // operatingMode). We keep replicas on both versions, and kubectl talks v1beta1 (the preferred
+  // version), so both get /scale: `kubectl scale sandbox/x --replicas=0` hibernates.
+  scale: () => ({ specReplicasPath: '.spec.replicas', statusReplicasPath: '.status.replicas', labelSelectorPath: '.status.selector' }),
 };
 
 const POLICY_VALUES = ['Disallowed', 'Allowed', 'Overrides'];
@@ -204,9 +207,9 @@ const template: KindSchema = {
   spec: object({
     ...blueprint(),
     networkPolicy: object({ ingress: array(anyObject()), egress: array(anyObject()) }, { description: 'NetworkPolicy ingress and egress rules for sandboxes of this template.' }),
-    networkPolicyManagement: oneOf(['Managed', 'Unmanaged']),
-    envVarsInjectionPolicy: oneOf(POLICY_VALUES, 'Whether claims may add or override env.'),
-    volumeClaimTemplatesPolicy: oneOf(POLICY_VALUES, 'Whether claims may add or override volumeClaimTemplates.'),
+    networkPolicyManagement: enumOf(['Managed', 'Unmanaged']),
+    envVarsInjectionPolicy: enumOf(POLICY_VALUES, 'Whether claims may add or override env.'),
+    volumeClaimTemplatesPolicy: enumOf(POLICY_VALUES, 'Whether claims may add or override volumeClaimTemplates.'),
     idleTimeoutMs,
   }, { required: ['podTemplate'] }),
   status: anyObject(),
@@ -219,7 +222,7 @@ const warmPool: KindSchema = {
     replicas: { ...integer(0, MAX_WARM_POOL_REPLICAS, 'Warm members to keep. At most 1000: each is a running pod (kubernetes-sigs/agent-sandbox#251).'), default: 1 },
     sandboxTemplateRef: ref('SandboxTemplate'),
     updateStrategy: {
-      ...object({ type: { ...oneOf(['Recreate', 'OnReplenish'], 'Recreate replaces members when the template changes; OnReplenish only new ones.'), default: 'OnReplenish' } }),
+      ...object({ type: { ...enumOf(['Recreate', 'OnReplenish'], 'Recreate replaces members when the template changes; OnReplenish only new ones.'), default: 'OnReplenish' } }),
       default: {},
     },
   }, { required: ['sandboxTemplateRef'] }),
@@ -244,8 +247,9 @@ const warmPool: KindSchema = {
 
 const CLAIM_REF_RULE: ValidationRule = {
   rule: 'has(self.warmPoolRef) || has(self.sandboxTemplateRef)',
-  message: 'is required: set warmPoolRef.name (v1beta1) or sandboxTemplateRef.name (v1alpha1)',
+  message: 'set warmPoolRef.name (v1beta1) or sandboxTemplateRef.name (v1alpha1)',
   fieldPath: '.warmPoolRef',
+  reason: 'FieldValueRequired',
 };
 
 const claim: KindSchema = {
@@ -259,7 +263,7 @@ const claim: KindSchema = {
     lifecycle: object({
       shutdownTime: time('When the claim and its sandbox are shut down (RFC 3339). Absent: never.'),
       // As in k8s-sigs (and applyDefaults): only a claim that has a lifecycle gets the default.
-      shutdownPolicy: { ...oneOf(['Delete', 'DeleteForeground', 'Retain'], 'DeleteForeground: the claim goes after its sandbox.'), default: 'Retain' },
+      shutdownPolicy: { ...enumOf(['Delete', 'DeleteForeground', 'Retain'], 'DeleteForeground: the claim goes after its sandbox.'), default: 'Retain' },
       ttlSecondsAfterFinished: integer(0),
     }),
     additionalPodMetadata: podMetadata('Labels and annotations added to the bound sandbox\'s pod.'),
@@ -269,7 +273,7 @@ const claim: KindSchema = {
   status: object({
     conditions: conditions(),
     sandbox: object({ name: name(), podIPs: strings() }, { required: ['name'] }),
-    launchType: oneOf(['warm', 'cold']),
+    launchType: enumOf(['warm', 'cold']),
   }),
   columns: [
     { name: 'Ready', type: 'string', jsonPath: `${READY_CONDITION}.status` },

@@ -19,8 +19,6 @@ const CEL_AS_JSON_SCHEMA: ReadonlyMap<string, Schema> = new Map<string, Schema>(
     { if: { anyOf: [{ required: ['shutdownTime'] }, { required: ['shutdownPolicy'] }] }, then: { properties: { lifecycle: false } } }],
   ['has(self.warmPoolRef) || has(self.sandboxTemplateRef)',
     { if: { not: { required: ['sandboxTemplateRef'] } }, then: { required: ['warmPoolRef'] } }],
-  ['[has(self.exec), has(self.httpGet), has(self.tcpSocket), has(self.grpc)].filter(x, x).size() == 1',
-    { oneOf: [{ required: ['exec'] }, { required: ['httpGet'] }, { required: ['tcpSocket'] }, { required: ['grpc'] }] }],
   ["self.all(k, !k.startsWith('agents.x-k8s.io/') && !k.startsWith('extensions.agents.x-k8s.io/') && !k.startsWith('asb.dev/'))",
     { propertyNames: { not: { pattern: RESERVED } } }],
 ]);
@@ -33,6 +31,9 @@ export function toAjvSchema(node: JSONSchemaProps, open = false): Schema {
     switch (key) {
       case 'properties':
         out.properties = Object.fromEntries(Object.entries(node.properties ?? {}).map(([k, v]) => [k, toAjvSchema(v)]));
+        break;
+      case 'oneOf':
+        out.oneOf = (node.oneOf ?? []).map((branch) => toAjvSchema(branch));
         break;
       case 'items':
       case 'additionalProperties':
