@@ -1,0 +1,349 @@
+// A real kube-apiserver on a real etcd for the Kubernetes test tier (test/k8s/), from the binaries
+// `make kube-tools` builds into .tools/kube/bin (scripts/kube-tools.sh). Everything is loopback:
+// etcd on two free ports of 127.0.0.1, the API server's secure port on a third, with a serving
+// certificate from a throw-away local CA. Authentication is a static token file (no anonymous
+// access, so a request without a token gets 401) and authorization is RBAC.
+//
+// What does not run here, and what that means for a test:
+// - No kubelet and no scheduler: a Pod stays Pending with no node; a test plays the kubelet by
+//   writing the Pod's status itself (PATCH pods/<name>/status).
+// - No kube-controller-manager, so none of its controllers: namespace (a deleted namespace stays
+//   Terminating: use a fresh namespace per test instead of deleting one), garbage collector
+//   (ownerReferences do not cascade), ServiceAccount (no "default" ServiceAccount), ClusterRole
+//   aggregation (the built-in view, edit and admin roles have no rules: bind a Role of your own),
+//   PVC protection. Two admission plugins that count on those controllers are disabled:
+//   ServiceAccount (it refuses a Pod whose ServiceAccount does not exist) and
+//   StorageObjectInUseProtection (its PVC finalizer would keep a deleted PVC Terminating for
+//   ever). apiServerArgs can turn them back on.
+// The API server's own bootstrap controllers do run: the "default", "kube-system" and
+// "kube-public" namespaces, the RBAC default roles, the "kubernetes" Service. Start waits for the
+// "default" namespace, so a test can use it at once.
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { generateKeyPairSync, randomBytes } from 'node:crypto';
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { Agent, request as httpsRequest } from 'node:https';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { stringify } from 'yaml';
+import { ensureEdgeTls } from '../../src/edge/tls.ts';
+import { AsbError } from '../../src/errors.ts';
+import { freePort } from '../../src/system/local-system.ts';
+
+const repoRoot = resolve(import.meta.dirname, '../..');
+/** Where scripts/kube-tools.sh puts kube-apiserver, kubectl and etcd. */
+export const KUBE_BIN_DIR = join(repoRoot, '.tools/kube/bin');
+
+/** The user of the second token: authenticated, in no group but system:authenticated, so RBAC grants it nothing until a test binds a role to it. */
+export const LIMITED_USER = 'asb-limited';
+
+export interface KubeApiServerOptions {
+  /** Extra kube-apiserver flags, after ours (the last of a repeated flag wins), e.g. `--disable-admission-plugins=…`. */
+  apiServerArgs?: readonly string[];
+  /** etcd's --unsafe-no-fsync: faster on a busy disk, and a test's throw-away data never needs a crash-safe disk. Default false, so benchmarks measure the real write path. */
+  etcdUnsafeNoFsync?: boolean;
+  /** How long etcd plus the API server may take to be ready; default 120 s (cold start on 2 busy cores is ~5-15 s). */
+  readyTimeoutMs?: number;
+  /** Directory with kube-apiserver, etcd and kubectl; default .tools/kube/bin. */
+  binDir?: string;
+}
+
+export interface KubeResponse<T> {
+  status: number;
+  /** Parsed JSON when the body is JSON, else the raw text. */
+  body: T;
+}
+
+export interface KubeRequestOptions {
+  /** Bearer token; default the admin token; null sends none. */
+  token?: string | null;
+  /** Sent as JSON unless it is a string. */
+  body?: unknown;
+  /** Default application/json (merge patches need application/merge-patch+json). */
+  contentType?: string;
+}
+
+export interface KubeApiServer {
+  /** https://127.0.0.1:<port> */
+  readonly url: string;
+  /** Bearer token of user "asb-admin" in group system:masters (every permission). */
+  readonly token: string;
+  /** Bearer token of LIMITED_USER, for RBAC tests. */
+  readonly limitedToken: string;
+  /** PEM file of the CA that signed the serving certificate. */
+  readonly caPath: string;
+  /** kubeconfig: current context "asb-admin"; context "asb-limited" uses the limited token. */
+  readonly kubeconfigPath: string;
+  /** http://127.0.0.1:<port>, the API server's etcd. */
+  readonly etcdUrl: string;
+  /** Temp directory with etcd.log and kube-apiserver.log (removed by stop()). */
+  readonly dir: string;
+  /** Milliseconds from starting etcd to the API server ready with its "default" namespace. */
+  readonly readyMs: number;
+  /** Runs kubectl with this kubeconfig; resolves with stdout, rejects with KubectlError on a non-zero exit. */
+  kubectl(args: readonly string[], stdin?: string): Promise<string>;
+  /** One HTTPS request to the API server (path like /api/v1/namespaces/default/configmaps). */
+  request<T = unknown>(method: string, path: string, opts?: KubeRequestOptions): Promise<KubeResponse<T>>;
+  /** Kills the API server and etcd and removes the temp directory. Idempotent. */
+  stop(): Promise<void>;
+}
+
+export class KubectlError extends Error {
+  readonly exitCode: number | null;
+  readonly stdout: string;
+  readonly stderr: string;
+  constructor(args: readonly string[], exitCode: number | null, stdout: string, stderr: string) {
+    super(`kubectl ${args.join(' ')} exited ${String(exitCode)}: ${stderr.trim()}`);
+    this.name = 'KubectlError';
+    this.exitCode = exitCode;
+    this.stdout = stdout;
+    this.stderr = stderr;
+  }
+}
+
+/** Processes started here and not yet stopped; killed if the test process exits without stop(). */
+const live = new Set<{ procs: ChildProcess[]; dir: string }>();
+process.once('exit', () => {
+  for (const server of live) {
+    for (const proc of server.procs) proc.kill('SIGKILL');
+    rmSync(server.dir, { recursive: true, force: true });
+  }
+});
+
+/** Starts etcd and kube-apiserver; a free port taken by someone else between choosing and binding is retried with new ports (3 tries). */
+export async function startKubeApiServer(opts: KubeApiServerOptions = {}): Promise<KubeApiServer> {
+  const binDir = opts.binDir ?? KUBE_BIN_DIR;
+  for (const bin of ['etcd', 'kube-apiserver', 'kubectl']) {
+    if (!existsSync(join(binDir, bin))) {
+      throw new AsbError('Unavailable', `kube-apiserver fixture: ${join(binDir, bin)} is missing; run \`make kube-tools\` (make test does) to build it`);
+    }
+  }
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startOnce(binDir, opts);
+    } catch (err) {
+      if (!(err instanceof PortTaken) || attempt >= 3) throw err;
+    }
+  }
+}
+
+/** A child exited before it was ready because its port was taken after freePort chose it. */
+class PortTaken extends Error {}
+
+async function startOnce(binDir: string, opts: KubeApiServerOptions): Promise<KubeApiServer> {
+  const started = Date.now();
+  const dir = mkdtempSync(join(tmpdir(), 'asb-kube-'));
+  const entry = { procs: [] as ChildProcess[], dir };
+  live.add(entry);
+  const agent = new Agent({ keepAlive: true, maxSockets: 64 });
+  let stopping: Promise<void> | undefined;
+  const stop = (): Promise<void> => {
+    stopping ??= (async () => {
+      agent.destroy();
+      await Promise.all(entry.procs.map(killAndWait));
+      live.delete(entry);
+      rmSync(dir, { recursive: true, force: true });
+    })();
+    return stopping;
+  };
+
+  try {
+    const deadline = started + (opts.readyTimeoutMs ?? 120_000);
+    const [clientPort, peerPort, securePort] = [await freePort(), await freePort(), await freePort()];
+    const etcdUrl = `http://127.0.0.1:${clientPort}`;
+    const peerUrl = `http://127.0.0.1:${peerPort}`;
+    const etcd = spawnLogged(join(binDir, 'etcd'), [
+      '--name', 'asb-test',
+      '--data-dir', join(dir, 'etcd'),
+      '--listen-client-urls', etcdUrl, '--advertise-client-urls', etcdUrl,
+      '--listen-peer-urls', peerUrl, '--initial-advertise-peer-urls', peerUrl,
+      '--initial-cluster', `asb-test=${peerUrl}`,
+      '--log-level', 'warn',
+      ...(opts.etcdUnsafeNoFsync === true ? ['--unsafe-no-fsync'] : []),
+    ], join(dir, 'etcd.log'));
+    entry.procs.push(etcd.proc);
+    await pollUntil('etcd /health', deadline, [etcd], async () => {
+      const res = await fetch(`${etcdUrl}/health`).catch(() => undefined);
+      return res?.status === 200 ? true : undefined;
+    });
+
+    const token = randomBytes(24).toString('hex');
+    const limitedToken = randomBytes(24).toString('hex');
+    // token,user,uid,"groups"
+    writeFileSync(join(dir, 'tokens.csv'), `${token},asb-admin,asb-admin,"system:masters"\n${limitedToken},${LIMITED_USER},${LIMITED_USER}\n`, { mode: 0o600 });
+    const sa = generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
+    writeFileSync(join(dir, 'sa.key'), sa.privateKey.export({ type: 'sec1', format: 'pem' }), { mode: 0o600 });
+    writeFileSync(join(dir, 'sa.pub'), sa.publicKey.export({ type: 'spki', format: 'pem' }));
+    // A serving certificate for localhost and 127.0.0.1 from a throw-away CA (openssl, ~20 ms).
+    const tls = await ensureEdgeTls(join(dir, 'pki'), 'kube-apiserver.localhost');
+    const caPem = readFileSync(tls.caCertPath);
+
+    const apiserver = spawnLogged(join(binDir, 'kube-apiserver'), [
+      '--etcd-servers', etcdUrl,
+      '--bind-address', '127.0.0.1',
+      '--advertise-address', '127.0.0.1',
+      // The endpoint reconciler refuses a loopback advertise address; with it off, the
+      // "kubernetes" Service simply has no endpoints (nothing in a test dials it).
+      '--endpoint-reconciler-type', 'none',
+      '--secure-port', String(securePort),
+      '--tls-cert-file', tls.certChainPath,
+      '--tls-private-key-file', tls.privateKeyPath,
+      '--cert-dir', join(dir, 'certs'),
+      '--token-auth-file', join(dir, 'tokens.csv'),
+      '--anonymous-auth=false',
+      '--authorization-mode', 'RBAC',
+      '--service-account-issuer', 'https://kubernetes.default.svc.cluster.local',
+      '--service-account-key-file', join(dir, 'sa.pub'),
+      '--service-account-signing-key-file', join(dir, 'sa.key'),
+      // Only the allocator's range for Service ClusterIPs; nothing routes to it.
+      '--service-cluster-ip-range', '10.96.0.0/24',
+      '--disable-admission-plugins', 'ServiceAccount,StorageObjectInUseProtection',
+      '--profiling=false',
+      ...(opts.apiServerArgs ?? []),
+    ], join(dir, 'kube-apiserver.log'));
+    entry.procs.push(apiserver.proc);
+
+    const url = `https://127.0.0.1:${securePort}`;
+    const request = <T>(method: string, path: string, o: KubeRequestOptions = {}): Promise<KubeResponse<T>> =>
+      kubeRequest<T>(agent, caPem, url, method, path, o.token === undefined ? token : o.token, o);
+    await pollUntil('kube-apiserver /readyz', deadline, [etcd, apiserver], async () => {
+      const res = await request('GET', '/readyz').catch(() => undefined);
+      return res?.status === 200 ? true : undefined;
+    });
+    await pollUntil('the "default" namespace', deadline, [etcd, apiserver], async () => {
+      const res = await request('GET', '/api/v1/namespaces/default').catch(() => undefined);
+      return res?.status === 200 ? true : undefined;
+    });
+
+    const kubeconfigPath = join(dir, 'kubeconfig');
+    writeFileSync(kubeconfigPath, kubeconfig(url, tls.caCertPath, token, limitedToken), { mode: 0o600 });
+    const kubectlEnv = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: dir, KUBECONFIG: kubeconfigPath, KUBECACHEDIR: join(dir, 'kubectl-cache') };
+    return {
+      url,
+      token,
+      limitedToken,
+      caPath: tls.caCertPath,
+      kubeconfigPath,
+      etcdUrl,
+      dir,
+      readyMs: Date.now() - started,
+      kubectl: (args, stdin) => runKubectl(join(binDir, 'kubectl'), args, kubectlEnv, stdin),
+      request,
+      stop,
+    };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+interface Logged {
+  proc: ChildProcess;
+  name: string;
+  logPath: string;
+  /** Set once the process has exited. */
+  exit?: string;
+}
+
+function spawnLogged(binary: string, args: string[], logPath: string): Logged {
+  // setpriv --pdeathsig: the child dies with the test process even when that is SIGKILLed, which
+  // no 'exit' hook can cover; without setpriv (not Linux), the hook above is all there is.
+  const [command, argv] = existsSync('/usr/bin/setpriv') ? ['/usr/bin/setpriv', ['--pdeathsig', 'SIGKILL', '--', binary, ...args]] : [binary, args];
+  const fd = openSync(logPath, 'a');
+  let proc: ChildProcess;
+  try {
+    proc = spawn(command, argv, { stdio: ['ignore', fd, fd], detached: false });
+  } finally {
+    closeSync(fd);
+  }
+  const logged: Logged = { proc, name: binary.slice(binary.lastIndexOf('/') + 1), logPath };
+  proc.once('exit', (code, signal) => (logged.exit = `exited ${String(code ?? signal)}`));
+  proc.once('error', (err) => (logged.exit = `could not start: ${err.message}`));
+  return logged;
+}
+
+async function killAndWait(proc: ChildProcess): Promise<void> {
+  if (proc.exitCode !== null || proc.signalCode !== null || proc.pid === undefined) return;
+  const exited = new Promise<void>((resolveExit) => proc.once('exit', () => resolveExit()));
+  // The data is thrown away, so there is nothing for a graceful shutdown to save.
+  proc.kill('SIGKILL');
+  await exited;
+}
+
+/** Polls every 100 ms until check() gives a value; fails at once, with the log's tail, if a process exits. */
+async function pollUntil(what: string, deadline: number, procs: Logged[], check: () => Promise<true | undefined>): Promise<void> {
+  for (;;) {
+    const dead = procs.find((p) => p.exit !== undefined);
+    if (dead !== undefined) {
+      const tail = logTail(dead.logPath);
+      if (/address already in use/.test(tail)) throw new PortTaken(`${dead.name}: port taken`);
+      throw new AsbError('Unavailable', `kube-apiserver fixture: ${dead.name} ${dead.exit ?? ''} while waiting for ${what}; ${dead.logPath} ends:\n${tail}`);
+    }
+    if ((await check()) === true) return;
+    if (Date.now() > deadline) {
+      throw new AsbError('Timeout', `kube-apiserver fixture: timed out waiting for ${what}; logs:\n${procs.map((p) => `--- ${p.logPath}\n${logTail(p.logPath)}`).join('\n')}`);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+function logTail(path: string): string {
+  try {
+    return readFileSync(path, 'utf8').split('\n').slice(-30).join('\n');
+  } catch {
+    return '(no log)';
+  }
+}
+
+function kubeconfig(url: string, caPath: string, token: string, limitedToken: string): string {
+  return stringify({
+    apiVersion: 'v1',
+    kind: 'Config',
+    clusters: [{ name: 'asb-test', cluster: { server: url, 'certificate-authority': caPath } }],
+    users: [
+      { name: 'asb-admin', user: { token } },
+      { name: LIMITED_USER, user: { token: limitedToken } },
+    ],
+    contexts: [
+      { name: 'asb-admin', context: { cluster: 'asb-test', user: 'asb-admin', namespace: 'default' } },
+      { name: LIMITED_USER, context: { cluster: 'asb-test', user: LIMITED_USER, namespace: 'default' } },
+    ],
+    'current-context': 'asb-admin',
+  });
+}
+
+function runKubectl(binary: string, args: readonly string[], env: NodeJS.ProcessEnv, stdin?: string): Promise<string> {
+  return new Promise((resolveRun, reject) => {
+    const child = execFile(binary, args, { env, timeout: 60_000, maxBuffer: 64 * 1024 * 1024 }, (err, stdout, stderr) => {
+      if (err === null) resolveRun(stdout);
+      else reject(new KubectlError(args, child.exitCode, stdout, stderr || err.message));
+    });
+    child.stdin?.end(stdin ?? '');
+  });
+}
+
+function kubeRequest<T>(agent: Agent, ca: Buffer, base: string, method: string, path: string, token: string | null, o: KubeRequestOptions): Promise<KubeResponse<T>> {
+  const payload = o.body === undefined ? undefined : typeof o.body === 'string' ? o.body : JSON.stringify(o.body);
+  const headers: Record<string, string> = { accept: 'application/json' };
+  if (token !== null) headers.authorization = `Bearer ${token}`;
+  if (payload !== undefined) headers['content-type'] = o.contentType ?? 'application/json';
+  return new Promise((resolveReq, reject) => {
+    const req = httpsRequest(`${base}${path}`, { method, headers, agent, ca, timeout: 30_000 }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (chunk: Buffer) => chunks.push(chunk));
+      res.on('error', reject);
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString('utf8');
+        let body: unknown = text;
+        try {
+          body = JSON.parse(text);
+        } catch {
+          // not JSON (e.g. /readyz answers "ok")
+        }
+        resolveReq({ status: res.statusCode ?? 0, body: body as T });
+      });
+    });
+    req.on('timeout', () => req.destroy(new Error(`${method} ${path}: no answer within 30 s`)));
+    req.on('error', reject);
+    req.end(payload);
+  });
+}
