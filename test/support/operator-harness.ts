@@ -1,5 +1,7 @@
-// Shared fixture for operator and claim tests: a real SQLite store in a temp dir, the fake
-// runtime, a fresh metrics registry, and a clock the test can move forward.
+// Shared fixture for operator and claim tests (test/support/controller-suite.ts): a store (by
+// default a real SQLite store in a temp dir; test/k8s/ passes a kube store on a real
+// kube-apiserver), the fake runtime, a fresh metrics registry, and a clock the test can move
+// forward.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -61,6 +63,8 @@ export class ManualClock implements Clock {
 
 export interface Harness {
   store: ObjectStore;
+  /** The namespace this test's objects live in. */
+  ns: string;
   runtime: FakeRuntime;
   metrics: Metrics;
   registry: Registry;
@@ -73,14 +77,47 @@ export interface Harness {
 export const NS = 'default';
 export const CLUSTER_TAG = 'tst1';
 
-export async function startHarness(t: TestContext, opts: { autoReady?: boolean; notReadyReplaceMs?: number } = {}): Promise<Harness> {
+/** One test's store: empty, with a namespace of its own. */
+export interface HarnessStore {
+  store: ObjectStore;
+  ns: string;
+  /** Called after the test's operators have stopped: empties and closes the store. */
+  dispose: () => Promise<void>;
+}
+
+/** Opens a store for one test; `clock` is the test's clock (the SQLite store stamps times with it). */
+export type HarnessStoreFactory = (clock: ManualClock) => Promise<HarnessStore>;
+
+export interface HarnessOptions {
+  autoReady?: boolean;
+  notReadyReplaceMs?: number;
+}
+
+export const sqliteHarnessStore: HarnessStoreFactory = async (clock) => {
   const dir = mkdtempSync(join(tmpdir(), 'asb-operator-'));
-  const clock = new ManualClock();
   const store = await openSqliteStore({ path: join(dir, 'store.db'), clock });
+  return {
+    store,
+    ns: NS,
+    dispose: async () => {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+};
+
+export async function startHarness(t: TestContext, opts: HarnessOptions = {}, openStore: HarnessStoreFactory = sqliteHarnessStore): Promise<Harness> {
+  const clock = new ManualClock();
+  const { store, ns, dispose } = await openStore(clock);
   const runtime = new FakeRuntime({ autoReady: opts.autoReady ?? true });
   const registry = new Registry();
   const metrics = createMetrics(registry);
   const operators: Operator[] = [];
+  // One hook, in this order: the operators stop before the store is emptied under them.
+  t.after(async () => {
+    for (const o of operators) await o.close();
+    await dispose();
+  });
   const start = async (): Promise<Operator> => {
     const op = await startOperator({
       store,
@@ -96,12 +133,7 @@ export async function startHarness(t: TestContext, opts: { autoReady?: boolean; 
     return op;
   };
   const op = await start();
-  t.after(async () => {
-    for (const o of operators) await o.close();
-    await store.close();
-    rmSync(dir, { recursive: true, force: true });
-  });
-  return { store, runtime, metrics, registry, clock, op, restart: start };
+  return { store, ns, runtime, metrics, registry, clock, op, restart: start };
 }
 
 /** Polls until check() returns a value other than undefined/false; fails after timeoutMs. */
@@ -115,11 +147,11 @@ export async function eventually<T>(what: string, check: () => T | undefined | f
   }
 }
 
-export function template(name: string, extra: Partial<SandboxTemplate['spec']> = {}): SandboxTemplate {
+export function template(name: string, extra: Partial<SandboxTemplate['spec']> = {}, namespace = NS): SandboxTemplate {
   return {
     apiVersion: apiVersionOf(SandboxTemplateType),
     kind: 'SandboxTemplate',
-    metadata: { name, namespace: NS },
+    metadata: { name, namespace },
     spec: {
       podTemplate: { spec: { containers: [{ name: 'main', image: 'busybox', command: ['sleep', 'infinity'] }] } },
       volumeClaimTemplates: [{ metadata: { name: 'work' }, spec: { resources: { requests: { storage: '1Gi' } } } }],
@@ -128,11 +160,11 @@ export function template(name: string, extra: Partial<SandboxTemplate['spec']> =
   };
 }
 
-export function warmPool(name: string, templateName: string, replicas: number): SandboxWarmPool {
+export function warmPool(name: string, templateName: string, replicas: number, namespace = NS): SandboxWarmPool {
   return {
     apiVersion: apiVersionOf(SandboxWarmPoolType),
     kind: 'SandboxWarmPool',
-    metadata: { name, namespace: NS },
+    metadata: { name, namespace },
     spec: { replicas, sandboxTemplateRef: { name: templateName } },
   };
 }
