@@ -1,7 +1,8 @@
 // The Connect protocol (connectrpc.com/docs/protocol) with the JSON codec, as far as envd's
-// clients use it: unary calls (application/json both ways) and server streams
+// clients use it: unary calls (application/json both ways), server streams and client streams
 // (application/connect+json: envelopes of 1 flag byte, a 4-byte big-endian length and the JSON;
-// the last one has flag 0x02 and carries `{}` or `{"error":…}`). No compression: the E2B SDK
+// the last one has flag 0x02 and carries `{}` or `{"error":…}`; a client stream's reply is one
+// message and that end-stream envelope). No compression: the E2B SDK
 // never compresses, and a compressed envelope (flag 0x01) is refused.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AsbError, type ErrorCode } from '../../errors.ts';
@@ -109,6 +110,35 @@ export function parseStreamRequest(body: Buffer): unknown {
   const length = body.readUInt32BE(1);
   if (body.length < 5 + length) throw new AsbError('BadRequest', `Connect envelope says ${length} bytes, the body holds ${body.length - 5}`);
   return parseJson(body.subarray(5, 5 + length));
+}
+
+/** A client stream's messages as their envelopes arrive; an end-stream envelope (optional from a client) ends them. */
+export async function* streamMessages(body: AsyncIterable<Buffer>, maxMessageBytes: number): AsyncGenerator<unknown, void, undefined> {
+  let pending: Buffer = Buffer.alloc(0);
+  for await (const chunk of body) {
+    pending = pending.length === 0 ? chunk : Buffer.concat([pending, chunk]);
+    while (pending.length >= 5) {
+      const flags = pending.readUInt8(0);
+      const length = pending.readUInt32BE(1);
+      if (length > maxMessageBytes) throw new AsbError('PayloadTooLarge', `a Connect envelope of ${length} bytes is over the ${maxMessageBytes}-byte limit`);
+      if (pending.length < 5 + length) break;
+      if ((flags & FLAG_COMPRESSED) !== 0) throw new AsbError('BadRequest', 'compressed Connect envelopes are not supported (send Connect-Content-Encoding: identity)');
+      const message = pending.subarray(5, 5 + length);
+      pending = pending.subarray(5 + length);
+      if ((flags & FLAG_END_STREAM) !== 0) return;
+      yield parseJson(message);
+    }
+  }
+  if (pending.length > 0) throw new AsbError('BadRequest', `the request ended inside a Connect envelope (${pending.length} bytes left over)`);
+}
+
+/** A client stream's reply: its one message, or the error, then the end-stream envelope. */
+export function writeClientStreamReply(res: ServerResponse, reply: { message: unknown } | { error: unknown }): void {
+  const body = 'message' in reply
+    ? Buffer.concat([envelope(0, reply.message), envelope(FLAG_END_STREAM, {})])
+    : envelope(FLAG_END_STREAM, { error: toWireError(reply.error) });
+  res.writeHead(200, { 'content-type': 'application/connect+json', 'content-length': body.length });
+  res.end(body);
 }
 
 export function parseJson(bytes: Buffer): unknown {

@@ -11,7 +11,7 @@
 //   GET  /health                          204 while the sandbox runs, 502 otherwise (isRunning)
 //   GET|POST /files                       file download / upload (files.ts)
 //   POST /process.Process/<Method>        Connect RPC (process.ts)
-//   POST /filesystem.Filesystem/<Method>  Connect RPC (filesystem.ts)
+//   POST /filesystem.Filesystem/<Method>  Connect RPC (filesystem.ts; the *Watcher methods: watchers.ts)
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AsbError } from '../../errors.ts';
 import type { Sandbox } from '../../api/types.ts';
@@ -22,12 +22,13 @@ import { isObjectName } from '../access.ts';
 import { readBody } from '../body.ts';
 import type { WorkerContext } from '../deps.ts';
 import { basicUser, checkSignature, requireToken, uidOf } from './auth.ts';
-import { ConnectError, keepaliveOf, parseJson, parseStreamRequest, ServerStream, timeoutOf, writeUnary, writeUnaryError } from './connect.ts';
+import { ConnectError, keepaliveOf, parseJson, parseStreamRequest, ServerStream, streamMessages, timeoutOf, writeClientStreamReply, writeUnary, writeUnaryError } from './connect.ts';
 import type { FsTarget } from './entries.ts';
 import { getFile, postFiles, writeRestError } from './files.ts';
-import { FILESYSTEM_UNARY, watchDir } from './filesystem.ts';
-import { PROCESS_STREAMS, PROCESS_UNARY, type ProcessCall } from './process.ts';
+import { FILESYSTEM_UNARY, watchDir, type UnaryMethod } from './filesystem.ts';
+import { PROCESS_STREAMS, PROCESS_UNARY, streamInput, type ProcessCall } from './process.ts';
 import { ProcessTable } from './processes.ts';
+import { WatcherTable } from './watchers.ts';
 
 /** The port E2B's SDK reaches envd on. */
 export const ENVD_PORT = 49983;
@@ -57,11 +58,13 @@ type Kind = 'health' | 'files' | 'rpc';
 export class Envd {
   readonly #w: WorkerContext;
   readonly #table = new ProcessTable();
+  readonly #watchers: WatcherTable;
   readonly #streams = new Set<ServerStream>();
   #closed = false;
 
   constructor(w: WorkerContext) {
     this.#w = w;
+    this.#watchers = new WatcherTable(w.log.child({ component: 'envd-watchers' }));
   }
 
   /** The node:http handler for a request isEnvdRequest accepted. */
@@ -157,16 +160,47 @@ export class Envd {
     const method = path.slice(service === 'process' ? PROCESS_PREFIX.length : FILESYSTEM_PREFIX.length);
     const processStream = service === 'process' ? PROCESS_STREAMS[method] : undefined;
     const isWatch = service === 'filesystem' && method === 'WatchDir';
+    if (service === 'process' && method === 'StreamInput') {
+      await this.#clientStream(req, res, (messages) => streamInput(call, messages));
+      return;
+    }
     if (processStream !== undefined || isWatch) {
       const message = parseStreamRequest(await readBody(req, MESSAGE_LIMIT_BYTES));
       await this.#stream(req, res, call.id, (stream) => (processStream !== undefined ? processStream(call, message, stream) : watchDir(target, message, stream, (ms) => this.#sleep(ms))));
       return;
     }
     const unary = service === 'process' ? PROCESS_UNARY[method] : undefined;
-    const fsUnary = service === 'filesystem' ? FILESYSTEM_UNARY[method] : undefined;
+    const fsUnary = service === 'filesystem' ? FILESYSTEM_UNARY[method] ?? this.#watcherMethod(method) : undefined;
     if (unary === undefined && fsUnary === undefined) throw new ConnectError('unimplemented', `${service}.${service === 'process' ? 'Process' : 'Filesystem'}/${method} is not implemented`);
     const message = parseJson(await readBody(req, MESSAGE_LIMIT_BYTES));
     writeUnary(res, unary !== undefined ? await unary(call, message) : await fsUnary?.(target, message));
+  }
+
+  /** A client stream: messages as they arrive, one reply at the end; past Connect-Timeout-Ms, deadline_exceeded. */
+  async #clientStream(req: IncomingMessage, res: ServerResponse, run: (messages: AsyncIterable<unknown>) => Promise<unknown>): Promise<void> {
+    const timeoutMs = timeoutOf(req);
+    const deadline = timeoutMs === undefined ? undefined : this.#w.clock.after(timeoutMs, () => {
+      if (!res.headersSent) writeClientStreamReply(res, { error: new ConnectError('deadline_exceeded', `the input stream passed its deadline of ${timeoutMs} ms (Connect-Timeout-Ms)`) });
+      req.destroy();
+    });
+    try {
+      const message = await run(streamMessages(req, MESSAGE_LIMIT_BYTES));
+      if (!res.headersSent) writeClientStreamReply(res, { message });
+    } catch (err) {
+      if (!res.headersSent) writeClientStreamReply(res, { error: err });
+    } finally {
+      deadline?.cancel();
+    }
+  }
+
+  #watcherMethod(method: string): UnaryMethod | undefined {
+    const watchers = this.#watchers;
+    switch (method) {
+      case 'CreateWatcher': return (t, msg) => watchers.create(t, msg);
+      case 'GetWatcherEvents': return (t, msg) => watchers.events(t, msg);
+      case 'RemoveWatcher': return (t, msg) => Promise.resolve(watchers.remove(t, msg));
+      default: return undefined;
+    }
   }
 
   async #stream(req: IncomingMessage, res: ServerResponse, id: string, run: (stream: ServerStream) => Promise<void>): Promise<void> {

@@ -6,6 +6,9 @@
 // listings gives the same events a little later: CREATE for new paths, REMOVE for gone ones,
 // WRITE when size or mtime changed, CHMOD when only the mode did. A rename shows as REMOVE of the
 // old name and CREATE of the new one; changes that cancel out within one poll are not seen.
+//
+// The Python SDK's sync watch_dir uses the polled watcher RPCs instead (watchers.ts), built on the
+// same snapshots and diff.
 import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
 import { ConnectError, type ServerStream } from './connect.ts';
@@ -48,7 +51,47 @@ export const FILESYSTEM_UNARY: Readonly<Record<string, UnaryMethod>> = {
 
 type EventType = 'EVENT_TYPE_CREATE' | 'EVENT_TYPE_WRITE' | 'EVENT_TYPE_REMOVE' | 'EVENT_TYPE_CHMOD';
 
-function changes(before: ReadonlyMap<string, EntryInfo>, after: ReadonlyMap<string, EntryInfo>): { path: string; type: EventType; entry: EntryInfo | undefined }[] {
+/** filesystem.FilesystemEvent in its JSON form; name is relative to the watched directory. */
+export interface FilesystemEvent {
+  name: string;
+  type: EventType;
+  entry?: EntryInfo;
+}
+
+/** What a watch (WatchDir or CreateWatcher) looks at: its request's path, recursive and includeEntry. */
+export interface WatchSpec {
+  root: string;
+  depth: number;
+  includeEntry: boolean;
+}
+
+export function watchSpecOf(msg: unknown): WatchSpec {
+  const m = record(msg);
+  return { root: absolutePath(m.path), depth: m.recursive === true ? WATCH_MAX_DEPTH : 1, includeEntry: m.includeEntry === true };
+}
+
+export type WatchSnapshot = ReadonlyMap<string, EntryInfo>;
+
+/** The watched tree now; a removed watched directory is envd's not_found. */
+export async function watchSnapshot(t: FsTarget, spec: WatchSpec): Promise<WatchSnapshot> {
+  try {
+    return new Map((await listDir(t, spec.root, spec.depth)).map((e) => [e.path, e]));
+  } catch (err) {
+    if (err instanceof AsbError && err.code === 'NotFound') throw new ConnectError('not_found', `the watched directory ${spec.root} was removed`);
+    throw err;
+  }
+}
+
+/** The events that turn one snapshot into the next. */
+export function watchEvents(spec: WatchSpec, before: WatchSnapshot, after: WatchSnapshot): FilesystemEvent[] {
+  return changes(before, after).map((c) => {
+    const event: FilesystemEvent = { name: posix.relative(spec.root, c.path), type: c.type };
+    if (spec.includeEntry && c.entry !== undefined) event.entry = c.entry;
+    return event;
+  });
+}
+
+function changes(before: WatchSnapshot, after: WatchSnapshot): { path: string; type: EventType; entry: EntryInfo | undefined }[] {
   const out: { path: string; type: EventType; entry: EntryInfo | undefined }[] = [];
   for (const [path, entry] of after) {
     const old = before.get(path);
@@ -63,27 +106,13 @@ function changes(before: ReadonlyMap<string, EntryInfo>, after: ReadonlyMap<stri
 
 /** Runs a watch until the stream closes; the first message is `{start:{}}`. */
 export async function watchDir(t: FsTarget, msg: unknown, stream: ServerStream, sleep: (ms: number) => Promise<void>): Promise<void> {
-  const m = record(msg);
-  const root = absolutePath(m.path);
-  const depth = m.recursive === true ? WATCH_MAX_DEPTH : 1;
-  const includeEntry = m.includeEntry === true;
-  const snapshot = async (): Promise<Map<string, EntryInfo>> => new Map((await listDir(t, root, depth)).map((e) => [e.path, e]));
-  let last = await snapshot();
+  const spec = watchSpecOf(msg);
+  let last = await watchSnapshot(t, spec);
   stream.send({ start: {} });
   while (!stream.ended) {
     await sleep(WATCH_POLL_MS);
-    let next;
-    try {
-      next = await snapshot();
-    } catch (err) {
-      if (err instanceof AsbError && err.code === 'NotFound') throw new ConnectError('not_found', `the watched directory ${root} was removed`);
-      throw err;
-    }
-    for (const c of changes(last, next)) {
-      const event: Record<string, unknown> = { name: posix.relative(root, c.path), type: c.type };
-      if (includeEntry && c.entry !== undefined) event.entry = c.entry;
-      stream.send({ filesystem: event });
-    }
+    const next = await watchSnapshot(t, spec);
+    for (const event of watchEvents(spec, last, next)) stream.send({ filesystem: event });
     last = next;
   }
 }

@@ -1,5 +1,6 @@
-// process.Process: Start and Connect (streams of ProcessEvent), List, SendInput, SendSignal,
-// Update (pty resize) and CloseStdin, on the runtime's spawn (pipes) and openPty (terminals).
+// process.Process: Start and Connect (streams of ProcessEvent), List, SendInput, StreamInput (a
+// client stream of input: the Python SDK's stream_input), SendSignal, Update (pty resize) and
+// CloseStdin, on the runtime's spawn (pipes) and openPty (terminals).
 //
 // A Start stream's Connect-Timeout-Ms is the command's timeout (the SDK's timeoutMs): at the
 // deadline the process is killed and the stream ends with deadline_exceeded. A client that just
@@ -127,8 +128,12 @@ function list(call: ProcessCall): unknown {
 
 async function sendInput(call: ProcessCall, message: unknown): Promise<unknown> {
   const msg = record(message, 'the request');
-  const proc = findProcess(call, msg);
-  const input = record(msg.input, 'input');
+  await writeInput(findProcess(call, msg), msg.input);
+  return {};
+}
+
+async function writeInput(proc: EnvdProcess, value: unknown): Promise<void> {
+  const input = record(value, 'input');
   try {
     if (input.pty !== undefined) await proc.writePty(bytesOf(input.pty, 'input.pty'));
     else if (input.stdin !== undefined) await proc.writeStdin(bytesOf(input.stdin, 'input.stdin'));
@@ -137,6 +142,27 @@ async function sendInput(call: ProcessCall, message: unknown): Promise<unknown> 
     if (err instanceof AsbError) throw err;
     throw new ConnectError('failed_precondition', (err as Error).message);
   }
+}
+
+/**
+ * StreamInput: `{start:{process}}` first, then `{data:{input}}` and `{keepalive:{}}` in any number;
+ * each input is written (waiting on the pipe, so a slow reader slows the sender) before the next
+ * message is read. Answers `{}` when the client ends its stream.
+ */
+export async function streamInput(call: ProcessCall, messages: AsyncIterable<unknown>): Promise<unknown> {
+  let proc: EnvdProcess | undefined;
+  for await (const message of messages) {
+    const msg = record(message, 'each StreamInput message');
+    if (proc === undefined) {
+      if (msg.start === undefined || msg.start === null) throw new AsbError('BadRequest', 'the first StreamInput message must be {start: {process: {pid}}}');
+      proc = findProcess(call, record(msg.start, 'start'));
+    } else if (msg.data !== undefined && msg.data !== null) {
+      await writeInput(proc, record(msg.data, 'data').input);
+    } else if (msg.keepalive === undefined) {
+      throw new AsbError('BadRequest', 'after start, StreamInput messages are {data: {input}} or {keepalive: {}}');
+    }
+  }
+  if (proc === undefined) throw new AsbError('BadRequest', 'StreamInput ended before its {start: {process}} message');
   return {};
 }
 
