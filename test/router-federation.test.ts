@@ -146,8 +146,8 @@ test('a local sandbox is routed as before on both listeners; unknown tags are lo
     assert.equal(d.ingress, undefined);
   }
   // A local id not in the table yet (feed lag) is still asked of the local worker, by its tag.
-  assert.deepEqual(decide(headers(host('loc1bbbbbbbbbbbbbbbb')), ctx, 'ingress'), { kind: 'lookup', id: 'loc1bbbbbbbbbbbbbbbb', cluster: CLUSTER });
-  assert.deepEqual(decide(headers(host(UNKNOWN_ID)), ctx, 'edge'), { kind: 'lookup', id: UNKNOWN_ID, cluster: CLUSTER });
+  assert.deepEqual(decide(headers(host('loc1bbbbbbbbbbbbbbbb')), ctx, 'ingress'), { kind: 'lookup', id: 'loc1bbbbbbbbbbbbbbbb', cluster: CLUSTER, e2b: false });
+  assert.deepEqual(decide(headers(host(UNKNOWN_ID)), ctx, 'edge'), { kind: 'lookup', id: UNKNOWN_ID, cluster: CLUSTER, e2b: false });
   assert.equal(setOf(routed(decide(headers(`api.${DOMAIN}`, `/v1/sandboxes/${UNKNOWN_ID}`), ctx, 'edge')))['x-asb-upstream'], `api-${CLUSTER}`);
 });
 
@@ -203,7 +203,7 @@ test('a DNS name resolves through node:dns (localhost)', async (t) => {
   assert.ok(['127.0.0.1:10443', '[::1]:10443'].includes(target.destination), target.destination);
 });
 
-test('creates and lists go to the hub only with --hub-upstream on, on the edge, while a worker reports the hub connected', (t) => {
+test('creates and lists, ours and E2B\'s, go to the hub only with --hub-upstream on, on the edge, while a worker reports the hub connected', (t) => {
   const on = setup(t, { hubUpstream: true });
   const upstream = (ctx: DecideContext, path: string, method: string, listener: Listener = 'edge', h = `api.${DOMAIN}`): string | undefined =>
     setOf(routed(decide(headers(h, path, { authorization: 'Bearer k' }, method), ctx, listener)))['x-asb-upstream'];
@@ -211,26 +211,47 @@ test('creates and lists go to the hub only with --hub-upstream on, on the edge, 
   assert.equal(upstream(on.ctx, '/v1/sandboxes', 'POST'), 'hub');
   assert.equal(upstream(on.ctx, '/v1/sandboxes?label=a&limit=5', 'GET'), 'hub');
   assert.equal(upstream(on.ctx, '/v1/sandboxes', 'GET', 'edge', '127.0.0.1:10000'), 'hub', 'the bare edge too');
+  // E2B's create and list: SDK 2.51 at /v2/sandboxes, 2.50 at /sandboxes, on an IP or api.<domain>.
+  for (const h of ['127.0.0.1:10000', `api.${DOMAIN}`, 'localhost:10000']) {
+    assert.equal(upstream(on.ctx, '/v2/sandboxes', 'POST', 'edge', h), 'hub', `E2B create at ${h}`);
+    assert.equal(upstream(on.ctx, '/sandboxes', 'POST', 'edge', h), 'hub', `E2B 2.50 create at ${h}`);
+    assert.equal(upstream(on.ctx, '/v2/sandboxes?state=running&limit=2&nextToken=abc', 'GET', 'edge', h), 'hub', `E2B list at ${h}`);
+    assert.equal(upstream(on.ctx, '/sandboxes?metadata=a%3Db', 'GET', 'edge', h), 'hub', `E2B 2.50 list at ${h}`);
+  }
   for (const [path, method] of [
     ['/v1/sandboxes/', 'GET'],
     ['/v1/sandboxes', 'DELETE'],
     ['/v1/templates', 'GET'],
-    ['/sandboxes', 'POST'],
-    ['/v2/sandboxes', 'GET'],
+    ['/sandboxes/', 'GET'],
+    ['/sandboxes', 'DELETE'],
+    ['/v2/sandboxes/', 'POST'],
+    ['/v3/sandboxes', 'GET'],
+    ['/sandboxesx', 'GET'],
   ] as const) {
     assert.equal(upstream(on.ctx, path, method), `api-${CLUSTER}`, `${method} ${path} is not the hub's`);
   }
-  assert.equal(upstream(on.ctx, '/v1/sandboxes', 'POST', 'ingress'), `api-${CLUSTER}`, 'never the hub from the ingress listener');
+  // A path naming a sandbox goes to its owner, the hub never sees it.
+  assert.equal(upstream(on.ctx, `/sandboxes/${LOCAL_ID}`, 'GET', 'edge', '127.0.0.1:10000'), `api-${CLUSTER}`);
+  assert.equal(upstream(on.ctx, `/v2/sandboxes/${LOCAL_ID}/connect`, 'POST', 'edge', '127.0.0.1:10000'), `api-${CLUSTER}`);
+  assert.equal(upstream(on.ctx, `/sandboxes/${FAR_ID}/pause`, 'POST', 'edge', '127.0.0.1:10000'), 'ingress');
+  for (const path of ['/v1/sandboxes', '/sandboxes', '/v2/sandboxes']) {
+    assert.equal(upstream(on.ctx, path, 'POST', 'ingress'), `api-${CLUSTER}`, `${path}: never the hub from the ingress listener`);
+  }
 
   on.ctx.federation.apply(CLUSTER, clustersMessage({ hubConnected: false }));
-  assert.equal(upstream(on.ctx, '/v1/sandboxes', 'POST'), `api-${CLUSTER}`, 'hub link down: the local worker');
+  for (const path of ['/v1/sandboxes', '/sandboxes', '/v2/sandboxes']) {
+    assert.equal(upstream(on.ctx, path, 'POST'), `api-${CLUSTER}`, `${path}: hub link down: the local worker`);
+  }
   on.ctx.federation.apply(CLUSTER, clustersMessage({ hubConnected: true }));
   assert.equal(upstream(on.ctx, '/v1/sandboxes', 'POST'), 'hub');
   on.ctx.federation.feedDown(CLUSTER);
   assert.equal(upstream(on.ctx, '/v1/sandboxes', 'POST'), `api-${CLUSTER}`, 'a worker whose feed dropped cannot vouch for the hub');
+  assert.equal(upstream(on.ctx, '/v2/sandboxes', 'GET'), `api-${CLUSTER}`, 'nor for an E2B list');
 
   const off = setup(t, { hubUpstream: false });
-  assert.equal(upstream(off.ctx, '/v1/sandboxes', 'POST'), `api-${CLUSTER}`, 'hub upstream off');
+  for (const path of ['/v1/sandboxes', '/sandboxes', '/v2/sandboxes']) {
+    assert.equal(upstream(off.ctx, path, 'POST'), `api-${CLUSTER}`, `${path}: hub upstream off`);
+  }
 });
 
 test('the registry takes a feed only for its own cluster and keeps clusters known when the feed drops', (t) => {

@@ -12,9 +12,10 @@
 //   cookie is set and no activity reported here; the owning cluster's router does both.
 // - The same asked on the ingress listener is refused (404), never forwarded again: whatever the
 //   registries say, a request crosses at most one edge → ingress hop, so it cannot loop.
-// - Creates and lists (`POST`/`GET /v1/sandboxes`) on the edge listener go to the hub when the
-//   router runs with --hub-upstream on and a worker reports its hub link up, so placement picks
-//   the cluster; otherwise, and for every other path, to the default cluster's worker API.
+// - Creates and lists (`POST`/`GET` on `/v1/sandboxes`, and E2B's `/sandboxes` and
+//   `/v2/sandboxes`) on the edge listener go to the hub when the router runs with --hub-upstream
+//   on and a worker reports its hub link up, so placement picks the cluster and a list covers
+//   every cluster; otherwise, and for every other path, to the default cluster's worker API.
 // - Drained clusters are routed to like any other: drain only stops placement of new sandboxes.
 //
 // envd (port 49983, the E2B SDK's in-sandbox API) is answered by the owning worker, not by the
@@ -228,15 +229,16 @@ function isTokenlessEnvdCall(headers: RequestHeaders): boolean {
   return pathname === '/files' && query !== -1 && new URLSearchParams(path.slice(query + 1)).has('signature');
 }
 
-const HUB_PATH = '/v1/sandboxes';
+/** Ours, E2B SDK ≤ 2.50's and E2B SDK 2.51's create and list paths: exact, never a sandbox's own path. */
+const HUB_PATHS: ReadonlySet<string> = new Set(['/v1/sandboxes', '/sandboxes', '/v2/sandboxes']);
 
-/** `POST /v1/sandboxes` (create, placed by the hub) or `GET /v1/sandboxes` (list across clusters), any query string. */
+/** `POST` (create, placed by the hub) or `GET` (list across clusters) on a HUB_PATHS path, any query string. */
 function isHubRequest(headers: RequestHeaders): boolean {
   const method = headers.get(':method');
   if (method !== 'POST' && method !== 'GET') return false;
   const path = headers.get(':path') ?? '';
   const query = path.indexOf('?');
-  return (query === -1 ? path : path.slice(0, query)) === HUB_PATH;
+  return HUB_PATHS.has(query === -1 ? path : path.slice(0, query));
 }
 
 /** Routing or internal headers a client may send but must never reach Envoy's routing or a sandbox. */
