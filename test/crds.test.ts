@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { test } from 'node:test';
 import { builtinObjects, baseTemplate } from '../src/api/builtin.ts';
-import { allCrds, crdFor, type JSONSchemaProps } from '../src/api/crd.ts';
+import { allCrds, crdFor, FEDERATION_TYPES, type JSONSchemaProps } from '../src/api/crd.ts';
 import { parseManifests } from '../src/api/manifest.ts';
 import type { KubeObject } from '../src/api/meta.ts';
 import {
@@ -16,7 +16,9 @@ import {
 } from '../src/api/types.ts';
 import { applyDefaults, validateObject } from '../src/api/validate.ts';
 import { isAsbError } from '../src/errors.ts';
+import { ClusterType, type ClusterSpec, type ClusterStatus } from '../src/hub/contract.ts';
 import { sandboxFromTemplate } from '../src/operator/blueprint.ts';
+import { SyncStateType, type SyncState } from '../src/worker/sync-apply.ts';
 import { CRD_DIR, renderCrdFiles } from '../scripts/gen-crds.ts';
 import { CrdSchemas } from './support/crd-ajv.ts';
 import { FULL_STATUS, INVALID_OBJECTS, NOW, POD_TEMPLATE } from './support/crd-cases.ts';
@@ -43,9 +45,11 @@ test('each kind\'s CRD is named, scoped and versioned as kubernetes-sigs/agent-s
   const crds = allCrds();
   assert.deepEqual(crds.map((c) => c.metadata.name), [
     'sandboxes.agents.x-k8s.io', 'sandboxtemplates.extensions.agents.x-k8s.io', 'sandboxclaims.extensions.agents.x-k8s.io',
-    'sandboxwarmpools.extensions.agents.x-k8s.io', 'apikeys.asb.dev',
+    'sandboxwarmpools.extensions.agents.x-k8s.io', 'apikeys.asb.dev', 'clusters.asb.dev', 'syncstates.asb.dev',
   ]);
-  for (const rt of RESOURCE_TYPES) {
+  // The federation's kinds as the hub and the sync agent define them.
+  assert.deepEqual(FEDERATION_TYPES, [ClusterType, SyncStateType]);
+  for (const rt of [...RESOURCE_TYPES, ...FEDERATION_TYPES]) {
     const crd = crdFor(rt);
     assert.equal(crd.spec.group, rt.group);
     assert.equal(crd.spec.names.kind, rt.kind);
@@ -140,6 +144,14 @@ const FULL_SPEC = {
     additionalPodMetadata: { labels: { team: 'a' }, annotations: { note: 'x' } }, env: [{ name: 'A', value: '1', containerName: 'main' }], volumeClaimTemplates: VCT,
   } satisfies Required<SandboxClaimSpec>,
   ApiKey: { team: 'team-a', hash: 'a'.repeat(64), prefix: 'asb_ab12cd34', admin: false, revoked: false, description: 'ci' } satisfies Required<ApiKeySpec>,
+  Cluster: {
+    region: 'eu-west', ingressAddress: '203.0.113.7:10443', apiUrl: 'http://worker-api:7080', labels: { tier: 'gpu' }, drain: false, tag: 'rga1', credentialHash: 'b'.repeat(64),
+  } satisfies Required<ClusterSpec>,
+  SyncState: { appliedVersion: 42 } satisfies Required<SyncState['spec']>,
+};
+
+const FEDERATION_STATUS = {
+  Cluster: { connected: true, appliedVersion: 42, lag: 0, lastSeen: NOW, warm: { 'default/base': 3 }, healthy: true } satisfies Required<ClusterStatus>,
 };
 
 /** Fields of value the schema does not declare (and would prune), by path. */
@@ -155,11 +167,11 @@ function undeclared(schema: JSONSchemaProps, value: unknown, path: string): stri
 }
 
 test('every field of the TypeScript spec and status types is declared in the CRD (none is pruned)', () => {
-  for (const rt of RESOURCE_TYPES) {
+  for (const rt of [...RESOURCE_TYPES, ...FEDERATION_TYPES]) {
     const schema = crdFor(rt).spec.versions[0]!.schema.openAPIV3Schema;
     const spec = FULL_SPEC[rt.kind as keyof typeof FULL_SPEC];
     assert.deepEqual(undeclared(schema.properties!.spec!, spec, 'spec'), [], rt.kind);
-    const status = (FULL_STATUS as Record<string, object>)[rt.kind];
+    const status = ({ ...FULL_STATUS, ...FEDERATION_STATUS } as Record<string, object>)[rt.kind];
     if (status === undefined) continue;
     assert.deepEqual(undeclared(schema.properties!.status!, status, 'status'), [], rt.kind);
     // The status the controllers write is valid as a whole, too.

@@ -5,12 +5,12 @@
 //
 // Compatible with kubernetes-sigs/agent-sandbox: the same groups, kinds, plurals, scope and short
 // names, their printer columns, a /scale subresource on SandboxWarmPool (HPA, KEDA, kubectl
-// scale) and on v1alpha1 Sandbox (replicas 0/1). Both v1alpha1 and v1beta1 are served with ONE
+// scale) and on Sandbox (replicas 0/1, hibernation). Both v1alpha1 and v1beta1 are served with ONE
 // schema and no conversion webhook: our validator accepts either version's field names on
 // either version, and so do these schemas, so an object reads back the same in both.
 import type { ResourceType } from './meta.ts';
 import {
-  anyObject, array, boolean, conditions, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, integer, name, object, enumOf,
+  anyObject, array, boolean, conditions, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, integer, map, name, object, enumOf,
   podMetadata, podTemplate, string, strings, time, volumeClaimTemplates,
 } from './crd-schema.ts';
 import type { JSONSchemaProps, ValidationRule } from './crd-schema.ts';
@@ -68,8 +68,20 @@ export function crdVersions(rt: ResourceType): readonly string[] {
   return rt.group === ASB_GROUP ? ['v1alpha1'] : ['v1alpha1', 'v1beta1'];
 }
 
+/**
+ * Kinds of ours that only the federation keeps in a worker cluster's store: the hub's cluster
+ * registry (src/hub/contract.ts ClusterType, synced to every worker) and the sync agent's record
+ * of what it applied (src/worker/sync-apply.ts SyncStateType). Written here rather than imported
+ * so the API layer does not depend on the hub or the worker; test/crds.test.ts checks they match.
+ */
+const ClusterCrdType: ResourceType = { group: ASB_GROUP, version: 'v1alpha1', kind: 'Cluster', plural: 'clusters', namespaced: false };
+const SyncStateCrdType: ResourceType = { group: ASB_GROUP, version: 'v1alpha1', kind: 'SyncState', plural: 'syncstates', namespaced: false };
+export const FEDERATION_TYPES: readonly ResourceType[] = [ClusterCrdType, SyncStateCrdType];
+
+const kindKey = (rt: ResourceType): string => `${rt.group}/${rt.kind}`;
+
 export function crdFor(rt: ResourceType): CustomResourceDefinition {
-  const kind = KINDS.get(rt);
+  const kind = KINDS.get(kindKey(rt));
   if (kind === undefined) throw new Error(`no CRD is defined for ${rt.kind}`);
   const schema = object({
     apiVersion: string(),
@@ -93,25 +105,22 @@ export function crdFor(rt: ResourceType): CustomResourceDefinition {
         categories: [CRD_CATEGORY],
       },
       scope: rt.namespaced ? 'Namespaced' : 'Cluster',
-      versions: crdVersions(rt).map((version): CrdVersion => {
-        const scale = kind.scale?.(version);
-        return {
-          name: version,
-          served: true,
-          // Our ResourceType's version is the one the store reads and writes.
-          storage: version === rt.version,
-          schema: { openAPIV3Schema: structuredClone(schema) },
-          subresources: { status: {}, ...(scale === undefined ? {} : { scale }) },
-          ...(kind.columns === undefined ? {} : { additionalPrinterColumns: kind.columns }),
-        };
-      }),
+      versions: crdVersions(rt).map((version): CrdVersion => ({
+        name: version,
+        served: true,
+        // Our ResourceType's version is the one the store reads and writes.
+        storage: version === rt.version,
+        schema: { openAPIV3Schema: structuredClone(schema) },
+        subresources: { status: {}, ...(kind.scale === undefined ? {} : { scale: kind.scale }) },
+        ...(kind.columns === undefined ? {} : { additionalPrinterColumns: kind.columns }),
+      })),
     },
   };
 }
 
-/** Every CRD, in RESOURCE_TYPES order. */
+/** Every CRD: RESOURCE_TYPES, then FEDERATION_TYPES. */
 export function allCrds(): CustomResourceDefinition[] {
-  return RESOURCE_TYPES.map(crdFor);
+  return [...RESOURCE_TYPES, ...FEDERATION_TYPES].map(crdFor);
 }
 
 interface KindSchema {
@@ -122,7 +131,8 @@ interface KindSchema {
   status: JSONSchemaProps;
   shortNames?: string[];
   columns?: PrinterColumn[];
-  scale?: (version: string) => ScaleSubresource | undefined;
+  /** On every served version: kubectl uses the preferred one (v1beta1), older clients v1alpha1. */
+  scale?: ScaleSubresource;
 }
 
 const AGE: PrinterColumn = { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp' };
@@ -196,7 +206,7 @@ const sandbox: KindSchema = {
   // k8s-sigs v1alpha1 scales a Sandbox between 0 and 1 (v1beta1 replaced replicas with
   // operatingMode). We keep replicas on both versions, and kubectl talks v1beta1 (the preferred
   // version), so both get /scale: `kubectl scale sandbox/x --replicas=0` hibernates.
-  scale: () => ({ specReplicasPath: '.spec.replicas', statusReplicasPath: '.status.replicas', labelSelectorPath: '.status.selector' }),
+  scale: { specReplicasPath: '.spec.replicas', statusReplicasPath: '.status.replicas', labelSelectorPath: '.status.selector' },
 };
 
 const POLICY_VALUES = ['Disallowed', 'Allowed', 'Overrides'];
@@ -242,7 +252,7 @@ const warmPool: KindSchema = {
   // kubectl scale writes specReplicasPath. statusReplicasPath is the members that exist, as for a
   // Deployment (.status.replicas); HPA reads it as the current size and finds members through
   // the selector.
-  scale: () => ({ specReplicasPath: '.spec.replicas', statusReplicasPath: '.status.replicas', labelSelectorPath: '.status.selector' }),
+  scale: { specReplicasPath: '.spec.replicas', statusReplicasPath: '.status.replicas', labelSelectorPath: '.status.selector' },
 };
 
 const CLAIM_REF_RULE: ValidationRule = {
@@ -303,10 +313,45 @@ const apiKey: KindSchema = {
   ],
 };
 
-const KINDS: ReadonlyMap<ResourceType, KindSchema> = new Map([
+const cluster: KindSchema = {
+  description: 'A worker cluster of the federation, as the hub registers it; the hub syncs it to every worker without its credential hash.',
+  spec: object({
+    region: name(),
+    ingressAddress: name('host:port of the cluster\'s Envoy ingress listener, where other edges send its traffic.'),
+    apiUrl: string({ description: 'Base URL of its worker API, for the hub\'s own calls.' }),
+    labels: map(string()),
+    drain: boolean('Drained clusters keep their sandboxes but get no new ones.'),
+    tag: string({ pattern: '^[a-z0-9]{4}$', description: 'The prefix of this cluster\'s sandbox ids.' }),
+    credentialHash: string({ pattern: '^[0-9a-f]{64}$', description: 'Hex SHA-256 of the sync credential (hub only).' }),
+  }, { required: ['region', 'ingressAddress', 'tag'] }),
+  status: object({
+    connected: boolean(),
+    appliedVersion: integer(0),
+    lag: integer(),
+    lastSeen: time(),
+    warm: map(integer(0)),
+    healthy: boolean(),
+  }),
+  columns: [
+    { name: 'Region', type: 'string', jsonPath: '.spec.region' },
+    { name: 'Tag', type: 'string', jsonPath: '.spec.tag' },
+    { name: 'Ingress', type: 'string', jsonPath: '.spec.ingressAddress' },
+    AGE,
+  ],
+};
+
+const syncState: KindSchema = {
+  description: 'The worker\'s record of its sync with the hub: the last hub version it applied.',
+  spec: object({ appliedVersion: integer(0) }, { required: ['appliedVersion'] }),
+  status: anyObject(),
+};
+
+const KINDS: ReadonlyMap<string, KindSchema> = new Map(([
   [SandboxType, sandbox],
   [SandboxTemplateType, template],
   [SandboxWarmPoolType, warmPool],
   [SandboxClaimType, claim],
   [ApiKeyType, apiKey],
-]);
+  [ClusterCrdType, cluster],
+  [SyncStateCrdType, syncState],
+] as const).map(([rt, schema]) => [kindKey(rt), schema]));
