@@ -14,7 +14,7 @@
 //   PVC protection. Two admission plugins that count on those controllers are disabled:
 //   ServiceAccount (it refuses a Pod whose ServiceAccount does not exist) and
 //   StorageObjectInUseProtection (its PVC finalizer would keep a deleted PVC Terminating for
-//   ever). apiServerArgs can turn them back on.
+//   ever). The disableAdmissionPlugins option can keep them on.
 // The API server's own bootstrap controllers do run: the "default", "kube-system" and
 // "kube-public" namespaces, the RBAC default roles, the "kubernetes" Service. Start waits for the
 // "default" namespace, so a test can use it at once.
@@ -37,8 +37,10 @@ export const KUBE_BIN_DIR = join(repoRoot, '.tools/kube/bin');
 export const LIMITED_USER = 'asb-limited';
 
 export interface KubeApiServerOptions {
-  /** Extra kube-apiserver flags, after ours (the last of a repeated flag wins), e.g. `--disable-admission-plugins=…`. */
+  /** Extra kube-apiserver flags, after ours. A repeated single-value flag takes the last value; a repeated list flag adds to the list. */
   apiServerArgs?: readonly string[];
+  /** Admission plugins to turn off; default ServiceAccount and StorageObjectInUseProtection (see above); [] keeps every default plugin. */
+  disableAdmissionPlugins?: readonly string[];
   /** etcd's --unsafe-no-fsync: faster on a busy disk, and a test's throw-away data never needs a crash-safe disk. Default false, so benchmarks measure the real write path. */
   etcdUnsafeNoFsync?: boolean;
   /** How long etcd plus the API server may take to be ready; default 120 s (cold start on 2 busy cores is ~5-15 s). */
@@ -196,7 +198,7 @@ async function startOnce(binDir: string, opts: KubeApiServerOptions): Promise<Ku
       '--service-account-signing-key-file', join(dir, 'sa.key'),
       // Only the allocator's range for Service ClusterIPs; nothing routes to it.
       '--service-cluster-ip-range', '10.96.0.0/24',
-      '--disable-admission-plugins', 'ServiceAccount,StorageObjectInUseProtection',
+      ...disabledPlugins(opts.disableAdmissionPlugins ?? ['ServiceAccount', 'StorageObjectInUseProtection']),
       '--profiling=false',
       ...(opts.apiServerArgs ?? []),
     ], join(dir, 'kube-apiserver.log'));
@@ -234,6 +236,10 @@ async function startOnce(binDir: string, opts: KubeApiServerOptions): Promise<Ku
     await stop();
     throw err;
   }
+}
+
+function disabledPlugins(names: readonly string[]): string[] {
+  return names.length === 0 ? [] : ['--disable-admission-plugins', names.join(',')];
 }
 
 interface Logged {

@@ -1,7 +1,8 @@
 // Builds kube-apiserver and kubectl from the k8s.io/kubernetes module (scripts/kube-tools.sh).
 // k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with ./staging paths,
 // which only its own checkout can use; these replace lines pin each to the release published
-// with it on the Go module proxy. Keep KUBE_VERSION in scripts/kube-tools.sh in step.
+// with it on the Go module proxy; change them together with the kubernetes version.
+// v1.37.1: the newest release the proxy serves (it answers 403 for v1.37.2's zip); go 1.26.0.
 module asb.local/tools/kube
 
 go 1.26.0
