@@ -25,7 +25,8 @@ import { isConsolePath, loadConsoleFiles } from './console-files.ts';
 import { clusterRoutes } from './routes-clusters.ts';
 import { federationRoutes } from './routes-federation.ts';
 import { keyRoutes } from './routes-keys.ts';
-import { sandboxHubRoutes, type PlacementOptions } from './routes-sandboxes.ts';
+import type { PlacementOptions } from './forward.ts';
+import { sandboxHubRoutes } from './routes-sandboxes.ts';
 import { hubSystemRoutes } from './routes-system.ts';
 import { createSandboxProxy, proxiedSandboxId } from './sandbox-proxy.ts';
 import { templateRoutes } from './routes-templates.ts';
@@ -66,7 +67,7 @@ export function createHubApi(deps: HubApiDeps): HubApi {
     sync: deps.sync,
     defaultNamespace: 'default',
   });
-  const sandboxes = sandboxHubRoutes(h, deps.placement);
+  const sandboxes = sandboxHubRoutes(h, deps.auth, deps.placement);
   const router = createRouter([...hubSystemRoutes(h), ...keyRoutes(h), ...clusterRoutes(h), ...templateRoutes(h), ...federationRoutes(h), ...sandboxes.routes]);
   const requests = createHubMetrics(deps.registry).httpRequestsTotal;
   const pipeline = createPipeline({ router, auth: deps.auth, log, requests, server: 'the hub', realm: 'asb-hub' });

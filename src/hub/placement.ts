@@ -1,7 +1,7 @@
 // Placement: which worker clusters a new sandbox should be tried on, best first. Pure and
 // allocation-light, because the hub runs it on every create (a benchmark measures decisions per
 // second over 20 candidates); the registry and the live sync view are gathered by the caller
-// (src/hub/candidates.ts), and the proxying and failover happen in src/hub/routes-sandboxes.ts.
+// (src/hub/candidates.ts), and the proxying and failover happen in src/hub/create-placement.ts.
 //
 // Rules, in order:
 //   1. A named cluster (`cluster`) is the only one tried: every other is skipped as

@@ -17,11 +17,12 @@ import type { Reply } from '../router.ts';
 import { e2bListedSandbox, metadataOf, startedAtOf, stateOf, type E2bState } from './shape.ts';
 
 /** E2B's own default page size. */
-const DEFAULT_LIMIT = 100;
-const MAX_LIMIT = 1000;
+export const DEFAULT_LIMIT = 100;
+export const MAX_LIMIT = 1000;
 const STATES: readonly E2bState[] = ['running', 'paused'];
 
-interface Cursor {
+/** A position in a list: the last listed item's start time and id (the hub merges clusters' pages by it). */
+export interface Cursor {
   startedAt: string;
   id: string;
 }
@@ -57,7 +58,7 @@ export function parseMetadataFilter(raw: string): Record<string, string> {
   return out;
 }
 
-function encodeCursor(c: Cursor): string {
+export function encodeCursor(c: Cursor): string {
   return Buffer.from(JSON.stringify([c.startedAt, c.id]), 'utf8').toString('base64url');
 }
 
@@ -119,7 +120,8 @@ function matches(s: Sandbox, query: ListQuery): boolean {
   return true;
 }
 
-function compare(a: Cursor, b: Cursor): number {
+/** Ascending list order: by start time, then by id. */
+export function compareCursors(a: Cursor, b: Cursor): number {
   const t = Date.parse(a.startedAt) - Date.parse(b.startedAt);
   if (t !== 0 && !Number.isNaN(t)) return t;
   return a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
@@ -132,9 +134,9 @@ export async function listE2bSandboxes(w: WorkerContext, p: Principal, q: URLSea
   const keyed = items
     .filter((s) => matches(s, query))
     .map((s) => ({ s, key: { startedAt: startedAtOf(s), id: s.metadata.name } }))
-    .sort((a, b) => sign * compare(a.key, b.key));
+    .sort((a, b) => sign * compareCursors(a.key, b.key));
   const after = query.after;
-  const rest = after === undefined ? keyed : keyed.filter((k) => sign * compare(k.key, after) > 0);
+  const rest = after === undefined ? keyed : keyed.filter((k) => sign * compareCursors(k.key, after) > 0);
   const page = rest.slice(0, query.limit);
   const last = page.at(-1);
   const headers: Record<string, string> = rest.length > page.length && last !== undefined ? { 'x-next-token': encodeCursor(last.key) } : {};

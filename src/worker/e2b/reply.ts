@@ -36,9 +36,10 @@ export type AuthedContext = RequestContext & { principal: Principal };
 
 /**
  * An E2B route: authenticated with our API keys (`X-API-KEY`, as the SDK sends it, or
- * `Authorization: Bearer`), every failure answered as `{code, message}`.
+ * `Authorization: Bearer`), every failure answered as `{code, message}`. `server` names whose
+ * keys they are in messages: the worker's, or the hub's for the creates and lists it serves.
  */
-export function e2bRoute(auth: Authenticator, method: Method, pattern: string, handler: (ctx: AuthedContext) => Promise<Reply>): Route {
+export function e2bRoute(auth: Authenticator, method: Method, pattern: string, handler: (ctx: AuthedContext) => Promise<Reply>, server: 'worker' | 'hub' = 'worker'): Route {
   return {
     method,
     pattern,
@@ -46,9 +47,9 @@ export function e2bRoute(auth: Authenticator, method: Method, pattern: string, h
     handler: async (ctx) => {
       try {
         const key = presentedKey(ctx.req);
-        if (key === undefined) throw new AsbError('Unauthorized', `no API key: set apiKey (E2B_API_KEY) to an API key of this worker, or ${AUTH_HINT}`);
+        if (key === undefined) throw new AsbError('Unauthorized', `no API key: set apiKey (E2B_API_KEY) to an API key of this ${server}, or ${AUTH_HINT}`);
         const principal = auth.verify(key);
-        if (principal === undefined) throw new AsbError('Unauthorized', 'the API key is unknown to the worker or revoked (or not of the form asb_<8 chars>_<32 chars>); E2B keys do not work here: use an API key of this installation');
+        if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown to the ${server} or revoked (or not of the form asb_<8 chars>_<32 chars>); E2B keys do not work here: use an API key of this installation`);
         return await handler({
           req: ctx.req,
           params: ctx.params,

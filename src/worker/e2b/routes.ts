@@ -36,7 +36,8 @@ import { E2B_ANNOTATION, e2bSandbox, e2bSandboxDetail, stateOf } from './shape.t
 const DEFAULT_TIMEOUT_S = 300;
 const MAX_TIMEOUT_S = MAX_TIMEOUT_MS / 1000;
 
-const CREATE_BODY = {
+/** Create's fields this API acts on (the hub reads templateID from it to place a create). */
+export const CREATE_BODY = {
   templateID: { kind: 'string', min: 1, max: 253 },
   metadata: { kind: 'stringMap' },
   envVars: { kind: 'stringMap' },

@@ -1,0 +1,113 @@
+// E2B's create and list at the hub (edges forward them here, as they do ours), so an E2B program
+// pointed at any edge creates in whichever cluster placement picks and lists every cluster:
+//
+//   POST /sandboxes, /v2/sandboxes   placed like POST /v1/sandboxes: template = templateID ?? base,
+//                                    no region (E2B has no such field); the body goes unchanged to
+//                                    the chosen worker's same path, its answer comes back as it is
+//   GET  /sandboxes, /v2/sandboxes   every connected cluster's page, merged in the list's order
+//
+// A list page holds at most `limit` items whatever the number of clusters: each cluster is asked
+// for `limit`, the pages are merged by (startedAt, id) in the asked order, the first `limit` are
+// answered, and X-Next-Token carries a hub token with, for each cluster with more, where it stops:
+// the worker's own token when all of its page was used, else the position of its last item used.
+// E2B has no field for clusters that did not answer: they are logged and named in the
+// `x-asb-unreachable` header. Failures the hub itself finds are E2B's `{code, message}`.
+import type { Authenticator } from '../worker/deps.ts';
+import { readJson } from '../worker/body.ts';
+import { compareCursors, DEFAULT_LIMIT, encodeCursor, MAX_LIMIT, type Cursor } from '../worker/e2b/list.ts';
+import { e2bRoute, type AuthedContext } from '../worker/e2b/reply.ts';
+import { CREATE_BODY } from '../worker/e2b/routes.ts';
+import { checkBody, isPlainObject, queryInt } from '../worker/input.ts';
+import type { Reply, Route } from '../worker/router.ts';
+import type { Placer } from './create-placement.ts';
+import { forwardedHeaders, registeredClusters } from './forward.ts';
+import type { HubContext } from './hub-context.ts';
+import { decodeHubToken, encodeHubToken, type FanOut } from './list-fanout.ts';
+import type { WorkerAnswer } from './worker-call.ts';
+
+const TEMPLATE_FIELD = { templateID: CREATE_BODY.templateID };
+
+interface Listed {
+  item: unknown;
+  key: Cursor;
+}
+
+interface E2bPage {
+  items: Listed[];
+  /** The worker's X-Next-Token: it has more after this page. */
+  next: string | undefined;
+}
+
+/** A worker's E2B list answer: a JSON array of ListedSandbox, each with its sandboxID and startedAt. */
+function parseE2bPage(answer: WorkerAnswer): E2bPage | undefined {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(answer.body.toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  if (!Array.isArray(parsed)) return undefined;
+  const items: Listed[] = [];
+  for (const item of parsed as unknown[]) {
+    if (!isPlainObject(item) || typeof item.sandboxID !== 'string' || typeof item.startedAt !== 'string') return undefined;
+    items.push({ item, key: { startedAt: item.startedAt, id: item.sandboxID } });
+  }
+  const next = answer.headers['x-next-token'];
+  return { items, next: typeof next === 'string' && next !== '' ? next : undefined };
+}
+
+export function e2bHubRoutes(h: HubContext, auth: Authenticator, placer: Placer, fanOut: FanOut): Route[] {
+  async function create(ctx: AuthedContext, path: string): Promise<Reply> {
+    const raw = await readJson(ctx.req, h.jsonBytes);
+    // Only what placement needs is checked here; the chosen worker checks the rest.
+    const { templateID } = checkBody(isPlainObject(raw) ? { templateID: raw.templateID } : raw, TEMPLATE_FIELD);
+    const body = raw === undefined ? Buffer.alloc(0) : Buffer.from(JSON.stringify(raw));
+    const headers = { ...forwardedHeaders(ctx), 'content-type': 'application/json' };
+    return placer.create(ctx, await registeredClusters(h.store), { namespace: h.defaultNamespace, template: templateID ?? 'base' }, { path, body, headers });
+  }
+
+  async function list(ctx: AuthedContext, path: string): Promise<Reply> {
+    const limit = queryInt(ctx.query, 'limit', 1, MAX_LIMIT) ?? DEFAULT_LIMIT;
+    // A bad order is refused by every worker, and that refusal is the answer.
+    const sign = ctx.query.get('order') === 'asc' ? 1 : -1;
+    const query = new URLSearchParams(ctx.query);
+    query.delete('nextToken');
+    query.set('limit', String(limit));
+    const result = await fanOut(ctx, { path, query, tokenParam: 'nextToken', resume: decodeHubToken(ctx.query, 'nextToken'), parse: parseE2bPage });
+    if (result.kind === 'refused') return result.reply;
+
+    const merged = result.pages.flatMap(({ cluster, page }) => page.items.map((listed) => ({ cluster, listed })));
+    merged.sort((a, b) => sign * compareCursors(a.listed.key, b.listed.key));
+    const answered = merged.slice(0, limit);
+    const used = new Map<string, { count: number; last: Cursor }>();
+    for (const { cluster, listed } of answered) used.set(cluster, { count: (used.get(cluster)?.count ?? 0) + 1, last: listed.key });
+    const next: Record<string, string> = {};
+    for (const { cluster, token, page } of result.pages) {
+      const u = used.get(cluster);
+      if (u === undefined) {
+        if (page.items.length > 0) next[cluster] = token;
+      } else if (u.count < page.items.length) {
+        next[cluster] = encodeCursor(u.last);
+      } else if (page.next !== undefined) {
+        next[cluster] = page.next;
+      }
+    }
+
+    const headers: Record<string, string> = {};
+    if (Object.keys(next).length > 0) headers['x-next-token'] = encodeHubToken(next);
+    if (result.unreachable.length > 0) {
+      headers['x-asb-unreachable'] = result.unreachable.map((u) => u.cluster).join(',');
+      ctx.log.warn({ unreachable: result.unreachable }, 'E2B list: clusters left out');
+    }
+    return { status: 200, json: answered.map((a) => a.listed.item), headers };
+  }
+
+  const routes: Route[] = [];
+  for (const path of ['/sandboxes', '/v2/sandboxes']) {
+    routes.push(
+      e2bRoute(auth, 'POST', path, (ctx) => create(ctx, path), 'hub'),
+      e2bRoute(auth, 'GET', path, (ctx) => list(ctx, path), 'hub'),
+    );
+  }
+  return routes;
+}
