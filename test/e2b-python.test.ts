@@ -1,7 +1,8 @@
 // The unmodified `e2b` Python SDK from PyPI end to end through the real data plane: a worker with
-// real sandboxes, the router and a real Envoy, reached the way research e2b.md calls Recipe A
-// (E2B_API_URL and E2B_SANDBOX_URL both the edge's address). The scenarios are pytest tests in
-// test/python/test_e2b_sdk.py, run with the project venv's Python (`make test` installs e2b and
+// real sandboxes, the router and a real Envoy, reached both ways research e2b.md describes:
+// Recipe A (E2B_API_URL and E2B_SANDBOX_URL both the edge's address; test/python/test_e2b_sdk.py)
+// and Recipe B (only E2B_DOMAIN, host routing over the edge's HTTPS listener with a test CA;
+// test/python/test_e2b_https.py). The scenarios are pytest tests, run with the project venv's Python (`make test` installs e2b and
 // pytest there); this file starts the system, runs pytest once and reads its summary line, so a
 // test that pytest skipped or never collected fails here instead of passing quietly.
 import assert from 'node:assert/strict';
@@ -10,10 +11,12 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { test } from 'node:test';
 import { startTestSystem } from './support/local-system.ts';
+import { waitFor } from './support/wait.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const python = join(repoRoot, '.venv', 'bin', 'python');
 const suite = join('test', 'python', 'test_e2b_sdk.py');
+const httpsSuite = join('test', 'python', 'test_e2b_https.py');
 /** The run takes ~30 s (cold sandboxes for the list test, a pause and a resume); past this pytest is killed. */
 const PYTEST_TIMEOUT_MS = 240_000;
 
@@ -23,10 +26,10 @@ interface Run {
   output: string;
 }
 
-function runPytest(env: NodeJS.ProcessEnv): Promise<Run> {
+function runPytest(file: string, env: NodeJS.ProcessEnv): Promise<Run> {
   return new Promise((res, rej) => {
     // -p no:cacheprovider and PYTHONDONTWRITEBYTECODE: nothing is written into the checkout.
-    const child = spawn(python, ['-m', 'pytest', '-q', '--tb=short', '-p', 'no:cacheprovider', suite], {
+    const child = spawn(python, ['-m', 'pytest', '-q', '-s', '--tb=short', '-p', 'no:cacheprovider', file], {
       cwd: repoRoot,
       env,
       stdio: ['ignore', 'pipe', 'pipe'],
@@ -57,18 +60,30 @@ test('the E2B Python SDK through Envoy and the router: every pytest scenario pas
   const defined = [...readFileSync(join(repoRoot, suite), 'utf8').matchAll(/^def test_/gm)].length;
   assert.ok(defined >= 12, `${suite} defines ${String(defined)} tests`);
 
-  const system = await startTestSystem('e2bq', 240, 'local', 2);
+  const system = await startTestSystem('e2bq', 240, 'local', 2, true);
   t.after(() => system.cleanup());
-  const run = await runPytest({
-    PATH: process.env.PATH,
-    HOME: process.env.HOME,
-    PYTHONDONTWRITEBYTECODE: '1',
-    E2B_API_KEY: system.adminKey,
-    E2B_API_URL: system.edgeUrl,
-    E2B_SANDBOX_URL: system.edgeUrl,
-    E2B_DOMAIN: `asb.localhost:${new URL(system.edgeUrl).port}`,
+  const base = { PATH: process.env.PATH, HOME: process.env.HOME, PYTHONDONTWRITEBYTECODE: '1', E2B_API_KEY: system.adminKey };
+
+  await t.test('header routing over plain HTTP (E2B_API_URL and E2B_SANDBOX_URL at the edge)', async () => {
+    const run = await runPytest(suite, { ...base, E2B_API_URL: system.edgeUrl, E2B_SANDBOX_URL: system.edgeUrl, E2B_DOMAIN: `asb.localhost:${new URL(system.edgeUrl).port}` });
+    const failure = `pytest exited ${String(run.code)}${run.signal === null ? '' : ` (${run.signal})`}:\n${run.output}`;
+    assert.equal(run.code, 0, failure);
+    assert.deepEqual(outcomes(run.output), { passed: defined }, failure);
   });
-  const failure = `pytest exited ${String(run.code)}${run.signal === null ? '' : ` (${run.signal})`}:\n${run.output}`;
-  assert.equal(run.code, 0, failure);
-  assert.deepEqual(outcomes(run.output), { passed: defined }, failure);
+
+  await t.test('host routing over TLS with a test CA (only E2B_DOMAIN set)', async () => {
+    const tlsPort = new URL(system.edgeTlsUrl ?? '').port;
+    const run = await runPytest(httpsSuite, { ...base, E2B_DOMAIN: `asb.localhost:${tlsPort}`, SSL_CERT_FILE: system.caCertPath });
+    const failure = `pytest exited ${String(run.code)}${run.signal === null ? '' : ` (${run.signal})`}:\n${run.output}`;
+    assert.equal(run.code, 0, failure);
+    assert.deepEqual(outcomes(run.output), { passed: 1 }, failure);
+    const id = /SANDBOX_ID=([a-z0-9]+)/.exec(run.output)?.[1] ?? '';
+    // Envoy saw the calls by host, over TLS: the API at api.<domain>, envd at 49983-<id>.<domain>.
+    const log = await waitFor('the host-routed envd calls in the access log', () => {
+      const lines = readFileSync(system.envoy.accessLogPath, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { authority: string; path: string; status: number });
+      return Promise.resolve(lines.some((l) => l.path === `/sandboxes/${id}`) ? lines : undefined);
+    }, 10_000);
+    assert.ok(log.some((l) => l.authority === `api.asb.localhost:${tlsPort}` && l.status === 201), 'create at api.<domain>');
+    assert.ok(log.some((l) => l.authority === `49983-${id}.asb.localhost:${tlsPort}` && l.path === '/process.Process/Start' && l.status === 200), 'commands.run by host');
+  });
 });
