@@ -19,6 +19,7 @@ import type { ObjectStore } from '../src/store/store.ts';
 import { freePort } from '../src/system/local-system.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { hubStoreWithCluster } from './support/hub-unit.ts';
+import { OpenApiChecker } from './support/openapi-check.ts';
 import { waitFor } from './support/wait.ts';
 import { BASE_TEMPLATE, call, startWorkerFixture, type ApiResponse, type WorkerFixture } from './support/worker-fixture.ts';
 
@@ -71,9 +72,13 @@ async function sharedKey(hubStore: ObjectStore, team: string, workers: readonly 
   return key;
 }
 
-/** An E2B call as the SDK makes it: X-API-KEY, JSON body. */
-function e2b(target: { url: string }, method: string, path: string, key: string | undefined, json?: unknown): Promise<ApiResponse> {
-  return call(target, method, path, { headers: key === undefined ? {} : { 'x-api-key': key }, ...(json === undefined ? {} : { json }) });
+const checker = new OpenApiChecker(new URL('../docs/openapi.yaml', import.meta.url).pathname);
+
+/** An E2B call as the SDK makes it (X-API-KEY, JSON body), its answer checked against docs/openapi.yaml. */
+async function e2b(target: { url: string }, method: string, path: string, key: string | undefined, json?: unknown): Promise<ApiResponse> {
+  const res = await call(target, method, path, { headers: key === undefined ? {} : { 'x-api-key': key }, ...(json === undefined ? {} : { json }) });
+  checker.check(method, path, res);
+  return res;
 }
 
 function errorOf(res: ApiResponse, status: number): E2bError {
