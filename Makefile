@@ -53,8 +53,10 @@ TEST_FILES ?= 'test/**/*.test.ts'
 # The Kubernetes tier (test/k8s/) runs against a real kube-apiserver, etcd and kubectl that
 # scripts/kube-tools.sh builds with Go from the module proxy into .tools/kube/bin (stamped by
 # version: ~5 min the first time on 2 cores, ~0 s after). `make test` includes the tier.
+# scripts/kube-test-kubelet.sh builds the test kubelet (tools/kube/test-kubelet) the same way.
 kube-tools:
 	@scripts/kube-tools.sh
+	@scripts/kube-test-kubelet.sh
 
 test-k8s:
 	@$(MAKE) --no-print-directory test TEST_FILES="'test/k8s/**/*.test.ts'"
