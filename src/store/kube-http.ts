@@ -11,6 +11,7 @@
 import { KubeConfig } from '@kubernetes/client-node';
 import http from 'node:http';
 import https from 'node:https';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { AsbError } from '../errors.ts';
 
 export interface KubeResponse {
@@ -42,6 +43,7 @@ const IDLE_SOCKET_MS = 60_000;
 // (one PUT each) without a TLS handshake per request; more only queues at the server's
 // max-mutating-requests-inflight (200) anyway.
 const MAX_SOCKETS = 64;
+const THROTTLED_RETRIES = 5;
 
 export interface KubeTarget {
   /** The server URL, e.g. https://127.0.0.1:6443 */
@@ -58,6 +60,20 @@ export function loadKubeConfig(source: string | KubeConfig): KubeConfig {
   } catch (err) {
     throw new AsbError('Unavailable', `kubeconfig ${source}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
   }
+  return kc;
+}
+
+/**
+ * A Pod's own credentials, as kubectl in a Pod finds them: the API server from
+ * KUBERNETES_SERVICE_HOST/PORT, the ServiceAccount token, the cluster CA and the Pod's namespace
+ * (as the context's namespace) under /var/run/secrets/kubernetes.io/serviceaccount.
+ */
+export function inClusterKubeConfig(): KubeConfig {
+  if (process.env.KUBERNETES_SERVICE_HOST === undefined || process.env.KUBERNETES_SERVICE_HOST === '') {
+    throw new AsbError('Unavailable', 'no kubeconfig given (--kubeconfig, ASB_KUBECONFIG or KUBECONFIG) and not running in a Pod (KUBERNETES_SERVICE_HOST is unset), so there is no API server to use');
+  }
+  const kc = new KubeConfig();
+  kc.loadFromCluster();
   return kc;
 }
 
@@ -170,6 +186,13 @@ export class KubeHttp {
     if (res.status === 401) {
       // Credentials from a plugin expire; read them again once before giving up.
       await this.#refresh();
+      res = await this.#once(method, path, body, true);
+    }
+    // 429: refused before it was handled (API priority and fairness, or a kind whose storage is
+    // re-initializing just after its CRD changed), so sending it again is safe for any method, as
+    // client-go does. 250 ms doubling to 1 s, 5 times: ~4 s, then the caller sees Unavailable.
+    for (let attempt = 0; res.status === 429 && attempt < THROTTLED_RETRIES; attempt++) {
+      await sleep(Math.min(250 * 2 ** attempt, 1_000));
       res = await this.#once(method, path, body, true);
     }
     return res;

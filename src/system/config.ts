@@ -37,6 +37,25 @@ export interface WorkerConfig {
   readonly hubCredentialFile: string | undefined;
   /** ASB_TERMINAL_IDLE_MS / --terminal-idle-ms: close a terminal session after this long with no input or output. Default 900000 (15 min) */
   readonly terminalIdleMs: number;
+  /** ASB_STORE / --store: where objects live: sqlite (a file under --data-dir, one process) or kube (a kube-apiserver, our CRDs installed). Default sqlite */
+  readonly store: 'sqlite' | 'kube';
+  /**
+   * ASB_KUBECONFIG / --kubeconfig, else KUBECONFIG: the kubeconfig file for --store=kube. Unset:
+   * the Pod's own service account (in-cluster), which start-up refuses outside a Pod.
+   */
+  readonly kubeconfig: string | undefined;
+  /** ASB_NAMESPACE / --namespace: where API requests that name no namespace land and the built-in base template and pool live. Default default */
+  readonly namespace: string;
+  /** ASB_RUNTIME / --runtime: what runs sandboxes: local (process trees on this machine) or kube (Pods, through the API server; needs --store=kube). Default local */
+  readonly runtime: 'local' | 'kube';
+  /**
+   * ASB_ROLE / --role: which part of the worker this process is. all: everything (the default);
+   * operator: the controllers and the pod runtime, behind a leader-election Lease, serving only
+   * /healthz and /metrics; api: the REST, E2B, envd and terminal APIs, no controllers. operator
+   * and api need --store=kube and --runtime=kube: only there can two processes share the state
+   * and the pods.
+   */
+  readonly role: 'all' | 'operator' | 'api';
 }
 
 const DEFAULTS = {
@@ -52,9 +71,13 @@ const DEFAULTS = {
   domain: 'asb.localhost',
   edgeUrl: 'http://127.0.0.1:10000',
   terminalIdleMs: '900000',
+  store: 'sqlite',
+  namespace: 'default',
+  runtime: 'local',
+  role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -74,6 +97,11 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   hubUrl: { env: 'ASB_HUB_URL', flag: 'hub-url' },
   hubCredentialFile: { env: 'ASB_HUB_CREDENTIAL_FILE', flag: 'hub-credential-file' },
   terminalIdleMs: { env: 'ASB_TERMINAL_IDLE_MS', flag: 'terminal-idle-ms' },
+  store: { env: 'ASB_STORE', flag: 'store' },
+  kubeconfig: { env: 'ASB_KUBECONFIG', flag: 'kubeconfig' },
+  namespace: { env: 'ASB_NAMESPACE', flag: 'namespace' },
+  runtime: { env: 'ASB_RUNTIME', flag: 'runtime' },
+  role: { env: 'ASB_ROLE', flag: 'role' },
 };
 
 export class ConfigError extends Error {
@@ -100,6 +128,12 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     }
     return value;
   };
+  const oneOf = <const V extends string>(key: 'store' | 'runtime' | 'role', allowed: readonly V[]): V => {
+    const text = str(key);
+    if ((allowed as readonly string[]).includes(text)) return text as V;
+    problems.push(`${describe(key)} must be one of ${allowed.join(', ')}, got "${text}"`);
+    return DEFAULTS[key] as V;
+  };
 
   const known = new Set(Object.values(SOURCES).map((s) => s.flag));
   for (const flag of flags.keys()) if (!known.has(flag)) problems.push(`unknown flag --${flag}`);
@@ -125,6 +159,20 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const adminKeyFile = raw('adminKeyFile');
   const hubUrl = raw('hubUrl');
   const hubCredentialFile = raw('hubCredentialFile');
+  const store = oneOf('store', ['sqlite', 'kube'] as const);
+  const runtime = oneOf('runtime', ['local', 'kube'] as const);
+  const role = oneOf('role', ['all', 'operator', 'api'] as const);
+  const namespace = str('namespace');
+  if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(namespace)) problems.push(`${describe('namespace')} must be a namespace name (lower-case letters, digits and '-', at most 63), got "${namespace}"`);
+  // Ours first; KUBECONFIG is what kubectl reads, so a shell set up for kubectl just works.
+  const kubeconfig = raw('kubeconfig') ?? env.KUBECONFIG;
+  if (store === 'sqlite') {
+    if (raw('kubeconfig') !== undefined) problems.push(`${describe('kubeconfig')} is read only with --store=kube, and ${describe('store')} is sqlite`);
+    if (runtime === 'kube') problems.push(`${describe('runtime')} kube needs ${describe('store')} kube: the runtime makes Pods through the API server the store talks to`);
+    if (role !== 'all') problems.push(`${describe('role')} ${role} needs ${describe('store')} kube: the SQLite store belongs to one process, so that process must be the whole worker (--role=all)`);
+  } else if (role !== 'all' && runtime !== 'kube') {
+    problems.push(`${describe('role')} ${role} needs ${describe('runtime')} kube: the API's exec and terminals reach pods the operator started only when both are Pods`);
+  }
   if (hubUrl !== undefined && !isEdgeUrl(hubUrl)) problems.push(`${describe('hubUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:7090, got "${hubUrl}"`);
   if ((hubUrl === undefined) !== (hubCredentialFile === undefined)) problems.push(`${describe('hubUrl')} and ${describe('hubCredentialFile')} go together: set both or neither`);
   const config: WorkerConfig = {
@@ -145,13 +193,19 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     hubCredentialFile: hubCredentialFile === undefined ? undefined : resolve(hubCredentialFile),
     // Up to a day: a terminal left open longer is forgotten, and it holds the sandbox awake.
     terminalIdleMs: int('terminalIdleMs', 100, 86_400_000),
+    store,
+    // A kubeconfig's relative paths are its own business; the file itself resolves from here.
+    kubeconfig: kubeconfig === undefined || kubeconfig === '' ? undefined : resolve(kubeconfig),
+    namespace,
+    runtime,
+    role,
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);
 }
 
 function isOptional(key: Key): key is OptionalKey {
-  return key === 'adminKeyFile' || key === 'hubUrl' || key === 'hubCredentialFile';
+  return key === 'adminKeyFile' || key === 'hubUrl' || key === 'hubCredentialFile' || key === 'kubeconfig';
 }
 
 function isEdgeUrl(text: string): boolean {

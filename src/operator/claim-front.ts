@@ -1,0 +1,60 @@
+// The claim side of the operator alone, for a process that serves the API but does not run the
+// controllers: --role=api, and --role=all on the kube store, whose controllers run only while it
+// holds the leader Lease (leader.ts) but whose API claims all the time. It keeps what a claim
+// needs in memory (the Sandbox, SandboxTemplate and SandboxWarmPool caches and the Claimer's
+// FIFOs over them), so a warm claim stays one compare-and-swap write with no read, whichever
+// process holds the Lease. Two claimers over the same members are safe: the write is
+// conditional on the member's resourceVersion, so a member goes to one of them.
+import { SandboxTemplateType, SandboxType, SandboxWarmPoolType, type Sandbox, type SandboxTemplate, type SandboxWarmPool } from '../api/types.ts';
+import type { Metrics } from '../metrics/metrics.ts';
+import type { ObjectStore } from '../store/store.ts';
+import type { Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import { createActivity, type Activity } from './activity.ts';
+import { Claimer, POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues } from './claimer.ts';
+import { Informer } from './informer.ts';
+
+export interface ClaimFrontOptions {
+  store: ObjectStore;
+  log: Logger;
+  metrics: Metrics;
+  clock: Clock;
+  /** This cluster's tag, for the ids of cold-started sandboxes. */
+  clusterTag: string;
+}
+
+export interface ClaimFront {
+  claimer: Claimer;
+  /** Touches seen by this process's API; only the controllers' own tracker decides idleness. */
+  activity: Activity;
+  /** Resolves once the three caches have synced. */
+  ready(): Promise<void>;
+  close(): void;
+}
+
+export async function startClaimFront(opts: ClaimFrontOptions): Promise<ClaimFront> {
+  const { store, clock, metrics, clusterTag } = opts;
+  const log = opts.log.child({ component: 'claim-front' });
+  const sandboxes = new Informer<Sandbox>({ store, type: SandboxType, clock, log });
+  const templates = new Informer<SandboxTemplate>({ store, type: SandboxTemplateType, clock, log });
+  const pools = new Informer<SandboxWarmPool>({ store, type: SandboxWarmPoolType, clock, log });
+  pools.addIndex(POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues);
+  const activity = createActivity(clock);
+  const claimer = new Claimer({ store, sandboxes, pools, templates, clock, metrics, clusterTag, activity });
+  sandboxes.onChange((key, current, previous) => claimer.observe(key, current, previous));
+  const informers = [sandboxes, templates, pools];
+  for (const informer of informers) informer.start();
+  const synced = Promise.all(informers.map((i) => i.synced())).then(() => {
+    log.info({ sandboxes: sandboxes.list().length, pools: pools.list().length }, 'claim caches synced');
+  });
+  await synced;
+  return {
+    claimer,
+    activity,
+    ready: () => synced,
+    close() {
+      claimer.close();
+      for (const informer of informers) informer.close();
+    },
+  };
+}

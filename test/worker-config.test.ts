@@ -1,0 +1,65 @@
+// The worker's store, runtime and role flags: the combinations that cannot work are refused at
+// start-up, each with a message naming both flags, all problems at once; the defaults are
+// today's single-process worker.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { ConfigError, parseWorkerConfig } from '../src/system/config.ts';
+
+function problems(argv: readonly string[], env: Record<string, string> = {}): readonly string[] {
+  try {
+    parseWorkerConfig(argv, env);
+  } catch (err) {
+    if (err instanceof ConfigError) return err.problems;
+    throw err;
+  }
+  return [];
+}
+
+test('by default the worker is one process on the SQLite store with the local runtime', () => {
+  const config = parseWorkerConfig([], {});
+  assert.equal(config.store, 'sqlite');
+  assert.equal(config.runtime, 'local');
+  assert.equal(config.role, 'all');
+  assert.equal(config.namespace, 'default');
+  assert.equal(config.kubeconfig, undefined);
+});
+
+test('the Kubernetes deployment\'s flags parse: operator and api roles on the kube store and runtime', () => {
+  for (const role of ['operator', 'api', 'all'] as const) {
+    const config = parseWorkerConfig([`--role=${role}`, '--store=kube', '--runtime=kube', '--namespace', 'sandboxes'], {});
+    assert.equal(config.role, role);
+    assert.equal(config.store, 'kube');
+    assert.equal(config.runtime, 'kube');
+    assert.equal(config.namespace, 'sandboxes');
+    // No kubeconfig anywhere: the Pod's own service account (checked when the worker starts).
+    assert.equal(config.kubeconfig, undefined);
+  }
+});
+
+test('the kubeconfig comes from --kubeconfig, else ASB_KUBECONFIG, else KUBECONFIG (as kubectl reads it)', () => {
+  assert.equal(parseWorkerConfig(['--store=kube'], { KUBECONFIG: '/etc/kube/config' }).kubeconfig, '/etc/kube/config');
+  assert.equal(parseWorkerConfig(['--store=kube'], { KUBECONFIG: '/etc/kube/config', ASB_KUBECONFIG: '/a' }).kubeconfig, '/a');
+  assert.equal(parseWorkerConfig(['--store=kube', '--kubeconfig', '/b'], { ASB_KUBECONFIG: '/a' }).kubeconfig, '/b');
+  // A shell set up for kubectl does not stop the default worker.
+  assert.equal(parseWorkerConfig([], { KUBECONFIG: '/etc/kube/config' }).store, 'sqlite');
+});
+
+test('combinations that cannot work are refused, naming both flags, all at once', () => {
+  assert.deepEqual(problems(['--runtime=kube']), [
+    '--runtime (ASB_RUNTIME) kube needs --store (ASB_STORE) kube: the runtime makes Pods through the API server the store talks to',
+  ]);
+  assert.deepEqual(problems(['--role=api']), [
+    '--role (ASB_ROLE) api needs --store (ASB_STORE) kube: the SQLite store belongs to one process, so that process must be the whole worker (--role=all)',
+  ]);
+  assert.deepEqual(problems(['--role=operator', '--store=kube']), [
+    '--role (ASB_ROLE) operator needs --runtime (ASB_RUNTIME) kube: the API\'s exec and terminals reach pods the operator started only when both are Pods',
+  ]);
+  assert.deepEqual(problems(['--kubeconfig=/x']), ['--kubeconfig (ASB_KUBECONFIG) is read only with --store=kube, and --store (ASB_STORE) is sqlite']);
+  assert.deepEqual(problems(['--store=etcd', '--role=leader', '--runtime=docker', '--namespace=Bad_NS']), [
+    '--store (ASB_STORE) must be one of sqlite, kube, got "etcd"',
+    '--runtime (ASB_RUNTIME) must be one of local, kube, got "docker"',
+    '--role (ASB_ROLE) must be one of all, operator, api, got "leader"',
+    '--namespace (ASB_NAMESPACE) must be a namespace name (lower-case letters, digits and \'-\', at most 63), got "Bad_NS"',
+  ]);
+  assert.deepEqual(problems([], { ASB_ROLE: 'api', ASB_STORE: 'kube', ASB_RUNTIME: 'kube' }), []);
+});
