@@ -42,10 +42,22 @@ export function podRequestFor(sandbox: Sandbox): PodRequest {
   };
 }
 
+/**
+ * A sandbox with no status yet is reported Pending only once its pod has taken this long to be
+ * ready. Most pods are ready sooner (a warm member's on Kubernetes: ~0.5 s), and writing Pending
+ * first cost a status write plus, when the pod turned ready before the watch delivered that
+ * write, a Conflict on the Ready write: 2 of the 6 API-server writes a claim and its refill made
+ * (bench/kube.ts). kubectl shows the sandbox with no phase meanwhile, which the API reads as
+ * Pending.
+ */
+const FIRST_STATUS_GRACE_MS = 1_000;
+
 export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler {
   const { store, runtime, sandboxes, activity, clock, metrics } = deps;
   /** Sandboxes waking from hibernation: name → time the wake began, for asb_wake_seconds. */
   const wakes = new Map<string, number>();
+  /** Sandboxes with no status yet: name → when this process first saw their pod not ready. */
+  const unreported = new Map<string, number>();
 
   const writeStatus = async (sandbox: Sandbox, status: SandboxStatus): Promise<void> => {
     if (isDeepStrictEqual(sandbox.status ?? {}, status)) return;
@@ -109,6 +121,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
     const { name } = sandbox.metadata;
     await runtime.remove(name);
     wakes.delete(name);
+    unreported.delete(name);
     activity.forget(name);
     const finalizers = sandbox.metadata.finalizers ?? [];
     if (!finalizers.includes(RUNTIME_FINALIZER)) return;
@@ -124,6 +137,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       // Gone without our finalizer (created by someone who did not set it): still free the pod.
       const { name } = splitKey(key);
       wakes.delete(name);
+      unreported.delete(name);
       activity.forget(name);
       if (runtime.state(name).phase !== 'Absent') await runtime.remove(name);
       return undefined;
@@ -174,7 +188,14 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
         return undefined;
       }
       if (idle.remainingMs !== undefined) requeueAfterMs = Math.min(requeueAfterMs ?? Infinity, idle.remainingMs);
+    } else if (sandbox.status === undefined && state.phase !== 'Failed' && state.phase !== 'Succeeded') {
+      const since = unreported.get(name) ?? now;
+      unreported.set(name, since);
+      const left = since + FIRST_STATUS_GRACE_MS - now;
+      // The pod's readiness requeues this sooner (runtime.onChange).
+      if (left > 0) return { requeueAfterMs: Math.min(left, requeueAfterMs ?? Infinity) };
     }
+    unreported.delete(name);
     await writeStatus(sandbox, runningStatus(sandbox, state));
     return requeueAfterMs === undefined ? undefined : { requeueAfterMs };
   };
