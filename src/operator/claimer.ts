@@ -141,6 +141,11 @@ export class Claimer {
     }
   }
 
+  /** Whether the template is cached: a claim's existence check with no read. */
+  hasTemplate(namespace: string, name: string): boolean {
+    return this.#deps.templates.getByName(namespace, name) !== undefined;
+  }
+
   /** Warm members ready to be claimed right now, for a pool. */
   available(namespace: string, pool: string): number {
     let n = 0;

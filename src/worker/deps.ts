@@ -17,6 +17,8 @@ export interface WorkerOperator {
   claimer: {
     claim(req: ClaimRequest): Promise<ClaimResult>;
     waitReady(namespace: string, name: string, timeoutMs: number): Promise<Sandbox>;
+    /** Whether the template is in the claimer's cache (false may only mean "not seen yet"). */
+    hasTemplate(namespace: string, name: string): boolean;
   };
   activity: { touch(id: string): void };
 }
