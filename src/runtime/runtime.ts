@@ -13,6 +13,8 @@ export interface PodRequest {
   spec: PodSpec;
   volumeClaimTemplates?: VolumeClaimTemplate[];
   labels?: Record<string, string>;
+  /** Also make a headless Service named after the pod (Kubernetes runtime); the local runtime ignores it. */
+  service?: boolean;
 }
 
 /**

@@ -1,0 +1,92 @@
+// The files API over pods/exec, with the container's own POSIX tools and as its user: no agent in
+// the image, and a symlink in the sandbox leads only where the sandbox itself could go. Relative
+// paths are relative to the container's working directory (the exec's). Exit codes chosen by the
+// scripts tell the outcomes apart without parsing messages.
+import { posix } from 'node:path';
+import { AsbError } from '../../errors.ts';
+import type { ExecResult, FileEntry } from '../runtime.ts';
+import { execInPod, type ExecContext } from './exec.ts';
+
+const NOT_FOUND = 44;
+const IS_DIR = 21;
+const NOT_DIR = 20;
+/** readFile's cap: bigger files are refused rather than silently truncated. */
+const MAX_READ_BYTES = 512 * 1024 * 1024;
+
+const READ = 'if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 44; fi; exec cat -- "$1"';
+// The parent is made first (mkdir -p), as the local runtime does; a bare name has none to make.
+const WRITE = 'if [ -d "$1" ]; then exit 21; fi; case "$1" in */*) mkdir -p -- "${1%/*}/" || exit 1;; esac; ' +
+  'cat > "$1" && if [ -n "$2" ]; then chmod -- "$2" "$1"; fi';
+// Records end with NUL (names may hold anything else): first the directory's absolute path, then
+// per entry "type<TAB>size<TAB>mode<TAB>mtime<TAB>name". GNU find does it in one process; where
+// find has no -printf (busybox), a loop with stat -c gives the same fields.
+export const LIST = [
+  'if [ ! -e "$1" ]; then exit 44; fi; if [ ! -d "$1" ]; then exit 20; fi; cd -- "$1" || exit 1',
+  'printf "%s\\0" "$PWD"',
+  'if find . -maxdepth 0 -printf "" >/dev/null 2>&1; then exec find . -mindepth 1 -maxdepth 1 -printf "%y\\t%s\\t%m\\t%T@\\t%f\\0"; fi',
+  'for f in * .[!.]* ..?*; do',
+  '  if [ -h "$f" ]; then t=l; elif [ -d "$f" ]; then t=d; elif [ -f "$f" ]; then t=f; elif [ -e "$f" ]; then t=o; else continue; fi',
+  '  printf "%s\\t%s\\t%s\\0" "$t" "$(stat -c "%s\t%a\t%Y" -- "$f")" "$f"',
+  'done',
+].join('\n');
+
+function checked(path: string): string {
+  if (path === '') throw new AsbError('BadRequest', 'path is empty');
+  if (path.includes('\0')) throw new AsbError('BadRequest', 'path contains a NUL byte');
+  return path;
+}
+
+function failure(result: ExecResult, op: string, path: string): AsbError {
+  const message = Buffer.from(result.stderr).toString('utf8').trim();
+  switch (result.exitCode) {
+    case NOT_FOUND: return new AsbError('NotFound', `${path}: no such file or directory`);
+    case IS_DIR: return new AsbError('BadRequest', `${path} is a directory`);
+    case NOT_DIR: return new AsbError('BadRequest', `${path} is not a directory`);
+  }
+  if (/Permission denied|Read-only file system|Operation not permitted/.test(message)) {
+    return new AsbError('Forbidden', `${op} ${path}: ${message}`);
+  }
+  if (/Not a directory|No such file/.test(message)) return new AsbError('NotFound', `${op} ${path}: ${message}`);
+  return new AsbError('Internal', `${op} ${path} failed (exit ${result.exitCode}): ${message}`);
+}
+
+export async function readPodFile(ctx: ExecContext, path: string): Promise<Uint8Array> {
+  const result = await execInPod(ctx, { command: ['sh', '-c', READ, 'sh', checked(path)], maxOutputBytes: MAX_READ_BYTES });
+  if (result.exitCode !== 0) throw failure(result, 'read', path);
+  if (result.truncated) throw new AsbError('PayloadTooLarge', `${path} is larger than ${MAX_READ_BYTES} bytes`);
+  return result.stdout;
+}
+
+export async function writePodFile(ctx: ExecContext, path: string, data: Uint8Array, mode?: number): Promise<void> {
+  const modeArg = mode === undefined ? '' : (mode & 0o7777).toString(8);
+  const result = await execInPod(ctx, { command: ['sh', '-c', WRITE, 'sh', checked(path), modeArg], stdin: data });
+  if (result.exitCode !== 0) throw failure(result, 'write', path);
+}
+
+const TYPES: Record<string, FileEntry['type']> = { f: 'file', d: 'dir', l: 'symlink' };
+
+/** Parses LIST's output (exported for a test of the stat fallback). */
+export function parseListing(output: Uint8Array): FileEntry[] {
+  const [dir = '/', ...records] = Buffer.from(output).toString('utf8').split('\0');
+  const entries: FileEntry[] = [];
+  for (const record of records) {
+    if (record === '') continue;
+    const [type = '', size = '0', mode = '0', mtime = '0', ...rest] = record.split('\t');
+    const name = rest.join('\t');
+    entries.push({
+      name,
+      path: posix.join(dir, name),
+      type: TYPES[type] ?? 'other',
+      size: Number(size),
+      mode: Number.parseInt(mode, 8),
+      mtime: new Date(Number(mtime) * 1000).toISOString(),
+    });
+  }
+  return entries.sort((a, b) => a.name.localeCompare(b.name));
+}
+
+export async function listPodDir(ctx: ExecContext, path: string): Promise<FileEntry[]> {
+  const result = await execInPod(ctx, { command: ['sh', '-c', LIST, 'sh', checked(path)], maxOutputBytes: 64 * 1024 * 1024 });
+  if (result.exitCode !== 0) throw failure(result, 'list', path);
+  return parseListing(result.stdout);
+}

@@ -1,0 +1,151 @@
+// What a sandbox pod is on Kubernetes: the Pod, its PersistentVolumeClaims and its optional
+// headless Service, built from a PodRequest; and the PodState a Pod's status amounts to.
+// Pure functions: kube-runtime.ts does the I/O.
+import type { KubeObject, ObjectMeta, ResourceType } from '../../api/meta.ts';
+import type { PodSpec, Volume, VolumeClaimTemplate } from '../../api/types.ts';
+import type { PodRequest, PodState } from '../runtime.ts';
+
+/** On every Pod, PVC and Service of a sandbox: its id. The runtime watches by this label. */
+export const SANDBOX_LABEL = 'asb.dev/sandbox';
+/** On a PVC: the volumeClaimTemplate it was made from. */
+export const CLAIM_TEMPLATE_LABEL = 'asb.dev/claim-template';
+/** On a Pod: the namespace of its Sandbox when that differs from the runtime's namespace. */
+export const SANDBOX_NAMESPACE_ANNOTATION = 'asb.dev/sandbox-namespace';
+
+export const PodType: ResourceType = { group: '', version: 'v1', kind: 'Pod', plural: 'pods', namespaced: true };
+export const PvcType: ResourceType = { group: '', version: 'v1', kind: 'PersistentVolumeClaim', plural: 'persistentvolumeclaims', namespaced: true };
+export const ServiceType: ResourceType = { group: '', version: 'v1', kind: 'Service', plural: 'services', namespaced: true };
+
+interface ContainerStatus {
+  name: string;
+  state?: {
+    waiting?: { reason?: string; message?: string };
+    terminated?: { exitCode?: number; reason?: string; message?: string };
+  };
+}
+
+export interface PodStatus {
+  phase?: string;
+  conditions?: { type: string; status: string }[];
+  podIP?: string;
+  startTime?: string;
+  reason?: string;
+  message?: string;
+  containerStatuses?: ContainerStatus[];
+}
+
+export interface KubePod extends KubeObject {
+  spec: PodSpec & { terminationGracePeriodSeconds?: number; subdomain?: string };
+  status?: PodStatus;
+}
+
+export interface KubePvc extends KubeObject {
+  spec: VolumeClaimTemplate['spec'];
+}
+
+export function claimName(id: string, template: string): string {
+  return `${id}-${template}`;
+}
+
+/** The id a Pod, PVC or Service of ours belongs to. */
+export function sandboxOf(obj: KubeObject): string | undefined {
+  return obj.metadata.labels?.[SANDBOX_LABEL];
+}
+
+export interface PodDefaults {
+  namespace: string;
+  /** terminationGracePeriodSeconds when the spec sets none. */
+  graceSeconds: number;
+}
+
+/**
+ * The Pod for a request: the spec as given (runtimeClassName, securityContext, resources pass
+ * through unchanged), named after the sandbox, with its hostname, and each volumeClaimTemplate
+ * as a volume of that name bound to the claim `<id>-<template>` (a volume of the same name in
+ * the spec is replaced, as k8s-sigs does).
+ */
+export function podManifest(req: PodRequest, defaults: PodDefaults): KubePod {
+  const claims: Volume[] = (req.volumeClaimTemplates ?? []).map((t) => ({ name: t.metadata.name, persistentVolumeClaim: { claimName: claimName(req.id, t.metadata.name) } }));
+  const claimed = new Set(claims.map((v) => v.name));
+  const volumes = [...(req.spec.volumes ?? []).filter((v) => !claimed.has(v.name)), ...claims];
+  const spec: KubePod['spec'] = {
+    ...req.spec,
+    hostname: req.hostname,
+    terminationGracePeriodSeconds: (req.spec as KubePod['spec']).terminationGracePeriodSeconds ?? defaults.graceSeconds,
+  };
+  if (volumes.length > 0) spec.volumes = volumes;
+  if (req.service === true) spec.subdomain = req.id; // <hostname>.<id>.<namespace>.svc resolves to the pod
+  const metadata: ObjectMeta = { name: req.id, namespace: defaults.namespace, labels: { ...req.labels, [SANDBOX_LABEL]: req.id } };
+  if (req.namespace !== defaults.namespace) metadata.annotations = { [SANDBOX_NAMESPACE_ANNOTATION]: req.namespace };
+  return { apiVersion: 'v1', kind: 'Pod', metadata, spec };
+}
+
+/** One PVC per volumeClaimTemplate; ReadWriteOnce unless the template says otherwise. */
+export function claimManifests(req: PodRequest, namespace: string): KubePvc[] {
+  return (req.volumeClaimTemplates ?? []).map((t) => ({
+    apiVersion: 'v1',
+    kind: 'PersistentVolumeClaim',
+    metadata: {
+      name: claimName(req.id, t.metadata.name),
+      namespace,
+      labels: { ...t.metadata.labels, [SANDBOX_LABEL]: req.id, [CLAIM_TEMPLATE_LABEL]: t.metadata.name },
+      ...(t.metadata.annotations === undefined ? {} : { annotations: t.metadata.annotations }),
+    },
+    spec: { ...t.spec, accessModes: t.spec.accessModes ?? ['ReadWriteOnce'] },
+  }));
+}
+
+/** A headless Service selecting the pod, with the container ports named. */
+export function serviceManifest(req: PodRequest, namespace: string): KubeObject {
+  const byPort = new Map<string, { name: string; port: number; targetPort: number; protocol: string }>();
+  for (const p of req.spec.containers.flatMap((c) => c.ports ?? [])) {
+    const protocol = p.protocol ?? 'TCP';
+    const key = `${p.containerPort}/${protocol}`;
+    if (!byPort.has(key)) byPort.set(key, { name: p.name ?? `port-${p.containerPort}${protocol === 'TCP' ? '' : `-${protocol.toLowerCase()}`}`, port: p.containerPort, targetPort: p.containerPort, protocol });
+  }
+  const ports = [...byPort.values()];
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { name: req.id, namespace, labels: { [SANDBOX_LABEL]: req.id } },
+    spec: { clusterIP: 'None', selector: { [SANDBOX_LABEL]: req.id }, ...(ports.length > 0 ? { ports } : {}) },
+  };
+}
+
+/**
+ * The PodState of a sandbox from what the cluster holds. No Pod: Stopped when its claims remain
+ * or it was stopped here (hibernated; on Kubernetes only the volumes persist), else Absent. A
+ * Pod being deleted is Stopped: it is on its way out and a start() waits for it to go.
+ */
+export function podState(pod: KubePod | undefined, hibernated: boolean): PodState {
+  if (pod === undefined) return { phase: hibernated ? 'Stopped' : 'Absent', ready: false };
+  const status = pod.status ?? {};
+  const state: PodState = { phase: 'Pending', ready: false };
+  if (status.podIP !== undefined && status.podIP !== '') state.ip = status.podIP;
+  if (pod.metadata.deletionTimestamp !== undefined) return { ...state, phase: 'Stopped', message: 'the pod is being deleted' };
+  const main = status.containerStatuses?.find((c) => c.name === pod.spec.containers[0]?.name);
+  const terminated = main?.state?.terminated;
+  switch (status.phase) {
+    case 'Running':
+      state.phase = 'Running';
+      state.ready = status.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true;
+      if (status.startTime !== undefined) state.startedAt = status.startTime;
+      return state;
+    case 'Succeeded':
+      return { ...state, phase: 'Succeeded', exitCode: terminated?.exitCode ?? 0 };
+    case 'Failed': {
+      const failed: PodState = { ...state, phase: 'Failed' };
+      if (terminated?.exitCode !== undefined) failed.exitCode = terminated.exitCode;
+      const message = status.message ?? terminated?.message ?? status.reason ?? terminated?.reason;
+      if (message !== undefined) failed.message = message;
+      return failed;
+    }
+    default: {
+      // Pending (or Unknown): say why when the kubelet said (ImagePullBackOff, Unschedulable...).
+      const waiting = main?.state?.waiting;
+      const why = waiting?.reason === undefined ? status.message : `${waiting.reason}${waiting.message === undefined ? '' : `: ${waiting.message}`}`;
+      if (why !== undefined) state.message = why;
+      return state;
+    }
+  }
+}
