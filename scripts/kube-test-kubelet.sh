@@ -2,7 +2,8 @@
 # Builds the test kubelet (tools/kube/test-kubelet: a Go program that plays the kubelet for the
 # Kubernetes test tier) into .tools/kube/bin/test-kubelet, with Go from the module proxy only.
 # A stamp holds the hash of its sources, go.mod and go.sum: a second run costs a few ms, any
-# change rebuilds (~5 s with the Go caches warm from kube-tools, ~1 min cold).
+# change rebuilds: ~5-8 s after kube-tools (its client-go packages are in the shared Go build
+# cache), 2 min with an empty build cache on 2 busy cores.
 # Usage: scripts/kube-test-kubelet.sh   (make kube-tools runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
