@@ -7,6 +7,8 @@ import type { PodRequest } from '../src/runtime/runtime.ts';
 import { claimManifests, podManifest, podState, serviceManifest, SANDBOX_LABEL, SANDBOX_NAMESPACE_ANNOTATION, type KubePod } from '../src/runtime/kube/objects.ts';
 import { wrapCommand } from '../src/runtime/kube/exec.ts';
 import { isAsbError } from '../src/errors.ts';
+import type { Sandbox } from '../src/api/types.ts';
+import { podRequestFor } from '../src/operator/sandbox-controller.ts';
 
 const request: PodRequest = {
   id: 'abc1',
@@ -84,4 +86,17 @@ test('the exec wrapper refuses what it cannot pass to a shell', () => {
   assert.throws(() => wrapCommand(['true'], { timeoutMs: 0 }), (err) => isAsbError(err, 'BadRequest'));
   const argv = wrapCommand(['echo', 'a b'], { cwd: '/w', user: 1000, env: { A: '1 2' }, timeoutMs: 1500 });
   assert.deepEqual(argv.slice(3), ['sh', '/w', '1000', '1.5', '', 'A=1 2', '--', 'echo', 'a b']);
+});
+
+test("a Sandbox's spec.service reaches the runtime: the operator's pod request asks for the headless Service only then", () => {
+  const sandbox = (service: boolean | undefined): Sandbox => ({
+    apiVersion: 'agents.x-k8s.io/v1alpha1',
+    kind: 'Sandbox',
+    metadata: { name: 'svc1', namespace: 'team-a' },
+    spec: { podTemplate: { spec: request.spec }, ...(service === undefined ? {} : { service }) },
+  });
+  assert.equal(podRequestFor(sandbox(true)).service, true);
+  assert.equal(podRequestFor(sandbox(false)).service, undefined);
+  assert.equal(podRequestFor(sandbox(undefined)).service, undefined);
+  assert.equal(podManifest(podRequestFor(sandbox(true)), { namespace: 'sandboxes', graceSeconds: 2 }).spec.subdomain, 'svc1', 'the Pod joins its Service');
 });

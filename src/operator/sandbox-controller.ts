@@ -38,6 +38,8 @@ export function podRequestFor(sandbox: Sandbox): PodRequest {
     hostname: sandbox.spec.podTemplate.spec.hostname ?? name,
     spec: sandbox.spec.podTemplate.spec,
     ...(sandbox.spec.volumeClaimTemplates === undefined ? {} : { volumeClaimTemplates: sandbox.spec.volumeClaimTemplates }),
+    // A headless Service on Kubernetes; the local runtime has no Services and ignores it.
+    ...(sandbox.spec.service === true ? { service: true } : {}),
     labels: { ...sandbox.spec.podTemplate.metadata?.labels, ...sandbox.metadata.labels },
   };
 }
