@@ -9,7 +9,7 @@
 # modules fetched, 3.1 GB of build cache written), 7 s with .tools/kube removed but the Go caches
 # warm (links only), 13 ms when the stamp matches.
 #
-# Go 1.26 or newer comes from PATH; without it, the Go toolchain is fetched from the module proxy
+# Go 1.26 or newer comes from scripts/go-toolchain.sh: PATH, else fetched from the module proxy
 # as the module golang.org/toolchain (what `GOTOOLCHAIN` does) into .tools/go.
 # Usage: scripts/kube-tools.sh   (make kube-tools)
 set -euo pipefail
@@ -17,8 +17,6 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 OUT="$ROOT/.tools/kube"
 STAMP="$OUT/.stamp"
-GO_MIN_MINOR=26
-GO_FETCH_VERSION="${GO_FETCH_VERSION:-1.26.8}"
 
 mod_version() { # module go.mod → the version that go.mod requires
   awk -v m="$1" '($1 == "require" && $2 == m) || ($1 == m && NF >= 2) { print ($1 == "require" ? $3 : $2); exit }' "$2"
@@ -46,27 +44,7 @@ exec 9>"$OUT/.lock"
 flock 9
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] && bins_present; then exit 0; fi
 
-go_ok() { # a go binary of version 1.GO_MIN_MINOR or newer
-  local v; v="$("$1" env GOVERSION 2>/dev/null)" || return 1
-  [[ "$v" =~ ^go1\.([0-9]+) ]] && ((BASH_REMATCH[1] >= GO_MIN_MINOR))
-}
-GO=""
-if command -v go >/dev/null && go_ok "$(command -v go)"; then
-  GO="$(command -v go)"
-elif [[ -x "$ROOT/.tools/go/bin/go" ]] && go_ok "$ROOT/.tools/go/bin/go"; then
-  GO="$ROOT/.tools/go/bin/go"
-else
-  echo "kube-tools: fetching Go $GO_FETCH_VERSION (module golang.org/toolchain) into .tools/go" >&2
-  zip="$ROOT/.tools/go-toolchain.zip"
-  rm -rf "$ROOT/.tools/go" "$ROOT/.tools/go-unzip" "$zip"
-  curl -fsSL -o "$zip" "${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/v0.0.1-go$GO_FETCH_VERSION.linux-amd64.zip"
-  python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$zip" "$ROOT/.tools/go-unzip"
-  mv "$ROOT/.tools/go-unzip/golang.org/toolchain@v0.0.1-go$GO_FETCH_VERSION.linux-amd64" "$ROOT/.tools/go"
-  rm -rf "$ROOT/.tools/go-unzip" "$zip"
-  # Module zips keep no file modes (the go command sets them the same way for GOTOOLCHAIN).
-  chmod +x "$ROOT/.tools/go/bin/"* "$ROOT/.tools/go/pkg/tool/"*/*
-  GO="$ROOT/.tools/go/bin/go"
-fi
+GO="$(scripts/go-toolchain.sh)"
 
 echo "kube-tools: building kube-apiserver and kubectl $KUBE_VERSION, etcd $ETCD_VERSION with $("$GO" env GOVERSION) into .tools/kube/bin (first time ~5 min)" >&2
 start=$SECONDS
