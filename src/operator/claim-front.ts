@@ -5,12 +5,14 @@
 // FIFOs over them), so a warm claim stays one compare-and-swap write with no read, whichever
 // process holds the Lease. Two claimers over the same members are safe: the write is
 // conditional on the member's resourceVersion, so a member goes to one of them.
+// Activity the API sees (exec, files, terminals, the routers' reports) is written to the
+// sandboxes for the operator's idle clock, which is in another process (activity-recorder.ts).
 import { SandboxTemplateType, SandboxType, SandboxWarmPoolType, type Sandbox, type SandboxTemplate, type SandboxWarmPool } from '../api/types.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
-import { createActivity, type Activity } from './activity.ts';
+import { createActivityRecorder, type ActivityRecorder } from './activity-recorder.ts';
 import { Claimer, POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues } from './claimer.ts';
 import { Informer } from './informer.ts';
 
@@ -25,12 +27,17 @@ export interface ClaimFrontOptions {
 
 export interface ClaimFront {
   claimer: Claimer;
-  /** Touches seen by this process's API; only the controllers' own tracker decides idleness. */
-  activity: Activity;
+  /**
+   * Touches seen by this process's API, written to the sandboxes they concern for the operator's
+   * idle check (activity-recorder.ts).
+   */
+  activity: ActivityRecorder;
   /** Resolves once the three caches have synced. */
   ready(): Promise<void>;
   close(): void;
 }
+
+const NAME_INDEX = 'name';
 
 export async function startClaimFront(opts: ClaimFrontOptions): Promise<ClaimFront> {
   const { store, clock, metrics, clusterTag } = opts;
@@ -39,7 +46,9 @@ export async function startClaimFront(opts: ClaimFrontOptions): Promise<ClaimFro
   const templates = new Informer<SandboxTemplate>({ store, type: SandboxTemplateType, clock, log });
   const pools = new Informer<SandboxWarmPool>({ store, type: SandboxWarmPoolType, clock, log });
   pools.addIndex(POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues);
-  const activity = createActivity(clock);
+  // Sandbox ids are unique across namespaces; the API names sandboxes by id alone.
+  sandboxes.addIndex(NAME_INDEX, (s) => [s.metadata.name]);
+  const activity = createActivityRecorder({ store, sandbox: (id) => sandboxes.byIndex(NAME_INDEX, id)[0], clock, log });
   const claimer = new Claimer({ store, sandboxes, pools, templates, clock, metrics, clusterTag, activity });
   sandboxes.onChange((key, current, previous) => claimer.observe(key, current, previous));
   const informers = [sandboxes, templates, pools];
@@ -53,6 +62,7 @@ export async function startClaimFront(opts: ClaimFrontOptions): Promise<ClaimFro
     activity,
     ready: () => synced,
     close() {
+      activity.close();
       claimer.close();
       for (const informer of informers) informer.close();
     },

@@ -12,6 +12,7 @@ import { newSandboxId } from '../api/ids.ts';
 import type { OwnerReference } from '../api/meta.ts';
 import { apiVersionOf } from '../api/meta.ts';
 import {
+  ANNOTATION,
   LABEL,
   SandboxClaimType,
   SandboxTemplateType,
@@ -26,7 +27,7 @@ import {
 import { AsbError, invalid, isAsbError } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
-import type { Clock, Timer } from '../system/clock.ts';
+import { isoNow, type Clock, type Timer } from '../system/clock.ts';
 import { isDeleting, isSandboxReady, sandboxFromTemplate } from './blueprint.ts';
 import type { Activity } from './activity.ts';
 import type { Informer } from './informer.ts';
@@ -256,7 +257,7 @@ export class Claimer {
         // await resumes. A touch on a member whose CAS then fails is harmless (pool members
         // never idle out).
         this.#deps.activity?.touch(member.metadata.name);
-        return await this.#deps.store.update<Sandbox>(SandboxType, bindWarm(member, req));
+        return await this.#deps.store.update<Sandbox>(SandboxType, bindWarm(member, req, isoNow(this.#deps.clock)));
       } catch (err) {
         // Taken or changed since the cache saw it: skip it; the watch re-queues it if still free.
         if (isAsbError(err, 'Conflict') || isAsbError(err, 'NotFound')) continue;
@@ -309,8 +310,12 @@ function lifecycleOf(req: ClaimRequest): { lifecycle?: Lifecycle } {
   return { lifecycle: { shutdownTime: req.shutdownTime, ...(req.shutdownPolicy === undefined ? {} : { shutdownPolicy: req.shutdownPolicy }) } };
 }
 
-/** The one write of a warm claim: leave the pool, take the owner, carry the claim's settings. */
-export function bindWarm(member: Sandbox, req: ClaimRequest): Sandbox {
+/**
+ * The one write of a warm claim: leave the pool, take the owner, carry the claim's settings, and
+ * say when it was claimed (ANNOTATION.lastActivity), so the idle clock of an operator in another
+ * process starts from the claim, not from when the member became ready.
+ */
+export function bindWarm(member: Sandbox, req: ClaimRequest, claimedAt: string): Sandbox {
   const { [LABEL.pool]: _pool, ...labels } = { ...member.metadata.labels, ...req.labels, ...systemLabels(req, 'warm') };
   const owners = (member.metadata.ownerReferences ?? []).filter((o) => o.kind !== SandboxWarmPoolType.kind);
   if (req.claimRef !== undefined) owners.push(claimOwner(req.claimRef));
@@ -320,7 +325,7 @@ export function bindWarm(member: Sandbox, req: ClaimRequest): Sandbox {
     metadata: {
       ...member.metadata,
       labels,
-      ...(req.annotations === undefined ? {} : { annotations: { ...member.metadata.annotations, ...req.annotations } }),
+      annotations: { ...member.metadata.annotations, ...req.annotations, [ANNOTATION.lastActivity]: claimedAt },
       ownerReferences: owners,
     },
     spec: {

@@ -24,6 +24,16 @@ export function idleTimeoutOf(sandbox: Sandbox): number {
   return Number.isFinite(parsed) && parsed > 0 ? parsed : 0;
 }
 
+/**
+ * The last activity written on the sandbox (ANNOTATION.lastActivity) in ms since the epoch, 0 if
+ * none: how activity seen by an API process reaches an operator in another (activity-recorder.ts);
+ * a warm claim writes it too, as part of the bind.
+ */
+export function recordedActivity(sandbox: Sandbox): number {
+  const at = Date.parse(sandbox.metadata.annotations?.[ANNOTATION.lastActivity] ?? '');
+  return Number.isNaN(at) ? 0 : at;
+}
+
 /** Claimed by someone: it carries an owner and has left its warm pool. */
 export function isClaimed(sandbox: Sandbox): boolean {
   const labels = sandbox.metadata.labels ?? {};
@@ -39,14 +49,14 @@ export interface IdleCheck {
 /**
  * Whether a running sandbox has been idle past its timeout. Unclaimed warm members never idle
  * out: the pool exists to keep them running. The idle clock starts at the later of the last
- * activity (a claim counts; after a restart, the restart does) and the last time the pod became
- * ready (a wake counts).
+ * activity (a claim counts; after a restart, the restart does; so does activity recorded on the
+ * sandbox by another process) and the last time the pod became ready (a wake counts).
  */
 export function idleCheck(sandbox: Sandbox, now: number, lastActivity: number): IdleCheck {
   const timeout = idleTimeoutOf(sandbox);
   if (timeout <= 0 || !isClaimed(sandbox)) return { idle: false };
   const readyAt = sandbox.status?.readyTime === undefined ? undefined : Date.parse(sandbox.status.readyTime);
-  const since = Math.max(lastActivity, readyAt ?? 0);
+  const since = Math.max(lastActivity, readyAt ?? 0, recordedActivity(sandbox));
   const remaining = since + timeout - now;
   return remaining <= 0 ? { idle: true } : { idle: false, remainingMs: remaining };
 }
