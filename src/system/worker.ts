@@ -1,8 +1,10 @@
 // The worker's composition root: store → runtime → operator → API, started in that order and
-// closed in the reverse order under one deadline.
+// closed in the reverse order under one deadline. --role splits it across processes on the kube
+// store: operator (controllers under a leader Lease, /healthz and /metrics only) and api (the
+// APIs and a claim front of its own, no controllers); --role=all is the whole of it.
 import { listen, packageVersion } from './http-server.ts';
 import { mkdirSync, readFileSync } from 'node:fs';
-import { createServer } from 'node:http';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { Registry } from 'prom-client';
@@ -11,19 +13,24 @@ import { resourceTypeFor } from '../api/validate.ts';
 import { SandboxWarmPoolType, type SandboxWarmPool } from '../api/types.ts';
 import { ensureAdminKey } from '../auth/admin-key.ts';
 import { KeyRing } from '../auth/keyring.ts';
-import { isAsbError } from '../errors.ts';
-import { createMetrics } from '../metrics/metrics.ts';
+import { AsbError, isAsbError } from '../errors.ts';
+import { createMetrics, type Metrics } from '../metrics/metrics.ts';
+import { startClaimFront } from '../operator/claim-front.ts';
 import { startOperator } from '../operator/operator.ts';
 import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { createAccessTokens, loadClusterSecret } from '../worker/access-token.ts';
+import type { WorkerOperator } from '../worker/deps.ts';
+import { createPipeline } from '../worker/pipeline.ts';
+import { createRouter, type Route } from '../worker/router.ts';
 import { createWorkerServer } from '../worker/server.ts';
 import { startSyncAgent, type SyncAgent } from '../worker/sync-agent.ts';
 import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
 import type { Logger } from './log.ts';
+import type { KubeConnection, LedControllers } from './worker-kube.ts';
 
 export interface WorkerDeps {
   log: Logger;
@@ -52,45 +59,76 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   // Read before anything opens, so a missing credential file fails the start cleanly.
   const hubCredential = config.hubCredentialFile === undefined ? undefined : readCredential(config.hubCredentialFile);
 
-  const store = await openSqliteStore({ path: join(config.dataDir, 'store.db'), clock, metrics, log: log.child({ component: 'store' }) });
-  const runtime =
-    deps.runtime ??
-    (await createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge }));
-  await ensureBuiltins(store, config);
+  const kube = config.store === 'kube' ? await (await import('./worker-kube.ts')).connectKube(config, { clock, metrics, log: log.child({ component: 'store' }) }) : undefined;
+  const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), clock, metrics, log: log.child({ component: 'store' }) }));
+  const runtime = deps.runtime ?? (await createRuntime(config, kube, clock, log));
+  // The built-ins are the operator's to make; an API-only process finds them made.
+  if (config.role !== 'api') await ensureBuiltins(store, config);
   const adminKey = config.adminKeyFile === undefined ? undefined : await ensureAdminKey(store, config.adminKeyFile, 'local admin key created by make up');
 
-  const operator = await startOperator({ store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag });
+  // The controllers. SQLite: one process owns the store, so they simply run. Kube: only under
+  // the operator Lease, so two processes (a rollout, a second replica) never both reconcile.
+  const operator = config.store === 'sqlite' ? await startOperator({ store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag }) : undefined;
+  const led =
+    kube !== undefined && config.role !== 'api'
+      ? (await import('./worker-kube.ts')).startLedControllers({ config, kube, runtime, hubCredential, log, metrics, registry, clock })
+      : undefined;
+  // Claims on the kube store come from a claim front of this process's own, which claims whether
+  // or not this process leads.
+  const front = operator === undefined && config.role !== 'operator' ? await startClaimFront({ store, log, metrics, clock, clusterTag: config.clusterTag }) : undefined;
   const keyRing = await KeyRing.open({ store, log: log.child({ component: 'keyring' }), clock });
   // Keys, templates and peers from the hub land in this store; the key ring and the operator
-  // read them from here, so they keep working while the hub is away.
+  // read them from here, so they keep working while the hub is away. On the kube store the led
+  // controllers run the agent (only the Lease holder may write what the hub sends).
   const sync: SyncAgent | undefined =
-    config.hubUrl === undefined || hubCredential === undefined
+    operator === undefined || config.hubUrl === undefined || hubCredential === undefined
       ? undefined
       : startSyncAgent({ hubUrl: config.hubUrl, credential: hubCredential, cluster: config.clusterName, store, log, clock });
-  const api = await createWorkerServer({
-    store,
-    runtime,
-    operator,
-    auth: keyRing,
-    log: log.child({ component: 'api' }),
-    metrics,
-    registry,
-    clock,
-    cluster: { name: config.clusterName, tag: config.clusterTag },
-    version: packageVersion(),
-    dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
-    terminal: { idleMs: config.terminalIdleMs },
-    ...(sync === undefined ? {} : { sync: () => sync.status() }),
-  });
-  const server = createServer(api.handler);
-  server.on('upgrade', api.upgrade);
+  const syncStatus = sync !== undefined ? () => sync.status() : led !== undefined && config.hubUrl !== undefined ? () => led.sync() ?? { connected: false, appliedVersion: 0 } : undefined;
+
+  const apiOperator: WorkerOperator | undefined =
+    operator ??
+    (front === undefined
+      ? undefined
+      : {
+          claimer: front.claimer,
+          // The idle check reads the controllers' own tracker: feed it too while they run here.
+          activity: {
+            touch(id) {
+              front.activity.touch(id);
+              led?.current()?.activity.touch(id);
+            },
+          },
+        });
+  const api =
+    apiOperator === undefined
+      ? undefined
+      : await createWorkerServer({
+          store,
+          runtime,
+          operator: apiOperator,
+          auth: keyRing,
+          log: log.child({ component: 'api' }),
+          metrics,
+          registry,
+          clock,
+          cluster: { name: config.clusterName, tag: config.clusterTag },
+          version: packageVersion(),
+          defaultNamespace: config.namespace,
+          dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
+          terminal: { idleMs: config.terminalIdleMs },
+          ...(syncStatus === undefined ? {} : { sync: syncStatus }),
+        });
+  const handler = api?.handler ?? operatorEndpoints({ auth: keyRing, registry, metrics, log, led });
+  const server = createServer(handler);
+  if (api !== undefined) server.on('upgrade', api.upgrade);
   // Claims come in bursts of many short requests: keep connections alive past the default 5 s.
   server.keepAliveTimeout = 65_000;
   await listen(server, config.apiPort, config.apiHost);
   const { port } = server.address() as AddressInfo;
   const host = config.apiHost.includes(':') ? `[${config.apiHost}]` : config.apiHost;
   const apiUrl = `http://${host}:${port}`;
-  log.info({ apiUrl }, 'worker API listening');
+  log.info({ apiUrl, role: config.role, store: config.store, runtime: config.runtime }, config.role === 'operator' ? 'operator serving /healthz and /metrics' : 'worker API listening');
 
   let closing: Promise<void> | undefined;
   return {
@@ -103,22 +141,66 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         // The hub link first: nothing synced after this point could be acknowledged anyway.
         await sync?.close();
         // Route feed WebSockets first: an upgraded socket would keep server.close() waiting.
-        api.closeStreams();
+        api?.closeStreams();
         server.closeIdleConnections();
         await new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeAllConnections();
-        await api.close();
+        await api?.close();
         keyRing.close();
-        await operator.close();
-        if (opts.hibernate === true) {
+        front?.close();
+        // Controllers before the Lease is released, so the next leader never overlaps them.
+        await led?.close();
+        await operator?.close();
+        // Pods of the kube runtime belong to Kubernetes and outlive this process (a rollout
+        // must not hibernate every sandbox); only local pods are this process's to stop.
+        if (opts.hibernate === true && config.runtime === 'local') {
           await Promise.all(runtime.list().map((id) => runtime.stop(id)));
         }
         await runtime.close();
-        await store.close();
+        await (kube ?? store).close();
       })();
       return closing;
     },
   };
+}
+
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger): Promise<PodRuntime> {
+  if (config.runtime === 'kube') {
+    // config.ts refuses --runtime=kube without --store=kube.
+    if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
+    return (await import('./worker-kube.ts')).createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) });
+  }
+  return createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge });
+}
+
+interface OperatorEndpointsOptions {
+  auth: KeyRing;
+  registry: Registry;
+  metrics: Metrics;
+  log: Logger;
+  led: LedControllers | undefined;
+}
+
+/**
+ * --role=operator serves no API, only what Kubernetes and Prometheus ask of it: /healthz (no key;
+ * also says whether this process leads, and as whom the Lease names it) and /metrics (a key, as
+ * on the worker API).
+ */
+function operatorEndpoints(opts: OperatorEndpointsOptions): (req: IncomingMessage, res: ServerResponse) => void {
+  const routes: Route[] = [
+    {
+      method: 'GET',
+      pattern: '/healthz',
+      auth: false,
+      handler: () => Promise.resolve({ status: 200, json: { ok: true, role: 'operator', leader: opts.led?.elector.isLeader() ?? false, identity: opts.led?.elector.identity, holder: opts.led?.elector.holder() } }),
+    },
+    {
+      method: 'GET',
+      pattern: '/metrics',
+      handler: async () => ({ status: 200, bytes: Buffer.from(await opts.registry.metrics(), 'utf8'), contentType: opts.registry.contentType }),
+    },
+  ];
+  return createPipeline({ router: createRouter(routes), auth: opts.auth, log: opts.log.child({ component: 'operator-endpoints' }), requests: opts.metrics.httpRequestsTotal, server: 'the operator', realm: 'asb' });
 }
 
 function readCredential(file: string): string {
@@ -135,6 +217,7 @@ async function ensureBuiltins(store: ObjectStore, config: WorkerConfig): Promise
     const rt = resourceTypeFor(obj.apiVersion, obj.kind);
     if (rt === undefined) throw new Error(`builtin object of unknown kind ${obj.kind}`);
     if (rt === SandboxWarmPoolType) (obj as SandboxWarmPool).spec.replicas = config.basePoolReplicas;
+    obj.metadata.namespace = config.namespace;
     try {
       await store.create(rt, obj);
     } catch (err) {

@@ -1,0 +1,118 @@
+// The worker's Kubernetes parts, loaded only with --store=kube (dynamic import from worker.ts:
+// @kubernetes/client-node costs ~0.4 s to load, which the SQLite default never pays):
+// - the kube store and a second connection of its own for the leader-election Lease, so a
+//   renewal never queues behind a claim burst on the store's sockets;
+// - the controllers under the Lease: the operator (and the hub sync agent, which writes what the
+//   hub sends) start when this process takes the Lease and stop when it loses it.
+import type { Metrics } from '../metrics/metrics.ts';
+import { startOperator, type Operator } from '../operator/operator.ts';
+import { LeaderElector } from '../operator/leader.ts';
+import type { PodRuntime } from '../runtime/runtime.ts';
+import { openKubeStore, type KubeStore } from '../store/kube.ts';
+import { inClusterKubeConfig, KubeHttp, loadKubeConfig } from '../store/kube-http.ts';
+import { startSyncAgent, type SyncAgent, type SyncStatus } from '../worker/sync-agent.ts';
+import type { KubeConfig } from '@kubernetes/client-node';
+import type { Registry } from 'prom-client';
+import { createKubeRuntime } from '../runtime/kube/kube-runtime.ts';
+import type { Clock } from './clock.ts';
+import type { WorkerConfig } from './config.ts';
+import type { Logger } from './log.ts';
+
+export interface KubeConnection {
+  store: KubeStore;
+  /** The kubeconfig the store was opened with (a file's, or the Pod's own). */
+  kubeconfig: KubeConfig;
+  /** A connection of its own to the same API server (the Lease, the runtime). */
+  http: KubeHttp;
+  /** Where the Lease lives: the kubeconfig context's namespace (in a Pod: the Pod's), else --namespace. */
+  leaseNamespace: string;
+  close(): Promise<void>;
+}
+
+export async function connectKube(config: WorkerConfig, opts: { clock: Clock; metrics: Metrics; log: Logger }): Promise<KubeConnection> {
+  const kubeconfig = config.kubeconfig === undefined ? inClusterKubeConfig() : loadKubeConfig(config.kubeconfig);
+  const store = await openKubeStore({ kubeconfig, namespace: config.namespace, metrics: opts.metrics, log: opts.log, clock: opts.clock });
+  let http: KubeHttp;
+  try {
+    http = await KubeHttp.open(kubeconfig);
+  } catch (err) {
+    await store.close();
+    throw err;
+  }
+  return {
+    store,
+    kubeconfig,
+    http,
+    leaseNamespace: http.target.namespace ?? config.namespace,
+    async close() {
+      http.close();
+      await store.close();
+    },
+  };
+}
+
+/**
+ * Sandboxes as Pods (with their PVCs) in --namespace, whatever namespace their Sandbox is in: the
+ * worker's own namespace (the kubeconfig's, in a Pod) is for the worker, and its Pod Security
+ * level is not one a sandbox image can be expected to meet.
+ */
+export function createKubePodRuntime(config: WorkerConfig, kube: KubeConnection, opts: { clock: Clock; log: Logger }): Promise<PodRuntime> {
+  return createKubeRuntime({ kubeconfig: kube.kubeconfig, namespace: config.namespace, log: opts.log, clock: opts.clock });
+}
+
+export interface LedControllers {
+  readonly elector: LeaderElector;
+  /** The running operator while this process leads. */
+  current(): Operator | undefined;
+  /** The hub link while this process leads and a hub is configured. */
+  sync(): SyncStatus | undefined;
+  /** Stops leading (controllers first), then releases the Lease. Idempotent. */
+  close(): Promise<void>;
+}
+
+export interface LedControllersOptions {
+  config: WorkerConfig;
+  kube: KubeConnection;
+  runtime: PodRuntime;
+  hubCredential: string | undefined;
+  log: Logger;
+  metrics: Metrics;
+  registry: Registry;
+  clock: Clock;
+}
+
+/** The operator (and the hub sync agent) run only while this process holds the operator Lease. */
+export function startLedControllers(opts: LedControllersOptions): LedControllers {
+  const { config, kube, runtime, log, metrics, clock } = opts;
+  let operator: Operator | undefined;
+  let sync: SyncAgent | undefined;
+  const elector = new LeaderElector({
+    http: kube.http,
+    namespace: kube.leaseNamespace,
+    // One Lease per worker cluster: the tag is unique in a federation and a valid name part.
+    name: `asb-operator-${config.clusterTag}`,
+    clock,
+    log,
+    registry: opts.registry,
+    async onStartedLeading() {
+      operator = await startOperator({ store: kube.store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag });
+      if (config.hubUrl !== undefined && opts.hubCredential !== undefined) {
+        sync = startSyncAgent({ hubUrl: config.hubUrl, credential: opts.hubCredential, cluster: config.clusterName, store: kube.store, log, clock });
+      }
+    },
+    async onStoppedLeading() {
+      const [o, s] = [operator, sync];
+      operator = undefined;
+      sync = undefined;
+      await s?.close();
+      await o?.close();
+    },
+  });
+  elector.start();
+  return {
+    elector,
+    current: () => operator,
+    sync: () => sync?.status(),
+    close: () => elector.close(),
+  };
+}

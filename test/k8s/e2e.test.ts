@@ -1,0 +1,448 @@
+// The worker on Kubernetes end to end: a real kube-apiserver and etcd, our CRDs, the test kubelet
+// playing the node (it binds and "runs" Pods and serves pods/exec: test/support/test-kubelet.ts)
+// and real worker processes started with --store=kube --runtime=kube --kubeconfig, driven as a
+// user would: kubectl apply of the seeds' YAML unchanged, claims through the worker's REST API,
+// kubectl to look at what is in the cluster. Each worker serves a namespace of its own
+// (--namespace: its API's default, its Pods' home), and is stopped before the next starts: the
+// controllers of every worker watch every namespace.
+import assert from 'node:assert/strict';
+import type { ChildProcess } from 'node:child_process';
+import { after, before, describe, test, type TestContext } from 'node:test';
+import { LABEL } from '../../src/api/types.ts';
+import { installCrds } from '../support/kube-store.ts';
+import { KubectlError, startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
+import { startTestKubelet, type TestKubelet } from '../support/test-kubelet.ts';
+import { waitFor } from '../support/wait.ts';
+import { api, removeDataDir, startWorkerProcess, tempDataDir, type WorkerProcess } from '../support/worker-process.ts';
+
+const root = new URL('../../', import.meta.url);
+let kube: KubeApiServer;
+let kubelet: TestKubelet;
+
+before(async () => {
+  kube = await startKubeApiServer({ etcdUnsafeNoFsync: true });
+  kubelet = await startTestKubelet(kube);
+  await installCrds(kube.kubeconfigPath);
+});
+
+after(async () => {
+  await kubelet.stop();
+  await kube.stop();
+});
+
+interface Meta {
+  name: string;
+  namespace?: string;
+  uid: string;
+  creationTimestamp?: string;
+  labels?: Record<string, string>;
+  ownerReferences?: { kind: string; name: string; uid: string }[];
+}
+interface Condition {
+  type: string;
+  status: string;
+  reason?: string;
+}
+interface SandboxJson {
+  metadata: Meta;
+  spec: { lifecycle?: { shutdownTime?: string; shutdownPolicy?: string } };
+  status?: { phase?: string; conditions?: Condition[]; podIPs?: string[] };
+}
+interface PodJson {
+  metadata: Meta;
+  spec: { nodeName?: string; volumes?: { name: string; persistentVolumeClaim?: { claimName: string } }[] };
+  status?: { phase?: string; podIP?: string };
+}
+interface ClaimJson {
+  metadata: Meta;
+  status?: { conditions?: Condition[]; sandbox?: { name: string }; launchType?: string };
+}
+interface View {
+  id: string;
+  phase: string;
+  ready: boolean;
+  launchType: string;
+  owner: string;
+}
+interface ExecOut {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** `kubectl get` as JSON; undefined when the object does not exist. */
+async function get<T>(kind: string, name: string, namespace: string): Promise<T | undefined> {
+  try {
+    return JSON.parse(await kube.kubectl(['get', kind, name, '-n', namespace, '-o', 'json'])) as T;
+  } catch (err) {
+    if (err instanceof KubectlError && err.stderr.includes('NotFound')) return undefined;
+    throw err;
+  }
+}
+
+async function list<T>(kind: string, namespace: string): Promise<T[]> {
+  return (JSON.parse(await kube.kubectl(['get', kind, '-n', namespace, '-o', 'json'])) as { items: T[] }).items;
+}
+
+function isReady(obj: { status?: { conditions?: Condition[] } } | undefined): boolean {
+  return obj?.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true;
+}
+
+interface KubeWorkerOptions {
+  /** 4 chars: the sandbox id prefix; also names the Lease (asb-operator-<tag>). */
+  tag: string;
+  namespace: string;
+  role?: 'all' | 'operator' | 'api';
+  basePool?: number;
+  /** Reuse a data directory (the admin key, the cluster secret): a restart. */
+  dataDir?: string;
+}
+
+/** A worker process on the kube store and runtime; stopped (and its directory removed) after the test. */
+async function kubeWorker(t: TestContext | undefined, opts: KubeWorkerOptions): Promise<WorkerProcess> {
+  const w = await startWorkerProcess({
+    clusterTag: opts.tag,
+    // Unused with --runtime=kube (no bridge, no pod subnet: the test kubelet gives 127.77.x IPs).
+    subnetOctet: 209,
+    basePool: opts.basePool ?? 0,
+    ...(opts.dataDir === undefined ? {} : { dataDir: opts.dataDir }),
+    extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', kube.kubeconfigPath, '--namespace', opts.namespace, `--role=${opts.role ?? 'all'}`, '--log-level', 'info'],
+  });
+  t?.after(async () => {
+    await stopped(w);
+    if (opts.dataDir === undefined) removeDataDir(w.dataDir);
+  });
+  return w;
+}
+
+/** SIGTERM and wait, unless it has already exited (killed by the test). */
+async function stopped(w: WorkerProcess): Promise<void> {
+  if (w.proc.exitCode === null && w.proc.signalCode === null) await w.stop();
+}
+
+async function killed(proc: ChildProcess): Promise<void> {
+  const exited = new Promise((resolve) => proc.once('exit', resolve));
+  proc.kill('SIGKILL');
+  await exited;
+}
+
+async function waitPoolReady(w: WorkerProcess, pool: string, want: number): Promise<void> {
+  await waitFor(`pool ${pool} ${want} ready`, async () => {
+    const res = await api<{ status?: { readyReplicas?: number } }>(w, 'GET', `/v1/pools/${pool}`);
+    return (res.body.status?.readyReplicas ?? 0) >= want ? true : undefined;
+  }, 60_000);
+}
+
+/** A template with a home volume (a PVC per sandbox) and a warm pool of it, through the worker API. */
+async function applyPool(w: WorkerProcess, namespace: string, name: string, replicas: number): Promise<void> {
+  const objects = [
+    {
+      apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
+      kind: 'SandboxTemplate',
+      metadata: { name, namespace },
+      spec: {
+        podTemplate: { spec: { containers: [{ name: 'main', image: 'busybox', command: ['sleep', 'infinity'], volumeMounts: [{ name: 'home', mountPath: '/home/user' }] }] } },
+        volumeClaimTemplates: [{ metadata: { name: 'home' }, spec: { accessModes: ['ReadWriteOnce'], resources: { requests: { storage: '1Gi' } } } }],
+      },
+    },
+    { apiVersion: 'extensions.agents.x-k8s.io/v1alpha1', kind: 'SandboxWarmPool', metadata: { name, namespace }, spec: { replicas, sandboxTemplateRef: { name } } },
+  ];
+  const res = await api(w, 'POST', '/v1/apply', { objects });
+  assert.equal(res.status, 200, JSON.stringify(res.body));
+}
+
+async function writes(w: WorkerProcess, op: string): Promise<number> {
+  const res = await fetch(`${w.apiUrl}/metrics`, { headers: { authorization: `Bearer ${w.adminKey}` } });
+  const text = await res.text();
+  const line = text.split('\n').find((l) => l.startsWith(`asb_store_write_seconds_count{op="${op}"}`));
+  return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(' ') + 1));
+}
+
+test('the seeds\' YAML applied unchanged with kubectl runs: the Concepts Sandbox gets a Pod and becomes Ready, the warm-pool quickstart\'s claim binds a warm member', async (t) => {
+  await kubeWorker(t, { tag: 'k5sa', namespace: 'default' });
+  await kube.kubectl(['create', 'namespace', 'sandbox-ns']);
+  for (const seed of ['sandbox-example', 'sandboxtemplate', 'sandboxwarmpool', 'sandboxclaim-v1beta1', 'getting-started']) {
+    const out = await kube.kubectl(['apply', '-f', new URL(`test/fixtures/seeds/${seed}.yaml`, root).pathname]);
+    assert.match(out, / created\n$/, seed);
+  }
+
+  // The Concepts page's Sandbox, in its own namespace: Ready, with its Pod (in the worker's
+  // namespace, where every sandbox Pod lives) running on the node and its PVC bound to it.
+  const example = await waitFor('sandbox-example Ready', async () => {
+    const s = await get<SandboxJson>('sandbox', 'sandbox-example', 'sandbox-ns');
+    return isReady(s) ? s : undefined;
+  });
+  assert.equal(example.status?.phase, 'Running');
+  assert.match(await kube.kubectl(['get', 'sandbox', 'sandbox-example', '-n', 'sandbox-ns']), /sandbox-example\s+Running\s+True\s+DependenciesReady/);
+  const pod = await get<PodJson>('pod', 'sandbox-example', 'default');
+  assert.ok(pod !== undefined, 'the Sandbox has a Pod');
+  assert.equal(pod.spec.nodeName, kubelet.nodeName);
+  assert.equal(pod.status?.phase, 'Running');
+  assert.deepEqual(example.status.podIPs, [pod.status.podIP]);
+  // The podTemplate's labels reach the Pod; the volumeClaimTemplate became a PVC the Pod mounts.
+  assert.equal(pod.metadata.labels?.sandbox, 'my-sandbox');
+  assert.deepEqual(pod.spec.volumes?.find((v) => v.name === 'my-pvc')?.persistentVolumeClaim, { claimName: 'sandbox-example-my-pvc' });
+  assert.ok((await get('pvc', 'sandbox-example-my-pvc', 'default')) !== undefined);
+
+  // The warm-pool quickstart: template + pool + claim. The claim is bound to the pool's member,
+  // which leaves the pool (a new member replaces it) and is owned by the claim.
+  const claim = await waitFor('my-secure-sandbox Ready', async () => {
+    const c = await get<ClaimJson>('sandboxclaim', 'my-secure-sandbox', 'default');
+    return isReady(c) ? c : undefined;
+  });
+  assert.equal(claim.status?.launchType, 'warm');
+  const boundName = claim.status.sandbox?.name ?? '';
+  const bound = await get<SandboxJson>('sandbox', boundName, 'default');
+  assert.ok(bound !== undefined && isReady(bound));
+  assert.equal(bound.metadata.labels?.[LABEL.pool], undefined);
+  assert.equal(bound.metadata.labels?.[LABEL.launchType], 'warm');
+  assert.deepEqual(bound.metadata.ownerReferences?.map((o) => `${o.kind}/${o.name}`), ['SandboxClaim/my-secure-sandbox']);
+  assert.match(await kube.kubectl(['get', 'sandboxclaim', 'my-secure-sandbox']), new RegExp(`my-secure-sandbox\\s+True\\s+${boundName}\\s+SandboxReady`));
+  await waitFor('the pool refilled', async () => ((await kube.kubectl(['get', 'swp', 'sandboxwarmpool-example'])).match(/sandboxwarmpool-example\s+1\s+1\s/) ? true : undefined));
+
+  // The Getting Started Sandbox leaves `image:` for the reader to fill in: the CRD takes it, the
+  // API server refuses a Pod without an image, so there is no Pod and the Sandbox is not Ready.
+  const unready = await get<SandboxJson>('sandbox', 'my-sandbox', 'default');
+  assert.ok(unready !== undefined && !isReady(unready));
+  assert.equal(await get('pod', 'my-sandbox', 'default'), undefined);
+
+  // Cleanup while the worker runs, so its finalizers are honoured: the Pods and PVCs go too.
+  for (const seed of ['sandboxclaim-v1beta1', 'sandboxwarmpool', 'sandbox-example', 'getting-started']) {
+    await kube.kubectl(['delete', '--wait=false', '-f', new URL(`test/fixtures/seeds/${seed}.yaml`, root).pathname]);
+  }
+  await waitFor('the seeds\' Pods gone', async () => ((await list<PodJson>('pods', 'default')).length === 0 ? true : undefined));
+});
+
+describe('one worker (--role=all) on the kube store and runtime', () => {
+  const ns = 'e2e-claims';
+  let w: WorkerProcess;
+  before(async () => {
+    await kube.kubectl(['create', 'namespace', ns]);
+    w = await kubeWorker(undefined, { tag: 'k5sb', namespace: ns });
+    await applyPool(w, ns, 'box', 3);
+    await waitPoolReady(w, 'box', 3);
+  });
+  after(async () => {
+    await stopped(w);
+    removeDataDir(w.dataDir);
+  });
+
+  test('a claim through the worker API binds a warm member with one API-server write: its Pod stays the same, no Pod is made for it', async () => {
+    const podsBefore = new Map((await list<PodJson>('pods', ns)).map((p) => [p.metadata.name, p.metadata.uid]));
+    const updatesBefore = await writes(w, 'update');
+    const res = await api<View>(w, 'POST', '/v1/sandboxes', { template: 'box' });
+    const updatesAfter = await writes(w, 'update');
+    assert.equal(res.status, 201, JSON.stringify(res.body));
+    assert.equal(res.body.launchType, 'warm');
+    assert.equal(res.body.ready, true);
+    // The bind is one compare-and-swap update (refills are creates and status writes).
+    assert.equal(updatesAfter - updatesBefore, 1);
+    const id = res.body.id;
+    assert.ok(podsBefore.has(id), 'the claimed sandbox was a running pool member');
+    const pod = await get<PodJson>('pod', id, ns);
+    assert.equal(pod?.metadata.uid, podsBefore.get(id), 'the same Pod, not a new one');
+    // Every Pod made since is a replacement member, still in the pool.
+    await waitPoolReady(w, 'box', 3);
+    for (const p of await list<PodJson>('pods', ns)) {
+      if (podsBefore.has(p.metadata.name)) continue;
+      const s = await get<SandboxJson>('sandbox', p.metadata.name, ns);
+      assert.equal(s?.metadata.labels?.[LABEL.pool], 'box', `new Pod ${p.metadata.name} belongs to a pool member`);
+    }
+    const sandbox = await get<SandboxJson>('sandbox', id, ns);
+    assert.equal(sandbox?.metadata.labels?.[LABEL.owner], res.body.owner);
+    const echo = await api<ExecOut>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['echo', 'hello from a Pod'] });
+    assert.deepEqual([echo.status, echo.body.stdout], [200, 'hello from a Pod\n']);
+  });
+
+  test('hibernate deletes the Pod and keeps the PVC; wake makes a new Pod on the same PVC, and the volume\'s file is there', async () => {
+    const res = await api<View>(w, 'POST', '/v1/sandboxes', { template: 'box' });
+    assert.equal(res.status, 201, JSON.stringify(res.body));
+    const id = res.body.id;
+    // The test kubelet runs an exec in the pod's directory, where each mount is a link to its volume.
+    const wrote = await api<ExecOut>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['sh', '-c', 'echo kept > home/user/note'] });
+    assert.equal(wrote.body.exitCode, 0, wrote.body.stderr);
+    const podBefore = await get<PodJson>('pod', id, ns);
+    const pvcBefore = await get<{ metadata: Meta }>('pvc', `${id}-home`, ns);
+    assert.ok(podBefore !== undefined && pvcBefore !== undefined);
+
+    const paused = await api<View>(w, 'POST', `/v1/sandboxes/${id}/pause`);
+    assert.equal(paused.status, 200, JSON.stringify(paused.body));
+    await waitFor('the Pod deleted', async () => ((await get('pod', id, ns)) === undefined ? true : undefined));
+    await waitFor('Hibernated', async () => ((await get<SandboxJson>('sandbox', id, ns))?.status?.phase === 'Hibernated' ? true : undefined));
+    assert.match(await kube.kubectl(['get', 'sandbox', id, '-n', ns]), new RegExp(`${id}\\s+Hibernated\\s+False\\s+SandboxSuspended`));
+    assert.equal((await get<{ metadata: Meta }>('pvc', `${id}-home`, ns))?.metadata.uid, pvcBefore.metadata.uid, 'the PVC is kept');
+    const whilePaused = await api<{ code: string }>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['true'] });
+    assert.equal(whilePaused.status, 409);
+
+    const resumed = await api<View>(w, 'POST', `/v1/sandboxes/${id}/resume`, { wait: true });
+    assert.equal(resumed.status, 200, JSON.stringify(resumed.body));
+    assert.equal(resumed.body.ready, true);
+    const podAfter = await get<PodJson>('pod', id, ns);
+    assert.ok(podAfter !== undefined);
+    assert.notEqual(podAfter.metadata.uid, podBefore.metadata.uid, 'a new Pod');
+    assert.deepEqual(podAfter.spec.volumes?.find((v) => v.name === 'home')?.persistentVolumeClaim, { claimName: `${id}-home` });
+    assert.equal((await get<{ metadata: Meta }>('pvc', `${id}-home`, ns))?.metadata.uid, pvcBefore.metadata.uid, 'on the same PVC');
+    const read = await api<ExecOut>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['cat', 'home/user/note'] });
+    assert.deepEqual([read.status, read.body.stdout], [200, 'kept\n']);
+  });
+
+  test('shutdownTime: with Delete the Sandbox, its Pod and its PVC go when the time comes; with Retain the Sandbox stays, Expired, without a Pod', async () => {
+    const res = await api<View>(w, 'POST', '/v1/sandboxes', { template: 'box', timeoutMs: 1_500 });
+    assert.equal(res.status, 201, JSON.stringify(res.body));
+    const id = res.body.id;
+    // No policy named: Delete, as in k8s-sigs.
+    const sandbox = await get<SandboxJson>('sandbox', id, ns);
+    assert.ok(sandbox?.spec.lifecycle?.shutdownTime !== undefined);
+    assert.equal(sandbox.spec.lifecycle.shutdownPolicy, undefined);
+    await waitFor('the Sandbox deleted', async () => ((await get('sandbox', id, ns)) === undefined ? true : undefined), 30_000);
+    await waitFor('its Pod and PVC deleted', async () => ((await get('pod', id, ns)) === undefined && (await get('pvc', `${id}-home`, ns)) === undefined ? true : undefined), 30_000);
+
+    // Retain, set with kubectl as a user would: the object stays as a record.
+    const kept = await api<View>(w, 'POST', '/v1/sandboxes', { template: 'box' });
+    const keptId = kept.body.id;
+    const soon = new Date(Date.now() + 1_000).toISOString();
+    await kube.kubectl(['patch', 'sandbox', keptId, '-n', ns, '--type=merge', '-p', JSON.stringify({ spec: { lifecycle: { shutdownTime: soon, shutdownPolicy: 'Retain' } } })]);
+    await waitFor('Expired', async () => ((await get<SandboxJson>('sandbox', keptId, ns))?.status?.phase === 'Expired' ? true : undefined), 30_000);
+    await waitFor('its Pod deleted', async () => ((await get('pod', keptId, ns)) === undefined ? true : undefined), 30_000);
+    assert.ok((await get('sandbox', keptId, ns)) !== undefined);
+  });
+});
+
+/** Claims through the API at once; the acknowledged ones (201) by id, the rest as the error each got. */
+async function burst(w: WorkerProcess, template: string, n: number): Promise<{ ids: string[]; failed: number }> {
+  const results = await Promise.all(
+    Array.from({ length: n }, () => api<View>(w, 'POST', '/v1/sandboxes', { template, wait: false }).then(
+      (r) => (r.status === 201 ? r.body.id : undefined),
+      () => undefined, // the connection died with the worker: not acknowledged
+    )),
+  );
+  const ids = results.filter((id) => id !== undefined);
+  return { ids, failed: n - ids.length };
+}
+
+async function healthz(w: WorkerProcess): Promise<{ leader: boolean; identity: string; holder: string }> {
+  return (await (await fetch(`${w.apiUrl}/healthz`)).json()) as { leader: boolean; identity: string; holder: string };
+}
+
+async function lease(name: string, namespace: string): Promise<{ holder: string; transitions: number }> {
+  const l = await get<{ spec: { holderIdentity?: string; leaseTransitions?: number } }>('lease', name, namespace);
+  return { holder: l?.spec.holderIdentity ?? '', transitions: l?.spec.leaseTransitions ?? 0 };
+}
+
+test('operator restart: kill -9 during a burst of claims, start again: every acknowledged claim is bound exactly once, no sandbox twice; of two operator processes one leads, and when it is killed the other takes over', async (t) => {
+  const ns = 'e2e-restart';
+  const tag = 'k5se';
+  await kube.kubectl(['create', 'namespace', ns]);
+  const dataDir = tempDataDir(tag);
+  t.after(() => removeDataDir(dataDir));
+  const first = await kubeWorker(t, { tag, namespace: ns, dataDir });
+  await applyPool(first, ns, 'burst', 20);
+  await waitPoolReady(first, 'burst', 20);
+
+  // SandboxClaims too (the claim controller's path), applied with kubectl around the kill.
+  const claimNames = Array.from({ length: 8 }, (_, i) => `restart-claim-${i}`);
+  const claimObjects = claimNames.map((name) => ({ apiVersion: 'extensions.agents.x-k8s.io/v1beta1', kind: 'SandboxClaim', metadata: { name, namespace: ns }, spec: { warmPoolRef: { name: 'burst' } } }));
+  const applyClaims = kube.kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: claimObjects }));
+  // Four clients claim one after another until the worker dies under them: killed once five
+  // claims are answered, with the next ones in flight.
+  const before1 = { ids: [] as string[], failed: 0 };
+  let killing = false;
+  // A call, not the variable: its value changes across the awaits below.
+  const dying = (): boolean => killing;
+  const client = async (): Promise<void> => {
+    for (let i = 0; i < 25 && !dying(); i++) {
+      try {
+        const r = await api<View>(first, 'POST', '/v1/sandboxes', { template: 'burst', wait: false });
+        assert.equal(r.status, 201, JSON.stringify(r.body));
+        before1.ids.push(r.body.id);
+      } catch (err) {
+        if (!dying()) throw err;
+        before1.failed++; // the connection died with the worker: not acknowledged
+        return;
+      }
+    }
+  };
+  const clients = Promise.all(Array.from({ length: 4 }, client));
+  await waitFor('five claims answered', () => Promise.resolve(before1.ids.length >= 5 ? true : undefined), 30_000, 1);
+  killing = true;
+  await killed(first.proc);
+  await clients;
+  await applyClaims;
+
+  const second = await kubeWorker(t, { tag, namespace: ns, dataDir });
+  const after1 = await burst(second, 'burst', 10);
+  assert.equal(after1.failed, 0);
+  const acknowledged = [...before1.ids, ...after1.ids];
+  t.diagnostic(`${before1.ids.length} claims acknowledged before the kill, ${before1.failed} lost with it, ${after1.ids.length} after the restart`);
+
+  // Every SandboxClaim is bound, to a sandbox of its own.
+  const claims = await waitFor('every SandboxClaim Ready', async () => {
+    const all = await list<ClaimJson>('sandboxclaims', ns);
+    return all.length === claimNames.length && all.every(isReady) ? all : undefined;
+  }, 60_000);
+  const sandboxes = new Map((await list<SandboxJson>('sandboxes', ns)).map((s) => [s.metadata.name, s]));
+  const claimed = claims.map((c) => c.status?.sandbox?.name ?? '');
+  const all = [...acknowledged, ...claimed];
+  assert.equal(new Set(all).size, all.length, `a sandbox answered twice: ${JSON.stringify(all)}`);
+  for (const id of acknowledged) {
+    const s = sandboxes.get(id);
+    assert.ok(s !== undefined, `acknowledged ${id} exists`);
+    assert.equal(s.metadata.labels?.[LABEL.pool], undefined, `${id} left the pool`);
+    assert.ok(s.metadata.labels?.[LABEL.owner] !== undefined, `${id} has an owner`);
+    assert.equal(s.metadata.ownerReferences?.some((o) => o.kind === 'SandboxClaim') ?? false, false, `${id} is no SandboxClaim's`);
+  }
+  for (const c of claims) {
+    const s = sandboxes.get(c.status?.sandbox?.name ?? '');
+    assert.deepEqual(s?.metadata.ownerReferences?.filter((o) => o.kind === 'SandboxClaim').map((o) => o.uid), [c.metadata.uid], `${c.metadata.name}'s sandbox is its alone`);
+  }
+  await stopped(second);
+
+  // The deployment's split: two operator processes and an API process, one cluster (one tag).
+  const ops = [await kubeWorker(t, { tag, namespace: ns, role: 'operator' }), await kubeWorker(t, { tag, namespace: ns, role: 'operator' })];
+  const apiOnly = await kubeWorker(t, { tag, namespace: ns, role: 'api' });
+  // The Lease lives in the kubeconfig context's namespace (in a Pod: the Pod's own).
+  const leaseName = `asb-operator-${tag}`;
+  const leaderOf = async (): Promise<WorkerProcess | undefined> => {
+    const states = await Promise.all(ops.map(healthz));
+    const leading = ops.filter((_, i) => states[i]?.leader === true);
+    assert.ok(leading.length <= 1, `two operators lead at once: ${JSON.stringify(states)}`);
+    return leading[0];
+  };
+  const leader = await waitFor('one operator leads', leaderOf, 30_000);
+  const other = ops.find((o) => o !== leader) as WorkerProcess;
+  const [leaderState, otherState] = [await healthz(leader), await healthz(other)];
+  assert.equal((await lease(leaseName, 'default')).holder, leaderState.identity);
+  assert.equal(otherState.leader, false);
+  assert.equal(otherState.holder, leaderState.identity);
+  // The API process claims; the leader's controllers refill.
+  const viaApi = await api<View>(apiOnly, 'POST', '/v1/sandboxes', { template: 'burst' });
+  assert.deepEqual([viaApi.status, viaApi.body.launchType], [201, 'warm']);
+  await waitPoolReady(apiOnly, 'burst', 20);
+  // The API process serves no controllers and the operators no API.
+  assert.equal((await api(leader, 'GET', '/v1/sandboxes')).status, 404);
+
+  const transitions = (await lease(leaseName, 'default')).transitions;
+  await killed(leader.proc);
+  await waitFor('the other operator leads', async () => ((await healthz(other)).leader ? true : undefined), 60_000, 200);
+  const taken = await lease(leaseName, 'default');
+  assert.equal(taken.holder, otherState.identity);
+  assert.equal(taken.transitions, transitions + 1);
+  // Its controllers run: a claim's member is replaced again.
+  const afterTakeover = await api<View>(apiOnly, 'POST', '/v1/sandboxes', { template: 'burst' });
+  assert.deepEqual([afterTakeover.status, afterTakeover.body.launchType], [201, 'warm']);
+  await waitPoolReady(apiOnly, 'burst', 20);
+
+  // The idle clock is the operator's, the activity the API process's: it reaches the operator
+  // through the sandbox (the bind, then the activity annotation). A member ready for a while,
+  // claimed with a 4 s idle timeout and used through the API for 8 s, keeps running; left alone
+  // it hibernates.
+  const idle = await api<View>(apiOnly, 'POST', '/v1/sandboxes', { template: 'burst', idleTimeoutMs: 4_000 });
+  assert.deepEqual([idle.status, idle.body.launchType], [201, 'warm']);
+  for (let i = 0; i < 8; i++) {
+    const out = await api<ExecOut>(apiOnly, 'POST', `/v1/sandboxes/${idle.body.id}/exec`, { command: ['true'] });
+    assert.equal(out.status, 200, `exec ${i}: ${JSON.stringify(out.body)}`);
+    await new Promise((r) => setTimeout(r, 1_000));
+  }
+  assert.equal((await get<SandboxJson>('sandbox', idle.body.id, ns))?.status?.phase, 'Running');
+  await waitFor('idle: Hibernated', async () => ((await get<SandboxJson>('sandbox', idle.body.id, ns))?.status?.phase === 'Hibernated' ? true : undefined), 30_000, 200);
+});
