@@ -1,0 +1,134 @@
+// Warm claims on Kubernetes: a real kube-apiserver on a real etcd (fsync on: the real write path),
+// our CRDs, the test kubelet as the node, and a worker process with --store=kube --runtime=kube.
+// Claims go through the worker's REST API as in bench/claims.ts (bursts of N at once against a
+// full pool, p50/p99 per claim, claims per second over the bursts' wall time).
+//
+// API-server writes per claim come from the worker's own count of them (asb_store_write_seconds
+// by op, every write its store sends) before and after the 20-concurrent bursts, once the pool is
+// full again: the bind itself (update) and everything the claims set off (the pool's refill:
+// member creates, their status writes, the pool's status). The Pods the runtime creates for new
+// members are writes too, through the runtime's own connection: they are read from the API
+// server's apiserver_request_total (POST pods) and added.
+import { performance } from 'node:perf_hooks';
+import { installCrds } from '../test/support/kube-store.ts';
+import { startKubeApiServer, type KubeApiServer } from '../test/support/kube-apiserver.ts';
+import { startTestKubelet } from '../test/support/test-kubelet.ts';
+import { removeDataDir, startWorkerProcess } from '../test/support/worker-process.ts';
+import { call, poolObjects, round, waitPool, warmClaims, type LatencySummary, type Target } from './claims.ts';
+
+const TAG = 'kbch';
+const POOL = 'kubebench';
+const POOL_SIZE = 40;
+const RUNS = [[1, 100], [20, 10]] as const;
+
+export interface KubeBench {
+  apiServerReadyMs: number;
+  fill40Ms: number;
+  claims1: LatencySummary & { claimsPerSec: number };
+  claims20: LatencySummary & { claimsPerSec: number };
+  /** Over the 20-concurrent bursts, per claim. */
+  writesPerClaim: {
+    /** The bind: one compare-and-swap update of the member. */
+    claimPath: number;
+    /** Every write the worker's store sent, the refill included. */
+    store: number;
+    /** The same by op (update, create, updateStatus, delete). */
+    byOp: Record<string, number>;
+    /** Pods the runtime created (one per new member). */
+    pods: number;
+    /** store + pods */
+    total: number;
+  };
+}
+
+export async function benchKube(): Promise<KubeBench> {
+  const kube = await startKubeApiServer();
+  try {
+    const kubelet = await startTestKubelet(kube);
+    try {
+      await installCrds(kube.kubeconfigPath);
+      const w = await startWorkerProcess({
+        clusterTag: TAG,
+        subnetOctet: 229, // unused with --runtime=kube
+        basePool: 0,
+        extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', kube.kubeconfigPath],
+      });
+      try {
+        return await measure(kube, { apiUrl: w.apiUrl, adminKey: w.adminKey });
+      } finally {
+        await w.stop();
+        removeDataDir(w.dataDir);
+      }
+    } finally {
+      await kubelet.stop();
+    }
+  } finally {
+    await kube.stop();
+  }
+}
+
+async function measure(kube: KubeApiServer, target: Target): Promise<KubeBench> {
+  const applied = await call(target, 'POST', '/v1/apply', { objects: poolObjects(POOL, POOL_SIZE) });
+  if (applied.status !== 200) throw new Error(`apply failed: ${JSON.stringify(applied.body)}`);
+  const fillMs = await waitPool(target, POOL, POOL_SIZE, 180_000);
+  const ids: string[] = [];
+  const results: Partial<KubeBench> = { apiServerReadyMs: kube.readyMs, fill40Ms: round(fillMs, 0) };
+  for (const [concurrency, rounds] of RUNS) {
+    // The count starts on a full, settled pool and ends on one: the refills of these claims are in it.
+    await settle(target);
+    const storeBefore = await storeWrites(target);
+    const podsBefore = await podCreates(kube);
+    const s = await warmClaims(target, POOL, concurrency, rounds, ids, POOL);
+    if (s.cold > 0) throw new Error(`${s.cold} claims were cold: pool too small for the benchmark`);
+    await settle(target);
+    const storeAfter = await storeWrites(target);
+    const pods = (await podCreates(kube)) - podsBefore;
+    const { cold: _cold, ...summary } = s;
+    if (concurrency === 1) results.claims1 = summary;
+    else {
+      results.claims20 = summary;
+      const claims = concurrency * rounds;
+      const byOp = Object.fromEntries([...storeAfter].map(([op, n]) => [op, round((n - (storeBefore.get(op) ?? 0)) / claims)]));
+      const store = round([...storeAfter].reduce((sum, [op, n]) => sum + n - (storeBefore.get(op) ?? 0), 0) / claims);
+      results.writesPerClaim = { claimPath: byOp.update ?? 0, store, byOp, pods: round(pods / claims), total: round(store + pods / claims) };
+    }
+  }
+  await Promise.all(ids.map((id) => call(target, 'DELETE', `/v1/sandboxes/${id}`)));
+  return results as KubeBench;
+}
+
+/** The pool full and its status written: nothing of the last burst still to come. */
+async function settle(target: Target): Promise<void> {
+  await waitPool(target, POOL, POOL_SIZE, 120_000);
+  // The pool's status follows its members after the operator's 20 ms coalescing; a quiet 500 ms
+  // with no write means the refill is done.
+  let last = -1;
+  const deadline = performance.now() + 30_000;
+  for (;;) {
+    const now = [...(await storeWrites(target)).values()].reduce((a, b) => a + b, 0);
+    if (now === last) return;
+    if (performance.now() > deadline) throw new Error('the worker never stopped writing');
+    last = now;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+}
+
+/** asb_store_write_seconds_count by op, from the worker's /metrics. */
+async function storeWrites(target: Target): Promise<Map<string, number>> {
+  const res = await call<string>(target, 'GET', '/metrics');
+  const counts = new Map<string, number>();
+  for (const m of res.body.matchAll(/^asb_store_write_seconds_count\{op="([^"]+)"\} (\d+)$/gm)) counts.set(m[1] ?? '', Number(m[2]));
+  return counts;
+}
+
+/** Pods created, as the API server counts them (every client: only our runtime creates Pods here). */
+async function podCreates(kube: KubeApiServer): Promise<number> {
+  const res = await kube.request<string>('GET', '/metrics');
+  let n = 0;
+  for (const line of res.body.split('\n')) {
+    if (line.startsWith('apiserver_request_total{') && line.includes('resource="pods"') && line.includes('verb="POST"') && line.includes('subresource=""') && /code="20[01]"/.test(line)) {
+      n += Number(line.slice(line.lastIndexOf(' ') + 1));
+    }
+  }
+  return n;
+}
