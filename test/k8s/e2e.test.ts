@@ -2,11 +2,14 @@
 // playing the node (it binds and "runs" Pods and serves pods/exec: test/support/test-kubelet.ts)
 // and real worker processes started with --store=kube --runtime=kube --kubeconfig, driven as a
 // user would: kubectl apply of the seeds' YAML unchanged, claims through the worker's REST API,
-// kubectl to look at what is in the cluster. Each worker serves a namespace of its own
+// kubectl to look at what is in the cluster; the split roles run as clusters/base/rbac's
+// ServiceAccounts, so the manifests' least privilege is shown to be enough. Each worker serves a namespace of its own
 // (--namespace: its API's default, its Pods' home), and is stopped before the next starts: the
 // controllers of every worker watch every namespace.
 import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { after, before, describe, test, type TestContext } from 'node:test';
 import { LABEL } from '../../src/api/types.ts';
 import { installCrds } from '../support/kube-store.ts';
@@ -16,6 +19,8 @@ import { waitFor } from '../support/wait.ts';
 import { api, removeDataDir, startWorkerProcess, tempDataDir, type WorkerProcess } from '../support/worker-process.ts';
 
 const root = new URL('../../', import.meta.url);
+/** The namespace of clusters/base, where the worker's own ServiceAccounts and Lease live. */
+const SYSTEM_NAMESPACE = 'agent-sandbox-system';
 let kube: KubeApiServer;
 let kubelet: TestKubelet;
 
@@ -96,6 +101,8 @@ interface KubeWorkerOptions {
   basePool?: number;
   /** Reuse a data directory (the admin key, the cluster secret): a restart. */
   dataDir?: string;
+  /** Default the admin's (system:masters). */
+  kubeconfig?: string;
 }
 
 /** A worker process on the kube store and runtime; stopped (and its directory removed) after the test. */
@@ -106,7 +113,7 @@ async function kubeWorker(t: TestContext | undefined, opts: KubeWorkerOptions): 
     subnetOctet: 209,
     basePool: opts.basePool ?? 0,
     ...(opts.dataDir === undefined ? {} : { dataDir: opts.dataDir }),
-    extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', kube.kubeconfigPath, '--namespace', opts.namespace, `--role=${opts.role ?? 'all'}`, '--log-level', 'info'],
+    extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', opts.kubeconfig ?? kube.kubeconfigPath, '--namespace', opts.namespace, `--role=${opts.role ?? 'all'}`, '--log-level', 'info'],
   });
   t?.after(async () => {
     await stopped(w);
@@ -118,6 +125,24 @@ async function kubeWorker(t: TestContext | undefined, opts: KubeWorkerOptions): 
 /** SIGTERM and wait, unless it has already exited (killed by the test). */
 async function stopped(w: WorkerProcess): Promise<void> {
   if (w.proc.exitCode === null && w.proc.signalCode === null) await w.stop();
+}
+
+/**
+ * A kubeconfig for one of clusters/base/rbac's ServiceAccounts (a token from the TokenRequest
+ * API), with its namespace as the context's, as the Pod would have it.
+ */
+async function serviceAccountKubeconfig(account: string): Promise<string> {
+  const token = (await kube.kubectl(['create', 'token', account, '-n', SYSTEM_NAMESPACE])).trim();
+  const path = join(kube.dir, `${account}.kubeconfig`);
+  writeFileSync(path, JSON.stringify({
+    apiVersion: 'v1',
+    kind: 'Config',
+    clusters: [{ name: 'test', cluster: { server: kube.url, 'certificate-authority': kube.caPath } }],
+    users: [{ name: account, user: { token } }],
+    contexts: [{ name: account, context: { cluster: 'test', user: account, namespace: SYSTEM_NAMESPACE } }],
+    'current-context': account,
+  }), { mode: 0o600 });
+  return path;
 }
 
 async function killed(proc: ChildProcess): Promise<void> {
@@ -397,9 +422,13 @@ test('operator restart: kill -9 during a burst of claims, start again: every ack
   }
   await stopped(second);
 
-  // The deployment's split: two operator processes and an API process, one cluster (one tag).
-  const ops = [await kubeWorker(t, { tag, namespace: ns, role: 'operator' }), await kubeWorker(t, { tag, namespace: ns, role: 'operator' })];
-  const apiOnly = await kubeWorker(t, { tag, namespace: ns, role: 'api' });
+  // The deployment's split: two operator processes and an API process, one cluster (one tag),
+  // each with its ServiceAccount from clusters/base/rbac: the least privilege they get is enough.
+  await kube.kubectl(['create', 'namespace', SYSTEM_NAMESPACE]);
+  await kube.kubectl(['apply', '-k', new URL('clusters/base/rbac', root).pathname, '-n', SYSTEM_NAMESPACE]);
+  const [operatorAccount, apiAccount] = [await serviceAccountKubeconfig('operator'), await serviceAccountKubeconfig('worker-api')];
+  const ops = [await kubeWorker(t, { tag, namespace: ns, role: 'operator', kubeconfig: operatorAccount }), await kubeWorker(t, { tag, namespace: ns, role: 'operator', kubeconfig: operatorAccount })];
+  const apiOnly = await kubeWorker(t, { tag, namespace: ns, role: 'api', kubeconfig: apiAccount });
   // The Lease lives in the kubeconfig context's namespace (in a Pod: the Pod's own).
   const leaseName = `asb-operator-${tag}`;
   const leaderOf = async (): Promise<WorkerProcess | undefined> => {
@@ -411,7 +440,7 @@ test('operator restart: kill -9 during a burst of claims, start again: every ack
   const leader = await waitFor('one operator leads', leaderOf, 30_000);
   const other = ops.find((o) => o !== leader) as WorkerProcess;
   const [leaderState, otherState] = [await healthz(leader), await healthz(other)];
-  assert.equal((await lease(leaseName, 'default')).holder, leaderState.identity);
+  assert.equal((await lease(leaseName, SYSTEM_NAMESPACE)).holder, leaderState.identity);
   assert.equal(otherState.leader, false);
   assert.equal(otherState.holder, leaderState.identity);
   // The API process claims; the leader's controllers refill.
@@ -421,10 +450,10 @@ test('operator restart: kill -9 during a burst of claims, start again: every ack
   // The API process serves no controllers and the operators no API.
   assert.equal((await api(leader, 'GET', '/v1/sandboxes')).status, 404);
 
-  const transitions = (await lease(leaseName, 'default')).transitions;
+  const transitions = (await lease(leaseName, SYSTEM_NAMESPACE)).transitions;
   await killed(leader.proc);
   await waitFor('the other operator leads', async () => ((await healthz(other)).leader ? true : undefined), 60_000, 200);
-  const taken = await lease(leaseName, 'default');
+  const taken = await lease(leaseName, SYSTEM_NAMESPACE);
   assert.equal(taken.holder, otherState.identity);
   assert.equal(taken.transitions, transitions + 1);
   // Its controllers run: a claim's member is replaced again.
