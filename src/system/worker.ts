@@ -92,7 +92,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
       ? undefined
       : {
           claimer: front.claimer,
-          // The idle check reads the controllers' own tracker: feed it too while they run here.
+          // Recorded on the sandbox for whichever process leads, and straight into the
+          // controllers' own tracker while they run here.
           activity: {
             touch(id) {
               front.activity.touch(id);
