@@ -173,7 +173,15 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
     let state = runtime.state(name);
     if (state.phase === 'Absent' || state.phase === 'Stopped') {
       if (state.phase === 'Stopped' && !wakes.has(name)) wakes.set(name, now);
-      state = await runtime.start(podRequestFor(sandbox));
+      try {
+        state = await runtime.start(podRequestFor(sandbox));
+      } catch (err) {
+        // Said on the Sandbox, where kubectl and the API show it (on Kubernetes: the API server
+        // refusing the Pod, e.g. an empty image), then retried with the queue's backoff.
+        const message = `the pod could not be started: ${err instanceof Error ? err.message : String(err)}`;
+        await writeStatus(sandbox, { ...sandbox.status, phase: 'Pending', message, conditions: [condition(sandbox, 'Ready', 'False', 'PodStartFailed', message)] });
+        throw err;
+      }
       // start() may return before the runtime's own state settles; the in-memory read is current.
       state = runtime.state(name);
     }

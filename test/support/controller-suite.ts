@@ -158,6 +158,23 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
     await eventually('pool fills once the template exists', async () => (await poolStatus(h, 'orphan'))?.readyReplicas === 2);
   });
 
+  test('a pod the runtime cannot start is said on the sandbox, and the sandbox runs once it can', async (t) => {
+    const h = await start(t);
+    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    // Not Invalid: that one is terminal in the queue (a spec change reconciles again anyway).
+    h.runtime.startError = new AsbError('Unavailable', 'pods "x" is forbidden: exceeded quota: pods=10');
+    const { sandbox: sb } = await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'team-a' });
+    const failed = await eventually('the start failure in status', async () => {
+      const s = await sandbox(h, sb.metadata.name);
+      return s?.status?.conditions?.find((c) => c.reason === 'PodStartFailed') !== undefined ? s : undefined;
+    });
+    assert.equal(failed.status?.phase, 'Pending');
+    assert.match(failed.status.message ?? '', /could not be started: pods "x" is forbidden: exceeded quota/);
+    h.runtime.startError = undefined;
+    const running = await h.op.claimer.waitReady(h.ns, sb.metadata.name, 10_000);
+    assert.equal(running.status?.phase, 'Running', 'retried with backoff');
+  });
+
   test('pause stops the pod keeping its volumes; resume starts it again and status follows', async (t) => {
     const h = await start(t);
     await h.store.create(SandboxTemplateType, template('py', {}, h.ns));

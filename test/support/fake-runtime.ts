@@ -24,8 +24,12 @@ export class FakeRuntime implements PodRuntime {
     this.autoReady = opts.autoReady ?? true;
   }
 
+  /** When set, start() rejects with it (as an API server refusing the Pod would). */
+  startError: Error | undefined;
+
   start(pod: PodRequest): Promise<PodState> {
     this.calls.push(`start ${pod.id}`);
+    if (this.startError !== undefined) return Promise.reject(this.startError);
     const existing = this.#pods.get(pod.id);
     if (existing !== undefined && (existing.state.phase === 'Running' || existing.state.phase === 'Pending')) {
       return Promise.resolve({ ...existing.state });
