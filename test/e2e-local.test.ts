@@ -4,20 +4,8 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { test } from 'node:test';
 import { waitFor } from './support/wait.ts';
-import { api, removeDataDir, startWorkerProcess, tempDataDir, type WorkerProcess } from './support/worker-process.ts';
+import { api, removeDataDir, startWorkerProcess, tempDataDir, type ExecOut, type View, type WorkerProcess } from './support/worker-process.ts';
 
-interface View {
-  id: string;
-  phase: string;
-  ready: boolean;
-  launchType: string;
-  owner: string;
-}
-interface ExecOut {
-  exitCode: number;
-  stdout: string;
-  stderr: string;
-}
 
 function cleanupBridge(tag: string): void {
   try {

@@ -16,7 +16,7 @@ import { installCrds } from '../support/kube-store.ts';
 import { KubectlError, startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { startTestKubelet, type TestKubelet } from '../support/test-kubelet.ts';
 import { waitFor } from '../support/wait.ts';
-import { api, removeDataDir, startWorkerProcess, tempDataDir, type WorkerProcess } from '../support/worker-process.ts';
+import { api, removeDataDir, startWorkerProcess, tempDataDir, type ExecOut, type View, type WorkerProcess } from '../support/worker-process.ts';
 
 const root = new URL('../../', import.meta.url);
 /** The namespace of clusters/base, where the worker's own ServiceAccounts and Lease live. */
@@ -61,18 +61,6 @@ interface PodJson {
 interface ClaimJson {
   metadata: Meta;
   status?: { conditions?: Condition[]; sandbox?: { name: string }; launchType?: string };
-}
-interface View {
-  id: string;
-  phase: string;
-  ready: boolean;
-  launchType: string;
-  owner: string;
-}
-interface ExecOut {
-  exitCode: number;
-  stdout: string;
-  stderr: string;
 }
 
 /** `kubectl get` as JSON; undefined when the object does not exist. */

@@ -7,30 +7,23 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import { KubeConfig } from '@kubernetes/client-node';
 import { Registry } from 'prom-client';
 import { SandboxType } from '../../src/api/types.ts';
 import { isAsbError } from '../../src/errors.ts';
 import { createMetrics } from '../../src/metrics/metrics.ts';
 import { openKubeStore } from '../../src/store/kube.ts';
-import { LIMITED_USER, startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
-import { installCrds, kubeStoreFixture, type KubeStoreFixture } from '../support/kube-store.ts';
+import { LIMITED_USER } from '../support/kube-apiserver.ts';
+import { kubeStoreTier } from '../support/kube-store.ts';
 import { box, recordWatch, rejection, storeSuite, summary, until, withImage } from '../support/store-suite.ts';
 
-let kube: KubeApiServer;
-let fx: KubeStoreFixture;
-before(async () => {
-  kube = await startKubeApiServer({ etcdUnsafeNoFsync: true });
-  await installCrds(kube.kubeconfigPath);
-  fx = kubeStoreFixture(kube.kubeconfigPath);
-});
-after(() => kube.stop());
+const tier = kubeStoreTier();
 
-storeSuite((t, namespaces) => fx.open(t, namespaces));
+storeSuite((t, namespaces) => tier.fx.open(t, namespaces));
 
 test('a watch from a version the apiserver no longer has ends with Gone, so the caller relists', async (t) => {
-  const { store, ns } = await fx.open(t, ['default']);
+  const { store, ns } = await tier.fx.open(t, ['default']);
   const old = recordWatch(t, store, { namespace: ns('default'), resourceVersion: '1' });
   await until(() => old.errors.length === 1, 'Gone');
   assert.ok(isAsbError(old.errors[0], 'Gone'), String(old.errors[0]));
@@ -79,14 +72,14 @@ async function relay(target: URL): Promise<{ port: number; cut: () => void; refu
 }
 
 test('a watch survives a broken connection: what changed while it was cut arrives once, in order', async (t) => {
-  const { store, ns } = await fx.open(t, ['default']);
+  const { store, ns } = await tier.fx.open(t, ['default']);
   const d = ns('default');
-  const proxy = await relay(new URL(kube.url));
+  const proxy = await relay(new URL(tier.kube.url));
   t.after(() => proxy.close());
   const dir = mkdtempSync(join(tmpdir(), 'asb-kube-relay-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
   const kubeconfig = join(dir, 'kubeconfig');
-  writeFileSync(kubeconfig, readFileSync(kube.kubeconfigPath, 'utf8').replaceAll(kube.url, `https://127.0.0.1:${proxy.port}`));
+  writeFileSync(kubeconfig, readFileSync(tier.kube.kubeconfigPath, 'utf8').replaceAll(tier.kube.url, `https://127.0.0.1:${proxy.port}`));
   const viaRelay = await openKubeStore({ kubeconfig });
   t.after(() => viaRelay.close());
 
@@ -110,7 +103,7 @@ test('a watch survives a broken connection: what changed while it was cut arrive
 
 test('every apiserver write is counted in the store metrics; a compare-and-swap update is one write', async (t) => {
   const registry = new Registry();
-  const { store, ns, dispose } = await fx.create(['default'], { metrics: createMetrics(registry) });
+  const { store, ns, dispose } = await tier.fx.create(['default'], { metrics: createMetrics(registry) });
   t.after(dispose);
   const d = ns('default');
   const v1 = await store.create(SandboxType, box('sb-1', d));
@@ -131,7 +124,7 @@ test('every apiserver write is counted in the store metrics; a compare-and-swap 
 });
 
 test("the apiserver's refusals become our errors: the schema's field problems (Invalid) and RBAC (Forbidden)", async (t) => {
-  const { store, ns } = await fx.open(t, ['default']);
+  const { store, ns } = await tier.fx.open(t, ['default']);
   const d = ns('default');
   const noTemplate = await rejection(store.create(SandboxType, { ...box('sb-1', d), spec: {} }));
   assert.equal(noTemplate.code, 'Invalid');
@@ -140,7 +133,7 @@ test("the apiserver's refusals become our errors: the schema's field problems (I
   assert.match(noTemplate.message, /Sandbox "sb-1" is invalid: .*spec\.podTemplate/);
 
   const kc = new KubeConfig();
-  kc.loadFromFile(kube.kubeconfigPath);
+  kc.loadFromFile(tier.kube.kubeconfigPath);
   kc.setCurrentContext(LIMITED_USER);
   const limited = await openKubeStore({ kubeconfig: kc });
   t.after(() => limited.close());

@@ -2,7 +2,7 @@
 // kube-apiserver (test/support/kube-apiserver.ts starts one per test file), and per test a
 // KubeStore with namespaces of its own, emptied afterwards so the next test's operator (which
 // watches every namespace) finds nothing left over.
-import type { TestContext } from 'node:test';
+import { after, before, type TestContext } from 'node:test';
 import { allCrds } from '../../src/api/crd.ts';
 import type { KubeObject, ResourceType } from '../../src/api/meta.ts';
 import { RESOURCE_TYPES } from '../../src/api/types.ts';
@@ -11,6 +11,7 @@ import { openKubeStore, type KubeStore, type KubeStoreOptions } from '../../src/
 import { KubeHttp, loadKubeConfig } from '../../src/store/kube-http.ts';
 import type { HarnessStoreFactory } from './operator-harness.ts';
 import type { StoreUnderTest } from './store-suite.ts';
+import { startKubeApiServer, type KubeApiServer } from './kube-apiserver.ts';
 
 const CRD_PATH = '/apis/apiextensions.k8s.io/v1/customresourcedefinitions';
 
@@ -127,6 +128,33 @@ export function kubeStoreFixture(kubeconfig: string): KubeStoreFixture {
     harnessStore: async () => {
       const made = await create(['default']);
       return { store: made.store, ns: made.ns('default'), dispose: made.dispose };
+    },
+  };
+}
+
+/**
+ * One API server with our CRDs for a whole test file (its before/after hooks), and the store
+ * fixture on it. Read `kube` and `fx` inside tests: they exist once before() has run.
+ */
+export function kubeStoreTier(): { readonly kube: KubeApiServer; readonly fx: KubeStoreFixture } {
+  let kube: KubeApiServer | undefined;
+  let fx: KubeStoreFixture | undefined;
+  before(async () => {
+    kube = await startKubeApiServer({ etcdUnsafeNoFsync: true });
+    await installCrds(kube.kubeconfigPath);
+    fx = kubeStoreFixture(kube.kubeconfigPath);
+  });
+  after(() => kube?.stop());
+  const ready = <T>(value: T | undefined): T => {
+    if (value === undefined) throw new Error('the kube tier is used before its before() hook ran');
+    return value;
+  };
+  return {
+    get kube() {
+      return ready(kube);
+    },
+    get fx() {
+      return ready(fx);
     },
   };
 }

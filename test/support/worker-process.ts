@@ -10,6 +10,22 @@ import { startChild } from '../../src/system/child.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
 
+/** The parts of the API's sandbox view (GET /v1/sandboxes/{id}) end-to-end tests read. */
+export interface View {
+  id: string;
+  phase: string;
+  ready: boolean;
+  launchType: string;
+  owner: string;
+}
+
+/** POST /v1/sandboxes/{id}/exec's answer. */
+export interface ExecOut {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+}
+
 export interface WorkerProcess {
   apiUrl: string;
   adminKey: string;

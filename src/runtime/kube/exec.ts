@@ -17,6 +17,7 @@ import { AsbError } from '../../errors.ts';
 import type { Clock } from '../../system/clock.ts';
 import type { ExecRequest, ExecResult, PodProcess, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 import { PodExec, type ExecEnd, type ExecTarget } from './pod-exec.ts';
+import { CappedBuffer } from '../capped-buffer.ts';
 
 const DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024;
 /** A command past its timeout whose exit the container never reported is given up this much later. */
@@ -75,30 +76,6 @@ function refusedBy(exitCode: number, stderr: Uint8Array): AsbError | undefined {
   if (exitCode !== 126) return undefined;
   const text = Buffer.from(stderr).toString('utf8');
   return text.startsWith(REFUSED) ? new AsbError('BadRequest', text.slice(REFUSED.length).trim()) : undefined;
-}
-
-class CappedBuffer {
-  readonly #chunks: Buffer[] = [];
-  #size = 0;
-  truncated = false;
-  readonly #max: number;
-
-  constructor(max: number) {
-    this.#max = max;
-  }
-
-  push(chunk: Buffer): void {
-    const room = this.#max - this.#size;
-    if (chunk.length > room) this.truncated = true;
-    if (room <= 0) return;
-    const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
-    this.#chunks.push(Buffer.from(kept)); // the socket reuses its buffers
-    this.#size += kept.length;
-  }
-
-  bytes(): Uint8Array {
-    return new Uint8Array(Buffer.concat(this.#chunks));
-  }
 }
 
 function failure(end: ExecEnd): AsbError {

@@ -4,16 +4,10 @@
 // scripts tell the outcomes apart without parsing messages.
 import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
-import type { ExecResult, FileEntry } from '../runtime.ts';
+import type { FileEntry } from '../runtime.ts';
+import { checkedPath, fileFailure, MAX_READ_BYTES, READ } from '../shell-files.ts';
 import { execInPod, type ExecContext } from './exec.ts';
 
-const NOT_FOUND = 44;
-const IS_DIR = 21;
-const NOT_DIR = 20;
-/** readFile's cap: bigger files are refused rather than silently truncated. */
-const MAX_READ_BYTES = 512 * 1024 * 1024;
-
-const READ = 'if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 44; fi; exec cat -- "$1"';
 // The parent is made first (mkdir -p), as the local runtime does; a bare name has none to make.
 const WRITE = 'if [ -d "$1" ]; then exit 21; fi; case "$1" in */*) mkdir -p -- "${1%/*}/" || exit 1;; esac; ' +
   'cat > "$1" && if [ -n "$2" ]; then chmod -- "$2" "$1"; fi';
@@ -30,37 +24,17 @@ export const LIST = [
   'done',
 ].join('\n');
 
-function checked(path: string): string {
-  if (path === '') throw new AsbError('BadRequest', 'path is empty');
-  if (path.includes('\0')) throw new AsbError('BadRequest', 'path contains a NUL byte');
-  return path;
-}
-
-function failure(result: ExecResult, op: string, path: string): AsbError {
-  const message = Buffer.from(result.stderr).toString('utf8').trim();
-  switch (result.exitCode) {
-    case NOT_FOUND: return new AsbError('NotFound', `${path}: no such file or directory`);
-    case IS_DIR: return new AsbError('BadRequest', `${path} is a directory`);
-    case NOT_DIR: return new AsbError('BadRequest', `${path} is not a directory`);
-  }
-  if (/Permission denied|Read-only file system|Operation not permitted/.test(message)) {
-    return new AsbError('Forbidden', `${op} ${path}: ${message}`);
-  }
-  if (/Not a directory|No such file/.test(message)) return new AsbError('NotFound', `${op} ${path}: ${message}`);
-  return new AsbError('Internal', `${op} ${path} failed (exit ${result.exitCode}): ${message}`);
-}
-
 export async function readPodFile(ctx: ExecContext, path: string): Promise<Uint8Array> {
-  const result = await execInPod(ctx, { command: ['sh', '-c', READ, 'sh', checked(path)], maxOutputBytes: MAX_READ_BYTES });
-  if (result.exitCode !== 0) throw failure(result, 'read', path);
+  const result = await execInPod(ctx, { command: ['sh', '-c', READ, 'sh', checkedPath(path)], maxOutputBytes: MAX_READ_BYTES });
+  if (result.exitCode !== 0) throw fileFailure(result, 'read', path);
   if (result.truncated) throw new AsbError('PayloadTooLarge', `${path} is larger than ${MAX_READ_BYTES} bytes`);
   return result.stdout;
 }
 
 export async function writePodFile(ctx: ExecContext, path: string, data: Uint8Array, mode?: number): Promise<void> {
   const modeArg = mode === undefined ? '' : (mode & 0o7777).toString(8);
-  const result = await execInPod(ctx, { command: ['sh', '-c', WRITE, 'sh', checked(path), modeArg], stdin: data });
-  if (result.exitCode !== 0) throw failure(result, 'write', path);
+  const result = await execInPod(ctx, { command: ['sh', '-c', WRITE, 'sh', checkedPath(path), modeArg], stdin: data });
+  if (result.exitCode !== 0) throw fileFailure(result, 'write', path);
 }
 
 const TYPES: Record<string, FileEntry['type']> = { f: 'file', d: 'dir', l: 'symlink' };
@@ -86,7 +60,7 @@ export function parseListing(output: Uint8Array): FileEntry[] {
 }
 
 export async function listPodDir(ctx: ExecContext, path: string): Promise<FileEntry[]> {
-  const result = await execInPod(ctx, { command: ['sh', '-c', LIST, 'sh', checked(path)], maxOutputBytes: 64 * 1024 * 1024 });
-  if (result.exitCode !== 0) throw failure(result, 'list', path);
+  const result = await execInPod(ctx, { command: ['sh', '-c', LIST, 'sh', checkedPath(path)], maxOutputBytes: 64 * 1024 * 1024 });
+  if (result.exitCode !== 0) throw fileFailure(result, 'list', path);
   return parseListing(result.stdout);
 }

@@ -6,6 +6,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { constants } from 'node:os';
 import type { ExecRequest, ExecResult } from '../runtime.ts';
+import { CappedBuffer } from '../capped-buffer.ts';
 
 const DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024;
 
@@ -48,30 +49,6 @@ export function spawnInPod(target: PodTarget, command: readonly string[], opts: 
 
 function signalNumber(signal: NodeJS.Signals): number {
   return constants.signals[signal];
-}
-
-class CappedBuffer {
-  readonly #chunks: Buffer[] = [];
-  #size = 0;
-  truncated = false;
-  readonly #max: number;
-
-  constructor(max: number) {
-    this.#max = max;
-  }
-
-  push(chunk: Buffer): void {
-    const room = this.#max - this.#size;
-    if (chunk.length > room) this.truncated = true;
-    if (room <= 0) return; // keep draining so the process never blocks on a full pipe
-    const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
-    this.#chunks.push(kept);
-    this.#size += kept.length;
-  }
-
-  bytes(): Uint8Array {
-    return new Uint8Array(Buffer.concat(this.#chunks));
-  }
 }
 
 export function execInPod(target: PodTarget, req: ExecRequest): Promise<ExecResult> {

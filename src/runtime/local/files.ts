@@ -3,44 +3,22 @@
 // Exit codes chosen by the scripts below tell the outcomes apart without parsing messages.
 import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
-import type { ExecResult, FileEntry } from '../runtime.ts';
+import type { FileEntry } from '../runtime.ts';
+import { checkedPath, fileFailure, MAX_READ_BYTES, READ } from '../shell-files.ts';
 import { execInPod, type PodTarget } from './exec.ts';
 
-const NOT_FOUND = 44;
-const IS_DIR = 21;
-const NOT_DIR = 20;
-/** readFile's cap: bigger files are refused rather than silently truncated. */
-const MAX_READ_BYTES = 512 * 1024 * 1024;
-
-const READ = 'if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 44; fi; exec cat -- "$1"';
 const WRITE = 'if [ -d "$1" ]; then exit 21; fi; mkdir -p -- "${1%/*}/" && cat > "$1" && if [ -n "$2" ]; then chmod -- "$2" "$1"; fi';
 const LIST = 'if [ ! -e "$1" ]; then exit 44; fi; if [ ! -d "$1" ]; then exit 20; fi; ' +
   'exec find "$1" -mindepth 1 -maxdepth 1 -printf "%y\\t%s\\t%m\\t%T@\\t%f\\0"';
 
 function absolute(target: PodTarget, path: string): string {
-  if (path === '') throw new AsbError('BadRequest', 'path is empty');
-  if (path.includes('\0')) throw new AsbError('BadRequest', 'path contains a NUL byte');
-  return posix.resolve(target.cwd, path);
-}
-
-function failure(result: ExecResult, op: string, path: string): AsbError {
-  const message = Buffer.from(result.stderr).toString('utf8').trim();
-  switch (result.exitCode) {
-    case NOT_FOUND: return new AsbError('NotFound', `${path}: no such file or directory`);
-    case IS_DIR: return new AsbError('BadRequest', `${path} is a directory`);
-    case NOT_DIR: return new AsbError('BadRequest', `${path} is not a directory`);
-  }
-  if (/Permission denied|Read-only file system|Operation not permitted/.test(message)) {
-    return new AsbError('Forbidden', `${op} ${path}: ${message}`);
-  }
-  if (/Not a directory|No such file/.test(message)) return new AsbError('NotFound', `${op} ${path}: ${message}`);
-  return new AsbError('Internal', `${op} ${path} failed (exit ${result.exitCode}): ${message}`);
+  return posix.resolve(target.cwd, checkedPath(path));
 }
 
 export async function readPodFile(target: PodTarget, path: string): Promise<Uint8Array> {
   const abs = absolute(target, path);
   const result = await execInPod(target, { command: ['sh', '-c', READ, 'sh', abs], maxOutputBytes: MAX_READ_BYTES });
-  if (result.exitCode !== 0) throw failure(result, 'read', abs);
+  if (result.exitCode !== 0) throw fileFailure(result, 'read', abs);
   if (result.truncated) throw new AsbError('PayloadTooLarge', `${abs} is larger than ${MAX_READ_BYTES} bytes`);
   return result.stdout;
 }
@@ -49,7 +27,7 @@ export async function writePodFile(target: PodTarget, path: string, data: Uint8A
   const abs = absolute(target, path);
   const modeArg = mode === undefined ? '' : (mode & 0o7777).toString(8);
   const result = await execInPod(target, { command: ['sh', '-c', WRITE, 'sh', abs, modeArg], stdin: data });
-  if (result.exitCode !== 0) throw failure(result, 'write', abs);
+  if (result.exitCode !== 0) throw fileFailure(result, 'write', abs);
 }
 
 const TYPES: Record<string, FileEntry['type']> = { f: 'file', d: 'dir', l: 'symlink' };
@@ -57,7 +35,7 @@ const TYPES: Record<string, FileEntry['type']> = { f: 'file', d: 'dir', l: 'syml
 export async function listPodDir(target: PodTarget, path: string): Promise<FileEntry[]> {
   const abs = absolute(target, path);
   const result = await execInPod(target, { command: ['sh', '-c', LIST, 'sh', abs], maxOutputBytes: 64 * 1024 * 1024 });
-  if (result.exitCode !== 0) throw failure(result, 'list', abs);
+  if (result.exitCode !== 0) throw fileFailure(result, 'list', abs);
   const entries: FileEntry[] = [];
   for (const record of Buffer.from(result.stdout).toString('utf8').split('\0')) {
     if (record === '') continue;

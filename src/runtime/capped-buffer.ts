@@ -1,0 +1,27 @@
+// Captured output of a command, up to a cap: what is past it is dropped (and flagged), while the
+// stream keeps being read so the process never blocks on a full pipe or socket.
+
+export class CappedBuffer {
+  readonly #chunks: Buffer[] = [];
+  #size = 0;
+  truncated = false;
+  readonly #max: number;
+
+  constructor(max: number) {
+    this.#max = max;
+  }
+
+  push(chunk: Buffer): void {
+    const room = this.#max - this.#size;
+    if (chunk.length > room) this.truncated = true;
+    if (room <= 0) return;
+    const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
+    // Copied: a socket or pipe may reuse the buffer it handed us.
+    this.#chunks.push(Buffer.from(kept));
+    this.#size += kept.length;
+  }
+
+  bytes(): Uint8Array {
+    return new Uint8Array(Buffer.concat(this.#chunks));
+  }
+}
