@@ -260,6 +260,7 @@ test('E2B creates and lists at the hub', async (t) => {
     const none = await e2b(hub, 'GET', '/v2/sandboxes', teamA);
     assert.equal(none.status, 200, 'no cluster connected: an empty list, not an error');
     assert.deepEqual(none.json, []);
+    assert.match(errorOf(await e2b(hub, 'GET', '/v2/sandboxes?order=newest', teamA), 400).message, /order must be asc or desc, got "newest"/, 'refused by the hub itself, with no worker to ask');
     assert.deepEqual(none.headers.get('x-asb-unreachable')?.split(',').sort(), ['busy', 'c1', 'c2', 'gone']);
   });
 });

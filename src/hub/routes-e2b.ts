@@ -14,7 +14,7 @@
 // `x-asb-unreachable` header. Failures the hub itself finds are E2B's `{code, message}`.
 import type { Authenticator } from '../worker/deps.ts';
 import { readJson } from '../worker/body.ts';
-import { compareCursors, DEFAULT_LIMIT, encodeCursor, MAX_LIMIT, type Cursor } from '../worker/e2b/list.ts';
+import { compareCursors, DEFAULT_LIMIT, encodeCursor, listOrder, MAX_LIMIT, type Cursor } from '../worker/e2b/list.ts';
 import { e2bRoute, type AuthedContext } from '../worker/e2b/reply.ts';
 import { CREATE_BODY } from '../worker/e2b/routes.ts';
 import { checkBody, isPlainObject, queryInt } from '../worker/input.ts';
@@ -68,8 +68,8 @@ export function e2bHubRoutes(h: HubContext, auth: Authenticator, placer: Placer,
 
   async function list(ctx: AuthedContext, path: string): Promise<Reply> {
     const limit = queryInt(ctx.query, 'limit', 1, MAX_LIMIT) ?? DEFAULT_LIMIT;
-    // A bad order is refused by every worker, and that refusal is the answer.
-    const sign = ctx.query.get('order') === 'asc' ? 1 : -1;
+    // Checked here too: with no cluster connected, no worker would refuse it.
+    const sign = listOrder(ctx.query) === 'asc' ? 1 : -1;
     const query = new URLSearchParams(ctx.query);
     query.delete('nextToken');
     query.set('limit', String(limit));

@@ -74,6 +74,13 @@ function decodeCursor(token: string): Cursor {
   throw badQuery('nextToken', 'is not a token this API returned in X-Next-Token');
 }
 
+/** The `order` query parameter: desc (newest first) unless asc; anything else is a 400. */
+export function listOrder(q: URLSearchParams): 'asc' | 'desc' {
+  const order = q.get('order') ?? 'desc';
+  if (order !== 'asc' && order !== 'desc') throw badQuery('order', `must be asc or desc, got "${order}"`);
+  return order;
+}
+
 function parseQuery(q: URLSearchParams): ListQuery {
   const states = new Set<E2bState>();
   for (const value of q.getAll('state').flatMap((s) => s.split(','))) {
@@ -89,8 +96,7 @@ function parseQuery(q: URLSearchParams): ListQuery {
     startedAfter = Date.parse(startedAfterRaw);
     if (Number.isNaN(startedAfter)) throw badQuery('startedAfter', `must be an RFC 3339 time, got "${startedAfterRaw}"`);
   }
-  const order = q.get('order') ?? 'desc';
-  if (order !== 'asc' && order !== 'desc') throw badQuery('order', `must be asc or desc, got "${order}"`);
+  const order = listOrder(q);
   const nextToken = q.get('nextToken');
   return {
     states: states.size === 0 ? new Set(STATES) : states,
