@@ -117,7 +117,7 @@ export class ConfigError extends Error {
 export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): WorkerConfig {
   const problems: string[] = [];
   const flags = new Map([...parseFlags(argv, problems)].map(([name, values]) => [name, values.at(-1) ?? '']));
-  const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (isOptional(key) ? undefined : DEFAULTS[key]);
+  const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (hasDefault(key) ? DEFAULTS[key] : undefined);
   const str = (key: Exclude<Key, OptionalKey>): string => raw(key) ?? DEFAULTS[key];
   const int = (key: 'apiPort' | 'basePoolReplicas' | 'terminalIdleMs', min: number, max: number): number => {
     const text = str(key);
@@ -204,8 +204,9 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   return Object.freeze(config);
 }
 
-function isOptional(key: Key): key is OptionalKey {
-  return key === 'adminKeyFile' || key === 'hubUrl' || key === 'hubCredentialFile' || key === 'kubeconfig';
+/** Whether a key has a default (DEFAULTS); the optional ones have none, so they may stay unset. */
+function hasDefault(key: Key): key is keyof typeof DEFAULTS {
+  return Object.hasOwn(DEFAULTS, key);
 }
 
 function isEdgeUrl(text: string): boolean {
