@@ -32,8 +32,6 @@ export interface ClaimFront {
    * idle check (activity-recorder.ts).
    */
   activity: ActivityRecorder;
-  /** Resolves once the three caches have synced. */
-  ready(): Promise<void>;
   close(): void;
 }
 
@@ -53,14 +51,11 @@ export async function startClaimFront(opts: ClaimFrontOptions): Promise<ClaimFro
   sandboxes.onChange((key, current, previous) => claimer.observe(key, current, previous));
   const informers = [sandboxes, templates, pools];
   for (const informer of informers) informer.start();
-  const synced = Promise.all(informers.map((i) => i.synced())).then(() => {
-    log.info({ sandboxes: sandboxes.list().length, pools: pools.list().length }, 'claim caches synced');
-  });
-  await synced;
+  await Promise.all(informers.map((i) => i.synced()));
+  log.info({ sandboxes: sandboxes.list().length, pools: pools.list().length }, 'claim caches synced');
   return {
     claimer,
     activity,
-    ready: () => synced,
     close() {
       activity.close();
       claimer.close();
