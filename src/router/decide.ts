@@ -223,10 +223,9 @@ function toWorkerEnvd(headers: RequestHeaders, entry: RouteEntry, ctx: DecideCon
 /** envd calls that carry no access token: the SDK's isRunning probe, and /files with a signed URL (the worker checks the signature). */
 function isTokenlessEnvdCall(headers: RequestHeaders): boolean {
   const path = headers.get(':path') ?? '';
-  const query = path.indexOf('?');
-  const pathname = query === -1 ? path : path.slice(0, query);
+  const pathname = pathnameOf(path);
   if (pathname === '/health') return headers.get(':method') === 'GET';
-  return pathname === '/files' && query !== -1 && new URLSearchParams(path.slice(query + 1)).has('signature');
+  return pathname === '/files' && new URLSearchParams(path.slice(pathname.length + 1)).has('signature');
 }
 
 /** Ours, E2B SDK ≤ 2.50's and E2B SDK 2.51's create and list paths: exact, never a sandbox's own path. */
@@ -236,9 +235,13 @@ const HUB_PATHS: ReadonlySet<string> = new Set(['/v1/sandboxes', '/sandboxes', '
 function isHubRequest(headers: RequestHeaders): boolean {
   const method = headers.get(':method');
   if (method !== 'POST' && method !== 'GET') return false;
-  const path = headers.get(':path') ?? '';
+  return HUB_PATHS.has(pathnameOf(headers.get(':path') ?? ''));
+}
+
+/** `:path` without its query string. */
+function pathnameOf(path: string): string {
   const query = path.indexOf('?');
-  return HUB_PATHS.has(query === -1 ? path : path.slice(0, query));
+  return query === -1 ? path : path.slice(0, query);
 }
 
 /** Routing or internal headers a client may send but must never reach Envoy's routing or a sandbox. */
