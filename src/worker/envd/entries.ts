@@ -5,6 +5,7 @@
 import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
 import type { ExecResult, PodRuntime } from '../../runtime/runtime.ts';
+import { fileFailure, IS_DIR, NOT_DIR, NOT_FOUND, READ } from '../../runtime/shell-files.ts';
 
 /** filesystem.EntryInfo in its JSON form. */
 export interface EntryInfo {
@@ -20,23 +21,21 @@ export interface EntryInfo {
   symlinkTarget?: string;
 }
 
-const NOT_FOUND = 44;
-const NOT_DIR = 20;
-const IS_DIR = 21;
+// Besides the runtimes' NOT_FOUND, NOT_DIR and IS_DIR (shell-files.ts), makeDir's outcomes:
 const EXISTS = 17;
 const EXISTS_NOT_DIR = 18;
 
 /** type, size, mode (octal), owner, group, mtime, symlink target, path; NUL-terminated. */
 const FORMAT = '%y\\t%s\\t%m\\t%u\\t%g\\t%T@\\t%l\\t%p\\0';
-const EXISTS_CHECK = 'if [ ! -e "$1" ] && [ ! -L "$1" ]; then exit 44; fi; ';
+const EXISTS_CHECK = `if [ ! -e "$1" ] && [ ! -L "$1" ]; then exit ${NOT_FOUND}; fi; `;
 const SCRIPTS = {
   stat: `${EXISTS_CHECK}exec find "$1" -maxdepth 0 -printf '${FORMAT}'`,
-  list: `if [ ! -e "$1" ]; then exit 44; fi; if [ ! -d "$1" ]; then exit 20; fi; exec find -H "$1" -mindepth 1 -maxdepth "$2" -printf '${FORMAT}'`,
-  makeDir: `if [ -d "$1" ]; then exit 17; fi; if [ -e "$1" ] || [ -L "$1" ]; then exit 18; fi; mkdir -p -- "$1" && exec find "$1" -maxdepth 0 -printf '${FORMAT}'`,
+  list: `if [ ! -e "$1" ]; then exit ${NOT_FOUND}; fi; if [ ! -d "$1" ]; then exit ${NOT_DIR}; fi; exec find -H "$1" -mindepth 1 -maxdepth "$2" -printf '${FORMAT}'`,
+  makeDir: `if [ -d "$1" ]; then exit ${EXISTS}; fi; if [ -e "$1" ] || [ -L "$1" ]; then exit ${EXISTS_NOT_DIR}; fi; mkdir -p -- "$1" && exec find "$1" -maxdepth 0 -printf '${FORMAT}'`,
   move: `${EXISTS_CHECK}mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2" && exec find "$2" -maxdepth 0 -printf '${FORMAT}'`,
   remove: 'exec rm -rf -- "$1"',
-  read: 'if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 44; fi; exec cat -- "$1"',
-  write: 'if [ -d "$1" ]; then exit 21; fi; mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"',
+  read: READ,
+  write: `if [ -d "$1" ]; then exit ${IS_DIR}; fi; mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"`,
 } as const;
 
 /** Where a caller runs: the sandbox and the uid (undefined: the pod's user). */
@@ -66,19 +65,14 @@ async function run(t: FsTarget, script: keyof typeof SCRIPTS, args: string[], op
   return result;
 }
 
+/** The runtimes' mapping of a failed script (fileFailure), plus makeDir's outcomes and a full disk. */
 function failure(result: ExecResult, op: string, path: string): AsbError {
+  if (result.exitCode === EXISTS) return new AsbError('AlreadyExists', `directory ${path} already exists`);
+  if (result.exitCode === EXISTS_NOT_DIR) return new AsbError('BadRequest', `${path} already exists and is not a directory`);
+  const err = fileFailure(result, op, path);
   const message = Buffer.from(result.stderr).toString('utf8').trim();
-  switch (result.exitCode) {
-    case NOT_FOUND: return new AsbError('NotFound', `${path}: no such file or directory`);
-    case NOT_DIR: return new AsbError('BadRequest', `${path} is not a directory`);
-    case IS_DIR: return new AsbError('BadRequest', `${path} is a directory`);
-    case EXISTS: return new AsbError('AlreadyExists', `directory ${path} already exists`);
-    case EXISTS_NOT_DIR: return new AsbError('BadRequest', `${path} already exists and is not a directory`);
-  }
-  if (/Permission denied|Read-only file system|Operation not permitted/.test(message)) return new AsbError('Forbidden', `${op} ${path}: ${message}`);
-  if (/No such file|Not a directory/.test(message)) return new AsbError('NotFound', `${op} ${path}: ${message}`);
-  if (/No space left|Disk quota/.test(message)) return new AsbError('PayloadTooLarge', `${op} ${path}: ${message}`);
-  return new AsbError('Internal', `${op} ${path} failed (exit ${result.exitCode}): ${message}`);
+  if (err.code === 'Internal' && /No space left|Disk quota/.test(message)) return new AsbError('PayloadTooLarge', `${op} ${path}: ${message}`);
+  return err;
 }
 
 const TYPES: Record<string, EntryInfo['type']> = { f: 'FILE_TYPE_FILE', d: 'FILE_TYPE_DIRECTORY', l: 'FILE_TYPE_SYMLINK' };
