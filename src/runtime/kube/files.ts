@@ -2,10 +2,9 @@
 // the image, and a symlink in the sandbox leads only where the sandbox itself could go. Relative
 // paths are relative to the container's working directory (the exec's). Exit codes chosen by the
 // scripts tell the outcomes apart without parsing messages.
-import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
 import type { FileEntry } from '../runtime.ts';
-import { checkedPath, fileFailure, MAX_READ_BYTES, READ } from '../shell-files.ts';
+import { checkedPath, ENTRY_FORMAT, fileFailure, MAX_READ_BYTES, parseEntries, READ } from '../shell-files.ts';
 import { execInPod, type ExecContext } from './exec.ts';
 
 // The parent is made first (mkdir -p), as the local runtime does; a bare name has none to make.
@@ -17,7 +16,7 @@ const WRITE = 'if [ -d "$1" ]; then exit 21; fi; case "$1" in */*) mkdir -p -- "
 export const LIST = [
   'if [ ! -e "$1" ]; then exit 44; fi; if [ ! -d "$1" ]; then exit 20; fi; cd -- "$1" || exit 1',
   'printf "%s\\0" "$PWD"',
-  'if find . -maxdepth 0 -printf "" >/dev/null 2>&1; then exec find . -mindepth 1 -maxdepth 1 -printf "%y\\t%s\\t%m\\t%T@\\t%f\\0"; fi',
+  `if find . -maxdepth 0 -printf "" >/dev/null 2>&1; then exec find . -mindepth 1 -maxdepth 1 -printf "${ENTRY_FORMAT}"; fi`,
   'for f in * .[!.]* ..?*; do',
   '  if [ -h "$f" ]; then t=l; elif [ -d "$f" ]; then t=d; elif [ -f "$f" ]; then t=f; elif [ -e "$f" ]; then t=o; else continue; fi',
   '  printf "%s\\t%s\\t%s\\0" "$t" "$(stat -c "%s\t%a\t%Y" -- "$f")" "$f"',
@@ -37,26 +36,10 @@ export async function writePodFile(ctx: ExecContext, path: string, data: Uint8Ar
   if (result.exitCode !== 0) throw fileFailure(result, 'write', path);
 }
 
-const TYPES: Record<string, FileEntry['type']> = { f: 'file', d: 'dir', l: 'symlink' };
-
 /** Parses LIST's output (exported for a test of the stat fallback). */
 export function parseListing(output: Uint8Array): FileEntry[] {
   const [dir = '/', ...records] = Buffer.from(output).toString('utf8').split('\0');
-  const entries: FileEntry[] = [];
-  for (const record of records) {
-    if (record === '') continue;
-    const [type = '', size = '0', mode = '0', mtime = '0', ...rest] = record.split('\t');
-    const name = rest.join('\t');
-    entries.push({
-      name,
-      path: posix.join(dir, name),
-      type: TYPES[type] ?? 'other',
-      size: Number(size),
-      mode: Number.parseInt(mode, 8),
-      mtime: new Date(Number(mtime) * 1000).toISOString(),
-    });
-  }
-  return entries.sort((a, b) => a.name.localeCompare(b.name));
+  return parseEntries(dir, records);
 }
 
 export async function listPodDir(ctx: ExecContext, path: string): Promise<FileEntry[]> {
