@@ -12,22 +12,13 @@ import { KubeHttp, loadKubeConfig } from '../../src/store/kube-http.ts';
 import type { HarnessStoreFactory } from './operator-harness.ts';
 import type { StoreUnderTest } from './store-suite.ts';
 import { startKubeApiServer, type KubeApiServer } from './kube-apiserver.ts';
+import { waitFor } from './wait.ts';
 
 const CRD_PATH = '/apis/apiextensions.k8s.io/v1/customresourcedefinitions';
 
 interface Crd {
   metadata: { name: string };
   status?: { conditions?: { type: string; status: string }[] };
-}
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await fn();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 function ok(res: { status: number; body: unknown }, what: string): unknown {
