@@ -20,6 +20,8 @@ import { hostname } from 'node:os';
 import { randomBytes } from 'node:crypto';
 import { Gauge, type Registry } from 'prom-client';
 import { AsbError } from '../errors.ts';
+import type { ResourceType } from '../api/meta.ts';
+import { kubeError } from '../store/kube-errors.ts';
 import type { KubeResponse } from '../store/kube-http.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -66,6 +68,8 @@ interface Lease {
   metadata: { name: string; namespace: string; resourceVersion?: string };
   spec?: LeaseSpec;
 }
+
+const LeaseType: ResourceType = { group: 'coordination.k8s.io', version: 'v1', kind: 'Lease', plural: 'leases', namespaced: true };
 
 const DEFAULT_LEASE_MS = 10_000;
 const DEFAULT_RENEW_INTERVAL_MS = 2_000;
@@ -164,10 +168,10 @@ export class LeaderElector {
     if (got.status === 404) {
       const created = await this.#o.http.request('POST', this.#path.slice(0, this.#path.lastIndexOf('/')), JSON.stringify(this.#lease(undefined, undefined)));
       if (created.status === 201 || created.status === 200) this.#won(created.body as Lease, sentAt);
-      else if (created.status !== 409) throw leaseError('create', created);
+      else if (created.status !== 409) throw this.#error(created);
       return;
     }
-    if (got.status !== 200) throw leaseError('read', got);
+    if (got.status !== 200) throw this.#error(got);
     const lease = got.body as Lease;
     const spec = lease.spec ?? {};
     this.#observe(spec);
@@ -184,8 +188,13 @@ export class LeaderElector {
     const put = await this.#o.http.request('PUT', this.#path, JSON.stringify(this.#lease(lease, spec)));
     if (put.status === 200) this.#won(put.body as Lease, sentAt);
     // 409: someone else wrote it between our read and write; the next try reads theirs.
-    else if (put.status !== 409) throw leaseError('renew', put);
+    else if (put.status !== 409) throw this.#error(put);
     else if (this.#leading) this.#log.warn('lost a race renewing the Lease; retrying');
+  }
+
+  /** The API server's refusal, converted as the kube store converts its own (kube-errors.ts). */
+  #error(res: KubeResponse): AsbError {
+    return kubeError({ rt: LeaseType, namespace: this.#o.namespace, name: this.#o.name }, res.status, res.body);
   }
 
   /** The Lease with us as the holder: a renewal keeps acquireTime and the transition count. */
@@ -279,10 +288,4 @@ export class LeaderElector {
       this.#log.warn({ err }, 'could not release the Lease');
     }
   }
-}
-
-function leaseError(what: string, res: KubeResponse): AsbError {
-  const message = typeof res.body === 'object' && res.body !== null && 'message' in res.body ? String(res.body.message) : JSON.stringify(res.body);
-  const code = res.status === 403 ? 'Forbidden' : res.status === 401 ? 'Unauthorized' : 'Unavailable';
-  return new AsbError(code, `leader election: ${what} Lease: API server answered ${res.status}: ${message}`);
 }
