@@ -30,8 +30,6 @@ import { PROCESS_STREAMS, PROCESS_UNARY, streamInput, type ProcessCall } from '.
 import { ProcessTable } from './processes.ts';
 import { WatcherTable } from './watchers.ts';
 
-/** The port E2B's SDK reaches envd on. */
-export const ENVD_PORT = 49983;
 /** The envd version the E2B API reports for our sandboxes (version gates in the SDK; see shared research e2b.md). */
 export const ENVD_VERSION = '0.6.13';
 /** Connect request messages are a few fields; 1 MiB is plenty, and SendInput chunks are small. */
