@@ -9,7 +9,7 @@
 import { readdir, readFile, statfs } from 'node:fs/promises';
 import type { Sandbox } from '../../api/types.ts';
 import type { WorkerContext } from '../deps.ts';
-import { e2bListedSandbox } from './shape.ts';
+import { sizeOf } from './shape.ts';
 
 /** `SandboxMetric` as the SDK reads it. */
 export interface E2bMetric {
@@ -108,7 +108,7 @@ export async function sampleMetrics(w: WorkerContext, sandbox: Sandbox): Promise
     throw err;
   }
   const [uptime, rss] = await Promise.all([uptimeSeconds(), Promise.all(procs.map((p) => rssBytes(p.pid)))]);
-  const { cpuCount, memoryMB } = e2bListedSandbox(w, sandbox);
+  const { cpuCount, memoryMB } = sizeOf(sandbox);
   const cpuSeconds = (procs.reduce((sum, p) => sum + p.cpuTicks, 0) + root.childTicks) / CLK_TCK;
   const elapsed = uptime - root.startTicks / CLK_TCK;
   const now = w.clock.now();

@@ -112,7 +112,7 @@ function containerTotal(sandbox: Sandbox, resource: string): number | undefined 
 }
 
 /** Unlimited pods (the local runtime sets no limits) may use the whole machine: report that. */
-function sizeOf(sandbox: Sandbox): { cpuCount: number; memoryMB: number; diskSizeMB: number } {
+export function sizeOf(sandbox: Sandbox): { cpuCount: number; memoryMB: number; diskSizeMB: number } {
   const cpu = containerTotal(sandbox, 'cpu');
   const memory = containerTotal(sandbox, 'memory');
   let disk = 0;
