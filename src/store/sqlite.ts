@@ -151,8 +151,6 @@ export class SqliteStore implements ObjectStore {
   /** Batches decided and not yet acknowledged, in commit order (at most MAX_IN_FLIGHT). */
   #inFlight: Batch[] = [];
   #nextBatchId = 1;
-  /** The last resourceVersion handed to a decided write: #rv plus what is in flight. */
-  #decidedRv: number;
   /** Sent with every batch; moved on after a failed commit (see sqlite-writer.ts). */
   #epoch = 0;
   /** Resolves close()'s wait for a batch in flight. */
@@ -181,7 +179,6 @@ export class SqliteStore implements ObjectStore {
     this.#log = (opts.log ?? silentLogger()).child({ component: 'store' });
     this.#retention = Math.max(1, opts.eventRetention ?? DEFAULT_EVENT_RETENTION);
     this.#rv = readVersion(tables);
-    this.#decidedRv = this.#rv;
     this.#oldestEvent = readOldestEvent(tables) ?? this.#rv + 1;
     for (const row of readObjects(tables)) {
       this.#kind(row.gk).objects.set(objectKey(row.namespace, row.name), deepFreeze(JSON.parse(row.json) as KubeObject));
@@ -311,7 +308,8 @@ export class SqliteStore implements ObjectStore {
     const outcomes: Outcome[] = [];
     const events: StagedEvent[] = [];
     const now = isoNow(this.#clock);
-    let rv = this.#decidedRv;
+    // The last version handed to a decided write: the newest batch in flight's, else the committed one.
+    let rv = this.#inFlight.at(-1)?.rv ?? this.#rv;
     for (const w of writes) {
       const gk = kindKey(w.rt);
       const stagedKind = staged.get(gk) ?? new Map<string, KubeObject | null>();
@@ -354,7 +352,6 @@ export class SqliteStore implements ObjectStore {
       prevLabels: ev.prevLabels === undefined ? null : JSON.stringify(ev.prevLabels),
     }));
     const message: WriterBatch = { id: batch.id, epoch: this.#epoch, rows, rv, trimAtOrBelow: rv - this.#retention };
-    this.#decidedRv = rv;
     this.#inFlight.push(batch);
     this.#writer.postMessage(message);
     batch.postedAt = monotonicMs();
@@ -389,7 +386,6 @@ export class SqliteStore implements ObjectStore {
       // the writer refuses those batches too (same epoch), and later ones start afresh.
       const failed = this.#inFlight.splice(0);
       this.#epoch++;
-      this.#decidedRv = this.#rv;
       const writes = failed.reduce((n, b) => n + b.writes.length, 0);
       const failure = new AsbError('Unavailable', `store commit failed; ${writes} writes rejected: ${reply.error}`);
       this.#log.error({ error: reply.error, writes }, 'store commit failed');
