@@ -57,6 +57,8 @@ export interface Federation {
   /** The hub's admin key: synced to every cluster, so it works at every edge and worker too. */
   adminKey: string;
   domain: string;
+  /** The CA that signed the edges' HTTPS certificate (what clients trust), when a cluster has an edgeTlsPort. */
+  edgeCaCertPath: string | undefined;
   hub: ReadyChild<{ ready: true; url: string }>;
   clusters: FederatedCluster[];
   /** Stops everything, clusters first (each: Envoy, router, worker), then the hub; idempotent. */
@@ -132,6 +134,7 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
       hubUrl: hub.ready.url,
       adminKey,
       domain: opts.domain,
+      edgeCaCertPath: edgeTls?.caCertPath,
       hub,
       clusters,
       async restart(name) {

@@ -186,7 +186,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<R
       ASB_CLUSTER: first.clusterName,
       ASB_EDGE_URL: first.edgeUrl,
       ASB_EDGE_TLS_URL: first.edgeTlsUrl ?? '',
-      ASB_CA_CERT: join(stateDir, 'edge-tls', 'ca.crt'),
+      ASB_CA_CERT: fed.edgeCaCertPath ?? '',
       ASB_DOMAIN: fed.domain,
       ...e2bEnv(first.edgeUrl, fed.adminKey, fed.domain),
     },
@@ -195,7 +195,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<R
   console      ${fed.hubUrl}/console/   (log in with ASB_API_KEY from the env file)
 ${rows.join('\n')}
   API          ${first.edgeUrl}/v1/…  through the edge: creates are placed by the hub, any edge reaches any sandbox
-  sandboxes    http://<port>-<id>.${fed.domain}:<edge port>  (any cluster's edge); HTTPS: trust ${join(stateDir, 'edge-tls', 'ca.crt')}
+  sandboxes    http://<port>-<id>.${fed.domain}:<edge port>  (any cluster's edge); HTTPS: trust ${fed.edgeCaCertPath ?? ''}
   E2B SDKs     source ${join(stateDir, 'env')}: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_DOMAIN are set`,
     children: [fed.hub, ...fed.clusters.flatMap((c) => [c.worker, c.router])],
     kill() {
