@@ -53,12 +53,8 @@ function signalNumber(signal: NodeJS.Signals): number {
 
 export function execInPod(target: PodTarget, req: ExecRequest): Promise<ExecResult> {
   const max = req.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
-  const opts: SpawnInPodOptions = {};
-  if (req.user !== undefined) opts.user = req.user;
-  if (req.cwd !== undefined) opts.cwd = req.cwd;
-  if (req.env !== undefined) opts.env = req.env;
   return new Promise((resolve, reject) => {
-    const child = spawnInPod(target, req.command, opts);
+    const child = spawnInPod(target, req.command, req);
     const stdout = new CappedBuffer(max);
     const stderr = new CappedBuffer(max);
     let timedOut = false;

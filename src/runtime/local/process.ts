@@ -3,14 +3,10 @@
 // The process leads its own group (spawnInPod), so kill() reaches a shell and all it started.
 import { constants } from 'node:os';
 import type { PodProcess, SpawnRequest } from '../runtime.ts';
-import { killGroup, spawnInPod, type PodTarget, type SpawnInPodOptions } from './exec.ts';
+import { killGroup, spawnInPod, type PodTarget } from './exec.ts';
 
 export function spawnPodProcess(target: PodTarget, req: SpawnRequest): Promise<PodProcess> {
-  const opts: SpawnInPodOptions = {};
-  if (req.user !== undefined) opts.user = req.user;
-  if (req.cwd !== undefined) opts.cwd = req.cwd;
-  if (req.env !== undefined) opts.env = req.env;
-  const child = spawnInPod(target, req.command, opts);
+  const child = spawnInPod(target, req.command, req);
   const { stdin, stdout, stderr } = child;
   if (stdin === null || stdout === null || stderr === null) return Promise.reject(new Error('spawned process has no pipes'));
   // A process that exits or closes stdin early makes writes fail with EPIPE: `exited` reports the end.
