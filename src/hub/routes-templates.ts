@@ -12,8 +12,6 @@ import { applyList, isPlainObject, namespaceQuery } from '../worker/input.ts';
 import type { RequestContext, Route } from '../worker/router.ts';
 import type { HubContext } from './hub-context.ts';
 
-// One apply writes at most this many templates: more than any config file, bounded undo work.
-
 type Action = ApplyAction;
 
 function notFound(namespace: string, name: string): AsbError {
