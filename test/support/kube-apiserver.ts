@@ -250,10 +250,17 @@ interface Logged {
   exit?: string;
 }
 
+/**
+ * The command and argv that run binary so it dies with the test process: setpriv --pdeathsig
+ * covers a SIGKILLed test process, which no 'exit' hook can; without setpriv (not Linux), the
+ * callers' exit hooks are all there is.
+ */
+export function diesWithTest(binary: string, args: readonly string[]): [string, string[]] {
+  return existsSync('/usr/bin/setpriv') ? ['/usr/bin/setpriv', ['--pdeathsig', 'SIGKILL', '--', binary, ...args]] : [binary, [...args]];
+}
+
 function spawnLogged(binary: string, args: string[], logPath: string): Logged {
-  // setpriv --pdeathsig: the child dies with the test process even when that is SIGKILLed, which
-  // no 'exit' hook can cover; without setpriv (not Linux), the hook above is all there is.
-  const [command, argv] = existsSync('/usr/bin/setpriv') ? ['/usr/bin/setpriv', ['--pdeathsig', 'SIGKILL', '--', binary, ...args]] : [binary, args];
+  const [command, argv] = diesWithTest(binary, args);
   const fd = openSync(logPath, 'a');
   let proc: ChildProcess;
   try {
@@ -292,7 +299,8 @@ async function pollUntil(what: string, deadline: number, procs: Logged[], check:
   }
 }
 
-function logTail(path: string): string {
+/** The last 30 lines of a log, for an error message. */
+export function logTail(path: string): string {
   try {
     return readFileSync(path, 'utf8').split('\n').slice(-30).join('\n');
   } catch {

@@ -4,12 +4,12 @@
 // processes in a per-pod directory: it plays the kubelet, it isolates nothing) and finalizes
 // deleted Pods. See tools/kube/test-kubelet/main.go for what it does not do.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { AsbError } from '../../src/errors.ts';
-import { KUBE_BIN_DIR, type KubeApiServer } from './kube-apiserver.ts';
+import { diesWithTest, KUBE_BIN_DIR, logTail, type KubeApiServer } from './kube-apiserver.ts';
 
 export interface TestKubeletOptions {
   /** Default asb-test-node. */
@@ -49,8 +49,7 @@ export async function startTestKubelet(kube: KubeApiServer, opts: TestKubeletOpt
   const logPath = join(root, 'test-kubelet.log');
   const args = ['--kubeconfig', kube.kubeconfigPath, '--root', root, '--node-name', nodeName, '--pod-cidr', opts.podCidr ?? '127.77.0.0/16'];
   if (opts.namespace !== undefined) args.push('--namespace', opts.namespace);
-  // setpriv --pdeathsig: the kubelet dies with the test process even when that is SIGKILLed.
-  const [command, argv] = existsSync('/usr/bin/setpriv') ? ['/usr/bin/setpriv', ['--pdeathsig', 'SIGKILL', '--', binary, ...args]] : [binary, args];
+  const [command, argv] = diesWithTest(binary, args);
   const log = openSync(logPath, 'a');
   let proc: ChildProcess;
   try {
@@ -96,7 +95,7 @@ function readyPort(proc: ChildProcess, exited: Promise<void>, logPath: string, t
     const fail = (why: string): void => {
       clearTimeout(timer);
       lines.close();
-      reject(new AsbError('Unavailable', `test kubelet ${why}; ${logPath} ends:\n${tail(logPath)}`));
+      reject(new AsbError('Unavailable', `test kubelet ${why}; ${logPath} ends:\n${logTail(logPath)}`));
     };
     lines.once('line', (line) => {
       clearTimeout(timer);
@@ -110,12 +109,4 @@ function readyPort(proc: ChildProcess, exited: Promise<void>, logPath: string, t
     });
     void exited.then(() => fail(`exited (${String(proc.exitCode ?? proc.signalCode)}) before it was ready`));
   });
-}
-
-function tail(path: string): string {
-  try {
-    return readFileSync(path, 'utf8').split('\n').slice(-30).join('\n');
-  } catch {
-    return '(no log)';
-  }
 }
