@@ -104,5 +104,14 @@ export const ACCESS_COOKIE = 'asb_access';
 /** Port the E2B envd protocol uses; also our default port when a template declares none. */
 export const DEFAULT_SANDBOX_PORT = 49983;
 
+/**
+ * The body of E2B's proxy answer (status 502) for a sandbox it does not know, which the SDKs read
+ * as SandboxNotFoundError: the router sends it for an unknown id, the worker's envd for a sandbox
+ * it no longer has.
+ */
+export function e2bSandboxNotFoundJson(id: string): string {
+  return JSON.stringify({ sandboxId: id, message: 'The sandbox was not found', code: 502 });
+}
+
 /** Upstream names the router puts in HEADER.upstream besides `api-<cluster>`. */
 export const UPSTREAM = { sandbox: 'sandbox', ingress: 'ingress', hub: 'hub' } as const;

@@ -8,7 +8,7 @@ import { AsbError, isAsbError } from '../errors.ts';
 import type { Logger } from '../system/log.ts';
 import { problemOf } from '../worker/problem.ts';
 import { accessCookie } from './access.ts';
-import { HEADER } from './contract.ts';
+import { e2bSandboxNotFoundJson, HEADER } from './contract.ts';
 import { decide, notFound, RETRY_AFTER_S, type DecideContext, type Decision, type Listener, type RequestHeaders } from './decide.ts';
 import { decodeProcessingRequest, encodeProcessingResponse } from './extproc-codec.ts';
 import { GRPC_STATUS, GrpcServer, type GrpcCall, type GrpcMethod } from './grpc-server.ts';
@@ -332,7 +332,7 @@ function e2bNotFound(id: string): NonNullable<ProcessingResponse['immediate_resp
   return {
     status: { code: 502 },
     headers: { set_headers: [{ header: raw('content-type', 'application/json') }, { header: raw('cache-control', 'no-store') }] },
-    body: Buffer.from(JSON.stringify({ sandboxId: id, message: 'The sandbox was not found', code: 502 })),
+    body: Buffer.from(e2bSandboxNotFoundJson(id)),
     details: 'asb_E2bSandboxNotFound',
   };
 }

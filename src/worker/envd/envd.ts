@@ -16,7 +16,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AsbError } from '../../errors.ts';
 import type { Sandbox } from '../../api/types.ts';
 import { LABEL } from '../../api/types.ts';
-import { HEADER } from '../../router/contract.ts';
+import { e2bSandboxNotFoundJson, HEADER } from '../../router/contract.ts';
 import { envVarsOf } from '../e2b/shape.ts';
 import { isObjectName } from '../access.ts';
 import { readBody } from '../body.ts';
@@ -95,7 +95,7 @@ export class Envd {
     if (sandbox === undefined) {
       // What E2B's proxy answers before envd is ever reached: the SDKs make SandboxNotFoundError
       // of it (and isRunning() false); a 404 would read as a missing RPC.
-      const json = JSON.stringify({ sandboxId: id, message: 'The sandbox was not found', code: 502 });
+      const json = e2bSandboxNotFoundJson(id);
       res.writeHead(502, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
       res.end(json);
       return;
