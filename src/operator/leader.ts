@@ -84,7 +84,7 @@ function microTime(ms: number): string {
   return new Date(ms).toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
 }
 
-export function defaultIdentity(): string {
+function defaultIdentity(): string {
   return `${hostname()}_${randomBytes(4).toString('hex')}`;
 }
 

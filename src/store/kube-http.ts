@@ -77,7 +77,7 @@ export function inClusterKubeConfig(): KubeConfig {
   return kc;
 }
 
-export function targetOf(kc: KubeConfig): KubeTarget {
+function targetOf(kc: KubeConfig): KubeTarget {
   const cluster = kc.getCurrentCluster();
   if (cluster === null) throw new AsbError('Unavailable', `kubeconfig: the current context "${kc.getCurrentContext()}" names no cluster`);
   const ns = kc.getContextObject(kc.getCurrentContext())?.namespace;
