@@ -16,8 +16,9 @@ export class CappedBuffer {
     if (chunk.length > room) this.truncated = true;
     if (room <= 0) return;
     const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
-    // Copied: a socket or pipe may reuse the buffer it handed us.
-    this.#chunks.push(Buffer.from(kept));
+    // Kept as given, not copied: a pipe's or WebSocket's chunks are fresh buffers the reader owns,
+    // and bytes() copies once anyway (a 512 MiB readFile was copied one more time before).
+    this.#chunks.push(kept);
     this.#size += kept.length;
   }
 
