@@ -98,19 +98,15 @@ export async function ensureEdgeTls(dir: string, domain: string, opts: Pick<Fede
   const now = opts.now ?? Date.now;
   const openssl = opts.openssl ?? 'openssl';
   mkdirSync(dir, { recursive: true, mode: 0o700 });
-  const cnf = join(dir, 'openssl.cnf');
-  const text = edgeOpensslCnf(domain);
-  if (!existsSync(cnf) || readFileSync(cnf, 'utf8') !== text) writeFileSync(cnf, text);
+  const cnf = writeCnf(dir, edgeOpensslCnf(domain));
   const caCertPath = join(dir, 'ca.crt');
   const caKeyPath = join(dir, 'ca.key');
   const ca = await ensureCa(openssl, cnf, caCertPath, caKeyPath, { subject: '/CN=asb local edge CA', days: 8250, now: now(), what: 'edge TLS' });
   const certChainPath = join(dir, 'edge.crt');
   const privateKeyPath = join(dir, 'edge.key');
-  const leaf = loadPair(certChainPath, privateKeyPath);
-  const fits = leaf !== undefined && !expiring(leaf, now()) && leaf.verify(ca.publicKey) && leaf.checkHost(`x.${domain}`) !== undefined;
-  if (!fits) {
-    await generate(openssl, certChainPath, privateKeyPath, ['-config', cnf, '-extensions', 'edge_ext', '-CA', caCertPath, '-CAkey', caKeyPath, '-days', '825', '-subj', `/CN=${domain}`]);
-  }
+  await ensureLeaf(openssl, cnf, { certPath: caCertPath, keyPath: caKeyPath, cert: ca }, certChainPath, privateKeyPath, {
+    extensions: 'edge_ext', days: 825, subject: `/CN=${domain}`, now: now(), fits: (leaf) => leaf.checkHost(`x.${domain}`) !== undefined,
+  });
   return { caCertPath, certChainPath, privateKeyPath };
 }
 
@@ -139,8 +135,7 @@ export async function ensureFederationTls(dir: string, opts: FederationTlsOption
   const openssl = opts.openssl ?? 'openssl';
 
   mkdirSync(dir, { recursive: true, mode: 0o700 });
-  const cnf = join(dir, 'openssl.cnf');
-  if (!existsSync(cnf) || readFileSync(cnf, 'utf8') !== OPENSSL_CNF) writeFileSync(cnf, OPENSSL_CNF);
+  const cnf = writeCnf(dir, OPENSSL_CNF);
 
   const caCertPath = join(dir, 'ca.crt');
   const caKeyPath = join(dir, 'ca.key');
@@ -150,13 +145,9 @@ export async function ensureFederationTls(dir: string, opts: FederationTlsOption
   for (const name of names) {
     const certChainPath = join(dir, `${name}.crt`);
     const privateKeyPath = join(dir, `${name}.key`);
-    const leaf = loadPair(certChainPath, privateKeyPath);
-    const fits = leaf !== undefined && !expiring(leaf, now()) && leaf.verify(ca.publicKey) && hasBothSans(leaf);
-    if (!fits) {
-      await generate(openssl, certChainPath, privateKeyPath, [
-        '-config', cnf, '-extensions', 'envoy_ext', '-CA', caCertPath, '-CAkey', caKeyPath, '-days', String(validDays), '-subj', `/CN=${name}`,
-      ]);
-    }
+    await ensureLeaf(openssl, cnf, { certPath: caCertPath, keyPath: caKeyPath, cert: ca }, certChainPath, privateKeyPath, {
+      extensions: 'envoy_ext', days: validDays, subject: `/CN=${name}`, now: now(), fits: hasBothSans,
+    });
     envoys[name] = { caCertPath, certChainPath, privateKeyPath };
   }
   const mine = envoys[first] ?? { caCertPath, certChainPath: '', privateKeyPath: '' };
@@ -171,6 +162,23 @@ async function ensureCa(openssl: string, cnf: string, certPath: string, keyPath:
   const made = loadPair(certPath, keyPath);
   if (made === undefined) throw new AsbError('Internal', `${o.what}: openssl wrote a CA at ${certPath} that does not load`);
   return made;
+}
+
+/** A certificate signed by `ca`, made again when missing, expiring, another CA's, or not what `fits` wants. */
+async function ensureLeaf(
+  openssl: string, cnf: string, ca: { certPath: string; keyPath: string; cert: X509Certificate }, certPath: string, keyPath: string,
+  o: { extensions: string; days: number; subject: string; now: number; fits: (leaf: X509Certificate) => boolean },
+): Promise<void> {
+  const leaf = loadPair(certPath, keyPath);
+  if (leaf !== undefined && !expiring(leaf, o.now) && leaf.verify(ca.cert.publicKey) && o.fits(leaf)) return;
+  await generate(openssl, certPath, keyPath, ['-config', cnf, '-extensions', o.extensions, '-CA', ca.certPath, '-CAkey', ca.keyPath, '-days', String(o.days), '-subj', o.subject]);
+}
+
+/** `<dir>/openssl.cnf` with this text, written only when it differs; its path. */
+function writeCnf(dir: string, text: string): string {
+  const cnf = join(dir, 'openssl.cnf');
+  if (!existsSync(cnf) || readFileSync(cnf, 'utf8') !== text) writeFileSync(cnf, text);
+  return cnf;
 }
 
 /** The certificate, if both files exist, parse, and the key is the certificate's. */
