@@ -17,7 +17,7 @@ export class CappedBuffer {
     if (room <= 0) return;
     const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
     // Kept as given, not copied: a pipe's or WebSocket's chunks are fresh buffers the reader owns,
-    // and bytes() copies once anyway (a 512 MiB readFile was copied one more time before).
+    // and bytes() copies them anyway (a 512 MiB readFile was copied one more time before).
     this.#chunks.push(kept);
     this.#size += kept.length;
   }
