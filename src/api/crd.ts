@@ -15,7 +15,7 @@ import {
 } from './crd-schema.ts';
 import type { JSONSchemaProps, ValidationRule } from './crd-schema.ts';
 import { ApiKeyType, ASB_GROUP, RESOURCE_TYPES, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from './types.ts';
-import { MAX_WARM_POOL_REPLICAS } from './validate.ts';
+import { MAX_WARM_POOL_REPLICAS, servedVersions } from './validate.ts';
 
 export type { JSONSchemaProps } from './crd-schema.ts';
 
@@ -63,11 +63,6 @@ export function crdName(rt: ResourceType): string {
   return `${rt.plural}.${rt.group}`;
 }
 
-/** Versions served (k8s-sigs: v1alpha1 and v1beta1; our ApiKey: v1alpha1). */
-export function crdVersions(rt: ResourceType): readonly string[] {
-  return rt.group === ASB_GROUP ? ['v1alpha1'] : ['v1alpha1', 'v1beta1'];
-}
-
 /**
  * Kinds of ours that only the federation keeps in a worker cluster's store: the hub's cluster
  * registry (src/hub/contract.ts ClusterType, synced to every worker) and the sync agent's record
@@ -105,7 +100,7 @@ export function crdFor(rt: ResourceType): CustomResourceDefinition {
         categories: [CRD_CATEGORY],
       },
       scope: rt.namespaced ? 'Namespaced' : 'Cluster',
-      versions: crdVersions(rt).map((version): CrdVersion => ({
+      versions: servedVersions(rt).map((version): CrdVersion => ({
         name: version,
         served: true,
         // Our ResourceType's version is the one the store reads and writes.

@@ -23,8 +23,8 @@ import { validatePodMetadata, validatePodTemplate, validateVolumeClaimTemplates 
  */
 export const MAX_WARM_POOL_REPLICAS = 1000;
 
-/** k8s-sigs serves its kinds as v1alpha1 (deprecated) and v1beta1; our ApiKey only as v1alpha1. */
-function servedVersions(rt: ResourceType): readonly string[] {
+/** k8s-sigs serves its kinds as v1alpha1 (deprecated) and v1beta1; our ApiKey only as v1alpha1. The CRDs serve the same (src/api/crd.ts). */
+export function servedVersions(rt: ResourceType): readonly string[] {
   return rt.group === ASB_GROUP ? ['v1alpha1'] : ['v1alpha1', 'v1beta1'];
 }
 
