@@ -58,7 +58,7 @@ export function readEnvFiles(paths: readonly string[]): Map<string, string> {
 }
 
 /** The Envoy configuration for a cluster with these settings (ASB_* as in cluster.env). */
-export function clusterEnvoyYaml(env: ReadonlyMap<string, string>): string {
+function clusterEnvoyYaml(env: ReadonlyMap<string, string>): string {
   const cluster = env.get('ASB_CLUSTER_NAME');
   if (cluster === undefined) throw new Error('ASB_CLUSTER_NAME is not set');
   const hubUrl = env.get('ASB_HUB_URL');

@@ -56,10 +56,10 @@ export interface CustomResourceDefinition {
 }
 
 /** `kubectl get agent-sandbox` lists every kind of ours. */
-export const CRD_CATEGORY = 'agent-sandbox';
+const CRD_CATEGORY = 'agent-sandbox';
 
 /** The CRD's name: `<plural>.<group>`. */
-export function crdName(rt: ResourceType): string {
+function crdName(rt: ResourceType): string {
   return `${rt.plural}.${rt.group}`;
 }
 
