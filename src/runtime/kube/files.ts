@@ -4,12 +4,9 @@
 // scripts tell the outcomes apart without parsing messages.
 import { AsbError } from '../../errors.ts';
 import type { FileEntry } from '../runtime.ts';
-import { checkedPath, ENTRY_FORMAT, fileFailure, MAX_READ_BYTES, parseEntries, READ } from '../shell-files.ts';
+import { checkedPath, ENTRY_FORMAT, fileFailure, MAX_READ_BYTES, parseEntries, READ, WRITE } from '../shell-files.ts';
 import { execInPod, type ExecContext } from './exec.ts';
 
-// The parent is made first (mkdir -p), as the local runtime does; a bare name has none to make.
-const WRITE = 'if [ -d "$1" ]; then exit 21; fi; case "$1" in */*) mkdir -p -- "${1%/*}/" || exit 1;; esac; ' +
-  'cat > "$1" && if [ -n "$2" ]; then chmod -- "$2" "$1"; fi';
 // Records end with NUL (names may hold anything else): first the directory's absolute path, then
 // per entry "type<TAB>size<TAB>mode<TAB>mtime<TAB>name". GNU find does it in one process; where
 // find has no -printf (busybox), a loop with stat -c gives the same fields.

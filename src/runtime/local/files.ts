@@ -4,10 +4,9 @@
 import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
 import type { FileEntry } from '../runtime.ts';
-import { checkedPath, ENTRY_FORMAT, fileFailure, MAX_READ_BYTES, parseEntries, READ } from '../shell-files.ts';
+import { checkedPath, ENTRY_FORMAT, fileFailure, MAX_READ_BYTES, parseEntries, READ, WRITE } from '../shell-files.ts';
 import { execInPod, type PodTarget } from './exec.ts';
 
-const WRITE = 'if [ -d "$1" ]; then exit 21; fi; mkdir -p -- "${1%/*}/" && cat > "$1" && if [ -n "$2" ]; then chmod -- "$2" "$1"; fi';
 const LIST = 'if [ ! -e "$1" ]; then exit 44; fi; if [ ! -d "$1" ]; then exit 20; fi; ' +
   `exec find "$1" -mindepth 1 -maxdepth 1 -printf "${ENTRY_FORMAT}"`;
 
