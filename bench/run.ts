@@ -199,7 +199,7 @@ async function kube(row: Recorder, results: Record<string, unknown>): Promise<vo
   // The claim is the bind; the refill it sets off (a new member, its Pod, their status writes and
   // the pool's) is the pool's upkeep, shown whole on the next row.
   row('Kubernetes: API-server writes per claim (20 concurrent)', String(w.claimPath), '≤ 3', w.claimPath <= 3);
-  row('Kubernetes: API-server writes per claim with the pool refill it sets off', `${w.total} (worker's store ${w.store}: ${ops}; Pods ${w.pods})`, '—');
+  row('Kubernetes: API-server writes per claim with the pool refill it sets off', `${w.total} (${ops})`, '—');
 }
 
 async function main(): Promise<void> {

@@ -57,7 +57,7 @@ export async function connectKube(config: WorkerConfig, opts: { clock: Clock; me
  * level is not one a sandbox image can be expected to meet.
  */
 export function createKubePodRuntime(config: WorkerConfig, kube: KubeConnection, opts: { clock: Clock; log: Logger }): Promise<PodRuntime> {
-  return createKubeRuntime({ kubeconfig: kube.kubeconfig, namespace: config.namespace, log: opts.log, clock: opts.clock });
+  return createKubeRuntime({ kubeconfig: kube.kubeconfig, store: kube.store, namespace: config.namespace, log: opts.log, clock: opts.clock });
 }
 
 export interface LedControllers {

@@ -38,6 +38,11 @@ export interface KubeRuntimeOptions {
   stopGraceSeconds?: number;
   /** How long start() waits for the watch to show the new Pod, and stop()/remove() for objects to go. Default 60 s (plus the grace). */
   waitTimeoutMs?: number;
+  /**
+   * The worker's own kube store, opened on the same kubeconfig: one connection, and the runtime's
+   * writes counted with the rest. Without it the runtime opens (and on close closes) its own.
+   */
+  store?: KubeStore;
 }
 
 // A pod name is a DNS-1123 label here, since it is also the pod's hostname and Service name.
@@ -54,7 +59,7 @@ interface Waiter {
 /** Opens the store, lists our Pods and PVCs and starts watching; resolves once both caches are filled. */
 export async function createKubeRuntime(opts: KubeRuntimeOptions): Promise<KubePodRuntime> {
   const kc = loadKubeConfig(opts.kubeconfig);
-  const store = await openKubeStore({ kubeconfig: kc, ...(opts.namespace === undefined ? {} : { namespace: opts.namespace }), log: opts.log });
+  const store = opts.store ?? (await openKubeStore({ kubeconfig: kc, ...(opts.namespace === undefined ? {} : { namespace: opts.namespace }), log: opts.log }));
   const namespace = opts.namespace ?? kc.getContextObject(kc.getCurrentContext())?.namespace ?? 'default';
   const runtime = new KubePodRuntime(opts, kc, store, namespace === '' ? 'default' : namespace);
   try {
@@ -70,6 +75,8 @@ export class KubePodRuntime implements PodRuntime {
   readonly namespace: string;
   readonly #kc: KubeConfig;
   readonly #store: KubeStore;
+  /** The store is the runtime's own (not the worker's): close() closes it. */
+  readonly #ownsStore: boolean;
   readonly #log: Logger;
   readonly #clock: Clock;
   readonly #graceSeconds: number;
@@ -89,6 +96,7 @@ export class KubePodRuntime implements PodRuntime {
     this.namespace = namespace;
     this.#kc = kc;
     this.#store = store;
+    this.#ownsStore = opts.store === undefined;
     this.#log = opts.log.child({ component: 'kube-runtime', namespace });
     this.#clock = opts.clock ?? systemClock;
     this.#graceSeconds = opts.stopGraceSeconds ?? 2;
@@ -334,6 +342,6 @@ export class KubePodRuntime implements PodRuntime {
       w.reject(new AsbError('Unavailable', 'kube runtime is closed'));
     }
     this.#waiters.clear();
-    await this.#store.close();
+    if (this.#ownsStore) await this.#store.close();
   }
 }
