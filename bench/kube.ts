@@ -8,12 +8,16 @@
 // full again: the bind itself (update) and everything the claims set off (the pool's refill:
 // member creates, their Pods, their status writes, the pool's status). The pod runtime writes
 // through the worker's store, so its Pod creates are in the same count.
+//
+// The floor: the same 20-at-once bursts of one update each, sent straight to the API server by
+// this process (no worker in the path, nothing set off), on the pool's own Ready members. What
+// the API server and etcd take for one write of these objects is what a claim cannot go below.
 import { performance } from 'node:perf_hooks';
 import { installCrds } from '../test/support/kube-store.ts';
 import { startKubeApiServer, type KubeApiServer } from '../test/support/kube-apiserver.ts';
 import { startTestKubelet } from '../test/support/test-kubelet.ts';
 import { removeDataDir, startWorkerProcess } from '../test/support/worker-process.ts';
-import { call, poolObjects, round, waitPool, warmClaims, type LatencySummary, type Target } from './claims.ts';
+import { call, poolObjects, round, summarize, waitPool, warmClaims, type LatencySummary, type Target } from './claims.ts';
 
 const TAG = 'kbch';
 const POOL = 'kubebench';
@@ -25,6 +29,8 @@ export interface KubeBench {
   fill40Ms: number;
   claims1: LatencySummary & { claimsPerSec: number };
   claims20: LatencySummary & { claimsPerSec: number };
+  /** 20 concurrent bare updates of pool members straight to the API server: the floor of claims20. */
+  bareUpdates20: LatencySummary & { updatesPerSec: number; workerWrites: number };
   /** Over the 20-concurrent bursts, per claim. */
   writesPerClaim: {
     /** The bind: one compare-and-swap update of the member. */
@@ -87,7 +93,43 @@ async function measure(kube: KubeApiServer, target: Target): Promise<KubeBench> 
     }
   }
   await Promise.all(ids.map((id) => call(target, 'DELETE', `/v1/sandboxes/${id}`)));
+  await settle(target);
+  const before = await storeWrites(target);
+  const bare = await bareUpdates(kube, 20, 10);
+  await settle(target);
+  // Members changed behind the worker's back must not set it writing, or this is no floor.
+  const workerWrites = [...(await storeWrites(target))].reduce((sum, [op, n]) => sum + n - (before.get(op) ?? 0), 0);
+  results.bareUpdates20 = { ...bare, workerWrites };
   return results as KubeBench;
+}
+
+interface Member {
+  metadata: { name: string; annotations?: Record<string, string> };
+}
+
+/** Bursts of `concurrency` updates (an annotation changed) of Ready pool members, PUT by this process with their resourceVersion, as a claim's bind is. */
+async function bareUpdates(kube: KubeApiServer, concurrency: number, rounds: number): Promise<LatencySummary & { updatesPerSec: number }> {
+  const path = '/apis/agents.x-k8s.io/v1alpha1/namespaces/default/sandboxes';
+  const listed = await kube.request<{ items: Member[] }>('GET', `${path}?labelSelector=${encodeURIComponent(`agents.x-k8s.io/warm-pool-sandbox=${POOL}`)}`);
+  const members = listed.body.items.slice(0, concurrency);
+  if (members.length < concurrency) throw new Error(`only ${members.length} pool members for ${concurrency} concurrent updates`);
+  const samples: number[] = [];
+  let busyMs = 0;
+  for (let r = 0; r < rounds; r++) {
+    const burstStart = performance.now();
+    await Promise.all(
+      members.map(async (m, i) => {
+        m.metadata.annotations = { ...m.metadata.annotations, 'bench.asb.dev/round': String(r) };
+        const start = performance.now();
+        const res = await kube.request<Member>('PUT', `${path}/${m.metadata.name}`, { body: m });
+        samples.push(performance.now() - start);
+        if (res.status !== 200) throw new Error(`bare update failed: ${res.status} ${JSON.stringify(res.body)}`);
+        members[i] = res.body;
+      }),
+    );
+    busyMs += performance.now() - burstStart;
+  }
+  return { ...summarize(samples), updatesPerSec: round((concurrency * rounds) / (busyMs / 1000), 0) };
 }
 
 /** The pool full and its status written: nothing of the last burst still to come. */

@@ -191,9 +191,10 @@ async function e2b(row: Recorder, results: Record<string, unknown>): Promise<voi
 async function kube(row: Recorder, results: Record<string, unknown>): Promise<void> {
   const k = await benchKube();
   results.kube = k;
-  const { claims1: one, claims20: twenty, writesPerClaim: w } = k;
+  const { claims1: one, claims20: twenty, bareUpdates20: bare, writesPerClaim: w } = k;
   row(`Kubernetes: warm claim p50 / p99, 1 at a time (${one.count} claims, real kube-apiserver + etcd)`, `${one.p50Ms} / ${one.p99Ms} ms`, '—');
   row(`Kubernetes: warm claim p50 / p99, 20 concurrent (${twenty.count} claims)`, `${twenty.p50Ms} / ${twenty.p99Ms} ms`, '≤ 15 / ≤ 50 ms', twenty.p50Ms <= 15 && twenty.p99Ms <= 50);
+  row('Kubernetes: the floor, 20 concurrent bare updates of the same pool members straight to the API server (no worker), p50 / p99', `${bare.p50Ms} / ${bare.p99Ms} ms (${bare.updatesPerSec}/s; the worker wrote ${bare.workerWrites})`, '—');
   row('Kubernetes: claims per second (20-claim bursts)', String(twenty.claimsPerSec), '—');
   const ops = Object.entries(w.byOp).filter(([, n]) => n > 0).map(([op, n]) => `${op} ${n}`).join(', ');
   // The claim is the bind; the refill it sets off (a new member, its Pod, their status writes and
