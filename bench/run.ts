@@ -12,6 +12,7 @@ import { performance } from 'node:perf_hooks';
 import { call, poolObjects, round, summarize, waitPool, warmClaims, type Target } from './claims.ts';
 import { benchDataplane } from './dataplane.ts';
 import { benchE2b } from './e2b.ts';
+import { benchHttpFloor } from './http-floor.ts';
 import { benchKube } from './kube.ts';
 import { benchPlacement, benchPropagation } from './federation.ts';
 import { benchStore } from './store-bench.ts';
@@ -47,6 +48,9 @@ async function claimsAndLifecycle(system: LocalSystem, row: Recorder, results: R
     if (concurrency === 64) row('claims per second (64-claim bursts)', String(s.claimsPerSec), '≥ 2,000', s.claimsPerSec >= 2000);
     if (s.cold > 0) throw new Error(`${s.cold} claims were cold: pool too small for the benchmark`);
   }
+  const floor = await benchHttpFloor(64, 5);
+  results.httpFloor64 = floor;
+  row('the floor: the same 64-request bursts to a Node HTTP server that answers at once (no auth, no store), p50 / p99', `${floor.p50Ms} / ${floor.p99Ms} ms (${floor.requestsPerSec}/s)`, '—');
   await call(target, 'PUT', '/v1/pools/claimbench?namespace=default', poolObjects('claimbench', 0)[1]);
   await Promise.all(ids.map((id) => call(target, 'DELETE', `/v1/sandboxes/${id}`)));
 
