@@ -149,6 +149,11 @@ async function dataplane(row: Recorder, results: Record<string, unknown>): Promi
   const d = await benchDataplane();
   results.dataplane = d;
   row('requests/s through Envoy + router vs static route (50 connections)', `${d.rps} vs ${d.staticRps} (${Math.round(d.ratio * 100)} %)`, '≥ 60 %', d.ratio >= 0.6);
+  row(
+    'Envoy + a null ext_proc server (fixed reply, no lookup): the ceiling of any ext_proc router here',
+    `${d.nullRps} req/s = ${Math.round(d.nullRatio * 100)} % of static (Envoy ${d.nullCpuUs.envoy} µs/request, null server ${d.nullCpuUs.router} µs)`,
+    '—',
+  );
   row('added latency by the router, p50 / p99 (50 connections)', `${d.addedP50Ms} / ${d.addedP99Ms} ms`, 'p99 ≤ 1 ms', d.addedP99Ms <= 1);
   row('router memory with 1,000,000 routes', `${d.routeMemory.heapMB} MB (${d.routeMemory.bytesPerRoute} B/route)`, '≤ 512 MB', d.routeMemory.heapMB <= 512);
 }
