@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, connect, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import { WebSocket } from 'ws';
 import { createApiKey } from '../src/auth/keys.ts';
@@ -17,12 +17,11 @@ import { ClusterType, HEARTBEAT_MS, type Cluster } from '../src/hub/contract.ts'
 import { createSyncServer } from '../src/hub/sync-server.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
-import { startChild, type ReadyChild } from '../src/system/child.ts';
 import { waitFor } from './support/wait.ts';
 import { hubStoreWithCluster, serveUpgrades } from './support/hub-unit.ts';
+import { hubCall, startHubProcess, type HubView } from './support/hub-process.ts';
 import { api, startWorkerProcess, type WorkerProcess } from './support/worker-process.ts';
 
-const repoRoot = resolve(import.meta.dirname, '..');
 /** A live link carries a change at once; 3 heartbeats is the bound the design promises. */
 const PROPAGATION_BOUND_MS = 3 * HEARTBEAT_MS;
 /** A dead link is noticed within 3 silent heartbeats, plus one to act and one status flush. */
@@ -82,30 +81,8 @@ async function startRelay(target: number): Promise<Relay> {
   return relay;
 }
 
-type Hub = ReadyChild<{ ready: true; url: string }>;
-
-function startHubProcess(dir: string): Promise<Hub> {
-  return startChild({
-    name: 'hub',
-    entry: join(repoRoot, 'src/hub/hub-main.ts'),
-    args: ['--data-dir', join(dir, 'hub'), '--port', '0', '--admin-key-file', join(dir, 'hub-admin.key'), '--log-level', 'warn'],
-    logPath: join(dir, 'hub.log'),
-  });
-}
-
 function portOf(url: string): number {
   return Number(new URL(url).port);
-}
-
-interface HubView {
-  url: string;
-  adminKey: string;
-}
-
-async function hubCall<T>(hub: HubView, method: string, path: string, body?: unknown): Promise<T> {
-  const res = await api<T>({ apiUrl: hub.url, adminKey: hub.adminKey }, method, path, body);
-  assert.ok(res.status < 300, `hub ${method} ${path}: ${res.status} ${JSON.stringify(res.body)}`);
-  return res.body;
 }
 
 interface SyncView {

@@ -3,14 +3,15 @@
 // - the kube store and a second connection of its own for the leader-election Lease, so a
 //   renewal never queues behind a claim burst on the store's sockets;
 // - the controllers under the Lease: the operator (and the hub sync agent, which writes what the
-//   hub sends) start when this process takes the Lease and stop when it loses it.
+//   hub sends, and its link's state for the API processes: hub-link.ts) start when this process
+//   takes the Lease and stop when it loses it.
 import type { Metrics } from '../metrics/metrics.ts';
 import { startOperator, type Operator } from '../operator/operator.ts';
 import { LeaderElector } from '../operator/leader.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { openKubeStore, type KubeStore } from '../store/kube.ts';
 import { inClusterKubeConfig, KubeHttp, loadKubeConfig } from '../store/kube-http.ts';
-import { startSyncAgent, type SyncAgent, type SyncStatus } from '../worker/sync-agent.ts';
+import { startSyncAgent, type SyncAgent } from '../worker/sync-agent.ts';
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Registry } from 'prom-client';
 import { createKubeRuntime } from '../runtime/kube/kube-runtime.ts';
@@ -64,8 +65,6 @@ export interface LedControllers {
   readonly elector: LeaderElector;
   /** The running operator while this process leads. */
   current(): Operator | undefined;
-  /** The hub link while this process leads and a hub is configured. */
-  sync(): SyncStatus | undefined;
   /** Stops leading (controllers first), then releases the Lease. Idempotent. */
   close(): Promise<void>;
 }
@@ -112,7 +111,6 @@ export function startLedControllers(opts: LedControllersOptions): LedControllers
   return {
     elector,
     current: () => operator,
-    sync: () => sync?.status(),
     close: () => elector.close(),
   };
 }

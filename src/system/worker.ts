@@ -26,6 +26,7 @@ import type { WorkerOperator } from '../worker/deps.ts';
 import { createPipeline } from '../worker/pipeline.ts';
 import { createRouter, type Route } from '../worker/router.ts';
 import { createWorkerServer } from '../worker/server.ts';
+import { watchHubLink } from '../worker/hub-link.ts';
 import { startSyncAgent, type SyncAgent } from '../worker/sync-agent.ts';
 import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
@@ -84,7 +85,10 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     operator === undefined || config.hubUrl === undefined || hubCredential === undefined
       ? undefined
       : startSyncAgent({ hubUrl: config.hubUrl, credential: hubCredential, cluster: config.clusterName, store, log, clock });
-  const syncStatus = sync !== undefined ? () => sync.status() : led !== undefined && config.hubUrl !== undefined ? () => led.sync() ?? { connected: false, appliedVersion: 0 } : undefined;
+  // On the kube store the agent runs in whichever process holds the Lease (maybe another Pod):
+  // every API process reads the link it records in the SyncState.
+  const hubLink = sync === undefined && front !== undefined && config.hubUrl !== undefined ? await watchHubLink(store, clock, log) : undefined;
+  const syncStatus = sync !== undefined ? () => sync.status() : hubLink !== undefined ? () => hubLink.status() : undefined;
 
   const apiOperator: WorkerOperator | undefined =
     operator ??
@@ -149,6 +153,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         await api?.close();
         keyRing.close();
         front?.close();
+        hubLink?.close();
         // Controllers before the Lease is released, so the next leader never overlaps them.
         await led?.close();
         await operator?.close();

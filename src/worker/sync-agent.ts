@@ -20,6 +20,7 @@ import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type SyncItem, type Wo
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
+import { publishHubLink } from './hub-link.ts';
 import { advanceTo, applyDeltas, applySnapshot, loadAppliedVersion } from './sync-apply.ts';
 
 const SILENT_INTERVALS = 3;
@@ -79,6 +80,8 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
   let queue: Incoming[] = [];
   let applying: Promise<void> | undefined;
   let closed = false;
+  // The cluster's other processes (the API Deployment's route feed) read the link from the store.
+  const link = publishHubLink(store, clock, log);
 
   const sendTo = (socket: WebSocket, msg: WorkerToHub): void => {
     if (socket.readyState === socket.OPEN) socket.send(JSON.stringify(msg));
@@ -187,6 +190,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
     ws = socket;
     socket.on('open', () => {
       connected = true;
+      link.set(true);
       lastHeard = clock.now();
       sendTo(socket, { type: 'hello', cluster: opts.cluster, lastVersion: applied });
       log.info({ lastVersion: applied }, 'connected to the hub');
@@ -218,6 +222,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
       if (socket !== ws) return;
       beatTimer?.cancel();
       connected = false;
+      link.set(false);
       ws = undefined;
       queue = [];
       scheduleReconnect();
@@ -255,6 +260,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
           timer.cancel();
         }
         await applying;
+        await link.close();
       })();
       return closing;
     },

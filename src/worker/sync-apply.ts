@@ -19,10 +19,12 @@ export const SYNC_ANNOTATION = { from: 'asb.dev/synced-from', version: 'asb.dev/
 /** The worker's record of its sync with the hub (one object, named `hub`). */
 export interface SyncState extends KubeObject {
   spec: { appliedVersion: number };
+  /** The sync agent's link to the hub, written on each change (hub-link.ts). */
+  status?: { hubConnected: boolean; lastTransitionTime: string };
 }
 
 export const SyncStateType: ResourceType = { group: ASB_GROUP, version: 'v1alpha1', kind: 'SyncState', plural: 'syncstates', namespaced: false };
-const STATE_NAME = 'hub';
+export const STATE_NAME = 'hub';
 
 const TYPES: Record<SyncKind, ResourceType> = { ApiKey: ApiKeyType, SandboxTemplate: SandboxTemplateType, Cluster: ClusterType };
 
@@ -31,8 +33,12 @@ export async function loadAppliedVersion(store: ObjectStore): Promise<number> {
   return state?.spec.appliedVersion ?? 0;
 }
 
+export function newSyncState(appliedVersion: number): SyncState {
+  return { apiVersion: apiVersionOf(SyncStateType), kind: SyncStateType.kind, metadata: { name: STATE_NAME }, spec: { appliedVersion } };
+}
+
 function saveAppliedVersion(store: ObjectStore, version: number): Promise<unknown> {
-  const obj: SyncState = { apiVersion: apiVersionOf(SyncStateType), kind: SyncStateType.kind, metadata: { name: STATE_NAME }, spec: { appliedVersion: version } };
+  const obj = newSyncState(version);
   return store.update(SyncStateType, obj).catch((err: unknown) => {
     if (isAsbError(err, 'NotFound')) return store.create(SyncStateType, obj);
     throw err;

@@ -8,10 +8,12 @@
 // controllers of every worker watch every namespace.
 import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
-import { writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test, type TestContext } from 'node:test';
 import { LABEL } from '../../src/api/types.ts';
+import { hubCall, startHubProcess, type Hub } from '../support/hub-process.ts';
 import { installCrds } from '../support/kube-store.ts';
 import { KubectlError, startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { startTestKubelet, type TestKubelet } from '../support/test-kubelet.ts';
@@ -91,6 +93,7 @@ interface KubeWorkerOptions {
   dataDir?: string;
   /** Default the admin's (system:masters). */
   kubeconfig?: string;
+  extraArgs?: readonly string[];
 }
 
 /** A worker process on the kube store and runtime; stopped (and its directory removed) after the test. */
@@ -101,13 +104,27 @@ async function kubeWorker(t: TestContext | undefined, opts: KubeWorkerOptions): 
     subnetOctet: 209,
     basePool: opts.basePool ?? 0,
     ...(opts.dataDir === undefined ? {} : { dataDir: opts.dataDir }),
-    extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', opts.kubeconfig ?? kube.kubeconfigPath, '--namespace', opts.namespace, `--role=${opts.role ?? 'all'}`, '--log-level', 'info'],
+    extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', opts.kubeconfig ?? kube.kubeconfigPath, '--namespace', opts.namespace, `--role=${opts.role ?? 'all'}`, '--log-level', 'info', ...(opts.extraArgs ?? [])],
   });
   t?.after(async () => {
     await stopped(w);
     if (opts.dataDir === undefined) removeDataDir(w.dataDir);
   });
   return w;
+}
+
+/** A hub with this cluster registered: the worker flags that join it (and the hub, to stop). */
+async function federated(t: TestContext, tag: string): Promise<string[] & { hub: Hub }> {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-k8s-hub-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const hub = await startHubProcess(dir);
+  t.after(() => hub.stop());
+  const view = { url: hub.ready.url, adminKey: readFileSync(join(dir, 'hub-admin.key'), 'utf8').trim() };
+  const name = `k8s-${tag}`;
+  const { credential } = await hubCall<{ credential: string }>(view, 'PUT', `/v1/clusters/${name}`, { region: 'k8s', ingressAddress: '127.0.0.1:10009', tag });
+  const credentialFile = join(dir, 'credential');
+  writeFileSync(credentialFile, `${credential}\n`, { mode: 0o600 });
+  return Object.assign(['--cluster', name, '--hub-url', hub.ready.url, '--hub-credential-file', credentialFile], { hub });
 }
 
 /** SIGTERM and wait, unless it has already exited (killed by the test). */
@@ -415,8 +432,11 @@ test('operator restart: kill -9 during a burst of claims, start again: every ack
   await kube.kubectl(['create', 'namespace', SYSTEM_NAMESPACE]);
   await kube.kubectl(['apply', '-k', new URL('clusters/base/rbac', root).pathname, '-n', SYSTEM_NAMESPACE]);
   const [operatorAccount, apiAccount] = [await serviceAccountKubeconfig('operator'), await serviceAccountKubeconfig('worker-api')];
-  const ops = [await kubeWorker(t, { tag, namespace: ns, role: 'operator', kubeconfig: operatorAccount }), await kubeWorker(t, { tag, namespace: ns, role: 'operator', kubeconfig: operatorAccount })];
-  const apiOnly = await kubeWorker(t, { tag, namespace: ns, role: 'api', kubeconfig: apiAccount });
+  // In a federation: the Lease holder's sync agent links to the hub, and the API process, whose
+  // route feed tells the routers whether to send creates to the hub, follows that link.
+  const hubArgs = await federated(t, tag);
+  const ops = [await kubeWorker(t, { tag, namespace: ns, role: 'operator', kubeconfig: operatorAccount, extraArgs: hubArgs }), await kubeWorker(t, { tag, namespace: ns, role: 'operator', kubeconfig: operatorAccount, extraArgs: hubArgs })];
+  const apiOnly = await kubeWorker(t, { tag, namespace: ns, role: 'api', kubeconfig: apiAccount, extraArgs: hubArgs });
   // The Lease lives in the kubeconfig context's namespace (in a Pod: the Pod's own).
   const leaseName = `asb-operator-${tag}`;
   const leaderOf = async (): Promise<WorkerProcess | undefined> => {
@@ -437,6 +457,11 @@ test('operator restart: kill -9 during a burst of claims, start again: every ack
   await waitPoolReady(apiOnly, 'burst', 20);
   // The API process serves no controllers and the operators no API.
   assert.equal((await api(leader, 'GET', '/v1/sandboxes')).status, 404);
+  // The hub link is the leader's, seen by the API process through the SyncState, up and down.
+  const hubLink = async (want: boolean): Promise<true | undefined> => ((await api<{ sync?: { connected: boolean } }>(apiOnly, 'GET', '/v1/status')).body.sync?.connected === want ? true : undefined);
+  await waitFor('the API process sees the hub link up', () => hubLink(true), 30_000, 100);
+  await hubArgs.hub.stop();
+  await waitFor('the API process sees the hub link down', () => hubLink(false), 30_000, 100);
 
   const transitions = (await lease(leaseName, SYSTEM_NAMESPACE)).transitions;
   await killed(leader.proc);
