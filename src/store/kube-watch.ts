@@ -60,23 +60,11 @@ export class KubeWatch<T extends KubeObject> implements Watch {
   /** Streams in a row the server ended without sending anything. */
   #quietEnds = 0;
   #stopped = false;
-  /** True while a stream is open and answered 200. */
-  #connected = false;
 
   constructor(opts: KubeWatchOptions<T>) {
     this.#opts = opts;
     this.#rv = opts.from;
     this.#log = opts.log.child({ watch: opts.rt.kind });
-  }
-
-  /** The version a reconnect resumes from. */
-  get resourceVersion(): string {
-    return this.#rv;
-  }
-
-  /** True while the stream is open; false while it reconnects. */
-  get healthy(): boolean {
-    return this.#connected;
   }
 
   /** Sets where the stream starts, when the caller found out only after construction. */
@@ -98,7 +86,6 @@ export class KubeWatch<T extends KubeObject> implements Watch {
     const stream = this.#opts.http.stream(`${this.#opts.path}?${query.toString()}`, {
       onResponse: (s) => {
         status = s;
-        if (s === 200) this.#connected = true;
       },
       onLine: (line) => {
         lines++;
@@ -107,7 +94,6 @@ export class KubeWatch<T extends KubeObject> implements Watch {
       onEnd: (err, errorBody) => {
         if (this.#stream !== stream) return;
         this.#stream = undefined;
-        this.#connected = false;
         this.#timer?.cancel();
         if (err !== undefined) this.#retry(err);
         else if (status === 200) this.#reopen(lines > 0);
@@ -120,7 +106,6 @@ export class KubeWatch<T extends KubeObject> implements Watch {
       this.#log.warn({ resourceVersion: this.#rv }, 'watch stream silent past its timeout; reconnecting');
       stream.abort();
       this.#stream = undefined;
-      this.#connected = false;
       this.#reopen(false);
     });
   }
@@ -206,7 +191,6 @@ export class KubeWatch<T extends KubeObject> implements Watch {
   #dropStream(err: Error): void {
     this.#stream?.abort();
     this.#stream = undefined;
-    this.#connected = false;
     this.#timer?.cancel();
     this.#retry(err);
   }
@@ -225,7 +209,6 @@ export class KubeWatch<T extends KubeObject> implements Watch {
   close(): void {
     if (this.#stopped) return;
     this.#stopped = true;
-    this.#connected = false;
     this.#timer?.cancel();
     this.#stream?.abort();
     this.#stream = undefined;
