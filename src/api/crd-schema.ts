@@ -4,6 +4,7 @@
 // enumerate (PodSpec, Container, PVC spec) keep unknown fields; the fields we read are typed
 // with the rules src/api/validate-pod.ts applies, so an object our validator refuses for a
 // reason a schema can express is refused by the API server too.
+import { RESERVED_PREFIXES } from './names.ts';
 
 /** apiextensions.k8s.io/v1 JSONSchemaProps: the subset our CRDs use. */
 export interface JSONSchemaProps {
@@ -47,10 +48,10 @@ export const DNS_SUBDOMAIN_PATTERN = '^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]
 const PORT_NAME_PATTERN = '^[a-z0-9]([a-z0-9-]*[a-z0-9])?$';
 /** resource.Quantity as controller-gen writes it for int-or-string quantities. */
 const QUANTITY_PATTERN = '^(\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))))?$';
-/** Label and annotation key prefixes the controllers own (RESERVED_PREFIXES in names.ts). */
+/** Label keys under the prefixes the controllers own, refused as validate-pod.ts refuses them. */
 const RESERVED_LABEL_RULE: ValidationRule = {
-  rule: "self.all(k, !k.startsWith('agents.x-k8s.io/') && !k.startsWith('extensions.agents.x-k8s.io/') && !k.startsWith('asb.dev/'))",
-  message: 'label keys under agents.x-k8s.io/, extensions.agents.x-k8s.io/, asb.dev/ are reserved for the controller',
+  rule: `self.all(k, ${RESERVED_PREFIXES.map((p) => `!k.startsWith('${p}')`).join(' && ')})`,
+  message: `label keys under ${RESERVED_PREFIXES.join(', ')} are reserved for the controller`,
 };
 
 export function string(extra: Omit<JSONSchemaProps, 'type'> = {}): JSONSchemaProps {
