@@ -27,8 +27,8 @@ import { claimManifests, podManifest, podState, PodType, PvcType, sandboxOf, SAN
 export interface KubeRuntimeOptions {
   /** A kubeconfig file, or one already loaded. */
   kubeconfig: string | KubeConfig;
-  /** Where the pods live. Default: the kubeconfig context's namespace, else "default". */
-  namespace?: string;
+  /** Where the pods live (the worker's --namespace). */
+  namespace: string;
   log: Logger;
   clock?: Clock;
   /**
@@ -59,9 +59,8 @@ interface Waiter {
 /** Opens the store, lists our Pods and PVCs and starts watching; resolves once both caches are filled. */
 export async function createKubeRuntime(opts: KubeRuntimeOptions): Promise<KubePodRuntime> {
   const kc = loadKubeConfig(opts.kubeconfig);
-  const store = opts.store ?? (await openKubeStore({ kubeconfig: kc, ...(opts.namespace === undefined ? {} : { namespace: opts.namespace }), log: opts.log }));
-  const namespace = opts.namespace ?? kc.getContextObject(kc.getCurrentContext())?.namespace ?? 'default';
-  const runtime = new KubePodRuntime(opts, kc, store, namespace === '' ? 'default' : namespace);
+  const store = opts.store ?? (await openKubeStore({ kubeconfig: kc, namespace: opts.namespace, log: opts.log }));
+  const runtime = new KubePodRuntime(opts, kc, store);
   try {
     await runtime.synced();
   } catch (err) {
@@ -92,7 +91,8 @@ export class KubePodRuntime implements PodRuntime {
   readonly #waiters = new Set<Waiter>();
   #closed = false;
 
-  constructor(opts: KubeRuntimeOptions, kc: KubeConfig, store: KubeStore, namespace: string) {
+  constructor(opts: KubeRuntimeOptions, kc: KubeConfig, store: KubeStore) {
+    const { namespace } = opts;
     this.namespace = namespace;
     this.#kc = kc;
     this.#store = store;
