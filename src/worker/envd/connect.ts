@@ -7,6 +7,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AsbError, type ErrorCode } from '../../errors.ts';
 import type { Clock, Timer } from '../../system/clock.ts';
+import { isPlainObject } from '../input.ts';
 
 /** Connect error codes (the subset envd answers with). */
 export type ConnectCode =
@@ -139,6 +140,12 @@ export function writeClientStreamReply(res: ServerResponse, reply: { message: un
     : envelope(FLAG_END_STREAM, { error: toWireError(reply.error) });
   res.writeHead(200, { 'content-type': 'application/connect+json', 'content-length': body.length });
   res.end(body);
+}
+
+/** A request message, or an object field of one; BadRequest naming `what` when it is not a JSON object. */
+export function record(value: unknown, what = 'the request message'): Record<string, unknown> {
+  if (!isPlainObject(value)) throw new AsbError('BadRequest', `${what} must be a JSON object`);
+  return value;
 }
 
 export function parseJson(bytes: Buffer): unknown {

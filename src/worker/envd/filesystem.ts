@@ -11,17 +11,12 @@
 // same snapshots and diff.
 import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
-import { ConnectError, type ServerStream } from './connect.ts';
+import { ConnectError, record, type ServerStream } from './connect.ts';
 import { absolutePath, listDir, makeDir, move, remove, stat, type EntryInfo, type FsTarget } from './entries.ts';
 
 export const WATCH_POLL_MS = 200;
 /** Recursive watches stop at this depth, so a watch of / cannot list the whole disk every poll. */
 const WATCH_MAX_DEPTH = 32;
-
-function record(msg: unknown): Record<string, unknown> {
-  if (typeof msg !== 'object' || msg === null || Array.isArray(msg)) throw new AsbError('BadRequest', 'the request message must be a JSON object');
-  return msg as Record<string, unknown>;
-}
 
 function depthOf(value: unknown): number {
   if (value === undefined || value === null || value === 0) return 1;

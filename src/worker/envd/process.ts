@@ -8,7 +8,7 @@
 // re-attaches to it by pid or tag.
 import { AsbError } from '../../errors.ts';
 import type { PodRuntime } from '../../runtime/runtime.ts';
-import { ConnectError, type ServerStream } from './connect.ts';
+import { ConnectError, record, type ServerStream } from './connect.ts';
 import { EnvdProcess, type ProcessConfig, type ProcessEvent, type ProcessTable } from './processes.ts';
 
 /** Who calls: the sandbox, the uid to run as (undefined: the pod's user). */
@@ -19,11 +19,6 @@ export interface ProcessCall {
   uid: number | undefined;
   /** The sandbox's environment (E2B create's envVars); a process's own envs override it. */
   envs: Record<string, string>;
-}
-
-function record(value: unknown, what: string): Record<string, unknown> {
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new AsbError('BadRequest', `${what} must be a JSON object`);
-  return value as Record<string, unknown>;
 }
 
 function stringMap(value: unknown, what: string): Record<string, string> {

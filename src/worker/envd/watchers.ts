@@ -12,6 +12,7 @@
 // envd does not know).
 import { randomUUID } from 'node:crypto';
 import type { Logger } from '../../system/log.ts';
+import { isPlainObject } from '../input.ts';
 import { ConnectError } from './connect.ts';
 import type { FsTarget } from './entries.ts';
 import { watchEvents, watchSnapshot, watchSpecOf, type FilesystemEvent, type WatchSnapshot, type WatchSpec } from './filesystem.ts';
@@ -32,7 +33,7 @@ interface Watcher {
 }
 
 function watcherIdOf(msg: unknown): string {
-  const id = typeof msg === 'object' && msg !== null ? (msg as Record<string, unknown>).watcherId : undefined;
+  const id = isPlainObject(msg) ? msg.watcherId : undefined;
   if (typeof id !== 'string' || id === '') throw new ConnectError('invalid_argument', 'watcherId is required: the id CreateWatcher returned');
   return id;
 }
