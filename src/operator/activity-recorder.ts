@@ -14,7 +14,6 @@ import { isAsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
-import type { Activity } from './activity.ts';
 import { idleTimeoutOf, recordedActivity } from './lifecycle.ts';
 
 const MAX_INTERVAL_MS = 30_000;
@@ -28,14 +27,14 @@ export interface ActivityRecorderOptions {
   log: Logger;
 }
 
-export interface ActivityRecorder extends Activity {
+export interface ActivityRecorder {
+  touch(id: string): void;
   close(): void;
 }
 
 export function createActivityRecorder(opts: ActivityRecorderOptions): ActivityRecorder {
   const { store, clock } = opts;
   const log = opts.log.child({ component: 'activity-recorder' });
-  const startedAt = clock.now();
   /** id → latest touch not yet written (or found not worth writing) */
   const touched = new Map<string, number>();
   /** id → when we last wrote it (our clock); pruned once older than any interval */
@@ -91,12 +90,6 @@ export function createActivityRecorder(opts: ActivityRecorderOptions): ActivityR
     touch(id) {
       touched.set(id, clock.now());
       schedule();
-    },
-    // Nothing in an API process reads this; the operator reads the annotation.
-    last: (id) => touched.get(id) ?? startedAt,
-    forget(id) {
-      touched.delete(id);
-      writtenAt.delete(id);
     },
     close() {
       closed = true;

@@ -47,7 +47,8 @@ export async function startClaimFront(opts: ClaimFrontOptions): Promise<ClaimFro
   // Sandbox ids are unique across namespaces; the API names sandboxes by id alone.
   sandboxes.addIndex(NAME_INDEX, (s) => [s.metadata.name]);
   const activity = createActivityRecorder({ store, sandbox: (id) => sandboxes.byIndex(NAME_INDEX, id)[0], clock, log });
-  const claimer = new Claimer({ store, sandboxes, pools, templates, clock, metrics, clusterTag, activity });
+  // No activity for the claimer: the bind itself stamps the claim as the last activity (bindWarm).
+  const claimer = new Claimer({ store, sandboxes, pools, templates, clock, metrics, clusterTag });
   sandboxes.onChange((key, current, previous) => claimer.observe(key, current, previous));
   const informers = [sandboxes, templates, pools];
   for (const informer of informers) informer.start();
