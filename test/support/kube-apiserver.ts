@@ -14,7 +14,7 @@
 //   PVC protection. Two admission plugins that count on those controllers are disabled:
 //   ServiceAccount (it refuses a Pod whose ServiceAccount does not exist) and
 //   StorageObjectInUseProtection (its PVC finalizer would keep a deleted PVC Terminating for
-//   ever). The disableAdmissionPlugins option can keep them on.
+//   ever).
 // The API server's own bootstrap controllers do run: the "default", "kube-system" and
 // "kube-public" namespaces, the RBAC default roles, the "kubernetes" Service. Start waits for the
 // "default" namespace, so a test can use it at once.
@@ -37,17 +37,12 @@ export const KUBE_BIN_DIR = join(repoRoot, '.tools/kube/bin');
 export const LIMITED_USER = 'asb-limited';
 
 export interface KubeApiServerOptions {
-  /** Extra kube-apiserver flags, after ours. A repeated single-value flag takes the last value; a repeated list flag adds to the list. */
-  apiServerArgs?: readonly string[];
-  /** Admission plugins to turn off; default ServiceAccount and StorageObjectInUseProtection (see above); [] keeps every default plugin. */
-  disableAdmissionPlugins?: readonly string[];
   /** etcd's --unsafe-no-fsync: faster on a busy disk, and a test's throw-away data never needs a crash-safe disk. Default false, so benchmarks measure the real write path. */
   etcdUnsafeNoFsync?: boolean;
-  /** How long etcd plus the API server may take to be ready; default 120 s (cold start on 2 busy cores is ~5-15 s). */
-  readyTimeoutMs?: number;
-  /** Directory with kube-apiserver, etcd and kubectl; default .tools/kube/bin. */
-  binDir?: string;
 }
+
+/** How long etcd plus the API server may take to be ready (cold start on 2 busy cores is ~5-15 s). */
+const READY_TIMEOUT_MS = 120_000;
 
 export interface KubeResponse<T> {
   status: number;
@@ -113,15 +108,14 @@ process.once('exit', () => {
 
 /** Starts etcd and kube-apiserver; a free port taken by someone else between choosing and binding is retried with new ports (3 tries). */
 export async function startKubeApiServer(opts: KubeApiServerOptions = {}): Promise<KubeApiServer> {
-  const binDir = opts.binDir ?? KUBE_BIN_DIR;
   for (const bin of ['etcd', 'kube-apiserver', 'kubectl']) {
-    if (!existsSync(join(binDir, bin))) {
-      throw new AsbError('Unavailable', `kube-apiserver fixture: ${join(binDir, bin)} is missing; run \`make kube-tools\` (make test does) to build it`);
+    if (!existsSync(join(KUBE_BIN_DIR, bin))) {
+      throw new AsbError('Unavailable', `kube-apiserver fixture: ${join(KUBE_BIN_DIR, bin)} is missing; run \`make kube-tools\` (make test does) to build it`);
     }
   }
   for (let attempt = 1; ; attempt++) {
     try {
-      return await startOnce(binDir, opts);
+      return await startOnce(opts);
     } catch (err) {
       if (!(err instanceof PortTaken) || attempt >= 3) throw err;
     }
@@ -131,7 +125,7 @@ export async function startKubeApiServer(opts: KubeApiServerOptions = {}): Promi
 /** A child exited before it was ready because its port was taken after freePort chose it. */
 class PortTaken extends Error {}
 
-async function startOnce(binDir: string, opts: KubeApiServerOptions): Promise<KubeApiServer> {
+async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
   const started = Date.now();
   const dir = mkdtempSync(join(tmpdir(), 'asb-kube-'));
   const entry = { procs: [] as ChildProcess[], dir };
@@ -149,11 +143,11 @@ async function startOnce(binDir: string, opts: KubeApiServerOptions): Promise<Ku
   };
 
   try {
-    const deadline = started + (opts.readyTimeoutMs ?? 120_000);
+    const deadline = started + READY_TIMEOUT_MS;
     const [clientPort, peerPort, securePort] = [await freePort(), await freePort(), await freePort()];
     const etcdUrl = `http://127.0.0.1:${clientPort}`;
     const peerUrl = `http://127.0.0.1:${peerPort}`;
-    const etcd = spawnLogged(join(binDir, 'etcd'), [
+    const etcd = spawnLogged(join(KUBE_BIN_DIR, 'etcd'), [
       '--name', 'asb-test',
       '--data-dir', join(dir, 'etcd'),
       '--listen-client-urls', etcdUrl, '--advertise-client-urls', etcdUrl,
@@ -179,7 +173,7 @@ async function startOnce(binDir: string, opts: KubeApiServerOptions): Promise<Ku
     const tls = await ensureEdgeTls(join(dir, 'pki'), 'kube-apiserver.localhost');
     const caPem = readFileSync(tls.caCertPath);
 
-    const apiserver = spawnLogged(join(binDir, 'kube-apiserver'), [
+    const apiserver = spawnLogged(join(KUBE_BIN_DIR, 'kube-apiserver'), [
       '--etcd-servers', etcdUrl,
       '--bind-address', '127.0.0.1',
       '--advertise-address', '127.0.0.1',
@@ -198,9 +192,8 @@ async function startOnce(binDir: string, opts: KubeApiServerOptions): Promise<Ku
       '--service-account-signing-key-file', join(dir, 'sa.key'),
       // Only the allocator's range for Service ClusterIPs; nothing routes to it.
       '--service-cluster-ip-range', '10.96.0.0/24',
-      ...disabledPlugins(opts.disableAdmissionPlugins ?? ['ServiceAccount', 'StorageObjectInUseProtection']),
+      '--disable-admission-plugins', 'ServiceAccount,StorageObjectInUseProtection',
       '--profiling=false',
-      ...(opts.apiServerArgs ?? []),
     ], join(dir, 'kube-apiserver.log'));
     entry.procs.push(apiserver.proc);
 
@@ -228,7 +221,7 @@ async function startOnce(binDir: string, opts: KubeApiServerOptions): Promise<Ku
       etcdUrl,
       dir,
       readyMs: Date.now() - started,
-      kubectl: (args, stdin) => runKubectl(join(binDir, 'kubectl'), args, kubectlEnv, stdin),
+      kubectl: (args, stdin) => runKubectl(join(KUBE_BIN_DIR, 'kubectl'), args, kubectlEnv, stdin),
       request,
       stop,
     };
@@ -236,10 +229,6 @@ async function startOnce(binDir: string, opts: KubeApiServerOptions): Promise<Ku
     await stop();
     throw err;
   }
-}
-
-function disabledPlugins(names: readonly string[]): string[] {
-  return names.length === 0 ? [] : ['--disable-admission-plugins', names.join(',')];
 }
 
 interface Logged {
