@@ -58,11 +58,16 @@ export class Envd {
   readonly #table = new ProcessTable();
   readonly #watchers: WatcherTable;
   readonly #streams = new Set<ServerStream>();
+  readonly #unwatch: () => void;
   #closed = false;
 
   constructor(w: WorkerContext) {
     this.#w = w;
     this.#watchers = new WatcherTable(w.log.child({ component: 'envd-watchers' }));
+    // What is kept per sandbox goes with its pod, so a worker's tables do not grow with every sandbox it ever ran.
+    this.#unwatch = w.runtime.onChange((id) => {
+      if (w.runtime.state(id).phase === 'Absent') this.#table.forget(id);
+    });
   }
 
   /** The node:http handler for a request isEnvdRequest accepted. */
@@ -84,6 +89,7 @@ export class Envd {
   /** Ends every open stream (unavailable), so the server can close; processes keep running in their sandboxes. Idempotent. */
   close(): void {
     this.#closed = true;
+    this.#unwatch();
     for (const stream of this.#streams) stream.end(new ConnectError('unavailable', 'the worker is shutting down'));
     this.#streams.clear();
   }

@@ -160,6 +160,11 @@ export class ProcessTable {
     return proc;
   }
 
+  /** Forgets a sandbox whose pod is gone: its numbering starts again at FIRST_PID. */
+  forget(sandboxId: string): void {
+    this.#nextPid.delete(sandboxId);
+  }
+
   list(sandboxId: string): EnvdProcess[] {
     return [...(this.#bySandbox.get(sandboxId)?.values() ?? [])];
   }
