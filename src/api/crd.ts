@@ -137,14 +137,10 @@ const READY_CONDITION = '.status.conditions[?(@.type=="Ready")]';
 // a cold-started claim names its sandbox after itself (nameProblem in validate-meta.ts).
 const DNS_LABEL_NAME = object({ name: string({ maxLength: 63, pattern: DNS_LABEL_PATTERN }) });
 
-const SANDBOX_POLICIES = ['Delete', 'Retain'];
-
-function lifecycleFields(policies: readonly string[]): Record<string, JSONSchemaProps> {
-  return {
-    shutdownTime: time('When the sandbox is shut down (RFC 3339). Absent: never.'),
-    shutdownPolicy: enumOf(policies, 'At shutdownTime: Delete removes the object, Retain keeps it with the pod gone. Default Retain.'),
-  };
-}
+const SANDBOX_LIFECYCLE: Record<string, JSONSchemaProps> = {
+  shutdownTime: time('When the sandbox is shut down (RFC 3339). Absent: never.'),
+  shutdownPolicy: enumOf(['Delete', 'Retain'], 'At shutdownTime: Delete removes the object, Retain keeps it with the pod gone. Default Retain.'),
+};
 
 function ref(what: string): JSONSchemaProps {
   return object({ name: string({ minLength: 1, maxLength: 253, pattern: DNS_SUBDOMAIN_PATTERN, description: `The ${what}'s name, in the same namespace.` }) }, { required: ['name'] });
@@ -175,8 +171,8 @@ const sandbox: KindSchema = {
     ...blueprint(),
     replicas: integer(0, 1, 'v1alpha1: 1 runs the pod, 0 hibernates it (volumes kept).'),
     operatingMode: enumOf(['Running', 'Suspended'], 'v1beta1: Running, or Suspended (hibernated, volumes kept).'),
-    lifecycle: object(lifecycleFields(SANDBOX_POLICIES), { description: 'Scheduled shutdown (our form; k8s-sigs writes the same fields directly in spec).' }),
-    ...lifecycleFields(SANDBOX_POLICIES),
+    lifecycle: object(SANDBOX_LIFECYCLE, { description: 'Scheduled shutdown (our form; k8s-sigs writes the same fields directly in spec).' }),
+    ...SANDBOX_LIFECYCLE,
     idleTimeoutMs,
   }, { required: ['podTemplate'], rules: [SANDBOX_LIFECYCLE_RULE] }),
   status: object({
