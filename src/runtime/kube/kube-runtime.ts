@@ -130,11 +130,6 @@ export class KubePodRuntime implements PodRuntime {
     }
   }
 
-  /** True while both watches are open on complete lists. */
-  get healthy(): boolean {
-    return this.#pods.healthy && this.#claims.healthy;
-  }
-
   #pod(id: string): KubePod | undefined {
     return this.#pods.getByName(this.namespace, id);
   }
