@@ -21,7 +21,7 @@ import { envVarsOf } from '../e2b/shape.ts';
 import { isObjectName } from '../access.ts';
 import { readBody } from '../body.ts';
 import type { WorkerContext } from '../deps.ts';
-import { basicUser, checkSignature, requireToken, uidOf } from './auth.ts';
+import { basicUser, checkSignature, requireToken, UserIds } from './auth.ts';
 import { ConnectError, keepaliveOf, parseJson, parseStreamRequest, ServerStream, streamMessages, timeoutOf, writeClientStreamReply, writeUnary, writeUnaryError } from './connect.ts';
 import type { FsTarget } from './entries.ts';
 import { getFile, postFiles, writeRestError } from './files.ts';
@@ -57,6 +57,7 @@ export class Envd {
   readonly #w: WorkerContext;
   readonly #table = new ProcessTable();
   readonly #watchers: WatcherTable;
+  readonly #users: UserIds;
   readonly #streams = new Set<ServerStream>();
   readonly #unwatch: () => void;
   #closed = false;
@@ -64,9 +65,12 @@ export class Envd {
   constructor(w: WorkerContext) {
     this.#w = w;
     this.#watchers = new WatcherTable(w.log.child({ component: 'envd-watchers' }));
+    this.#users = new UserIds(w.runtime);
     // What is kept per sandbox goes with its pod, so a worker's tables do not grow with every sandbox it ever ran.
     this.#unwatch = w.runtime.onChange((id) => {
-      if (w.runtime.state(id).phase === 'Absent') this.#table.forget(id);
+      if (w.runtime.state(id).phase !== 'Absent') return;
+      this.#table.forget(id);
+      this.#users.forget(id);
     });
   }
 
@@ -138,7 +142,7 @@ export class Envd {
     if (!running) throw new AsbError('Unavailable', `sandbox ${id} is not running (hibernated, starting or stopped); resume it and retry`);
     w.operator.activity.touch(id);
     const user = url.searchParams.get('username') ?? basicUser(req);
-    const uid = await uidOf(w.runtime, id, user === '' ? undefined : user);
+    const uid = await this.#users.uidOf(id, user === '' ? undefined : user);
     const target: FsTarget = { runtime: w.runtime, id, uid };
     if (kind === 'files') {
       const call = { target, req, res, query: url.searchParams, maxBytes: w.limits.uploadBytes };
