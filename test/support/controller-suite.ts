@@ -55,7 +55,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('a warm pool fills to replicas with ready members and reports ready/desired', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 5, h.ns));
 
     const status = await eventually('pool status 5/5', async () => {
@@ -82,7 +82,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('claiming a member takes it out of the pool and the pool refills', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 3, h.ns));
     await eventually('pool ready', async () => (await poolStatus(h, 'py-pool'))?.readyReplicas === 3);
     const before = new Set((await members(h, 'py-pool')).map((m) => m.metadata.name));
@@ -106,7 +106,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('a member that never becomes ready is replaced', async (t) => {
     const h = await start(t, { autoReady: false, notReadyReplaceMs: 60_000 });
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     await h.store.create(SandboxWarmPoolType, warmPool('slow', 'py', 2, h.ns));
     const first = await eventually('2 pending members', async () => {
       const list = await members(h, 'slow');
@@ -134,7 +134,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('scaling a pool down deletes surplus members and their pods', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 4, h.ns));
     await eventually('pool ready', async () => (await poolStatus(h, 'py-pool'))?.readyReplicas === 4);
     const pool = await h.store.get<SandboxWarmPool>(SandboxWarmPoolType, h.ns, 'py-pool');
@@ -154,13 +154,13 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
       return status?.conditions?.find((c) => c.reason === 'TemplateNotFound') !== undefined ? status : undefined;
     });
     assert.equal(s.replicas, 0);
-    await h.store.create(SandboxTemplateType, template('nope', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('nope', h.ns));
     await eventually('pool fills once the template exists', async () => (await poolStatus(h, 'orphan'))?.readyReplicas === 2);
   });
 
   test('a pod the runtime cannot start is said on the sandbox, and the sandbox runs once it can', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     // Not Invalid: that one is terminal in the queue (a spec change reconciles again anyway).
     h.runtime.startError = new AsbError('Unavailable', 'pods "x" is forbidden: exceeded quota: pods=10');
     const { sandbox: sb } = await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'team-a' });
@@ -177,7 +177,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('pause stops the pod keeping its volumes; resume starts it again and status follows', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     const { sandbox: sb } = await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'team-a' });
     const name = sb.metadata.name;
     const running = await h.op.claimer.waitReady(h.ns, name, 5_000);
@@ -204,7 +204,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('shutdownTime with Delete deletes the sandbox; with Retain keeps it Expired with the pod stopped', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     const at = new Date(h.clock.now() + 3_600_000).toISOString();
     const del = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'a', shutdownTime: at })).sandbox.metadata.name;
     const keep = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'a', shutdownTime: at, shutdownPolicy: 'Retain' })).sandbox.metadata.name;
@@ -225,7 +225,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('idle timeout hibernates a claimed sandbox; activity and warm membership keep sandboxes running', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', { idleTimeoutMs: 30_000 }, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns, { idleTimeoutMs: 30_000 }));
     await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 2, h.ns));
     await eventually('pool ready', async () => (await poolStatus(h, 'py-pool'))?.readyReplicas === 2);
     // Members sit warm for an hour: the claim, not the pod start, starts the idle clock.
@@ -250,7 +250,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('deleting a sandbox removes its pod, then the object (finalizer)', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     const name = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'a' })).sandbox.metadata.name;
     await h.op.claimer.waitReady(h.ns, name, 5_000);
     const deleting = await h.store.delete<Sandbox>(SandboxType, h.ns, name);
@@ -264,7 +264,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('after a restart the operator removes orphan pods and restarts pods that should run', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     const name = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'a' })).sandbox.metadata.name;
     await h.op.claimer.waitReady(h.ns, name, 5_000);
     await h.op.close();
@@ -282,7 +282,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('deleting a warm pool deletes its members and their pods', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 3, h.ns));
     await eventually('pool ready', async () => (await poolStatus(h, 'py-pool'))?.readyReplicas === 3);
     await h.store.delete(SandboxWarmPoolType, h.ns, 'py-pool');
@@ -292,7 +292,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
   test('a warm pool with updateStrategy Recreate replaces members when its template changes', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     const pool = warmPool('py-pool', 'py', 2, h.ns);
     await h.store.create(SandboxWarmPoolType, { ...pool, spec: { ...pool.spec, updateStrategy: { type: 'Recreate' } } });
     await eventually('pool ready', async () => (await poolStatus(h, 'py-pool'))?.readyReplicas === 2);
@@ -334,13 +334,13 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
     informer.onChange((key) => seen.push(key));
     informer.start();
     t.after(() => informer.close());
-    await h.store.create(SandboxTemplateType, template('a', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('a', h.ns));
     await informer.synced();
     await eventually('a cached', () => informer.getByName(h.ns, 'a') !== undefined);
 
     breakWatch?.();
     assert.equal(informer.healthy, false);
-    await h.store.create(SandboxTemplateType, template('b', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('b', h.ns));
     await h.store.delete(SandboxTemplateType, h.ns, 'a');
     await eventually('relisted', () => informer.healthy && informer.getByName(h.ns, 'b') !== undefined);
     assert.equal(informer.getByName(h.ns, 'a'), undefined, 'the delete in the gap is seen');
@@ -349,7 +349,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 }
 
 async function fillPool(h: Harness, name: string, replicas: number): Promise<void> {
-  await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+  await h.store.create(SandboxTemplateType, template('py', h.ns));
   await h.store.create(SandboxWarmPoolType, warmPool(name, 'py', replicas, h.ns));
   await eventually(`pool ${name} ready`, async () => {
     const pool = await h.store.get<SandboxWarmPool>(SandboxWarmPoolType, h.ns, name);
@@ -372,7 +372,7 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
 
   test('a claim with no warm member cold-starts from the template and says so', async (t) => {
     const h = await start(t);
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     const { sandbox, launch } = await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'team-a', labels: { app: 'demo' } });
     assert.equal(launch, 'cold');
     assert.match(sandbox.metadata.name, /^tst1[a-z0-9]{16}$/);
@@ -387,7 +387,7 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
   test('a claim naming an unknown template fails with NotFound; reserved labels are refused', async (t) => {
     const h = await start(t);
     await assert.rejects(h.op.claimer.claim({ namespace: h.ns, template: 'nope', owner: 'a' }), (err) => isAsbError(err, 'NotFound'));
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     await assert.rejects(
       h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'a', labels: { [LABEL.owner]: 'someone-else' } }),
       (err) => isAsbError(err, 'Invalid'),
@@ -432,7 +432,7 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
 
   test('waitReady times out with Timeout for a sandbox that never becomes ready, and resolves when it does', async (t) => {
     const h = await start(t, { autoReady: false });
-    await h.store.create(SandboxTemplateType, template('py', {}, h.ns));
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
     const { sandbox } = await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'a' });
     const name = sandbox.metadata.name;
     const waiting = h.op.claimer.waitReady(h.ns, name, 60_000);

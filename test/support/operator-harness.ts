@@ -74,7 +74,8 @@ export interface Harness {
   restart(): Promise<Operator>;
 }
 
-export const NS = 'default';
+/** The SQLite store's namespace: each test has a store of its own. */
+const NS = 'default';
 export const CLUSTER_TAG = 'tst1';
 
 /** One test's store: empty, with a namespace of its own. */
@@ -147,7 +148,8 @@ export async function eventually<T>(what: string, check: () => T | undefined | f
   }
 }
 
-export function template(name: string, extra: Partial<SandboxTemplate['spec']> = {}, namespace = NS): SandboxTemplate {
+/** A template in `namespace`: each test's own (Harness.ns), never a default a kube test would share. */
+export function template(name: string, namespace: string, extra: Partial<SandboxTemplate['spec']> = {}): SandboxTemplate {
   return {
     apiVersion: apiVersionOf(SandboxTemplateType),
     kind: 'SandboxTemplate',
@@ -160,7 +162,7 @@ export function template(name: string, extra: Partial<SandboxTemplate['spec']> =
   };
 }
 
-export function warmPool(name: string, templateName: string, replicas: number, namespace = NS): SandboxWarmPool {
+export function warmPool(name: string, templateName: string, replicas: number, namespace: string): SandboxWarmPool {
   return {
     apiVersion: apiVersionOf(SandboxWarmPoolType),
     kind: 'SandboxWarmPool',
