@@ -1,10 +1,11 @@
 // The worker's Kubernetes parts, loaded only with --store=kube (dynamic import from worker.ts:
 // @kubernetes/client-node costs ~0.4 s to load, which the SQLite default never pays):
-// - the kube store and a second connection of its own for the leader-election Lease, so a
-//   renewal never queues behind a claim burst on the store's sockets;
+// - the kube store;
 // - the controllers under the Lease: the operator (and the hub sync agent, which writes what the
 //   hub sends, and its link's state for the API processes: hub-link.ts) start when this process
-//   takes the Lease and stop when it loses it.
+//   takes the Lease and stop when it loses it. The Lease has a connection of its own, so a
+//   renewal never queues behind a claim burst on the store's sockets; only a process that
+//   campaigns opens it (--role=api never does).
 import type { Metrics } from '../metrics/metrics.ts';
 import { startOperator, type Operator } from '../operator/operator.ts';
 import { LeaderElector } from '../operator/leader.ts';
@@ -23,33 +24,12 @@ export interface KubeConnection {
   store: KubeStore;
   /** The kubeconfig the store was opened with (a file's, or the Pod's own). */
   kubeconfig: KubeConfig;
-  /** A connection of its own to the same API server (the Lease, the runtime). */
-  http: KubeHttp;
-  /** Where the Lease lives: the kubeconfig context's namespace (in a Pod: the Pod's), else --namespace. */
-  leaseNamespace: string;
-  close(): Promise<void>;
 }
 
 export async function connectKube(config: WorkerConfig, opts: { clock: Clock; metrics: Metrics; log: Logger }): Promise<KubeConnection> {
   const kubeconfig = config.kubeconfig === undefined ? inClusterKubeConfig() : loadKubeConfig(config.kubeconfig);
   const store = await openKubeStore({ kubeconfig, namespace: config.namespace, metrics: opts.metrics, log: opts.log, clock: opts.clock });
-  let http: KubeHttp;
-  try {
-    http = await KubeHttp.open(kubeconfig);
-  } catch (err) {
-    await store.close();
-    throw err;
-  }
-  return {
-    store,
-    kubeconfig,
-    http,
-    leaseNamespace: http.target.namespace ?? config.namespace,
-    async close() {
-      http.close();
-      await store.close();
-    },
-  };
+  return { store, kubeconfig };
 }
 
 /**
@@ -65,7 +45,7 @@ export interface LedControllers {
   readonly elector: LeaderElector;
   /** The running operator while this process leads. */
   current(): Operator | undefined;
-  /** Stops leading (controllers first), then releases the Lease. Idempotent. */
+  /** Stops leading (controllers first), then releases the Lease and closes its connection. Idempotent. */
   close(): Promise<void>;
 }
 
@@ -81,13 +61,15 @@ export interface LedControllersOptions {
 }
 
 /** The operator (and the hub sync agent) run only while this process holds the operator Lease. */
-export function startLedControllers(opts: LedControllersOptions): LedControllers {
+export async function startLedControllers(opts: LedControllersOptions): Promise<LedControllers> {
   const { config, kube, runtime, log, metrics, clock } = opts;
+  const http = await KubeHttp.open(kube.kubeconfig);
   let operator: Operator | undefined;
   let sync: SyncAgent | undefined;
   const elector = new LeaderElector({
-    http: kube.http,
-    namespace: kube.leaseNamespace,
+    http,
+    // The kubeconfig context's namespace (in a Pod: the Pod's), else --namespace.
+    namespace: http.target.namespace ?? config.namespace,
     // One Lease per worker cluster: the tag is unique in a federation and a valid name part.
     name: `asb-operator-${config.clusterTag}`,
     clock,
@@ -111,6 +93,9 @@ export function startLedControllers(opts: LedControllersOptions): LedControllers
   return {
     elector,
     current: () => operator,
-    close: () => elector.close(),
+    async close() {
+      await elector.close();
+      http.close();
+    },
   };
 }

@@ -72,7 +72,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const operator = config.store === 'sqlite' ? await startOperator({ store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag }) : undefined;
   const led =
     kube !== undefined && config.role !== 'api'
-      ? (await import('./worker-kube.ts')).startLedControllers({ config, kube, runtime, hubCredential, log, metrics, registry, clock })
+      ? await (await import('./worker-kube.ts')).startLedControllers({ config, kube, runtime, hubCredential, log, metrics, registry, clock })
       : undefined;
   // Claims on the kube store come from a claim front of this process's own, which claims whether
   // or not this process leads.
@@ -163,7 +163,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           await Promise.all(runtime.list().map((id) => runtime.stop(id)));
         }
         await runtime.close();
-        await (kube ?? store).close();
+        await store.close();
       })();
       return closing;
     },
