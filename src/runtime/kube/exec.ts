@@ -12,11 +12,10 @@
 //   kubelet ends the exec (the container runtime decides how; ours kills its process group).
 import { constants } from 'node:os';
 import { Readable, Writable } from 'node:stream';
-import type { KubeConfig } from '@kubernetes/client-node';
 import { AsbError } from '../../errors.ts';
 import type { Clock } from '../../system/clock.ts';
 import type { ExecRequest, ExecResult, PodProcess, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
-import { PodExec, type ExecEnd, type ExecTarget } from './pod-exec.ts';
+import { PodExec, type ExecCredentials, type ExecEnd, type ExecTarget } from './pod-exec.ts';
 import { CappedBuffer } from '../capped-buffer.ts';
 
 const DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024;
@@ -85,7 +84,7 @@ function failure(end: ExecEnd): AsbError {
 }
 
 export interface ExecContext {
-  kc: KubeConfig;
+  credentials: ExecCredentials;
   target: ExecTarget;
   clock: Clock;
 }
@@ -97,7 +96,7 @@ export async function execInPod(ctx: ExecContext, req: ExecRequest): Promise<Exe
   const stderr = new CappedBuffer(max);
   const hasStdin = req.stdin !== undefined;
   const started = ctx.clock.now();
-  const session = await PodExec.open(ctx.kc, ctx.target, argv, { stdin: hasStdin, stdout: true, stderr: true, tty: false, closesStdin: hasStdin }, {
+  const session = await PodExec.open(ctx.credentials, ctx.target, argv, { stdin: hasStdin, stdout: true, stderr: true, tty: false, closesStdin: hasStdin }, {
     stdout: (c) => stdout.push(c),
     stderr: (c) => stderr.push(c),
   });
@@ -159,7 +158,7 @@ export async function spawnInPod(ctx: ExecContext, req: SpawnRequest): Promise<P
   };
   let pid: number | undefined;
   let head: Buffer | undefined = Buffer.alloc(0); // stderr until the wrapper's pid line is complete
-  const opened = await PodExec.open(ctx.kc, ctx.target, argv, { stdin: true, stdout: true, stderr: true, tty: false, closesStdin: true }, {
+  const opened = await PodExec.open(ctx.credentials, ctx.target, argv, { stdin: true, stdout: true, stderr: true, tty: false, closesStdin: true }, {
     stdout: (c) => push(stdout, 'stdout', c),
     stderr: (c) => {
       if (head === undefined) {
@@ -257,7 +256,7 @@ export async function openPtyInPod(ctx: ExecContext, opts: PtyOptions): Promise<
   const argv = wrapCommand(command, { cwd: opts.cwd, user: opts.user, env: { TERM: 'xterm-256color', ...opts.env } });
   const flow = new Flow();
   const queue = new ChunkQueue(flow);
-  const opened = await PodExec.open(ctx.kc, ctx.target, argv, { stdin: true, stdout: true, stderr: false, tty: true }, { stdout: (c) => queue.push(c) });
+  const opened = await PodExec.open(ctx.credentials, ctx.target, argv, { stdin: true, stdout: true, stderr: false, tty: true }, { stdout: (c) => queue.push(c) });
   flow.attach(opened);
   opened.resize(opts.cols, opts.rows);
   let closed = false;

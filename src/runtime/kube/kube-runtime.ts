@@ -21,6 +21,7 @@ import { systemClock, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
 import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 import { execInPod, openPtyInPod, spawnInPod, type ExecContext } from './exec.ts';
+import { ExecCredentials } from './pod-exec.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { claimManifests, podManifest, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, type KubePod, type KubePvc } from './objects.ts';
 
@@ -72,7 +73,7 @@ export async function createKubeRuntime(opts: KubeRuntimeOptions): Promise<KubeP
 
 export class KubePodRuntime implements PodRuntime {
   readonly namespace: string;
-  readonly #kc: KubeConfig;
+  readonly #credentials: ExecCredentials;
   readonly #store: KubeStore;
   /** The store is the runtime's own (not the worker's): close() closes it. */
   readonly #ownsStore: boolean;
@@ -94,7 +95,7 @@ export class KubePodRuntime implements PodRuntime {
   constructor(opts: KubeRuntimeOptions, kc: KubeConfig, store: KubeStore) {
     const { namespace } = opts;
     this.namespace = namespace;
-    this.#kc = kc;
+    this.#credentials = new ExecCredentials(kc);
     this.#store = store;
     this.#ownsStore = opts.store === undefined;
     this.#log = opts.log.child({ component: 'kube-runtime', namespace });
@@ -299,7 +300,7 @@ export class KubePodRuntime implements PodRuntime {
     if (pod === undefined || container === undefined || pod.metadata.deletionTimestamp !== undefined || pod.status?.phase !== 'Running') {
       throw new AsbError('SandboxNotRunning', `sandbox pod ${id} is not running`);
     }
-    return { kc: this.#kc, target: { namespace: this.namespace, pod: id, container }, clock: this.#clock };
+    return { credentials: this.#credentials, target: { namespace: this.namespace, pod: id, container }, clock: this.#clock };
   }
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {

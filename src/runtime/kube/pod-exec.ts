@@ -8,7 +8,8 @@
 // (the default streams are the process's own), throws from inside the socket's message event on
 // channel 255, and writes stdin without backpressure. What we take from the library is the part
 // that is hard to get right: KubeConfig.applyToHTTPSOptions fills the socket's TLS options,
-// credentials (tokens, client certificates, exec plugins) and proxy agent.
+// credentials (tokens, client certificates, exec plugins) and proxy agent (ExecCredentials: once
+// per runtime, and again after a 401).
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { ClientRequest, IncomingMessage } from 'node:http';
 import WebSocket from 'ws';
@@ -57,6 +58,58 @@ interface Status {
   details?: { causes?: { reason?: string; message?: string }[] };
 }
 
+interface SocketOptions {
+  /** The API server as a ws: or wss: URL, with no trailing slash (a path prefix is kept). */
+  server: string;
+  options: WebSocket.ClientOptions;
+}
+
+/**
+ * The API server and the socket options (TLS, credentials, proxy agent) from the kubeconfig, read
+ * on the first exec and kept: reading them reads the CA and client certificate files
+ * (synchronously) and may run a credential plugin, which an exec per request should not pay.
+ * Read again after a 401, once however many sessions were refused.
+ */
+export class ExecCredentials {
+  readonly #kc: KubeConfig;
+  #current: Promise<SocketOptions> | undefined;
+
+  constructor(kc: KubeConfig) {
+    this.#kc = kc;
+  }
+
+  current(): Promise<SocketOptions> {
+    if (this.#current !== undefined) return this.#current;
+    const reading = this.#read();
+    this.#current = reading;
+    // A failed read is not kept: the next exec tries again.
+    void reading.catch(() => {
+      if (this.#current === reading) this.#current = undefined;
+    });
+    return reading;
+  }
+
+  /** Reads them again unless another session already did since `used` was read. */
+  refresh(used: Promise<SocketOptions>): Promise<SocketOptions> {
+    if (this.#current === used) this.#current = undefined;
+    return this.current();
+  }
+
+  async #read(): Promise<SocketOptions> {
+    const server = this.#kc.getCurrentCluster()?.server;
+    if (server === undefined) throw new AsbError('Unavailable', 'kubeconfig: the current context names no cluster');
+    const url = new URL(server);
+    url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+    const options: WebSocket.ClientOptions = { perMessageDeflate: false, handshakeTimeout: HANDSHAKE_TIMEOUT_MS, followRedirects: false };
+    try {
+      await this.#kc.applyToHTTPSOptions(options);
+    } catch (err) {
+      throw new AsbError('Unavailable', `kubeconfig: cannot read the credentials of context "${this.#kc.getCurrentContext()}": ${String(err)}`, { cause: err });
+    }
+    return { server: url.href.replace(/\/+$/, ''), options };
+  }
+}
+
 export class PodExec {
   readonly #ws: WebSocket;
   readonly #handlers: ExecHandlers;
@@ -78,44 +131,47 @@ export class PodExec {
   }
 
   /** Opens the session; rejects with an AsbError (SandboxNotRunning for a pod or container that cannot take an exec). */
-  static async open(kc: KubeConfig, target: ExecTarget, command: readonly string[], streams: ExecStreams, handlers: ExecHandlers): Promise<PodExec> {
-    const server = kc.getCurrentCluster()?.server;
-    if (server === undefined) throw new AsbError('Unavailable', 'kubeconfig: the current context names no cluster');
-    const url = new URL(`${server.replace(/\/+$/, '')}/api/v1/namespaces/${encodeURIComponent(target.namespace)}/pods/${encodeURIComponent(target.pod)}/exec`);
-    url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
-    for (const arg of command) url.searchParams.append('command', arg);
-    url.searchParams.set('container', target.container);
-    url.searchParams.set('stdin', String(streams.stdin));
-    url.searchParams.set('stdout', String(streams.stdout));
-    url.searchParams.set('stderr', String(streams.stderr && !streams.tty));
-    url.searchParams.set('tty', String(streams.tty));
-    const options: WebSocket.ClientOptions = { perMessageDeflate: false, handshakeTimeout: HANDSHAKE_TIMEOUT_MS, followRedirects: false };
-    try {
-      await kc.applyToHTTPSOptions(options);
-    } catch (err) {
-      throw new AsbError('Unavailable', `kubeconfig: cannot read the credentials of context "${kc.getCurrentContext()}": ${String(err)}`, { cause: err });
-    }
+  static async open(credentials: ExecCredentials, target: ExecTarget, command: readonly string[], streams: ExecStreams, handlers: ExecHandlers): Promise<PodExec> {
+    const query = new URLSearchParams();
+    for (const arg of command) query.append('command', arg);
+    query.set('container', target.container);
+    query.set('stdin', String(streams.stdin));
+    query.set('stdout', String(streams.stdout));
+    query.set('stderr', String(streams.stderr && !streams.tty));
+    query.set('tty', String(streams.tty));
+    const path = `/api/v1/namespaces/${encodeURIComponent(target.namespace)}/pods/${encodeURIComponent(target.pod)}/exec?${query.toString()}`;
     const what = `exec in pod ${target.namespace}/${target.pod}`;
-    const ws = new WebSocket(url, PROTOCOLS, options);
+    const used = credentials.current();
+    let shake = await PodExec.#handshake(await used, path, handlers, what);
+    // A token from a credential plugin or a ServiceAccount expires: read the credentials again
+    // once before giving up, as the store does.
+    if ('status' in shake && shake.status === 401) shake = await PodExec.#handshake(await credentials.refresh(used), path, handlers, what);
+    if ('status' in shake) throw refusal(what, shake.status, shake.body);
+    const { session } = shake;
+    if (streams.closesStdin === true && session.#ws.protocol !== PROTOCOL_V5) {
+      session.abort();
+      throw new AsbError('Unavailable', `${what}: the API server speaks ${session.#ws.protocol === '' ? 'no channel protocol' : session.#ws.protocol}, not ${PROTOCOL_V5} (Kubernetes 1.30+), so stdin cannot be closed`);
+    }
+    return session;
+  }
+
+  /** The WebSocket upgrade: an open session, or the API server's refusal. */
+  static async #handshake(socket: SocketOptions, path: string, handlers: ExecHandlers, what: string): Promise<{ session: PodExec } | { status: number; body: string }> {
+    const ws = new WebSocket(`${socket.server}${path}`, PROTOCOLS, socket.options);
     const session = new PodExec(ws, handlers, what);
-    await new Promise<void>((resolve, reject) => {
-      ws.once('open', () => resolve());
+    return new Promise((resolve, reject) => {
+      ws.once('open', () => resolve({ session }));
       ws.once('unexpected-response', (req: ClientRequest, res: IncomingMessage) => {
         const chunks: Buffer[] = [];
         res.on('data', (c: Buffer) => chunks.push(c));
         res.on('end', () => {
           req.destroy();
-          reject(refusal(what, res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8')));
+          resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') });
         });
         res.on('error', (err) => reject(new AsbError('Unavailable', `${what}: ${err.message}`, { cause: err })));
       });
       void session.ended.then((end) => reject(new AsbError('Unavailable', end.kind === 'closed' ? end.reason : `${what}: the session ended during the handshake`)));
     });
-    if (streams.closesStdin === true && ws.protocol !== PROTOCOL_V5) {
-      session.abort();
-      throw new AsbError('Unavailable', `${what}: the API server speaks ${ws.protocol === '' ? 'no channel protocol' : ws.protocol}, not ${PROTOCOL_V5} (Kubernetes 1.30+), so stdin cannot be closed`);
-    }
-    return session;
   }
 
   #message(data: WebSocket.RawData): void {
