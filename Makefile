@@ -52,7 +52,8 @@ TEST_FILES ?= 'test/**/*.test.ts'
 
 # The Kubernetes tier (test/k8s/) runs against a real kube-apiserver, etcd and kubectl that
 # scripts/kube-tools.sh builds with Go from the module proxy into .tools/kube/bin (stamped by
-# version: ~5 min the first time on 2 cores, ~0 s after). `make test` includes the tier.
+# version: ~5 min the first time on 2 cores, ~0 s after). `make test` includes the tier; `make
+# bench` builds them too, for its Kubernetes part (bench/kube.ts).
 # scripts/kube-test-kubelet.sh builds the test kubelet (tools/kube/test-kubelet) the same way.
 kube-tools:
 	@scripts/kube-tools.sh
@@ -67,7 +68,7 @@ typecheck: deps
 lint: deps
 	@$(NODE) node_modules/.bin/eslint --max-warnings 0 .
 
-bench: deps
+bench: deps kube-tools
 	@$(NODE) bench/run.ts
 
 clean:
