@@ -6,11 +6,9 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { startChild } from '../src/system/child.ts';
 import { freePort } from '../src/system/local-system.ts';
+import { hubAdminKey, startHubProcess } from './support/hub-process.ts';
 import { runAsb, type RunResult } from './support/run-asb.ts';
-
-const ROOT = join(import.meta.dirname, '..');
 
 function asb(args: string[], env: Record<string, string>, opts: { cwd?: string; input?: string } = {}): Promise<RunResult> {
   return runAsb(args, { ...opts, env });
@@ -20,15 +18,9 @@ function asb(args: string[], env: Record<string, string>, opts: { cwd?: string; 
 test('asb cluster / key / template against a real hub process', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'asb-hub-cli-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const keyFile = join(dir, 'admin.key');
-  const hub = await startChild<{ ready: true; url: string }>({
-    name: 'hub',
-    entry: join(ROOT, 'src', 'hub', 'hub-main.ts'),
-    args: ['--data-dir', join(dir, 'hub'), '--port', '0', '--admin-key-file', keyFile, '--log-level', 'warn'],
-    logPath: join(dir, 'hub.log'),
-  });
+  const hub = await startHubProcess(dir);
   t.after(() => hub.stop());
-  const admin = readFileSync(keyFile, 'utf8').trim();
+  const admin = hubAdminKey(dir);
   const env = { ASB_HUB_URL: hub.ready.url, ASB_HUB_KEY: admin };
 
   await t.test('cluster add prints the credential once; ls shows the registry', async () => {

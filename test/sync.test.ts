@@ -5,7 +5,7 @@
 //
 // Bounds are stated in heartbeats (HEARTBEAT_MS from the contract), never as latencies.
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, connect, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -19,7 +19,7 @@ import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { waitFor } from './support/wait.ts';
 import { hubStoreWithCluster, serveUpgrades } from './support/hub-unit.ts';
-import { hubCall, startHubProcess, type HubView } from './support/hub-process.ts';
+import { hubAdminKey, hubCall, startHubProcess, type HubView } from './support/hub-process.ts';
 import { api, startWorkerProcess, type WorkerProcess } from './support/worker-process.ts';
 
 /** A live link carries a change at once; 3 heartbeats is the bound the design promises. */
@@ -129,7 +129,7 @@ test('federation sync between a hub and two worker processes', async (t) => {
 
   let hubProc = await startHubProcess(dir);
   t.after(() => hubProc.stop());
-  const hub: HubView = { url: hubProc.ready.url, adminKey: readFileSync(join(dir, 'hub-admin.key'), 'utf8').trim() };
+  const hub: HubView = { url: hubProc.ready.url, adminKey: hubAdminKey(dir) };
 
   const relays = { a: await startRelay(portOf(hub.url)), b: await startRelay(portOf(hub.url)) };
   t.after(() => {

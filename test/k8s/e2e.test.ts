@@ -8,12 +8,12 @@
 // controllers of every worker watch every namespace.
 import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test, type TestContext } from 'node:test';
 import { LABEL } from '../../src/api/types.ts';
-import { hubCall, startHubProcess, type Hub } from '../support/hub-process.ts';
+import { hubAdminKey, hubCall, startHubProcess, type Hub } from '../support/hub-process.ts';
 import { installCrds } from '../support/kube-store.ts';
 import { KubectlError, startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { startTestKubelet, type TestKubelet } from '../support/test-kubelet.ts';
@@ -119,7 +119,7 @@ async function federated(t: TestContext, tag: string): Promise<string[] & { hub:
   t.after(() => rmSync(dir, { recursive: true, force: true }));
   const hub = await startHubProcess(dir);
   t.after(() => hub.stop());
-  const view = { url: hub.ready.url, adminKey: readFileSync(join(dir, 'hub-admin.key'), 'utf8').trim() };
+  const view = { url: hub.ready.url, adminKey: hubAdminKey(dir) };
   const name = `k8s-${tag}`;
   const { credential } = await hubCall<{ credential: string }>(view, 'PUT', `/v1/clusters/${name}`, { region: 'k8s', ingressAddress: '127.0.0.1:10009', tag });
   const credentialFile = join(dir, 'credential');

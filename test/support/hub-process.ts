@@ -1,6 +1,7 @@
 // A hub (src/hub/hub-main.ts) in its own process for tests that need a real one, and its admin
 // API. Its data, admin key and log live under the directory the test gives.
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { startChild, type ReadyChild } from '../../src/system/child.ts';
 import { api } from './worker-process.ts';
@@ -16,6 +17,11 @@ export function startHubProcess(dir: string): Promise<Hub> {
     args: ['--data-dir', join(dir, 'hub'), '--port', '0', '--admin-key-file', join(dir, 'hub-admin.key'), '--log-level', 'warn'],
     logPath: join(dir, 'hub.log'),
   });
+}
+
+/** The admin key the hub of `dir` made on its first start (the same across its restarts). */
+export function hubAdminKey(dir: string): string {
+  return readFileSync(join(dir, 'hub-admin.key'), 'utf8').trim();
 }
 
 export interface HubView {
