@@ -332,9 +332,9 @@ const cluster: KindSchema = {
 };
 
 const syncState: KindSchema = {
-  description: 'The worker\'s record of its sync with the hub: the last hub version it applied.',
+  description: 'The worker\'s record of its sync with the hub: the last hub version it applied, and whether the sync agent\'s link to the hub is up.',
   spec: object({ appliedVersion: integer(0) }, { required: ['appliedVersion'] }),
-  status: anyObject(),
+  status: object({ hubConnected: boolean(), lastTransitionTime: time() }),
 };
 
 const KINDS: ReadonlyMap<string, KindSchema> = new Map(([
