@@ -16,7 +16,7 @@ import { AsbError } from '../errors.ts';
 import type { Reply, RequestContext } from '../worker/router.ts';
 import { candidatesFor, PlacedSinceHeartbeat, type HubTemplate } from './candidates.ts';
 import type { Cluster, PlacementRequest } from './contract.ts';
-import { detailOf, liveClusters, MAX_ANSWER_BYTES, passOn, workerUrl, type CallLimits } from './forward.ts';
+import { detailOf, forwardedHeaders, liveClusters, MAX_ANSWER_BYTES, passOn, workerUrl, type CallLimits } from './forward.ts';
 import type { HubContext } from './hub-context.ts';
 import { place } from './placement.ts';
 import { WorkerCallError, type WorkerAgents, type WorkerAnswer } from './worker-call.ts';
@@ -24,12 +24,12 @@ import { WorkerCallError, type WorkerAgents, type WorkerAnswer } from './worker-
 /** Worker answers after which the next cluster is tried. */
 const FAILOVER_STATUSES: ReadonlySet<number> = new Set([502, 503, 504]);
 
-/** The create as it goes to the chosen worker. */
+/** The create as it goes to the chosen worker, with the caller's key (forwardedHeaders). */
 export interface ForwardedCreate {
   /** The worker API path: the one the caller used at the hub. */
   path: string;
+  /** JSON. */
   body: Buffer;
-  headers: Record<string, string>;
 }
 
 export interface Placer {
@@ -82,6 +82,7 @@ export function createPlacer(h: HubContext, agents: WorkerAgents, limits: CallLi
     const { candidates, unusable } = candidatesFor(clusters, liveClusters(h), placed, await hubTemplate(namespace, template));
     const plan = place(target, candidates);
     const apiUrls = new Map(clusters.map((c) => [c.metadata.name, c.spec.apiUrl ?? '']));
+    const headers = { ...forwardedHeaders(ctx), 'content-type': 'application/json' };
     const failed: { cluster: string; reason: string }[] = [];
 
     for (const [i, name] of plan.order.entries()) {
@@ -94,7 +95,7 @@ export function createPlacer(h: HubContext, agents: WorkerAgents, limits: CallLi
         answer = await agents.call({
           method: 'POST',
           url: workerUrl(apiUrls.get(name) ?? '', forward.path),
-          headers: forward.headers,
+          headers,
           body: forward.body,
           connectTimeoutMs: limits.connectTimeoutMs,
           timeoutMs: limits.createTimeoutMs,

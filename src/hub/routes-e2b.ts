@@ -20,7 +20,7 @@ import { CREATE_BODY } from '../worker/e2b/routes.ts';
 import { checkBody, isPlainObject, queryInt } from '../worker/input.ts';
 import type { Reply, Route } from '../worker/router.ts';
 import type { Placer } from './create-placement.ts';
-import { forwardedHeaders, registeredClusters } from './forward.ts';
+import { registeredClusters } from './forward.ts';
 import type { HubContext } from './hub-context.ts';
 import { decodeHubToken, encodeHubToken, type FanOut } from './list-fanout.ts';
 import type { WorkerAnswer } from './worker-call.ts';
@@ -62,8 +62,7 @@ export function e2bHubRoutes(h: HubContext, auth: Authenticator, placer: Placer,
     // Only what placement needs is checked here; the chosen worker checks the rest.
     const { templateID } = checkBody(isPlainObject(raw) ? { templateID: raw.templateID } : raw, TEMPLATE_FIELD);
     const body = raw === undefined ? Buffer.alloc(0) : Buffer.from(JSON.stringify(raw));
-    const headers = { ...forwardedHeaders(ctx), 'content-type': 'application/json' };
-    return placer.create(ctx, await registeredClusters(h.store), { namespace: h.defaultNamespace, template: templateID ?? 'base' }, { path, body, headers });
+    return placer.create(ctx, await registeredClusters(h.store), { namespace: h.defaultNamespace, template: templateID ?? 'base' }, { path, body });
   }
 
   async function list(ctx: AuthedContext, path: string): Promise<Reply> {

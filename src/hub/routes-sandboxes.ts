@@ -12,7 +12,7 @@ import type { Reply, RequestContext, Route } from '../worker/router.ts';
 import { clusterNotFound } from './clusters.ts';
 import type { Cluster } from './contract.ts';
 import { createPlacer } from './create-placement.ts';
-import { callLimits, forwardedHeaders, registeredClusters, type PlacementOptions } from './forward.ts';
+import { callLimits, registeredClusters, type PlacementOptions } from './forward.ts';
 import type { HubContext } from './hub-context.ts';
 import { createFanOut, decodeHubToken, encodeHubToken, type Unreachable } from './list-fanout.ts';
 import { e2bHubRoutes } from './routes-e2b.ts';
@@ -59,8 +59,7 @@ export function sandboxHubRoutes(h: HubContext, auth: Authenticator, opts: Place
       ...(region === undefined ? {} : { region }),
       ...(cluster === undefined ? {} : { cluster }),
     };
-    const headers = { ...forwardedHeaders(ctx), 'content-type': 'application/json' };
-    return placer.create(ctx, clusters, target, { path: '/v1/sandboxes', body: Buffer.from(JSON.stringify(rest)), headers });
+    return placer.create(ctx, clusters, target, { path: '/v1/sandboxes', body: Buffer.from(JSON.stringify(rest)) });
   }
 
   async function list(ctx: RequestContext): Promise<Reply> {
