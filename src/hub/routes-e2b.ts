@@ -16,8 +16,8 @@ import type { Authenticator } from '../worker/deps.ts';
 import { readJson } from '../worker/body.ts';
 import { compareCursors, DEFAULT_LIMIT, encodeCursor, listOrder, MAX_LIMIT, type Cursor } from '../worker/e2b/list.ts';
 import { e2bRoute, type AuthedContext } from '../worker/e2b/reply.ts';
-import { CREATE_BODY } from '../worker/e2b/routes.ts';
-import { checkBody, isPlainObject, queryInt } from '../worker/input.ts';
+import { checkKnown, CREATE_BODY } from '../worker/e2b/routes.ts';
+import { isPlainObject, queryInt } from '../worker/input.ts';
 import type { Reply, Route } from '../worker/router.ts';
 import type { Placer } from './create-placement.ts';
 import { registeredClusters } from './forward.ts';
@@ -60,7 +60,7 @@ export function e2bHubRoutes(h: HubContext, auth: Authenticator, placer: Placer,
   async function create(ctx: AuthedContext, path: string): Promise<Reply> {
     const raw = await readJson(ctx.req, h.jsonBytes);
     // Only what placement needs is checked here; the chosen worker checks the rest.
-    const { templateID } = checkBody(isPlainObject(raw) ? { templateID: raw.templateID } : raw, TEMPLATE_FIELD);
+    const { templateID } = checkKnown(raw, TEMPLATE_FIELD);
     const body = raw === undefined ? Buffer.alloc(0) : Buffer.from(JSON.stringify(raw));
     return placer.create(ctx, await registeredClusters(h.store), { namespace: h.defaultNamespace, template: templateID ?? 'base' }, { path, body });
   }

@@ -48,7 +48,7 @@ const CONNECT_BODY = { timeout: { kind: 'integer', min: 1, max: MAX_TIMEOUT_S } 
 const TIMEOUT_BODY = { timeout: { kind: 'integer', required: true, min: 0, max: MAX_TIMEOUT_S } } as const;
 
 /** The body's fields this API knows, checked; the other fields the SDK may send are dropped. */
-function checkKnown<S extends BodySpec>(raw: unknown, spec: S): BodyOf<S> {
+export function checkKnown<S extends BodySpec>(raw: unknown, spec: S): BodyOf<S> {
   return checkBody(isPlainObject(raw) ? Object.fromEntries(Object.entries(raw).filter(([k]) => Object.hasOwn(spec, k))) : raw, spec);
 }
 
