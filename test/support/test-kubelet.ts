@@ -11,24 +11,12 @@ import { createInterface } from 'node:readline';
 import { AsbError } from '../../src/errors.ts';
 import { diesWithTest, KUBE_BIN_DIR, logTail, type KubeApiServer } from './kube-apiserver.ts';
 
-export interface TestKubeletOptions {
-  /** Default asb-test-node. */
-  nodeName?: string;
-  /** Pod IPs come from here; default 127.77.0.0/16. */
-  podCidr?: string;
-  /** Only Pods of this namespace; default every namespace. */
-  namespace?: string;
-  /** How long the binary may take to register its node; default 60 s. */
-  readyTimeoutMs?: number;
-}
+// How long the binary may take to register its node.
+const READY_TIMEOUT_MS = 60_000;
 
 export interface TestKubelet {
+  /** The Node it registered (its default name, asb-test-node); every Pod is bound to it. */
   readonly nodeName: string;
-  /** The HTTPS port the API server dials for pods/exec. */
-  readonly port: number;
-  /** Pod directories (pods/<ns>/<name>-<uid>) and claim volumes (volumes/<ns>/<claim>). */
-  readonly root: string;
-  readonly logPath: string;
   /** Ends the kubelet (it kills what it ran) and removes its directory. Idempotent. */
   stop(): Promise<void>;
 }
@@ -41,15 +29,13 @@ process.once('exit', () => {
   }
 });
 
-export async function startTestKubelet(kube: KubeApiServer, opts: TestKubeletOptions = {}): Promise<TestKubelet> {
+/** Its pod directories (pods/<ns>/<name>-<uid>), claim volumes (volumes/<ns>/<claim>) and log go in a temporary directory. */
+export async function startTestKubelet(kube: KubeApiServer): Promise<TestKubelet> {
   const binary = join(KUBE_BIN_DIR, 'test-kubelet');
   if (!existsSync(binary)) throw new AsbError('Unavailable', `test kubelet: ${binary} is missing; run \`make kube-tools\` (make test does) to build it`);
-  const nodeName = opts.nodeName ?? 'asb-test-node';
   const root = mkdtempSync(join(tmpdir(), 'asb-kubelet-'));
   const logPath = join(root, 'test-kubelet.log');
-  const args = ['--kubeconfig', kube.kubeconfigPath, '--root', root, '--node-name', nodeName, '--pod-cidr', opts.podCidr ?? '127.77.0.0/16'];
-  if (opts.namespace !== undefined) args.push('--namespace', opts.namespace);
-  const [command, argv] = diesWithTest(binary, args);
+  const [command, argv] = diesWithTest(binary, ['--kubeconfig', kube.kubeconfigPath, '--root', root]);
   const log = openSync(logPath, 'a');
   let proc: ChildProcess;
   try {
@@ -77,21 +63,21 @@ export async function startTestKubelet(kube: KubeApiServer, opts: TestKubeletOpt
   };
 
   try {
-    const port = await readyPort(proc, exited, logPath, opts.readyTimeoutMs ?? 60_000);
-    return { nodeName, port, root, logPath, stop };
+    const nodeName = await readyNode(proc, exited, logPath);
+    return { nodeName, stop };
   } catch (err) {
     await stop();
     throw err;
   }
 }
 
-/** The port from the binary's one stdout line, {"node":…,"port":…}. */
-function readyPort(proc: ChildProcess, exited: Promise<void>, logPath: string, timeoutMs: number): Promise<number> {
+/** The node name from the binary's one stdout line, {"node":…,"port":…}. */
+function readyNode(proc: ChildProcess, exited: Promise<void>, logPath: string): Promise<string> {
   const stdout = proc.stdout;
   if (stdout === null) return Promise.reject(new Error('test kubelet has no stdout'));
   const lines = createInterface({ input: stdout });
-  return new Promise<number>((resolve, reject) => {
-    const timer = setTimeout(() => fail(`not ready within ${timeoutMs} ms`), timeoutMs);
+  return new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => fail(`not ready within ${READY_TIMEOUT_MS} ms`), READY_TIMEOUT_MS);
     const fail = (why: string): void => {
       clearTimeout(timer);
       lines.close();
@@ -102,7 +88,7 @@ function readyPort(proc: ChildProcess, exited: Promise<void>, logPath: string, t
       lines.close();
       stdout.resume(); // nothing more is written there; never let the pipe fill
       try {
-        resolve((JSON.parse(line) as { port: number }).port);
+        resolve((JSON.parse(line) as { node: string }).node);
       } catch {
         fail(`printed ${JSON.stringify(line)} instead of its ready line`);
       }

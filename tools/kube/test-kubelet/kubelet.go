@@ -20,27 +20,22 @@ import (
 // so a missed event or a failed write is made good by the next pass (failures are retried with
 // the queue's backoff).
 type kubelet struct {
-	client    kubernetes.Interface
-	node      string
-	namespace string
-	pods      *podTable
-	queue     workqueue.TypedRateLimitingInterface[string]
-	lister    listersv1.PodLister
+	client kubernetes.Interface
+	node   string
+	pods   *podTable
+	queue  workqueue.TypedRateLimitingInterface[string]
+	lister listersv1.PodLister
 }
 
-func newKubelet(client kubernetes.Interface, node, namespace string, pods *podTable) *kubelet {
+func newKubelet(client kubernetes.Interface, node string, pods *podTable) *kubelet {
 	return &kubelet{
-		client: client, node: node, namespace: namespace, pods: pods,
+		client: client, node: node, pods: pods,
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 	}
 }
 
 func (k *kubelet) run(ctx context.Context) {
-	opts := []informers.SharedInformerOption{}
-	if k.namespace != "" {
-		opts = append(opts, informers.WithNamespace(k.namespace))
-	}
-	factory := informers.NewSharedInformerFactoryWithOptions(k.client, 0, opts...)
+	factory := informers.NewSharedInformerFactory(k.client, 0)
 	podInformer := factory.Core().V1().Pods()
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {

@@ -52,7 +52,6 @@ func run() error {
 	listen := flag.String("listen", "127.0.0.1:0", "address of the exec server (HTTPS); port 0 picks a free one")
 	root := flag.String("root", "", "directory for pod working directories and claim volumes (required)")
 	podCIDR := flag.String("pod-cidr", "127.77.0.0/16", "pod IPs are taken from this range (loopback: the host reaches them)")
-	namespace := flag.String("namespace", "", "only manage Pods in this namespace (default: every namespace)")
 	flag.Parse()
 	if *kubeconfig == "" || *root == "" {
 		return fmt.Errorf("--kubeconfig and --root are required")
@@ -101,7 +100,7 @@ func run() error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- server.ServeTLS(ln, "", "") }()
 
-	kubelet := newKubelet(client, *nodeName, *namespace, pods)
+	kubelet := newKubelet(client, *nodeName, pods)
 	go kubelet.run(ctx)
 
 	ready, _ := json.Marshal(map[string]any{"node": *nodeName, "port": port})
