@@ -4,7 +4,9 @@
 // The protocol is client-go's (tools/leaderelection), which other operators on the same cluster
 // already follow:
 // - The holder renews the Lease every renewIntervalMs (2 s) with a compare-and-swap PUT on its
-//   resourceVersion, so two candidates can never both take it.
+//   resourceVersion, so two candidates can never both take it. It writes on the Lease its last
+//   renewal returned, without reading it first (client-go's fast path: one request per renewal,
+//   not two), and reads it only when that write fails (another writer: 409).
 // - A candidate takes the Lease when it is free (no holder: released) or when its record has not
 //   changed for leaseDurationSeconds (10 s) as measured on the candidate's own clock from when it
 //   first saw that record: no comparison of clocks across machines.
@@ -104,6 +106,8 @@ export class LeaderElector {
   #observed: { json: string; at: number; durationMs: number } | undefined;
   /** When the last successful renewal was sent; the deadline counts from here. */
   #renewedAt = 0;
+  /** The Lease as our last successful write returned it, while we lead: the next renewal's base. */
+  #held: Lease | undefined;
   #tick: Timer | undefined;
   #deadline: Timer | undefined;
   #attempt: Promise<void> | undefined;
@@ -163,6 +167,16 @@ export class LeaderElector {
 
   async #tryAcquireOrRenew(): Promise<void> {
     const sentAt = this.#o.clock.now();
+    const held = this.#held;
+    if (this.#leading && held !== undefined) {
+      const renewed = await this.#o.http.request('PUT', this.#path, JSON.stringify(this.#lease(held, held.spec)));
+      if (renewed.status === 200) {
+        this.#won(renewed.body as Lease, sentAt);
+        return;
+      }
+      // Written by someone else since (or refused): read it and decide as a candidate would.
+      if (this.#closed) return;
+    }
     const got = await this.#o.http.request('GET', this.#path);
     if (this.#closed) return;
     if (got.status === 404) {
@@ -228,6 +242,7 @@ export class LeaderElector {
 
   #won(lease: Lease, sentAt: number): void {
     this.#observe(lease.spec ?? {});
+    this.#held = lease;
     this.#renewedAt = sentAt;
     this.#deadline?.cancel();
     this.#deadline = this.#o.clock.after(Math.max(0, sentAt + this.#deadlineMs - this.#o.clock.now()), () => {
@@ -244,6 +259,7 @@ export class LeaderElector {
   #lost(why: string): void {
     this.#deadline?.cancel();
     this.#deadline = undefined;
+    this.#held = undefined;
     if (!this.#leading) return;
     this.#leading = false;
     this.#gauge?.set(0);
