@@ -1,6 +1,9 @@
 // Captured output of a command, up to a cap: what is past it is dropped (and flagged), while the
 // stream keeps being read so the process never blocks on a full pipe or socket.
 
+/** The cap per stream when an ExecRequest sets no maxOutputBytes, in both runtimes. */
+export const DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024;
+
 export class CappedBuffer {
   readonly #chunks: Buffer[] = [];
   #size = 0;

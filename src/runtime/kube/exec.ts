@@ -16,9 +16,8 @@ import { AsbError } from '../../errors.ts';
 import type { Clock } from '../../system/clock.ts';
 import type { ExecRequest, ExecResult, PodProcess, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 import { PodExec, type ExecCredentials, type ExecEnd, type ExecTarget } from './pod-exec.ts';
-import { CappedBuffer } from '../capped-buffer.ts';
+import { CappedBuffer, DEFAULT_MAX_OUTPUT } from '../capped-buffer.ts';
 
-const DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024;
 /** A command past its timeout whose exit the container never reported is given up this much later. */
 const TIMEOUT_SLACK_MS = 10_000;
 /** Output a consumer has not read yet, per session, before the socket is paused. */

@@ -6,9 +6,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { constants } from 'node:os';
 import type { ExecRequest, ExecResult } from '../runtime.ts';
-import { CappedBuffer } from '../capped-buffer.ts';
-
-const DEFAULT_MAX_OUTPUT = 10 * 1024 * 1024;
+import { CappedBuffer, DEFAULT_MAX_OUTPUT } from '../capped-buffer.ts';
 
 /** How to enter one pod: its init pid and the identity and environment its processes get. */
 export interface PodTarget {
