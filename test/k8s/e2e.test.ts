@@ -191,10 +191,16 @@ async function writes(w: WorkerProcess, op: string): Promise<number> {
 test('the seeds\' YAML applied unchanged with kubectl runs: the Concepts Sandbox gets a Pod and becomes Ready, the warm-pool quickstart\'s claim binds a warm member', async (t) => {
   await kubeWorker(t, { tag: 'k5sa', namespace: 'default' });
   await kube.kubectl(['create', 'namespace', 'sandbox-ns']);
-  for (const seed of ['sandbox-example', 'sandboxtemplate', 'sandboxwarmpool', 'sandboxclaim-v1beta1', 'getting-started']) {
+  const applySeed = async (seed: string): Promise<void> => {
     const out = await kube.kubectl(['apply', '-f', new URL(`test/fixtures/seeds/${seed}.yaml`, root).pathname]);
     assert.match(out, / created\n$/, seed);
-  }
+  };
+  for (const seed of ['sandbox-example', 'sandboxtemplate', 'sandboxwarmpool', 'getting-started']) await applySeed(seed);
+  // The claim once the pool has its member: applied at once it could find the pool still empty and
+  // (rightly) cold-start.
+  const poolFull = async (): Promise<true | undefined> => ((await kube.kubectl(['get', 'swp', 'sandboxwarmpool-example'])).match(/sandboxwarmpool-example\s+1\s+1\s/) ? true : undefined);
+  await waitFor('the pool ready', poolFull);
+  await applySeed('sandboxclaim-v1beta1');
 
   // The Concepts page's Sandbox, in its own namespace: Ready, with its Pod (in the worker's
   // namespace, where every sandbox Pod lives) running on the node and its PVC bound to it.
@@ -228,7 +234,7 @@ test('the seeds\' YAML applied unchanged with kubectl runs: the Concepts Sandbox
   assert.equal(bound.metadata.labels?.[LABEL.launchType], 'warm');
   assert.deepEqual(bound.metadata.ownerReferences?.map((o) => `${o.kind}/${o.name}`), ['SandboxClaim/my-secure-sandbox']);
   assert.match(await kube.kubectl(['get', 'sandboxclaim', 'my-secure-sandbox']), new RegExp(`my-secure-sandbox\\s+True\\s+${boundName}\\s+SandboxReady`));
-  await waitFor('the pool refilled', async () => ((await kube.kubectl(['get', 'swp', 'sandboxwarmpool-example'])).match(/sandboxwarmpool-example\s+1\s+1\s/) ? true : undefined));
+  await waitFor('the pool refilled', poolFull);
 
   // The Getting Started Sandbox leaves `image:` for the reader to fill in: the CRD takes it, the
   // API server refuses a Pod without an image, so there is no Pod and the Sandbox is not Ready.
