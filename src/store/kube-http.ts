@@ -84,18 +84,28 @@ function targetOf(kc: KubeConfig): KubeTarget {
   return { server: cluster.server.replace(/\/+$/, ''), namespace: ns === undefined || ns === '' ? undefined : ns };
 }
 
-interface Credentials {
-  agentOptions: https.AgentOptions;
+export interface Credentials {
+  /** TLS: the CA, the client certificate and key, verification. */
+  agentOptions: Pick<https.AgentOptions, 'ca' | 'cert' | 'key' | 'rejectUnauthorized' | 'servername'>;
+  /** Authorization (a token, basic auth, or what an exec or OIDC plugin gave). */
   headers: Record<string, string>;
 }
 
-async function credentialsOf(kc: KubeConfig): Promise<Credentials> {
+/**
+ * The kubeconfig's current credentials; rejects with AsbError Unavailable. Reads the CA and
+ * certificate files and may run a credential plugin: callers keep the result.
+ */
+export async function credentialsOf(kc: KubeConfig): Promise<Credentials> {
   const opts: https.RequestOptions = {};
-  await kc.applyToHTTPSOptions(opts);
+  try {
+    await kc.applyToHTTPSOptions(opts);
+  } catch (err) {
+    throw new AsbError('Unavailable', `kubeconfig: cannot read the credentials of context "${kc.getCurrentContext()}": ${String(err)}`, { cause: err });
+  }
   const headers: Record<string, string> = {};
   for (const [key, value] of Object.entries(opts.headers ?? {})) if (value !== undefined) headers[key] = String(value);
   if (opts.auth !== undefined && opts.auth !== null) headers.Authorization = `Basic ${Buffer.from(opts.auth).toString('base64')}`;
-  const agentOptions: https.AgentOptions = {};
+  const agentOptions: Credentials['agentOptions'] = {};
   if (opts.ca !== undefined) agentOptions.ca = opts.ca;
   if (opts.cert !== undefined) agentOptions.cert = opts.cert;
   if (opts.key !== undefined) agentOptions.key = opts.key;
@@ -145,13 +155,7 @@ export class KubeHttp {
 
   static async open(kc: KubeConfig): Promise<KubeHttp> {
     const target = targetOf(kc);
-    let creds: Credentials;
-    try {
-      creds = await credentialsOf(kc);
-    } catch (err) {
-      throw new AsbError('Unavailable', `kubeconfig: cannot read the credentials of context "${kc.getCurrentContext()}": ${String(err)}`, { cause: err });
-    }
-    return new KubeHttp(kc, target, creds);
+    return new KubeHttp(kc, target, await credentialsOf(kc));
   }
 
   /** Re-reads credentials (an exec or OIDC token may have expired); one refresh at a time. */

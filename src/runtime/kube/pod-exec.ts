@@ -14,6 +14,7 @@ import type { KubeConfig } from '@kubernetes/client-node';
 import type { ClientRequest, IncomingMessage } from 'node:http';
 import WebSocket from 'ws';
 import { AsbError } from '../../errors.ts';
+import { credentialsOf } from '../../store/kube-http.ts';
 
 const PROTOCOL_V5 = 'v5.channel.k8s.io';
 const PROTOCOLS = [PROTOCOL_V5, 'v4.channel.k8s.io'];
@@ -100,12 +101,8 @@ export class ExecCredentials {
     if (server === undefined) throw new AsbError('Unavailable', 'kubeconfig: the current context names no cluster');
     const url = new URL(server);
     url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
-    const options: WebSocket.ClientOptions = { perMessageDeflate: false, handshakeTimeout: HANDSHAKE_TIMEOUT_MS, followRedirects: false };
-    try {
-      await this.#kc.applyToHTTPSOptions(options);
-    } catch (err) {
-      throw new AsbError('Unavailable', `kubeconfig: cannot read the credentials of context "${this.#kc.getCurrentContext()}": ${String(err)}`, { cause: err });
-    }
+    const { agentOptions, headers } = await credentialsOf(this.#kc);
+    const options: WebSocket.ClientOptions = { ...agentOptions, headers, perMessageDeflate: false, handshakeTimeout: HANDSHAKE_TIMEOUT_MS, followRedirects: false };
     return { server: url.href.replace(/\/+$/, ''), options };
   }
 }
