@@ -87,9 +87,9 @@ async function measure(kube: KubeApiServer, target: Target): Promise<KubeBench> 
     else {
       results.claims20 = summary;
       const claims = concurrency * rounds;
-      const byOp = Object.fromEntries([...storeAfter].map(([op, n]) => [op, round((n - (storeBefore.get(op) ?? 0)) / claims)]));
-      const total = round([...storeAfter].reduce((sum, [op, n]) => sum + n - (storeBefore.get(op) ?? 0), 0) / claims);
-      results.writesPerClaim = { claimPath: byOp.update ?? 0, total, byOp };
+      const made = writesBetween(storeBefore, storeAfter);
+      const byOp = Object.fromEntries([...made].map(([op, n]) => [op, round(n / claims)]));
+      results.writesPerClaim = { claimPath: byOp.update ?? 0, total: round(total(made) / claims), byOp };
     }
   }
   await Promise.all(ids.map((id) => call(target, 'DELETE', `/v1/sandboxes/${id}`)));
@@ -98,7 +98,7 @@ async function measure(kube: KubeApiServer, target: Target): Promise<KubeBench> 
   const bare = await bareUpdates(kube, 20, 10);
   await settle(target);
   // Members changed behind the worker's back must not set it writing, or this is no floor.
-  const workerWrites = [...(await storeWrites(target))].reduce((sum, [op, n]) => sum + n - (before.get(op) ?? 0), 0);
+  const workerWrites = total(writesBetween(before, await storeWrites(target)));
   results.bareUpdates20 = { ...bare, workerWrites };
   return results as KubeBench;
 }
@@ -140,12 +140,21 @@ async function settle(target: Target): Promise<void> {
   let last = -1;
   const deadline = performance.now() + 30_000;
   for (;;) {
-    const now = [...(await storeWrites(target)).values()].reduce((a, b) => a + b, 0);
+    const now = total(await storeWrites(target));
     if (now === last) return;
     if (performance.now() > deadline) throw new Error('the worker never stopped writing');
     last = now;
     await new Promise((r) => setTimeout(r, 500));
   }
+}
+
+/** Writes by op from the `before` count to the `after` one. */
+function writesBetween(before: Map<string, number>, after: Map<string, number>): Map<string, number> {
+  return new Map([...after].map(([op, n]) => [op, n - (before.get(op) ?? 0)]));
+}
+
+function total(writes: Map<string, number>): number {
+  return [...writes.values()].reduce((a, b) => a + b, 0);
 }
 
 /** asb_store_write_seconds_count by op, from the worker's /metrics. */
