@@ -8,7 +8,7 @@ NODE := $(CURDIR)/.tools/node/bin/node
 APT_RUNTIME := iproute2:ip util-linux:unshare util-linux:nsenter procps:ps gcc:cc openssl:openssl
 APT_TEST := prometheus:promtool chromium:chromium
 
-.PHONY: up test test-unit lint typecheck bench deps clean .venv kube-tools test-k8s
+.PHONY: up test test-unit lint typecheck bench deps clean .venv kube-tools bench-tools test-k8s
 
 deps: .venv
 	@scripts/bootstrap.sh deps
@@ -54,10 +54,14 @@ TEST_FILES ?= 'test/**/*.test.ts'
 # scripts/kube-tools.sh builds with Go from the module proxy into .tools/kube/bin (stamped by
 # version: ~5 min the first time on 2 cores, ~0 s after). `make test` includes the tier; `make
 # bench` builds them too, for its Kubernetes part (bench/kube.ts).
-# scripts/kube-test-kubelet.sh builds the test kubelet (tools/kube/test-kubelet) the same way.
+# scripts/go-build.sh builds the test kubelet (tools/kube/test-kubelet) the same way.
 kube-tools:
 	@scripts/kube-tools.sh
-	@scripts/kube-test-kubelet.sh
+	@scripts/go-build.sh tools/kube/test-kubelet .tools/kube/bin/test-kubelet
+
+# The bench's burst client (tools/bench/burst, Go standard library only): ~1 s the first time.
+bench-tools:
+	@scripts/go-build.sh tools/bench/burst .tools/bench/bin/burst
 
 test-k8s:
 	@$(MAKE) --no-print-directory test TEST_FILES="'test/k8s/**/*.test.ts'"
@@ -68,7 +72,7 @@ typecheck: deps
 lint: deps
 	@$(NODE) node_modules/.bin/eslint --max-warnings 0 .
 
-bench: deps kube-tools
+bench: deps kube-tools bench-tools
 	@$(NODE) bench/run.ts
 
 clean:

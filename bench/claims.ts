@@ -5,6 +5,7 @@
 // response. Claims per second come from the largest burst: claims / wall time of the burst.
 import { Agent, request } from 'node:http';
 import { performance } from 'node:perf_hooks';
+import { startBurstClient } from './burst.ts';
 
 export interface Target {
   apiUrl: string;
@@ -72,31 +73,40 @@ interface Claimed {
  * Runs `rounds` bursts of `concurrency` warm claims; every claim must be warm. With `pool`, each
  * burst starts only once that pool is fully ready again, so every burst meets a warm pool that
  * is not busy refilling: the figure is the claim path's, not the pod starts' it triggers.
+ * The bursts go through the burst client (burst.ts), one kept-alive connection per claim.
  */
 export async function warmClaims(target: Target, template: string, concurrency: number, rounds: number, ids: string[], pool?: string): Promise<LatencySummary & { claimsPerSec: number; cold: number }> {
+  const client = await startBurstClient({
+    url: `${target.apiUrl}/v1/sandboxes`,
+    method: 'POST',
+    headers: { authorization: `Bearer ${target.adminKey}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ template, wait: false, coldStart: false }),
+    concurrency,
+  });
   const samples: number[] = [];
   let cold = 0;
   let busyMs = 0;
-  for (let r = 0; r < rounds; r++) {
-    if (pool !== undefined) {
-      // The pool's status lags its members by the operator's 20 ms coalescing of refills: give it
-      // time to see the last burst before trusting "all ready".
-      await new Promise((r) => setTimeout(r, 100));
-      const { replicas } = await poolReady(target, pool);
-      await waitPool(target, pool, replicas, 120_000);
+  try {
+    for (let r = 0; r < rounds; r++) {
+      if (pool !== undefined) {
+        // The pool's status lags its members by the operator's 20 ms coalescing of refills: give
+        // it time to see the last burst before trusting "all ready".
+        await new Promise((r) => setTimeout(r, 100));
+        const { replicas } = await poolReady(target, pool);
+        await waitPool(target, pool, replicas, 120_000);
+      }
+      const burst = await client.burst();
+      busyMs += burst.wallMs;
+      for (const res of burst.results) {
+        if (res.status !== 201) throw new Error(`claim failed: ${res.status} ${res.body}`);
+        const claimed = JSON.parse(res.body) as Claimed;
+        if (claimed.launchType !== 'warm') cold++;
+        ids.push(claimed.id);
+        samples.push(res.ms);
+      }
     }
-    const burstStart = performance.now();
-    await Promise.all(
-      Array.from({ length: concurrency }, async () => {
-        const start = performance.now();
-        const res = await call<Claimed>(target, 'POST', '/v1/sandboxes', { template, wait: false, coldStart: false });
-        samples.push(performance.now() - start);
-        if (res.status !== 201) throw new Error(`claim failed: ${res.status} ${JSON.stringify(res.body)}`);
-        if (res.body.launchType !== 'warm') cold++;
-        ids.push(res.body.id);
-      }),
-    );
-    busyMs += performance.now() - burstStart;
+  } finally {
+    client.close();
   }
   return { ...summarize(samples), claimsPerSec: round((concurrency * rounds) / (busyMs / 1000), 0), cold };
 }

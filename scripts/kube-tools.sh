@@ -53,7 +53,7 @@ mkdir -p "$OUT/bin.tmp"
 (cd tools/kube && "$GO" build -trimpath -ldflags="$kube_ldflags" -o "$OUT/bin.tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl)
 (cd tools/kube/etcd && "$GO" build -trimpath -ldflags="-s -w" -o "$OUT/bin.tmp/etcd" go.etcd.io/etcd/server/v3)
-# Only these three are replaced: the test kubelet (scripts/kube-test-kubelet.sh) lives here too.
+# Only these three are replaced: the test kubelet (scripts/go-build.sh) lives here too.
 mkdir -p "$OUT/bin"
 for bin in kube-apiserver kubectl etcd; do mv -f "$OUT/bin.tmp/$bin" "$OUT/bin/$bin"; done
 rm -rf "$OUT/bin.tmp"

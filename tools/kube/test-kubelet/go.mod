@@ -1,4 +1,4 @@
-// The test kubelet (see main.go): built by scripts/kube-test-kubelet.sh into .tools/kube/bin.
+// The test kubelet (see main.go): built by scripts/go-build.sh into .tools/kube/bin.
 // Its Kubernetes modules are the release tools/kube/go.mod builds kube-apiserver from.
 module asb.local/tools/kube/test-kubelet
 
