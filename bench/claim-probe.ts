@@ -1,5 +1,5 @@
 // A quick probe of the warm-claim path: one worker with the fake runtime (pool refills cost no
-// process starts), 5 bursts of 64 claims against a full pool of 128, through the HTTP API.
+// process starts; --real for the local runtime), 5 bursts of 64 claims against a full pool of 128, through the HTTP API.
 // The client runs in a child process, as in `make bench`, so the 64 requests of a burst really
 // arrive together and the worker's profile holds only the worker's work.
 // Prints the client-side summary (bench/claims.ts), the SERVER-side p50/p99 of the POSTs (from
@@ -89,7 +89,9 @@ async function probe(): Promise<void> {
   const dir = mkdtempSync('/tmp/cf-');
   const keyFile = join(dir, 'key');
   const config = parseWorkerConfig(['--data-dir', dir, '--port', '0', '--admin-key-file', keyFile, '--base-pool', '0'], {});
-  const worker = await startWorker(config, { log: silentLogger(), runtime: new FakeRuntime() });
+  // --real: the local runtime (real sandbox processes, as in `make bench`) instead of the fake.
+  const real = process.argv.includes('--real');
+  const worker = await startWorker(config, { log: silentLogger(), ...(real ? {} : { runtime: new FakeRuntime() }) });
   try {
     const target: Target = { apiUrl: worker.apiUrl, adminKey: readFileSync(keyFile, 'utf8').trim() };
     await call(target, 'POST', '/v1/apply', { objects: poolObjects(POOL, POOL_SIZE) });
@@ -100,13 +102,19 @@ async function probe(): Promise<void> {
     // With --timeline: every POST's start and finish and every group commit, in time order.
     const timeline: [number, string][] = [];
     const withTimeline = process.argv.includes('--timeline');
+    // The CLOCK_MONOTONIC µs of every POST's start and finish, the clock of the profile's
+    // timestamps: /tmp/claim4.windows.json lets a reader keep only the samples inside bursts.
+    const marks: number[] = [];
+    const mark = (): number => marks.push(Number(process.hrtime.bigint() / 1000n));
     subscribe('http.server.request.start', (m) => {
       if (!isServerMessage(m)) return;
+      if (m.request.method === 'POST') mark();
       starts.set(m.response, performance.now());
       if (withTimeline && m.request.method === 'POST') timeline.push([performance.now(), 'req']);
     });
     subscribe('http.server.response.finish', (m) => {
       if (!isServerMessage(m) || m.request.method !== 'POST') return;
+      mark();
       const start = starts.get(m.response);
       if (start !== undefined) serverMs.push(performance.now() - start);
       if (withTimeline) timeline.push([performance.now(), 'res']);
@@ -114,7 +122,7 @@ async function probe(): Promise<void> {
     commitChannel.subscribe((m) => {
       const r = m as CommitReport;
       if (!withTimeline) return;
-      timeline.push([r.flushedAt, `flush ${r.writes} writes, ${r.changes} changes; posted +${round(r.postedAt - r.flushedAt)} committed +${round(r.committedAt - r.flushedAt)} published +${round(r.publishedAt - r.flushedAt)}`]);
+      timeline.push([r.flushedAt, `flush ${r.writes} writes, ${r.changes} changes; posted +${round(r.postedAt - r.flushedAt)} committed +${round(r.committedAt - r.flushedAt)} published +${round(r.publishedAt - r.flushedAt)} (writer: rows ${round(r.rowsMs ?? 0)} commit ${round(r.commitMs ?? 0)})`]);
     });
 
     // The profiler's 100 µs sampling slows the worker by a fifth; --no-profile for clean figures.
@@ -140,6 +148,7 @@ async function probe(): Promise<void> {
     if (profiling) {
       const { profile } = await session.post('Profiler.stop');
       writeFileSync(PROFILE_PATH, JSON.stringify(profile));
+      writeFileSync(PROFILE_PATH.replace('.cpuprofile', '.marks.json'), JSON.stringify(marks));
     }
     session.disconnect();
 

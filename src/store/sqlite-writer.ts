@@ -35,16 +35,18 @@ export interface WriterBatch {
   trimAtOrBelow: number;
 }
 
-export type WriterReply = { id: number; ok: true } | { id: number; ok: false; error: string };
+/** `rowsMs` and `commitMs`: the writer's time for its transaction's rows and for COMMIT (for probes). */
+export type WriterReply = { id: number; ok: true; rowsMs: number; commitMs: number } | { id: number; ok: false; error: string };
 
 export interface WriterData {
   path: string;
 }
 
 /** Commits batches (in order, each decided on the ones before it) in one transaction. */
-function commit(t: Tables, batches: readonly WriterBatch[]): void {
+function commit(t: Tables, batches: readonly WriterBatch[]): { rowsMs: number; commitMs: number } {
   const last = batches.at(-1);
-  if (last === undefined) return;
+  if (last === undefined) return { rowsMs: 0, commitMs: 0 };
+  const started = performance.now();
   t.db.exec('BEGIN IMMEDIATE');
   try {
     for (const batch of batches) {
@@ -57,7 +59,9 @@ function commit(t: Tables, batches: readonly WriterBatch[]): void {
     t.setMeta.run('rv', String(last.rv));
     // Versions are dense (one per write), so "keep the last N" is a range delete on the key.
     t.trimEvents.run(last.trimAtOrBelow);
+    const rowsDone = performance.now();
     t.db.exec('COMMIT');
+    return { rowsMs: rowsDone - started, commitMs: performance.now() - rowsDone };
   } catch (err) {
     if (t.db.isTransaction) t.db.exec('ROLLBACK');
     throw err;
@@ -80,8 +84,8 @@ function main(): void {
       else live.push(b);
     }
     try {
-      commit(tables, live);
-      for (const b of live) reply({ id: b.id, ok: true });
+      const times = commit(tables, live);
+      for (const b of live) reply({ id: b.id, ok: true, ...times });
     } catch (err) {
       const error = err instanceof Error ? err.message : String(err);
       for (const b of live) {

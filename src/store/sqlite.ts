@@ -72,6 +72,9 @@ export interface CommitReport {
   committedAt: number;
   publishedAt: number;
   ok: boolean;
+  /** The writer thread's time for the rows and the COMMIT of the transaction that held this batch. */
+  rowsMs?: number;
+  commitMs?: number;
 }
 
 // One transaction holds at most this many writes, so a burst cannot stall the event loop for
@@ -393,6 +396,7 @@ export class SqliteStore implements ObjectStore {
     }
     if (commitChannel.hasSubscribers) {
       const report: CommitReport = { writes: head.writes.length, changes: head.events.length, flushedAt: head.flushedAt, postedAt: head.postedAt, committedAt, publishedAt: monotonicMs(), ok: reply.ok };
+      if (reply.ok) Object.assign(report, { rowsMs: reply.rowsMs, commitMs: reply.commitMs });
       commitChannel.publish(report);
     }
     if (this.#queue.length > 0 && this.#broken === undefined) this.#scheduleFlush();
