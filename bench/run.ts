@@ -51,6 +51,9 @@ async function claimsAndLifecycle(system: LocalSystem, row: Recorder, results: R
   const floor = await benchHttpFloor(64, 5);
   results.httpFloor64 = floor;
   row('the floor: the same 64-request bursts to a Node HTTP server that answers at once (no auth, no store), p50 / p99', `${floor.p50Ms} / ${floor.p99Ms} ms (${floor.requestsPerSec}/s)`, '—');
+  const durable = await benchHttpFloor(64, 5, 'durable');
+  results.httpFloorDurable64 = durable;
+  row('the durable floor: the same, answering once the body is group-committed to SQLite, p50 / p99', `${durable.p50Ms} / ${durable.p99Ms} ms (${durable.requestsPerSec}/s)`, '—');
   await call(target, 'PUT', '/v1/pools/claimbench?namespace=default', poolObjects('claimbench', 0)[1]);
   await Promise.all(ids.map((id) => call(target, 'DELETE', `/v1/sandboxes/${id}`)));
 
