@@ -11,6 +11,7 @@
 import { newSandboxId } from '../api/ids.ts';
 import type { OwnerReference } from '../api/meta.ts';
 import { apiVersionOf } from '../api/meta.ts';
+import { isReservedKey, RESERVED_PREFIXES } from '../api/names.ts';
 import {
   ANNOTATION,
   LABEL,
@@ -73,8 +74,6 @@ export const POOL_BY_TEMPLATE_INDEX = 'template';
 export function poolTemplateIndexValues(pool: SandboxWarmPool): string[] {
   return [`${pool.metadata.namespace ?? ''}/${pool.spec.sandboxTemplateRef.name}`];
 }
-
-const RESERVED_PREFIXES = ['agents.x-k8s.io/', 'asb.dev/'];
 
 /** A warm candidate: Ready, still in its pool, not deleting, not owned by anyone yet. */
 export function isWarmCandidate(sandbox: Sandbox): boolean {
@@ -288,7 +287,7 @@ export class Claimer {
 
 function checkLabels(req: ClaimRequest): void {
   const problems = Object.keys({ ...req.labels, ...req.annotations })
-    .filter((k) => RESERVED_PREFIXES.some((p) => k.startsWith(p)))
+    .filter(isReservedKey)
     .map((k) => ({ field: `labels[${k}]`, message: `keys under ${RESERVED_PREFIXES.join(', ')} are reserved` }));
   if (problems.length > 0) throw invalid('Sandbox', '', problems);
 }

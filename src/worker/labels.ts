@@ -1,12 +1,11 @@
 // Label keys, values and selectors as users send them: checked here so a bad one is a 4xx
 // naming it, and so users cannot set the labels tenancy and pools depend on.
+import { isReservedKey, RESERVED_PREFIXES } from '../api/names.ts';
 import { AsbError, type FieldProblem } from '../errors.ts';
 
 const NAME = /^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/;
 const PREFIX = /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
 const VALUE = /^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$/;
-/** Prefixes we own: asb.dev/owner decides tenancy, agents.x-k8s.io/* decides pool membership. */
-const RESERVED = ['asb.dev/', 'agents.x-k8s.io/', 'extensions.agents.x-k8s.io/'];
 
 export function isLabelKey(key: string): boolean {
   const slash = key.indexOf('/');
@@ -23,7 +22,8 @@ export function userLabelProblems(labels: Record<string, string>, field: string)
   const problems: FieldProblem[] = [];
   for (const [key, value] of Object.entries(labels)) {
     if (!isLabelKey(key)) problems.push({ field: `${field}.${key}`, message: 'is not a valid label key (name of 1-63 [A-Za-z0-9._-], optional DNS prefix and /)' });
-    else if (RESERVED.some((p) => key.startsWith(p))) problems.push({ field: `${field}.${key}`, message: `uses a reserved prefix (${RESERVED.join(', ')})` });
+    // Prefixes we own: asb.dev/owner decides tenancy, agents.x-k8s.io/* decides pool membership.
+    else if (isReservedKey(key)) problems.push({ field: `${field}.${key}`, message: `uses a reserved prefix (${RESERVED_PREFIXES.join(', ')})` });
     if (!isLabelValue(value)) problems.push({ field: `${field}.${key}`, message: `value "${value}" is not a valid label value (0-63 [A-Za-z0-9._-])` });
   }
   return problems;

@@ -392,6 +392,12 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
       h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'a', labels: { [LABEL.owner]: 'someone-else' } }),
       (err) => isAsbError(err, 'Invalid'),
     );
+    // Every prefix the CRD reserves, on both stores: the API server would refuse the Sandbox.
+    await assert.rejects(
+      h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'a', annotations: { 'extensions.agents.x-k8s.io/mine': 'x' } }),
+      (err) => isAsbError(err, 'Invalid') && /extensions\.agents\.x-k8s\.io\/mine/.test(JSON.stringify(err.fields)),
+    );
+    assert.equal((await h.store.list<Sandbox>(SandboxType, { namespace: h.ns })).items.length, 0, 'a refused claim creates nothing');
   });
 
   test('500 concurrent claims against a 200-member pool: 200 warm, 300 cold, no member bound twice', async (t) => {
