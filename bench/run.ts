@@ -48,6 +48,8 @@ async function claimsAndLifecycle(system: LocalSystem, row: Recorder, results: R
     if (concurrency === 64) row('claims per second (64-claim bursts)', String(s.claimsPerSec), '≥ 2,000', s.claimsPerSec >= 2000);
     if (s.cold > 0) throw new Error(`${s.cold} claims were cold: pool too small for the benchmark`);
   }
+  // The floors run on a quiet machine too: after the last burst's refill, as every burst did.
+  await waitPool(target, 'claimbench', 128, 120_000);
   const floor = await benchHttpFloor(64, 5);
   results.httpFloor64 = floor;
   row('the floor: the same 64-request bursts to a Node HTTP server that answers at once (no auth, no store), p50 / p99', `${floor.p50Ms} / ${floor.p99Ms} ms (${floor.requestsPerSec}/s)`, '—');
@@ -223,6 +225,7 @@ async function main(): Promise<void> {
   const rows: Row[] = [];
   const results: Record<string, unknown> = {};
   const row: Recorder = (metric, value, target, ok) => rows.push({ metric, value, target, ok });
+  const stealBefore = cpuTicks();
 
   if (all || parts.has('claims')) {
     const store = await benchStore();
@@ -241,7 +244,12 @@ async function main(): Promise<void> {
   if (all || parts.has('e2b')) await e2b(row, results);
   if (all || parts.has('kube')) await kube(row, results);
 
-  const machine = `${cpus().length} × ${cpus()[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.versions.node}`;
+  // On a virtual machine the host may run other guests on our cores: a run it took much from
+  // reads slow, so the share it took is printed with every table.
+  const stealAfter = cpuTicks();
+  const stealPct = round((100 * (stealAfter.steal - stealBefore.steal)) / Math.max(1, stealAfter.total - stealBefore.total), 1);
+  results.cpuStealPct = stealPct;
+  const machine = `${cpus().length} × ${cpus()[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.versions.node}; CPU time taken by the host (steal): ${stealPct} %`;
   const date = new Date().toISOString().slice(0, 10);
   const header = `Measured ${date} on ${machine} by \`make bench\`.`;
   console.log(`\n${[header, '', ...tableLines(rows)].join('\n')}\n`);
@@ -255,6 +263,13 @@ async function main(): Promise<void> {
   const latest = previous === undefined ? { machine, at, results, rows } : { machine, at, results: { ...previous.results, ...results }, rows: mergeRows(previous.rows, rows) };
   writeFileSync(latestPath, JSON.stringify(latest, null, 2));
   updateReadme(rows, all ? { header } : { note: `Rows of \`node bench/run.ts ${[...parts].join(' ')}\`: measured ${date} on ${machine}.` });
+}
+
+/** The machine's CPU time so far from /proc/stat, in ticks: all of it, and what the host stole. */
+function cpuTicks(): { total: number; steal: number } {
+  const fields = (readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '').trim().split(/\s+/).slice(1).map(Number);
+  // user nice system idle iowait irq softirq steal guest guest_nice; guest time is inside user.
+  return { total: fields.slice(0, 8).reduce((a, b) => a + b, 0), steal: fields[7] ?? 0 };
 }
 
 function rowLine(r: Row): string {
