@@ -156,6 +156,9 @@ async function probe(): Promise<void> {
     serverMs.sort((a, b) => a - b);
     console.log({ client: summary, server: { count: serverMs.length, p50Ms: quantile(serverMs, 0.5), p99Ms: quantile(serverMs, 0.99) }, workerCpuMsPerClaim: cpuMsPerClaim, profile: profiling ? PROFILE_PATH : 'off' });
   } finally {
+    // Local pods outlive their worker by design (a restart finds them): remove them, or every
+    // --real run leaves 128+ sandbox processes and their network links behind.
+    await Promise.all(worker.runtime.list().map((id) => worker.runtime.remove(id)));
     await worker.close();
     rmSync(dir, { recursive: true, force: true });
   }
