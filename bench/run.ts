@@ -249,9 +249,10 @@ async function main(): Promise<void> {
   const stealAfter = cpuTicks();
   const stealPct = round((100 * (stealAfter.steal - stealBefore.steal)) / Math.max(1, stealAfter.total - stealBefore.total), 1);
   results.cpuStealPct = stealPct;
-  const machine = `${cpus().length} × ${cpus()[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.versions.node}; CPU time taken by the host (steal): ${stealPct} %`;
+  const machine = `${cpus().length} × ${cpus()[0]?.model.trim() ?? 'cpu'}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.versions.node}`;
+  const steal = `The host took ${stealPct} % of the CPU time while it ran (steal).`;
   const date = new Date().toISOString().slice(0, 10);
-  const header = `Measured ${date} on ${machine} by \`make bench\`.`;
+  const header = `Measured ${date} on ${machine} by \`make bench\`. ${steal}`;
   console.log(`\n${[header, '', ...tableLines(rows)].join('\n')}\n`);
 
   const dir = join(repoRoot, 'bench/results');
@@ -262,7 +263,7 @@ async function main(): Promise<void> {
   const previous = all ? undefined : readLatest(latestPath);
   const latest = previous === undefined ? { machine, at, results, rows } : { machine, at, results: { ...previous.results, ...results }, rows: mergeRows(previous.rows, rows) };
   writeFileSync(latestPath, JSON.stringify(latest, null, 2));
-  updateReadme(rows, all ? { header } : { note: `Rows of \`node bench/run.ts ${[...parts].join(' ')}\`: measured ${date} on ${machine}.` });
+  updateReadme(rows, all ? { header } : { note: `Rows of \`node bench/run.ts ${[...parts].join(' ')}\`: measured ${date} on ${machine}. ${steal}` });
 }
 
 /** The machine's CPU time so far from /proc/stat, in ticks: all of it, and what the host stole. */
