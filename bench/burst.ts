@@ -3,7 +3,7 @@
 // instant. The benchmarks' bursts go through it so that a latency is the server's answer time,
 // not the time a Node client on the same two cores needs to send 64 requests and read 64
 // answers (6-10 ms of its own event loop at 64 concurrent).
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface, type Interface } from 'node:readline';
@@ -56,17 +56,13 @@ export async function startBurstClient(req: BurstRequest): Promise<BurstClient> 
       return JSON.parse(await next()) as Burst;
     },
     close() {
-      stop(child, lines);
+      lines.close();
+      child.stdin.end();
+      child.kill();
     },
   };
 }
 
 function nextLine(lines: Interface): Promise<string> {
   return new Promise((resolve) => lines.once('line', resolve));
-}
-
-function stop(child: ChildProcess, lines: Interface): void {
-  lines.close();
-  child.stdin?.end();
-  child.kill();
 }

@@ -5,7 +5,7 @@
 // response. Claims per second come from the largest burst: claims / wall time of the burst.
 import { Agent, request } from 'node:http';
 import { performance } from 'node:perf_hooks';
-import { startBurstClient } from './burst.ts';
+import { startBurstClient, type BurstClient } from './burst.ts';
 
 export interface Target {
   apiUrl: string;
@@ -69,6 +69,17 @@ interface Claimed {
   launchType: string;
 }
 
+/** A burst client (burst.ts) whose every request is a warm claim of `template`, as warmClaims sends. */
+export function startClaimBursts(target: Target, template: string, concurrency: number): Promise<BurstClient> {
+  return startBurstClient({
+    url: `${target.apiUrl}/v1/sandboxes`,
+    method: 'POST',
+    headers: { authorization: `Bearer ${target.adminKey}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ template, wait: false, coldStart: false }),
+    concurrency,
+  });
+}
+
 /**
  * Runs `rounds` bursts of `concurrency` warm claims; every claim must be warm. With `pool`, each
  * burst starts only once that pool is fully ready again, so every burst meets a warm pool that
@@ -76,13 +87,7 @@ interface Claimed {
  * The bursts go through the burst client (burst.ts), one kept-alive connection per claim.
  */
 export async function warmClaims(target: Target, template: string, concurrency: number, rounds: number, ids: string[], pool?: string): Promise<LatencySummary & { claimsPerSec: number; cold: number }> {
-  const client = await startBurstClient({
-    url: `${target.apiUrl}/v1/sandboxes`,
-    method: 'POST',
-    headers: { authorization: `Bearer ${target.adminKey}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ template, wait: false, coldStart: false }),
-    concurrency,
-  });
+  const client = await startClaimBursts(target, template, concurrency);
   const samples: number[] = [];
   let cold = 0;
   let busyMs = 0;

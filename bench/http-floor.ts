@@ -17,8 +17,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { DatabaseSync } from 'node:sqlite';
-import { startBurstClient, type BurstClient } from './burst.ts';
-import { round, summarize, type LatencySummary } from './claims.ts';
+import type { BurstClient } from './burst.ts';
+import { round, startClaimBursts, summarize, type LatencySummary } from './claims.ts';
 
 export type FloorMode = 'at-once' | 'durable';
 
@@ -79,13 +79,7 @@ export async function benchHttpFloor(concurrency: number, rounds: number, mode: 
       child.once('exit', (code) => reject(new Error(`HTTP floor server exited (${code ?? 'signal'}) before listening`)));
     });
     lines.close();
-    client = await startBurstClient({
-      url: `http://127.0.0.1:${port}/v1/sandboxes`,
-      method: 'POST',
-      headers: { authorization: 'Bearer floor', 'content-type': 'application/json' },
-      body: JSON.stringify({ template: 'claimbench', wait: false, coldStart: false }),
-      concurrency,
-    });
+    client = await startClaimBursts({ apiUrl: `http://127.0.0.1:${port}`, adminKey: 'floor' }, 'claimbench', concurrency);
     const samples: number[] = [];
     let busyMs = 0;
     // One unmeasured burst first: the server's first requests pay for its JIT warming up.
