@@ -1,5 +1,6 @@
 // A quick probe of the warm-claim path: one worker with the fake runtime (pool refills cost no
-// process starts; --real for the local runtime), 5 bursts of 64 claims against a full pool of 128, through the HTTP API.
+// process starts; --real for the local runtime), 5 bursts of 64 claims against a full pool of
+// 128, through the HTTP API.
 // The client runs in a child process, as in `make bench`, so the 64 requests of a burst really
 // arrive together and the worker's profile holds only the worker's work.
 // Prints the client-side summary (bench/claims.ts), the SERVER-side p50/p99 of the POSTs (from
@@ -103,14 +104,15 @@ async function probe(): Promise<void> {
     const timeline: [number, string][] = [];
     const withTimeline = process.argv.includes('--timeline');
     // The CLOCK_MONOTONIC µs of every POST's start and finish, the clock of the profile's
-    // timestamps: /tmp/claim4.windows.json lets a reader keep only the samples inside bursts.
+    // timestamps: /tmp/claim4.marks.json lets a reader keep only the samples inside bursts.
     const marks: number[] = [];
     const mark = (): number => marks.push(Number(process.hrtime.bigint() / 1000n));
     subscribe('http.server.request.start', (m) => {
       if (!isServerMessage(m)) return;
-      if (m.request.method === 'POST') mark();
       starts.set(m.response, performance.now());
-      if (withTimeline && m.request.method === 'POST') timeline.push([performance.now(), 'req']);
+      if (m.request.method !== 'POST') return;
+      mark();
+      if (withTimeline) timeline.push([performance.now(), 'req']);
     });
     subscribe('http.server.response.finish', (m) => {
       if (!isServerMessage(m) || m.request.method !== 'POST') return;

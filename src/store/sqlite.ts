@@ -395,8 +395,8 @@ export class SqliteStore implements ObjectStore {
       for (const b of failed) for (const w of b.writes) w.reject(failure);
     }
     if (commitChannel.hasSubscribers) {
-      const report: CommitReport = { writes: head.writes.length, changes: head.events.length, flushedAt: head.flushedAt, postedAt: head.postedAt, committedAt, publishedAt: monotonicMs(), ok: reply.ok };
-      if (reply.ok) Object.assign(report, { rowsMs: reply.rowsMs, commitMs: reply.commitMs });
+      const writerTimes = reply.ok ? { rowsMs: reply.rowsMs, commitMs: reply.commitMs } : {};
+      const report: CommitReport = { writes: head.writes.length, changes: head.events.length, flushedAt: head.flushedAt, postedAt: head.postedAt, committedAt, publishedAt: monotonicMs(), ok: reply.ok, ...writerTimes };
       commitChannel.publish(report);
     }
     if (this.#queue.length > 0 && this.#broken === undefined) this.#scheduleFlush();
