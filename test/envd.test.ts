@@ -503,8 +503,10 @@ test('route entries: envd stays on the worker unless the pod template says its i
   const base = baseTemplate();
   assert.ok(base.spec.podTemplate.spec.containers[0]?.ports?.some((p) => p.containerPort === 49983), 'the base template declares the envd port');
   const plain = sandboxFromTemplate(base, { name: 'sbx-plain', namespace: 'default', labels: { [LABEL.owner]: 'team-a' } });
+  plain.metadata.uid = 'uid-plain'; // as the store gives every object: tokens derive from it
   assert.equal(routeEntryOf(plain, 'c1', tokens)?.envdInPod, undefined);
   base.spec.podTemplate.metadata = { annotations: { [ENVD_ANNOTATION]: 'pod' } };
   const own = sandboxFromTemplate(base, { name: 'sbx-own', namespace: 'default', labels: { [LABEL.owner]: 'team-a' } });
+  own.metadata.uid = 'uid-own';
   assert.equal(routeEntryOf(own, 'c1', tokens)?.envdInPod, true);
 });

@@ -272,8 +272,13 @@ test('the cluster secret is created once (0600) and tokens survive a restart', a
   const first = createAccessTokens(loadClusterSecret(dir));
   assert.equal((await stat(join(dir, 'cluster.secret'))).mode & 0o777, 0o600);
   const second = createAccessTokens(loadClusterSecret(dir));
-  assert.equal(second.accessToken('loc1abc'), first.accessToken('loc1abc'), 'the same secret gives the same token after a restart');
-  assert.notEqual(first.accessToken('loc1abc'), first.accessToken('loc1abd'), 'each sandbox has its own token');
+  const sandbox = (name: string, uid: string, generation?: string) => ({ metadata: { name, uid, ...(generation === undefined ? {} : { annotations: { 'asb.dev/token-generation': generation } }) } });
+  assert.equal(second.accessToken(sandbox('loc1abc', 'u-1')), first.accessToken(sandbox('loc1abc', 'u-1')), 'the same secret gives the same token after a restart');
+  assert.notEqual(first.accessToken(sandbox('loc1abc', 'u-1')), first.accessToken(sandbox('loc1abd', 'u-2')), 'each sandbox has its own token');
+  // Regression (security probe H1): the token came from the name, so a name's next owner shared it.
+  assert.notEqual(first.accessToken(sandbox('my-sandbox', 'u-3')), first.accessToken(sandbox('my-sandbox', 'u-4')), 'a name used again gets a new token');
+  assert.notEqual(first.accessToken(sandbox('loc1abc', 'u-1', '1')), first.accessToken(sandbox('loc1abc', 'u-1')), 'a bumped generation gives a new token');
+  assert.throws(() => first.accessToken({ metadata: { name: 'unsaved' } }), /no uid/, 'an object never stored has no token');
 });
 
 test('a template marks ports public; the default port is its first container port', async (t) => {

@@ -4,7 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { PodRequest } from '../src/runtime/runtime.ts';
-import { claimManifests, podManifest, podState, serviceManifest, SANDBOX_LABEL, SANDBOX_NAMESPACE_ANNOTATION, type KubePod } from '../src/runtime/kube/objects.ts';
+import { claimManifests, podManifest, podState, serviceManifest, SANDBOX_LABEL, SANDBOX_NAMESPACE_ANNOTATION, SANDBOX_UID_ANNOTATION, type KubePod } from '../src/runtime/kube/objects.ts';
 import { wrapCommand } from '../src/runtime/kube/exec.ts';
 import { isAsbError } from '../src/errors.ts';
 import type { Sandbox } from '../src/api/types.ts';
@@ -12,6 +12,7 @@ import { podRequestFor } from '../src/operator/sandbox-controller.ts';
 
 const request: PodRequest = {
   id: 'abc1',
+  uid: 'uid-abc1',
   namespace: 'team-a',
   hostname: 'abc1',
   spec: {
@@ -29,7 +30,7 @@ test('the Pod: spec passed through (runtimeClassName, securityContext), claim vo
   assert.equal(pod.metadata.name, 'abc1');
   assert.equal(pod.metadata.namespace, 'sandboxes');
   assert.deepEqual(pod.metadata.labels, { app: 'x', [SANDBOX_LABEL]: 'abc1' });
-  assert.deepEqual(pod.metadata.annotations, { [SANDBOX_NAMESPACE_ANNOTATION]: 'team-a' });
+  assert.deepEqual(pod.metadata.annotations, { [SANDBOX_NAMESPACE_ANNOTATION]: 'team-a', [SANDBOX_UID_ANNOTATION]: 'uid-abc1' }, 'the pod says which Sandbox object it was made for');
   assert.equal(pod.spec.runtimeClassName, 'kata');
   assert.deepEqual(pod.spec.securityContext, { runAsUser: 1000 });
   assert.equal(pod.spec.hostname, 'abc1');
@@ -40,7 +41,7 @@ test('the Pod: spec passed through (runtimeClassName, securityContext), claim vo
   const own = podManifest({ ...request, namespace: 'sandboxes', service: true, spec: { ...request.spec, terminationGracePeriodSeconds: 30 } }, { namespace: 'sandboxes', graceSeconds: 2 });
   assert.equal(own.spec.terminationGracePeriodSeconds, 30, 'the spec\'s own grace wins');
   assert.equal(own.spec.subdomain, 'abc1');
-  assert.equal(own.metadata.annotations, undefined);
+  assert.deepEqual(own.metadata.annotations, { [SANDBOX_UID_ANNOTATION]: 'uid-abc1' }, 'no namespace annotation when the sandbox is in the runtime\'s namespace');
 });
 
 test('PVCs: one per template, named <id>-<template>, labelled, ReadWriteOnce by default; the Service is headless with each port once', () => {

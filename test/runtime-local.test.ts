@@ -34,7 +34,7 @@ after(async () => {
 });
 
 function pod(id: string, container: Partial<Container> = {}): PodRequest {
-  return { id, namespace: 'default', hostname: `${id}-host`, spec: { containers: [{ name: 'main', image: 'debian:12', ...container }] } };
+  return { id, uid: `uid-${id}`, namespace: 'default', hostname: `${id}-host`, spec: { containers: [{ name: 'main', image: 'debian:12', ...container }] } };
 }
 
 const text = (b: Uint8Array): string => Buffer.from(b).toString('utf8');
@@ -131,6 +131,18 @@ test('hibernation keeps home, /tmp and the IP; exec refuses a stopped pod', asyn
   assert.equal(again.ip, first.ip);
   assert.notEqual(again.pid, first.pid);
   assert.equal((await sh('hib1', 'cat ~/home.txt /tmp/tmp.txt ~/.cache/c')).out, 'kept\nkept-too\nx\n');
+});
+
+test('security probe C1: a pod and its kept disk are never started for another sandbox uid of the same id', async () => {
+  const holder = pod('uid1');
+  assert.equal((await rt.start(holder)).uid, holder.uid);
+  await sh('uid1', 'echo secret > ~/mine.txt');
+  await rt.stop('uid1');
+  assert.equal(rt.state('uid1').uid, holder.uid, 'a hibernated pod still says whose disk it keeps');
+  await assert.rejects(rt.start({ ...holder, uid: 'someone-else' }), (err) => isAsbError(err, 'Conflict'));
+  assert.equal(rt.state('uid1').phase, 'Stopped', 'the refused start did not wake the holder\'s pod');
+  await rt.start(holder);
+  assert.equal((await sh('uid1', 'cat ~/mine.txt')).out, 'secret\n');
 });
 
 test('volumes from claim templates survive remove of the process and are mounted for the user', async () => {

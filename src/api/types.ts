@@ -38,6 +38,8 @@ export const ANNOTATION = {
   lastActivity: 'asb.dev/last-activity',
   /** On a SandboxTemplate (copied to its sandboxes): ports reachable without the access token, e.g. "8080,3000". */
   publicPorts: 'asb.dev/public-ports',
+  /** On a Sandbox: bumped to rotate its access token (access-token.ts); set only by the worker. */
+  tokenGeneration: 'asb.dev/token-generation',
 } as const;
 
 // ---- Pod spec: the subset of corev1.PodSpec the local runtime honours; the rest is kept as-is.

@@ -8,6 +8,11 @@ import type { PodSpec, VolumeClaimTemplate } from '../api/types.ts';
 export interface PodRequest {
   /** The sandbox id ([a-z0-9-]+, unique on this worker); names the pod, its disk and its IP. */
   id: string;
+  /**
+   * The uid of the Sandbox this pod is for. The pod and its volumes carry it: a runtime never
+   * starts a request on a pod or volumes made for another uid (an earlier sandbox of that name).
+   */
+  uid: string;
   namespace: string;
   hostname: string;
   spec: PodSpec;
@@ -25,6 +30,8 @@ export type PodPhase = 'Absent' | 'Pending' | 'Running' | 'Stopped' | 'Succeeded
 
 export interface PodState {
   phase: PodPhase;
+  /** The uid of the Sandbox the pod (or its kept volumes) was made for; undefined when Absent or unknown. */
+  uid?: string;
   /** True once every container is running and its readiness probe (if any) passed. */
   ready: boolean;
   ip?: string;

@@ -27,6 +27,7 @@ import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { WebSocketServer, type WebSocket } from 'ws';
+import { IdHolders } from '../api/sandbox-identity.ts';
 import type { Sandbox } from '../api/types.ts';
 import { SandboxType } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
@@ -114,8 +115,10 @@ export class RouteFeed {
   readonly #maxBuffered: number;
   readonly #pingMs: number;
   readonly #metrics: FeedMetrics | undefined;
-  /** id → entry, and the namespace it came from (a second sandbox of the same name elsewhere is ignored). */
+  /** id → entry, and the namespace it came from: the id's holder's (sandbox-identity.ts). */
   #entries = new Map<string, { entry: RouteEntry; namespace: string }>();
+  /** Which object holds each id: another object of the same name never gets the route or its token hash. */
+  readonly #holders = new IdHolders();
   #version = 0;
   #subscribers = new Set<Subscriber>();
   #watch: Watch | undefined;
@@ -226,9 +229,12 @@ export class RouteFeed {
     } while (token !== undefined);
     if (this.#closed) return;
     const next = new Map<string, { entry: RouteEntry; namespace: string }>();
+    this.#holders.clear();
+    for (const s of items) this.#holders.remember(s);
     for (const s of items) {
+      if (!this.#holders.holds(s)) continue;
       const entry = routeEntryOf(s, cluster, tokens);
-      if (entry !== undefined && !next.has(entry.id)) next.set(entry.id, { entry, namespace: s.metadata.namespace ?? '' });
+      if (entry !== undefined) next.set(entry.id, { entry, namespace: s.metadata.namespace ?? '' });
     }
     this.#entries = next;
     this.#version = Math.max(this.#version, Number(resourceVersion));
@@ -332,8 +338,11 @@ export class RouteFeed {
     if (!(version > this.#version)) return;
     this.#version = version;
     const { name: id, namespace = '' } = event.object.metadata;
+    if (event.type === 'DELETED') this.#holders.forget(event.object);
+    else if (!this.#holders.remember(event.object)) return;
     const prev = this.#entries.get(id);
-    if (prev !== undefined && prev.namespace !== namespace) return;
+    // Another object's delete leaves the holder's entry alone.
+    if (event.type === 'DELETED' && prev !== undefined && prev.namespace !== namespace) return;
     const next = event.type === 'DELETED' ? undefined : routeEntryOf(event.object, this.#opts.cluster, this.#opts.tokens);
     if (next === undefined) {
       if (prev === undefined) return;

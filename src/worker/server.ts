@@ -85,7 +85,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   // sandbox id can take (ids have no ':'), so they verify on every worker of the cluster and
   // survive a restart, and no access token is ever a terminal-token key.
   const terminalTokens = createTerminalTokens({
-    key: createSecretKey(Buffer.from(dataPlane.tokens.accessToken('asb:terminal-token-key'), 'utf8')),
+    key: createSecretKey(Buffer.from(dataPlane.tokens.derive('asb:terminal-token-key'), 'utf8')),
     clock,
     ttlMs: deps.terminal?.tokenTtlMs ?? TERMINAL_TOKEN_TTL_MS,
   });

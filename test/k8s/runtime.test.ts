@@ -52,6 +52,7 @@ async function runtimeIn(t: TestContext): Promise<{ runtime: KubePodRuntime; ns:
 function sandbox(id: string, ns: string): PodRequest {
   return {
     id,
+    uid: `uid-${id}`,
     namespace: ns,
     hostname: id,
     spec: {

@@ -271,7 +271,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
     // While the worker was down: the pod died, and a pod appeared for a sandbox that is gone.
     await h.runtime.stop(name);
-    h.runtime.adopt({ id: 'ghost', namespace: h.ns, hostname: 'ghost', spec: { containers: [] } }, 'Running');
+    h.runtime.adopt({ id: 'ghost', uid: 'ghost-uid', namespace: h.ns, hostname: 'ghost', spec: { containers: [] } }, 'Running');
 
     const op2 = await h.restart();
     await eventually('pod restarted', () => h.runtime.state(name).phase === 'Running');

@@ -23,7 +23,7 @@ import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRun
 import { execInPod, openPtyInPod, spawnInPod, type ExecContext } from './exec.ts';
 import { ExecCredentials } from './pod-exec.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
-import { claimManifests, podManifest, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, type KubePod, type KubePvc } from './objects.ts';
+import { claimManifests, sandboxUidOf, podManifest, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, type KubePod, type KubePvc } from './objects.ts';
 
 export interface KubeRuntimeOptions {
   /** A kubeconfig file, or one already loaded. */
@@ -140,8 +140,11 @@ export class KubePodRuntime implements PodRuntime {
   }
 
   state(id: string): PodState {
-    const hibernated = this.#stopped.has(id) || this.#claimsOf(id).some((c) => c.metadata.deletionTimestamp === undefined);
-    return podState(this.#pod(id), hibernated);
+    const pod = this.#pod(id);
+    const kept = this.#claimsOf(id).filter((c) => c.metadata.deletionTimestamp === undefined);
+    const state = podState(pod, this.#stopped.has(id) || kept.length > 0);
+    const uid = sandboxUidOf(pod) ?? kept.map(sandboxUidOf).find((u) => u !== undefined);
+    return uid === undefined || state.phase === 'Absent' ? state : { ...state, uid };
   }
 
   list(): string[] {
@@ -209,6 +212,10 @@ export class KubePodRuntime implements PodRuntime {
 
   async #start(req: PodRequest): Promise<PodState> {
     const { id } = req;
+    const madeFor = this.state(id).uid;
+    if (madeFor !== undefined && madeFor !== req.uid) {
+      throw new AsbError('Conflict', `pod ${id} and its volumes belong to sandbox uid ${madeFor}, not ${req.uid}; remove it first`);
+    }
     const existing = this.#pod(id);
     if (existing !== undefined && existing.metadata.deletionTimestamp === undefined) return this.state(id);
     if (existing !== undefined) {

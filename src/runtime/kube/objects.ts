@@ -11,6 +11,13 @@ export const SANDBOX_LABEL = 'asb.dev/sandbox';
 export const CLAIM_TEMPLATE_LABEL = 'asb.dev/claim-template';
 /** On a Pod: the namespace of its Sandbox when that differs from the runtime's namespace. */
 export const SANDBOX_NAMESPACE_ANNOTATION = 'asb.dev/sandbox-namespace';
+/** On a Pod and its PVCs: the uid of the Sandbox they were made for (PodRequest.uid). */
+export const SANDBOX_UID_ANNOTATION = 'asb.dev/sandbox-uid';
+
+/** The Sandbox uid a Pod or PVC of ours was made for, when it says. */
+export function sandboxUidOf(obj: KubeObject | undefined): string | undefined {
+  return obj?.metadata.annotations?.[SANDBOX_UID_ANNOTATION];
+}
 
 export const PodType: ResourceType = { group: '', version: 'v1', kind: 'Pod', plural: 'pods', namespaced: true };
 export const PvcType: ResourceType = { group: '', version: 'v1', kind: 'PersistentVolumeClaim', plural: 'persistentvolumeclaims', namespaced: true };
@@ -75,8 +82,8 @@ export function podManifest(req: PodRequest, defaults: PodDefaults): KubePod {
   };
   if (volumes.length > 0) spec.volumes = volumes;
   if (req.service === true) spec.subdomain = req.id; // <hostname>.<id>.<namespace>.svc resolves to the pod
-  const metadata: ObjectMeta = { name: req.id, namespace: defaults.namespace, labels: { ...req.labels, [SANDBOX_LABEL]: req.id } };
-  if (req.namespace !== defaults.namespace) metadata.annotations = { [SANDBOX_NAMESPACE_ANNOTATION]: req.namespace };
+  const metadata: ObjectMeta = { name: req.id, namespace: defaults.namespace, labels: { ...req.labels, [SANDBOX_LABEL]: req.id }, annotations: { [SANDBOX_UID_ANNOTATION]: req.uid } };
+  if (req.namespace !== defaults.namespace) metadata.annotations = { ...metadata.annotations, [SANDBOX_NAMESPACE_ANNOTATION]: req.namespace };
   return { apiVersion: 'v1', kind: 'Pod', metadata, spec };
 }
 
@@ -89,7 +96,7 @@ export function claimManifests(req: PodRequest, namespace: string): KubePvc[] {
       name: claimName(req.id, t.metadata.name),
       namespace,
       labels: { ...t.metadata.labels, [SANDBOX_LABEL]: req.id, [CLAIM_TEMPLATE_LABEL]: t.metadata.name },
-      ...(t.metadata.annotations === undefined ? {} : { annotations: t.metadata.annotations }),
+      annotations: { ...t.metadata.annotations, [SANDBOX_UID_ANNOTATION]: req.uid },
     },
     spec: { ...t.spec, accessModes: t.spec.accessModes ?? ['ReadWriteOnce'] },
   }));

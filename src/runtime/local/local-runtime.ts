@@ -161,10 +161,15 @@ export class LocalRuntime implements PodRuntime {
       pod = { id: req.id, paths: podPaths(this.#opts.root, req.id), persisted: undefined, state: { phase: 'Absent', ready: false }, generation: 0, stopping: false };
       this.#pods.set(req.id, pod);
     }
+    const madeFor = pod.persisted?.request.uid;
+    if (madeFor !== undefined && madeFor !== req.uid) {
+      return Promise.reject(new AsbError('Conflict', `pod ${req.id} and its volumes belong to sandbox uid ${madeFor}, not ${req.uid}; remove it first`));
+    }
     if (pod.starting !== undefined) return pod.starting;
-    if (pod.state.phase === 'Running') return Promise.resolve({ ...pod.state });
+    if (pod.state.phase === 'Running') return Promise.resolve(this.state(req.id));
     const current = pod;
-    current.starting = this.#start(current, req).finally(() => (current.starting = undefined));
+    // Answered from state(), which also says whose pod it is (the uid).
+    current.starting = this.#start(current, req).then((started) => (this.#pods.get(req.id) === current ? this.state(req.id) : started)).finally(() => (current.starting = undefined));
     return current.starting;
   }
 
@@ -370,7 +375,9 @@ export class LocalRuntime implements PodRuntime {
 
   state(id: string): PodState {
     const pod = this.#pods.get(id);
-    return pod === undefined ? { phase: 'Absent', ready: false } : { ...pod.state };
+    if (pod === undefined) return { phase: 'Absent', ready: false };
+    const uid = pod.persisted?.request.uid;
+    return uid === undefined ? { ...pod.state } : { ...pod.state, uid };
   }
 
   list(): string[] {

@@ -121,7 +121,7 @@ export class Envd {
       }
       return;
     }
-    const token = w.dataPlane.tokens.accessToken(sandbox.metadata.name);
+    const token = w.dataPlane.tokens.accessToken(sandbox);
     const url = new URL(req.url ?? '/', 'http://envd.invalid');
     if (kind === 'files') {
       const signature = url.searchParams.get('signature');
