@@ -123,6 +123,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
           terminal: { idleMs: config.terminalIdleMs },
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
+          ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
         });
   const handler = api?.handler ?? operatorEndpoints({ auth: keyRing, registry, metrics, log, led });
   const server = createServer(handler);

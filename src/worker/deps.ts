@@ -84,6 +84,8 @@ export interface WorkerDeps {
   terminal?: TerminalLimits;
   /** The hub sync agent's state, for /v1/status (absent when the worker runs without a hub). */
   sync?: () => { connected: boolean; appliedVersion: number };
+  /** Tells the hub what this cluster holds now and waits (≤ timeoutMs) until it has (SyncAgent.reportNow). */
+  reportToHub?: (timeoutMs: number) => Promise<boolean>;
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
@@ -101,4 +103,5 @@ export interface WorkerContext {
   index: SandboxIndex;
   dataPlane: DataPlane;
   sync: (() => { connected: boolean; appliedVersion: number }) | undefined;
+  reportToHub: ((timeoutMs: number) => Promise<boolean>) | undefined;
 }

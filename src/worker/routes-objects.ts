@@ -3,6 +3,7 @@
 // it writes any, and undoes its own writes if a later one fails.
 import { applyObject, type ApplyAction } from '../store/apply.ts';
 import type { KubeObject, ResourceType } from '../api/meta.ts';
+import { HEARTBEAT_MS } from '../hub/contract.ts';
 import { isReservedKey } from '../api/names.ts';
 import { ANNOTATION, LABEL, type Sandbox, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
@@ -17,6 +18,22 @@ import type { Reply, RequestContext, Route } from './router.ts';
 
 /** Kinds /v1/apply takes, in the order it writes them (a pool after its template). */
 const APPLY_ORDER: readonly ResourceType[] = [SandboxTemplateType, SandboxWarmPoolType, SandboxType, SandboxClaimType];
+/** Kinds the hub places by (its heartbeats list them): a write of one is told to the hub before it is answered. */
+const PLACEMENT_KINDS: ReadonlySet<string> = new Set([SandboxTemplateType.kind, SandboxWarmPoolType.kind]);
+// One heartbeat interval: the hub answers in a round trip; past this the next regular heartbeat carries it anyway.
+const HUB_REPORT_MS = HEARTBEAT_MS;
+
+/**
+ * After a template or pool write, tells the hub (when this worker has one) what the cluster holds
+ * now and waits until it has it, so a create at the hub or an edge right after the answer finds
+ * the template instead of "no template" until the next heartbeat. A hub that is away delays
+ * nothing past HUB_REPORT_MS: the write stands, and the heartbeat after reconnecting carries it.
+ */
+async function tellHub(w: WorkerContext, kinds: Iterable<string>): Promise<void> {
+  if (w.reportToHub === undefined || ![...kinds].some((k) => PLACEMENT_KINDS.has(k))) return;
+  await w.reportToHub(HUB_REPORT_MS);
+}
+
 /** Kinds whose objects belong to a team (asb.dev/owner) rather than to the cluster's admins. */
 const TEAM_KINDS: ReadonlySet<string> = new Set([SandboxType.kind, SandboxClaimType.kind]);
 // One apply writes at most this many objects: enough for any config file, bounded undo work.
@@ -104,6 +121,7 @@ async function putOne(w: WorkerContext, ctx: RequestContext, rt: ResourceType): 
   if (problems.length > 0) throw new AsbError('Invalid', `${rt.kind} "${name}" is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
   const existing = await w.store.tryGet(rt, queryNs, name);
   const result = await upsert(w, rt, obj, existing);
+  await tellHub(w, [rt.kind]);
   return { status: result.action === 'created' ? 201 : 200, json: result.object };
 }
 
@@ -112,7 +130,9 @@ async function deleteOne(w: WorkerContext, ctx: RequestContext, rt: ResourceType
   const obj = await getVisible(w, ctx, rt);
   const ns = obj.metadata.namespace ?? w.defaultNamespace;
   try {
-    return { status: 200, json: await w.store.delete(rt, ns, obj.metadata.name) };
+    const deleted = await w.store.delete(rt, ns, obj.metadata.name);
+    await tellHub(w, [rt.kind]);
+    return { status: 200, json: deleted };
   } catch (err) {
     if (isAsbError(err, 'NotFound')) throw notFound(rt, ns, obj.metadata.name);
     throw err;
@@ -182,6 +202,7 @@ async function write(w: WorkerContext, ctx: RequestContext, plan: readonly { rt:
     }
     throw err;
   }
+  await tellHub(w, results.filter((r) => r.action !== 'unchanged').map((r) => r.kind));
   return { status: 200, json: { results } };
 }
 

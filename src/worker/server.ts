@@ -104,6 +104,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     index,
     dataPlane,
     sync: deps.sync,
+    reportToHub: deps.reportToHub,
   });
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
   const envd = new Envd(w);
