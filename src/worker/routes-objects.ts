@@ -12,6 +12,7 @@ import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
 import { canSee, isObjectName, principalOf, requireAdmin, visibilitySelector } from './access.ts';
 import { readJson } from './body.ts';
 import type { WorkerContext } from './deps.ts';
+import { tenantPodProblems } from './pod-admission.ts';
 import { applyList, isPlainObject, namespaceQuery } from './input.ts';
 import { userLabelProblems } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
@@ -154,6 +155,8 @@ async function apply(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
       problems.push(...(err.fields.length > 0 ? err.fields : [{ field: `objects[${i}]`, message: err.message }]));
     }
   }
+  // Pod security: what a team key may put in a pod spec (issue 14; admins are not checked).
+  problems.push(...await tenantPodProblems(w, p, prepared.map(({ obj, index }) => ({ obj, path: `objects[${index}]` }))));
   if (problems.length > 0) throw new AsbError('Invalid', `nothing was applied: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
 
   // 2. Authorize everything and read what exists, still without writing. A new Sandbox takes its
