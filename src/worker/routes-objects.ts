@@ -5,6 +5,7 @@ import { applyObject, type ApplyAction } from '../store/apply.ts';
 import type { KubeObject, ResourceType } from '../api/meta.ts';
 import { HEARTBEAT_MS } from '../hub/contract.ts';
 import { isReservedKey } from '../api/names.ts';
+import { POD_SECURITY_ANNOTATION } from '../api/pod-security.ts';
 import { ANNOTATION, LABEL, type Sandbox, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
 import type { Principal } from '../auth/keyring.ts';
@@ -46,7 +47,8 @@ function notFound(rt: ResourceType, namespace: string, name: string): AsbError {
 }
 
 /** Our annotations a team may set on its own objects; every other reserved key is the controller's. */
-const TENANT_ANNOTATIONS: ReadonlySet<string> = new Set([ANNOTATION.publicPorts, ANNOTATION.idleTimeoutMs]);
+// The pod-security level only narrows from a team key: pod-admission.ts refuses a looser one.
+const TENANT_ANNOTATIONS: ReadonlySet<string> = new Set([ANNOTATION.publicPorts, ANNOTATION.idleTimeoutMs, POD_SECURITY_ANNOTATION]);
 
 /**
  * What a team key may not write into an object's metadata: labels and annotations under our
