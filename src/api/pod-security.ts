@@ -29,7 +29,7 @@ export const POD_SECURITY_ANNOTATION = 'asb.dev/pod-security';
 export const POD_SECURITY_LEVELS = ['restricted', 'baseline', 'privileged'] as const;
 export type PodSecurityLevel = (typeof POD_SECURITY_LEVELS)[number];
 
-/** What the pod runtime does about root in a pod (src/runtime/runtime.ts `isolation`). */
+/** What the pod runtime does about root in a pod (PodRuntime.rootIsolation in src/runtime/runtime.ts). */
 export interface RootIsolation {
   /**
    * always: every pod runs in a user namespace (the local runtime when not root);
