@@ -70,7 +70,8 @@ export interface Container {
   volumeMounts?: VolumeMount[];
   readinessProbe?: Probe;
   resources?: { limits?: Record<string, string | number>; requests?: Record<string, string | number> };
-  securityContext?: { runAsUser?: number; runAsGroup?: number };
+  /** Kept as written; the pod-security policy reads the rest (privileged, capabilities, ...). */
+  securityContext?: { runAsUser?: number; runAsGroup?: number; runAsNonRoot?: boolean; [other: string]: unknown };
   [other: string]: unknown;
 }
 
@@ -89,7 +90,7 @@ export interface PodSpec {
   serviceAccountName?: string;
   automountServiceAccountToken?: boolean;
   hostname?: string;
-  securityContext?: { runAsUser?: number; runAsGroup?: number; fsGroup?: number };
+  securityContext?: { runAsUser?: number; runAsGroup?: number; fsGroup?: number; runAsNonRoot?: boolean; [other: string]: unknown };
   [other: string]: unknown;
 }
 

@@ -3,6 +3,7 @@
 // same interface is served by Pods plus `pods/exec`. Exec, files and PTY all go through here so
 // no agent has to be baked into a sandbox image: a POSIX shell is enough.
 import type { Readable, Writable } from 'node:stream';
+import type { RootIsolation } from '../api/pod-security.ts';
 import type { PodSpec, VolumeClaimTemplate } from '../api/types.ts';
 
 export interface PodRequest {
@@ -117,6 +118,11 @@ export interface PodProcess {
 }
 
 export interface PodRuntime {
+  /**
+   * What the runtime does about root in a pod, which the pod-security policy reads to decide
+   * whether a tenant may run as uid 0 (src/api/pod-security.ts). Absent: no isolation.
+   */
+  readonly rootIsolation?: RootIsolation;
   /**
    * Starts the pod if it is not running, reusing its writable filesystem and volumes when they
    * exist (wake after hibernation). Idempotent: resolves at once for a running pod.

@@ -5,6 +5,7 @@ import { applyObject, type ApplyAction } from '../store/apply.ts';
 import type { KubeObject, ResourceType } from '../api/meta.ts';
 import { HEARTBEAT_MS } from '../hub/contract.ts';
 import { isReservedKey } from '../api/names.ts';
+import { POD_SECURITY_ANNOTATION } from '../api/pod-security.ts';
 import { ANNOTATION, LABEL, type Sandbox, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
 import type { Principal } from '../auth/keyring.ts';
@@ -12,6 +13,7 @@ import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
 import { canSee, isObjectName, principalOf, requireAdmin, visibilitySelector } from './access.ts';
 import { readJson } from './body.ts';
 import type { WorkerContext } from './deps.ts';
+import { tenantPodProblems } from './pod-admission.ts';
 import { applyList, isPlainObject, namespaceQuery } from './input.ts';
 import { userLabelProblems } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
@@ -45,7 +47,8 @@ function notFound(rt: ResourceType, namespace: string, name: string): AsbError {
 }
 
 /** Our annotations a team may set on its own objects; every other reserved key is the controller's. */
-const TENANT_ANNOTATIONS: ReadonlySet<string> = new Set([ANNOTATION.publicPorts, ANNOTATION.idleTimeoutMs]);
+// The pod-security level only narrows from a team key: pod-admission.ts refuses a looser one.
+const TENANT_ANNOTATIONS: ReadonlySet<string> = new Set([ANNOTATION.publicPorts, ANNOTATION.idleTimeoutMs, POD_SECURITY_ANNOTATION]);
 
 /**
  * What a team key may not write into an object's metadata: labels and annotations under our
@@ -154,6 +157,8 @@ async function apply(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
       problems.push(...(err.fields.length > 0 ? err.fields : [{ field: `objects[${i}]`, message: err.message }]));
     }
   }
+  // Pod security: what a team key may put in a pod spec (issue 14; admins are not checked).
+  problems.push(...await tenantPodProblems(w, p, prepared.map(({ obj, index }) => ({ obj, path: `objects[${index}]` }))));
   if (problems.length > 0) throw new AsbError('Invalid', `nothing was applied: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
 
   // 2. Authorize everything and read what exists, still without writing. A new Sandbox takes its

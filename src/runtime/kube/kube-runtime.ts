@@ -12,6 +12,7 @@
 // Exec, files and PTY go through pods/exec (pod-exec.ts, exec.ts, files.ts).
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { KubeObject, ResourceType } from '../../api/meta.ts';
+import type { RootIsolation } from '../../api/pod-security.ts';
 import { isDeepStrictEqual } from 'node:util';
 import { AsbError, isAsbError } from '../../errors.ts';
 import { Informer } from '../../operator/informer.ts';
@@ -73,6 +74,12 @@ export async function createKubeRuntime(opts: KubeRuntimeOptions): Promise<KubeP
 
 export class KubePodRuntime implements PodRuntime {
   readonly namespace: string;
+  /**
+   * The kubelet runs a pod with `hostUsers: false` in a user namespace (Kubernetes 1.33+), and
+   * `runtimeClassName: gvisor` names a RuntimeClass (admission refuses the Pod when the cluster
+   * has none). Pod Security Admission on the namespace may still refuse root (clusters/README.md).
+   */
+  readonly rootIsolation: RootIsolation = { userNamespace: 'on-request', gvisor: true };
   readonly #credentials: ExecCredentials;
   readonly #store: KubeStore;
   /** The store is the runtime's own (not the worker's): close() closes it. */

@@ -9,6 +9,7 @@
 // the caller's own uid; one warning is logged.
 import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
@@ -105,6 +106,15 @@ export class LocalRuntime implements PodRuntime {
     if (this.#userns) {
       this.#log.warn('local runtime is not running as root: DEGRADED MODE — pods run in a user namespace as your own uid and share the host network (ports on 127.0.0.1)');
     }
+  }
+
+  /**
+   * As root, a pod's uid 0 is the host's uid 0 (capabilities dropped, but it owns every root-owned
+   * file it can reach), and runtimeClassName is ignored: root is refused for tenants. Not root,
+   * every pod runs in a user namespace mapping only our own uid, so uid 0 in the pod is us.
+   */
+  get rootIsolation(): RootIsolation {
+    return { userNamespace: this.#userns ? 'always' : 'never', gvisor: false };
   }
 
   /** The pid of the launcher process that starts pods, while it runs (diagnostics, tests). */
