@@ -424,6 +424,35 @@ test('/files: signed URLs work without the token; a bad or expired signature is 
   assert.match(((await expired.json()) as { message: string }).message, /expired/);
 });
 
+test('security probe L1: a signed URL runs as the user it was signed for; an added Basic root is ignored', async () => {
+  const rootBasic = `Basic ${Buffer.from('root:').toString('base64')}`;
+  const secret = '/root/l1-secret.txt';
+  const made = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', `echo root-only > ${secret} && chmod 600 ${secret}`] } }, { authorization: rootBasic });
+  await made.done;
+  assert.equal((made.frames.map((f) => f.message.event as { end?: { exitCode?: number } } | undefined).find((e) => e?.end !== undefined))?.end?.exitCode ?? 0, 0);
+  const noToken = { 'x-asb-sandbox-id': id };
+  // Signed without a user (the SDK's downloadUrl() with no user): the default user, who may not read it.
+  const url = `${w.apiUrl}/files?path=${secret}&signature=${encodeURIComponent(signature(secret, 'read', ''))}`;
+  const asDefault = await fetch(url, { headers: noToken });
+  assert.ok(asDefault.status === 403 || asDefault.status === 404, `the default user reads a 0600 root file: ${asDefault.status}`);
+  await asDefault.body?.cancel();
+  const withRoot = await fetch(url, { headers: { ...noToken, authorization: rootBasic } });
+  assert.notEqual(withRoot.status, 200, 'Basic root on a signed URL read the root-only file');
+  assert.ok(withRoot.status === 403 || withRoot.status === 404, `status ${withRoot.status}`);
+  assert.doesNotMatch(await withRoot.text(), /root-only/);
+  // A write URL signed for "user" with Basic root added writes as the default user, not as root.
+  const owned = '/tmp/l1-owner.txt';
+  const write = await fetch(`${w.apiUrl}/files?path=${owned}&username=user&signature=${encodeURIComponent(signature(owned, 'write', 'user'))}`, {
+    method: 'POST',
+    headers: { ...noToken, authorization: rootBasic, 'content-type': 'application/octet-stream' },
+    body: 'x',
+  });
+  assert.equal(write.status, 200, await write.clone().text());
+  const stat = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', `stat -c %u ${owned}`] } });
+  await stat.done;
+  assert.notEqual(stat.output('stdout'), '0\n', 'the signed upload ran as root');
+});
+
 test('a missing or wrong token is 401; an unknown sandbox gets E2B proxy\'s 502 "not found"', async () => {
   const none = await fetch(`${w.apiUrl}/process.Process/List`, { method: 'POST', headers: { 'x-asb-sandbox-id': id, 'content-type': 'application/json' }, body: '{}' });
   assert.equal(none.status, 401);

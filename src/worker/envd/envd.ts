@@ -123,9 +123,10 @@ export class Envd {
     }
     const token = w.dataPlane.tokens.accessToken(sandbox.metadata.name);
     const url = new URL(req.url ?? '/', 'http://envd.invalid');
+    const signature = kind === 'files' ? url.searchParams.get('signature') : null;
+    const signed = signature !== null && signature !== '';
     if (kind === 'files') {
-      const signature = url.searchParams.get('signature');
-      if (signature !== null && signature !== '') {
+      if (signed) {
         checkSignature({
           path: url.searchParams.get('path') ?? '',
           signature,
@@ -141,7 +142,9 @@ export class Envd {
     }
     if (!running) throw new AsbError('Unavailable', `sandbox ${id} is not running (hibernated, starting or stopped); resume it and retry`);
     w.operator.activity.touch(id);
-    const user = url.searchParams.get('username') ?? basicUser(req);
+    // A signed URL runs as the user its signature names (none: the default user), never as a
+    // Basic auth header added by whoever holds the URL: the header is not part of the signature.
+    const user = signed ? url.searchParams.get('username') ?? undefined : url.searchParams.get('username') ?? basicUser(req);
     const uid = await this.#users.uidOf(id, user === '' ? undefined : user);
     const target: FsTarget = { runtime: w.runtime, id, uid };
     if (kind === 'files') {
