@@ -129,6 +129,16 @@ test('bad input is a 4xx naming the problem, never a 500, and writes nothing', a
     assert.equal((await call(fx, 'DELETE', `/v1/sandboxes/${id}`, { key })).status, 202);
   });
 
+  await t.test('security probe L2: E2B create with envVars a program cannot be given is 400 naming the variable, and creates nothing', async () => {
+    for (const [envVars, field] of [[{ A: 'x\0y' }, 'envVars.A'], [{ 'B\0C': 'x' }, 'envVars.B\0C'], [{ 'D=E': 'x' }, 'envVars.D=E'], [{ BIG: 'x'.repeat(200 * 1024) }, 'envVars.BIG']] as const) {
+      const res = await call(fx, 'POST', '/sandboxes', { headers: { 'x-api-key': key }, json: { templateID: 'base', envVars } });
+      assert.equal(res.status, 400, `${field}: ${res.text.slice(0, 300)}`);
+      const body = res.json as { code: number; message: string };
+      assert.equal(body.code, 400);
+      assert.ok(body.message.includes(`${field}:`), body.message.slice(0, 300));
+    }
+  });
+
   await t.test('apply: one invalid object means nothing is applied', async () => {
     const template = { ...structuredClone(BASE_TEMPLATE), metadata: { name: 'applied-template' } };
     const pool = { apiVersion: 'extensions.agents.x-k8s.io/v1alpha1', kind: 'SandboxWarmPool', metadata: { name: 'p' }, spec: { replicas: 'three', sandboxTemplateRef: { name: 'applied-template' } } };
