@@ -83,9 +83,9 @@ export class Envd {
         this.#w.log.error({ err, path }, 'envd request failed after its reply began');
         res.destroy();
       } else if (kind === 'rpc') {
-        writeUnaryError(res, err);
+        writeUnaryError(res, this.#answerable(err, path));
       } else {
-        writeRestError(res, err);
+        writeRestError(res, this.#answerable(err, path));
       }
     });
   }
@@ -198,7 +198,7 @@ export class Envd {
       const message = await run(streamMessages(req, MESSAGE_LIMIT_BYTES));
       if (!res.headersSent) writeClientStreamReply(res, { message });
     } catch (err) {
-      if (!res.headersSent) writeClientStreamReply(res, { error: err });
+      if (!res.headersSent) writeClientStreamReply(res, { error: this.#answerable(err, req.url ?? '') });
     } finally {
       deadline?.cancel();
     }
@@ -236,10 +236,21 @@ export class Envd {
       stream.end();
     } catch (err) {
       // Once streaming, errors go in the end-stream envelope: the SDK reads their code there.
-      stream.end(err);
+      stream.end(this.#answerable(err, req.url ?? ''));
     } finally {
       this.#streams.delete(stream);
     }
+  }
+
+  /**
+   * An error as the caller may see it: ours (coded, written for users) as they are; anything else
+   * (Node's own messages name its internals: `args[19] must be a string without null bytes`) is
+   * logged here and answered as a plain internal error.
+   */
+  #answerable(err: unknown, path: string): unknown {
+    if (err instanceof AsbError || err instanceof ConnectError) return err;
+    this.#w.log.error({ err, path }, 'envd request failed');
+    return new AsbError('Internal', 'internal error in envd; the worker log has the details', { cause: err });
   }
 
   #sleep(ms: number): Promise<void> {
