@@ -258,7 +258,7 @@ test('an idle terminal closes with 4002', async (t) => {
   assert.equal((await open.closed).closeCode, TERMINAL_CLOSE.goingAway);
 });
 
-test('security probe M2: revoking a key at the hub closes the terminals it opened (header, token, hub relay) with 4003 within the sync bound; their shells are gone', async (t) => {
+test('security probe M2: revoking a key at the hub closes the terminals it opened (header, token, hub relays of both) with 4003 within the sync bound; their shells are gone', async (t) => {
   // A real hub and a worker syncing from it; its own tag, bridge and subnet (tmrv: 10.226/16).
   const dir = mkdtempSync(join(tmpdir(), 'asb-tmrv-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
@@ -291,8 +291,10 @@ test('security probe M2: revoking a key at the hub closes the terminals it opene
   const byToken = await openTerminal(w.apiUrl, id, { token: await token() });
   const unused = await token();
   const viaHub = await waitFor('the hub to relay the terminal', () => openTerminal(hub.url, id, { key: doomed.key }).catch(() => undefined), PROPAGATION_BOUND_MS);
+  // A token session relayed by the hub: the hub cannot tell its key, the worker closes it through the relay.
+  const tokenViaHub = await openTerminal(hub.url, id, { token: await token() });
   const other = await openTerminal(w.apiUrl, id, { key: kept.key });
-  const doomedSessions = { byHeader, byToken, viaHub };
+  const doomedSessions = { byHeader, byToken, viaHub, tokenViaHub };
   const pids: Record<string, string> = {};
   for (const [name, term] of Object.entries(doomedSessions)) {
     term.send(`echo $$ > /tmp/${name}.pid; echo pid-${name}-written\r`);
