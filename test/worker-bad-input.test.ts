@@ -3,6 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../src/api/types.ts';
+import { argvFields, MAX_ARG_BYTES, MAX_SPAWN_BYTES, spawnProblems } from '../src/worker/input.ts';
 import { BASE_TEMPLATE, call, startWorkerFixture, type ApiResponse } from './support/worker-fixture.ts';
 
 interface ProblemBody { code: string; detail: string; fields?: { field: string; message: string }[] }
@@ -172,3 +173,20 @@ async function waitFor(condition: () => Promise<boolean>, timeoutMs = 10_000): P
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
 }
+
+test('spawnProblems: the limits are execve\'s, counted in bytes, and every bad field is named at once', () => {
+  const fields = (input: Parameters<typeof spawnProblems>[0]): string[] => spawnProblems(input).map((p) => p.field);
+  assert.deepEqual(fields({ argv: argvFields('command', ['echo', 'x'.repeat(MAX_ARG_BYTES)]) }), [], 'MAX_ARG_BYTES itself is allowed');
+  assert.deepEqual(fields({ argv: argvFields('command', ['echo', 'x'.repeat(MAX_ARG_BYTES + 1)]) }), ['command[1]']);
+  // 'é' is 2 bytes in UTF-8: half as many characters already pass the limit.
+  assert.deepEqual(fields({ argv: argvFields('command', ['echo', 'é'.repeat(MAX_ARG_BYTES / 2 + 1)]) }), ['command[1]']);
+  // NAME=value is one string to execve: the name counts too.
+  assert.deepEqual(fields({ argv: argvFields('command', 'true'), env: { field: 'env', vars: { AB: 'x'.repeat(MAX_ARG_BYTES - 2) } } }), ['env.AB'], 'AB= and its value: one byte over');
+  assert.deepEqual(
+    fields({ argv: argvFields('command', ['a\0', 'b']), env: { field: 'env', vars: { '': 'x', 'A=B': 'y', C: 'z\0' } }, cwd: { field: 'cwd', value: '/\0' } }),
+    ['command[0]', 'env', 'env.A=B', 'env.C', 'cwd'],
+  );
+  const many = Array.from({ length: Math.ceil(MAX_SPAWN_BYTES / 100_000) }, () => 'y'.repeat(100_000));
+  assert.deepEqual(fields({ argv: argvFields('process.args', many) }), ['process.args'], 'too much together names the command');
+  assert.deepEqual(fields({ argv: argvFields('command', 'true'), env: { field: 'envVars', vars: Object.fromEntries(many.map((v, i) => [`V${i}`, v])) } }), ['envVars'], 'or the environment, when it is the larger part');
+});

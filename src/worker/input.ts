@@ -1,6 +1,8 @@
 // Checks a JSON request body against a small field table: every problem (unknown field, wrong
 // type, out of range) is collected and reported at once as 422 Invalid, each naming its field,
-// before the route touches anything.
+// before the route touches anything. Also what a command may be given (spawnProblems): input
+// execve cannot take is 400 BadRequest naming each field, checked by every caller that runs one
+// (REST exec, envd process.Start, E2B create's envVars), so spawn never fails on it with a 500.
 import { AsbError, type FieldProblem } from '../errors.ts';
 import { isObjectName } from './access.ts';
 
