@@ -13,6 +13,7 @@ import { baseTemplate } from '../src/api/builtin.ts';
 import { LABEL } from '../src/api/types.ts';
 import { sandboxFromTemplate } from '../src/operator/blueprint.ts';
 import { createAccessTokens } from '../src/worker/access-token.ts';
+import { MAX_ARG_BYTES } from '../src/worker/input.ts';
 import { ENVD_ANNOTATION, routeEntryOf } from '../src/worker/route-entry.ts';
 import { startTestSystem } from './support/local-system.ts';
 import { api, removeDataDir, startWorkerProcess, type WorkerProcess } from './support/worker-process.ts';
@@ -480,6 +481,10 @@ test('security probe L2: REST exec with a NUL byte in any field, or an argument 
   const check = await api<{ exitCode: number }>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['test', '-e', marker] });
   assert.equal(check.status, 200);
   assert.equal(check.body.exitCode, 1, 'a refused exec ran its command');
+  // The limit is the kernel's own: an argument of exactly MAX_ARG_BYTES still runs.
+  const longest = await api<{ stdout: string }>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['/bin/sh', '-c', 'echo ${#1}', 'sh', 'x'.repeat(MAX_ARG_BYTES)] });
+  assert.equal(longest.status, 200, JSON.stringify(longest.body).slice(0, 300));
+  assert.equal(longest.body.stdout, `${MAX_ARG_BYTES}\n`);
 });
 
 test('security probe L2: envd process.Start with a NUL byte in any field, or arguments execve refuses, is invalid_argument naming the field', async () => {
