@@ -25,6 +25,10 @@ export interface WorkerOperator {
 
 export interface Authenticator {
   verify(presented: string): Principal | undefined;
+  /** Whether the key with this prefix still verifies (a terminal token is good only while its key is). */
+  live(prefix: string): boolean;
+  /** Calls `listener` with a key's prefix once it is revoked (or grants less); returns the unsubscribe. */
+  onRevoked(listener: (prefix: string) => void): () => void;
 }
 
 export interface WorkerLimits {
