@@ -20,6 +20,8 @@ import { resolveImage } from './images.ts';
 import { ensureInitBinary, ensureLauncherBinary } from './init-binary.ts';
 import { Launcher, type Launched } from './launcher.ts';
 import { createIpPool, createVethBatcher, ensureBridge, parseSubnet, vethName, type IpPool, type Subnet } from './network.ts';
+import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
+import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { containerArgv, initArgs, mainContainer, podEnv, podUser, resolveMounts, type InitNetwork } from './pod-process.ts';
 import { startProbeLoop } from './probes.ts';
@@ -31,10 +33,12 @@ export interface LocalRuntimeOptions {
   root: string;
   log: Logger;
   clock?: Clock;
-  /** Pod subnet; the bridge takes its first address. Default 10.213.0.0/16. */
+  /** Pod subnet; the bridge takes its first address. Default: derived from root (src/system/local-network.ts). */
   subnet?: string;
-  /** Host bridge name (≤ 15 bytes); distinct per worker or test run. Default asb0. */
+  /** Host bridge name (≤ 15 bytes); distinct per worker or test run. Default: derived from root. */
   bridge?: string;
+  /** Host-wide directory of bridge and subnet claims (network-claim.ts). Default /run/asb/networks */
+  claimsDir?: string;
   /** Readiness probe period when a probe sets no periodSeconds. Default 1000 ms. */
   probeIntervalMs?: number;
   /** How often to check the init of an adopted pod (one we did not spawn). Default 500 ms. */
@@ -71,6 +75,9 @@ interface Pod {
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
   const [binary, launcher] = await Promise.all([ensureInitBinary(opts.root), ensureLauncherBinary(opts.root)]);
   const runtime = new LocalRuntime(opts, binary, launcher);
+  // At start, not at the first pod: a bridge or subnet another instance holds fails the worker
+  // with the holder's name, instead of its pods taking that instance's addresses later.
+  await runtime.hasPodNetwork();
   await runtime.recover();
   return runtime;
 }
@@ -96,8 +103,9 @@ export class LocalRuntime implements PodRuntime {
     this.#log = opts.log.child({ component: 'local-runtime' });
     this.#clock = opts.clock ?? systemClock;
     this.#binary = binary;
-    this.#subnet = parseSubnet(opts.subnet ?? '10.213.0.0/16');
-    this.#bridge = opts.bridge ?? 'asb0';
+    const derived = derivedNetwork(opts.root);
+    this.#subnet = parseSubnet(opts.subnet ?? derived.subnet);
+    this.#bridge = opts.bridge ?? derived.bridge;
     this.#ips = createIpPool(this.#subnet);
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
     this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
@@ -118,12 +126,18 @@ export class LocalRuntime implements PodRuntime {
     return this.#network;
   }
 
+  /** Rejects (AsbError Unavailable, naming the holder) when another instance holds the bridge or subnet. */
   async #setUpNetwork(): Promise<boolean> {
     if (this.#userns || this.#opts.network === false) return false;
+    const claimsDir = this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR;
+    // Refused, never shared: the other instance's pods would receive our traffic.
+    await claimNetwork({ bridge: this.#bridge, subnet: this.#subnet.cidr, owner: this.#opts.root, pid: process.pid }, { claimsDir });
     try {
       await ensureBridge(this.#bridge, this.#subnet);
+      this.#log.info({ bridge: this.#bridge, subnet: this.#subnet.cidr }, 'pod network ready');
       return true;
     } catch (err) {
+      await releaseNetwork(claimsDir, this.#bridge, this.#opts.root);
       this.#log.warn({ err }, `cannot create bridge ${this.#bridge}: DEGRADED MODE — pods share the host network (ports on 127.0.0.1)`);
       return false;
     }
