@@ -6,14 +6,15 @@
 // last test, which creates bridges with names and subnets no other test uses and deletes them.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test, type TestContext } from 'node:test';
 import { isAsbError } from '../src/errors.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { bridgeExists, deleteBridge } from '../src/runtime/local/network.ts';
-import { networkConflict, overlaps, parseCidr, type HostNetwork, type NetworkClaim } from '../src/runtime/local/network-claim.ts';
+import { claimNetwork, networkConflict, overlaps, parseCidr, type HostNetwork, type NetworkClaim } from '../src/runtime/local/network-claim.ts';
+import { processStartTime } from '../src/runtime/local/rootfs.ts';
 import { parseWorkerConfig } from '../src/system/config.ts';
 import { derivedNetwork, nthSubnet } from '../src/system/local-network.ts';
 import { silentLogger } from '../src/system/log.ts';
@@ -85,6 +86,28 @@ test('conflicts: a live holder of the bridge or an overlapping subnet is named; 
   assert.equal(networkConflict(claim('asbnew0', '10.101.0.0/16', want.owner), [], host, live), undefined, 'the default route and other subnets are no conflict');
 });
 
+test('a claim counts while its owner process lives: a dead pid, or a reused one with another start time, holds nothing', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'asb-claims-'));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  const host = (): Promise<HostNetwork> => Promise.resolve(NO_HOST);
+  const want = claim('asbwant0', '10.100.0.0/16', '/srv/b', process.pid);
+  const write = async (c: NetworkClaim): Promise<void> => {
+    await mkdir(dir, { recursive: true });
+    await writeFile(join(dir, `${c.bridge}.json`), JSON.stringify(c));
+  };
+  const started = await processStartTime(process.pid);
+  assert.ok(started !== undefined);
+  await write({ ...claim('asbheld0', '10.100.0.0/16', '/srv/a', process.pid), pidStart: started });
+  await assert.rejects(claimNetwork(want, { claimsDir: dir, host }), /held by the Agent Sandbox runtime of \/srv\/a/);
+  await write({ ...claim('asbheld0', '10.100.0.0/16', '/srv/a', process.pid), pidStart: '1' });
+  assert.deepEqual(await claimNetwork(want, { claimsDir: dir, host }), [], 'the pid was reused: the claim is stale');
+  const ours = JSON.parse(await readFile(join(dir, 'asbwant0.json'), 'utf8')) as NetworkClaim;
+  assert.equal(ours.pidStart, started);
+  // pid_max is at most 2^22: this pid cannot be running.
+  await write(claim('asbgone0', '10.101.0.0/16', '/srv/c', 2 ** 22 + 1));
+  assert.deepEqual(await claimNetwork({ ...want, owner: '/srv/d', bridge: 'asbwant1', subnet: '10.101.0.0/16' }, { claimsDir: dir, host: () => Promise.reject(new Error('no ip')) }).then((w) => w.length), 1, 'a dead owner holds nothing; a host that cannot be read is a warning, not a refusal');
+});
+
 interface Instance {
   root: string;
   bridge: string;
@@ -110,7 +133,8 @@ test('a runtime whose bridge or subnet another live instance holds is refused at
   assert.equal(await rtA.hasPodNetwork(), true);
   assert.equal(await bridgeExists(first.bridge), true);
   const held = JSON.parse(await readFile(join(claimsDir, `${first.bridge}.json`), 'utf8')) as NetworkClaim;
-  assert.deepEqual(held, { bridge: first.bridge, subnet: first.subnet, owner: first.root, pid: process.pid });
+  assert.deepEqual({ ...held, pidStart: undefined }, { bridge: first.bridge, subnet: first.subnet, owner: first.root, pid: process.pid, pidStart: undefined });
+  assert.match(held.pidStart ?? '', /^\d+$/, 'the owner’s start time: a reused pid does not hold a dead owner’s claim');
 
   const refused = async (inst: Instance, claims: string, expected: RegExp): Promise<void> => {
     await assert.rejects(start(t, inst, claims), (err: unknown) => {

@@ -131,7 +131,8 @@ export class LocalRuntime implements PodRuntime {
     if (this.#userns || this.#opts.network === false) return false;
     const claimsDir = this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR;
     // Refused, never shared: the other instance's pods would receive our traffic.
-    await claimNetwork({ bridge: this.#bridge, subnet: this.#subnet.cidr, owner: this.#opts.root, pid: process.pid }, { claimsDir });
+    const warnings = await claimNetwork({ bridge: this.#bridge, subnet: this.#subnet.cidr, owner: this.#opts.root, pid: process.pid }, { claimsDir });
+    for (const warning of warnings) this.#log.warn(warning);
     try {
       await ensureBridge(this.#bridge, this.#subnet);
       this.#log.info({ bridge: this.#bridge, subnet: this.#subnet.cidr }, 'pod network ready');

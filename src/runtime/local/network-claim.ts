@@ -7,7 +7,8 @@
 //
 // Claims are files in a host-wide directory, /run/asb/networks/<bridge>.json (tmpfs: gone at
 // reboot, like the bridges): the bridge, its subnet, the owner (the runtime's state dir) and the
-// owner's pid. A claim counts while that pid lives; a dead owner's claim is stale, but its bridge
+// owner's pid with its start time. A claim counts while that process lives (same pid AND start
+// time, so a reused pid does not hold a dead owner's bridge); a dead owner's claim is stale, but its bridge
 // may still carry the subnet (the host check names it, with the command to delete it). The same
 // state dir restarting is the same owner and reuses its bridge.
 import { execFile } from 'node:child_process';
@@ -15,6 +16,7 @@ import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promise
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { AsbError } from '../../errors.ts';
+import { processStartTime } from './rootfs.ts';
 
 const execFileAsync = promisify(execFile);
 
@@ -28,6 +30,8 @@ export interface NetworkClaim {
   /** The runtime's state dir. */
   owner: string;
   pid: number;
+  /** The owner's start time (/proc/<pid>/stat field 22); absent in claims made without one. */
+  pidStart?: string;
 }
 
 /** What the host already has, from `ip -j route` (main table) and `ip -j addr`. */
@@ -87,18 +91,44 @@ function describeHolder(dev: string, claims: readonly NetworkClaim[], live: (cla
 
 /**
  * Claims `want` for its owner, or throws AsbError Unavailable saying who holds the bridge or
- * subnet. Idempotent for the same owner. Call before creating the bridge.
+ * subnet. Idempotent for the same owner. Call before creating the bridge. Resolves with warnings
+ * for what could not be checked or recorded (the runtime logs them): neither stops a start, as
+ * the bridge set-up itself fails when `ip` cannot run.
  */
-export async function claimNetwork(want: NetworkClaim, opts: { claimsDir: string; host?: () => Promise<HostNetwork> }): Promise<void> {
-  await mkdir(opts.claimsDir, { recursive: true, mode: 0o755 });
+export async function claimNetwork(want: NetworkClaim, opts: { claimsDir: string; host?: () => Promise<HostNetwork> }): Promise<string[]> {
+  const warnings: string[] = [];
   const claims = await readClaims(opts.claimsDir);
-  const host = await (opts.host ?? readHostNetwork)();
-  const conflict = networkConflict(want, claims, host, (c) => isAlive(c.pid));
+  const alive = new Set<NetworkClaim>();
+  await Promise.all(
+    claims.map(async (c) => {
+      const started = await processStartTime(c.pid);
+      if (started !== undefined && (c.pidStart === undefined || c.pidStart === started)) alive.add(c);
+    }),
+  );
+  let host: HostNetwork = { routes: [], addrs: [] };
+  try {
+    host = await (opts.host ?? readHostNetwork)();
+  } catch (err) {
+    warnings.push(`cannot read the host's routes and addresses, so only other runtimes' claims were checked: ${messageOf(err)}`);
+  }
+  const conflict = networkConflict(want, claims, host, (c) => alive.has(c));
   if (conflict !== undefined) throw new AsbError('Unavailable', `cannot set up pod networking: ${conflict}`);
+  const pidStart = await processStartTime(want.pid);
+  const record: NetworkClaim = pidStart === undefined ? want : { ...want, pidStart };
   const file = join(opts.claimsDir, `${want.bridge}.json`);
-  // Atomic: a reader never sees half a claim.
-  await writeFile(`${file}.${process.pid}.tmp`, `${JSON.stringify(want)}\n`, { mode: 0o644 });
-  await rename(`${file}.${process.pid}.tmp`, file);
+  try {
+    await mkdir(opts.claimsDir, { recursive: true, mode: 0o755 });
+    // Atomic: a reader never sees half a claim.
+    await writeFile(`${file}.${process.pid}.tmp`, `${JSON.stringify(record)}\n`, { mode: 0o644 });
+    await rename(`${file}.${process.pid}.tmp`, file);
+  } catch (err) {
+    warnings.push(`cannot record the claim on bridge ${want.bridge} in ${opts.claimsDir}; other runtimes will see it only through the host's routes: ${messageOf(err)}`);
+  }
+  return warnings;
+}
+
+function messageOf(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
 }
 
 /** Drops `owner`'s claim on `bridge` (when the runtime gave up its network). */
@@ -125,21 +155,12 @@ async function readClaim(file: string): Promise<NetworkClaim | undefined> {
     if (typeof value !== 'object' || value === null) return undefined;
     const c = value as Record<string, unknown>;
     if (typeof c.bridge !== 'string' || typeof c.subnet !== 'string' || typeof c.owner !== 'string' || typeof c.pid !== 'number') return undefined;
-    return { bridge: c.bridge, subnet: c.subnet, owner: c.owner, pid: c.pid };
+    const claim: NetworkClaim = { bridge: c.bridge, subnet: c.subnet, owner: c.owner, pid: c.pid };
+    if (typeof c.pidStart === 'string') claim.pidStart = c.pidStart;
+    return claim;
   } catch {
     // Unreadable or half-written by an older writer: no claim.
     return undefined;
-  }
-}
-
-function isAlive(pid: number): boolean {
-  if (!Number.isInteger(pid) || pid <= 0) return false;
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    // EPERM: it exists, owned by someone else.
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 
@@ -170,7 +191,7 @@ async function ipJson(args: string[]): Promise<unknown[]> {
     const value: unknown = JSON.parse(stdout.trim() === '' ? '[]' : stdout);
     return Array.isArray(value) ? (value as unknown[]) : [];
   } catch (err) {
-    throw new AsbError('Unavailable', `cannot read the host's network (ip ${args.join(' ')}): ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    throw new AsbError('Unavailable', `cannot read the host's network (ip ${args.join(' ')}): ${messageOf(err)}`, { cause: err });
   }
 }
 
