@@ -8,6 +8,10 @@
 // - edge listener (xff_num_trusted_hops 0): the last entry is the client.
 // - ingress listener (xff_num_trusted_hops 1): the last entry is the forwarding edge Envoy (mutual
 //   TLS, one of ours), the one before it is the client that edge saw.
+// Seen with Envoy 1.40 (test/envoy-federation.test.ts, test/dataplane-envoy.test.ts): a peer of
+// exactly 127.0.0.1 is written as the machine's own address, other 127.x as themselves, and
+// x-envoy-external-address is only trustworthy while Envoy treats the client as external, so it
+// is not read here.
 // IPv6 clients are counted per /64: one host commonly holds a whole /64, and counting each of
 // its 2^64 addresses apart would give it as many budgets.
 import { isIP } from 'node:net';
