@@ -74,11 +74,6 @@ export class Waker {
     }, `sandbox ${entry.id} did not become ready within ${this.#holdLimitMs} ms`);
   }
 
-  /** Ids being looked up at their worker right now. */
-  get lookingUp(): number {
-    return this.#lookups.size;
-  }
-
   /**
    * Before lookup(): why `client` may not make a new lookup of `id` now, or undefined (one of its
    * tokens spent). Joining a lookup of `id` already in flight is always allowed and free. Call

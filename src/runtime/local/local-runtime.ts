@@ -8,7 +8,7 @@
 // share the host network (their ports on 127.0.0.1) and, without root, run in a user namespace as
 // the caller's own uid; one warning is logged.
 import { readdir, rm } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
@@ -103,7 +103,7 @@ export class LocalRuntime implements PodRuntime {
     this.#log = opts.log.child({ component: 'local-runtime' });
     this.#clock = opts.clock ?? systemClock;
     this.#binary = binary;
-    const derived = derivedNetwork(opts.root);
+    const derived = derivedNetwork(resolve(opts.root));
     this.#subnet = parseSubnet(opts.subnet ?? derived.subnet);
     this.#bridge = opts.bridge ?? derived.bridge;
     this.#ips = createIpPool(this.#subnet);
@@ -131,14 +131,14 @@ export class LocalRuntime implements PodRuntime {
     if (this.#userns || this.#opts.network === false) return false;
     const claimsDir = this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR;
     // Refused, never shared: the other instance's pods would receive our traffic.
-    const warnings = await claimNetwork({ bridge: this.#bridge, subnet: this.#subnet.cidr, owner: this.#opts.root, pid: process.pid }, { claimsDir });
+    const warnings = await claimNetwork({ bridge: this.#bridge, subnet: this.#subnet.cidr, owner: resolve(this.#opts.root), pid: process.pid }, { claimsDir });
     for (const warning of warnings) this.#log.warn(warning);
     try {
       await ensureBridge(this.#bridge, this.#subnet);
       this.#log.info({ bridge: this.#bridge, subnet: this.#subnet.cidr }, 'pod network ready');
       return true;
     } catch (err) {
-      await releaseNetwork(claimsDir, this.#bridge, this.#opts.root);
+      await releaseNetwork(claimsDir, this.#bridge, resolve(this.#opts.root));
       this.#log.warn({ err }, `cannot create bridge ${this.#bridge}: DEGRADED MODE — pods share the host network (ports on 127.0.0.1)`);
       return false;
     }
