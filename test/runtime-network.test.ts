@@ -13,6 +13,7 @@ import { test, type TestContext } from 'node:test';
 import { isAsbError } from '../src/errors.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { bridgeExists, deleteBridge } from '../src/runtime/local/network.ts';
+import type { PodRequest } from '../src/runtime/runtime.ts';
 import { claimNetwork, networkConflict, overlaps, parseCidr, type HostNetwork, type NetworkClaim } from '../src/runtime/local/network-claim.ts';
 import { processStartTime } from '../src/runtime/local/rootfs.ts';
 import { parseWorkerConfig } from '../src/system/config.ts';
@@ -114,22 +115,35 @@ interface Instance {
   subnet: string;
 }
 
-/** Starts a local runtime on its own root; its bridge is deleted and the runtime closed after the test. */
-async function start(t: TestContext, inst: Instance, claimsDir: string): Promise<LocalRuntime> {
-  t.after(() => deleteBridge(inst.bridge));
+/** Cleanups that run last-registered first, as resources nest (t.after runs hooks in registration order). */
+function deferrer(t: TestContext): (fn: () => unknown) => void {
+  const fns: (() => unknown)[] = [];
+  t.after(async () => {
+    for (const fn of fns.reverse()) await fn();
+  });
+  return (fn) => fns.push(fn);
+}
+
+/** Starts a local runtime on its own root; its pods are removed, it is closed and its bridge deleted after the test. */
+async function start(defer: (fn: () => unknown) => void, inst: Instance, claimsDir: string): Promise<LocalRuntime> {
+  defer(() => deleteBridge(inst.bridge));
   const rt = await createLocalRuntime({ root: inst.root, log: silentLogger(), bridge: inst.bridge, subnet: inst.subnet, claimsDir });
-  t.after(() => rt.close());
+  defer(async () => {
+    for (const id of rt.list()) await rt.remove(id);
+    await rt.close();
+  });
   return rt;
 }
 
 test('a runtime whose bridge or subnet another live instance holds is refused at start, naming the bridge, its subnet and the holder', async (t) => {
+  const defer = deferrer(t);
   const dir = await mkdtemp(join(tmpdir(), 'asb-netclaim-'));
-  t.after(() => rm(dir, { recursive: true, force: true }));
+  defer(() => rm(dir, { recursive: true, force: true }));
   const claimsDir = join(dir, 'claims');
   const tag = randomBytes(2).toString('hex');
   // 10.225 and 10.226: used by no other test file.
   const first: Instance = { root: join(dir, 'a'), bridge: `asbnc${tag}a`, subnet: '10.225.0.0/16' };
-  const rtA = await start(t, first, claimsDir);
+  const rtA = await start(defer, first, claimsDir);
   assert.equal(await rtA.hasPodNetwork(), true);
   assert.equal(await bridgeExists(first.bridge), true);
   const held = JSON.parse(await readFile(join(claimsDir, `${first.bridge}.json`), 'utf8')) as NetworkClaim;
@@ -137,7 +151,7 @@ test('a runtime whose bridge or subnet another live instance holds is refused at
   assert.match(held.pidStart ?? '', /^\d+$/, 'the owner’s start time: a reused pid does not hold a dead owner’s claim');
 
   const refused = async (inst: Instance, claims: string, expected: RegExp): Promise<void> => {
-    await assert.rejects(start(t, inst, claims), (err: unknown) => {
+    await assert.rejects(start(defer, inst, claims), (err: unknown) => {
       assert.ok(isAsbError(err, 'Unavailable'), String(err));
       assert.match(err.message, expected);
       return true;
@@ -153,25 +167,49 @@ test('a runtime whose bridge or subnet another live instance holds is refused at
   await refused({ root: join(dir, 'd'), bridge: `asbnc${tag}d`, subnet: first.subnet }, join(dir, 'no-claims'), new RegExp(`subnet 10\\.225\\.0\\.0/16 overlaps address 10\\.225\\.0\\.1/16 on ${first.bridge}`));
 
   // A subnet of its own starts, and the first instance restarting on its own state dir is no conflict.
-  const third = await start(t, { root: join(dir, 'e'), bridge: `asbnc${tag}e`, subnet: '10.226.0.0/16' }, claimsDir);
+  const third = await start(defer, { root: join(dir, 'e'), bridge: `asbnc${tag}e`, subnet: '10.226.0.0/16' }, claimsDir);
   assert.equal(await third.hasPodNetwork(), true);
   await rtA.close();
-  const again = await start(t, first, claimsDir);
+  const again = await start(defer, first, claimsDir);
   assert.equal(await again.hasPodNetwork(), true);
+});
+
+test('a pod hibernated under another subnet wakes with an address in the new one, and its /etc/hosts says so', async (t) => {
+  const defer = deferrer(t);
+  const dir = await mkdtemp(join(tmpdir(), 'asb-netmove-'));
+  defer(() => rm(dir, { recursive: true, force: true }));
+  const claimsDir = join(dir, 'claims');
+  const root = join(dir, 'runtime');
+  const tag = randomBytes(2).toString('hex');
+  const spec = { containers: [{ name: 'main', image: 'debian:12' }] };
+  const req: PodRequest = { id: 'mv1', uid: 'uid-mv1', namespace: 'default', hostname: 'mv1-host', spec };
+  const before = await start(defer, { root, bridge: `asbmv${tag}a`, subnet: '10.225.0.0/16' }, claimsDir);
+  const first = await before.start(req);
+  assert.match(first.ip ?? '', /^10\.225\./);
+  await before.stop('mv1');
+  await before.close();
+  // The state dir's next run uses another subnet (as after the upgrade from the shared 10.213/16).
+  const after = await start(defer, { root, bridge: `asbmv${tag}b`, subnet: '10.226.0.0/16' }, claimsDir);
+  const woken = await after.start(req);
+  assert.equal(woken.phase, 'Running');
+  assert.match(woken.ip ?? '', /^10\.226\./, `woke with ${woken.ip ?? '?'}`);
+  const hosts = await after.exec('mv1', { command: ['sh', '-c', 'cat /etc/hosts'] });
+  assert.match(Buffer.from(hosts.stdout).toString('utf8'), new RegExp(`^${(woken.ip ?? '').replaceAll('.', '\\.')}\\tmv1-host$`, 'm'), 'its /etc/hosts names the new address');
 });
 
 test('a second worker process on another data dir whose subnet the first holds exits before ready, and says which bridge, subnet and state dir hold it', async (t) => {
   // Own tags, bridges (asbncwa, asbncwb) and subnet (10.223/16): no other test uses them.
+  const defer = deferrer(t);
   const firstDir = tempDataDir('ncwa');
   const secondDir = tempDataDir('ncwb');
-  t.after(() => {
+  defer(() => {
     removeDataDir(firstDir);
     removeDataDir(secondDir);
   });
-  t.after(() => deleteBridge('asbncwb'));
-  t.after(() => deleteBridge('asbncwa'));
+  defer(() => deleteBridge('asbncwa'));
+  defer(() => deleteBridge('asbncwb'));
   const first = await startWorkerProcess({ dataDir: firstDir, clusterTag: 'ncwa', subnetOctet: 223, basePool: 0 });
-  t.after(() => first.stop());
+  defer(() => first.stop());
   await assert.rejects(startWorkerProcess({ dataDir: secondDir, clusterTag: 'ncwb', subnetOctet: 223, basePool: 0 }), (err: unknown) => {
     assert.ok(err instanceof Error);
     assert.match(err.message, /^worker ncwb exited \(1\) before it was ready: cannot set up pod networking: subnet 10\.223\.0\.0\/16 overlaps 10\.223\.0\.0\/16 of bridge asbncwa, held by the Agent Sandbox runtime of /);

@@ -19,7 +19,7 @@ import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { resolveImage } from './images.ts';
 import { ensureInitBinary, ensureLauncherBinary } from './init-binary.ts';
 import { Launcher, type Launched } from './launcher.ts';
-import { createIpPool, createVethBatcher, ensureBridge, parseSubnet, vethName, type IpPool, type Subnet } from './network.ts';
+import { createIpPool, createVethBatcher, ensureBridge, inSubnet, parseSubnet, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
@@ -205,7 +205,13 @@ export class LocalRuntime implements PodRuntime {
     this.#emit(pod.id);
     const net = await this.hasPodNetwork();
     const firstStart = pod.persisted === undefined;
-    const ip = pod.persisted?.ip ?? (net ? this.#ips.allocate() : '127.0.0.1');
+    const kept = pod.persisted?.ip;
+    // Kept across hibernation, unless it lies outside this bridge's subnet (hibernated before the
+    // subnet changed: state from before subnets were per state dir, or another ASB_SUBNET). It
+    // could not be reached there, so the pod gets a new address.
+    const moved = net && kept !== undefined && kept !== '127.0.0.1' && !inSubnet(kept, this.#subnet);
+    if (moved) this.#log.warn({ id: pod.id, ip: kept, subnet: this.#subnet.cidr }, 'pod address is outside the subnet: it gets a new one');
+    const ip = kept !== undefined && !moved ? kept : net ? this.#ips.allocate() : '127.0.0.1';
     pod.persisted = { request: req, ip };
     const { uid, gid } = this.#userns ? { uid: 0, gid: 0 } : podUser(req.spec, container);
     const env = podEnv(req, container, uid);
