@@ -14,6 +14,7 @@ export const ERRORS = {
   Unauthorized: { status: 401, title: 'Missing or invalid API key' },
   Forbidden: { status: 403, title: 'Forbidden' },
   MethodNotAllowed: { status: 405, title: 'Method not allowed' },
+  TooManyRequests: { status: 429, title: 'Too many requests' },
   Gone: { status: 410, title: 'Resource version too old' },
   PoolExhausted: { status: 503, title: 'No warm sandbox and cold start refused' },
   Unavailable: { status: 503, title: 'Unavailable' },

@@ -5,8 +5,10 @@
 // connect, router and Envoy restarts, and 20,000 requests with Envoy's RST-per-stream default.
 import { test, type TestContext } from 'node:test';
 import assert from 'node:assert/strict';
+import { Agent } from 'node:http';
 import { WebSocket } from 'ws';
 import { ACCESS_COOKIE, type RouteEntry } from '../src/router/contract.ts';
+import { DEFAULT_LOOKUP_LIMITS } from '../src/router/lookup-limiter.ts';
 import type { RunningRouter } from '../src/router/start-router.ts';
 import type { EnvoyProcess } from '../src/edge/envoy-process.ts';
 import { freePort } from '../src/system/local-system.ts';
@@ -230,6 +232,59 @@ test('unknown sandbox is 404 JSON, a malformed host or port 400, a cluster whose
     assert.equal(problem(res.body).code, 'Unavailable');
   }
   assert.equal(guardFired, false, '503 arrived before the 5 s guard');
+  assert.deepEqual(await extProcFailures(p.envoy), NO_FAILURES);
+});
+
+test('300 requests for random ids from one address cost its lookup budget at the worker, not 300 lookups; the rest get 429, spoofed forwarding headers or not; other addresses are served meanwhile', async (t) => {
+  // The default budget (lookup-limiter.ts): 20 at once, 5 a second.
+  const p = await plane(t);
+  // A sandbox with a generated id teaches the router that ids tagged tst1 belong to c1, so a
+  // random tst1… id is looked up there (as rgna… ids were in the probe).
+  const known = 'tst1kkkkkkkkkkkkkkkk';
+  await p.publish([sandboxEntry(ID, 'c1', { defaultPort: p.pod.port }), sandboxEntry(known, 'c1', { defaultPort: p.pod.port })]);
+  const lookups = (): number => [...p.worker.lookups.values()].reduce((a, b) => a + b, 0);
+  const randomId = (): string => `tst1${Math.random().toString(36).slice(2, 10).padEnd(8, '0')}${Math.random().toString(36).slice(2, 10).padEnd(8, '0')}`;
+  // Loopback has every 127.x address: one "client" per source address.
+  const attacker = new Agent({ keepAlive: true, maxSockets: 20, localAddress: '127.0.0.1' });
+  const bystander = new Agent({ keepAlive: true, localAddress: '127.0.0.2' });
+  const other = new Agent({ keepAlive: true, localAddress: '127.0.0.3' });
+  t.after(() => {
+    for (const a of [attacker, bystander, other]) a.destroy();
+  });
+
+  const started = performance.now();
+  const statuses = new Map<number, number>();
+  let retryAfter: string | undefined;
+  let bystanderServed = 0;
+  for (let batch = 0; batch < 15; batch++) {
+    const spoof = { 'x-forwarded-for': `10.9.${batch}.1`, 'x-envoy-external-address': `10.9.${batch}.2`, 'x-real-ip': `10.9.${batch}.3`, forwarded: `for=10.9.${batch}.4` };
+    const answers = await Promise.all(Array.from({ length: 20 }, () => send(p.edge, host(8080, randomId()), '/', batch % 2 === 0 ? {} : spoof, attacker)));
+    for (const res of answers) {
+      statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1);
+      if (res.status === 429) {
+        retryAfter = String(res.headers['retry-after']);
+        assert.equal(problem(res.body).code, 'TooManyRequests');
+      }
+    }
+    const mine = await send(p.edge, host(p.pod.port, known), '/mine', { 'x-access-token': TOKEN }, bystander);
+    if (mine.status === 200 && mine.body === 'pod GET /mine') bystanderServed += 1;
+  }
+  const elapsedS = (performance.now() - started) / 1000;
+  const budget = DEFAULT_LOOKUP_LIMITS.burst + Math.ceil(elapsedS * DEFAULT_LOOKUP_LIMITS.ratePerS);
+  assert.ok(lookups() <= budget, `the worker saw ${lookups()} lookups for 300 requests in ${elapsedS.toFixed(2)} s; the budget is ${budget}`);
+  assert.equal((statuses.get(404) ?? 0) + (statuses.get(429) ?? 0), 300, JSON.stringify([...statuses]));
+  assert.equal(statuses.get(404), lookups(), 'every request past the budget got 429 at the router, not a lookup');
+  assert.ok(retryAfter !== undefined && Number(retryAfter) >= 1, 'a 429 says when to retry');
+  assert.equal(bystanderServed, 15, 'a known sandbox was served to another address between every batch');
+
+  // Another address still has its budget: its request for a fresh id is looked up (404).
+  const before = lookups();
+  const fresh = await send(p.edge, host(8080, randomId()), '/', {}, other);
+  assert.equal(fresh.status, 404);
+  assert.equal(problem(fresh.body).code, 'NotFound');
+  assert.equal(lookups(), before + 1);
+  const metrics = await p.router.registry.getSingleMetricAsString('asb_router_lookups_total');
+  assert.match(metrics, /result="rate_limited"} [1-9]/);
   assert.deepEqual(await extProcFailures(p.envoy), NO_FAILURES);
 });
 

@@ -6,6 +6,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { Agent } from 'node:http';
 import http2 from 'node:http2';
 import { request as httpsRequest } from 'node:https';
 import type { AddressInfo } from 'node:net';
@@ -15,6 +16,7 @@ import { checkServerIdentity } from 'node:tls';
 import { WebSocket } from 'ws';
 import type { EnvoyProcess } from '../src/edge/envoy-process.ts';
 import { ensureFederationTls, INGRESS_SAN, type FederationTls } from '../src/edge/tls.ts';
+import { clientKey } from '../src/router/client-address.ts';
 import { HEADER, UPSTREAM } from '../src/router/contract.ts';
 import { send, startTestEnvoy, startUpstream, type After, type Reply, type Upstream } from './support/dataplane-fixture.ts';
 import { startExtProcStub, type Decision, type ExtProcStub, type SeenRequest } from './support/extproc-stub.ts';
@@ -147,6 +149,22 @@ describe('two clusters: edge A → ingress B over mutual TLS', { concurrency: tr
     assert.equal(atB.headers[HEADER.destination], undefined, 'A sent no routing header to B');
     assert.equal(fx.routerA.seen.find((r) => path(r) === '/hello?x=1')?.listener, undefined, 'no listener metadata on the edge');
     assert.ok(((await fx.a.stats('cluster.ingress.ssl.handshake')).get('cluster.ingress.ssl.handshake') ?? 0) >= 1, 'A→B was TLS');
+  });
+
+  it('B’s router reads the client A saw, not one the client claims: the per-client lookup budget cannot be dodged through the federation', async () => {
+    const agent = new Agent({ localAddress: '127.0.0.2' });
+    try {
+      const spoofed = { 'x-forwarded-for': '10.7.7.7, 10.8.8.8', 'x-envoy-external-address': '10.9.9.9', 'x-real-ip': '10.6.6.6' };
+      const res = await send(fx.a.endpoints.edgeUrl, '8080-sbx1.b.test', '/who', spoofed, agent);
+      assert.equal(res.status, 200);
+    } finally {
+      agent.destroy();
+    }
+    const atA = fx.routerA.seen.find((r) => path(r) === '/who');
+    const atB = fx.routerB.seen.find((r) => path(r) === '/who');
+    assert.ok(atA !== undefined && atB !== undefined);
+    assert.equal(clientKey(new Map(Object.entries(atA.headers)), 'edge'), '127.0.0.2');
+    assert.equal(clientKey(new Map(Object.entries(atB.headers)), 'ingress'), '127.0.0.2', `x-forwarded-for at B: ${atB.headers['x-forwarded-for'] ?? ''}`);
   });
 
   it('a WebSocket through A and B carries messages both ways', async () => {

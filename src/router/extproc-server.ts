@@ -11,6 +11,8 @@ import { accessCookie } from './access.ts';
 import { e2bSandboxNotFoundJson, HEADER } from './contract.ts';
 import { decide, notFound, RETRY_AFTER_S, type DecideContext, type Decision, type Listener, type RequestHeaders } from './decide.ts';
 import { decodeProcessingRequest, encodeProcessingResponse } from './extproc-codec.ts';
+import { clientKey } from './client-address.ts';
+import { lookupRefused } from './lookup-limiter.ts';
 import { GRPC_STATUS, GrpcServer, type GrpcCall, type GrpcMethod } from './grpc-server.ts';
 import { EXT_PROC_SERVICE, HEADER_SEND, HEALTH_SERVICE, loadRouterProtos, SERVING_STATUS, type HeaderValue, type HeaderValueOption, type HttpHeaders, type ProcessingRequest, type ProcessingResponse } from './proto.ts';
 import type { ActivityReporter } from './activity.ts';
@@ -215,6 +217,14 @@ export class ExtProcServer {
     if (decision.kind !== 'hold' && decision.kind !== 'lookup') {
       this.#answer(call, state, decision);
       return;
+    }
+    if (decision.kind === 'lookup') {
+      // Refused lookups are answered here, before any hold: the worker is never asked.
+      const refused = this.#opts.waker.refuseLookup(decision.id, clientKey(headers, state.listener));
+      if (refused !== undefined) {
+        this.#answer(call, state, lookupRefused(decision.id, refused));
+        return;
+      }
     }
     // One override_message_timeout, then the real answer once the sandbox is ready.
     this.#write(call, state, { override_message_timeout: this.#holdTimeout });

@@ -37,6 +37,7 @@ export class RouteTable {
   readonly #missing: LRUCache<string, true>;
   // 1 000 000 entries share a handful of cluster and owner names: interning them saves ~40 B each.
   readonly #interned = new Map<string, string>();
+  #missingHits = 0;
 
   constructor(opts: RouteTableOptions) {
     const clock = opts.clock;
@@ -119,8 +120,16 @@ export class RouteTable {
     this.#missing.set(id, true);
   }
 
+  /** Whether a worker confirmed `id` missing within the TTL; each yes is a request answered without a lookup. */
   isKnownMissing(id: string): boolean {
-    return this.#missing.get(id) === true;
+    if (this.#missing.get(id) !== true) return false;
+    this.#missingHits += 1;
+    return true;
+  }
+
+  /** Requests answered 404 from the negative cache so far (metrics). */
+  get knownMissingHits(): number {
+    return this.#missingHits;
   }
 
   /** Calls fn after every change to `id` (upsert, delete, snapshot) until the returned function is called. */

@@ -14,10 +14,17 @@
 //                                          upstream (the hub places them across clusters) while a
 //                                          worker reports its hub link up; off, or hub down: to the
 //                                          default worker. Needs a `hub` cluster in Envoy. Default off
+//   --lookup-burst / ASB_ROUTER_LOOKUP_BURST   lookups of unknown sandbox ids (GET at the worker)
+//                                          one client address may make at once; past them and the
+//                                          refill below the router answers 429. Default 20
+//   --lookup-rate / ASB_ROUTER_LOOKUP_RATE     lookups per second a client address regains. Default 5
+//                                          (lookup-limiter.ts says why; the address is the one
+//                                          Envoy saw, client-address.ts)
 //   --log-level / ASB_LOG_LEVEL            Default info
 import { parseFlags } from '../system/flags.ts';
 import { readFileSync } from 'node:fs';
 import { ConfigError } from '../system/config.ts';
+import { DEFAULT_LOOKUP_LIMITS } from './lookup-limiter.ts';
 import { DEFAULT_HOLD_LIMIT_MS } from './waker.ts';
 import type { WorkerEndpoint } from './worker-api.ts';
 
@@ -28,10 +35,13 @@ export interface RouterConfig {
   readonly holdLimitMs: number;
   /** --hub-upstream on. */
   readonly hubUpstream: boolean;
+  /** --lookup-burst, --lookup-rate: each client address's budget of worker lookups. */
+  readonly lookupBurst: number;
+  readonly lookupRatePerS: number;
   readonly logLevel: string;
 }
 
-const FLAGS = ['listen', 'domain', 'worker', 'worker-key', 'worker-key-file', 'hold-limit-ms', 'hub-upstream', 'log-level'] as const;
+const FLAGS = ['listen', 'domain', 'worker', 'worker-key', 'worker-key-file', 'hold-limit-ms', 'hub-upstream', 'lookup-burst', 'lookup-rate', 'log-level'] as const;
 type Flag = (typeof FLAGS)[number];
 const ENV: Record<Flag, string> = {
   listen: 'ASB_ROUTER_LISTEN',
@@ -41,6 +51,8 @@ const ENV: Record<Flag, string> = {
   'worker-key-file': 'ASB_ROUTER_WORKER_KEY_FILE',
   'hold-limit-ms': 'ASB_ROUTER_HOLD_LIMIT_MS',
   'hub-upstream': 'ASB_ROUTER_HUB_UPSTREAM',
+  'lookup-burst': 'ASB_ROUTER_LOOKUP_BURST',
+  'lookup-rate': 'ASB_ROUTER_LOOKUP_RATE',
   'log-level': 'ASB_LOG_LEVEL',
 };
 const NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
@@ -60,6 +72,12 @@ export function parseRouterConfig(argv: readonly string[], env: Readonly<Record<
   const holdText = one('hold-limit-ms') ?? String(DEFAULT_HOLD_LIMIT_MS);
   const holdLimitMs = Number(holdText);
   if (!Number.isInteger(holdLimitMs) || holdLimitMs < 100 || holdLimitMs > 600_000) problems.push(`--hold-limit-ms (ASB_ROUTER_HOLD_LIMIT_MS) must be an integer from 100 to 600000, got "${holdText}"`);
+  const burstText = one('lookup-burst') ?? String(DEFAULT_LOOKUP_LIMITS.burst);
+  const lookupBurst = Number(burstText);
+  if (!Number.isInteger(lookupBurst) || lookupBurst < 1 || lookupBurst > 100_000) problems.push(`--lookup-burst (ASB_ROUTER_LOOKUP_BURST) must be an integer from 1 to 100000, got "${burstText}"`);
+  const rateText = one('lookup-rate') ?? String(DEFAULT_LOOKUP_LIMITS.ratePerS);
+  const lookupRatePerS = Number(rateText);
+  if (rateText.trim() === '' || !Number.isFinite(lookupRatePerS) || lookupRatePerS < 0.001 || lookupRatePerS > 100_000) problems.push(`--lookup-rate (ASB_ROUTER_LOOKUP_RATE) must be a number of lookups per second from 0.001 to 100000, got "${rateText}"`);
   const hubText = one('hub-upstream') ?? 'off';
   if (hubText !== 'on' && hubText !== 'off') problems.push(`--hub-upstream (ASB_ROUTER_HUB_UPSTREAM) must be on or off, got "${hubText}"`);
 
@@ -93,5 +111,5 @@ export function parseRouterConfig(argv: readonly string[], env: Readonly<Record<
   if (key === undefined || key === '') problems.push('--worker-key (ASB_ROUTER_WORKER_KEY) or --worker-key-file is required: the route feed needs an admin key');
 
   if (problems.length > 0) throw new ConfigError(problems);
-  return Object.freeze({ listen, domain, workers: Object.freeze(workers), holdLimitMs, hubUpstream: hubText === 'on', logLevel: one('log-level') ?? 'info' });
+  return Object.freeze({ listen, domain, workers: Object.freeze(workers), holdLimitMs, hubUpstream: hubText === 'on', lookupBurst, lookupRatePerS, logLevel: one('log-level') ?? 'info' });
 }

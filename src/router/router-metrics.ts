@@ -13,6 +13,8 @@ export interface RouterMetrics {
   ingressForwardsTotal: Counter<'cluster'>;
   /** Failed lookups of DNS-named ingress addresses (the last good address is kept). */
   ingressResolveErrorsTotal: Counter;
+  /** Lookups of ids the table lacks: at the worker (found, missing, failed) or refused here (rate_limited, busy). */
+  lookupsTotal: Counter<'result'>;
 }
 
 export function createRouterMetrics(registry: Registry, table: RouteTable): RouterMetrics {
@@ -25,6 +27,15 @@ export function createRouterMetrics(registry: Registry, table: RouteTable): Rout
       this.set(table.size);
     },
   });
+  new Counter({
+    name: 'asb_router_lookup_cache_hits_total',
+    help: 'Requests for an unknown sandbox answered 404 from the negative cache (a worker confirmed the id missing within 5 s), without a lookup.',
+    registers,
+    collect() {
+      this.reset();
+      this.inc(table.knownMissingHits);
+    },
+  });
   return {
     requestsTotal: new Counter({ name: 'asb_router_requests_total', help: 'Requests decided, by result (route or the status answered).', labelNames: ['result'], registers }),
     // A wake on the local runtime is ~0.1-2 s; the hold limit is 25 s.
@@ -33,6 +44,12 @@ export function createRouterMetrics(registry: Registry, table: RouteTable): Rout
     feedMessagesTotal: new Counter({ name: 'asb_router_feed_messages_total', help: 'Route feed messages, by type and result (applied, stale, unsynced, foreign, invalid).', labelNames: ['type', 'result'], registers }),
     streamErrorsTotal: new Counter({ name: 'asb_router_stream_errors_total', help: 'ext_proc stream problems, by kind (unexpected message, write after end, handler error).', labelNames: ['kind'], registers }),
     ingressForwardsTotal: new Counter({ name: 'asb_router_ingress_forwards_total', help: "Requests forwarded to another cluster's ingress listener, by that cluster.", labelNames: ['cluster'], registers }),
+    lookupsTotal: new Counter({
+      name: 'asb_router_lookups_total',
+      help: 'Lookups of sandbox ids the route table lacks, by result: found, missing, failed (asked the worker), rate_limited (429, the client spent its budget), busy (503, too many in flight).',
+      labelNames: ['result'],
+      registers,
+    }),
     ingressResolveErrorsTotal: new Counter({ name: 'asb_router_ingress_resolve_errors_total', help: "Failed DNS lookups of other clusters' ingress addresses (the last good address is kept).", registers }),
   };
 }

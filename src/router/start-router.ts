@@ -9,6 +9,7 @@ import { ExtProcServer } from './extproc-server.ts';
 import { FeedClient, type FeedStatus } from './feed-client.ts';
 import type { RouterConfig } from './router-config.ts';
 import { ClusterRegistry } from './registry.ts';
+import { LookupLimiter } from './lookup-limiter.ts';
 import { createRouterMetrics } from './router-metrics.ts';
 import { RouteTable } from './route-table.ts';
 import { Waker } from './waker.ts';
@@ -58,7 +59,17 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
         onMessage: (type, result) => metrics.feedMessagesTotal.inc({ type, result }),
       }),
   );
-  const waker = new Waker({ table, workers, clock, log: log.child({ component: 'waker' }), holdLimitMs: config.holdLimitMs, onWake: (_id, result) => metrics.wakesTotal.inc({ result }) });
+  const limiter = new LookupLimiter({ clock, limits: { burst: config.lookupBurst, ratePerS: config.lookupRatePerS } });
+  const waker = new Waker({
+    table,
+    workers,
+    clock,
+    log: log.child({ component: 'waker' }),
+    holdLimitMs: config.holdLimitMs,
+    limiter,
+    onWake: (_id, result) => metrics.wakesTotal.inc({ result }),
+    onLookup: (result) => metrics.lookupsTotal.inc({ result }),
+  });
   const activity = new ActivityReporter({ workers, clock, log: log.child({ component: 'activity' }), ...(deps.activityFlushMs === undefined ? {} : { flushMs: deps.activityFlushMs }) });
   let server: ExtProcServer;
   try {

@@ -3,11 +3,13 @@
 // held request is released the moment the route feed shows the sandbox running with a pod IP,
 // or refused with 503 when the wake fails or the hold limit passes. Ids the table lacks are
 // looked up at their worker once (coalesced too) before a 404, which covers feed lag for a
-// sandbox created a moment ago.
+// sandbox created a moment ago. New lookups are limited per client and in total
+// (lookup-limiter.ts); refuseLookup says when one may not start.
 import { AsbError } from '../errors.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { RouteEntry } from './contract.ts';
+import { LookupLimiter, type LookupRefusal } from './lookup-limiter.ts';
 import type { RouteTable } from './route-table.ts';
 import { resumeSandbox, sandboxExists, type WorkerEndpoint } from './worker-api.ts';
 
@@ -22,7 +24,13 @@ export interface WakerOptions {
   missWaitMs?: number;
   /** Called once per resume call (metrics, tests). */
   onWake?: (id: string, result: 'ok' | 'failed') => void;
+  /** Limits on lookups of ids the table lacks. Default: DEFAULT_LOOKUP_LIMITS on this clock. */
+  limiter?: LookupLimiter;
+  /** Called once per worker lookup, with its outcome, and once per refused one (metrics). */
+  onLookup?: (result: LookupResult) => void;
 }
+
+export type LookupResult = 'found' | 'missing' | 'failed' | LookupRefusal['reason'];
 
 export const DEFAULT_HOLD_LIMIT_MS = 25_000;
 
@@ -32,10 +40,13 @@ export class Waker {
   readonly #missWaitMs: number;
   /** Sandbox id → its wake, kept until the feed shows the sandbox leave `hibernated`. */
   readonly #wakes = new Map<string, Promise<void>>();
+  /** Id → its lookup at the worker, while in flight: concurrent requests for one id share it. */
   readonly #lookups = new Map<string, Promise<boolean>>();
+  readonly #limiter: LookupLimiter;
 
   constructor(opts: WakerOptions) {
     this.#opts = opts;
+    this.#limiter = opts.limiter ?? new LookupLimiter({ clock: opts.clock });
     this.#holdLimitMs = opts.holdLimitMs ?? DEFAULT_HOLD_LIMIT_MS;
     this.#missWaitMs = opts.missWaitMs ?? 2_000;
   }
@@ -63,13 +74,27 @@ export class Waker {
     }, `sandbox ${entry.id} did not become ready within ${this.#holdLimitMs} ms`);
   }
 
+  /**
+   * Before lookup(): why `client` may not make a new lookup of `id` now, or undefined (one of its
+   * tokens spent). Joining a lookup of `id` already in flight is always allowed and free. Call
+   * lookup() right after, in the same tick, so the in-flight count it checked still holds.
+   */
+  refuseLookup(id: string, client: string): LookupRefusal | undefined {
+    if (this.#lookups.has(id)) return undefined;
+    const refusal = this.#limiter.admit(client, this.#lookups.size);
+    if (refusal !== undefined) this.#opts.onLookup?.(refusal.reason);
+    return refusal;
+  }
+
   /** For an id the table lacks: resolves with its entry once the feed delivers it, or rejects NotFound. */
   async lookup(id: string, cluster: string, signal: AbortSignal): Promise<RouteEntry> {
     const worker = this.#opts.workers.get(cluster);
     if (worker === undefined) throw new AsbError('NotFound', `sandbox ${id} not found`);
     let pending = this.#lookups.get(id);
     if (pending === undefined) {
+      const onLookup = this.#opts.onLookup;
       pending = sandboxExists(worker, id).finally(() => this.#lookups.delete(id));
+      if (onLookup !== undefined) void pending.then((exists) => onLookup(exists ? 'found' : 'missing'), () => onLookup('failed'));
       this.#lookups.set(id, pending);
     }
     // Register the watch before awaiting the lookup so an upsert landing meanwhile is not missed.

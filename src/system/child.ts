@@ -2,7 +2,7 @@
 // entry point that prints one JSON line with `"ready": true` on stdout when it serves, and
 // logs to stderr (sent to a file here). stop() asks with SIGTERM and kills after a deadline.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, openSync } from 'node:fs';
+import { closeSync, existsSync, fstatSync, openSync, readSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 
 export interface ReadyChild<R> {
@@ -41,6 +41,7 @@ const SETPRIV = '/usr/bin/setpriv';
 
 export async function startChild<R extends { ready: true }>(opts: StartChildOptions): Promise<ReadyChild<R>> {
   const logFd = openSync(opts.logPath, 'a');
+  const logStart = fstatSync(logFd).size;
   const argv = [opts.entry, ...opts.args];
   const own = opts.ownGroup === true;
   const [command, args] = own && existsSync(SETPRIV) ? [SETPRIV, ['--pdeathsig', 'SIGTERM', '--', process.execPath, ...argv]] : [process.execPath, argv];
@@ -61,7 +62,10 @@ export async function startChild<R extends { ready: true }>(opts: StartChildOpti
     });
     void exited.then((code) => {
       clearTimeout(timer);
-      reject(new Error(`${opts.name} exited (${String(code)}) before it was ready; see ${opts.logPath}`));
+      // Its own last words (e.g. "worker failed to start: cannot set up pod networking: bridge … is
+      // held by …"), so the user reads why without opening the log.
+      const why = failureLine(opts.logPath, logStart);
+      reject(new Error(`${opts.name} exited (${String(code)}) before it was ready${why === undefined ? '' : `: ${why}`}; see ${opts.logPath}`));
     });
   }).catch((err: unknown) => {
     proc.kill('SIGKILL');
@@ -96,5 +100,26 @@ function isReadyLine(line: string): boolean {
     return (JSON.parse(line) as { ready?: unknown }).ready === true;
   } catch {
     return false;
+  }
+}
+
+/** What follows "failed to start: " in the last such line the child wrote to its log since `from` (bytes) (process-main.ts). */
+function failureLine(logPath: string, from: number): string | undefined {
+  try {
+    const fd = openSync(logPath, 'r');
+    try {
+      // The last 64 KiB is plenty for the final error and keeps a chatty log cheap to read.
+      const size = fstatSync(fd).size;
+      const start = Math.max(from, size - 65_536);
+      const buf = Buffer.alloc(size - start);
+      readSync(fd, buf, 0, buf.length, start);
+      const marker = ' failed to start: ';
+      const line = buf.toString('utf8').split('\n').findLast((l) => l.includes(marker));
+      return line?.slice(line.indexOf(marker) + marker.length);
+    } finally {
+      closeSync(fd);
+    }
+  } catch {
+    return undefined;
   }
 }

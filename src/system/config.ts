@@ -3,6 +3,7 @@
 import { resolve } from 'node:path';
 import { isClusterTag } from '../api/ids.ts';
 import { parseFlags } from './flags.ts';
+import { derivedNetwork } from './local-network.ts';
 
 export interface WorkerConfig {
   /** ASB_DATA_DIR / --data-dir: store, pod filesystems and volumes live here. Default .asb/data */
@@ -15,9 +16,12 @@ export interface WorkerConfig {
   readonly clusterName: string;
   /** ASB_CLUSTER_TAG / --cluster-tag: 4 chars [a-z0-9] prefixed to every sandbox id. Default loc1 */
   readonly clusterTag: string;
-  /** ASB_SUBNET / --subnet: pod addresses (a /16); the bridge takes .0.1. Default 10.213.0.0/16 */
+  /**
+   * ASB_SUBNET / --subnet: pod addresses (a /16); the bridge takes .0.1. Default: derived from
+   * --data-dir, one of 10.64-10.191.0.0/16 (local-network.ts), so two checkouts differ.
+   */
   readonly subnet: string;
-  /** ASB_BRIDGE / --bridge: host bridge for pod veths. Default asb0 */
+  /** ASB_BRIDGE / --bridge: host bridge for pod veths. Default: derived from --data-dir, asb<8 hex>0 */
   readonly bridge: string;
   /** ASB_BASE_POOL_REPLICAS / --base-pool: warm members of the built-in base pool. Default 3 */
   readonly basePoolReplicas: number;
@@ -70,8 +74,6 @@ const DEFAULTS = {
   apiPort: '7080',
   clusterName: 'local',
   clusterTag: 'loc1',
-  subnet: '10.213.0.0/16',
-  bridge: 'asb0',
   basePoolReplicas: '3',
   logLevel: 'info',
   domain: 'asb.localhost',
@@ -83,7 +85,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -147,9 +149,13 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
 
   const clusterTag = str('clusterTag');
   if (!isClusterTag(clusterTag)) problems.push(`${describe('clusterTag')} must be 4 characters [a-z0-9], got "${clusterTag}"`);
-  const subnet = str('subnet');
-  if (!/^(\d{1,3})\.(\d{1,3})\.0\.0\/16$/.test(subnet)) problems.push(`${describe('subnet')} must be a /16 like 10.213.0.0/16, got "${subnet}"`);
-  const bridge = str('bridge');
+  const dataDir = resolve(str('dataDir'));
+  // Per data dir, so a second checkout's worker does not take this one's bridge and addresses.
+  const derived = derivedNetwork(dataDir);
+  const subnet = raw('subnet') ?? derived.subnet;
+  const subnetOctets = /^(\d{1,3})\.(\d{1,3})\.0\.0\/16$/.exec(subnet);
+  if (subnetOctets === null || Number(subnetOctets[1]) > 255 || Number(subnetOctets[2]) > 255) problems.push(`${describe('subnet')} must be a /16 like 10.213.0.0/16, got "${subnet}"`);
+  const bridge = raw('bridge') ?? derived.bridge;
   if (!/^[a-z][a-z0-9]{0,11}$/.test(bridge)) problems.push(`${describe('bridge')} must be 1-12 characters [a-z0-9] starting with a letter, got "${bridge}"`);
 
   const domain = str('domain');
@@ -187,7 +193,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   if (hubUrl !== undefined && !isEdgeUrl(hubUrl)) problems.push(`${describe('hubUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:7090, got "${hubUrl}"`);
   if ((hubUrl === undefined) !== (hubCredentialFile === undefined)) problems.push(`${describe('hubUrl')} and ${describe('hubCredentialFile')} go together: set both or neither`);
   const config: WorkerConfig = {
-    dataDir: resolve(str('dataDir')),
+    dataDir,
     apiHost: str('apiHost'),
     apiPort: int('apiPort', 0, 65535),
     clusterName: str('clusterName'),

@@ -17,10 +17,14 @@
 //   ASB_ROUTER_PORT        region-a's router gRPC port (default 9002; region-b: +1)
 //   ASB_DOMAIN             sandbox domain: <port>-<id>.<domain> (default asb.localhost)
 //   ASB_CLUSTER_NAME       the cluster's name when ASB_FEDERATION=off (default local)
+//   ASB_SUBNET, ASB_BRIDGE pod subnet (a /16) and bridge; default derived from the state dir, so
+//                          two checkouts differ (local-network.ts). With the federation, region-a
+//                          takes ASB_SUBNET and region-b the next /16; the bridges are ASB_BRIDGE0, 1
 import { renameSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createLogger } from './log.ts';
+import { derivedNetwork, nthSubnet } from './local-network.ts';
 import { startFederation, type Federation } from './federation.ts';
 import { ensureEdgeTls } from '../edge/tls.ts';
 import { startLocalSystem, type LocalSystem } from './local-system.ts';
@@ -160,10 +164,12 @@ async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Runni
 
 /** region-a on the base ports, region-b on offsets from them (see the header). */
 async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<Running> {
+  // Bridges and subnets per checkout (local-network.ts): a second `make up` elsewhere on this
+  // host gets its own, and the runtime refuses one another instance holds.
   const regions = [
-    { name: 'region-a', tag: 'rgna', bridge: 'asb0', subnet: '10.213.0.0/16', step: 0 },
-    { name: 'region-b', tag: 'rgnb', bridge: 'asb1', subnet: '10.212.0.0/16', step: 1 },
-  ];
+    { name: 'region-a', tag: 'rgna', step: 0 },
+    { name: 'region-b', tag: 'rgnb', step: 1 },
+  ].map((r) => ({ ...r, ...regionNetwork(env, stateDir, r.step) }));
   const fed: Federation = await startFederation({
     stateDir,
     log: createLogger({ level: env.ASB_LOG_LEVEL ?? 'warn' }),
@@ -212,6 +218,24 @@ ${rows.join('\n')}
     kill: () => fed.kill(),
     stop: () => fed.stop(),
   };
+}
+
+/** Region i's bridge and subnet: derived from the state dir, or from ASB_SUBNET (region i takes its /16 + i) and ASB_BRIDGE (+ i). */
+function regionNetwork(env: NodeJS.ProcessEnv, stateDir: string, step: number): { bridge: string; subnet: string } {
+  const derived = derivedNetwork(stateDir, step);
+  const first = env.ASB_SUBNET;
+  let subnet = derived.subnet;
+  if (first !== undefined && first !== '') {
+    const nth = nthSubnet(first, step);
+    if (nth === undefined) {
+      console.error(`ASB_SUBNET must be a /16 like 10.100.0.0/16 with room for ${step + 1} clusters after it, got "${first}"`);
+      process.exit(2);
+    }
+    subnet = nth;
+  }
+  const prefix = env.ASB_BRIDGE;
+  const bridge = prefix !== undefined && prefix !== '' ? `${prefix}${step}` : derived.bridge;
+  return { bridge, subnet };
 }
 
 function writeEnv(stateDir: string, env: Record<string, string>): void {

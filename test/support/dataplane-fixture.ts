@@ -67,6 +67,8 @@ export interface FakeWorker {
   resumes: Map<string, number>;
   /** Ids of every activity report, in order. */
   activity: string[][];
+  /** The router's lookups (GET /v1/sandboxes/{id} with the admin key) per id: 200 for a published id, else 404. */
+  lookups: Map<string, number>;
   /** Requests that reached it as the cluster's API (method + path + headers). */
   apiSeen: { path: string; headers: IncomingHttpHeaders }[];
   /** Called on each resume after it is counted (tests publish the running entry from here). */
@@ -88,6 +90,7 @@ export async function startFakeWorker(after: After, cluster: string): Promise<Fa
     address: '',
     resumes: new Map(),
     activity: [],
+    lookups: new Map(),
     apiSeen: [],
     onResume: () => undefined,
     publish(next) {
@@ -114,6 +117,13 @@ export async function startFakeWorker(after: After, cluster: string): Promise<Fa
       if (req.method === 'POST' && url === '/v1/activity' && req.headers.authorization === `Bearer ${WORKER_KEY}`) {
         fake.activity.push((JSON.parse(Buffer.concat(chunks).toString()) as { ids: string[] }).ids);
         json(res, 200, { touched: 0 });
+        return;
+      }
+      const lookup = /^\/v1\/sandboxes\/([^/?]+)$/.exec(url);
+      if (req.method === 'GET' && lookup?.[1] !== undefined && req.headers.authorization === `Bearer ${WORKER_KEY}`) {
+        const id = lookup[1];
+        fake.lookups.set(id, (fake.lookups.get(id) ?? 0) + 1);
+        json(res, entries.some((e) => e.id === id) ? 200 : 404, { id });
         return;
       }
       fake.apiSeen.push({ path: url, headers: req.headers });

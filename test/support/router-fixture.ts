@@ -7,8 +7,9 @@ import type { TestContext } from 'node:test';
 import { ActivityReporter } from '../../src/router/activity.ts';
 import type { RouteEntry } from '../../src/router/contract.ts';
 import { ExtProcServer } from '../../src/router/extproc-server.ts';
+import { LookupLimiter, type LookupLimits } from '../../src/router/lookup-limiter.ts';
 import { RouteTable } from '../../src/router/route-table.ts';
-import { Waker } from '../../src/router/waker.ts';
+import { Waker, type LookupResult } from '../../src/router/waker.ts';
 import type { Clock, Timer } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
 
@@ -63,13 +64,15 @@ export interface FakeWorker {
   activity: string[][];
   /** Ids GET /v1/sandboxes/{id} answers 200 for. */
   existing: Set<string>;
+  /** While set, lookups (GET /v1/sandboxes/{id}) are counted at once but answered only when it resolves. */
+  holdLookups: Promise<void> | undefined;
   /** What a resume answers; default 200. */
   resumeStatus: number;
   onResume: (id: string) => void;
 }
 
 export async function startFakeWorker(t: TestContext): Promise<FakeWorker> {
-  const fake: FakeWorker = { url: '', resumes: new Map(), lookups: new Map(), activity: [], existing: new Set(), resumeStatus: 200, onResume: () => undefined };
+  const fake: FakeWorker = { url: '', resumes: new Map(), lookups: new Map(), activity: [], existing: new Set(), holdLookups: undefined, resumeStatus: 200, onResume: () => undefined };
   const server: Server = createServer((req: IncomingMessage, res: ServerResponse) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -88,7 +91,10 @@ export async function startFakeWorker(t: TestContext): Promise<FakeWorker> {
       if (req.method === 'GET' && one?.[1] !== undefined) {
         const id = one[1];
         fake.lookups.set(id, (fake.lookups.get(id) ?? 0) + 1);
-        return send(res, fake.existing.has(id) ? 200 : 404, { id });
+        const answer = (): void => send(res, fake.existing.has(id) ? 200 : 404, { id });
+        if (fake.holdLookups === undefined) return answer();
+        void fake.holdLookups.then(answer);
+        return;
       }
       if (req.method === 'POST' && url === '/v1/activity') {
         fake.activity.push((JSON.parse(Buffer.concat(chunks).toString()) as { ids: string[] }).ids);
@@ -118,19 +124,23 @@ export interface RouterUnderTest {
   worker: FakeWorker;
   clock: Clock;
   activity: ActivityReporter;
+  /** Every lookup outcome and refusal, in order. */
+  lookupResults: LookupResult[];
   /** Replaces cluster c1's entries (a feed snapshot) and marks its feed connected. */
   snapshot(entries: RouteEntry[]): void;
   /** The next feed delta for c1. */
   upsert(e: RouteEntry): void;
 }
 
-export async function startRouterUnderTest(t: TestContext, opts: { clock?: Clock; holdLimitMs?: number } = {}): Promise<RouterUnderTest> {
+export async function startRouterUnderTest(t: TestContext, opts: { clock?: Clock; holdLimitMs?: number; lookupLimits?: Partial<LookupLimits> } = {}): Promise<RouterUnderTest> {
   const worker = await startFakeWorker(t);
   const clock = opts.clock ?? new ManualClock();
   const log = silentLogger();
   const table = new RouteTable({ clock });
   const workers = new Map([[CLUSTER, { cluster: CLUSTER, url: worker.url, key: 'admin-key' }]]);
-  const waker = new Waker({ table, workers, clock, log, ...(opts.holdLimitMs === undefined ? {} : { holdLimitMs: opts.holdLimitMs }) });
+  const lookupResults: LookupResult[] = [];
+  const limiter = new LookupLimiter({ clock, ...(opts.lookupLimits === undefined ? {} : { limits: opts.lookupLimits }) });
+  const waker = new Waker({ table, workers, clock, log, limiter, onLookup: (r) => lookupResults.push(r), ...(opts.holdLimitMs === undefined ? {} : { holdLimitMs: opts.holdLimitMs }) });
   const activity = new ActivityReporter({ workers, clock, log });
   const server = await ExtProcServer.start({ table, domain: DOMAIN, clusters: new Set([CLUSTER]), defaultCluster: CLUSTER, waker, activity, metrics: undefined, log, listen: '127.0.0.1:0' });
   t.after(async () => {
@@ -144,6 +154,7 @@ export async function startRouterUnderTest(t: TestContext, opts: { clock?: Clock
     worker,
     clock,
     activity,
+    lookupResults,
     snapshot(entries) {
       table.setConnected(CLUSTER, true);
       table.apply(CLUSTER, { type: 'snapshot', version: ++version, cluster: CLUSTER, entries });

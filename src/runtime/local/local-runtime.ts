@@ -8,7 +8,7 @@
 // share the host network (their ports on 127.0.0.1) and, without root, run in a user namespace as
 // the caller's own uid; one warning is logged.
 import { readdir, rm } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
@@ -20,7 +20,9 @@ import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { resolveImage } from './images.ts';
 import { ensureInitBinary, ensureLauncherBinary } from './init-binary.ts';
 import { Launcher, type Launched } from './launcher.ts';
-import { createIpPool, createVethBatcher, ensureBridge, parseSubnet, vethName, type IpPool, type Subnet } from './network.ts';
+import { createIpPool, createVethBatcher, ensureBridge, inSubnet, parseSubnet, vethName, type IpPool, type Subnet } from './network.ts';
+import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
+import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { containerArgv, initArgs, mainContainer, podEnv, podUser, resolveMounts, type InitNetwork } from './pod-process.ts';
 import { startProbeLoop } from './probes.ts';
@@ -32,10 +34,12 @@ export interface LocalRuntimeOptions {
   root: string;
   log: Logger;
   clock?: Clock;
-  /** Pod subnet; the bridge takes its first address. Default 10.213.0.0/16. */
+  /** Pod subnet; the bridge takes its first address. Default: derived from root (src/system/local-network.ts). */
   subnet?: string;
-  /** Host bridge name (≤ 15 bytes); distinct per worker or test run. Default asb0. */
+  /** Host bridge name (≤ 15 bytes); distinct per worker or test run. Default: derived from root. */
   bridge?: string;
+  /** Host-wide directory of bridge and subnet claims (network-claim.ts). Default /run/asb/networks */
+  claimsDir?: string;
   /** Readiness probe period when a probe sets no periodSeconds. Default 1000 ms. */
   probeIntervalMs?: number;
   /** How often to check the init of an adopted pod (one we did not spawn). Default 500 ms. */
@@ -72,6 +76,9 @@ interface Pod {
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
   const [binary, launcher] = await Promise.all([ensureInitBinary(opts.root), ensureLauncherBinary(opts.root)]);
   const runtime = new LocalRuntime(opts, binary, launcher);
+  // At start, not at the first pod: a bridge or subnet another instance holds fails the worker
+  // with the holder's name, instead of its pods taking that instance's addresses later.
+  await runtime.hasPodNetwork();
   await runtime.recover();
   return runtime;
 }
@@ -97,8 +104,9 @@ export class LocalRuntime implements PodRuntime {
     this.#log = opts.log.child({ component: 'local-runtime' });
     this.#clock = opts.clock ?? systemClock;
     this.#binary = binary;
-    this.#subnet = parseSubnet(opts.subnet ?? '10.213.0.0/16');
-    this.#bridge = opts.bridge ?? 'asb0';
+    const derived = derivedNetwork(resolve(opts.root));
+    this.#subnet = parseSubnet(opts.subnet ?? derived.subnet);
+    this.#bridge = opts.bridge ?? derived.bridge;
     this.#ips = createIpPool(this.#subnet);
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
     this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
@@ -128,12 +136,19 @@ export class LocalRuntime implements PodRuntime {
     return this.#network;
   }
 
+  /** Rejects (AsbError Unavailable, naming the holder) when another instance holds the bridge or subnet. */
   async #setUpNetwork(): Promise<boolean> {
     if (this.#userns || this.#opts.network === false) return false;
+    const claimsDir = this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR;
+    // Refused, never shared: the other instance's pods would receive our traffic.
+    const warnings = await claimNetwork({ bridge: this.#bridge, subnet: this.#subnet.cidr, owner: resolve(this.#opts.root), pid: process.pid }, { claimsDir });
+    for (const warning of warnings) this.#log.warn(warning);
     try {
       await ensureBridge(this.#bridge, this.#subnet);
+      this.#log.info({ bridge: this.#bridge, subnet: this.#subnet.cidr }, 'pod network ready');
       return true;
     } catch (err) {
+      await releaseNetwork(claimsDir, this.#bridge, resolve(this.#opts.root));
       this.#log.warn({ err }, `cannot create bridge ${this.#bridge}: DEGRADED MODE — pods share the host network (ports on 127.0.0.1)`);
       return false;
     }
@@ -200,7 +215,13 @@ export class LocalRuntime implements PodRuntime {
     this.#emit(pod.id);
     const net = await this.hasPodNetwork();
     const firstStart = pod.persisted === undefined;
-    const ip = pod.persisted?.ip ?? (net ? this.#ips.allocate() : '127.0.0.1');
+    const kept = pod.persisted?.ip;
+    // Kept across hibernation, unless it lies outside this bridge's subnet (hibernated before the
+    // subnet changed: state from before subnets were per state dir, or another ASB_SUBNET). It
+    // could not be reached there, so the pod gets a new address.
+    const moved = net && kept !== undefined && kept !== '127.0.0.1' && !inSubnet(kept, this.#subnet);
+    if (moved) this.#log.warn({ id: pod.id, ip: kept, subnet: this.#subnet.cidr }, 'pod address is outside the subnet: it gets a new one');
+    const ip = kept !== undefined && !moved ? kept : net ? this.#ips.allocate() : '127.0.0.1';
     pod.persisted = { request: req, ip };
     const { uid, gid } = this.#userns ? { uid: 0, gid: 0 } : podUser(req.spec, container);
     const env = podEnv(req, container, uid);

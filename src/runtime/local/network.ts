@@ -37,6 +37,12 @@ export function ipToString(n: number): string {
   return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.');
 }
 
+/** Whether an IPv4 address lies in the subnet. */
+export function inSubnet(ip: string, subnet: Subnet): boolean {
+  const mask = (0xffffffff << (32 - subnet.prefix)) >>> 0;
+  return ((ipToNumber(ip) & mask) >>> 0) === subnet.base;
+}
+
 function ipToNumber(ip: string): number {
   return ip.split('.').reduce((acc, o) => acc * 256 + Number(o), 0);
 }

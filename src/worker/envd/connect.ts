@@ -44,6 +44,7 @@ const FROM_ASB: Record<ErrorCode, ConnectCode> = {
   Unauthorized: 'unauthenticated',
   Forbidden: 'permission_denied',
   MethodNotAllowed: 'unimplemented',
+  TooManyRequests: 'resource_exhausted',
   Gone: 'failed_precondition',
   PoolExhausted: 'unavailable',
   Unavailable: 'unavailable',
