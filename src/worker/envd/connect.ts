@@ -41,6 +41,7 @@ const FROM_ASB: Record<ErrorCode, ConnectCode> = {
   MalformedJson: 'invalid_argument',
   UnsupportedMediaType: 'invalid_argument',
   PayloadTooLarge: 'resource_exhausted',
+  TooManyRequests: 'resource_exhausted',
   Unauthorized: 'unauthenticated',
   Forbidden: 'permission_denied',
   MethodNotAllowed: 'unimplemented',
