@@ -13,6 +13,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { request, type IncomingHttpHeaders } from 'node:http';
 import { after, before, test } from 'node:test';
 import { gzipSync } from 'node:zlib';
+import { OpenApiChecker } from './support/openapi-check.ts';
 import { api, removeDataDir, startWorkerProcess, type ExecOut, type WorkerProcess } from './support/worker-process.ts';
 import { waitFor } from './support/wait.ts';
 
@@ -22,6 +23,7 @@ const LIMIT = 64 * MiB;
 /** The worker's default bound per key (DEFAULT_UPLOADS_PER_KEY). */
 const PER_KEY = 8;
 
+const openapi = new OpenApiChecker(new URL('../docs/openapi.yaml', import.meta.url).pathname);
 let w: WorkerProcess;
 const sandboxes: { id: string; token: string }[] = [];
 
@@ -202,6 +204,10 @@ test(`PUT /v1/sandboxes/{id}/files: the ${PER_KEY + 1}th concurrent upload with 
   assert.equal(refused.status, 429, refused.body);
   assert.equal(refused.headers['retry-after'], '1');
   assert.equal((JSON.parse(refused.body) as { code: string }).code, 'TooManyRequests');
+  // As docs/openapi.yaml says (the Problem schema, with TooManyRequests among its codes).
+  const bytes = Buffer.from(refused.body);
+  const headersOf = new Headers(Object.entries(refused.headers).flatMap(([k, v]) => (typeof v === 'string' ? [[k, v] as [string, string]] : [])));
+  openapi.check('PUT', new URL(url('/tmp/rest-slots/extra')).pathname + '?path=x', { status: refused.status, headers: headersOf, json: JSON.parse(refused.body), text: refused.body, bytes });
   await drain(open);
   assert.equal((await upload(url('/tmp/rest-slots/extra'), 'PUT', headers, Buffer.from('x'))).status, 204);
   await sh(0, 'rm -rf /tmp/rest-slots');
