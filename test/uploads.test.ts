@@ -150,6 +150,8 @@ test('8 concurrent 60 MiB uploads: the worker streams them, its peak RSS grows b
   await sh(0, 'rm -rf /tmp/big');
 });
 
+const FIRST_BYTES = 300 * 1024;
+
 /**
  * Opens PER_KEY uploads that stay in flight, and waits (10 s at most) until the worker has staged
  * each: its temporary file exists, so its slot is held. A worker that buffers bodies stages
@@ -157,7 +159,8 @@ test('8 concurrent 60 MiB uploads: the worker streams them, its peak RSS grows b
  */
 async function fillSlots(url: (n: number) => string, method: string, headers: Record<string, string>, dir: string): Promise<OpenUpload[]> {
   const open = Array.from({ length: PER_KEY }, (_, n) => openUpload(url(n), method, { ...headers, 'content-length': String(MiB) }));
-  for (const upload of open) await upload.send(Buffer.alloc(1024, 1));
+  // Past the 256 KiB a worker reads before it decides to stage (WHOLE_BODY_BYTES).
+  for (const upload of open) await upload.send(Buffer.alloc(FIRST_BYTES, 1));
   const staged = async (): Promise<true | undefined> => ((await names(0, dir)).filter((n) => n.startsWith('.asb-upload-')).length === PER_KEY ? true : undefined);
   await waitFor(`${PER_KEY} uploads staged in ${dir}`, staged, 10_000).catch(() => undefined);
   return open;
@@ -172,7 +175,7 @@ async function upload(url: string, method: string, headers: Record<string, strin
 
 /** Sends the rest of each open upload and checks it was written. */
 async function drain(open: OpenUpload[]): Promise<void> {
-  for (const u of open) await u.send(Buffer.alloc(MiB - 1024, 1));
+  for (const u of open) await u.send(Buffer.alloc(MiB - FIRST_BYTES, 1));
   for (const answer of await Promise.all(open.map((u) => u.finish()))) assert.ok(answer.status === 200 || answer.status === 204, answer.body);
 }
 
@@ -270,9 +273,12 @@ test('a multipart upload is all or nothing: a second file for a single ?path= is
 
 test('a write replaces the file only at the end, keeping its mode; through a symlink it writes the file linked to', async () => {
   await sh(0, 'mkdir -p /tmp/modes && printf old > /tmp/modes/script && chmod 750 /tmp/modes/script && ln -s script /tmp/modes/link');
-  const answer = await upload(`${w.apiUrl}/files?path=/tmp/modes/link`, 'POST', envdHeaders(0, { 'content-type': 'application/octet-stream' }), Buffer.from('new'));
-  assert.equal(answer.status, 200, answer.body);
-  const out = await sh(0, 'cd /tmp/modes && stat -c "%a %F" script && readlink link && cat script');
-  assert.equal(out.stdout, '750 regular file\nscript\nnew');
+  // A small body is written by one command, a large one staged and committed: both the same way.
+  for (const body of [Buffer.from('new'), Buffer.alloc(300 * 1024, 'n')]) {
+    const answer = await upload(`${w.apiUrl}/files?path=/tmp/modes/link`, 'POST', envdHeaders(0, { 'content-type': 'application/octet-stream' }), body);
+    assert.equal(answer.status, 200, answer.body);
+    const out = await sh(0, 'cd /tmp/modes && stat -c "%a %F %s" script && readlink link && head -c 3 script && ls -A');
+    assert.equal(out.stdout, `750 regular file ${body.length}\nscript\nnnnlink\nscript\n`.replace('nnn', body.subarray(0, 3).toString()));
+  }
   await sh(0, 'rm -rf /tmp/modes');
 });

@@ -9,8 +9,8 @@
 // harmless: a body that stops half way (413, an aborted client) is a partial temporary file that
 // is removed, and the target keeps its old content. Signals would save the second command but
 // race: `cat` may see end-of-file and the rename run before a kill lands (on Kubernetes the kill
-// is itself an exec). A body known complete before the write starts (a Uint8Array) needs no
-// staging: one command writes and renames.
+// is itself an exec). A body known complete before the write starts (a Uint8Array, or a stream
+// that ended within WHOLE_BODY_BYTES) needs no staging: one command writes and renames.
 import { randomBytes } from 'node:crypto';
 import type { Readable } from 'node:stream';
 import { AsbError } from '../errors.ts';
@@ -175,17 +175,47 @@ export async function commitFiles(shell: PodShell, files: readonly StagedFile[],
 }
 
 /**
- * Writes `data` to `path` in the sandbox, replacing the file only once all of it arrived.
- * A Uint8Array is complete already: one command. A stream is staged, then committed.
+ * A body that ends within this many bytes is written by one command instead of staged and
+ * committed by two (~4 ms each locally, tens of ms over pods/exec): most SDK writes are small.
+ * 32 uploads at once hold 8 MiB of these at most.
+ */
+export const WHOLE_BODY_BYTES = 256 * 1024;
+
+/** The body in hand if it ends within `max` bytes; else the stream again, whole (what was read first, then the rest). */
+async function whenSmall(source: AsyncIterable<Uint8Array>, max: number): Promise<Uint8Array | AsyncIterable<Uint8Array>> {
+  const it = source[Symbol.asyncIterator]();
+  const head: Uint8Array[] = [];
+  let size = 0;
+  while (size <= max) {
+    const next = await it.next();
+    if (next.done === true) return Buffer.concat(head, size);
+    head.push(next.value);
+    size += next.value.length;
+  }
+  return (async function* rest(): AsyncGenerator<Uint8Array> {
+    try {
+      yield* head.splice(0);
+      for (let next = await it.next(); next.done !== true; next = await it.next()) yield next.value;
+    } finally {
+      await it.return?.();
+    }
+  })();
+}
+
+/**
+ * Writes `data` to `path` in the sandbox, replacing the file only once all of it arrived. A body
+ * in hand (a Uint8Array, or a stream that ends within WHOLE_BODY_BYTES) takes one command; a
+ * longer stream is staged, then committed.
  */
 export async function writeFileFrom(shell: PodShell, path: string, data: Uint8Array | AsyncIterable<Uint8Array>, opts: WriteOptions = {}): Promise<void> {
-  if (data instanceof Uint8Array) {
-    const result = await shell.exec({ command: ['sh', '-c', WRITE_WHOLE, 'sh', path, suffix(), modeArg(opts.mode)], stdin: data, ...userOf(opts) });
+  const body = data instanceof Uint8Array ? data : await whenSmall(data, WHOLE_BODY_BYTES);
+  if (body instanceof Uint8Array) {
+    const result = await shell.exec({ command: ['sh', '-c', WRITE_WHOLE, 'sh', path, suffix(), modeArg(opts.mode)], stdin: body, ...userOf(opts) });
     if (result.exitCode === 0) return;
     // The temp file's name is the first thing printed; the script removed it unless the commit failed.
     const temp = Buffer.from(result.stdout).toString('utf8').split('\0')[0];
     if (temp !== undefined && temp !== '') await discardFiles(shell, [{ temp }], opts);
     throw failure(result, 'write', path, temp);
   }
-  await commitFiles(shell, [await stageFile(shell, path, data, opts)], opts);
+  await commitFiles(shell, [await stageFile(shell, path, body, opts)], opts);
 }

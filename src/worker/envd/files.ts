@@ -11,7 +11,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { posix } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { AsbError } from '../../errors.ts';
-import { commitFiles, discardFiles, stageFile, type PodShell, type StagedFile } from '../../runtime/file-upload.ts';
+import { commitFiles, discardFiles, stageFile, writeFileFrom, type PodShell, type StagedFile } from '../../runtime/file-upload.ts';
 import { discardRest, uploadChunks } from '../upload-body.ts';
 import { boundaryOf, parseMultipart } from './multipart.ts';
 import { absolutePath, readFile, type FsTarget } from './entries.ts';
@@ -97,16 +97,17 @@ export async function postFiles(call: FilesCall): Promise<void> {
         staged.push(await stageFile(shell, target, part.data, user));
       }
       if (staged.length === 0) throw new AsbError('BadRequest', 'the multipart body holds no file part');
+      await commitFiles(shell, staged, user);
     } else {
-      staged.push(await stageFile(shell, path ?? '/', chunks, user));
+      await writeFileFrom(shell, path ?? '/', chunks, user);
     }
   } catch (err) {
     await discardFiles(shell, staged, user);
     discardRest(call.req);
     throw err;
   }
-  await commitFiles(shell, staged, user);
-  const written: WriteInfo[] = staged.map((f) => ({ path: f.path, name: posix.basename(f.path), type: 'file' }));
+  const paths = multipart ? staged.map((f) => f.path) : [path ?? '/'];
+  const written: WriteInfo[] = paths.map((p) => ({ path: p, name: posix.basename(p), type: 'file' }));
   const json = JSON.stringify(written);
   call.res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
   call.res.end(json);
