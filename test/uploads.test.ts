@@ -248,6 +248,17 @@ test('a multipart upload is all or nothing: a second file for a single ?path= is
   const res = await fetch(`${w.apiUrl}/files?path=/tmp/multi/one.txt`, { method: 'POST', headers: envdHeaders(0), body: form });
   assert.equal(res.status, 400);
   assert.match(((await res.json()) as { message: string }).message, /names one file but the body holds more than one/);
+  // Refused while the body still streams in: the 400 comes at once, not after the 32 MiB (the
+  // server may then close the connection rather than read the rest).
+  const early = openUpload(`${w.apiUrl}/files?path=/tmp/multi/one.txt`, 'POST', envdHeaders(0, { 'content-type': 'multipart/form-data; boundary=bnd' }));
+  const part = (name: string): string => `--bnd\r\nContent-Disposition: form-data; name="file"; filename="${name}"\r\n\r\n`;
+  const sending = (async () => {
+    await early.send(Buffer.from(`${part('a')}first\r\n${part('b')}`));
+    await sendRepeated(early, randomBytes(MiB), 32 * MiB);
+  })().catch(() => undefined);
+  assert.equal((await early.answered).status, 400);
+  early.abort();
+  await sending;
   // Streamed parts: a 3 MiB part arrives intact, split across many chunks.
   const big = randomBytes(3 * MiB);
   const multi = new FormData();

@@ -103,8 +103,9 @@ export async function postFiles(call: FilesCall): Promise<void> {
     }
   } catch (err) {
     await discardFiles(shell, staged, user);
-    discardRest(call.req);
     throw err;
+  } finally {
+    discardRest(call.req); // what follows the closing delimiter, or the rest of a refused body
   }
   const paths = multipart ? staged.map((f) => f.path) : [path ?? '/'];
   const written: WriteInfo[] = paths.map((p) => ({ path: p, name: posix.basename(p), type: 'file' }));

@@ -59,6 +59,11 @@ class Cursor {
     return true;
   }
 
+  /** Stops reading the body (whoever stopped early): the source can then be read away or closed. */
+  async close(): Promise<void> {
+    await this.#chunks.return?.();
+  }
+
   skip(n: number): void {
     this.buf = this.buf.subarray(n);
   }
@@ -112,43 +117,47 @@ export async function* parseMultipart(chunks: AsyncIterable<Buffer>, boundary: s
   const delimiter = Buffer.from(`--${boundary}`, 'latin1');
   const next = Buffer.from(`\r\n--${boundary}`, 'latin1');
   const cursor = new Cursor(chunks);
-  // The preamble before the first delimiter is ignored, as RFC 2046 says.
-  for (;;) {
-    const at = cursor.buf.indexOf(delimiter);
-    if (at !== -1) {
-      cursor.skip(at + delimiter.length);
-      break;
+  try {
+    // The preamble before the first delimiter is ignored, as RFC 2046 says.
+    for (;;) {
+      const at = cursor.buf.indexOf(delimiter);
+      if (at !== -1) {
+        cursor.skip(at + delimiter.length);
+        break;
+      }
+      cursor.skip(Math.max(0, cursor.buf.length - (delimiter.length - 1)));
+      if (!(await cursor.fill())) throw malformed(`no --${boundary} delimiter`);
     }
-    cursor.skip(Math.max(0, cursor.buf.length - (delimiter.length - 1)));
-    if (!(await cursor.fill())) throw malformed(`no --${boundary} delimiter`);
-  }
-  for (let count = 0; ; count++) {
-    if (!(await cursor.need(2))) throw malformed('the body ends right after a delimiter');
-    if (cursor.buf[0] === 0x2d && cursor.buf[1] === 0x2d) return; // the closing delimiter "--"; the epilogue is ignored
-    if (count >= MAX_PARTS) throw malformed(`more than ${MAX_PARTS} parts`);
-    // The rest of the delimiter's line (transport padding), then the headers up to a blank line;
-    // a part with no headers has its blank line at once.
-    cursor.skip((await cursor.find(CRLF, 1024, 'a delimiter is not followed by a line break')) + CRLF.length);
-    let headerText = '';
-    if (!(await cursor.need(2))) throw malformed('a part has no blank line after its headers');
-    if (cursor.buf[0] === 0x0d && cursor.buf[1] === 0x0a) {
-      cursor.skip(2);
-    } else {
-      const end = await cursor.find(CRLF2, MAX_HEADER_BYTES, `a part has no blank line after its headers (within ${MAX_HEADER_BYTES} bytes)`);
-      headerText = cursor.buf.subarray(0, end).toString('utf8');
-      cursor.skip(end + CRLF2.length);
+    for (let count = 0; ; count++) {
+      if (!(await cursor.need(2))) throw malformed('the body ends right after a delimiter');
+      if (cursor.buf[0] === 0x2d && cursor.buf[1] === 0x2d) return; // the closing delimiter "--"; the epilogue is ignored
+      if (count >= MAX_PARTS) throw malformed(`more than ${MAX_PARTS} parts`);
+      // The rest of the delimiter's line (transport padding), then the headers up to a blank line;
+      // a part with no headers has its blank line at once.
+      cursor.skip((await cursor.find(CRLF, 1024, 'a delimiter is not followed by a line break')) + CRLF.length);
+      let headerText = '';
+      if (!(await cursor.need(2))) throw malformed('a part has no blank line after its headers');
+      if (cursor.buf[0] === 0x0d && cursor.buf[1] === 0x0a) {
+        cursor.skip(2);
+      } else {
+        const end = await cursor.find(CRLF2, MAX_HEADER_BYTES, `a part has no blank line after its headers (within ${MAX_HEADER_BYTES} bytes)`);
+        headerText = cursor.buf.subarray(0, end).toString('utf8');
+        cursor.skip(end + CRLF2.length);
+      }
+      let disposition = '';
+      for (const line of headerText.split('\r\n')) {
+        const colon = line.indexOf(':');
+        if (colon !== -1 && line.slice(0, colon).trim().toLowerCase() === 'content-disposition') disposition = line.slice(colon + 1);
+      }
+      const state = { done: false };
+      yield { name: param(disposition, 'name'), filename: param(disposition, 'filename'), data: partData(cursor, next, state) };
+      // What the reader left of the part is skipped, not kept.
+      if (!state.done) {
+        const rest = partData(cursor, next, state);
+        while (!(await rest.next()).done) continue;
+      }
     }
-    let disposition = '';
-    for (const line of headerText.split('\r\n')) {
-      const colon = line.indexOf(':');
-      if (colon !== -1 && line.slice(0, colon).trim().toLowerCase() === 'content-disposition') disposition = line.slice(colon + 1);
-    }
-    const state = { done: false };
-    yield { name: param(disposition, 'name'), filename: param(disposition, 'filename'), data: partData(cursor, next, state) };
-    // What the reader left of the part is skipped, not kept.
-    if (!state.done) {
-      const rest = partData(cursor, next, state);
-      while (!(await rest.next()).done) continue;
-    }
+  } finally {
+    await cursor.close();
   }
 }
