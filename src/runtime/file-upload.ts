@@ -105,19 +105,34 @@ function collect(stream: Readable, max: number): { buffer: CappedBuffer; ended: 
   return { buffer, ended };
 }
 
-/** Resolves false when `proc`'s stdin can take more, true when it never will (closed, or the process exited). */
-function drainedOrGone(proc: PodProcess): Promise<boolean> {
-  return new Promise((resolve) => {
+/**
+ * Waits for `proc`'s stdin to drain: resolves false when it can take more, true when it never
+ * will (closed, or the process exited). One listener on the exit for all waits, not one per wait
+ * (a 64 MiB upload waits ~1000 times).
+ */
+function drainWaiter(proc: PodProcess): () => Promise<boolean> {
+  let exited = false;
+  let wake: (() => void) | undefined;
+  void proc.exited.then(() => {
+    exited = true;
+    wake?.();
+  });
+  return () => new Promise((resolve) => {
+    if (exited || proc.stdin.destroyed) {
+      resolve(true);
+      return;
+    }
     const settle = (gone: boolean): void => {
       proc.stdin.off('drain', onDrain);
       proc.stdin.off('close', onClose);
+      wake = undefined;
       resolve(gone);
     };
     const onDrain = (): void => settle(false);
     const onClose = (): void => settle(true);
     proc.stdin.once('drain', onDrain);
     proc.stdin.once('close', onClose);
-    void proc.exited.then(() => settle(true));
+    wake = () => settle(true);
   });
 }
 
@@ -135,12 +150,13 @@ export async function stageFile(shell: PodShell, path: string, source: AsyncIter
   const proc = await shell.spawn({ command: ['sh', '-c', STAGE, 'sh', path, suffix()], ...userOf(opts) });
   const stdout = collect(proc.stdout, 16 * 1024);
   const stderr = collect(proc.stderr, 64 * 1024);
+  const drained = drainWaiter(proc);
   let sourceError: Error | undefined;
   let exitedEarly = false;
   try {
     for await (const chunk of source) {
       if (proc.stdin.write(chunk)) continue;
-      if (await drainedOrGone(proc)) {
+      if (await drained()) {
         exitedEarly = true; // the script failed (no permission, a full disk): its exit says why
         break;
       }
