@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { test } from 'node:test';
-import { ApiKeyType } from '../src/api/types.ts';
+import { ApiKeyType, type ApiKey } from '../src/api/types.ts';
 import { createApiKey, revokeApiKey } from '../src/auth/keys.ts';
 import { KeyRing } from '../src/auth/keyring.ts';
 import { CLUSTER_SCOPE } from '../src/store/store.ts';
@@ -41,6 +41,35 @@ test('a key is stored only as its sha256, and the key ring follows creation and 
   await waitFor(() => ring.verify(key) === undefined);
 
   await assert.rejects(createApiKey(fx.store, { team: 'not a team!' }), /team/);
+});
+
+test('the key ring announces a key that stops verifying or grants less, by prefix, and no other change', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const ring = await KeyRing.open({ store: fx.store, log: silentLogger() });
+  t.after(() => ring.close());
+  const announced: string[] = [];
+  const unsubscribe = ring.onRevoked((prefix) => announced.push(prefix));
+  const edit = async (name: string, spec: Partial<ApiKey['spec']>): Promise<void> => {
+    const current = await fx.store.get<ApiKey>(ApiKeyType, CLUSTER_SCOPE, name);
+    await fx.store.update<ApiKey>(ApiKeyType, { ...current, spec: { ...current.spec, ...spec } });
+  };
+  const a = await createApiKey(fx.store, { team: 'team-a', admin: true });
+  const b = await createApiKey(fx.store, { team: 'team-b' });
+  await waitFor(() => ring.live(a.object.spec.prefix) && ring.live(b.object.spec.prefix));
+  assert.equal(ring.live(a.object.metadata.name), false, 'live() takes the prefix with its asb_');
+
+  await edit(b.object.metadata.name, { description: 'renamed' });
+  await edit(a.object.metadata.name, { admin: false });
+  await waitFor(() => ring.verify(a.key)?.admin === false);
+  await edit(b.object.metadata.name, { team: 'team-c' });
+  await waitFor(() => ring.verify(b.key)?.team === 'team-c');
+  await revokeApiKey(fx.store, a.object.spec.prefix);
+  await waitFor(() => !ring.live(a.object.spec.prefix));
+  await fx.store.delete(ApiKeyType, CLUSTER_SCOPE, b.object.metadata.name);
+  await waitFor(() => !ring.live(b.object.spec.prefix));
+  // A description change is no loss; losing admin, changing team, revoking and deleting are.
+  assert.deepEqual(announced, [a.object.spec.prefix, b.object.spec.prefix, a.object.spec.prefix, b.object.spec.prefix]);
+  unsubscribe();
 });
 
 test('requests without a valid key get 401 saying how to pass one', async (t) => {

@@ -325,6 +325,13 @@ test('end to end: apply, create, ls, exec, pause, resume, status, rm against a r
   const put = await run(['files', 'put', sb.id, '-', '/tmp/note.txt'], 'kept across hibernation');
   assert.equal(put.code, 0, put.stderr);
 
+  const before = JSON.parse((await run(['url', sb.id, '--json'])).stdout) as { accessToken: string };
+  const rotated = await run(['url', sb.id, '--rotate-token', '--json']);
+  assert.equal(rotated.code, 0, rotated.stderr);
+  const renewed = JSON.parse(rotated.stdout) as { accessToken: string };
+  assert.ok(renewed.accessToken !== '' && renewed.accessToken !== before.accessToken, 'url --rotate-token prints a new token');
+  assert.equal((JSON.parse((await run(['url', sb.id, '--json'])).stdout) as { accessToken: string }).accessToken, renewed.accessToken);
+
   const paused = await run(['pause', sb.id, '--json']);
   assert.equal(paused.code, 0, paused.stderr);
   assert.equal((JSON.parse(paused.stdout) as { phase: string }).phase, 'Hibernated');

@@ -13,6 +13,7 @@ import { baseTemplate } from '../src/api/builtin.ts';
 import { LABEL } from '../src/api/types.ts';
 import { sandboxFromTemplate } from '../src/operator/blueprint.ts';
 import { createAccessTokens } from '../src/worker/access-token.ts';
+import { MAX_ARG_BYTES } from '../src/worker/input.ts';
 import { ENVD_ANNOTATION, routeEntryOf } from '../src/worker/route-entry.ts';
 import { startTestSystem } from './support/local-system.ts';
 import { api, removeDataDir, startWorkerProcess, type WorkerProcess } from './support/worker-process.ts';
@@ -424,6 +425,99 @@ test('/files: signed URLs work without the token; a bad or expired signature is 
   assert.match(((await expired.json()) as { message: string }).message, /expired/);
 });
 
+test('security probe L1: a signed URL runs as the user it was signed for; an added Basic root is ignored', async () => {
+  const rootBasic = `Basic ${Buffer.from('root:').toString('base64')}`;
+  const secret = '/root/l1-secret.txt';
+  const made = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', `echo root-only > ${secret} && chmod 600 ${secret}`] } }, { authorization: rootBasic });
+  await made.done;
+  assert.equal((made.frames.map((f) => f.message.event as { end?: { exitCode?: number } } | undefined).find((e) => e?.end !== undefined))?.end?.exitCode ?? 0, 0);
+  const noToken = { 'x-asb-sandbox-id': id };
+  // Signed without a user (the SDK's downloadUrl() with no user): the default user, who may not read it.
+  const url = `${w.apiUrl}/files?path=${secret}&signature=${encodeURIComponent(signature(secret, 'read', ''))}`;
+  const asDefault = await fetch(url, { headers: noToken });
+  assert.ok(asDefault.status === 403 || asDefault.status === 404, `the default user reads a 0600 root file: ${asDefault.status}`);
+  await asDefault.body?.cancel();
+  const withRoot = await fetch(url, { headers: { ...noToken, authorization: rootBasic } });
+  assert.notEqual(withRoot.status, 200, 'Basic root on a signed URL read the root-only file');
+  assert.ok(withRoot.status === 403 || withRoot.status === 404, `status ${withRoot.status}`);
+  assert.doesNotMatch(await withRoot.text(), /root-only/);
+  // A write URL signed for "user" with Basic root added writes as the default user, not as root.
+  const owned = '/tmp/l1-owner.txt';
+  const write = await fetch(`${w.apiUrl}/files?path=${owned}&username=user&signature=${encodeURIComponent(signature(owned, 'write', 'user'))}`, {
+    method: 'POST',
+    headers: { ...noToken, authorization: rootBasic, 'content-type': 'application/octet-stream' },
+    body: 'x',
+  });
+  assert.equal(write.status, 200, await write.clone().text());
+  const stat = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', `stat -c %u ${owned}`] } });
+  await stat.done;
+  assert.notEqual(stat.output('stdout'), '0\n', 'the signed upload ran as root');
+});
+
+// What Node says when spawn is given a NUL byte or execve fails with E2BIG: never in an answer.
+const NODE_MESSAGE = /null bytes|ERR_INVALID_ARG|E2BIG|spawn /;
+
+test('security probe L2: REST exec with a NUL byte in any field, or an argument execve refuses, is 400 naming the field; nothing runs', async () => {
+  const marker = '/tmp/l2-rest-ran';
+  const run = ['/bin/sh', '-c', `touch ${marker}`];
+  const cases: { name: string; body: Record<string, unknown>; field: string }[] = [
+    { name: 'NUL in an argument', body: { command: [...run, 'a\0b'] }, field: 'command[3]' },
+    { name: 'NUL in the program', body: { command: ['/bin/sh\0', '-c', `touch ${marker}`] }, field: 'command[0]' },
+    { name: 'NUL in the string form', body: { command: `touch ${marker} a\0b` }, field: 'command' },
+    { name: 'NUL in an env name', body: { command: run, env: { 'A\0B': 'x' } }, field: 'env.A\0B' },
+    { name: 'NUL in an env value', body: { command: run, env: { A: 'x\0y' } }, field: 'env.A' },
+    { name: 'NUL in cwd', body: { command: run, cwd: '/tmp\0/x' }, field: 'cwd' },
+    // The probe's 900 KiB argument: one argv string over Linux's MAX_ARG_STRLEN (128 KiB) is E2BIG.
+    { name: 'a 900 KiB argument', body: { command: [...run, 'x'.repeat(921_600)] }, field: 'command[3]' },
+    { name: 'a 200 KiB env value', body: { command: run, env: { BIG: 'x'.repeat(200 * 1024) } }, field: 'env.BIG' },
+  ];
+  for (const c of cases) {
+    const res = await api<{ code: string; detail: string; fields?: { field: string }[] }>(w, 'POST', `/v1/sandboxes/${id}/exec`, c.body);
+    assert.equal(res.status, 400, `${c.name}: ${JSON.stringify(res.body).slice(0, 300)}`);
+    assert.equal(res.body.code, 'BadRequest', c.name);
+    assert.deepEqual(res.body.fields?.map((f) => f.field), [c.field], c.name);
+    assert.doesNotMatch(res.body.detail, NODE_MESSAGE, c.name);
+  }
+  const check = await api<{ exitCode: number }>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['test', '-e', marker] });
+  assert.equal(check.status, 200);
+  assert.equal(check.body.exitCode, 1, 'a refused exec ran its command');
+  // The limit is the kernel's own: an argument of exactly MAX_ARG_BYTES still runs.
+  const longest = await api<{ stdout: string }>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['/bin/sh', '-c', 'echo ${#1}', 'sh', 'x'.repeat(MAX_ARG_BYTES)] });
+  assert.equal(longest.status, 200, JSON.stringify(longest.body).slice(0, 300));
+  assert.equal(longest.body.stdout, `${MAX_ARG_BYTES}\n`);
+});
+
+test('security probe L2: envd process.Start with a NUL byte in any field, or arguments execve refuses, is invalid_argument naming the field', async () => {
+  const endError = async (message: unknown): Promise<{ code: string; message: string }> => {
+    const s = await openStream('process.Process/Start', message);
+    await s.done;
+    const last = s.frames.at(-1);
+    assert.equal(last?.flags, 2, 'an end-stream envelope');
+    const error = last.message.error as { code: string; message: string } | undefined;
+    assert.ok(error !== undefined, `an error in the end-stream: ${JSON.stringify(last.message).slice(0, 300)}`);
+    assert.equal(s.output('stdout'), '', 'nothing ran');
+    return error;
+  };
+  const sh = (args: string[], extra: Record<string, unknown> = {}): unknown => ({ process: { cmd: '/bin/sh', args: ['-c', 'echo ran', ...args], ...extra } });
+  const cases: { name: string; message: unknown; field: string }[] = [
+    { name: 'NUL in cmd', message: { process: { cmd: '/bin/s\0h', args: ['-c', 'echo ran'] } }, field: 'process.cmd' },
+    { name: 'NUL in an argument', message: sh(['a\0b']), field: 'process.args[2]' },
+    { name: 'NUL in an env name', message: sh([], { envs: { 'A\0B': 'x' } }), field: 'process.envs.A\0B' },
+    { name: 'NUL in an env value', message: sh([], { envs: { A: 'x\0y' } }), field: 'process.envs.A' },
+    { name: 'NUL in cwd', message: sh([], { cwd: '/tmp\0/x' }), field: 'process.cwd' },
+    { name: 'NUL in a pty argument', message: { ...(sh(['a\0b']) as object), pty: { size: { cols: 80, rows: 24 } } }, field: 'process.args[2]' },
+    { name: 'a 900 KiB argument', message: sh(['x'.repeat(921_600)]), field: 'process.args[2]' },
+    // Each under MAX_ARG_STRLEN, 2.4 MB together: over ARG_MAX (2 MiB), E2BIG from execve.
+    { name: '2.4 MB of arguments', message: sh(Array.from({ length: 20 }, () => 'y'.repeat(120 * 1024))), field: 'process.args' },
+  ];
+  for (const c of cases) {
+    const error = await endError(c.message);
+    assert.equal(error.code, 'invalid_argument', `${c.name}: ${error.message.slice(0, 300)}`);
+    assert.ok(error.message.includes(`${c.field}:`), `${c.name} names ${c.field}: ${error.message.slice(0, 300)}`);
+    assert.doesNotMatch(error.message, NODE_MESSAGE, c.name);
+  }
+});
+
 test('a missing or wrong token is 401; an unknown sandbox gets E2B proxy\'s 502 "not found"', async () => {
   const none = await fetch(`${w.apiUrl}/process.Process/List`, { method: 'POST', headers: { 'x-asb-sandbox-id': id, 'content-type': 'application/json' }, body: '{}' });
   assert.equal(none.status, 401);
@@ -503,8 +597,10 @@ test('route entries: envd stays on the worker unless the pod template says its i
   const base = baseTemplate();
   assert.ok(base.spec.podTemplate.spec.containers[0]?.ports?.some((p) => p.containerPort === 49983), 'the base template declares the envd port');
   const plain = sandboxFromTemplate(base, { name: 'sbx-plain', namespace: 'default', labels: { [LABEL.owner]: 'team-a' } });
+  plain.metadata.uid = 'uid-plain'; // as the store gives every object: tokens derive from it
   assert.equal(routeEntryOf(plain, 'c1', tokens)?.envdInPod, undefined);
   base.spec.podTemplate.metadata = { annotations: { [ENVD_ANNOTATION]: 'pod' } };
   const own = sandboxFromTemplate(base, { name: 'sbx-own', namespace: 'default', labels: { [LABEL.owner]: 'team-a' } });
+  own.metadata.uid = 'uid-own';
   assert.equal(routeEntryOf(own, 'c1', tokens)?.envdInPod, true);
 });

@@ -232,11 +232,10 @@ test('placement at a hub in front of two worker processes', { timeout: 240_000 }
     const template = { apiVersion: 'extensions.agents.x-k8s.io/v1alpha1', kind: 'SandboxTemplate', metadata: { name: 'only-b', namespace: 'default' }, spec: { podTemplate: { spec: { containers: [{ name: 'main', image: 'agent-sandbox/base', command: ['sleep', 'infinity'] }] } } } };
     const applied = await call({ url: workers['plc-b'].apiUrl }, 'POST', '/v1/apply', { key: admin, json: { objects: [template] } });
     assert.equal(applied.status, 200, applied.text);
-    // The template reaches the hub with plc-b's next heartbeat.
-    const res = await waitFor('the hub to know plc-b holds only-b', async () => {
-      const r = await sandboxes(hub, 'POST', admin, { json: { template: 'only-b', region: 'east', wait: false } });
-      return r.status === 201 ? r : undefined;
-    });
+    // Read-your-writes: the apply was answered once the hub knew, so a create right after it
+    // finds the template (it used to wait for plc-b's next heartbeat, up to 2 s).
+    const res = await sandboxes(hub, 'POST', admin, { json: { template: 'only-b', region: 'east', wait: false } });
+    assert.equal(res.status, 201, res.text);
     assert.equal(res.headers.get('x-asb-cluster'), 'plc-b');
     const named = await sandboxes(hub, 'POST', admin, { json: { template: 'only-b', cluster: 'plc-a' } });
     assert.equal(named.status, 503, named.text);

@@ -18,8 +18,8 @@ import { createTerminalProxy, terminalSandboxId } from '../src/hub/terminal-prox
 import { openSqliteStore } from '../src/store/sqlite.ts';
 import { freePort } from '../src/system/local-system.ts';
 import { silentLogger } from '../src/system/log.ts';
-import { TERMINAL_HIGH_WATER_BYTES, type TerminalServerControl, type TerminalTokenView } from '../src/terminal/contract.ts';
-import { waitFor } from './support/wait.ts';
+import { TERMINAL_CLOSE, TERMINAL_HIGH_WATER_BYTES, type TerminalServerControl, type TerminalTokenView } from '../src/terminal/contract.ts';
+import { waitFor, within } from './support/wait.ts';
 import { call, type ApiResponse } from './support/worker-fixture.ts';
 import { removeDataDir, startWorkerProcess } from './support/worker-process.ts';
 
@@ -263,7 +263,7 @@ test('terminal proxy backpressure: a client that stops reading stops the hub rea
   const apiUrl = `http://127.0.0.1:${(workerServer.address() as AddressInfo).port}`;
   await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name: 'bp' }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: 'bpbp', credentialHash: 'x', apiUrl } });
   const sync = { version: () => 0, connections: () => [], live: () => new Map([['bp', { healthy: true, templates: {}, heartbeatAt: 0, pools: {} }]]) };
-  const proxy = createTerminalProxy({ store, sync, auth: { verify: () => ({ team: 't', admin: true, prefix: 'asb_x' }) }, log: silentLogger() });
+  const proxy = createTerminalProxy({ store, sync, auth: { verify: () => ({ team: 't', admin: true, prefix: 'asb_x' }), live: () => true, onRevoked: () => () => undefined }, log: silentLogger() });
   const hubServer = createHttpServer();
   hubServer.on('upgrade', (req, socket, head) => proxy.upgrade(req, socket, head));
   await new Promise<void>((r) => hubServer.listen(0, '127.0.0.1', r));
@@ -293,4 +293,72 @@ test('terminal proxy backpressure: a client that stops reading stops the hub rea
   client.resume();
   await waitFor('every byte at the client', () => Promise.resolve(received === total ? true : undefined), 30_000, 20);
   client.close();
+});
+
+test('terminal proxy: a key revoked at the hub closes the sessions it opened at once (4003), cutting the worker side, before any worker hears of it', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-hub-proxy-rv-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  // A worker stand-in that never closes a session itself and records what reaches it.
+  const workerServer = createHttpServer();
+  const workerWss = new WebSocketServer({ server: workerServer });
+  const workerSides: { ws: WebSocket; closed: Promise<void>; input: string[] }[] = [];
+  workerWss.on('connection', (ws) => {
+    const input: string[] = [];
+    ws.on('message', (data: Buffer) => input.push(data.toString('utf8')));
+    workerSides.push({ ws, input, closed: new Promise((resolve) => ws.once('close', () => resolve())) });
+  });
+  await new Promise<void>((r) => workerServer.listen(0, '127.0.0.1', r));
+  t.after(() => {
+    workerWss.close();
+    workerServer.closeAllConnections();
+    workerServer.close();
+  });
+  const store = await openSqliteStore({ path: join(dir, 'hub.db') });
+  t.after(() => store.close());
+  const apiUrl = `http://127.0.0.1:${(workerServer.address() as AddressInfo).port}`;
+  await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name: 'rv' }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: 'rvrv', credentialHash: 'x', apiUrl } });
+  const sync = { version: () => 0, connections: () => [], live: () => new Map([['rv', { healthy: true, templates: {}, heartbeatAt: 0, pools: {} }]]) };
+  // Keys asb_aaaaaaaa_… and asb_bbbbbbbb_…, each its own prefix; a revocation is announced by hand.
+  const revoked = new Set<string>();
+  let announce: (prefix: string) => void = () => undefined;
+  const auth = {
+    verify: (presented: string) => ({ team: 't', admin: true, prefix: presented.slice(0, 12) }),
+    live: (prefix: string) => !revoked.has(prefix),
+    onRevoked: (listener: (prefix: string) => void) => {
+      announce = listener;
+      return () => undefined;
+    },
+  };
+  const proxy = createTerminalProxy({ store, sync, auth, log: silentLogger() });
+  const hubServer = createHttpServer();
+  hubServer.on('upgrade', (req, socket, head) => proxy.upgrade(req, socket, head));
+  await new Promise<void>((r) => hubServer.listen(0, '127.0.0.1', r));
+  t.after(async () => {
+    await proxy.close();
+    hubServer.closeAllConnections();
+    hubServer.close();
+  });
+  const open = async (key: string): Promise<{ ws: WebSocket; closed: Promise<{ code: number; reason: string }> }> => {
+    const ws = new WebSocket(`ws://127.0.0.1:${(hubServer.address() as AddressInfo).port}/v1/sandboxes/rvrv0000000000000000/terminal`, { headers: { authorization: `Bearer ${key}` } });
+    const closed = new Promise<{ code: number; reason: string }>((resolve) => ws.once('close', (code, reason) => resolve({ code, reason: reason.toString() })));
+    await new Promise<void>((r) => ws.once('open', () => r()));
+    return { ws, closed };
+  };
+  const doomed = await open('asb_aaaaaaaa_secret');
+  const kept = await open('asb_bbbbbbbb_secret');
+  await waitFor('both worker sides', () => Promise.resolve(workerSides.length === 2 ? true : undefined), 10_000, 10);
+  revoked.add('asb_aaaaaaaa');
+  announce('asb_aaaaaaaa');
+  const closed = await within('the revoked session to close', doomed.closed, 5_000);
+  assert.deepEqual([closed.code, /revoked/.test(closed.reason)], [TERMINAL_CLOSE.keyRevoked, true], JSON.stringify(closed));
+  await within("the revoked session's worker side to be cut", workerSides[0]?.closed ?? Promise.reject(new Error('no worker side')), 5_000);
+  // The other key's session still relays.
+  kept.ws.send(Buffer.from('typed'), { binary: true });
+  await waitFor('input from the other session', () => Promise.resolve(workerSides[1]?.input.includes('typed') === true ? true : undefined), 5_000, 10);
+  assert.equal(kept.ws.readyState, WebSocket.OPEN);
+  // A key revoked while the worker was answering: the session is closed as soon as it opens.
+  revoked.add('asb_bbbbbbbb');
+  const late = await open('asb_bbbbbbbb_secret');
+  assert.equal((await within('the late session to close', late.closed, 5_000)).code, TERMINAL_CLOSE.keyRevoked);
+  kept.ws.close();
 });

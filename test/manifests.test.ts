@@ -158,6 +158,17 @@ test('one image runs everything, every ServiceAccount exists, and every pod meet
   }
 });
 
+test('sandbox Pods run in a namespace of their own that enforces the restricted Pod Security Standard (issue 14)', () => {
+  for (const dir of WORKER_CLUSTERS) {
+    const cluster = Object.assign({}, ...ofKind(build(dir), 'ConfigMap').filter((cm) => cm.metadata.name.startsWith('asb-cluster')).map(dataOf)) as Record<string, string>;
+    const podNamespace = cluster.ASB_POD_NAMESPACE;
+    assert.ok(podNamespace !== undefined && podNamespace !== 'agent-sandbox-system', `${dir}: sandboxes stay out of our own namespace (and its Secrets)`);
+    const ns = ofKind(build(dir), 'Namespace').find((n) => n.metadata.name === podNamespace);
+    assert.ok(ns !== undefined, `${dir}: the build makes namespace ${podNamespace}`);
+    assert.equal(ns.metadata.labels?.['pod-security.kubernetes.io/enforce'], 'restricted', dir);
+  }
+});
+
 test('every Service selects the pods of a Deployment that has its target port', () => {
   for (const dir of BUILDS) {
     const deployments = ofKind<Deployment>(build(dir), 'Deployment');

@@ -12,6 +12,7 @@ import { test } from 'node:test';
 import { WebSocket } from 'ws';
 import type { Sandbox } from '../src/api/types.ts';
 import { SandboxType } from '../src/api/types.ts';
+import { createApiKey, revokeApiKey } from '../src/auth/keys.ts';
 import { isAsbError } from '../src/errors.ts';
 import { ClusterType, type Cluster } from '../src/hub/contract.ts';
 import type { ClustersMessage, FeedMessage, RouteEntry } from '../src/router/contract.ts';
@@ -20,6 +21,7 @@ import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { createFeedUpgrade, RouteFeed } from '../src/worker/route-feed.ts';
 import { call, startWorkerFixture, type WorkerFixture } from './support/worker-fixture.ts';
+import { within } from './support/wait.ts';
 
 interface View {
   id: string;
@@ -108,7 +110,7 @@ async function standaloneFeed(
   limits: { maxBufferedBytes?: number; pingIntervalMs?: number; hubConnected?: () => boolean; hubPollMs?: number },
 ): Promise<{ feed: RouteFeed; url: string }> {
   const feed = await RouteFeed.open({ store: fx.store, cluster: 'test', tokens: createAccessTokens(Buffer.alloc(32, 7)), log: silentLogger(), clock: systemClock, ...limits });
-  const upgrade = createFeedUpgrade({ feed, auth: { verify: () => ({ team: 'ops', admin: true, prefix: 'asb_test' }) }, log: silentLogger() });
+  const upgrade = createFeedUpgrade({ feed, auth: { verify: () => ({ team: 'ops', admin: true, prefix: 'asb_test' }), live: () => true, onRevoked: () => () => undefined }, log: silentLogger() });
   const server = createServer((_req, res) => res.end());
   server.on('upgrade', upgrade.handle);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -186,6 +188,20 @@ test('the route feed refuses non-admin keys and missing keys before upgrading; a
   assert.equal(plain.status, 400);
   assert.match(plain.text, /WebSocket/);
   assert.equal(fx.server.routeFeed.connections, 0);
+});
+
+test('revoking the admin key a route feed was opened with closes the feed (1008), and its reconnect is refused', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const doomed = await createApiKey(fx.store, { team: 'ops', admin: true });
+  const feed = connect(fx, doomed.key, t);
+  await feed.next((m) => m.type === 'snapshot', 'snapshot');
+  const other = connect(fx, fx.keys.admin, t);
+  await other.next((m) => m.type === 'snapshot', 'snapshot');
+  await revokeApiKey(fx.store, doomed.object.spec.prefix);
+  // The key ring follows the store's watch: the close comes as soon as the revocation is written.
+  assert.equal(await within('the feed to close', feed.closed, 10_000), 1008);
+  assert.equal(await refusedStatus(fx.url, { authorization: `Bearer ${doomed.key}` }), 401);
+  assert.equal(other.ws.readyState, WebSocket.OPEN, "another key's feed stays open");
 });
 
 test('a router that stops reading is dropped instead of buffered without bound, and resyncs on reconnect', async (t) => {
@@ -272,8 +288,13 @@ test('the cluster secret is created once (0600) and tokens survive a restart', a
   const first = createAccessTokens(loadClusterSecret(dir));
   assert.equal((await stat(join(dir, 'cluster.secret'))).mode & 0o777, 0o600);
   const second = createAccessTokens(loadClusterSecret(dir));
-  assert.equal(second.accessToken('loc1abc'), first.accessToken('loc1abc'), 'the same secret gives the same token after a restart');
-  assert.notEqual(first.accessToken('loc1abc'), first.accessToken('loc1abd'), 'each sandbox has its own token');
+  const sandbox = (name: string, uid: string, generation?: string) => ({ metadata: { name, uid, ...(generation === undefined ? {} : { annotations: { 'asb.dev/token-generation': generation } }) } });
+  assert.equal(second.accessToken(sandbox('loc1abc', 'u-1')), first.accessToken(sandbox('loc1abc', 'u-1')), 'the same secret gives the same token after a restart');
+  assert.notEqual(first.accessToken(sandbox('loc1abc', 'u-1')), first.accessToken(sandbox('loc1abd', 'u-2')), 'each sandbox has its own token');
+  // Regression (security probe H1): the token came from the name, so a name's next owner shared it.
+  assert.notEqual(first.accessToken(sandbox('my-sandbox', 'u-3')), first.accessToken(sandbox('my-sandbox', 'u-4')), 'a name used again gets a new token');
+  assert.notEqual(first.accessToken(sandbox('loc1abc', 'u-1', '1')), first.accessToken(sandbox('loc1abc', 'u-1')), 'a bumped generation gives a new token');
+  assert.throws(() => first.accessToken({ metadata: { name: 'unsaved' } }), /no uid/, 'an object never stored has no token');
 });
 
 test('a template marks ports public; the default port is its first container port', async (t) => {

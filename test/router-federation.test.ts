@@ -247,6 +247,16 @@ test('creates and lists, ours and E2B\'s, go to the hub only with --hub-upstream
   on.ctx.federation.feedDown(CLUSTER);
   assert.equal(upstream(on.ctx, '/v1/sandboxes', 'POST'), `api-${CLUSTER}`, 'a worker whose feed dropped cannot vouch for the hub');
   assert.equal(upstream(on.ctx, '/v2/sandboxes', 'GET'), `api-${CLUSTER}`, 'nor for an E2B list');
+  // Issue 15.5: our own worker is down (crashed, being restarted) after it said the hub was up:
+  // creates go to the hub, which places them on another cluster, instead of a 503 here.
+  on.ctx.table.setConnected(CLUSTER, false);
+  assert.equal(upstream(on.ctx, '/v1/sandboxes', 'POST'), 'hub', 'our worker is down: the hub places the create elsewhere');
+  assert.equal(upstream(on.ctx, '/v2/sandboxes', 'POST'), 'hub');
+  on.ctx.federation.apply(CLUSTER, clustersMessage({ hubConnected: false }));
+  on.ctx.federation.feedDown(CLUSTER);
+  const refused = decide(headers(`api.${DOMAIN}`, '/v1/sandboxes', { authorization: 'Bearer k' }, 'POST'), on.ctx, 'edge');
+  assert.equal(refused.kind, 'reject', 'a worker that last said its hub was away: no hub to fail over to');
+  on.ctx.table.setConnected(CLUSTER, true);
 
   const off = setup(t, { hubUpstream: false });
   for (const path of ['/v1/sandboxes', '/sandboxes', '/v2/sandboxes']) {

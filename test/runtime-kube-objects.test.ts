@@ -4,7 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { PodRequest } from '../src/runtime/runtime.ts';
-import { claimManifests, podManifest, podState, serviceManifest, SANDBOX_LABEL, SANDBOX_NAMESPACE_ANNOTATION, type KubePod } from '../src/runtime/kube/objects.ts';
+import { claimManifests, podManifest, podState, serviceManifest, SANDBOX_LABEL, SANDBOX_NAMESPACE_ANNOTATION, SANDBOX_UID_ANNOTATION, type KubePod } from '../src/runtime/kube/objects.ts';
 import { wrapCommand } from '../src/runtime/kube/exec.ts';
 import { isAsbError } from '../src/errors.ts';
 import type { Sandbox } from '../src/api/types.ts';
@@ -12,6 +12,7 @@ import { podRequestFor } from '../src/operator/sandbox-controller.ts';
 
 const request: PodRequest = {
   id: 'abc1',
+  uid: 'uid-abc1',
   namespace: 'team-a',
   hostname: 'abc1',
   spec: {
@@ -29,9 +30,9 @@ test('the Pod: spec passed through (runtimeClassName, securityContext), claim vo
   assert.equal(pod.metadata.name, 'abc1');
   assert.equal(pod.metadata.namespace, 'sandboxes');
   assert.deepEqual(pod.metadata.labels, { app: 'x', [SANDBOX_LABEL]: 'abc1' });
-  assert.deepEqual(pod.metadata.annotations, { [SANDBOX_NAMESPACE_ANNOTATION]: 'team-a' });
+  assert.deepEqual(pod.metadata.annotations, { [SANDBOX_NAMESPACE_ANNOTATION]: 'team-a', [SANDBOX_UID_ANNOTATION]: 'uid-abc1' }, 'the pod says which Sandbox object it was made for');
   assert.equal(pod.spec.runtimeClassName, 'kata');
-  assert.deepEqual(pod.spec.securityContext, { runAsUser: 1000 });
+  assert.deepEqual(pod.spec.securityContext, { runAsUser: 1000, runAsNonRoot: true, seccompProfile: { type: 'RuntimeDefault' } });
   assert.equal(pod.spec.hostname, 'abc1');
   assert.equal(pod.spec.terminationGracePeriodSeconds, 2);
   assert.equal(pod.spec.subdomain, undefined);
@@ -40,7 +41,45 @@ test('the Pod: spec passed through (runtimeClassName, securityContext), claim vo
   const own = podManifest({ ...request, namespace: 'sandboxes', service: true, spec: { ...request.spec, terminationGracePeriodSeconds: 30 } }, { namespace: 'sandboxes', graceSeconds: 2 });
   assert.equal(own.spec.terminationGracePeriodSeconds, 30, 'the spec\'s own grace wins');
   assert.equal(own.spec.subdomain, 'abc1');
-  assert.equal(own.metadata.annotations, undefined);
+  assert.deepEqual(own.metadata.annotations, { [SANDBOX_UID_ANNOTATION]: 'uid-abc1' }, 'no namespace annotation when the sandbox is in the runtime\'s namespace');
+});
+
+test('a volume may claim only the sandbox\'s own PVCs: another sandbox\'s <id>-<template> or any other PVC is refused (issue 14)', () => {
+  const mount = (claimName: string): PodRequest => ({ ...request, spec: { ...request.spec, volumes: [{ name: 'x', persistentVolumeClaim: { claimName } }] } });
+  for (const claimName of ['victim1-home', 'abc2-data', 'hub-data', '../abc1-data']) {
+    assert.throws(() => podManifest(mount(claimName), { namespace: 'sandboxes', graceSeconds: 2 }), (err: unknown) => {
+      assert.ok(isAsbError(err, 'Invalid'), String(err));
+      assert.match(err.message, new RegExp(`claims PVC "${claimName.replace(/\./g, '\\.')}", which is not one of sandbox abc1's own claims \\(abc1-data\\)`));
+      return true;
+    }, claimName);
+  }
+  // Its own claim, by the template's name (as the local runtime reads it) or by the PVC's name.
+  for (const claimName of ['data', 'abc1-data']) {
+    const pod = podManifest(mount(claimName), { namespace: 'sandboxes', graceSeconds: 2 });
+    assert.deepEqual(pod.spec.volumes?.find((v) => v.name === 'x'), { name: 'x', persistentVolumeClaim: { claimName: 'abc1-data' } });
+  }
+});
+
+test('the Pod is hardened where the spec is silent, so Pod Security Admission "restricted" admits it; what the spec sets is kept', () => {
+  const pod = podManifest({ ...request, spec: { containers: [{ name: 'main', image: 'img' }], initContainers: [{ name: 'init' }] } }, { namespace: 'sandboxes', graceSeconds: 2 });
+  assert.equal(pod.spec.automountServiceAccountToken, false);
+  assert.deepEqual(pod.spec.securityContext, { runAsNonRoot: true, seccompProfile: { type: 'RuntimeDefault' } });
+  for (const c of [...pod.spec.containers, ...(pod.spec.initContainers ?? [])]) {
+    assert.deepEqual(c.securityContext, { allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } }, c.name);
+  }
+  // A template's explicit choices (an admin relaxed the level) pass through as written.
+  const relaxed = podManifest({
+    ...request,
+    spec: {
+      automountServiceAccountToken: true,
+      securityContext: { runAsUser: 0, seccompProfile: { type: 'Localhost', localhostProfile: 'p.json' } },
+      containers: [{ name: 'main', securityContext: { privileged: true } }, { name: 'side', securityContext: { allowPrivilegeEscalation: true, capabilities: { add: ['NET_ADMIN'] } } }],
+    },
+  }, { namespace: 'sandboxes', graceSeconds: 2 });
+  assert.equal(relaxed.spec.automountServiceAccountToken, true);
+  assert.deepEqual(relaxed.spec.securityContext, { runAsUser: 0, seccompProfile: { type: 'Localhost', localhostProfile: 'p.json' } });
+  assert.deepEqual(relaxed.spec.containers[0]?.securityContext, { privileged: true });
+  assert.deepEqual(relaxed.spec.containers[1]?.securityContext, { allowPrivilegeEscalation: true, capabilities: { add: ['NET_ADMIN'] } });
 });
 
 test('PVCs: one per template, named <id>-<template>, labelled, ReadWriteOnce by default; the Service is headless with each port once', () => {

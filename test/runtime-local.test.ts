@@ -13,6 +13,8 @@ import { isAsbError } from '../src/errors.ts';
 import { checkStreamedWrites, chunks } from './support/streamed-writes.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { deleteBridge } from '../src/runtime/local/network.ts';
+import { volumeDir } from '../src/runtime/local/pod-process.ts';
+import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 
@@ -35,7 +37,7 @@ after(async () => {
 });
 
 function pod(id: string, container: Partial<Container> = {}): PodRequest {
-  return { id, namespace: 'default', hostname: `${id}-host`, spec: { containers: [{ name: 'main', image: 'debian:12', ...container }] } };
+  return { id, uid: `uid-${id}`, namespace: 'default', hostname: `${id}-host`, spec: { containers: [{ name: 'main', image: 'debian:12', ...container }] } };
 }
 
 const text = (b: Uint8Array): string => Buffer.from(b).toString('utf8');
@@ -134,6 +136,18 @@ test('hibernation keeps home, /tmp and the IP; exec refuses a stopped pod', asyn
   assert.equal((await sh('hib1', 'cat ~/home.txt /tmp/tmp.txt ~/.cache/c')).out, 'kept\nkept-too\nx\n');
 });
 
+test('security probe C1: a pod and its kept disk are never started for another sandbox uid of the same id', async () => {
+  const holder = pod('uid1');
+  assert.equal((await rt.start(holder)).uid, holder.uid);
+  await sh('uid1', 'echo secret > ~/mine.txt');
+  await rt.stop('uid1');
+  assert.equal(rt.state('uid1').uid, holder.uid, 'a hibernated pod still says whose disk it keeps');
+  await assert.rejects(rt.start({ ...holder, uid: 'someone-else' }), (err) => isAsbError(err, 'Conflict'));
+  assert.equal(rt.state('uid1').phase, 'Stopped', 'the refused start did not wake the holder\'s pod');
+  await rt.start(holder);
+  assert.equal((await sh('uid1', 'cat ~/mine.txt')).out, 'secret\n');
+});
+
 test('volumes from claim templates survive remove of the process and are mounted for the user', async () => {
   const req = pod('vol1', { volumeMounts: [{ name: 'workspace', mountPath: '/workspace' }] });
   req.volumeClaimTemplates = [{ metadata: { name: 'workspace' }, spec: {} }];
@@ -144,6 +158,41 @@ test('volumes from claim templates survive remove of the process and are mounted
   await rt.start(req);
   assert.equal((await sh('vol1', 'cat /workspace/f')).out, 'data\n');
   assert.ok(existsSync(join(root, 'volumes', 'vol1', 'workspace', 'f')));
+});
+
+test('a claimName escaping the volumes root is refused at start, even past the API\'s validation (issue 14)', async () => {
+  // The victim's volume and a host directory the attacker's claimName aims at.
+  const victim = pod('victim1', { volumeMounts: [{ name: 'home', mountPath: '/home/user' }] });
+  victim.volumeClaimTemplates = [{ metadata: { name: 'home' }, spec: {} }];
+  assert.equal((await rt.start(victim)).phase, 'Running');
+  assert.equal((await sh('victim1', 'echo secret > /home/user/secret.txt')).exitCode, 0);
+  const hostDir = await mkdtemp(join(tmpdir(), 'asb-hostdir-'));
+  const climb = '../'.repeat(join(root, 'volumes', 'x').split('/').length);
+  for (const [i, claimName] of ['../victim1/home', `${climb}${hostDir.slice(1)}`, 'home/../../victim1/home', 'other'].entries()) {
+    const id = `esc${i}`;
+    const req = pod(id, { command: ['sleep', 'infinity'], volumeMounts: [{ name: 'x', mountPath: '/stolen' }] });
+    req.spec.volumes = [{ name: 'x', persistentVolumeClaim: { claimName } }];
+    req.volumeClaimTemplates = [{ metadata: { name: 'home' }, spec: {} }];
+    const state = await rt.start(req);
+    assert.equal(state.phase, 'Failed', `${claimName}: ${JSON.stringify(state)}`);
+    assert.match(state.message ?? '', /not one of this pod's volumeClaimTemplates/);
+    assert.deepEqual(await readdir(hostDir), [], 'nothing is made in the host directory');
+    await rt.remove(id);
+  }
+  assert.deepEqual(await readdir(join(root, 'volumes', 'victim1')), ['home'], 'nothing is made beside the victim\'s volume');
+  await rm(hostDir, { recursive: true, force: true });
+});
+
+test('volume directories stay inside their roots whatever the request says (volumeDir)', () => {
+  const paths = podPaths(root, 'p1');
+  const base: PodRequest = { ...pod('p1'), volumeClaimTemplates: [{ metadata: { name: 'data' }, spec: {} }, { metadata: { name: '..' }, spec: {} }] };
+  assert.equal(volumeDir(base, 'data', paths), join(paths.volumes, 'data'));
+  assert.equal(volumeDir({ ...base, spec: { ...base.spec, volumes: [{ name: 'x', persistentVolumeClaim: { claimName: 'data' } }] } }, 'x', paths), join(paths.volumes, 'data'));
+  assert.equal(volumeDir(base, 'scratch', paths), join(paths.emptyDirs, 'scratch'));
+  // A volumeClaimTemplate named '..' (never valid at the API) still does not leave the root.
+  assert.throws(() => volumeDir(base, '..', paths), /outside the pod's volumes/);
+  assert.throws(() => volumeDir({ ...base, spec: { ...base.spec, volumes: [{ name: 'x', persistentVolumeClaim: { claimName: '..' } }] } }, 'x', paths), /outside the pod's volumes/);
+  assert.throws(() => volumeDir(base, '../../etc', paths), /outside the pod's volumes/);
 });
 
 test('writeFile streams: the file changes only once the whole body arrived; a failed stream leaves it and no temporary file', async () => {

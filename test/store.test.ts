@@ -186,3 +186,24 @@ test('timestamps come from the injected clock; writes are counted in the store m
   assert.match(text, /asb_store_commit_batch_writes_count 3/);
   assert.match(text, /asb_store_commit_batch_writes_sum 4/);
 });
+
+test('issue 15.4: a store whose owner is exiting is waited for; one that stays held is refused naming its process', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-owner-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, 'store.db');
+  const first = await openSqliteStore({ path });
+  // The old owner closes a moment after the new start began (as the previous `make up` exiting).
+  const second = openSqliteStore({ path, ownerWaitMs: 10_000 });
+  setTimeout(() => void first.close(), 200);
+  const opened = await second;
+  await opened.close();
+
+  const held = await openSqliteStore({ path });
+  t.after(() => held.close());
+  await assert.rejects(openSqliteStore({ path, ownerWaitMs: 150 }), (err) => {
+    assert.ok(isAsbError(err, 'Unavailable'));
+    assert.match(err.message, new RegExp(`in use by process ${process.pid} \\(.*node.*\\), and it did not exit within 0.15 s`));
+    return true;
+  });
+  await assert.rejects(openSqliteStore({ path }), /in use by process/, 'without a wait: refused at once');
+});

@@ -1,10 +1,13 @@
 // Terminals end to end: a real worker process (store, operator, local runtime) with real
 // sandboxes, opened over the WebSocket protocol of src/terminal/contract.ts and with `asb shell`.
-// Its own tags, bridges and subnets (term: 10.247/16, tmid: 10.248/16, tmsy: 10.249/16), so other test files and
+// Its own tags, bridges and subnets (term: 10.247/16, tmid: 10.248/16, tmsy: 10.249/16, tmrv: 10.226/16), so other test files and
 // `make up` never collide.
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
+import { HEARTBEAT_MS } from '../src/hub/contract.ts';
 import { TERMINAL_CLOSE, type TerminalTokenView } from '../src/terminal/contract.ts';
 import { createTerminalTokens } from '../src/worker/terminal-token.ts';
 import { createSecretKey, randomBytes } from 'node:crypto';
@@ -12,7 +15,8 @@ import { startTestSystem } from './support/local-system.ts';
 import { runAsb } from './support/run-asb.ts';
 import { openTerminal, Refused, type Terminal } from './support/terminal-client.ts';
 import { api, removeDataDir, startWorkerProcess, teamKeyIn, tempDataDir, type WorkerProcess } from './support/worker-process.ts';
-import { waitFor } from './support/wait.ts';
+import { waitFor, within } from './support/wait.ts';
+import { hubAdminKey, hubCall, startHubProcess, type HubView } from './support/hub-process.ts';
 
 interface View {
   id: string;
@@ -37,6 +41,9 @@ async function refusal(p: Promise<Terminal>): Promise<Refused> {
   return err;
 }
 
+/** A change at the hub reaches a connected worker within 3 heartbeats (test/sync.test.ts). */
+const PROPAGATION_BOUND_MS = 3 * HEARTBEAT_MS;
+
 /** Resident memory of a process in bytes, from /proc/<pid>/status. */
 function rssBytes(pid: number): number {
   const m = /^VmRSS:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
@@ -53,17 +60,18 @@ test('terminal tokens: signed, single use, for one sandbox, expire', () => {
   let now = 1_000_000;
   const clock = { now: () => now, after: () => ({ cancel: () => undefined }) };
   const tokens = createTerminalTokens({ key: createSecretKey(randomBytes(32)), clock, ttlMs: 60_000 });
-  const a = tokens.issue('sbx-a', 'team-a');
-  assert.equal(tokens.redeem(a.token, 'sbx-a').team, 'team-a');
+  const a = tokens.issue('sbx-a', 'team-a', 'asb_keyaaaaa');
+  const claims = tokens.redeem(a.token, 'sbx-a');
+  assert.deepEqual([claims.team, claims.keyPrefix], ['team-a', 'asb_keyaaaaa'], 'the token carries the issuing key, so revoking the key can end its session');
   assert.throws(() => tokens.redeem(a.token, 'sbx-a'), /already used/);
-  const b = tokens.issue('sbx-a', 'team-a');
+  const b = tokens.issue('sbx-a', 'team-a', 'asb_keyaaaaa');
   assert.throws(() => tokens.redeem(b.token, 'sbx-b'), /another sandbox/);
-  const c = tokens.issue('sbx-a', 'team-a');
+  const c = tokens.issue('sbx-a', 'team-a', 'asb_keyaaaaa');
   now += 60_000;
   assert.throws(() => tokens.redeem(c.token, 'sbx-a'), /expired/);
   const other = createTerminalTokens({ key: createSecretKey(randomBytes(32)), clock, ttlMs: 60_000 });
-  assert.throws(() => tokens.redeem(other.issue('sbx-a', 'team-a').token, 'sbx-a'), /signature/);
-  const [body, mac] = tokens.issue('sbx-a', 'team-a').token.split('.');
+  assert.throws(() => tokens.redeem(other.issue('sbx-a', 'team-a', 'asb_keyaaaaa').token, 'sbx-a'), /signature/);
+  const [body, mac] = tokens.issue('sbx-a', 'team-a', 'asb_keyaaaaa').token.split('.');
   const forged = Buffer.from(JSON.stringify({ ...JSON.parse(Buffer.from(body ?? '', 'base64url').toString()), t: 'team-b' })).toString('base64url');
   assert.throws(() => tokens.redeem(`${forged}.${mac ?? ''}`, 'sbx-a'), /signature/, 'claims cannot be edited');
 });
@@ -248,6 +256,75 @@ test('an idle terminal closes with 4002', async (t) => {
   await open.waitFor('tick');
   await w.stop();
   assert.equal((await open.closed).closeCode, TERMINAL_CLOSE.goingAway);
+});
+
+test('security probe M2: revoking a key at the hub closes the terminals it opened (header, token, hub relays of both) with 4003 within the sync bound; their shells are gone', async (t) => {
+  // A real hub and a worker syncing from it; its own tag, bridge and subnet (tmrv: 10.226/16).
+  const dir = mkdtempSync(join(tmpdir(), 'asb-tmrv-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const hubProc = await startHubProcess(dir);
+  t.after(() => hubProc.stop());
+  const hub: HubView = { url: hubProc.ready.url, adminKey: hubAdminKey(dir) };
+  const registered = await hubCall<{ credential: string }>(hub, 'PUT', '/v1/clusters/revoke', { region: 'revoke', ingressAddress: '127.0.0.1:10026', tag: 'tmrv' });
+  const credentialFile = join(dir, 'revoke.credential');
+  writeFileSync(credentialFile, `${registered.credential}\n`, { mode: 0o600 });
+  const w = await startWorkerProcess({ clusterTag: 'tmrv', subnetOctet: 226, basePool: 0, extraArgs: ['--cluster', 'revoke', '--hub-url', hub.url, '--hub-credential-file', credentialFile] });
+  t.after(async () => {
+    await w.stop();
+    removeDataDir(w.dataDir);
+  });
+  // The hub relays terminals to the worker API it has on record.
+  await hubCall(hub, 'PUT', '/v1/clusters/revoke', { apiUrl: w.apiUrl });
+  const doomed = await hubCall<{ key: string; prefix: string }>(hub, 'POST', '/v1/keys', { team: 'team-rv' });
+  const kept = await hubCall<{ key: string; prefix: string }>(hub, 'POST', '/v1/keys', { team: 'team-rv' });
+  for (const k of [doomed.key, kept.key]) {
+    await waitFor('the key to reach the worker', async () => ((await api(w, 'GET', '/v1/status', undefined, k)).status === 200 ? true : undefined), PROPAGATION_BOUND_MS);
+  }
+  const id = await createSandbox(w, doomed.key);
+
+  const token = async (): Promise<string> => {
+    const res = await api<TerminalTokenView>(w, 'POST', `/v1/sandboxes/${id}/terminal-tokens`, undefined, doomed.key);
+    assert.equal(res.status, 201, JSON.stringify(res.body));
+    return res.body.token;
+  };
+  const byHeader = await openTerminal(w.apiUrl, id, { key: doomed.key });
+  const byToken = await openTerminal(w.apiUrl, id, { token: await token() });
+  const unused = await token();
+  const viaHub = await waitFor('the hub to relay the terminal', () => openTerminal(hub.url, id, { key: doomed.key }).catch(() => undefined), PROPAGATION_BOUND_MS);
+  // A token session relayed by the hub: the hub cannot tell its key, the worker closes it through the relay.
+  const tokenViaHub = await openTerminal(hub.url, id, { token: await token() });
+  const other = await openTerminal(w.apiUrl, id, { key: kept.key });
+  const doomedSessions = { byHeader, byToken, viaHub, tokenViaHub };
+  const pids: Record<string, string> = {};
+  for (const [name, term] of Object.entries(doomedSessions)) {
+    term.send(`echo $$ > /tmp/${name}.pid; echo pid-${name}-written\r`);
+    await term.waitFor(line(`pid-${name}-written`));
+    const read = await api<{ stdout: string }>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['cat', `/tmp/${name}.pid`] });
+    pids[name] = read.body.stdout.trim();
+    assert.match(pids[name], /^\d+$/);
+  }
+
+  await hubCall(hub, 'POST', `/v1/keys/${doomed.prefix}/revoke`);
+  for (const [name, term] of Object.entries(doomedSessions)) {
+    const closed = await within(`the ${name} session to close`, term.closed, PROPAGATION_BOUND_MS);
+    assert.equal(closed.closeCode, TERMINAL_CLOSE.keyRevoked, `${name}: close code`);
+    assert.match(closed.reason, /revoked/, `${name}: a reason the user can read`);
+  }
+  // The shells behind them were hung up: nothing typed into them can run any more.
+  for (const [name, pid] of Object.entries(pids)) {
+    await waitFor(`the ${name} shell to be gone`, async () => {
+      const alive = await api<{ exitCode: number }>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['kill', '-0', pid] });
+      return alive.body.exitCode !== 0 ? true : undefined;
+    }, 10_000);
+  }
+  const late = await refusal(openTerminal(w.apiUrl, id, { token: unused }));
+  assert.equal(late.status, 401, 'a token issued before the revocation opens nothing after it');
+  assert.match(late.body, /revoked/);
+  // Another key of the same team keeps its session.
+  other.send('echo still-here\r');
+  await other.waitFor(line('still-here'));
+  other.ws.close();
+  await other.closed;
 });
 
 test('through the edge Envoy: the terminal of a real sandbox, by key and by token, and asb shell', async (t) => {

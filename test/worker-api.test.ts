@@ -10,7 +10,7 @@ import { BASE_TEMPLATE, call, startWorkerFixture, type ApiResponse, type CallOpt
 const checker = new OpenApiChecker(new URL('../docs/openapi.yaml', import.meta.url).pathname);
 let registered: string[] = [];
 
-interface View { id: string; phase: string; ready: boolean; owner: string; labels: Record<string, string>; shutdownTime?: string; launchType: string }
+interface View { id: string; phase: string; ready: boolean; owner: string; labels: Record<string, string>; shutdownTime?: string; launchType: string; accessToken?: string }
 
 function client(fx: WorkerFixture) {
   return async (method: string, path: string, opts: CallOptions = {}): Promise<ApiResponse> => {
@@ -106,6 +106,12 @@ test('a sandbox goes through create, get, list, exec, files, pause, resume, time
   assert.equal(timed.status, 200);
   const shutdown = Date.parse((timed.json as View).shutdownTime ?? '');
   assert.ok(shutdown >= before + 3_600_000 && shutdown <= Date.now() + 3_600_000, 'shutdownTime is an hour from now');
+
+  const firstToken = ((await api('GET', `/v1/sandboxes/${view.id}`, { key })).json as View).accessToken;
+  const rotated = await api('POST', `/v1/sandboxes/${view.id}/access-token`, { key });
+  assert.equal(rotated.status, 200, rotated.text);
+  assert.ok((rotated.json as View).accessToken !== undefined && (rotated.json as View).accessToken !== firstToken, 'a rotated sandbox answers with a new token');
+  assert.equal((await api('POST', `/v1/sandboxes/${view.id}/access-token`, { key: fx.keys.teamB })).status, 404, "another team cannot rotate it");
 
   const deleted = await api('DELETE', `/v1/sandboxes/${view.id}`, { key });
   assert.equal(deleted.status, 202);

@@ -3,6 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../src/api/types.ts';
+import { argvFields, MAX_ARG_BYTES, MAX_SPAWN_BYTES, spawnProblems } from '../src/worker/input.ts';
 import { BASE_TEMPLATE, call, startWorkerFixture, type ApiResponse } from './support/worker-fixture.ts';
 
 interface ProblemBody { code: string; detail: string; fields?: { field: string; message: string }[] }
@@ -129,6 +130,16 @@ test('bad input is a 4xx naming the problem, never a 500, and writes nothing', a
     assert.equal((await call(fx, 'DELETE', `/v1/sandboxes/${id}`, { key })).status, 202);
   });
 
+  await t.test('security probe L2: E2B create with envVars a program cannot be given is 400 naming the variable, and creates nothing', async () => {
+    for (const [envVars, field] of [[{ A: 'x\0y' }, 'envVars.A'], [{ 'B\0C': 'x' }, 'envVars.B\0C'], [{ 'D=E': 'x' }, 'envVars.D=E'], [{ BIG: 'x'.repeat(200 * 1024) }, 'envVars.BIG']] as const) {
+      const res = await call(fx, 'POST', '/sandboxes', { headers: { 'x-api-key': key }, json: { templateID: 'base', envVars } });
+      assert.equal(res.status, 400, `${field}: ${res.text.slice(0, 300)}`);
+      const body = res.json as { code: number; message: string };
+      assert.equal(body.code, 400);
+      assert.ok(body.message.includes(`${field}:`), body.message.slice(0, 300));
+    }
+  });
+
   await t.test('apply: one invalid object means nothing is applied', async () => {
     const template = { ...structuredClone(BASE_TEMPLATE), metadata: { name: 'applied-template' } };
     const pool = { apiVersion: 'extensions.agents.x-k8s.io/v1alpha1', kind: 'SandboxWarmPool', metadata: { name: 'p' }, spec: { replicas: 'three', sandboxTemplateRef: { name: 'applied-template' } } };
@@ -162,3 +173,20 @@ async function waitFor(condition: () => Promise<boolean>, timeoutMs = 10_000): P
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
 }
+
+test('spawnProblems: the limits are execve\'s, counted in bytes, and every bad field is named at once', () => {
+  const fields = (input: Parameters<typeof spawnProblems>[0]): string[] => spawnProblems(input).map((p) => p.field);
+  assert.deepEqual(fields({ argv: argvFields('command', ['echo', 'x'.repeat(MAX_ARG_BYTES)]) }), [], 'MAX_ARG_BYTES itself is allowed');
+  assert.deepEqual(fields({ argv: argvFields('command', ['echo', 'x'.repeat(MAX_ARG_BYTES + 1)]) }), ['command[1]']);
+  // 'é' is 2 bytes in UTF-8: half as many characters already pass the limit.
+  assert.deepEqual(fields({ argv: argvFields('command', ['echo', 'é'.repeat(MAX_ARG_BYTES / 2 + 1)]) }), ['command[1]']);
+  // NAME=value is one string to execve: the name counts too.
+  assert.deepEqual(fields({ argv: argvFields('command', 'true'), env: { field: 'env', vars: { AB: 'x'.repeat(MAX_ARG_BYTES - 2) } } }), ['env.AB'], 'AB= and its value: one byte over');
+  assert.deepEqual(
+    fields({ argv: argvFields('command', ['a\0', 'b']), env: { field: 'env', vars: { '': 'x', 'A=B': 'y', C: 'z\0' } }, cwd: { field: 'cwd', value: '/\0' } }),
+    ['command[0]', 'env', 'env.A=B', 'env.C', 'cwd'],
+  );
+  const many = Array.from({ length: Math.ceil(MAX_SPAWN_BYTES / 100_000) }, () => 'y'.repeat(100_000));
+  assert.deepEqual(fields({ argv: argvFields('process.args', many) }), ['process.args'], 'too much together names the command');
+  assert.deepEqual(fields({ argv: argvFields('command', 'true'), env: { field: 'envVars', vars: Object.fromEntries(many.map((v, i) => [`V${i}`, v])) } }), ['envVars'], 'or the environment, when it is the larger part');
+});

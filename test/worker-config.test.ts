@@ -21,7 +21,14 @@ test('by default the worker is one process on the SQLite store with the local ru
   assert.equal(config.runtime, 'local');
   assert.equal(config.role, 'all');
   assert.equal(config.namespace, 'default');
+  assert.equal(config.podNamespace, 'default', 'sandbox Pods go where requests land unless told otherwise');
   assert.equal(config.kubeconfig, undefined);
+});
+
+test('--pod-namespace (ASB_POD_NAMESPACE) puts sandbox Pods in a namespace of their own', () => {
+  assert.equal(parseWorkerConfig(['--store=kube', '--runtime=kube', '--namespace=sandboxes'], {}).podNamespace, 'sandboxes');
+  assert.equal(parseWorkerConfig(['--store=kube', '--runtime=kube'], { ASB_POD_NAMESPACE: 'agent-sandboxes' }).podNamespace, 'agent-sandboxes');
+  assert.deepEqual(problems(['--pod-namespace=Pods']), ['--pod-namespace (ASB_POD_NAMESPACE) must be a namespace name (lower-case letters, digits and \'-\', at most 63), got "Pods"']);
 });
 
 test('the Kubernetes deployment\'s flags parse: operator and api roles on the kube store and runtime', () => {

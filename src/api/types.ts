@@ -38,6 +38,8 @@ export const ANNOTATION = {
   lastActivity: 'asb.dev/last-activity',
   /** On a SandboxTemplate (copied to its sandboxes): ports reachable without the access token, e.g. "8080,3000". */
   publicPorts: 'asb.dev/public-ports',
+  /** On a Sandbox: bumped to rotate its access token (access-token.ts); set only by the worker. */
+  tokenGeneration: 'asb.dev/token-generation',
 } as const;
 
 // ---- Pod spec: the subset of corev1.PodSpec the local runtime honours; the rest is kept as-is.
@@ -68,7 +70,8 @@ export interface Container {
   volumeMounts?: VolumeMount[];
   readinessProbe?: Probe;
   resources?: { limits?: Record<string, string | number>; requests?: Record<string, string | number> };
-  securityContext?: { runAsUser?: number; runAsGroup?: number };
+  /** Kept as written; the pod-security policy reads the rest (privileged, capabilities, ...). */
+  securityContext?: { runAsUser?: number; runAsGroup?: number; runAsNonRoot?: boolean; [other: string]: unknown };
   [other: string]: unknown;
 }
 
@@ -87,7 +90,7 @@ export interface PodSpec {
   serviceAccountName?: string;
   automountServiceAccountToken?: boolean;
   hostname?: string;
-  securityContext?: { runAsUser?: number; runAsGroup?: number; fsGroup?: number };
+  securityContext?: { runAsUser?: number; runAsGroup?: number; fsGroup?: number; runAsNonRoot?: boolean; [other: string]: unknown };
   [other: string]: unknown;
 }
 

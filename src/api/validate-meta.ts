@@ -1,6 +1,7 @@
 // Validation of object metadata: names, namespace, labels, annotations and the fields the store
 // sets (kept so that an object read back with kubectl can be applied again unchanged).
 import type { ResourceType } from './meta.ts';
+import { levelProblem, POD_SECURITY_ANNOTATION } from './pod-security.ts';
 import { dnsLabelProblem, dnsSubdomainProblem, isRfc3339, labelProblem, qualifiedNameProblem } from './names.ts';
 import { join, onlyKnown, optArray, optBoolean, optInt, optObject, optString, optStringArray, optStringMap, report, reqObject, reqString } from './shape.ts';
 import type { Problems } from './shape.ts';
@@ -66,7 +67,8 @@ export function validateMetadata(problems: Problems, path: string, value: unknow
     if (meta[key] !== null) checkTime(problems, join(path, key), meta[key]);
   }
   optStringMap(problems, join(path, 'labels'), meta.labels, labelProblem);
-  const annotations = optStringMap(problems, join(path, 'annotations'), meta.annotations, (key) => qualifiedNameProblem(key));
+  const annotations = optStringMap(problems, join(path, 'annotations'), meta.annotations,
+    (key, v) => qualifiedNameProblem(key) ?? (key === POD_SECURITY_ANNOTATION ? levelProblem(v) : undefined));
   if (annotations !== undefined) {
     const bytes = Object.entries(annotations).reduce((sum, [k, v]) => sum + Buffer.byteLength(k) + Buffer.byteLength(v), 0);
     if (bytes > ANNOTATIONS_MAX_BYTES) report(problems, join(path, 'annotations'), `must total at most ${ANNOTATIONS_MAX_BYTES} bytes, got ${bytes}`);

@@ -118,10 +118,27 @@ function validateVolumes(problems: Problems, path: string, value: unknown, claim
     if (name !== undefined) checkName(problems, join(at, 'name'), name, named);
     optObject(problems, join(at, 'emptyDir'), volume.emptyDir);
     const pvc = optObject(problems, join(at, 'persistentVolumeClaim'), volume.persistentVolumeClaim);
-    if (pvc !== undefined) reqString(problems, join(join(at, 'persistentVolumeClaim'), 'claimName'), pvc.claimName);
+    if (pvc !== undefined) checkClaimName(problems, join(join(at, 'persistentVolumeClaim'), 'claimName'), pvc.claimName, claimVolumes);
   });
   noDuplicates(problems, named);
   return named.slice(claimVolumes.length).map((n) => n.name);
+}
+
+/**
+ * A pod may claim only its own sandbox's volumes: the runtimes make a directory (local) or a PVC
+ * `<id>-<name>` (Kubernetes) of that name, so the name must be a DNS label (no '/', no '..': it
+ * becomes a path) and one of the volumeClaimTemplates. Issue 14: `../<id>/home` mounted another
+ * tenant's volume, and a longer `../..` path a host directory.
+ */
+function checkClaimName(problems: Problems, path: string, value: unknown, claimVolumes: readonly string[]): void {
+  const claim = reqString(problems, path, value);
+  if (claim === undefined) return;
+  const problem = dnsLabelProblem(claim);
+  if (problem !== undefined) report(problems, path, problem);
+  else if (!claimVolumes.includes(claim)) {
+    const known = claimVolumes.length === 0 ? 'none are declared' : `declared: ${claimVolumes.join(', ')}`;
+    report(problems, path, `must name one of this sandbox's volumeClaimTemplates, got ${JSON.stringify(claim)} (${known})`);
+  }
 }
 
 function validateContainer(

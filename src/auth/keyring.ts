@@ -1,5 +1,11 @@
 // The set of valid API keys, held in memory and kept current by a watch on ApiKey objects, so a
 // request is authenticated with one Map lookup and one constant-time compare: no store access.
+//
+// Revocation also reaches what a key already opened: a key that stops verifying (revoked, deleted,
+// its hash replaced) or that now grants less (another team, no longer admin) is announced to the
+// onRevoked listeners by prefix, so long-lived sessions it opened (terminals) can be closed. On a
+// worker the ring follows its local store, which the hub sync agent writes (src/worker/sync-apply.ts),
+// so a revocation at the hub reaches the listeners within the sync bound.
 import { timingSafeEqual } from 'node:crypto';
 import type { ApiKey } from '../api/types.ts';
 import { ApiKeyType } from '../api/types.ts';
@@ -42,6 +48,7 @@ export class KeyRing {
   #retry: Timer | undefined;
   #failures = 0;
   #closed = false;
+  readonly #revokedListeners = new Set<(prefix: string) => void>();
 
   private constructor(opts: KeyRingOptions) {
     this.#store = opts.store;
@@ -70,6 +77,22 @@ export class KeyRing {
     return entry.principal;
   }
 
+  /** Whether the key with this prefix still verifies: what it issued (a terminal token) is good only while it does. */
+  live(prefix: string): boolean {
+    // Entries are keyed by the object's name, the prefix without its `asb_`.
+    const name = prefix.startsWith('asb_') ? prefix.slice(4) : prefix;
+    return this.#entries.get(name)?.principal.prefix === prefix;
+  }
+
+  /**
+   * Calls `listener` with a key's prefix each time a key that verified stops verifying or now
+   * grants less (see the top of the file). Returns the unsubscribe.
+   */
+  onRevoked(listener: (prefix: string) => void): () => void {
+    this.#revokedListeners.add(listener);
+    return () => this.#revokedListeners.delete(listener);
+  }
+
   /** Number of usable (not revoked) keys held. */
   get size(): number {
     return this.#entries.size;
@@ -86,20 +109,43 @@ export class KeyRing {
     const listed = await this.#store.list<ApiKey>(ApiKeyType);
     const next = new Map<string, Entry>();
     for (const key of listed.items) this.#put(next, key);
+    const before = this.#entries;
     this.#entries = next;
+    // A re-list after the watch broke: changes the watch missed are announced here.
+    for (const [name, entry] of before) this.#announce(entry, next.get(name));
     if (this.#closed) return;
     this.#watch = this.#store.watch<ApiKey>(ApiKeyType, { resourceVersion: listed.resourceVersion }, {
       onEvent: (event) => {
         this.#failures = 0;
         if (event.type === 'BOOKMARK') return;
-        if (event.type === 'DELETED') this.#entries.delete(event.object.metadata.name);
+        const name = event.object.metadata.name;
+        const before = this.#entries.get(name);
+        if (event.type === 'DELETED') this.#entries.delete(name);
         else this.#put(this.#entries, event.object);
+        if (before !== undefined) this.#announce(before, this.#entries.get(name));
       },
       onError: (err) => {
         this.#log.warn({ err }, 'API key watch ended; re-listing');
         this.#scheduleResync();
       },
     });
+  }
+
+  /** Tells the listeners when `after` (undefined: gone) grants less than `before` did. */
+  #announce(before: Entry, after: Entry | undefined): void {
+    const less =
+      after === undefined ||
+      !after.hash.equals(before.hash) ||
+      after.principal.team !== before.principal.team ||
+      (before.principal.admin && !after.principal.admin);
+    if (!less) return;
+    for (const listener of this.#revokedListeners) {
+      try {
+        listener(before.principal.prefix);
+      } catch (err) {
+        this.#log.error({ err, prefix: before.principal.prefix }, 'a key revocation listener failed');
+      }
+    }
   }
 
   #scheduleResync(): void {

@@ -137,7 +137,8 @@ export const getCommand: Command = {
   async run(argv, ctx) {
     const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
     const id = singleId(positionals, this.usage);
-    const sb = await ctx.client(global).getSandbox(id);
+    const client = ctx.client(global);
+    const sb = values['rotate-token'] === true ? await client.rotateAccessToken(id) : await client.getSandbox(id);
     if (values.json === true) writeJson(ctx.io.stdout, sb);
     else ctx.io.stdout.write(describeSandbox(sb, ctx.clock.now()));
     return EXIT.ok;
@@ -147,24 +148,26 @@ export const getCommand: Command = {
 export const urlCommand: Command = {
   name: 'url',
   summary: "Print a sandbox's URL through the edge (for its default port or --port)",
-  usage: 'asb url <id> [--port N] [--json]',
+  usage: 'asb url <id> [--port N] [--rotate-token] [--json]',
   help: `Sandboxes answer at <port>-<id>.<domain> through the edge; requests must carry the
 sandbox's access token in an X-Access-Token header unless the template made the port public.
 
 Options:
   -p, --port N           the port inside the sandbox (default: the template's first port, else 49983)
+  --rotate-token         give the sandbox a new access token first: every earlier one stops working
   --json                 print {url, port, accessToken}
 
 Example:
   curl -H "X-Access-Token: $(asb url <id> --json | jq -r .accessToken)" "$(asb url <id> --port 8080)"`,
-  options: { ...JSON_FLAG, port: { type: 'string', short: 'p' } },
+  options: { ...JSON_FLAG, port: { type: 'string', short: 'p' }, 'rotate-token': { type: 'boolean' } },
   async run(argv, ctx) {
     const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
     const id = singleId(positionals, this.usage);
     const portText = stringOpt(values, 'port');
     const port = portText === undefined ? undefined : Number(portText);
     if (port !== undefined && (!/^\d+$/.test(portText ?? '') || port < 1 || port > 65535)) throw new UsageError(`--port must be a port number from 1 to 65535, got "${portText ?? ''}"`, this.usage);
-    const sb = await ctx.client(global).getSandbox(id);
+    const client = ctx.client(global);
+    const sb = values['rotate-token'] === true ? await client.rotateAccessToken(id) : await client.getSandbox(id);
     if (sb.url === undefined || sb.defaultPort === undefined) throw new AsbError('Unavailable', `the worker did not return a URL for ${id}; it predates the data plane, upgrade it`);
     const url = sandboxUrlFor(sb.url, sb.defaultPort, port ?? sb.defaultPort);
     if (values.json === true) writeJson(ctx.io.stdout, { url, port: port ?? sb.defaultPort, ...(sb.accessToken === undefined ? {} : { accessToken: sb.accessToken }) });

@@ -181,6 +181,7 @@ function closeText(code: number, reason: string): string {
     [TERMINAL_CLOSE.goingAway]: 'the worker is shutting down',
     [TERMINAL_CLOSE.sandboxGone]: 'the sandbox stopped (hibernated or deleted)',
     [TERMINAL_CLOSE.idle]: 'idle timeout',
+    [TERMINAL_CLOSE.keyRevoked]: 'the API key that opened it was revoked',
     [TERMINAL_CLOSE.protocolError]: 'protocol error',
     [TERMINAL_CLOSE.internal]: 'the terminal failed on the worker',
   };

@@ -136,6 +136,8 @@ export interface ApiClient {
   pause(id: string): Promise<SandboxView>;
   resume(id: string, opts?: { wait?: boolean; signal?: AbortSignal }): Promise<SandboxView>;
   setTimeout(id: string, timeoutMs: number): Promise<SandboxView>;
+  /** A new access token for the sandbox; every earlier one stops working. */
+  rotateAccessToken(id: string): Promise<SandboxView>;
 
   listClaims(): Promise<{ items: SandboxClaim[] }>;
   getClaim(name: string, namespace?: string): Promise<SandboxClaim>;
@@ -234,6 +236,7 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
     pause: (id) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/pause` }),
     resume: (id, o) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/resume`, json: o?.wait === undefined ? {} : { wait: o.wait }, signal: o?.signal }),
     setTimeout: (id, timeoutMs) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/timeout`, json: { timeoutMs } }),
+    rotateAccessToken: (id) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/access-token`, json: {} }),
 
     listClaims: () => json({ method: 'GET', path: '/v1/claims' }),
     getClaim: (name, namespace) => json({ method: 'GET', path: `/v1/claims/${enc(name)}`, query: nsQuery(namespace) }),

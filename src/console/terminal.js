@@ -19,6 +19,7 @@ const CLOSE_REASONS = {
   1011: 'internal error at the worker',
   4001: 'the sandbox stopped',
   4002: 'idle for too long',
+  4003: 'the API key was revoked',
 };
 
 export class TerminalSession {

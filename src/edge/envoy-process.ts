@@ -33,6 +33,8 @@ export interface EnvoyProcessOptions {
   stopTimeoutMs?: number;
   /** Called when Envoy exits without being asked to. */
   onUnexpectedExit?: (code: number | null, signal: NodeJS.Signals | null) => void;
+  /** In a process group of its own, so a signal to ours does not reach it (make up stops it in order). */
+  ownGroup?: boolean;
 }
 
 export interface EnvoyEndpoints {
@@ -129,7 +131,7 @@ export class EnvoyProcess {
     const logFd = openSync(this.logPath, 'a');
     let child: ChildProcess;
     try {
-      child = spawn(command, argv, { stdio: ['ignore', logFd, logFd] });
+      child = spawn(command, argv, { stdio: ['ignore', logFd, logFd], detached: this.#opts.ownGroup === true });
     } finally {
       closeSync(logFd);
     }

@@ -65,12 +65,13 @@ export interface SyncItem {
  * worker → hub
  *   hello      first frame: which cluster, and the last hub version it applied (0: none)
  *   ack        after applying (and persisting) everything up to `version`
- *   heartbeat  every few seconds: liveness and what placement needs
+ *   heartbeat  every few seconds: liveness and what placement needs; with a seq, also at once
+ *              after a local template or pool write, and the hub answers with that seq
  * hub → worker
  *   snapshot   everything, at `version` — when the worker's lastVersion is 0 or older than the
  *              hub retains; the worker replaces its synced copy (deleting what is absent)
  *   delta      one change after the worker's version, in version order, none skipped
- *   heartbeat  liveness
+ *   heartbeat  liveness; with a seq, the answer to the worker heartbeat of that seq
  * Either side closes a connection that has been silent for 3 heartbeat intervals.
  */
 export type WorkerToHub =
@@ -92,6 +93,12 @@ export type WorkerToHub =
        * the console. Optional so an older worker's heartbeat still parses.
        */
       pools?: Record<string, PoolReport>;
+      /**
+       * Asks the hub to answer with a heartbeat carrying the same seq once placement reads this
+       * one: a worker that has just written a template or pool waits for it before acknowledging
+       * the write, so a create that follows at the hub finds it (read-your-writes).
+       */
+      seq?: number;
     };
 
 /** One warm pool as a worker reports it in heartbeats. */
@@ -104,7 +111,7 @@ export interface PoolReport {
 export type HubToWorker =
   | { type: 'snapshot'; version: number; items: SyncItem[] }
   | { type: 'delta'; version: number; item: SyncItem }
-  | { type: 'heartbeat'; version: number };
+  | { type: 'heartbeat'; version: number; /** The worker heartbeat's seq this answers, if it asked. */ seq?: number };
 
 /** Heartbeat interval; a peer silent for 3 intervals is dead (so within ~6 s). */
 export const HEARTBEAT_MS = 2000;

@@ -12,7 +12,7 @@ import type { Duplex } from 'node:stream';
 import { join } from 'node:path';
 import { Registry } from 'prom-client';
 import { KeyRing } from '../auth/keyring.ts';
-import { openSqliteStore } from '../store/sqlite.ts';
+import { EXITING_OWNER_WAIT_MS, openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -46,7 +46,7 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
   const log = deps.log;
   mkdirSync(config.dataDir, { recursive: true });
 
-  const store = await openSqliteStore({ path: join(config.dataDir, 'hub.db'), clock, log: log.child({ component: 'store' }) });
+  const store = await openSqliteStore({ path: join(config.dataDir, 'hub.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, log: log.child({ component: 'store' }) });
   const adminKey = config.adminKeyFile === undefined ? undefined : await ensureAdminKey(store, config.adminKeyFile, 'hub admin key (--admin-key-file)');
   const keyRing = await KeyRing.open({ store, log, clock });
   const sync = createSyncServer({ store, log, clock, metrics: createSyncMetrics(registry) });

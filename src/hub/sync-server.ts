@@ -285,7 +285,10 @@ function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed, ackListener
     } else {
       status.report(s.cluster, { warm: msg.warm, healthy: msg.healthy });
       // Before hello a session is not yet the cluster's (a replaced one may still be talking).
-      if (s.live && sessions.get(s.cluster) === s) live.report(s.cluster, msg.healthy, msg.templates ?? {}, s.lastHeard, msg.pools ?? {});
+      if (s.live && sessions.get(s.cluster) === s) {
+        live.report(s.cluster, msg.healthy, msg.templates ?? {}, s.lastHeard, msg.pools ?? {});
+        if (msg.seq !== undefined) send(s, JSON.stringify({ type: 'heartbeat', version: feed.version, seq: msg.seq } satisfies HubToWorker), 'heartbeat');
+      }
     }
   };
 
@@ -373,6 +376,7 @@ function parseMessage(data: RawData): WorkerToHub {
       // Absent from an older worker: then it offers no template for placement.
       if (m.templates !== undefined) heartbeat.templates = counts(m.templates);
       if (m.pools !== undefined) heartbeat.pools = poolReports(m.pools);
+      if (m.seq !== undefined) heartbeat.seq = version(m.seq);
       return heartbeat;
     }
     default:

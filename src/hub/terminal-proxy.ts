@@ -8,6 +8,11 @@
 // and body. A key in the Authorization header is checked at the hub first (401 without asking a
 // worker); a `?token=` is the worker's to check (it issued it).
 //
+// Revocation: a session opened with a key in the header is closed here, with the worker's close
+// code for it (TERMINAL_CLOSE.keyRevoked), the moment the hub's key ring drops the key, without
+// waiting for the worker to hear of it through sync. A session opened with ?token= is the
+// worker's to close (the token names its key); the close passes through the relay.
+//
 // Backpressure: a side is paused (no reads from its socket) while the other side has more than
 // TERMINAL_HIGH_WATER_BYTES waiting to be sent, and resumed when a send completes under the mark,
 // so a stalled browser stalls the shell's output at the worker instead of growing the hub.
@@ -18,7 +23,7 @@ import type { Principal } from '../auth/keyring.ts';
 import { AsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Logger } from '../system/log.ts';
-import { TERMINAL_HIGH_WATER_BYTES, TERMINAL_PATH_SUFFIX } from '../terminal/contract.ts';
+import { TERMINAL_CLOSE, TERMINAL_HIGH_WATER_BYTES, TERMINAL_PATH_SUFFIX } from '../terminal/contract.ts';
 import { problemOf, toAsbError } from '../worker/problem.ts';
 import type { SyncView } from './hub-context.ts';
 import { ownerOf } from './sandbox-owner.ts';
@@ -44,7 +49,11 @@ export function terminalSandboxId(path: string): string | undefined {
 export interface TerminalProxyOptions {
   store: ObjectStore;
   sync: SyncView | undefined;
-  auth: { verify(presented: string): Principal | undefined };
+  auth: {
+    verify(presented: string): Principal | undefined;
+    live(prefix: string): boolean;
+    onRevoked(listener: (prefix: string) => void): () => void;
+  };
   log: Logger;
   /** For the worker's whole WebSocket handshake; past it the client gets 503. Default 10 s. */
   handshakeTimeoutMs?: number;
@@ -93,7 +102,19 @@ export function createTerminalProxy(opts: TerminalProxyOptions): TerminalProxy {
   const log = opts.log.child({ component: 'terminal-proxy' });
   const wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, maxPayload: 16 * 1024 * 1024 });
   const sockets = new Set<WebSocket>();
+  /** Relayed sessions opened with a key header: the client side → the key's prefix. */
+  const byKey = new Map<WebSocket, { prefix: string; upstream: WebSocket }>();
   let closed = false;
+  const REVOKED = 'the API key that opened this terminal was revoked';
+  const unwatchKeys = opts.auth.onRevoked((prefix) => {
+    for (const [client, session] of byKey) {
+      if (session.prefix !== prefix) continue;
+      byKey.delete(client);
+      // The worker's side is cut first so no input in flight reaches the shell.
+      session.upstream.terminate();
+      if (client.readyState === WebSocket.OPEN) client.close(TERMINAL_CLOSE.keyRevoked, REVOKED);
+    }
+  });
 
   const track = (ws: WebSocket): void => {
     sockets.add(ws);
@@ -107,8 +128,9 @@ export function createTerminalProxy(opts: TerminalProxyOptions): TerminalProxy {
     const headers: Record<string, string> = {};
     const { authorization } = req.headers;
     const apiKey = req.headers['x-api-key'];
+    let keyPrefix: string | undefined;
     if (authorization !== undefined || apiKey !== undefined) {
-      authenticate(opts.auth, req);
+      keyPrefix = authenticate(opts.auth, req).prefix;
       if (authorization !== undefined) headers.authorization = authorization;
       if (typeof apiKey === 'string') headers['x-api-key'] = apiKey;
     } else if (url.searchParams.get('token') === null) {
@@ -158,6 +180,17 @@ export function createTerminalProxy(opts: TerminalProxyOptions): TerminalProxy {
       }
       wss.handleUpgrade(req, socket, head, (client) => {
         track(client);
+        if (keyPrefix !== undefined) {
+          byKey.set(client, { prefix: keyPrefix, upstream });
+          client.once('close', () => byKey.delete(client));
+          // Revoked while the worker was answering: the listener did not know this session yet.
+          if (!opts.auth.live(keyPrefix)) {
+            byKey.delete(client);
+            upstream.terminate();
+            client.close(TERMINAL_CLOSE.keyRevoked, REVOKED);
+            return;
+          }
+        }
         client.on('error', (err) => sessionLog.debug({ err: err.message }, 'terminal client socket error'));
         upstream.on('error', (err) => sessionLog.debug({ err: err.message }, 'terminal worker socket error'));
         relay(upstream, client);
@@ -178,6 +211,7 @@ export function createTerminalProxy(opts: TerminalProxyOptions): TerminalProxy {
     },
     async close() {
       closed = true;
+      unwatchKeys();
       const waits = [...sockets].map((ws) => new Promise<void>((resolve) => {
         if (ws.readyState === WebSocket.CLOSED) resolve();
         else ws.once('close', () => resolve());

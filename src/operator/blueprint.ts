@@ -4,6 +4,7 @@ import type { OwnerReference } from '../api/meta.ts';
 import { findCondition } from '../api/meta.ts';
 import { ANNOTATION, SandboxType, type Lifecycle, type Sandbox, type SandboxTemplate } from '../api/types.ts';
 import { apiVersionOf } from '../api/meta.ts';
+import { POD_SECURITY_ANNOTATION } from '../api/pod-security.ts';
 
 /** Set by whoever creates a Sandbox (so no extra write); removed once the pod is gone. */
 export const RUNTIME_FINALIZER = 'asb.dev/runtime';
@@ -21,9 +22,14 @@ export interface SandboxParams {
 export function sandboxFromTemplate(template: SandboxTemplate, params: SandboxParams): Sandbox {
   const t = template.spec;
   const idleTimeoutMs = params.idleTimeoutMs ?? t.idleTimeoutMs;
-  // The route feed reads public ports from the sandbox itself, so the router never needs the template.
-  const publicPorts = template.metadata.annotations?.[ANNOTATION.publicPorts];
-  const annotations = publicPorts === undefined ? params.annotations : { ...params.annotations, [ANNOTATION.publicPorts]: publicPorts };
+  // The route feed reads public ports from the sandbox itself, so the router never needs the
+  // template; the pod-security level a template grants stays with its sandboxes the same way, so
+  // their owners may re-apply them (src/worker/pod-admission.ts).
+  let annotations = params.annotations;
+  for (const key of [ANNOTATION.publicPorts, POD_SECURITY_ANNOTATION]) {
+    const value = template.metadata.annotations?.[key];
+    if (value !== undefined) annotations = { ...annotations, [key]: value };
+  }
   return {
     apiVersion: apiVersionOf(SandboxType),
     kind: SandboxType.kind,

@@ -15,6 +15,7 @@ import type { Logger } from '../system/log.ts';
 import { createActivityRecorder, type ActivityRecorder } from './activity-recorder.ts';
 import { Claimer, POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues } from './claimer.ts';
 import { Informer } from './informer.ts';
+import { holderOfId, NAME_INDEX, nameIndexValues } from './sandbox-controller.ts';
 
 export interface ClaimFrontOptions {
   store: ObjectStore;
@@ -35,7 +36,6 @@ export interface ClaimFront {
   close(): void;
 }
 
-const NAME_INDEX = 'name';
 
 export async function startClaimFront(opts: ClaimFrontOptions): Promise<ClaimFront> {
   const { store, clock, metrics, clusterTag } = opts;
@@ -45,8 +45,8 @@ export async function startClaimFront(opts: ClaimFrontOptions): Promise<ClaimFro
   const pools = new Informer<SandboxWarmPool>({ store, type: SandboxWarmPoolType, clock, log });
   pools.addIndex(POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues);
   // Sandbox ids are unique across namespaces; the API names sandboxes by id alone.
-  sandboxes.addIndex(NAME_INDEX, (s) => [s.metadata.name]);
-  const activity = createActivityRecorder({ store, sandbox: (id) => sandboxes.byIndex(NAME_INDEX, id)[0], clock, log });
+  sandboxes.addIndex(NAME_INDEX, nameIndexValues);
+  const activity = createActivityRecorder({ store, sandbox: (id) => holderOfId(sandboxes, id), clock, log });
   // No activity for the claimer: the bind itself stamps the claim as the last activity (bindWarm).
   const claimer = new Claimer({ store, sandboxes, pools, templates, clock, metrics, clusterTag });
   sandboxes.onChange((key, current, previous) => claimer.observe(key, current, previous));

@@ -27,7 +27,7 @@ import { CLAIM_INDEX, claimIndexValues, createClaimReconciler } from './claim-co
 import { Claimer, POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues } from './claimer.ts';
 import { Controller } from './controller.ts';
 import { Informer, objectKey } from './informer.ts';
-import { createSandboxReconciler } from './sandbox-controller.ts';
+import { createSandboxReconciler, NAME_INDEX, nameIndexValues } from './sandbox-controller.ts';
 import { POOL_INDEX, createWarmPoolController, poolIndexValues } from './warmpool-controller.ts';
 
 /** How long member changes wait before the pool reconciles; see the sandbox informer handler. */
@@ -60,7 +60,6 @@ export interface Operator {
   close(): Promise<void>;
 }
 
-const NAME_INDEX = 'name';
 const SANDBOX_WORKERS = 64;
 const POOL_WORKERS = 4;
 const CLAIM_WORKERS = 16;
@@ -76,7 +75,7 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
   const claims = new Informer<SandboxClaim>({ store, type: SandboxClaimType, clock, log });
   sandboxes.addIndex(POOL_INDEX, poolIndexValues);
   sandboxes.addIndex(CLAIM_INDEX, claimIndexValues);
-  sandboxes.addIndex(NAME_INDEX, (s) => [s.metadata.name]);
+  sandboxes.addIndex(NAME_INDEX, nameIndexValues);
   pools.addIndex(POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues);
 
   const activity = createActivity(clock);

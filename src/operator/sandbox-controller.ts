@@ -8,8 +8,14 @@
 // - idle past its timeout (claimed sandboxes only) → spec.operatingMode=Suspended.
 // - deletionTimestamp → runtime.remove, then drop the finalizer so the store deletes the object.
 // A failed pod is not restarted (as in k8s-sigs): it reports PodFailed until the user acts.
+// The runtime addresses pods by sandbox id, and an id belongs to one Sandbox per cluster, its
+// holder (src/api/sandbox-identity.ts). Another object that has the same name in another
+// namespace is never given the pod: it reports NameConflict and its deletion touches nothing.
+// Pods and volumes carry the uid of the Sandbox they were made for, so one left over from an
+// earlier object of that name is removed before the holder's starts, never reused.
 import { isDeepStrictEqual } from 'node:util';
 import type { Condition } from '../api/meta.ts';
+import { holderAmong } from '../api/sandbox-identity.ts';
 import { SandboxType, wantsRunning, type Sandbox, type SandboxStatus } from '../api/types.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRequest, PodRuntime, PodState } from '../runtime/runtime.ts';
@@ -30,10 +36,22 @@ export interface SandboxControllerDeps {
   metrics: Metrics;
 }
 
+/** Informer index of sandboxes by name, across namespaces: the objects that claim one id. */
+export const NAME_INDEX = 'name';
+export function nameIndexValues(sandbox: Sandbox): string[] {
+  return [sandbox.metadata.name];
+}
+
+/** The Sandbox that holds `id` among those the informer has, or undefined when none has that name. */
+export function holderOfId(sandboxes: Informer<Sandbox>, id: string): Sandbox | undefined {
+  return holderAmong(sandboxes.byIndex(NAME_INDEX, id));
+}
+
 export function podRequestFor(sandbox: Sandbox): PodRequest {
-  const { name } = sandbox.metadata;
+  const { name, uid } = sandbox.metadata;
   return {
     id: name,
+    uid: uid ?? '',
     namespace: sandbox.metadata.namespace ?? 'default',
     hostname: sandbox.spec.podTemplate.spec.hostname ?? name,
     spec: sandbox.spec.podTemplate.spec,
@@ -119,12 +137,21 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
     return undefined;
   };
 
-  const finalize = async (sandbox: Sandbox): Promise<void> => {
+  /** Whether the runtime's pod and volumes for the sandbox's id, if any, were made for this object. */
+  const ownsPod = (sandbox: Sandbox): boolean => {
+    const uid = runtime.state(sandbox.metadata.name).uid;
+    return uid === undefined || uid === sandbox.metadata.uid;
+  };
+
+  const finalize = async (sandbox: Sandbox, holds: boolean): Promise<void> => {
     const { name } = sandbox.metadata;
-    await runtime.remove(name);
-    wakes.delete(name);
-    unreported.delete(name);
-    activity.forget(name);
+    // A conflicting object's deletion must not remove the holder's pod and volumes.
+    if (holds && ownsPod(sandbox)) {
+      await runtime.remove(name);
+      wakes.delete(name);
+      unreported.delete(name);
+      activity.forget(name);
+    }
     const finalizers = sandbox.metadata.finalizers ?? [];
     if (!finalizers.includes(RUNTIME_FINALIZER)) return;
     await store.update<Sandbox>(SandboxType, {
@@ -136,19 +163,34 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
   return async (key): Promise<ReconcileResult | undefined> => {
     const sandbox = sandboxes.get(key);
     if (sandbox === undefined) {
-      // Gone without our finalizer (created by someone who did not set it): still free the pod.
+      // Gone without our finalizer (created by someone who did not set it): still free the pod,
+      // unless it is the pod of another object of that name that still holds the id.
       const { name } = splitKey(key);
+      if (holderOfId(sandboxes, name) !== undefined) return undefined;
       wakes.delete(name);
       unreported.delete(name);
       activity.forget(name);
       if (runtime.state(name).phase !== 'Absent') await runtime.remove(name);
       return undefined;
     }
+    const name = sandbox.metadata.name;
+    const holds = holderOfId(sandboxes, name)?.metadata.uid === sandbox.metadata.uid;
     if (sandbox.metadata.deletionTimestamp !== undefined) {
-      await finalize(sandbox);
+      await finalize(sandbox, holds);
       return undefined;
     }
-    const name = sandbox.metadata.name;
+    if (!holds) {
+      // Said without naming the holder's namespace or team: the id is all this object's owner knew.
+      await writeStatus(sandbox, {
+        phase: 'Failed',
+        conditions: [condition(sandbox, 'Ready', 'False', 'NameConflict', `sandbox id "${name}" belongs to another Sandbox in this cluster; ids are unique across namespaces, so this one never runs: delete it and choose another name`)],
+      });
+      return undefined;
+    }
+    if (!ownsPod(sandbox)) {
+      // Left by an earlier object of this name (deleted without our finalizer): never reused.
+      await runtime.remove(name);
+    }
     const now = clock.now();
     const expiry = expiryOf(sandbox);
     if (expiry !== undefined && now >= expiry) return expire(sandbox);

@@ -48,10 +48,18 @@ export interface WarmPoolControllerDeps {
   notReadyReplaceMs?: number;
 }
 
-/** Index function for the sandbox informer: `<namespace>/<pool>` of unclaimed members. */
+/**
+ * Index function for the sandbox informer: `<namespace>/<pool>` of unclaimed members. A member
+ * carries the pool label, no owner yet, and the pool as its owner reference, as this controller
+ * creates it: a sandbox that only wears the label (security probe M1: a team applied owned
+ * sandboxes labelled as members, and the pool counted them ready and stopped refilling) is none.
+ */
 export function poolIndexValues(sandbox: Sandbox): string[] {
-  const pool = sandbox.metadata.labels?.[LABEL.pool];
-  return pool === undefined ? [] : [`${sandbox.metadata.namespace ?? ''}/${pool}`];
+  const { labels, ownerReferences, namespace } = sandbox.metadata;
+  const pool = labels?.[LABEL.pool];
+  if (pool === undefined || labels?.[LABEL.owner] !== undefined) return [];
+  const ownedByPool = ownerReferences?.some((o) => o.kind === SandboxWarmPoolType.kind && o.name === pool) === true;
+  return ownedByPool ? [`${namespace ?? ''}/${pool}`] : [];
 }
 
 /** A short digest of what a member copies from its template. */

@@ -14,8 +14,9 @@
 //   registries say, a request crosses at most one edge → ingress hop, so it cannot loop.
 // - Creates and lists (`POST`/`GET` on `/v1/sandboxes`, and E2B's `/sandboxes` and
 //   `/v2/sandboxes`) on the edge listener go to the hub when the router runs with --hub-upstream
-//   on and a worker reports its hub link up, so placement picks the cluster and a list covers
-//   every cluster; otherwise, and for every other path, to the default cluster's worker API.
+//   on and a worker reports its hub link up (or reported it before it went down), so placement
+//   picks the cluster and a list covers every cluster; otherwise, and for every other path, to
+//   the default cluster's worker API.
 // - Drained clusters are routed to like any other: drain only stops placement of new sandboxes.
 //
 // envd (port 49983, the E2B SDK's in-sandbox API) is answered by the owning worker, not by the
@@ -101,7 +102,7 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
 
   if (target.kind === 'api') {
     const id = target.id;
-    if (id === undefined && listener === 'edge' && ctx.hubUpstream === true && ctx.federation?.hubConnected === true && isHubRequest(headers)) {
+    if (id === undefined && listener === 'edge' && ctx.hubUpstream === true && viaHub(ctx) && isHubRequest(headers)) {
       return route(headers, [[HEADER.upstream, UPSTREAM.hub]], undefined, undefined, undefined);
     }
     const owner = id === undefined ? undefined : ownerOf(id, ctx);
@@ -226,6 +227,18 @@ function isTokenlessEnvdCall(headers: RequestHeaders): boolean {
   const pathname = pathnameOf(path);
   if (pathname === '/health') return headers.get(':method') === 'GET';
   return pathname === '/files' && new URLSearchParams(path.slice(pathname.length + 1)).has('signature');
+}
+
+/**
+ * Whether creates and lists go to the hub: while a worker says its hub link is up, and also while
+ * this edge's own worker is down after one said so (a crashed worker, being restarted): then only
+ * the hub can place the create on another cluster. A hub that is down too answers 503 at Envoy,
+ * as the own worker's absence would have.
+ */
+function viaHub(ctx: DecideContext): boolean {
+  const federation = ctx.federation;
+  if (federation === undefined) return false;
+  return federation.hubConnected || (federation.hubLastSeen && !ctx.table.isConnected(ctx.defaultCluster));
 }
 
 /** Ours, E2B SDK ≤ 2.50's and E2B SDK 2.51's create and list paths: exact, never a sandbox's own path. */

@@ -88,6 +88,12 @@ export class ClusterRegistry {
     return false;
   }
 
+  /** Some worker's last word, connected or not, was that its hub link is up: a hub exists and was reachable. */
+  get hubLastSeen(): boolean {
+    for (const view of this.#feeds.values()) if (view.message.hubConnected) return true;
+    return false;
+  }
+
   /** The cluster whose sandbox ids start with `tag`. */
   clusterOfTag(tag: string): string | undefined {
     return this.#byTag.get(tag);

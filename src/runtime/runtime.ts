@@ -3,11 +3,17 @@
 // same interface is served by Pods plus `pods/exec`. Exec, files and PTY all go through here so
 // no agent has to be baked into a sandbox image: a POSIX shell is enough.
 import type { Readable, Writable } from 'node:stream';
+import type { RootIsolation } from '../api/pod-security.ts';
 import type { PodSpec, VolumeClaimTemplate } from '../api/types.ts';
 
 export interface PodRequest {
   /** The sandbox id ([a-z0-9-]+, unique on this worker); names the pod, its disk and its IP. */
   id: string;
+  /**
+   * The uid of the Sandbox this pod is for. The pod and its volumes carry it: a runtime never
+   * starts a request on a pod or volumes made for another uid (an earlier sandbox of that name).
+   */
+  uid: string;
   namespace: string;
   hostname: string;
   spec: PodSpec;
@@ -25,6 +31,8 @@ export type PodPhase = 'Absent' | 'Pending' | 'Running' | 'Stopped' | 'Succeeded
 
 export interface PodState {
   phase: PodPhase;
+  /** The uid of the Sandbox the pod (or its kept volumes) was made for; undefined when Absent or unknown. */
+  uid?: string;
   /** True once every container is running and its readiness probe (if any) passed. */
   ready: boolean;
   ip?: string;
@@ -110,6 +118,11 @@ export interface PodProcess {
 }
 
 export interface PodRuntime {
+  /**
+   * What the runtime does about root in a pod, which the pod-security policy reads to decide
+   * whether a tenant may run as uid 0 (src/api/pod-security.ts). Absent: no isolation.
+   */
+  readonly rootIsolation?: RootIsolation;
   /**
    * Starts the pod if it is not running, reusing its writable filesystem and volumes when they
    * exist (wake after hibernation). Idempotent: resolves at once for a running pod.

@@ -42,7 +42,7 @@ import { StoreWatch, type StoredEvent } from './watch-stream.ts';
 import { channel } from 'node:diagnostics_channel';
 import { Worker } from 'node:worker_threads';
 import { deepFreeze, ownCopy } from './frozen.ts';
-import { acquireOwnerLock, type OwnerLock } from './owner-lock.ts';
+import { acquireOwnerLock, acquireOwnerLockWaiting, type OwnerLock } from './owner-lock.ts';
 import type { WriterBatch, WriterData, WriterReply, WriterRow } from './sqlite-writer.ts';
 
 export interface SqliteStoreOptions {
@@ -189,8 +189,8 @@ export class SqliteStore implements ObjectStore {
     this.#log.info({ path: opts.path, resourceVersion: this.#rv, oldestEvent: this.#oldestEvent }, 'store opened');
   }
 
-  static open(opts: SqliteStoreOptions): SqliteStore {
-    const lock = acquireOwnerLock(opts.path);
+  /** Opens the store under `lock` (taken here, refusing at once, when not given). */
+  static open(opts: SqliteStoreOptions, lock: OwnerLock = acquireOwnerLock(opts.path)): SqliteStore {
     let tables: Tables;
     try {
       tables = openTables(opts.path);
@@ -516,10 +516,22 @@ function parseVersion(rv: string | undefined): number | undefined {
   return Number(rv);
 }
 
-export function openSqliteStore(opts: SqliteStoreOptions): Promise<SqliteStore> {
+/**
+ * How long a hub or worker start waits for the store's previous owner to exit: as long as `make
+ * up` gives a process to stop before it kills it (src/system/child.ts), so a restart right after
+ * a stop waits the old process out instead of failing.
+ */
+export const EXITING_OWNER_WAIT_MS = 20_000;
+
+/**
+ * Opens the store; a process still holding it (one exiting, e.g. the previous `make up`) is
+ * waited for up to `ownerWaitMs` (default 0: refuse at once), then named in the error.
+ */
+export async function openSqliteStore(opts: SqliteStoreOptions & { ownerWaitMs?: number }): Promise<SqliteStore> {
   try {
-    return Promise.resolve(SqliteStore.open(opts));
+    const lock = await acquireOwnerLockWaiting(opts.path, opts.ownerWaitMs ?? 0);
+    return SqliteStore.open(opts, lock);
   } catch (err) {
-    return Promise.reject(isAsbError(err) ? err : new AsbError('Unavailable', `store ${opts.path}: ${String(err)}`, { cause: err }));
+    throw isAsbError(err) ? err : new AsbError('Unavailable', `store ${opts.path}: ${String(err)}`, { cause: err });
   }
 }

@@ -2,7 +2,7 @@
 // entry point that prints one JSON line with `"ready": true` on stdout when it serves, and
 // logs to stderr (sent to a file here). stop() asks with SIGTERM and kills after a deadline.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, openSync } from 'node:fs';
+import { closeSync, existsSync, openSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 
 export interface ReadyChild<R> {
@@ -28,13 +28,23 @@ export interface StartChildOptions {
   env?: NodeJS.ProcessEnv;
   /** How long to wait for the ready line. Default 60 s (a first start compiles the pod init). */
   readyTimeoutMs?: number;
+  /**
+   * Run it in a process group of its own, and have it sent SIGTERM if this process dies
+   * (setpriv --pdeathsig). For `make up`: Ctrl-C and a SIGTERM to the group reach only the
+   * supervisor, which stops its children in order and exits last, and none outlives it.
+   */
+  ownGroup?: boolean;
 }
 
 const DEFAULT_STOP_DEADLINE_MS = 20_000;
+const SETPRIV = '/usr/bin/setpriv';
 
 export async function startChild<R extends { ready: true }>(opts: StartChildOptions): Promise<ReadyChild<R>> {
   const logFd = openSync(opts.logPath, 'a');
-  const proc = spawn(process.execPath, [opts.entry, ...opts.args], { stdio: ['ignore', 'pipe', logFd], env: opts.env ?? process.env });
+  const argv = [opts.entry, ...opts.args];
+  const own = opts.ownGroup === true;
+  const [command, args] = own && existsSync(SETPRIV) ? [SETPRIV, ['--pdeathsig', 'SIGTERM', '--', process.execPath, ...argv]] : [process.execPath, argv];
+  const proc = spawn(command, args, { stdio: ['ignore', 'pipe', logFd], env: opts.env ?? process.env, detached: own });
   closeSync(logFd);
   const exited = new Promise<number | string>((resolve) => proc.once('exit', (code, signal) => resolve(code ?? signal ?? 'unknown')));
   const ready = await new Promise<R>((resolve, reject) => {

@@ -46,6 +46,12 @@ export interface WorkerConfig {
   readonly kubeconfig: string | undefined;
   /** ASB_NAMESPACE / --namespace: where API requests that name no namespace land and the built-in base template and pool live. Default default */
   readonly namespace: string;
+  /**
+   * ASB_POD_NAMESPACE / --pod-namespace: where the kube runtime makes sandbox Pods and PVCs,
+   * whatever namespace their Sandbox is in. Label it for Pod Security Admission `restricted`
+   * (clusters/base/sandbox-namespace.yaml). Default: --namespace
+   */
+  readonly podNamespace: string;
   /** ASB_RUNTIME / --runtime: what runs sandboxes: local (process trees on this machine) or kube (Pods, through the API server; needs --store=kube). Default local */
   readonly runtime: 'local' | 'kube';
   /**
@@ -77,7 +83,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -100,6 +106,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   store: { env: 'ASB_STORE', flag: 'store' },
   kubeconfig: { env: 'ASB_KUBECONFIG', flag: 'kubeconfig' },
   namespace: { env: 'ASB_NAMESPACE', flag: 'namespace' },
+  podNamespace: { env: 'ASB_POD_NAMESPACE', flag: 'pod-namespace' },
   runtime: { env: 'ASB_RUNTIME', flag: 'runtime' },
   role: { env: 'ASB_ROLE', flag: 'role' },
 };
@@ -163,7 +170,11 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const runtime = oneOf('runtime', ['local', 'kube'] as const);
   const role = oneOf('role', ['all', 'operator', 'api'] as const);
   const namespace = str('namespace');
-  if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(namespace)) problems.push(`${describe('namespace')} must be a namespace name (lower-case letters, digits and '-', at most 63), got "${namespace}"`);
+  const podNamespace = raw('podNamespace');
+  const namespaces = podNamespace === undefined ? [['namespace', namespace] as const] : [['namespace', namespace] as const, ['podNamespace', podNamespace] as const];
+  for (const [key, value] of namespaces) {
+    if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(value)) problems.push(`${describe(key)} must be a namespace name (lower-case letters, digits and '-', at most 63), got "${value}"`);
+  }
   // Ours first; KUBECONFIG is what kubectl reads, so a shell set up for kubectl just works.
   const kubeconfig = raw('kubeconfig') ?? env.KUBECONFIG;
   if (store === 'sqlite') {
@@ -197,6 +208,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     // A kubeconfig's relative paths are its own business; the file itself resolves from here.
     kubeconfig: kubeconfig === undefined || kubeconfig === '' ? undefined : resolve(kubeconfig),
     namespace,
+    podNamespace: podNamespace ?? namespace,
     runtime,
     role,
   };

@@ -10,7 +10,8 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { ensureEdgeTls, ensureFederationTls } from '../edge/tls.ts';
 import { startChild, type ReadyChild } from './child.ts';
-import { freePort, startLocalSystem, type LocalSystem } from './local-system.ts';
+import { freePort, startLocalSystem, supervisedBy, type LocalSystem } from './local-system.ts';
+import type { SupervisorOptions } from './supervisor.ts';
 import type { Logger } from './log.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
@@ -42,6 +43,8 @@ export interface FederationOptions {
   /** The hub's port on 127.0.0.1; 0 picks a free one. */
   hubPort: number;
   clusters: readonly FederatedClusterOptions[];
+  /** Restart crashed processes (make up); see src/system/supervisor.ts. */
+  supervise?: SupervisorOptions;
 }
 
 export interface FederatedCluster extends LocalSystem {
@@ -59,10 +62,13 @@ export interface Federation {
   domain: string;
   /** The CA that signed the edges' HTTPS certificate (what clients trust), when a cluster has an edgeTlsPort. */
   edgeCaCertPath: string | undefined;
-  hub: ReadyChild<{ ready: true; url: string }>;
+  /** The hub process now (another object after a supervised restart). */
+  readonly hub: ReadyChild<{ ready: true; url: string }>;
   clusters: FederatedCluster[];
   /** Stops everything, clusters first (each: Envoy, router, worker), then the hub; idempotent. */
   stop(): Promise<void>;
+  /** Kills everything at once and resolves when all have exited. */
+  kill(): Promise<void>;
 }
 
 export async function startFederation(opts: FederationOptions): Promise<Federation> {
@@ -76,15 +82,20 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
   };
   try {
     const hubKeyFile = join(opts.stateDir, 'hub', 'admin.key');
-    const hub = await startChild<{ ready: true; url: string }>({
+    // A restarted hub must come back on the port the workers and Envoys were given.
+    const hubPort = opts.hubPort === 0 && opts.supervise !== undefined ? await freePort() : opts.hubPort;
+    const startHub = (): Promise<ReadyChild<{ ready: true; url: string }>> => startChild<{ ready: true; url: string }>({
       name: 'hub',
       entry: join(repoRoot, 'src/hub/hub-main.ts'),
-      args: ['--data-dir', join(opts.stateDir, 'hub'), '--admin-key-file', hubKeyFile, '--port', String(opts.hubPort)],
+      args: ['--data-dir', join(opts.stateDir, 'hub'), '--admin-key-file', hubKeyFile, '--port', String(hubPort)],
       logPath: join(logs, 'hub.log'),
+      ownGroup: opts.supervise !== undefined,
     });
+    const hub = supervisedBy(opts.supervise, 'hub', await startHub(), startHub, `its log is ${join(logs, 'hub.log')}`);
     started.push(hub);
     const adminKey = readFileSync(hubKeyFile, 'utf8').trim();
-    const hubAddress = new URL(hub.ready.url).host;
+    const hubUrl = hub.current.ready.url;
+    const hubAddress = new URL(hubUrl).host;
 
     const clusters: FederatedCluster[] = [];
     const fixed = new Map<string, FederatedClusterOptions>();
@@ -93,7 +104,7 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
       mkdirSync(dir, { recursive: true });
       const ingressAddress = `127.0.0.1:${c.ingressPort}`;
       const credentialFile = join(dir, 'hub.credential');
-      await registerCluster(hub.ready.url, adminKey, c, { apiUrl: `http://127.0.0.1:${c.apiPort}`, ingressAddress, credentialFile });
+      await registerCluster(hubUrl, adminKey, c, { apiUrl: `http://127.0.0.1:${c.apiPort}`, ingressAddress, credentialFile });
       const system = await startLocalSystem({
         stateDir: dir,
         log: opts.log,
@@ -107,13 +118,14 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
           '--cluster-tag', c.tag,
           '--bridge', c.bridge,
           '--subnet', c.subnet,
-          '--hub-url', hub.ready.url,
+          '--hub-url', hubUrl,
           '--hub-credential-file', credentialFile,
           ...(c.workerArgs ?? []),
         ],
         ...(c.edgeTlsPort === undefined || edgeTls === undefined ? {} : { edgeTls: { port: c.edgeTlsPort, files: edgeTls } }),
         routerArgs: ['--hub-upstream', 'on'],
         envoy: { ingress: { listenPort: c.ingressPort }, tls, hubAddress },
+        ...(opts.supervise === undefined ? {} : { supervise: opts.supervise }),
       });
       started.push(system);
       return Object.assign(system, { region: c.region, ingressAddress });
@@ -131,11 +143,13 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
 
     let stopping: Promise<void> | undefined;
     return {
-      hubUrl: hub.ready.url,
+      hubUrl,
       adminKey,
       domain: opts.domain,
       edgeCaCertPath: edgeTls?.caCertPath,
-      hub,
+      get hub() {
+        return hub.current;
+      },
       clusters,
       async restart(name) {
         const c = fixed.get(name);
@@ -149,6 +163,9 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
       stop() {
         stopping ??= stopAll();
         return stopping;
+      },
+      async kill() {
+        await Promise.all([hub.kill(), ...clusters.map((c) => c.kill())]);
       },
     };
   } catch (err) {

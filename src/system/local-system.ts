@@ -2,6 +2,8 @@
 // (store, runtime, operator, REST API), a router process (ExtProc) fed by the worker, and a real
 // Envoy in front. Started in that order; stopped in the reverse one (Envoy stops taking
 // traffic, the router closes, the worker hibernates its sandboxes and closes the store).
+// With `supervise` (make up), a process that crashes is started again on the same ports and
+// data (src/system/supervisor.ts); ports asked as 0 are fixed before the first start for that.
 import { mkdirSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
@@ -10,6 +12,7 @@ import { EnvoyProcess } from '../edge/envoy-process.ts';
 import type { EdgeTlsFiles } from '../edge/tls.ts';
 import type { Logger } from './log.ts';
 import { startChild, type ReadyChild } from './child.ts';
+import { supervise, unsupervised, type Run, type Supervised, type SupervisorOptions } from './supervisor.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
 
@@ -35,6 +38,8 @@ export interface LocalSystemOptions {
   edgeTls?: { port: number; files: Pick<EdgeTlsFiles, 'certChainPath' | 'privateKeyPath'> };
   /** Extra Envoy settings (federation: the ingress listener, TLS files, the hub upstream). */
   envoy?: Partial<Pick<EdgeConfigOptions, 'ingress' | 'tls' | 'hubAddress'>>;
+  /** Restart crashed processes (make up); absent: a crashed process stays down (tests that crash one). */
+  supervise?: SupervisorOptions;
 }
 
 export interface LocalSystem {
@@ -46,11 +51,16 @@ export interface LocalSystem {
   adminKey: string;
   clusterName: string;
   clusterTag: string;
-  worker: ReadyChild<WorkerReady>;
-  router: ReadyChild<RouterReady>;
+  /** The worker process now (another object after a supervised restart). */
+  readonly worker: ReadyChild<WorkerReady>;
+  readonly router: ReadyChild<RouterReady>;
   envoy: EnvoyProcess;
+  /** Whether the supervisor gave up on any of its processes. */
+  readonly failed: string[];
   /** Stops everything, in order; idempotent. */
   stop(): Promise<void>;
+  /** Kills everything at once (a second Ctrl-C) and resolves when all have exited. */
+  kill(): Promise<void>;
 }
 
 interface WorkerReady {
@@ -78,9 +88,39 @@ export function freePort(): Promise<number> {
   });
 }
 
+/** Puts a process under the policy, or leaves it unsupervised without one. */
+export function supervisedBy<R extends Run>(policy: SupervisorOptions | undefined, name: string, first: R, start: () => Promise<R>, hint: string): Supervised<R> {
+  return policy === undefined ? unsupervised(name, first) : supervise(name, first, start, policy, hint);
+}
+
+/** Envoy as a supervised run: EnvoyProcess restarts in place, on the ports of its first start. */
+function envoyRuns(stateDir: string, log: Logger, config: EdgeConfigOptions, ownGroup: boolean): { envoy: EnvoyProcess; start(): Promise<Run> } {
+  let unexpected: ((why: string) => void) | undefined;
+  const envoy = new EnvoyProcess({ stateDir, logger: log, config, ownGroup, onUnexpectedExit: (code, signal) => unexpected?.(signal ?? `code ${String(code)}`) });
+  return {
+    envoy,
+    async start() {
+      const exited = new Promise<string>((resolve) => (unexpected = resolve));
+      await envoy.start();
+      // stop()/kill() end it on purpose: EnvoyProcess then reports no exit, so the run resolves here.
+      let ended: () => void = () => undefined;
+      const asked = new Promise<string>((resolve) => (ended = () => resolve('stopped')));
+      return {
+        exited: Promise.race([exited, asked]),
+        stop: () => envoy.close().finally(ended),
+        kill: () => envoy.kill().finally(ended),
+      };
+    },
+  };
+}
+
 export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalSystem> {
   const logs = join(opts.stateDir, 'logs');
   mkdirSync(logs, { recursive: true });
+  const policy = opts.supervise;
+  // A restart must come back where the others expect it: fix ports asked as 0 now.
+  const apiPort = opts.apiPort === 0 && policy !== undefined ? await freePort() : opts.apiPort;
+  const routerPort = opts.routerPort === 0 && policy !== undefined ? await freePort() : opts.routerPort;
   const edgePort = opts.edgePort === 0 ? await freePort() : opts.edgePort;
   const edgeUrl = `http://127.0.0.1:${edgePort}`;
   const tlsPort = opts.edgeTls === undefined ? undefined : opts.edgeTls.port === 0 ? await freePort() : opts.edgeTls.port;
@@ -90,14 +130,17 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
   const stopAll = async (): Promise<void> => {
     for (const part of started.reverse()) await part.stop();
   };
+  const ownGroup = policy !== undefined;
+  const name = (part: string): string => `${opts.clusterName} ${part}`;
   try {
-    const worker = await startChild<WorkerReady>({
+    const startWorker = (): Promise<ReadyChild<WorkerReady>> => startChild<WorkerReady>({
       name: 'worker',
+      ownGroup,
       entry: join(repoRoot, 'src/system/worker-main.ts'),
       args: [
         '--data-dir', join(opts.stateDir, 'data'),
         '--admin-key-file', keyFile,
-        '--port', String(opts.apiPort),
+        '--port', String(apiPort),
         '--cluster', opts.clusterName,
         '--domain', opts.domain,
         '--edge-url', edgeUrl,
@@ -106,54 +149,65 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
       ],
       logPath: join(logs, 'worker.log'),
     });
+    const worker = supervisedBy(policy, name('worker'), await startWorker(), startWorker, `its log is ${join(logs, 'worker.log')}`);
     started.push(worker);
-    const apiAddress = new URL(worker.ready.apiUrl).host;
+    const firstWorker = worker.current.ready;
+    const apiAddress = new URL(firstWorker.apiUrl).host;
 
-    const router = await startChild<RouterReady>({
+    const startRouter = (): Promise<ReadyChild<RouterReady>> => startChild<RouterReady>({
       name: 'router',
+      ownGroup,
       entry: join(repoRoot, 'src/router/router-main.ts'),
       args: [
-        '--listen', `127.0.0.1:${opts.routerPort}`,
+        '--listen', `127.0.0.1:${routerPort}`,
         '--domain', opts.domain,
-        '--worker', `${opts.clusterName}=${worker.ready.apiUrl}`,
+        '--worker', `${opts.clusterName}=${firstWorker.apiUrl}`,
         '--worker-key-file', keyFile,
         ...(opts.routerArgs ?? []),
       ],
       logPath: join(logs, 'router.log'),
     });
+    const router = supervisedBy(policy, name('router'), await startRouter(), startRouter, `its log is ${join(logs, 'router.log')}`);
     started.push(router);
 
-    const envoy = new EnvoyProcess({
-      stateDir: join(opts.stateDir, 'envoy'),
-      logger: opts.log,
-      config: {
-        listenPort: edgePort,
-        adminPort: opts.envoyAdminPort,
-        routerAddress: router.ready.listen,
-        workers: [{ cluster: opts.clusterName, apiAddress }],
-        ...(opts.edgeTls === undefined || tlsPort === undefined ? {} : { edgeTls: { listenPort: tlsPort, ...opts.edgeTls.files } }),
-        ...opts.envoy,
-      },
-    });
     mkdirSync(join(opts.stateDir, 'envoy'), { recursive: true });
-    await envoy.start();
-    started.push({ stop: () => envoy.close() });
+    const runs = envoyRuns(join(opts.stateDir, 'envoy'), opts.log, {
+      listenPort: edgePort,
+      adminPort: opts.envoyAdminPort,
+      routerAddress: router.current.ready.listen,
+      workers: [{ cluster: opts.clusterName, apiAddress }],
+      ...(opts.edgeTls === undefined || tlsPort === undefined ? {} : { edgeTls: { listenPort: tlsPort, ...opts.edgeTls.files } }),
+      ...opts.envoy,
+    }, ownGroup);
+    const envoy = supervisedBy(policy, name('Envoy'), await runs.start(), () => runs.start(), `its log is ${runs.envoy.logPath}`);
+    started.push(envoy);
+    const units = [worker, router, envoy];
 
     let stopping: Promise<void> | undefined;
     return {
-      apiUrl: worker.ready.apiUrl,
+      apiUrl: firstWorker.apiUrl,
       edgeUrl,
       edgeTlsUrl,
       domain: opts.domain,
       adminKey: readFileSync(keyFile, 'utf8').trim(),
-      clusterName: worker.ready.clusterName,
-      clusterTag: worker.ready.clusterTag,
-      worker,
-      router,
-      envoy,
+      clusterName: firstWorker.clusterName,
+      clusterTag: firstWorker.clusterTag,
+      get worker() {
+        return worker.current;
+      },
+      get router() {
+        return router.current;
+      },
+      envoy: runs.envoy,
+      get failed() {
+        return units.filter((u) => u.failed).map((u) => u.name);
+      },
       stop() {
         stopping ??= stopAll();
         return stopping;
+      },
+      async kill() {
+        await Promise.all(units.map((u) => u.kill()));
       },
     };
   } catch (err) {

@@ -1,7 +1,9 @@
 // `make up`: runs the local federation in the foreground (src/system/federation.ts: a hub and two
 // worker clusters, region-a and region-b, each with its worker, router and Envoy), writes
-// `.asb/env` when it is ready, prints the endpoints, and on Ctrl-C or SIGTERM stops everything it
-// started, in order. A second signal kills at once.
+// `.asb/env` when it is ready, prints the endpoints, restarts a process that crashes (with
+// backoff, giving up on one that keeps crashing: src/system/supervisor.ts), and on Ctrl-C or
+// SIGTERM stops everything it started, in order, and exits after the last. A second signal kills
+// everything at once and still waits for it to be gone.
 //
 // Settings (environment; the worker's own ASB_* variables in config.ts apply too):
 //   ASB_STATE_DIR          where .asb lives (default <repo>/.asb)
@@ -22,7 +24,8 @@ import { createLogger } from './log.ts';
 import { startFederation, type Federation } from './federation.ts';
 import { ensureEdgeTls } from '../edge/tls.ts';
 import { startLocalSystem, type LocalSystem } from './local-system.ts';
-import type { ReadyChild } from './child.ts';
+import { systemClock } from './clock.ts';
+import type { SupervisorOptions } from './supervisor.ts';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 
@@ -41,9 +44,17 @@ function port(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
 interface Running {
   env: Record<string, string>;
   banner: string;
-  children: ReadyChild<{ ready: true }>[];
-  kill(): void;
+  /** Kills every process at once; resolves when all have exited. */
+  kill(): Promise<void>;
   stop(): Promise<void>;
+}
+
+/** A signal this soon after the first is its echo (make forwarding it), not a second Ctrl-C. */
+const ECHO_WINDOW_MS = 1000;
+
+/** How make up supervises its processes (src/system/supervisor.ts): said on the console. */
+function supervisorPolicy(): SupervisorOptions {
+  return { clock: systemClock, say: (line) => console.error(`supervisor: ${line}`) };
 }
 
 async function main(): Promise<void> {
@@ -68,14 +79,25 @@ async function main(): Promise<void> {
 Try:  npx asb create --template base${federated ? ' --region region-b' : ''}   then   npx asb exec <id> -- echo hello   or   npx asb shell <id>
 Ctrl-C stops everything.`);
 
+  // Every process runs in a group of its own (child.ts ownGroup): a Ctrl-C or a SIGTERM to ours
+  // reaches only this supervisor, which stops them in order and exits after the last one, so a
+  // `make up` right after finds nothing of the old one still running.
   let stopping = false;
+  let firstSignalAt = 0;
   const stop = (sig: NodeJS.Signals): void => {
     if (stopping) {
+      // make forwards a SIGTERM it got to us, so a SIGTERM to the process group arrives twice
+      // within milliseconds: that echo must not turn a stop (which hibernates) into a kill.
+      if (Date.now() - firstSignalAt < ECHO_WINDOW_MS) return;
       console.error('second signal: killing everything now');
-      running.kill();
-      process.exit(1);
+      running.kill().then(
+        () => process.exit(1),
+        () => process.exit(1),
+      );
+      return;
     }
     stopping = true;
+    firstSignalAt = Date.now();
     console.log(`\n${sig}: stopping (Envoy, router, then each worker hibernates its sandboxes; Ctrl-C again to force)…`);
     running.stop().then(
       () => process.exit(0),
@@ -87,13 +109,6 @@ Ctrl-C stops everything.`);
   };
   process.on('SIGINT', stop);
   process.on('SIGTERM', stop);
-  for (const child of running.children) {
-    void child.exited.then((code) => {
-      if (stopping) return;
-      console.error(`${child.name} exited unexpectedly (${String(code)}); its log is under ${stateDir}. Stopping.`);
-      stop('SIGTERM');
-    });
-  }
 }
 
 /**
@@ -118,6 +133,7 @@ async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Runni
     edgeTls: { port: port(env, 'ASB_EDGE_TLS_PORT', 10002), files: edgeTls },
     domain,
     clusterName: env.ASB_CLUSTER_NAME ?? 'local',
+    supervise: supervisorPolicy(),
   });
   const edgeTlsUrl = system.edgeTlsUrl ?? '';
   return {
@@ -137,12 +153,7 @@ async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Runni
   edge (TLS)   ${edgeTlsUrl}   HTTP/2; trust ${edgeTls.caCertPath}
   E2B SDKs     source ${join(stateDir, 'env')}: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_DOMAIN are set
   metrics      ${system.apiUrl}/metrics  (needs the API key)`,
-    children: [system.worker, system.router],
-    kill() {
-      system.worker.proc.kill('SIGKILL');
-      system.router.proc.kill('SIGKILL');
-      system.envoy.destroy();
-    },
+    kill: () => system.kill(),
     stop: () => system.stop(),
   };
 }
@@ -171,6 +182,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<R
       bridge: r.bridge,
       subnet: r.subnet,
     })),
+    supervise: supervisorPolicy(),
   });
   const first = fed.clusters[0];
   if (first === undefined) throw new Error('no cluster started');
@@ -197,15 +209,7 @@ ${rows.join('\n')}
   API          ${first.edgeUrl}/v1/…  through the edge: creates are placed by the hub, any edge reaches any sandbox
   sandboxes    http://<port>-<id>.${fed.domain}:<edge port>  (any cluster's edge); HTTPS: trust ${fed.edgeCaCertPath ?? ''}
   E2B SDKs     source ${join(stateDir, 'env')}: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_DOMAIN are set`,
-    children: [fed.hub, ...fed.clusters.flatMap((c) => [c.worker, c.router])],
-    kill() {
-      fed.hub.proc.kill('SIGKILL');
-      for (const c of fed.clusters) {
-        c.worker.proc.kill('SIGKILL');
-        c.router.proc.kill('SIGKILL');
-        c.envoy.destroy();
-      }
-    },
+    kill: () => fed.kill(),
     stop: () => fed.stop(),
   };
 }

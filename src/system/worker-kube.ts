@@ -33,12 +33,13 @@ export async function connectKube(config: WorkerConfig, opts: { clock: Clock; me
 }
 
 /**
- * Sandboxes as Pods (with their PVCs) in --namespace, whatever namespace their Sandbox is in: the
- * worker's own namespace (the kubeconfig's, in a Pod) is for the worker, and its Pod Security
- * level is not one a sandbox image can be expected to meet.
+ * Sandboxes as Pods (with their PVCs) in --pod-namespace (default --namespace), whatever
+ * namespace their Sandbox is in: the worker's own namespace (the kubeconfig's, in a Pod) is for
+ * the worker and holds its Secrets; clusters/base runs sandboxes in `agent-sandboxes`, which
+ * enforces Pod Security `restricted`.
  */
 export function createKubePodRuntime(config: WorkerConfig, kube: KubeConnection, opts: { clock: Clock; log: Logger }): Promise<PodRuntime> {
-  return createKubeRuntime({ kubeconfig: kube.kubeconfig, store: kube.store, namespace: config.namespace, log: opts.log, clock: opts.clock });
+  return createKubeRuntime({ kubeconfig: kube.kubeconfig, store: kube.store, namespace: config.podNamespace, log: opts.log, clock: opts.clock });
 }
 
 export interface LedControllers {

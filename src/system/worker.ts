@@ -19,7 +19,7 @@ import { startClaimFront } from '../operator/claim-front.ts';
 import { startOperator } from '../operator/operator.ts';
 import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
-import { openSqliteStore } from '../store/sqlite.ts';
+import { EXITING_OWNER_WAIT_MS, openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { createAccessTokens, loadClusterSecret } from '../worker/access-token.ts';
 import type { WorkerOperator } from '../worker/deps.ts';
@@ -61,7 +61,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const hubCredential = config.hubCredentialFile === undefined ? undefined : readCredential(config.hubCredentialFile);
 
   const kube = config.store === 'kube' ? await (await import('./worker-kube.ts')).connectKube(config, { clock, metrics, log: log.child({ component: 'store' }) }) : undefined;
-  const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), clock, metrics, log: log.child({ component: 'store' }) }));
+  const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
   const runtime = deps.runtime ?? (await createRuntime(config, kube, clock, log));
   // The built-ins are the operator's to make; an API-only process finds them made.
   if (config.role !== 'api') await ensureBuiltins(store, config);
@@ -123,6 +123,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
           terminal: { idleMs: config.terminalIdleMs },
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
+          ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
         });
   const handler = api?.handler ?? operatorEndpoints({ auth: keyRing, registry, metrics, log, led });
   const server = createServer(handler);

@@ -42,6 +42,8 @@ export const TERMINAL_CLOSE = {
   sandboxGone: 4001,
   /** Idle timeout. */
   idle: 4002,
+  /** The API key that opened the session (by header, or through the terminal token it got) was revoked. */
+  keyRevoked: 4003,
   /** Internal error opening or running the PTY. */
   internal: 1011,
 } as const;

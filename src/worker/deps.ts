@@ -25,6 +25,10 @@ export interface WorkerOperator {
 
 export interface Authenticator {
   verify(presented: string): Principal | undefined;
+  /** Whether the key with this prefix still verifies (a terminal token is good only while its key is). */
+  live(prefix: string): boolean;
+  /** Calls `listener` with a key's prefix once it is revoked (or grants less); returns the unsubscribe. */
+  onRevoked(listener: (prefix: string) => void): () => void;
 }
 
 export interface WorkerLimits {
@@ -88,6 +92,8 @@ export interface WorkerDeps {
   terminal?: TerminalLimits;
   /** The hub sync agent's state, for /v1/status (absent when the worker runs without a hub). */
   sync?: () => { connected: boolean; appliedVersion: number };
+  /** Tells the hub what this cluster holds now and waits (≤ timeoutMs) until it has (SyncAgent.reportNow). */
+  reportToHub?: (timeoutMs: number) => Promise<boolean>;
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
@@ -105,4 +111,5 @@ export interface WorkerContext {
   index: SandboxIndex;
   dataPlane: DataPlane;
   sync: (() => { connected: boolean; appliedVersion: number }) | undefined;
+  reportToHub: ((timeoutMs: number) => Promise<boolean>) | undefined;
 }

@@ -1,6 +1,8 @@
 // Checks a JSON request body against a small field table: every problem (unknown field, wrong
 // type, out of range) is collected and reported at once as 422 Invalid, each naming its field,
-// before the route touches anything.
+// before the route touches anything. Also what a command may be given (spawnProblems): input
+// execve cannot take is 400 BadRequest naming each field, checked by every caller that runs one
+// (REST exec, envd process.Start, E2B create's envVars), so spawn never fails on it with a 500.
 import { AsbError, type FieldProblem } from '../errors.ts';
 import { isObjectName } from './access.ts';
 
@@ -137,4 +139,88 @@ export function applyList(raw: unknown): unknown[] {
   if (!Array.isArray(list)) throw new AsbError('Invalid', 'request body is invalid: objects: must be an array of objects', { fields: [{ field: 'objects', message: 'must be an array' }] });
   if (list.length > MAX_APPLY_OBJECTS) throw new AsbError('Invalid', `request body is invalid: objects: at most ${MAX_APPLY_OBJECTS} objects per apply`, { fields: [{ field: 'objects', message: `at most ${MAX_APPLY_OBJECTS}` }] });
   return list;
+}
+
+/**
+ * Linux MAX_ARG_STRLEN (32 pages of 4 KiB): the longest single argument or environment string
+ * ("NAME=value") execve takes, its terminating NUL included; past it the spawn fails with E2BIG.
+ */
+export const MAX_ARG_BYTES = 32 * 4096 - 1;
+/**
+ * Every argument and environment string of one command together. execve allows a quarter of the
+ * stack limit (ARG_MAX: 2 MiB under the usual 8 MiB); keeping callers to half of that leaves room
+ * for the wrapper we run the command under (nsenter, setpriv, env: ~20 strings, ~4 KiB of paths)
+ * and the pod's own environment, so a command under this never meets E2BIG.
+ */
+export const MAX_SPAWN_BYTES = 1024 * 1024;
+
+/** What a caller asks to run, each part with the field of the request it came from. */
+export interface SpawnInput {
+  /** The command's field (named when all of it is too long) and its arguments, program first, each with its own field (`command[1]`, `process.args[0]`). */
+  argv?: { field: string; args: readonly { field: string; value: string }[] };
+  /** The environment and the field its names hang off (`env` → `env.PATH`). */
+  env?: { field: string; vars: Readonly<Record<string, string>> };
+  cwd?: { field: string; value: string };
+}
+
+/** argv entries named `<field>[i]`, or one entry named `<field>` for a string run by a shell. */
+export function argvFields(field: string, command: readonly string[] | string): NonNullable<SpawnInput['argv']> {
+  return { field, args: typeof command === 'string' ? [{ field, value: command }] : command.map((value, i) => ({ field: `${field}[${i}]`, value })) };
+}
+
+const NUL_MESSAGE = 'must not contain a NUL byte (a program cannot be given one)';
+
+/**
+ * What execve would refuse, as problems naming each field: a NUL byte anywhere (Node throws before
+ * spawning), an environment name that is empty or holds "=", one string over MAX_ARG_BYTES, or
+ * all of them together over MAX_SPAWN_BYTES (both E2BIG).
+ */
+export function spawnProblems(input: SpawnInput): FieldProblem[] {
+  const problems: FieldProblem[] = [];
+  const tooLong = (field: string, bytes: number): void => {
+    problems.push({ field, message: `is ${bytes} bytes; one argument or environment variable may be at most ${MAX_ARG_BYTES} bytes (Linux MAX_ARG_STRLEN); pass large data through stdin or a file` });
+  };
+  let argvBytes = 0;
+  for (const { field, value } of input.argv?.args ?? []) {
+    const bytes = Buffer.byteLength(value, 'utf8');
+    argvBytes += bytes + 1;
+    if (value.includes('\0')) problems.push({ field, message: NUL_MESSAGE });
+    else if (bytes > MAX_ARG_BYTES) tooLong(field, bytes);
+  }
+  let envBytes = 0;
+  if (input.env !== undefined) {
+    const { field, vars } = input.env;
+    for (const [name, value] of Object.entries(vars)) {
+      const bytes = Buffer.byteLength(name, 'utf8') + 1 + Buffer.byteLength(value, 'utf8');
+      envBytes += bytes + 1;
+      if (name === '') problems.push({ field, message: 'a variable name must not be empty' });
+      else if (name.includes('\0')) problems.push({ field: `${field}.${name}`, message: `the name ${NUL_MESSAGE}` });
+      else if (name.includes('=')) problems.push({ field: `${field}.${name}`, message: 'the name must not contain "="' });
+      else if (value.includes('\0')) problems.push({ field: `${field}.${name}`, message: NUL_MESSAGE });
+      else if (bytes > MAX_ARG_BYTES) tooLong(`${field}.${name}`, bytes);
+    }
+  }
+  if (input.cwd?.value.includes('\0') === true) problems.push({ field: input.cwd.field, message: NUL_MESSAGE });
+  if (problems.length === 0 && argvBytes + envBytes > MAX_SPAWN_BYTES) {
+    const field = (argvBytes >= envBytes ? input.argv?.field : undefined) ?? input.env?.field ?? 'command';
+    problems.push({ field, message: `arguments (${argvBytes} bytes) and environment (${envBytes} bytes) together may be at most ${MAX_SPAWN_BYTES} bytes; pass large data through stdin or a file` });
+  }
+  return problems;
+}
+
+/** Throws 400 naming every field execve would refuse (spawnProblems), before anything runs. */
+export function checkSpawnInput(input: SpawnInput): void {
+  const problems = spawnProblems(input);
+  if (problems.length === 0) return;
+  throw new AsbError('BadRequest', `cannot run the command: ${problems.map((p) => `${p.field}: ${p.message}`).join('; ')}`, { fields: problems });
+}
+
+/**
+ * A spawn failure that is the caller's input after all (E2BIG: the pod's environment or a kernel
+ * with a smaller limit pushed it over), as 400 naming `field`; any other error unchanged.
+ */
+export function spawnFailure(err: unknown, field: string): unknown {
+  if (err instanceof AsbError || !(err instanceof Error) || (err as NodeJS.ErrnoException).code !== 'E2BIG') return err;
+  const message = 'arguments and environment are too long for the kernel (E2BIG); pass large data through stdin or a file';
+  return new AsbError('BadRequest', `cannot run the command: ${field}: ${message}`, { fields: [{ field, message }], cause: err });
 }

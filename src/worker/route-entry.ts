@@ -71,7 +71,7 @@ export function routeEntryOf(sandbox: Sandbox, cluster: string, tokens: AccessTo
     state,
     defaultPort: defaultPortOf(sandbox),
     publicPorts: publicPortsOf(sandbox),
-    tokenHash: tokens.tokenHashOf(id),
+    tokenHash: tokens.tokenHashOf(sandbox),
     owner,
   };
   if (state === 'running' && podIp !== undefined) entry.podIp = podIp;

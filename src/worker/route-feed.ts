@@ -27,6 +27,7 @@ import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { WebSocketServer, type WebSocket } from 'ws';
+import { IdHolders } from '../api/sandbox-identity.ts';
 import type { Sandbox } from '../api/types.ts';
 import { SandboxType } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
@@ -114,8 +115,10 @@ export class RouteFeed {
   readonly #maxBuffered: number;
   readonly #pingMs: number;
   readonly #metrics: FeedMetrics | undefined;
-  /** id → entry, and the namespace it came from (a second sandbox of the same name elsewhere is ignored). */
+  /** id → entry, and the namespace it came from: the id's holder's (sandbox-identity.ts). */
   #entries = new Map<string, { entry: RouteEntry; namespace: string }>();
+  /** Which object holds each id: another object of the same name never gets the route or its token hash. */
+  readonly #holders = new IdHolders();
   #version = 0;
   #subscribers = new Set<Subscriber>();
   #watch: Watch | undefined;
@@ -226,9 +229,12 @@ export class RouteFeed {
     } while (token !== undefined);
     if (this.#closed) return;
     const next = new Map<string, { entry: RouteEntry; namespace: string }>();
+    this.#holders.clear();
+    for (const s of items) this.#holders.remember(s);
     for (const s of items) {
+      if (!this.#holders.holds(s)) continue;
       const entry = routeEntryOf(s, cluster, tokens);
-      if (entry !== undefined && !next.has(entry.id)) next.set(entry.id, { entry, namespace: s.metadata.namespace ?? '' });
+      if (entry !== undefined) next.set(entry.id, { entry, namespace: s.metadata.namespace ?? '' });
     }
     this.#entries = next;
     this.#version = Math.max(this.#version, Number(resourceVersion));
@@ -332,8 +338,11 @@ export class RouteFeed {
     if (!(version > this.#version)) return;
     this.#version = version;
     const { name: id, namespace = '' } = event.object.metadata;
+    if (event.type === 'DELETED') this.#holders.forget(event.object);
+    else if (!this.#holders.remember(event.object)) return;
     const prev = this.#entries.get(id);
-    if (prev !== undefined && prev.namespace !== namespace) return;
+    // Another object's delete leaves the holder's entry alone.
+    if (event.type === 'DELETED' && prev !== undefined && prev.namespace !== namespace) return;
     const next = event.type === 'DELETED' ? undefined : routeEntryOf(event.object, this.#opts.cluster, this.#opts.tokens);
     if (next === undefined) {
       if (prev === undefined) return;
@@ -431,13 +440,20 @@ export interface FeedUpgradeOptions {
 /**
  * The HTTP server's 'upgrade' listener: accepts WebSockets on /v1/routes/feed from admin keys and
  * answers anything else with a problem+json response before upgrading (401 no or bad key, 403 not
- * admin, 404 other paths). Returns a close function that stops accepting upgrades.
+ * admin, 404 other paths). A feed whose key is revoked (or loses admin) is closed with 1008, and
+ * its router's reconnect is refused. Returns a close function that stops accepting upgrades.
  */
 export function createFeedUpgrade(opts: FeedUpgradeOptions): { handle: (req: IncomingMessage, socket: Duplex, head: Buffer) => void; close: () => void } {
   const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_INBOUND_FRAME_BYTES });
   let closed = false;
+  /** Open feeds → the prefix of the key that opened each. */
+  const opened = new Map<WebSocket, string>();
+  const unwatchKeys = opts.auth.onRevoked((prefix) => {
+    for (const [ws, by] of opened) if (by === prefix) ws.close(CLOSE.policy, 'the API key that opened this feed was revoked');
+  });
   const handle = (req: IncomingMessage, socket: Duplex, head: Buffer): void => {
     socket.on('error', (err) => opts.log.debug({ err }, 'upgrade socket error'));
+    let prefix: string;
     try {
       if (closed) throw new AsbError('Unavailable', 'the worker is shutting down; reconnect to another worker or retry shortly');
       const path = new URL(req.url ?? '/', 'http://worker.invalid').pathname;
@@ -448,17 +464,25 @@ export function createFeedUpgrade(opts: FeedUpgradeOptions): { handle: (req: Inc
       const principal = opts.auth.verify(key);
       if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown or revoked; ${AUTH_HINT}`);
       if (!principal.admin) throw new AsbError('Forbidden', `the route feed needs an admin API key; key ${principal.prefix} of team "${principal.team}" is not one`);
+      prefix = principal.prefix;
     } catch (err) {
       refuse(socket, err instanceof AsbError ? err : new AsbError('Internal', 'internal error; the worker log has the details', { cause: err }));
       return;
     }
-    wss.handleUpgrade(req, socket, head, (ws) => opts.feed.attach(ws));
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      opened.set(ws, prefix);
+      ws.once('close', () => opened.delete(ws));
+      opts.feed.attach(ws);
+      // Revoked while the handshake ran: the listener above did not see this socket yet.
+      if (!opts.auth.live(prefix)) ws.close(CLOSE.policy, 'the API key that opened this feed was revoked');
+    });
   };
   return {
     handle,
     close: () => {
       if (closed) return;
       closed = true;
+      unwatchKeys();
       wss.close();
     },
   };

@@ -8,7 +8,7 @@ import { readJson } from './body.ts';
 import { discardRest, uploadChunks } from './upload-body.ts';
 import type { UploadSlots } from './upload-slots.ts';
 import type { WorkerContext } from './deps.ts';
-import { checkBody } from './input.ts';
+import { argvFields, checkBody, checkSpawnInput, spawnFailure } from './input.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
 
 // An hour: long builds fit; a forgotten `sleep infinity` does not hold a request forever.
@@ -73,6 +73,11 @@ async function exec(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   if (body.cwd?.startsWith('/') === false) {
     throw new AsbError('Invalid', 'request body is invalid: cwd: must be an absolute path', { fields: [{ field: 'cwd', message: 'must be an absolute path' }] });
   }
+  checkSpawnInput({
+    argv: argvFields('command', body.command),
+    ...(body.env === undefined ? {} : { env: { field: 'env', vars: body.env } }),
+    ...(body.cwd === undefined ? {} : { cwd: { field: 'cwd', value: body.cwd } }),
+  });
   const sandbox = await runningSandbox(w, ctx);
   const id = sandbox.metadata.name;
   const req: ExecRequest = {
@@ -84,7 +89,7 @@ async function exec(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   if (body.cwd !== undefined) req.cwd = body.cwd;
   if (body.timeoutMs !== undefined) req.timeoutMs = body.timeoutMs;
   const result = await w.runtime.exec(id, req).catch((err: unknown) => {
-    throw fileError(err, id, body.cwd ?? '/');
+    throw fileError(spawnFailure(err, 'command'), id, body.cwd ?? '/');
   });
   const decoder = new TextDecoder('utf-8');
   const json: Record<string, unknown> = {

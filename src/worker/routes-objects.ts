@@ -3,18 +3,39 @@
 // it writes any, and undoes its own writes if a later one fails.
 import { applyObject, type ApplyAction } from '../store/apply.ts';
 import type { KubeObject, ResourceType } from '../api/meta.ts';
-import { LABEL, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
+import { HEARTBEAT_MS } from '../hub/contract.ts';
+import { isReservedKey } from '../api/names.ts';
+import { POD_SECURITY_ANNOTATION } from '../api/pod-security.ts';
+import { ANNOTATION, LABEL, type Sandbox, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
 import { canSee, isObjectName, principalOf, requireAdmin, visibilitySelector } from './access.ts';
 import { readJson } from './body.ts';
 import type { WorkerContext } from './deps.ts';
+import { tenantPodProblems } from './pod-admission.ts';
 import { applyList, isPlainObject, namespaceQuery } from './input.ts';
+import { userLabelProblems } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
 
 /** Kinds /v1/apply takes, in the order it writes them (a pool after its template). */
 const APPLY_ORDER: readonly ResourceType[] = [SandboxTemplateType, SandboxWarmPoolType, SandboxType, SandboxClaimType];
+/** Kinds the hub places by (its heartbeats list them): a write of one is told to the hub before it is answered. */
+const PLACEMENT_KINDS: ReadonlySet<string> = new Set([SandboxTemplateType.kind, SandboxWarmPoolType.kind]);
+// One heartbeat interval: the hub answers in a round trip; past this the next regular heartbeat carries it anyway.
+const HUB_REPORT_MS = HEARTBEAT_MS;
+
+/**
+ * After a template or pool write, tells the hub (when this worker has one) what the cluster holds
+ * now and waits until it has it, so a create at the hub or an edge right after the answer finds
+ * the template instead of "no template" until the next heartbeat. A hub that is away delays
+ * nothing past HUB_REPORT_MS: the write stands, and the heartbeat after reconnecting carries it.
+ */
+async function tellHub(w: WorkerContext, kinds: Iterable<string>): Promise<void> {
+  if (w.reportToHub === undefined || ![...kinds].some((k) => PLACEMENT_KINDS.has(k))) return;
+  await w.reportToHub(HUB_REPORT_MS);
+}
+
 /** Kinds whose objects belong to a team (asb.dev/owner) rather than to the cluster's admins. */
 const TEAM_KINDS: ReadonlySet<string> = new Set([SandboxType.kind, SandboxClaimType.kind]);
 // One apply writes at most this many objects: enough for any config file, bounded undo work.
@@ -23,6 +44,27 @@ type Action = ApplyAction;
 
 function notFound(rt: ResourceType, namespace: string, name: string): AsbError {
   return new AsbError('NotFound', `${rt.kind} "${name}" not found in namespace "${namespace}"`);
+}
+
+/** Our annotations a team may set on its own objects; every other reserved key is the controller's. */
+// The pod-security level only narrows from a team key: pod-admission.ts refuses a looser one.
+const TENANT_ANNOTATIONS: ReadonlySet<string> = new Set([ANNOTATION.publicPorts, ANNOTATION.idleTimeoutMs, POD_SECURITY_ANNOTATION]);
+
+/**
+ * What a team key may not write into an object's metadata: labels and annotations under our
+ * reserved prefixes (pool membership, claim binding, token generation, template), and owner
+ * references (a pool or claim owns its sandboxes). The owner label is not refused: it is set
+ * from the key whatever was sent, so re-applying an object read from the API still works.
+ */
+function tenantMetadataProblems(obj: KubeObject, path: string): FieldProblem[] {
+  const at = path === '' ? 'metadata' : `${path}.metadata`;
+  const { [LABEL.owner]: _owner, ...labels } = obj.metadata.labels ?? {};
+  const problems = userLabelProblems(labels, `${at}.labels`);
+  for (const key of Object.keys(obj.metadata.annotations ?? {})) {
+    if (isReservedKey(key) && !TENANT_ANNOTATIONS.has(key)) problems.push({ field: `${at}.annotations.${key}`, message: `is reserved for the controller (a team key may set only ${[...TENANT_ANNOTATIONS].join(', ')} of its prefixes)` });
+  }
+  if ((obj.metadata.ownerReferences ?? []).length > 0) problems.push({ field: `${at}.ownerReferences`, message: 'can be set only with an admin API key' });
+  return problems;
 }
 
 /** Validated, defaulted, namespaced and owned, ready to write; 422 naming every bad field. */
@@ -35,6 +77,10 @@ function prepare(w: WorkerContext, p: Principal, raw: unknown, path: string): { 
     });
   }
   obj.metadata.namespace ??= w.defaultNamespace;
+  if (TEAM_KINDS.has(rt.kind) && !p.admin) {
+    const problems = tenantMetadataProblems(obj, path);
+    if (problems.length > 0) throw new AsbError('Invalid', `${obj.kind} "${obj.metadata.name}" is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
+  }
   if (TEAM_KINDS.has(rt.kind)) obj.metadata.labels = { ...obj.metadata.labels, [LABEL.owner]: p.team };
   return { rt, obj };
 }
@@ -78,6 +124,7 @@ async function putOne(w: WorkerContext, ctx: RequestContext, rt: ResourceType): 
   if (problems.length > 0) throw new AsbError('Invalid', `${rt.kind} "${name}" is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
   const existing = await w.store.tryGet(rt, queryNs, name);
   const result = await upsert(w, rt, obj, existing);
+  await tellHub(w, [rt.kind]);
   return { status: result.action === 'created' ? 201 : 200, json: result.object };
 }
 
@@ -86,7 +133,9 @@ async function deleteOne(w: WorkerContext, ctx: RequestContext, rt: ResourceType
   const obj = await getVisible(w, ctx, rt);
   const ns = obj.metadata.namespace ?? w.defaultNamespace;
   try {
-    return { status: 200, json: await w.store.delete(rt, ns, obj.metadata.name) };
+    const deleted = await w.store.delete(rt, ns, obj.metadata.name);
+    await tellHub(w, [rt.kind]);
+    return { status: 200, json: deleted };
   } catch (err) {
     if (isAsbError(err, 'NotFound')) throw notFound(rt, ns, obj.metadata.name);
     throw err;
@@ -108,26 +157,45 @@ async function apply(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
       problems.push(...(err.fields.length > 0 ? err.fields : [{ field: `objects[${i}]`, message: err.message }]));
     }
   }
+  // Pod security: what a team key may put in a pod spec (issue 14; admins are not checked).
+  problems.push(...await tenantPodProblems(w, p, prepared.map(({ obj, index }) => ({ obj, path: `objects[${index}]` }))));
   if (problems.length > 0) throw new AsbError('Invalid', `nothing was applied: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
 
-  // 2. Authorize everything and read what exists, still without writing.
+  // 2. Authorize everything and read what exists, still without writing. A new Sandbox takes its
+  // id for the cluster here (ids are unique across namespaces: sandbox-identity.ts) and gives it
+  // back once written or refused.
   const plan: { rt: ResourceType; obj: KubeObject; existing: KubeObject | undefined }[] = [];
+  const releases: (() => void)[] = [];
   const ordered = prepared.sort((a, b) => APPLY_ORDER.indexOf(a.rt) - APPLY_ORDER.indexOf(b.rt) || a.index - b.index);
-  for (const { rt, obj, index } of ordered) {
-    if (!TEAM_KINDS.has(rt.kind) && !p.admin) throw new AsbError('Forbidden', `nothing was applied: objects[${index}] is a ${rt.kind}, and writing one needs an admin API key`);
-    const existing = await w.store.tryGet(rt, obj.metadata.namespace ?? w.defaultNamespace, obj.metadata.name);
-    if (existing !== undefined && TEAM_KINDS.has(rt.kind) && !canSee(p, existing)) {
-      throw new AsbError('AlreadyExists', `nothing was applied: objects[${index}]: the name ${rt.kind} "${obj.metadata.name}" is taken; choose another`);
+  try {
+    for (const { rt, obj, index } of ordered) {
+      if (!TEAM_KINDS.has(rt.kind) && !p.admin) throw new AsbError('Forbidden', `nothing was applied: objects[${index}] is a ${rt.kind}, and writing one needs an admin API key`);
+      const ns = obj.metadata.namespace ?? w.defaultNamespace;
+      const existing = await w.store.tryGet(rt, ns, obj.metadata.name);
+      const taken = (): AsbError => new AsbError('AlreadyExists', `nothing was applied: objects[${index}]: the name ${rt.kind} "${obj.metadata.name}" is taken; choose another`);
+      if (existing !== undefined && TEAM_KINDS.has(rt.kind) && !canSee(p, existing)) throw taken();
+      if (existing === undefined && rt === SandboxType) {
+        // The same answer as for a name taken in this namespace: whose it is stays unsaid.
+        const release = w.index.reserve(obj.metadata.name);
+        if (release === undefined) throw taken();
+        releases.push(release);
+      }
+      plan.push({ rt, obj, existing });
     }
-    plan.push({ rt, obj, existing });
+    return await write(w, ctx, plan);
+  } finally {
+    for (const release of releases) release();
   }
+}
 
-  // 3. Write, undoing this request's earlier writes if one fails.
+/** Step 3 of apply: write the plan in order, undoing this request's earlier writes if one fails. */
+async function write(w: WorkerContext, ctx: RequestContext, plan: readonly { rt: ResourceType; obj: KubeObject; existing: KubeObject | undefined }[]): Promise<Reply> {
   const results: { kind: string; namespace: string; name: string; action: Action }[] = [];
   const undo: (() => Promise<unknown>)[] = [];
   try {
     for (const { rt, obj, existing } of plan) {
       const { action, object } = await upsert(w, rt, obj, existing);
+      if (rt === SandboxType) w.index.remember(object as Sandbox);
       const ns = object.metadata.namespace ?? w.defaultNamespace;
       if (action === 'created') undo.push(() => w.store.delete(rt, ns, object.metadata.name));
       if (action === 'configured' && existing !== undefined) undo.push(() => w.store.update(rt, { ...existing, metadata: { ...existing.metadata, resourceVersion: object.metadata.resourceVersion ?? '' } }));
@@ -139,6 +207,7 @@ async function apply(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     }
     throw err;
   }
+  await tellHub(w, results.filter((r) => r.action !== 'unchanged').map((r) => r.kind));
   return { status: 200, json: { results } };
 }
 

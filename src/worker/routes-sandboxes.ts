@@ -14,7 +14,7 @@ import type { WorkerContext } from './deps.ts';
 import { checkBody, queryInt } from './input.ts';
 import { checkSelector } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
-import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, setShutdownIn } from './sandbox-lifecycle.ts';
+import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, rotateAccessToken, setShutdownIn } from './sandbox-lifecycle.ts';
 import { reachableView, sandboxView, type SandboxView } from './views.ts';
 
 const PHASES: readonly SandboxPhase[] = ['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating'];
@@ -126,6 +126,12 @@ async function timeout(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   return viewReply(w, 200, await setShutdownIn(w, sandbox, body.timeoutMs));
 }
 
+async function rotateToken(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
+  checkBody(await readJson(ctx.req, w.limits.jsonBytes), {});
+  return viewReply(w, 200, await rotateAccessToken(w, sandbox));
+}
+
 export function sandboxRoutes(w: WorkerContext): Route[] {
   return [
     { method: 'POST', pattern: '/v1/sandboxes', handler: (ctx) => create(w, ctx) },
@@ -135,5 +141,6 @@ export function sandboxRoutes(w: WorkerContext): Route[] {
     { method: 'POST', pattern: '/v1/sandboxes/{id}/pause', handler: (ctx) => pause(w, ctx) },
     { method: 'POST', pattern: '/v1/sandboxes/{id}/resume', handler: (ctx) => resume(w, ctx) },
     { method: 'POST', pattern: '/v1/sandboxes/{id}/timeout', handler: (ctx) => timeout(w, ctx) },
+    { method: 'POST', pattern: '/v1/sandboxes/{id}/access-token', handler: (ctx) => rotateToken(w, ctx) },
   ];
 }

@@ -5,7 +5,7 @@
 import { LABEL } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
 import { TERMINAL_PATH_SUFFIX, TERMINAL_TOKENS_PATH_SUFFIX, type TerminalTokenView } from '../terminal/contract.ts';
-import { findSandbox } from './access.ts';
+import { findSandbox, principalOf } from './access.ts';
 import type { WorkerContext } from './deps.ts';
 import type { Route } from './router.ts';
 import type { TerminalTokens } from './terminal-token.ts';
@@ -20,7 +20,8 @@ export function terminalRoutes(w: WorkerContext, tokens: TerminalTokens): Route[
         const id = sandbox.metadata.name;
         // The token is bound to the owner team (none: ''), so it opens nothing once the sandbox changes hands.
         const team = sandbox.metadata.labels?.[LABEL.owner] ?? '';
-        const issued = tokens.issue(id, team);
+        // And to the key asking, so revoking that key ends what the token opens (terminal.ts).
+        const issued = tokens.issue(id, team, principalOf(ctx).prefix);
         const view: TerminalTokenView = {
           token: issued.token,
           expiresAt: new Date(issued.expiresAt).toISOString(),

@@ -1,6 +1,9 @@
 // Sandbox id → namespace. The REST API addresses a sandbox by id alone, the store by
-// (namespace, name); ids are unique per worker, so a map fed by a watch on every namespace
-// answers in O(1). Misses fall back to the store (a create the watch has not delivered yet).
+// (namespace, name); an id names one sandbox per cluster (sandbox-identity.ts), so a map fed by a
+// watch on every namespace answers in O(1). Misses fall back to the store (a create the watch has
+// not delivered yet). Objects that share a name are all kept, and lookups go to the holder, so
+// a second object under a taken id never reaches the first one's pod, whatever the event order.
+import { IdHolders } from '../api/sandbox-identity.ts';
 import type { Sandbox } from '../api/types.ts';
 import { SandboxType } from '../api/types.ts';
 import type { ObjectStore, Watch } from '../store/store.ts';
@@ -11,7 +14,9 @@ export class SandboxIndex {
   readonly #store: ObjectStore;
   readonly #log: Logger;
   readonly #clock: Clock;
-  #namespaces = new Map<string, string>();
+  readonly #holders = new IdHolders();
+  /** Ids an apply is creating right now: taken before its write, so two applies cannot both pass. */
+  readonly #reserved = new Set<string>();
   #watch: Watch | undefined;
   #retry: Timer | undefined;
   #failures = 0;
@@ -31,12 +36,12 @@ export class SandboxIndex {
 
   /** The sandbox with this id, wherever it lives, or undefined. */
   async find(id: string, fallbackNamespaces: readonly string[]): Promise<Sandbox | undefined> {
-    const known = this.#namespaces.get(id);
-    const candidates = known === undefined ? fallbackNamespaces : [known];
-    for (const ns of candidates) {
+    const known = this.#holders.holder(id);
+    if (known !== undefined) return this.#store.tryGet<Sandbox>(SandboxType, known.namespace, id);
+    for (const ns of fallbackNamespaces) {
       const found = await this.#store.tryGet<Sandbox>(SandboxType, ns, id);
       if (found !== undefined) {
-        this.#namespaces.set(id, ns);
+        this.remember(found);
         return found;
       }
     }
@@ -45,11 +50,22 @@ export class SandboxIndex {
 
   /** Whether a sandbox with this id exists, as far as the watch has seen (no store read). */
   has(id: string): boolean {
-    return this.#namespaces.has(id);
+    return this.#holders.holder(id) !== undefined;
   }
 
-  remember(id: string, namespace: string): void {
-    this.#namespaces.set(id, namespace);
+  /**
+   * Takes `id` for a create that is about to be written; undefined when a sandbox has it or
+   * another create is taking it. Synchronous, so check and take are one step on this worker.
+   * The returned function gives the reservation back (after the write, or when it failed).
+   */
+  reserve(id: string): (() => void) | undefined {
+    if (this.has(id) || this.#reserved.has(id)) return undefined;
+    this.#reserved.add(id);
+    return () => this.#reserved.delete(id);
+  }
+
+  remember(sandbox: Sandbox): void {
+    this.#holders.remember(sandbox);
   }
 
   close(): void {
@@ -61,16 +77,14 @@ export class SandboxIndex {
 
   async #sync(): Promise<void> {
     const listed = await this.#store.list<Sandbox>(SandboxType);
-    const next = new Map<string, string>();
-    for (const s of listed.items) next.set(s.metadata.name, s.metadata.namespace ?? 'default');
-    this.#namespaces = next;
+    this.#holders.clear();
+    for (const s of listed.items) this.#holders.remember(s);
     if (this.#closed) return;
     this.#watch = this.#store.watch<Sandbox>(SandboxType, { resourceVersion: listed.resourceVersion }, {
       onEvent: (event) => {
         this.#failures = 0;
-        const { name, namespace } = event.object.metadata;
-        if (event.type === 'DELETED') this.#namespaces.delete(name);
-        else if (event.type !== 'BOOKMARK') this.#namespaces.set(name, namespace ?? 'default');
+        if (event.type === 'DELETED') this.#holders.forget(event.object);
+        else if (event.type !== 'BOOKMARK') this.#holders.remember(event.object);
       },
       onError: (err) => {
         this.#log.warn({ err }, 'sandbox watch ended; re-listing');

@@ -2,11 +2,12 @@
 // E2B-compatible routes (e2b/routes.ts), so both APIs claim, pause, resume, time out and delete
 // the same way. Lifecycle changes are spec writes; the operator does the work.
 import type { Sandbox } from '../api/types.ts';
-import { SandboxTemplateType, SandboxType, wantsRunning } from '../api/types.ts';
+import { ANNOTATION, SandboxTemplateType, SandboxType, wantsRunning } from '../api/types.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { ClaimRequest, ClaimResult } from '../operator/claimer.ts';
 import { sandboxNotFound } from './access.ts';
+import { tokenGenerationOf } from './access-token.ts';
 import type { Watch, WatchOptions } from '../store/store.ts';
 import type { Timer } from '../system/clock.ts';
 import type { WorkerContext } from './deps.ts';
@@ -57,7 +58,7 @@ export async function claimSandbox(w: WorkerContext, p: Principal, opts: ClaimOp
   if (opts.idleTimeoutMs !== undefined) req.idleTimeoutMs = opts.idleTimeoutMs;
   const claimed = await w.operator.claimer.claim(req);
   let sandbox = claimed.sandbox;
-  w.index.remember(sandbox.metadata.name, namespace);
+  w.index.remember(sandbox);
   if (opts.wait && !sandboxView(sandbox).ready) sandbox = await waitReady(w, sandbox);
   return { sandbox, launch: claimed.launch };
 }
@@ -151,4 +152,16 @@ export async function deleteSandbox(w: WorkerContext, sandbox: Sandbox): Promise
     if (isAsbError(err, 'NotFound')) throw sandboxNotFound(sandbox.metadata.name);
     throw err;
   }
+}
+
+/**
+ * Gives the sandbox a new access token: bumps its token generation (access-token.ts), so every
+ * token handed out before stops opening it: at envd at once, at the edge once the route feed has
+ * carried the new hash (milliseconds). Open terminal sessions are not tokens and stay open.
+ */
+export function rotateAccessToken(w: WorkerContext, sandbox: Sandbox): Promise<Sandbox> {
+  return mutateSandbox(w, sandbox, (s) => ({
+    ...s,
+    metadata: { ...s.metadata, annotations: { ...s.metadata.annotations, [ANNOTATION.tokenGeneration]: String(tokenGenerationOf(s) + 1) } },
+  }));
 }

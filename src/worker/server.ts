@@ -88,7 +88,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   // sandbox id can take (ids have no ':'), so they verify on every worker of the cluster and
   // survive a restart, and no access token is ever a terminal-token key.
   const terminalTokens = createTerminalTokens({
-    key: createSecretKey(Buffer.from(dataPlane.tokens.accessToken('asb:terminal-token-key'), 'utf8')),
+    key: createSecretKey(Buffer.from(dataPlane.tokens.derive('asb:terminal-token-key'), 'utf8')),
     clock,
     ttlMs: deps.terminal?.tokenTtlMs ?? TERMINAL_TOKEN_TTL_MS,
   });
@@ -107,6 +107,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     index,
     dataPlane,
     sync: deps.sync,
+    reportToHub: deps.reportToHub,
   });
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
   const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });

@@ -54,11 +54,17 @@ export interface SyncStatus {
 
 export interface SyncAgent {
   status(): SyncStatus;
+  /**
+   * Sends a heartbeat now and resolves true once the hub has taken it in (placement sees what
+   * this cluster holds as of now), false when not connected or after `timeoutMs`. Called after a
+   * local template or pool write, so a create at the hub right after it finds the template.
+   */
+  reportNow(timeoutMs: number): Promise<boolean>;
   /** Closes the connection and stops reconnecting; waits for a batch being applied. Idempotent. */
   close(): Promise<void>;
 }
 
-type Incoming = { type: 'snapshot'; version: number; items: SyncItem[] } | { type: 'delta'; version: number; item: SyncItem } | { type: 'heartbeat'; version: number };
+type Incoming = { type: 'snapshot'; version: number; items: SyncItem[] } | { type: 'delta'; version: number; item: SyncItem } | { type: 'heartbeat'; version: number; seq?: number };
 
 export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
   const log = opts.log.child({ component: 'sync-agent', hub: opts.hubUrl });
@@ -80,6 +86,16 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
   let queue: Incoming[] = [];
   let applying: Promise<void> | undefined;
   let closed = false;
+  /** Heartbeats sent with a seq and not answered yet: seq → resolve. */
+  const awaiting = new Map<number, (taken: boolean) => void>();
+  let nextSeq = 1;
+  const settleAwaiting = (upTo: number, taken: boolean): void => {
+    for (const [seq, resolve] of awaiting) {
+      if (seq > upTo) continue;
+      awaiting.delete(seq);
+      resolve(taken);
+    }
+  };
   // The cluster's other processes (the API Deployment's route feed) read the link from the store.
   const link = publishHubLink(store, clock, log);
 
@@ -173,9 +189,9 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
     });
   };
 
-  const sendHeartbeat = (socket: WebSocket): void => {
+  const sendHeartbeat = (socket: WebSocket, seq?: number): void => {
     heartbeatCounts(store).then(
-      ({ warm, templates, pools }) => sendTo(socket, { type: 'heartbeat', warm, healthy: true, templates, pools }),
+      ({ warm, templates, pools }) => sendTo(socket, { type: 'heartbeat', warm, healthy: true, templates, pools, ...(seq === undefined ? {} : { seq }) }),
       (err: unknown) => log.warn({ err }, 'could not count warm sandboxes for the heartbeat'),
     );
   };
@@ -208,6 +224,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
         return;
       }
       failures = 0;
+      if (msg.type === 'heartbeat' && msg.seq !== undefined) settleAwaiting(msg.seq, true);
       hubVersion = Math.max(hubVersion ?? 0, msg.version);
       queue.push(msg);
       drain(socket);
@@ -225,6 +242,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
       link.set(false);
       ws = undefined;
       queue = [];
+      settleAwaiting(Infinity, false);
       scheduleReconnect();
     });
   };
@@ -243,6 +261,21 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
   let closing: Promise<void> | undefined;
   return {
     status: () => ({ connected, appliedVersion: applied, ...(hubVersion === undefined ? {} : { hubVersion }) }),
+    reportNow(timeoutMs) {
+      const socket = ws;
+      if (socket === undefined || !connected) return Promise.resolve(false);
+      const seq = nextSeq++;
+      return new Promise((resolve) => {
+        const timer = clock.after(timeoutMs, () => {
+          if (awaiting.delete(seq)) resolve(false);
+        });
+        awaiting.set(seq, (taken) => {
+          timer.cancel();
+          resolve(taken);
+        });
+        sendHeartbeat(socket, seq);
+      });
+    },
     close() {
       closing ??= (async () => {
         closed = true;
@@ -260,6 +293,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
           timer.cancel();
         }
         await applying;
+        settleAwaiting(Infinity, false);
         await link.close();
       })();
       return closing;
@@ -302,6 +336,6 @@ function parseMessage(data: RawData): Incoming {
   if (typeof msg !== 'object' || !Number.isSafeInteger(msg.version)) throw new Error('frame lacks a version');
   if (msg.type === 'snapshot' && Array.isArray(msg.items)) return msg;
   if (msg.type === 'delta' && typeof msg.item === 'object') return msg;
-  if (msg.type === 'heartbeat') return msg;
+  if (msg.type === 'heartbeat') return msg.seq === undefined || Number.isSafeInteger(msg.seq) ? msg : { type: 'heartbeat', version: msg.version };
   throw new Error('unknown frame type');
 }

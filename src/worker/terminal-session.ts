@@ -11,14 +11,15 @@
 //
 // A session ends exactly once, with one reason (counted by the endpoint): exit (the program
 // ended: `exit` frame, then close 1000), client (the client closed or the socket failed), idle,
-// sandboxGone, shutdown, protocol (a bad control frame), error (the PTY failed).
+// sandboxGone, shutdown, protocol (a bad control frame), error (the PTY failed), revoked (the API
+// key that opened it was revoked: the PTY is hung up at once, so input still in flight runs nothing).
 import { WebSocket, type RawData } from 'ws';
 import { TERMINAL_CLOSE, TERMINAL_HIGH_WATER_BYTES, type TerminalServerControl } from '../terminal/contract.ts';
 import type { PtySession } from '../runtime/runtime.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 
-export type TerminalEndReason = 'exit' | 'client' | 'idle' | 'sandboxGone' | 'shutdown' | 'protocol' | 'error';
+export type TerminalEndReason = 'exit' | 'client' | 'idle' | 'sandboxGone' | 'shutdown' | 'protocol' | 'error' | 'revoked';
 
 /** A close handshake the client does not finish within this long is cut (terminate). */
 const CLOSE_GRACE_MS = 2000;
@@ -31,6 +32,8 @@ export interface TerminalSessionOptions {
   ws: WebSocket;
   pty: PtySession;
   sandboxId: string;
+  /** The prefix of the API key that opened the session, itself or through a terminal token. */
+  keyPrefix: string;
   cluster: string;
   idleMs: number;
   clock: Clock;
@@ -48,6 +51,7 @@ export interface TerminalSessionOptions {
 
 export class TerminalSession {
   readonly sandboxId: string;
+  readonly keyPrefix: string;
   readonly #o: TerminalSessionOptions;
   #ended = false;
   #lastFrame: number;
@@ -58,6 +62,7 @@ export class TerminalSession {
   constructor(opts: TerminalSessionOptions) {
     this.#o = opts;
     this.sandboxId = opts.sandboxId;
+    this.keyPrefix = opts.keyPrefix;
     this.#lastFrame = opts.clock.now();
   }
 
@@ -215,6 +220,8 @@ function closeCode(reason: TerminalEndReason): number {
       return TERMINAL_CLOSE.protocolError;
     case 'error':
       return TERMINAL_CLOSE.internal;
+    case 'revoked':
+      return TERMINAL_CLOSE.keyRevoked;
   }
 }
 
@@ -234,6 +241,8 @@ function defaultDetail(reason: TerminalEndReason): string {
       return 'protocol error';
     case 'error':
       return 'the terminal failed; the worker log has the details';
+    case 'revoked':
+      return 'the API key that opened this terminal was revoked';
   }
 }
 

@@ -2,7 +2,10 @@
 // header on one. POST /v1/sandboxes/{id}/terminal-tokens (API key) issues a token; the terminal
 // endpoint accepts it once, for that sandbox only, until it expires.
 //
-// token = base64url(JSON {s: sandbox id, t: owner team, e: expiry ms, n: nonce}) "." base64url(HMAC-SHA256)
+// token = base64url(JSON {s: sandbox id, t: owner team, k: issuing key's prefix, e: expiry ms, n: nonce}) "." base64url(HMAC-SHA256)
+//
+// The issuing key's prefix rides along so a session the token opens closes when that key is
+// revoked, and a token whose key was revoked before it was used opens nothing (terminal.ts).
 //
 // Signed rather than stored, so issuing costs no write and a worker restart loses nothing but the
 // list of used nonces (a token used before a restart could then be used once more within its TTL,
@@ -18,12 +21,14 @@ export interface TerminalTokenClaims {
   sandboxId: string;
   /** The sandbox's owner team when the token was issued. */
   team: string;
+  /** The prefix of the API key that asked for the token. */
+  keyPrefix: string;
   /** Epoch ms after which the token is refused. */
   expiresAt: number;
 }
 
 export interface TerminalTokens {
-  issue(sandboxId: string, team: string): { token: string; expiresAt: number };
+  issue(sandboxId: string, team: string, keyPrefix: string): { token: string; expiresAt: number };
   /** The token's claims if it is genuine, unexpired, unused and for this sandbox; marks it used. 401 otherwise. */
   redeem(token: string, sandboxId: string): TerminalTokenClaims;
 }
@@ -52,9 +57,9 @@ export function createTerminalTokens(opts: TerminalTokenOptions): TerminalTokens
   const refuse = (why: string): AsbError => new AsbError('Unauthorized', `terminal token refused: ${why}; get a new one with POST /v1/sandboxes/{id}/terminal-tokens`);
 
   return {
-    issue(sandboxId, team) {
+    issue(sandboxId, team, keyPrefix) {
       const expiresAt = clock.now() + ttlMs;
-      const body = Buffer.from(JSON.stringify({ s: sandboxId, t: team, e: expiresAt, n: randomBytes(NONCE_BYTES).toString('base64url') }), 'utf8').toString('base64url');
+      const body = Buffer.from(JSON.stringify({ s: sandboxId, t: team, k: keyPrefix, e: expiresAt, n: randomBytes(NONCE_BYTES).toString('base64url') }), 'utf8').toString('base64url');
       return { token: `${body}.${sign(body).toString('base64url')}`, expiresAt };
     },
     redeem(token, sandboxId) {
@@ -72,7 +77,7 @@ export function createTerminalTokens(opts: TerminalTokenOptions): TerminalTokens
       if (claims.sandboxId !== sandboxId) throw refuse(`issued for another sandbox, not "${sandboxId}"`);
       if (used.has(claims.nonce)) throw refuse('already used (a token opens one session)');
       used.set(claims.nonce, claims.expiresAt);
-      return { sandboxId: claims.sandboxId, team: claims.team, expiresAt: claims.expiresAt };
+      return { sandboxId: claims.sandboxId, team: claims.team, keyPrefix: claims.keyPrefix, expiresAt: claims.expiresAt };
     },
   };
 }
@@ -85,7 +90,8 @@ function parseBody(body: string): (TerminalTokenClaims & { nonce: string }) | un
     return undefined;
   }
   if (typeof parsed !== 'object' || parsed === null) return undefined;
-  const { s, t, e, n } = parsed as Record<string, unknown>;
-  if (typeof s !== 'string' || typeof t !== 'string' || typeof e !== 'number' || typeof n !== 'string') return undefined;
-  return { sandboxId: s, team: t, expiresAt: e, nonce: n };
+  const { s, t, k, e, n } = parsed as Record<string, unknown>;
+  // A token without k (issued before keys were carried, at most one TTL ago) is refused: it could not be revoked.
+  if (typeof s !== 'string' || typeof t !== 'string' || typeof k !== 'string' || typeof e !== 'number' || typeof n !== 'string') return undefined;
+  return { sandboxId: s, team: t, keyPrefix: k, expiresAt: e, nonce: n };
 }

@@ -6,7 +6,11 @@
 // opened. Only then is the socket upgraded and a TerminalSession (terminal-session.ts) started.
 //
 // The endpoint watches the runtime: when a sandbox with open sessions leaves Running (hibernated,
-// deleted, crashed), its sessions close with sandboxGone. close() ends every session with
+// deleted, crashed), its sessions close with sandboxGone. It watches the key ring too: each session
+// remembers the prefix of the API key that opened it (its header, or the key a terminal token was
+// issued to), and when that key is revoked the session closes with keyRevoked (4003) and its PTY is
+// hung up; a token whose key was revoked opens nothing. A revocation at the hub reaches the
+// worker's key ring within the sync bound (3 heartbeats). close() ends every session with
 // goingAway (worker shutdown).
 import type { IncomingMessage } from 'node:http';
 import { STATUS_CODES } from 'node:http';
@@ -59,7 +63,7 @@ function terminalMetrics(registry: Registry | undefined): TerminalMetrics | unde
         ? ended
         : new Counter({
             name: 'asb_terminal_sessions_total',
-            help: 'Terminal sessions ended, by reason (exit, client, idle, sandboxGone, shutdown, protocol, error)',
+            help: 'Terminal sessions ended, by reason (exit, client, idle, sandboxGone, shutdown, protocol, error, revoked)',
             labelNames: ['reason'],
             registers: [registry],
           }),
@@ -84,12 +88,14 @@ export class TerminalEndpoint {
   /** sandbox id → its open sessions. */
   readonly #sessions = new Map<string, Set<TerminalSession>>();
   readonly #unwatch: () => void;
+  readonly #unwatchKeys: () => void;
   #closed = false;
 
   constructor(opts: TerminalEndpointOptions) {
     this.#o = opts;
     this.#metrics = terminalMetrics(opts.registry);
     this.#unwatch = opts.w.runtime.onChange((id) => this.#podChanged(id));
+    this.#unwatchKeys = opts.auth.onRevoked((prefix) => this.#keyRevoked(prefix));
   }
 
   /** After close(): new sessions are refused. */
@@ -119,6 +125,7 @@ export class TerminalEndpoint {
     if (this.#closed) return;
     this.#closed = true;
     this.#unwatch();
+    this.#unwatchKeys();
     for (const set of this.#sessions.values()) for (const s of [...set]) s.end('shutdown');
     this.#wss.close();
   }
@@ -129,7 +136,7 @@ export class TerminalEndpoint {
     if (req.method !== 'GET') throw new AsbError('MethodNotAllowed', `${req.method ?? ''} is not allowed on a terminal; use GET with Upgrade: websocket`);
     const url = new URL(req.url ?? '/', 'http://worker.invalid');
     const id = terminalPathId(url.pathname) ?? '';
-    const may = this.#authenticate(req, url, id);
+    const { may, keyPrefix } = this.#authenticate(req, url, id);
     const ptyOpts = ptyOptions(url.searchParams);
     if (!isObjectName(id)) throw sandboxNotFound(id);
     const sandbox = await w.index.find(id, [w.defaultNamespace]);
@@ -150,6 +157,7 @@ export class TerminalEndpoint {
         ws,
         pty,
         sandboxId: id,
+        keyPrefix,
         cluster: w.cluster.name,
         idleMs: this.#o.idleMs,
         clock: w.clock,
@@ -163,24 +171,32 @@ export class TerminalEndpoint {
       set.add(session);
       this.#metrics?.open.inc();
       session.start();
-      // It may have stopped between the state check and now.
+      // It may have stopped, or its key been revoked, between the checks and now (the session is
+      // registered above, so a revocation from here on finds it).
       if (w.runtime.state(id).phase !== 'Running') session.end('sandboxGone');
+      else if (!this.#o.auth.live(keyPrefix)) session.end('revoked');
     });
   }
 
-  /** Who is asking, as a check on the sandbox: an API key's visibility, or a token's owner team. 401 when neither holds. */
-  #authenticate(req: IncomingMessage, url: URL, id: string): (sandbox: Sandbox) => boolean {
+  /**
+   * Who is asking, as a check on the sandbox (an API key's visibility, or a token's owner team) and
+   * the prefix of the key behind it. 401 when neither holds, or the token's key was revoked.
+   */
+  #authenticate(req: IncomingMessage, url: URL, id: string): { may: (sandbox: Sandbox) => boolean; keyPrefix: string } {
     const key = presentedKey(req);
     if (key !== undefined) {
       const principal = this.#o.auth.verify(key);
       if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown to the worker or revoked (or not of the form asb_<8 chars>_<32 chars>); ${AUTH_HINT}`);
-      return (sandbox) => canSee(principal, sandbox);
+      return { may: (sandbox) => canSee(principal, sandbox), keyPrefix: principal.prefix };
     }
     const token = url.searchParams.get('token');
     if (token === null || token === '') throw new AsbError('Unauthorized', `no API key or terminal token: ${AUTH_HINT}, or open the terminal with ?token= from POST /v1/sandboxes/{id}/terminal-tokens`);
     const claims = this.#o.tokens.redeem(token, id);
+    if (!this.#o.auth.live(claims.keyPrefix)) {
+      throw new AsbError('Unauthorized', `terminal token refused: the API key it was issued to (${claims.keyPrefix}) is revoked; get a new one with POST /v1/sandboxes/{id}/terminal-tokens`);
+    }
     // The token names the team that owned the sandbox when it was issued; it must still.
-    return (sandbox) => (sandbox.metadata.labels?.[LABEL.owner] ?? '') === claims.team;
+    return { may: (sandbox) => (sandbox.metadata.labels?.[LABEL.owner] ?? '') === claims.team, keyPrefix: claims.keyPrefix };
   }
 
   async #stillRunning(id: string): Promise<boolean> {
@@ -197,6 +213,12 @@ export class TerminalEndpoint {
       if (set.size === 0) this.#sessions.delete(session.sandboxId);
     }
     this.#metrics?.ended.inc({ reason });
+  }
+
+  #keyRevoked(prefix: string): void {
+    for (const set of this.#sessions.values()) {
+      for (const s of [...set]) if (s.keyPrefix === prefix) s.end('revoked');
+    }
   }
 
   #podChanged(id: string): void {

@@ -58,7 +58,7 @@ export function reachableView(view: SandboxView, sandbox: Sandbox, dp: DataPlane
   const defaultPort = defaultPortOf(sandbox);
   return {
     ...view,
-    ...(withToken ? { accessToken: dp.tokens.accessToken(sandbox.metadata.name) } : {}),
+    ...(withToken ? { accessToken: dp.tokens.accessToken(sandbox) } : {}),
     domain: dp.domain,
     defaultPort,
     publicPorts: publicPortsOf(sandbox),

@@ -53,6 +53,7 @@ async function runtimeIn(t: TestContext): Promise<{ runtime: KubePodRuntime; ns:
 function sandbox(id: string, ns: string): PodRequest {
   return {
     id,
+    uid: `uid-${id}`,
     namespace: ns,
     hostname: id,
     spec: {
@@ -129,6 +130,22 @@ test('start makes the Pod (runtimeClassName passed through), its PVCs and headle
   t.after(() => other.close());
   assert.deepEqual(other.list(), ['sb1']);
   assert.equal(other.state('sb1').phase, 'Running');
+});
+
+test('in a namespace enforcing Pod Security "restricted" (clusters/base/sandbox-namespace.yaml) the hardened Pod is admitted; a host-reaching one is refused by the API server', async (t) => {
+  const { runtime, ns } = await runtimeIn(t);
+  await kube.kubectl(['label', 'namespace', ns, 'pod-security.kubernetes.io/enforce=restricted', 'pod-security.kubernetes.io/enforce-version=latest']);
+  await runtime.start(sandbox('psa1', ns));
+  await stateOf(runtime, 'psa1', running, 'Running and ready');
+  const hostile = sandbox('psa2', ns);
+  hostile.spec = { ...hostile.spec, hostNetwork: true, containers: hostile.spec.containers.map((c) => ({ ...c, securityContext: { runAsUser: 0 } })) };
+  await assert.rejects(runtime.start(hostile), (err: Error) => {
+    assert.match(err.message, /violates PodSecurity "restricted:latest"/);
+    assert.match(err.message, /hostNetwork/);
+    assert.match(err.message, /runAsUser=0/);
+    return true;
+  });
+  assert.equal(await get(ns, 'pod', 'psa2'), undefined);
 });
 
 test('exec: stdin in, stdout and stderr apart, the exit code; env, cwd and timeout through the wrapper', async (t) => {

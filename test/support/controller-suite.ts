@@ -271,13 +271,35 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
 
     // While the worker was down: the pod died, and a pod appeared for a sandbox that is gone.
     await h.runtime.stop(name);
-    h.runtime.adopt({ id: 'ghost', namespace: h.ns, hostname: 'ghost', spec: { containers: [] } }, 'Running');
+    h.runtime.adopt({ id: 'ghost', uid: 'ghost-uid', namespace: h.ns, hostname: 'ghost', spec: { containers: [] } }, 'Running');
 
     const op2 = await h.restart();
     await eventually('pod restarted', () => h.runtime.state(name).phase === 'Running');
     await eventually('orphan removed', () => h.runtime.state('ghost').phase === 'Absent');
     const s = await op2.claimer.waitReady(h.ns, name, 5_000);
     assert.equal(s.status?.phase, 'Running');
+  });
+
+  test('security probe M1: sandboxes that only wear a pool\'s label are not its members, so the pool still refills', async (t) => {
+    const h = await start(t);
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
+    // Written past the API's label check (kubectl): labelled as members, owned by a team, no owner reference.
+    for (const name of ['fake-a', 'fake-b']) {
+      const fake = structuredClone(template('py', h.ns)) as unknown as Sandbox;
+      await h.store.create(SandboxType, {
+        apiVersion: 'agents.x-k8s.io/v1alpha1',
+        kind: 'Sandbox',
+        metadata: { name, namespace: h.ns, labels: { [LABEL.pool]: 'py-pool', [LABEL.owner]: 'attacker' } },
+        spec: { podTemplate: fake.spec.podTemplate },
+      });
+    }
+    await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 2, h.ns));
+    await eventually('pool ready with members of its own', async () => (await poolStatus(h, 'py-pool'))?.readyReplicas === 2);
+    const own = (await members(h, 'py-pool')).filter((m) => !m.metadata.name.startsWith('fake-'));
+    assert.equal(own.length, 2, 'the pool made its own two members beside the fakes');
+    const claimed = await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'victim' });
+    assert.equal(claimed.launch, 'warm', 'a claim gets a real member, not a cold start');
+    assert.ok(!claimed.sandbox.metadata.name.startsWith('fake-'));
   });
 
   test('deleting a warm pool deletes its members and their pods', async (t) => {

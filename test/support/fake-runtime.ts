@@ -31,6 +31,10 @@ export class FakeRuntime implements PodRuntime {
     this.calls.push(`start ${pod.id}`);
     if (this.startError !== undefined) return Promise.reject(this.startError);
     const existing = this.#pods.get(pod.id);
+    if (existing !== undefined && existing.request.uid !== pod.uid) {
+      // As the real runtimes: a pod and volumes made for another sandbox uid are never reused.
+      return Promise.reject(new Error(`fake runtime: pod ${pod.id} belongs to uid ${existing.request.uid}, not ${pod.uid}`));
+    }
     if (existing !== undefined && (existing.state.phase === 'Running' || existing.state.phase === 'Pending')) {
       return Promise.resolve({ ...existing.state });
     }
@@ -63,7 +67,7 @@ export class FakeRuntime implements PodRuntime {
 
   state(id: string): PodState {
     const pod = this.#pods.get(id);
-    return pod === undefined ? { phase: 'Absent', ready: false } : { ...pod.state };
+    return pod === undefined ? { phase: 'Absent', ready: false } : { ...pod.state, uid: pod.request.uid };
   }
 
   list(): string[] {

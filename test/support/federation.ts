@@ -2,7 +2,9 @@
 // clusters, each with its own worker, router and Envoy (edge + mutual-TLS ingress), on ports the
 // kernel picks, with bridges and subnets no other test uses.
 import { execFileSync } from 'node:child_process';
+import { systemClock } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
+import type { SupervisorOptions } from '../../src/system/supervisor.ts';
 import { startFederation, type Federation, type FederatedClusterOptions } from '../../src/system/federation.ts';
 import { removeDataDir, tempDataDir } from './worker-process.ts';
 
@@ -12,7 +14,8 @@ export interface TestFederation extends Federation {
 }
 
 /** Each cluster: [name, 4-char tag (bridge asb<tag>), second octet of its 10.x.0.0/16 subnet]. */
-export async function startTestFederation(clusters: readonly (readonly [string, string, number])[], basePool = 0): Promise<TestFederation> {
+/** `supervise`: restart crashed processes as make up does, with this policy (the clock is real time). */
+export async function startTestFederation(clusters: readonly (readonly [string, string, number])[], basePool = 0, supervise?: Omit<SupervisorOptions, 'clock'>): Promise<TestFederation> {
   const stateDir = tempDataDir('fed');
   const options: FederatedClusterOptions[] = clusters.map(([name, tag, octet]) => ({
     name,
@@ -38,7 +41,7 @@ export async function startTestFederation(clusters: readonly (readonly [string, 
   };
   let fed: Federation;
   try {
-    fed = await startFederation({ stateDir, log: silentLogger(), domain: 'asb.localhost', hubPort: 0, clusters: options });
+    fed = await startFederation({ stateDir, log: silentLogger(), domain: 'asb.localhost', hubPort: 0, clusters: options, ...(supervise === undefined ? {} : { supervise: { ...supervise, clock: systemClock } }) });
   } catch (err) {
     removeDataDir(stateDir);
     removeBridges();

@@ -9,3 +9,16 @@ export async function waitFor<T>(what: string, fn: () => Promise<T | undefined>,
     await new Promise((r) => setTimeout(r, intervalMs));
   }
 }
+
+/** The promise's value, or an error naming `what` once timeoutMs pass first: an event a test awaits must come within its bound. */
+export async function within<T>(what: string, promise: Promise<T>, timeoutMs: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}

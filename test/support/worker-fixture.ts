@@ -37,15 +37,16 @@ export class MemoryRuntime implements PodRuntime {
   }
   start(pod: PodRequest): Promise<PodState> {
     const prev = this.#pods.get(pod.id);
+    if (prev !== undefined && prev.uid !== pod.uid) return Promise.reject(new Error(`memory runtime: pod ${pod.id} belongs to uid ${prev.uid ?? ''}, not ${pod.uid}`));
     if (prev?.phase === 'Running') return Promise.resolve(prev);
-    const state: PodState = { phase: 'Running', ready: true, ip: prev?.ip ?? `10.99.0.${this.#nextIp++}`, startedAt: new Date().toISOString() };
+    const state: PodState = { phase: 'Running', ready: true, uid: pod.uid, ip: prev?.ip ?? `10.99.0.${this.#nextIp++}`, startedAt: new Date().toISOString() };
     if (!this.#files.has(pod.id)) this.#files.set(pod.id, new Map());
     this.#set(pod.id, state);
     return Promise.resolve(state);
   }
   stop(id: string): Promise<void> {
     const prev = this.#pods.get(id);
-    if (prev !== undefined && prev.phase !== 'Stopped') this.#set(id, { phase: 'Stopped', ready: false, ...(prev.ip === undefined ? {} : { ip: prev.ip }) });
+    if (prev !== undefined && prev.phase !== 'Stopped') this.#set(id, { phase: 'Stopped', ready: false, ...(prev.uid === undefined ? {} : { uid: prev.uid }), ...(prev.ip === undefined ? {} : { ip: prev.ip }) });
     return Promise.resolve();
   }
   remove(id: string): Promise<void> {

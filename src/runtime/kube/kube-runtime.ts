@@ -12,6 +12,7 @@
 // Exec, files and PTY go through pods/exec (pod-exec.ts, exec.ts, files.ts).
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { KubeObject, ResourceType } from '../../api/meta.ts';
+import type { RootIsolation } from '../../api/pod-security.ts';
 import { isDeepStrictEqual } from 'node:util';
 import { AsbError, isAsbError } from '../../errors.ts';
 import { Informer } from '../../operator/informer.ts';
@@ -23,7 +24,7 @@ import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRun
 import { execInPod, openPtyInPod, spawnInPod, type ExecContext } from './exec.ts';
 import { ExecCredentials } from './pod-exec.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
-import { claimManifests, podManifest, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, type KubePod, type KubePvc } from './objects.ts';
+import { claimManifests, sandboxUidOf, podManifest, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, type KubePod, type KubePvc } from './objects.ts';
 
 export interface KubeRuntimeOptions {
   /** A kubeconfig file, or one already loaded. */
@@ -73,6 +74,12 @@ export async function createKubeRuntime(opts: KubeRuntimeOptions): Promise<KubeP
 
 export class KubePodRuntime implements PodRuntime {
   readonly namespace: string;
+  /**
+   * The kubelet runs a pod with `hostUsers: false` in a user namespace (Kubernetes 1.33+), and
+   * `runtimeClassName: gvisor` names a RuntimeClass (admission refuses the Pod when the cluster
+   * has none). Pod Security Admission on the namespace may still refuse root (clusters/README.md).
+   */
+  readonly rootIsolation: RootIsolation = { userNamespace: 'on-request', gvisor: true };
   readonly #credentials: ExecCredentials;
   readonly #store: KubeStore;
   /** The store is the runtime's own (not the worker's): close() closes it. */
@@ -140,8 +147,11 @@ export class KubePodRuntime implements PodRuntime {
   }
 
   state(id: string): PodState {
-    const hibernated = this.#stopped.has(id) || this.#claimsOf(id).some((c) => c.metadata.deletionTimestamp === undefined);
-    return podState(this.#pod(id), hibernated);
+    const pod = this.#pod(id);
+    const kept = this.#claimsOf(id).filter((c) => c.metadata.deletionTimestamp === undefined);
+    const state = podState(pod, this.#stopped.has(id) || kept.length > 0);
+    const uid = sandboxUidOf(pod) ?? kept.map(sandboxUidOf).find((u) => u !== undefined);
+    return uid === undefined || state.phase === 'Absent' ? state : { ...state, uid };
   }
 
   list(): string[] {
@@ -209,6 +219,10 @@ export class KubePodRuntime implements PodRuntime {
 
   async #start(req: PodRequest): Promise<PodState> {
     const { id } = req;
+    const madeFor = this.state(id).uid;
+    if (madeFor !== undefined && madeFor !== req.uid) {
+      throw new AsbError('Conflict', `pod ${id} and its volumes belong to sandbox uid ${madeFor}, not ${req.uid}; remove it first`);
+    }
     const existing = this.#pod(id);
     if (existing !== undefined && existing.metadata.deletionTimestamp === undefined) return this.state(id);
     if (existing !== undefined) {

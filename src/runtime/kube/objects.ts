@@ -2,7 +2,8 @@
 // headless Service, built from a PodRequest; and the PodState a Pod's status amounts to.
 // Pure functions: kube-runtime.ts does the I/O.
 import type { KubeObject, ObjectMeta, ResourceType } from '../../api/meta.ts';
-import type { PodSpec, Volume, VolumeClaimTemplate } from '../../api/types.ts';
+import type { Container, PodSpec, Volume, VolumeClaimTemplate } from '../../api/types.ts';
+import { AsbError } from '../../errors.ts';
 import type { PodRequest, PodState } from '../runtime.ts';
 
 /** On every Pod, PVC and Service of a sandbox: its id. The runtime watches by this label. */
@@ -11,6 +12,13 @@ export const SANDBOX_LABEL = 'asb.dev/sandbox';
 export const CLAIM_TEMPLATE_LABEL = 'asb.dev/claim-template';
 /** On a Pod: the namespace of its Sandbox when that differs from the runtime's namespace. */
 export const SANDBOX_NAMESPACE_ANNOTATION = 'asb.dev/sandbox-namespace';
+/** On a Pod and its PVCs: the uid of the Sandbox they were made for (PodRequest.uid). */
+export const SANDBOX_UID_ANNOTATION = 'asb.dev/sandbox-uid';
+
+/** The Sandbox uid a Pod or PVC of ours was made for, when it says. */
+export function sandboxUidOf(obj: KubeObject | undefined): string | undefined {
+  return obj?.metadata.annotations?.[SANDBOX_UID_ANNOTATION];
+}
 
 export const PodType: ResourceType = { group: '', version: 'v1', kind: 'Pod', plural: 'pods', namespaced: true };
 export const PvcType: ResourceType = { group: '', version: 'v1', kind: 'PersistentVolumeClaim', plural: 'persistentvolumeclaims', namespaced: true };
@@ -60,24 +68,64 @@ export interface PodDefaults {
 
 /**
  * The Pod for a request: the spec as given (runtimeClassName, securityContext, resources pass
- * through unchanged), named after the sandbox, with its hostname, and each volumeClaimTemplate
- * as a volume of that name bound to the claim `<id>-<template>` (a volume of the same name in
- * the spec is replaced, as k8s-sigs does).
+ * through), named after the sandbox, with its hostname, hardened where the spec is silent
+ * (hardenedSpec), and each volumeClaimTemplate as a volume of that name bound to the claim
+ * `<id>-<template>` (a volume of the same name in the spec is replaced, as k8s-sigs does).
+ * Throws Invalid for a volume claiming a PVC that is not one of the sandbox's own: every
+ * sandbox's PVCs share the namespace, and `<id>-<template>` is easy to guess (issue 14).
  */
 export function podManifest(req: PodRequest, defaults: PodDefaults): KubePod {
-  const claims: Volume[] = (req.volumeClaimTemplates ?? []).map((t) => ({ name: t.metadata.name, persistentVolumeClaim: { claimName: claimName(req.id, t.metadata.name) } }));
-  const claimed = new Set(claims.map((v) => v.name));
-  const volumes = [...(req.spec.volumes ?? []).filter((v) => !claimed.has(v.name)), ...claims];
+  const templates = (req.volumeClaimTemplates ?? []).map((t) => t.metadata.name);
+  const claims: Volume[] = templates.map((t) => ({ name: t, persistentVolumeClaim: { claimName: claimName(req.id, t) } }));
+  const claimed = new Set(templates);
+  const volumes = [...(req.spec.volumes ?? []).filter((v) => !claimed.has(v.name)).map((v) => ownClaimVolume(req.id, templates, v)), ...claims];
   const spec: KubePod['spec'] = {
-    ...req.spec,
+    ...hardenedSpec(req.spec),
     hostname: req.hostname,
     terminationGracePeriodSeconds: (req.spec as KubePod['spec']).terminationGracePeriodSeconds ?? defaults.graceSeconds,
   };
   if (volumes.length > 0) spec.volumes = volumes;
   if (req.service === true) spec.subdomain = req.id; // <hostname>.<id>.<namespace>.svc resolves to the pod
-  const metadata: ObjectMeta = { name: req.id, namespace: defaults.namespace, labels: { ...req.labels, [SANDBOX_LABEL]: req.id } };
-  if (req.namespace !== defaults.namespace) metadata.annotations = { [SANDBOX_NAMESPACE_ANNOTATION]: req.namespace };
+  const metadata: ObjectMeta = { name: req.id, namespace: defaults.namespace, labels: { ...req.labels, [SANDBOX_LABEL]: req.id }, annotations: { [SANDBOX_UID_ANNOTATION]: req.uid } };
+  if (req.namespace !== defaults.namespace) metadata.annotations = { ...metadata.annotations, [SANDBOX_NAMESPACE_ANNOTATION]: req.namespace };
   return { apiVersion: 'v1', kind: 'Pod', metadata, spec };
+}
+
+/** A spec volume's claim as the Pod names it: a template name becomes `<id>-<template>`; another sandbox's PVC is refused. */
+function ownClaimVolume(id: string, templates: readonly string[], volume: Volume): Volume {
+  const claim = volume.persistentVolumeClaim?.claimName;
+  if (claim === undefined) return volume;
+  if (templates.includes(claim)) return { ...volume, persistentVolumeClaim: { ...volume.persistentVolumeClaim, claimName: claimName(id, claim) } };
+  if (templates.some((t) => claimName(id, t) === claim)) return volume;
+  throw new AsbError('Invalid', `volume "${volume.name}" claims PVC ${JSON.stringify(claim)}, which is not one of sandbox ${id}'s own claims (${templates.length === 0 ? 'it has none' : templates.map((t) => claimName(id, t)).join(', ')})`);
+}
+
+/**
+ * Secure defaults for what the spec leaves unset, so a pod the pod-security policy let through
+ * also passes Pod Security Admission `restricted` on the sandbox namespace: no service account
+ * token, the runtime's default seccomp profile, non-root unless the spec asks for root, and per
+ * container no privilege escalation and every capability dropped. A value the spec sets (an
+ * admin's template may relax the policy) is kept as written.
+ */
+export function hardenedSpec(spec: PodSpec): PodSpec {
+  const lists = (['initContainers', 'containers', 'ephemeralContainers'] as const).filter((k) => Array.isArray(spec[k]));
+  const all = lists.flatMap((k) => spec[k] as Container[]);
+  const podCtx = { ...spec.securityContext };
+  // A spec that chose root, or chose either way about it, keeps its choice.
+  const chose = [podCtx, ...all.map((c) => c.securityContext ?? {})].some((ctx) => ctx.runAsUser === 0 || ctx.runAsNonRoot !== undefined);
+  if (!chose) podCtx.runAsNonRoot = true;
+  podCtx.seccompProfile ??= { type: 'RuntimeDefault' };
+  const out: PodSpec = { ...spec, automountServiceAccountToken: spec.automountServiceAccountToken ?? false, securityContext: podCtx };
+  for (const k of lists) out[k] = (spec[k] as Container[]).map(hardenedContainer);
+  return out;
+}
+
+function hardenedContainer(c: Container): Container {
+  const ctx = { ...c.securityContext };
+  if (ctx.privileged === true) return c; // Kubernetes refuses allowPrivilegeEscalation: false with privileged
+  ctx.allowPrivilegeEscalation ??= false;
+  ctx.capabilities ??= { drop: ['ALL'] };
+  return { ...c, securityContext: ctx };
 }
 
 /** One PVC per volumeClaimTemplate; ReadWriteOnce unless the template says otherwise. */
@@ -89,7 +137,7 @@ export function claimManifests(req: PodRequest, namespace: string): KubePvc[] {
       name: claimName(req.id, t.metadata.name),
       namespace,
       labels: { ...t.metadata.labels, [SANDBOX_LABEL]: req.id, [CLAIM_TEMPLATE_LABEL]: t.metadata.name },
-      ...(t.metadata.annotations === undefined ? {} : { annotations: t.metadata.annotations }),
+      annotations: { ...t.metadata.annotations, [SANDBOX_UID_ANNOTATION]: req.uid },
     },
     spec: { ...t.spec, accessModes: t.spec.accessModes ?? ['ReadWriteOnce'] },
   }));

@@ -9,6 +9,7 @@
 // the caller's own uid; one warning is logged.
 import { readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
@@ -107,6 +108,15 @@ export class LocalRuntime implements PodRuntime {
     }
   }
 
+  /**
+   * As root, a pod's uid 0 is the host's uid 0 (capabilities dropped, but it owns every root-owned
+   * file it can reach), and runtimeClassName is ignored: root is refused for tenants. Not root,
+   * every pod runs in a user namespace mapping only our own uid, so uid 0 in the pod is us.
+   */
+  get rootIsolation(): RootIsolation {
+    return { userNamespace: this.#userns ? 'always' : 'never', gvisor: false };
+  }
+
   /** The pid of the launcher process that starts pods, while it runs (diagnostics, tests). */
   get launcherPid(): number | undefined {
     return this.#launcher.pid;
@@ -161,10 +171,15 @@ export class LocalRuntime implements PodRuntime {
       pod = { id: req.id, paths: podPaths(this.#opts.root, req.id), persisted: undefined, state: { phase: 'Absent', ready: false }, generation: 0, stopping: false };
       this.#pods.set(req.id, pod);
     }
+    const madeFor = pod.persisted?.request.uid;
+    if (madeFor !== undefined && madeFor !== req.uid) {
+      return Promise.reject(new AsbError('Conflict', `pod ${req.id} and its volumes belong to sandbox uid ${madeFor}, not ${req.uid}; remove it first`));
+    }
     if (pod.starting !== undefined) return pod.starting;
-    if (pod.state.phase === 'Running') return Promise.resolve({ ...pod.state });
+    if (pod.state.phase === 'Running') return Promise.resolve(this.state(req.id));
     const current = pod;
-    current.starting = this.#start(current, req).finally(() => (current.starting = undefined));
+    // Answered from state(), which also says whose pod it is (the uid).
+    current.starting = this.#start(current, req).then((started) => (this.#pods.get(req.id) === current ? this.state(req.id) : started)).finally(() => (current.starting = undefined));
     return current.starting;
   }
 
@@ -370,7 +385,9 @@ export class LocalRuntime implements PodRuntime {
 
   state(id: string): PodState {
     const pod = this.#pods.get(id);
-    return pod === undefined ? { phase: 'Absent', ready: false } : { ...pod.state };
+    if (pod === undefined) return { phase: 'Absent', ready: false };
+    const uid = pod.persisted?.request.uid;
+    return uid === undefined ? { ...pod.state } : { ...pod.state, uid };
   }
 
   list(): string[] {

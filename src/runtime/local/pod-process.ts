@@ -2,7 +2,7 @@
 // entrypoint to fall back on), user, environment, working dir and volume mounts, and the
 // pod-init argv that starts it.
 import { chown, mkdir, realpath } from 'node:fs/promises';
-import { join, posix } from 'node:path';
+import { basename, dirname, join, posix, resolve } from 'node:path';
 import type { Container, PodSpec } from '../../api/types.ts';
 import type { PodRequest } from '../runtime.ts';
 import type { PodPaths } from './rootfs.ts';
@@ -60,24 +60,49 @@ export function containerArgv(container: Container): string[] {
   return argv.length > 0 ? argv : ['sleep', 'infinity'];
 }
 
+/** A volume's directory name: a DNS label (as the API requires), so never '/', '.' or '..'. */
+const VOLUME_NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+
+/**
+ * The host directory behind one volumeMount, always a child of the pod's volumes root (claims)
+ * or emptyDir root. A persistentVolumeClaim may name only one of the pod's own
+ * volumeClaimTemplates. The API refuses anything else with 422 (validate-pod.ts); this is the
+ * runtime's own guard for a request that did not pass there (issue 14: a claimName of
+ * `../<id>/home` bound another tenant's volume, and `../../..` a host directory).
+ */
+export function volumeDir(req: PodRequest, mountName: string, paths: PodPaths): string {
+  const claims = new Set((req.volumeClaimTemplates ?? []).map((t) => t.metadata.name));
+  const claim = req.spec.volumes?.find((v) => v.name === mountName)?.persistentVolumeClaim?.claimName;
+  let root = paths.emptyDirs;
+  let name = mountName;
+  if (claims.has(mountName)) {
+    root = paths.volumes;
+  } else if (claim !== undefined) {
+    if (!claims.has(claim)) throw new Error(`volume "${mountName}" claims ${JSON.stringify(claim)}, which is not one of this pod's volumeClaimTemplates`);
+    root = paths.volumes;
+    name = claim;
+  }
+  const dir = resolve(root, name);
+  if (!VOLUME_NAME.test(name) || dirname(dir) !== resolve(root)) throw new Error(`volume "${mountName}" resolves to ${JSON.stringify(name)}, outside the pod's volumes`);
+  return dir;
+}
+
 /** Host directories for the container's volumeMounts, created on first use and owned by the pod user. */
 export async function resolveMounts(req: PodRequest, container: Container, paths: PodPaths, owner: { uid: number; gid: number }): Promise<PodMount[]> {
-  const claims = new Set((req.volumeClaimTemplates ?? []).map((t) => t.metadata.name));
   const mounts: PodMount[] = [];
   for (const m of container.volumeMounts ?? []) {
-    const volume = req.spec.volumes?.find((v) => v.name === m.name);
-    const claim = volume?.persistentVolumeClaim?.claimName;
-    const dir = claims.has(m.name) ? join(paths.volumes, m.name)
-      : claim !== undefined ? join(paths.volumes, claim)
-      : join(paths.emptyDirs, m.name);
+    const dir = volumeDir(req, m.name, paths);
     if (await mkdir(dir, { recursive: true }) !== undefined) await chown(dir, owner.uid, owner.gid);
+    // The pod cannot reach its volumes' parent, but a symlink put there must not lead the bind out either.
+    const realDir = await realpath(dir);
+    if (realDir !== join(await realpath(dirname(dir)), basename(dir))) throw new Error(`volume "${m.name}" leads outside the pod's volumes`);
     let src = dir;
     if (m.subPath !== undefined && m.subPath !== '') {
       src = join(dir, posix.normalize(m.subPath));
       if (await mkdir(src, { recursive: true }) !== undefined) await chown(src, owner.uid, owner.gid);
       // The volume's content is the sandbox's: a symlink in it must not lead the bind outside.
       const real = await realpath(src);
-      if (real !== dir && !real.startsWith(`${await realpath(dir)}/`)) throw new Error(`subPath "${m.subPath}" of volume "${m.name}" leaves the volume`);
+      if (real !== realDir && !real.startsWith(`${realDir}/`)) throw new Error(`subPath "${m.subPath}" of volume "${m.name}" leaves the volume`);
     }
     mounts.push({ src, dst: posix.resolve('/', m.mountPath), readOnly: m.readOnly ?? false });
   }

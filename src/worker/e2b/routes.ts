@@ -23,7 +23,7 @@ import { findSandbox, sandboxNotFound } from '../access.ts';
 import { readJson } from '../body.ts';
 import { MAX_TIMEOUT_MS } from '../create-body.ts';
 import type { Authenticator, WorkerContext } from '../deps.ts';
-import { checkBody, isPlainObject, type BodyOf, type BodySpec } from '../input.ts';
+import { checkBody, checkSpawnInput, isPlainObject, type BodyOf, type BodySpec } from '../input.ts';
 import type { Reply, Route } from '../router.ts';
 import { sandboxView } from '../views.ts';
 import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, setShutdownIn, waitReady } from '../sandbox-lifecycle.ts';
@@ -70,6 +70,8 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
     throw new AsbError('BadRequest', 'volumeMounts are not supported by this server: a sandbox keeps its template\'s volumes; leave volumeMounts out');
   }
   const body = checkKnown(raw, CREATE_BODY);
+  // Every process the sandbox runs gets envVars: one a program cannot be given would fail each of them.
+  if (body.envVars !== undefined) checkSpawnInput({ env: { field: 'envVars', vars: body.envVars } });
   if (body.autoPause === true) throw new AsbError('BadRequest', 'autoPause is not supported by this server: a sandbox is deleted at its timeout; leave onTimeout out, or pause it yourself');
   const now = w.clock.now();
   const annotations: Record<string, string> = { [E2B_ANNOTATION.startedAt]: new Date(now).toISOString() };

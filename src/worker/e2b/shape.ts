@@ -132,7 +132,7 @@ function templateOf(sandbox: Sandbox): string {
 }
 
 export function e2bSandbox(w: WorkerContext, sandbox: Sandbox, req: IncomingMessage): E2bSandbox {
-  const token = w.dataPlane.tokens.accessToken(sandbox.metadata.name);
+  const token = w.dataPlane.tokens.accessToken(sandbox);
   return {
     sandboxID: sandbox.metadata.name,
     templateID: templateOf(sandbox),
@@ -162,7 +162,7 @@ export function e2bListedSandbox(w: WorkerContext, sandbox: Sandbox): E2bListedS
 export function e2bSandboxDetail(w: WorkerContext, sandbox: Sandbox, req: IncomingMessage): E2bSandboxDetail {
   return {
     ...e2bListedSandbox(w, sandbox),
-    envdAccessToken: w.dataPlane.tokens.accessToken(sandbox.metadata.name),
+    envdAccessToken: w.dataPlane.tokens.accessToken(sandbox),
     domain: e2bDomain(w, req),
   };
 }

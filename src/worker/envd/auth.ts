@@ -4,10 +4,16 @@
 //   API hands out as envdAccessToken), compared in constant time; GET /health needs none (the
 //   SDK's isRunning probe), and /files takes a signed URL instead (uploadUrl/downloadUrl).
 // - A signature is `v1_` + base64(sha256("<path>:<read|write>:<user>:<token>[:<expiration>]"))
-//   without padding, the E2B SDK's getSignature. An expired one is refused. The user in it is the
+//   without padding, the E2B SDK's getSignature. An expired one is refused. One made without an
+//   expiration never expires, as under E2B's envd: the SDK's uploadUrl()/downloadUrl() leave
+//   signature_expiration out unless useSignatureExpiration is given, and such a URL carries no
+//   time of issue to count a default lifetime from; it ends when the access token changes. The user in it is the
 //   `username` query parameter; without one the SDK signs with its own rendering of no user, so
 //   the empty name and "undefined" are both tried (every candidate still needs the token).
-// - The user comes from HTTP Basic auth (`<user>:`), envd's convention: `root` runs as uid 0, a
+// - A signed URL runs as the user it was signed for (its `username`; none: the default user), and
+//   a Basic auth header on it is ignored: the header is not signed, so anyone holding the URL
+//   could otherwise add `root:` to it (security probe L1).
+// - Otherwise the user comes from HTTP Basic auth (`<user>:`), envd's convention: `root` runs as uid 0, a
 //   missing user or `user` (E2B's default user) as the pod's own user, any other name as the uid
 //   `id -u` gives inside the sandbox (asked once per name while the pod runs).
 import { createHash, timingSafeEqual } from 'node:crypto';

@@ -86,9 +86,9 @@ export class Envd {
         this.#w.log.error({ err, path }, 'envd request failed after its reply began');
         res.destroy();
       } else if (kind === 'rpc') {
-        writeUnaryError(res, err);
+        writeUnaryError(res, this.#answerable(err, path));
       } else {
-        writeRestError(res, err);
+        writeRestError(res, this.#answerable(err, path));
       }
     });
   }
@@ -124,11 +124,12 @@ export class Envd {
       }
       return;
     }
-    const token = w.dataPlane.tokens.accessToken(sandbox.metadata.name);
+    const token = w.dataPlane.tokens.accessToken(sandbox);
     const url = new URL(req.url ?? '/', 'http://envd.invalid');
+    const signature = kind === 'files' ? url.searchParams.get('signature') : null;
+    const signed = signature !== null && signature !== '';
     if (kind === 'files') {
-      const signature = url.searchParams.get('signature');
-      if (signature !== null && signature !== '') {
+      if (signed) {
         checkSignature({
           path: url.searchParams.get('path') ?? '',
           signature,
@@ -144,7 +145,9 @@ export class Envd {
     }
     if (!running) throw new AsbError('Unavailable', `sandbox ${id} is not running (hibernated, starting or stopped); resume it and retry`);
     w.operator.activity.touch(id);
-    const user = url.searchParams.get('username') ?? basicUser(req);
+    // A signed URL runs as the user its signature names (none: the default user), never as a
+    // Basic auth header added by whoever holds the URL: the header is not part of the signature.
+    const user = signed ? url.searchParams.get('username') ?? undefined : url.searchParams.get('username') ?? basicUser(req);
     const uid = await this.#users.uidOf(id, user === '' ? undefined : user);
     const target: FsTarget = { runtime: w.runtime, id, uid };
     if (kind === 'files') {
@@ -199,7 +202,7 @@ export class Envd {
       const message = await run(streamMessages(req, MESSAGE_LIMIT_BYTES));
       if (!res.headersSent) writeClientStreamReply(res, { message });
     } catch (err) {
-      if (!res.headersSent) writeClientStreamReply(res, { error: err });
+      if (!res.headersSent) writeClientStreamReply(res, { error: this.#answerable(err, req.url ?? '') });
     } finally {
       deadline?.cancel();
     }
@@ -237,10 +240,21 @@ export class Envd {
       stream.end();
     } catch (err) {
       // Once streaming, errors go in the end-stream envelope: the SDK reads their code there.
-      stream.end(err);
+      stream.end(this.#answerable(err, req.url ?? ''));
     } finally {
       this.#streams.delete(stream);
     }
+  }
+
+  /**
+   * An error as the caller may see it: ours (coded, written for users) as they are; anything else
+   * (Node's own messages name its internals: `args[19] must be a string without null bytes`) is
+   * logged here and answered as a plain internal error.
+   */
+  #answerable(err: unknown, path: string): unknown {
+    if (err instanceof AsbError || err instanceof ConnectError) return err;
+    this.#w.log.error({ err, path }, 'envd request failed');
+    return new AsbError('Internal', 'internal error in envd; the worker log has the details', { cause: err });
   }
 
   #sleep(ms: number): Promise<void> {

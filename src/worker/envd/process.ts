@@ -8,6 +8,7 @@
 // re-attaches to it by pid or tag.
 import { AsbError } from '../../errors.ts';
 import type { PodRuntime } from '../../runtime/runtime.ts';
+import { checkSpawnInput, spawnFailure } from '../input.ts';
 import { ConnectError, record, type ServerStream } from './connect.ts';
 import { EnvdProcess, type ProcessConfig, type ProcessEvent, type ProcessTable } from './processes.ts';
 
@@ -97,13 +98,22 @@ export async function start(call: ProcessCall, message: unknown, stream: ServerS
   const cwd = config.cwd === undefined ? {} : { cwd: config.cwd };
   const command = [config.cmd, ...config.args];
   const env = { ...call.envs, ...config.envs };
+  // Refused here with the field named, not by spawn with Node's message as an internal error.
+  checkSpawnInput({
+    argv: { field: 'process.args', args: [{ field: 'process.cmd', value: config.cmd }, ...config.args.map((value, i) => ({ field: `process.args[${i}]`, value }))] },
+    env: { field: 'process.envs', vars: env },
+    ...(config.cwd === undefined ? {} : { cwd: { field: 'process.cwd', value: config.cwd } }),
+  });
+  const asInput = (err: unknown): never => {
+    throw spawnFailure(err, 'process.args');
+  };
   let proc: EnvdProcess;
   if (msg.pty !== undefined && msg.pty !== null) {
     const size = sizeOf(msg.pty);
-    const pty = await call.runtime.openPty(call.id, { command, cols: size.cols, rows: size.rows, env, ...cwd, ...user });
+    const pty = await call.runtime.openPty(call.id, { command, cols: size.cols, rows: size.rows, env, ...cwd, ...user }).catch(asInput);
     proc = call.table.add(call.id, (pid) => new EnvdProcess(pid, tag, config, { pty }));
   } else {
-    const pipes = await call.runtime.spawn(call.id, { command, env, ...cwd, ...user });
+    const pipes = await call.runtime.spawn(call.id, { command, env, ...cwd, ...user }).catch(asInput);
     proc = call.table.add(call.id, (pid) => new EnvdProcess(pid, tag, config, { pipes }));
     // Without stdin:true the process reads end-of-file at once, as under envd (SDK ≥ envd 0.3.0).
     if (msg.stdin !== true) proc.closeStdin();

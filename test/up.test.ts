@@ -1,0 +1,119 @@
+// `make up` as a user runs it (make, then src/system/up.ts): stopped by a SIGTERM to its process
+// group (make forwards it to up.ts, which then gets it twice), or by SIGINT as a terminal's
+// Ctrl-C sends it, it returns only once every process it started has exited, having stopped
+// them in order, and a start right after comes up (issue 15.4). Its own ports (kernel-picked),
+// state dir, bridge and subnet, so it never meets a `make up` a developer is running.
+import assert from 'node:assert/strict';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { test } from 'node:test';
+import { removeDataDir, tempDataDir } from './support/worker-process.ts';
+
+const REPO = resolve(import.meta.dirname, '..');
+const BRIDGE = 'asbupt0';
+
+interface Up {
+  proc: ChildProcess;
+  output: () => string;
+  /** make's exit: its code, or the signal it ended itself with (make re-raises a SIGTERM it got). */
+  exited: Promise<number | string | null>;
+}
+
+function startUp(stateDir: string): Up {
+  const env = {
+    ...process.env,
+    ASB_STATE_DIR: stateDir,
+    ASB_FEDERATION: 'off',
+    ASB_API_PORT: '0',
+    ASB_EDGE_PORT: '0',
+    ASB_EDGE_TLS_PORT: '0',
+    ASB_ENVOY_ADMIN_PORT: '0',
+    ASB_ROUTER_PORT: '0',
+    ASB_BRIDGE: BRIDGE,
+    ASB_SUBNET: '10.235.0.0/16',
+    ASB_BASE_POOL_REPLICAS: '1',
+  };
+  // Its own process group, as a shell gives a foreground job: the test signals the group.
+  const proc = spawn('make', ['--no-print-directory', 'up'], { cwd: REPO, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  let out = '';
+  proc.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  proc.stderr.on('data', (d: Buffer) => (out += d.toString()));
+  const exited = new Promise<number | string | null>((res) => proc.once('exit', (code, signal) => res(code ?? signal)));
+  return { proc, output: () => out, exited };
+}
+
+async function untilUp(up: Up): Promise<void> {
+  const deadline = Date.now() + 120_000;
+  while (!up.output().includes('Agent Sandbox is up')) {
+    if (up.proc.exitCode !== null) throw new Error(`make up exited (${up.proc.exitCode}):\n${up.output()}`);
+    if (Date.now() > deadline) throw new Error(`make up did not come up:\n${up.output()}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** After a failed assertion: nothing of it may be left running. */
+function killGroup(up: Up): void {
+  if (up.proc.exitCode !== null || up.proc.signalCode !== null) return;
+  try {
+    process.kill(-(up.proc.pid ?? 0), 'SIGKILL');
+  } catch {
+    // gone meanwhile
+  }
+}
+
+/** Processes whose command line names the state dir: what this make up started. */
+function processesOf(stateDir: string): number[] {
+  const pids: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes(stateDir)) pids.push(Number(entry));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return pids;
+}
+
+function envOf(stateDir: string): Record<string, string> {
+  return Object.fromEntries(readFileSync(join(stateDir, 'env'), 'utf8').trim().split('\n').map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
+}
+
+test('issue 15.4: make up stopped by a SIGTERM to its process group returns after everything it started, and starts again at once', { timeout: 280_000 }, async (t) => {
+  const stateDir = tempDataDir('up');
+  t.after(() => {
+    removeDataDir(stateDir);
+    try {
+      execFileSync('ip', ['link', 'del', BRIDGE], { stdio: 'ignore' });
+    } catch {
+      // no bridge
+    }
+  });
+  const first = startUp(stateDir);
+  t.after(() => killGroup(first));
+  await untilUp(first);
+  const env = envOf(stateDir);
+  // A running sandbox makes the stop take a while: the worker hibernates it before exiting.
+  const created = await fetch(`${env.ASB_API_URL}/v1/sandboxes`, { method: 'POST', headers: { authorization: `Bearer ${env.ASB_API_KEY}`, 'content-type': 'application/json' }, body: '{"template":"base"}' });
+  assert.equal(created.status, 201, await created.text());
+  const started = processesOf(stateDir);
+  assert.ok(started.length >= 2, `make up's processes are visible: ${started.join(' ')}`);
+
+  process.kill(-(first.proc.pid ?? 0), 'SIGTERM');
+  assert.ok(['SIGTERM', 0].includes((await first.exited) ?? -1), first.output());
+  assert.match(first.output(), /SIGTERM: stopping/);
+  assert.deepEqual(processesOf(stateDir).filter((pid) => started.includes(pid)), [], 'nothing it started outlives make up');
+  assert.doesNotMatch(first.output(), /exited unexpectedly|killing everything/, 'a stop is neither a crash nor a forced kill');
+
+  const second = startUp(stateDir);
+  t.after(() => killGroup(second));
+  await untilUp(second);
+  const status = await fetch(`${envOf(stateDir).ASB_API_URL}/v1/status`, { headers: { authorization: `Bearer ${env.ASB_API_KEY}` } });
+  assert.equal(status.status, 200);
+  await status.body?.cancel();
+  const beforeStop = processesOf(stateDir);
+  process.kill(-(second.proc.pid ?? 0), 'SIGINT');
+  assert.ok(['SIGINT', 0, 2].includes((await second.exited) ?? -1), second.output());
+  assert.deepEqual(processesOf(stateDir).filter((pid) => beforeStop.includes(pid)), [], 'after Ctrl-C too');
+});
