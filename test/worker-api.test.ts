@@ -61,8 +61,11 @@ test('a sandbox goes through create, get, list, exec, files, pause, resume, time
 
   const dbs = await api('GET', '/v1/sandboxes?labelSelector=app%3Ddb', { key });
   assert.deepEqual((dbs.json as { items: View[] }).items.map((v) => v.labels.app), ['db', 'db']);
-  const byTemplate = await api('GET', '/v1/sandboxes?template=base&phase=Running', { key });
-  assert.equal((byTemplate.json as { items: View[] }).items.length, 3);
+  // The third was created with wait: false, so it may still be starting: wait for it (the test
+  // read it at once, and under load it was Pending: 2 !== 3).
+  await waitFor(async () => ((await api('GET', '/v1/sandboxes?template=base&phase=Running', { key })).json as { items: View[] }).items.length === 3);
+  const hibernated = await api('GET', '/v1/sandboxes?template=base&phase=Hibernated', { key });
+  assert.equal((hibernated.json as { items: View[] }).items.length, 0, 'the phase filter filters');
 
   const exec = await api('POST', `/v1/sandboxes/${view.id}/exec`, { key, json: { command: ['sh', '-c', 'read x; echo "got $x from $GREETING"; exit 3'], stdin: 'input\n', env: { GREETING: 'hi' } } });
   assert.equal(exec.status, 200, exec.text);

@@ -286,7 +286,7 @@ test('stop deletes the Pod and keeps the PVCs (state Stopped); start again makes
   await runtime.stop('sb6');
   assert.equal(await get<Pod>(ns, 'pod', 'sb6'), undefined, 'the Pod is gone');
   assert.ok(await get<Pvc>(ns, 'pvc', 'sb6-workspace'), 'the PVC is kept');
-  assert.deepEqual(runtime.state('sb6'), { phase: 'Stopped', ready: false });
+  assert.deepEqual(runtime.state('sb6'), { phase: 'Stopped', ready: false, uid: 'uid-sb6' }, 'the kept claims say whose sandbox they belong to');
   assert.deepEqual(runtime.list(), ['sb6']);
   assert.ok(changes.includes('sb6'), 'onChange reported the stop');
   await assert.rejects(runtime.exec('sb6', { command: ['true'] }), (err) => isAsbError(err, 'SandboxNotRunning'));
