@@ -3,8 +3,8 @@
 // into the sandbox, zlib's window), but each also holds a process in the sandbox and a share of
 // the worker's CPU; one tenant must not take all of either. Over a bound the upload is refused at
 // once with 429 and Retry-After rather than queued: a queue would hold the request's socket (and
-// whatever the client keeps sending into it) for an unknown time, and the E2B SDKs and our client
-// retry a 429 themselves.
+// whatever the client keeps sending into it) for an unknown time, while a 429 tells the client
+// at once when to come back (the E2B SDKs raise RateLimitError for a 429).
 import { AsbError } from '../errors.ts';
 
 /** Uploads at once per key (an API key's prefix, or a sandbox's access token); the probe's 8 concurrent uploads from one key still fit. */
