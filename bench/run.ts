@@ -2,7 +2,7 @@
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
-// `node bench/run.ts [claims] [dataplane] [federation] [terminals] [e2b] [kube]` runs only those parts (default: all); a
+// `node bench/run.ts [claims] [dataplane] [federation] [terminals] [e2b] [kube] [uploads]` runs only those parts (default: all); a
 // partial run replaces its own rows in the README table and in latest.json and keeps the others.
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -17,12 +17,13 @@ import { benchKube } from './kube.ts';
 import { benchPlacement, benchPropagation } from './federation.ts';
 import { benchStore } from './store-bench.ts';
 import { benchTerminals } from './terminals.ts';
+import { benchUploads } from './uploads.ts';
 import type { LocalSystem } from '../src/system/local-system.ts';
 import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
-const PARTS = ['claims', 'dataplane', 'federation', 'terminals', 'e2b', 'kube'];
+const PARTS = ['claims', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads'];
 
 interface Row {
   metric: string;
@@ -202,6 +203,19 @@ async function e2b(row: Recorder, results: Record<string, unknown>): Promise<voi
   );
 }
 
+async function uploads(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const u = await benchUploads();
+  results.uploads = u;
+  // The target: no upload held whole, so the peak stays well under one upload per request (8 × 60 MiB).
+  const growth = u.rssPeakMiB - u.rssBeforeMiB;
+  row(
+    `worker RSS before / peak / after, ${u.uploads} concurrent ${u.uploadMiB} MiB uploads to envd /files (security probe M3)`,
+    `${u.rssBeforeMiB} / ${u.rssPeakMiB} / ${u.rssAfterMiB} MiB (all in ${u.seconds} s, ${u.mibPerSec} MiB/s)`,
+    'peak − before ≤ 160 MiB',
+    growth <= 160,
+  );
+}
+
 async function kube(row: Recorder, results: Record<string, unknown>): Promise<void> {
   const k = await benchKube();
   results.kube = k;
@@ -243,6 +257,7 @@ async function main(): Promise<void> {
   if (all || parts.has('terminals')) await terminals(row, results);
   if (all || parts.has('e2b')) await e2b(row, results);
   if (all || parts.has('kube')) await kube(row, results);
+  if (all || parts.has('uploads')) await uploads(row, results);
 
   // On a virtual machine the host may run other guests on our cores: a run it took much from
   // reads slow, so the share it took is printed with every table.

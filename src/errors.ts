@@ -11,10 +11,10 @@ export const ERRORS = {
   MalformedJson: { status: 400, title: 'Malformed JSON' },
   UnsupportedMediaType: { status: 415, title: 'Unsupported media type' },
   PayloadTooLarge: { status: 413, title: 'Request body too large' },
+  TooManyRequests: { status: 429, title: 'Too many requests' },
   Unauthorized: { status: 401, title: 'Missing or invalid API key' },
   Forbidden: { status: 403, title: 'Forbidden' },
   MethodNotAllowed: { status: 405, title: 'Method not allowed' },
-  TooManyRequests: { status: 429, title: 'Too many requests' },
   Gone: { status: 410, title: 'Resource version too old' },
   PoolExhausted: { status: 503, title: 'No warm sandbox and cold start refused' },
   Unavailable: { status: 503, title: 'Unavailable' },
@@ -36,13 +36,16 @@ export class AsbError extends Error {
   readonly code: ErrorCode;
   readonly status: number;
   readonly fields: readonly FieldProblem[];
+  /** Seconds a client should wait before retrying (the Retry-After header), when the error says so. */
+  readonly retryAfterS: number | undefined;
 
-  constructor(code: ErrorCode, message: string, options?: { fields?: FieldProblem[]; cause?: unknown }) {
+  constructor(code: ErrorCode, message: string, options?: { fields?: FieldProblem[]; cause?: unknown; retryAfterS?: number }) {
     super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = 'AsbError';
     this.code = code;
     this.status = ERRORS[code].status;
     this.fields = options?.fields ?? [];
+    this.retryAfterS = options?.retryAfterS;
   }
 }
 

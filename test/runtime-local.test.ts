@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import type { Container } from '../src/api/types.ts';
 import { isAsbError } from '../src/errors.ts';
+import { checkStreamedWrites, chunks } from './support/streamed-writes.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { deleteBridge } from '../src/runtime/local/network.ts';
 import { volumeDir } from '../src/runtime/local/pod-process.ts';
@@ -192,6 +193,14 @@ test('volume directories stay inside their roots whatever the request says (volu
   assert.throws(() => volumeDir(base, '..', paths), /outside the pod's volumes/);
   assert.throws(() => volumeDir({ ...base, spec: { ...base.spec, volumes: [{ name: 'x', persistentVolumeClaim: { claimName: '..' } }] } }, 'x', paths), /outside the pod's volumes/);
   assert.throws(() => volumeDir(base, '../../etc', paths), /outside the pod's volumes/);
+});
+
+test('writeFile streams: the file changes only once the whole body arrived; a failed stream leaves it and no temporary file', async () => {
+  await rt.start(pod('stream1'));
+  await sh('stream1', 'mkdir -p /home/user/streams');
+  await checkStreamedWrites(rt, 'stream1', '/home/user/streams');
+  await assert.rejects(rt.writeFile('stream1', '/usr/bin/evil', chunks(2)), (err) => isAsbError(err, 'Forbidden'));
+  await rt.remove('stream1');
 });
 
 test('files API reads, writes and lists inside the sandbox', async () => {

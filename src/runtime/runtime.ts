@@ -141,7 +141,12 @@ export interface PodRuntime {
 
   exec(id: string, req: ExecRequest): Promise<ExecResult>;
   readFile(id: string, path: string): Promise<Uint8Array>;
-  writeFile(id: string, path: string, data: Uint8Array, mode?: number): Promise<void>;
+  /**
+   * Writes the file as its bytes arrive (a Readable is an AsyncIterable): piped into a process in
+   * the sandbox with backpressure, never held whole. The file is replaced only once all of the
+   * data arrived; if the stream fails, the file is as it was and the stream's error is thrown.
+   */
+  writeFile(id: string, path: string, data: Uint8Array | AsyncIterable<Uint8Array>, mode?: number): Promise<void>;
   listDir(id: string, path: string): Promise<FileEntry[]>;
   openPty(id: string, opts: PtyOptions): Promise<PtySession>;
   /** Starts a process with its pipes open; nothing is buffered: read stdout and stderr. */

@@ -1,6 +1,6 @@
 // What both pod runtimes' files APIs share: they run the sandbox's own POSIX tools inside it (no
 // agent in the image), and the scripts pick exit codes that tell the outcomes apart without
-// parsing messages. The read and write scripts, the listing's record format and its parser, and
+// parsing messages. The read script (writes: file-upload.ts), the listing's record format and its parser, and
 // the mapping of a failed script to our errors live here.
 import { posix } from 'node:path';
 import { AsbError } from '../errors.ts';
@@ -14,13 +14,6 @@ export const MAX_READ_BYTES = 512 * 1024 * 1024;
 
 /** `sh -c READ sh <path>`: the file's bytes on stdout. */
 export const READ = 'if [ -d "$1" ]; then exit 21; fi; if [ ! -e "$1" ]; then exit 44; fi; exec cat -- "$1"';
-/**
- * `sh -c WRITE sh <path> <octal mode or ''>`: stdin becomes the file, its parent made first
- * (mkdir -p; a bare relative name has none to make).
- */
-export const WRITE = 'if [ -d "$1" ]; then exit 21; fi; case "$1" in */*) mkdir -p -- "${1%/*}/" || exit 1;; esac; ' +
-  'cat > "$1" && if [ -n "$2" ]; then chmod -- "$2" "$1"; fi';
-
 /** One listing record per entry, NUL-terminated (names may hold anything else): `find -printf` format. */
 export const ENTRY_FORMAT = '%y\\t%s\\t%m\\t%T@\\t%f\\0';
 

@@ -5,7 +5,7 @@ import { AsbError } from '../errors.ts';
 
 /** JSON bodies are objects of a few fields; 1 MiB holds any real one with room to spare. */
 export const DEFAULT_JSON_LIMIT_BYTES = 1024 * 1024;
-/** File uploads through PUT /files: 64 MiB keeps one upload in memory without risk on 24 GB. */
+/** The largest file an upload (PUT /files, envd's /files) may write; uploads stream (upload-body.ts), so this bounds the file, not the worker's memory. */
 export const DEFAULT_UPLOAD_LIMIT_BYTES = 64 * 1024 * 1024;
 
 function tooLarge(limitBytes: number): AsbError {

@@ -34,8 +34,12 @@ export interface Authenticator {
 export interface WorkerLimits {
   /** Largest JSON request body; default 1 MiB. */
   jsonBytes: number;
-  /** Largest file upload (PUT /files); default 64 MiB. */
+  /** Largest file upload (PUT /files, envd's POST /files), after gzip inflation; default 64 MiB. */
   uploadBytes: number;
+  /** Uploads at once per key (API key prefix, or sandbox access token); default 8. More get 429 with Retry-After. */
+  uploadsPerKey: number;
+  /** Uploads at once on this worker, all keys together; default 32. */
+  uploadsTotal: number;
   /** How long create/resume wait for Ready when asked to; default 60 s (a cold start pulls no image, so ~1 s is typical). */
   waitReadyMs: number;
   /** Cap on captured exec output per stream; default 8 MiB, so one exec cannot exhaust memory. */

@@ -36,6 +36,7 @@ export function writeProblem(res: ServerResponse, err: AsbError, headers: Record
   const body = JSON.stringify(problemOf(err));
   res.writeHead(err.status, {
     ...headers,
+    ...(err.retryAfterS === undefined ? {} : { 'retry-after': String(err.retryAfterS) }),
     'content-type': PROBLEM_CONTENT_TYPE,
     'content-length': Buffer.byteLength(body),
   });

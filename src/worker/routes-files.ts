@@ -4,7 +4,9 @@ import type { Sandbox } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
 import type { ExecRequest } from '../runtime/runtime.ts';
 import { findSandbox } from './access.ts';
-import { readBody, readJson } from './body.ts';
+import { readJson } from './body.ts';
+import { discardRest, uploadChunks } from './upload-body.ts';
+import type { UploadSlots } from './upload-slots.ts';
 import type { WorkerContext } from './deps.ts';
 import { argvFields, checkBody, checkSpawnInput, spawnFailure } from './input.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
@@ -111,13 +113,19 @@ async function readFile(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   return { status: 200, bytes, contentType: 'application/octet-stream' };
 }
 
-async function writeFile(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+/** The body streams into the sandbox (runtime.writeFile); the file changes only once all of it arrived. */
+async function writeFile(w: WorkerContext, uploads: UploadSlots, ctx: RequestContext): Promise<Reply> {
   const path = pathParam(ctx);
   const sandbox = await runningSandbox(w, ctx);
   const id = sandbox.metadata.name;
-  const data = await readBody(ctx.req, w.limits.uploadBytes);
-  await w.runtime.writeFile(id, path, data).catch((err: unknown) => {
-    throw fileError(err, id, path);
+  const prefix = ctx.principal?.prefix ?? '';
+  await uploads.run(`key:${prefix}`, `API key ${prefix}`, async () => {
+    try {
+      await w.runtime.writeFile(id, path, uploadChunks(ctx.req, w.limits.uploadBytes));
+    } catch (err) {
+      discardRest(ctx.req);
+      throw fileError(err, id, path);
+    }
   });
   return { status: 204 };
 }
@@ -132,11 +140,11 @@ async function listDir(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   return { status: 200, json: { entries } };
 }
 
-export function fileRoutes(w: WorkerContext): Route[] {
+export function fileRoutes(w: WorkerContext, uploads: UploadSlots): Route[] {
   return [
     { method: 'POST', pattern: '/v1/sandboxes/{id}/exec', handler: (ctx) => exec(w, ctx) },
     { method: 'GET', pattern: '/v1/sandboxes/{id}/files', handler: (ctx) => readFile(w, ctx) },
-    { method: 'PUT', pattern: '/v1/sandboxes/{id}/files', handler: (ctx) => writeFile(w, ctx) },
+    { method: 'PUT', pattern: '/v1/sandboxes/{id}/files', handler: (ctx) => writeFile(w, uploads, ctx) },
     { method: 'GET', pattern: '/v1/sandboxes/{id}/files/list', handler: (ctx) => listDir(w, ctx) },
   ];
 }

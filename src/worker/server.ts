@@ -32,6 +32,7 @@ import { terminalRoutes } from './routes-terminal.ts';
 import { DEFAULT_TERMINAL_IDLE_MS, TerminalEndpoint, terminalPathId } from './terminal.ts';
 import { createTerminalTokens } from './terminal-token.ts';
 import { Envd, isEnvdRequest } from './envd/envd.ts';
+import { DEFAULT_UPLOADS_PER_KEY, DEFAULT_UPLOADS_TOTAL, UploadSlots } from './upload-slots.ts';
 
 export interface WorkerServer {
   /** The node:http request listener, for callers that own their server. */
@@ -55,6 +56,8 @@ export interface WorkerServer {
 const DEFAULT_LIMITS: WorkerLimits = {
   jsonBytes: DEFAULT_JSON_LIMIT_BYTES,
   uploadBytes: DEFAULT_UPLOAD_LIMIT_BYTES,
+  uploadsPerKey: DEFAULT_UPLOADS_PER_KEY,
+  uploadsTotal: DEFAULT_UPLOADS_TOTAL,
   waitReadyMs: 60_000,
   execOutputBytes: 8 * 1024 * 1024,
 };
@@ -107,7 +110,8 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     reportToHub: deps.reportToHub,
   });
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
-  const envd = new Envd(w);
+  const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });
+  const envd = new Envd(w, uploads);
   const closeStreams = (): void => {
     envd.close();
     feedUpgrade.close();
@@ -123,7 +127,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     ...systemRoutes(w),
     ...objectRoutes(w),
     ...sandboxRoutes(w),
-    ...fileRoutes(w),
+    ...fileRoutes(w, uploads),
     ...activityRoutes(w),
     ...feedRoutes(),
     ...terminalRoutes(w, terminalTokens),

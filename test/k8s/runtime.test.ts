@@ -14,6 +14,7 @@ import { silentLogger } from '../../src/system/log.ts';
 import { startKubeApiServer, KubectlError, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { startTestKubelet, type TestKubelet } from '../support/test-kubelet.ts';
 import { waitFor } from '../support/wait.ts';
+import { checkStreamedWrites } from '../support/streamed-writes.ts';
 
 interface Pod {
   metadata: { name: string; uid: string; labels?: Record<string, string> };
@@ -236,6 +237,12 @@ test('openPty: a terminal whose size follows resize; exit ends it with the code'
   await typeUntil(pty, output, 'tty\n', /\/dev\/pts\/\d+/);
   await pty.write('exit 5\n');
   assert.equal(await pty.exited, 5);
+});
+
+test('files: a streamed writeFile goes through spawn\'s stdin; the file changes only once the whole body arrived', async (t) => {
+  const { runtime } = await startedSandbox(t, 'sb7');
+  await runtime.exec('sb7', { command: ['mkdir', '-p', 'streams'] });
+  await checkStreamedWrites(runtime, 'sb7', 'streams');
 });
 
 test('files: writeFile, readFile and listDir round trip through pods/exec', async (t) => {

@@ -85,9 +85,13 @@ export class MemoryRuntime implements PodRuntime {
     const data = this.#fs(id).get(path);
     return data === undefined ? Promise.reject(enoent(path)) : Promise.resolve(data);
   }
-  writeFile(id: string, path: string, data: Uint8Array): Promise<void> {
-    this.#fs(id).set(path, new Uint8Array(data));
-    return Promise.resolve();
+  /** Like the real runtimes, the file is set only once the whole stream arrived; a failed stream leaves it as it was. */
+  async writeFile(id: string, path: string, data: Uint8Array | AsyncIterable<Uint8Array>): Promise<void> {
+    const fs = this.#fs(id);
+    const chunks: Uint8Array[] = [];
+    if (data instanceof Uint8Array) chunks.push(data);
+    else for await (const chunk of data) chunks.push(chunk);
+    fs.set(path, new Uint8Array(Buffer.concat(chunks)));
   }
   listDir(id: string, path: string): Promise<FileEntry[]> {
     const dir = path.endsWith('/') && path !== '/' ? path.slice(0, -1) : path;

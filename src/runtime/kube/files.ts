@@ -3,9 +3,10 @@
 // paths are relative to the container's working directory (the exec's). Exit codes chosen by the
 // scripts tell the outcomes apart without parsing messages.
 import { AsbError } from '../../errors.ts';
-import type { FileEntry } from '../runtime.ts';
-import { checkedPath, ENTRY_FORMAT, fileFailure, MAX_READ_BYTES, parseEntries, READ, WRITE } from '../shell-files.ts';
-import { execInPod, type ExecContext } from './exec.ts';
+import type { ExecRequest, FileEntry, SpawnRequest } from '../runtime.ts';
+import { writeFileFrom } from '../file-upload.ts';
+import { checkedPath, ENTRY_FORMAT, fileFailure, MAX_READ_BYTES, parseEntries, READ } from '../shell-files.ts';
+import { execInPod, spawnInPod, type ExecContext } from './exec.ts';
 
 // Records end with NUL (names may hold anything else): first the directory's absolute path, then
 // per entry "type<TAB>size<TAB>mode<TAB>mtime<TAB>name". GNU find does it in one process; where
@@ -27,10 +28,10 @@ export async function readPodFile(ctx: ExecContext, path: string): Promise<Uint8
   return result.stdout;
 }
 
-export async function writePodFile(ctx: ExecContext, path: string, data: Uint8Array, mode?: number): Promise<void> {
-  const modeArg = mode === undefined ? '' : (mode & 0o7777).toString(8);
-  const result = await execInPod(ctx, { command: ['sh', '-c', WRITE, 'sh', checkedPath(path), modeArg], stdin: data });
-  if (result.exitCode !== 0) throw fileFailure(result, 'write', path);
+/** Streams a body into the file (src/runtime/file-upload.ts): the target changes only once all of it arrived. */
+export async function writePodFile(ctx: ExecContext, path: string, data: Uint8Array | AsyncIterable<Uint8Array>, mode?: number): Promise<void> {
+  const shell = { spawn: (req: SpawnRequest) => spawnInPod(ctx, req), exec: (req: ExecRequest) => execInPod(ctx, req) };
+  await writeFileFrom(shell, checkedPath(path), data, { mode });
 }
 
 /** Parses LIST's output (exported for a test of the stat fallback). */

@@ -325,7 +325,7 @@ export class KubePodRuntime implements PodRuntime {
     return readPodFile(this.#exec(id), path);
   }
 
-  async writeFile(id: string, path: string, data: Uint8Array, mode?: number): Promise<void> {
+  async writeFile(id: string, path: string, data: Uint8Array | AsyncIterable<Uint8Array>, mode?: number): Promise<void> {
     return writePodFile(this.#exec(id), path, data, mode);
   }
 

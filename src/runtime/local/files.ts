@@ -3,9 +3,11 @@
 // Exit codes chosen by the scripts below tell the outcomes apart without parsing messages.
 import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
-import type { FileEntry } from '../runtime.ts';
-import { checkedPath, ENTRY_FORMAT, fileFailure, MAX_READ_BYTES, parseEntries, READ, WRITE } from '../shell-files.ts';
+import type { ExecRequest, FileEntry, SpawnRequest } from '../runtime.ts';
+import { writeFileFrom } from '../file-upload.ts';
+import { checkedPath, ENTRY_FORMAT, fileFailure, MAX_READ_BYTES, parseEntries, READ } from '../shell-files.ts';
 import { execInPod, type PodTarget } from './exec.ts';
+import { spawnPodProcess } from './process.ts';
 
 const LIST = 'if [ ! -e "$1" ]; then exit 44; fi; if [ ! -d "$1" ]; then exit 20; fi; ' +
   `exec find "$1" -mindepth 1 -maxdepth 1 -printf "${ENTRY_FORMAT}"`;
@@ -22,11 +24,10 @@ export async function readPodFile(target: PodTarget, path: string): Promise<Uint
   return result.stdout;
 }
 
-export async function writePodFile(target: PodTarget, path: string, data: Uint8Array, mode?: number): Promise<void> {
-  const abs = absolute(target, path);
-  const modeArg = mode === undefined ? '' : (mode & 0o7777).toString(8);
-  const result = await execInPod(target, { command: ['sh', '-c', WRITE, 'sh', abs, modeArg], stdin: data });
-  if (result.exitCode !== 0) throw fileFailure(result, 'write', abs);
+/** Streams a body into the file (src/runtime/file-upload.ts): the target changes only once all of it arrived. */
+export async function writePodFile(target: PodTarget, path: string, data: Uint8Array | AsyncIterable<Uint8Array>, mode?: number): Promise<void> {
+  const shell = { spawn: (req: SpawnRequest) => spawnPodProcess(target, req), exec: (req: ExecRequest) => execInPod(target, req) };
+  await writeFileFrom(shell, absolute(target, path), data, { mode });
 }
 
 export async function listPodDir(target: PodTarget, path: string): Promise<FileEntry[]> {

@@ -444,7 +444,7 @@ export class LocalRuntime implements PodRuntime {
     return readPodFile(this.#target(id), path);
   }
 
-  async writeFile(id: string, path: string, data: Uint8Array, mode?: number): Promise<void> {
+  async writeFile(id: string, path: string, data: Uint8Array | AsyncIterable<Uint8Array>, mode?: number): Promise<void> {
     return writePodFile(this.#target(id), path, data, mode);
   }
 

@@ -5,7 +5,7 @@
 import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
 import type { ExecResult, PodRuntime } from '../../runtime/runtime.ts';
-import { fileFailure, IS_DIR, NOT_DIR, NOT_FOUND, READ } from '../../runtime/shell-files.ts';
+import { fileFailure, NOT_DIR, NOT_FOUND, READ } from '../../runtime/shell-files.ts';
 
 /** filesystem.EntryInfo in its JSON form. */
 export interface EntryInfo {
@@ -35,7 +35,6 @@ const SCRIPTS = {
   move: `${EXISTS_CHECK}mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2" && exec find "$2" -maxdepth 0 -printf '${FORMAT}'`,
   remove: 'exec rm -rf -- "$1"',
   read: READ,
-  write: `if [ -d "$1" ]; then exit ${IS_DIR}; fi; mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"`,
 } as const;
 
 /** Where a caller runs: the sandbox and the uid (undefined: the pod's user). */
@@ -53,12 +52,11 @@ export function absolutePath(path: unknown, field = 'path'): string {
   return posix.resolve('/', path);
 }
 
-async function run(t: FsTarget, script: keyof typeof SCRIPTS, args: string[], opts: { stdin?: Uint8Array; maxOutputBytes?: number } = {}): Promise<ExecResult> {
+async function run(t: FsTarget, script: keyof typeof SCRIPTS, args: string[], opts: { maxOutputBytes?: number } = {}): Promise<ExecResult> {
   const result = await t.runtime.exec(t.id, {
     command: ['sh', '-c', SCRIPTS[script], 'sh', ...args],
     timeoutMs: 60_000,
     ...(t.uid === undefined ? {} : { user: t.uid }),
-    ...(opts.stdin === undefined ? {} : { stdin: opts.stdin }),
     ...(opts.maxOutputBytes === undefined ? {} : { maxOutputBytes: opts.maxOutputBytes }),
   });
   if (result.exitCode !== 0) throw failure(result, script, args[0] ?? '');
@@ -159,8 +157,4 @@ export async function readFile(t: FsTarget, path: string, maxBytes: number): Pro
   const result = await run(t, 'read', [path], { maxOutputBytes: maxBytes });
   if (result.truncated) throw new AsbError('PayloadTooLarge', `${path} is larger than ${maxBytes} bytes`);
   return result.stdout;
-}
-
-export async function writeFile(t: FsTarget, path: string, data: Uint8Array): Promise<void> {
-  await run(t, 'write', [path], { stdin: data });
 }

@@ -21,6 +21,7 @@ import { envVarsOf } from '../e2b/shape.ts';
 import { isObjectName } from '../access.ts';
 import { readBody } from '../body.ts';
 import type { WorkerContext } from '../deps.ts';
+import type { UploadSlots } from '../upload-slots.ts';
 import { basicUser, checkSignature, requireToken, UserIds } from './auth.ts';
 import { ConnectError, keepaliveOf, parseJson, parseStreamRequest, ServerStream, streamMessages, timeoutOf, writeClientStreamReply, writeUnary, writeUnaryError } from './connect.ts';
 import type { FsTarget } from './entries.ts';
@@ -55,6 +56,7 @@ type Kind = 'health' | 'files' | 'rpc';
 
 export class Envd {
   readonly #w: WorkerContext;
+  readonly #uploads: UploadSlots;
   readonly #table = new ProcessTable();
   readonly #watchers: WatcherTable;
   readonly #users: UserIds;
@@ -62,8 +64,9 @@ export class Envd {
   readonly #unwatch: () => void;
   #closed = false;
 
-  constructor(w: WorkerContext) {
+  constructor(w: WorkerContext, uploads: UploadSlots) {
     this.#w = w;
+    this.#uploads = uploads;
     this.#watchers = new WatcherTable(w.log.child({ component: 'envd-watchers' }));
     this.#users = new UserIds(w.runtime);
     // What is kept per sandbox goes with its pod, so a worker's tables do not grow with every sandbox it ever ran.
@@ -150,7 +153,8 @@ export class Envd {
     if (kind === 'files') {
       const call = { target, req, res, query: url.searchParams, maxBytes: w.limits.uploadBytes };
       if (req.method === 'GET') await getFile(call);
-      else if (req.method === 'POST') await postFiles(call);
+      // One key per sandbox: its access token and every URL signed with it are one credential.
+      else if (req.method === 'POST') await this.#uploads.run(`sandbox:${id}`, `the access token of sandbox ${id}`, () => postFiles(call));
       else throw new AsbError('MethodNotAllowed', `/files takes GET or POST, not ${req.method ?? ''}`);
       return;
     }

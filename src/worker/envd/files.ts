@@ -3,15 +3,18 @@
 //   `{code, message}` with the numeric status, which the SDK maps to its error classes.
 // - POST, multipart/form-data: one part per file, its filename the full target path (`?path=`
 //   overrides it for a single file); or application/octet-stream with `?path=`. A body with
-//   Content-Encoding: gzip is inflated first. Answers `[{path, name, type:"file"}]`.
+//   Content-Encoding: gzip is inflated as it streams. Answers `[{path, name, type:"file"}]`.
+//   The body is streamed into the sandbox, never held (postFiles); uploads at once are bounded
+//   per sandbox token and per worker (envd.ts, upload-slots.ts).
 // Either carries the access token, or a signed URL (uploadUrl/downloadUrl) instead.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { posix } from 'node:path';
-import { gunzipSync, gzipSync } from 'node:zlib';
+import { gzipSync } from 'node:zlib';
 import { AsbError } from '../../errors.ts';
-import { readBody } from '../body.ts';
+import { commitFiles, discardFiles, stageFile, writeFileFrom, type PodShell, type StagedFile } from '../../runtime/file-upload.ts';
+import { discardRest, uploadChunks } from '../upload-body.ts';
 import { boundaryOf, parseMultipart } from './multipart.ts';
-import { absolutePath, readFile, writeFile, type FsTarget } from './entries.ts';
+import { absolutePath, readFile, type FsTarget } from './entries.ts';
 
 /** A written file as the SDK's WriteInfo. */
 interface WriteInfo {
@@ -61,43 +64,51 @@ export async function getFile(call: FilesCall): Promise<void> {
   call.res.end(body);
 }
 
-async function bodyOf(call: FilesCall): Promise<Buffer> {
-  const raw = await readBody(call.req, call.maxBytes);
-  const encoding = call.req.headers['content-encoding']?.trim().toLowerCase();
-  if (encoding === undefined || encoding === '' || encoding === 'identity') return raw;
-  if (encoding !== 'gzip') throw new AsbError('UnsupportedMediaType', `Content-Encoding "${encoding}" is not supported; send gzip or none`);
-  try {
-    return gunzipSync(raw, { maxOutputLength: call.maxBytes });
-  } catch (err) {
-    throw new AsbError('BadRequest', `the gzip body could not be inflated: ${(err as Error).message}`);
-  }
+/** Where uploads of this call run: its sandbox, as its user. */
+function shellOf(t: FsTarget): PodShell {
+  return { spawn: (req) => t.runtime.spawn(t.id, req), exec: (req) => t.runtime.exec(t.id, req) };
 }
 
+/**
+ * Streams the body into the sandbox: each file is staged as its bytes arrive and all of them are
+ * renamed into place only once the whole body has been read, so a failure at any point (413, a
+ * malformed part, an aborted client) leaves no file changed and no temporary file behind.
+ */
 export async function postFiles(call: FilesCall): Promise<void> {
   const contentType = call.req.headers['content-type'] ?? '';
   const mediaType = (contentType.split(';')[0] ?? '').trim().toLowerCase();
-  const path = pathQuery(call.query, mediaType !== 'multipart/form-data');
-  const body = await bodyOf(call);
-  const files: { path: string; data: Uint8Array }[] = [];
-  if (mediaType === 'multipart/form-data') {
-    for (const part of parseMultipart(body, boundaryOf(contentType))) {
-      if (part.filename === undefined) continue; // a plain field, not a file
-      const target = path ?? (part.filename === '' ? undefined : absolutePath(part.filename, 'the part\'s filename'));
-      if (target === undefined) throw new AsbError('BadRequest', 'a multipart file part needs a filename (the full target path) or the path query parameter');
-      files.push({ path: target, data: part.data });
-    }
-    if (files.length === 0) throw new AsbError('BadRequest', 'the multipart body holds no file part');
-    if (path !== undefined && files.length > 1) throw new AsbError('BadRequest', `the path query parameter names one file but the body holds ${files.length}; give each part its path as filename instead`);
-  } else if (mediaType === 'application/octet-stream' || mediaType === '') {
-    files.push({ path: path ?? '/', data: body });
-  } else {
+  const multipart = mediaType === 'multipart/form-data';
+  if (!multipart && mediaType !== 'application/octet-stream' && mediaType !== '') {
     throw new AsbError('UnsupportedMediaType', `POST /files takes multipart/form-data or application/octet-stream, got "${contentType}"`);
   }
-  const written: WriteInfo[] = [];
-  for (const file of files) {
-    await writeFile(call.target, file.path, file.data);
-    written.push({ path: file.path, name: posix.basename(file.path), type: 'file' });
+  const path = pathQuery(call.query, !multipart);
+  const boundary = multipart ? boundaryOf(contentType) : '';
+  const shell = shellOf(call.target);
+  const user = { user: call.target.uid };
+  const staged: StagedFile[] = [];
+  try {
+    const chunks = uploadChunks(call.req, call.maxBytes);
+    if (multipart) {
+      for await (const part of parseMultipart(chunks, boundary)) {
+        if (part.filename === undefined) continue; // a plain field, not a file: the parser skips its data
+        const target = path ?? (part.filename === '' ? undefined : absolutePath(part.filename, 'the part\'s filename'));
+        if (target === undefined) throw new AsbError('BadRequest', 'a multipart file part needs a filename (the full target path) or the path query parameter');
+        if (path !== undefined && staged.length > 0) throw new AsbError('BadRequest', 'the path query parameter names one file but the body holds more than one; give each part its path as filename instead');
+        staged.push(await stageFile(shell, target, part.data, user));
+      }
+      if (staged.length === 0) throw new AsbError('BadRequest', 'the multipart body holds no file part');
+      await commitFiles(shell, staged, user);
+    } else {
+      await writeFileFrom(shell, path ?? '/', chunks, user);
+    }
+  } catch (err) {
+    await discardFiles(shell, staged, user);
+    throw err;
+  } finally {
+    discardRest(call.req); // what follows the closing delimiter, or the rest of a refused body
   }
+  const paths = multipart ? staged.map((f) => f.path) : [path ?? '/'];
+  const written: WriteInfo[] = paths.map((p) => ({ path: p, name: posix.basename(p), type: 'file' }));
   const json = JSON.stringify(written);
   call.res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
   call.res.end(json);
@@ -108,6 +119,7 @@ export function writeRestError(res: ServerResponse, err: unknown, statusOverride
   const status = statusOverride ?? (err instanceof AsbError ? err.status : 500);
   const message = err instanceof Error ? err.message : String(err);
   const json = JSON.stringify({ code: status, message });
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
+  const retryAfter = err instanceof AsbError && err.retryAfterS !== undefined ? { 'retry-after': String(err.retryAfterS) } : {};
+  res.writeHead(status, { ...retryAfter, 'content-type': 'application/json', 'content-length': Buffer.byteLength(json) });
   res.end(json);
 }

@@ -11,6 +11,7 @@
 // same snapshots and diff.
 import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
+import { isUploadTemp } from '../../runtime/file-upload.ts';
 import { ConnectError, record, type ServerStream } from './connect.ts';
 import { absolutePath, listDir, makeDir, move, remove, stat, type EntryInfo, type FsTarget } from './entries.ts';
 
@@ -96,7 +97,9 @@ function changes(before: WatchSnapshot, after: WatchSnapshot): { path: string; t
   }
   for (const path of before.keys()) if (!after.has(path)) out.push({ path, type: 'EVENT_TYPE_REMOVE', entry: undefined });
   // A directory's mtime changes with every entry made in it: its own WRITE would only be noise next to the entry's CREATE.
-  return out.filter((c) => !(c.type === 'EVENT_TYPE_WRITE' && c.entry?.type === 'FILE_TYPE_DIRECTORY'));
+  // An upload in flight is a temporary file renamed over its target at the end (file-upload.ts):
+  // the target's CREATE or WRITE is the event; the temporary file's own would only be noise.
+  return out.filter((c) => !(c.type === 'EVENT_TYPE_WRITE' && c.entry?.type === 'FILE_TYPE_DIRECTORY') && !isUploadTemp(c.path));
 }
 
 /** Runs a watch until the stream closes; the first message is `{start:{}}`. */

@@ -1,0 +1,75 @@
+// How many uploads run at once, per key and on the whole worker. Uploads stream into the sandbox
+// (src/runtime/file-upload.ts), so each holds little memory (~300 KiB at most: the first 256 KiB
+// read to see whether the body is small, a socket read, the pipe into the sandbox, zlib's
+// window), but each also holds a process in the sandbox and a share of
+// the worker's CPU; one tenant must not take all of either. Over a bound the upload is refused at
+// once with 429 and Retry-After rather than queued: a queue would hold the request's socket (and
+// whatever the client keeps sending into it) for an unknown time, while a 429 tells the client
+// at once when to come back (the E2B SDKs raise RateLimitError for a 429).
+import { AsbError } from '../errors.ts';
+
+/** Uploads at once per key (an API key's prefix, or a sandbox's access token); the probe's 8 concurrent uploads from one key still fit. */
+export const DEFAULT_UPLOADS_PER_KEY = 8;
+/** Uploads at once on one worker, all keys together: 32 × ~300 KiB is ~10 MiB of buffers, and 32 `cat` processes. */
+export const DEFAULT_UPLOADS_TOTAL = 32;
+/** An upload of the 64 MiB limit takes ~0.5 s on loopback: a second later a slot is likely free. */
+export const UPLOAD_RETRY_AFTER_S = 1;
+
+export interface UploadBounds {
+  perKey: number;
+  total: number;
+}
+
+export type Admission =
+  | { kind: 'admitted'; release: () => void }
+  | { kind: 'refused'; scope: 'key' | 'worker'; limit: number };
+
+export class UploadSlots {
+  readonly #bounds: UploadBounds;
+  readonly #byKey = new Map<string, number>();
+  #total = 0;
+
+  constructor(bounds: UploadBounds) {
+    this.#bounds = bounds;
+  }
+
+  /** Uploads in flight, for a key or (without one) in all. */
+  inFlight(key?: string): number {
+    return key === undefined ? this.#total : this.#byKey.get(key) ?? 0;
+  }
+
+  /** A slot for one upload from `key`, or which bound refused it. release() is idempotent. */
+  admit(key: string): Admission {
+    const held = this.#byKey.get(key) ?? 0;
+    if (held >= this.#bounds.perKey) return { kind: 'refused', scope: 'key', limit: this.#bounds.perKey };
+    if (this.#total >= this.#bounds.total) return { kind: 'refused', scope: 'worker', limit: this.#bounds.total };
+    this.#byKey.set(key, held + 1);
+    this.#total++;
+    let released = false;
+    return {
+      kind: 'admitted',
+      release: () => {
+        if (released) return;
+        released = true;
+        this.#total--;
+        const left = (this.#byKey.get(key) ?? 1) - 1;
+        if (left === 0) this.#byKey.delete(key);
+        else this.#byKey.set(key, left);
+      },
+    };
+  }
+
+  /** Runs `upload` in a slot for `key`, or throws TooManyRequests (429, Retry-After) naming the bound. */
+  async run<T>(key: string, who: string, upload: () => Promise<T>): Promise<T> {
+    const admission = this.admit(key);
+    if (admission.kind === 'refused') {
+      const where = admission.scope === 'key' ? `${who} already has ${admission.limit} uploads in flight` : `this worker already has ${admission.limit} uploads in flight`;
+      throw new AsbError('TooManyRequests', `${where}, the most it takes at once; retry when one has finished`, { retryAfterS: UPLOAD_RETRY_AFTER_S });
+    }
+    try {
+      return await upload();
+    } finally {
+      admission.release();
+    }
+  }
+}
