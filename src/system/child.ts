@@ -2,8 +2,9 @@
 // entry point that prints one JSON line with `"ready": true` on stdout when it serves, and
 // logs to stderr (sent to a file here). stop() asks with SIGTERM and kills after a deadline.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, openSync } from 'node:fs';
+import { closeSync, existsSync } from 'node:fs';
 import { createInterface } from 'node:readline';
+import { openPrivateLog } from './private-files.ts';
 
 export interface ReadyChild<R> {
   readonly name: string;
@@ -40,7 +41,7 @@ const DEFAULT_STOP_DEADLINE_MS = 20_000;
 const SETPRIV = '/usr/bin/setpriv';
 
 export async function startChild<R extends { ready: true }>(opts: StartChildOptions): Promise<ReadyChild<R>> {
-  const logFd = openSync(opts.logPath, 'a');
+  const logFd = openPrivateLog(opts.logPath);
   const argv = [opts.entry, ...opts.args];
   const own = opts.ownGroup === true;
   const [command, args] = own && existsSync(SETPRIV) ? [SETPRIV, ['--pdeathsig', 'SIGTERM', '--', process.execPath, ...argv]] : [process.execPath, argv];
