@@ -142,7 +142,7 @@ test('our logger drops query strings and redacts credential headers wherever a l
   log.child({ component: 'worker' }).warn({ url: `http://127.0.0.1:1/terminal?token=${secret}`, headers }, 'upgrade failed');
   log.info({ req: { url: '/plain', headers } }, 'nested');
   await new Promise<void>((resolve, reject) => log.flush((err) => (err ? reject(err) : resolve())));
-  await until(() => readFileSync(file, 'utf8').split('\n').length > 3, 5_000, 'three log lines');
+  await until(() => existsSync(file) && readFileSync(file, 'utf8').split('\n').length > 3, 5_000, 'three log lines');
   const text = readFileSync(file, 'utf8');
   assert.ok(!text.includes(secret), text);
   const lines = text.trim().split('\n').map((l) => JSON.parse(l) as { url?: string; headers?: Record<string, string>; req?: { headers: Record<string, string> } | undefined });
