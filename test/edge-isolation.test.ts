@@ -19,6 +19,8 @@ import { tokenHash } from '../src/router/access.ts';
 import { ACCESS_COOKIE } from '../src/router/contract.ts';
 import { DOMAIN, sandboxEntry, send, startFakeWorker, startTestEnvoy, startTestRouter, TOKEN, until } from './support/dataplane-fixture.ts';
 import { removeDataDir, tempDataDir } from './support/worker-process.ts';
+import type { Sandbox } from '../src/api/types.ts';
+import { h2cPortsOf } from '../src/worker/route-entry.ts';
 
 const CHROMIUM = '/usr/bin/chromium';
 const A = 'sbxa';
@@ -140,6 +142,25 @@ async function h2Request(t: TestContext, origin: string, authority: string, path
     stream.on('error', reject);
   });
 }
+
+test('h2cPorts: container ports whose appProtocol is kubernetes.io/h2c, h2c or grpc (any container, any case); others stay HTTP/1.1', () => {
+  const sandbox = {
+    apiVersion: 'agents.x-k8s.io/v1alpha1',
+    kind: 'Sandbox',
+    metadata: { name: 'sbx', namespace: 'default' },
+    spec: {
+      podTemplate: {
+        spec: {
+          containers: [
+            { name: 'main', ports: [{ containerPort: 8080 }, { containerPort: 50051, appProtocol: 'kubernetes.io/h2c' }, { containerPort: 9000, appProtocol: 'http' }] },
+            { name: 'side', ports: [{ containerPort: 7000, appProtocol: 'GRPC' }, { containerPort: 7001, appProtocol: 'h2c' }, { containerPort: 443, appProtocol: 'kubernetes.io/wss' }] },
+          ],
+        },
+      },
+    },
+  } as Sandbox;
+  assert.deepEqual(h2cPortsOf(sandbox), [7000, 7001, 50051]);
+});
 
 const setCookies = (value: string | string[] | undefined): string[] => (value === undefined ? [] : Array.isArray(value) ? value : [value]);
 
