@@ -152,3 +152,22 @@ test('our logger drops query strings and redacts credential headers wherever a l
   assert.equal(second.headers?.['user-agent'], 'probe', 'other headers stay');
   assert.equal(third?.req?.headers.authorization, REDACTED);
 });
+
+test("a data dir owned by another user (a Kubernetes volume's mount point) is used as it is, and the files made in it are still 0600", (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-prvk-'));
+  t.after(() => removeDataDir(dir));
+  chmodSync(dir, 0o777);
+  // The mount point: root's, 0775, writable by the group the pod runs in (here: nogroup).
+  const mount = join(dir, 'var-lib-asb');
+  execFileSync('install', ['-d', '-m', '0775', '-o', 'root', '-g', 'nogroup', mount]);
+  const node = process.execPath;
+  const script = `
+    import { privateDir, privateFile } from ${JSON.stringify(new URL('../src/system/private-files.ts', import.meta.url).pathname)};
+    privateDir(${JSON.stringify(mount)});
+    privateFile(${JSON.stringify(join(mount, 'hub.db'))});
+  `;
+  const run = spawnSync('setpriv', ['--reuid', 'nobody', '--regid', 'nogroup', '--clear-groups', node, '--input-type=module', '-e', script], { encoding: 'utf8' });
+  assert.equal(run.status, 0, run.stderr);
+  assert.equal(statSync(mount).mode & 0o777, 0o775, 'the volume keeps its mode');
+  assert.equal(statSync(join(mount, 'hub.db')).mode & 0o777, 0o600);
+});

@@ -7,15 +7,20 @@
 //
 // Not the pods' own files: a sandbox's rootfs keeps the modes its processes expect (/tmp 1777);
 // it sits under a data directory that is 0700, so no other host user reaches it.
-import { chmodSync, closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync, statSync } from 'node:fs';
 
 export const PRIVATE_DIR_MODE = 0o700;
 export const PRIVATE_FILE_MODE = 0o600;
 
-/** `mkdir -p` with mode 0700, and the last directory made 0700 if it already existed. */
+/**
+ * `mkdir -p` with mode 0700, and the last directory made 0700 if it already existed and is ours.
+ * One owned by another user is left as it is: on Kubernetes the data dir is a volume's mount
+ * point (root's, group fsGroup) and the worker runs as uid 1000, which may not chmod it; the
+ * pod is the boundary there, and the files made inside are 0600 all the same.
+ */
 export function privateDir(path: string): void {
   mkdirSync(path, { recursive: true, mode: PRIVATE_DIR_MODE });
-  chmodSync(path, PRIVATE_DIR_MODE);
+  if (statSync(path).uid === process.getuid?.()) chmodSync(path, PRIVATE_DIR_MODE);
 }
 
 /** Opens path for appending (a child's log), created 0600 or made 0600. The caller closes the fd. */
