@@ -13,14 +13,14 @@ import { connect, createServer as createH2cServer, type ClientHttp2Session, type
 import type { AddressInfo } from 'node:net';
 import { test, type TestContext } from 'node:test';
 import { chromium } from 'playwright-core';
+import type { Sandbox } from '../src/api/types.ts';
 import type { EnvoyProcess } from '../src/edge/envoy-process.ts';
 import { ensureEdgeTls } from '../src/edge/tls.ts';
 import { tokenHash } from '../src/router/access.ts';
 import { ACCESS_COOKIE } from '../src/router/contract.ts';
+import { h2cPortsOf } from '../src/worker/route-entry.ts';
 import { DOMAIN, sandboxEntry, send, startFakeWorker, startTestEnvoy, startTestRouter, TOKEN, until } from './support/dataplane-fixture.ts';
 import { removeDataDir, tempDataDir } from './support/worker-process.ts';
-import type { Sandbox } from '../src/api/types.ts';
-import { h2cPortsOf } from '../src/worker/route-entry.ts';
 
 const CHROMIUM = '/usr/bin/chromium';
 const A = 'sbxa';
