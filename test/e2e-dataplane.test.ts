@@ -2,7 +2,9 @@
 // router process fed by the worker's route feed, and a real Envoy in front. Every request here
 // goes through Envoy on the edge port, addressed by Host header like a browser or an SDK would.
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { request } from 'node:http';
+import { connect } from 'node:http2';
 import { test, type TestContext } from 'node:test';
 import WebSocket from 'ws';
 import type { LocalSystem } from '../src/system/local-system.ts';
@@ -102,4 +104,36 @@ test('wake on first connection: a request to a hibernated sandbox wakes it and g
   for (const answer of answers) assert.equal(answer.status, 200, answer.body);
   const after = await api<View>(system, 'GET', `/v1/sandboxes/${sb.id}`);
   assert.equal(after.body.phase, 'Running');
+});
+
+// Probe finding "HTTP/2 to sandbox apps fails": browsers speak h2 on the HTTPS edge, and Envoy
+// passed that on to HTTP/1.1 servers in sandboxes (502 "protocol error").
+test('HTTPS edge: a browser-like HTTP/2 client (ALPN h2) reaches a plain HTTP/1.1 server in a real sandbox, and gets a Secure cookie', async (t) => {
+  const system = await startTestSystem('e2eh', 223, 'local', 0, true);
+  t.after(() => system.cleanup());
+  assert.equal((await api(system, 'POST', '/v1/apply', { objects: [WEB_TEMPLATE, webPool(1)] })).status, 200);
+  const sb = (await api<View>(system, 'POST', '/v1/sandboxes', { template: 'web' })).body;
+  assert.ok(sb.ready);
+  const authority = `8080-${sb.id}.asb.localhost`;
+  const session = connect(system.edgeTlsUrl ?? '', { ca: readFileSync(system.caCertPath ?? ''), servername: authority });
+  t.after(() => session.destroy());
+  const reply = await new Promise<{ status: number; cookie: string[]; body: string; alpn: string | undefined }>((resolve, reject) => {
+    const stream = session.request({ ':authority': authority, ':path': '/whoami.txt', 'x-access-token': sb.accessToken });
+    let status = 0;
+    let cookie: string[] = [];
+    let body = '';
+    stream.on('response', (headers) => {
+      status = Number(headers[':status']);
+      cookie = headers['set-cookie'] ?? [];
+    });
+    stream.setEncoding('utf8');
+    stream.on('data', (chunk: string) => (body += chunk));
+    stream.on('end', () => resolve({ status, cookie, body, alpn: session.alpnProtocol }));
+    stream.on('error', reject);
+  });
+  session.close();
+  assert.equal(reply.alpn, 'h2');
+  assert.equal(reply.status, 200, reply.body);
+  assert.equal(reply.body.trim(), sb.id, 'the server inside the sandbox answered');
+  assert.match(reply.cookie.join('\n'), /^asb_access=.*; Secure$/m);
 });

@@ -58,8 +58,9 @@ async function startFixture(): Promise<Fixture> {
   // B's router: requests that came in on the ingress go to a local "sandbox"; /held after a hold.
   const routerB = await startExtProcStub(later, (req): Decision => {
     if (req.listener !== 'ingress') return { status: 404, body: 'not via the ingress' };
-    const dst = authority(req).startsWith('h2-') ? podH2Address : `127.0.0.1:${pod.port}`;
-    const set = { [HEADER.upstream]: UPSTREAM.sandbox, [HEADER.destination]: dst };
+    // h2-*: a port its template declares h2c (a gRPC server), which the real router sends to sandbox-h2c.
+    const h2 = authority(req).startsWith('h2-');
+    const set = { [HEADER.upstream]: h2 ? UPSTREAM.sandboxH2c : UPSTREAM.sandbox, [HEADER.destination]: h2 ? podH2Address : `127.0.0.1:${pod.port}` };
     return path(req) === '/held' ? { set, holdMs: HOLD_MS } : { set };
   });
   const b = await startTestEnvoy(later, { listenPort: 0, adminPort: 0, routerAddress: routerB.address, workers: [], ingress: { listenPort: 0 }, tls: tls.b });
@@ -220,7 +221,7 @@ describe('two clusters: edge A → ingress B over mutual TLS', { concurrency: tr
     assert.equal(res.body, 'pod GET /held');
   });
 
-  it('an HTTP/2 client stays HTTP/2 up to the sandbox (gRPC works across clusters as within one)', async () => {
+  it('an HTTP/2 client reaches an h2c-declared sandbox port in another cluster over HTTP/2 (gRPC works across clusters as within one)', async () => {
     const session = http2.connect(fx.a.endpoints.edgeUrl);
     try {
       const body = await new Promise<string>((resolve, reject) => {

@@ -122,12 +122,17 @@ test('the generated edge config fails closed, names a cluster per worker and pas
   const clusters = configAt(config, 'static_resources', 'clusters') as { name: string; type: string }[];
   const byName = new Map(clusters.map((c) => [c.name, c]));
   // No federation options, no federation parts (their placeholders would have no value).
-  assert.deepEqual([...byName.keys()].sort(), ['api-eu-1', 'api-local', 'asb-router', 'sandbox']);
+  assert.deepEqual([...byName.keys()].sort(), ['api-eu-1', 'api-local', 'asb-router', 'sandbox', 'sandbox-h2c']);
   assert.deepEqual(listenerNames(config), ['edge']);
   // An IP needs no DNS; a name does.
   assert.equal(byName.get('api-local')?.type, 'STATIC');
   assert.equal(byName.get('api-eu-1')?.type, 'STRICT_DNS');
   assert.equal(byName.get('sandbox')?.type, 'ORIGINAL_DST');
+  assert.equal(byName.get('sandbox-h2c')?.type, 'ORIGINAL_DST');
+  // Pods get HTTP/1.1 unless a port is declared h2c: never the client's protocol (h2 clients got 502).
+  const protocol = (name: string): ConfigNode | undefined => configAt(byName.get(name) ?? null, 'typed_extension_protocol_options', 'envoy.extensions.upstreams.http.v3.HttpProtocolOptions', 'explicit_http_config');
+  assert.deepEqual(protocol('sandbox'), { http_protocol_options: {} });
+  assert.deepEqual(protocol('sandbox-h2c'), { http2_protocol_options: {} });
   const guard = ['layered_runtime', 'layers', 0, 'static_layer', 'envoy.reloadable_features.ext_proc_graceful_grpc_close'];
   assert.equal(configAt(config, ...guard), false, "Envoy's RST-per-stream default");
   assert.equal(configAt(edgeConfig({ ...opts, gracefulClose: true }), ...guard), true);
@@ -158,7 +163,7 @@ test('with the federation options the config gains the mTLS ingress listener and
   const config = edgeConfig({ ...federated, tls, workers: [{ cluster: 'local', apiAddress: '127.0.0.1:7080' }] });
   assert.deepEqual(listenerNames(config), ['edge', 'ingress']);
   const clusters = configAt(config, 'static_resources', 'clusters') as { name: string; type: string }[];
-  assert.deepEqual(clusters.map((c) => c.name).sort(), ['api-local', 'asb-router', 'hub', 'ingress', 'sandbox']);
+  assert.deepEqual(clusters.map((c) => c.name).sort(), ['api-local', 'asb-router', 'hub', 'ingress', 'sandbox', 'sandbox-h2c']);
 
   const ingress = listener(config, 'ingress');
   const downstreamTls = configAt(ingress, 'filter_chains', 0, 'transport_socket', 'typed_config');

@@ -43,6 +43,18 @@ test('a running sandbox is routed to its pod ip:port through the sandbox upstrea
   assert.equal(headerValue(bare.answer, 'x-asb-dst'), '10.213.0.7:3000', 'no port prefix: the default port');
 });
 
+test('a port the template declares h2c goes through the sandbox-h2c upstream (HTTP/2 to the pod); every other port through sandbox (HTTP/1.1)', async (t) => {
+  const r = await startRouterUnderTest(t);
+  r.snapshot([entry(ID, { h2cPorts: [50051] })]);
+  const client = extProcClient(r.server.address);
+  t.after(() => client.close());
+  const grpc = await exchange(client, get(HOST(50051), '/pkg.Svc/Call', { 'x-access-token': TOKEN }));
+  assert.equal(headerValue(grpc.answer, 'x-asb-upstream'), 'sandbox-h2c');
+  assert.equal(headerValue(grpc.answer, 'x-asb-dst'), '10.213.0.7:50051');
+  const web = await exchange(client, get(HOST(8080), '/', { 'x-access-token': TOKEN }));
+  assert.equal(headerValue(web.answer, 'x-asb-upstream'), 'sandbox');
+});
+
 test('envd (port 49983) goes to the owning worker with x-asb-sandbox-id and the token; an image with its own envd (envdInPod) keeps it in the pod', async (t) => {
   const r = await startRouterUnderTest(t);
   r.snapshot([entry(ID)]);

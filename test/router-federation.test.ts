@@ -141,7 +141,7 @@ test('a local sandbox is routed as before on both listeners; unknown tags are lo
     const d = routed(decide(headers(host(LOCAL_ID), '/', { 'x-access-token': TOKEN }), ctx, listener));
     assert.deepEqual(setOf(d), { 'x-asb-upstream': 'sandbox', 'x-asb-dst': '10.213.0.7:8080', 'x-asb-sandbox-id': LOCAL_ID });
     assert.deepEqual(d.remove, ['x-access-token']);
-    assert.equal(d.setCookie, TOKEN, `${listener}: the owning router sets the cookie`);
+    assert.equal(d.setCookie?.split(';')[0], `asb_access=${TOKEN}`, `${listener}: the owning router sets the cookie`);
     assert.equal(d.sandboxId, LOCAL_ID);
     assert.equal(d.ingress, undefined);
   }

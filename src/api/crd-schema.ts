@@ -208,6 +208,7 @@ function container(): JSONSchemaProps {
       hostPort: port('The host port, if any.'),
       name: string({ maxLength: 15, pattern: PORT_NAME_PATTERN }),
       protocol: enumOf(['TCP', 'UDP', 'SCTP']),
+      appProtocol: string({ maxLength: 253 }),
     }, { required: ['containerPort'], open: true })),
     volumeMounts: array(object({
       name: name(),

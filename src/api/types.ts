@@ -45,7 +45,8 @@ export const ANNOTATION = {
 // ---- Pod spec: the subset of corev1.PodSpec the local runtime honours; the rest is kept as-is.
 
 export interface EnvVar { name: string; value?: string }
-export interface ContainerPort { containerPort: number; name?: string; protocol?: string }
+/** appProtocol as on a Service port (corev1 has it there only): `kubernetes.io/h2c`, `h2c` or `grpc` make the edge speak HTTP/2 to the port. */
+export interface ContainerPort { containerPort: number; name?: string; protocol?: string; appProtocol?: string }
 export interface VolumeMount { name: string; mountPath: string; readOnly?: boolean; subPath?: string }
 
 export interface Probe {

@@ -189,6 +189,7 @@ function validatePorts(problems: Problems, path: string, value: unknown): void {
     const name = optString(problems, join(at, 'name'), port.name);
     if (name !== undefined) reportProblem(problems, join(at, 'name'), portNameProblem(name));
     optEnum(problems, join(at, 'protocol'), port.protocol, ['TCP', 'UDP', 'SCTP']);
+    optString(problems, join(at, 'appProtocol'), port.appProtocol);
   });
 }
 

@@ -6,11 +6,12 @@
 // across restarts), access.log (one JSON line per request unless config.accessLogPath says
 // otherwise), admin.address (written by Envoy once its admin listener is bound).
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync, renameSync } from 'node:fs';
+import { closeSync, existsSync, readFileSync, rmSync, writeFileSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
+import { openPrivateLog, privateDir, privateFile } from '../system/private-files.ts';
 import { EDGE_TLS_LISTENER, edgeConfigYaml, INGRESS_LISTENER, type EdgeConfigOptions } from './envoy-config.ts';
 import { findEnvoyBinary } from './envoy-binary.ts';
 
@@ -106,11 +107,16 @@ export class EnvoyProcess {
     if (this.#closed) throw new AsbError('Unavailable', 'Envoy process is closed');
     if (this.#child !== undefined && this.running) throw new AsbError('Conflict', 'Envoy is already running');
     const binary = this.#opts.binary ?? findEnvoyBinary();
-    mkdirSync(this.#opts.stateDir, { recursive: true });
+    // 0700 / 0600 (src/system/private-files.ts): the access log names every sandbox host and
+    // client address. Envoy opens an existing file without changing its mode, so it is made
+    // here first; a device (/dev/stdout in production) is left alone.
+    privateDir(this.#opts.stateDir);
+    const accessLog = this.accessLogPath;
+    if (!accessLog.startsWith('/dev/')) privateFile(accessLog);
     const adminAddressPath = join(this.#opts.stateDir, 'admin.address');
     rmSync(adminAddressPath, { force: true });
     const yaml = edgeConfigYaml(this.#config);
-    writeFileSync(`${this.configPath}.tmp`, yaml);
+    writeFileSync(`${this.configPath}.tmp`, yaml, { mode: 0o600 });
     renameSync(`${this.configPath}.tmp`, this.configPath);
 
     const args = [
@@ -128,7 +134,7 @@ export class EnvoyProcess {
     // setpriv --pdeathsig: Envoy dies with us even if we are SIGKILLed, so no test run or crashed
     // `make up` leaves an Envoy holding port 10000.
     const [command, argv] = existsSync('/usr/bin/setpriv') ? ['/usr/bin/setpriv', ['--pdeathsig', 'SIGKILL', '--', binary, ...args]] : [binary, args];
-    const logFd = openSync(this.logPath, 'a');
+    const logFd = openPrivateLog(this.logPath);
     let child: ChildProcess;
     try {
       child = spawn(command, argv, { stdio: ['ignore', logFd, logFd], detached: this.#opts.ownGroup === true });

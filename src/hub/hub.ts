@@ -5,7 +5,6 @@
 // cluster registry. It keeps them in its own embedded store at <dataDir>/hub.db; workers dial
 // GET /v1/sync on the same HTTP server and keep a copy (src/hub/contract.ts).
 import { listen, packageVersion } from '../system/http-server.ts';
-import { mkdirSync } from 'node:fs';
 import { createServer, type IncomingMessage } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Duplex } from 'node:stream';
@@ -16,6 +15,7 @@ import { EXITING_OWNER_WAIT_MS, openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
+import { privateDir } from '../system/private-files.ts';
 import { createHubApi } from './admin-api.ts';
 import { ensureAdminKey } from '../auth/admin-key.ts';
 import type { HubConfig } from './hub-config.ts';
@@ -44,7 +44,7 @@ export async function startHub(config: HubConfig, deps: HubDeps): Promise<Runnin
   const clock = deps.clock ?? systemClock;
   const registry = deps.registry ?? new Registry();
   const log = deps.log;
-  mkdirSync(config.dataDir, { recursive: true });
+  privateDir(config.dataDir);
 
   const store = await openSqliteStore({ path: join(config.dataDir, 'hub.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, log: log.child({ component: 'store' }) });
   const adminKey = config.adminKeyFile === undefined ? undefined : await ensureAdminKey(store, config.adminKeyFile, 'hub admin key (--admin-key-file)');

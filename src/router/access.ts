@@ -55,9 +55,13 @@ function tokenMatches(token: string, expectedHex: string): boolean {
   return expected.length === actual.length && timingSafeEqual(expected, actual);
 }
 
-/** `Set-Cookie` value for a token: HttpOnly so page scripts cannot read it; Lax so links work. */
-export function accessCookie(token: string): string {
-  return `${ACCESS_COOKIE}=${token}; HttpOnly; Path=/; SameSite=Lax`;
+/**
+ * `Set-Cookie` value for a token: HttpOnly so page scripts cannot read it; Lax so links work;
+ * Secure when it was asked over HTTPS, so the browser never sends it to the plain-HTTP edge
+ * (cookies are not port-scoped: the one set by :10002 went to :10000 in clear text).
+ */
+export function accessCookie(token: string, secure = false): string {
+  return `${ACCESS_COOKIE}=${token}; HttpOnly; Path=/; SameSite=Lax${secure ? '; Secure' : ''}`;
 }
 
 /** The asb_access token and the other cookies. The first asb_access wins: browsers send longer paths first (RFC 6265 §5.4) and we only ever set Path=/. */

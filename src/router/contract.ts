@@ -26,6 +26,12 @@ export interface RouteEntry {
    * requests for port 49983 go to the pod. Otherwise the owning worker answers envd for it.
    */
   envdInPod?: true;
+  /**
+   * Ports whose container port declares HTTP/2 without TLS (`appProtocol: kubernetes.io/h2c`,
+   * `h2c` or `grpc`): Envoy speaks HTTP/2 to them (cluster `sandbox-h2c`), HTTP/1.1 to all
+   * others. Absent when there are none (and from workers that predate it: all HTTP/1.1).
+   */
+  h2cPorts?: number[];
 }
 
 /**
@@ -114,4 +120,4 @@ export function e2bSandboxNotFoundJson(id: string): string {
 }
 
 /** Upstream names the router puts in HEADER.upstream besides `api-<cluster>`. */
-export const UPSTREAM = { sandbox: 'sandbox', ingress: 'ingress', hub: 'hub' } as const;
+export const UPSTREAM = { sandbox: 'sandbox', sandboxH2c: 'sandbox-h2c', ingress: 'ingress', hub: 'hub' } as const;

@@ -29,7 +29,7 @@
 // calls that carry none, GET /health and a signed /files URL, pass only to a running sandbox.
 import { clusterTagOf } from '../api/ids.ts';
 import { AsbError } from '../errors.ts';
-import { checkAccess, type AccessGranted } from './access.ts';
+import { accessCookie, checkAccess, type AccessGranted } from './access.ts';
 import { DEFAULT_SANDBOX_PORT, HEADER, INTERNAL_HEADER_PREFIX, UPSTREAM, type RouteEntry } from './contract.ts';
 import { parseTarget } from './host.ts';
 import { joinHostPort, type ClusterRegistry } from './registry.ts';
@@ -61,7 +61,7 @@ export type Decision =
       set: [string, string][];
       /** Client-sent headers to remove. */
       remove: string[];
-      /** Token to hand back as a cookie on the response. */
+      /** Set-Cookie value (asb_access) to add to the response. */
       setCookie: string | undefined;
       /** Sandbox served (for activity), if the upstream is a sandbox. */
       sandboxId: string | undefined;
@@ -149,7 +149,8 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
   }
   if (envdOnWorker) return toWorkerEnvd(headers, entry, ctx);
   const set: [string, string][] = [
-    [HEADER.upstream, UPSTREAM.sandbox],
+    // HTTP/1.1 unless the template declares the port HTTP/2 (envoy/edge.yaml, sandbox-h2c).
+    [HEADER.upstream, entry.h2cPorts?.includes(port) === true ? UPSTREAM.sandboxH2c : UPSTREAM.sandbox],
     [HEADER.destination, joinHostPort(entry.podIp, port)],
     [HEADER.sandboxId, entry.id],
   ];
@@ -158,7 +159,8 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
     if (granted.cookieWithoutToken === '') removeCookie = true;
     else set.push(['cookie', granted.cookieWithoutToken]);
   }
-  const decision = route(headers, set, granted.setCookie, entry.id, entry.cluster);
+  const setCookie = granted.setCookie === undefined ? undefined : accessCookie(granted.setCookie, isHttps(headers));
+  const decision = route(headers, set, setCookie, entry.id, entry.cluster);
   if (removeCookie && decision.kind === 'route') decision.remove.push('cookie');
   return decision;
 }
@@ -249,6 +251,14 @@ function isHubRequest(headers: RequestHeaders): boolean {
   const method = headers.get(':method');
   if (method !== 'POST' && method !== 'GET') return false;
   return HUB_PATHS.has(pathnameOf(headers.get(':path') ?? ''));
+}
+
+/**
+ * Whether the client spoke HTTPS: Envoy overwrites x-forwarded-proto on the edge listeners
+ * (use_remote_address, no trusted hops) and trusts the forwarding edge's on the ingress one.
+ */
+function isHttps(headers: RequestHeaders): boolean {
+  return headers.get('x-forwarded-proto') === 'https';
 }
 
 /** `:path` without its query string. */

@@ -7,7 +7,6 @@
 import { AsbError, isAsbError } from '../errors.ts';
 import type { Logger } from '../system/log.ts';
 import { problemOf } from '../worker/problem.ts';
-import { accessCookie } from './access.ts';
 import { e2bSandboxNotFoundJson, HEADER } from './contract.ts';
 import { decide, notFound, RETRY_AFTER_S, type DecideContext, type Decision, type Listener, type RequestHeaders } from './decide.ts';
 import { decodeProcessingRequest, encodeProcessingResponse } from './extproc-codec.ts';
@@ -39,7 +38,7 @@ interface StreamState {
   /** Only for a hold or lookup: most streams never wait, and an AbortController per stream (its abort() builds a DOMException with a stack) was measurable. */
   abort: AbortController | undefined;
   ended: boolean;
-  /** Token to set as a cookie when the response headers come through. */
+  /** Set-Cookie value (asb_access) to add when the response headers come through. */
   cookie: string | undefined;
   /** Ends the activity mark of the sandbox this request reached. */
   release: (() => void) | undefined;
@@ -191,7 +190,7 @@ export class ExtProcServer {
         const cookie = state.cookie;
         state.cookie = undefined;
         // append: true so a Set-Cookie from the sandbox itself is kept beside ours.
-        const mutation = cookie === undefined ? {} : { set_headers: [{ header: raw('set-cookie', accessCookie(cookie)), append: { value: true } }] };
+        const mutation = cookie === undefined ? {} : { set_headers: [{ header: raw('set-cookie', cookie), append: { value: true } }] };
         this.#write(call, state, { response_headers: { response: { header_mutation: mutation } } });
         return;
       }

@@ -223,6 +223,7 @@ function isRouteEntry(v: unknown): v is RouteEntry {
     typeof e.defaultPort === 'number' &&
     Array.isArray(e.publicPorts) &&
     e.publicPorts.every((p) => typeof p === 'number') &&
+    (e.h2cPorts === undefined || (Array.isArray(e.h2cPorts) && e.h2cPorts.every((p) => typeof p === 'number'))) &&
     typeof e.tokenHash === 'string' &&
     typeof e.owner === 'string'
   );

@@ -23,6 +23,7 @@ import type { KubeObject, ResourceType } from '../api/meta.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import { isoNow, systemClock, type Clock } from '../system/clock.ts';
+import { privateFile, restrictExisting } from '../system/private-files.ts';
 import { silentLogger, type Logger } from '../system/log.ts';
 import { listPage, objectKey } from './list-page.ts';
 import { decide, describeObject, type Decision, type WriteOp, type WriteRequest } from './mutation.ts';
@@ -193,6 +194,11 @@ export class SqliteStore implements ObjectStore {
   static open(opts: SqliteStoreOptions, lock: OwnerLock = acquireOwnerLock(opts.path)): SqliteStore {
     let tables: Tables;
     try {
+      // 0600 before SQLite opens it: SQLite creates -wal and -shm with the database file's mode,
+      // and would create the file itself 0644 (the umask's), readable by every local user
+      // (the objects hold E2B envVars). Files an older version made are closed down too.
+      privateFile(opts.path);
+      restrictExisting([`${opts.path}-wal`, `${opts.path}-shm`, `${opts.path}-journal`]);
       tables = openTables(opts.path);
     } catch (err) {
       lock.release();

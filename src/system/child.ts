@@ -4,6 +4,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, fstatSync, openSync, readSync } from 'node:fs';
 import { createInterface } from 'node:readline';
+import { openPrivateLog } from './private-files.ts';
 
 export interface ReadyChild<R> {
   readonly name: string;
@@ -40,7 +41,7 @@ const DEFAULT_STOP_DEADLINE_MS = 20_000;
 const SETPRIV = '/usr/bin/setpriv';
 
 export async function startChild<R extends { ready: true }>(opts: StartChildOptions): Promise<ReadyChild<R>> {
-  const logFd = openSync(opts.logPath, 'a');
+  const logFd = openPrivateLog(opts.logPath);
   const logStart = fstatSync(logFd).size;
   const argv = [opts.entry, ...opts.args];
   const own = opts.ownGroup === true;

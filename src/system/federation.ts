@@ -6,13 +6,14 @@
 //
 // State under <stateDir>: hub/ (store, admin.key), tls/ (federation CA and Envoy certificates),
 // clusters/<name>/ (data, logs, envoy, admin.key, hub.credential), logs/hub.log.
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { ensureEdgeTls, ensureFederationTls } from '../edge/tls.ts';
 import { startChild, type ReadyChild } from './child.ts';
 import { freePort, startLocalSystem, supervisedBy, type LocalSystem } from './local-system.ts';
 import type { SupervisorOptions } from './supervisor.ts';
 import type { Logger } from './log.ts';
+import { privateDir } from './private-files.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
 
@@ -72,8 +73,10 @@ export interface Federation {
 }
 
 export async function startFederation(opts: FederationOptions): Promise<Federation> {
+  // Private: stores, logs and keys live below (src/system/private-files.ts).
+  privateDir(opts.stateDir);
   const logs = join(opts.stateDir, 'logs');
-  mkdirSync(logs, { recursive: true });
+  privateDir(logs);
   const tls = await ensureFederationTls(join(opts.stateDir, 'tls'));
   const edgeTls = opts.clusters.some((c) => c.edgeTlsPort !== undefined) ? await ensureEdgeTls(join(opts.stateDir, 'edge-tls'), opts.domain) : undefined;
   const started: { stop(): Promise<void> }[] = [];
@@ -101,7 +104,7 @@ export async function startFederation(opts: FederationOptions): Promise<Federati
     const fixed = new Map<string, FederatedClusterOptions>();
     const startOne = async (c: FederatedClusterOptions): Promise<FederatedCluster> => {
       const dir = join(opts.stateDir, 'clusters', c.name);
-      mkdirSync(dir, { recursive: true });
+      privateDir(dir);
       const ingressAddress = `127.0.0.1:${c.ingressPort}`;
       const credentialFile = join(dir, 'hub.credential');
       await registerCluster(hubUrl, adminKey, c, { apiUrl: `http://127.0.0.1:${c.apiPort}`, ingressAddress, credentialFile });

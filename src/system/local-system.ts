@@ -4,13 +4,14 @@
 // traffic, the router closes, the worker hibernates its sandboxes and closes the store).
 // With `supervise` (make up), a process that crashes is started again on the same ports and
 // data (src/system/supervisor.ts); ports asked as 0 are fixed before the first start for that.
-import { mkdirSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import type { EdgeConfigOptions } from '../edge/envoy-config.ts';
 import { EnvoyProcess } from '../edge/envoy-process.ts';
 import type { EdgeTlsFiles } from '../edge/tls.ts';
 import type { Logger } from './log.ts';
+import { privateDir } from './private-files.ts';
 import { startChild, type ReadyChild } from './child.ts';
 import { supervise, unsupervised, type Run, type Supervised, type SupervisorOptions } from './supervisor.ts';
 
@@ -115,8 +116,10 @@ function envoyRuns(stateDir: string, log: Logger, config: EdgeConfigOptions, own
 }
 
 export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalSystem> {
+  // Private: stores, logs and keys live below (src/system/private-files.ts).
+  privateDir(opts.stateDir);
   const logs = join(opts.stateDir, 'logs');
-  mkdirSync(logs, { recursive: true });
+  privateDir(logs);
   const policy = opts.supervise;
   // A restart must come back where the others expect it: fix ports asked as 0 now.
   const apiPort = opts.apiPort === 0 && policy !== undefined ? await freePort() : opts.apiPort;
@@ -170,7 +173,6 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
     const router = supervisedBy(policy, name('router'), await startRouter(), startRouter, `its log is ${join(logs, 'router.log')}`);
     started.push(router);
 
-    mkdirSync(join(opts.stateDir, 'envoy'), { recursive: true });
     const runs = envoyRuns(join(opts.stateDir, 'envoy'), opts.log, {
       listenPort: edgePort,
       adminPort: opts.envoyAdminPort,

@@ -3,7 +3,7 @@
 // store: operator (controllers under a leader Lease, /healthz and /metrics only) and api (the
 // APIs and a claim front of its own, no controllers); --role=all is the whole of it.
 import { listen, packageVersion } from './http-server.ts';
-import { mkdirSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -31,6 +31,7 @@ import { startSyncAgent, type SyncAgent } from '../worker/sync-agent.ts';
 import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
 import type { Logger } from './log.ts';
+import { privateDir } from './private-files.ts';
 import type { KubeConnection, LedControllers } from './worker-kube.ts';
 
 export interface WorkerDeps {
@@ -56,7 +57,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const registry = deps.registry ?? new Registry();
   const metrics = createMetrics(registry);
   const log = deps.log;
-  mkdirSync(config.dataDir, { recursive: true });
+  privateDir(config.dataDir);
   // Read before anything opens, so a missing credential file fails the start cleanly.
   const hubCredential = config.hubCredentialFile === undefined ? undefined : readCredential(config.hubCredentialFile);
 

@@ -19,6 +19,20 @@ export function defaultPortOf(sandbox: Sandbox): number {
   return sandbox.spec.podTemplate.spec.containers[0]?.ports?.[0]?.containerPort ?? DEFAULT_SANDBOX_PORT;
 }
 
+/** appProtocol values that mean HTTP/2 without TLS: Kubernetes' standard name (Gateway API GEP-1911), and the short names Istio and Linkerd read the same way. */
+const H2C_APP_PROTOCOLS: ReadonlySet<string> = new Set(['kubernetes.io/h2c', 'h2c', 'grpc']);
+
+/** Container ports (any container) whose appProtocol declares HTTP/2 without TLS, sorted; the edge speaks HTTP/1.1 to every other port. */
+export function h2cPortsOf(sandbox: Sandbox): number[] {
+  const ports = new Set<number>();
+  for (const container of sandbox.spec.podTemplate.spec.containers) {
+    for (const port of container.ports ?? []) {
+      if (port.appProtocol !== undefined && H2C_APP_PROTOCOLS.has(port.appProtocol.toLowerCase())) ports.add(port.containerPort);
+    }
+  }
+  return [...ports].sort((a, b) => a - b);
+}
+
 /**
  * Ports from the `asb.dev/public-ports` annotation ("8080, 3000"), sorted, without duplicates.
  * Items that are not a port number are skipped: a typo must never make a private port public,
@@ -76,6 +90,8 @@ export function routeEntryOf(sandbox: Sandbox, cluster: string, tokens: AccessTo
   };
   if (state === 'running' && podIp !== undefined) entry.podIp = podIp;
   if (sandbox.spec.podTemplate.metadata?.annotations?.[ENVD_ANNOTATION] === 'pod') entry.envdInPod = true;
+  const h2cPorts = h2cPortsOf(sandbox);
+  if (h2cPorts.length > 0) entry.h2cPorts = h2cPorts;
   return entry;
 }
 
@@ -91,6 +107,8 @@ export function sameEntry(a: RouteEntry, b: RouteEntry): boolean {
     a.owner === b.owner &&
     a.envdInPod === b.envdInPod &&
     a.publicPorts.length === b.publicPorts.length &&
-    a.publicPorts.every((p, i) => p === b.publicPorts[i])
+    a.publicPorts.every((p, i) => p === b.publicPorts[i]) &&
+    (a.h2cPorts ?? []).length === (b.h2cPorts ?? []).length &&
+    (a.h2cPorts ?? []).every((p, i) => p === b.h2cPorts?.[i])
   );
 }
