@@ -7,7 +7,7 @@ import { createServer as createHttpServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { test } from 'node:test';
+import { test, type TestContext } from 'node:test';
 import { WebSocket, WebSocketServer } from 'ws';
 import { ClusterType } from '../src/hub/contract.ts';
 import { startHub } from '../src/hub/hub.ts';
@@ -231,16 +231,12 @@ test('the hub proxies sandbox calls and terminals to the owning worker', { timeo
 });
 
 test('terminal proxy backpressure: a client that stops reading stops the hub reading the worker; all bytes arrive once it reads again', { timeout: 60_000 }, async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), 'asb-hub-proxy-bp-'));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
   // A worker stand-in that floods the terminal with output as fast as its socket takes it.
   const total = 64 * 1024 * 1024;
   const chunk = Buffer.alloc(64 * 1024, 0x61);
-  const workerServer = createHttpServer();
-  const workerWss = new WebSocketServer({ server: workerServer });
   // Sent = handed to the kernel: the next chunk goes only when the last one was written.
   let sent = 0;
-  workerWss.on('connection', (ws) => {
+  const hubPort = await startProxyRig(t, 'bp', { verify: () => ({ team: 't', admin: true, prefix: 'asb_x' }), live: () => true, onRevoked: () => () => undefined }, (ws) => {
     const next = (): void => {
       if (sent >= total || ws.readyState !== WebSocket.OPEN) return;
       ws.send(chunk, { binary: true }, (err) => {
@@ -251,29 +247,7 @@ test('terminal proxy backpressure: a client that stops reading stops the hub rea
     };
     next();
   });
-  await new Promise<void>((r) => workerServer.listen(0, '127.0.0.1', r));
-  t.after(() => {
-    workerWss.close();
-    workerServer.closeAllConnections();
-    workerServer.close();
-  });
-
-  const store = await openSqliteStore({ path: join(dir, 'hub.db') });
-  t.after(() => store.close());
-  const apiUrl = `http://127.0.0.1:${(workerServer.address() as AddressInfo).port}`;
-  await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name: 'bp' }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: 'bpbp', credentialHash: 'x', apiUrl } });
-  const sync = { version: () => 0, connections: () => [], live: () => new Map([['bp', { healthy: true, templates: {}, heartbeatAt: 0, pools: {} }]]) };
-  const proxy = createTerminalProxy({ store, sync, auth: { verify: () => ({ team: 't', admin: true, prefix: 'asb_x' }), live: () => true, onRevoked: () => () => undefined }, log: silentLogger() });
-  const hubServer = createHttpServer();
-  hubServer.on('upgrade', (req, socket, head) => proxy.upgrade(req, socket, head));
-  await new Promise<void>((r) => hubServer.listen(0, '127.0.0.1', r));
-  t.after(async () => {
-    await proxy.close();
-    hubServer.closeAllConnections();
-    hubServer.close();
-  });
-
-  const client = new WebSocket(`ws://127.0.0.1:${(hubServer.address() as AddressInfo).port}/v1/sandboxes/bpbp0000000000000000/terminal`, { headers: { authorization: 'Bearer asb_x_y' } });
+  const client = new WebSocket(`ws://127.0.0.1:${hubPort}/v1/sandboxes/bpbp0000000000000000/terminal`, { headers: { authorization: 'Bearer asb_x_y' } });
   let received = 0;
   client.on('message', (data: Buffer) => (received += data.byteLength));
   await new Promise<void>((r) => client.once('open', () => r()));
@@ -296,28 +270,8 @@ test('terminal proxy backpressure: a client that stops reading stops the hub rea
 });
 
 test('terminal proxy: a key revoked at the hub closes the sessions it opened at once (4003), cutting the worker side, before any worker hears of it', async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), 'asb-hub-proxy-rv-'));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
   // A worker stand-in that never closes a session itself and records what reaches it.
-  const workerServer = createHttpServer();
-  const workerWss = new WebSocketServer({ server: workerServer });
   const workerSides: { ws: WebSocket; closed: Promise<void>; input: string[] }[] = [];
-  workerWss.on('connection', (ws) => {
-    const input: string[] = [];
-    ws.on('message', (data: Buffer) => input.push(data.toString('utf8')));
-    workerSides.push({ ws, input, closed: new Promise((resolve) => ws.once('close', () => resolve())) });
-  });
-  await new Promise<void>((r) => workerServer.listen(0, '127.0.0.1', r));
-  t.after(() => {
-    workerWss.close();
-    workerServer.closeAllConnections();
-    workerServer.close();
-  });
-  const store = await openSqliteStore({ path: join(dir, 'hub.db') });
-  t.after(() => store.close());
-  const apiUrl = `http://127.0.0.1:${(workerServer.address() as AddressInfo).port}`;
-  await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name: 'rv' }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: 'rvrv', credentialHash: 'x', apiUrl } });
-  const sync = { version: () => 0, connections: () => [], live: () => new Map([['rv', { healthy: true, templates: {}, heartbeatAt: 0, pools: {} }]]) };
   // Keys asb_aaaaaaaa_… and asb_bbbbbbbb_…, each its own prefix; a revocation is announced by hand.
   const revoked = new Set<string>();
   let announce: (prefix: string) => void = () => undefined;
@@ -329,17 +283,13 @@ test('terminal proxy: a key revoked at the hub closes the sessions it opened at 
       return () => undefined;
     },
   };
-  const proxy = createTerminalProxy({ store, sync, auth, log: silentLogger() });
-  const hubServer = createHttpServer();
-  hubServer.on('upgrade', (req, socket, head) => proxy.upgrade(req, socket, head));
-  await new Promise<void>((r) => hubServer.listen(0, '127.0.0.1', r));
-  t.after(async () => {
-    await proxy.close();
-    hubServer.closeAllConnections();
-    hubServer.close();
+  const hubPort = await startProxyRig(t, 'rv', auth, (ws) => {
+    const input: string[] = [];
+    ws.on('message', (data: Buffer) => input.push(data.toString('utf8')));
+    workerSides.push({ ws, input, closed: new Promise((resolve) => ws.once('close', () => resolve())) });
   });
   const open = async (key: string): Promise<{ ws: WebSocket; closed: Promise<{ code: number; reason: string }> }> => {
-    const ws = new WebSocket(`ws://127.0.0.1:${(hubServer.address() as AddressInfo).port}/v1/sandboxes/rvrv0000000000000000/terminal`, { headers: { authorization: `Bearer ${key}` } });
+    const ws = new WebSocket(`ws://127.0.0.1:${hubPort}/v1/sandboxes/rvrv0000000000000000/terminal`, { headers: { authorization: `Bearer ${key}` } });
     const closed = new Promise<{ code: number; reason: string }>((resolve) => ws.once('close', (code, reason) => resolve({ code, reason: reason.toString() })));
     await new Promise<void>((r) => ws.once('open', () => r()));
     return { ws, closed };
@@ -362,3 +312,36 @@ test('terminal proxy: a key revoked at the hub closes the sessions it opened at 
   assert.equal((await within('the late session to close', late.closed, 5_000)).code, TERMINAL_CLOSE.keyRevoked);
   kept.ws.close();
 });
+
+/**
+ * A hub terminal proxy in front of a worker stand-in: cluster `name` (tag `<name><name>`) at the
+ * stand-in's address, every session reaching `onSession`. Returns the hub's port.
+ */
+async function startProxyRig(t: TestContext, name: string, auth: Parameters<typeof createTerminalProxy>[0]['auth'], onSession: (ws: WebSocket) => void): Promise<number> {
+  const dir = mkdtempSync(join(tmpdir(), `asb-hub-proxy-${name}-`));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const workerServer = createHttpServer();
+  const workerWss = new WebSocketServer({ server: workerServer });
+  workerWss.on('connection', onSession);
+  await new Promise<void>((r) => workerServer.listen(0, '127.0.0.1', r));
+  t.after(() => {
+    workerWss.close();
+    workerServer.closeAllConnections();
+    workerServer.close();
+  });
+  const store = await openSqliteStore({ path: join(dir, 'hub.db') });
+  t.after(() => store.close());
+  const apiUrl = `http://127.0.0.1:${(workerServer.address() as AddressInfo).port}`;
+  await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: `${name}${name}`, credentialHash: 'x', apiUrl } });
+  const sync = { version: () => 0, connections: () => [], live: () => new Map([[name, { healthy: true, templates: {}, heartbeatAt: 0, pools: {} }]]) };
+  const proxy = createTerminalProxy({ store, sync, auth, log: silentLogger() });
+  const hubServer = createHttpServer();
+  hubServer.on('upgrade', (req, socket, head) => proxy.upgrade(req, socket, head));
+  await new Promise<void>((r) => hubServer.listen(0, '127.0.0.1', r));
+  t.after(async () => {
+    await proxy.close();
+    hubServer.closeAllConnections();
+    hubServer.close();
+  });
+  return (hubServer.address() as AddressInfo).port;
+}
