@@ -10,6 +10,7 @@ import { AsbError } from '../../errors.ts';
 import type { PodRuntime } from '../../runtime/runtime.ts';
 import { checkSpawnInput, spawnFailure } from '../input.ts';
 import { ConnectError, record, type ServerStream } from './connect.ts';
+import { pathField, userPath } from './paths.ts';
 import { EnvdProcess, type ProcessConfig, type ProcessEvent, type ProcessTable } from './processes.ts';
 
 /** Who calls: the sandbox, the uid to run as (undefined: the pod's user). */
@@ -18,6 +19,8 @@ export interface ProcessCall {
   table: ProcessTable;
   id: string;
   uid: number | undefined;
+  /** The user's home, for a relative cwd (paths.ts). */
+  home: () => Promise<string>;
   /** The sandbox's environment (E2B create's envVars); a process's own envs override it. */
   envs: Record<string, string>;
 }
@@ -38,10 +41,9 @@ function configOf(value: unknown): ProcessConfig {
   const args = p.args ?? [];
   if (!Array.isArray(args) || !args.every((a): a is string => typeof a === 'string')) throw new AsbError('BadRequest', 'process.args must be an array of strings');
   const config: ProcessConfig = { cmd: p.cmd, args, envs: stringMap(p.envs, 'process.envs') };
-  if (p.cwd !== undefined && p.cwd !== null && p.cwd !== '') {
-    if (typeof p.cwd !== 'string' || !p.cwd.startsWith('/')) throw new AsbError('BadRequest', `process.cwd must be an absolute path, got ${JSON.stringify(p.cwd)}`);
-    config.cwd = p.cwd;
-  }
+  // Empty: the pod's working dir, as envd's default workdir. Otherwise resolved in start().
+  const cwd = pathField(p.cwd, 'process.cwd');
+  if (cwd !== '') config.cwd = cwd;
   return config;
 }
 
@@ -95,14 +97,16 @@ export async function start(call: ProcessCall, message: unknown, stream: ServerS
   const config = configOf(msg.process);
   const tag = typeof msg.tag === 'string' && msg.tag !== '' ? msg.tag : undefined;
   const user = call.uid === undefined ? {} : { user: call.uid };
-  const cwd = config.cwd === undefined ? {} : { cwd: config.cwd };
+  // A relative cwd or ~ is the user's home, as under envd (paths.ts).
+  const dir = config.cwd === undefined ? undefined : await userPath(call.home, config.cwd, 'process.cwd');
+  const cwd = dir === undefined ? {} : { cwd: dir };
   const command = [config.cmd, ...config.args];
   const env = { ...call.envs, ...config.envs };
   // Refused here with the field named, not by spawn with Node's message as an internal error.
   checkSpawnInput({
     argv: { field: 'process.args', args: [{ field: 'process.cmd', value: config.cmd }, ...config.args.map((value, i) => ({ field: `process.args[${i}]`, value }))] },
     env: { field: 'process.envs', vars: env },
-    ...(config.cwd === undefined ? {} : { cwd: { field: 'process.cwd', value: config.cwd } }),
+    ...(dir === undefined ? {} : { cwd: { field: 'process.cwd', value: dir } }),
   });
   const asInput = (err: unknown): never => {
     throw spawnFailure(err, 'process.args');
