@@ -10,7 +10,7 @@ import { AsbError } from '../../errors.ts';
 import type { PodRuntime } from '../../runtime/runtime.ts';
 import { checkSpawnInput, spawnFailure } from '../input.ts';
 import { ConnectError, record, type ServerStream } from './connect.ts';
-import { pathField, userPath } from './paths.ts';
+import { userPath } from './paths.ts';
 import { EnvdProcess, type ProcessConfig, type ProcessEvent, type ProcessTable } from './processes.ts';
 
 /** Who calls: the sandbox, the uid to run as (undefined: the pod's user). */
@@ -42,8 +42,10 @@ function configOf(value: unknown): ProcessConfig {
   if (!Array.isArray(args) || !args.every((a): a is string => typeof a === 'string')) throw new AsbError('BadRequest', 'process.args must be an array of strings');
   const config: ProcessConfig = { cmd: p.cmd, args, envs: stringMap(p.envs, 'process.envs') };
   // Empty: the pod's working dir, as envd's default workdir. Otherwise resolved in start().
-  const cwd = pathField(p.cwd, 'process.cwd');
-  if (cwd !== '') config.cwd = cwd;
+  if (p.cwd !== undefined && p.cwd !== null && p.cwd !== '') {
+    if (typeof p.cwd !== 'string') throw new AsbError('BadRequest', `process.cwd must be a path, got ${JSON.stringify(p.cwd)}`);
+    config.cwd = p.cwd;
+  }
   return config;
 }
 
@@ -97,17 +99,17 @@ export async function start(call: ProcessCall, message: unknown, stream: ServerS
   const config = configOf(msg.process);
   const tag = typeof msg.tag === 'string' && msg.tag !== '' ? msg.tag : undefined;
   const user = call.uid === undefined ? {} : { user: call.uid };
-  // A relative cwd or ~ is the user's home, as under envd (paths.ts).
-  const dir = config.cwd === undefined ? undefined : await userPath(call.home, config.cwd, 'process.cwd');
-  const cwd = dir === undefined ? {} : { cwd: dir };
   const command = [config.cmd, ...config.args];
   const env = { ...call.envs, ...config.envs };
   // Refused here with the field named, not by spawn with Node's message as an internal error.
   checkSpawnInput({
     argv: { field: 'process.args', args: [{ field: 'process.cmd', value: config.cmd }, ...config.args.map((value, i) => ({ field: `process.args[${i}]`, value }))] },
     env: { field: 'process.envs', vars: env },
-    ...(dir === undefined ? {} : { cwd: { field: 'process.cwd', value: dir } }),
+    ...(config.cwd === undefined ? {} : { cwd: { field: 'process.cwd', value: config.cwd } }),
   });
+  // A relative cwd or ~ is the user's home, as under envd (paths.ts).
+  const dir = config.cwd === undefined ? undefined : await userPath(call.home, config.cwd, 'process.cwd');
+  const cwd = dir === undefined ? {} : { cwd: dir };
   const asInput = (err: unknown): never => {
     throw spawnFailure(err, 'process.args');
   };
