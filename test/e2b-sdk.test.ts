@@ -121,6 +121,7 @@ test('the E2B SDK through Envoy and the router: commands, pty, files, watch, sig
     const asRoot = await sbx.files.write('notes/r.txt', 'r', { user: 'root' });
     assert.equal(asRoot.path, '/root/notes/r.txt');
     assert.equal((await sbx.commands.run('cat /root/notes/r.txt', { user: 'root' })).stdout, 'r');
+    assert.equal((await sbx.commands.run('echo "$HOME $USER"; cat ~/notes/r.txt', { user: 'root' })).stdout, '/root root\nr', 'a command as root has root\'s home, as under envd');
     assert.equal(await sbx.files.read('~/notes/r.txt', { user: 'root' }), 'r');
     assert.equal(await sbx.files.exists('/home/user/notes/r.txt'), false);
     // ~name is refused, as envd refuses it.

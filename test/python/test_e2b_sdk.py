@@ -217,6 +217,7 @@ def test_relative_and_tilde_paths_are_the_users_home(sbx: Sandbox) -> None:
     # As root, the same relative path is root's home.
     assert sbx.files.write("notes/r.txt", "r", user="root").path == "/root/notes/r.txt"
     assert sbx.commands.run("cat /root/notes/r.txt", user="root").stdout == "r"
+    assert sbx.commands.run('echo "$HOME $USER"; cat ~/notes/r.txt', user="root").stdout == "/root root\nr"
     assert sbx.files.read("~/notes/r.txt", user="root") == "r"
     assert sbx.files.exists("/home/user/notes/r.txt") is False
     # ~name is refused, as envd refuses it.

@@ -161,7 +161,7 @@ export class Envd {
       else throw new AsbError('MethodNotAllowed', `/files takes GET or POST, not ${req.method ?? ''}`);
       return;
     }
-    await this.#rpc(path, req, res, { runtime: w.runtime, table: this.#table, id, uid, home, envs: envVarsOf(sandbox) }, target);
+    await this.#rpc(path, req, res, { runtime: w.runtime, table: this.#table, id, uid, user: uid === undefined ? undefined : name, home, envs: envVarsOf(sandbox) }, target);
   }
 
   /** A claimed, live sandbox of this worker, or undefined. */

@@ -19,7 +19,9 @@ export interface ProcessCall {
   table: ProcessTable;
   id: string;
   uid: number | undefined;
-  /** The user's home, for a relative cwd (paths.ts). */
+  /** The name of a user other than the default one (whose HOME and USER come with the pod's environment). */
+  user: string | undefined;
+  /** The user's home, for a relative cwd (paths.ts) and a named user's HOME. */
   home: () => Promise<string>;
   /** The sandbox's environment (E2B create's envVars); a process's own envs override it. */
   envs: Record<string, string>;
@@ -100,7 +102,10 @@ export async function start(call: ProcessCall, message: unknown, stream: ServerS
   const tag = typeof msg.tag === 'string' && msg.tag !== '' ? msg.tag : undefined;
   const user = call.uid === undefined ? {} : { user: call.uid };
   const command = [config.cmd, ...config.args];
-  const env = { ...call.envs, ...config.envs };
+  // envd gives a process its user's HOME, USER and LOGNAME, under the sandbox's and the request's
+  // envs: `~` in a command as root is /root, as in the files API. The default user's are the pod's own.
+  const identity = call.uid === undefined || call.user === undefined ? {} : { HOME: await call.home(), USER: call.user, LOGNAME: call.user };
+  const env = { ...identity, ...call.envs, ...config.envs };
   // Refused here with the field named, not by spawn with Node's message as an internal error.
   checkSpawnInput({
     argv: { field: 'process.args', args: [{ field: 'process.cmd', value: config.cmd }, ...config.args.map((value, i) => ({ field: `process.args[${i}]`, value }))] },
