@@ -7,7 +7,7 @@ import { userInfo } from 'node:os';
 import { test } from 'node:test';
 import { AsbError } from '../src/errors.ts';
 import type { ExecRequest, ExecResult, PodRuntime, PodState } from '../src/runtime/runtime.ts';
-import { UserIds } from '../src/worker/envd/auth.ts';
+import { UserIds } from '../src/worker/envd/users.ts';
 
 /** A runtime whose exec runs the command here, with `env` as its whole environment. */
 function localRuntime(env: Record<string, string>): { runtime: PodRuntime; execs: string[][]; restart: () => void } {

@@ -22,13 +22,14 @@ import { isObjectName } from '../access.ts';
 import { readBody } from '../body.ts';
 import type { WorkerContext } from '../deps.ts';
 import type { UploadSlots } from '../upload-slots.ts';
-import { basicUser, checkSignature, requireToken, UserIds } from './auth.ts';
+import { basicUser, checkSignature, requireToken } from './auth.ts';
 import { ConnectError, keepaliveOf, parseJson, parseStreamRequest, ServerStream, streamMessages, timeoutOf, writeClientStreamReply, writeUnary, writeUnaryError } from './connect.ts';
 import type { FsTarget } from './entries.ts';
 import { getFile, postFiles, writeRestError } from './files.ts';
 import { FILESYSTEM_UNARY, watchDir, type UnaryMethod } from './filesystem.ts';
 import { PROCESS_STREAMS, PROCESS_UNARY, streamInput, type ProcessCall } from './process.ts';
 import { ProcessTable } from './processes.ts';
+import { UserIds } from './users.ts';
 import { WatcherTable } from './watchers.ts';
 
 /** The envd version the E2B API reports for our sandboxes (version gates in the SDK; see shared research e2b.md). */

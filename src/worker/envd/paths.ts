@@ -1,7 +1,7 @@
 // Where a path an envd caller names lands inside the sandbox, as envd's
 // permissions.ExpandAndResolve decides it (packages/envd/internal/permissions/path.go):
 //
-//   "/a/../b"  → "/b"            absolute: as it is (normalised; envd leaves it uncleaned, the kernel agrees)
+//   "/a/../b"  → "/b"            absolute: as it is, normalised (as before; envd leaves it uncleaned)
 //   "~"        → home
 //   "~/x"      → home + "/x"     ("~\x" too: envd takes either separator after the tilde)
 //   "x", "./x" → home + "/x"     relative: from the home of the user the request runs as
