@@ -88,6 +88,46 @@ test('the E2B SDK through Envoy and the router: commands, pty, files, watch, sig
     await assert.rejects(sbx.files.read('/home/user/project/nope'), NotFoundError);
   });
 
+  // Issue 15: a relative path was taken from /, so `files.write('notes/a.txt')` answered 403
+  // "mkdir: cannot create directory '/notes'". envd takes relative paths and ~ from the home of
+  // the request's user.
+  await t.test('relative and ~ paths are the user\'s home: write, read, list, exists, getInfo, makeDir, rename, watchDir, remove, cwd', async () => {
+    const info = await sbx.files.write('notes/a.txt', 'x');
+    assert.equal(info.path, '/home/user/notes/a.txt');
+    assert.equal(await sbx.files.read('/home/user/notes/a.txt'), 'x');
+    assert.equal((await sbx.commands.run('cat ~/notes/a.txt')).stdout, 'x');
+    assert.equal(await sbx.files.read('notes/a.txt'), 'x');
+    assert.equal(await sbx.files.read('~/notes/a.txt'), 'x');
+    assert.deepEqual((await sbx.files.list('notes')).map((e) => e.path), ['/home/user/notes/a.txt']);
+    assert.deepEqual((await sbx.files.list('~/notes')).map((e) => e.name), ['a.txt']);
+    assert.equal(await sbx.files.exists('~/notes/a.txt'), true);
+    assert.equal(await sbx.files.exists('notes/nope'), false);
+    assert.equal((await sbx.files.getInfo('notes/a.txt')).path, '/home/user/notes/a.txt');
+    assert.equal((await sbx.files.getInfo('~')).path, '/home/user');
+    assert.equal(await sbx.files.makeDir('~/notes/sub'), true);
+    assert.equal((await sbx.files.getInfo('/home/user/notes/sub')).type, 'dir');
+    const moved = await sbx.files.rename('notes/a.txt', '~/notes/sub/b.txt');
+    assert.equal(moved.path, '/home/user/notes/sub/b.txt');
+    assert.equal((await sbx.commands.run('cat /home/user/notes/sub/b.txt')).stdout, 'x');
+    assert.equal((await sbx.commands.run('pwd', { cwd: 'notes/sub' })).stdout, '/home/user/notes/sub\n');
+    const events: string[] = [];
+    const watcher = await sbx.files.watchDir('notes', (e) => { events.push(`${e.type}:${e.name}`); });
+    await sbx.commands.run('touch /home/user/notes/seen.txt');
+    await waitFor('a create event for seen.txt', () => Promise.resolve(events.includes('create:seen.txt') ? true : undefined), 10_000);
+    await watcher.stop();
+    await sbx.files.remove('notes');
+    assert.equal(await sbx.files.exists('/home/user/notes'), false);
+    // As root, the same relative path is root's home.
+    const asRoot = await sbx.files.write('notes/r.txt', 'r', { user: 'root' });
+    assert.equal(asRoot.path, '/root/notes/r.txt');
+    assert.equal((await sbx.commands.run('cat /root/notes/r.txt', { user: 'root' })).stdout, 'r');
+    assert.equal((await sbx.commands.run('echo "$HOME $USER"; cat ~/notes/r.txt', { user: 'root' })).stdout, '/root root\nr', 'a command as root has root\'s home, as under envd');
+    assert.equal(await sbx.files.read('~/notes/r.txt', { user: 'root' }), 'r');
+    assert.equal(await sbx.files.exists('/home/user/notes/r.txt'), false);
+    // ~name is refused, as envd refuses it.
+    await assert.rejects(sbx.files.read('~root/notes/r.txt', { user: 'root' }), e2bLatest.InvalidArgumentError);
+  });
+
   await t.test('watchDir sees a file created and written by a command', async () => {
     await sbx.files.makeDir('/tmp/watched');
     const events: string[] = [];

@@ -28,7 +28,7 @@ function fakeFs(trees: Record<string, Map<string, File>>): PodRuntime {
 }
 
 function target(runtime: PodRuntime, id: string): FsTarget {
-  return { runtime, id, uid: undefined };
+  return { runtime, id, uid: undefined, home: () => Promise.resolve('/home/user') };
 }
 
 async function notFound(p: Promise<unknown>): Promise<void> {

@@ -5,6 +5,7 @@
 // never collide.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { after, before, test } from 'node:test';
 import { gunzipSync, gzipSync } from 'node:zlib';
 import { request } from 'node:http';
@@ -452,6 +453,77 @@ test('security probe L1: a signed URL runs as the user it was signed for; an add
   const stat = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', `stat -c %u ${owned}`] } });
   await stat.done;
   assert.notEqual(stat.output('stdout'), '0\n', 'the signed upload ran as root');
+});
+
+/** Runs `script` as root in the sandbox and returns its stdout; a non-zero exit fails the test. */
+async function asRootSh(script: string): Promise<string> {
+  const s = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', script] } }, { authorization: `Basic ${Buffer.from('root:').toString('base64')}` });
+  await s.done;
+  const end = s.frames.map((f) => f.message.event as { end?: { exitCode?: number } } | undefined).find((e) => e?.end !== undefined);
+  assert.equal(end?.end?.exitCode ?? 0, 0, `${script}: ${s.output('stderr')}`);
+  return s.output('stdout');
+}
+
+async function upload(query: string, body: string, extra: Record<string, string> = {}): Promise<{ status: number; paths: string[]; text: string }> {
+  const res = await fetch(`${w.apiUrl}/files?${query}`, { method: 'POST', headers: { ...headers({ 'content-type': 'application/octet-stream' }), ...extra }, body });
+  const text = await res.text();
+  return { status: res.status, paths: res.status === 200 ? (JSON.parse(text) as { path: string }[]).map((p) => p.path) : [], text };
+}
+
+// Issue 15: relative paths were taken from /. envd takes them, and ~, from the home of the
+// request's user: its Basic auth user, the `username` of /files, or the user a URL was signed for.
+test('relative paths and ~ are the home of the request\'s user: Basic auth, /files username, the signed user (an added Basic root changes nothing)', async () => {
+  const rootBasic = `Basic ${Buffer.from('root:').toString('base64')}`;
+  const asUser = await upload('path=rel-home/a.txt', 'as user');
+  assert.equal(asUser.status, 200, asUser.text);
+  assert.deepEqual(asUser.paths, ['/home/user/rel-home/a.txt']);
+  const asRoot = await upload('path=rel-home/a.txt&username=root', 'as root');
+  assert.deepEqual(asRoot.paths, ['/root/rel-home/a.txt']);
+  assert.equal(await asRootSh('cat /home/user/rel-home/a.txt; echo; cat /root/rel-home/a.txt'), 'as user\nas root');
+
+  const stat = await unary<{ entry: { path: string } }>('filesystem.Filesystem/Stat', { path: '~/rel-home/a.txt' }, { authorization: rootBasic });
+  assert.equal(stat.body.entry.path, '/root/rel-home/a.txt');
+  const list = await unary<{ entries: { path: string }[] }>('filesystem.Filesystem/ListDir', { path: '' });
+  assert.ok(list.body.entries.some((e) => e.path === '/home/user/rel-home'), 'an empty path lists the home');
+  const other = await unary<{ code: string; message: string }>('filesystem.Filesystem/Stat', { path: '~root/rel-home/a.txt' });
+  assert.equal(other.status, 400);
+  assert.equal(other.body.code, 'invalid_argument');
+  assert.match(other.body.message, /another user's home/);
+
+  // Signed URLs: the home of the signed user; Basic root on a URL signed for no user is ignored.
+  const noToken = { 'x-asb-sandbox-id': id };
+  const rel = '~/rel-home/a.txt';
+  const unsigned = await fetch(`${w.apiUrl}/files?path=${encodeURIComponent(rel)}&signature=${encodeURIComponent(signature(rel, 'read', ''))}`, { headers: { ...noToken, authorization: rootBasic } });
+  assert.equal(await unsigned.text(), 'as user');
+  const signedRoot = await fetch(`${w.apiUrl}/files?path=rel-home/a.txt&username=root&signature=${encodeURIComponent(signature('rel-home/a.txt', 'read', 'root'))}`, { headers: noToken });
+  assert.equal(await signedRoot.text(), 'as root');
+
+  // The process cwd too.
+  const pwd = await openStream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', 'pwd'], cwd: '~/rel-home' } }, { authorization: rootBasic });
+  await pwd.done;
+  assert.equal(pwd.output('stdout'), '/root/rel-home\n');
+});
+
+test('a named user\'s home is its passwd entry in the sandbox; a home that climbs out stays inside the sandbox', async () => {
+  const host = '/tmp/asb-issue15-mallory';
+  await asRootSh([
+    'echo "alice:x:1501:1501::/srv/alice:/bin/sh" >> /etc/passwd',
+    'mkdir -p /srv/alice && chmod 777 /srv/alice',
+    // A home written to leave the sandbox: ../ above / is / (the sandbox's), as for any path.
+    `echo "mallory:x:1502:1502::../../../../../../..${host}:/bin/sh" >> /etc/passwd`,
+    `mkdir -p ${host} && chmod 777 ${host}`,
+  ].join(' && '));
+  const alice = await upload('path=notes.txt&username=alice', 'alice');
+  assert.equal(alice.status, 200, alice.text);
+  assert.deepEqual(alice.paths, ['/srv/alice/notes.txt']);
+  assert.equal(await asRootSh('stat -c %u /srv/alice/notes.txt'), '1501\n');
+  const mallory = await upload('path=x.txt&username=mallory', 'inside');
+  assert.deepEqual(mallory.paths, [`${host}/x.txt`]);
+  assert.equal(await asRootSh(`cat ${host}/x.txt`), 'inside', 'in the sandbox\'s own /tmp');
+  assert.equal(existsSync(`${host}/x.txt`), false, 'never on the host');
+  const nobody = await upload('path=x.txt&username=nosuchuser', 'x');
+  assert.equal(nobody.status, 400);
+  assert.match((JSON.parse(nobody.text) as { message: string }).message, /no user "nosuchuser"/);
 });
 
 // What Node says when spawn is given a NUL byte or execve fails with E2BIG: never in an answer.

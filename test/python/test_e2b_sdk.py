@@ -25,6 +25,7 @@ from e2b import (
     FileNotFoundException,
     FileType,
     FilesystemEventType,
+    InvalidArgumentException,
     NotFoundException,
     PtySize,
     Sandbox,
@@ -177,6 +178,51 @@ def test_files_write_read_list_exists_make_dir_rename_remove(sbx: Sandbox) -> No
     assert sbx.files.exists("/home/user/project/sub/c.txt") is False
     with pytest.raises(FileNotFoundException):
         sbx.files.read("/home/user/project/nope")
+
+
+def test_relative_and_tilde_paths_are_the_users_home(sbx: Sandbox) -> None:
+    # Issue 15: a relative path was taken from /, so write("notes/a.txt") answered 403
+    # "mkdir: cannot create directory '/notes'". envd takes relative paths and ~ from the home of
+    # the request's user.
+    written = sbx.files.write("notes/a.txt", "x")
+    assert written.path == "/home/user/notes/a.txt"
+    assert sbx.files.read("/home/user/notes/a.txt") == "x"
+    assert sbx.commands.run("cat ~/notes/a.txt").stdout == "x"
+    assert sbx.files.read("notes/a.txt") == "x"
+    assert sbx.files.read("~/notes/a.txt") == "x"
+    assert [e.path for e in sbx.files.list("notes")] == ["/home/user/notes/a.txt"]
+    assert [e.name for e in sbx.files.list("~/notes")] == ["a.txt"]
+    assert sbx.files.exists("~/notes/a.txt") is True
+    assert sbx.files.exists("notes/nope") is False
+    assert sbx.files.get_info("notes/a.txt").path == "/home/user/notes/a.txt"
+    assert sbx.files.get_info("~").path == "/home/user"
+    assert sbx.files.make_dir("~/notes/sub") is True
+    assert sbx.files.get_info("/home/user/notes/sub").type == FileType.DIR
+    moved = sbx.files.rename("notes/a.txt", "~/notes/sub/b.txt")
+    assert moved.path == "/home/user/notes/sub/b.txt"
+    assert sbx.commands.run("cat /home/user/notes/sub/b.txt").stdout == "x"
+    assert sbx.commands.run("pwd", cwd="notes/sub").stdout == "/home/user/notes/sub\n"
+    watcher = sbx.files.watch_dir("notes")
+    sbx.commands.run("touch /home/user/notes/seen.txt")
+    seen: List[Tuple[FilesystemEventType, str]] = []
+
+    def created() -> Optional[bool]:
+        seen.extend((e.type, e.name) for e in watcher.get_new_events())
+        return True if (FilesystemEventType.CREATE, "seen.txt") in seen else None
+
+    wait_for(f"a create event for seen.txt (seen {seen})", created)
+    watcher.stop()
+    sbx.files.remove("notes")
+    assert sbx.files.exists("/home/user/notes") is False
+    # As root, the same relative path is root's home.
+    assert sbx.files.write("notes/r.txt", "r", user="root").path == "/root/notes/r.txt"
+    assert sbx.commands.run("cat /root/notes/r.txt", user="root").stdout == "r"
+    assert sbx.commands.run('echo "$HOME $USER"; cat ~/notes/r.txt', user="root").stdout == "/root root\nr"
+    assert sbx.files.read("~/notes/r.txt", user="root") == "r"
+    assert sbx.files.exists("/home/user/notes/r.txt") is False
+    # ~name is refused, as envd refuses it.
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.read("~root/notes/r.txt", user="root")
 
 
 def test_watch_dir_reports_a_file_a_command_created(sbx: Sandbox) -> None:

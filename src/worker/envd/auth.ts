@@ -13,16 +13,11 @@
 // - A signed URL runs as the user it was signed for (its `username`; none: the default user), and
 //   a Basic auth header on it is ignored: the header is not signed, so anyone holding the URL
 //   could otherwise add `root:` to it (security probe L1).
-// - Otherwise the user comes from HTTP Basic auth (`<user>:`), envd's convention: `root` runs as uid 0, a
-//   missing user or `user` (E2B's default user) as the pod's own user, any other name as the uid
-//   `id -u` gives inside the sandbox (asked once per name while the pod runs).
+// - Otherwise the user comes from HTTP Basic auth (`<user>:`), envd's convention; users.ts turns
+//   the name into a uid and a home.
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import { AsbError } from '../../errors.ts';
-import type { PodRuntime } from '../../runtime/runtime.ts';
-
-/** E2B's name for the sandbox's default (non-root) user. */
-export const DEFAULT_USER = 'user';
 
 export function sameSecret(presented: string, expected: string): boolean {
   const a = createHash('sha256').update(presented, 'utf8').digest();
@@ -76,45 +71,4 @@ export function basicUser(req: IncomingMessage): string | undefined {
   const colon = decoded.indexOf(':');
   const user = colon === -1 ? decoded : decoded.slice(0, colon);
   return user === '' ? undefined : user;
-}
-
-const USER_NAME = /^[a-z_][a-z0-9_.-]{0,31}\$?$/i;
-
-/** Named users whose uids are kept per sandbox; past it, each call for another name runs `id -u`. */
-const MAX_KEPT_USERS = 64;
-
-/**
- * The uid to run as for a user name (undefined: the pod's own user). A named user's uid comes from
- * `id -u` inside the sandbox, an exec (nsenter locally, a pods/exec round trip on Kubernetes), so
- * it is kept for as long as the pod runs: a pod started again may hold other users.
- */
-export class UserIds {
-  readonly #runtime: PodRuntime;
-  /** sandbox id → the uids found while the pod that started at `startedAt` ran. */
-  readonly #bySandbox = new Map<string, { startedAt: string | undefined; uids: Map<string, number> }>();
-
-  constructor(runtime: PodRuntime) {
-    this.#runtime = runtime;
-  }
-
-  async uidOf(id: string, user: string | undefined): Promise<number | undefined> {
-    if (user === undefined || user === DEFAULT_USER) return undefined;
-    if (user === 'root') return 0;
-    if (!USER_NAME.test(user)) throw new AsbError('BadRequest', `"${user.slice(0, 40)}" is not a user name`);
-    const startedAt = this.#runtime.state(id).startedAt;
-    let kept = this.#bySandbox.get(id);
-    if (kept === undefined || kept.startedAt !== startedAt) this.#bySandbox.set(id, (kept = { startedAt, uids: new Map() }));
-    const known = kept.uids.get(user);
-    if (known !== undefined) return known;
-    const result = await this.#runtime.exec(id, { command: ['id', '-u', '--', user], timeoutMs: 10_000 });
-    const uid = Buffer.from(result.stdout).toString('utf8').trim();
-    if (result.exitCode !== 0 || !/^\d+$/.test(uid)) throw new AsbError('BadRequest', `sandbox ${id} has no user "${user}"`);
-    if (kept.uids.size < MAX_KEPT_USERS) kept.uids.set(user, Number(uid));
-    return Number(uid);
-  }
-
-  /** Drops what is kept for a sandbox whose pod is gone. */
-  forget(id: string): void {
-    this.#bySandbox.delete(id);
-  }
 }

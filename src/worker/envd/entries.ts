@@ -37,19 +37,13 @@ const SCRIPTS = {
   read: READ,
 } as const;
 
-/** Where a caller runs: the sandbox and the uid (undefined: the pod's user). */
+/** Where a caller runs: the sandbox, the uid (undefined: the pod's user), and that user's home (paths.ts). */
 export interface FsTarget {
   runtime: PodRuntime;
   id: string;
   uid: number | undefined;
-}
-
-/** An absolute, normalised path; relative paths are taken from / (envd resolves them from the user's home, which we do not know here). */
-export function absolutePath(path: unknown, field = 'path'): string {
-  if (typeof path !== 'string' || path === '') throw new AsbError('BadRequest', `${field} is required: a path inside the sandbox`);
-  if (path.includes('\0')) throw new AsbError('BadRequest', `${field} contains a NUL byte`);
-  if (path.length > 4096) throw new AsbError('BadRequest', `${field} is longer than 4096 characters`);
-  return posix.resolve('/', path);
+  /** Looked up once per sandbox and user (UserIds), and only for a path that needs it. */
+  home: () => Promise<string>;
 }
 
 async function run(t: FsTarget, script: keyof typeof SCRIPTS, args: string[], opts: { maxOutputBytes?: number } = {}): Promise<ExecResult> {

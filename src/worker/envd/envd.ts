@@ -22,13 +22,14 @@ import { isObjectName } from '../access.ts';
 import { readBody } from '../body.ts';
 import type { WorkerContext } from '../deps.ts';
 import type { UploadSlots } from '../upload-slots.ts';
-import { basicUser, checkSignature, requireToken, UserIds } from './auth.ts';
+import { basicUser, checkSignature, requireToken } from './auth.ts';
 import { ConnectError, keepaliveOf, parseJson, parseStreamRequest, ServerStream, streamMessages, timeoutOf, writeClientStreamReply, writeUnary, writeUnaryError } from './connect.ts';
 import type { FsTarget } from './entries.ts';
 import { getFile, postFiles, writeRestError } from './files.ts';
 import { FILESYSTEM_UNARY, watchDir, type UnaryMethod } from './filesystem.ts';
 import { PROCESS_STREAMS, PROCESS_UNARY, streamInput, type ProcessCall } from './process.ts';
 import { ProcessTable } from './processes.ts';
+import { UserIds } from './users.ts';
 import { WatcherTable } from './watchers.ts';
 
 /** The envd version the E2B API reports for our sandboxes (version gates in the SDK; see shared research e2b.md). */
@@ -148,8 +149,11 @@ export class Envd {
     // A signed URL runs as the user its signature names (none: the default user), never as a
     // Basic auth header added by whoever holds the URL: the header is not part of the signature.
     const user = signed ? url.searchParams.get('username') ?? undefined : url.searchParams.get('username') ?? basicUser(req);
-    const uid = await this.#users.uidOf(id, user === '' ? undefined : user);
-    const target: FsTarget = { runtime: w.runtime, id, uid };
+    const name = user === '' ? undefined : user;
+    const uid = await this.#users.uidOf(id, name);
+    // Relative paths and ~ are the user's home, as under envd: looked up only for a path that needs it.
+    const home = (): Promise<string> => this.#users.homeOf(id, name);
+    const target: FsTarget = { runtime: w.runtime, id, uid, home };
     if (kind === 'files') {
       const call = { target, req, res, query: url.searchParams, maxBytes: w.limits.uploadBytes };
       if (req.method === 'GET') await getFile(call);
@@ -158,7 +162,7 @@ export class Envd {
       else throw new AsbError('MethodNotAllowed', `/files takes GET or POST, not ${req.method ?? ''}`);
       return;
     }
-    await this.#rpc(path, req, res, { runtime: w.runtime, table: this.#table, id, uid, envs: envVarsOf(sandbox) }, target);
+    await this.#rpc(path, req, res, { runtime: w.runtime, table: this.#table, id, uid, user: uid === undefined ? undefined : name, home, envs: envVarsOf(sandbox) }, target);
   }
 
   /** A claimed, live sandbox of this worker, or undefined. */

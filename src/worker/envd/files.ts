@@ -1,12 +1,13 @@
 // envd's REST file transfer, /files:
 // - GET ?path= → the file's bytes (gzip when the client accepts it). 404/400/401 as JSON
 //   `{code, message}` with the numeric status, which the SDK maps to its error classes.
-// - POST, multipart/form-data: one part per file, its filename the full target path (`?path=`
+// - POST, multipart/form-data: one part per file, its filename the target path (`?path=`
 //   overrides it for a single file); or application/octet-stream with `?path=`. A body with
 //   Content-Encoding: gzip is inflated as it streams. Answers `[{path, name, type:"file"}]`.
 //   The body is streamed into the sandbox, never held (postFiles); uploads at once are bounded
 //   per sandbox token and per worker (envd.ts, upload-slots.ts).
-// Either carries the access token, or a signed URL (uploadUrl/downloadUrl) instead.
+// Either carries the access token, or a signed URL (uploadUrl/downloadUrl) instead. A path is
+// absolute, or relative to (or ~ for) the home of the request's user, as under envd (paths.ts).
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { posix } from 'node:path';
 import { gzipSync } from 'node:zlib';
@@ -14,7 +15,8 @@ import { AsbError } from '../../errors.ts';
 import { commitFiles, discardFiles, stageFile, writeFileFrom, type PodShell, type StagedFile } from '../../runtime/file-upload.ts';
 import { discardRest, uploadChunks } from '../upload-body.ts';
 import { boundaryOf, parseMultipart } from './multipart.ts';
-import { absolutePath, readFile, type FsTarget } from './entries.ts';
+import { readFile, type FsTarget } from './entries.ts';
+import { userPath } from './paths.ts';
 
 /** A written file as the SDK's WriteInfo. */
 interface WriteInfo {
@@ -41,17 +43,18 @@ function acceptsGzip(req: IncomingMessage): boolean {
   });
 }
 
-function pathQuery(query: URLSearchParams, required: boolean): string | undefined {
-  const path = query.get('path');
+/** The path query parameter for the request's user (relative and ~ from its home, paths.ts). */
+async function pathQuery(call: FilesCall, required: boolean): Promise<string | undefined> {
+  const path = call.query.get('path');
   if (path === null || path === '') {
-    if (required) throw new AsbError('BadRequest', 'query parameter path is required: the file\'s path inside the sandbox');
+    if (required) throw new AsbError('BadRequest', 'query parameter path is required: the file\'s path inside the sandbox (absolute, or from the user\'s home)');
     return undefined;
   }
-  return absolutePath(path);
+  return userPath(call.target.home, path);
 }
 
 export async function getFile(call: FilesCall): Promise<void> {
-  const path = pathQuery(call.query, true) ?? '/';
+  const path = await pathQuery(call, true) ?? '/';
   const bytes = Buffer.from(await readFile(call.target, path, call.maxBytes));
   const headers: Record<string, string | number> = { 'content-type': 'application/octet-stream' };
   let body = bytes;
@@ -81,7 +84,7 @@ export async function postFiles(call: FilesCall): Promise<void> {
   if (!multipart && mediaType !== 'application/octet-stream' && mediaType !== '') {
     throw new AsbError('UnsupportedMediaType', `POST /files takes multipart/form-data or application/octet-stream, got "${contentType}"`);
   }
-  const path = pathQuery(call.query, !multipart);
+  const path = await pathQuery(call, !multipart);
   const boundary = multipart ? boundaryOf(contentType) : '';
   const shell = shellOf(call.target);
   const user = { user: call.target.uid };
@@ -91,7 +94,7 @@ export async function postFiles(call: FilesCall): Promise<void> {
     if (multipart) {
       for await (const part of parseMultipart(chunks, boundary)) {
         if (part.filename === undefined) continue; // a plain field, not a file: the parser skips its data
-        const target = path ?? (part.filename === '' ? undefined : absolutePath(part.filename, 'the part\'s filename'));
+        const target = path ?? (part.filename === '' ? undefined : await userPath(call.target.home, part.filename, 'the part\'s filename'));
         if (target === undefined) throw new AsbError('BadRequest', 'a multipart file part needs a filename (the full target path) or the path query parameter');
         if (path !== undefined && staged.length > 0) throw new AsbError('BadRequest', 'the path query parameter names one file but the body holds more than one; give each part its path as filename instead');
         staged.push(await stageFile(shell, target, part.data, user));

@@ -13,7 +13,8 @@ import { posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
 import { isUploadTemp } from '../../runtime/file-upload.ts';
 import { ConnectError, record, type ServerStream } from './connect.ts';
-import { absolutePath, listDir, makeDir, move, remove, stat, type EntryInfo, type FsTarget } from './entries.ts';
+import { listDir, makeDir, move, remove, stat, type EntryInfo, type FsTarget } from './entries.ts';
+import { userPath } from './paths.ts';
 
 export const WATCH_POLL_MS = 200;
 /** Recursive watches stop at this depth, so a watch of / cannot list the whole disk every poll. */
@@ -28,19 +29,24 @@ function depthOf(value: unknown): number {
 
 export type UnaryMethod = (t: FsTarget, msg: unknown) => Promise<unknown>;
 
+/** A request's path for its user: absolute as it is, relative and ~ from the user's home (paths.ts). */
+function pathIn(t: FsTarget, value: unknown, field = 'path'): Promise<string> {
+  return userPath(t.home, value, field);
+}
+
 export const FILESYSTEM_UNARY: Readonly<Record<string, UnaryMethod>> = {
-  Stat: async (t, msg) => ({ entry: await stat(t, absolutePath(record(msg).path)) }),
+  Stat: async (t, msg) => ({ entry: await stat(t, await pathIn(t, record(msg).path)) }),
   ListDir: async (t, msg) => {
     const m = record(msg);
-    return { entries: await listDir(t, absolutePath(m.path), depthOf(m.depth)) };
+    return { entries: await listDir(t, await pathIn(t, m.path), depthOf(m.depth)) };
   },
-  MakeDir: async (t, msg) => ({ entry: await makeDir(t, absolutePath(record(msg).path)) }),
+  MakeDir: async (t, msg) => ({ entry: await makeDir(t, await pathIn(t, record(msg).path)) }),
   Move: async (t, msg) => {
     const m = record(msg);
-    return { entry: await move(t, absolutePath(m.source, 'source'), absolutePath(m.destination, 'destination')) };
+    return { entry: await move(t, await pathIn(t, m.source, 'source'), await pathIn(t, m.destination, 'destination')) };
   },
   Remove: async (t, msg) => {
-    await remove(t, absolutePath(record(msg).path));
+    await remove(t, await pathIn(t, record(msg).path));
     return {};
   },
 };
@@ -61,9 +67,9 @@ export interface WatchSpec {
   includeEntry: boolean;
 }
 
-export function watchSpecOf(msg: unknown): WatchSpec {
+export async function watchSpecOf(t: FsTarget, msg: unknown): Promise<WatchSpec> {
   const m = record(msg);
-  return { root: absolutePath(m.path), depth: m.recursive === true ? WATCH_MAX_DEPTH : 1, includeEntry: m.includeEntry === true };
+  return { root: await pathIn(t, m.path), depth: m.recursive === true ? WATCH_MAX_DEPTH : 1, includeEntry: m.includeEntry === true };
 }
 
 export type WatchSnapshot = ReadonlyMap<string, EntryInfo>;
@@ -104,7 +110,7 @@ function changes(before: WatchSnapshot, after: WatchSnapshot): { path: string; t
 
 /** Runs a watch until the stream closes; the first message is `{start:{}}`. */
 export async function watchDir(t: FsTarget, msg: unknown, stream: ServerStream, sleep: (ms: number) => Promise<void>): Promise<void> {
-  const spec = watchSpecOf(msg);
+  const spec = await watchSpecOf(t, msg);
   let last = await watchSnapshot(t, spec);
   stream.send({ start: {} });
   while (!stream.ended) {

@@ -10,6 +10,7 @@ import { AsbError } from '../../errors.ts';
 import type { PodRuntime } from '../../runtime/runtime.ts';
 import { checkSpawnInput, spawnFailure } from '../input.ts';
 import { ConnectError, record, type ServerStream } from './connect.ts';
+import { userPath } from './paths.ts';
 import { EnvdProcess, type ProcessConfig, type ProcessEvent, type ProcessTable } from './processes.ts';
 
 /** Who calls: the sandbox, the uid to run as (undefined: the pod's user). */
@@ -18,6 +19,10 @@ export interface ProcessCall {
   table: ProcessTable;
   id: string;
   uid: number | undefined;
+  /** The name of a user other than the default one (whose HOME and USER come with the pod's environment). */
+  user: string | undefined;
+  /** The user's home, for a relative cwd (paths.ts) and a named user's HOME. */
+  home: () => Promise<string>;
   /** The sandbox's environment (E2B create's envVars); a process's own envs override it. */
   envs: Record<string, string>;
 }
@@ -38,8 +43,9 @@ function configOf(value: unknown): ProcessConfig {
   const args = p.args ?? [];
   if (!Array.isArray(args) || !args.every((a): a is string => typeof a === 'string')) throw new AsbError('BadRequest', 'process.args must be an array of strings');
   const config: ProcessConfig = { cmd: p.cmd, args, envs: stringMap(p.envs, 'process.envs') };
+  // Empty: the pod's working dir, as envd's default workdir. Otherwise resolved in start().
   if (p.cwd !== undefined && p.cwd !== null && p.cwd !== '') {
-    if (typeof p.cwd !== 'string' || !p.cwd.startsWith('/')) throw new AsbError('BadRequest', `process.cwd must be an absolute path, got ${JSON.stringify(p.cwd)}`);
+    if (typeof p.cwd !== 'string') throw new AsbError('BadRequest', `process.cwd must be a path, got ${JSON.stringify(p.cwd)}`);
     config.cwd = p.cwd;
   }
   return config;
@@ -95,15 +101,20 @@ export async function start(call: ProcessCall, message: unknown, stream: ServerS
   const config = configOf(msg.process);
   const tag = typeof msg.tag === 'string' && msg.tag !== '' ? msg.tag : undefined;
   const user = call.uid === undefined ? {} : { user: call.uid };
-  const cwd = config.cwd === undefined ? {} : { cwd: config.cwd };
   const command = [config.cmd, ...config.args];
-  const env = { ...call.envs, ...config.envs };
+  // envd gives a process its user's HOME, USER and LOGNAME, under the sandbox's and the request's
+  // envs: `~` in a command as root is /root, as in the files API. The default user's are the pod's own.
+  const identity = call.uid === undefined || call.user === undefined ? {} : { HOME: await call.home(), USER: call.user, LOGNAME: call.user };
+  const env = { ...identity, ...call.envs, ...config.envs };
   // Refused here with the field named, not by spawn with Node's message as an internal error.
   checkSpawnInput({
     argv: { field: 'process.args', args: [{ field: 'process.cmd', value: config.cmd }, ...config.args.map((value, i) => ({ field: `process.args[${i}]`, value }))] },
     env: { field: 'process.envs', vars: env },
     ...(config.cwd === undefined ? {} : { cwd: { field: 'process.cwd', value: config.cwd } }),
   });
+  // A relative cwd or ~ is the user's home, as under envd (paths.ts).
+  const dir = config.cwd === undefined ? undefined : await userPath(call.home, config.cwd, 'process.cwd');
+  const cwd = dir === undefined ? {} : { cwd: dir };
   const asInput = (err: unknown): never => {
     throw spawnFailure(err, 'process.args');
   };

@@ -57,7 +57,7 @@ export class WatcherTable {
   }
 
   async create(t: FsTarget, msg: unknown): Promise<{ watcherId: string }> {
-    const spec = watchSpecOf(msg);
+    const spec = await watchSpecOf(t, msg);
     const last = await watchSnapshot(t, spec);
     if (last.size > this.#limits.entries) throw new ConnectError('resource_exhausted', `${spec.root} holds ${last.size} entries; a watcher can hold at most ${this.#limits.entries}`);
     const watcherId = randomUUID();
