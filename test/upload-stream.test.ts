@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { Readable, Writable } from 'node:stream';
 import { test } from 'node:test';
 import { isAsbError } from '../src/errors.ts';
-import { stageFile, type PodShell } from '../src/runtime/file-upload.ts';
+import { stageFile, writeFileFrom, type PodShell } from '../src/runtime/file-upload.ts';
 import type { ExecRequest, ExecResult, PodProcess } from '../src/runtime/runtime.ts';
 import { parseMultipart } from '../src/worker/envd/multipart.ts';
 import { UploadSlots } from '../src/worker/upload-slots.ts';
@@ -216,4 +216,17 @@ test('upload slots: run() answers TooManyRequests with Retry-After and frees the
   await first;
   await assert.rejects(slots.run('k', 'API key k', () => Promise.reject(new Error('write failed'))), /write failed/);
   assert.equal(slots.inFlight('k'), 0);
+});
+
+test('a small write refused before the script named its temporary file says why, once, naming the path (regression: the message was garbled)', async () => {
+  const denied = "mkdir: cannot create directory '/root/x': Permission denied\n";
+  const shell: PodShell = {
+    exec: () => Promise.resolve({ exitCode: 1, stdout: new Uint8Array(), stderr: Buffer.from(denied), timedOut: false, truncated: false }),
+    spawn: () => Promise.reject(new Error('not used for a small body')),
+  };
+  await assert.rejects(writeFileFrom(shell, '/root/x/a.txt', Buffer.from('x')), (err) => {
+    assert.ok(isAsbError(err, 'Forbidden'), String(err));
+    assert.equal(err.message, `write /root/x/a.txt: ${denied.trim()}`);
+    return true;
+  });
 });

@@ -70,7 +70,9 @@ const WRITE_WHOLE = `${STAGE.replace('exec cat > "$t"', 'cat > "$t" || { rm -f -
 /** A failed write's error; the temporary name in a message is the user's path. */
 function failure(result: ExecResult, op: string, path: string, temp: string | undefined): AsbError {
   const message = Buffer.from(result.stderr).toString('utf8');
-  const cleaned = temp === undefined ? result : { ...result, stderr: Buffer.from(message.replaceAll(temp, path)) };
+  // An empty name (the script failed before it printed one) must not be replaced: replaceAll('')
+  // put the path between every character of the message.
+  const cleaned = temp === undefined || temp === '' ? result : { ...result, stderr: Buffer.from(message.replaceAll(temp, path)) };
   const err = fileFailure(cleaned, op, path);
   if (err.code === 'Internal' && /No space left|Disk quota/.test(message)) return new AsbError('PayloadTooLarge', `${op} ${path}: no space left in the sandbox`);
   return err;
