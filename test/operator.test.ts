@@ -10,7 +10,9 @@ import { Controller, type Reconciler } from '../src/operator/controller.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { operatorSuite } from './support/controller-suite.ts';
-import { eventually, sqliteHarnessStore } from './support/operator-harness.ts';
+import { eventually, sqliteHarnessStore, startHarness, template } from './support/operator-harness.ts';
+import { holderAmong, NAME_CONFLICT } from '../src/api/sandbox-identity.ts';
+import { LABEL, SandboxTemplateType, SandboxType, type Sandbox } from '../src/api/types.ts';
 
 operatorSuite(sqliteHarnessStore);
 
@@ -57,4 +59,49 @@ test('the work queue retries errors with backoff and does not retry Invalid', as
   c.enqueue('bad');
   await eventually('flaky succeeded', () => attempts.get('flaky') === 4 && c.depth === 0);
   assert.equal(attempts.get('bad'), 1, 'a terminal error is not retried');
+});
+
+// ---- who holds a sandbox id (src/api/sandbox-identity.ts), when two objects meet under one name
+
+test('security probe C1: a rival stamped earlier than a running sandbox (API servers whose clocks differ) still never takes its pod', async (t) => {
+  const h = await startHarness(t);
+  await h.store.create(SandboxTemplateType, template('py', h.ns));
+  const holder = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'victim' })).sandbox;
+  const id = holder.metadata.name;
+  await h.op.claimer.waitReady(h.ns, id, 5_000);
+  // The store stamps creation with the harness clock: set back an hour, the rival is "older".
+  h.clock.advance(-3_600_000);
+  await h.store.create(SandboxType, {
+    apiVersion: 'agents.x-k8s.io/v1alpha1',
+    kind: 'Sandbox',
+    metadata: { name: id, namespace: h.otherNs, labels: { [LABEL.owner]: 'attacker' } },
+    spec: { podTemplate: holder.spec.podTemplate },
+  });
+  const rival = await eventually('the rival to report NameConflict', async () => {
+    const s = await h.store.tryGet<Sandbox>(SandboxType, h.otherNs, id);
+    return s?.status?.conditions?.some((c) => c.reason === NAME_CONFLICT) === true ? s : undefined;
+  });
+  assert.ok(Date.parse(rival.metadata.creationTimestamp ?? '') < Date.parse(holder.metadata.creationTimestamp ?? ''), 'the rival is stamped first');
+  const kept = await h.store.get<Sandbox>(SandboxType, h.ns, id);
+  assert.equal(kept.status?.phase, 'Running', 'the running sandbox keeps its id');
+  assert.equal(h.runtime.state(id).uid, holder.metadata.uid);
+  assert.ok(!h.runtime.calls.includes(`remove ${id}`), 'its pod was never removed');
+});
+
+test('the holder of an id: the pod\'s object first, then one not marked NameConflict, then the first created, then the smaller uid', () => {
+  const at = (uid: string, created: string, conflicted = false): Sandbox => ({
+    apiVersion: 'agents.x-k8s.io/v1alpha1',
+    kind: 'Sandbox',
+    metadata: { name: 'x', namespace: uid, uid, creationTimestamp: created },
+    spec: { podTemplate: { spec: { containers: [] } } },
+    ...(conflicted ? { status: { conditions: [{ type: 'Ready', status: 'False', reason: NAME_CONFLICT, lastTransitionTime: created }] } } : {}),
+  });
+  const early = at('b', '2026-11-24T10:00:00Z');
+  const late = at('a', '2026-11-24T10:00:00.500Z');
+  const tie = at('a', '2026-11-24T10:00:00Z');
+  assert.equal(holderAmong([late, early])?.metadata.uid, 'b', 'created first, fractions compared as time');
+  assert.equal(holderAmong([early, tie])?.metadata.uid, 'a', 'a tie on the second: the smaller uid');
+  assert.equal(holderAmong([early, tie], 'b')?.metadata.uid, 'b', 'the object whose pod the runtime has, whatever the rest says');
+  assert.equal(holderAmong([at('b', '2026-11-24T10:00:00Z'), at('a', '2026-11-24T10:00:00Z', true)])?.metadata.uid, 'b', 'one its controller marked NameConflict holds nothing');
+  assert.equal(holderAmong([]), undefined);
 });

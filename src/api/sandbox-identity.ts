@@ -1,33 +1,54 @@
 // A sandbox id names one sandbox in its cluster, whatever its namespace: the REST API, envd, the
 // terminals, the route feed and the runtime all address a sandbox by id alone. The API refuses a
 // second object with a taken id (409), but objects can still meet under one name (two API
-// replicas on one API server racing, or kubectl). Then one rule, the same in every component,
-// says which object holds the id: the one created first, the uid breaking a tie. The others
-// never get a pod, a route or a token, and their controller says why.
+// replicas on one API server racing, or kubectl). Then one rule says which object holds the id:
+// 1. the object whose pod or kept volumes the runtime has (the controller alone knows this): a
+//    running or hibernated sandbox is never taken over, whatever the timestamps say;
+// 2. not one its controller has already marked NameConflict (so every component follows the
+//    controller's decision once it is written);
+// 3. the one created first, the uid breaking a tie. Kubernetes stamps creation to the second, so
+//    two objects made within one second tie; rules 1 and 2 decide those for good within a
+//    reconcile, and the API never hands a caller a pod made for another uid (sandbox-index.ts).
+// The others never get a pod, a route or a token, and their controller says why.
 import type { Sandbox } from './types.ts';
+
+/** The reason the sandbox controller writes on a Sandbox whose id another one holds. */
+export const NAME_CONFLICT = 'NameConflict';
 
 export interface IdHolder {
   namespace: string;
   uid: string;
   /** creationTimestamp in ms since the epoch; NaN (never first) when absent. */
   created: number;
+  /** Its controller has marked it NameConflict. */
+  conflicted: boolean;
 }
 
 export function idHolderOf(sandbox: Sandbox): IdHolder {
   const { namespace, uid, creationTimestamp } = sandbox.metadata;
-  return { namespace: namespace ?? 'default', uid: uid ?? '', created: creationTimestamp === undefined ? Number.NaN : Date.parse(creationTimestamp) };
+  return {
+    namespace: namespace ?? 'default',
+    uid: uid ?? '',
+    created: creationTimestamp === undefined ? Number.NaN : Date.parse(creationTimestamp),
+    conflicted: sandbox.status?.conditions?.some((c) => c.reason === NAME_CONFLICT) === true,
+  };
 }
 
-/** Whether `a` holds the id against `b`: created earlier, or at the same time with the smaller uid. */
+/** Whether `a` holds the id against `b` by rules 2 and 3: not marked conflicting, created earlier, or at the same time with the smaller uid. */
 export function holdsBefore(a: IdHolder, b: IdHolder): boolean {
+  if (a.conflicted !== b.conflicted) return !a.conflicted;
   // Store timestamps are RFC 3339 with or without fractions, so they compare as numbers, not text.
   const ca = Number.isNaN(a.created) ? Infinity : a.created;
   const cb = Number.isNaN(b.created) ? Infinity : b.created;
   return ca !== cb ? ca < cb : a.uid < b.uid;
 }
 
-/** The holder among objects that share one name: the first by `holdsBefore`. */
-export function holderAmong<T extends Sandbox>(sandboxes: readonly T[]): T | undefined {
+/** The holder among objects that share one name: the one whose pod the runtime has (`podUid`), else the first by `holdsBefore`. */
+export function holderAmong<T extends Sandbox>(sandboxes: readonly T[], podUid?: string): T | undefined {
+  if (podUid !== undefined) {
+    const owner = sandboxes.find((s) => s.metadata.uid === podUid);
+    if (owner !== undefined) return owner;
+  }
   let best: T | undefined;
   for (const s of sandboxes) if (best === undefined || holdsBefore(idHolderOf(s), idHolderOf(best))) best = s;
   return best;
@@ -66,6 +87,11 @@ export class IdHolders {
   /** The holder of `id`, as far as this has seen. */
   holder(id: string): IdHolder | undefined {
     return this.#byId.get(id)?.[0];
+  }
+
+  /** Every object seen with this name, holder first. */
+  candidates(id: string): readonly IdHolder[] {
+    return this.#byId.get(id) ?? [];
   }
 
   /** Whether `sandbox` holds its id, as far as this has seen (true for one not seen yet with no rival). */

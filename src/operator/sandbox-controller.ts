@@ -15,7 +15,7 @@
 // earlier object of that name is removed before the holder's starts, never reused.
 import { isDeepStrictEqual } from 'node:util';
 import type { Condition } from '../api/meta.ts';
-import { holderAmong } from '../api/sandbox-identity.ts';
+import { holderAmong, NAME_CONFLICT } from '../api/sandbox-identity.ts';
 import { SandboxType, wantsRunning, type Sandbox, type SandboxStatus } from '../api/types.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRequest, PodRuntime, PodState } from '../runtime/runtime.ts';
@@ -42,9 +42,12 @@ export function nameIndexValues(sandbox: Sandbox): string[] {
   return [sandbox.metadata.name];
 }
 
-/** The Sandbox that holds `id` among those the informer has, or undefined when none has that name. */
-export function holderOfId(sandboxes: Informer<Sandbox>, id: string): Sandbox | undefined {
-  return holderAmong(sandboxes.byIndex(NAME_INDEX, id));
+/**
+ * The Sandbox that holds `id` among those the informer has (src/api/sandbox-identity.ts), or
+ * undefined when none has that name. `podUid`: whose pod or volumes the runtime has for the id.
+ */
+export function holderOfId(sandboxes: Informer<Sandbox>, id: string, podUid?: string): Sandbox | undefined {
+  return holderAmong(sandboxes.byIndex(NAME_INDEX, id), podUid);
 }
 
 export function podRequestFor(sandbox: Sandbox): PodRequest {
@@ -174,7 +177,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       return undefined;
     }
     const name = sandbox.metadata.name;
-    const holds = holderOfId(sandboxes, name)?.metadata.uid === sandbox.metadata.uid;
+    const holds = holderOfId(sandboxes, name, runtime.state(name).uid)?.metadata.uid === sandbox.metadata.uid;
     if (sandbox.metadata.deletionTimestamp !== undefined) {
       await finalize(sandbox, holds);
       return undefined;
@@ -183,7 +186,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       // Said without naming the holder's namespace or team: the id is all this object's owner knew.
       await writeStatus(sandbox, {
         phase: 'Failed',
-        conditions: [condition(sandbox, 'Ready', 'False', 'NameConflict', `sandbox id "${name}" belongs to another Sandbox in this cluster; ids are unique across namespaces, so this one never runs: delete it and choose another name`)],
+        conditions: [condition(sandbox, 'Ready', 'False', NAME_CONFLICT, `sandbox id "${name}" belongs to another Sandbox in this cluster; ids are unique across namespaces, so this one never runs: delete it and choose another name`)],
       });
       return undefined;
     }

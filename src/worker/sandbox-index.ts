@@ -2,7 +2,9 @@
 // (namespace, name); an id names one sandbox per cluster (sandbox-identity.ts), so a map fed by a
 // watch on every namespace answers in O(1). Misses fall back to the store (a create the watch has
 // not delivered yet). Objects that share a name are all kept, and lookups go to the holder, so
-// a second object under a taken id never reaches the first one's pod, whatever the event order.
+// a second object under a taken id never reaches the first one's pod, whatever the event order:
+// when the runtime has a pod (or kept volumes) for the id, the lookup answers the object it was
+// made for, or nothing, never another object that would reach it (sandbox-identity.ts rule 1).
 import { IdHolders } from '../api/sandbox-identity.ts';
 import type { Sandbox } from '../api/types.ts';
 import { SandboxType } from '../api/types.ts';
@@ -22,23 +24,34 @@ export class SandboxIndex {
   #failures = 0;
   #closed = false;
 
-  private constructor(store: ObjectStore, log: Logger, clock: Clock) {
+  readonly #podUidOf: (id: string) => string | undefined;
+
+  private constructor(store: ObjectStore, log: Logger, clock: Clock, podUidOf: (id: string) => string | undefined) {
     this.#store = store;
     this.#log = log;
     this.#clock = clock;
+    this.#podUidOf = podUidOf;
   }
 
-  static async open(store: ObjectStore, log: Logger, clock: Clock): Promise<SandboxIndex> {
-    const index = new SandboxIndex(store, log, clock);
+  /** `podUidOf`: the uid the runtime's pod or kept volumes for an id were made for (PodState.uid). */
+  static async open(store: ObjectStore, log: Logger, clock: Clock, podUidOf: (id: string) => string | undefined): Promise<SandboxIndex> {
+    const index = new SandboxIndex(store, log, clock, podUidOf);
     await index.#sync();
     return index;
   }
 
   /** The sandbox with this id, wherever it lives, or undefined. */
   async find(id: string, fallbackNamespaces: readonly string[]): Promise<Sandbox | undefined> {
-    const known = this.#holders.holder(id);
-    if (known !== undefined) return this.#store.tryGet<Sandbox>(SandboxType, known.namespace, id);
-    for (const ns of fallbackNamespaces) {
+    const podUid = this.#podUidOf(id);
+    const candidates = this.#holders.candidates(id);
+    const known = (podUid === undefined ? undefined : candidates.find((h) => h.uid === podUid)) ?? candidates[0];
+    const found = known !== undefined ? await this.#store.tryGet<Sandbox>(SandboxType, known.namespace, id) : await this.#fromStore(id, fallbackNamespaces);
+    // Never an object whose id reaches a pod made for another one.
+    return found === undefined || (podUid !== undefined && found.metadata.uid !== podUid) ? undefined : found;
+  }
+
+  async #fromStore(id: string, namespaces: readonly string[]): Promise<Sandbox | undefined> {
+    for (const ns of namespaces) {
       const found = await this.#store.tryGet<Sandbox>(SandboxType, ns, id);
       if (found !== undefined) {
         this.remember(found);

@@ -65,7 +65,7 @@ const DEFAULT_LIMITS: WorkerLimits = {
 export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer> {
   const log = deps.log.child({ component: 'worker-api' });
   const clock = deps.clock ?? systemClock;
-  const index = await SandboxIndex.open(deps.store, log, clock);
+  const index = await SandboxIndex.open(deps.store, log, clock, (id) => deps.runtime.state(id).uid);
   const dataPlane: DataPlane = Object.freeze({
     domain: deps.dataPlane?.domain ?? 'asb.localhost',
     edgeUrl: deps.dataPlane?.edgeUrl ?? 'http://127.0.0.1:10000',

@@ -280,6 +280,31 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
     assert.equal(s.status?.phase, 'Running');
   });
 
+  test('security probe C1: a Sandbox under a taken id in another namespace never gets the pod; deleting it leaves the holder running', async (t) => {
+    const h = await start(t);
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
+    const holder = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'victim' })).sandbox;
+    const id = holder.metadata.name;
+    await h.op.claimer.waitReady(h.ns, id, 5_000);
+    // As kubectl (or a second API replica) could write it: the same name in another namespace.
+    await h.store.create(SandboxType, {
+      apiVersion: 'agents.x-k8s.io/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name: id, namespace: h.otherNs, labels: { [LABEL.owner]: 'attacker' } },
+      spec: { podTemplate: holder.spec.podTemplate },
+    });
+    const rival = await eventually('the rival to report NameConflict', async () => {
+      const s = await h.store.tryGet<Sandbox>(SandboxType, h.otherNs, id);
+      return s?.status?.conditions?.some((c) => c.reason === 'NameConflict') === true ? s : undefined;
+    });
+    assert.equal(rival.status?.phase, 'Failed');
+    assert.equal(h.runtime.state(id).uid, holder.metadata.uid, "the pod is still the holder's");
+    await h.store.delete(SandboxType, h.otherNs, id);
+    await eventually('the rival gone', async () => (await h.store.tryGet(SandboxType, h.otherNs, id)) === undefined);
+    assert.equal(h.runtime.state(id).phase, 'Running', "the holder's pod was not removed");
+    assert.ok(!h.runtime.calls.includes(`remove ${id}`), 'no remove of the id was asked');
+  });
+
   test('security probe M1: sandboxes that only wear a pool\'s label are not its members, so the pool still refills', async (t) => {
     const h = await start(t);
     await h.store.create(SandboxTemplateType, template('py', h.ns));

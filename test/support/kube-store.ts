@@ -117,8 +117,8 @@ export function kubeStoreFixture(kubeconfig: string): KubeStoreFixture {
       return made;
     },
     harnessStore: async () => {
-      const made = await create(['default']);
-      return { store: made.store, ns: made.ns('default'), dispose: made.dispose };
+      const made = await create(['default', 'other']);
+      return { store: made.store, ns: made.ns('default'), otherNs: made.ns('other'), dispose: made.dispose };
     },
   };
 }

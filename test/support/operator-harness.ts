@@ -65,6 +65,8 @@ export interface Harness {
   store: ObjectStore;
   /** The namespace this test's objects live in. */
   ns: string;
+  /** A second namespace of this test's (objects that meet the first's under one name). */
+  otherNs: string;
   runtime: FakeRuntime;
   metrics: Metrics;
   registry: Registry;
@@ -82,6 +84,7 @@ export const CLUSTER_TAG = 'tst1';
 export interface HarnessStore {
   store: ObjectStore;
   ns: string;
+  otherNs: string;
   /** Called after the test's operators have stopped: empties and closes the store. */
   dispose: () => Promise<void>;
 }
@@ -100,6 +103,7 @@ export const sqliteHarnessStore: HarnessStoreFactory = async (clock) => {
   return {
     store,
     ns: NS,
+    otherNs: 'other',
     dispose: async () => {
       await store.close();
       rmSync(dir, { recursive: true, force: true });
@@ -109,7 +113,7 @@ export const sqliteHarnessStore: HarnessStoreFactory = async (clock) => {
 
 export async function startHarness(t: TestContext, opts: HarnessOptions = {}, openStore: HarnessStoreFactory = sqliteHarnessStore): Promise<Harness> {
   const clock = new ManualClock();
-  const { store, ns, dispose } = await openStore(clock);
+  const { store, ns, otherNs, dispose } = await openStore(clock);
   const runtime = new FakeRuntime({ autoReady: opts.autoReady ?? true });
   const registry = new Registry();
   const metrics = createMetrics(registry);
@@ -134,7 +138,7 @@ export async function startHarness(t: TestContext, opts: HarnessOptions = {}, op
     return op;
   };
   const op = await start();
-  return { store, ns, runtime, metrics, registry, clock, op, restart: start };
+  return { store, ns, otherNs, runtime, metrics, registry, clock, op, restart: start };
 }
 
 /** Polls until check() returns a value other than undefined/false; fails after timeoutMs. */
