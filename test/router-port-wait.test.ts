@@ -90,11 +90,11 @@ for (const listener of [undefined, 'ingress'] as const) {
     let answered = false;
     const held = Promise.all([1, 2].map(() => exchange(client, get(HOST(8000), '/', { 'x-access-token': TOKEN }), 'rst', [], listener))).finally(() => (answered = true));
     await until(() => r.ports.attempts.length >= 1, 5_000, 'the first connect to the woken pod');
-    clock.advance(25);
-    await until(() => r.ports.attempts.length >= 2, 5_000, 'a second connect after 25 ms');
+    // The retry timer is set once the refused connect's answer came back: step the clock until it ran.
+    await until(() => (clock.advance(25), r.ports.attempts.length >= 2), 5_000, 'a second connect after 25 ms');
     assert.equal(answered, false, 'running is not listening: still held');
     r.ports.closed.clear();
-    clock.advance(25);
+    await until(() => (clock.advance(25), answered), 5_000, 'the answers once the port accepts');
     for (const { answer } of await held) assert.equal(headerValue(answer, 'x-asb-dst'), `${POD}:8000`);
     assert.ok(r.ports.attempts.every((a) => a === `${POD}:8000`));
     assert.ok(r.ports.attempts.length <= 3, `two held requests share the probe (${r.ports.attempts.length} connects)`);
