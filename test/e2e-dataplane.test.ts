@@ -9,7 +9,7 @@ import { test, type TestContext } from 'node:test';
 import WebSocket from 'ws';
 import type { LocalSystem } from '../src/system/local-system.ts';
 import { startTestSystem } from './support/local-system.ts';
-import { edgeGet, startWsEcho, WEB_TEMPLATE, webPool, type EdgeAnswer } from './support/web-sandbox.ts';
+import { edgeGet, slowListenTemplate, startWsEcho, WEB_TEMPLATE, webPool, type EdgeAnswer } from './support/web-sandbox.ts';
 import { waitFor } from './support/wait.ts';
 import { api } from './support/worker-process.ts';
 
@@ -104,6 +104,35 @@ test('wake on first connection: a request to a hibernated sandbox wakes it and g
   for (const answer of answers) assert.equal(answer.status, 200, answer.body);
   const after = await api<View>(system, 'GET', `/v1/sandboxes/${sb.id}`);
   assert.equal(after.body.phase, 'Running');
+});
+
+// Issue 15: the router released held requests as soon as the woken pod ran, before its server
+// listened, so the first request after a pause got Envoy's 503 "upstream connect error"
+// (remote connection failure) and so did every retry for the next ~2 s.
+test('wake on first connection, server slower than its pod: each held request gets one 200, never a 503', async (t) => {
+  const system = await startSystem(t);
+  const applied = await api(system, 'POST', '/v1/apply', { objects: [slowListenTemplate('slow', 1.5)] });
+  assert.equal(applied.status, 200, JSON.stringify(applied.body));
+  const created = await api<View>(system, 'POST', '/v1/sandboxes', { template: 'slow', wait: true });
+  assert.equal(created.status, 201, JSON.stringify(created.body));
+  const sb = created.body;
+  const host = `8000-${sb.id}.asb.localhost`;
+  const get = (): Promise<EdgeAnswer> => viaEdge(system, host, { 'x-access-token': sb.accessToken });
+  // A sandbox created a moment ago is not held (it was never hibernated): wait for its server once.
+  await waitFor('the server to listen after create', async () => ((await get()).status === 200 ? true : undefined), 30_000, 100);
+
+  for (const concurrent of [1, 4]) {
+    assert.equal((await api(system, 'POST', `/v1/sandboxes/${sb.id}/pause`)).status, 200);
+    await waitFor('hibernation', async () => {
+      const got = await api<View>(system, 'GET', `/v1/sandboxes/${sb.id}`);
+      return got.body.phase === 'Hibernated' ? true : undefined;
+    });
+    const answers = await Promise.all(Array.from({ length: concurrent }, () => edgeGet(system.edgeUrl, host, { headers: { 'x-access-token': sb.accessToken }, path: '/whoami.txt', timeoutMs: 28_000 })));
+    for (const answer of answers) {
+      assert.equal(answer.status, 200, `${concurrent} at once: ${answer.body}`);
+      assert.equal(answer.body.trim(), sb.id, 'the woken server answered');
+    }
+  }
 });
 
 // Probe finding "HTTP/2 to sandbox apps fails": browsers speak h2 on the HTTPS edge, and Envoy

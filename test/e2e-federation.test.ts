@@ -9,7 +9,7 @@ import type { FederatedCluster } from '../src/system/federation.ts';
 import { startTestFederation, type TestFederation } from './support/federation.ts';
 import { runAsb } from './support/run-asb.ts';
 import { waitFor } from './support/wait.ts';
-import { edgeGet, startWsEcho, WEB_TEMPLATE, webPool, type EdgeAnswer } from './support/web-sandbox.ts';
+import { edgeGet, slowListenTemplate, startWsEcho, WEB_TEMPLATE, webPool, type EdgeAnswer } from './support/web-sandbox.ts';
 
 interface View {
   id: string;
@@ -150,6 +150,27 @@ test('a federation of two clusters: placement, any edge reaches any sandbox, a c
     ws.send('across clusters');
     assert.equal(await echoed, 'across clusters');
     ws.close();
+  });
+
+  // Issue 15 across the federation: the owning cluster's router holds the request that came in
+  // on its ingress listener until the woken pod's port accepts, as on its own edge.
+  await t.test("through another cluster's edge, a paused sandbox whose server listens late wakes with one 200", async () => {
+    const applied = await call(fed, fed.hubUrl, 'POST', '/v1/apply', { objects: [slowListenTemplate('slow', 1.5)] });
+    assert.equal(applied.status, 200, JSON.stringify(applied.body));
+    const b = clusterNamed(fed, 'fed-b');
+    await waitFor('the slow template at fed-b', async () => ((await call(fed, b.apiUrl, 'GET', '/v1/templates/slow')).status === 200 ? true : undefined));
+    const created = await call<View>(fed, a.edgeUrl, 'POST', '/v1/sandboxes', { template: 'slow', cluster: 'fed-b', wait: true });
+    assert.equal(created.status, 201, JSON.stringify(created.body));
+    const sb = created.body;
+    const host = `8000-${sb.id}.asb.localhost`;
+    await waitFor('its server to listen after create', async () => ((await viaEdge(a, host, { 'x-access-token': sb.accessToken })).status === 200 ? true : undefined), 30_000, 100);
+    assert.equal((await call(fed, a.edgeUrl, 'POST', `/v1/sandboxes/${sb.id}/pause`)).status, 200);
+    await waitFor('hibernation', async () => ((await call<View>(fed, b.apiUrl, 'GET', `/v1/sandboxes/${sb.id}`)).body.phase === 'Hibernated' ? true : undefined));
+    const answers = await Promise.all([1, 2].map(() => viaEdge(a, host, { 'x-access-token': sb.accessToken }, '/whoami.txt', 28_000)));
+    for (const answer of answers) {
+      assert.equal(answer.status, 200, answer.body);
+      assert.equal(answer.body.trim(), sb.id);
+    }
   });
 
   await t.test('a cluster that dies: its sandboxes get 503 at once, placement avoids it, the other cluster serves on', async () => {

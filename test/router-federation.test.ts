@@ -17,12 +17,13 @@ import { ClusterRegistry, INGRESS_REFRESH_MS } from '../src/router/registry.ts';
 import { parseRouterConfig } from '../src/router/router-config.ts';
 import { createRouterMetrics } from '../src/router/router-metrics.ts';
 import { RouteTable } from '../src/router/route-table.ts';
+import { PortWaiter } from '../src/router/port-wait.ts';
 import { Waker } from '../src/router/waker.ts';
 import { ConfigError } from '../src/system/config.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { extProcClient, get, headerValue, immediate, requestHeaders } from './support/envoy-mimic.ts';
-import { CLUSTER, DOMAIN, entry, ManualClock, startFakeWorker, TOKEN, until } from './support/router-fixture.ts';
+import { CLUSTER, DOMAIN, entry, fakePorts, ManualClock, startFakeWorker, TOKEN, until } from './support/router-fixture.ts';
 import { startWorkerFixture } from './support/worker-fixture.ts';
 
 const LOCAL_ID = 'loc1aaaaaaaaaaaaaaaa';
@@ -293,7 +294,7 @@ function exchangeOn(client: Client, req: ProcessingRequest, listener: Listener |
   return new Promise((resolve, reject) => {
     const metadata = new Metadata();
     if (listener !== undefined) metadata.set('x-asb-listener', listener);
-    const call = (client.Process as (md: Metadata) => ReturnType<Client['Process']>)(metadata);
+    const call = client.Process(metadata);
     let done = false;
     call.on('data', (msg: ProcessingResponse) => {
       if (msg.override_message_timeout !== undefined && Object.keys(msg).length === 1) return;
@@ -320,7 +321,8 @@ async function startFederatedRouter(t: TestContext, hubUpstream: boolean): Promi
   const registry = new Registry();
   const metrics = createRouterMetrics(registry, table);
   const workers = new Map([[CLUSTER, { cluster: CLUSTER, url: worker.url, key: 'admin-key' }]]);
-  const waker = new Waker({ table, workers, clock, log });
+  // No hold here reaches a pod; the fake ports keep any connect inside the test all the same.
+  const waker = new Waker({ table, workers, clock, log, portWaiter: new PortWaiter({ clock, connect: fakePorts().connect }) });
   const activity = new ActivityReporter({ workers, clock, log });
   const server = await ExtProcServer.start({ table, domain: DOMAIN, clusters: new Set([CLUSTER]), defaultCluster: CLUSTER, federation, hubUpstream, waker, activity, metrics, log, listen: '127.0.0.1:0' });
   const client = extProcClient(server.address);

@@ -69,6 +69,8 @@ export type Decision =
       cluster: string | undefined;
       /** The other cluster whose ingress the request is forwarded to (metrics). */
       ingress: string | undefined;
+      /** The pod address and port, when the upstream is the sandbox itself: a request held for a wake waits until it accepts connections. */
+      pod?: { host: string; port: number };
     }
   /** e2bSandboxId: answer as E2B's proxy does for a sandbox it cannot find (502 and its JSON), which the SDKs read as "sandbox not running". */
   | { kind: 'reject'; error: AsbError; retryAfterS: number | undefined; e2bSandboxId?: string }
@@ -161,7 +163,10 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
   }
   const setCookie = granted.setCookie === undefined ? undefined : accessCookie(granted.setCookie, isHttps(headers));
   const decision = route(headers, set, setCookie, entry.id, entry.cluster);
-  if (removeCookie && decision.kind === 'route') decision.remove.push('cookie');
+  if (decision.kind === 'route') {
+    if (removeCookie) decision.remove.push('cookie');
+    decision.pod = { host: entry.podIp, port };
+  }
   return decision;
 }
 

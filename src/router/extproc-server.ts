@@ -230,13 +230,12 @@ export class ExtProcServer {
     const started = performance.now();
     state.abort = new AbortController();
     const signal = state.abort.signal;
-    const wait = decision.kind === 'hold' ? this.#opts.waker.holdUntilRunning(decision.entry, decision.wake, signal) : this.#opts.waker.lookup(decision.id, decision.cluster, signal);
+    const waker = this.#opts.waker;
+    const wait = decision.kind === 'hold' ? waker.holdUntilRunning(decision.entry, decision.wake, signal) : waker.lookup(decision.id, decision.cluster, signal);
     wait.then(
-      () => {
-        // Decide again from the table as it is now; a second hold or lookup would loop, so it ends here.
-        let again = decide(headers, this.#opts, state.listener);
-        if (again.kind === 'lookup') again = notFound(again.id, again.e2b);
-        if (again.kind === 'hold') again = { kind: 'reject', error: unavailable(`sandbox ${again.entry.id} is not running`), retryAfterS: RETRY_AFTER_S };
+      () => this.#release(headers, state.listener, signal, waker.holdLimitMs - (performance.now() - started)),
+    ).then(
+      (again) => {
         this.#opts.metrics?.holdSeconds.observe({ result: again.kind }, (performance.now() - started) / 1000);
         this.#answer(call, state, again);
       },
@@ -250,6 +249,28 @@ export class ExtProcServer {
         this.#answer(call, state, reject);
       },
     );
+  }
+
+  /**
+   * The answer to a request whose hold ended: decided again from the table as it is now (a second
+   * hold or lookup would loop, so it ends here), and, when it goes to a pod, only once that pod's
+   * port accepts connections (a pod runs before its server listens). Checked again after the wait
+   * in case the table moved the sandbox meanwhile; every wait is bounded by what is left of the
+   * hold limit, so this ends.
+   */
+  async #release(headers: RequestHeaders, listener: Listener, signal: AbortSignal, limitMs: number): Promise<Decision> {
+    const deadline = performance.now() + limitMs;
+    let listening: string | undefined;
+    for (;;) {
+      const again = decide(headers, this.#opts, listener);
+      if (again.kind === 'lookup') return notFound(again.id, again.e2b);
+      if (again.kind === 'hold') return { kind: 'reject', error: unavailable(`sandbox ${again.entry.id} is not running`), retryAfterS: RETRY_AFTER_S };
+      if (again.kind !== 'route' || again.pod === undefined || again.sandboxId === undefined) return again;
+      const pod = `${again.pod.host}:${again.pod.port}`;
+      if (pod === listening) return again;
+      await this.#opts.waker.untilListening(again.sandboxId, again.pod, deadline - performance.now(), signal);
+      listening = pod;
+    }
   }
 
   #answer(call: Call, state: StreamState, decision: Decision): void {

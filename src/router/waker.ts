@@ -1,7 +1,8 @@
 // Holds requests for sandboxes that are not running yet. A hibernated sandbox gets exactly one
 // resume call however many requests arrive for it (they coalesce on one in-flight wake); every
-// held request is released the moment the route feed shows the sandbox running with a pod IP,
-// or refused with 503 when the wake fails or the hold limit passes. Ids the table lacks are
+// held request waits until the route feed shows the sandbox running with a pod IP and then until
+// the requested port accepts connections (port-wait.ts: running is not listening), or is refused
+// with 503 when the wake fails or the hold limit passes. Ids the table lacks are
 // looked up at their worker once (coalesced too) before a 404, which covers feed lag for a
 // sandbox created a moment ago. New lookups are limited per client and in total
 // (lookup-limiter.ts); refuseLookup says when one may not start.
@@ -10,6 +11,7 @@ import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { RouteEntry } from './contract.ts';
 import { LookupLimiter, type LookupRefusal } from './lookup-limiter.ts';
+import { PortWaiter } from './port-wait.ts';
 import type { RouteTable } from './route-table.ts';
 import { resumeSandbox, sandboxExists, type WorkerEndpoint } from './worker-api.ts';
 
@@ -28,6 +30,8 @@ export interface WakerOptions {
   limiter?: LookupLimiter;
   /** Called once per worker lookup, with its outcome, and once per refused one (metrics). */
   onLookup?: (result: LookupResult) => void;
+  /** Waits for a woken pod's port to accept connections. Default: real TCP connects on this clock. */
+  portWaiter?: PortWaiter;
 }
 
 export type LookupResult = 'found' | 'missing' | 'failed' | LookupRefusal['reason'];
@@ -43,9 +47,11 @@ export class Waker {
   /** Id → its lookup at the worker, while in flight: concurrent requests for one id share it. */
   readonly #lookups = new Map<string, Promise<boolean>>();
   readonly #limiter: LookupLimiter;
+  readonly #ports: PortWaiter;
 
   constructor(opts: WakerOptions) {
     this.#opts = opts;
+    this.#ports = opts.portWaiter ?? new PortWaiter({ clock: opts.clock });
     this.#limiter = opts.limiter ?? new LookupLimiter({ clock: opts.clock });
     this.#holdLimitMs = opts.holdLimitMs ?? DEFAULT_HOLD_LIMIT_MS;
     this.#missWaitMs = opts.missWaitMs ?? 2_000;
@@ -72,6 +78,15 @@ export class Waker {
       if (e.state === 'failed' || e.state === 'expired') throw new AsbError('Unavailable', `sandbox ${entry.id} is ${e.state}`);
       return e.state === 'running' && e.podIp !== undefined;
     }, `sandbox ${entry.id} did not become ready within ${this.#holdLimitMs} ms`);
+  }
+
+  /**
+   * After a hold: resolves once `pod` accepts a TCP connection, so the released request reaches a
+   * listening server. Rejects with AsbError Unavailable after `limitMs` (what is left of the hold
+   * limit), or with the signal's reason when the request goes away first.
+   */
+  untilListening(id: string, pod: { host: string; port: number }, limitMs: number, signal: AbortSignal): Promise<void> {
+    return this.#ports.untilListening(pod.host, pod.port, limitMs, signal, `sandbox ${id} is running`);
   }
 
   /**

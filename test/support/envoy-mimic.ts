@@ -1,7 +1,7 @@
 // Plays Envoy's ext_proc filter against the router, as a grpc-js client: one bidi stream per
 // HTTP request, request_headers with values in raw_value, then either a reset (RST_STREAM, Envoy's
 // default) or a half-close (the graceful-close runtime guard) once the answer is in.
-import { credentials, type Client, type ClientDuplexStream, type ServiceClientConstructor, type GrpcObject } from '@grpc/grpc-js';
+import { credentials, Metadata, type Client, type ClientDuplexStream, type ServiceClientConstructor, type GrpcObject } from '@grpc/grpc-js';
 import { loadRouterProtos, type ProcessingRequest, type ProcessingResponse } from '../../src/router/proto.ts';
 
 export type CloseMode = 'rst' | 'half-close';
@@ -13,11 +13,11 @@ export interface Exchange {
   answer: ProcessingResponse;
 }
 
-export function extProcClient(address: string): Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> } {
+export function extProcClient(address: string): Client & { Process(metadata?: Metadata): ClientDuplexStream<ProcessingRequest, ProcessingResponse> } {
   const pkg = loadRouterProtos().grpc;
   const ctor = lookup(pkg, 'envoy.service.ext_proc.v3.ExternalProcessor') as ServiceClientConstructor;
   // A private subchannel pool: a test's client never reuses a connection to an earlier test's server.
-  return new ctor(address, credentials.createInsecure(), { 'grpc.use_local_subchannel_pool': 1 }) as unknown as Client & { Process(): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
+  return new ctor(address, credentials.createInsecure(), { 'grpc.use_local_subchannel_pool': 1 }) as unknown as Client & { Process(metadata?: Metadata): ClientDuplexStream<ProcessingRequest, ProcessingResponse> };
 }
 
 export function healthClient(address: string): Client & Record<string, (...args: unknown[]) => unknown> {
@@ -43,11 +43,14 @@ export function get(authority: string, path = '/', extra: Record<string, string 
 
 /**
  * Sends one request's headers and waits for the answer (skipping an override_message_timeout),
- * then closes the stream the way Envoy does.
+ * then closes the stream the way Envoy does. `listener`: the x-asb-listener metadata Envoy's
+ * ingress listener sends (none: the edge's stream, which sends none).
  */
-export function exchange(client: ReturnType<typeof extProcClient>, req: ProcessingRequest, close: CloseMode = 'rst', more: ProcessingRequest[] = []): Promise<Exchange> {
+export function exchange(client: ReturnType<typeof extProcClient>, req: ProcessingRequest, close: CloseMode = 'rst', more: ProcessingRequest[] = [], listener?: 'ingress'): Promise<Exchange> {
   return new Promise((resolve, reject) => {
-    const call = client.Process();
+    const metadata = new Metadata();
+    if (listener !== undefined) metadata.set('x-asb-listener', listener);
+    const call = client.Process(metadata);
     const replies: ProcessingResponse[] = [];
     const pending = [...more];
     let done = false;

@@ -8,6 +8,7 @@ import { ActivityReporter } from '../../src/router/activity.ts';
 import type { RouteEntry } from '../../src/router/contract.ts';
 import { ExtProcServer } from '../../src/router/extproc-server.ts';
 import { LookupLimiter, type LookupLimits } from '../../src/router/lookup-limiter.ts';
+import { PortWaiter } from '../../src/router/port-wait.ts';
 import { RouteTable } from '../../src/router/route-table.ts';
 import { Waker, type LookupResult } from '../../src/router/waker.ts';
 import type { Clock, Timer } from '../../src/system/clock.ts';
@@ -126,10 +127,36 @@ export interface RouterUnderTest {
   activity: ActivityReporter;
   /** Every lookup outcome and refusal, in order. */
   lookupResults: LookupResult[];
+  /** The pods' ports as the router's connect attempts see them (no real connect leaves the test). */
+  ports: FakePorts;
   /** Replaces cluster c1's entries (a feed snapshot) and marks its feed connected. */
   snapshot(entries: RouteEntry[]): void;
   /** The next feed delta for c1. */
   upsert(e: RouteEntry): void;
+}
+
+/**
+ * Pod ports for the router's "does it listen yet" connects: every `host:port` accepts unless in
+ * `closed`; `attempts` lists each connect in order. A connect answers on the next tick, as a
+ * refused local connect does.
+ */
+export interface FakePorts {
+  closed: Set<string>;
+  attempts: string[];
+  connect: (host: string, port: number) => Promise<boolean>;
+}
+
+export function fakePorts(): FakePorts {
+  const ports: FakePorts = {
+    closed: new Set(),
+    attempts: [],
+    connect: (host, port) => {
+      const key = `${host}:${port}`;
+      ports.attempts.push(key);
+      return new Promise((resolve) => setImmediate(() => resolve(!ports.closed.has(key))));
+    },
+  };
+  return ports;
 }
 
 export async function startRouterUnderTest(t: TestContext, opts: { clock?: Clock; holdLimitMs?: number; lookupLimits?: Partial<LookupLimits> } = {}): Promise<RouterUnderTest> {
@@ -140,7 +167,9 @@ export async function startRouterUnderTest(t: TestContext, opts: { clock?: Clock
   const workers = new Map([[CLUSTER, { cluster: CLUSTER, url: worker.url, key: 'admin-key' }]]);
   const lookupResults: LookupResult[] = [];
   const limiter = new LookupLimiter({ clock, ...(opts.lookupLimits === undefined ? {} : { limits: opts.lookupLimits }) });
-  const waker = new Waker({ table, workers, clock, log, limiter, onLookup: (r) => lookupResults.push(r), ...(opts.holdLimitMs === undefined ? {} : { holdLimitMs: opts.holdLimitMs }) });
+  const ports = fakePorts();
+  const portWaiter = new PortWaiter({ clock, connect: ports.connect });
+  const waker = new Waker({ table, workers, clock, log, limiter, portWaiter, onLookup: (r) => lookupResults.push(r), ...(opts.holdLimitMs === undefined ? {} : { holdLimitMs: opts.holdLimitMs }) });
   const activity = new ActivityReporter({ workers, clock, log });
   const server = await ExtProcServer.start({ table, domain: DOMAIN, clusters: new Set([CLUSTER]), defaultCluster: CLUSTER, waker, activity, metrics: undefined, log, listen: '127.0.0.1:0' });
   t.after(async () => {
@@ -155,6 +184,7 @@ export async function startRouterUnderTest(t: TestContext, opts: { clock?: Clock
     clock,
     activity,
     lookupResults,
+    ports,
     snapshot(entries) {
       table.setConnected(CLUSTER, true);
       table.apply(CLUSTER, { type: 'snapshot', version: ++version, cluster: CLUSTER, entries });

@@ -74,3 +74,31 @@ export async function startWsEcho(worker: { apiUrl: string; adminKey: string }, 
     return probe.body.exitCode === 0 ? true : undefined;
   });
 }
+
+/**
+ * A template whose server starts listening `delayS` seconds after its pod starts, with no
+ * readiness probe: the pod is Running (and routable) well before anything accepts connections
+ * on port 8000, as with any app that loads before it binds (python -m http.server after a slow
+ * import, a dev server compiling). Serves /tmp, where whoami.txt names the sandbox.
+ */
+export function slowListenTemplate(name: string, delayS: number): unknown {
+  return {
+    apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
+    kind: 'SandboxTemplate',
+    metadata: { name, namespace: 'default' },
+    spec: {
+      podTemplate: {
+        spec: {
+          containers: [
+            {
+              name: 'main',
+              image: 'python',
+              command: ['sh', '-c', `hostname > /tmp/whoami.txt && sleep ${delayS} && exec python3 -m http.server 8000 --directory /tmp`],
+              ports: [{ containerPort: 8000 }],
+            },
+          ],
+        },
+      },
+    },
+  };
+}

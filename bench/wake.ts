@@ -1,0 +1,113 @@
+// Wake on first connection through Envoy (`node bench/run.ts wake`): pause a sandbox, then ask
+// its server for a page through the edge and time the first 200. Two templates:
+// - `wakeready`: the server listens as soon as its pod starts and a readiness probe says so: the
+//   cost of the wake itself (resume, feed, router release);
+// - `wakeslow`: the server starts listening LISTEN_DELAY_S after its pod starts, with no probe,
+//   as any app that loads before it binds. Issue 15: the router released the request when the
+//   pod ran, and the client got 503s for as long as the server was not listening.
+// The client behaves as a user pressing reload: after a non-200 it asks again 100 ms later, up
+// to 30 s; the time is from the first request to the first 200, and every non-200 is counted.
+import { request } from 'node:http';
+import { performance } from 'node:perf_hooks';
+import { call, poolObjects, summarize, waitPool, type LatencySummary as Summary, type Target } from './claims.ts';
+import { startTestSystem } from '../test/support/local-system.ts';
+
+/** Seconds between the slow template's pod start and its server's listen. */
+export const LISTEN_DELAY_S = 0.5;
+const WAKES = 20;
+const RELOAD_MS = 100;
+const GIVE_UP_MS = 30_000;
+
+export interface WakeFigures {
+  /** Time to the first 200. */
+  firstOk: Summary;
+  /** Non-200 answers before it, over all wakes, by status. */
+  refused: Record<string, number>;
+  /** Wakes that got no 200 within GIVE_UP_MS. */
+  failed: number;
+}
+
+export interface WakeResults {
+  ready: WakeFigures;
+  slowListen: WakeFigures & { listenDelayS: number };
+}
+
+export async function benchWake(): Promise<WakeResults> {
+  const system = await startTestSystem('bnwk', 218, 'bench');
+  try {
+    const target: Target = { apiUrl: system.apiUrl, adminKey: system.adminKey };
+    const ready = await wakes(system.edgeUrl, system.domain, target, 'wakeready', ['python3', '-m', 'http.server', '8080', '--directory', '/tmp'], true);
+    const slow = await wakes(system.edgeUrl, system.domain, target, 'wakeslow', ['sh', '-c', `sleep ${LISTEN_DELAY_S} && exec python3 -m http.server 8080 --directory /tmp`], false);
+    return { ready, slowListen: { ...slow, listenDelayS: LISTEN_DELAY_S } };
+  } finally {
+    await system.cleanup();
+  }
+}
+
+async function wakes(edgeUrl: string, domain: string, target: Target, name: string, command: string[], probe: boolean): Promise<WakeFigures> {
+  const [template, pool] = poolObjects(name, 1) as [{ spec: { podTemplate: { spec: { containers: Record<string, unknown>[] } } } }, unknown];
+  template.spec.podTemplate.spec.containers = [
+    {
+      name: 'main',
+      image: 'python',
+      command,
+      ports: [{ containerPort: 8080 }],
+      ...(probe ? { readinessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1 } } : {}),
+    },
+  ];
+  const applied = await call(target, 'POST', '/v1/apply', { objects: [template, pool] });
+  if (applied.status !== 200) throw new Error(`apply failed: ${JSON.stringify(applied.body)}`);
+  await waitPool(target, name, 1, 60_000);
+  const sb = await call<{ id: string; accessToken: string }>(target, 'POST', '/v1/sandboxes', { template: name });
+  const host = `8080-${sb.body.id}.${domain}`;
+  // Once before the first pause: a sandbox just claimed was never held, its server may still be starting.
+  await firstOk(edgeUrl, host, sb.body.accessToken, {});
+  const times: number[] = [];
+  const refused: Record<string, number> = {};
+  let failed = 0;
+  for (let i = 0; i < WAKES; i++) {
+    await call(target, 'POST', `/v1/sandboxes/${sb.body.id}/pause`);
+    await waitPhase(target, sb.body.id, 'Hibernated');
+    const start = performance.now();
+    const ok = await firstOk(edgeUrl, host, sb.body.accessToken, refused);
+    if (ok) times.push(performance.now() - start);
+    else failed++;
+  }
+  await call(target, 'DELETE', `/v1/sandboxes/${sb.body.id}`);
+  return { firstOk: summarize(times), refused, failed };
+}
+
+/** Asks until a 200 (a user pressing reload every RELOAD_MS), counting every other answer by status; false after GIVE_UP_MS. */
+async function firstOk(edgeUrl: string, host: string, token: string, refused: Record<string, number>): Promise<boolean> {
+  const deadline = performance.now() + GIVE_UP_MS;
+  while (performance.now() < deadline) {
+    const status = await get(edgeUrl, host, token);
+    if (status === 200) return true;
+    refused[String(status)] = (refused[String(status)] ?? 0) + 1;
+    await new Promise((r) => setTimeout(r, RELOAD_MS));
+  }
+  return false;
+}
+
+async function waitPhase(target: Target, id: string, phase: string, timeoutMs = 30_000): Promise<void> {
+  const deadline = performance.now() + timeoutMs;
+  while (performance.now() < deadline) {
+    const got = await call<{ phase: string }>(target, 'GET', `/v1/sandboxes/${id}`);
+    if (got.body.phase === phase) return;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  throw new Error(`sandbox ${id} never reached ${phase}`);
+}
+
+/** One GET through the edge on a fresh connection; its status (0: no answer). */
+function get(edgeUrl: string, host: string, token: string): Promise<number> {
+  return new Promise((resolve) => {
+    const req = request(`${edgeUrl}/`, { headers: { host, 'x-access-token': token }, agent: false, timeout: GIVE_UP_MS }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode ?? 0));
+    });
+    req.on('timeout', () => req.destroy());
+    req.on('error', () => resolve(0));
+    req.end();
+  });
+}
