@@ -110,7 +110,9 @@ export class KubeApi {
         res.destroy();
         return;
       }
-      const status = statusOf(inKubeInvalid(problem, subject), subject);
+      // A create names its object only in the body: an Invalid takes the name from its message.
+      const named = subject !== undefined && subject.name === undefined && problem.code === 'Invalid' ? { ...subject, name: /"([^"]*)"/.exec(problem.message)?.[1] ?? '' } : subject;
+      const status = statusOf(inKubeInvalid(problem, named), named);
       send(res, { status: problem.status, body: status, headers: problem.code === 'Unauthorized' ? { 'www-authenticate': 'Bearer realm="asb"' } : {} });
     });
   }
@@ -213,7 +215,6 @@ export class KubeApi {
 /** Invalid in the apiserver's words: `Kind.group "name" is invalid: [field: message, …]`. */
 function inKubeInvalid(err: AsbError, subject: Subject | undefined): AsbError {
   if (err.code !== 'Invalid' || subject === undefined || err.fields.length === 0) return err;
-  const name = subject.name ?? /"([^"]*)"/.exec(err.message)?.[1] ?? '';
-  const message = `${subject.rt.kind}.${subject.rt.group} "${name}" is invalid: [${err.fields.map((f) => `${f.field}: ${f.message}`).join(', ')}]`;
+  const message = `${subject.rt.kind}.${subject.rt.group} "${subject.name ?? ''}" is invalid: [${err.fields.map((f) => `${f.field}: ${f.message}`).join(', ')}]`;
   return new AsbError('Invalid', message, { fields: [...err.fields] });
 }
