@@ -26,10 +26,13 @@ function newestFirst(versions: readonly string[]): string[] {
   return [...versions].sort((a, b) => (a < b ? 1 : a > b ? -1 : 0));
 }
 
+// A CRD without printer columns gets this one from the apiserver (apiextensions defaulting).
+const DEFAULT_COLUMNS: readonly PrinterColumn[] = [{ name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp' }];
+
 export const SERVED: readonly ServedResource[] = SERVED_TYPES.map((rt) => {
   const crd = crdFor(rt);
   const versions = newestFirst(servedVersions(rt));
-  return { rt, crd, versions, preferred: versions[0] ?? rt.version, columns: crd.spec.versions[0]?.additionalPrinterColumns ?? [] };
+  return { rt, crd, versions, preferred: versions[0] ?? rt.version, columns: crd.spec.versions[0]?.additionalPrinterColumns ?? DEFAULT_COLUMNS };
 });
 
 /** Versions a group serves, newest first. */
