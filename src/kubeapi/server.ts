@@ -110,8 +110,8 @@ export class KubeApi {
         res.destroy();
         return;
       }
-      // A create names its object only in the body: an Invalid takes the name from its message.
-      const named = subject !== undefined && subject.name === undefined && problem.code === 'Invalid' ? { ...subject, name: /"([^"]*)"/.exec(problem.message)?.[1] ?? '' } : subject;
+      // A create names its object only in the body: its Invalid or AlreadyExists takes the name from the message.
+      const named = subject !== undefined && subject.name === undefined && (problem.code === 'Invalid' || problem.code === 'AlreadyExists') ? { ...subject, name: /"([^"]*)"/.exec(problem.message)?.[1] ?? '' } : subject;
       const status = statusOf(inKubeInvalid(problem, named), named);
       send(res, { status: problem.status, body: status, headers: problem.code === 'Unauthorized' ? { 'www-authenticate': 'Bearer realm="asb"' } : {} });
     });

@@ -130,12 +130,13 @@ export interface WorkerFixture {
 }
 
 /** Starts everything; registers cleanup with `after` (the test's t.after). */
-export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}): Promise<WorkerFixture> {
+/** `storeOptions.eventRetention`: how many changes the store keeps for watches (older versions are Gone). */
+export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}, storeOptions: { eventRetention?: number } = {}): Promise<WorkerFixture> {
   const dir = await mkdtemp(join(tmpdir(), 'asb-worker-'));
   const log = silentLogger();
   const registry = new Registry();
   const metrics = createMetrics(registry);
-  const store = await openSqliteStore({ path: join(dir, 'store.db'), metrics, log });
+  const store = await openSqliteStore({ path: join(dir, 'store.db'), metrics, log, ...storeOptions });
   const runtime = new MemoryRuntime();
   const operator = await startOperator({ store, runtime, log, metrics, clusterTag: 'tst1' });
   await store.create(SandboxTemplateType, structuredClone(BASE_TEMPLATE));
