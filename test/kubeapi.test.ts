@@ -280,3 +280,26 @@ test('watches: changes after a version, name selection, initial events with thei
   const { done } = await expired.read();
   assert.equal(done, true, 'the stream ends after the ERROR event');
 });
+
+test('a team\'s Sandbox passes the pod-security check and takes its id for the whole cluster, as in /v1/apply', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const sandbox = (name: string, spec: Record<string, unknown> = {}, namespace = 'default'): unknown => ({
+    apiVersion: 'agents.x-k8s.io/v1beta1', kind: 'Sandbox', metadata: { name, namespace },
+    spec: { podTemplate: { spec: { containers: [{ name: 'main', image: 'busybox', command: ['sleep', 'infinity'], ...spec }] } } },
+  });
+  const at = (ns: string): string => `${CORE}/v1beta1/namespaces/${ns}/sandboxes`;
+  const privileged = await call(fx, 'POST', at('default'), { key: fx.keys.teamA, json: sandbox('root', { securityContext: { privileged: true } }) });
+  assert.equal(privileged.status, 422, privileged.text);
+  const causes = (statusBody(privileged).details as { causes: { field: string }[] }).causes.map((c) => c.field);
+  assert.ok(causes.includes('spec.podTemplate.spec.containers[0].securityContext.privileged'), JSON.stringify(causes));
+  assert.equal((await call(fx, 'GET', `${at('default')}/root`, { key: fx.keys.admin })).status, 404, 'nothing was written');
+
+  const mine = await call(fx, 'POST', at('default'), { key: fx.keys.teamA, json: sandbox('shared-id') });
+  assert.equal(mine.status, 201, mine.text);
+  assert.equal((mine.json as { metadata: { labels: Record<string, string> } }).metadata.labels['asb.dev/owner'], 'team-a');
+  // The same id in another namespace, by another team: taken, with nothing said about whose.
+  const taken = await call(fx, 'POST', at('elsewhere'), { key: fx.keys.teamB, json: sandbox('shared-id', {}, 'elsewhere') });
+  assert.equal(taken.status, 409, taken.text);
+  assert.equal(statusBody(taken).reason, 'AlreadyExists');
+  assert.equal((await call(fx, 'GET', `${CORE}/v1alpha1/sandboxes`, { key: fx.keys.teamB })).text.includes('shared-id'), false);
+});
