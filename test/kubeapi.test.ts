@@ -4,6 +4,8 @@
 // events, 410 Expired), patches of three types, the status subresource and delete preconditions.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { BOOKMARK_MS } from '../src/kubeapi/watch.ts';
+import { ManualClock } from './support/operator-harness.ts';
 import { call, startWorkerFixture, type ApiResponse, type WorkerFixture } from './support/worker-fixture.ts';
 
 const CORE = '/apis/agents.x-k8s.io';
@@ -302,4 +304,20 @@ test('a team\'s Sandbox passes the pod-security check and takes its id for the w
   assert.equal(taken.status, 409, taken.text);
   assert.equal(statusBody(taken).reason, 'AlreadyExists');
   assert.equal((await call(fx, 'GET', `${CORE}/v1alpha1/sandboxes`, { key: fx.keys.teamB })).text.includes('shared-id'), false);
+});
+
+test('a watch that asks for bookmarks gets one every minute with the last version, and ends after timeoutSeconds', async (t) => {
+  const clock = new ManualClock();
+  const fx = await startWorkerFixture((fn) => t.after(fn), {}, { clock });
+  const pools = `${EXT}/v1beta1/namespaces/default/sandboxwarmpools`;
+  const list = (await call(fx, 'GET', pools, { key: fx.keys.admin })).json as { metadata: { resourceVersion: string } };
+  const watch = await openWatch(t, fx, `${pools}?watch=true&resourceVersion=${list.metadata.resourceVersion}&allowWatchBookmarks=true&timeoutSeconds=150`, fx.keys.admin);
+  clock.advance(BOOKMARK_MS);
+  const first = await readLine(watch);
+  assert.deepEqual([first.type, first.object.kind, first.object.metadata.resourceVersion], ['BOOKMARK', 'SandboxWarmPool', list.metadata.resourceVersion]);
+  clock.advance(BOOKMARK_MS);
+  assert.equal((await readLine(watch)).type, 'BOOKMARK');
+  clock.advance(30_000);
+  const { done } = await watch.read();
+  assert.equal(done, true, 'the stream ends at timeoutSeconds');
 });
