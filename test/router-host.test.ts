@@ -24,6 +24,15 @@ test('resolves every host form to a target', () => {
     [line('127.0.0.1', '/files', { id: 'loc1abc', port: '49983' }), { kind: 'sandbox', id: 'loc1abc', port: 49983, e2bHeaders: true }],
     [line('[::1]:10000', '/', { id: 'loc1abc' }), { kind: 'sandbox', id: 'loc1abc', port: undefined, e2bHeaders: true }],
     [line(`sandbox.${D}`, '/', { id: 'loc1abc', port: '8080' }), { kind: 'sandbox', id: 'loc1abc', port: 8080, e2bHeaders: true }],
+    // The Kubernetes API (kubectl, the k8s-sigs SDK): on the bare edge and api.<domain>; a Sandbox's path names its owner.
+    [line('127.0.0.1:10002', '/apis'), { kind: 'api', id: undefined }],
+    [line('127.0.0.1:10002', '/api?timeout=32s'), { kind: 'api', id: undefined }],
+    [line('localhost', '/version'), { kind: 'api', id: undefined }],
+    [line('127.0.0.1', '/openapi/v3/apis/agents.x-k8s.io/v1beta1?hash=AB'), { kind: 'api', id: undefined }],
+    [line('127.0.0.1', '/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default/sandboxclaims?watch=true'), { kind: 'api', id: undefined }],
+    [line('127.0.0.1', '/apis/agents.x-k8s.io/v1beta1/namespaces/default/sandboxes/loc1abc'), { kind: 'api', id: 'loc1abc' }],
+    [line(`api.${D}`, '/apis/agents.x-k8s.io/v1alpha1/namespaces/team/sandboxes/loc1abc/status'), { kind: 'api', id: 'loc1abc' }],
+    [line(`api.${D}`, '/apis/agents.x-k8s.io/v1beta1/namespaces/default/sandboxes?watch=1'), { kind: 'api', id: undefined }],
     // The host decides when it names a sandbox: E2B headers cannot override it.
     [line(`8080-loc1abc.${D}`, '/', { id: 'loc1other', port: '22' }), { kind: 'sandbox', id: 'loc1abc', port: 8080 }],
   ];
@@ -46,6 +55,10 @@ test('malformed hosts and ports are 400, foreign hosts and unnamed bare requests
     [line('example.com'), 'NotFound'],
     [line(`x.other-${D}`), 'NotFound'],
     [line('127.0.0.1:10000', '/'), 'NotFound'],
+    // Only the Kubernetes API's own prefixes, not look-alikes.
+    [line('127.0.0.1:10000', '/apisx'), 'NotFound'],
+    [line('127.0.0.1:10000', '/versions'), 'NotFound'],
+    [line('127.0.0.1:10000', '/openapi/v2'), 'NotFound'],
   ];
   for (const [input, code] of cases) {
     assert.throws(() => parseTarget(input, D), (err) => isAsbError(err, code), JSON.stringify(input));

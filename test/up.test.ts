@@ -4,10 +4,11 @@
 // them in order, and a start right after comes up (issue 15.4). Its own ports (kernel-picked),
 // state dir, bridge and subnet, so it never meets a `make up` a developer is running.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { test } from 'node:test';
+import { KUBECTL } from './support/kubectl.ts';
 import { removeDataDir, tempDataDir } from './support/worker-process.ts';
 
 const REPO = resolve(import.meta.dirname, '..');
@@ -94,6 +95,13 @@ test('issue 15.4: make up stopped by a SIGTERM to its process group returns afte
   t.after(() => killGroup(first));
   await untilUp(first);
   const env = envOf(stateDir);
+  // Issue 18.2: .asb/kubeconfig, named by ASB_KUBECONFIG, takes kubectl to the TLS edge's Kubernetes API.
+  assert.equal(env.ASB_KUBECONFIG, join(stateDir, 'kubeconfig'));
+  assert.match(first.output(), /kubectl {6}KUBECONFIG=.*kubeconfig kubectl get sandboxes/);
+  const templates = await new Promise<string>((res, rej) => {
+    execFile(KUBECTL, ['get', 'sandboxtemplates', '-o', 'name'], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: stateDir, KUBECONFIG: env.ASB_KUBECONFIG ?? '' }, timeout: 60_000 }, (err, stdout, stderr) => (err === null ? res(stdout) : rej(new Error(`${err.message}\n${stderr}`))));
+  });
+  assert.equal(templates, 'sandboxtemplate.extensions.agents.x-k8s.io/base\n');
   // A running sandbox makes the stop take a while: the worker hibernates it before exiting.
   const created = await fetch(`${env.ASB_API_URL}/v1/sandboxes`, { method: 'POST', headers: { authorization: `Bearer ${env.ASB_API_KEY}`, 'content-type': 'application/json' }, body: '{"template":"base"}' });
   assert.equal(created.status, 201, await created.text());

@@ -6,7 +6,9 @@
 //   api.<domain>           the owning worker's REST/E2B API (owner from /sandboxes/<id> paths)
 //   sandbox.<domain>, an IP address, localhost
 //                          E2b-Sandbox-Id / E2b-Sandbox-Port headers (E2B SDK style), else API
-//                          paths (/sandboxes…, /v2/sandboxes…, /v1/…) go to a worker API
+//                          paths (/sandboxes…, /v2/sandboxes…, /v1/…) and the Kubernetes API's
+//                          (/api…, /apis…, /version, /openapi/v3…: kubectl with .asb/kubeconfig)
+//                          go to a worker API
 import { isIP } from 'node:net';
 import { AsbError } from '../errors.ts';
 
@@ -32,6 +34,11 @@ const PORT_PREFIXED = /^(\d+)-(.*)$/;
 const PORT = /^\d{1,5}$/;
 // /sandboxes, /sandboxes/<id>…, /v2/sandboxes…, /v1/sandboxes/<id>… (E2B control plane and ours).
 const API_SANDBOX_PATH = /^\/(?:v[12]\/)?sandboxes(?:\/([^/?#]*))?(?:[/?#]|$)/;
+
+// The worker's Kubernetes API (src/kubeapi/): discovery, /version, OpenAPI v3 and /apis/… objects.
+const KUBE_API_PATH = /^\/(?:api|apis|version|openapi\/v3)(?:[/?#]|$)/;
+// A Sandbox object's path names the sandbox whose worker owns it, like /v1/sandboxes/<id>.
+const KUBE_SANDBOX_PATH = /^\/apis\/agents\.x-k8s\.io\/v1(?:alpha|beta)1\/namespaces\/[^/?#]+\/sandboxes\/([^/?#]*)(?:[/?#]|$)/;
 
 /** Resolves the target, or throws AsbError BadRequest (malformed host/port/id) or NotFound. */
 export function parseTarget(line: RequestLine, domain: string): Target {
@@ -68,14 +75,14 @@ function bareTarget(line: RequestLine, sandboxHost: boolean): Target {
     return { kind: 'sandbox', id, port, e2bHeaders: true };
   }
   if (line.e2bSandboxPort !== undefined) throw new AsbError('BadRequest', 'E2b-Sandbox-Port header without E2b-Sandbox-Id');
-  if (line.path.startsWith('/v1/') || API_SANDBOX_PATH.test(line.path)) return { kind: 'api', id: apiSandboxId(line.path) };
+  if (line.path.startsWith('/v1/') || API_SANDBOX_PATH.test(line.path) || KUBE_API_PATH.test(line.path)) return { kind: 'api', id: apiSandboxId(line.path) };
   if (sandboxHost) throw new AsbError('BadRequest', 'requests to sandbox.<domain> need the E2b-Sandbox-Id header');
   throw new AsbError('NotFound', 'no sandbox named: use <port>-<sandboxId>.<domain>, the E2b-Sandbox-Id header, or an API path');
 }
 
-/** The sandbox id an API path names, if any: `/sandboxes/<id>…`, `/v2/sandboxes/<id>…`, `/v1/sandboxes/<id>…`. */
+/** The sandbox id an API path names, if any: `/sandboxes/<id>…`, `/v2/sandboxes/<id>…`, `/v1/sandboxes/<id>…`, `/apis/agents.x-k8s.io/<v>/namespaces/<ns>/sandboxes/<id>…`. */
 export function apiSandboxId(path: string): string | undefined {
-  const m = API_SANDBOX_PATH.exec(path);
+  const m = API_SANDBOX_PATH.exec(path) ?? KUBE_SANDBOX_PATH.exec(path);
   const id = m?.[1];
   return id !== undefined && ID.test(id) ? id : undefined;
 }

@@ -28,6 +28,7 @@ import { derivedNetwork, nthSubnet } from './local-network.ts';
 import { startFederation, type Federation } from './federation.ts';
 import { ensureEdgeTls } from '../edge/tls.ts';
 import { startLocalSystem, type LocalSystem } from './local-system.ts';
+import { writeKubeconfig, type KubeCluster } from './kubeconfig.ts';
 import { systemClock } from './clock.ts';
 import type { SupervisorOptions } from './supervisor.ts';
 
@@ -48,6 +49,8 @@ function port(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
 interface Running {
   env: Record<string, string>;
   banner: string;
+  /** One kubeconfig context per cluster (its TLS edge), for .asb/kubeconfig. */
+  kubeClusters: KubeCluster[];
   /** Kills every process at once; resolves when all have exited. */
   kill(): Promise<void>;
   stop(): Promise<void>;
@@ -76,9 +79,13 @@ async function main(): Promise<void> {
     console.error(`make up failed: ${err instanceof Error ? err.message : String(err)}`);
     process.exit(1);
   }
-  writeEnv(stateDir, running.env);
+  const kubeconfig = join(stateDir, 'kubeconfig');
+  const withKube = running.kubeClusters.length > 0 && running.env.ASB_CA_CERT !== undefined && running.env.ASB_CA_CERT !== '';
+  if (withKube) writeKubeconfig(kubeconfig, running.kubeClusters, running.env.ASB_CA_CERT ?? '', running.env.ASB_API_KEY ?? '');
+  writeEnv(stateDir, withKube ? { ...running.env, ASB_KUBECONFIG: kubeconfig } : running.env);
   console.log(`${running.banner}
-  env file     ${join(stateDir, 'env')}   (source it, or just run: npx asb status)
+  env file     ${join(stateDir, 'env')}   (source it, or just run: npx asb status)${withKube ? `
+  kubectl      KUBECONFIG=${kubeconfig} kubectl get sandboxes   (the Kubernetes API, no cluster; contexts: ${running.kubeClusters.map((c) => c.name).join(', ')})` : ''}
   logs         ${join(stateDir, 'logs')}${federated ? ` and ${join(stateDir, 'clusters', '<name>', 'logs')}` : ''}
 Try:  npx asb create --template base${federated ? ' --region region-b' : ''}   then   npx asb exec <id> -- echo hello   or   npx asb shell <id>
 Ctrl-C stops everything.`);
@@ -151,6 +158,7 @@ async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Runni
       ASB_DOMAIN: system.domain,
       ...e2bEnv(system.edgeUrl, system.adminKey, system.domain),
     },
+    kubeClusters: edgeTlsUrl === '' ? [] : [{ name: system.clusterName, server: edgeTlsUrl }],
     banner: `Agent Sandbox is up (cluster ${system.clusterName}, id tag ${system.clusterTag})
   worker API   ${system.apiUrl}
   edge         ${system.edgeUrl}   sandboxes at http://<port>-<id>.${system.domain}:${new URL(system.edgeUrl).port}
@@ -208,6 +216,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<R
       ASB_DOMAIN: fed.domain,
       ...e2bEnv(first.edgeUrl, fed.adminKey, fed.domain),
     },
+    kubeClusters: fed.clusters.flatMap((c) => (c.edgeTlsUrl === undefined ? [] : [{ name: c.clusterName, server: c.edgeTlsUrl }])),
     banner: `Agent Sandbox is up: a federation of ${fed.clusters.length} clusters
   hub          ${fed.hubUrl}   (asb cluster ls, asb key …, asb template …)
   console      ${fed.hubUrl}/console/   (log in with ASB_API_KEY from the env file)

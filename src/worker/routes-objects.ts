@@ -31,13 +31,13 @@ const HUB_REPORT_MS = HEARTBEAT_MS;
  * the template instead of "no template" until the next heartbeat. A hub that is away delays
  * nothing past HUB_REPORT_MS: the write stands, and the heartbeat after reconnecting carries it.
  */
-async function tellHub(w: WorkerContext, kinds: Iterable<string>): Promise<void> {
+export async function tellHub(w: WorkerContext, kinds: Iterable<string>): Promise<void> {
   if (w.reportToHub === undefined || ![...kinds].some((k) => PLACEMENT_KINDS.has(k))) return;
   await w.reportToHub(HUB_REPORT_MS);
 }
 
 /** Kinds whose objects belong to a team (asb.dev/owner) rather than to the cluster's admins. */
-const TEAM_KINDS: ReadonlySet<string> = new Set([SandboxType.kind, SandboxClaimType.kind]);
+export const TEAM_KINDS: ReadonlySet<string> = new Set([SandboxType.kind, SandboxClaimType.kind]);
 // One apply writes at most this many objects: enough for any config file, bounded undo work.
 
 type Action = ApplyAction;
@@ -67,8 +67,8 @@ function tenantMetadataProblems(obj: KubeObject, path: string): FieldProblem[] {
   return problems;
 }
 
-/** Validated, defaulted, namespaced and owned, ready to write; 422 naming every bad field. */
-function prepare(w: WorkerContext, p: Principal, raw: unknown, path: string): { rt: ResourceType; obj: KubeObject } {
+/** Validated, defaulted, namespaced and owned, ready to write; 422 naming every bad field. Also the Kubernetes API's gate (src/kubeapi/). */
+export function prepare(w: WorkerContext, p: Principal, raw: unknown, path: string): { rt: ResourceType; obj: KubeObject } {
   const obj = applyDefaults(validateObject(raw, path));
   const rt = APPLY_ORDER.find((t) => t.kind === obj.kind);
   if (rt === undefined) {

@@ -5,8 +5,11 @@
 // WebSocket upgrades (the route feed, terminals) go through `upgrade`, which a caller that owns
 // its server attaches to the server's 'upgrade' event; it dispatches on the path.
 //
+// The Kubernetes API (/api, /apis, /version, /openapi/v3: src/kubeapi/) is a surface of its own
+// beside the REST pipeline, with its own error format, on the same store, keys and tenancy.
+//
 // Shutdown order in close(): close the route feed's and the terminals' WebSockets (goingAway; an upgraded socket would keep
-// server.close() waiting forever), stop accepting connections, end idle keep-alive sockets, wait
+// server.close() waiting forever) and end the Kubernetes API's watches, stop accepting connections, end idle keep-alive sockets, wait
 // for in-flight requests, then stop the sandbox index watch. The key ring and the store belong to
 // the caller and are closed by it afterwards.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -32,6 +35,7 @@ import { terminalRoutes } from './routes-terminal.ts';
 import { DEFAULT_TERMINAL_IDLE_MS, TerminalEndpoint, terminalPathId } from './terminal.ts';
 import { createTerminalTokens } from './terminal-token.ts';
 import { Envd, isEnvdRequest } from './envd/envd.ts';
+import { isKubeApiPath, KubeApi } from '../kubeapi/server.ts';
 import { DEFAULT_UPLOADS_PER_KEY, DEFAULT_UPLOADS_TOTAL, UploadSlots } from './upload-slots.ts';
 
 export interface WorkerServer {
@@ -61,6 +65,13 @@ const DEFAULT_LIMITS: WorkerLimits = {
   waitReadyMs: 60_000,
   execOutputBytes: 8 * 1024 * 1024,
 };
+
+/** The path of a request target, without its query. */
+function pathOf(url: string | undefined): string {
+  const target = url ?? '/';
+  const q = target.indexOf('?');
+  return q === -1 ? target : target.slice(0, q);
+}
 
 export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer> {
   const log = deps.log.child({ component: 'worker-api' });
@@ -112,8 +123,10 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
   const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });
   const envd = new Envd(w, uploads);
+  const kubeApi = new KubeApi({ w, auth: deps.auth, requests: deps.metrics.httpRequestsTotal });
   const closeStreams = (): void => {
     envd.close();
+    kubeApi.close();
     feedUpgrade.close();
     routeFeed.close();
     terminalEndpoint.close();
@@ -150,6 +163,8 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     if (isEnvdRequest(req)) {
       res.once('finish', () => requests.inc({ route: 'envd', code: String(res.statusCode) }));
       envd.handle(req, res);
+    } else if (isKubeApiPath(pathOf(req.url))) {
+      kubeApi.handle(req, res);
     } else {
       api(req, res);
     }

@@ -15,6 +15,7 @@ import { startOperator } from '../../src/operator/operator.ts';
 import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession } from '../../src/runtime/runtime.ts';
 import { openSqliteStore } from '../../src/store/sqlite.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
+import type { Clock } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import type { WorkerLimits } from '../../src/worker/deps.ts';
 import { createWorkerServer, type WorkerServer } from '../../src/worker/server.ts';
@@ -130,12 +131,13 @@ export interface WorkerFixture {
 }
 
 /** Starts everything; registers cleanup with `after` (the test's t.after). */
-export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}): Promise<WorkerFixture> {
+/** `opts.eventRetention`: how many changes the store keeps for watches (older versions are Gone); `opts.clock`: the worker API's clock. */
+export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}, opts: { eventRetention?: number; clock?: Clock } = {}): Promise<WorkerFixture> {
   const dir = await mkdtemp(join(tmpdir(), 'asb-worker-'));
   const log = silentLogger();
   const registry = new Registry();
   const metrics = createMetrics(registry);
-  const store = await openSqliteStore({ path: join(dir, 'store.db'), metrics, log });
+  const store = await openSqliteStore({ path: join(dir, 'store.db'), metrics, log, ...(opts.eventRetention === undefined ? {} : { eventRetention: opts.eventRetention }) });
   const runtime = new MemoryRuntime();
   const operator = await startOperator({ store, runtime, log, metrics, clusterTag: 'tst1' });
   await store.create(SandboxTemplateType, structuredClone(BASE_TEMPLATE));
@@ -143,7 +145,7 @@ export async function startWorkerFixture(after: (fn: () => Promise<void>) => voi
   const teamA = await createApiKey(store, { team: 'team-a' });
   const teamB = await createApiKey(store, { team: 'team-b' });
   const auth = await KeyRing.open({ store, log });
-  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits });
+  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(opts.clock === undefined ? {} : { clock: opts.clock }) });
   const address = await server.listen(0, '127.0.0.1');
   after(async () => {
     await server.close();
