@@ -5,7 +5,7 @@
 // API key or cookie that clients sent.
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
-import { chmodSync, existsSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { test } from 'node:test';
@@ -161,8 +161,13 @@ test("a data dir owned by another user (a Kubernetes volume's mount point) is us
   const mount = join(dir, 'var-lib-asb');
   execFileSync('install', ['-d', '-m', '0775', '-o', 'root', '-g', 'nogroup', mount]);
   const node = process.execPath;
+  // nobody may not read the checkout (a fresh clone under a 0700 temp dir, as CI makes): it runs a
+  // copy of the module (it imports only node:fs) from the test's own world-readable dir.
+  const module = join(dir, 'private-files.ts');
+  copyFileSync(new URL('../src/system/private-files.ts', import.meta.url), module);
+  chmodSync(module, 0o644);
   const script = `
-    import { privateDir, privateFile } from ${JSON.stringify(new URL('../src/system/private-files.ts', import.meta.url).pathname)};
+    import { privateDir, privateFile } from ${JSON.stringify(module)};
     privateDir(${JSON.stringify(mount)});
     privateFile(${JSON.stringify(join(mount, 'hub.db'))});
   `;
