@@ -19,7 +19,7 @@
 #                                 /home/user). agent-sandbox/base runs as that user in /home/user;
 #                                 python:3.11 runs as root like Docker's. Both share the layer.
 # Cost measured on 2 busy cores: see README ("Images and the local registry").
-# Usage: scripts/build-images.sh   (make test runs it)
+# Usage: scripts/build-images.sh   (make images; make test runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -45,11 +45,14 @@ CREATED="2023-11-14T22:13:20Z"
 LAYOUT="$OUT/oci.new"
 umoci init --layout "$LAYOUT"
 
-# mmdebstrap runs apt as root here (--mode=root) and writes a tar of the root filesystem.
+# mmdebstrap runs apt in a chroot and writes a tar of the root filesystem.
 # Docs and man pages are left out as Docker's slim images do (a third of the size).
+# root mode as root (make test here); unshare mode (a user namespace) for anyone else.
+MODE=root
+[[ $(id -u) -eq 0 ]] || MODE=unshare
 strap() { # variant tar extra-args...
   local variant="$1" tar="$2"; shift 2
-  mmdebstrap --quiet --mode=root --variant="$variant" --format=tar \
+  mmdebstrap --quiet --mode="$MODE" --variant="$variant" --format=tar \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
     --dpkgopt='path-exclude=/usr/share/info/*' \
