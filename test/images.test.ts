@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, type Server } from 'node:http';
 import { type AddressInfo } from 'node:net';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { isAsbError } from '../src/errors.ts';
@@ -174,4 +174,58 @@ test('a registry that accepts but never answers is given up at the deadline, not
     return true;
   });
   assert.ok(Date.now() - started < 10_000);
+});
+
+test('mirrors are tried in order: the first that has the image serves it, and the answers of the others are kept for errors', async (t) => {
+  const empty = await startRegistry(t);
+  const seeded = await startRegistry(t);
+  await seedRegistry(seeded.address, readSeedImages(SEED_DIR), { tmpDir: tempDir(t, 'asb-seed-'), only: ['docker.io/library/busybox:latest'] });
+  const registries = parseRegistriesConfig({ mirrors: { 'docker.io': { endpoints: [empty.address, seeded.address], upstream: false } } });
+  const store = new ImageStore({ root: tempDir(t, 'asb-images-'), registries, logger: silentLogger() });
+  const busybox = await store.pull('busybox:latest');
+  assert.equal(busybox.source, seeded.address);
+  await assert.rejects(store.pull('debian:12'), (err: unknown) => {
+    assert.ok(isAsbError(err, 'NotFound'));
+    assert.ok(err.message.includes(`${empty.address} (mirror)`) && err.message.includes(`${seeded.address} (mirror)`), err.message);
+    return true;
+  });
+});
+
+test('pull credentials: refused without them, used from worker configuration, and a pod secret wins over the worker', async (t) => {
+  // bcrypt (cost 4, so each request checks fast) of "s3cret", made with Python's crypt module.
+  const dir = tempDir(t, 'asb-private-registry-');
+  writeFileSync(join(dir, 'htpasswd'), 'alice:$2b$04$MiUs0h.C6Sv3eLH7S3jmYuhB6Z9WBdXbSYXoOFNE/ZE4sbFFt74ZS\n');
+  const registry = new RegistryProcess({ stateDir: join(dir, 'state'), logger: silentLogger(), htpasswdPath: join(dir, 'htpasswd') });
+  t.after(() => registry.close());
+  await registry.start();
+  await seedRegistry(registry.address, readSeedImages(SEED_DIR), {
+    tmpDir: tempDir(t, 'asb-seed-'), only: ['docker.io/library/busybox:latest'], credentials: { username: 'alice', password: 's3cret' },
+  });
+  const mirrors = { 'docker.io': { endpoints: [registry.address], upstream: false } };
+
+  const anonymous = new ImageStore({ root: tempDir(t, 'asb-images-'), registries: parseRegistriesConfig({ mirrors }), logger: silentLogger() });
+  await assert.rejects(anonymous.pull('busybox'), (err: unknown) => {
+    assert.ok(isAsbError(err, 'Forbidden'), String(err));
+    assert.ok(err.message.includes('"busybox"') && err.message.includes(registry.address), err.message);
+    assert.match(err.message, /unauthorized|authentication required/i);
+    return true;
+  });
+
+  const worker = new ImageStore({
+    root: tempDir(t, 'asb-images-'),
+    registries: parseRegistriesConfig({ mirrors, auths: { [registry.address]: { username: 'alice', password: 's3cret' } } }),
+    logger: silentLogger(),
+  });
+  assert.equal((await worker.pull('busybox')).source, registry.address);
+
+  const wrongWorker = new ImageStore({
+    root: tempDir(t, 'asb-images-'),
+    registries: parseRegistriesConfig({ mirrors, auths: { [registry.address]: { username: 'alice', password: 'wrong' } } }),
+    logger: silentLogger(),
+  });
+  await assert.rejects(wrongWorker.pull('busybox'), (err: unknown) => isAsbError(err, 'Forbidden'));
+  const podSecret = { [registry.address]: { auth: Buffer.from('alice:s3cret').toString('base64') } };
+  assert.equal((await wrongWorker.pull('busybox', { auths: [podSecret] })).source, registry.address);
+  // The credentials never stay on disk.
+  assert.deepEqual(readdirSync(join(wrongWorker.root, 'tmp')).filter((f) => f.startsWith('auth-')), []);
 });

@@ -33,6 +33,11 @@ export interface RegistryProcessOptions {
   onUnexpectedExit?: (code: number | null, signal: NodeJS.Signals | null) => void;
   /** In a process group of its own, so a Ctrl-C to ours does not reach it (make up stops it in order). */
   ownGroup?: boolean;
+  /**
+   * An htpasswd file (bcrypt entries) to require basic auth, as a private registry does; default
+   * none. Over plain HTTP on loopback only: what tests of pull credentials need.
+   */
+  htpasswdPath?: string;
 }
 
 const POLL_MS = 20;
@@ -92,7 +97,7 @@ export class RegistryProcess {
     }
     privateDir(this.#opts.stateDir);
     privateDir(this.dataDir);
-    writeFileSync(`${this.configPath}.tmp`, registryConfigYaml(this.dataDir, this.#port), { mode: 0o600 });
+    writeFileSync(`${this.configPath}.tmp`, registryConfigYaml(this.dataDir, this.#port, this.#opts.htpasswdPath), { mode: 0o600 });
     renameSync(`${this.configPath}.tmp`, this.configPath);
 
     const logFd = openPrivateLog(this.logPath);
@@ -178,7 +183,8 @@ export class RegistryProcess {
         try {
           const res = await fetch(`http://${address}/v2/`, { signal: AbortSignal.timeout(1000) });
           await res.body?.cancel();
-          if (res.status === 200) return address;
+          // With htpasswd, 401 and the API version header is the registry answering.
+          if (res.status === 200 || (res.status === 401 && res.headers.get('docker-distribution-api-version') === 'registry/2.0')) return address;
           lastProblem = `GET /v2/ answered ${res.status}`;
         } catch (err) {
           lastProblem = `GET /v2/: ${(err as Error).message}`;
@@ -190,8 +196,8 @@ export class RegistryProcess {
   }
 }
 
-/** The registry's configuration: loopback only, no auth, deletes allowed (so tests and GC can remove tags). */
-export function registryConfigYaml(dataDir: string, port: number): string {
+/** The registry's configuration: loopback only, no auth unless htpasswd, deletes allowed (so tests and GC can remove tags). */
+export function registryConfigYaml(dataDir: string, port: number, htpasswdPath?: string): string {
   // JSON is YAML; quoting every value keeps a path with spaces or colons intact.
   const config = {
     version: 0.1,
@@ -199,6 +205,7 @@ export function registryConfigYaml(dataDir: string, port: number): string {
     storage: { filesystem: { rootdirectory: dataDir }, delete: { enabled: true }, cache: { blobdescriptor: 'inmemory' } },
     // A fresh random secret per start: it signs upload state, and only this process serves uploads.
     http: { addr: `127.0.0.1:${port}`, secret: randomBytes(16).toString('hex') },
+    ...(htpasswdPath === undefined ? {} : { auth: { htpasswd: { realm: 'agent-sandbox', path: htpasswdPath } } }),
   };
   return `${JSON.stringify(config, null, 2)}\n`;
 }
