@@ -67,13 +67,14 @@ image() { # tag tar cmd [config args...]
 }
 
 # busybox: only unpack busybox-static (--variant=extract runs no maintainer scripts) and make
-# the applet links, with the passwd and group files a shell expects.
+# the applet links, with the passwd and group files a shell expects. Extract hooks: the extract
+# variant runs no customize hook.
 strap extract "$WORK/busybox.tar" --include=busybox-static \
-  --customize-hook='chroot "$1" /bin/busybox --install -s /bin' \
-  --customize-hook='mkdir -p "$1/etc" "$1/tmp" "$1/root" "$1/home/user" && chmod 1777 "$1/tmp" && chown 1000:1000 "$1/home/user"' \
-  --customize-hook='printf "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n" > "$1/etc/passwd"' \
-  --customize-hook='printf "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n" > "$1/etc/group"' \
-  --customize-hook='rm -rf "$1/usr/share/doc" "$1/var/lib/dpkg" "$1/var/cache" "$1/var/log"'
+  --extract-hook='chroot "$1" /bin/busybox --install -s /bin' \
+  --extract-hook='mkdir -p "$1/etc" "$1/tmp" "$1/root" "$1/home/user" && chmod 1777 "$1/tmp" && chown 1000:1000 "$1/home/user"' \
+  --extract-hook='printf "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n" > "$1/etc/passwd"' \
+  --extract-hook='printf "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n" > "$1/etc/group"' \
+  --extract-hook='rm -rf "$1/usr/share/doc" "$1/var/lib/dpkg" "$1/var/cache" "$1/var/log"'
 image busybox "$WORK/busybox.tar" /bin/sh
 
 strap minbase "$WORK/debian.tar"

@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, type Server } from 'node:http';
 import { type AddressInfo } from 'node:net';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { isAsbError } from '../src/errors.ts';
@@ -107,6 +107,10 @@ test('seeded images pull by Docker name, unpack once, share layers, and are coll
   // The small one.
   const busybox = await store.pull('busybox');
   assert.ok(statSync(join(busybox.rootfs, 'bin/busybox')).size > 500_000);
+  assert.equal(readlinkSync(join(busybox.rootfs, 'bin/sh')), '/bin/busybox');
+  assert.match(readFileSync(join(busybox.rootfs, 'etc/passwd'), 'utf8'), /^user:x:1000:1000:/m);
+  assert.equal(busybox.config.user, undefined);
+  assert.deepEqual(busybox.config.cmd, ['/bin/sh']);
   assert.equal(store.get('docker.io/library/busybox:latest')?.manifestDigest, busybox.manifestDigest);
   // The registry's own name for it: another reference, the same blobs and tree.
   const local = `localhost:${registry.address.split(':')[1] ?? ''}/library/busybox:latest`;
@@ -115,11 +119,22 @@ test('seeded images pull by Docker name, unpack once, share layers, and are coll
   assert.equal(direct.rootfs, busybox.rootfs);
   assert.equal(readdirSync(join(root, 'rootfs')).length, 2);
 
+  // For a sandbox that is root in a user namespace: a tree owned through the id map (its uid 0
+  // is host uid 100000), beside the plain one; the blobs are not fetched again.
+  const mapped = await store.pull('busybox', { idMap: { hostId: 100_000, size: 65_536 } });
+  assert.notEqual(mapped.rootfs, busybox.rootfs);
+  assert.equal(statSync(join(mapped.rootfs, 'bin/busybox')).uid, 100_000);
+  assert.equal(statSync(join(mapped.rootfs, 'home/user')).uid, 101_000);
+  assert.equal(statSync(join(busybox.rootfs, 'bin/busybox')).uid, 0);
+  assert.equal(store.get('busybox', { hostId: 100_000, size: 65_536 })?.rootfs, mapped.rootfs);
+  await assert.rejects(store.pull('busybox', { idMap: { hostId: 0, size: 65_536 } }), (err: unknown) => isAsbError(err, 'Invalid'));
+  assert.equal(readdirSync(join(root, 'rootfs')).length, 3);
+
   // GC keeps what sandboxes use (base, by its short name) and removes the rest: python:3.11's
-  // manifest and config go, its tree stays (base uses it), busybox goes whole.
+  // manifest and config go, its tree stays (base uses it), busybox goes whole (both its trees).
   const result = await store.gc(['agent-sandbox/base']);
   assert.deepEqual([...result.removedImages].sort(), ['docker.io/library/busybox:latest', 'docker.io/library/python:3.11', local]);
-  assert.equal(result.removedRootfs, 1);
+  assert.equal(result.removedRootfs, 2);
   assert.deepEqual(store.list().map((i) => i.reference), ['docker.io/agent-sandbox/base:latest']);
   assert.equal(readdirSync(blobs).length, blobCount);
   assert.ok(statSync(join(base.rootfs, 'usr/bin/python3')).isFile());

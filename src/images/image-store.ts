@@ -19,7 +19,13 @@
 //   rootfs/<chain>/rootfs  the image unpacked once per layer chain (the chain ID of its diff IDs,
 //                          as Docker names it), shared by every reference and every sandbox with
 //                          that chain; the sandbox's own writable layer lives with the sandbox
+//   rootfs/<chain>_u<host id>-<size>/rootfs
+//                          the same, owned through a user-namespace id map (umoci --uid-map and
+//                          --gid-map), for sandboxes that run as root in a user namespace: their
+//                          uid 0 is host uid <host id>
 //   tmp/                   skopeo's temporary files and unpacks in progress
+// Outside it, skopeo run as root keeps /var/lib/containers/cache/blob-info-cache-v1.boltdb (which
+// blobs a registry has; a cache, no credentials); skopeo 1.9 has no flag to move it.
 // Sharing is per chain, not per layer: umoci 0.4.7 applies whiteouts when it unpacks, so a single
 // layer cannot be unpacked on its own as an overlayfs layer. Two images that share their
 // layers (agent-sandbox/base and python:3.11 here) share the unpacked tree; two that share only a
@@ -54,7 +60,7 @@ export interface CachedImage {
   readonly diffIds: readonly string[];
   /** Chain ID of diffIds: names the unpacked tree. */
   readonly chainId: string;
-  /** Read-only root filesystem: the overlayfs lowerdir. */
+  /** Read-only root filesystem: the overlayfs lowerdir (the id-mapped one when pulled with idMap). */
   readonly rootfs: string;
   readonly config: ImageConfig;
   /** Host it came from (a mirror or the registry). */
@@ -69,6 +75,13 @@ export interface PullOptions {
   policy?: PullPolicy;
   /** The pod's imagePullSecrets (`auths` of each dockerconfigjson), before the worker's. */
   auths?: readonly Readonly<Record<string, RegistryAuth>>[];
+  /** Unpack owned through this user-namespace map (container ids 0..size-1 → hostId..): rootfs is that tree. */
+  idMap?: IdMap;
+}
+
+export interface IdMap {
+  readonly hostId: number;
+  readonly size: number;
 }
 
 export interface ImageStoreOptions {
@@ -103,6 +116,9 @@ export class ImageStore {
     // Signature policy: accept what the registry serves (the registry is the trust boundary, as
     // for the kubelet); our own files so a host /etc/containers does not change behaviour.
     writeFileSync(this.#policyPath, JSON.stringify({ default: [{ type: 'insecureAcceptAnything' }] }));
+    // Mirrors and blocks come from our configuration only (registries.ts), never from a host
+    // /etc/containers/registries.conf: skopeo reads this file instead (CONTAINERS_REGISTRIES_CONF).
+    writeFileSync(join(opts.root, 'registries.conf'), '# Written by agent-sandbox: no mirrors, no search registries (see src/images/registries.ts).\n');
   }
 
   get root(): string {
@@ -118,8 +134,8 @@ export class ImageStore {
   }
 
   /** The cached image for `image`, without any network; undefined if it was never pulled. */
-  get(image: string): CachedImage | undefined {
-    return this.#read(layoutTag(formatReference(parseImageReference(image))));
+  get(image: string, idMap?: IdMap): CachedImage | undefined {
+    return this.#read(layoutTag(formatReference(parseImageReference(image))), idMap);
   }
 
   list(): CachedImage[] {
@@ -139,10 +155,14 @@ export class ImageStore {
     const reference = formatReference(ref);
     const tag = layoutTag(reference);
     const policy = opts.policy ?? (ref.digest === undefined && ref.tag === 'latest' ? 'Always' : 'IfNotPresent');
-    const cached = this.#read(tag);
+    const idMap = opts.idMap;
+    if (idMap !== undefined && !(Number.isSafeInteger(idMap.hostId) && Number.isSafeInteger(idMap.size) && idMap.hostId > 0 && idMap.size > 0 && idMap.hostId + idMap.size <= 2 ** 32)) {
+      throw new AsbError('Invalid', `id map ${JSON.stringify(idMap)} is not a range of host ids above 0`);
+    }
+    const cached = this.#read(tag, idMap);
     if (cached !== undefined && policy !== 'Always' && existsSync(cached.rootfs)) return cached;
     if (policy === 'Never') {
-      if (cached !== undefined) return this.#serial(() => this.#unpack(cached));
+      if (cached !== undefined) return this.#serial(() => this.#unpack(cached, idMap));
       throw new AsbError('NotFound', `image "${image}" is not present and its pull policy is Never`);
     }
     return this.#serial(async () => {
@@ -152,9 +172,9 @@ export class ImageStore {
       for (const source of sources) {
         const outcome = await this.#copy(ref, source, tag);
         if (outcome.ok) {
-          const record = this.#record(reference, tag, source.host);
+          const record = this.#record(reference, tag, source.host, idMap);
           this.#log.info({ image: reference, source: source.host, manifest: record.manifestDigest }, 'image pulled');
-          return this.#unpack(record);
+          return this.#unpack(record, idMap);
         }
         answers.push(`${source.host}${source.mirror ? ' (mirror)' : ''}: ${outcome.message}`);
         // The most telling failure wins: NotFound only when every source said so.
@@ -185,7 +205,8 @@ export class ImageStore {
       const chains = new Set(this.list().map((i) => chainDir(i.chainId)));
       let removedRootfs = 0;
       for (const dir of readdirSync(join(this.#opts.root, 'rootfs'))) {
-        if (chains.has(dir)) continue;
+        // An id-mapped tree goes with its chain.
+        if (chains.has(dir.split('_')[0] ?? dir)) continue;
         rmSync(join(this.#opts.root, 'rootfs', dir), { recursive: true, force: true });
         removedRootfs++;
       }
@@ -225,7 +246,7 @@ export class ImageStore {
     args.push(from, `oci:${this.#layout}:${tag}`);
     const started = this.#clock.now();
     try {
-      const result = await runTool(SKOPEO, args, { timeoutMs: timeoutMs + 2000, clock: this.#clock, env: { HOME: tmp, XDG_RUNTIME_DIR: tmp, XDG_CONFIG_HOME: tmp } });
+      const result = await runTool(SKOPEO, args, { timeoutMs: timeoutMs + 2000, clock: this.#clock, env: { HOME: tmp, XDG_RUNTIME_DIR: tmp, XDG_CONFIG_HOME: tmp, CONTAINERS_REGISTRIES_CONF: join(this.#opts.root, 'registries.conf') } });
       if (result.code === 0) {
         this.#log.debug({ from, ms: this.#clock.now() - started }, 'skopeo copy');
         return { ok: true };
@@ -238,7 +259,7 @@ export class ImageStore {
   }
 
   /** Reads what skopeo wrote for `tag` and records it. */
-  #record(reference: string, tag: string, source: string): CachedImage {
+  #record(reference: string, tag: string, source: string, idMap: IdMap | undefined): CachedImage {
     const index = readJson(join(this.#layout, 'index.json')) as { manifests?: { digest: string; annotations?: Record<string, string> }[] };
     const entry = index.manifests?.find((m) => m.annotations?.['org.opencontainers.image.ref.name'] === tag);
     if (entry === undefined) throw new AsbError('Internal', `skopeo copied ${reference} but the layout has no tag ${tag}`);
@@ -252,13 +273,12 @@ export class ImageStore {
     const diffIds = config.rootfs?.diff_ids ?? [];
     const chainId = chainIdOf(diffIds);
     const c = config.config ?? {};
-    const record: CachedImage = {
+    const record: StoredImage = {
       reference,
       manifestDigest: entry.digest,
       configDigest,
       diffIds,
       chainId,
-      rootfs: join(this.#opts.root, 'rootfs', chainDir(chainId), 'rootfs'),
       config: {
         user: c.User === '' ? undefined : c.User,
         env: c.Env ?? [],
@@ -272,17 +292,22 @@ export class ImageStore {
     const path = join(this.#opts.root, 'images', `${tag}.json`);
     writeFileSync(`${path}.tmp`, JSON.stringify(record, null, 2));
     renameSync(`${path}.tmp`, path);
-    return record;
+    return { ...record, rootfs: this.#rootfsPath(chainId, idMap) };
+  }
+
+  #rootfsPath(chainId: string, idMap: IdMap | undefined): string {
+    return join(this.#opts.root, 'rootfs', rootfsDir(chainId, idMap), 'rootfs');
   }
 
   /** Unpacks the image's chain unless an earlier pull (of this or another reference) did. */
-  async #unpack(image: CachedImage): Promise<CachedImage> {
+  async #unpack(image: CachedImage, idMap: IdMap | undefined): Promise<CachedImage> {
     if (existsSync(image.rootfs)) return image;
-    const final = join(this.#opts.root, 'rootfs', chainDir(image.chainId));
-    const work = join(this.#opts.root, 'tmp', `unpack-${chainDir(image.chainId)}`);
+    const final = join(this.#opts.root, 'rootfs', rootfsDir(image.chainId, idMap));
+    const work = join(this.#opts.root, 'tmp', `unpack-${rootfsDir(image.chainId, idMap)}`);
     rmSync(work, { recursive: true, force: true });
     const started = this.#clock.now();
-    const args = ['unpack', ...(process.getuid?.() === 0 ? [] : ['--rootless']), '--image', `${this.#layout}:${layoutTag(image.reference)}`, work];
+    const maps = idMap === undefined ? [] : ['--uid-map', `0:${idMap.hostId}:${idMap.size}`, '--gid-map', `0:${idMap.hostId}:${idMap.size}`];
+    const args = ['unpack', ...(process.getuid?.() === 0 ? [] : ['--rootless']), ...maps, '--image', `${this.#layout}:${layoutTag(image.reference)}`, work];
     await this.#umoci(args, `unpack ${image.reference}`, this.#opts.unpackTimeoutMs ?? 300_000);
     // Complete or absent: a crash mid-unpack leaves only tmp/, which gc clears.
     rmSync(final, { recursive: true, force: true });
@@ -303,10 +328,11 @@ export class ImageStore {
     return join(this.#layout, 'blobs', algorithm ?? '', hex ?? '');
   }
 
-  #read(tag: string): CachedImage | undefined {
+  #read(tag: string, idMap?: IdMap): CachedImage | undefined {
     const path = join(this.#opts.root, 'images', `${tag}.json`);
     if (!existsSync(path)) return undefined;
-    return readJson(path) as CachedImage;
+    const stored = readJson(path) as StoredImage;
+    return { ...stored, rootfs: this.#rootfsPath(stored.chainId, idMap) };
   }
 }
 
@@ -325,6 +351,13 @@ export function chainIdOf(diffIds: readonly string[]): string {
 function chainDir(chainId: string): string {
   return chainId.replace(':', '-');
 }
+
+function rootfsDir(chainId: string, idMap: IdMap | undefined): string {
+  return idMap === undefined ? chainDir(chainId) : `${chainDir(chainId)}_u${idMap.hostId}-${idMap.size}`;
+}
+
+/** images/<key>.json: the rootfs path is not stored, so the cache can move. */
+type StoredImage = Omit<CachedImage, 'rootfs'>;
 
 /** The registry's answer, sorted into our codes. */
 function classify(message: string): ErrorCode {
