@@ -1,20 +1,24 @@
 // The local registry and the image cache, for real: Debian's docker-registry on a loopback port 0,
 // seeded with the images scripts/build-images.sh built (make test builds them first; a worktree
 // may point ASB_IMAGES_DIR elsewhere), pulled by Docker name through the docker.io mirror with
-// skopeo, unpacked with umoci into the content-addressed cache, and collected. Not yet used by the
-// local runtime (issue 16 points 1-2; the wiring is the next step).
+// skopeo, unpacked with umoci into the content-addressed cache, run once under the built runc
+// (make runc), and collected. Not yet used by the local runtime (issue 16 points 1-2; the wiring
+// is the next step).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
 import { type AddressInfo } from 'node:net';
-import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { promisify } from 'node:util';
 import { isAsbError } from '../src/errors.ts';
 import { ImageStore } from '../src/images/image-store.ts';
 import { parseRegistriesConfig, type RegistriesConfig } from '../src/images/registries.ts';
 import { RegistryProcess } from '../src/images/registry-process.ts';
 import { readSeedImages, seedRegistry } from '../src/images/seed.ts';
+import { DEFAULT_RUNC_DIR, findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
 import { silentLogger } from '../src/system/log.ts';
 
 const SEED_DIR = process.env.ASB_IMAGES_DIR ?? resolve(import.meta.dirname, '../.tools/images');
@@ -42,6 +46,26 @@ function countEntries(dir: string): number {
   let n = 0;
   for (const entry of readdirSync(dir, { withFileTypes: true, recursive: true })) if (entry.name !== '') n++;
   return n;
+}
+
+let containers = 0;
+
+/** Runs args in rootfs under the built runc (runc spec's defaults: new pid, net, ipc, uts and mount namespaces) as 1000:1000; resolves with stdout. */
+async function runInRunc(t: test.TestContext, rootfs: string, args: string[]): Promise<string> {
+  const runc = findRuncBinary(process.env.ASB_RUNC_DIR ?? DEFAULT_RUNC_DIR);
+  const dir = tempDir(t, 'asb-runc-');
+  const bundle = join(dir, 'bundle');
+  const run = promisify(execFile);
+  mkdirSync(bundle);
+  await run(runc, ['spec', '--bundle', bundle]);
+  const config = JSON.parse(readFileSync(join(bundle, 'config.json'), 'utf8')) as { root: unknown; process: Record<string, unknown>; linux: Record<string, unknown> };
+  config.root = { path: rootfs, readonly: true };
+  Object.assign(config.process, { terminal: false, args, user: { uid: 1000, gid: 1000 }, cwd: '/home/user', env: ['PATH=/usr/bin:/bin', 'HOME=/home/user'] });
+  // One level, so runc removes it with the container.
+  config.linux.cgroupsPath = `/asb-images-test-${process.pid}-${++containers}`;
+  writeFileSync(join(bundle, 'config.json'), JSON.stringify(config));
+  const { stdout } = await run(runc, ['--root', join(dir, 'state'), 'run', '--bundle', bundle, `images-test-${process.pid}-${containers}`], { timeout: 30_000 });
+  return stdout;
 }
 
 test('the registry starts on a kernel-chosen loopback port, serves /v2/, and restarts on the same port', async (t) => {
@@ -82,6 +106,10 @@ test('seeded images pull by Docker name, unpack once, share layers, and are coll
   assert.match(readFileSync(join(rootfs, 'etc/debian_version'), 'utf8'), /^12\./);
   assert.match(readFileSync(join(rootfs, 'etc/passwd'), 'utf8'), /^user:x:1000:1000:/m);
   assert.equal(statSync(join(rootfs, 'home/user')).uid, 1000);
+
+  // It runs: the built runc starts it from the cache (read-only root, no network), as the image's user.
+  const ran = await runInRunc(t, base.rootfs, ['sh', '-c', 'id -u; python3 -c "import sys, pip; print(sys.version.split()[0])"; git --version; curl --version | head -1; cat /etc/debian_version']);
+  assert.match(ran, /^1000\n3\.11\.\d+\ngit version 2\.\d+.*\ncurl 7\.\d+.*\n12\.\d+\n$/);
 
   // The same image again: nothing new on disk.
   const blobs = join(root, 'oci/blobs/sha256');
