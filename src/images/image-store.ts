@@ -1,0 +1,371 @@
+// The local image cache: pulls an image by reference with skopeo, unpacks it once with umoci, and
+// hands the runtime a read-only root filesystem to use as an overlayfs lowerdir (each sandbox then
+// has only its own upper dir). Maintained tools do the registry protocol and the layer
+// extraction; this file only decides names, order, timeouts and clean-up.
+//
+// Why skopeo + umoci and not containerd (research/runtime.md §2a, §3b, and the README's
+// figures): both are Debian packages (no build, ~7 s to install), need no daemon, and pull and
+// unpack the images here in seconds (README); containerd 2.x needs a 92 s Go build on these 2
+// cores and a long-running daemon with its own root, state and socket to supervise, for the same
+// result (its overlayfs snapshotter gives the same lowerdirs). The Kubernetes tier gets containerd
+// through the kubelet; this file serves the local runtime.
+//
+// On disk under `root` (0700):
+//   oci/                   one OCI image layout for every image: a blob (layer, config, manifest)
+//                          is stored once however many references share it; skopeo fetches
+//                          only the blobs it lacks
+//   images/<key>.json      one record per pulled reference (key = the layout tag, a hash of the
+//                          reference): manifest and config digests, layer chain, image config
+//   rootfs/<chain>/rootfs  the image unpacked once per layer chain (the chain ID of its diff IDs,
+//                          as Docker names it), shared by every reference and every sandbox with
+//                          that chain; the sandbox's own writable layer lives with the sandbox
+//   rootfs/<chain>_u<host id>-<size>/rootfs
+//                          the same, owned through a user-namespace id map (umoci --uid-map and
+//                          --gid-map), for sandboxes that run as root in a user namespace: their
+//                          uid 0 is host uid <host id>
+//   tmp/                   skopeo's temporary files and unpacks in progress
+// Outside it, skopeo run as root keeps /var/lib/containers/cache/blob-info-cache-v1.boltdb (which
+// blobs a registry has; a cache, no credentials); skopeo 1.9 has no flag to move it.
+// Sharing is per chain, not per layer: umoci 0.4.7 applies whiteouts when it unpacks, so a single
+// layer cannot be unpacked on its own as an overlayfs layer. Two images that share their
+// layers (agent-sandbox/base and python:3.11 here) share the unpacked tree; two that share only a
+// first layer share its blob but not its files.
+import { createHash } from 'node:crypto';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { AsbError, type ErrorCode } from '../errors.ts';
+import { systemClock, type Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import { privateDir } from '../system/private-files.ts';
+import { formatReference, manifestSelector, parseImageReference, type ImageReference } from './reference.ts';
+import { authFileJson, pullSources, type PullSource, type RegistriesConfig, type RegistryAuth } from './registries.ts';
+import { runTool, SKOPEO, toolMessage, UMOCI } from './tool.ts';
+
+/** What the runtime needs from an image's configuration (OCI image config `config`). */
+export interface ImageConfig {
+  readonly user: string | undefined;
+  readonly env: readonly string[];
+  readonly entrypoint: readonly string[];
+  readonly cmd: readonly string[];
+  readonly workingDir: string | undefined;
+}
+
+export interface CachedImage {
+  /** Full reference as asked for: `docker.io/library/python:3.11`. */
+  readonly reference: string;
+  /** Digest of the manifest in the local layout: what a wake must use even if the tag moved. */
+  readonly manifestDigest: string;
+  readonly configDigest: string;
+  /** Uncompressed layer digests, bottom first. */
+  readonly diffIds: readonly string[];
+  /** Chain ID of diffIds: names the unpacked tree. */
+  readonly chainId: string;
+  /** Read-only root filesystem: the overlayfs lowerdir (the id-mapped one when pulled with idMap). */
+  readonly rootfs: string;
+  readonly config: ImageConfig;
+  /** Host it came from (a mirror or the registry). */
+  readonly source: string;
+  readonly pulledAt: string;
+}
+
+export type PullPolicy = 'Always' | 'IfNotPresent' | 'Never';
+
+export interface PullOptions {
+  /** Kubernetes' rule when absent: Always for `:latest` (or no tag), else IfNotPresent. */
+  policy?: PullPolicy;
+  /** The pod's imagePullSecrets (`auths` of each dockerconfigjson), before the worker's. */
+  auths?: readonly Readonly<Record<string, RegistryAuth>>[];
+  /** Unpack owned through this user-namespace map (container ids 0..size-1 → hostId..): rootfs is that tree. */
+  idMap?: IdMap;
+}
+
+export interface IdMap {
+  readonly hostId: number;
+  readonly size: number;
+}
+
+export interface ImageStoreOptions {
+  root: string;
+  registries: RegistriesConfig;
+  logger: Logger;
+  clock?: Clock;
+  /** Deadline for one source's copy; default 5 min (base is 88 MB compressed). */
+  pullTimeoutMs?: number;
+  /** Deadline for one unpack; default 5 min (145 MB took 4.1 s here). */
+  unpackTimeoutMs?: number;
+}
+
+export interface GcResult {
+  readonly removedImages: readonly string[];
+  readonly removedRootfs: number;
+}
+
+export class ImageStore {
+  readonly #opts: ImageStoreOptions;
+  readonly #clock: Clock;
+  readonly #log: Logger;
+  // skopeo and umoci both rewrite oci/index.json: one writer at a time.
+  #queue: Promise<unknown> = Promise.resolve();
+
+  constructor(opts: ImageStoreOptions) {
+    this.#opts = opts;
+    this.#clock = opts.clock ?? systemClock;
+    this.#log = opts.logger.child({ component: 'images' });
+    privateDir(opts.root);
+    for (const dir of ['images', 'rootfs', 'tmp', 'registries.d']) mkdirSync(join(opts.root, dir), { recursive: true });
+    // Signature policy: accept what the registry serves (the registry is the trust boundary, as
+    // for the kubelet); our own files so a host /etc/containers does not change behaviour.
+    writeFileSync(this.#policyPath, JSON.stringify({ default: [{ type: 'insecureAcceptAnything' }] }));
+    // Mirrors and blocks come from our configuration only (registries.ts), never from a host
+    // /etc/containers/registries.conf: skopeo reads this file instead (CONTAINERS_REGISTRIES_CONF).
+    writeFileSync(join(opts.root, 'registries.conf'), '# Written by agent-sandbox: no mirrors, no search registries (see src/images/registries.ts).\n');
+  }
+
+  get root(): string {
+    return this.#opts.root;
+  }
+
+  get #layout(): string {
+    return join(this.#opts.root, 'oci');
+  }
+
+  get #policyPath(): string {
+    return join(this.#opts.root, 'policy.json');
+  }
+
+  /** The cached image for `image`, without any network; undefined if it was never pulled. */
+  get(image: string, idMap?: IdMap): CachedImage | undefined {
+    return this.#read(layoutTag(formatReference(parseImageReference(image))), idMap);
+  }
+
+  list(): CachedImage[] {
+    return readdirSync(join(this.#opts.root, 'images'))
+      .filter((f) => f.endsWith('.json'))
+      .map((f) => this.#read(f.slice(0, -'.json'.length)))
+      .filter((i): i is CachedImage => i !== undefined);
+  }
+
+  /**
+   * Makes `image` available locally and returns it. Throws AsbError naming the image and each
+   * source's answer: `Invalid` for a bad reference, `NotFound` when no source has it,
+   * `Timeout` past the deadline, `Forbidden` when refused credentials, else `Unavailable`.
+   */
+  async pull(image: string, opts: PullOptions = {}): Promise<CachedImage> {
+    const ref = parseImageReference(image);
+    const reference = formatReference(ref);
+    const tag = layoutTag(reference);
+    const policy = opts.policy ?? (ref.digest === undefined && ref.tag === 'latest' ? 'Always' : 'IfNotPresent');
+    const idMap = opts.idMap;
+    if (idMap !== undefined && !(Number.isSafeInteger(idMap.hostId) && Number.isSafeInteger(idMap.size) && idMap.hostId > 0 && idMap.size > 0 && idMap.hostId + idMap.size <= 2 ** 32)) {
+      throw new AsbError('Invalid', `id map ${JSON.stringify(idMap)} is not a range of host ids above 0`);
+    }
+    const cached = this.#read(tag, idMap);
+    if (cached !== undefined && policy !== 'Always' && existsSync(cached.rootfs)) return cached;
+    if (policy === 'Never') {
+      if (cached !== undefined) return this.#serial(() => this.#unpack(cached, idMap));
+      throw new AsbError('NotFound', `image "${image}" is not present and its pull policy is Never`);
+    }
+    return this.#serial(async () => {
+      const sources = pullSources(ref, this.#opts.registries, opts.auths ?? []);
+      const answers: string[] = [];
+      let code: ErrorCode = 'NotFound';
+      for (const source of sources) {
+        const outcome = await this.#copy(ref, source, tag);
+        if (outcome.ok) {
+          const record = this.#record(reference, tag, source.host, idMap);
+          this.#log.info({ image: reference, source: source.host, manifest: record.manifestDigest }, 'image pulled');
+          return this.#unpack(record, idMap);
+        }
+        answers.push(`${source.host}${source.mirror ? ' (mirror)' : ''}: ${outcome.message}`);
+        // The most telling failure wins: NotFound only when every source said so.
+        if (outcome.code !== 'NotFound') code = outcome.code;
+      }
+      throw new AsbError(code, `image "${image}" (${reference}) could not be pulled: ${answers.join('; ')}`);
+    });
+  }
+
+  /**
+   * Removes every cached image whose reference is not in `keep` (references as a pod names them),
+   * then the blobs and unpacked trees nothing kept uses. The runtime passes the images of every
+   * sandbox it holds, hibernated ones included.
+   */
+  async gc(keep: Iterable<string>): Promise<GcResult> {
+    const kept = new Set<string>();
+    for (const image of keep) kept.add(formatReference(parseImageReference(image)));
+    return this.#serial(async () => {
+      const removedImages: string[] = [];
+      for (const image of this.list()) {
+        if (kept.has(image.reference)) continue;
+        const tag = layoutTag(image.reference);
+        await this.#umoci(['rm', '--image', `${this.#layout}:${tag}`], `remove ${image.reference}`);
+        rmSync(join(this.#opts.root, 'images', `${tag}.json`), { force: true });
+        removedImages.push(image.reference);
+      }
+      if (existsSync(join(this.#layout, 'index.json'))) await this.#umoci(['gc', '--layout', this.#layout], 'collect unused blobs');
+      const chains = new Set(this.list().map((i) => chainDir(i.chainId)));
+      let removedRootfs = 0;
+      for (const dir of readdirSync(join(this.#opts.root, 'rootfs'))) {
+        // An id-mapped tree goes with its chain.
+        if (chains.has(dir.split('_')[0] ?? dir)) continue;
+        rmSync(join(this.#opts.root, 'rootfs', dir), { recursive: true, force: true });
+        removedRootfs++;
+      }
+      rmSync(join(this.#opts.root, 'tmp'), { recursive: true, force: true });
+      mkdirSync(join(this.#opts.root, 'tmp'));
+      if (removedImages.length > 0) this.#log.info({ removedImages, removedRootfs }, 'image gc');
+      return { removedImages, removedRootfs };
+    });
+  }
+
+  #serial<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.#queue.then(fn, fn);
+    this.#queue = run.catch(() => undefined);
+    return run;
+  }
+
+  async #copy(ref: ImageReference, source: PullSource, tag: string): Promise<{ ok: true } | { ok: false; code: ErrorCode; message: string }> {
+    const timeoutMs = this.#opts.pullTimeoutMs ?? 300_000;
+    const tmp = join(this.#opts.root, 'tmp');
+    const selector = manifestSelector(ref);
+    const from = `docker://${source.host}/${source.repository}${selector.includes(':') ? `@${selector}` : `:${selector}`}`;
+    const args = [
+      '--policy', this.#policyPath, '--registries.d', join(this.#opts.root, 'registries.d'), '--tmpdir', tmp,
+      // skopeo's own deadline first; ours (below, 2 s later) kills it if it does not honour it.
+      '--command-timeout', `${Math.ceil(timeoutMs / 1000)}s`,
+      'copy', '--retry-times', '0', `--src-tls-verify=${String(!source.insecure)}`,
+    ];
+    let authFile: string | undefined;
+    if (source.auth === undefined) {
+      // Never the host's own credentials (~/.docker/config.json, /run/containers/0/auth.json).
+      args.push('--src-no-creds');
+    } else {
+      authFile = join(tmp, `auth-${tag}-${process.pid}.json`);
+      writeFileSync(authFile, authFileJson(source.host, source.auth), { mode: 0o600 });
+      args.push('--src-authfile', authFile);
+    }
+    args.push(from, `oci:${this.#layout}:${tag}`);
+    const started = this.#clock.now();
+    try {
+      const result = await runTool(SKOPEO, args, { timeoutMs: timeoutMs + 2000, clock: this.#clock, env: { HOME: tmp, XDG_RUNTIME_DIR: tmp, XDG_CONFIG_HOME: tmp, CONTAINERS_REGISTRIES_CONF: join(this.#opts.root, 'registries.conf') } });
+      if (result.code === 0) {
+        this.#log.debug({ from, ms: this.#clock.now() - started }, 'skopeo copy');
+        return { ok: true };
+      }
+      const message = result.timedOut ? `no answer within ${timeoutMs} ms` : toolMessage(result.stderr);
+      return { ok: false, code: result.timedOut || /context deadline exceeded|timeout/i.test(message) ? 'Timeout' : classify(message), message };
+    } finally {
+      if (authFile !== undefined) rmSync(authFile, { force: true });
+    }
+  }
+
+  /** Reads what skopeo wrote for `tag` and records it. */
+  #record(reference: string, tag: string, source: string, idMap: IdMap | undefined): CachedImage {
+    const index = readJson(join(this.#layout, 'index.json')) as { manifests?: { digest: string; annotations?: Record<string, string> }[] };
+    const entry = index.manifests?.find((m) => m.annotations?.['org.opencontainers.image.ref.name'] === tag);
+    if (entry === undefined) throw new AsbError('Internal', `skopeo copied ${reference} but the layout has no tag ${tag}`);
+    const manifest = readJson(this.#blob(entry.digest)) as { config?: { digest?: string } };
+    const configDigest = manifest.config?.digest;
+    if (configDigest === undefined) throw new AsbError('Unavailable', `image ${reference}: its manifest ${entry.digest} names no config (an index of no platform for this machine?)`);
+    const config = readJson(this.#blob(configDigest)) as {
+      rootfs?: { diff_ids?: string[] };
+      config?: { User?: string; Env?: string[] | null; Entrypoint?: string[] | null; Cmd?: string[] | null; WorkingDir?: string };
+    };
+    const diffIds = config.rootfs?.diff_ids ?? [];
+    const chainId = chainIdOf(diffIds);
+    const c = config.config ?? {};
+    const record: StoredImage = {
+      reference,
+      manifestDigest: entry.digest,
+      configDigest,
+      diffIds,
+      chainId,
+      config: {
+        user: c.User === '' ? undefined : c.User,
+        env: c.Env ?? [],
+        entrypoint: c.Entrypoint ?? [],
+        cmd: c.Cmd ?? [],
+        workingDir: c.WorkingDir === '' ? undefined : c.WorkingDir,
+      },
+      source,
+      pulledAt: new Date(this.#clock.now()).toISOString(),
+    };
+    const path = join(this.#opts.root, 'images', `${tag}.json`);
+    writeFileSync(`${path}.tmp`, JSON.stringify(record, null, 2));
+    renameSync(`${path}.tmp`, path);
+    return { ...record, rootfs: this.#rootfsPath(chainId, idMap) };
+  }
+
+  #rootfsPath(chainId: string, idMap: IdMap | undefined): string {
+    return join(this.#opts.root, 'rootfs', rootfsDir(chainId, idMap), 'rootfs');
+  }
+
+  /** Unpacks the image's chain unless an earlier pull (of this or another reference) did. */
+  async #unpack(image: CachedImage, idMap: IdMap | undefined): Promise<CachedImage> {
+    if (existsSync(image.rootfs)) return image;
+    const final = join(this.#opts.root, 'rootfs', rootfsDir(image.chainId, idMap));
+    const work = join(this.#opts.root, 'tmp', `unpack-${rootfsDir(image.chainId, idMap)}`);
+    rmSync(work, { recursive: true, force: true });
+    const started = this.#clock.now();
+    const maps = idMap === undefined ? [] : ['--uid-map', `0:${idMap.hostId}:${idMap.size}`, '--gid-map', `0:${idMap.hostId}:${idMap.size}`];
+    const args = ['unpack', ...(process.getuid?.() === 0 ? [] : ['--rootless']), ...maps, '--image', `${this.#layout}:${layoutTag(image.reference)}`, work];
+    await this.#umoci(args, `unpack ${image.reference}`, this.#opts.unpackTimeoutMs ?? 300_000);
+    // Complete or absent: a crash mid-unpack leaves only tmp/, which gc clears.
+    rmSync(final, { recursive: true, force: true });
+    renameSync(work, final);
+    this.#log.info({ image: image.reference, chainId: image.chainId, ms: this.#clock.now() - started }, 'image unpacked');
+    return image;
+  }
+
+  async #umoci(args: string[], what: string, timeoutMs = 60_000): Promise<void> {
+    const result = await runTool(UMOCI, args, { timeoutMs, clock: this.#clock });
+    if (result.code !== 0) {
+      throw new AsbError(result.timedOut ? 'Timeout' : 'Internal', `umoci could not ${what}: ${result.timedOut ? `not done within ${timeoutMs} ms` : toolMessage(result.stderr)}`);
+    }
+  }
+
+  #blob(digest: string): string {
+    const [algorithm, hex] = digest.split(':');
+    return join(this.#layout, 'blobs', algorithm ?? '', hex ?? '');
+  }
+
+  #read(tag: string, idMap?: IdMap): CachedImage | undefined {
+    const path = join(this.#opts.root, 'images', `${tag}.json`);
+    if (!existsSync(path)) return undefined;
+    const stored = readJson(path) as StoredImage;
+    return { ...stored, rootfs: this.#rootfsPath(stored.chainId, idMap) };
+  }
+}
+
+/** The layout tag of a reference: umoci tags allow no `/` or `:`, so a hash names it. */
+export function layoutTag(reference: string): string {
+  return `r${createHash('sha256').update(reference).digest('hex').slice(0, 32)}`;
+}
+
+/** Docker's chain ID: chain(L1) = diffID(L1); chain(L1..n) = sha256(chain(L1..n-1) + " " + diffID(Ln)). */
+export function chainIdOf(diffIds: readonly string[]): string {
+  let chain: string | undefined;
+  for (const diffId of diffIds) chain = chain === undefined ? diffId : `sha256:${createHash('sha256').update(`${chain} ${diffId}`).digest('hex')}`;
+  return chain ?? `sha256:${createHash('sha256').update('').digest('hex')}`;
+}
+
+function chainDir(chainId: string): string {
+  return chainId.replace(':', '-');
+}
+
+function rootfsDir(chainId: string, idMap: IdMap | undefined): string {
+  return idMap === undefined ? chainDir(chainId) : `${chainDir(chainId)}_u${idMap.hostId}-${idMap.size}`;
+}
+
+/** images/<key>.json: the rootfs path is not stored, so the cache can move. */
+type StoredImage = Omit<CachedImage, 'rootfs'>;
+
+/** The registry's answer, sorted into our codes. */
+function classify(message: string): ErrorCode {
+  if (/manifest unknown|name unknown|not found|does not exist/i.test(message)) return 'NotFound';
+  if (/unauthorized|authentication required|denied|forbidden/i.test(message)) return 'Forbidden';
+  return 'Unavailable';
+}
+
+function readJson(path: string): unknown {
+  return JSON.parse(readFileSync(path, 'utf8'));
+}
