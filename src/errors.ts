@@ -20,6 +20,7 @@ export const ERRORS = {
   Unavailable: { status: 503, title: 'Unavailable' },
   Timeout: { status: 504, title: 'Timed out' },
   SandboxNotRunning: { status: 409, title: 'Sandbox is not running' },
+  NotImplemented: { status: 501, title: 'Not implemented' },
   Internal: { status: 500, title: 'Internal error' },
 } as const satisfies Record<string, { status: number; title: string }>;
 

@@ -53,6 +53,8 @@ const REASONS: Record<ErrorCode, string> = {
   Unavailable: 'ServiceUnavailable',
   Timeout: 'Timeout',
   SandboxNotRunning: 'Conflict',
+  // The apiserver has no reason for 501: StatusReasonUnknown, which is empty.
+  NotImplemented: '',
   Internal: 'InternalError',
 };
 

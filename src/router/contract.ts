@@ -102,7 +102,36 @@ export const HEADER = {
   /** E2B header routing (host is an IP, localhost or sandbox.<domain>). */
   e2bSandboxId: 'e2b-sandbox-id',
   e2bSandboxPort: 'e2b-sandbox-port',
+  /**
+   * The kubernetes-sigs sandbox-router contract (its Python SDK's Direct, Gateway and Tunnel modes;
+   * host is an IP, localhost or sandbox.<domain>): the sandbox, its namespace (default `default`),
+   * the port (default 8888) and the seconds the client waits (caps the worker's wait for the pod).
+   */
+  sigsSandboxId: 'x-sandbox-id',
+  sigsSandboxNamespace: 'x-sandbox-namespace',
+  sigsSandboxPort: 'x-sandbox-port',
+  sigsSandboxTimeout: 'x-sandbox-timeout',
+  /**
+   * What the router hands the owning worker for a request routed by the X-Sandbox-* headers
+   * (besides sandboxId): the validated port, namespace and timeout. A client cannot send them
+   * (x-asb-* is removed); the worker serves such a request only with the team's API key.
+   */
+  sandboxPort: 'x-asb-sandbox-port',
+  sandboxNamespace: 'x-asb-sandbox-namespace',
+  sandboxTimeout: 'x-asb-sandbox-timeout',
 } as const;
+
+/**
+ * Every header of the kubernetes-sigs router contract starts so (X-Sandbox-Pod-IP and
+ * X-Sandbox-UID too, which upstream's routers dial or read): the router removes all of them, so
+ * none reaches a pod and only the four above steer routing, and only as this router reads them.
+ */
+export const SIGS_HEADER_PREFIX = 'x-sandbox-';
+
+/** The port X-Sandbox-ID requests go to without X-Sandbox-Port: the python-runtime's, the SDK's server_port default. */
+export const SIGS_DEFAULT_PORT = 8888;
+/** The namespace X-Sandbox-ID requests name without X-Sandbox-Namespace (upstream's routers' default). */
+export const SIGS_DEFAULT_NAMESPACE = 'default';
 
 /** Cookie set on a token-bearing first request so browsers can follow links without the header. */
 export const ACCESS_COOKIE = 'asb_access';

@@ -27,11 +27,17 @@
 // the pod like any other port. Declaring the port is not enough: the base template declares it.
 // The router still checks the token first, so nothing wakes a sandbox without it; the two envd
 // calls that carry none, GET /health and a signed /files URL, pass only to a running sandbox.
+//
+// The kubernetes-sigs router contract (X-Sandbox-ID, -Namespace, -Port, -Timeout on the edge's
+// address; host.ts) carries the team's API key, not an access token: such requests go to the
+// owning worker (toWorkerSigs), which checks key, team and namespace and proxies to the pod
+// (src/worker/sandbox-router/). An unknown id is a plain 404. X-Sandbox-Pod-IP, which upstream's
+// routers dial, is removed with every other x-sandbox-* header and never read.
 import { clusterTagOf } from '../api/ids.ts';
 import { AsbError } from '../errors.ts';
 import { accessCookie, checkAccess, type AccessGranted } from './access.ts';
-import { DEFAULT_SANDBOX_PORT, HEADER, INTERNAL_HEADER_PREFIX, UPSTREAM, type RouteEntry } from './contract.ts';
-import { parseTarget } from './host.ts';
+import { DEFAULT_SANDBOX_PORT, HEADER, INTERNAL_HEADER_PREFIX, SIGS_HEADER_PREFIX, UPSTREAM, type RouteEntry } from './contract.ts';
+import { parseTarget, type SigsHeaders, type SigsTarget } from './host.ts';
 import { joinHostPort, type ClusterRegistry } from './registry.ts';
 import type { RouteTable } from './route-table.ts';
 
@@ -94,6 +100,7 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
         path: headers.get(':path') ?? '/',
         e2bSandboxId: headers.get(HEADER.e2bSandboxId),
         e2bSandboxPort: headers.get(HEADER.e2bSandboxPort),
+        ...sigsHeaders(headers),
       },
       ctx.domain,
     );
@@ -115,11 +122,18 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
     return route(headers, [[HEADER.upstream, `api-${cluster}`]], undefined, undefined, undefined);
   }
 
+  // The kubernetes-sigs SDK's Direct mode can carry only client-wide static headers, so these
+  // requests bear the team's API key instead of a sandbox's access token. The router cannot check
+  // a key; it refuses a request with none before anything else (nothing is looked up or woken for
+  // it), and the owning worker checks the key and the team before anything reaches the pod.
+  if (target.sigs !== undefined && !hasApiKey(headers)) {
+    return { kind: 'reject', error: new AsbError('Unauthorized', 'X-Sandbox-ID requests need an API key of the sandbox\'s team: send "Authorization: Bearer asb_…" or "X-API-Key: asb_…" (the SDK\'s extra_headers)'), retryAfterS: undefined };
+  }
   const entry = table.get(target.id);
   if (entry === undefined) {
     // E2B's SDKs take only its proxy's 502 for "this sandbox is gone": a 404 from envd's port
     // would surface as an unexplained error instead of SandboxNotFoundError.
-    const e2b = target.port === DEFAULT_SANDBOX_PORT || target.e2bHeaders === true;
+    const e2b = target.sigs === undefined && (target.port === DEFAULT_SANDBOX_PORT || target.e2bHeaders === true);
     if (table.isKnownMissing(target.id)) return notFound(target.id, e2b);
     const owner = ownerOf(target.id, ctx);
     if (owner !== undefined && isElsewhere(owner, ctx)) return toOtherCluster(headers, target.id, owner, ctx, listener);
@@ -127,6 +141,8 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
     if (cluster === undefined) return notFound(target.id, e2b);
     return unreachable(cluster, ctx) ?? { kind: 'lookup', id: target.id, cluster, e2b };
   }
+
+  if (target.sigs !== undefined) return toWorkerSigs(headers, entry, target.port ?? entry.defaultPort, target.sigs, ctx);
 
   const port = target.port ?? entry.defaultPort;
   const envdOnWorker = port === DEFAULT_SANDBOX_PORT && entry.envdInPod !== true;
@@ -228,6 +244,49 @@ function toWorkerEnvd(headers: RequestHeaders, entry: RouteEntry, ctx: DecideCon
   return { kind: 'route', set, remove, setCookie: undefined, sandboxId: entry.id, cluster: entry.cluster, ingress: undefined };
 }
 
+/**
+ * A request routed by the X-Sandbox-* headers: to the owning worker's API in every state but
+ * failed/expired, with the validated port, namespace and timeout in x-asb-* headers. It is not
+ * held here: the worker wakes or waits for the sandbox only after the key and team check, so a
+ * request with a made-up key cannot wake anyone's sandbox. The API key travels on for the worker
+ * (which strips it before the pod); every x-sandbox-*, E2B, access-token and x-asb-* header the
+ * client sent is removed.
+ */
+function toWorkerSigs(headers: RequestHeaders, entry: RouteEntry, port: number, sigs: SigsTarget, ctx: DecideContext): Decision {
+  if (entry.state === 'failed' || entry.state === 'expired') {
+    return { kind: 'reject', error: new AsbError('Unavailable', `sandbox ${entry.id} is ${entry.state}`), retryAfterS: undefined };
+  }
+  const down = unreachable(entry.cluster, ctx);
+  if (down !== undefined) return down;
+  const set: [string, string][] = [
+    [HEADER.upstream, `api-${entry.cluster}`],
+    [HEADER.sandboxId, entry.id],
+    [HEADER.sandboxPort, String(port)],
+    [HEADER.sandboxNamespace, sigs.namespace],
+  ];
+  if (sigs.timeoutS !== undefined) set.push([HEADER.sandboxTimeout, String(sigs.timeoutS)]);
+  const remove = clientHeaders(headers, set, isClientRoutingHeader);
+  return { kind: 'route', set, remove, setCookie: undefined, sandboxId: entry.id, cluster: entry.cluster, ingress: undefined };
+}
+
+/** The client's X-Sandbox-* routing headers, if it sent any of them. */
+function sigsHeaders(headers: RequestHeaders): { sigs?: SigsHeaders } {
+  const sigs: SigsHeaders = {
+    id: headers.get(HEADER.sigsSandboxId),
+    namespace: headers.get(HEADER.sigsSandboxNamespace),
+    port: headers.get(HEADER.sigsSandboxPort),
+    timeout: headers.get(HEADER.sigsSandboxTimeout),
+  };
+  return Object.values(sigs).every((v) => v === undefined) ? {} : { sigs };
+}
+
+/** Whether the client presented an API key at all (the worker verifies it). */
+function hasApiKey(headers: RequestHeaders): boolean {
+  const auth = headers.get('authorization');
+  if (auth !== undefined) return /^Bearer\s+\S+\s*$/i.test(auth);
+  return (headers.get('x-api-key') ?? '').trim() !== '';
+}
+
 /** envd calls that carry no access token: the SDK's isRunning probe, and /files with a signed URL (the worker checks the signature). */
 function isTokenlessEnvdCall(headers: RequestHeaders): boolean {
   const path = headers.get(':path') ?? '';
@@ -274,7 +333,7 @@ function pathnameOf(path: string): string {
 
 /** Routing or internal headers a client may send but must never reach Envoy's routing or a sandbox. */
 export function isClientRoutingHeader(name: string): boolean {
-  return name.startsWith(INTERNAL_HEADER_PREFIX) || name === HEADER.accessToken || E2B_HEADERS.includes(name);
+  return name.startsWith(INTERNAL_HEADER_PREFIX) || name.startsWith(SIGS_HEADER_PREFIX) || name === HEADER.accessToken || E2B_HEADERS.includes(name);
 }
 
 function unreachable(cluster: string, ctx: DecideContext): Decision | undefined {

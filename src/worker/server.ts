@@ -8,7 +8,7 @@
 // The Kubernetes API (/api, /apis, /version, /openapi/v3: src/kubeapi/) is a surface of its own
 // beside the REST pipeline, with its own error format, on the same store, keys and tenancy.
 //
-// Shutdown order in close(): close the route feed's and the terminals' WebSockets (goingAway; an upgraded socket would keep
+// Shutdown order in close(): abort requests proxied to pods for the X-Sandbox-* headers, close the route feed's and the terminals' WebSockets (goingAway; an upgraded socket would keep
 // server.close() waiting forever) and end the Kubernetes API's watches, stop accepting connections, end idle keep-alive sockets, wait
 // for in-flight requests, then stop the sandbox index watch. The key ring and the store belong to
 // the caller and are closed by it afterwards.
@@ -36,6 +36,8 @@ import { DEFAULT_TERMINAL_IDLE_MS, TerminalEndpoint, terminalPathId } from './te
 import { createTerminalTokens } from './terminal-token.ts';
 import { Envd, isEnvdRequest } from './envd/envd.ts';
 import { isKubeApiPath, KubeApi } from '../kubeapi/server.ts';
+import { SandboxRouterProxy } from './sandbox-router/proxy.ts';
+import { isSigsRequest } from './sandbox-router/request.ts';
 import { DEFAULT_UPLOADS_PER_KEY, DEFAULT_UPLOADS_TOTAL, UploadSlots } from './upload-slots.ts';
 
 export interface WorkerServer {
@@ -124,8 +126,10 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });
   const envd = new Envd(w, uploads);
   const kubeApi = new KubeApi({ w, auth: deps.auth, requests: deps.metrics.httpRequestsTotal });
+  const sandboxRouter = new SandboxRouterProxy(w, deps.auth);
   const closeStreams = (): void => {
     envd.close();
+    sandboxRouter.close();
     kubeApi.close();
     feedUpgrade.close();
     routeFeed.close();
@@ -159,8 +163,14 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   });
   // envd (the E2B SDK's in-sandbox API) for requests the router sent for a sandbox's port 49983:
   // kept apart from our API, with its own auth (the sandbox's access token) and error format.
+  // Requests the router sent by the kubernetes-sigs X-Sandbox-* headers (any path, any port):
+  // checked against the team's API key and proxied to the pod (sandbox-router/). First, as their
+  // paths may look like envd's.
   const handler = (req: IncomingMessage, res: ServerResponse): void => {
-    if (isEnvdRequest(req)) {
+    if (isSigsRequest(req.headers)) {
+      res.once('finish', () => requests.inc({ route: 'sandbox-router', code: String(res.statusCode) }));
+      sandboxRouter.handle(req, res);
+    } else if (isEnvdRequest(req)) {
       res.once('finish', () => requests.inc({ route: 'envd', code: String(res.statusCode) }));
       envd.handle(req, res);
     } else if (isKubeApiPath(pathOf(req.url))) {

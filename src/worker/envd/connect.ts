@@ -50,6 +50,7 @@ const FROM_ASB: Record<ErrorCode, ConnectCode> = {
   Unavailable: 'unavailable',
   Timeout: 'deadline_exceeded',
   SandboxNotRunning: 'unavailable',
+  NotImplemented: 'unimplemented',
   Internal: 'internal',
 };
 
