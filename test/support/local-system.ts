@@ -5,20 +5,24 @@ import { join } from 'node:path';
 import { ensureEdgeTls } from '../../src/edge/tls.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import { startLocalSystem, type LocalSystem } from '../../src/system/local-system.ts';
-import { removeDataDir, tempDataDir } from './worker-process.ts';
+import { removeDataDir, teamKeyIn, tempDataDir } from './worker-process.ts';
 
 export interface TestSystem extends LocalSystem {
   /** Stops it and removes its data and bridge; idempotent. */
   cleanup(): Promise<void>;
+  /** An API key per team named in `teams`, written into the store before the worker started. */
+  teamKeys: Record<string, string>;
 }
 
 /**
  * tag: 4 chars [a-z0-9] (id prefix, bridge asb<tag>); subnetOctet: 10.<octet>.0.0/16; basePool:
  * warm `base` sandboxes; https: also an HTTPS edge listener, its certificate signed by a test CA
- * (caCertPath).
+ * (caCertPath); teams: a key for each (teamKeys).
  */
-export async function startTestSystem(tag: string, subnetOctet: number, clusterName = 'local', basePool = 0, https = false): Promise<TestSystem & { caCertPath: string | undefined }> {
+export async function startTestSystem(tag: string, subnetOctet: number, clusterName = 'local', basePool = 0, https = false, teams: readonly string[] = []): Promise<TestSystem & { caCertPath: string | undefined }> {
   const stateDir = tempDataDir(tag);
+  const teamKeys: Record<string, string> = {};
+  for (const team of teams) teamKeys[team] = await teamKeyIn(stateDir, team);
   const tls = https ? await ensureEdgeTls(join(stateDir, 'tls'), 'asb.localhost') : undefined;
   const system = await startLocalSystem({
     stateDir,
@@ -35,6 +39,7 @@ export async function startTestSystem(tag: string, subnetOctet: number, clusterN
   let cleaned: Promise<void> | undefined;
   return Object.assign(system, {
     caCertPath: tls?.caCertPath,
+    teamKeys,
     cleanup() {
       cleaned ??= (async () => {
         await system.stop();
