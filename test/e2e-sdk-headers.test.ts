@@ -22,6 +22,9 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header('content-type', 'application/json')
         self.send_header('content-length', str(len(out)))
+        if self.path == '/cookies':
+            self.send_header('set-cookie', 'asb_access=planted; Domain=asb.localhost; Path=/')
+            self.send_header('set-cookie', 'app=1; Domain=asb.localhost; Path=/')
         self.end_headers()
         self.wfile.write(out)
     do_GET = do_POST = answer
@@ -127,6 +130,11 @@ test('X-Sandbox-* with the team API key reach the sandbox through Envoy; other t
   const conflict = await edgeGet(edge, `8080-${id}.asb.localhost`, { headers: { 'x-sandbox-id': id, authorization: `Bearer ${keyA}` } });
   assert.equal(conflict.status, 400, conflict.body);
   assert.equal(dialled.length, 0);
+
+  // A cookie for every sandbox host, or one shadowing asb_access, does not get out (as on sandbox hosts).
+  const cookies = await fetch(`${edge}/cookies`, { headers: { host: 'sandbox.asb.localhost', ...sdk({ 'x-api-key': keyA }) } });
+  assert.equal(cookies.status, 200);
+  assert.deepEqual(cookies.headers.getSetCookie(), ['app=1; Path=/']);
 
   // Hibernated: the worker wakes it once the key checks out, and the request is answered.
   const paused = await api(system, 'POST', `/v1/sandboxes/${id}/pause`, undefined, keyA);

@@ -85,15 +85,38 @@ export function podRequestHeaders(headers: IncomingHttpHeaders, id: string): Rec
   return out;
 }
 
-/** The response headers the client gets: the pod's minus hop-by-hop ones. */
+/**
+ * The response headers the client gets: the pod's minus hop-by-hop ones, and Set-Cookie cleaned
+ * as the edge's Lua filter cleans the sandbox upstream's (envoy/edge.yaml), which these responses
+ * (from a worker upstream) never pass: sandbox.<domain> is under <domain> too, so a cookie set
+ * with Domain=<domain> would reach every sandbox host and could shadow its asb_access. Domain
+ * attributes are removed, and a cookie named asb_access (only the router sets it) is dropped.
+ */
 export function clientResponseHeaders(headers: IncomingHttpHeaders): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
   const named = connectionTokens(headers.connection);
   for (const [name, value] of Object.entries(headers)) {
     if (value === undefined || HOP_BY_HOP.has(name) || named.has(name)) continue;
+    if (name === 'set-cookie') {
+      const kept = (Array.isArray(value) ? value : [value]).map(hostOnlyCookie).filter((c) => c !== undefined);
+      if (kept.length > 0) out[name] = kept;
+      continue;
+    }
     out[name] = value;
   }
   return out;
+}
+
+/** undefined: drop it (asb_access); otherwise the Set-Cookie value without Domain attributes. */
+function hostOnlyCookie(value: string): string | undefined {
+  const [first = '', ...attributes] = value.split(';').map((p) => p.trim());
+  if (attrName(first) === ACCESS_COOKIE) return undefined;
+  return [first, ...attributes.filter((a) => a !== '' && attrName(a) !== 'domain')].join('; ');
+}
+
+function attrName(part: string): string {
+  const eq = part.indexOf('=');
+  return (eq === -1 ? part : part.slice(0, eq)).trim().toLowerCase();
 }
 
 function connectionTokens(value: string | undefined): Set<string> {
