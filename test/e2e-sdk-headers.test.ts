@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { createServer, type Socket } from 'node:net';
 import { test } from 'node:test';
 import { startTestSystem } from './support/local-system.ts';
-import { edgeGet } from './support/web-sandbox.ts';
+import { edgeGet, slowListenTemplate } from './support/web-sandbox.ts';
 import { api } from './support/worker-process.ts';
 import { waitFor } from './support/wait.ts';
 
@@ -146,4 +146,22 @@ test('X-Sandbox-* with the team API key reach the sandbox through Envoy; other t
   const woken = await send(sdk({ authorization: `Bearer ${keyA}` }), { body: 'after a wake' });
   assert.equal(woken.status, 200, woken.text);
   assert.equal((JSON.parse(woken.text) as Echo).body, 'after a wake');
+});
+
+test('a hibernated sandbox whose app binds its port seconds after the pod runs: the worker wakes it and waits for the port, one slow 200 (not a 503)', async (t) => {
+  const system = await startTestSystem('sdki', 188, 'local', 0, false, ['sdk-team-a']);
+  t.after(() => system.cleanup());
+  const key = system.teamKeys['sdk-team-a'] ?? '';
+  const applied = await api(system, 'POST', '/v1/apply', { objects: [slowListenTemplate('slow', 2)] });
+  assert.equal(applied.status, 200, JSON.stringify(applied.body));
+  const created = await api<{ id: string }>(system, 'POST', '/v1/sandboxes', { template: 'slow' }, key);
+  assert.equal(created.status, 201, JSON.stringify(created.body));
+  const id = created.body.id;
+  const phase = async (): Promise<string> => (await api<{ phase: string }>(system, 'GET', `/v1/sandboxes/${id}`, undefined, key)).body.phase;
+  assert.equal((await api(system, 'POST', `/v1/sandboxes/${id}/pause`, undefined, key)).status, 200);
+  await waitFor('the sandbox to hibernate', async () => ((await phase()) === 'Hibernated' ? true : undefined));
+  const res = await fetch(`${system.edgeUrl}/whoami.txt`, { headers: { 'x-sandbox-id': id, 'x-sandbox-port': '8000', authorization: `Bearer ${key}` } });
+  const text = await res.text();
+  assert.equal(res.status, 200, text);
+  assert.equal(text.trim(), id, 'the sandbox itself answered');
 });

@@ -9,13 +9,16 @@
 //      than X-Sandbox-Namespace → 404, all alike (one team cannot probe another's ids).
 //   3. Port 8888 (the python-runtime's) of a pod without `asb.dev/python-runtime: pod` → 501: the
 //      worker does not answer that protocol yet.
-//   4. Hibernated → resumed; starting → waited for (both bounded by the worker's waitReadyMs).
+//   4. Hibernated → resumed; starting → waited for (both bounded by the worker's waitReadyMs),
+//      then until the port accepts connections (at most 25 s, as the router holds a wake): an app
+//      that binds a while after its pod runs gives one slow answer, not a 503.
 //   5. Proxied to <pod IP>:<port> over HTTP/1.1 with the key, our and upstream's routing headers
 //      removed (request.ts); X-Sandbox-Pod-IP is never read. No answer from the pod within
 //      X-Sandbox-Timeout (default and cap 180 s, as upstream's router) → 504; no connection → 503.
 import { request as httpRequest, type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
 import { LABEL, wantsRunning, type Sandbox } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
+import { PortWaiter } from '../../router/port-wait.ts';
 import { canSee, isObjectName } from '../access.ts';
 import type { Authenticator, WorkerContext } from '../deps.ts';
 import { AUTH_HINT, presentedKey } from '../presented-key.ts';
@@ -23,16 +26,23 @@ import { toAsbError, writeProblem } from '../problem.ts';
 import { resumeSandbox, waitReady } from '../sandbox-lifecycle.ts';
 import { clientResponseHeaders, podRequestHeaders, PYTHON_RUNTIME_ANNOTATION, PYTHON_RUNTIME_PORT, sigsCallOf, type SigsCall } from './request.ts';
 
+/** How long a request for a sandbox it woke (or waited for) waits for the port to listen: the router's hold limit for a wake. */
+export const LISTEN_LIMIT_MS = 25_000;
+
 export class SandboxRouterProxy {
   readonly #w: WorkerContext;
   readonly #auth: Authenticator;
   /** Requests to pods in flight, aborted by close(). */
   readonly #upstreams = new Set<ClientRequest>();
+  readonly #ports: PortWaiter;
+  /** Aborted by close(): ends waits for a port. */
+  readonly #closing = new AbortController();
   #closed = false;
 
   constructor(w: WorkerContext, auth: Authenticator) {
     this.#w = w;
     this.#auth = auth;
+    this.#ports = new PortWaiter({ clock: w.clock });
   }
 
   /** The node:http handler for a request isSigsRequest accepted. */
@@ -51,6 +61,7 @@ export class SandboxRouterProxy {
   /** Aborts every request still waiting on a pod, so the server can close. Idempotent. */
   close(): void {
     this.#closed = true;
+    this.#closing.abort(new AsbError('Unavailable', 'the worker is shutting down', { retryAfterS: 2 }));
     for (const upstream of this.#upstreams) upstream.destroy();
     this.#upstreams.clear();
   }
@@ -67,13 +78,23 @@ export class SandboxRouterProxy {
       throw new AsbError('NotImplemented', `port ${PYTHON_RUNTIME_PORT} of sandbox ${call.id} would be the python-runtime API (/execute, /upload, /download, /list, /exists), which this worker does not answer yet; reach another port with X-Sandbox-Port, or run an image that serves it and annotate its pod template ${PYTHON_RUNTIME_ANNOTATION}: pod`);
     }
     const w = this.#w;
-    if (!wantsRunning(sandbox.spec)) sandbox = await resumeSandbox(w, sandbox, true);
+    let waited = false;
+    if (!wantsRunning(sandbox.spec)) {
+      sandbox = await resumeSandbox(w, sandbox, true);
+      waited = true;
+    }
     let ip = this.#podIp(call.id);
     if (ip === undefined) {
       await waitReady(w, sandbox);
+      waited = true;
       ip = this.#podIp(call.id);
     }
     if (ip === undefined) throw new AsbError('Unavailable', `sandbox ${call.id} is not running`, { retryAfterS: 2 });
+    if (waited) {
+      const gone = new AbortController();
+      res.once('close', () => gone.abort(new AsbError('Unavailable', 'the client went away')));
+      await this.#ports.untilListening(ip, call.port, LISTEN_LIMIT_MS, AbortSignal.any([gone.signal, this.#closing.signal]), `sandbox ${call.id}`);
+    }
     if (this.#closed) throw new AsbError('Unavailable', 'the worker is shutting down', { retryAfterS: 2 });
     w.operator.activity.touch(call.id);
     await this.#proxy(req, res, call, ip);
