@@ -20,7 +20,7 @@ import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type SyncItem, type Wo
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
-import { publishHubLink } from './hub-link.ts';
+import { publishHubLink, type SyncStatus } from './hub-link.ts';
 import { advanceTo, applyDeltas, applySnapshot, loadAppliedVersion } from './sync-apply.ts';
 
 const SILENT_INTERVALS = 3;
@@ -42,14 +42,6 @@ export interface SyncAgentOptions {
   heartbeatMs?: number;
   /** [0, 1): the jitter source; injected so tests can pin it. */
   random?: () => number;
-}
-
-export interface SyncStatus {
-  connected: boolean;
-  /** Last hub version applied and persisted here (0: never synced). */
-  appliedVersion: number;
-  /** The hub's version as it last said (absent before the first message). */
-  hubVersion?: number;
 }
 
 export interface SyncAgent {
