@@ -7,6 +7,7 @@ import { availableParallelism, totalmem } from 'node:os';
 import type { Sandbox } from '../../api/types.ts';
 import { LABEL, sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { parseQuantity } from '../../api/quantity.ts';
+import type { WorkerContext } from '../deps.ts';
 
 /**
  * The envd version the E2B API reports for our sandboxes (version gates in the SDK; see shared
@@ -14,8 +15,6 @@ import { parseQuantity } from '../../api/quantity.ts';
  * this module) and this module do not import each other.
  */
 export const ENVD_VERSION = '0.6.13';
-import type { WorkerContext } from '../deps.ts';
-
 
 export const E2B_ANNOTATION = {
   /** JSON object of string → string: the sandbox's E2B metadata (`metadata` at create). */
