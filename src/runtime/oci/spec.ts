@@ -229,8 +229,9 @@ function resolveUser(c: Container, pod: PodLevel, image: ImageConfig, facts: Run
     }
   }
   uid ??= DEFAULT_UID;
+  const checked: [string, number][] = gid === undefined ? [['runAsUser', uid]] : [['runAsUser', uid], ['runAsGroup', gid]];
   gid ??= [...passwd.values()].find((e) => e.id === uid)?.gid ?? uid;
-  for (const [field, id] of [['runAsUser', uid], ['runAsGroup', gid]] as const) {
+  for (const [field, id] of checked) {
     if (!Number.isInteger(id) || id < 0 || id > 65_535) refuse(`securityContext.${field}`, `must be an integer from 0 to 65535 (the ids a user namespace maps), got ${String(id)}`);
   }
   if (uid === 0 && (ctx.runAsNonRoot === true || (ctx.runAsNonRoot === undefined && podCtx.runAsNonRoot === true))) {
