@@ -24,9 +24,40 @@ import { silentLogger } from '../src/system/log.ts';
 const SEED_DIR = process.env.ASB_IMAGES_DIR ?? resolve(import.meta.dirname, '../.tools/images');
 const run = promisify(execFile);
 
+type Undo = () => unknown;
+const undoStacks = new WeakMap<test.TestContext, Undo[]>();
+
+/**
+ * Runs `undo` after the test, last registered first (t.after hooks run first registered first,
+ * which would remove a directory before the overlay on it is unmounted). Every step runs even if
+ * one fails; the failures are reported together.
+ */
+function onCleanup(t: test.TestContext, undo: Undo): void {
+  let stack = undoStacks.get(t);
+  if (stack === undefined) {
+    const steps: Undo[] = [];
+    stack = steps;
+    undoStacks.set(t, steps);
+    t.after(async () => {
+      const errors: unknown[] = [];
+      for (const step of steps.reverse()) {
+        try {
+          await step();
+        } catch (err) {
+          errors.push(err);
+        }
+      }
+      if (errors.length > 0) throw new AggregateError(errors, `${String(errors.length)} cleanup step(s) failed`);
+    });
+  }
+  stack.push(undo);
+}
+
 function tempDir(t: test.TestContext, prefix: string): string {
   const dir = mkdtempSync(join(tmpdir(), prefix));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  onCleanup(t, () => {
+    rmSync(dir, { recursive: true, force: true });
+  });
   return dir;
 }
 
@@ -41,7 +72,7 @@ let containers = 0;
  */
 async function runContainer(t: test.TestContext, runc: string, image: CachedImage, container: Omit<Container, 'name'>, facts: Partial<RuntimeFacts>, owner = 0): Promise<Ran> {
   const id = `oci-test-${String(process.pid)}-${String(++containers)}`;
-  const dir = mkdtempSync(join(tmpdir(), 'asb-oci-'));
+  const dir = tempDir(t, 'asb-oci-');
   // A root pod's root is host uid 100000: it must be able to reach its rootfs.
   chmodSync(dir, 0o755);
   const [upper, work, rootfs, bundle] = ['upper', 'work', 'rootfs', 'bundle'].map((d) => join(dir, d)) as [string, string, string, string];
@@ -49,17 +80,16 @@ async function runContainer(t: test.TestContext, runc: string, image: CachedImag
   chownSync(upper, owner, owner);
   const cgroupsPath = `/asb-oci-test-${id}`;
   const state = join(dir, 'state');
-  // In this order: the container (and its cgroups), the overlay, the directory.
-  t.after(async () => {
+  await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${image.rootfs},upperdir=${upper},workdir=${work}`, rootfs]);
+  onCleanup(t, () => run('umount', [rootfs]));
+  // The container (a foreground run deletes it on exit; this is for a run cut short) and its cgroups.
+  onCleanup(t, async () => {
     await run(runc, ['--root', state, 'delete', '-f', id]).catch(() => undefined);
     for (const c of readdirSync('/sys/fs/cgroup')) {
       const path = join('/sys/fs/cgroup', c, cgroupsPath);
       if (existsSync(path)) rmdirSync(path);
     }
-    await run('umount', [rootfs]).catch(() => undefined);
-    rmSync(dir, { recursive: true, force: true });
   });
-  await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${image.rootfs},upperdir=${upper},workdir=${work}`, rootfs]);
   const spec = containerSpec({ name: 'main', ...container }, image.config, { rootfs, hostname: 'sbx', cgroupsPath, ...facts });
   writeFileSync(join(bundle, 'config.json'), JSON.stringify(spec));
   const child = spawn(runc, ['--root', state, 'run', '--bundle', bundle, id], { stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 });
@@ -81,7 +111,7 @@ async function setup(t: test.TestContext): Promise<{ runc: string; busybox: Cach
   const runc = findRuncBinary(process.env.ASB_RUNC_DIR ?? DEFAULT_RUNC_DIR);
   const seed = readSeedImages(SEED_DIR);
   const registry = new RegistryProcess({ stateDir: tempDir(t, 'asb-registry-'), logger: silentLogger() });
-  t.after(() => registry.close());
+  onCleanup(t, () => registry.close());
   await registry.start();
   await seedRegistry(registry.address, seed, { tmpDir: tempDir(t, 'asb-seed-'), only: ['docker.io/library/busybox:latest'] });
   const store = new ImageStore({
@@ -191,4 +221,39 @@ test('a root pod runs in a user namespace: root inside is host uid 100000, with 
   const written = statSync(join(ran.upper, 'etc/written-by-root'));
   assert.equal(written.uid, ROOT_ID_MAP.hostId);
   assert.equal(written.gid, ROOT_ID_MAP.hostId);
+});
+
+test('an added capability is the only one held: NET_BIND_SERVICE lets uid 1000 bind port 80, and without it the bind is refused', async (t) => {
+  const { runc, busybox } = await setup(t);
+  // httpd forks into the background once it has bound (exit 0) or exits 1; `kill -9 -1` from pid 1 ends it.
+  const script = [STATUS, 'httpd -p 80 -h /tmp 2>/dev/null; echo bind80=$?', 'kill -9 -1; wait'].join('\n');
+  const granted = await runContainer(t, runc, busybox, { command: ['/bin/sh', '-c', script], securityContext: { capabilities: { add: ['NET_BIND_SERVICE'] } } }, {});
+  assert.equal(granted.code, 0, `${granted.stdout}\n${granted.stderr}`);
+  const f = fields(granted.stdout);
+  // Bit 10 is CAP_NET_BIND_SERVICE; ambient, so the non-root shell's children keep it.
+  for (const set of ['CapEff', 'CapPrm', 'CapBnd', 'CapAmb']) assert.equal(f.get(set), '0000000000000400', `${set}: ${granted.stdout}`);
+  assert.equal(f.get('NoNewPrivs'), '1', granted.stdout);
+  assert.equal(f.get('bind80'), '0', granted.stdout);
+  const plain = await runContainer(t, runc, busybox, { command: ['/bin/sh', '-c', script] }, {});
+  assert.equal(fields(plain.stdout).get('bind80'), '1', plain.stdout);
+});
+
+test('a root pod in a network namespace the runtime made: it joins that netns, and /sys is a read-only bind with its masks', async (t) => {
+  const { runc, mapped } = await setup(t);
+  // As the runtime will: a netns kept by a bind mount on a file (here with only lo, down).
+  const netns = join(tempDir(t, 'asb-netns-'), 'net');
+  writeFileSync(netns, '');
+  await run('unshare', [`--net=${netns}`, 'true']);
+  onCleanup(t, () => run('umount', [netns]));
+  const script = [
+    'echo uid=$(id -u) net=$(readlink /proc/self/ns/net)',
+    'echo sys_entries=$(ls /sys | wc -l) firmware_entries=$(ls -A /sys/firmware | wc -l)',
+    'touch /sys/kernel/x 2>/dev/null; echo sys_write=$?',
+  ].join('\n');
+  const ran = await runContainer(t, runc, mapped, { command: ['/bin/sh', '-c', script], securityContext: { runAsUser: 0 } }, { netnsPath: netns }, ROOT_ID_MAP.hostId);
+  assert.equal(ran.code, 0, `${ran.stdout}\n${ran.stderr}`);
+  const f = fields(ran.stdout);
+  assert.equal(f.get('uid'), `0 net=net:[${String(statSync(netns).ino)}]`, ran.stdout);
+  assert.match(f.get('sys_entries') ?? '', /^([5-9]|\d\d+) firmware_entries=0$/, ran.stdout);
+  assert.notEqual(f.get('sys_write'), '0', ran.stdout);
 });
