@@ -8,7 +8,7 @@ import { isAsbError } from '../src/errors.ts';
 import type { ImageConfig } from '../src/images/image-store.ts';
 import { ALWAYS_DENIED, runtimeDefaultProfile } from '../src/runtime/oci/seccomp-profile.ts';
 import {
-  containerSpec, DEFAULT_MEMORY_BYTES, DEFAULT_NOFILE, DEFAULT_PIDS_LIMIT, ROOT_ID_MAP, type OciSpec, type RuntimeFacts,
+  ADDABLE_CAPABILITIES, containerSpec, sandboxIdentity, DEFAULT_MEMORY_BYTES, DEFAULT_NOFILE, DEFAULT_PIDS_LIMIT, ROOT_ID_MAP, type OciSpec, type RuntimeFacts,
 } from '../src/runtime/oci/spec.ts';
 
 const BUSYBOX: ImageConfig = { user: undefined, env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'], entrypoint: [], cmd: ['/bin/sh'], workingDir: undefined };
@@ -79,10 +79,15 @@ test('seccomp RuntimeDefault: an x86_64 allow-list with EPERM for the rest, and 
   assert.equal(seccomp.defaultErrnoRet, 1);
   assert.deepEqual(seccomp.architectures, ['SCMP_ARCH_X86_64']);
   const named = new Set(seccomp.syscalls.filter((r) => r.action === 'SCMP_ACT_ALLOW').flatMap((r) => r.names));
-  for (const call of ['keyctl', 'add_key', 'request_key', 'bpf', 'unshare', 'setns', 'mount', 'umount2', 'ptrace', 'io_uring_setup', 'io_uring_enter', 'io_uring_register', 'kexec_load', 'kexec_file_load', 'open_by_handle_at', 'init_module', 'finit_module', 'perf_event_open', 'userfaultfd', 'chroot']) {
+  for (const call of ['keyctl', 'add_key', 'request_key', 'bpf', 'unshare', 'setns', 'mount', 'umount2', 'ptrace', 'io_uring_setup', 'io_uring_enter', 'io_uring_register', 'kexec_load', 'kexec_file_load', 'open_by_handle_at', 'init_module', 'finit_module', 'perf_event_open', 'userfaultfd']) {
     assert.ok(ALWAYS_DENIED.includes(call), call);
   }
   for (const call of ALWAYS_DENIED) assert.equal(named.has(call), false, `${call} must not be allowed`);
+  // Not even with every capability a container may add.
+  const everything = spec({ securityContext: { capabilities: { add: [...ADDABLE_CAPABILITIES] } } });
+  const withAll = new Set(everything.linux.seccomp.syscalls.filter((r) => r.action === 'SCMP_ACT_ALLOW').flatMap((r) => r.names));
+  for (const call of ALWAYS_DENIED) assert.equal(withAll.has(call), false, `${call} must not be allowed with ${everything.process.capabilities.bounding.join(',')}`);
+  assert.equal(named.has('chroot'), false);
   // What every program needs is there.
   for (const call of ['read', 'write', 'openat', 'execve', 'mmap', 'futex', 'epoll_wait', 'socket', 'connect', 'wait4', 'rt_sigreturn', 'exit_group', 'arch_prctl']) assert.ok(named.has(call), call);
   // clone only without namespace flags (mask 0x7e020000 must give 0); clone3 → ENOSYS so libc falls back to clone.
@@ -130,6 +135,7 @@ test('user: runAsUser (container over pod), else the image user (numeric or by n
   assert.deepEqual(refusedFields(() => spec({}, { ...BUSYBOX, user: 'user:nogroup' }, facts)), ['image.user']);
   assert.deepEqual(refusedFields(() => spec({ securityContext: { runAsUser: 70_000 } })), ['securityContext.runAsUser']);
   assert.deepEqual(refusedFields(() => spec({ securityContext: { runAsUser: -1 } })), ['securityContext.runAsUser']);
+  assert.deepEqual(refusedFields(() => spec({}, BUSYBOX, {}, { securityContext: { fsGroup: 100_000 } })), ['securityContext.fsGroup']);
 });
 
 test('a root pod gets a user namespace: uid 0 inside is an unprivileged host uid', () => {
@@ -175,6 +181,7 @@ test('capabilities: none unless added, only from the baseline set, drop wins', (
   ]);
   assert.deepEqual(refusedFields(() => spec({ securityContext: { capabilities: { add: 'SYS_ADMIN' } } })), ['securityContext.capabilities.add']);
   assert.deepEqual(refusedFields(() => spec({ securityContext: { privileged: true } })), ['securityContext.privileged']);
+  assert.deepEqual(refusedFields(() => spec({ securityContext: { procMount: 'Unmasked' } })), ['securityContext.procMount']);
   assert.equal(spec({ securityContext: { privileged: false } }).process.noNewPrivileges, true);
   // allowPrivilegeEscalation does not turn no_new_privs off: setuid binaries never gain anything in a sandbox.
   assert.equal(spec({ securityContext: { allowPrivilegeEscalation: true } }).process.noNewPrivileges, true);
@@ -233,4 +240,28 @@ test('runtime facts: netns by path, volumes as bind mounts, /dev/shm and pids si
   // A non-root pod with a joined netns still mounts its own sysfs (it needs no user namespace to).
   assert.equal(s.mounts.find((m) => m.destination === '/sys')?.type, 'sysfs');
   assert.deepEqual(refusedFields(() => spec({}, BUSYBOX, { mounts: [{ destination: 'data', source: '/v' }] })), ['volumeMounts']);
+});
+
+test('a capability that acts on what a namespace owns comes with a user namespace; NET_BIND_SERVICE alone does not', () => {
+  const identity = (c: Partial<Container>, image: ImageConfig = BUSYBOX) => sandboxIdentity({ name: 'main', ...c }, image, {});
+  assert.equal(identity({}).userNamespace, undefined);
+  assert.equal(identity({ securityContext: { capabilities: { add: ['NET_BIND_SERVICE'] } } }).userNamespace, undefined);
+  assert.deepEqual(identity({ securityContext: { runAsUser: 0 } }).userNamespace, ROOT_ID_MAP);
+  assert.deepEqual(identity({}, { ...BUSYBOX, user: '0:0' }).userNamespace, ROOT_ID_MAP);
+  // uid 1000 with an ambient CAP_SETUID could setuid(0): that must be root of its own namespace, not the host's.
+  for (const cap of ['SETUID', 'SETGID', 'CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'KILL', 'MKNOD']) {
+    const id = identity({ securityContext: { capabilities: { add: [cap, 'NET_BIND_SERVICE'] } } });
+    assert.deepEqual(id.userNamespace, ROOT_ID_MAP, cap);
+    assert.equal(id.uid, 1000);
+    const s = spec({ securityContext: { capabilities: { add: [cap] } } });
+    assert.ok(s.linux.namespaces.some((n) => n.type === 'user'), cap);
+    assert.deepEqual(s.linux.uidMappings, [{ containerID: 0, hostID: ROOT_ID_MAP.hostId, size: ROOT_ID_MAP.size }]);
+  }
+  // The runtime asks first (to pick the id-mapped tree), then builds the spec: the same answer.
+  const asked = sandboxIdentity({ name: 'main', securityContext: { runAsUser: 0 } }, BUSYBOX, { idMap: { hostId: 300_000, size: 65_536 } });
+  const built = spec({ securityContext: { runAsUser: 0 } }, BUSYBOX, { idMap: { hostId: 300_000, size: 65_536 } });
+  assert.deepEqual(built.linux.uidMappings, [{ containerID: 0, hostID: asked.userNamespace?.hostId, size: asked.userNamespace?.size }]);
+  assert.deepEqual(built.process.user, { uid: asked.uid, gid: asked.gid, additionalGids: asked.additionalGids });
+  assert.deepEqual(built.process.capabilities, asked.capabilities);
+  assert.deepEqual(refusedFields(() => identity({ securityContext: { capabilities: { add: ['SYS_ADMIN'] } } })), ['securityContext.capabilities.add[0]']);
 });

@@ -4,8 +4,10 @@
 // - seccomp RuntimeDefault (seccomp-profile.ts), no_new_privs always, every capability dropped
 //   unless `securityContext.capabilities.add` asks for one of the PSS baseline set;
 // - runc's/containerd's masked and read-only /proc and /sys paths, /sys read-only;
-// - a non-root user by default: runAsUser, else the image's user, else 1000. A pod that does run as
-//   uid 0 gets a user namespace (ROOT_ID_MAP): root in the sandbox is an unprivileged host uid;
+// - a non-root user by default: runAsUser, else the image's user, else 1000. A container that runs
+//   as uid 0, or holds a capability other than NET_BIND_SERVICE, gets a user namespace
+//   (ROOT_ID_MAP): root and capabilities then refer to the sandbox's own namespace, never the host's
+//   (a uid-1000 process with an ambient CAP_SETUID could otherwise become host uid 0);
 // - cgroup limits: memory (swap = memory, so no swap), cpu quota, pids, devices deny-all;
 // - /dev/shm sized (tmpfs pages are charged to the memory cgroup, but the size caps it first).
 // Not yet used by the local runtime (the wiring is issue 16's next slice).
@@ -133,6 +135,30 @@ export interface OciSpec {
   };
 }
 
+/** Who the container runs as, with which capabilities, and in which user namespace (if any). */
+export interface SandboxIdentity {
+  uid: number;
+  gid: number;
+  additionalGids: number[];
+  capabilities: OciCapabilities;
+  /** The host range a user namespace maps container ids 0.. to; undefined: no user namespace. */
+  userNamespace: IdRange | undefined;
+}
+
+type IdFacts = Pick<RuntimeFacts, 'passwd' | 'group' | 'idMap'>;
+
+/**
+ * The identity containerSpec will use, for the runtime to call first: a user namespace needs the
+ * rootfs unpacked through its id map (ImageStore.pull with `idMap`). An `Invalid` AsbError when the
+ * user or capabilities cannot be honoured.
+ */
+export function sandboxIdentity(container: Container, image: ImageConfig, facts: IdFacts, pod: PodLevel = {}): SandboxIdentity {
+  const problems: FieldProblem[] = [];
+  const identity = resolveIdentity(container, image, facts, pod, (field, message) => void problems.push({ field, message }));
+  throwIfAny(container, problems);
+  return identity;
+}
+
 /** The container's config.json; an `Invalid` AsbError listing every field it cannot honour. */
 export function containerSpec(container: Container, image: ImageConfig, facts: RuntimeFacts, pod: PodLevel = {}): OciSpec {
   const problems: FieldProblem[] = [];
@@ -142,20 +168,18 @@ export function containerSpec(container: Container, image: ImageConfig, facts: R
   const args = [...(container.command ?? image.entrypoint), ...(container.args ?? (container.command === undefined ? image.cmd : []))];
   if (args.length === 0) refuse('command', 'neither the container (command, args) nor the image (Entrypoint, Cmd) says what to run');
 
-  const user = resolveUser(container, pod, image, facts, refuse);
-  const caps = capabilities(ctx, user.uid, refuse);
+  const identity = resolveIdentity(container, image, facts, pod, refuse);
+  const caps = identity.capabilities;
   const limits = resourceLimits(container.resources?.limits ?? {}, container.resources?.requests ?? {}, refuse);
   if (ctx.privileged !== undefined && ctx.privileged !== false) refuse('securityContext.privileged', 'must be false or absent: this runtime runs no privileged containers');
+  if (ctx.procMount !== undefined && ctx.procMount !== 'Default') refuse('securityContext.procMount', `must be Default or absent: /proc is always masked, got ${JSON.stringify(ctx.procMount)}`);
   const seccompType = seccompTypeOf(ctx) ?? seccompTypeOf(pod.securityContext ?? {});
   if (seccompType !== undefined && seccompType !== 'RuntimeDefault') refuse('securityContext.seccompProfile.type', `must be RuntimeDefault or absent, got ${JSON.stringify(seccompType)}`);
   for (const m of facts.mounts ?? []) if (!m.destination.startsWith('/') || !m.source.startsWith('/')) refuse('volumeMounts', `mount ${m.source} → ${m.destination}: both paths must be absolute`);
 
-  if (problems.length > 0) {
-    throw new AsbError('Invalid', `container "${container.name}": ${problems.map((p) => `${p.field} ${p.message}`).join('; ')}`, { fields: problems });
-  }
+  throwIfAny(container, problems);
 
-  // Root in the sandbox is only ever root in its own user namespace.
-  const idMap = user.uid === 0 ? facts.idMap ?? ROOT_ID_MAP : undefined;
+  const idMap = identity.userNamespace;
   const namespaces: { type: string; path?: string }[] = [
     { type: 'pid' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }, { type: 'cgroup' },
     facts.netnsPath === undefined ? { type: 'network' } : { type: 'network', path: facts.netnsPath },
@@ -168,7 +192,7 @@ export function containerSpec(container: Container, image: ImageConfig, facts: R
     ociVersion: OCI_VERSION,
     process: {
       terminal: false,
-      user: { uid: user.uid, gid: user.gid, additionalGids: user.additionalGids },
+      user: { uid: identity.uid, gid: identity.gid, additionalGids: identity.additionalGids },
       args,
       env: environment(image.env, container.env ?? [], facts.hostname),
       cwd: container.workingDir ?? image.workingDir ?? '/',
@@ -209,10 +233,27 @@ export function containerSpec(container: Container, image: ImageConfig, facts: R
 
 type Refuse = (field: string, message: string) => void;
 
+function throwIfAny(container: Container, problems: FieldProblem[]): void {
+  if (problems.length > 0) {
+    throw new AsbError('Invalid', `container "${container.name}": ${problems.map((p) => `${p.field} ${p.message}`).join('; ')}`, { fields: problems });
+  }
+}
+
+/** Capabilities that do not call for a user namespace: binding a port below 1024 in the sandbox's own netns. */
+const HOST_NAMESPACE_CAPABILITIES: ReadonlySet<string> = new Set(['CAP_NET_BIND_SERVICE']);
+
+function resolveIdentity(container: Container, image: ImageConfig, facts: IdFacts, pod: PodLevel, refuse: Refuse): SandboxIdentity {
+  const user = resolveUser(container, pod, image, facts, refuse);
+  const caps = capabilities(container.securityContext ?? {}, user.uid, refuse);
+  // Root, or a capability that acts on what the namespace owns, only ever in a user namespace of its own.
+  const namespaced = user.uid === 0 || caps.bounding.some((c) => !HOST_NAMESPACE_CAPABILITIES.has(c));
+  return { ...user, capabilities: caps, userNamespace: namespaced ? facts.idMap ?? ROOT_ID_MAP : undefined };
+}
+
 interface User { uid: number; gid: number; additionalGids: number[] }
 
 /** runAsUser (container, then pod), else the image's user, else DEFAULT_UID; runAsGroup likewise, else the passwd entry's group, else the uid. */
-function resolveUser(c: Container, pod: PodLevel, image: ImageConfig, facts: RuntimeFacts, refuse: Refuse): User {
+function resolveUser(c: Container, pod: PodLevel, image: ImageConfig, facts: IdFacts, refuse: Refuse): User {
   const ctx = c.securityContext ?? {};
   const podCtx = pod.securityContext ?? {};
   const passwd = parseIdFile(facts.passwd ?? '', 2, 3);
@@ -231,13 +272,16 @@ function resolveUser(c: Container, pod: PodLevel, image: ImageConfig, facts: Run
   uid ??= DEFAULT_UID;
   const checked: [string, number][] = gid === undefined ? [['runAsUser', uid]] : [['runAsUser', uid], ['runAsGroup', gid]];
   gid ??= [...passwd.values()].find((e) => e.id === uid)?.gid ?? uid;
+  const fsGroup = podCtx.fsGroup;
+  if (fsGroup !== undefined) checked.push(['fsGroup', fsGroup]);
+  // Below the user-namespace range (ROOT_ID_MAP), so no sandbox without one shares a host id with a
+  // root sandbox's mapped ids, and within what a user namespace maps.
   for (const [field, id] of checked) {
-    if (!Number.isInteger(id) || id < 0 || id > 65_535) refuse(`securityContext.${field}`, `must be an integer from 0 to 65535 (the ids a user namespace maps), got ${String(id)}`);
+    if (!Number.isInteger(id) || id < 0 || id > 65_535) refuse(`securityContext.${field}`, `must be an integer from 0 to 65535, got ${String(id)}`);
   }
   if (uid === 0 && (ctx.runAsNonRoot === true || (ctx.runAsNonRoot === undefined && podCtx.runAsNonRoot === true))) {
     refuse('securityContext.runAsNonRoot', 'is true, but the container would run as uid 0');
   }
-  const fsGroup = podCtx.fsGroup;
   return { uid, gid, additionalGids: fsGroup === undefined || fsGroup === gid ? [] : [fsGroup] };
 }
 
