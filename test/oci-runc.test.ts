@@ -257,3 +257,19 @@ test('a root pod in a network namespace the runtime made: it joins that netns, a
   assert.match(f.get('sys_entries') ?? '', /^([5-9]|\d\d+) firmware_entries=0$/, ran.stdout);
   assert.notEqual(f.get('sys_write'), '0', ran.stdout);
 });
+
+test('uid 1000 given CAP_SETUID runs in a user namespace: setuid(0) makes it root of that namespace, host uid 100000, not host root', async (t) => {
+  const { runc, mapped, probeDir } = await setup(t);
+  const ran = await runContainer(t, runc, mapped, {
+    command: ['/bin/sh', '-c', `${STATUS}\necho uid=$(id -u)\n/probe/probe setuid0`],
+    securityContext: { capabilities: { add: ['SETUID'] } },
+  }, { mounts: [{ destination: '/probe', source: probeDir, readOnly: true }] }, ROOT_ID_MAP.hostId);
+  assert.equal(ran.code, 0, `${ran.stdout}\n${ran.stderr}`);
+  const f = fields(ran.stdout);
+  // Bit 7: CAP_SETUID, and nothing else.
+  assert.equal(f.get('CapEff'), '0000000000000080', ran.stdout);
+  assert.equal(f.get('uid'), '1000', ran.stdout);
+  assert.equal(f.get('setuid0'), '0', ran.stdout);
+  assert.equal(f.get('uid_after'), '0', ran.stdout);
+  assert.equal(f.get('uid_map'), '0 100000 65536', ran.stdout);
+});
