@@ -21,11 +21,12 @@ export const OCI_VERSION = '1.2.0';
 /** The user when neither the pod nor the image names one: the images' `user` (base and busybox have it). */
 export const DEFAULT_UID = 1000;
 /**
- * Root pods: container ids 0-65535 are host ids 100000-165535. One range shared by every root
- * sandbox (as the image cache's id-mapped trees are unpacked for it): keyrings and /proc/sys are
- * per user namespace, pid and mount namespaces keep sandboxes apart, so sharing the host ids costs
- * only the per-uid RLIMIT_NPROC count, which the pids cgroup makes moot. 100000 is above every
- * host account here (/etc/login.defs SUB_UID_MIN) and 65536 covers nobody (65534).
+ * User-namespaced containers (root, or holding a capability): container ids 0-65535 are host ids
+ * 100000-165535 (Debian's SUB_UID_MIN and SUB_UID_COUNT; host accounts stop at UID_MAX 60000 and
+ * 65536 covers nobody, 65534). One range shared by every such sandbox, as the image cache unpacks
+ * one id-mapped tree per image for it (a range per sandbox would be a tree per sandbox: 4 s for
+ * base). Pid and mount namespaces keep them apart; what they share is the kernel's per-uid counts
+ * (RLIMIT_NPROC and the like), which the pids cgroup bounds, and keyrings, which seccomp denies.
  */
 export const ROOT_ID_MAP: IdRange = { hostId: 100_000, size: 65_536 };
 /** Memory when `limits.memory` is absent: a shell, a language server and a build fit; 8 of them fit in half of this 24 GiB host. */
