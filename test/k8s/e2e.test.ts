@@ -188,7 +188,7 @@ async function writes(w: WorkerProcess, op: string): Promise<number> {
   return line === undefined ? 0 : Number(line.slice(line.lastIndexOf(' ') + 1));
 }
 
-test('the seeds\' YAML applied unchanged with kubectl runs: the Concepts Sandbox gets a Pod and becomes Ready, the warm-pool quickstart\'s claim binds a warm member', async (t) => {
+test('the seeds\' YAML applied unchanged with kubectl runs: the Concepts Sandbox gets a Pod and becomes Ready, the warm-pool quickstart\'s claim gets its own volume on a cold start', async (t) => {
   await kubeWorker(t, { tag: 'k5sa', namespace: 'default' });
   await kube.kubectl(['create', 'namespace', 'sandbox-ns']);
   const applySeed = async (seed: string): Promise<void> => {
@@ -220,21 +220,24 @@ test('the seeds\' YAML applied unchanged with kubectl runs: the Concepts Sandbox
   assert.deepEqual(pod.spec.volumes?.find((v) => v.name === 'my-pvc')?.persistentVolumeClaim, { claimName: 'sandbox-example-my-pvc' });
   assert.ok((await get('pvc', 'sandbox-example-my-pvc', 'default')) !== undefined);
 
-  // The warm-pool quickstart: template + pool + claim. The claim is bound to the pool's member,
-  // which leaves the pool (a new member replaces it) and is owned by the claim.
+  // The warm-pool quickstart: template + pool + claim. The claim brings a volumeClaimTemplate of
+  // its own (`workspace`, which the template's volumeClaimTemplatesPolicy: Overrides allows), and
+  // no warm member can take a new volume: as upstream, the claim gets a sandbox of its own, cold,
+  // with that volume, owned by the claim; the pool keeps its member.
   const claim = await waitFor('my-secure-sandbox Ready', async () => {
     const c = await get<ClaimJson>('sandboxclaim', 'my-secure-sandbox', 'default');
     return isReady(c) ? c : undefined;
   });
-  assert.equal(claim.status?.launchType, 'warm');
+  assert.equal(claim.status?.launchType, 'cold');
   const boundName = claim.status.sandbox?.name ?? '';
   const bound = await get<SandboxJson>('sandbox', boundName, 'default');
   assert.ok(bound !== undefined && isReady(bound));
   assert.equal(bound.metadata.labels?.[LABEL.pool], undefined);
-  assert.equal(bound.metadata.labels?.[LABEL.launchType], 'warm');
+  assert.equal(bound.metadata.labels?.[LABEL.launchType], 'cold');
   assert.deepEqual(bound.metadata.ownerReferences?.map((o) => `${o.kind}/${o.name}`), ['SandboxClaim/my-secure-sandbox']);
+  assert.ok((await get('pvc', `${boundName}-workspace`, 'default')) !== undefined, "the claim's own volume became a PVC");
   assert.match(await kube.kubectl(['get', 'sandboxclaim', 'my-secure-sandbox']), new RegExp(`my-secure-sandbox\\s+True\\s+${boundName}\\s+SandboxReady`));
-  await waitFor('the pool refilled', poolFull);
+  await waitFor('the pool still full', poolFull);
 
   // The Getting Started Sandbox leaves `image:` for the reader to fill in: the CRD takes it, the
   // API server refuses a Pod without an image, so there is no Pod and the Sandbox is not Ready.
