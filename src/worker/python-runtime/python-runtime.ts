@@ -121,6 +121,8 @@ export class PythonRuntime {
       timeoutMs,
       maxOutputBytes: this.#w.limits.execOutputBytes,
     });
+    // A command of up to 300 s is activity to its end, not only at its start (idle hibernation).
+    this.#w.operator.activity.touch(call.id);
     writeJson(res, 200, executeResponseOf(result));
   }
 
