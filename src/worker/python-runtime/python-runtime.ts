@@ -20,6 +20,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AsbError } from '../../errors.ts';
 import type { Sandbox } from '../../api/types.ts';
+import type { Timer } from '../../system/clock.ts';
 import { writeFileFrom, type PodShell } from '../../runtime/file-upload.ts';
 import { fileFailure, IS_DIR, NOT_FOUND, READ } from '../../runtime/shell-files.ts';
 import { readBody } from '../body.ts';
@@ -37,6 +38,8 @@ const HEALTH = { status: 'ok', message: 'Sandbox Runtime is active.' };
 const EXEC = 'mkdir -p -- "$1" 2>/dev/null; cd -- "$1" || exit 1; exec sh -c "$2" sh';
 /** Exit 0 when $1 exists (a symlink is followed, as os.path.exists does), else 1. */
 const EXISTS = '[ -e "$1" ]';
+/** How often a running /execute counts as activity: well within the shortest idle timeout worth setting (a minute). */
+const ACTIVITY_EVERY_MS = 15_000;
 /** Short scripts (a test, a listing) get this long before they count as failed. */
 const FILE_OP_TIMEOUT_MS = 60_000;
 
@@ -116,13 +119,21 @@ export class PythonRuntime {
       throw new AsbError('MalformedJson', `/execute takes a JSON body {"command": "..."}: ${err instanceof Error ? err.message : String(err)}`);
     }
     const { command, timeoutMs } = executeRequestOf(body);
-    const result = await this.#w.runtime.exec(call.id, {
-      command: ['sh', '-c', EXEC, 'sh', base, command],
-      timeoutMs,
-      maxOutputBytes: this.#w.limits.execOutputBytes,
-    });
-    // A command of up to 300 s is activity to its end, not only at its start (idle hibernation).
-    this.#w.operator.activity.touch(call.id);
+    // A command of up to 300 s is activity for as long as it runs, as an envd stream's keepalives
+    // are: idle hibernation must not stop the sandbox under it.
+    const w = this.#w;
+    let timer: Timer | undefined;
+    const touch = (): void => {
+      w.operator.activity.touch(call.id);
+      timer = w.clock.after(ACTIVITY_EVERY_MS, touch);
+    };
+    touch();
+    let result;
+    try {
+      result = await w.runtime.exec(call.id, { command: ['sh', '-c', EXEC, 'sh', base, command], timeoutMs, maxOutputBytes: w.limits.execOutputBytes });
+    } finally {
+      timer?.cancel();
+    }
     writeJson(res, 200, executeResponseOf(result));
   }
 
