@@ -18,7 +18,7 @@ import { applyDefaults, validateObject } from '../src/api/validate.ts';
 import { isAsbError } from '../src/errors.ts';
 import { ClusterType, type ClusterSpec, type ClusterStatus } from '../src/hub/contract.ts';
 import { sandboxFromTemplate } from '../src/operator/blueprint.ts';
-import { SyncStateType, type SyncState } from '../src/worker/sync-apply.ts';
+import { SyncStateType, type SyncState } from '../src/worker/sync/sync-apply.ts';
 import { CRD_DIR, renderCrdFiles } from '../scripts/gen-crds.ts';
 import { CrdSchemas } from './support/crd-ajv.ts';
 import { FULL_STATUS, INVALID_OBJECTS, NOW, POD_TEMPLATE } from './support/crd-cases.ts';

@@ -9,8 +9,8 @@ import { openSqliteStore } from '../src/store/sqlite.ts';
 import { CLUSTER_SCOPE } from '../src/store/store.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
-import { publishHubLink, watchHubLink } from '../src/worker/hub-link.ts';
-import { newSyncState, STATE_NAME, SyncStateType, type SyncState } from '../src/worker/sync-apply.ts';
+import { publishHubLink, watchHubLink } from '../src/worker/sync/hub-link.ts';
+import { newSyncState, STATE_NAME, SyncStateType, type SyncState } from '../src/worker/sync/sync-apply.ts';
 import { waitFor } from './support/wait.ts';
 
 /** Waits until the watcher's view of the link is `connected`. */

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { HEARTBEAT_MS } from '../src/hub/contract.ts';
 import { TERMINAL_CLOSE, type TerminalTokenView } from '../src/terminal/contract.ts';
-import { createTerminalTokens } from '../src/worker/terminal-token.ts';
+import { createTerminalTokens } from '../src/worker/terminal/token.ts';
 import { createSecretKey, randomBytes } from 'node:crypto';
 import { startTestSystem } from './support/local-system.ts';
 import { runAsb } from './support/run-asb.ts';

@@ -209,9 +209,14 @@ export interface SandboxClaimSpec {
   warmpool?: string;
   lifecycle?: { shutdownTime?: string; shutdownPolicy?: ClaimShutdownPolicy; ttlSecondsAfterFinished?: number };
   additionalPodMetadata?: { labels?: Record<string, string>; annotations?: Record<string, string> };
-  env?: { name: string; value: string; containerName?: string }[];
+  /** Forces a cold start; applied as the template's envVarsInjectionPolicy allows. */
+  env?: ClaimEnvVar[];
+  /** Forces a cold start; applied as the template's volumeClaimTemplatesPolicy allows. */
   volumeClaimTemplates?: VolumeClaimTemplate[];
 }
+
+/** An env var a claim adds: to `containerName`, else to the first container. */
+export interface ClaimEnvVar { name: string; value: string; containerName?: string }
 
 export interface SandboxClaimStatus {
   conditions?: Condition[];

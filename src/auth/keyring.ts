@@ -4,7 +4,7 @@
 // Revocation also reaches what a key already opened: a key that stops verifying (revoked, deleted,
 // its hash replaced) or that now grants less (another team, no longer admin) is announced to the
 // onRevoked listeners by prefix, so long-lived sessions it opened (terminals) can be closed. On a
-// worker the ring follows its local store, which the hub sync agent writes (src/worker/sync-apply.ts),
+// worker the ring follows its local store, which the hub sync agent writes (src/worker/sync/sync-apply.ts),
 // so a revocation at the hub reaches the listeners within the sync bound.
 import { timingSafeEqual } from 'node:crypto';
 import type { ApiKey } from '../api/types.ts';

@@ -1,6 +1,6 @@
 // Federation contract: what the hub (the wsproxy of the design) keeps, and the sync protocol
 // between the hub and each worker cluster. The hub (src/hub/) and the worker's sync agent
-// (src/worker/sync-agent.ts) both follow this file.
+// (src/worker/sync/sync-agent.ts) both follow this file.
 //
 // The hub is the source of truth for API keys (hashed), sandbox templates and the cluster
 // registry. Each worker dials the hub (outbound only, so clusters behind NAT work) and keeps a

@@ -1,12 +1,23 @@
-// The SandboxClaim reconciler, for claims users apply as objects (`asb apply`, kubectl). It binds
-// through the same Claimer as the REST API (warm if a member is ready, else cold), then records
-// the binding on the claim: annotation agents.x-k8s.io/sandbox-name and status.sandbox.name.
+// The SandboxClaim reconciler, for claims users apply as objects (`asb apply`, kubectl, the
+// kubernetes-sigs SDK). It binds through the same Claimer as the REST API (warm if a member is
+// ready, else cold), then records the binding on the claim: annotation
+// agents.x-k8s.io/sandbox-name and status.sandbox.name.
 // Idempotent across restarts: the bound sandbox carries the claim-uid label and an
 // ownerReference to the claim, so a claim that already has a sandbox is never bound again; a
-// sandbox that went away after binding (expired, deleted) is reported, not replaced.
+// sandbox that went away after binding (deleted) is reported, not replaced.
+// As k8s-sigs' claim controller, in the reasons its SDK acts on:
+// - A claim that cannot be bound as asked says why in Ready=False at once: WarmPoolNotFound,
+//   TemplateNotFound, EnvVarsInjectionRejected, VolumeClaimTemplatesError (the SDK fails on these
+//   instead of waiting out its 180 s). No retry with backoff: the pool, template and claim
+//   informers enqueue the claim again when what it waits for changes (operator.ts).
+// - env and volumeClaimTemplates force a cold start (claimer.ts), applied under the template's
+//   policies (blueprint.ts).
+// - At spec.lifecycle.shutdownTime the claim says Ready=False ClaimExpired, then its sandbox is
+//   deleted whatever the policy; Delete deletes the claim too, DeleteForeground deletes it once
+//   the sandbox is gone, Retain keeps it, naming no sandbox.
 // Deleting the claim deletes its sandbox.
 import { isDeepStrictEqual } from 'node:util';
-import type { Condition } from '../api/meta.ts';
+import type { Condition, ResourceType } from '../api/meta.ts';
 import { findCondition } from '../api/meta.ts';
 import {
   ANNOTATION,
@@ -21,8 +32,8 @@ import { isAsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { isoNow, type Clock } from '../system/clock.ts';
 import { isDeleting } from './blueprint.ts';
-import type { Claimer, ClaimRequest } from './claimer.ts';
-import type { Reconciler } from './controller.ts';
+import { ClaimRefused, type Claimer, type ClaimRequest } from './claimer.ts';
+import type { Reconciler, ReconcileResult } from './controller.ts';
 import { splitKey, type Informer } from './informer.ts';
 
 export const CLAIM_INDEX = 'claim';
@@ -32,6 +43,25 @@ export function claimIndexValues(sandbox: Sandbox): string[] {
   return (sandbox.metadata.ownerReferences ?? [])
     .filter((o) => o.kind === SandboxClaimType.kind)
     .map((o) => `${sandbox.metadata.namespace ?? ''}/${o.name}`);
+}
+
+/** Index on the claim informer: what a claim waits for, `pool:<ns>/<name>` and `template:<ns>/<name>`. */
+export const CLAIM_NEEDS_INDEX = 'needs';
+export function claimNeedsIndexValues(claim: SandboxClaim): string[] {
+  const { pool, template, namespace } = claimRequestOf(claim);
+  return [...(pool === undefined ? [] : [`pool:${namespace}/${pool}`]), ...(template === undefined ? [] : [`template:${namespace}/${template}`])];
+}
+
+/** Whether a claim has no sandbox yet: the only claims a pool or template change can unblock. */
+export function isUnbound(claim: SandboxClaim): boolean {
+  return claim.status?.sandbox?.name === undefined && claim.metadata.annotations?.[ANNOTATION.sandboxName] === undefined;
+}
+
+/** Milliseconds since the epoch at which the claim expires, if it has a shutdown time. */
+export function claimExpiryOf(claim: SandboxClaim): number | undefined {
+  const at = claim.spec.lifecycle?.shutdownTime;
+  const ms = at === undefined ? Number.NaN : Date.parse(at);
+  return Number.isNaN(ms) ? undefined : ms;
 }
 
 export interface ClaimControllerDeps {
@@ -58,10 +88,12 @@ export function claimRequestOf(claim: SandboxClaim): ClaimRequest {
     owner: metadata.labels?.[LABEL.owner] ?? namespace,
     ...(spec.additionalPodMetadata?.labels === undefined ? {} : { labels: spec.additionalPodMetadata.labels }),
     ...(spec.additionalPodMetadata?.annotations === undefined ? {} : { annotations: spec.additionalPodMetadata.annotations }),
-    ...(lifecycle?.shutdownTime === undefined ? {} : { shutdownTime: lifecycle.shutdownTime }),
-    // DeleteForeground only matters to a garbage collector; here it deletes like Delete.
-    ...(lifecycle?.shutdownPolicy === undefined ? {} : { shutdownPolicy: lifecycle.shutdownPolicy === 'Retain' ? 'Retain' : 'Delete' }),
+    // The sandbox goes at the claim's shutdownTime under every claim policy (the policy says what
+    // becomes of the claim), so the sandbox controller stops it on time even if this one lags.
+    ...(lifecycle?.shutdownTime === undefined ? {} : { shutdownTime: lifecycle.shutdownTime, shutdownPolicy: 'Delete' }),
     claimRef: { name: metadata.name, uid: metadata.uid ?? '' },
+    ...(spec.env === undefined || spec.env.length === 0 ? {} : { env: spec.env }),
+    ...(spec.volumeClaimTemplates === undefined || spec.volumeClaimTemplates.length === 0 ? {} : { volumeClaimTemplates: spec.volumeClaimTemplates }),
   };
 }
 
@@ -93,9 +125,43 @@ export function createClaimReconciler(deps: ClaimControllerDeps): Reconciler {
     };
   };
 
-  const writeStatus = async (claim: SandboxClaim, status: SandboxClaimStatus): Promise<void> => {
-    if (isDeepStrictEqual(claim.status ?? {}, status)) return;
-    await store.updateStatus<SandboxClaim>(SandboxClaimType, { ...claim, status });
+  const writeStatus = async (claim: SandboxClaim, status: SandboxClaimStatus): Promise<SandboxClaim> => {
+    if (isDeepStrictEqual(claim.status ?? {}, status)) return claim;
+    return store.updateStatus<SandboxClaim>(SandboxClaimType, { ...claim, status });
+  };
+
+  const deleteIfThere = async (type: ResourceType, namespace: string, name: string, uid?: string): Promise<void> => {
+    try {
+      await store.delete(type, namespace, name, uid === undefined ? undefined : { uid });
+    } catch (err) {
+      // NotFound: gone already. Conflict on the uid precondition: a new object of that name, not ours.
+      if (!isAsbError(err, 'NotFound') && !isAsbError(err, 'Conflict')) throw err;
+    }
+  };
+
+  /** The claim at or past its shutdownTime; `mine`: the sandboxes it owns. */
+  const expire = async (claim: SandboxClaim, mine: Sandbox[]): Promise<undefined> => {
+    const { namespace = '', name, uid } = claim.metadata;
+    const policy = claim.spec.lifecycle?.shutdownPolicy ?? 'Retain';
+    const message = `shutdownTime ${claim.spec.lifecycle?.shutdownTime ?? ''} reached: the sandbox is deleted${policy === 'Retain' ? ' and the claim kept (shutdownPolicy Retain)' : ', then the claim'}`;
+    // Said first, so a watcher (the SDK) sees why before the sandbox or the claim goes.
+    let current = claim;
+    if (findCondition(claim.status?.conditions, 'Ready')?.reason !== 'ClaimExpired') {
+      current = await writeStatus(claim, { ...claim.status, conditions: [condition(claim, 'False', 'ClaimExpired', message)] });
+    }
+    bound.delete(uid ?? '');
+    for (const sandbox of mine) {
+      if (!isDeleting(sandbox)) await deleteIfThere(SandboxType, namespace, sandbox.metadata.name);
+    }
+    // Delete: the claim goes now and its sandbox with it (the claim-gone path deletes what it owns).
+    // DeleteForeground and Retain wait until the sandbox is gone: its deletion enqueues this claim.
+    if (policy === 'Delete' || (policy === 'DeleteForeground' && mine.length === 0)) {
+      await deleteIfThere(SandboxClaimType, namespace, name, uid);
+    } else if (policy === 'Retain' && mine.length === 0) {
+      const { sandbox: _gone, ...kept } = current.status ?? {};
+      await writeStatus(current, { ...kept, conditions: [condition(current, 'False', 'ClaimExpired', message)] });
+    }
+    return undefined;
   };
 
   return async (key) => {
@@ -123,6 +189,14 @@ export function createClaimReconciler(deps: ClaimControllerDeps): Reconciler {
       });
     }
 
+    const now = clock.now();
+    const expiry = claimExpiryOf(claim);
+    if (expiry !== undefined && now >= expiry) {
+      return expire(claim, owned.filter((s) => s.metadata.labels?.[LABEL.claimUid] === uid));
+    }
+    // As the sandbox controller, the recheck lands at the exact shutdown time (memory, no read).
+    const recheck: ReconcileResult | undefined = expiry === undefined ? undefined : { requeueAfterMs: expiry - now };
+
     let found = await findBound(claim, owned);
     if (found === 'gone') {
       const name = bound.get(uid) ?? claim.metadata.annotations?.[ANNOTATION.sandboxName] ?? claim.status?.sandbox?.name ?? '';
@@ -131,10 +205,19 @@ export function createClaimReconciler(deps: ClaimControllerDeps): Reconciler {
         sandbox: { name },
         conditions: [condition(claim, 'False', 'SandboxDeleted', `sandbox ${name} no longer exists`)],
       });
-      return undefined;
+      return recheck;
     }
     if (found === undefined) {
-      const result = await claimer.claim(claimRequestOf(claim));
+      let result;
+      try {
+        result = await claimer.claim(claimRequestOf(claim));
+      } catch (err) {
+        if (!(err instanceof ClaimRefused)) throw err;
+        // Said at once and not retried: the informers enqueue the claim when the pool, the
+        // template or the claim changes (operator.ts), which is what can make it bindable.
+        await writeStatus(claim, { conditions: [condition(claim, 'False', err.reason, err.message)] });
+        return recheck;
+      }
       found = result.sandbox;
       bound.set(uid, found.metadata.name);
     }
@@ -158,6 +241,6 @@ export function createClaimReconciler(deps: ClaimControllerDeps): Reconciler {
           : condition(current, 'False', ready?.reason ?? 'SandboxNotReady', ready?.message ?? `sandbox ${sandbox.metadata.name} is not ready yet`),
       ],
     });
-    return undefined;
+    return recheck;
   };
 }

@@ -8,6 +8,10 @@
 // - FIFO (oldest ready first) rather than k8s-sigs' node spreading: one worker is one node.
 // - An empty pool cold-starts a new Sandbox from the template (launch 'cold') unless the caller
 //   refused that (PoolExhausted).
+// - A claim that sets env or volumeClaimTemplates always cold-starts: a warm member's pod already
+//   runs without them. The check is on the request alone, so other claims read nothing more.
+// - What cannot be bound as asked (no such pool or template, a template refusing the claim's env
+//   or volumes) is a ClaimRefused carrying k8s-sigs' Ready reason, for the claim controller to say.
 import { newSandboxId } from '../api/ids.ts';
 import type { OwnerReference } from '../api/meta.ts';
 import { apiVersionOf } from '../api/meta.ts';
@@ -19,17 +23,19 @@ import {
   SandboxTemplateType,
   SandboxType,
   SandboxWarmPoolType,
+  type ClaimEnvVar,
   type Lifecycle,
   type Sandbox,
   type SandboxTemplate,
   type SandboxWarmPool,
   type ShutdownPolicy,
+  type VolumeClaimTemplate,
 } from '../api/types.ts';
-import { AsbError, invalid, isAsbError } from '../errors.ts';
+import { AsbError, invalid, isAsbError, type ErrorCode } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { isoNow, type Clock, type Timer } from '../system/clock.ts';
-import { isDeleting, isSandboxReady, sandboxFromTemplate } from './blueprint.ts';
+import { applyClaimChanges, hasClaimChanges, isDeleting, isSandboxReady, sandboxFromTemplate } from './blueprint.ts';
 import type { Activity } from './activity.ts';
 import type { Informer } from './informer.ts';
 
@@ -50,6 +56,25 @@ export interface ClaimRequest {
   coldStart?: boolean;
   /** The SandboxClaim this binds for, if any: becomes the sandbox's owner and claim-uid label. */
   claimRef?: { name: string; uid: string };
+  /** Added to the pod as the template's envVarsInjectionPolicy allows; forces a cold start. */
+  env?: ClaimEnvVar[];
+  /** Added to the sandbox as the template's volumeClaimTemplatesPolicy allows; forces a cold start. */
+  volumeClaimTemplates?: VolumeClaimTemplate[];
+}
+
+/** k8s-sigs' SandboxClaim Ready reasons for a claim that cannot be bound as asked. */
+export type RefusalReason = 'WarmPoolNotFound' | 'TemplateNotFound' | 'EnvVarsInjectionRejected' | 'VolumeClaimTemplatesError';
+
+/**
+ * A claim the claimer cannot bind as asked, with the reason a SandboxClaim's Ready condition
+ * gives (the SDK fails at once on each). The code stays NotFound or Invalid for the REST API.
+ */
+export class ClaimRefused extends AsbError {
+  readonly reason: RefusalReason;
+  constructor(reason: RefusalReason, code: ErrorCode, message: string) {
+    super(code, message);
+    this.reason = reason;
+  }
 }
 
 export interface ClaimResult {
@@ -216,7 +241,7 @@ export class Claimer {
     if (req.pool !== undefined) {
       const pool = pools.getByName(req.namespace, req.pool);
       if (pool === undefined) {
-        if (req.template === undefined) throw new AsbError('NotFound', `SandboxWarmPool "${req.pool}" not found in namespace "${req.namespace}"`);
+        if (req.template === undefined) throw new ClaimRefused('WarmPoolNotFound', 'NotFound', `SandboxWarmPool "${req.pool}" not found in namespace "${req.namespace}"`);
         return { template: req.template };
       }
       return { pool, template: pool.spec.sandboxTemplateRef.name };
@@ -234,7 +259,7 @@ export class Claimer {
   async #claim(req: ClaimRequest): Promise<ClaimResult> {
     checkLabels(req);
     const { pool, template } = req.warm === false ? { pool: undefined, template: req.template } : this.#resolvePool(req);
-    if (pool !== undefined) {
+    if (pool !== undefined && !hasClaimChanges(req)) {
       const warm = await this.#claimWarm(req, `${req.namespace}/${pool.metadata.name}`);
       if (warm !== undefined) return { sandbox: warm, launch: 'warm' };
     }
@@ -271,8 +296,10 @@ export class Claimer {
     const template =
       templates.getByName(req.namespace, templateName) ??
       (await store.tryGet<SandboxTemplate>(SandboxTemplateType, req.namespace, templateName));
-    if (template === undefined) throw new AsbError('NotFound', `SandboxTemplate "${templateName}" not found in namespace "${req.namespace}"`);
-    const sandbox = sandboxFromTemplate(template, {
+    if (template === undefined) throw new ClaimRefused('TemplateNotFound', 'NotFound', `SandboxTemplate "${templateName}" not found in namespace "${req.namespace}"`);
+    const changed = applyClaimChanges(template, req);
+    if ('refused' in changed) throw new ClaimRefused(changed.refused.reason, 'Invalid', changed.refused.message);
+    const sandbox = sandboxFromTemplate(changed.template, {
       name: newSandboxId(clusterTag),
       namespace: req.namespace,
       labels: { ...req.labels, ...systemLabels(req, 'cold'), [LABEL.template]: templateName },

@@ -23,7 +23,7 @@ import type { ObjectStore } from '../store/store.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import { createActivity, type Activity } from './activity.ts';
-import { CLAIM_INDEX, claimIndexValues, createClaimReconciler } from './claim-controller.ts';
+import { CLAIM_INDEX, CLAIM_NEEDS_INDEX, claimIndexValues, claimNeedsIndexValues, createClaimReconciler, isUnbound } from './claim-controller.ts';
 import { Claimer, POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues } from './claimer.ts';
 import { Controller } from './controller.ts';
 import { Informer, objectKey } from './informer.ts';
@@ -77,6 +77,7 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
   sandboxes.addIndex(CLAIM_INDEX, claimIndexValues);
   sandboxes.addIndex(NAME_INDEX, nameIndexValues);
   pools.addIndex(POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues);
+  claims.addIndex(CLAIM_NEEDS_INDEX, claimNeedsIndexValues);
 
   const activity = createActivity(clock);
   const claimer = new Claimer({ store, sandboxes, pools, templates, clock, metrics, clusterTag, activity });
@@ -139,12 +140,24 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
       claimController.enqueue(claimKey);
     }
   });
-  pools.onChange((key) => {
-    if (started) poolController.enqueue(key);
+  // Claims that said WarmPoolNotFound or TemplateNotFound (or that a template refused) wait for
+  // the pool or template to change; bound claims never do, so they are not enqueued.
+  const enqueueWaiting = (needs: string): void => {
+    for (const claim of claims.byIndex(CLAIM_NEEDS_INDEX, needs)) if (isUnbound(claim)) claimController.enqueue(objectKey(claim));
+  };
+  pools.onChange((key, current, previous) => {
+    if (!started) return;
+    poolController.enqueue(key);
+    // Status-only writes (every claim's refill moves readyReplicas) change nothing a claim waits for.
+    if (current === undefined || previous === undefined || current.metadata.generation !== previous.metadata.generation) enqueueWaiting(`pool:${key}`);
   });
   templates.onChange((key) => {
     if (!started) return;
-    for (const pool of pools.byIndex(POOL_BY_TEMPLATE_INDEX, key)) poolController.enqueue(objectKey(pool));
+    for (const pool of pools.byIndex(POOL_BY_TEMPLATE_INDEX, key)) {
+      poolController.enqueue(objectKey(pool));
+      enqueueWaiting(`pool:${objectKey(pool)}`);
+    }
+    enqueueWaiting(`template:${key}`);
   });
   claims.onChange((key) => {
     if (started) claimController.enqueue(key);

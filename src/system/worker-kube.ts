@@ -12,7 +12,7 @@ import { LeaderElector } from '../operator/leader.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { openKubeStore, type KubeStore } from '../store/kube.ts';
 import { inClusterKubeConfig, KubeHttp, loadKubeConfig } from '../store/kube-http.ts';
-import { startSyncAgent, type SyncAgent } from '../worker/sync-agent.ts';
+import { startSyncAgent, type SyncAgent } from '../worker/sync/sync-agent.ts';
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Registry } from 'prom-client';
 import { createKubeRuntime } from '../runtime/kube/kube-runtime.ts';

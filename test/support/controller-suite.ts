@@ -4,7 +4,7 @@
 // kube-apiserver (test/k8s/controllers.test.ts). Pods come from the fake runtime.
 import assert from 'node:assert/strict';
 import { test, type TestContext } from 'node:test';
-import type { KubeObject, ResourceType } from '../../src/api/meta.ts';
+import type { Condition, KubeObject, ResourceType } from '../../src/api/meta.ts';
 import { apiVersionOf } from '../../src/api/meta.ts';
 import {
   ANNOTATION,
@@ -413,6 +413,25 @@ async function claimStatus(h: Harness, name: string): Promise<SandboxClaim | und
   return c?.status?.conditions?.find((x) => x.type === 'Ready')?.status === 'True' ? c : undefined;
 }
 
+async function readyCondition(h: Harness, name: string): Promise<Condition | undefined> {
+  return (await h.store.tryGet<SandboxClaim>(SandboxClaimType, h.ns, name))?.status?.conditions?.find((x) => x.type === 'Ready');
+}
+
+/** Waits until the claim's Ready condition is False with `reason`; returns the claim. */
+async function claimSays(h: Harness, name: string, reason: string): Promise<SandboxClaim> {
+  return eventually(`claim ${name} Ready=False ${reason}`, async () => {
+    const c = await h.store.tryGet<SandboxClaim>(SandboxClaimType, h.ns, name);
+    const ready = c?.status?.conditions?.find((x) => x.type === 'Ready');
+    return ready?.status === 'False' && ready.reason === reason ? c : undefined;
+  }, 5_000);
+}
+
+/** Claim reconciles that failed (and so were retried with backoff) so far. */
+async function claimReconcileErrors(h: Harness): Promise<number> {
+  const metric = await h.registry.getSingleMetric('asb_reconcile_total')?.get();
+  return metric?.values.find((v) => v.labels.controller === 'claim' && v.labels.result === 'error')?.value ?? 0;
+}
+
 /** The claim hot path (Claimer) and SandboxClaim objects, on the stores `openStore` makes. */
 export function claimSuite(openStore: HarnessStoreFactory): void {
   const start = starter(openStore);
@@ -549,5 +568,115 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
       const bound = (await h.store.list<Sandbox>(SandboxType, { labelSelector: `${LABEL.claimUid}=${c.metadata.uid ?? ''}` })).items;
       assert.equal(bound.length, 1, `claim ${n} has exactly one sandbox`);
     }
+  });
+
+  test('issue 18: a SandboxClaim for a missing warm pool says Ready=False WarmPoolNotFound in its first reconcile, and binds once the pool appears', async (t) => {
+    const h = await start(t);
+    await h.store.create(SandboxClaimType, claimObject(h, 'early', { warmPoolRef: { name: 'later' } }));
+    const waiting = await claimSays(h, 'early', 'WarmPoolNotFound');
+    assert.match(waiting.status?.conditions?.[0]?.message ?? '', /SandboxWarmPool "later" not found/);
+    assert.equal(waiting.status?.sandbox, undefined);
+    assert.equal(await claimReconcileErrors(h), 0, 'said in the first reconcile, not after failed retries');
+    assert.equal((await h.store.list<Sandbox>(SandboxType, { namespace: h.ns })).items.length, 0);
+
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
+    await h.store.create(SandboxWarmPoolType, warmPool('later', 'py', 1, h.ns));
+    const bound = await eventually('bound once the pool exists', () => claimStatus(h, 'early'));
+    const sb = await h.store.get<Sandbox>(SandboxType, h.ns, bound.status?.sandbox?.name ?? '');
+    assert.equal(sb.metadata.labels?.[LABEL.claimUid], bound.metadata.uid);
+  });
+
+  test('issue 18: a SandboxClaim whose pool names a missing template says Ready=False TemplateNotFound, and binds once the template appears', async (t) => {
+    const h = await start(t);
+    await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 1, h.ns));
+    await h.store.create(SandboxClaimType, claimObject(h, 'c', { warmPoolRef: { name: 'py-pool' } }));
+    const waiting = await claimSays(h, 'c', 'TemplateNotFound');
+    assert.match(waiting.status?.conditions?.[0]?.message ?? '', /SandboxTemplate "py" not found/);
+    assert.equal(await claimReconcileErrors(h), 0);
+
+    await h.store.create(SandboxTemplateType, template('py', h.ns));
+    const bound = await eventually('bound once the template exists', () => claimStatus(h, 'c'));
+    assert.ok(bound.status?.sandbox?.name);
+  });
+
+  test('issue 18: a SandboxClaim with env cold-starts a sandbox whose pod has the env; a template that disallows env refuses the claim', async (t) => {
+    const h = await start(t);
+    await h.store.create(SandboxTemplateType, template('open', h.ns, { envVarsInjectionPolicy: 'Allowed' }));
+    await h.store.create(SandboxTemplateType, template('closed', h.ns));
+    await h.store.create(SandboxWarmPoolType, warmPool('open-pool', 'open', 1, h.ns));
+    await h.store.create(SandboxWarmPoolType, warmPool('closed-pool', 'closed', 1, h.ns));
+    await eventually('both pools warm', () => h.op.claimer.available(h.ns, 'open-pool') === 1 && h.op.claimer.available(h.ns, 'closed-pool') === 1);
+    const env = [{ name: 'GREETING', value: 'hello' }, { name: 'TARGET', value: 'world', containerName: 'main' }];
+    await h.store.create(SandboxClaimType, claimObject(h, 'with-env', { warmPoolRef: { name: 'open-pool' }, env }));
+    await h.store.create(SandboxClaimType, claimObject(h, 'refused', { warmPoolRef: { name: 'closed-pool' }, env }));
+
+    const ready = await eventually('with-env ready', () => claimStatus(h, 'with-env'));
+    assert.equal(ready.status?.launchType, 'cold', 'a warm member\'s pod cannot take env');
+    const name = ready.status.sandbox?.name ?? '';
+    const pod = h.runtime.request(name);
+    assert.deepEqual(pod?.spec.containers[0]?.env, env.map((e) => ({ name: e.name, value: e.value })));
+    assert.equal(h.op.claimer.available(h.ns, 'open-pool'), 1, 'the warm member stays in its pool');
+
+    const refused = await claimSays(h, 'refused', 'EnvVarsInjectionRejected');
+    assert.match(refused.status?.conditions?.[0]?.message ?? '', /envVarsInjectionPolicy is Disallowed/);
+    const owned = (await h.store.list<Sandbox>(SandboxType, { labelSelector: `${LABEL.claimUid}=${refused.metadata.uid ?? ''}` })).items;
+    assert.equal(owned.length, 0, 'never bound without its env');
+  });
+
+  test('issue 18: a SandboxClaim with volumeClaimTemplates cold-starts a sandbox with those volumes; a template that disallows them refuses the claim', async (t) => {
+    const h = await start(t);
+    await h.store.create(SandboxTemplateType, template('open', h.ns, { volumeClaimTemplatesPolicy: 'Allowed' }));
+    await h.store.create(SandboxTemplateType, template('closed', h.ns));
+    await h.store.create(SandboxWarmPoolType, warmPool('open-pool', 'open', 1, h.ns));
+    await h.store.create(SandboxWarmPoolType, warmPool('closed-pool', 'closed', 1, h.ns));
+    await eventually('both pools warm', () => h.op.claimer.available(h.ns, 'open-pool') === 1 && h.op.claimer.available(h.ns, 'closed-pool') === 1);
+    const volumeClaimTemplates = [{ metadata: { name: 'data' }, spec: { accessModes: ['ReadWriteOnce'], resources: { requests: { storage: '2Gi' } } } }];
+    await h.store.create(SandboxClaimType, claimObject(h, 'with-volume', { warmPoolRef: { name: 'open-pool' }, volumeClaimTemplates }));
+    await h.store.create(SandboxClaimType, claimObject(h, 'refused', { warmPoolRef: { name: 'closed-pool' }, volumeClaimTemplates }));
+
+    const ready = await eventually('with-volume ready', () => claimStatus(h, 'with-volume'));
+    assert.equal(ready.status?.launchType, 'cold');
+    const pod = h.runtime.request(ready.status.sandbox?.name ?? '');
+    const storage = pod?.volumeClaimTemplates?.find((v) => v.metadata.name === 'data')?.spec.resources?.requests?.storage;
+    assert.deepEqual(pod?.volumeClaimTemplates?.map((v) => v.metadata.name), ['work', 'data'], "the template's volume and the claim's");
+    assert.equal(storage, '2Gi');
+
+    const refused = await claimSays(h, 'refused', 'VolumeClaimTemplatesError');
+    assert.match(refused.status?.conditions?.[0]?.message ?? '', /volumeClaimTemplatesPolicy is Disallowed/);
+  });
+
+  test('issue 18: at shutdownTime a claim says ClaimExpired; Delete and DeleteForeground delete claim and sandbox, Retain keeps the claim alone', async (t) => {
+    const h = await start(t);
+    await fillPool(h, 'py-pool', 3);
+    const shutdownTime = new Date(h.clock.now() + 3_600_000).toISOString().replace(/\.\d+Z$/, 'Z');
+    const policies = { 'c-delete': 'Delete', 'c-foreground': 'DeleteForeground', 'c-retain': 'Retain' } as const;
+    const sandboxOf = new Map<string, string>();
+    for (const [name, shutdownPolicy] of Object.entries(policies)) {
+      await h.store.create(SandboxClaimType, claimObject(h, name, { warmPoolRef: { name: 'py-pool' }, lifecycle: { shutdownTime, shutdownPolicy } }));
+    }
+    for (const name of Object.keys(policies)) sandboxOf.set(name, (await eventually(`${name} ready`, () => claimStatus(h, name))).status?.sandbox?.name ?? '');
+    // What the SDK's watch sees: the reason, then the deletion.
+    const seen: string[] = [];
+    const watch = h.store.watch<SandboxClaim>(SandboxClaimType, { namespace: h.ns }, {
+      onEvent: (e) => seen.push(`${e.object.metadata.name} ${e.type === 'DELETED' ? 'DELETED' : e.object.status?.conditions?.find((c) => c.type === 'Ready')?.reason ?? ''}`),
+      onError: () => undefined,
+    });
+    t.after(() => watch.close());
+
+    h.clock.advance(Math.ceil(Date.parse(shutdownTime) - h.clock.now()) + 1_000);
+    for (const name of ['c-delete', 'c-foreground']) {
+      await eventually(`${name} deleted`, async () => (await h.store.tryGet(SandboxClaimType, h.ns, name)) === undefined);
+      await eventually(`${name}'s sandbox deleted`, async () => (await h.store.tryGet(SandboxType, h.ns, sandboxOf.get(name) ?? '')) === undefined);
+      const mine = seen.filter((s) => s.startsWith(`${name} `));
+      assert.ok(mine.indexOf(`${name} ClaimExpired`) >= 0 && mine.indexOf(`${name} ClaimExpired`) < mine.indexOf(`${name} DELETED`), `${name}: ClaimExpired before DELETED, saw ${mine.join(', ')}`);
+    }
+    await eventually("c-retain's sandbox deleted", async () => (await h.store.tryGet(SandboxType, h.ns, sandboxOf.get('c-retain') ?? '')) === undefined);
+    const kept = await eventually('c-retain names no sandbox', async () => {
+      const c = await h.store.tryGet<SandboxClaim>(SandboxClaimType, h.ns, 'c-retain');
+      return c?.status?.sandbox === undefined ? c : undefined;
+    });
+    assert.equal((await readyCondition(h, 'c-retain'))?.reason, 'ClaimExpired');
+    assert.equal(kept.status?.conditions?.[0]?.status, 'False');
+    for (const name of sandboxOf.values()) assert.equal(h.runtime.state(name).phase, 'Absent', 'every expired claim\'s pod is gone');
   });
 }

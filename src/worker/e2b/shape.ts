@@ -8,8 +8,13 @@ import type { Sandbox } from '../../api/types.ts';
 import { LABEL, sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { parseQuantity } from '../../api/quantity.ts';
 import type { WorkerContext } from '../deps.ts';
-import { ENVD_VERSION } from '../envd/envd.ts';
 
+/**
+ * The envd version the E2B API reports for our sandboxes (version gates in the SDK; see shared
+ * research e2b.md). Here, with the E2B API's shapes, so envd (which reads the E2B env vars from
+ * this module) and this module do not import each other.
+ */
+export const ENVD_VERSION = '0.6.13';
 
 export const E2B_ANNOTATION = {
   /** JSON object of string → string: the sandbox's E2B metadata (`metadata` at create). */

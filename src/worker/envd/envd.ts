@@ -32,8 +32,6 @@ import { ProcessTable } from './processes.ts';
 import { UserIds } from './users.ts';
 import { WatcherTable } from './watchers.ts';
 
-/** The envd version the E2B API reports for our sandboxes (version gates in the SDK; see shared research e2b.md). */
-export const ENVD_VERSION = '0.6.13';
 /** Connect request messages are a few fields, but SendInput and StreamInput carry input in base64 (4/3 its size): 4 MiB takes a 3 MiB write. */
 const MESSAGE_LIMIT_BYTES = 4 * 1024 * 1024;
 

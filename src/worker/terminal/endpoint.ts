@@ -3,7 +3,7 @@
 // ordinary problem+json answer: auth (API key header, or a single-use terminal token in
 // ?token=), visibility (the same rule as GET /v1/sandboxes/{id}: another team's sandbox is 404),
 // 409 when the sandbox is not running, 400 for a bad size or command, 500 when the PTY cannot be
-// opened. Only then is the socket upgraded and a TerminalSession (terminal-session.ts) started.
+// opened. Only then is the socket upgraded and a TerminalSession (session.ts) started.
 //
 // The endpoint watches the runtime: when a sandbox with open sessions leaves Running (hibernated,
 // deleted, crashed), its sessions close with sandboxGone. It watches the key ring too: each session
@@ -17,16 +17,16 @@ import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { WebSocketServer } from 'ws';
-import { LABEL, wantsRunning, type Sandbox } from '../api/types.ts';
-import { AsbError } from '../errors.ts';
-import type { PtyOptions } from '../runtime/runtime.ts';
-import { TERMINAL_PATH_SUFFIX } from '../terminal/contract.ts';
-import { canSee, isObjectName, sandboxNotFound } from './access.ts';
-import type { Authenticator, WorkerContext } from './deps.ts';
-import { AUTH_HINT, presentedKey } from './presented-key.ts';
-import { problemOf, toAsbError } from './problem.ts';
-import { isDimension, MAX_TERMINAL_DIMENSION, TerminalSession, type TerminalEndReason } from './terminal-session.ts';
-import type { TerminalTokens } from './terminal-token.ts';
+import { LABEL, wantsRunning, type Sandbox } from '../../api/types.ts';
+import { AsbError } from '../../errors.ts';
+import type { PtyOptions } from '../../runtime/runtime.ts';
+import { TERMINAL_PATH_SUFFIX } from '../../terminal/contract.ts';
+import { canSee, isObjectName, sandboxNotFound } from '../access.ts';
+import type { Authenticator, WorkerContext } from '../deps.ts';
+import { AUTH_HINT, presentedKey } from '../presented-key.ts';
+import { problemOf, toAsbError } from '../problem.ts';
+import { isDimension, MAX_TERMINAL_DIMENSION, TerminalSession, type TerminalEndReason } from './session.ts';
+import type { TerminalTokens } from './token.ts';
 
 /** Default idle timeout: 15 minutes with no frame either way. */
 export const DEFAULT_TERMINAL_IDLE_MS = 15 * 60 * 1000;

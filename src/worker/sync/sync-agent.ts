@@ -1,6 +1,6 @@
 // The worker end of sync (protocol in src/hub/contract.ts): dials the hub (outbound only, so a
 // cluster behind NAT needs no inbound port), says which hub version it last applied, and applies
-// the snapshot or deltas it gets to the worker's own store (src/worker/sync-apply.ts), persisting
+// the snapshot or deltas it gets to the worker's own store (src/worker/sync/sync-apply.ts), persisting
 // the version before acknowledging it.
 //
 // Messages are applied one batch at a time, in arrival order; a delta at or below the applied
@@ -14,13 +14,13 @@
 // what placement needs: every template this cluster holds with its ready warm sandboxes. They
 // are counted from two in-memory store lists, tens of microseconds for tens of templates.
 import { WebSocket, type RawData } from 'ws';
-import type { SandboxTemplate, SandboxWarmPool } from '../api/types.ts';
-import { SandboxTemplateType, SandboxWarmPoolType } from '../api/types.ts';
-import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type SyncItem, type WorkerToHub } from '../hub/contract.ts';
-import type { ObjectStore } from '../store/store.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { publishHubLink } from './hub-link.ts';
+import type { SandboxTemplate, SandboxWarmPool } from '../../api/types.ts';
+import { SandboxTemplateType, SandboxWarmPoolType } from '../../api/types.ts';
+import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type SyncItem, type WorkerToHub } from '../../hub/contract.ts';
+import type { ObjectStore } from '../../store/store.ts';
+import type { Clock, Timer } from '../../system/clock.ts';
+import type { Logger } from '../../system/log.ts';
+import { publishHubLink, type SyncStatus } from './hub-link.ts';
 import { advanceTo, applyDeltas, applySnapshot, loadAppliedVersion } from './sync-apply.ts';
 
 const SILENT_INTERVALS = 3;
@@ -42,14 +42,6 @@ export interface SyncAgentOptions {
   heartbeatMs?: number;
   /** [0, 1): the jitter source; injected so tests can pin it. */
   random?: () => number;
-}
-
-export interface SyncStatus {
-  connected: boolean;
-  /** Last hub version applied and persisted here (0: never synced). */
-  appliedVersion: number;
-  /** The hub's version as it last said (absent before the first message). */
-  hubVersion?: number;
 }
 
 export interface SyncAgent {

@@ -7,12 +7,12 @@
 // "persisted the version" changes nothing. Synced copies carry `asb.dev/synced-from: hub` and
 // the hub version they came from (`asb.dev/synced-version`); only marked objects are ever
 // deleted by sync, so objects made locally (the worker's own admin key, its built-ins) stay.
-import type { KubeObject, ResourceType } from '../api/meta.ts';
-import { apiVersionOf } from '../api/meta.ts';
-import { ApiKeyType, ASB_GROUP, SandboxTemplateType } from '../api/types.ts';
-import { isAsbError } from '../errors.ts';
-import { ClusterType, type SyncItem, type SyncKind } from '../hub/contract.ts';
-import { CLUSTER_SCOPE, type ObjectStore } from '../store/store.ts';
+import type { KubeObject, ResourceType } from '../../api/meta.ts';
+import { apiVersionOf } from '../../api/meta.ts';
+import { ApiKeyType, ASB_GROUP, SandboxTemplateType } from '../../api/types.ts';
+import { isAsbError } from '../../errors.ts';
+import { ClusterType, type SyncItem, type SyncKind } from '../../hub/contract.ts';
+import { CLUSTER_SCOPE, type ObjectStore } from '../../store/store.ts';
 
 export const SYNC_ANNOTATION = { from: 'asb.dev/synced-from', version: 'asb.dev/synced-version' } as const;
 

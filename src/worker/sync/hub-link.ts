@@ -7,13 +7,21 @@
 // - A leader killed with its link up leaves `hubConnected: true` until the next leader's agent
 //   writes; meanwhile the routers keep sending creates to the hub, which answers if it is up and
 //   is a 503 at once if it is not. That beats turning placement off for every restart.
-import { isAsbError } from '../errors.ts';
-import { CLUSTER_SCOPE, type ObjectStore } from '../store/store.ts';
-import { isoNow, type Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { Informer } from '../operator/informer.ts';
+import { isAsbError } from '../../errors.ts';
+import { CLUSTER_SCOPE, type ObjectStore } from '../../store/store.ts';
+import { isoNow, type Clock } from '../../system/clock.ts';
+import type { Logger } from '../../system/log.ts';
+import { Informer } from '../../operator/informer.ts';
 import { STATE_NAME, SyncStateType, newSyncState, type SyncState } from './sync-apply.ts';
-import type { SyncStatus } from './sync-agent.ts';
+
+/** The worker's sync link to the hub, as the sync agent (sync-agent.ts) reports it and this module publishes it. */
+export interface SyncStatus {
+  connected: boolean;
+  /** Last hub version applied and persisted here (0: never synced). */
+  appliedVersion: number;
+  /** The hub's version as it last said (absent before the first message). */
+  hubVersion?: number;
+}
 
 const WRITE_ATTEMPTS = 5;
 const RETRY_MS = 1_000;

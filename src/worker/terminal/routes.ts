@@ -1,14 +1,14 @@
 // Terminals over plain HTTP: POST /v1/sandboxes/{id}/terminal-tokens issues a single-use token
-// for opening the terminal WebSocket from a browser (terminal-token.ts); a plain GET of the
+// for opening the terminal WebSocket from a browser (token.ts); a plain GET of the
 // terminal path (no Upgrade header) answers 400 naming what to do. The WebSocket itself is
 // served by terminal.ts from the server's 'upgrade' event.
-import { LABEL } from '../api/types.ts';
-import { AsbError } from '../errors.ts';
-import { TERMINAL_PATH_SUFFIX, TERMINAL_TOKENS_PATH_SUFFIX, type TerminalTokenView } from '../terminal/contract.ts';
-import { findSandbox, principalOf } from './access.ts';
-import type { WorkerContext } from './deps.ts';
-import type { Route } from './router.ts';
-import type { TerminalTokens } from './terminal-token.ts';
+import { LABEL } from '../../api/types.ts';
+import { AsbError } from '../../errors.ts';
+import { TERMINAL_PATH_SUFFIX, TERMINAL_TOKENS_PATH_SUFFIX, type TerminalTokenView } from '../../terminal/contract.ts';
+import { findSandbox, principalOf } from '../access.ts';
+import type { WorkerContext } from '../deps.ts';
+import type { Route } from '../router.ts';
+import type { TerminalTokens } from './token.ts';
 
 export function terminalRoutes(w: WorkerContext, tokens: TerminalTokens): Route[] {
   return [

@@ -14,8 +14,8 @@
 // TTL, so nonces expire in the order they were issued and are pruned from the front of one Map:
 // memory is bounded by the tokens redeemed in the last TTL.
 import { createHmac, randomBytes, timingSafeEqual, type KeyObject } from 'node:crypto';
-import { AsbError } from '../errors.ts';
-import type { Clock } from '../system/clock.ts';
+import { AsbError } from '../../errors.ts';
+import type { Clock } from '../../system/clock.ts';
 
 export interface TerminalTokenClaims {
   sandboxId: string;

@@ -14,10 +14,10 @@
 // sandboxGone, shutdown, protocol (a bad control frame), error (the PTY failed), revoked (the API
 // key that opened it was revoked: the PTY is hung up at once, so input still in flight runs nothing).
 import { WebSocket, type RawData } from 'ws';
-import { TERMINAL_CLOSE, TERMINAL_HIGH_WATER_BYTES, type TerminalServerControl } from '../terminal/contract.ts';
-import type { PtySession } from '../runtime/runtime.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import { TERMINAL_CLOSE, TERMINAL_HIGH_WATER_BYTES, type TerminalServerControl } from '../../terminal/contract.ts';
+import type { PtySession } from '../../runtime/runtime.ts';
+import type { Clock, Timer } from '../../system/clock.ts';
+import type { Logger } from '../../system/log.ts';
 
 export type TerminalEndReason = 'exit' | 'client' | 'idle' | 'sandboxGone' | 'shutdown' | 'protocol' | 'error' | 'revoked';
 
