@@ -44,10 +44,10 @@ function outcomes(output: string): Record<string, number> {
   return counts;
 }
 
-test('k8s-agent-sandbox 1.0.8 in Direct mode: create from a warm pool, commands.run (output, exit code, timeout), files write/read/list/exists, terminate', async (t) => {
+test('k8s-agent-sandbox 1.0.8 in Direct mode: create from a warm pool, commands.run (output, exit code, timeout), files write/read/list/exists, terminate, the missing-pool error', async (t) => {
   assert.ok(existsSync(python), `${python} is missing: make test installs k8s-agent-sandbox and pytest into .venv`);
   const defined = [...readFileSync(join(repoRoot, suite), 'utf8').matchAll(/^def test_/gm)].length;
-  assert.ok(defined >= 6, `${suite} defines ${String(defined)} tests`);
+  assert.ok(defined >= 7, `${suite} defines ${String(defined)} tests`);
 
   const system = await startTestSystem('k8py', 164, 'local', 1, true);
   t.after(() => system.cleanup());

@@ -7,12 +7,14 @@
 #   ASB_API_KEY   the key the data plane carries
 #   ASB_EDGE_URL  the edge's plain HTTP address (Direct mode's api_url)
 #   POOL          a warm pool in namespace default
+# The Kubernetes tier (a real kube-apiserver) is not run here yet.
 import io
 import os
+import time
 
 import pytest
 from k8s_agent_sandbox import SandboxClient
-from k8s_agent_sandbox.exceptions import SandboxRequestError
+from k8s_agent_sandbox.exceptions import SandboxRequestError, SandboxWarmPoolNotFoundError
 from k8s_agent_sandbox.models import SandboxDirectConnectionConfig
 
 
@@ -79,3 +81,10 @@ def test_terminate(client):
     assert sb.commands.run("true").exit_code == 0
     sb.terminate()
     assert claim not in client.list_all_sandboxes("default")
+
+
+def test_missing_pool_fails_at_once(client):
+    started = time.monotonic()
+    with pytest.raises(SandboxWarmPoolNotFoundError):
+        client.create_sandbox(warmpool="no-such-pool", namespace="default", sandbox_ready_timeout=30)
+    assert time.monotonic() - started < 15, "the claim said WarmPoolNotFound, not a wait for the timeout"
