@@ -43,10 +43,20 @@ $(E2B_PY_STAMP): $(ENVOY_STAMP)
 	@.venv/bin/pip install --quiet --disable-pip-version-check e2b==$(E2B_PY_VERSION) pytest==$(PYTEST_VERSION)
 	@touch $@
 
+# kubernetes-sigs' own Python SDK (test/k8s-sigs-python.test.ts runs test/python/test_k8s_sigs_sdk.py)
+# in the same venv, after e2b (pip check finds no conflict between the two); for `make test` only,
+# pinned and stamped by version like e2b.
+K8S_SIGS_PY_VERSION := 1.0.8
+K8S_SIGS_PY_STAMP := .venv/.k8s-agent-sandbox-$(K8S_SIGS_PY_VERSION)
+$(K8S_SIGS_PY_STAMP): $(E2B_PY_STAMP)
+	@echo "bootstrap: installing k8s-agent-sandbox $(K8S_SIGS_PY_VERSION) from PyPI into .venv/" >&2
+	@.venv/bin/pip install --quiet --disable-pip-version-check k8s-agent-sandbox==$(K8S_SIGS_PY_VERSION)
+	@touch $@
+
 up: deps
 	@$(NODE) src/system/up.ts
 
-test: deps kube-tools images runc $(E2B_PY_STAMP)
+test: deps kube-tools images runc $(E2B_PY_STAMP) $(K8S_SIGS_PY_STAMP)
 	@scripts/bootstrap.sh apt $(APT_TEST)
 	@$(MAKE) --no-print-directory typecheck lint
 	@$(NODE) --test --test-concurrency=1 --test-timeout=300000 $(TEST_FILES)

@@ -122,10 +122,10 @@ test('X-Sandbox-* with the team API key reach the sandbox through Envoy; other t
   // A namespace that is not the sandbox's: 404, never another sandbox.
   const elsewhere = await send(sdk({ authorization: `Bearer ${keyA}` }, { 'x-sandbox-namespace': 'team-x' }));
   assert.equal(elsewhere.status, 404, elsewhere.text);
-  // No X-Sandbox-Port: the python-runtime's 8888, which the worker does not answer yet.
+  // No X-Sandbox-Port: the python-runtime's 8888, which the worker answers (e2e-python-runtime.test.ts).
   const runtime = await send({ 'x-sandbox-id': id, authorization: `Bearer ${keyA}` }, { path: '/execute', body: '{"command":"true"}' });
-  assert.equal(runtime.status, 501, runtime.text);
-  assert.match(runtime.text, /python-runtime/);
+  assert.equal(runtime.status, 200, runtime.text);
+  assert.deepEqual(JSON.parse(runtime.text), { stdout: '', stderr: '', exit_code: 0, timed_out: false });
   // A host that names a sandbox and X-Sandbox-ID: 400, whichever sandbox each names.
   const conflict = await edgeGet(edge, `8080-${id}.asb.localhost`, { headers: { 'x-sandbox-id': id, authorization: `Bearer ${keyA}` } });
   assert.equal(conflict.status, 400, conflict.body);

@@ -126,7 +126,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });
   const envd = new Envd(w, uploads);
   const kubeApi = new KubeApi({ w, auth: deps.auth, requests: deps.metrics.httpRequestsTotal });
-  const sandboxRouter = new SandboxRouterProxy(w, deps.auth);
+  const sandboxRouter = new SandboxRouterProxy(w, deps.auth, uploads);
   const closeStreams = (): void => {
     envd.close();
     sandboxRouter.close();

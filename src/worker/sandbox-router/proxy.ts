@@ -7,12 +7,13 @@
 //   1. API key (Authorization: Bearer or X-API-Key): none or unknown → 401.
 //   2. The sandbox: unknown, not claimed, being deleted, another team's, or in another namespace
 //      than X-Sandbox-Namespace → 404, all alike (one team cannot probe another's ids).
-//   3. Port 8888 (the python-runtime's) of a pod without `asb.dev/python-runtime: pod` → 501: the
-//      worker does not answer that protocol yet.
-//   4. Hibernated → resumed; starting → waited for (both bounded by the worker's waitReadyMs),
-//      then until the port accepts connections (at most 25 s, as the router holds a wake): an app
-//      that binds a while after its pod runs gives one slow answer, not a 503.
-//   5. Proxied to <pod IP>:<port> over HTTP/1.1 with the key, our and upstream's routing headers
+//   3. Hibernated → resumed; starting → waited for (both bounded by the worker's waitReadyMs).
+//   4. Port 8888 (the python-runtime's) of a pod without `asb.dev/python-runtime: pod`: answered
+//      here by the worker (../python-runtime/), inside the sandbox through the pod runtime.
+//   5. Otherwise, after a wake or a wait, until the port accepts connections (at most 25 s, as
+//      the router holds a wake): an app that binds a while after its pod runs gives one slow
+//      answer, not a 503.
+//   6. Proxied to <pod IP>:<port> over HTTP/1.1 with the key, our and upstream's routing headers
 //      removed (request.ts); X-Sandbox-Pod-IP is never read. No answer from the pod within
 //      X-Sandbox-Timeout (default and cap 180 s, as upstream's router) → 504; no connection → 503.
 import { request as httpRequest, type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
@@ -23,7 +24,9 @@ import { canSee, isObjectName } from '../access.ts';
 import type { Authenticator, WorkerContext } from '../deps.ts';
 import { AUTH_HINT, presentedKey } from '../presented-key.ts';
 import { toAsbError, writeProblem } from '../problem.ts';
+import { PythonRuntime } from '../python-runtime/python-runtime.ts';
 import { resumeSandbox, waitReady } from '../sandbox-lifecycle.ts';
+import type { UploadSlots } from '../upload-slots.ts';
 import { clientResponseHeaders, podRequestHeaders, PYTHON_RUNTIME_ANNOTATION, PYTHON_RUNTIME_PORT, sigsCallOf, type SigsCall } from './request.ts';
 
 /** How long a request for a sandbox it woke (or waited for) waits for the port to listen: the router's hold limit for a wake. */
@@ -32,6 +35,7 @@ export const LISTEN_LIMIT_MS = 25_000;
 export class SandboxRouterProxy {
   readonly #w: WorkerContext;
   readonly #auth: Authenticator;
+  readonly #python: PythonRuntime;
   /** Requests to pods in flight, aborted by close(). */
   readonly #upstreams = new Set<ClientRequest>();
   readonly #ports: PortWaiter;
@@ -39,9 +43,10 @@ export class SandboxRouterProxy {
   readonly #closing = new AbortController();
   #closed = false;
 
-  constructor(w: WorkerContext, auth: Authenticator) {
+  constructor(w: WorkerContext, auth: Authenticator, uploads: UploadSlots) {
     this.#w = w;
     this.#auth = auth;
+    this.#python = new PythonRuntime(w, uploads);
     this.#ports = new PortWaiter({ clock: w.clock });
   }
 
@@ -61,6 +66,7 @@ export class SandboxRouterProxy {
   /** Aborts every request still waiting on a pod, so the server can close. Idempotent. */
   close(): void {
     this.#closed = true;
+    this.#python.close();
     this.#closing.abort(new AsbError('Unavailable', 'the worker is shutting down', { retryAfterS: 2 }));
     for (const upstream of this.#upstreams) upstream.destroy();
     this.#upstreams.clear();
@@ -74,9 +80,7 @@ export class SandboxRouterProxy {
     if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown to the worker or revoked; ${AUTH_HINT}`);
     let sandbox = await this.#sandbox(call);
     if (sandbox === undefined || !canSee(principal, sandbox)) throw notFound(call);
-    if (call.port === PYTHON_RUNTIME_PORT && sandbox.spec.podTemplate.metadata?.annotations?.[PYTHON_RUNTIME_ANNOTATION] !== 'pod') {
-      throw new AsbError('NotImplemented', `port ${PYTHON_RUNTIME_PORT} of sandbox ${call.id} would be the python-runtime API (/execute, /upload, /download, /list, /exists), which this worker does not answer yet; reach another port with X-Sandbox-Port, or run an image that serves it and annotate its pod template ${PYTHON_RUNTIME_ANNOTATION}: pod`);
-    }
+    const answered = call.port === PYTHON_RUNTIME_PORT && sandbox.spec.podTemplate.metadata?.annotations?.[PYTHON_RUNTIME_ANNOTATION] !== 'pod';
     const w = this.#w;
     let waited = false;
     if (!wantsRunning(sandbox.spec)) {
@@ -90,6 +94,12 @@ export class SandboxRouterProxy {
       ip = this.#podIp(call.id);
     }
     if (ip === undefined) throw new AsbError('Unavailable', `sandbox ${call.id} is not running`, { retryAfterS: 2 });
+    if (answered) {
+      if (this.#closed) throw new AsbError('Unavailable', 'the worker is shutting down', { retryAfterS: 2 });
+      w.operator.activity.touch(call.id);
+      await this.#python.serve(req, res, { sandbox, id: call.id, uploadKey: `key:${principal.prefix}`, uploadWho: `API key ${principal.prefix}` });
+      return;
+    }
     if (waited) {
       const gone = new AbortController();
       res.once('close', () => gone.abort(new AsbError('Unavailable', 'the client went away')));

@@ -12,8 +12,8 @@ import { ACCESS_COOKIE, HEADER, INTERNAL_HEADER_PREFIX, SIGS_HEADER_PREFIX, SIGS
 /**
  * Pod template annotation `asb.dev/python-runtime: pod`: the image itself serves the
  * python-runtime API on 8888 (upstream's examples/python-runtime-sandbox), so requests for port
- * 8888 go to the pod like any other port. Otherwise the worker is to answer that protocol, as it
- * answers envd; until it does, such requests get 501 (no agent runs in our images).
+ * 8888 go to the pod like any other port. Otherwise the worker answers that protocol itself
+ * (src/worker/python-runtime/), as it answers envd: no agent runs in our images.
  */
 export const PYTHON_RUNTIME_ANNOTATION = 'asb.dev/python-runtime';
 
