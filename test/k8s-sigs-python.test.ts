@@ -7,46 +7,21 @@
 // the project venv's Python (`make test` installs the SDK and pytest there); this file starts the
 // system, runs pytest once and reads its summary, so a skipped or uncollected test fails here.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import { writeKubeconfig } from '../src/system/kubeconfig.ts';
 import { startTestSystem } from './support/local-system.ts';
+import { outcomes, REPO_ROOT, runPytest, VENV_PYTHON } from './support/pytest.ts';
 
-const repoRoot = resolve(import.meta.dirname, '..');
-const python = join(repoRoot, '.venv', 'bin', 'python');
 const suite = join('test', 'python', 'test_k8s_sigs_sdk.py');
 /** The run takes ~15 s (two claims, a 1 s command timeout, a 1 MiB upload); past this pytest is killed. */
 const PYTEST_TIMEOUT_MS = 180_000;
 
-function runPytest(env: NodeJS.ProcessEnv): Promise<{ code: number | null; output: string }> {
-  return new Promise((res, rej) => {
-    // -p no:cacheprovider and PYTHONDONTWRITEBYTECODE: nothing is written into the checkout.
-    const child = spawn(python, ['-m', 'pytest', '-q', '-s', '--tb=short', '-p', 'no:cacheprovider', suite], { cwd: repoRoot, env, stdio: ['ignore', 'pipe', 'pipe'], timeout: PYTEST_TIMEOUT_MS, killSignal: 'SIGKILL' });
-    let output = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => { output += d; });
-    child.stderr.setEncoding('utf8').on('data', (d: string) => { output += d; });
-    child.once('error', rej);
-    child.once('close', (code) => { res({ code, output }); });
-  });
-}
-
-/** The outcome counts of pytest's summary line ("6 passed, 2 warnings in 12.1s"), warnings left out. */
-function outcomes(output: string): Record<string, number> {
-  const summary = output.trim().split('\n').at(-1) ?? '';
-  const counts: Record<string, number> = {};
-  for (const m of summary.matchAll(/(\d+) ([a-z]+)/g)) {
-    const word = m[2] ?? '';
-    if (!word.startsWith('warning')) counts[word] = Number(m[1]);
-  }
-  return counts;
-}
-
 test('k8s-agent-sandbox 1.0.8 in Direct mode: create from a warm pool, commands.run (output, exit code, timeout), files write/read/list/exists, terminate, the missing-pool error', async (t) => {
-  assert.ok(existsSync(python), `${python} is missing: make test installs k8s-agent-sandbox and pytest into .venv`);
-  const defined = [...readFileSync(join(repoRoot, suite), 'utf8').matchAll(/^def test_/gm)].length;
+  assert.ok(existsSync(VENV_PYTHON), `${VENV_PYTHON} is missing: make test installs k8s-agent-sandbox and pytest into .venv`);
+  const defined = [...readFileSync(join(REPO_ROOT, suite), 'utf8').matchAll(/^def test_/gm)].length;
   assert.ok(defined >= 7, `${suite} defines ${String(defined)} tests`);
 
   const system = await startTestSystem('k8py', 164, 'local', 1, true);
@@ -57,7 +32,7 @@ test('k8s-agent-sandbox 1.0.8 in Direct mode: create from a warm pool, commands.
   const kubeconfig = join(dir, 'kubeconfig');
   writeKubeconfig(kubeconfig, [{ name: 'local', server: system.edgeTlsUrl }], system.caCertPath, system.adminKey);
 
-  const run = await runPytest({ PATH: process.env.PATH, HOME: dir, PYTHONDONTWRITEBYTECODE: '1', KUBECONFIG: kubeconfig, ASB_API_KEY: system.adminKey, ASB_EDGE_URL: system.edgeUrl, POOL: 'base' });
+  const run = await runPytest(suite, { PATH: process.env.PATH, HOME: dir, PYTHONDONTWRITEBYTECODE: '1', KUBECONFIG: kubeconfig, ASB_API_KEY: system.adminKey, ASB_EDGE_URL: system.edgeUrl, POOL: 'base' }, PYTEST_TIMEOUT_MS);
   const failure = `pytest exited ${String(run.code)}:\n${run.output}`;
   assert.equal(run.code, 0, failure);
   assert.deepEqual(outcomes(run.output), { passed: defined }, failure);
