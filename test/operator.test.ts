@@ -10,9 +10,9 @@ import { Controller, type Reconciler } from '../src/operator/controller.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { operatorSuite } from './support/controller-suite.ts';
-import { eventually, sqliteHarnessStore, startHarness, template } from './support/operator-harness.ts';
+import { eventually, sqliteHarnessStore, startHarness, template, writeRival } from './support/operator-harness.ts';
 import { holderAmong, NAME_CONFLICT } from '../src/api/sandbox-identity.ts';
-import { LABEL, SandboxTemplateType, SandboxType, type Sandbox } from '../src/api/types.ts';
+import { SandboxTemplateType, SandboxType, type Sandbox } from '../src/api/types.ts';
 
 operatorSuite(sqliteHarnessStore);
 
@@ -71,16 +71,7 @@ test('security probe C1: a rival stamped earlier than a running sandbox (API ser
   await h.op.claimer.waitReady(h.ns, id, 5_000);
   // The store stamps creation with the harness clock: set back an hour, the rival is "older".
   h.clock.advance(-3_600_000);
-  await h.store.create(SandboxType, {
-    apiVersion: 'agents.x-k8s.io/v1alpha1',
-    kind: 'Sandbox',
-    metadata: { name: id, namespace: h.otherNs, labels: { [LABEL.owner]: 'attacker' } },
-    spec: { podTemplate: holder.spec.podTemplate },
-  });
-  const rival = await eventually('the rival to report NameConflict', async () => {
-    const s = await h.store.tryGet<Sandbox>(SandboxType, h.otherNs, id);
-    return s?.status?.conditions?.some((c) => c.reason === NAME_CONFLICT) === true ? s : undefined;
-  });
+  const rival = await writeRival(h, holder);
   assert.ok(Date.parse(rival.metadata.creationTimestamp ?? '') < Date.parse(holder.metadata.creationTimestamp ?? ''), 'the rival is stamped first');
   const kept = await h.store.get<Sandbox>(SandboxType, h.ns, id);
   assert.equal(kept.status?.phase, 'Running', 'the running sandbox keeps its id');

@@ -24,7 +24,7 @@ import { Informer } from '../../src/operator/informer.ts';
 import type { WatchHandlers, WatchOptions } from '../../src/store/store.ts';
 import { systemClock } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
-import { eventually, startHarness, template, warmPool, type Harness, type HarnessOptions, type HarnessStoreFactory } from './operator-harness.ts';
+import { eventually, startHarness, template, warmPool, writeRival, type Harness, type HarnessOptions, type HarnessStoreFactory } from './operator-harness.ts';
 
 type Start = (t: TestContext, opts?: HarnessOptions) => Promise<Harness>;
 
@@ -287,16 +287,7 @@ export function operatorSuite(openStore: HarnessStoreFactory): void {
     const id = holder.metadata.name;
     await h.op.claimer.waitReady(h.ns, id, 5_000);
     // As kubectl (or a second API replica) could write it: the same name in another namespace.
-    await h.store.create(SandboxType, {
-      apiVersion: 'agents.x-k8s.io/v1alpha1',
-      kind: 'Sandbox',
-      metadata: { name: id, namespace: h.otherNs, labels: { [LABEL.owner]: 'attacker' } },
-      spec: { podTemplate: holder.spec.podTemplate },
-    });
-    const rival = await eventually('the rival to report NameConflict', async () => {
-      const s = await h.store.tryGet<Sandbox>(SandboxType, h.otherNs, id);
-      return s?.status?.conditions?.some((c) => c.reason === 'NameConflict') === true ? s : undefined;
-    });
+    const rival = await writeRival(h, holder);
     assert.equal(rival.status?.phase, 'Failed');
     assert.equal(h.runtime.state(id).uid, holder.metadata.uid, "the pod is still the holder's");
     await h.store.delete(SandboxType, h.otherNs, id);

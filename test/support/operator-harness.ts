@@ -8,7 +8,8 @@ import { join } from 'node:path';
 import type { TestContext } from 'node:test';
 import { Registry } from 'prom-client';
 import { apiVersionOf } from '../../src/api/meta.ts';
-import { SandboxTemplateType, SandboxWarmPoolType, type SandboxTemplate, type SandboxWarmPool } from '../../src/api/types.ts';
+import { NAME_CONFLICT } from '../../src/api/sandbox-identity.ts';
+import { LABEL, SandboxTemplateType, SandboxType, SandboxWarmPoolType, type Sandbox, type SandboxTemplate, type SandboxWarmPool } from '../../src/api/types.ts';
 import { createMetrics, type Metrics } from '../../src/metrics/metrics.ts';
 import { startOperator, type Operator } from '../../src/operator/operator.ts';
 import { openSqliteStore } from '../../src/store/sqlite.ts';
@@ -173,4 +174,23 @@ export function warmPool(name: string, templateName: string, replicas: number, n
     metadata: { name, namespace },
     spec: { replicas, sandboxTemplateRef: { name: templateName } },
   };
+}
+
+/**
+ * Writes a Sandbox named like `holder` into the test's other namespace, as kubectl or a second API
+ * replica could (past the API's id check), and resolves once its controller has marked it
+ * NameConflict: the rival of security probe C1.
+ */
+export async function writeRival(h: Harness, holder: Sandbox): Promise<Sandbox> {
+  const id = holder.metadata.name;
+  await h.store.create(SandboxType, {
+    apiVersion: 'agents.x-k8s.io/v1alpha1',
+    kind: 'Sandbox',
+    metadata: { name: id, namespace: h.otherNs, labels: { [LABEL.owner]: 'attacker' } },
+    spec: { podTemplate: holder.spec.podTemplate },
+  });
+  return eventually('the rival to report NameConflict', async () => {
+    const s = await h.store.tryGet<Sandbox>(SandboxType, h.otherNs, id);
+    return s?.status?.conditions?.some((c) => c.reason === NAME_CONFLICT) === true ? s : undefined;
+  });
 }
