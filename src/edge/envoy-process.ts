@@ -5,13 +5,14 @@
 // Files under stateDir: envoy.yaml (the generated config), envoy.log (Envoy's own log, appended
 // across restarts), access.log (one JSON line per request unless config.accessLogPath says
 // otherwise), admin.address (written by Envoy once its admin listener is bound).
-import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, readFileSync, rmSync, writeFileSync, renameSync } from 'node:fs';
+import type { ChildProcess } from 'node:child_process';
+import { existsSync, readFileSync, rmSync, writeFileSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import { openPrivateLog, privateDir, privateFile } from '../system/private-files.ts';
+import { WatchedProcess } from '../system/watched-process.ts';
 import { EDGE_TLS_LISTENER, edgeConfigYaml, INGRESS_LISTENER, type EdgeConfigOptions } from './envoy-config.ts';
 import { findEnvoyBinary } from './envoy-binary.ts';
 
@@ -62,9 +63,7 @@ export class EnvoyProcess {
   readonly #clock: Clock;
   readonly #log: Logger;
   #config: EdgeConfigOptions;
-  #child: ChildProcess | undefined;
-  #exited: Promise<void> = Promise.resolve();
-  #stopping = false;
+  #proc: WatchedProcess | undefined;
   #closed = false;
   #endpoints: EnvoyEndpoints | undefined;
 
@@ -89,7 +88,7 @@ export class EnvoyProcess {
 
   /** Envoy's pid while it runs. */
   get pid(): number | undefined {
-    return this.#child?.exitCode === null && this.#child.signalCode === null ? this.#child.pid : undefined;
+    return this.#proc?.pid;
   }
 
   get running(): boolean {
@@ -105,7 +104,7 @@ export class EnvoyProcess {
   /** Starts Envoy and resolves once /ready answers 200; rejects (with the log's tail) if it exits first or is not ready in time. */
   async start(): Promise<EnvoyEndpoints> {
     if (this.#closed) throw new AsbError('Unavailable', 'Envoy process is closed');
-    if (this.#child !== undefined && this.running) throw new AsbError('Conflict', 'Envoy is already running');
+    if (this.running) throw new AsbError('Conflict', 'Envoy is already running');
     const binary = this.#opts.binary ?? findEnvoyBinary();
     // 0700 / 0600 (src/system/private-files.ts): the access log names every sandbox host and
     // client address. Envoy opens an existing file without changing its mode, so it is made
@@ -131,40 +130,26 @@ export class EnvoyProcess {
       '--file-flush-interval-msec', '1000',
       ...(this.#opts.concurrency === undefined ? [] : ['--concurrency', String(this.#opts.concurrency)]),
     ];
-    // setpriv --pdeathsig: Envoy dies with us even if we are SIGKILLed, so no test run or crashed
+    // Dies with us even if we are SIGKILLed (watched-process.ts), so no test run or crashed
     // `make up` leaves an Envoy holding port 10000.
-    const [command, argv] = existsSync('/usr/bin/setpriv') ? ['/usr/bin/setpriv', ['--pdeathsig', 'SIGKILL', '--', binary, ...args]] : [binary, args];
-    const logFd = openPrivateLog(this.logPath);
-    let child: ChildProcess;
-    try {
-      child = spawn(command, argv, { stdio: ['ignore', logFd, logFd], detached: this.#opts.ownGroup === true });
-    } finally {
-      closeSync(logFd);
-    }
-    this.#child = child;
-    this.#stopping = false;
-    let spawnError: Error | undefined;
-    this.#exited = new Promise<void>((resolveExit) => {
-      child.once('exit', (code, signal) => {
-        if (!this.#stopping) {
-          this.#log.warn({ code, signal, log: this.logPath }, 'envoy exited unexpectedly');
-          this.#opts.onUnexpectedExit?.(code, signal);
-        }
-        resolveExit();
-      });
-      // A process that never started emits 'error' and no 'exit'.
-      child.once('error', (err) => {
-        spawnError = err;
-        this.#log.error({ err }, 'envoy could not be spawned');
-        if (child.pid === undefined) resolveExit();
-      });
+    const proc = new WatchedProcess({
+      name: 'envoy',
+      binary,
+      args,
+      logFd: openPrivateLog(this.logPath),
+      logPath: this.logPath,
+      log: this.#log,
+      ownGroup: this.#opts.ownGroup === true,
+      onUnexpectedExit: this.#opts.onUnexpectedExit,
     });
+    this.#proc = proc;
+    const child = proc.child;
 
     try {
-      const adminUrl = await this.#waitReady(child, adminAddressPath, () => spawnError);
+      const adminUrl = await this.#waitReady(child, adminAddressPath, () => proc.spawnError);
       this.#endpoints = await this.#readEndpoints(adminUrl);
     } catch (err) {
-      await this.#stop(child);
+      await this.#stop(proc);
       throw err;
     }
     // Keep the chosen ports: a restart comes back where clients (and tests) expect it.
@@ -188,30 +173,25 @@ export class EnvoyProcess {
 
   /** Stops Envoy gracefully and starts it again on the same ports. */
   async restart(): Promise<EnvoyEndpoints> {
-    if (this.#child !== undefined) await this.#stop(this.#child);
+    if (this.#proc !== undefined) await this.#stop(this.#proc);
     return this.start();
   }
 
   /** Sends a signal to Envoy without stopping supervision (simulate a crash; start() again afterwards). */
   async kill(signal: NodeJS.Signals = 'SIGKILL'): Promise<void> {
-    const child = this.#child;
-    if (child === undefined || !this.running) return;
-    this.#stopping = true;
-    child.kill(signal);
-    await this.#exited;
+    await this.#proc?.kill(signal);
   }
 
   /** SIGTERM, SIGKILL after stopTimeoutMs; resolves when Envoy has exited. Idempotent. */
   async close(): Promise<void> {
     this.#closed = true;
-    if (this.#child !== undefined) await this.#stop(this.#child);
+    if (this.#proc !== undefined) await this.#stop(this.#proc);
   }
 
   /** Kills Envoy at once. Idempotent. */
   destroy(): void {
     this.#closed = true;
-    this.#stopping = true;
-    if (this.running) this.#child?.kill('SIGKILL');
+    void this.#proc?.kill('SIGKILL');
   }
 
   /** Envoy's counters and gauges (`/stats`), e.g. `http.edge.ext_proc.streams_failed`. */
@@ -226,16 +206,8 @@ export class EnvoyProcess {
     return out;
   }
 
-  async #stop(child: ChildProcess): Promise<void> {
-    if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return this.#exited;
-    this.#stopping = true;
-    child.kill('SIGTERM');
-    const timer = this.#clock.after(this.#opts.stopTimeoutMs ?? 5000, () => {
-      this.#log.warn({ pid: child.pid }, 'envoy did not stop after SIGTERM: killing it');
-      child.kill('SIGKILL');
-    });
-    await this.#exited;
-    timer.cancel();
+  #stop(proc: WatchedProcess): Promise<void> {
+    return proc.stop(this.#clock, this.#opts.stopTimeoutMs ?? 5000, this.#log);
   }
 
   async #waitReady(child: ChildProcess, adminAddressPath: string, spawnError: () => Error | undefined): Promise<string> {

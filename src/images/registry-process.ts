@@ -8,7 +8,7 @@
 // blobs and manifests; kept across restarts unless the caller removes it).
 // Port 0 works: the registry logs "listening on 127.0.0.1:<port>" once bound, and start() reads
 // the port from there, then waits until GET /v2/ answers 200.
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { closeSync, existsSync, fstatSync, openSync, readSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -16,6 +16,7 @@ import { AsbError } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import { openPrivateLog, privateDir } from '../system/private-files.ts';
+import { WatchedProcess } from '../system/watched-process.ts';
 
 export const REGISTRY_BINARY = '/usr/bin/docker-registry';
 
@@ -41,16 +42,13 @@ export interface RegistryProcessOptions {
 }
 
 const POLL_MS = 20;
-const SETPRIV = '/usr/bin/setpriv';
 
 export class RegistryProcess {
   readonly #opts: RegistryProcessOptions;
   readonly #clock: Clock;
   readonly #log: Logger;
   #port: number;
-  #child: ChildProcess | undefined;
-  #exited: Promise<void> = Promise.resolve();
-  #stopping = false;
+  #proc: WatchedProcess | undefined;
   #closed = false;
   #address: string | undefined;
 
@@ -80,7 +78,7 @@ export class RegistryProcess {
   }
 
   get pid(): number | undefined {
-    return this.#child?.exitCode === null && this.#child.signalCode === null ? this.#child.pid : undefined;
+    return this.#proc?.pid;
   }
 
   get running(): boolean {
@@ -102,36 +100,25 @@ export class RegistryProcess {
 
     const logFd = openPrivateLog(this.logPath);
     const logStart = fstatSync(logFd).size;
-    // setpriv --pdeathsig: the registry dies with us even if we are SIGKILLed. A clean env: the
-    // registry reads REGISTRY_* variables as configuration overrides.
-    const args = ['serve', this.configPath];
-    const [command, argv] = existsSync(SETPRIV) ? [SETPRIV, ['--pdeathsig', 'SIGKILL', '--', binary, ...args]] : [binary, args];
-    let child: ChildProcess;
-    try {
-      child = spawn(command, argv, { stdio: ['ignore', logFd, logFd], env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' }, detached: this.#opts.ownGroup === true });
-    } finally {
-      closeSync(logFd);
-    }
-    this.#child = child;
-    this.#stopping = false;
-    let spawnError: Error | undefined;
-    this.#exited = new Promise<void>((resolveExit) => {
-      child.once('exit', (code, signal) => {
-        if (!this.#stopping) {
-          this.#log.warn({ code, signal, log: this.logPath }, 'registry exited unexpectedly');
-          this.#opts.onUnexpectedExit?.(code, signal);
-        }
-        resolveExit();
-      });
-      child.once('error', (err) => {
-        spawnError = err;
-        if (child.pid === undefined) resolveExit();
-      });
+    // It dies with us even if we are SIGKILLed (watched-process.ts). A clean env: the registry
+    // reads REGISTRY_* variables as configuration overrides.
+    const proc = new WatchedProcess({
+      name: 'registry',
+      binary,
+      args: ['serve', this.configPath],
+      logFd,
+      logPath: this.logPath,
+      log: this.#log,
+      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+      ownGroup: this.#opts.ownGroup === true,
+      onUnexpectedExit: this.#opts.onUnexpectedExit,
     });
+    this.#proc = proc;
+    const child = proc.child;
     try {
-      this.#address = await this.#waitReady(child, logStart, () => spawnError);
+      this.#address = await this.#waitReady(child, logStart, () => proc.spawnError);
     } catch (err) {
-      await this.#stop(child);
+      await this.#stop(proc);
       throw err;
     }
     this.#port = Number(this.#address.slice(this.#address.lastIndexOf(':') + 1));
@@ -142,29 +129,23 @@ export class RegistryProcess {
   /** SIGTERM, SIGKILL after stopTimeoutMs; resolves when it has exited. Idempotent. */
   async close(): Promise<void> {
     this.#closed = true;
-    if (this.#child !== undefined) await this.#stop(this.#child);
+    if (this.#proc !== undefined) await this.#stop(this.#proc);
   }
 
   /** Stops it and starts it again on the same port (its data stays). */
   async restart(): Promise<string> {
-    if (this.#child !== undefined) await this.#stop(this.#child);
+    if (this.#proc !== undefined) await this.#stop(this.#proc);
     return this.start();
   }
 
   /** Kills it at once. Idempotent. */
   destroy(): void {
     this.#closed = true;
-    this.#stopping = true;
-    if (this.running) this.#child?.kill('SIGKILL');
+    void this.#proc?.kill('SIGKILL');
   }
 
-  async #stop(child: ChildProcess): Promise<void> {
-    if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return this.#exited;
-    this.#stopping = true;
-    child.kill('SIGTERM');
-    const timer = this.#clock.after(this.#opts.stopTimeoutMs ?? 5000, () => child.kill('SIGKILL'));
-    await this.#exited;
-    timer.cancel();
+  #stop(proc: WatchedProcess): Promise<void> {
+    return proc.stop(this.#clock, this.#opts.stopTimeoutMs ?? 5000, this.#log);
   }
 
   async #waitReady(child: ChildProcess, logStart: number, spawnError: () => Error | undefined): Promise<string> {
