@@ -12,7 +12,7 @@
 import type { KubeObject, ResourceType } from '../api/meta.ts';
 import { LABEL, SandboxType, type Sandbox } from '../api/types.ts';
 import type { Principal } from '../auth/keyring.ts';
-import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
+import { AsbError, invalid, isAsbError } from '../errors.ts';
 import { randomSuffix } from '../store/mutation.ts';
 import type { ListOptions } from '../store/store.ts';
 import { canSee } from '../worker/access.ts';
@@ -131,12 +131,10 @@ function bodyObject(rp: ResourcePath, raw: unknown, w: WorkerContext): Record<st
 }
 
 /** prepare() and, for a team key, the pod-security check: one Invalid naming every problem. */
-async function admit(w: WorkerContext, p: Principal, rp: ResourcePath, raw: Record<string, unknown>): Promise<KubeObject> {
+async function admit(w: WorkerContext, p: Principal, rp: ResourcePath, raw: Record<string, unknown>, stored?: { existing: KubeObject | undefined }): Promise<KubeObject> {
   const { obj } = prepare(w, p, raw, '');
-  const problems: FieldProblem[] = (await tenantPodProblems(w, p, [{ obj, path: '' }])).map((f) => ({ ...f, field: f.field.replace(/^\./, '') }));
-  if (problems.length > 0) {
-    throw new AsbError('Invalid', `${rp.served.rt.kind}.${rp.group} "${obj.metadata.name}" is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
-  }
+  const problems = await tenantPodProblems(w, p, [{ obj, path: '', ...stored }]);
+  if (problems.length > 0) throw invalid(`${rp.served.rt.kind}.${rp.group}`, obj.metadata.name, problems);
   return obj;
 }
 
@@ -197,7 +195,7 @@ async function replace(w: WorkerContext, p: Principal, rp: ResourcePath, existin
       const updated = await w.store.updateStatus(rt, { ...existing, status: body.status, metadata: { ...existing.metadata, resourceVersion: typeof meta?.resourceVersion === 'string' ? meta.resourceVersion : '' } });
       return { status: 200, body: asVersion(updated, rt, rp.version) };
     }
-    const obj = await admit(w, p, rp, body);
+    const obj = await admit(w, p, rp, body, { existing });
     const owner = existing.metadata.labels?.[LABEL.owner];
     if (isTeamKind(rt) && owner !== undefined) obj.metadata.labels = { ...obj.metadata.labels, [LABEL.owner]: owner };
     const updated = await w.store.update(rt, obj);

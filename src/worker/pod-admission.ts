@@ -21,24 +21,27 @@ const TENANT_DEFAULT: PodSecurityLevel = 'restricted';
  * Every field of every applied Sandbox that its level refuses, for a team key (none for an admin).
  * Stamps the level onto each Sandbox that keeps a relaxed one. `path` names an object in the request.
  */
-export async function tenantPodProblems(w: WorkerContext, p: Principal, items: readonly { obj: KubeObject; path: string }[]): Promise<FieldProblem[]> {
+export async function tenantPodProblems(w: WorkerContext, p: Principal, items: readonly { obj: KubeObject; path: string; existing?: KubeObject | undefined }[]): Promise<FieldProblem[]> {
   if (p.admin) return [];
   const problems: FieldProblem[] = [];
-  for (const { obj, path } of items) {
+  for (const item of items) {
+    const { obj } = item;
     if (obj.kind !== SandboxType.kind) continue;
     const sandbox = obj as Sandbox;
-    const existing = await w.store.tryGet<Sandbox>(SandboxType, sandbox.metadata.namespace ?? w.defaultNamespace, sandbox.metadata.name);
+    // The caller's read of the stored object when it has one ('existing' in item, even undefined: none stored).
+    const existing = ('existing' in item ? item.existing : await w.store.tryGet<Sandbox>(SandboxType, sandbox.metadata.namespace ?? w.defaultNamespace, sandbox.metadata.name)) as Sandbox | undefined;
+    const path = (field: string): string => (item.path === '' ? field : `${item.path}.${field}`);
     const allowed = existing !== undefined && canSee(p, existing) ? levelOf(existing.metadata.annotations, TENANT_DEFAULT) : TENANT_DEFAULT;
     const level = levelOf(sandbox.metadata.annotations, allowed);
     if (isLooser(level, allowed)) {
       problems.push({
-        field: `${path}.metadata.annotations[${JSON.stringify(POD_SECURITY_ANNOTATION)}]`,
+        field: path(`metadata.annotations[${JSON.stringify(POD_SECURITY_ANNOTATION)}]`),
         message: `must be ${allowed} or stricter, got "${level}": only a SandboxTemplate (written with an admin key) can relax the pod security level`,
       });
       continue;
     }
     const isolation = w.runtime.rootIsolation ?? NO_ROOT_ISOLATION;
-    problems.push(...podSecurityProblems(sandbox.spec.podTemplate.spec, level, `${path}.spec.podTemplate.spec`, isolation));
+    problems.push(...podSecurityProblems(sandbox.spec.podTemplate.spec, level, path('spec.podTemplate.spec'), isolation));
     if (level !== TENANT_DEFAULT) sandbox.metadata.annotations = { ...sandbox.metadata.annotations, [POD_SECURITY_ANNOTATION]: level };
   }
   return problems;

@@ -9,7 +9,7 @@ import { POD_SECURITY_ANNOTATION } from '../api/pod-security.ts';
 import { ANNOTATION, LABEL, type Sandbox, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
 import type { Principal } from '../auth/keyring.ts';
-import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
+import { AsbError, invalid, isAsbError, type FieldProblem } from '../errors.ts';
 import { canSee, isObjectName, principalOf, requireAdmin, visibilitySelector } from './access.ts';
 import { readJson } from './body.ts';
 import type { WorkerContext } from './deps.ts';
@@ -79,7 +79,7 @@ export function prepare(w: WorkerContext, p: Principal, raw: unknown, path: stri
   obj.metadata.namespace ??= w.defaultNamespace;
   if (TEAM_KINDS.has(rt.kind) && !p.admin) {
     const problems = tenantMetadataProblems(obj, path);
-    if (problems.length > 0) throw new AsbError('Invalid', `${obj.kind} "${obj.metadata.name}" is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
+    if (problems.length > 0) throw invalid(obj.kind, obj.metadata.name, problems);
   }
   if (TEAM_KINDS.has(rt.kind)) obj.metadata.labels = { ...obj.metadata.labels, [LABEL.owner]: p.team };
   return { rt, obj };
@@ -121,7 +121,7 @@ async function putOne(w: WorkerContext, ctx: RequestContext, rt: ResourceType): 
   if (bodyRt !== rt) problems.push({ field: 'kind', message: `must be ${rt.kind} on this route, got ${obj.kind}` });
   if (obj.metadata.name !== name) problems.push({ field: 'metadata.name', message: `must match the name in the path ("${name}"), got "${obj.metadata.name}"` });
   if (obj.metadata.namespace !== queryNs) problems.push({ field: 'metadata.namespace', message: `must match the namespace query parameter ("${queryNs}")` });
-  if (problems.length > 0) throw new AsbError('Invalid', `${rt.kind} "${name}" is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
+  if (problems.length > 0) throw invalid(rt.kind, name, problems);
   const existing = await w.store.tryGet(rt, queryNs, name);
   const result = await upsert(w, rt, obj, existing);
   await tellHub(w, [rt.kind]);
