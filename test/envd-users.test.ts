@@ -21,7 +21,7 @@ function localRuntime(env: Record<string, string>): { runtime: PodRuntime; execs
   };
   const state = (): PodState => ({ phase: 'Running', ready: true, startedAt });
   return {
-    runtime: { exec, state } as unknown as PodRuntime,
+    runtime: { exec, state, onChange: () => () => undefined } as unknown as PodRuntime,
     execs,
     restart: () => { startedAt = new Date(Date.parse(startedAt) + 1000).toISOString(); },
   };

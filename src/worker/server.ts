@@ -34,6 +34,7 @@ import { TERMINAL_TOKEN_TTL_MS } from '../terminal/contract.ts';
 import { terminalRoutes } from './terminal/routes.ts';
 import { DEFAULT_TERMINAL_IDLE_MS, TerminalEndpoint, terminalPathId } from './terminal/endpoint.ts';
 import { createTerminalTokens } from './terminal/token.ts';
+import { UserIds } from './envd/users.ts';
 import { Envd, isEnvdRequest } from './envd/envd.ts';
 import { isKubeApiPath, KubeApi } from '../kubeapi/server.ts';
 import { SandboxRouterProxy } from './sandbox-router/proxy.ts';
@@ -124,12 +125,14 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   });
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
   const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });
-  const envd = new Envd(w, uploads);
+  const users = new UserIds(w.runtime);
+  const envd = new Envd(w, uploads, users);
   const kubeApi = new KubeApi({ w, auth: deps.auth, requests: deps.metrics.httpRequestsTotal });
-  const sandboxRouter = new SandboxRouterProxy(w, deps.auth, uploads);
+  const sandboxRouter = new SandboxRouterProxy(w, deps.auth, uploads, users);
   const closeStreams = (): void => {
     envd.close();
     sandboxRouter.close();
+    users.close();
     kubeApi.close();
     feedUpgrade.close();
     routeFeed.close();

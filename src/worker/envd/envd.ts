@@ -29,7 +29,7 @@ import { getFile, postFiles, writeRestError } from './files.ts';
 import { FILESYSTEM_UNARY, watchDir, type UnaryMethod } from './filesystem.ts';
 import { PROCESS_STREAMS, PROCESS_UNARY, streamInput, type ProcessCall } from './process.ts';
 import { ProcessTable } from './processes.ts';
-import { UserIds } from './users.ts';
+import type { UserIds } from './users.ts';
 import { WatcherTable } from './watchers.ts';
 
 /** Connect request messages are a few fields, but SendInput and StreamInput carry input in base64 (4/3 its size): 4 MiB takes a 3 MiB write. */
@@ -63,16 +63,15 @@ export class Envd {
   readonly #unwatch: () => void;
   #closed = false;
 
-  constructor(w: WorkerContext, uploads: UploadSlots) {
+  constructor(w: WorkerContext, uploads: UploadSlots, users: UserIds) {
     this.#w = w;
     this.#uploads = uploads;
     this.#watchers = new WatcherTable(w.log.child({ component: 'envd-watchers' }));
-    this.#users = new UserIds(w.runtime);
+    this.#users = users;
     // What is kept per sandbox goes with its pod, so a worker's tables do not grow with every sandbox it ever ran.
     this.#unwatch = w.runtime.onChange((id) => {
       if (w.runtime.state(id).phase !== 'Absent') return;
       this.#table.forget(id);
-      this.#users.forget(id);
     });
   }
 

@@ -56,9 +56,20 @@ interface Kept {
 export class UserIds {
   readonly #runtime: PodRuntime;
   readonly #bySandbox = new Map<string, Kept>();
+  readonly #unwatch: () => void;
 
+  /** One per worker, shared by envd and the python-runtime API: a user's uid and home are looked up once per pod. */
   constructor(runtime: PodRuntime) {
     this.#runtime = runtime;
+    // What is kept per sandbox goes with its pod, so the cache does not grow with every sandbox the worker ever ran.
+    this.#unwatch = runtime.onChange((id) => {
+      if (runtime.state(id).phase === 'Absent') this.forget(id);
+    });
+  }
+
+  /** Stops following pods. Idempotent. */
+  close(): void {
+    this.#unwatch();
   }
 
   async uidOf(id: string, user: string | undefined): Promise<number | undefined> {

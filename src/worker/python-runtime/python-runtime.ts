@@ -27,7 +27,7 @@ import { readBody } from '../body.ts';
 import type { WorkerContext } from '../deps.ts';
 import { listDir, type FsTarget } from '../envd/entries.ts';
 import { boundaryOf, parseMultipart } from '../envd/multipart.ts';
-import { UserIds } from '../envd/users.ts';
+import type { UserIds } from '../envd/users.ts';
 import { discardRest, uploadChunks } from '../upload-body.ts';
 import type { UploadSlots } from '../upload-slots.ts';
 import { baseDirOf, callOf, confinedPath, dispositionOf, errorBodyOf, executeRequestOf, executeResponseOf, listEntriesOf } from './protocol.ts';
@@ -55,20 +55,11 @@ export class PythonRuntime {
   readonly #w: WorkerContext;
   readonly #uploads: UploadSlots;
   readonly #users: UserIds;
-  readonly #unwatch: () => void;
 
-  constructor(w: WorkerContext, uploads: UploadSlots) {
+  constructor(w: WorkerContext, uploads: UploadSlots, users: UserIds) {
     this.#w = w;
     this.#uploads = uploads;
-    this.#users = new UserIds(w.runtime);
-    this.#unwatch = w.runtime.onChange((id) => {
-      if (w.runtime.state(id).phase === 'Absent') this.#users.forget(id);
-    });
-  }
-
-  /** Stops following pods. Idempotent. */
-  close(): void {
-    this.#unwatch();
+    this.#users = users;
   }
 
   /** Answers one request for a running sandbox; errors in upstream's shape {"message"} with our code. */

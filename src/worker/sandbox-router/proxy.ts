@@ -24,6 +24,7 @@ import { canSee, isObjectName } from '../access.ts';
 import type { Authenticator, WorkerContext } from '../deps.ts';
 import { AUTH_HINT, presentedKey } from '../presented-key.ts';
 import { toAsbError, writeProblem } from '../problem.ts';
+import type { UserIds } from '../envd/users.ts';
 import { PythonRuntime } from '../python-runtime/python-runtime.ts';
 import { resumeSandbox, waitReady } from '../sandbox-lifecycle.ts';
 import type { UploadSlots } from '../upload-slots.ts';
@@ -43,10 +44,10 @@ export class SandboxRouterProxy {
   readonly #closing = new AbortController();
   #closed = false;
 
-  constructor(w: WorkerContext, auth: Authenticator, uploads: UploadSlots) {
+  constructor(w: WorkerContext, auth: Authenticator, uploads: UploadSlots, users: UserIds) {
     this.#w = w;
     this.#auth = auth;
-    this.#python = new PythonRuntime(w, uploads);
+    this.#python = new PythonRuntime(w, uploads, users);
     this.#ports = new PortWaiter({ clock: w.clock });
   }
 
@@ -66,7 +67,6 @@ export class SandboxRouterProxy {
   /** Aborts every request still waiting on a pod, so the server can close. Idempotent. */
   close(): void {
     this.#closed = true;
-    this.#python.close();
     this.#closing.abort(new AsbError('Unavailable', 'the worker is shutting down', { retryAfterS: 2 }));
     for (const upstream of this.#upstreams) upstream.destroy();
     this.#upstreams.clear();
