@@ -89,9 +89,13 @@ export class IdHolders {
     return this.#byId.get(id)?.[0];
   }
 
-  /** Every object seen with this name, holder first. */
-  candidates(id: string): readonly IdHolder[] {
-    return this.#byId.get(id) ?? [];
+  /**
+   * The object that holds `id` when the runtime's pod or kept volumes for it were made for
+   * `podUid` (rule 1): that one if seen, else the holder by rules 2 and 3.
+   */
+  holderFor(id: string, podUid: string | undefined): IdHolder | undefined {
+    const seen = this.#byId.get(id);
+    return (podUid === undefined ? undefined : seen?.find((h) => h.uid === podUid)) ?? seen?.[0];
   }
 
   /** Whether `sandbox` holds its id, as far as this has seen (true for one not seen yet with no rival). */

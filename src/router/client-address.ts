@@ -31,7 +31,7 @@ export function clientKey(headers: RequestHeaders, listener: Listener): string {
 }
 
 /** An IP address → its limit key: IPv4 (also IPv4-mapped IPv6) as is, IPv6 as its /64 prefix. */
-export function addressKey(address: string): string | undefined {
+function addressKey(address: string): string | undefined {
   const kind = isIP(address);
   if (kind === 4) return address;
   if (kind !== 6) return undefined;

@@ -29,7 +29,7 @@ export interface PortWaitOptions {
  */
 export const RETRY_MS = 25;
 /** A pod address whose veth is not up yet can swallow a SYN: give one attempt this long, then try again. */
-export const ATTEMPT_TIMEOUT_MS = 500;
+const ATTEMPT_TIMEOUT_MS = 500;
 
 /** A real TCP connect: accepted → closed at once (the app sees a connection open and close). */
 export const tcpConnector: Connector = (host, port) =>

@@ -2,9 +2,10 @@
 // entry point that prints one JSON line with `"ready": true` on stdout when it serves, and
 // logs to stderr (sent to a file here). stop() asks with SIGTERM and kills after a deadline.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, fstatSync, openSync, readSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, readSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { openPrivateLog } from './private-files.ts';
+import { withPdeathsig } from './watched-process.ts';
 
 export interface ReadyChild<R> {
   readonly name: string;
@@ -38,14 +39,13 @@ export interface StartChildOptions {
 }
 
 const DEFAULT_STOP_DEADLINE_MS = 20_000;
-const SETPRIV = '/usr/bin/setpriv';
 
 export async function startChild<R extends { ready: true }>(opts: StartChildOptions): Promise<ReadyChild<R>> {
   const logFd = openPrivateLog(opts.logPath);
   const logStart = fstatSync(logFd).size;
   const argv = [opts.entry, ...opts.args];
   const own = opts.ownGroup === true;
-  const [command, args] = own && existsSync(SETPRIV) ? [SETPRIV, ['--pdeathsig', 'SIGTERM', '--', process.execPath, ...argv]] : [process.execPath, argv];
+  const [command, args] = own ? withPdeathsig(process.execPath, argv, 'SIGTERM') : [process.execPath, argv];
   const proc = spawn(command, args, { stdio: ['ignore', 'pipe', logFd], env: opts.env ?? process.env, detached: own });
   closeSync(logFd);
   const exited = new Promise<number | string>((resolve) => proc.once('exit', (code, signal) => resolve(code ?? signal ?? 'unknown')));

@@ -9,8 +9,8 @@
 // it sits under a data directory that is 0700, so no other host user reaches it.
 import { chmodSync, closeSync, existsSync, mkdirSync, openSync, statSync } from 'node:fs';
 
-export const PRIVATE_DIR_MODE = 0o700;
-export const PRIVATE_FILE_MODE = 0o600;
+const PRIVATE_DIR_MODE = 0o700;
+const PRIVATE_FILE_MODE = 0o600;
 
 /**
  * `mkdir -p` with mode 0700, and the last directory made 0700 if it already existed and is ours.

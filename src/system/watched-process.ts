@@ -8,6 +8,14 @@ import type { Logger } from './log.ts';
 
 const SETPRIV = '/usr/bin/setpriv';
 
+/**
+ * The command and arguments that run `binary` so that it gets `signal` when this process dies
+ * (setpriv --pdeathsig), or `binary` as it is where setpriv is missing.
+ */
+export function withPdeathsig(binary: string, args: readonly string[], signal: 'SIGKILL' | 'SIGTERM'): [string, string[]] {
+  return existsSync(SETPRIV) ? [SETPRIV, ['--pdeathsig', signal, '--', binary, ...args]] : [binary, [...args]];
+}
+
 export interface WatchedProcessOptions {
   /** What it is, for log lines ("envoy", "registry"). */
   name: string;
@@ -33,7 +41,7 @@ export class WatchedProcess {
   #spawnError: Error | undefined;
 
   constructor(opts: WatchedProcessOptions) {
-    const [command, argv] = existsSync(SETPRIV) ? [SETPRIV, ['--pdeathsig', 'SIGKILL', '--', opts.binary, ...opts.args]] : [opts.binary, [...opts.args]];
+    const [command, argv] = withPdeathsig(opts.binary, opts.args, 'SIGKILL');
     try {
       this.child = spawn(command, argv, { stdio: ['ignore', opts.logFd, opts.logFd], detached: opts.ownGroup === true, ...(opts.env === undefined ? {} : { env: opts.env }) });
     } finally {

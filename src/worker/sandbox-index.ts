@@ -43,8 +43,7 @@ export class SandboxIndex {
   /** The sandbox with this id, wherever it lives, or undefined. */
   async find(id: string, fallbackNamespaces: readonly string[]): Promise<Sandbox | undefined> {
     const podUid = this.#podUidOf(id);
-    const candidates = this.#holders.candidates(id);
-    const known = (podUid === undefined ? undefined : candidates.find((h) => h.uid === podUid)) ?? candidates[0];
+    const known = this.#holders.holderFor(id, podUid);
     const found = known !== undefined ? await this.#store.tryGet<Sandbox>(SandboxType, known.namespace, id) : await this.#fromStore(id, fallbackNamespaces);
     // Never an object whose id reaches a pod made for another one.
     return found === undefined || (podUid !== undefined && found.metadata.uid !== podUid) ? undefined : found;
