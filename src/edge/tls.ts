@@ -14,9 +14,10 @@
 // Keys are mode 0600.
 import { execFile } from 'node:child_process';
 import { X509Certificate, createPrivateKey } from 'node:crypto';
-import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
+import { privateDir } from '../system/private-files.ts';
 
 /** DNS SAN an ingress listener presents; the connecting side checks it (and sends it as SNI). */
 export const INGRESS_SAN = 'asb-ingress';
@@ -97,7 +98,7 @@ export async function ensureEdgeTls(dir: string, domain: string, opts: Pick<Fede
   }
   const now = opts.now ?? Date.now;
   const openssl = opts.openssl ?? 'openssl';
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  privateDir(dir);
   const cnf = writeCnf(dir, edgeOpensslCnf(domain));
   const caCertPath = join(dir, 'ca.crt');
   const caKeyPath = join(dir, 'ca.key');
@@ -134,7 +135,7 @@ export async function ensureFederationTls(dir: string, opts: FederationTlsOption
   const now = opts.now ?? Date.now;
   const openssl = opts.openssl ?? 'openssl';
 
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  privateDir(dir);
   const cnf = writeCnf(dir, OPENSSL_CNF);
 
   const caCertPath = join(dir, 'ca.crt');
