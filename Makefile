@@ -5,7 +5,7 @@ SHELL := /bin/bash
 export PATH := $(CURDIR)/.tools/node/bin:$(PATH)
 NODE := $(CURDIR)/.tools/node/bin/node
 # Debian packages as package:command pairs; the command proves the package is installed.
-APT_RUNTIME := iproute2:ip util-linux:unshare util-linux:nsenter procps:ps gcc:cc openssl:openssl
+APT_RUNTIME := iproute2:ip util-linux:unshare util-linux:nsenter procps:ps gcc:cc openssl:openssl tini:tini-static
 APT_TEST := prometheus:promtool chromium:chromium
 # Images (issue 16): the loopback registry, pull and unpack, and the tools that build the seed
 # images from Debian packages (scripts/build-images.sh).
@@ -53,7 +53,7 @@ $(K8S_SIGS_PY_STAMP): $(E2B_PY_STAMP)
 	@.venv/bin/pip install --quiet --disable-pip-version-check k8s-agent-sandbox==$(K8S_SIGS_PY_VERSION)
 	@touch $@
 
-up: deps
+up: deps images runc
 	@$(NODE) src/system/up.ts
 
 test: deps kube-tools images runc $(E2B_PY_STAMP) $(K8S_SIGS_PY_STAMP)
@@ -74,15 +74,15 @@ kube-tools:
 
 # The seed images (busybox, debian:12, python:3.11, agent-sandbox/base) built from Debian packages
 # with mmdebstrap and umoci into .tools/images/oci, stamped by the hash of the script (~75 s and
-# ~130 MB the first time on 2 cores, ~0 s after); the tests seed a loopback registry from there.
-# Not yet used by the local runtime (issue 16).
+# ~130 MB the first time on 2 cores, ~0 s after); make up and the tests seed a loopback registry
+# from there (src/images/local-registry.ts) and every sandbox pulls its image from it.
 images: deps
 	@scripts/bootstrap.sh apt $(APT_IMAGES)
 	@scripts/build-images.sh
 
 # runc v1.5.2 (tools/runc/go.mod) built with Go from the module proxy, cgo and Debian's
-# libseccomp-dev, into .tools/runc/bin (~25 s the first time, a few ms after). Not yet used by the
-# local runtime (issue 16).
+# libseccomp-dev, into .tools/runc/bin (~25 s the first time, a few ms after): the local runtime
+# runs every sandbox with it.
 runc:
 	@scripts/runc-build.sh
 

@@ -16,7 +16,8 @@
 #   python:3.11, agent-sandbox/base
 #                                 one layer: minbase + bash, coreutils, python3, pip, venv, git,
 #                                 curl, procps, ca-certificates, and user `user` (1000:1000,
-#                                 /home/user). agent-sandbox/base runs as that user in /home/user;
+#                                 /home/user). agent-sandbox/base runs as that user in /home/user
+#                                 and idles (`sleep infinity`: a sandbox's main process must not exit);
 #                                 python:3.11 runs as root like Docker's. Both share the layer.
 # Cost measured on 2 busy cores: see README ("Images and the local registry").
 # Usage: scripts/build-images.sh   (make images; make test runs it)
@@ -87,7 +88,7 @@ image python "$WORK/base.tar" python3
 # The same layer again with its own configuration: a second manifest, no second layer blob.
 umoci tag --image "$LAYOUT:python" base
 umoci config --image "$LAYOUT:base" --created "$CREATED" --author agent-sandbox --history.created "$CREATED" \
-  --config.cmd bash --config.user 1000:1000 --config.workingdir /home/user --config.env HOME=/home/user
+  --config.cmd sleep --config.cmd infinity --config.user 1000:1000 --config.workingdir /home/user --config.env HOME=/home/user
 
 cat >"$WORK/seed.json" <<'EOF'
 {

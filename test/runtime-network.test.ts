@@ -19,6 +19,7 @@ import { processStartTime } from '../src/runtime/local/rootfs.ts';
 import { parseWorkerConfig } from '../src/system/config.ts';
 import { derivedNetwork, nthSubnet } from '../src/system/local-network.ts';
 import { silentLogger } from '../src/system/log.ts';
+import { testImageStore } from './support/test-images.ts';
 import { removeDataDir, startWorkerProcess, tempDataDir } from './support/worker-process.ts';
 
 const cidrsOverlap = (a: string, b: string): boolean => {
@@ -127,7 +128,7 @@ function deferrer(t: TestContext): (fn: () => unknown) => void {
 /** Starts a local runtime on its own root; its pods are removed, it is closed and its bridge deleted after the test. */
 async function start(defer: (fn: () => unknown) => void, inst: Instance, claimsDir: string): Promise<LocalRuntime> {
   defer(() => deleteBridge(inst.bridge));
-  const rt = await createLocalRuntime({ root: inst.root, log: silentLogger(), bridge: inst.bridge, subnet: inst.subnet, claimsDir });
+  const rt = await createLocalRuntime({ root: inst.root, log: silentLogger(), images: await testImageStore(), bridge: inst.bridge, subnet: inst.subnet, claimsDir });
   defer(async () => {
     for (const id of rt.list()) await rt.remove(id);
     await rt.close();

@@ -37,6 +37,7 @@ import { AsbError, type ErrorCode } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import { privateDir } from '../system/private-files.ts';
+import { acquireOwnerLockWaiting } from '../store/owner-lock.ts';
 import { formatReference, manifestSelector, parseImageReference, type ImageReference } from './reference.ts';
 import { authFileJson, pullSources, type PullSource, type RegistriesConfig, type RegistryAuth } from './registries.ts';
 import { runTool, SKOPEO, toolMessage, UMOCI } from './tool.ts';
@@ -67,6 +68,9 @@ export interface CachedImage {
   readonly source: string;
   readonly pulledAt: string;
 }
+
+/** How long a pull waits for another process's pull or unpack into the same cache (base unpacks in ~4 s; a slow registry may take minutes). */
+const LOCK_WAIT_MS = 10 * 60_000;
 
 export type PullPolicy = 'Always' | 'IfNotPresent' | 'Never';
 
@@ -217,8 +221,20 @@ export class ImageStore {
     });
   }
 
+  /**
+   * One writer at a time: in this process by the queue, across processes (two workers of `make
+   * up`, test files) by a lock file whose holder is a live pid; a holder that died is taken over.
+   */
   #serial<T>(fn: () => Promise<T>): Promise<T> {
-    const run = this.#queue.then(fn, fn);
+    const locked = async (): Promise<T> => {
+      const lock = await acquireOwnerLockWaiting(join(this.#opts.root, 'cache'), LOCK_WAIT_MS);
+      try {
+        return await fn();
+      } finally {
+        lock.release();
+      }
+    };
+    const run = this.#queue.then(locked, locked);
     this.#queue = run.catch(() => undefined);
     return run;
   }

@@ -39,6 +39,8 @@ export interface RegistryProcessOptions {
    * none. Over plain HTTP on loopback only: what tests of pull credentials need.
    */
   htpasswdPath?: string;
+  /** Blobs and manifests here instead of <stateDir>/data (several registries may serve one store read-only). */
+  dataDir?: string;
 }
 
 const POLL_MS = 20;
@@ -68,7 +70,7 @@ export class RegistryProcess {
   }
 
   get dataDir(): string {
-    return join(this.#opts.stateDir, 'data');
+    return this.#opts.dataDir ?? join(this.#opts.stateDir, 'data');
   }
 
   /** `127.0.0.1:<port>` once started: what a reference or a mirror names. */
@@ -136,6 +138,11 @@ export class RegistryProcess {
   async restart(): Promise<string> {
     if (this.#proc !== undefined) await this.#stop(this.#proc);
     return this.start();
+  }
+
+  /** Stops it from keeping this process's event loop alive (it still dies with this process). */
+  unref(): void {
+    this.#proc?.child.unref();
   }
 
   /** Kills it at once. Idempotent. */

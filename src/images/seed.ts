@@ -5,7 +5,7 @@
 // pull as they would from Docker Hub; `localhost:<port>/agent-sandbox/base` names the same image
 // directly. A blob the registry already has is not sent again (skopeo asks first).
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { AsbError } from '../errors.ts';
 import { parseImageReference } from './reference.ts';
 import { runTool, SKOPEO, toolMessage } from './tool.ts';
@@ -15,6 +15,11 @@ export interface SeedImages {
   readonly layout: string;
   /** Layout tag → Docker references it is pushed as. */
   readonly tags: Readonly<Record<string, readonly string[]>>;
+}
+
+/** Where `make images` writes them: .tools/images, or ASB_IMAGES_DIR (a worktree sharing another checkout's build). */
+export function defaultSeedDir(): string {
+  return process.env.ASB_IMAGES_DIR ?? resolve(import.meta.dirname, '../../.tools/images');
 }
 
 /** The build output: `<dir>/oci` and `<dir>/seed.json` (default dir `.tools/images`). */

@@ -105,7 +105,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
     if (state.phase === 'Failed' || state.phase === 'Succeeded') {
       return {
         phase: 'Failed',
-        conditions: [condition(sandbox, 'Ready', 'False', 'PodFailed', state.message ?? `pod exited with code ${state.exitCode ?? 'unknown'}`)],
+        conditions: [condition(sandbox, 'Ready', 'False', state.reason ?? 'PodFailed', state.message ?? `pod exited with code ${state.exitCode ?? 'unknown'}`)],
       };
     }
     if (state.ready) {

@@ -40,6 +40,8 @@ export interface PodState {
   pid?: number;
   startedAt?: string;
   exitCode?: number;
+  /** Why a pod failed, in the kubelet's words: ErrImagePull, OOMKilled, CreateContainerConfigError, ... */
+  reason?: string;
   message?: string;
 }
 

@@ -66,6 +66,17 @@ export interface WorkerConfig {
    * and the pods.
    */
   readonly role: 'all' | 'operator' | 'api';
+  /**
+   * ASB_IMAGE_CACHE / --image-cache: where the local runtime pulls and unpacks images
+   * (src/images/image-store.ts); several workers may share one. Default <data dir>/images
+   */
+  readonly imageCache: string;
+  /**
+   * ASB_REGISTRIES / --registries: a JSON file of registry mirrors, insecure (plain-HTTP)
+   * registries and pull credentials (src/images/registries.ts). `make up` writes one that sends
+   * docker.io to its loopback registry. Unset: every image is pulled from the registry its name says.
+   */
+  readonly registriesFile: string | undefined;
 }
 
 const DEFAULTS = {
@@ -85,7 +96,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -111,6 +122,8 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   podNamespace: { env: 'ASB_POD_NAMESPACE', flag: 'pod-namespace' },
   runtime: { env: 'ASB_RUNTIME', flag: 'runtime' },
   role: { env: 'ASB_ROLE', flag: 'role' },
+  imageCache: { env: 'ASB_IMAGE_CACHE', flag: 'image-cache' },
+  registriesFile: { env: 'ASB_REGISTRIES', flag: 'registries' },
 };
 
 export class ConfigError extends Error {
@@ -217,6 +230,8 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     podNamespace: podNamespace ?? namespace,
     runtime,
     role,
+    imageCache: resolve(raw('imageCache') ?? resolve(dataDir, 'images')),
+    registriesFile: raw('registriesFile') === undefined ? undefined : resolve(raw('registriesFile') ?? ''),
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);

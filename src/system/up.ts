@@ -20,6 +20,8 @@
 //   ASB_SUBNET, ASB_BRIDGE pod subnet (a /16) and bridge; default derived from the state dir, so
 //                          two checkouts differ (local-network.ts). With the federation, region-a
 //                          takes ASB_SUBNET and region-b the next /16; the bridges are ASB_BRIDGE0, 1
+//   ASB_REGISTRY_PORT      the image registry on 127.0.0.1 (default 5050), docker.io's mirror for
+//                          every worker; its data in .asb/registry, the image cache in .asb/images
 import { renameSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -30,6 +32,8 @@ import { ensureEdgeTls } from '../edge/tls.ts';
 import { startLocalSystem, type LocalSystem } from './local-system.ts';
 import { writeKubeconfig, type KubeCluster } from './kubeconfig.ts';
 import { systemClock } from './clock.ts';
+import { startLocalRegistry, type LocalRegistry } from '../images/local-registry.ts';
+import { defaultSeedDir } from '../images/seed.ts';
 import type { SupervisorOptions } from './supervisor.ts';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
@@ -68,17 +72,35 @@ async function main(): Promise<void> {
   const env = process.env;
   const stateDir = resolve(env.ASB_STATE_DIR ?? join(repoRoot, '.asb'));
   if (process.getuid?.() !== 0) {
-    console.warn('warning: not running as root: sandboxes run in degraded mode (no network namespace, ports shared on 127.0.0.1). See README "Degraded mode".');
+    console.warn('warning: not running as root: the workers will start NO sandbox (containers need root: runc, user namespaces, cgroups, a bridge). See README "Requirements".');
   }
   const federated = (env.ASB_FEDERATION ?? 'on') !== 'off';
-  console.log(federated ? 'starting: hub, then region-a and region-b (worker, router, Envoy each)…' : 'starting: worker, router, Envoy…');
+  console.log(federated ? 'starting: the image registry, the hub, then region-a and region-b (worker, router, Envoy each)…' : 'starting: the image registry, then worker, router, Envoy…');
   let running: Running;
+  let registry: LocalRegistry;
   try {
-    running = federated ? await upFederation(env, stateDir) : await upSingle(env, stateDir);
+    registry = await startLocalRegistry({
+      stateDir: join(stateDir, 'registry'),
+      seedDir: defaultSeedDir(),
+      log: createLogger({ level: env.ASB_LOG_LEVEL ?? 'warn' }),
+      port: port(env, 'ASB_REGISTRY_PORT', 5050),
+      ownGroup: true,
+      onUnexpectedExit: (code, sig) => console.error(`the image registry exited (${sig ?? `code ${String(code)}`}): sandboxes whose image is not cached cannot start; see ${join(stateDir, 'registry', 'registry.log')}`),
+    });
   } catch (err) {
-    console.error(`make up failed: ${err instanceof Error ? err.message : String(err)}`);
+    console.error(`make up failed: the image registry: ${err instanceof Error ? err.message : String(err)}`);
     process.exit(1);
   }
+  const imageArgs = ['--registries', registry.registriesFile, '--image-cache', join(stateDir, 'images')];
+  try {
+    running = federated ? await upFederation(env, stateDir, imageArgs) : await upSingle(env, stateDir, imageArgs);
+  } catch (err) {
+    console.error(`make up failed: ${err instanceof Error ? err.message : String(err)}`);
+    await registry.process.close();
+    process.exit(1);
+  }
+  const system = running;
+  running = { ...system, stop: async () => { await system.stop(); await registry.process.close(); }, kill: async () => { await system.kill(); registry.process.destroy(); } };
   const kubeconfig = join(stateDir, 'kubeconfig');
   const withKube = running.kubeClusters.length > 0 && running.env.ASB_CA_CERT !== undefined && running.env.ASB_CA_CERT !== '';
   if (withKube) writeKubeconfig(kubeconfig, running.kubeClusters, running.env.ASB_CA_CERT ?? '', running.env.ASB_API_KEY ?? '');
@@ -131,7 +153,7 @@ function e2bEnv(edgeUrl: string, key: string, domain: string): Record<string, st
   return { E2B_API_URL: edgeUrl, E2B_SANDBOX_URL: edgeUrl, E2B_API_KEY: key, E2B_DOMAIN: `${domain}:${new URL(edgeUrl).port}` };
 }
 
-async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Running> {
+async function upSingle(env: NodeJS.ProcessEnv, stateDir: string, workerArgs: readonly string[]): Promise<Running> {
   const domain = env.ASB_DOMAIN ?? 'asb.localhost';
   const edgeTls = await ensureEdgeTls(join(stateDir, 'edge-tls'), domain);
   const system: LocalSystem = await startLocalSystem({
@@ -144,6 +166,7 @@ async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Runni
     edgeTls: { port: port(env, 'ASB_EDGE_TLS_PORT', 10002), files: edgeTls },
     domain,
     clusterName: env.ASB_CLUSTER_NAME ?? 'local',
+    workerArgs,
     supervise: supervisorPolicy(),
   });
   const edgeTlsUrl = system.edgeTlsUrl ?? '';
@@ -171,7 +194,7 @@ async function upSingle(env: NodeJS.ProcessEnv, stateDir: string): Promise<Runni
 }
 
 /** region-a on the base ports, region-b on offsets from them (see the header). */
-async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<Running> {
+async function upFederation(env: NodeJS.ProcessEnv, stateDir: string, workerArgs: readonly string[]): Promise<Running> {
   // Bridges and subnets per checkout (local-network.ts): a second `make up` elsewhere on this
   // host gets its own, and the runtime refuses one another instance holds.
   const regions = [
@@ -195,6 +218,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string): Promise<R
       routerPort: port(env, 'ASB_ROUTER_PORT', 9002) + r.step,
       bridge: r.bridge,
       subnet: r.subnet,
+      workerArgs,
     })),
     supervise: supervisorPolicy(),
   });

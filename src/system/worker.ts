@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
+import { readFile } from 'node:fs/promises';
 import { Registry } from 'prom-client';
 import { builtinObjects } from '../api/builtin.ts';
 import { resourceTypeFor } from '../api/validate.ts';
@@ -18,6 +19,8 @@ import { createMetrics, type Metrics } from '../metrics/metrics.ts';
 import { startClaimFront } from '../operator/claim-front.ts';
 import { startOperator } from '../operator/operator.ts';
 import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
+import { ImageStore } from '../images/image-store.ts';
+import { EMPTY_REGISTRIES, parseRegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { EXITING_OWNER_WAIT_MS, openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
@@ -178,7 +181,9 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
     return (await import('./worker-kube.ts')).createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) });
   }
-  return createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge });
+  const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
+  const images = new ImageStore({ root: config.imageCache, registries, logger: log, clock });
+  return createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge, images });
 }
 
 interface OperatorEndpointsOptions {

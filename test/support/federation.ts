@@ -3,6 +3,7 @@
 // kernel picks, with bridges and subnets no other test uses.
 import { execFileSync } from 'node:child_process';
 import { systemClock } from '../../src/system/clock.ts';
+import { testImages } from './test-images.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import type { SupervisorOptions } from '../../src/system/supervisor.ts';
 import { startFederation, type Federation, type FederatedClusterOptions } from '../../src/system/federation.ts';
@@ -17,6 +18,7 @@ export interface TestFederation extends Federation {
 /** `supervise`: restart crashed processes as make up does, with this policy (the clock is real time). */
 export async function startTestFederation(clusters: readonly (readonly [string, string, number])[], basePool = 0, supervise?: Omit<SupervisorOptions, 'clock'>): Promise<TestFederation> {
   const stateDir = tempDataDir('fed');
+  const images = await testImages();
   const options: FederatedClusterOptions[] = clusters.map(([name, tag, octet]) => ({
     name,
     region: name,
@@ -28,7 +30,7 @@ export async function startTestFederation(clusters: readonly (readonly [string, 
     envoyAdminPort: 0,
     bridge: `asb${tag}`,
     subnet: `10.${octet}.0.0/16`,
-    workerArgs: ['--base-pool', String(basePool), '--log-level', 'warn'],
+    workerArgs: [...images.workerArgs, '--base-pool', String(basePool), '--log-level', 'warn'],
   }));
   const removeBridges = (): void => {
     for (const o of options) {

@@ -3,6 +3,7 @@
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import { ensureEdgeTls } from '../../src/edge/tls.ts';
+import { testImages } from './test-images.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import { startLocalSystem, type LocalSystem } from '../../src/system/local-system.ts';
 import { removeDataDir, teamKeyIn, tempDataDir } from './worker-process.ts';
@@ -34,7 +35,7 @@ export async function startTestSystem(tag: string, subnetOctet: number, clusterN
     domain: 'asb.localhost',
     clusterName,
     ...(tls === undefined ? {} : { edgeTls: { port: 0, files: tls } }),
-    workerArgs: ['--cluster-tag', tag, '--bridge', `asb${tag}`, '--subnet', `10.${subnetOctet}.0.0/16`, '--base-pool', String(basePool), '--log-level', 'warn'],
+    workerArgs: [...(await testImages()).workerArgs, '--cluster-tag', tag, '--bridge', `asb${tag}`, '--subnet', `10.${subnetOctet}.0.0/16`, '--base-pool', String(basePool), '--log-level', 'warn'],
   });
   let cleaned: Promise<void> | undefined;
   return Object.assign(system, {

@@ -1,5 +1,6 @@
 // Runs a real worker process (src/system/worker-main.ts) for end-to-end tests, on its own data
 // directory, port, bridge and subnet so test files never collide with each other or `make up`.
+import { testImages } from './test-images.ts';
 import { execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -80,6 +81,7 @@ export async function startWorkerProcess(opts: WorkerProcessOptions): Promise<Wo
       '--subnet', `10.${opts.subnetOctet}.0.0/16`,
       '--base-pool', String(opts.basePool ?? 3),
       '--log-level', 'warn',
+      ...(await testImages()).workerArgs,
       ...(opts.extraArgs ?? []),
     ],
     logPath: join(dataDir, 'worker.log'),

@@ -1,4 +1,4 @@
-// pod-init (pod-init.c) and the launcher (launcher.c) are compiled on first use into the runtime's
+// The pod shim (oci-shim.c) and the launcher (launcher.c) are compiled on first use into the runtime's
 // state dir, each named by the hash of its source so an upgrade never runs a stale binary.
 // Compiling takes ~0.3 s once; a `cc` (Debian package gcc) must be installed. Several runtimes
 // sharing a root may race: each compiles to a private temp name and renames, which is atomic.
@@ -11,8 +11,8 @@ import { AsbError } from '../../errors.ts';
 
 const execFileAsync = promisify(execFile);
 
-export function ensureInitBinary(root: string): Promise<string> {
-  return ensureBinary(root, 'pod-init');
+export function ensureShimBinary(root: string): Promise<string> {
+  return ensureBinary(root, 'oci-shim');
 }
 
 export function ensureLauncherBinary(root: string): Promise<string> {

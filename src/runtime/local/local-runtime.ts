@@ -1,13 +1,17 @@
-// The local pod runtime: plays the kubelet's part on one machine. Each pod is an isolated process
-// tree (pid, mount, uts, ipc and, when root, network namespaces) started by pod-init.c, whose
-// writable filesystem and volumes are directories under the state dir (see rootfs.ts), so stop()
-// hibernates without losing a byte and start() wakes the same disk with the same IP.
-// Pods outlive the worker: their processes run in their own session, and a new runtime on the
-// same root re-adopts every pod whose init is still alive (checked by pid AND start time).
-// Degraded mode (documented in README.md): without root, or when the bridge cannot be set up, pods
-// share the host network (their ports on 127.0.0.1) and, without root, run in a user namespace as
-// the caller's own uid; one warning is logged.
-import { readdir, rm } from 'node:fs/promises';
+// The local pod runtime: plays the kubelet's part on one machine. Each pod is an OCI container run
+// by runc (issue 16): its image pulled from a registry into the image cache (src/images/), its
+// rootfs an overlay of the cached tree under its own writable layer, a user namespace, seccomp, no
+// capabilities and cgroup limits (src/runtime/oci/spec.ts, oci-pod.ts). oci-shim.c starts each
+// pod and stays as its parent; the shims are forked by one long-lived launcher (launcher.c), so the
+// worker never forks per pod. The writable layer and volumes are directories under the state dir
+// (rootfs.ts), so stop() hibernates without losing a byte and start() wakes the same disk, the same
+// image bytes and the same IP.
+// Pods outlive the worker: their shims run in their own session, and a new runtime on the same
+// root re-adopts every pod whose init is still alive (checked by pid AND start time).
+// Without root, runc or the init binary, the runtime starts no pod and says why (README): it never
+// runs a sandbox unisolated.
+import { createHash } from 'node:crypto';
+import { access, chmod, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
@@ -17,22 +21,33 @@ import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRun
 import { execInPod, type PodTarget } from './exec.ts';
 import { spawnPodProcess } from './process.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
-import { resolveImage } from './images.ts';
-import { ensureInitBinary, ensureLauncherBinary } from './init-binary.ts';
+import { ensureLauncherBinary, ensureShimBinary } from './init-binary.ts';
 import { Launcher, type Launched } from './launcher.ts';
 import { createIpPool, createVethBatcher, ensureBridge, inSubnet, parseSubnet, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
-import { containerArgv, initArgs, mainContainer, podEnv, podUser, resolveMounts, type InitNetwork } from './pod-process.ts';
+import { mainContainer } from './pod-process.ts';
+import { preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
 import { startProbeLoop } from './probes.ts';
 import { openPodPty } from './pty.ts';
-import { podPaths, prepareEtc, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedPod, type PodPaths } from './rootfs.ts';
+import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
+import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
+import { findRuncBinary } from '../oci/runc-binary.ts';
+import { ROOT_ID_MAP } from '../oci/spec.ts';
 
 export interface LocalRuntimeOptions {
-  /** State dir, e.g. .asb/data/runtime: pods/, volumes/ and the compiled init live here. */
+  /** State dir, e.g. .asb/data/runtime: pods/, volumes/, runc/ and the compiled shim live here. */
   root: string;
   log: Logger;
+  /** The image cache pods' images are pulled into (may be shared by several runtimes). */
+  images: ImageStore;
+  /** The runc binary; default: the one `make runc` builds (findRuncBinary). */
+  runc?: string;
+  /** A static init bind-mounted as each container's pid 1. Default: Debian's tini-static. */
+  init?: string;
+  /** The image of a container that names none (`image:` empty, as kubernetes-sigs' getting-started example). */
+  defaultImage?: string;
   clock?: Clock;
   /** Pod subnet; the bridge takes its first address. Default: derived from root (src/system/local-network.ts). */
   subnet?: string;
@@ -46,9 +61,17 @@ export interface LocalRuntimeOptions {
   pollIntervalMs?: number;
   /** stop(): SIGTERM, then SIGKILL after this long. Default 2000 ms. */
   stopGraceMs?: number;
-  /** false forces degraded networking (host network) even as root. */
-  network?: boolean;
+  /** Mount points' parent (must be walkable by the user namespace). Default /run/asb/rootfs/<hash of root>. */
+  mountRoot?: string;
 }
+
+export const DEFAULT_INIT = '/usr/bin/tini-static';
+export const DEFAULT_IMAGE = 'agent-sandbox/base';
+const TERM_RESEND_MS = 200;
+/** How long an adopted pod's shim may take to clean up after its init ended (runc delete: ~0.1 s). */
+const EXIT_STATUS_WAIT_MS = 10_000;
+/** Parent of every runtime's mount points (one directory per state dir, by its hash). */
+export const MOUNT_ROOT = '/run/asb/rootfs';
 
 const ID = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
 
@@ -58,6 +81,7 @@ interface Pod {
   persisted: PersistedPod | undefined;
   state: PodState;
   target?: PodTarget;
+  identity?: PodIdentity;
   shim?: Launched;
   /** Bumped on every start so events of an old process never touch a new one. */
   generation: number;
@@ -74,8 +98,13 @@ interface Pod {
 }
 
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
-  const [binary, launcher] = await Promise.all([ensureInitBinary(opts.root), ensureLauncherBinary(opts.root)]);
-  const runtime = new LocalRuntime(opts, binary, launcher);
+  const [shim, launcher] = await Promise.all([ensureShimBinary(opts.root), ensureLauncherBinary(opts.root)]);
+  const unavailable = await whyUnavailable(opts);
+  const runtime = new LocalRuntime(opts, shim, launcher, unavailable);
+  if (unavailable !== undefined) {
+    opts.log.error(`the local runtime will start NO sandbox: ${unavailable}`);
+    return runtime;
+  }
   // At start, not at the first pod: a bridge or subnet another instance holds fails the worker
   // with the holder's name, instead of its pods taking that instance's addresses later.
   await runtime.hasPodNetwork();
@@ -83,46 +112,69 @@ export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<Loc
   return runtime;
 }
 
+/** Why no pod can be started here (undefined: they can). Never a fallback to running them unisolated. */
+async function whyUnavailable(opts: LocalRuntimeOptions): Promise<string | undefined> {
+  if (process.getuid?.() !== 0) return 'it must run as root to start containers (runc with user namespaces, cgroups and a bridge); run make up as root';
+  try {
+    findRuncBinary();
+  } catch (err) {
+    if (opts.runc === undefined) return err instanceof Error ? err.message : String(err);
+  }
+  const init = opts.init ?? DEFAULT_INIT;
+  try {
+    await access(init);
+  } catch {
+    return `the container init ${init} is missing: install Debian's tini package (make up does)`;
+  }
+  return undefined;
+}
+
 export class LocalRuntime implements PodRuntime {
   readonly #opts: LocalRuntimeOptions;
   readonly #log: Logger;
   readonly #clock: Clock;
-  readonly #binary: string;
+  readonly #shim: string;
   readonly #launcher: Launcher;
+  readonly #host: OciHost;
+  readonly #images: ImageStore;
+  readonly #unavailable: string | undefined;
   readonly #subnet: Subnet;
   readonly #bridge: string;
   readonly #ips: IpPool;
   readonly #attachVeth: (pid: number, hostIf: string, ip: string) => Promise<void>;
-  readonly #userns: boolean;
   readonly #pods = new Map<string, Pod>();
   readonly #listeners = new Set<(id: string) => void>();
   #network: Promise<boolean> | undefined;
+  #mountRootReady: Promise<void> | undefined;
   #closed = false;
 
-  constructor(opts: LocalRuntimeOptions, binary: string, launcherBinary: string) {
+  constructor(opts: LocalRuntimeOptions, shim: string, launcherBinary: string, unavailable: string | undefined) {
     this.#opts = opts;
     this.#log = opts.log.child({ component: 'local-runtime' });
     this.#clock = opts.clock ?? systemClock;
-    this.#binary = binary;
-    const derived = derivedNetwork(resolve(opts.root));
+    this.#shim = shim;
+    this.#images = opts.images;
+    this.#unavailable = unavailable;
+    const root = resolve(opts.root);
+    const derived = derivedNetwork(root);
     this.#subnet = parseSubnet(opts.subnet ?? derived.subnet);
     this.#bridge = opts.bridge ?? derived.bridge;
     this.#ips = createIpPool(this.#subnet);
+    const tag = createHash('sha256').update(root).digest('hex').slice(0, 12);
+    this.#host = {
+      runc: opts.runc ?? (unavailable === undefined ? findRuncBinary() : 'runc'),
+      runcRoot: join(root, 'runc'),
+      init: opts.init ?? DEFAULT_INIT,
+      mountRoot: opts.mountRoot ?? join(MOUNT_ROOT, tag),
+      cgroupParent: `/asb-${tag}`,
+    };
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
     this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
-    this.#userns = process.getuid?.() !== 0;
-    if (this.#userns) {
-      this.#log.warn('local runtime is not running as root: DEGRADED MODE — pods run in a user namespace as your own uid and share the host network (ports on 127.0.0.1)');
-    }
   }
 
-  /**
-   * As root, a pod's uid 0 is the host's uid 0 (capabilities dropped, but it owns every root-owned
-   * file it can reach), and runtimeClassName is ignored: root is refused for tenants. Not root,
-   * every pod runs in a user namespace mapping only our own uid, so uid 0 in the pod is us.
-   */
+  /** Every pod runs in a user namespace: root in a sandbox is root of that namespace only. */
   get rootIsolation(): RootIsolation {
-    return { userNamespace: this.#userns ? 'always' : 'never', gvisor: false };
+    return { userNamespace: 'always', gvisor: false };
   }
 
   /** The pid of the launcher process that starts pods, while it runs (diagnostics, tests). */
@@ -130,7 +182,12 @@ export class LocalRuntime implements PodRuntime {
     return this.#launcher.pid;
   }
 
-  /** Whether pods get their own network namespace and address (false: degraded, host network). */
+  /** Why this runtime starts no pod (not root, no runc, no init); undefined when it does. */
+  get unavailable(): string | undefined {
+    return this.#unavailable;
+  }
+
+  /** Sets up the bridge once; false when the runtime is unavailable (it starts no pod). */
   hasPodNetwork(): Promise<boolean> {
     this.#network ??= this.#setUpNetwork();
     return this.#network;
@@ -138,7 +195,7 @@ export class LocalRuntime implements PodRuntime {
 
   /** Rejects (AsbError Unavailable, naming the holder) when another instance holds the bridge or subnet. */
   async #setUpNetwork(): Promise<boolean> {
-    if (this.#userns || this.#opts.network === false) return false;
+    if (this.#unavailable !== undefined) return false;
     const claimsDir = this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR;
     // Refused, never shared: the other instance's pods would receive our traffic.
     const warnings = await claimNetwork({ bridge: this.#bridge, subnet: this.#subnet.cidr, owner: resolve(this.#opts.root), pid: process.pid }, { claimsDir });
@@ -149,8 +206,7 @@ export class LocalRuntime implements PodRuntime {
       return true;
     } catch (err) {
       await releaseNetwork(claimsDir, this.#bridge, resolve(this.#opts.root));
-      this.#log.warn({ err }, `cannot create bridge ${this.#bridge}: DEGRADED MODE — pods share the host network (ports on 127.0.0.1)`);
-      return false;
+      throw new AsbError('Unavailable', `cannot create the pod bridge ${this.#bridge}: ${err instanceof Error ? err.message : String(err)}`);
     }
   }
 
@@ -168,10 +224,13 @@ export class LocalRuntime implements PodRuntime {
       const pod: Pod = { id, paths, persisted, state: { phase: 'Stopped', ready: false }, generation: 0, stopping: false };
       this.#pods.set(id, pod);
       if (persisted === undefined) return;
-      if (persisted.ip !== '127.0.0.1') this.#ips.reserve(persisted.ip);
+      this.#ips.reserve(persisted.ip);
       pod.state.ip = persisted.ip;
       const { pid, pidStart } = persisted;
       if (pid === undefined || pidStart === undefined || (await processStartTime(pid)) !== pidStart) return;
+      const identity = await readIdentity(paths);
+      if (identity === undefined) return;
+      pod.identity = identity;
       this.#running(pod, pid, persisted.startedAt ?? isoNow(this.#clock));
       this.#pollExit(pod, pid, pidStart);
       this.#log.info({ id, pid }, 'adopted running pod');
@@ -198,48 +257,66 @@ export class LocalRuntime implements PodRuntime {
     return current.starting;
   }
 
+  /**
+   * The image a start runs: a wake reuses the bytes the pod first ran (the tag may have moved
+   * since, and a hibernated sandbox must wake as it was), else a pull by the container's policy.
+   */
+  async #image(pod: Pod, image: string, policy: PullPolicy | undefined): Promise<PersistedImage> {
+    const kept = pod.persisted?.image;
+    if (kept !== undefined && kept.reference === image && (await exists(kept.rootfs))) return kept;
+    const pulled = await this.#images.pull(image, { idMap: ROOT_ID_MAP, ...(policy === undefined ? {} : { policy }) });
+    return { reference: image, manifestDigest: pulled.manifestDigest, rootfs: pulled.rootfs, config: pulled.config };
+  }
+
   async #start(pod: Pod, req: PodRequest): Promise<PodState> {
     const generation = ++pod.generation;
     pod.stopping = false;
     pod.pendingExit = undefined;
-    const fail = (message: string): PodState => {
+    const fail = (message: string, reason?: string): PodState => {
       pod.state = { phase: 'Failed', ready: false, message };
+      if (reason !== undefined) pod.state.reason = reason;
       if (pod.persisted !== undefined) pod.state.ip = pod.persisted.ip;
       this.#emit(pod.id);
       return { ...pod.state };
     };
+    if (this.#unavailable !== undefined) return fail(`this worker runs no sandboxes: ${this.#unavailable}`, 'RuntimeUnavailable');
     const container = mainContainer(req.spec);
-    const image = resolveImage(container.image);
-    if (!image.ok) return fail(image.message);
     pod.state = { phase: 'Pending', ready: false };
     this.#emit(pod.id);
+    let image: PersistedImage;
+    try {
+      image = await this.#image(pod, container.image || (this.#opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy));
+    } catch (err) {
+      if (pod.generation !== generation) return { ...pod.state };
+      return fail(err instanceof Error ? err.message : String(err), 'ErrImagePull');
+    }
+    if (pod.generation !== generation) return { ...pod.state };
     const net = await this.hasPodNetwork();
-    const firstStart = pod.persisted === undefined;
     const kept = pod.persisted?.ip;
     // Kept across hibernation, unless it lies outside this bridge's subnet (hibernated before the
     // subnet changed: state from before subnets were per state dir, or another ASB_SUBNET). It
     // could not be reached there, so the pod gets a new address.
-    const moved = net && kept !== undefined && kept !== '127.0.0.1' && !inSubnet(kept, this.#subnet);
+    const moved = kept !== undefined && !inSubnet(kept, this.#subnet);
     if (moved) this.#log.warn({ id: pod.id, ip: kept, subnet: this.#subnet.cidr }, 'pod address is outside the subnet: it gets a new one');
-    const ip = kept !== undefined && !moved ? kept : net ? this.#ips.allocate() : '127.0.0.1';
-    pod.persisted = { request: req, ip };
-    const { uid, gid } = this.#userns ? { uid: 0, gid: 0 } : podUser(req.spec, container);
-    const env = podEnv(req, container, uid);
-    const cwd = container.workingDir ?? env.HOME ?? '/';
-    let args: string[];
+    const ip = kept !== undefined && !moved ? kept : this.#ips.allocate();
+    pod.persisted = { request: req, ip, image };
+    let shimArgs: string[];
     try {
-      const mounts = await resolveMounts(req, container, pod.paths, { uid, gid });
-      await prepareEtc(pod.paths, req.hostname, ip, firstStart);
-      const initNet: InitNetwork | undefined = net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined;
-      args = initArgs(pod.paths, req.hostname, { uid, gid, env, cwd, argv: containerArgv(container), mounts }, initNet, this.#userns);
+      await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
+      await this.#mountRoot();
+      const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined);
+      shimArgs = prepared.shimArgs;
+      pod.identity = prepared.identity;
+      await writePersisted(pod.paths, pod.persisted);
     } catch (err) {
       this.#log.warn({ err, id: pod.id }, 'cannot prepare pod');
-      return fail(`cannot prepare pod: ${err instanceof Error ? err.message : String(err)}`);
+      const invalid = err instanceof AsbError && err.code === 'Invalid';
+      return fail(`cannot prepare pod: ${err instanceof Error ? err.message : String(err)}`, invalid ? 'CreateContainerConfigError' : undefined);
     }
     pod.lostLauncher = false;
     const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
-    const launch = launchPodInit(this.#launcher, this.#binary, args, {
+    const launch = launchPodInit(this.#launcher, this.#shim, shimArgs, {
       ...(net ? { attach: (pid: number) => this.#attachVeth(pid, vethName(this.#bridge, pod.id), ip) } : {}),
       exited: (code) => {
         if (pod.generation === generation) this.#exited(pod, code);
@@ -263,7 +340,7 @@ export class LocalRuntime implements PodRuntime {
     const startedAt = isoNow(this.#clock);
     const pidStart = await processStartTime(outcome.pid);
     if (pod.generation !== generation) return { ...pod.state };
-    pod.persisted = { request: req, ip, pid: outcome.pid, pidStart: pidStart ?? 'gone', startedAt };
+    pod.persisted = { request: req, ip, image, pid: outcome.pid, pidStart: pidStart ?? 'gone', startedAt };
     this.#running(pod, outcome.pid, startedAt);
     // The container may have ended already (a command that exits at once).
     const early = pod.pendingExit as number | undefined; // set by the exit event during the awaits
@@ -271,6 +348,17 @@ export class LocalRuntime implements PodRuntime {
     else if (launcherLost()) this.#pollExit(pod, outcome.pid, pod.persisted.pidStart ?? 'gone');
     if (pod.target !== undefined) await writePersisted(pod.paths, pod.persisted);
     return { ...pod.state };
+  }
+
+  /** The mount points' parent: made 0711 (so the user namespace can walk to its rootfs), once. */
+  #mountRoot(): Promise<void> {
+    this.#mountRootReady ??= (async () => {
+      await mkdir(this.#host.mountRoot, { recursive: true, mode: 0o711 });
+      await chmod(this.#host.mountRoot, 0o711);
+      // /run/asb may exist already (network claims), made before with a private mode.
+      if (this.#host.mountRoot.startsWith(`${MOUNT_ROOT}/`)) await Promise.all([chmod(MOUNT_ROOT, 0o711), chmod(resolve(MOUNT_ROOT, '..'), 0o711)]);
+    })();
+    return this.#mountRootReady;
   }
 
   /**
@@ -286,11 +374,10 @@ export class LocalRuntime implements PodRuntime {
 
   #running(pod: Pod, pid: number, startedAt: string): void {
     const request = pod.persisted?.request;
-    if (request === undefined) return;
+    const identity = pod.identity;
+    if (request === undefined || identity === undefined) return;
     const container = mainContainer(request.spec);
-    const { uid, gid } = this.#userns ? { uid: 0, gid: 0 } : podUser(request.spec, container);
-    const env = podEnv(request, container, uid);
-    pod.target = { pid, uid, gid, env, cwd: container.workingDir ?? env.HOME ?? '/', userns: this.#userns };
+    pod.target = { runc: this.#host.runc, runcRoot: this.#host.runcRoot, runtimeFlags: this.#host.runtimeFlags ?? [], id: pod.id, pid, execDir: pod.paths.exec, ...identity };
     const probe = container.readinessProbe;
     pod.state = { phase: 'Running', ready: probe === undefined, ip: pod.persisted?.ip ?? '127.0.0.1', pid, startedAt };
     pod.exited ??= new Promise((resolve) => (pod.markExited = resolve));
@@ -312,17 +399,24 @@ export class LocalRuntime implements PodRuntime {
     this.#emit(pod.id);
   }
 
-  /** For pods we did not spawn (adopted): no exit event, so check the init's pid and start time. */
+  /**
+   * For pods we did not spawn (adopted): no exit event, so check the init's pid and start time,
+   * then wait for the exit status its shim writes once it has deleted the container and unmounted
+   * its rootfs (a shim that was killed never writes it: 137 after EXIT_STATUS_WAIT_MS).
+   */
   #pollExit(pod: Pod, pid: number, pidStart: string): void {
     const generation = pod.generation;
+    let goneAt: number | undefined;
     const check = (): void => {
       void processStartTime(pid).then(async (start) => {
         if (pod.generation !== generation || this.#closed) return;
-        if (start === pidStart) {
-          pod.poll = this.#clock.after(this.#opts.pollIntervalMs ?? 500, check);
+        const code = start === pidStart ? undefined : await readExitStatus(pod.paths);
+        goneAt ??= start === pidStart ? undefined : this.#clock.now();
+        if (code === undefined && (goneAt === undefined || this.#clock.now() - goneAt < EXIT_STATUS_WAIT_MS)) {
+          pod.poll = this.#clock.after(goneAt === undefined ? this.#opts.pollIntervalMs ?? 500 : 20, check);
           return;
         }
-        this.#exited(pod, (await readExitStatus(pod.paths)) ?? 137);
+        this.#exited(pod, code ?? 137);
       });
     };
     pod.poll = this.#clock.after(this.#opts.pollIntervalMs ?? 500, check);
@@ -337,7 +431,8 @@ export class LocalRuntime implements PodRuntime {
     pod.exited = undefined;
     const ip = pod.persisted?.ip;
     if (pod.persisted !== undefined) {
-      pod.persisted = { request: pod.persisted.request, ip: pod.persisted.ip };
+      const { request, ip: kept, image } = pod.persisted;
+      pod.persisted = image === undefined ? { request, ip: kept } : { request, ip: kept, image };
       writePersisted(pod.paths, pod.persisted).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
     }
     if (pod.state.phase === 'Pending') {
@@ -368,8 +463,14 @@ export class LocalRuntime implements PodRuntime {
     // progress must, or a shutdown that awaits it would exit half-way.
     const keepAlive = setInterval(() => undefined, 60_000);
     try {
-      signal(target.pid, 'SIGTERM'); // pod-init forwards it to every process in the pod
-      if (!(await this.#within(exited, this.#opts.stopGraceMs ?? 2000))) {
+      // The container's init (tini) passes SIGTERM on to the command's process group. Sent again
+      // while the grace lasts: one sent in the instant the container's first process is replaced
+      // by tini is lost (seen once in a few stops right after a start: a 2 s stop instead of 5 ms).
+      signal(target.pid, 'SIGTERM');
+      const resend = setInterval(() => signal(target.pid, 'SIGTERM'), TERM_RESEND_MS);
+      const graceful = await this.#within(exited, this.#opts.stopGraceMs ?? 2000);
+      clearInterval(resend);
+      if (!graceful) {
         signal(target.pid, 'SIGKILL'); // pid 1 of the namespace: the kernel kills all the rest
         if (!(await this.#within(exited, 10_000))) throw new AsbError('Timeout', `pod ${id} did not end after SIGKILL`);
       }
@@ -394,8 +495,13 @@ export class LocalRuntime implements PodRuntime {
     await this.stop(id);
     pod.generation++;
     this.#pods.delete(id);
-    if (pod.persisted !== undefined && pod.persisted.ip !== '127.0.0.1') this.#ips.release(pod.persisted.ip);
-    await Promise.all([rm(pod.paths.dir, { recursive: true, force: true }), rm(pod.paths.volumes, { recursive: true, force: true })]);
+    if (pod.persisted !== undefined) this.#ips.release(pod.persisted.ip);
+    await Promise.all([
+      rm(pod.paths.dir, { recursive: true, force: true }),
+      rm(pod.paths.volumes, { recursive: true, force: true }),
+      // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
+      rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
+    ]);
     this.#emit(id);
   }
 
@@ -470,6 +576,20 @@ export class LocalRuntime implements PodRuntime {
     }
     // The launcher exits without touching the pods it started; a new runtime re-adopts them.
     return this.#launcher.close();
+  }
+}
+
+/** Kubernetes' imagePullPolicy; anything else (absent, or a value validation let through) is the default rule. */
+function pullPolicy(value: unknown): PullPolicy | undefined {
+  return value === 'Always' || value === 'IfNotPresent' || value === 'Never' ? value : undefined;
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await access(path);
+    return true;
+  } catch {
+    return false;
   }
 }
 

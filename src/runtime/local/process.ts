@@ -3,10 +3,11 @@
 // The process leads its own group (spawnInPod), so kill() reaches a shell and all it started.
 import { constants } from 'node:os';
 import type { PodProcess, SpawnRequest } from '../runtime.ts';
-import { killGroup, spawnInPod, type PodTarget } from './exec.ts';
+import { signalOfCode, spawnInPod, type PodTarget } from './exec.ts';
 
 export function spawnPodProcess(target: PodTarget, req: SpawnRequest): Promise<PodProcess> {
-  const child = spawnInPod(target, req.command, req);
+  const proc = spawnInPod(target, req.command, req);
+  const child = proc.child;
   const { stdin, stdout, stderr } = child;
   if (stdin === null || stdout === null || stderr === null) return Promise.reject(new Error('spawned process has no pipes'));
   // A process that exits or closes stdin early makes writes fail with EPIPE: `exited` reports the end.
@@ -14,13 +15,14 @@ export function spawnPodProcess(target: PodTarget, req: SpawnRequest): Promise<P
   const exited = new Promise<{ exitCode: number; signal?: string }>((resolve) => {
     // 'exit', not 'close': a background child holding the pipes open must not delay the end.
     child.on('exit', (code, signal) => {
-      if (signal === null) resolve({ exitCode: code ?? 1 });
-      else resolve({ exitCode: 128 + constants.signals[signal], signal });
+      const exitCode = signal === null ? code ?? 1 : 128 + constants.signals[signal];
+      const died = signal ?? signalOfCode(exitCode);
+      resolve(died === undefined ? { exitCode } : { exitCode, signal: died });
     });
     child.on('error', () => resolve({ exitCode: 127 }));
   });
   return new Promise((resolve, reject) => {
-    child.once('spawn', () => resolve({ stdin, stdout, stderr, exited, kill: (signal) => killGroup(child, signal) }));
+    child.once('spawn', () => resolve({ stdin, stdout, stderr, exited, kill: (signal) => proc.kill(signal) }));
     child.once('error', reject);
   });
 }

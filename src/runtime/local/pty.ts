@@ -4,7 +4,7 @@
 // stops reading leaves the pipe full and the shell blocked, as on a real terminal.
 import { readFile } from 'node:fs/promises';
 import type { PtyOptions, PtySession } from '../runtime.ts';
-import { killGroup, spawnInPod, type PodTarget, type SpawnInPodOptions } from './exec.ts';
+import { spawnInPod, type PodTarget, type SpawnInPodOptions } from './exec.ts';
 import { constants } from 'node:os';
 
 const HANGUP_GRACE_MS = 2000;
@@ -31,7 +31,8 @@ export async function openPodPty(target: PodTarget, opts: PtyOptions): Promise<P
   const spawnOpts: SpawnInPodOptions = { env: { TERM: 'xterm-256color', ...opts.env } };
   if (opts.user !== undefined) spawnOpts.user = opts.user;
   if (opts.cwd !== undefined) spawnOpts.cwd = opts.cwd;
-  const child = spawnInPod(target, ['python3', '-I', '-S', '-c', source, String(opts.cols), String(opts.rows), ...command], spawnOpts);
+  const proc = spawnInPod(target, ['python3', '-I', '-S', '-c', source, String(opts.cols), String(opts.rows), ...command], spawnOpts);
+  const child = proc.child;
   const stdin = child.stdin;
   const stdout = child.stdout;
   if (stdin === null || stdout === null) throw new Error('pty bridge has no pipes');
@@ -61,7 +62,7 @@ export async function openPodPty(target: PodTarget, opts: PtyOptions): Promise<P
       if (closed) return;
       closed = true;
       stdin.end(); // the bridge hangs up the terminal (SIGHUP to the shell)
-      const timer = setTimeout(() => killGroup(child, 'SIGKILL'), HANGUP_GRACE_MS);
+      const timer = setTimeout(() => proc.kill('SIGKILL'), HANGUP_GRACE_MS);
       timer.unref();
       void exited.then(() => clearTimeout(timer));
     },

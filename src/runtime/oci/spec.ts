@@ -90,6 +90,12 @@ export interface RuntimeFacts {
   nofile?: number;
   /** The host range for a root pod's user namespace; ROOT_ID_MAP when absent. */
   idMap?: IdRange;
+  /**
+   * 'always': every container gets the user namespace, whoever it runs as (the local runtime: an
+   * exec as root, E2B's `user: "root"`, is then root of the sandbox's namespace only). Default
+   * 'when-needed': only a container that runs as root or holds a namespaced capability.
+   */
+  userNamespace?: 'always' | 'when-needed';
   /** The image's /etc/passwd and /etc/group, read by the caller, to resolve a named image user. */
   passwd?: string;
   group?: string;
@@ -146,7 +152,7 @@ export interface SandboxIdentity {
   userNamespace: IdRange | undefined;
 }
 
-type IdFacts = Pick<RuntimeFacts, 'passwd' | 'group' | 'idMap'>;
+type IdFacts = Pick<RuntimeFacts, 'passwd' | 'group' | 'idMap' | 'userNamespace'>;
 
 /**
  * The identity containerSpec will use, for the runtime to call first: a user namespace needs the
@@ -247,7 +253,7 @@ function resolveIdentity(container: Container, image: ImageConfig, facts: IdFact
   const user = resolveUser(container, pod, image, facts, refuse);
   const caps = capabilities(container.securityContext ?? {}, user.uid, refuse);
   // Root, or a capability that acts on what the namespace owns, only ever in a user namespace of its own.
-  const namespaced = user.uid === 0 || caps.bounding.some((c) => !HOST_NAMESPACE_CAPABILITIES.has(c));
+  const namespaced = facts.userNamespace === 'always' || user.uid === 0 || caps.bounding.some((c) => !HOST_NAMESPACE_CAPABILITIES.has(c));
   return { ...user, capabilities: caps, userNamespace: namespaced ? facts.idMap ?? ROOT_ID_MAP : undefined };
 }
 

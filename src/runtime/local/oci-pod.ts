@@ -1,0 +1,117 @@
+// One local pod as an OCI container: its directories, its config.json (src/runtime/oci/spec.ts,
+// hardened by default) and the oci-shim argv that mounts its rootfs and runs it under runc. Every
+// sandbox runs in a user namespace (container ids 0.. are host ids ROOT_ID_MAP.hostId..), so root
+// in a sandbox, E2B's `user: "root"` included, is root of that namespace only.
+//
+// On disk (paths from rootfs.ts): <pod>/upper and <pod>/work are the overlay's writable layer over
+// the image's cached tree (kept by hibernation), <pod>/etc holds the runtime's /etc/hosts and
+// /etc/hostname (bind-mounted read-only: a sandbox that swaps them for symlinks changes nothing
+// on the host, research/runtime.md §1a escape 3), <pod>/config.json is the bundle's config.
+// The overlay is mounted at <mountRoot>/<id>: runc's init, inside the user namespace, must be able
+// to walk to its rootfs, and the state dir is private (0700), so mount points live in a 0711
+// directory under /run/asb instead (gone after a reboot, made again at the next start).
+import { chown, mkdir, readFile, writeFile } from 'node:fs/promises';
+import { join, posix } from 'node:path';
+import type { CachedImage } from '../../images/image-store.ts';
+import type { PodRequest } from '../runtime.ts';
+import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type OciSpec } from '../oci/spec.ts';
+import type { PodPaths } from './rootfs.ts';
+import { mainContainer, resolveMounts } from './pod-process.ts';
+
+/** Where the container's init (tini, `docker run --init`'s) is bind-mounted: /dev is the container's own tmpfs, so nothing lands in its rootfs. */
+export const INIT_PATH = '/dev/.asb-init';
+
+export interface OciHost {
+  runc: string;
+  /** runc's --root: its state of every container of this runtime. */
+  runcRoot: string;
+  /** A static init on the host (Debian's tini-static), bind-mounted read-only as the container's pid 1. */
+  init: string;
+  /** Overlay mount points, one per pod: a 0711 directory the user namespace can walk. */
+  mountRoot: string;
+  /** cgroupfs parent of every pod's cgroup: `/asb-<hash>`. */
+  cgroupParent: string;
+  /** Global flags before every runc subcommand (runsc's --platform and the like). */
+  runtimeFlags?: readonly string[];
+}
+
+export interface PodNetwork {
+  ip: string;
+  prefix: number;
+  gateway: string;
+}
+
+/** Who and where a process in the pod runs by default: the container's own process. */
+export interface PodIdentity {
+  uid: number;
+  gid: number;
+  env: Record<string, string>;
+  cwd: string;
+}
+
+export interface PreparedPod {
+  /** oci-shim's arguments (after the binary). */
+  shimArgs: string[];
+  identity: PodIdentity;
+}
+
+/** Writes the pod's directories, /etc files and config.json; the shim does the mounting and running. */
+export async function preparePod(host: OciHost, paths: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined): Promise<PreparedPod> {
+  const container = mainContainer(req.spec);
+  const root = ROOT_ID_MAP.hostId;
+  const mountPoint = join(host.mountRoot, req.id);
+  await Promise.all([mkdir(paths.work, { recursive: true, mode: 0o700 }), mkdir(paths.etc, { recursive: true, mode: 0o700 }), mkdir(paths.exec, { recursive: true, mode: 0o700 }), mkdir(mountPoint, { recursive: true, mode: 0o755 })]);
+  // The merged root takes the upper dir's owner and mode: the sandbox's root owns its `/`.
+  if ((await mkdir(paths.upper, { recursive: true, mode: 0o755 })) !== undefined) await chown(paths.upper, root, root);
+  const ip = net?.ip ?? '127.0.0.1';
+  await Promise.all([
+    writeFile(join(paths.etc, 'hostname'), `${req.hostname}\n`, { mode: 0o644 }),
+    writeFile(join(paths.etc, 'hosts'), `127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n${ip}\t${req.hostname}\n`, { mode: 0o644 }),
+  ]);
+  const [passwd, group] = await Promise.all(['passwd', 'group'].map((f) => readFile(join(image.rootfs, 'etc', f), 'utf8').catch(() => '')));
+  // Volumes are owned by the sandbox's user as the host sees it (through the id map).
+  const user = sandboxIdentity(container, image.config, { userNamespace: 'always', passwd: passwd ?? '', group: group ?? '' }, req.spec);
+  const owner = { uid: root + user.uid, gid: root + user.gid };
+  const volumes = await resolveMounts(req, container, paths, owner);
+  const mounts: BindMount[] = [
+    { destination: INIT_PATH, source: host.init, readOnly: true },
+    { destination: '/etc/hostname', source: join(paths.etc, 'hostname'), readOnly: true },
+    { destination: '/etc/hosts', source: join(paths.etc, 'hosts'), readOnly: true },
+    ...volumes.map((m) => ({ destination: m.dst, source: m.src, readOnly: m.readOnly })),
+  ];
+  const spec: OciSpec = containerSpec(container, image.config, {
+    rootfs: mountPoint,
+    hostname: req.hostname,
+    cgroupsPath: posix.join(host.cgroupParent, req.id),
+    mounts,
+    userNamespace: 'always',
+    passwd: passwd ?? '',
+    group: group ?? '',
+  }, req.spec);
+  // tini as pid 1: it passes SIGTERM on to the command's process group (a shell as pid 1 would
+  // ignore it: the kernel drops signals a namespace's init has no handler for) and reaps orphans.
+  spec.process.args = [INIT_PATH, '-g', '--', ...spec.process.args];
+  await writeFile(join(paths.dir, 'config.json'), JSON.stringify(spec), { mode: 0o600 });
+  const shimArgs = ['-d', paths.dir, '-r', host.runc, '-R', host.runcRoot, '-i', req.id, '-b', paths.dir, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
+  if (net !== undefined) shimArgs.push('-n', net.ip, String(net.prefix), net.gateway);
+  if (host.runtimeFlags !== undefined && host.runtimeFlags.length > 0) shimArgs.push('--', ...host.runtimeFlags);
+  return { shimArgs, identity: identityOf(spec) };
+}
+
+export function identityOf(spec: OciSpec): PodIdentity {
+  const env: Record<string, string> = {};
+  for (const entry of spec.process.env) {
+    const eq = entry.indexOf('=');
+    if (eq > 0) env[entry.slice(0, eq)] = entry.slice(eq + 1);
+  }
+  return { uid: spec.process.user.uid, gid: spec.process.user.gid, env, cwd: spec.process.cwd };
+}
+
+/** The identity recorded in a pod's config.json (an adopted pod, after a worker restart). */
+export async function readIdentity(paths: PodPaths): Promise<PodIdentity | undefined> {
+  try {
+    return identityOf(JSON.parse(await readFile(join(paths.dir, 'config.json'), 'utf8')) as OciSpec);
+  } catch {
+    return undefined;
+  }
+}

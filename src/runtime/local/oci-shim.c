@@ -1,0 +1,272 @@
+// oci-shim: starts one sandbox pod's container with runc, then stays as its parent to record how it
+// ended. One per running pod, like containerd's shim or conmon, but a few hundred KiB of C: a
+// foreground `runc run` per pod would keep a ~10 MB Go process per sandbox.
+//
+// Usage (argv built by src/runtime/local/oci-pod.ts):
+//   oci-shim -d <podDir> -r <runc> -R <runcRoot> -i <id> -b <bundle>
+//            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-- <runc global flags>...]
+// Protocol on stdout, one line each (the same as the runtime's launcher expects): "pid <host pid of
+// the container's init>", then "ready" or "error <what>: <why>". With -n it reads "go\n" on stdin
+// once the runtime has moved the veth peer into the container's network namespace, then
+// configures eth0 there (ioctls, no `ip` spawn) before the container's process starts.
+// Steps: mount the overlay rootfs (host mount namespace), `runc create` (namespaces, cgroups,
+// mounts; the process waits), network, `runc start`. The shim is PR_SET_CHILD_SUBREAPER, so when
+// runc exits the container's init is re-parented to it: it waits for that init, `runc delete`s the
+// container (its cgroups go), unmounts the rootfs, and then writes the init's exit code to
+// <podDir>/exit-status (so it survives a worker restart, and says the clean-up is done).
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *pod_dir, *runc, *runc_root, *id, *bundle;
+static const char *lower, *upper, *work, *rootfs;
+static const char *net_ip, *net_prefix, *net_gw;
+static char **runc_flags; // global flags for every runc call (runsc: --platform and the like)
+static int n_runc_flags;
+static int dir_fd = -1, log_fd = -1;
+
+static void cleanup(int created);
+
+static void fail_msg(int created, const char *what, const char *why) {
+  dprintf(1, "error %s: %s\n", what, why);
+  cleanup(created);
+  _exit(125);
+}
+
+static void fail(int created, const char *what) { fail_msg(created, what, strerror(errno)); }
+
+static int status_code(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
+
+// Runs `runc <global flags> --root R --log <podDir>/runc.log <args...>` to its end; its stdio goes
+// to the container log (runc create hands that stdio on to the container's process).
+static int run_runc(const char *const *args) {
+  char *argv[64];
+  char log_path[PATH_MAX];
+  int n = 0;
+  snprintf(log_path, sizeof log_path, "%s/runc.log", pod_dir);
+  argv[n++] = (char *)runc;
+  for (int i = 0; i < n_runc_flags && n < 40; i++) argv[n++] = runc_flags[i];
+  argv[n++] = "--root";
+  argv[n++] = (char *)runc_root;
+  argv[n++] = "--log";
+  argv[n++] = log_path;
+  for (int i = 0; args[i] && n < 63; i++) argv[n++] = (char *)args[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    dup2(null_fd, 0);
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+    char *env[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+    execve(runc, argv, env);
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return status_code(st);
+}
+
+// The last line runc logged (its error), without runc's "time=... level=error msg=" prefix.
+static const char *runc_error(void) {
+  static char buf[1024];
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/runc.log", pod_dir);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "runc failed and logged nothing";
+  off_t size = lseek(fd, 0, SEEK_END);
+  off_t from = size > (off_t)sizeof buf - 1 ? size - (off_t)sizeof buf + 1 : 0;
+  ssize_t n = pread(fd, buf, sizeof buf - 1, from);
+  close(fd);
+  if (n <= 0) return "runc failed and logged nothing";
+  buf[n] = 0;
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) buf[--n] = 0;
+  char *line = strrchr(buf, '\n');
+  line = line ? line + 1 : buf;
+  char *msg = strstr(line, "msg=");
+  if (msg) line = msg + 4;
+  for (char *p = line; *p; p++) if (*p == '\n') *p = ' ';
+  return line;
+}
+
+static void cleanup(int created) {
+  if (created) {
+    const char *del[] = {"delete", "--force", id, NULL};
+    run_runc(del);
+  }
+  if (rootfs) umount2(rootfs, MNT_DETACH);
+}
+
+static void ifreq_addr(struct ifreq *ifr, const char *name, in_addr_t addr) {
+  memset(ifr, 0, sizeof *ifr);
+  snprintf(ifr->ifr_name, IFNAMSIZ, "%s", name);
+  struct sockaddr_in *sin = (struct sockaddr_in *)&ifr->ifr_addr;
+  sin->sin_family = AF_INET;
+  sin->sin_addr.s_addr = addr;
+}
+
+static int link_up(int sock, const char *name) {
+  struct ifreq ifr;
+  ifreq_addr(&ifr, name, 0);
+  if (ioctl(sock, SIOCGIFFLAGS, &ifr) < 0) return -1;
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  return ioctl(sock, SIOCSIFFLAGS, &ifr);
+}
+
+// In a child that joined the container's network namespace: lo up, eth0's address, default route.
+// Plain ioctls: one `ip` spawn would cost more than this whole binary. Exit code: the failed step.
+static int configure_net(pid_t init) {
+  char ns[64];
+  snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)init);
+  int ns_fd = open(ns, O_RDONLY | O_CLOEXEC);
+  if (ns_fd < 0 || setns(ns_fd, CLONE_NEWNET) < 0) return 10;
+  int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) return 11;
+  if (link_up(sock, "lo") < 0) return 12;
+  struct ifreq ifr;
+  ifreq_addr(&ifr, "eth0", inet_addr(net_ip));
+  if (ioctl(sock, SIOCSIFADDR, &ifr) < 0) return 13;
+  int prefix = atoi(net_prefix);
+  ifreq_addr(&ifr, "eth0", htonl(prefix == 0 ? 0 : 0xffffffffu << (32 - prefix)));
+  if (ioctl(sock, SIOCSIFNETMASK, &ifr) < 0) return 14;
+  if (link_up(sock, "eth0") < 0) return 15;
+  struct rtentry rt;
+  memset(&rt, 0, sizeof rt);
+  ((struct sockaddr_in *)&rt.rt_dst)->sin_family = AF_INET;
+  ((struct sockaddr_in *)&rt.rt_genmask)->sin_family = AF_INET;
+  struct sockaddr_in *gw = (struct sockaddr_in *)&rt.rt_gateway;
+  gw->sin_family = AF_INET;
+  gw->sin_addr.s_addr = inet_addr(net_gw);
+  rt.rt_flags = RTF_UP | RTF_GATEWAY;
+  if (ioctl(sock, SIOCADDRT, &rt) < 0) return 16;
+  return 0;
+}
+
+static void setup_net(pid_t init) {
+  char go[8] = {0};
+  size_t n = 0;
+  while (n < sizeof go - 1 && read(0, go + n, 1) == 1 && go[n] != '\n') n++;
+  if (strncmp(go, "go", 2) != 0) fail_msg(1, "network", "not confirmed by the runtime");
+  pid_t child = fork();
+  if (child < 0) fail(1, "fork");
+  if (child == 0) _exit(configure_net(init));
+  int st;
+  while (waitpid(child, &st, 0) < 0 && errno == EINTR) {}
+  static const char *steps[] = {"join the network namespace", "socket", "loopback up", "eth0 address", "eth0 netmask", "eth0 up", "default route"};
+  int code = status_code(st);
+  if (code >= 10 && code <= 16) fail_msg(1, "network", steps[code - 10]);
+  if (code != 0) fail_msg(1, "network", "the configuring process failed");
+}
+
+static void parse_args(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int left = argc - i - 1;
+    if (!strcmp(a, "--")) { runc_flags = argv + i + 1; n_runc_flags = left; break; }
+    if (left < 1) break;
+    if (!strcmp(a, "-d")) pod_dir = argv[++i];
+    else if (!strcmp(a, "-r")) runc = argv[++i];
+    else if (!strcmp(a, "-R")) runc_root = argv[++i];
+    else if (!strcmp(a, "-i")) id = argv[++i];
+    else if (!strcmp(a, "-b")) bundle = argv[++i];
+    else if (!strcmp(a, "-o") && left >= 4) { lower = argv[++i]; upper = argv[++i]; work = argv[++i]; rootfs = argv[++i]; }
+    else if (!strcmp(a, "-n") && left >= 3) { net_ip = argv[++i]; net_prefix = argv[++i]; net_gw = argv[++i]; }
+    else { dprintf(1, "error argument: %s\n", a); _exit(125); }
+  }
+  if (!pod_dir || !runc || !runc_root || !id || !bundle) { dprintf(1, "error usage: -d -r -R -i -b are required\n"); _exit(125); }
+}
+
+int main(int argc, char **argv) {
+  parse_args(argc, argv);
+  signal(SIGPIPE, SIG_IGN); // a vanished reader shows as EPIPE on the "ready" line, handled below
+  umask(022);
+  dir_fd = open(pod_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) fail(0, "pod dir");
+  log_fd = openat(dir_fd, "container.log", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  if (log_fd < 0) fail(0, "container log");
+  // A previous run's code must not be read as this run's.
+  if (unlinkat(dir_fd, "exit-status", 0) < 0 && errno != ENOENT) fail(0, "unlink exit-status");
+  unlinkat(dir_fd, "runc.log", 0);
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) fail(0, "subreaper");
+
+  // A container left by a shim that died (the machine did not reboot) holds the id: remove it.
+  char state[PATH_MAX];
+  snprintf(state, sizeof state, "%s/%s", runc_root, id);
+  if (access(state, F_OK) == 0) {
+    const char *del[] = {"delete", "--force", id, NULL};
+    run_runc(del);
+  }
+  if (rootfs) {
+    char opts[3 * PATH_MAX + 64];
+    umount2(rootfs, MNT_DETACH); // a stale mount of a shim that died; EINVAL when none
+    if (snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work) >= (int)sizeof opts) fail_msg(0, "overlay", "paths too long");
+    if (mount("overlay", rootfs, "overlay", 0, opts) < 0) fail(0, "mount rootfs");
+  }
+
+  char pid_path[PATH_MAX];
+  snprintf(pid_path, sizeof pid_path, "%s/init.pid", pod_dir);
+  unlink(pid_path);
+  const char *create[] = {"create", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
+  int code = run_runc(create);
+  if (code != 0) fail_msg(1, "runc create", runc_error());
+  FILE *pf = fopen(pid_path, "re");
+  int init = 0;
+  if (!pf || fscanf(pf, "%d", &init) != 1 || init <= 0) fail_msg(1, "runc create", "no pid file");
+  fclose(pf);
+  dprintf(1, "pid %d\n", init);
+  if (net_ip) setup_net((pid_t)init);
+  const char *start[] = {"start", id, NULL};
+  if (run_runc(start) != 0) fail_msg(1, "runc start", runc_error());
+  // Nobody read "ready" (the launcher or the worker died during the start): nobody will track this
+  // pod, so end it rather than leave it running untracked.
+  if (dprintf(1, "ready\n") < 0) {
+    kill(init, SIGKILL);
+    fail(1, "report ready");
+  }
+  int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  dup2(null_fd, 0);
+  dup2(null_fd, 1);
+  dup2(null_fd, 2);
+
+  // Reap everything re-parented to us (the init, and runc's helpers); the init's end is the pod's.
+  int st = 0;
+  for (;;) {
+    pid_t p = waitpid(-1, &st, 0);
+    if (p == init) break;
+    if (p < 0 && errno == ECHILD) { st = 137 << 8; break; } // never ours (cannot happen once re-parented)
+  }
+  code = status_code(st);
+  // Cleaned up first: the exit status is what tells a runtime that polls (an adopted pod) that the
+  // pod is over, and a wake or remove must not race our `runc delete` and unmount.
+  cleanup(1);
+  char text[16];
+  snprintf(text, sizeof text, "%d\n", code);
+  int fd = openat(dir_fd, "exit-status.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    (void)!write(fd, text, strlen(text));
+    close(fd);
+    renameat(dir_fd, "exit-status.tmp", dir_fd, "exit-status");
+  }
+  return code;
+}
