@@ -24,9 +24,15 @@ import { Informer } from '../../src/operator/informer.ts';
 import type { WatchHandlers, WatchOptions } from '../../src/store/store.ts';
 import { systemClock } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
+import { within } from './wait.ts';
 import { eventually, startHarness, template, warmPool, writeRival, type Harness, type HarnessOptions, type HarnessStoreFactory } from './operator-harness.ts';
 
 type Start = (t: TestContext, opts?: HarnessOptions) => Promise<Harness>;
+
+// A watch event normally arrives within milliseconds of the write; the bound is for a 2-core
+// machine running other test files beside this one, where an event behind a stalled stream can
+// take seconds. Waiting longer costs nothing when it comes at once.
+const WATCH_DELIVERY_BOUND_MS = 30_000;
 
 function starter(openStore: HarnessStoreFactory): Start {
   return (t, opts = {}) => startHarness(t, opts, openStore);
@@ -646,18 +652,28 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
       await h.store.create(SandboxClaimType, claimObject(h, name, { warmPoolRef: { name: 'py-pool' }, lifecycle: { shutdownTime, shutdownPolicy } }));
     }
     for (const name of Object.keys(policies)) sandboxOf.set(name, (await eventually(`${name} ready`, () => claimStatus(h, name))).status?.sandbox?.name ?? '');
-    // What the SDK's watch sees: the reason, then the deletion.
+    // What the SDK's watch sees: the reason, then the deletion. The watch is its own stream (on
+    // the kube tier an HTTP watch beside the GETs below), so a GET can find the claim gone before
+    // the watch has delivered its DELETED: wait for that event itself, not for the store.
     const seen: string[] = [];
+    const deletedSeen = new Map(['c-delete', 'c-foreground'].map((name) => [name, Promise.withResolvers<true>()]));
+    for (const d of deletedSeen.values()) d.promise.catch(() => undefined); // a watch error is reported by the await below
     const watch = h.store.watch<SandboxClaim>(SandboxClaimType, { namespace: h.ns }, {
-      onEvent: (e) => seen.push(`${e.object.metadata.name} ${e.type === 'DELETED' ? 'DELETED' : e.object.status?.conditions?.find((c) => c.type === 'Ready')?.reason ?? ''}`),
-      onError: () => undefined,
+      onEvent: (e) => {
+        seen.push(`${e.object.metadata.name} ${e.type === 'DELETED' ? 'DELETED' : e.object.status?.conditions?.find((c) => c.type === 'Ready')?.reason ?? ''}`);
+        if (e.type === 'DELETED') deletedSeen.get(e.object.metadata.name)?.resolve(true);
+      },
+      onError: (err) => {
+        for (const d of deletedSeen.values()) d.reject(err);
+      },
     });
     t.after(() => watch.close());
 
     h.clock.advance(Math.ceil(Date.parse(shutdownTime) - h.clock.now()) + 1_000);
-    for (const name of ['c-delete', 'c-foreground']) {
+    for (const [name, deleted] of deletedSeen) {
       await eventually(`${name} deleted`, async () => (await h.store.tryGet(SandboxClaimType, h.ns, name)) === undefined);
       await eventually(`${name}'s sandbox deleted`, async () => (await h.store.tryGet(SandboxType, h.ns, sandboxOf.get(name) ?? '')) === undefined);
+      await within(`the watch to deliver ${name}'s DELETED`, deleted.promise, WATCH_DELIVERY_BOUND_MS).catch((err: unknown) => assert.fail(`${String(err)}; the watch saw: ${seen.join(', ')}`));
       const mine = seen.filter((s) => s.startsWith(`${name} `));
       assert.ok(mine.indexOf(`${name} ClaimExpired`) >= 0 && mine.indexOf(`${name} ClaimExpired`) < mine.indexOf(`${name} DELETED`), `${name}: ClaimExpired before DELETED, saw ${mine.join(', ')}`);
     }
