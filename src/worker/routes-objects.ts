@@ -51,6 +51,16 @@ function notFound(rt: ResourceType, namespace: string, name: string): AsbError {
 const TENANT_ANNOTATIONS: ReadonlySet<string> = new Set([ANNOTATION.publicPorts, ANNOTATION.idleTimeoutMs, POD_SECURITY_ANNOTATION]);
 
 /**
+ * Keys under agents.x-k8s.io/ that kubernetes-sigs' own client puts on every claim it makes
+ * (k8s-agent-sandbox 1.0.8: the label created-by=python-client and the annotation
+ * client-first-requested-at). No controller of ours or upstream's reads them, so a team key may
+ * set them on its SandboxClaims; every other key under the reserved prefixes (pool membership,
+ * the claim's bound sandbox and uid, launch type, owner, template) stays the controller's.
+ */
+const CLIENT_CLAIM_LABELS: ReadonlySet<string> = new Set(['agents.x-k8s.io/created-by']);
+const CLIENT_CLAIM_ANNOTATIONS: ReadonlySet<string> = new Set(['agents.x-k8s.io/client-first-requested-at']);
+
+/**
  * What a team key may not write into an object's metadata: labels and annotations under our
  * reserved prefixes (pool membership, claim binding, token generation, template), and owner
  * references (a pool or claim owns its sandboxes). The owner label is not refused: it is set
@@ -59,9 +69,10 @@ const TENANT_ANNOTATIONS: ReadonlySet<string> = new Set([ANNOTATION.publicPorts,
 function tenantMetadataProblems(obj: KubeObject, path: string): FieldProblem[] {
   const at = path === '' ? 'metadata' : `${path}.metadata`;
   const { [LABEL.owner]: _owner, ...labels } = obj.metadata.labels ?? {};
-  const problems = userLabelProblems(labels, `${at}.labels`);
+  const claim = obj.kind === SandboxClaimType.kind;
+  const problems = userLabelProblems(labels, `${at}.labels`, claim ? CLIENT_CLAIM_LABELS : undefined);
   for (const key of Object.keys(obj.metadata.annotations ?? {})) {
-    if (isReservedKey(key) && !TENANT_ANNOTATIONS.has(key)) problems.push({ field: `${at}.annotations.${key}`, message: `is reserved for the controller (a team key may set only ${[...TENANT_ANNOTATIONS].join(', ')} of its prefixes)` });
+    if (isReservedKey(key) && !TENANT_ANNOTATIONS.has(key) && !(claim && CLIENT_CLAIM_ANNOTATIONS.has(key))) problems.push({ field: `${at}.annotations.${key}`, message: `is reserved for the controller (a team key may set only ${[...TENANT_ANNOTATIONS].join(', ')} of its prefixes)` });
   }
   if ((obj.metadata.ownerReferences ?? []).length > 0) problems.push({ field: `${at}.ownerReferences`, message: 'can be set only with an admin API key' });
   return problems;
