@@ -12,7 +12,7 @@ import { writeKubeconfig } from '../src/system/kubeconfig.ts';
 import { KUBECTL } from './support/kubectl.ts';
 import { startTestSystem } from './support/local-system.ts';
 
-test('kubectl with make up\'s kubeconfig lists, claims, waits for Ready, watches and deletes through the TLS edge', async (t) => {
+test('kubectl with make up\'s kubeconfig lists, claims, waits for Ready, watches, scales and deletes through the TLS edge', async (t) => {
   const system = await startTestSystem('kube', 193, 'local', 1, true);
   t.after(() => system.cleanup());
   assert.ok(system.edgeTlsUrl !== undefined && system.caCertPath !== undefined);
@@ -63,5 +63,19 @@ spec: {warmPoolRef: {name: base}}
   await printedLine(/ADDED\s+edge-claim/);
   assert.match(await kubectl(['delete', 'sandboxclaim', 'edge-claim', '--wait=true']), /"edge-claim" deleted/);
   await printedLine(/DELETED\s+edge-claim/);
+  assert.equal(await kubectl(['get', 'sandboxclaims', '-o', 'name']), '');
+
+  // kubectl scale of the built-in pool (its scale subresource), and delete by label and --all.
+  assert.equal(await kubectl(['scale', 'sandboxwarmpool/base', '--replicas=2']), 'sandboxwarmpool.extensions.agents.x-k8s.io/base scaled\n');
+  assert.equal(await kubectl(['get', 'swp', 'base', '--subresource=scale', '-o', 'jsonpath={.spec.replicas}']), '2');
+  const claim = (name: string): string => `apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxClaim
+metadata: {name: ${name}, namespace: default, labels: {batch: "${name.slice(0, 1)}"}}
+spec: {warmPoolRef: {name: base}}
+`;
+  await kubectl(['apply', '-f', '-'], [claim('a-1'), claim('a-2'), claim('b-1')].join('---\n'));
+  assert.match(await kubectl(['delete', 'sandboxclaims', '-l', 'batch=a']), /"a-1" deleted[^]*"a-2" deleted/);
+  assert.equal(await kubectl(['get', 'sandboxclaims', '-o', 'name']), 'sandboxclaim.extensions.agents.x-k8s.io/b-1\n');
+  assert.match(await kubectl(['delete', 'sandboxclaims', '--all']), /"b-1" deleted/);
   assert.equal(await kubectl(['get', 'sandboxclaims', '-o', 'name']), '');
 });

@@ -1,12 +1,14 @@
 // The real kubectl (1.37, built by `make test`) against the worker's Kubernetes API (src/kubeapi/)
 // over HTTPS, as `make up`'s .asb/kubeconfig points it at the TLS edge: the seeds' YAML applied,
 // printer columns, a watch that sees a change, wait for Ready, delete, explain, server-side
-// apply and patches, and a team key that cannot see another team's objects.
+// apply and patches, scale, delete --all and -l, and a team key that cannot see another team's
+// objects.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { startWorkerFixture } from './support/worker-fixture.ts';
 import { kubectlFor, serveTls } from './support/kubectl.ts';
 import { KubectlError } from './support/kube-apiserver.ts';
+import { waitFor } from './support/wait.ts';
 
 const SEEDS = new URL('./fixtures/seeds/', import.meta.url).pathname;
 const seed = (name: string): string => `${SEEDS}${name}`;
@@ -61,6 +63,43 @@ test('kubectl applies the seeds, prints the printer columns, waits for Ready, ex
 
   assert.match(await kubectl.run(['delete', '-f', seed('sandboxclaim-v1beta1.yaml')]), /"my-secure-sandbox" deleted/);
   assert.equal(await kubectl.run(['get', 'sandboxclaims', '-o', 'name']), '');
+});
+
+test('kubectl scale writes a pool\'s replicas through the scale subresource; kubectl delete --all and -l delete what they select', async (t) => {
+  const { kubectl } = await setup(t);
+  await kubectl.run(['apply', '-f', seed('sandboxtemplate.yaml'), '-f', seed('sandboxwarmpool.yaml')]);
+  assert.equal(await kubectl.run(['scale', 'swp', 'sandboxwarmpool-example', '--replicas=3']), 'sandboxwarmpool.extensions.agents.x-k8s.io/sandboxwarmpool-example scaled\n');
+  assert.equal(await kubectl.run(['get', 'swp', 'sandboxwarmpool-example', '-o', 'jsonpath={.spec.replicas}']), '3');
+  assert.equal(await kubectl.run(['get', 'swp', 'sandboxwarmpool-example', '--subresource=scale', '-o', 'jsonpath={.apiVersion} {.kind} {.spec.replicas}']), 'autoscaling/v1 Scale 3');
+  // With --current-replicas kubectl reads the Scale and PUTs it back with its resourceVersion.
+  assert.match(await kubectl.run(['scale', 'sandboxwarmpool/sandboxwarmpool-example', '--current-replicas=3', '--replicas=1']), /scaled/);
+  const wrong = await failure(kubectl.run(['scale', 'swp', 'sandboxwarmpool-example', '--current-replicas=7', '--replicas=2']));
+  assert.match(wrong.stderr, /Expected replicas to be 7, was 1/);
+  assert.equal(await kubectl.run(['get', 'swp', 'sandboxwarmpool-example', '-o', 'jsonpath={.spec.replicas}']), '1');
+  // The pool follows: one ready member.
+  await waitFor('one ready member', async () => (/sandboxwarmpool-example\s+1\s+1\s/.test(await kubectl.run(['get', 'swp'])) ? true : undefined), 10_000);
+
+  const claim = (name: string, tier: string): string => `apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxClaim
+metadata: {name: ${name}, namespace: default, labels: {tier: ${tier}}}
+spec: {warmPoolRef: {name: sandboxwarmpool-example}}
+`;
+  await kubectl.run(['apply', '-f', '-'], { stdin: [claim('gold-1', 'gold'), claim('gold-2', 'gold'), claim('plain-1', 'plain'), claim('plain-2', 'plain')].join('---\n') });
+  const deletedGold = await kubectl.run(['delete', 'sandboxclaims', '-l', 'tier=gold']);
+  assert.match(deletedGold, /"gold-1" deleted/);
+  assert.match(deletedGold, /"gold-2" deleted/);
+  assert.equal(await kubectl.run(['get', 'sandboxclaims', '-o', 'name']), 'sandboxclaim.extensions.agents.x-k8s.io/plain-1\nsandboxclaim.extensions.agents.x-k8s.io/plain-2\n');
+  assert.match(await kubectl.run(['delete', 'sandboxclaims', '--all']), /"plain-2" deleted/);
+  assert.equal(await kubectl.run(['get', 'sandboxclaims', '-o', 'name']), '');
+  // Every Sandbox there is (the pool's members; the claims' went with them) with --all: each one
+  // it names is gone once kubectl returns (the pool then makes a new member, under a new name).
+  const before = (await kubectl.run(['get', 'sandboxes', '-o', 'name'])).trim().split('\n');
+  assert.ok(before.length >= 1 && before[0] !== '', 'the pool has a member');
+  const deleted = await kubectl.run(['delete', 'sandboxes', '--all']);
+  for (const name of before) {
+    assert.match(deleted, new RegExp(`"${name.split('/')[1] ?? ''}" deleted`));
+    assert.match((await failure(kubectl.run(['get', name]))).stderr, /\(NotFound\)/);
+  }
 });
 
 test('kubectl get -w prints a change as it happens', async (t) => {
@@ -118,7 +157,7 @@ spec: {warmPoolRef: {name: sandboxwarmpool-example}}
   // Templates and pools: readable, not writable, by a team key.
   assert.match(await kubectl.run(['get', 'swp', '-o', 'name'], { key: fx.keys.teamB }), /sandboxwarmpool-example/);
   const forbidden = await failure(kubectl.run(['scale', 'swp', 'sandboxwarmpool-example', '--replicas=5'], { key: fx.keys.teamB }));
-  assert.match(forbidden.stderr, /\(Forbidden\)|Error from server/);
+  assert.match(forbidden.stderr, /Error from server \(Forbidden\): .*cannot patch resource "sandboxwarmpools\/scale" .*needs an admin API key/);
   const forbiddenDelete = await failure(kubectl.run(['delete', 'swp', 'sandboxwarmpool-example'], { key: fx.keys.teamB }));
   assert.match(forbiddenDelete.stderr, /Error from server \(Forbidden\): .*needs an admin API key/);
   // Reserved labels are refused for a team key, as in /v1/apply.

@@ -81,9 +81,12 @@ test('paths and field selectors', () => {
   assert.deepEqual(one && { kind: one.served.rt.kind, v: one.version, ns: one.namespace, name: one.name, sub: one.subresource }, { kind: 'Sandbox', v: 'v1beta1', ns: 'team-a', name: 'loc1abc', sub: 'status' });
   const all = parseResourcePath('/apis/extensions.agents.x-k8s.io/v1alpha1/sandboxclaims');
   assert.deepEqual(all && [all.served.rt.kind, all.namespace, all.name], ['SandboxClaim', undefined, undefined]);
+  // Any subresource parses; the server answers NotFound for one the CRD does not declare, as the apiserver does.
+  const scale = parseResourcePath('/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/d/sandboxwarmpools/p/scale');
+  assert.deepEqual(scale && [scale.served.rt.kind, scale.name, scale.subresource], ['SandboxWarmPool', 'p', 'scale']);
   for (const none of [
-    '/apis/agents.x-k8s.io/v1/namespaces/d/sandboxes', '/apis/asb.dev/v1alpha1/apikeys', '/apis/agents.x-k8s.io/v1beta1/namespaces/d/sandboxes/x/scale',
-    '/apis/agents.x-k8s.io/v1beta1/sandboxes/x', '/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/d/sandboxes',
+    '/apis/agents.x-k8s.io/v1/namespaces/d/sandboxes', '/apis/asb.dev/v1alpha1/apikeys', '/apis/agents.x-k8s.io/v1beta1/namespaces/d/sandboxes/x/scale/more',
+    '/apis/agents.x-k8s.io/v1beta1/sandboxes/x', '/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/d/sandboxes', '/apis/agents.x-k8s.io/v1beta1/namespaces/d/sandboxes/x/',
   ]) assert.equal(parseResourcePath(none), undefined, none);
   assert.deepEqual(parseFieldSelector('metadata.name=a,metadata.namespace!=b'), { name: { op: '=', value: 'a' }, namespace: { op: '!=', value: 'b' } });
   assert.deepEqual(parseFieldSelector('metadata.name==a'), { name: { op: '=', value: 'a' } });

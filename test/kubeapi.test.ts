@@ -1,12 +1,14 @@
 // The worker's Kubernetes API on the wire (src/kubeapi/): discovery in both forms, /version,
 // OpenAPI v3, Status objects shaped as kube-apiserver 1.37 writes them (one case per reason),
 // lists with selectors and paging, both versions, watches (changes, field selectors, initial
-// events, 410 Expired), patches of three types, the status subresource and delete preconditions.
+// events, 410 Expired), patches of three types, the status and scale subresources, delete
+// preconditions and deletecollection.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { BOOKMARK_MS } from '../src/kubeapi/watch.ts';
 import { ManualClock } from './support/operator-harness.ts';
 import { call, startWorkerFixture, type ApiResponse, type WorkerFixture } from './support/worker-fixture.ts';
+import { waitFor } from './support/wait.ts';
 
 const CORE = '/apis/agents.x-k8s.io';
 const EXT = '/apis/extensions.agents.x-k8s.io';
@@ -36,9 +38,12 @@ test('discovery answers the legacy and the aggregated forms, /version and OpenAP
   assert.deepEqual(groups.groups.map((g) => [g.name, g.preferredVersion.version, g.versions.length]), [['agents.x-k8s.io', 'v1beta1', 2], ['extensions.agents.x-k8s.io', 'v1beta1', 2]]);
   const gv = (await call(fx, 'GET', `${EXT}/v1alpha1`, { key })).json as { groupVersion: string; resources: { name: string; kind: string; verbs: string[]; shortNames?: string[] }[] };
   assert.equal(gv.groupVersion, 'extensions.agents.x-k8s.io/v1alpha1');
-  assert.deepEqual(gv.resources.map((r) => r.name), ['sandboxtemplates', 'sandboxtemplates/status', 'sandboxclaims', 'sandboxclaims/status', 'sandboxwarmpools', 'sandboxwarmpools/status']);
+  assert.deepEqual(gv.resources.map((r) => r.name), ['sandboxtemplates', 'sandboxtemplates/status', 'sandboxclaims', 'sandboxclaims/status', 'sandboxwarmpools', 'sandboxwarmpools/status', 'sandboxwarmpools/scale']);
   assert.deepEqual(gv.resources.find((r) => r.name === 'sandboxwarmpools')?.shortNames, ['swp']);
-  assert.ok(gv.resources[0]?.verbs.includes('watch'));
+  // As kube-apiserver 1.37 lists a CRD's: every verb, deletecollection included, and the scale
+  // subresource in autoscaling/v1 (the scale client kubectl uses finds its kind there).
+  assert.deepEqual(gv.resources[0]?.verbs, ['delete', 'deletecollection', 'get', 'list', 'patch', 'create', 'update', 'watch']);
+  assert.deepEqual(gv.resources.find((r) => r.name === 'sandboxwarmpools/scale'), { name: 'sandboxwarmpools/scale', singularName: '', namespaced: true, group: 'autoscaling', version: 'v1', kind: 'Scale', verbs: ['get', 'patch', 'update'] });
 
   for (const [accept, version] of [[AGG_ACCEPT, 'v2'], ['application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList', 'v2beta1']] as const) {
     const agg = await call(fx, 'GET', '/apis', { key, headers: { accept } });
@@ -48,6 +53,11 @@ test('discovery answers the legacy and the aggregated forms, /version and OpenAP
     assert.equal(doc.apiVersion, `apidiscovery.k8s.io/${version}`);
     const core = doc.items.find((i) => i.metadata.name === 'agents.x-k8s.io');
     assert.deepEqual(core?.versions.map((v) => [v.version, v.resources.map((r) => `${r.resource}@${r.responseKind.version}`)]), [['v1beta1', ['sandboxes@v1beta1']], ['v1alpha1', ['sandboxes@v1alpha1']]]);
+    const pools = doc.items.find((i) => i.metadata.name === 'extensions.agents.x-k8s.io')?.versions[0]?.resources.find((r) => r.resource === 'sandboxwarmpools') as { subresources?: unknown } | undefined;
+    assert.deepEqual(pools?.subresources, [
+      { subresource: 'status', responseKind: { group: 'extensions.agents.x-k8s.io', version: 'v1beta1', kind: 'SandboxWarmPool' }, verbs: ['get', 'patch', 'update'] },
+      { subresource: 'scale', responseKind: { group: 'autoscaling', version: 'v1', kind: 'Scale' }, verbs: ['get', 'patch', 'update'] },
+    ]);
   }
   const coreAgg = await call(fx, 'GET', '/api', { key, headers: { accept: AGG_ACCEPT } });
   assert.deepEqual((coreAgg.json as { items: unknown[] }).items, [{ metadata: {}, versions: [{ version: 'v1', resources: [], freshness: 'Current' }] }]);
@@ -320,4 +330,167 @@ test('a watch that asks for bookmarks gets one every minute with the last versio
   clock.advance(30_000);
   const { done } = await watch.read();
   assert.equal(done, true, 'the stream ends at timeoutSeconds');
+});
+
+test('the scale subresource where the CRD declares one: an autoscaling/v1 Scale read and written as kube-apiserver 1.37 does, with its Status objects', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const admin = fx.keys.admin;
+  const pools = `${EXT}/v1beta1/namespaces/default/sandboxwarmpools`;
+  const merge = { 'content-type': 'application/merge-patch+json' };
+  assert.equal((await call(fx, 'POST', pools, { key: admin, json: pool('p') })).status, 201);
+  // The pool controller writes the status the Scale reads (replicas, selector).
+  const stored = await waitFor('the pool status', async () => {
+    const got = (await call(fx, 'GET', `${pools}/p`, { key: admin })).json as { metadata: Record<string, string>; status?: { selector?: string } };
+    return got.status?.selector === undefined ? undefined : got;
+  }, 10_000);
+  const read = await call(fx, 'GET', `${pools}/p/scale`, { key: admin });
+  assert.equal(read.status, 200, read.text);
+  const { name, namespace, uid, resourceVersion, creationTimestamp } = stored.metadata;
+  // spec.replicas 0 is omitted, as the apiserver's int32 omitempty writes it.
+  assert.deepEqual(read.json, { kind: 'Scale', apiVersion: 'autoscaling/v1', metadata: { name, namespace, uid, resourceVersion, creationTimestamp }, spec: {}, status: { replicas: 0, selector: 'agents.x-k8s.io/warm-pool-sandbox=p' } });
+
+  // kubectl scale's merge patch, a JSON patch, and a PUT of the whole Scale: each writes spec.replicas.
+  const patched = await call(fx, 'PATCH', `${pools}/p/scale`, { key: admin, body: '{"spec":{"replicas":2}}', headers: merge });
+  assert.equal(patched.status, 200, patched.text);
+  assert.deepEqual((patched.json as { spec: unknown }).spec, { replicas: 2 });
+  assert.equal(((await call(fx, 'GET', `${pools}/p`, { key: admin })).json as { spec: { replicas: number } }).spec.replicas, 2);
+  const jp = await call(fx, 'PATCH', `${pools}/p/scale`, { key: admin, body: JSON.stringify([{ op: 'replace', path: '/spec/replicas', value: 1 }]), headers: { 'content-type': 'application/json-patch+json' } });
+  assert.deepEqual([jp.status, (jp.json as { spec: unknown }).spec], [200, { replicas: 1 }]);
+  const put = await call(fx, 'PUT', `${EXT}/v1alpha1/namespaces/default/sandboxwarmpools/p/scale`, { key: admin, json: { apiVersion: 'autoscaling/v1', kind: 'Scale', metadata: { name: 'p' }, spec: { replicas: 0 } } });
+  assert.deepEqual([put.status, (put.json as { spec: unknown }).spec], [200, {}]);
+  assert.equal(((await call(fx, 'GET', `${pools}/p`, { key: admin })).json as { spec: { replicas: number } }).spec.replicas, 0);
+
+  // A Scale naming a version the object no longer has: the apiserver's Conflict, nothing written.
+  const stale = await call(fx, 'PUT', `${pools}/p/scale`, { key: admin, json: { apiVersion: 'autoscaling/v1', kind: 'Scale', metadata: { name: 'p', resourceVersion: resourceVersion ?? '' }, spec: { replicas: 3 } } });
+  assert.equal(stale.status, 409);
+  assert.deepEqual(statusBody(stale), {
+    kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure',
+    message: 'Operation cannot be fulfilled on sandboxwarmpools.extensions.agents.x-k8s.io "p": the object has been modified; please apply your changes to the latest version and try again',
+    reason: 'Conflict', details: { name: 'p', group: 'extensions.agents.x-k8s.io', kind: 'sandboxwarmpools' }, code: 409,
+  });
+  const otherName = await call(fx, 'PUT', `${pools}/p/scale`, { key: admin, json: { apiVersion: 'autoscaling/v1', kind: 'Scale', metadata: { name: 'zz' }, spec: { replicas: 3 } } });
+  assert.deepEqual([otherName.status, statusBody(otherName).reason, statusBody(otherName).message], [400, 'BadRequest', 'the name of the object (zz) does not match the name on the URL (p)']);
+  const noName = await call(fx, 'PUT', `${pools}/p/scale`, { key: admin, json: { apiVersion: 'autoscaling/v1', kind: 'Scale', spec: { replicas: 3 } } });
+  assert.deepEqual([noName.status, statusBody(noName).message], [400, 'the name of the object (p based on URL) was undeterminable: name must be provided']);
+  for (const replicas of [-1, 5000, 'x']) {
+    const bad = await call(fx, 'PATCH', `${pools}/p/scale`, { key: admin, body: JSON.stringify({ spec: { replicas } }), headers: merge });
+    assert.equal(bad.status, 422, `${String(replicas)}: ${bad.text}`);
+    const inv = statusBody(bad) as { reason: string; message: string; details: { name: string; group: string; kind: string; causes: { field: string }[] } };
+    assert.equal(inv.reason, 'Invalid');
+    assert.match(inv.message, /^SandboxWarmPool\.extensions\.agents\.x-k8s\.io "p" is invalid: \[spec\.replicas: /);
+    assert.deepEqual([inv.details.name, inv.details.group, inv.details.kind, inv.details.causes.map((c) => c.field)], ['p', 'extensions.agents.x-k8s.io', 'SandboxWarmPool', ['spec.replicas']]);
+  }
+  assert.equal(((await call(fx, 'GET', `${pools}/p`, { key: admin })).json as { spec: { replicas: number } }).spec.replicas, 0, 'no refused write changed the pool');
+
+  // Methods a subresource does not take, and subresources a kind does not have.
+  for (const [method, verb, path] of [['POST', 'create', `${pools}/p/scale`], ['DELETE', 'delete', `${pools}/p/scale`], ['DELETE', 'delete', `${pools}/p/status`]] as const) {
+    const res = await call(fx, method, path, { key: admin, json: {} });
+    assert.equal(res.status, 405);
+    assert.deepEqual(statusBody(res), {
+      kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message: `${verb} is not supported on resources of kind "sandboxwarmpools.extensions.agents.x-k8s.io"`,
+      reason: 'MethodNotAllowed', details: { group: 'extensions.agents.x-k8s.io', kind: 'sandboxwarmpools' }, code: 405,
+    });
+  }
+  const claimScale = await call(fx, 'GET', `${EXT}/v1beta1/namespaces/default/sandboxclaims/x/scale`, { key: admin });
+  assert.equal(claimScale.status, 404);
+  assert.deepEqual(statusBody(claimScale), {
+    kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message: 'sandboxclaims.extensions.agents.x-k8s.io "x" not found', reason: 'NotFound',
+    details: { name: 'x', group: 'extensions.agents.x-k8s.io', kind: 'sandboxclaims' }, code: 404,
+  });
+  const bogus = await call(fx, 'GET', `${pools}/p/bogus`, { key: admin });
+  assert.deepEqual([bogus.status, statusBody(bogus).message], [404, 'sandboxwarmpools.extensions.agents.x-k8s.io "p" not found']);
+
+  // A team key reads a pool's scale and cannot write it; it scales its own Sandbox (v1alpha1 replicas).
+  assert.equal((await call(fx, 'GET', `${pools}/p/scale`, { key: fx.keys.teamA })).status, 200);
+  const forbidden = await call(fx, 'PATCH', `${pools}/p/scale`, { key: fx.keys.teamA, body: '{"spec":{"replicas":5}}', headers: merge });
+  assert.equal(forbidden.status, 403);
+  assert.match(statusBody(forbidden).message as string, /^sandboxwarmpools\.extensions\.agents\.x-k8s\.io "p" is forbidden: key asb_\w+ of team "team-a" cannot patch resource "sandboxwarmpools\/scale" in API group "extensions\.agents\.x-k8s\.io" in the namespace "default": writing a SandboxWarmPool needs an admin API key$/);
+  const sandboxes = `${CORE}/v1beta1/namespaces/default/sandboxes`;
+  const mine = { apiVersion: 'agents.x-k8s.io/v1beta1', kind: 'Sandbox', metadata: { name: 'scaled' }, spec: { replicas: 1, podTemplate: { spec: { containers: [{ name: 'main', image: 'busybox', command: ['sleep', 'infinity'] }] } } } };
+  assert.equal((await call(fx, 'POST', sandboxes, { key: fx.keys.teamA, json: mine })).status, 201);
+  const down = await call(fx, 'PATCH', `${sandboxes}/scaled/scale`, { key: fx.keys.teamA, body: '{"spec":{"replicas":0}}', headers: merge });
+  assert.equal(down.status, 200, down.text);
+  const after = (await call(fx, 'GET', `${sandboxes}/scaled`, { key: fx.keys.teamA })).json as { spec: { replicas: number }; metadata: { labels: Record<string, string> } };
+  assert.deepEqual([after.spec.replicas, after.metadata.labels['asb.dev/owner']], [0, 'team-a']);
+  assert.equal((await call(fx, 'GET', `${sandboxes}/scaled/scale`, { key: fx.keys.teamB })).status, 404, "another team's Sandbox is not there");
+});
+
+test('deletecollection: DELETE on a namespace\'s collection deletes what the same list selects and answers that list; a team key deletes only its own', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const admin = fx.keys.admin;
+  const pools = `${EXT}/v1beta1/namespaces/default/sandboxwarmpools`;
+  for (const name of ['a', 'b', 'c']) assert.equal((await call(fx, 'POST', pools, { key: admin, json: pool(name, { labels: { tier: name === 'b' ? 'gold' : 'plain' } }) })).status, 201);
+  const names = async (): Promise<string[]> => ((await call(fx, 'GET', pools, { key: admin })).json as { items: { metadata: { name: string } }[] }).items.map((i) => i.metadata.name);
+
+  const before = (await call(fx, 'GET', `${pools}/b`, { key: admin })).json as { metadata: { resourceVersion: string } };
+  const gold = await call(fx, 'DELETE', `${pools}?labelSelector=tier%3Dgold`, { key: admin });
+  assert.equal(gold.status, 200, gold.text);
+  const list = gold.json as { apiVersion: string; kind: string; metadata: { continue: string; resourceVersion: string }; items: { metadata: { name: string; resourceVersion: string } }[] };
+  assert.deepEqual([list.apiVersion, list.kind, list.metadata.continue, list.items.map((i) => i.metadata.name)], ['extensions.agents.x-k8s.io/v1beta1', 'SandboxWarmPoolList', '', ['b']]);
+  assert.ok(Number(list.items[0]?.metadata.resourceVersion) >= Number(before.metadata.resourceVersion), 'the item as it was listed, before its delete');
+  assert.deepEqual(await names(), ['a', 'c']);
+  const byField = await call(fx, 'DELETE', `${pools}?fieldSelector=metadata.name%3Dc`, { key: admin, json: { kind: 'DeleteOptions', apiVersion: 'v1', propagationPolicy: 'Background' } });
+  assert.deepEqual((byField.json as typeof list).items.map((i) => i.metadata.name), ['c']);
+  const none = await call(fx, 'DELETE', `${pools}?labelSelector=tier%3Dnone`, { key: admin });
+  assert.deepEqual([none.status, (none.json as typeof list).items], [200, []]);
+  assert.deepEqual(await names(), ['a']);
+  // Across namespaces the apiserver has no deletecollection route; a dry run is refused.
+  const everywhere = await call(fx, 'DELETE', `${EXT}/v1beta1/sandboxwarmpools`, { key: admin });
+  assert.deepEqual([everywhere.status, everywhere.text], [404, '404 page not found\n']);
+  assert.equal((await call(fx, 'DELETE', `${pools}?dryRun=All`, { key: admin })).status, 400);
+  assert.deepEqual(await names(), ['a']);
+
+  // A team key: pools are not its to delete; its claims are, and only its own.
+  const forbidden = await call(fx, 'DELETE', pools, { key: fx.keys.teamA });
+  assert.equal(forbidden.status, 403);
+  assert.deepEqual(statusBody(forbidden).details, { group: 'extensions.agents.x-k8s.io', kind: 'sandboxwarmpools' });
+  assert.match(statusBody(forbidden).message as string, /cannot deletecollection resource "sandboxwarmpools" in API group "extensions\.agents\.x-k8s\.io" in the namespace "default": writing a SandboxWarmPool needs an admin API key$/);
+  assert.deepEqual(await names(), ['a']);
+  const claims = `${EXT}/v1beta1/namespaces/default/sandboxclaims`;
+  for (const [key, name] of [[fx.keys.teamA, 'a1'], [fx.keys.teamA, 'a2'], [fx.keys.teamB, 'b1']] as const) assert.equal((await call(fx, 'POST', claims, { key, json: claim(name) })).status, 201);
+  const mine = await call(fx, 'DELETE', claims, { key: fx.keys.teamA });
+  assert.equal(mine.status, 200, mine.text);
+  assert.deepEqual((mine.json as typeof list).items.map((i) => i.metadata.name), ['a1', 'a2']);
+  const left = ((await call(fx, 'GET', claims, { key: admin })).json as typeof list).items.map((i) => i.metadata.name);
+  assert.deepEqual(left, ['b1'], "team B's claim is untouched");
+});
+
+test('a team key\'s read-modify-write of its own bound claim and sandbox (patch, scale) sends the controller\'s keys back unchanged: that passes; changing one is refused, dropping one keeps it', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const key = fx.keys.teamA;
+  const merge = { 'content-type': 'application/merge-patch+json' };
+  const claims = `${EXT}/v1beta1/namespaces/default/sandboxclaims`;
+  const sandboxes = `${CORE}/v1beta1/namespaces/default/sandboxes`;
+  assert.equal((await call(fx, 'POST', `${EXT}/v1beta1/namespaces/default/sandboxwarmpools`, { key: fx.keys.admin, json: pool('p') })).status, 201);
+  assert.equal((await call(fx, 'POST', claims, { key, json: claim('mine') })).status, 201);
+  interface Obj { metadata: { uid: string; labels?: Record<string, string>; annotations?: Record<string, string>; ownerReferences?: { uid: string }[] }; spec: { replicas?: number }; status?: { sandbox?: { name: string } } }
+  const bound = await waitFor('the claim bound', async () => {
+    const c = (await call(fx, 'GET', `${claims}/mine`, { key })).json as Obj;
+    return c.status?.sandbox?.name;
+  }, 10_000);
+  const sandbox = (await call(fx, 'GET', `${sandboxes}/${bound}`, { key })).json as Obj;
+  const claimUid = sandbox.metadata.labels?.['agents.x-k8s.io/claim-uid'];
+  assert.ok(claimUid !== undefined && sandbox.metadata.ownerReferences?.length === 1, JSON.stringify(sandbox.metadata));
+
+  // kubectl scale and kubectl label send the controller's labels and owner reference back as they are.
+  const scaled = await call(fx, 'PATCH', `${sandboxes}/${bound}/scale`, { key, body: '{"spec":{"replicas":0}}', headers: merge });
+  assert.equal(scaled.status, 200, scaled.text);
+  const labelled = await call(fx, 'PATCH', `${sandboxes}/${bound}`, { key, body: '{"metadata":{"labels":{"app":"mine"}}}', headers: merge });
+  assert.equal(labelled.status, 200, labelled.text);
+  const claimLabelled = await call(fx, 'PATCH', `${claims}/mine`, { key, body: '{"metadata":{"labels":{"app":"mine"}}}', headers: merge });
+  assert.equal(claimLabelled.status, 200, claimLabelled.text);
+
+  // Changing one is still refused; dropping one (null in a merge patch) leaves it as it was.
+  const moved = await call(fx, 'PATCH', `${sandboxes}/${bound}`, { key, body: '{"metadata":{"labels":{"agents.x-k8s.io/claim-uid":"other"}}}', headers: merge });
+  assert.equal(moved.status, 422, moved.text);
+  const rebound = await call(fx, 'PATCH', `${claims}/mine`, { key, body: '{"metadata":{"annotations":{"agents.x-k8s.io/sandbox-name":"someone-elses"}}}', headers: merge });
+  assert.equal(rebound.status, 422, rebound.text);
+  const owned = await call(fx, 'PATCH', `${sandboxes}/${bound}`, { key, body: JSON.stringify({ metadata: { ownerReferences: [{ apiVersion: 'v1', kind: 'SandboxWarmPool', name: 'p', uid: 'x' }] } }), headers: merge });
+  assert.equal(owned.status, 422, owned.text);
+  const dropped = await call(fx, 'PATCH', `${sandboxes}/${bound}`, { key, body: '{"metadata":{"labels":{"agents.x-k8s.io/claim-uid":null},"ownerReferences":null}}', headers: merge });
+  assert.equal(dropped.status, 200, dropped.text);
+  const now = (await call(fx, 'GET', `${sandboxes}/${bound}`, { key })).json as Obj;
+  assert.equal(now.metadata.labels?.['agents.x-k8s.io/claim-uid'], claimUid);
+  assert.deepEqual(now.metadata.ownerReferences, sandbox.metadata.ownerReferences);
+  assert.deepEqual([now.spec.replicas, now.metadata.labels.app, now.metadata.labels['asb.dev/owner']], [0, 'mine', 'team-a']);
 });

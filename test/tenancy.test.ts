@@ -174,3 +174,49 @@ test('security probe M1: a team key cannot apply reserved labels, annotations or
   const stored = await fx.store.get<Sandbox>(SandboxType, 'default', 'pf-b');
   assert.equal(stored.metadata.labels?.[LABEL.owner], 'team-a');
 });
+
+test('a team key may put on its claims the two keys kubernetes-sigs\' client sets (agents.x-k8s.io/created-by, …/client-first-requested-at), and still no other reserved key, nor those two on a Sandbox', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const sdkClaim = (name: string, labels: Record<string, string> = {}, annotations: Record<string, string> = {}): unknown => ({
+    apiVersion: 'extensions.agents.x-k8s.io/v1beta1',
+    kind: 'SandboxClaim',
+    // What k8s-agent-sandbox 1.0.8 sends (research/k8s-sigs-sdk.md §2).
+    metadata: {
+      name,
+      labels: { 'agents.x-k8s.io/created-by': 'python-client', ...labels },
+      annotations: { 'agents.x-k8s.io/client-first-requested-at': '2026-01-02T03:04:05.678901+00:00', ...annotations },
+    },
+    spec: { warmPoolRef: { name: 'base' } },
+  });
+  // Through the Kubernetes API (the SDK's way) and through /v1/apply: one gate.
+  const viaKube = await call(fx, 'POST', '/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default/sandboxclaims', { key: fx.keys.teamA, json: sdkClaim('sdk-a') });
+  assert.equal(viaKube.status, 201, viaKube.text);
+  const created = viaKube.json as { metadata: { labels: Record<string, string> } };
+  assert.deepEqual(created.metadata.labels, { 'agents.x-k8s.io/created-by': 'python-client', [LABEL.owner]: 'team-a' });
+  assert.equal((await apply(fx, fx.keys.teamA, sdkClaim('sdk-b'))).status, 200);
+
+  // The attack: a team's claim naming another team's sandbox as its own binding, or forging the
+  // pool-membership, claim-uid and owner-side keys; and the two client keys on a Sandbox.
+  const victim = (await call(fx, 'POST', '/v1/sandboxes', { key: fx.keys.teamB, json: { template: 'base' } })).json as View;
+  const forged = sdkClaim('sdk-c', { 'agents.x-k8s.io/warm-pool-sandbox': 'base', 'agents.x-k8s.io/claim-uid': 'x', 'asb.dev/template': 'base' }, { 'agents.x-k8s.io/sandbox-name': victim.id });
+  const sandbox = sandboxObject('sdk-d', 'default', { labels: { 'agents.x-k8s.io/created-by': 'python-client' }, annotations: { 'agents.x-k8s.io/client-first-requested-at': 'now' } });
+  const refused = await apply(fx, fx.keys.teamA, forged, sandbox);
+  assert.equal(refused.status, 422, refused.text);
+  assert.deepEqual(((refused.json as { fields: { field: string }[] }).fields).map((f) => f.field).sort(), [
+    'objects[0].metadata.annotations.agents.x-k8s.io/sandbox-name',
+    'objects[0].metadata.labels.agents.x-k8s.io/claim-uid',
+    'objects[0].metadata.labels.agents.x-k8s.io/warm-pool-sandbox',
+    'objects[0].metadata.labels.asb.dev/template',
+    'objects[1].metadata.annotations.agents.x-k8s.io/client-first-requested-at',
+    'objects[1].metadata.labels.agents.x-k8s.io/created-by',
+  ]);
+  const forgedKube = await call(fx, 'POST', '/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default/sandboxclaims', { key: fx.keys.teamA, json: sdkClaim('sdk-e', {}, { 'agents.x-k8s.io/sandbox-name': victim.id }) });
+  assert.equal(forgedKube.status, 422, forgedKube.text);
+  assert.equal((forgedKube.json as { reason: string }).reason, 'Invalid');
+  // The client's label value is still a label value.
+  const badValue = await apply(fx, fx.keys.teamA, sdkClaim('sdk-f', { 'agents.x-k8s.io/created-by': 'not a value' }));
+  assert.equal(badValue.status, 422, badValue.text);
+  // The victim's sandbox is untouched and still team B's alone.
+  assert.equal((await view(fx, fx.keys.teamA, victim.id)).status, 404);
+  assert.equal((await view(fx, fx.keys.teamB, victim.id)).status, 200);
+});

@@ -6,7 +6,7 @@
 // - The core group ("" /api/v1) serves no resources here, but is listed (empty) because clients
 //   treat a server without /api v1 as broken.
 // Shapes copied from kube-apiserver 1.37's answers for the same CRDs (src/api/crd.ts).
-import { groupVersions, resourcesOf, SERVED_GROUPS, type ServedResource } from './resources.ts';
+import { groupVersions, resourcesOf, scaleSubresource, SERVED_GROUPS, type ServedResource } from './resources.ts';
 
 export const AGGREGATED_V2 = 'application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList';
 export const AGGREGATED_V2BETA1 = 'application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList';
@@ -26,8 +26,10 @@ export function aggregatedVersion(accept: string | undefined): 'v2' | 'v2beta1' 
   return undefined;
 }
 
-const VERBS = ['delete', 'get', 'list', 'patch', 'create', 'update', 'watch'];
-const STATUS_VERBS = ['get', 'patch', 'update'];
+const VERBS = ['delete', 'deletecollection', 'get', 'list', 'patch', 'create', 'update', 'watch'];
+const SUBRESOURCE_VERBS = ['get', 'patch', 'update'];
+/** What a scale subresource answers in, whatever the resource: autoscaling/v1 Scale (scale.ts). */
+const SCALE_KIND = { group: 'autoscaling', version: 'v1', kind: 'Scale' };
 
 export function apiVersions(serverAddress: string): unknown {
   return { kind: 'APIVersions', versions: ['v1'], serverAddressByClientCIDRs: [{ clientCIDR: '0.0.0.0/0', serverAddress }] };
@@ -59,7 +61,8 @@ export function resourceList(group: string, version: string): unknown {
         name: s.rt.plural, singularName: names.singular, namespaced: s.rt.namespaced, kind: s.rt.kind, verbs: VERBS,
         ...(names.shortNames === undefined ? {} : { shortNames: names.shortNames }), categories: names.categories,
       },
-      { name: `${s.rt.plural}/status`, singularName: '', namespaced: s.rt.namespaced, kind: s.rt.kind, verbs: STATUS_VERBS },
+      { name: `${s.rt.plural}/status`, singularName: '', namespaced: s.rt.namespaced, kind: s.rt.kind, verbs: SUBRESOURCE_VERBS },
+      ...(scaleSubresource(s, version) === undefined ? [] : [{ name: `${s.rt.plural}/scale`, singularName: '', namespaced: s.rt.namespaced, ...SCALE_KIND, verbs: SUBRESOURCE_VERBS }]),
     ];
   });
   return { kind: 'APIResourceList', apiVersion: 'v1', groupVersion: `${group}/${version}`, resources };
@@ -71,7 +74,10 @@ function discoveryResource(s: ServedResource, version: string): unknown {
   return {
     resource: s.rt.plural, responseKind, scope: s.rt.namespaced ? 'Namespaced' : 'Cluster', singularResource: names.singular, verbs: VERBS,
     ...(names.shortNames === undefined ? {} : { shortNames: names.shortNames }), categories: names.categories,
-    subresources: [{ subresource: 'status', responseKind, verbs: STATUS_VERBS }],
+    subresources: [
+      { subresource: 'status', responseKind, verbs: SUBRESOURCE_VERBS },
+      ...(scaleSubresource(s, version) === undefined ? [] : [{ subresource: 'scale', responseKind: SCALE_KIND, verbs: SUBRESOURCE_VERBS }]),
+    ],
   };
 }
 

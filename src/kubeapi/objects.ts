@@ -1,5 +1,6 @@
-// Get, list, create, update, patch and delete of our four kinds through the Kubernetes API, with
-// the REST API's gate and tenancy (src/worker/routes-objects.ts, access.ts, pod-admission.ts):
+// Get, list, create, update, patch, delete and deletecollection of our four kinds through the
+// Kubernetes API, with the REST API's gate and tenancy (src/worker/routes-objects.ts, access.ts,
+// pod-admission.ts):
 // - objects pass prepare() (validation, defaults, the owner label from the key, reserved labels
 //   and annotations refused for team keys) and, for a team key, the pod-security check;
 // - a team key sees and writes only its team's Sandboxes and SandboxClaims; anything else of
@@ -18,6 +19,7 @@ import type { ListOptions } from '../store/store.ts';
 import { canSee } from '../worker/access.ts';
 import type { WorkerContext } from '../worker/deps.ts';
 import { tenantPodProblems } from '../worker/pod-admission.ts';
+import { toAsbError } from '../worker/problem.ts';
 import { prepare, TEAM_KINDS, tellHub } from '../worker/routes-objects.ts';
 import { jsonPatch, mergePatch } from './patch.ts';
 import { intParam, matchesFields, parseFieldSelector, refuseDryRun, type ResourcePath } from './request.ts';
@@ -51,13 +53,13 @@ function forbidden(p: Principal, rp: ResourcePath, verb: string, why: string): A
   return new AsbError('Forbidden', `${qualifiedResource(rt)}${rp.name === undefined ? '' : ` "${rp.name}"`} is forbidden: key ${p.prefix} of team "${p.team}" cannot ${verb} resource "${rt.plural}${rp.subresource === undefined ? '' : `/${rp.subresource}`}" in API group "${rt.group}"${where}: ${why}`);
 }
 
-function requireWrite(p: Principal, rp: ResourcePath, verb: string): void {
+export function requireWrite(p: Principal, rp: ResourcePath, verb: string): void {
   if (p.admin) return;
   if (rp.subresource === 'status') throw forbidden(p, rp, verb, 'status is written by the controllers; it needs an admin API key');
   if (!isTeamKind(rp.served.rt)) throw forbidden(p, rp, verb, `writing a ${rp.served.rt.kind} needs an admin API key`);
 }
 
-function nameOf(rp: ResourcePath): string {
+export function nameOf(rp: ResourcePath): string {
   return rp.name ?? '';
 }
 
@@ -66,7 +68,7 @@ function namespaceOf(rp: ResourcePath, w: WorkerContext): string {
 }
 
 /** The object if it exists and the key may see it; NotFound in the apiserver's words otherwise. */
-async function visible(w: WorkerContext, p: Principal, rp: ResourcePath): Promise<KubeObject> {
+export async function visible(w: WorkerContext, p: Principal, rp: ResourcePath): Promise<KubeObject> {
   const rt = rp.served.rt;
   const obj = await w.store.tryGet(rt, namespaceOf(rp, w), nameOf(rp));
   if (obj === undefined || !visibleTo(p, rt, obj)) throw notFoundError(rt, nameOf(rp));
@@ -132,18 +134,21 @@ function bodyObject(rp: ResourcePath, raw: unknown, w: WorkerContext): Record<st
 
 /** prepare() and, for a team key, the pod-security check: one Invalid naming every problem. */
 async function admit(w: WorkerContext, p: Principal, rp: ResourcePath, raw: Record<string, unknown>, stored?: { existing: KubeObject | undefined }): Promise<KubeObject> {
-  const { obj } = prepare(w, p, raw, '');
+  const { obj } = prepare(w, p, raw, '', stored?.existing);
   const problems = await tenantPodProblems(w, p, [{ obj, path: '', ...stored }]);
   if (problems.length > 0) throw invalid(`${rp.served.rt.kind}.${rp.group}`, obj.metadata.name, problems);
   return obj;
 }
 
+/** A write with a resourceVersion that is no longer the object's, in the apiserver's words. */
+export function conflictError(rt: ResourceType, name: string): AsbError {
+  return new AsbError('Conflict', `Operation cannot be fulfilled on ${qualifiedResource(rt)} "${name}": the object has been modified; please apply your changes to the latest version and try again`);
+}
+
 /** The apiserver's wording for AlreadyExists and Conflict, which clients show as is. */
 function inKubeWords(err: unknown, rt: ResourceType, name: string): unknown {
   if (isAsbError(err, 'AlreadyExists')) return new AsbError('AlreadyExists', `${qualifiedResource(rt)} "${name}" already exists`);
-  if (isAsbError(err, 'Conflict')) {
-    return new AsbError('Conflict', `Operation cannot be fulfilled on ${qualifiedResource(rt)} "${name}": the object has been modified; please apply your changes to the latest version and try again`);
-  }
+  if (isAsbError(err, 'Conflict')) return conflictError(rt, name);
   if (isAsbError(err, 'NotFound')) return notFoundError(rt, name);
   return err;
 }
@@ -180,9 +185,10 @@ export async function createObject(w: WorkerContext, p: Principal, rp: ResourceP
 
 /**
  * Writes `next` over `existing` (which the key may see): status through the status subresource,
- * everything else through update. A team's objects keep their owner whoever writes them.
+ * everything else (the scale subresource's writes too) through update. A team's objects keep
+ * their owner whoever writes them.
  */
-async function replace(w: WorkerContext, p: Principal, rp: ResourcePath, existing: KubeObject, next: unknown): Promise<Answer> {
+export async function replace(w: WorkerContext, p: Principal, rp: ResourcePath, existing: KubeObject, next: unknown): Promise<Answer> {
   const rt = rp.served.rt;
   const name = nameOf(rp);
   const body = bodyObject(rp, next, w);
@@ -261,16 +267,28 @@ interface DeleteBody {
   dryRun?: unknown[];
 }
 
-export async function deleteObject(w: WorkerContext, p: Principal, rp: ResourcePath, raw: unknown, query: URLSearchParams): Promise<Answer> {
-  refuseDryRun(query);
-  const rt = rp.served.rt;
-  const existing = await visible(w, p, rp);
-  requireWrite(p, rp, 'delete');
+/** The preconditions of a DeleteOptions body (the rest of it, propagation and grace, does not apply here). */
+function deletePreconditions(raw: unknown): { uid?: string; resourceVersion?: string } {
   const body = (typeof raw === 'object' && raw !== null ? raw : {}) as DeleteBody;
   if (Array.isArray(body.dryRun) && body.dryRun.length > 0) throw new AsbError('BadRequest', 'dryRun is not supported by this server; nothing was deleted');
   const opts: { uid?: string; resourceVersion?: string } = {};
   if (typeof body.preconditions?.uid === 'string') opts.uid = body.preconditions.uid;
   if (typeof body.preconditions?.resourceVersion === 'string') opts.resourceVersion = body.preconditions.resourceVersion;
+  return opts;
+}
+
+/** A failed delete in the apiserver's words. */
+function deleteError(err: unknown, rt: ResourceType, name: string): unknown {
+  if (isAsbError(err, 'Conflict')) return new AsbError('Conflict', `Operation cannot be fulfilled on ${qualifiedResource(rt)} "${name}": ${err.message.replace(/^[^:]*: /, '')}`);
+  return inKubeWords(err, rt, name);
+}
+
+export async function deleteObject(w: WorkerContext, p: Principal, rp: ResourcePath, raw: unknown, query: URLSearchParams): Promise<Answer> {
+  refuseDryRun(query);
+  const rt = rp.served.rt;
+  const existing = await visible(w, p, rp);
+  requireWrite(p, rp, 'delete');
+  const opts = deletePreconditions(raw);
   const name = nameOf(rp);
   try {
     const deleted = await w.store.delete(rt, namespaceOf(rp, w), name, opts);
@@ -279,7 +297,37 @@ export async function deleteObject(w: WorkerContext, p: Principal, rp: ResourceP
     if (deleted.metadata.deletionTimestamp !== undefined && (deleted.metadata.finalizers ?? []).length > 0) return { status: 200, body: asVersion(deleted, rt, rp.version) };
     return { status: 200, body: deletedStatus(rt, name, existing.metadata.uid) };
   } catch (err) {
-    if (isAsbError(err, 'Conflict')) throw new AsbError('Conflict', `Operation cannot be fulfilled on ${qualifiedResource(rt)} "${name}": ${err.message.replace(/^[^:]*: /, '')}`);
-    throw inKubeWords(err, rt, name);
+    throw deleteError(err, rt, name);
   }
+}
+
+/**
+ * DELETE on a namespace's collection (the deletecollection verb: client libraries'
+ * delete_collection; kubectl itself deletes `--all` and `-l` one object at a time): every object
+ * the same list returns (label and field selectors; a team key's own only), all pages of it,
+ * deleted one by one as the apiserver does (not atomically), with the body's preconditions
+ * applied to each. The answer is that list as it was read, as kube-apiserver 1.37 answers. An
+ * object gone meanwhile is skipped; any other failure is the answer once every object was tried.
+ */
+export async function deleteCollection(w: WorkerContext, p: Principal, rp: ResourcePath, raw: unknown, query: URLSearchParams): Promise<Answer> {
+  refuseDryRun(query);
+  requireWrite(p, rp, 'deletecollection');
+  const rt = rp.served.rt;
+  const opts = deletePreconditions(raw);
+  const everything = new URLSearchParams(query);
+  everything.delete('limit');
+  everything.delete('continue');
+  const listed = await listObjects(w, p, rp, everything);
+  let failure: AsbError | undefined;
+  for (const obj of listed.items) {
+    const name = obj.metadata.name;
+    try {
+      await w.store.delete(rt, obj.metadata.namespace ?? namespaceOf(rp, w), name, opts);
+    } catch (err) {
+      if (!isAsbError(err, 'NotFound')) failure ??= toAsbError(deleteError(err, rt, name));
+    }
+  }
+  if (listed.items.length > 0) await tellHub(w, [rt.kind]);
+  if (failure !== undefined) throw failure;
+  return { status: 200, body: { apiVersion: `${rp.group}/${rp.version}`, items: listed.items, kind: `${rt.kind}List`, metadata: { continue: '', resourceVersion: listed.resourceVersion } } };
 }

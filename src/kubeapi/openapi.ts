@@ -9,9 +9,10 @@
 // The schemas are our CRDs' (src/api/crd.ts), laid out as kube-apiserver 1.37 lays out a CRD's.
 import { createHash } from 'node:crypto';
 import type { JSONSchemaProps } from '../api/crd.ts';
-import { resourcesOf, SERVED_GROUPS, groupVersions, type ServedResource } from './resources.ts';
+import { resourcesOf, scaleSubresource, SERVED_GROUPS, groupVersions, type ServedResource } from './resources.ts';
 
 const META = 'io.k8s.apimachinery.pkg.apis.meta.v1';
+const SCALE = 'io.k8s.api.autoscaling.v1.Scale';
 const ref = (name: string): { $ref: string } => ({ $ref: `#/components/schemas/${name}` });
 
 /** `agents.x-k8s.io` → `io.x-k8s.agents`: the apiserver's schema name prefix for a group. */
@@ -32,6 +33,12 @@ function operation(s: ServedResource, version: string, action: string, extra: Re
   return { description: `${action} ${s.rt.kind}`, responses: { 200: { description: 'OK', content: body }, 401: { description: 'Unauthorized' } }, 'x-kubernetes-action': action, 'x-kubernetes-group-version-kind': gvk, ...extra };
 }
 
+/** An operation of the scale subresource: it reads and writes an autoscaling/v1 Scale (scale.ts). */
+function scaleOperation(s: ServedResource, action: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
+  const body = { 'application/json': { schema: ref(SCALE) } };
+  return { description: `${action} scale of the ${s.rt.kind}`, responses: { 200: { description: 'OK', content: body }, 401: { description: 'Unauthorized' } }, 'x-kubernetes-action': action, 'x-kubernetes-group-version-kind': { group: 'autoscaling', version: 'v1', kind: 'Scale' }, ...extra };
+}
+
 function paths(s: ServedResource, version: string): Record<string, unknown> {
   const base = `/apis/${s.rt.group}/${version}/namespaces/{namespace}/${s.rt.plural}`;
   const patchBody = {
@@ -43,14 +50,34 @@ function paths(s: ServedResource, version: string): Record<string, unknown> {
   };
   const writeBody = { requestBody: { content: { 'application/json': { schema: ref(schemaName(s, version)) } }, required: true }, parameters: WRITE_PARAMS };
   return {
-    [base]: { get: operation(s, version, 'list'), post: operation(s, version, 'post', writeBody) },
+    [base]: { get: operation(s, version, 'list'), post: operation(s, version, 'post', writeBody), delete: operation(s, version, 'deletecollection') },
     [`${base}/{name}`]: {
       get: operation(s, version, 'get'), put: operation(s, version, 'put', writeBody), patch: operation(s, version, 'patch', patchBody), delete: operation(s, version, 'delete'),
     },
     [`${base}/{name}/status`]: { get: operation(s, version, 'get'), put: operation(s, version, 'put', writeBody), patch: operation(s, version, 'patch', patchBody) },
+    ...(scaleSubresource(s, version) === undefined ? {} : {
+      [`${base}/{name}/scale`]: {
+        get: scaleOperation(s, 'get'),
+        put: scaleOperation(s, 'put', { requestBody: { content: { 'application/json': { schema: ref(SCALE) } }, required: true }, parameters: WRITE_PARAMS }),
+        patch: scaleOperation(s, 'patch', patchBody),
+      },
+    }),
     [`/apis/${s.rt.group}/${version}/${s.rt.plural}`]: { get: operation(s, version, 'list') },
   };
 }
+
+const SCALE_SCHEMA = {
+  type: 'object',
+  description: 'Scale represents a scaling request for a resource.',
+  properties: {
+    apiVersion: { type: 'string' },
+    kind: { type: 'string' },
+    metadata: { allOf: [ref(`${META}.ObjectMeta`)] },
+    spec: { type: 'object', properties: { replicas: { type: 'integer', format: 'int32', description: 'The desired number of instances.' } } },
+    status: { type: 'object', required: ['replicas'], properties: { replicas: { type: 'integer', format: 'int32', description: 'The actual number of observed instances.' }, selector: { type: 'string', description: 'The label query over the instances.' } } },
+  },
+  'x-kubernetes-group-version-kind': [{ group: 'autoscaling', kind: 'Scale', version: 'v1' }],
+};
 
 function kindSchema(s: ServedResource, version: string): JSONSchemaProps {
   const crdVersion = s.crd.spec.versions.find((v) => v.name === version) ?? s.crd.spec.versions[0];
@@ -87,6 +114,7 @@ export function groupVersionDocument(group: string, version: string): unknown {
   const served = resourcesOf(group, version);
   const schemas: Record<string, unknown> = { [`${META}.ObjectMeta`]: OBJECT_META, [`${META}.Patch`]: { type: 'object', description: 'The body of a PATCH request.' } };
   for (const s of served) schemas[schemaName(s, version)] = kindSchema(s, version);
+  if (served.some((s) => scaleSubresource(s, version) !== undefined)) schemas[SCALE] = SCALE_SCHEMA;
   return {
     openapi: '3.0.0',
     info: { title: 'Agent Sandbox Kubernetes API', version: 'v0.1.0' },

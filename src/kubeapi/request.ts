@@ -10,7 +10,8 @@ export interface ResourcePath {
   /** Undefined: every namespace (a list or watch across namespaces). */
   namespace: string | undefined;
   name: string | undefined;
-  subresource: 'status' | undefined;
+  /** As the path names it; the server answers NotFound for one the resource does not have (subresources.ts). */
+  subresource: string | undefined;
 }
 
 /** Paths that are the Kubernetes API's (on the worker and through the edge). */
@@ -27,8 +28,8 @@ function segment(raw: string): string {
 }
 
 /**
- * `/apis/<group>/<version>/[namespaces/<ns>/]<plural>[/<name>[/status]]`, or undefined when the
- * path names no resource we serve (the apiserver answers those 404 "page not found").
+ * `/apis/<group>/<version>/[namespaces/<ns>/]<plural>[/<name>[/<subresource>]]`, or undefined when
+ * the path names no resource we serve (the apiserver answers those 404 "page not found").
  */
 export function parseResourcePath(path: string): ResourcePath | undefined {
   const parts = path.split('/').slice(1).map(segment);
@@ -43,10 +44,9 @@ export function parseResourcePath(path: string): ResourcePath | undefined {
   const [plural = '', name, sub, ...extra] = rest;
   const served = findResource(group, version, plural);
   if (served === undefined || extra.length > 0) return undefined;
-  if (sub !== undefined && sub !== 'status') return undefined;
   if (name !== undefined && namespace === undefined) return undefined;
-  if (name === '' || namespace === '') return undefined;
-  return { served, group, version, namespace, name, subresource: sub === 'status' ? 'status' : undefined };
+  if (name === '' || namespace === '' || sub === '') return undefined;
+  return { served, group, version, namespace, name, subresource: sub };
 }
 
 export interface FieldSelector {

@@ -4,7 +4,7 @@
 //
 // ApiKey, Cluster and SyncState are not served: keys are managed with `asb keys`, and the
 // federation's kinds belong to the hub and the sync agent.
-import { crdFor, type CustomResourceDefinition, type PrinterColumn } from '../api/crd.ts';
+import { crdFor, type CustomResourceDefinition, type PrinterColumn, type ScaleSubresource } from '../api/crd.ts';
 import { apiVersionOf, type KubeObject, type ResourceType } from '../api/meta.ts';
 import { CORE_GROUP, EXT_GROUP, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { servedVersions } from '../api/validate.ts';
@@ -56,4 +56,9 @@ export function asVersion<T extends KubeObject>(obj: T, rt: ResourceType, versio
 /** `sandboxes.agents.x-k8s.io`: how the apiserver names a resource in messages. */
 export function qualifiedResource(rt: ResourceType): string {
   return `${rt.plural}.${rt.group}`;
+}
+
+/** The scale subresource the CRD declares for this version (SandboxWarmPool, Sandbox), if any. */
+export function scaleSubresource(s: ServedResource, version: string): ScaleSubresource | undefined {
+  return s.crd.spec.versions.find((v) => v.name === version)?.subresources.scale;
 }

@@ -19,11 +19,12 @@ import type { Authenticator, WorkerContext } from '../worker/deps.ts';
 import { presentedKey } from '../worker/presented-key.ts';
 import { toAsbError } from '../worker/problem.ts';
 import { aggregatedDiscovery, aggregatedVersion, AGGREGATED_V2, AGGREGATED_V2BETA1, apiGroup, apiGroupList, apiVersions, coreResourceList, resourceList, versionInfo } from './discovery.ts';
-import { createObject, deleteObject, getObject, listObjects, patchObject, patchTypeOf, updateObject, type Answer } from './objects.ts';
+import { createObject, deleteCollection, deleteObject, getObject, listObjects, patchObject, patchTypeOf, updateObject, type Answer } from './objects.ts';
 import { buildOpenApi, type OpenApiDocs } from './openapi.ts';
 import { boolParam, parseResourcePath, type ResourcePath } from './request.ts';
-import { groupVersions, SERVED_GROUPS } from './resources.ts';
-import { statusOf, type Subject } from './status.ts';
+import { groupVersions, qualifiedResource, SERVED_GROUPS } from './resources.ts';
+import { getScale, patchScale, scaleSpecOf, updateScale } from './scale.ts';
+import { notFoundError, statusOf, type Subject } from './status.ts';
 import { includeObjectOf, toTable, wantsTable } from './table.ts';
 import { serveWatch, Watches } from './watch.ts';
 
@@ -110,8 +111,10 @@ export class KubeApi {
         res.destroy();
         return;
       }
-      // A create names its object only in the body: its Invalid or AlreadyExists takes the name from the message.
-      const named = subject !== undefined && subject.name === undefined && (problem.code === 'Invalid' || problem.code === 'AlreadyExists') ? { ...subject, name: /"([^"]*)"/.exec(problem.message)?.[1] ?? '' } : subject;
+      // A create names its object only in the body: its Invalid or AlreadyExists takes the name
+      // from the message. A method a path does not take names the resource only, as the apiserver's does.
+      const named = subject !== undefined && subject.name === undefined && (problem.code === 'Invalid' || problem.code === 'AlreadyExists') ? { ...subject, name: /"([^"]*)"/.exec(problem.message)?.[1] ?? '' }
+        : subject !== undefined && problem.code === 'MethodNotAllowed' ? { rt: subject.rt } : subject;
       const status = statusOf(inKubeInvalid(problem, named), named);
       send(res, { status: problem.status, body: status, headers: problem.code === 'Unauthorized' ? { 'www-authenticate': 'Bearer realm="asb"' } : {} });
     });
@@ -162,7 +165,6 @@ export class KubeApi {
     const method = req.method ?? '';
     const reply = (a: Answer): void => send(res, { status: a.status, body: a.body });
     if (rp.name === undefined) {
-      if (rp.subresource !== undefined) throw new AsbError('NotFound', 'the status subresource is per object');
       if (method === 'GET' && boolParam(query, 'watch')) {
         const table = wantsTable(req.headers.accept) ? { include: includeObjectOf(query.get('includeObject')) } : undefined;
         await serveWatch(w, p, rp, query, req, res, { table }, this.#watches);
@@ -183,8 +185,30 @@ export class KubeApi {
         reply(await createObject(w, p, rp, await readPayload(req, w.limits.jsonBytes, false), query));
         return;
       }
-      throw new AsbError('MethodNotAllowed', `${method} is not supported on a collection here: GET (list, watch) or POST (create)`);
+      if (method === 'DELETE') {
+        // deletecollection is served per namespace only: across namespaces the apiserver has no such route.
+        if (rp.namespace === undefined) {
+          pageNotFound(res);
+          return;
+        }
+        reply(await deleteCollection(w, p, rp, await readPayload(req, w.limits.jsonBytes, false), query));
+        return;
+      }
+      throw new AsbError('MethodNotAllowed', `${method} is not supported on a collection here: GET (list, watch), POST (create) or DELETE (deletecollection)`);
     }
+    if (rp.subresource === 'scale') {
+      const scale = scaleSpecOf(rp);
+      // A subresource the CRD does not declare is answered as the apiserver answers it: the object is not found.
+      if (scale === undefined) throw notFoundError(rp.served.rt, rp.name);
+      if (method === 'GET') reply(await getScale(w, p, rp, scale));
+      else if (method === 'PUT') reply(await updateScale(w, p, rp, scale, await readPayload(req, w.limits.jsonBytes, false), query));
+      else if (method === 'PATCH') {
+        const type = patchTypeOf(req.headers['content-type']);
+        reply(await patchScale(w, p, rp, scale, type, await readPayload(req, w.limits.jsonBytes, type === 'apply'), query));
+      } else throw notSupported(method, rp);
+      return;
+    }
+    if (rp.subresource !== undefined && rp.subresource !== 'status') throw notFoundError(rp.served.rt, rp.name);
     switch (method) {
       case 'GET':
         if (wantsTable(req.headers.accept)) {
@@ -203,13 +227,20 @@ export class KubeApi {
         return;
       }
       case 'DELETE':
-        if (rp.subresource !== undefined) throw new AsbError('MethodNotAllowed', 'DELETE is not supported on the status subresource');
+        if (rp.subresource !== undefined) throw notSupported(method, rp);
         reply(await deleteObject(w, p, rp, await readPayload(req, w.limits.jsonBytes, false), query));
         return;
       default:
+        if (rp.subresource !== undefined) throw notSupported(method, rp);
         throw new AsbError('MethodNotAllowed', `${method} is not supported here: GET, PUT, PATCH or DELETE`);
     }
   }
+}
+
+/** A verb a subresource does not take, in the apiserver's words (a POST is its create). */
+function notSupported(method: string, rp: ResourcePath): AsbError {
+  const verb = method === 'POST' ? 'create' : method.toLowerCase();
+  return new AsbError('MethodNotAllowed', `${verb} is not supported on resources of kind "${qualifiedResource(rp.served.rt)}"`);
 }
 
 /** Invalid in the apiserver's words: `Kind.group "name" is invalid: [field: message, …]`. */

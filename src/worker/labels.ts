@@ -17,13 +17,13 @@ export function isLabelValue(value: string): boolean {
   return VALUE.test(value);
 }
 
-/** Problems with labels a user asked for, each naming `<field>.<key>`. */
-export function userLabelProblems(labels: Record<string, string>, field: string): FieldProblem[] {
+/** Problems with labels a user asked for, each naming `<field>.<key>`; `allowed` names reserved keys the caller lets through. */
+export function userLabelProblems(labels: Record<string, string>, field: string, allowed: ReadonlySet<string> = new Set()): FieldProblem[] {
   const problems: FieldProblem[] = [];
   for (const [key, value] of Object.entries(labels)) {
     if (!isLabelKey(key)) problems.push({ field: `${field}.${key}`, message: 'is not a valid label key (name of 1-63 [A-Za-z0-9._-], optional DNS prefix and /)' });
     // Prefixes we own: asb.dev/owner decides tenancy, agents.x-k8s.io/* decides pool membership.
-    else if (isReservedKey(key)) problems.push({ field: `${field}.${key}`, message: `uses a reserved prefix (${RESERVED_PREFIXES.join(', ')})` });
+    else if (isReservedKey(key) && !allowed.has(key)) problems.push({ field: `${field}.${key}`, message: `uses a reserved prefix (${RESERVED_PREFIXES.join(', ')})` });
     if (!isLabelValue(value)) problems.push({ field: `${field}.${key}`, message: `value "${value}" is not a valid label value (0-63 [A-Za-z0-9._-])` });
   }
   return problems;

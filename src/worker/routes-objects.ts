@@ -51,24 +51,67 @@ function notFound(rt: ResourceType, namespace: string, name: string): AsbError {
 const TENANT_ANNOTATIONS: ReadonlySet<string> = new Set([ANNOTATION.publicPorts, ANNOTATION.idleTimeoutMs, POD_SECURITY_ANNOTATION]);
 
 /**
+ * Keys under agents.x-k8s.io/ that kubernetes-sigs' own client puts on every claim it makes
+ * (k8s-agent-sandbox 1.0.8: the label created-by=python-client and the annotation
+ * client-first-requested-at). No controller of ours or upstream's reads them, so a team key may
+ * set them on its SandboxClaims; every other key under the reserved prefixes (pool membership,
+ * the claim's bound sandbox and uid, launch type, owner, template) stays the controller's.
+ */
+const CLIENT_CLAIM_LABELS: ReadonlySet<string> = new Set(['agents.x-k8s.io/created-by']);
+const CLIENT_CLAIM_ANNOTATIONS: ReadonlySet<string> = new Set(['agents.x-k8s.io/client-first-requested-at']);
+
+/** Whether a team may write `key` itself: not under a reserved prefix, or one of the few it may set. */
+function isTenantKey(key: string, claim: boolean, kind: 'label' | 'annotation'): boolean {
+  if (!isReservedKey(key)) return true;
+  if (kind === 'label') return claim && CLIENT_CLAIM_LABELS.has(key);
+  return TENANT_ANNOTATIONS.has(key) || (claim && CLIENT_CLAIM_ANNOTATIONS.has(key));
+}
+
+/**
  * What a team key may not write into an object's metadata: labels and annotations under our
  * reserved prefixes (pool membership, claim binding, token generation, template), and owner
  * references (a pool or claim owns its sandboxes). The owner label is not refused: it is set
- * from the key whatever was sent, so re-applying an object read from the API still works.
+ * from the key whatever was sent, so re-applying an object read from the API still works. For
+ * the same reason, on an update a reserved key or owner reference the stored object already
+ * has, sent back unchanged, is not the team setting it: every read-modify-write (kubectl patch,
+ * scale, label, edit) of a sandbox the controller labelled sends them back.
  */
-function tenantMetadataProblems(obj: KubeObject, path: string): FieldProblem[] {
+function tenantMetadataProblems(obj: KubeObject, path: string, existing: KubeObject | undefined): FieldProblem[] {
   const at = path === '' ? 'metadata' : `${path}.metadata`;
+  const claim = obj.kind === SandboxClaimType.kind;
+  const stored = existing?.metadata;
   const { [LABEL.owner]: _owner, ...labels } = obj.metadata.labels ?? {};
-  const problems = userLabelProblems(labels, `${at}.labels`);
-  for (const key of Object.keys(obj.metadata.annotations ?? {})) {
-    if (isReservedKey(key) && !TENANT_ANNOTATIONS.has(key)) problems.push({ field: `${at}.annotations.${key}`, message: `is reserved for the controller (a team key may set only ${[...TENANT_ANNOTATIONS].join(', ')} of its prefixes)` });
+  const sent = Object.fromEntries(Object.entries(labels).filter(([k, v]) => !isReservedKey(k) || stored?.labels?.[k] !== v));
+  const problems = userLabelProblems(sent, `${at}.labels`, claim ? CLIENT_CLAIM_LABELS : undefined);
+  for (const [key, value] of Object.entries(obj.metadata.annotations ?? {})) {
+    if (!isTenantKey(key, claim, 'annotation') && stored?.annotations?.[key] !== value) problems.push({ field: `${at}.annotations.${key}`, message: `is reserved for the controller (a team key may set only ${[...TENANT_ANNOTATIONS].join(', ')} of its prefixes)` });
   }
-  if ((obj.metadata.ownerReferences ?? []).length > 0) problems.push({ field: `${at}.ownerReferences`, message: 'can be set only with an admin API key' });
+  const refs = obj.metadata.ownerReferences ?? [];
+  if (refs.length > 0 && JSON.stringify(refs) !== JSON.stringify(stored?.ownerReferences ?? [])) problems.push({ field: `${at}.ownerReferences`, message: 'can be set only with an admin API key' });
   return problems;
 }
 
-/** Validated, defaulted, namespaced and owned, ready to write; 422 naming every bad field. Also the Kubernetes API's gate (src/kubeapi/). */
-export function prepare(w: WorkerContext, p: Principal, raw: unknown, path: string): { rt: ResourceType; obj: KubeObject } {
+/**
+ * The controller's part of the stored object's metadata, put back where a team's update left it
+ * out: a team key neither sets, changes nor drops a reserved key or an owner reference (a
+ * dropped claim-uid label would unbind the sandbox from its claim).
+ */
+function keepControllerMetadata(obj: KubeObject, existing: KubeObject): void {
+  const claim = obj.kind === SandboxClaimType.kind;
+  const controllers = (from: Record<string, string> | undefined, kind: 'label' | 'annotation'): Record<string, string> => Object.fromEntries(Object.entries(from ?? {}).filter(([k]) => !isTenantKey(k, claim, kind)));
+  const labels = controllers(existing.metadata.labels, 'label');
+  const annotations = controllers(existing.metadata.annotations, 'annotation');
+  if (Object.keys(labels).length > 0) obj.metadata.labels = { ...obj.metadata.labels, ...labels };
+  if (Object.keys(annotations).length > 0) obj.metadata.annotations = { ...obj.metadata.annotations, ...annotations };
+  const owners = existing.metadata.ownerReferences ?? [];
+  if (owners.length > 0) obj.metadata.ownerReferences = owners;
+}
+
+/**
+ * Validated, defaulted, namespaced and owned, ready to write; 422 naming every bad field. Also the
+ * Kubernetes API's gate (src/kubeapi/), which passes the stored object its update replaces.
+ */
+export function prepare(w: WorkerContext, p: Principal, raw: unknown, path: string, existing?: KubeObject): { rt: ResourceType; obj: KubeObject } {
   const obj = applyDefaults(validateObject(raw, path));
   const rt = APPLY_ORDER.find((t) => t.kind === obj.kind);
   if (rt === undefined) {
@@ -78,8 +121,9 @@ export function prepare(w: WorkerContext, p: Principal, raw: unknown, path: stri
   }
   obj.metadata.namespace ??= w.defaultNamespace;
   if (TEAM_KINDS.has(rt.kind) && !p.admin) {
-    const problems = tenantMetadataProblems(obj, path);
+    const problems = tenantMetadataProblems(obj, path, existing);
     if (problems.length > 0) throw invalid(obj.kind, obj.metadata.name, problems);
+    if (existing !== undefined) keepControllerMetadata(obj, existing);
   }
   if (TEAM_KINDS.has(rt.kind)) obj.metadata.labels = { ...obj.metadata.labels, [LABEL.owner]: p.team };
   return { rt, obj };

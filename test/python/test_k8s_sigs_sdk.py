@@ -1,13 +1,13 @@
 # kubernetes-sigs' own Python SDK, `k8s-agent-sandbox` 1.0.8 from PyPI, unmodified, in Direct
-# mode against our edge: claims through the worker's Kubernetes API (KUBECONFIG, as `make up`
-# writes .asb/kubeconfig), and the python-runtime data plane (X-Sandbox-ID with the API key in
-# extra_headers) answered by the owning worker. Run by test/k8s-sigs-python.test.ts, which starts
-# the system and sets:
-#   KUBECONFIG    the kubeconfig for the edge's HTTPS listener
+# mode against our edge: claims through a Kubernetes API (KUBECONFIG), and the python-runtime data
+# plane (X-Sandbox-ID with the API key in extra_headers) answered by the owning worker. Run for
+# each tier by test/support/k8s-sigs-sdk.ts: the embedded system with the kubeconfig `make up`
+# writes (test/k8s-sigs-python.test.ts, with a team's key) and our operator on a real
+# kube-apiserver with that apiserver's kubeconfig (test/k8s/k8s-sigs-python.test.ts). It sets:
+#   KUBECONFIG    the Kubernetes API the claims go through
 #   ASB_API_KEY   the key the data plane carries
 #   ASB_EDGE_URL  the edge's plain HTTP address (Direct mode's api_url)
 #   POOL          a warm pool in namespace default
-# The Kubernetes tier (a real kube-apiserver) is not run here yet.
 import io
 import os
 import time
