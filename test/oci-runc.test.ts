@@ -7,59 +7,14 @@
 // Not yet the runtime's launch path (issue 16: the wiring is the next slice).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile, spawn } from 'node:child_process';
-import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import { promisify } from 'node:util';
+import { spawn } from 'node:child_process';
+import { statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import type { Container } from '../src/api/types.ts';
-import { ImageStore, type CachedImage } from '../src/images/image-store.ts';
-import { parseRegistriesConfig } from '../src/images/registries.ts';
-import { RegistryProcess } from '../src/images/registry-process.ts';
-import { readSeedImages, seedRegistry } from '../src/images/seed.ts';
+import type { CachedImage } from '../src/images/image-store.ts';
 import { DEFAULT_RUNC_DIR, findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
 import { containerSpec, ROOT_ID_MAP, type RuntimeFacts } from '../src/runtime/oci/spec.ts';
-import { silentLogger } from '../src/system/log.ts';
-
-const SEED_DIR = process.env.ASB_IMAGES_DIR ?? resolve(import.meta.dirname, '../.tools/images');
-const run = promisify(execFile);
-
-type Undo = () => unknown;
-const undoStacks = new WeakMap<test.TestContext, Undo[]>();
-
-/**
- * Runs `undo` after the test, last registered first (t.after hooks run first registered first,
- * which would remove a directory before the overlay on it is unmounted). Every step runs even if
- * one fails; the failures are reported together.
- */
-function onCleanup(t: test.TestContext, undo: Undo): void {
-  let stack = undoStacks.get(t);
-  if (stack === undefined) {
-    const steps: Undo[] = [];
-    stack = steps;
-    undoStacks.set(t, steps);
-    t.after(async () => {
-      const errors: unknown[] = [];
-      for (const step of steps.reverse()) {
-        try {
-          await step();
-        } catch (err) {
-          errors.push(err);
-        }
-      }
-      if (errors.length > 0) throw new AggregateError(errors, `${String(errors.length)} cleanup step(s) failed`);
-    });
-  }
-  stack.push(undo);
-}
-
-function tempDir(t: test.TestContext, prefix: string): string {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  onCleanup(t, () => {
-    rmSync(dir, { recursive: true, force: true });
-  });
-  return dir;
-}
+import { buildProbe, fields, onCleanup, overlayRootfs, pullBusybox, removeCgroups, run, tempDir } from './support/oci-fixture.ts';
 
 interface Ran { code: number | null; stdout: string; stderr: string; /** The overlay's upper dir: what the container wrote. */ upper: string }
 
@@ -72,23 +27,13 @@ let containers = 0;
  */
 async function runContainer(t: test.TestContext, runc: string, image: CachedImage, container: Omit<Container, 'name'>, facts: Partial<RuntimeFacts>, owner = 0): Promise<Ran> {
   const id = `oci-test-${String(process.pid)}-${String(++containers)}`;
-  const dir = tempDir(t, 'asb-oci-');
-  // A root pod's root is host uid 100000: it must be able to reach its rootfs.
-  chmodSync(dir, 0o755);
-  const [upper, work, rootfs, bundle] = ['upper', 'work', 'rootfs', 'bundle'].map((d) => join(dir, d)) as [string, string, string, string];
-  for (const d of [upper, work, rootfs, bundle]) mkdirSync(d);
-  chownSync(upper, owner, owner);
+  const { dir, upper, rootfs, bundle } = await overlayRootfs(t, image, owner);
   const cgroupsPath = `/asb-oci-test-${id}`;
   const state = join(dir, 'state');
-  await run('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${image.rootfs},upperdir=${upper},workdir=${work}`, rootfs]);
-  onCleanup(t, () => run('umount', [rootfs]));
   // The container (a foreground run deletes it on exit; this is for a run cut short) and its cgroups.
   onCleanup(t, async () => {
     await run(runc, ['--root', state, 'delete', '-f', id]).catch(() => undefined);
-    for (const c of readdirSync('/sys/fs/cgroup')) {
-      const path = join('/sys/fs/cgroup', c, cgroupsPath);
-      if (existsSync(path)) rmdirSync(path);
-    }
+    removeCgroups(cgroupsPath);
   });
   const spec = containerSpec({ name: 'main', ...container }, image.config, { rootfs, hostname: 'sbx', cgroupsPath, ...facts });
   writeFileSync(join(bundle, 'config.json'), JSON.stringify(spec));
@@ -101,30 +46,11 @@ async function runContainer(t: test.TestContext, runc: string, image: CachedImag
   return { code, stdout, stderr, upper };
 }
 
-/** `key=value` lines of the output. */
-function fields(out: string): Map<string, string> {
-  return new Map(out.split('\n').filter((l) => l.includes('=')).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
-}
-
 /** The built runc, the busybox image (plain and id-mapped for a root pod), and the syscall probe. */
 async function setup(t: test.TestContext): Promise<{ runc: string; busybox: CachedImage; mapped: CachedImage; probeDir: string }> {
   const runc = findRuncBinary(process.env.ASB_RUNC_DIR ?? DEFAULT_RUNC_DIR);
-  const seed = readSeedImages(SEED_DIR);
-  const registry = new RegistryProcess({ stateDir: tempDir(t, 'asb-registry-'), logger: silentLogger() });
-  onCleanup(t, () => registry.close());
-  await registry.start();
-  await seedRegistry(registry.address, seed, { tmpDir: tempDir(t, 'asb-seed-'), only: ['docker.io/library/busybox:latest'] });
-  const store = new ImageStore({
-    root: tempDir(t, 'asb-images-'),
-    registries: parseRegistriesConfig({ mirrors: { 'docker.io': { endpoints: [registry.address], upstream: false } } }),
-    logger: silentLogger(),
-  });
-  const busybox = await store.pull('busybox');
-  const mapped = await store.pull('busybox', { idMap: ROOT_ID_MAP });
-  const probeDir = tempDir(t, 'asb-probe-');
-  chmodSync(probeDir, 0o755);
-  await run('cc', ['-static', '-O2', '-o', join(probeDir, 'probe'), resolve(import.meta.dirname, 'fixtures/syscall-probe.c')], { timeout: 60_000 });
-  return { runc, busybox, mapped, probeDir };
+  const { busybox, mapped } = await pullBusybox(t);
+  return { runc, busybox, mapped, probeDir: await buildProbe(t) };
 }
 
 // The attack writes back the value it read: if it ever succeeds (a weaker spec, a runc bug), the
