@@ -84,7 +84,7 @@ function helperMemory(): { pid: number; rssKiB: number; privateKiB: number }[] {
 }
 
 test('a terminal into a runc container of busybox (no python3): output, resize, exit codes, hangup, and no privileges', async (t) => {
-  const { runc, busybox } = await busyboxImages(t);
+  const { runc, busybox } = await busyboxImages();
   const stateDir = tempDir(t, 'asb-pty-state-');
   const box = await startContainer(t, runc, busybox);
   const target = targetOf(box, runc, stateDir);
@@ -216,7 +216,7 @@ test('a terminal into a runc container of busybox (no python3): output, resize, 
 });
 
 test('the pod environment never reaches the host side: an LD_PRELOAD in the container env loads nothing on the host', async (t) => {
-  const { runc, busybox } = await busyboxImages(t);
+  const { runc, busybox } = await busyboxImages();
   const stateDir = tempDir(t, 'asb-pty-state-');
   // A library that, if loaded by a host process (the helper, runc), writes a marker: host root code execution.
   const lib = tempDir(t, 'asb-preload-');

@@ -8,18 +8,35 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { chmodSync, statSync, writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import type { Container } from '../src/api/types.ts';
 import type { CachedImage } from '../src/images/image-store.ts';
-import { ROOT_ID_MAP, type RuntimeFacts } from '../src/runtime/oci/spec.ts';
-import { busyboxImages, onCleanup, prepareBundle, run, tempDir } from './support/oci-container.ts';
+import { DEFAULT_RUNC_DIR, findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
+import { containerSpec, ROOT_ID_MAP, type RuntimeFacts } from '../src/runtime/oci/spec.ts';
+import { buildProbe, fields, onCleanup, overlayRootfs, pullBusybox, removeCgroups, run, tempDir } from './support/oci-fixture.ts';
 
 interface Ran { code: number | null; stdout: string; stderr: string; /** The overlay's upper dir: what the container wrote. */ upper: string }
 
-/** Runs `container` of `image` with `runc run` in the foreground (test/support/oci-container.ts makes the bundle and cleans up). */
+let containers = 0;
+
+/**
+ * Runs `script` with busybox sh in a container of `image` under the spec containerSpec makes for
+ * `container`; the rootfs is an overlay (lower: the cached tree). `owner` chowns the upper dir
+ * (a root pod's mapped root must own it to write). Cleans up the container, mount and cgroup.
+ */
 async function runContainer(t: test.TestContext, runc: string, image: CachedImage, container: Omit<Container, 'name'>, facts: Partial<RuntimeFacts>, owner = 0): Promise<Ran> {
-  const { id, state, bundle, upper } = await prepareBundle(t, runc, image, container, facts, owner);
+  const id = `oci-test-${String(process.pid)}-${String(++containers)}`;
+  const { dir, upper, rootfs, bundle } = await overlayRootfs(t, image, owner);
+  const cgroupsPath = `/asb-oci-test-${id}`;
+  const state = join(dir, 'state');
+  // The container (a foreground run deletes it on exit; this is for a run cut short) and its cgroups.
+  onCleanup(t, async () => {
+    await run(runc, ['--root', state, 'delete', '-f', id]).catch(() => undefined);
+    removeCgroups(cgroupsPath);
+  });
+  const spec = containerSpec({ name: 'main', ...container }, image.config, { rootfs, hostname: 'sbx', cgroupsPath, ...facts });
+  writeFileSync(join(bundle, 'config.json'), JSON.stringify(spec));
   const child = spawn(runc, ['--root', state, 'run', '--bundle', bundle, id], { stdio: ['ignore', 'pipe', 'pipe'], timeout: 60_000 });
   let stdout = '';
   let stderr = '';
@@ -29,19 +46,11 @@ async function runContainer(t: test.TestContext, runc: string, image: CachedImag
   return { code, stdout, stderr, upper };
 }
 
-/** `key=value` lines of the output. */
-function fields(out: string): Map<string, string> {
-  return new Map(out.split('\n').filter((l) => l.includes('=')).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
-}
-
 /** The built runc, the busybox image (plain and id-mapped for a root pod), and the syscall probe. */
 async function setup(t: test.TestContext): Promise<{ runc: string; busybox: CachedImage; mapped: CachedImage; probeDir: string }> {
-  const { runc, busybox, mapped } = await busyboxImages(t, true);
-  if (mapped === undefined) throw new Error('no id-mapped busybox');
-  const probeDir = tempDir(t, 'asb-probe-');
-  chmodSync(probeDir, 0o755);
-  await run('cc', ['-static', '-O2', '-o', join(probeDir, 'probe'), resolve(import.meta.dirname, 'fixtures/syscall-probe.c')], { timeout: 60_000 });
-  return { runc, busybox, mapped, probeDir };
+  const runc = findRuncBinary(process.env.ASB_RUNC_DIR ?? DEFAULT_RUNC_DIR);
+  const { busybox, mapped } = await pullBusybox();
+  return { runc, busybox, mapped, probeDir: await buildProbe(t) };
 }
 
 // The attack writes back the value it read: if it ever succeeds (a weaker spec, a runc bug), the

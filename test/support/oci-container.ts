@@ -3,74 +3,23 @@
 // and the config.json src/runtime/oci/spec.ts generates. make test builds runc and the seed images
 // first (a worktree may point ASB_RUNC_DIR and ASB_IMAGES_DIR elsewhere); if either is missing the
 // test fails saying what to run. Network: no netns path unless given, so a new, empty netns (lo only).
+import { testImageStore } from './test-images.ts';
 import type { test } from 'node:test';
-import { execFile } from 'node:child_process';
-import { chmodSync, chownSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import { promisify } from 'node:util';
+import { chmodSync, chownSync, existsSync, mkdirSync, readdirSync, rmdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import type { Container } from '../../src/api/types.ts';
-import { ImageStore, type CachedImage } from '../../src/images/image-store.ts';
-import { parseRegistriesConfig } from '../../src/images/registries.ts';
-import { RegistryProcess } from '../../src/images/registry-process.ts';
-import { readSeedImages, seedRegistry } from '../../src/images/seed.ts';
+import type { CachedImage } from '../../src/images/image-store.ts';
 import { DEFAULT_RUNC_DIR, findRuncBinary } from '../../src/runtime/oci/runc-binary.ts';
 import { containerSpec, ROOT_ID_MAP, type OciSpec, type RuntimeFacts } from '../../src/runtime/oci/spec.ts';
-import { silentLogger } from '../../src/system/log.ts';
 
-const SEED_DIR = process.env.ASB_IMAGES_DIR ?? resolve(import.meta.dirname, '../../.tools/images');
-export const run = promisify(execFile);
+import { onCleanup, run, tempDir } from './oci-fixture.ts';
 
-type Undo = () => unknown;
-const undoStacks = new WeakMap<test.TestContext, Undo[]>();
-
-/**
- * Runs `undo` after the test, last registered first (t.after hooks run first registered first,
- * which would remove a directory before the overlay on it is unmounted). Every step runs even if
- * one fails; the failures are reported together.
- */
-export function onCleanup(t: test.TestContext, undo: Undo): void {
-  let stack = undoStacks.get(t);
-  if (stack === undefined) {
-    const steps: Undo[] = [];
-    stack = steps;
-    undoStacks.set(t, steps);
-    t.after(async () => {
-      const errors: unknown[] = [];
-      for (const step of steps.reverse()) {
-        try {
-          await step();
-        } catch (err) {
-          errors.push(err);
-        }
-      }
-      if (errors.length > 0) throw new AggregateError(errors, `${String(errors.length)} cleanup step(s) failed`);
-    });
-  }
-  stack.push(undo);
-}
-
-export function tempDir(t: test.TestContext, prefix: string): string {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  onCleanup(t, () => {
-    rmSync(dir, { recursive: true, force: true });
-  });
-  return dir;
-}
+export { onCleanup, run, tempDir };
 
 /** The built runc and the seed busybox image, plain and (with `mapped`) id-mapped for a root pod. */
-export async function busyboxImages(t: test.TestContext, mapped = false): Promise<{ runc: string; busybox: CachedImage; mapped?: CachedImage }> {
+export async function busyboxImages(mapped = false): Promise<{ runc: string; busybox: CachedImage; mapped?: CachedImage }> {
   const runc = findRuncBinary(process.env.ASB_RUNC_DIR ?? DEFAULT_RUNC_DIR);
-  const seed = readSeedImages(SEED_DIR);
-  const registry = new RegistryProcess({ stateDir: tempDir(t, 'asb-registry-'), logger: silentLogger() });
-  onCleanup(t, () => registry.close());
-  await registry.start();
-  await seedRegistry(registry.address, seed, { tmpDir: tempDir(t, 'asb-seed-'), only: ['docker.io/library/busybox:latest'] });
-  const store = new ImageStore({
-    root: tempDir(t, 'asb-images-'),
-    registries: parseRegistriesConfig({ mirrors: { 'docker.io': { endpoints: [registry.address], upstream: false } } }),
-    logger: silentLogger(),
-  });
+  const store = await testImageStore();
   const busybox = await store.pull('busybox');
   if (!mapped) return { runc, busybox };
   return { runc, busybox, mapped: await store.pull('busybox', { idMap: ROOT_ID_MAP }) };

@@ -1,0 +1,46 @@
+// The pure half of gVisor support (src/runtime/oci/runsc.ts): the runsc command lines and the
+// changes spec.ts's config.json gets under runsc. test/oci-runsc.test.ts runs them for real.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { RUNSC_MEMORY_OVERHEAD_BYTES, runscArgs, runscSpec, runscStopSequence } from '../src/runtime/oci/runsc.ts';
+import { containerSpec, DEFAULT_PIDS_LIMIT, ROOT_ID_MAP } from '../src/runtime/oci/spec.ts';
+
+const image = { user: undefined, env: [], entrypoint: [], cmd: ['sh'], workingDir: undefined };
+const facts = { rootfs: '/r', hostname: 'sbx', cgroupsPath: '/asb/c/x' };
+const opts = { root: '/run/asb/runsc' };
+
+test('every runsc command carries the worker\'s flags: systrap, netstack, no in-sandbox overlay, the OCI seccomp profile', () => {
+  const global = ['--root', '/run/asb/runsc', '--platform=systrap', '--network=sandbox', '--overlay2=none', '--oci-seccomp'];
+  assert.deepEqual(runscArgs(opts, { op: 'run', id: 'x', bundle: '/b', pidFile: '/p' }), [...global, 'run', '-detach', '-pid-file', '/p', '-bundle', '/b', 'x']);
+  assert.deepEqual(runscArgs(opts, { op: 'exec', id: 'x', processFile: '/proc.json' }), [...global, 'exec', '-process', '/proc.json', 'x']);
+  assert.deepEqual(runscArgs(opts, { op: 'exec', id: 'x', processFile: '/p.json', detach: true, pidFile: '/e.pid', consoleSocket: '/s' }),
+    [...global, 'exec', '-detach', '-pid-file', '/e.pid', '-console-socket', '/s', '-process', '/p.json', 'x']);
+  assert.deepEqual(runscArgs(opts, { op: 'state', id: 'x' }), [...global, 'state', 'x']);
+  assert.deepEqual(runscStopSequence(opts, 'x').map((s) => s.argv.slice(global.length)), [['kill', 'x', 'KILL'], ['wait', 'x'], ['delete', '-force', 'x']]);
+  assert.deepEqual(runscArgs({ ...opts, network: 'host', platform: 'ptrace', debugLogDir: '/logs' }, { op: 'delete', id: 'x', force: false }),
+    ['--root', '/run/asb/runsc', '--platform=ptrace', '--network=host', '--overlay2=none', '--oci-seccomp', '--debug', '--debug-log=/logs/', 'delete', 'x']);
+});
+
+test('runscSpec: gVisor\'s own /sys instead of a bind of the host\'s, limits raised by the sandbox\'s overhead, the input untouched', () => {
+  const root = containerSpec({ name: 'main', command: ['sh'], securityContext: { runAsUser: 0 }, resources: { limits: { memory: '100Mi' } } }, image, { ...facts, netnsPath: '/n' });
+  const before = JSON.stringify(root);
+  assert.equal(root.mounts.find((m) => m.destination === '/sys')?.source, '/sys', 'runc binds the host /sys for a root pod in a joined netns');
+  const adjusted = runscSpec(root);
+  assert.equal(JSON.stringify(root), before);
+  assert.deepEqual(adjusted.mounts.find((m) => m.destination === '/sys'), { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] });
+  assert.equal(adjusted.mounts.length, root.mounts.length);
+  assert.deepEqual(adjusted.linux.resources.memory, { limit: 100 * 2 ** 20 + RUNSC_MEMORY_OVERHEAD_BYTES, swap: 100 * 2 ** 20 + RUNSC_MEMORY_OVERHEAD_BYTES });
+  assert.equal(adjusted.linux.resources.pids.limit, DEFAULT_PIDS_LIMIT * 2 + 64);
+  // What runsc accepts as it is stays as it is.
+  assert.deepEqual(adjusted.linux.seccomp, root.linux.seccomp);
+  assert.deepEqual(adjusted.linux.uidMappings, [{ containerID: 0, hostID: ROOT_ID_MAP.hostId, size: ROOT_ID_MAP.size }]);
+  assert.deepEqual(adjusted.process, root.process);
+  assert.deepEqual(adjusted.linux.maskedPaths, root.linux.maskedPaths);
+});
+
+test('runscSpec: a tmpDir is bound at /tmp, replacing any /tmp mount, so /tmp is on disk like the rest of the writable layer', () => {
+  const spec = containerSpec({ name: 'main', command: ['sh'] }, image, { ...facts, mounts: [{ destination: '/tmp', source: '/volume' }] });
+  const tmp = runscSpec(spec, { tmpDir: '/sbx/tmp' }).mounts.filter((m) => m.destination === '/tmp');
+  assert.deepEqual(tmp, [{ destination: '/tmp', type: 'bind', source: '/sbx/tmp', options: ['rbind', 'nosuid', 'nodev', 'rw'] }]);
+  assert.deepEqual(runscSpec(spec).mounts.filter((m) => m.destination === '/tmp').map((m) => m.source), ['/volume']);
+});
