@@ -182,7 +182,7 @@ test('a pod hibernated under another subnet wakes with an address in the new one
   const claimsDir = join(dir, 'claims');
   const root = join(dir, 'runtime');
   const tag = randomBytes(2).toString('hex');
-  const spec = { containers: [{ name: 'main', image: 'debian:12' }] };
+  const spec = { containers: [{ name: 'main', image: 'agent-sandbox/base' }] };
   const req: PodRequest = { id: 'mv1', uid: 'uid-mv1', namespace: 'default', hostname: 'mv1-host', spec };
   const before = await start(defer, { root, bridge: `asbmv${tag}a`, subnet: '10.225.0.0/16' }, claimsDir);
   const first = await before.start(req);

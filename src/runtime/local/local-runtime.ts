@@ -30,7 +30,7 @@ import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
 import { startProbeLoop } from './probes.ts';
-import { openPodPty } from './pty.ts';
+import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
 import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
@@ -319,7 +319,11 @@ export class LocalRuntime implements PodRuntime {
     const launch = launchPodInit(this.#launcher, this.#shim, shimArgs, {
       ...(net ? { attach: (pid: number) => this.#attachVeth(pid, vethName(this.#bridge, pod.id), ip) } : {}),
       exited: (code) => {
-        if (pod.generation === generation) this.#exited(pod, code);
+        if (pod.generation !== generation) return;
+        // The shim wrote the status before it exited: it also says whether the OOM killer struck.
+        void readExitStatus(pod.paths).then((status) => {
+          if (pod.generation === generation) this.#exited(pod, code, status?.reason);
+        });
       },
       lost: () => {
         if (pod.generation === generation) this.#launcherLost(pod);
@@ -410,19 +414,19 @@ export class LocalRuntime implements PodRuntime {
     const check = (): void => {
       void processStartTime(pid).then(async (start) => {
         if (pod.generation !== generation || this.#closed) return;
-        const code = start === pidStart ? undefined : await readExitStatus(pod.paths);
+        const status = start === pidStart ? undefined : await readExitStatus(pod.paths);
         goneAt ??= start === pidStart ? undefined : this.#clock.now();
-        if (code === undefined && (goneAt === undefined || this.#clock.now() - goneAt < EXIT_STATUS_WAIT_MS)) {
+        if (status === undefined && (goneAt === undefined || this.#clock.now() - goneAt < EXIT_STATUS_WAIT_MS)) {
           pod.poll = this.#clock.after(goneAt === undefined ? this.#opts.pollIntervalMs ?? 500 : 20, check);
           return;
         }
-        this.#exited(pod, code ?? 137);
+        this.#exited(pod, status?.code ?? 137, status?.reason);
       });
     };
     pod.poll = this.#clock.after(this.#opts.pollIntervalMs ?? 500, check);
   }
 
-  #exited(pod: Pod, code: number): void {
+  #exited(pod: Pod, code: number, reason?: string): void {
     pod.probe?.cancel();
     pod.poll?.cancel();
     pod.probe = undefined;
@@ -436,10 +440,12 @@ export class LocalRuntime implements PodRuntime {
       writePersisted(pod.paths, pod.persisted).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
     }
     if (pod.state.phase === 'Pending') {
-      pod.pendingExit = code; // start() reports it, with pod-init's message when there is one
+      pod.pendingExit = code; // start() reports it, with the shim's message when there is one
       return;
     }
-    pod.state = pod.stopping ? { phase: 'Stopped', ready: false } : { phase: code === 0 ? 'Succeeded' : 'Failed', ready: false, exitCode: code, message: `the container exited with code ${code}` };
+    if (pod.stopping) pod.state = { phase: 'Stopped', ready: false };
+    else if (reason === 'OOMKilled') pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: `the container was killed for using more memory than its limit (OOMKilled, exit code ${code})` };
+    else pod.state = { phase: code === 0 ? 'Succeeded' : 'Failed', ready: false, exitCode: code, message: `the container exited with code ${code}` };
     if (ip !== undefined) pod.state.ip = ip;
     if (!this.#closed) this.#emit(pod.id);
   }
@@ -559,7 +565,11 @@ export class LocalRuntime implements PodRuntime {
   }
 
   async openPty(id: string, opts: PtyOptions): Promise<PtySession> {
-    return openPodPty(this.#target(id), opts);
+    const t = this.#target(id);
+    return openRuncPty({
+      runc: t.runc, root: t.runcRoot, id: t.id, user: { uid: t.uid, gid: t.gid }, cwd: t.cwd, stateDir: this.#opts.root, userNamespace: true,
+      env: Object.entries(t.env).map(([k, v]) => `${k}=${v}`),
+    }, opts);
   }
 
   async spawn(id: string, req: SpawnRequest): Promise<PodProcess> {

@@ -92,7 +92,7 @@ export async function preparePod(host: OciHost, paths: PodPaths, req: PodRequest
   // ignore it: the kernel drops signals a namespace's init has no handler for) and reaps orphans.
   spec.process.args = [INIT_PATH, '-g', '--', ...spec.process.args];
   await writeFile(join(paths.dir, 'config.json'), JSON.stringify(spec), { mode: 0o600 });
-  const shimArgs = ['-d', paths.dir, '-r', host.runc, '-R', host.runcRoot, '-i', req.id, '-b', paths.dir, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
+  const shimArgs = ['-d', paths.dir, '-r', host.runc, '-R', host.runcRoot, '-i', req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
   if (net !== undefined) shimArgs.push('-n', net.ip, String(net.prefix), net.gateway);
   if (host.runtimeFlags !== undefined && host.runtimeFlags.length > 0) shimArgs.push('--', ...host.runtimeFlags);
   return { shimArgs, identity: identityOf(spec) };

@@ -3,7 +3,7 @@
 // foreground `runc run` per pod would keep a ~10 MB Go process per sandbox.
 //
 // Usage (argv built by src/runtime/local/oci-pod.ts):
-//   oci-shim -d <podDir> -r <runc> -R <runcRoot> -i <id> -b <bundle>
+//   oci-shim -d <podDir> -r <runc> -R <runcRoot> -i <id> -b <bundle> [-c <cgroupsPath>]
 //            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-- <runc global flags>...]
 // Protocol on stdout, one line each (the same as the runtime's launcher expects): "pid <host pid of
 // the container's init>", then "ready" or "error <what>: <why>". With -n it reads "go\n" on stdin
@@ -13,7 +13,8 @@
 // mounts; the process waits), network, `runc start`. The shim is PR_SET_CHILD_SUBREAPER, so when
 // runc exits the container's init is re-parented to it: it waits for that init, `runc delete`s the
 // container (its cgroups go), unmounts the rootfs, and then writes the init's exit code to
-// <podDir>/exit-status (so it survives a worker restart, and says the clean-up is done).
+// <podDir>/exit-status (so it survives a worker restart, and says the clean-up is done), followed
+// by " OOMKilled" when the kernel's OOM killer killed one of its processes.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -39,6 +40,7 @@
 static const char *pod_dir, *runc, *runc_root, *id, *bundle;
 static const char *lower, *upper, *work, *rootfs;
 static const char *net_ip, *net_prefix, *net_gw;
+static const char *cgroup_path; // the container's cgroupsPath: where the kernel counts its OOM kills
 static char **runc_flags; // global flags for every runc call (runsc: --platform and the like)
 static int n_runc_flags;
 static int dir_fd = -1, log_fd = -1;
@@ -190,11 +192,32 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(a, "-R")) runc_root = argv[++i];
     else if (!strcmp(a, "-i")) id = argv[++i];
     else if (!strcmp(a, "-b")) bundle = argv[++i];
+    else if (!strcmp(a, "-c")) cgroup_path = argv[++i];
     else if (!strcmp(a, "-o") && left >= 4) { lower = argv[++i]; upper = argv[++i]; work = argv[++i]; rootfs = argv[++i]; }
     else if (!strcmp(a, "-n") && left >= 3) { net_ip = argv[++i]; net_prefix = argv[++i]; net_gw = argv[++i]; }
     else { dprintf(1, "error argument: %s\n", a); _exit(125); }
   }
   if (!pod_dir || !runc || !runc_root || !id || !bundle) { dprintf(1, "error usage: -d -r -R -i -b are required\n"); _exit(125); }
+}
+
+// Whether the kernel's OOM killer killed a process of the container: "oom_kill N" with N > 0 in
+// memory.oom_control (cgroup v1) or memory.events (v2). Read before `runc delete` removes the cgroup.
+static int oom_killed(void) {
+  if (!cgroup_path) return 0;
+  static const char *files[] = {"/sys/fs/cgroup/memory%s/memory.oom_control", "/sys/fs/cgroup%s/memory.events"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char path[PATH_MAX], line[128];
+    snprintf(path, sizeof path, files[i], cgroup_path);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    long kills = 0;
+    while (fgets(line, sizeof line, f)) {
+      if (sscanf(line, "oom_kill %ld", &kills) == 1) break;
+    }
+    fclose(f);
+    return kills > 0;
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -257,11 +280,12 @@ int main(int argc, char **argv) {
     if (p < 0 && errno == ECHILD) { st = 137 << 8; break; } // never ours (cannot happen once re-parented)
   }
   code = status_code(st);
+  int oom = oom_killed();
   // Cleaned up first: the exit status is what tells a runtime that polls (an adopted pod) that the
   // pod is over, and a wake or remove must not race our `runc delete` and unmount.
   cleanup(1);
-  char text[16];
-  snprintf(text, sizeof text, "%d\n", code);
+  char text[32];
+  snprintf(text, sizeof text, oom ? "%d OOMKilled\n" : "%d\n", code);
   int fd = openat(dir_fd, "exit-status.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd >= 0) {
     (void)!write(fd, text, strlen(text));

@@ -80,10 +80,13 @@ export async function writePersisted(paths: PodPaths, pod: PersistedPod): Promis
   await rename(tmp, paths.state);
 }
 
-export async function readExitStatus(paths: PodPaths): Promise<number | undefined> {
+/** The init's exit code and, when the kernel's OOM killer struck, reason OOMKilled (oci-shim.c writes "137 OOMKilled"). */
+export async function readExitStatus(paths: PodPaths): Promise<{ code: number; reason?: string } | undefined> {
   try {
-    const code = Number.parseInt(await readFile(paths.exitStatus, 'utf8'), 10);
-    return Number.isNaN(code) ? undefined : code;
+    const [codeText = '', reason] = (await readFile(paths.exitStatus, 'utf8')).trim().split(' ');
+    const code = Number.parseInt(codeText, 10);
+    if (Number.isNaN(code)) return undefined;
+    return reason === undefined ? { code } : { code, reason };
   } catch {
     return undefined;
   }

@@ -3,13 +3,13 @@
 // container's namespaces, cgroup and seccomp filter, as the user we name, with no capabilities and
 // no_new_privs, on a new pty whose master runc hands back over a unix socket. pty-helper.c (one
 // small host process per terminal) receives it, is the process's subreaper (so it gets the exit
-// code), and speaks to Node the framed protocol local/pty.ts's pty-bridge.py speaks: the image
+// code), and speaks a small framed protocol to Node (data and resize frames): the image
 // needs no python3 (busybox, alpine and distroless have none), only the command it runs.
 //
 // Output is the helper's stdout read through an async iterator: it is pulled, so a consumer that
 // stops reading leaves the pipe full, the helper stops reading the pty, and the shell blocks.
 //
-// The helper is C rather than the host's python3 running a bridge like pty-bridge.py, because one
+// The helper is C rather than the host's python3 running a bridge (pty-bridge.py did, inside the pod), because one
 // lives as long as each open terminal. Measured here: the helper's RSS is ~1.5 MB, of which
 // ~120 KiB is its own (the rest is libc, shared with every process; test/oci-pty.test.ts prints
 // both), against ~10 MB for pty-bridge.py idling under `python3 -I -S`, which also takes ~80 ms to
@@ -26,7 +26,7 @@ import { privateDir } from '../../system/private-files.ts';
 import { CappedBuffer } from '../capped-buffer.ts';
 import type { PtyOptions, PtySession } from '../runtime.ts';
 
-/** After close(): how long a hung-up shell has to exit before the helper sends SIGKILL (as local/pty.ts). */
+/** After close(): how long a hung-up shell has to exit before the helper sends SIGKILL. */
 export const HANGUP_GRACE_MS = 2000;
 /** `runc exec` takes ~35 ms here; this only bounds a runc that hangs. */
 const OPEN_TIMEOUT_MS = 30_000;
@@ -35,7 +35,7 @@ const HELPER_BACKSTOP_MS = 5000;
 /** The helper's and runc's whole environment: nothing from the pod reaches the host side. */
 const HELPER_ENV: Readonly<Record<string, string>> = Object.freeze({ PATH: '/usr/sbin:/usr/bin:/sbin:/bin', LC_ALL: 'C' });
 /**
- * The default command: bash where the image has it (as local/pty.ts's default), else the POSIX sh
+ * The default command: bash where the image has it, else the POSIX sh
  * every shell image has. Interactive, not a login shell (`docker exec -it`, `kubectl exec -it` do
  * the same): Debian's /etc/profile would reset an image's PATH.
  */
