@@ -2,7 +2,7 @@
 // changes spec.ts's config.json gets under runsc. test/oci-runsc.test.ts runs them for real.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { RUNSC_MEMORY_OVERHEAD_BYTES, runscArgs, runscSpec, runscStopSequence } from '../src/runtime/oci/runsc.ts';
+import { RUNSC_MEMORY_OVERHEAD_BYTES, runscArgs, runscFlags, runscSpec, runscStopSequence } from '../src/runtime/oci/runsc.ts';
 import { containerSpec, DEFAULT_PIDS_LIMIT, ROOT_ID_MAP } from '../src/runtime/oci/spec.ts';
 
 const image = { user: undefined, env: [], entrypoint: [], cmd: ['sh'], workingDir: undefined };
@@ -31,11 +31,28 @@ test('runscSpec: gVisor\'s own /sys instead of a bind of the host\'s, limits rai
   assert.equal(adjusted.mounts.length, root.mounts.length);
   assert.deepEqual(adjusted.linux.resources.memory, { limit: 100 * 2 ** 20 + RUNSC_MEMORY_OVERHEAD_BYTES, swap: 100 * 2 ** 20 + RUNSC_MEMORY_OVERHEAD_BYTES });
   assert.equal(adjusted.linux.resources.pids.limit, DEFAULT_PIDS_LIMIT * 2 + 64);
-  // What runsc accepts as it is stays as it is.
-  assert.deepEqual(adjusted.linux.seccomp, root.linux.seccomp);
+  // What runsc accepts as it is stays as it is, but for clone3's ENOSYS (below).
+  assert.deepEqual(adjusted.linux.seccomp.syscalls.filter((r) => !r.names.includes('clone3')), root.linux.seccomp.syscalls.filter((r) => !r.names.includes('clone3')));
   assert.deepEqual(adjusted.linux.uidMappings, [{ containerID: 0, hostID: ROOT_ID_MAP.hostId, size: ROOT_ID_MAP.size }]);
   assert.deepEqual(adjusted.process, root.process);
   assert.deepEqual(adjusted.linux.maskedPaths, root.linux.maskedPaths);
+});
+
+test('runscFlags: the global flags without --root, for the shim and exec, which add the --root of their own', () => {
+  assert.deepEqual(runscFlags({}), ['--platform=systrap', '--network=sandbox', '--overlay2=none', '--oci-seccomp']);
+  assert.deepEqual(runscArgs(opts, { op: 'state', id: 'x' }), ['--root', opts.root, ...runscFlags({}), 'state', 'x']);
+});
+
+// runsc answers EPERM for every SCMP_ACT_ERRNO whatever its errnoRet (google/gvisor#14688): glibc
+// then never falls back from clone3 to clone and no thread starts (test/runtime-gvisor.test.ts).
+test('runscSpec: clone3\'s ENOSYS rule becomes SCMP_ACT_TRACE, which gVisor answers with ENOSYS when no tracer is attached (ptrace stays denied)', () => {
+  const spec = containerSpec({ name: 'main', command: ['sh'] }, image, facts);
+  const clone3 = spec.linux.seccomp.syscalls.filter((r) => r.names.includes('clone3'));
+  assert.deepEqual(clone3, [{ names: ['clone3'], action: 'SCMP_ACT_ERRNO', errnoRet: 38 }], 'runc keeps the errno rule');
+  const adjusted = runscSpec(spec).linux.seccomp.syscalls;
+  assert.deepEqual(adjusted.filter((r) => r.names.includes('clone3')), [{ names: ['clone3'], action: 'SCMP_ACT_TRACE' }]);
+  assert.equal(adjusted.some((r) => r.names.includes('ptrace')), false, 'no tracer can attach: ptrace is not allowed');
+  assert.equal(adjusted.filter((r) => r.errnoRet !== undefined).length, 0, 'no errnoRet is left for runsc to ignore');
 });
 
 test('runscSpec: a tmpDir is bound at /tmp, replacing any /tmp mount, so /tmp is on disk like the rest of the writable layer', () => {

@@ -19,6 +19,7 @@
 // Left at their defaults: --file-access=exclusive (only the sandbox changes its rootfs: the files
 // API acts through exec, never on the host tree), directfs, and cgroups (runsc applies
 // linux.resources to the host cgroup holding the sentry, the gofer and the systrap stubs).
+import type { SeccompRule } from './seccomp-profile.ts';
 import type { OciMount, OciSpec } from './spec.ts';
 
 export type RunscNetwork = 'sandbox' | 'host' | 'none';
@@ -53,8 +54,12 @@ export type RunscCommand =
 
 /** The global flags every runsc command of one worker repeats (runsc reads its configuration from them each time). */
 export function runscGlobalArgs(opts: RunscOptions): string[] {
+  return ['--root', opts.root, ...runscFlags(opts)];
+}
+
+/** runscGlobalArgs without --root: for a caller that adds --root itself (oci-shim.c, exec). */
+export function runscFlags(opts: Omit<RunscOptions, 'root'>): string[] {
   return [
-    '--root', opts.root,
     `--platform=${opts.platform ?? 'systrap'}`,
     `--network=${opts.network ?? 'sandbox'}`,
     '--overlay2=none',
@@ -120,6 +125,8 @@ export const RUNSC_MEMORY_OVERHEAD_BYTES = 32 * 2 ** 20;
 export const RUNSC_PIDS_PER_PROCESS = 2;
 export const RUNSC_PIDS_OVERHEAD = 64;
 
+const ENOSYS = 38;
+
 export interface RunscSpecOptions {
   /**
    * A runtime-owned host directory (mode 1777) to bind at /tmp. gVisor mounts its own tmpfs over an
@@ -138,6 +145,13 @@ export interface RunscSpecOptions {
  *   /sys/class/net. gVisor's own sysfs has neither restriction nor content, so it is used always.
  * - memory and pids limits: raised by the sandbox's own overhead (constants above).
  * - /tmp: see RunscSpecOptions.tmpDir.
+ * - seccomp: runsc ignores a rule's errnoRet and answers EPERM for every SCMP_ACT_ERRNO
+ *   (google/gvisor#14688, open; fix proposed in #14721). clone3's ENOSYS, the one errnoRet of
+ *   the profile, is what makes glibc ≥ 2.34 fall back to clone: with EPERM no thread starts
+ *   (python3's threading: "can't start new thread", so no http.server either). Such a rule becomes
+ *   SCMP_ACT_TRACE, which gVisor answers with ENOSYS when no ptrace tracer is attached
+ *   (pkg/sentry/kernel/seccomp.go, as Linux does), and none can be: ptrace is denied. clone3 stays
+ *   refused, so namespace flags still cannot pass through it.
  * Everything else is accepted as is: seccomp (with --oci-seccomp), the user namespace and its id
  * maps (a root pod's files land in the upper dir as host uid 100000, as under runc), capabilities,
  * no_new_privs, rlimits, oomScoreAdj (the sentry gets 1000), cpu quota, devices, and the masked
@@ -152,6 +166,11 @@ export function runscSpec(spec: OciSpec, opts: RunscSpecOptions = {}): OciSpec {
   }
   const { memory, pids } = spec.linux.resources;
   const memoryLimit = memory.limit + RUNSC_MEMORY_OVERHEAD_BYTES;
+  const syscalls = spec.linux.seccomp.syscalls.map((rule): SeccompRule => {
+    if (rule.action !== 'SCMP_ACT_ERRNO' || rule.errnoRet !== ENOSYS) return rule;
+    const { errnoRet: _enosys, ...rest } = rule;
+    return { ...rest, action: 'SCMP_ACT_TRACE' };
+  });
   return {
     ...spec,
     process: { ...spec.process },
@@ -159,6 +178,7 @@ export function runscSpec(spec: OciSpec, opts: RunscSpecOptions = {}): OciSpec {
     mounts,
     linux: {
       ...spec.linux,
+      seccomp: { ...spec.linux.seccomp, syscalls },
       resources: {
         ...spec.linux.resources,
         memory: { limit: memoryLimit, swap: Math.max(memory.swap + RUNSC_MEMORY_OVERHEAD_BYTES, memoryLimit) },

@@ -26,7 +26,8 @@ export interface SeccompArg {
 
 export interface SeccompRule {
   names: string[];
-  action: 'SCMP_ACT_ALLOW' | 'SCMP_ACT_ERRNO';
+  /** SCMP_ACT_TRACE: only in runscSpec's profile (ENOSYS under gVisor, see runsc.ts). */
+  action: 'SCMP_ACT_ALLOW' | 'SCMP_ACT_ERRNO' | 'SCMP_ACT_TRACE';
   errnoRet?: number;
   args?: SeccompArg[];
 }
