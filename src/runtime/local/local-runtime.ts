@@ -9,7 +9,8 @@
 // Pods outlive the worker: their shims run in their own session, and a new runtime on the same
 // root re-adopts every pod whose init is still alive (checked by pid AND start time).
 // Without root, runc or the init binary, the runtime starts no pod and says why (README): it never
-// runs a sandbox unisolated.
+// runs a sandbox unisolated. A pod with runtimeClassName gvisor runs under gVisor's runsc instead
+// of runc (runtime-class.ts), through the same shim, exec and terminal code.
 import { createHash } from 'node:crypto';
 import { access, chmod, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -28,12 +29,15 @@ import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-clai
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
-import { preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
+import { ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
+import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
 import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
 import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
+import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
+import { runscFlags } from '../oci/runsc.ts';
 import { ROOT_ID_MAP } from '../oci/spec.ts';
 
 export interface LocalRuntimeOptions {
@@ -44,6 +48,8 @@ export interface LocalRuntimeOptions {
   images: ImageStore;
   /** The runc binary; default: the one `make runc` builds (findRuncBinary). */
   runc?: string;
+  /** gVisor's runsc for pods with runtimeClassName gvisor; default: the one `make runsc` builds (findRunscBinary). Without it such pods fail. */
+  runsc?: string;
   /** A static init bind-mounted as each container's pid 1. Default: Debian's tini-static. */
   init?: string;
   /** The image of a container that names none (`image:` empty, as kubernetes-sigs' getting-started example). */
@@ -138,6 +144,8 @@ export class LocalRuntime implements PodRuntime {
   readonly #host: OciHost;
   readonly #images: ImageStore;
   readonly #unavailable: string | undefined;
+  /** Why pods with runtimeClassName gvisor cannot run here (runsc not built); undefined: they can. */
+  readonly #runscUnavailable: string | undefined;
   readonly #subnet: Subnet;
   readonly #bridge: string;
   readonly #ips: IpPool;
@@ -161,20 +169,27 @@ export class LocalRuntime implements PodRuntime {
     this.#bridge = opts.bridge ?? derived.bridge;
     this.#ips = createIpPool(this.#subnet);
     const tag = createHash('sha256').update(root).digest('hex').slice(0, 12);
+    let runsc = opts.runsc;
+    try {
+      runsc ??= findRunscBinary();
+    } catch (err) {
+      this.#runscUnavailable = err instanceof Error ? err.message : String(err);
+    }
     this.#host = {
       runc: opts.runc ?? (unavailable === undefined ? findRuncBinary() : 'runc'),
       runcRoot: join(root, 'runc'),
       init: opts.init ?? DEFAULT_INIT,
       mountRoot: opts.mountRoot ?? join(MOUNT_ROOT, tag),
       cgroupParent: `/asb-${tag}`,
+      ...(runsc === undefined ? {} : { runsc: { binary: runsc, root: join(root, 'runsc'), flags: runscFlags({}) } }),
     };
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
     this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
   }
 
-  /** Every pod runs in a user namespace: root in a sandbox is root of that namespace only. */
+  /** Every pod runs in a user namespace: root in a sandbox is root of that namespace only. runtimeClassName gvisor runs it under gVisor when runsc is built. */
   get rootIsolation(): RootIsolation {
-    return { userNamespace: 'always', gvisor: false };
+    return { userNamespace: 'always', gvisor: this.#unavailable === undefined && this.#runscUnavailable === undefined };
   }
 
   /** The pid of the launcher process that starts pods, while it runs (diagnostics, tests). */
@@ -280,6 +295,8 @@ export class LocalRuntime implements PodRuntime {
       return { ...pod.state };
     };
     if (this.#unavailable !== undefined) return fail(`this worker runs no sandboxes: ${this.#unavailable}`, 'RuntimeUnavailable');
+    const runtimeClass = decideRuntimeClass(req.spec.runtimeClassName, this.#runscUnavailable);
+    if (!runtimeClass.ok) return fail(runtimeClass.message, runtimeClass.reason);
     const container = mainContainer(req.spec);
     pod.state = { phase: 'Pending', ready: false };
     this.#emit(pod.id);
@@ -304,7 +321,7 @@ export class LocalRuntime implements PodRuntime {
     try {
       await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
       await this.#mountRoot();
-      const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined);
+      const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined, runtimeClass.kind);
       shimArgs = prepared.shimArgs;
       pod.identity = prepared.identity;
       await writePersisted(pod.paths, pod.persisted);
@@ -381,7 +398,14 @@ export class LocalRuntime implements PodRuntime {
     const identity = pod.identity;
     if (request === undefined || identity === undefined) return;
     const container = mainContainer(request.spec);
-    pod.target = { runc: this.#host.runc, runcRoot: this.#host.runcRoot, runtimeFlags: this.#host.runtimeFlags ?? [], id: pod.id, pid, execDir: pod.paths.exec, ...identity };
+    const runtimeClass = decideRuntimeClass(request.spec.runtimeClassName, this.#runscUnavailable);
+    if (!runtimeClass.ok) {
+      // Only an adopted gVisor pod whose runsc went away since: it runs on, untouched, until it ends.
+      this.#log.error({ id: pod.id }, runtimeClass.message);
+      return;
+    }
+    const runtime = ociRuntime(this.#host, runtimeClass.kind);
+    pod.target = { kind: runtime.kind, runc: runtime.binary, runcRoot: runtime.root, runtimeFlags: runtime.flags, id: pod.id, pid, execDir: pod.paths.exec, ...identity };
     const probe = container.readinessProbe;
     pod.state = { phase: 'Running', ready: probe === undefined, ip: pod.persisted?.ip ?? '127.0.0.1', pid, startedAt };
     pod.exited ??= new Promise((resolve) => (pod.markExited = resolve));
@@ -567,7 +591,7 @@ export class LocalRuntime implements PodRuntime {
   async openPty(id: string, opts: PtyOptions): Promise<PtySession> {
     const t = this.#target(id);
     return openRuncPty({
-      runc: t.runc, root: t.runcRoot, id: t.id, user: { uid: t.uid, gid: t.gid }, cwd: t.cwd, stateDir: this.#opts.root, userNamespace: true,
+      runc: t.runc, root: t.runcRoot, runtime: t.kind, runtimeFlags: t.runtimeFlags, id: t.id, user: { uid: t.uid, gid: t.gid }, cwd: t.cwd, stateDir: this.#opts.root, userNamespace: true,
       env: Object.entries(t.env).map(([k, v]) => `${k}=${v}`),
     }, opts);
   }
@@ -585,7 +609,14 @@ export class LocalRuntime implements PodRuntime {
       pod.poll?.cancel();
     }
     // The launcher exits without touching the pods it started; a new runtime re-adopts them.
-    return this.#launcher.close();
+    // runsc's state dir holds a bind mount it never removes (releaseRunscRoot): released once no
+    // gVisor pod runs, so a shut-down worker leaves no mount behind and its root can be deleted.
+    const gvisorRuns = [...this.#pods.values()].some((pod) => pod.target?.kind === 'runsc');
+    const runscRoot = this.#host.runsc?.root;
+    return Promise.all([
+      this.#launcher.close(),
+      runscRoot === undefined || gvisorRuns ? undefined : releaseRunscRoot(runscRoot).catch((err: unknown) => this.#log.warn({ err }, 'cannot release runsc state')),
+    ]).then(() => undefined);
   }
 }
 

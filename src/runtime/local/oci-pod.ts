@@ -10,13 +10,18 @@
 // The overlay is mounted at <mountRoot>/<id>: runc's init, inside the user namespace, must be able
 // to walk to its rootfs, and the state dir is private (0700), so mount points live in a 0711
 // directory under /run/asb instead (gone after a reboot, made again at the next start).
-import { chown, mkdir, readFile, writeFile } from 'node:fs/promises';
+// A pod with runtimeClassName gvisor (runtime-class.ts) runs under runsc with the same config,
+// adjusted by runscSpec (src/runtime/oci/runsc.ts): its network namespace is the file <pod>/netns
+// the shim makes before the sandbox (oci-shim.c -N), and its /tmp is <pod>/tmp, on disk.
+import { chmod, chown, mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join, posix } from 'node:path';
 import type { CachedImage } from '../../images/image-store.ts';
 import type { PodRequest } from '../runtime.ts';
 import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type OciSpec } from '../oci/spec.ts';
+import { runscSpec } from '../oci/runsc.ts';
 import type { PodPaths } from './rootfs.ts';
 import { mainContainer, resolveMounts } from './pod-process.ts';
+import type { RuntimeKind } from './runtime-class.ts';
 
 /** Where the container's init (tini, `docker run --init`'s) is bind-mounted: /dev is the container's own tmpfs, so nothing lands in its rootfs. */
 export const INIT_PATH = '/dev/.asb-init';
@@ -31,8 +36,24 @@ export interface OciHost {
   mountRoot: string;
   /** cgroupfs parent of every pod's cgroup: `/asb-<hash>`. */
   cgroupParent: string;
-  /** Global flags before every runc subcommand (runsc's --platform and the like). */
+  /** Global flags before every runc subcommand. */
   runtimeFlags?: readonly string[];
+  /** gVisor's runsc, for pods with runtimeClassName gvisor; absent when this worker cannot run it. */
+  runsc?: { binary: string; root: string; flags: readonly string[] };
+}
+
+/** The OCI runtime one pod runs under: its binary, its --root and the global flags before every subcommand. */
+export interface OciRuntime {
+  kind: RuntimeKind;
+  binary: string;
+  root: string;
+  flags: readonly string[];
+}
+
+export function ociRuntime(host: OciHost, kind: RuntimeKind): OciRuntime {
+  if (kind === 'runc') return { kind, binary: host.runc, root: host.runcRoot, flags: host.runtimeFlags ?? [] };
+  if (host.runsc === undefined) throw new Error('gVisor (runsc) is not available on this worker');
+  return { kind, binary: host.runsc.binary, root: host.runsc.root, flags: host.runsc.flags };
 }
 
 export interface PodNetwork {
@@ -53,10 +74,13 @@ export interface PreparedPod {
   /** oci-shim's arguments (after the binary). */
   shimArgs: string[];
   identity: PodIdentity;
+  runtime: OciRuntime;
 }
 
 /** Writes the pod's directories, /etc files and config.json; the shim does the mounting and running. */
-export async function preparePod(host: OciHost, paths: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined): Promise<PreparedPod> {
+export async function preparePod(host: OciHost, paths: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined, kind: RuntimeKind = 'runc'): Promise<PreparedPod> {
+  const runtime = ociRuntime(host, kind);
+  const gvisor = kind === 'runsc';
   const container = mainContainer(req.spec);
   const root = ROOT_ID_MAP.hostId;
   const mountPoint = join(host.mountRoot, req.id);
@@ -79,7 +103,12 @@ export async function preparePod(host: OciHost, paths: PodPaths, req: PodRequest
     { destination: '/etc/hosts', source: join(paths.etc, 'hosts'), readOnly: true },
     ...volumes.map((m) => ({ destination: m.dst, source: m.src, readOnly: m.readOnly })),
   ];
-  const spec: OciSpec = containerSpec(container, image.config, {
+  if (gvisor && (await mkdir(paths.tmp, { recursive: true, mode: 0o1777 })) !== undefined) {
+    // Owned by the sandbox's root, sticky and world-writable like any /tmp (mkdir's mode passes the umask).
+    await chown(paths.tmp, root, root);
+    await chmod(paths.tmp, 0o1777);
+  }
+  const generic: OciSpec = containerSpec(container, image.config, {
     rootfs: mountPoint,
     hostname: req.hostname,
     cgroupsPath: posix.join(host.cgroupParent, req.id),
@@ -87,15 +116,18 @@ export async function preparePod(host: OciHost, paths: PodPaths, req: PodRequest
     userNamespace: 'always',
     passwd: passwd ?? '',
     group: group ?? '',
+    ...(gvisor ? { netnsPath: paths.netns } : {}),
   }, req.spec);
+  const spec = gvisor ? runscSpec(generic, { tmpDir: paths.tmp }) : generic;
   // tini as pid 1: it passes SIGTERM on to the command's process group (a shell as pid 1 would
   // ignore it: the kernel drops signals a namespace's init has no handler for) and reaps orphans.
   spec.process.args = [INIT_PATH, '-g', '--', ...spec.process.args];
   await writeFile(join(paths.dir, 'config.json'), JSON.stringify(spec), { mode: 0o600 });
-  const shimArgs = ['-d', paths.dir, '-r', host.runc, '-R', host.runcRoot, '-i', req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
+  const shimArgs = ['-d', paths.dir, '-r', runtime.binary, '-R', runtime.root, '-i', req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
   if (net !== undefined) shimArgs.push('-n', net.ip, String(net.prefix), net.gateway);
-  if (host.runtimeFlags !== undefined && host.runtimeFlags.length > 0) shimArgs.push('--', ...host.runtimeFlags);
-  return { shimArgs, identity: identityOf(spec) };
+  if (gvisor) shimArgs.push('-N', paths.netns);
+  if (runtime.flags.length > 0) shimArgs.push('--', ...runtime.flags);
+  return { shimArgs, identity: identityOf(spec), runtime };
 }
 
 export function identityOf(spec: OciSpec): PodIdentity {

@@ -4,13 +4,22 @@
 //
 // Usage (argv built by src/runtime/local/oci-pod.ts):
 //   oci-shim -d <podDir> -r <runc> -R <runcRoot> -i <id> -b <bundle> [-c <cgroupsPath>]
-//            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-- <runc global flags>...]
+//            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-N <netns file>]
+//            [-- <runc global flags>...]
 // Protocol on stdout, one line each (the same as the runtime's launcher expects): "pid <host pid of
 // the container's init>", then "ready" or "error <what>: <why>". With -n it reads "go\n" on stdin
 // once the runtime has moved the veth peer into the container's network namespace, then
 // configures eth0 there (ioctls, no `ip` spawn) before the container's process starts.
 // Steps: mount the overlay rootfs (host mount namespace), `runc create` (namespaces, cgroups,
-// mounts; the process waits), network, `runc start`. The shim is PR_SET_CHILD_SUBREAPER, so when
+// mounts; the process waits), network, `runc start`.
+// With -N (gVisor's runsc, whose netstack copies eth0's address and routes when the sandbox is
+// created, so they must be there first): the shim makes the pod's network namespace itself, as a
+// file the config.json names, before `create`: a child unshares it and the shim bind-mounts it at
+// <netns file>. "pid <that child>" is for the veth (`ip ... netns <pid>`), eth0 is configured,
+// the child exits (the mount keeps the namespace), then `create` and "init <host pid of the
+// sandbox process>": the pod's init from then on. The namespace is made afresh at every start
+// (runsc leaves eth0 without its address when a sandbox ends) and unmounted when the pod ends.
+// The shim is PR_SET_CHILD_SUBREAPER, so when
 // runc exits the container's init is re-parented to it: it waits for that init, `runc delete`s the
 // container (its cgroups go), unmounts the rootfs, and then writes the init's exit code to
 // <podDir>/exit-status (so it survives a worker restart, and says the clean-up is done), followed
@@ -40,6 +49,7 @@
 static const char *pod_dir, *runc, *runc_root, *id, *bundle;
 static const char *lower, *upper, *work, *rootfs;
 static const char *net_ip, *net_prefix, *net_gw;
+static const char *netns_file; // -N: the network namespace the shim makes before create (runsc)
 static const char *cgroup_path; // the container's cgroupsPath: where the kernel counts its OOM kills
 static char **runc_flags; // global flags for every runc call (runsc: --platform and the like)
 static int n_runc_flags;
@@ -106,8 +116,15 @@ static const char *runc_error(void) {
   while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) buf[--n] = 0;
   char *line = strrchr(buf, '\n');
   line = line ? line + 1 : buf;
-  char *msg = strstr(line, "msg=");
-  if (msg) line = msg + 4;
+  char *msg = strstr(line, "\"msg\":\""); // runsc: {"msg":"...","level":"error",...}
+  if (msg) {
+    line = msg + 7;
+    char *end = line;
+    while (*end && !(*end == '"' && end[-1] != '\\')) end++;
+    *end = 0;
+  } else if ((msg = strstr(line, "msg="))) {
+    line = msg + 4;
+  }
   for (char *p = line; *p; p++) if (*p == '\n') *p = ' ';
   return line;
 }
@@ -118,6 +135,7 @@ static void cleanup(int created) {
     run_runc(del);
   }
   if (rootfs) umount2(rootfs, MNT_DETACH);
+  if (netns_file) umount2(netns_file, MNT_DETACH);
 }
 
 static void ifreq_addr(struct ifreq *ifr, const char *name, in_addr_t addr) {
@@ -138,9 +156,9 @@ static int link_up(int sock, const char *name) {
 
 // In a child that joined the container's network namespace: lo up, eth0's address, default route.
 // Plain ioctls: one `ip` spawn would cost more than this whole binary. Exit code: the failed step.
-static int configure_net(pid_t init) {
+static int configure_net(pid_t holder) {
   char ns[64];
-  snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)init);
+  snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)holder);
   int ns_fd = open(ns, O_RDONLY | O_CLOEXEC);
   if (ns_fd < 0 || setns(ns_fd, CLONE_NEWNET) < 0) return 10;
   int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -165,20 +183,56 @@ static int configure_net(pid_t init) {
   return 0;
 }
 
-static void setup_net(pid_t init) {
+static void setup_net(pid_t holder, int created) {
   char go[8] = {0};
   size_t n = 0;
   while (n < sizeof go - 1 && read(0, go + n, 1) == 1 && go[n] != '\n') n++;
-  if (strncmp(go, "go", 2) != 0) fail_msg(1, "network", "not confirmed by the runtime");
+  if (strncmp(go, "go", 2) != 0) fail_msg(created, "network", "not confirmed by the runtime");
   pid_t child = fork();
-  if (child < 0) fail(1, "fork");
-  if (child == 0) _exit(configure_net(init));
+  if (child < 0) fail(created, "fork");
+  if (child == 0) _exit(configure_net(holder));
   int st;
   while (waitpid(child, &st, 0) < 0 && errno == EINTR) {}
   static const char *steps[] = {"join the network namespace", "socket", "loopback up", "eth0 address", "eth0 netmask", "eth0 up", "default route"};
   int code = status_code(st);
-  if (code >= 10 && code <= 16) fail_msg(1, "network", steps[code - 10]);
-  if (code != 0) fail_msg(1, "network", "the configuring process failed");
+  if (code >= 10 && code <= 16) fail_msg(created, "network", steps[code - 10]);
+  if (code != 0) fail_msg(created, "network", "the configuring process failed");
+}
+
+// -N: a new network namespace, bind-mounted at netns_file, held by a child while the runtime
+// attaches the veth (it names the namespace by that child's pid). Returns the child; the caller
+// closes *release to let it exit.
+static pid_t make_netns(int *release) {
+  int ready[2], hold[2];
+  if (pipe2(ready, O_CLOEXEC) < 0 || pipe2(hold, O_CLOEXEC) < 0) fail(0, "pipe");
+  umount2(netns_file, MNT_DETACH); // a namespace left by a shim that died; EINVAL when none
+  int fd = open(netns_file, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) fail(0, "netns file");
+  close(fd);
+  pid_t child = fork();
+  if (child < 0) fail(0, "fork");
+  if (child == 0) {
+    close(ready[0]);
+    close(hold[1]); // else our own copy would keep the read below from ever seeing EOF
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    dup2(null_fd, 0);
+    dup2(null_fd, 1); // never the launcher's pipe: it must see EOF when the shim ends
+    char c = unshare(CLONE_NEWNET) == 0 ? 'y' : 'n';
+    (void)!write(ready[1], &c, 1);
+    while (read(hold[0], &c, 1) < 0 && errno == EINTR) {}
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  char c = 0;
+  while (read(ready[0], &c, 1) < 0 && errno == EINTR) {}
+  close(ready[0]);
+  if (c != 'y') fail_msg(0, "netns", "cannot unshare a network namespace");
+  char ns[64];
+  snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)child);
+  if (mount(ns, netns_file, NULL, MS_BIND, NULL) < 0) fail(0, "mount netns");
+  *release = hold[1];
+  return child;
 }
 
 static void parse_args(int argc, char **argv) {
@@ -195,6 +249,7 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(a, "-c")) cgroup_path = argv[++i];
     else if (!strcmp(a, "-o") && left >= 4) { lower = argv[++i]; upper = argv[++i]; work = argv[++i]; rootfs = argv[++i]; }
     else if (!strcmp(a, "-n") && left >= 3) { net_ip = argv[++i]; net_prefix = argv[++i]; net_gw = argv[++i]; }
+    else if (!strcmp(a, "-N")) netns_file = argv[++i];
     else { dprintf(1, "error argument: %s\n", a); _exit(125); }
   }
   if (!pod_dir || !runc || !runc_root || !id || !bundle) { dprintf(1, "error usage: -d -r -R -i -b are required\n"); _exit(125); }
@@ -234,9 +289,11 @@ int main(int argc, char **argv) {
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) fail(0, "subreaper");
 
   // A container left by a shim that died (the machine did not reboot) holds the id: remove it.
-  char state[PATH_MAX];
+  // runc keeps <root>/<id>/, runsc <root>/<id>_sandbox:<id>.state.
+  char state[PATH_MAX], runsc_state[PATH_MAX];
   snprintf(state, sizeof state, "%s/%s", runc_root, id);
-  if (access(state, F_OK) == 0) {
+  snprintf(runsc_state, sizeof runsc_state, "%s/%s_sandbox:%s.state", runc_root, id, id);
+  if (access(state, F_OK) == 0 || access(runsc_state, F_OK) == 0) {
     const char *del[] = {"delete", "--force", id, NULL};
     run_runc(del);
   }
@@ -245,6 +302,15 @@ int main(int argc, char **argv) {
     umount2(rootfs, MNT_DETACH); // a stale mount of a shim that died; EINVAL when none
     if (snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work) >= (int)sizeof opts) fail_msg(0, "overlay", "paths too long");
     if (mount("overlay", rootfs, "overlay", 0, opts) < 0) fail(0, "mount rootfs");
+  }
+
+  if (netns_file) {
+    int release = -1;
+    pid_t holder = make_netns(&release);
+    dprintf(1, "pid %d\n", (int)holder);
+    if (net_ip) setup_net(holder, 0);
+    close(release);
+    while (waitpid(holder, NULL, 0) < 0 && errno == EINTR) {}
   }
 
   char pid_path[PATH_MAX];
@@ -257,8 +323,12 @@ int main(int argc, char **argv) {
   int init = 0;
   if (!pf || fscanf(pf, "%d", &init) != 1 || init <= 0) fail_msg(1, "runc create", "no pid file");
   fclose(pf);
-  dprintf(1, "pid %d\n", init);
-  if (net_ip) setup_net((pid_t)init);
+  if (netns_file) {
+    dprintf(1, "init %d\n", init);
+  } else {
+    dprintf(1, "pid %d\n", init);
+    if (net_ip) setup_net((pid_t)init, 1);
+  }
   const char *start[] = {"start", id, NULL};
   if (run_runc(start) != 0) fail_msg(1, "runc start", runc_error());
   // Nobody read "ready" (the launcher or the worker died during the start): nobody will track this

@@ -1,29 +1,33 @@
-// Starts one pod-init through the launcher and speaks its protocol (see pod-init.c): it writes
-// "pid N" once the pod's namespaces exist, we attach the veth (when the pod has its own network)
-// and answer "go", then it writes "ready" or "error <what>: <why>".
+// Starts one pod's shim through the launcher and speaks its protocol (see oci-shim.c): it writes
+// "pid N" once the pod's network namespace exists (N is a process in it), we attach the veth (when
+// the pod has its own network) and answer "go", then it writes "ready" or "error <what>: <why>".
+// Under runc N is also the container's init. Under runsc the namespace is made before the sandbox
+// (netstack copies eth0's address when the sandbox is created), so N is a short-lived holder and a
+// later "init M" names the pod's init: the sandbox process.
 import type { Launched, Launcher } from './launcher.ts';
 
 export type InitOutcome = { ok: true; pid: number } | { ok: false; message: string };
 
 export interface PodLaunchHooks {
-  /** Moves the veth peer into the pod's network namespace; pod-init waits for it (-n). */
+  /** Moves the veth peer into the pod's network namespace; the shim waits for it (-n). */
   attach?: (pid: number) => Promise<void>;
-  /** pod-init ended: the container's exit code (137 when pod-init itself was killed). */
+  /** the shim ended: the container's exit code (137 when the shim itself was killed). */
   exited(code: number): void;
-  /** The launcher died before pod-init ended: no exit() will come, the pod may still run. */
+  /** The launcher died before the shim ended: no exit() will come, the pod may still run. */
   lost(): void;
 }
 
 export interface PodLaunch {
   outcome: Promise<InitOutcome>;
   child: Launched;
-  /** pod-init's "pid N": the host pid of the pod's own init, once known. */
+  /** The host pid of the pod's own init, once known ("init M", else "pid N"). */
   pid(): number | undefined;
 }
 
 export function launchPodInit(launcher: Launcher, binary: string, args: readonly string[], hooks: PodLaunchHooks): PodLaunch {
   let buffered = '';
   let pid: number | undefined;
+  let init: number | undefined;
   let error: string | undefined;
   let settle: (o: InitOutcome) => void = () => undefined;
   const outcome = new Promise<InitOutcome>((resolve) => (settle = resolve));
@@ -38,11 +42,13 @@ export function launchPodInit(launcher: Launcher, binary: string, args: readonly
         if (line.startsWith('pid ')) {
           const initPid = Number(line.slice(4));
           pid = initPid;
-          // On a failed attach "go" still goes: pod-init then fails naming the missing eth0.
+          // On a failed attach "go" still goes: the shim then fails naming the missing eth0.
           const go = (): void => child.write('go\n');
           if (hooks.attach !== undefined) void hooks.attach(initPid).then(go, go);
+        } else if (line.startsWith('init ')) {
+          init = Number(line.slice(5));
         } else if (line === 'ready') {
-          settle({ ok: true, pid: pid ?? 0 });
+          settle({ ok: true, pid: init ?? pid ?? 0 });
         } else if (line.startsWith('error ')) {
           error = line.slice(6);
         }
@@ -58,5 +64,5 @@ export function launchPodInit(launcher: Launcher, binary: string, args: readonly
       hooks.lost();
     },
   });
-  return { outcome, child, pid: () => pid };
+  return { outcome, child, pid: () => init ?? pid };
 }

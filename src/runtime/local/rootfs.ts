@@ -5,6 +5,8 @@
 //   work/                overlayfs work dir
 //   etc/                 the runtime's /etc/hostname and /etc/hosts, bind-mounted read-only
 //   exec/                runc exec's pid files, one per running process
+//   tmp/                 gVisor pods only: their /tmp (runscSpec's tmpDir; runc keeps /tmp in upper/)
+//   netns                gVisor pods only, while running: the network namespace the shim made
 //   config.json          the OCI bundle's config (the pod dir is the bundle)
 //   empty/<name>         emptyDir volumes (they survive hibernation too, unlike on Kubernetes)
 //   state.json           the request, ip, init pid and its start time (guards against pid reuse)
@@ -22,6 +24,10 @@ export interface PodPaths {
   etc: string;
   /** runc exec's pid files. */
   exec: string;
+  /** gVisor pods' /tmp, bound by runscSpec (gVisor would put a memory tmpfs there, lost at hibernation). */
+  tmp: string;
+  /** gVisor pods' network namespace file (oci-shim.c -N). */
+  netns: string;
   state: string;
   exitStatus: string;
   log: string;
@@ -37,6 +43,8 @@ export function podPaths(root: string, id: string): PodPaths {
     work: join(dir, 'work'),
     etc: join(dir, 'etc'),
     exec: join(dir, 'exec'),
+    tmp: join(dir, 'tmp'),
+    netns: join(dir, 'netns'),
     state: join(dir, 'state.json'),
     exitStatus: join(dir, 'exit-status'),
     log: join(dir, 'container.log'),

@@ -44,10 +44,14 @@ const MAX_ERROR_BYTES = 4096;
 
 /** Which running container a terminal goes into, and as whom. */
 export interface RuncPtyTarget {
-  /** Absolute path of runc (findRuncBinary()). */
+  /** Absolute path of runc (findRuncBinary()), or of runsc when `runtime` is 'runsc'. */
   runc: string;
   /** runc's `--root`: the state dir the container was started with. */
   root: string;
+  /** The container runs under gVisor's runsc ('runsc'); default runc. */
+  runtime?: 'runc' | 'runsc';
+  /** Global flags before `--root` (runsc's --platform and the like: runscFlags). */
+  runtimeFlags?: readonly string[];
   /** The container's id. */
   id: string;
   /** The container's user (SandboxIdentity); opts.user replaces the uid. */
@@ -125,8 +129,13 @@ export function execProcess(target: RuncPtyTarget, opts: PtyOptions): ExecProces
  * ./console.sock and reads ./pid (relative names: runc resolves them in the helper's cwd, so a
  * long stateDir never meets sun_path's 108-byte limit).
  */
-export function execArgv(target: Pick<RuncPtyTarget, 'runc' | 'root' | 'id'>): string[] {
-  return [target.runc, '--root', target.root, 'exec', '-d', '--console-socket', 'console.sock', '--pid-file', 'pid', '--process', 'process.json', target.id];
+export function execArgv(target: Pick<RuncPtyTarget, 'runc' | 'root' | 'id' | 'runtime' | 'runtimeFlags'>): string[] {
+  const global = [target.runc, ...(target.runtimeFlags ?? []), '--root', target.root];
+  // runsc has no -d; its ./pid is then the host pid of a `runsc exec` that waits for the process
+  // (a session leader on the terminal, re-parented to the helper), exits with its code and
+  // forwards the signals it gets (the helper's SIGHUP) to the terminal's foreground group.
+  if (target.runtime === 'runsc') return [...global, 'exec', '-detach', '-console-socket', 'console.sock', '-pid-file', 'pid', '-process', 'process.json', target.id];
+  return [...global, 'exec', '-d', '--console-socket', 'console.sock', '--pid-file', 'pid', '--process', 'process.json', target.id];
 }
 
 function frame(kind: 'd' | 'r', payload: Uint8Array): Buffer {
@@ -212,6 +221,8 @@ export async function openRuncPty(target: RuncPtyTarget, opts: PtyOptions): Prom
       await closed;
       throw openError(target.id, child, stderr);
     }
+    // runsc ignores process.json's consoleSize: the helper sets the size on the master (TIOCSWINSZ).
+    if (target.runtime === 'runsc') stdin.write(frame('r', sizePayload(opts.cols, opts.rows)));
     return session(child, stdin, stdout, exited);
   } finally {
     await rm(dir, { recursive: true, force: true });
