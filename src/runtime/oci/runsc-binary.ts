@@ -2,7 +2,8 @@
 // (make runsc, a prerequisite of make test) into .tools/runsc/bin/runsc, at the version
 // tools/runsc/go.mod pins. Debian 12's runsc (20221219) is not used: its --network=sandbox fails on
 // this kernel (google/gvisor#10704, fixed in 2024; research/runtime.md §2c), and its /tmp, overlay
-// and exec defaults differ from today's. Not yet driven by the local runtime (issue 16, point 3).
+// and exec defaults differ from today's. The local runtime runs pods with runtimeClassName gvisor
+// under it (src/runtime/local/runtime-class.ts).
 import { execFile } from 'node:child_process';
 import { accessSync, closeSync, constants, existsSync, openSync, readSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
