@@ -263,4 +263,7 @@ test('the process.json of a terminal: explicit user, no capabilities, no_new_pri
   assert.deepEqual(execArgv(target), ['/opt/runc', '--root', '/state/runc', 'exec', '-d', '--console-socket', 'console.sock', '--pid-file', 'pid', '--process', 'process.json', 'c1']);
   assert.equal(runcMessage('time="2026-11-24T12:38:36Z" level=error msg="exec failed: exec: \\"zsh\\": not found"\npty-helper: runc exec exited with 255\n'), 'exec failed: exec: "zsh": not found');
   assert.equal(runcMessage('pty-helper: runc sent no terminal: Success\n'), 'pty-helper: runc sent no terminal: Success');
+  // gVisor: runsc's global flags first, no -d (runsc has -detach), its errors also in ./runsc.log.
+  assert.deepEqual(execArgv({ ...target, runc: '/opt/runsc', runtime: 'runsc', runtimeFlags: ['--platform=systrap'] }),
+    ['/opt/runsc', '--platform=systrap', '--debug-log=runsc.log', '--root', '/state/runc', 'exec', '-detach', '-console-socket', 'console.sock', '-pid-file', 'pid', '-process', 'process.json', 'c1']);
 });

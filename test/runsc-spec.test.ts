@@ -2,7 +2,7 @@
 // changes spec.ts's config.json gets under runsc. test/oci-runsc.test.ts runs them for real.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { RUNSC_MEMORY_OVERHEAD_BYTES, runscArgs, runscFlags, runscSpec, runscStopSequence } from '../src/runtime/oci/runsc.ts';
+import { RUNSC_MEMORY_OVERHEAD_BYTES, runscArgs, runscFailure, runscFlags, runscSpec, runscStopSequence } from '../src/runtime/oci/runsc.ts';
 import { containerSpec, DEFAULT_PIDS_LIMIT, ROOT_ID_MAP } from '../src/runtime/oci/spec.ts';
 
 const image = { user: undefined, env: [], entrypoint: [], cmd: ['sh'], workingDir: undefined };
@@ -53,6 +53,12 @@ test('runscSpec: clone3\'s ENOSYS rule becomes SCMP_ACT_TRACE, which gVisor answ
   assert.deepEqual(adjusted.filter((r) => r.names.includes('clone3')), [{ names: ['clone3'], action: 'SCMP_ACT_TRACE' }]);
   assert.equal(adjusted.some((r) => r.names.includes('ptrace')), false, 'no tracer can attach: ptrace is not allowed');
   assert.equal(adjusted.filter((r) => r.errnoRet !== undefined).length, 0, 'no errnoRet is left for runsc to ignore');
+});
+
+test('runscFailure: the last FATAL ERROR runsc logged, else a plain reason', () => {
+  const log = 'I1124 13:39:56.599775   24250 cli.go:275] **** gVisor ****\nW1124 13:39:56.627620   24250 util.go:107] FATAL ERROR: executing processes for container: executing command "/x" in sandbox: failed to load /x: no such file or directory\n';
+  assert.equal(runscFailure(log), 'executing processes for container: executing command "/x" in sandbox: failed to load /x: no such file or directory');
+  assert.equal(runscFailure(''), 'runsc exec failed and logged no reason');
 });
 
 test('runscSpec: a tmpDir is bound at /tmp, replacing any /tmp mount, so /tmp is on disk like the rest of the writable layer', () => {

@@ -10,12 +10,13 @@
 // spells out the user, the environment, no capabilities and no_new_privs. The process lives in the
 // sentry, with no host pid: a kill goes through `runsc kill --pgid` (it leads its own session there).
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { constants } from 'node:os';
 import type { ExecRequest, ExecResult } from '../runtime.ts';
 import { CappedBuffer, DEFAULT_MAX_OUTPUT } from '../capped-buffer.ts';
+import { runscFailure } from '../oci/runsc.ts';
 import type { RuntimeKind } from './runtime-class.ts';
 
 /** How to reach one running container and who its processes are by default. */
@@ -87,14 +88,27 @@ export function runscExecProcess(target: PodTarget, command: readonly string[], 
   };
 }
 
-/** `runsc exec`: the process's pid inside the sandbox goes to internalPidFile (runsc's -pid-file would name runsc itself). */
-export function runscExecArgv(target: PodTarget, processFile: string, internalPidFile: string): string[] {
-  return [...target.runtimeFlags, '--root', target.runcRoot, 'exec', '-internal-pid-file', internalPidFile, '-process', processFile, target.id];
+/**
+ * `runsc exec`: the process's pid inside the sandbox goes to internalPidFile (runsc's -pid-file
+ * would name runsc itself). runsc's own errors go to logFile: when the process cannot start, runsc
+ * dies of SIGPIPE writing its message to a stderr the sandbox has already shut down (it hands its
+ * stdio to the sentry), and only the log keeps the message (see startFailure).
+ */
+export function runscExecArgv(target: PodTarget, processFile: string, internalPidFile: string, logFile: string): string[] {
+  return [...target.runtimeFlags, `--debug-log=${logFile}`, '--root', target.runcRoot, 'exec', '-internal-pid-file', internalPidFile, '-process', processFile, target.id];
 }
+
+/** runc's exit code when it cannot start the process (a missing command, cwd): runsc exec's failures get the same. */
+export const EXEC_FAILED_CODE = 255;
 
 /** A process started in the pod: runc's child process (its pipes are the process's) and a kill for the process's whole group. */
 export interface InPod {
   readonly child: ChildProcess;
+  /**
+   * Under gVisor, once the child exited: why the process never started (runsc's message), else
+   * undefined. runc says it on stderr itself, with exit code 255; runsc cannot (runscExecArgv).
+   */
+  startFailure(): string | undefined;
   /**
    * Signals the process's group inside the container (runc exec makes it a session leader, so
    * its group is its host pid), or runc's own group while runc has not started it yet. Ignored
@@ -111,22 +125,28 @@ export function spawnInPod(target: PodTarget, command: readonly string[], opts: 
   const pidFile = `${name}.pid`;
   const gvisor = target.kind === 'runsc';
   const processFile = `${name}.json`;
+  const logFile = `${name}.log`;
   // ~0.1 ms: a few hundred bytes into the pod's private exec dir, so spawnInPod stays synchronous.
   if (gvisor) writeFileSync(processFile, JSON.stringify(runscExecProcess(target, command, opts)), { mode: 0o600 });
-  const child = spawn(target.runc, gvisor ? runscExecArgv(target, processFile, pidFile) : runcExecArgv(target, command, opts, pidFile), {
+  const child = spawn(target.runc, gvisor ? runscExecArgv(target, processFile, pidFile, logFile) : runcExecArgv(target, command, opts, pidFile), {
     env: RUNC_ENV,
     detached: true,
     stdio: ['pipe', 'pipe', 'pipe'],
   });
   let ended = false;
+  let failure: string | undefined;
   child.once('exit', () => {
     ended = true;
+    // runsc writes the internal pid file once the process runs: without it, it never did. Read
+    // here, before 'close' (which always follows 'exit'), so execInPod can report it.
+    if (gvisor && !existsSync(pidFile)) failure = runscFailure(readText(logFile));
     rm(pidFile, { force: true }).catch(() => undefined);
-    if (gvisor) rm(processFile, { force: true }).catch(() => undefined);
+    if (gvisor) for (const file of [processFile, logFile]) rm(file, { force: true }).catch(() => undefined);
   });
   child.once('error', () => (ended = true));
   return {
     child,
+    startFailure: () => failure,
     kill(signal) {
       if (ended) return;
       let pid = Number.NaN;
@@ -155,6 +175,14 @@ export function spawnInPod(target: PodTarget, command: readonly string[], opts: 
       killGroup(child, signal);
     },
   };
+}
+
+function readText(path: string): string {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch {
+    return '';
+  }
 }
 
 /** `runsc kill --pgid`: the group of an exec'd process inside the sandbox (runsc exec makes it a session leader there). */
@@ -198,6 +226,11 @@ export function execInPod(target: PodTarget, req: ExecRequest): Promise<ExecResu
     });
     child.on('close', (code, signal) => {
       clearTimeout(timer);
+      const failure = proc.startFailure();
+      if (failure !== undefined) {
+        resolve({ exitCode: EXEC_FAILED_CODE, stdout: stdout.bytes(), stderr: new TextEncoder().encode(`runsc exec: ${failure}\n`), timedOut, truncated: false });
+        return;
+      }
       const result: ExecResult = {
         exitCode: code ?? (signal === null ? 1 : 128 + signalNumber(signal)),
         stdout: stdout.bytes(),

@@ -3,7 +3,7 @@
 // The process leads its own group (spawnInPod), so kill() reaches a shell and all it started.
 import { constants } from 'node:os';
 import type { PodProcess, SpawnRequest } from '../runtime.ts';
-import { signalOfCode, spawnInPod, type PodTarget } from './exec.ts';
+import { EXEC_FAILED_CODE, signalOfCode, spawnInPod, type PodTarget } from './exec.ts';
 
 export function spawnPodProcess(target: PodTarget, req: SpawnRequest): Promise<PodProcess> {
   const proc = spawnInPod(target, req.command, req);
@@ -15,6 +15,11 @@ export function spawnPodProcess(target: PodTarget, req: SpawnRequest): Promise<P
   const exited = new Promise<{ exitCode: number; signal?: string }>((resolve) => {
     // 'exit', not 'close': a background child holding the pipes open must not delay the end.
     child.on('exit', (code, signal) => {
+      // Under gVisor a command that never started: runc's code for it (its message is lost to a stream that has ended).
+      if (proc.startFailure() !== undefined) {
+        resolve({ exitCode: EXEC_FAILED_CODE });
+        return;
+      }
       const exitCode = signal === null ? code ?? 1 : 128 + constants.signals[signal];
       const died = signal ?? signalOfCode(exitCode);
       resolve(died === undefined ? { exitCode } : { exitCode, signal: died });

@@ -16,7 +16,7 @@
 // start on this 2-core VM. openRuncPty resolves in ~20 ms and the first prompt arrives ~30 ms
 // after the call (most of it `runc exec`; up to ~55 ms when other tests load the machine).
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { constants } from 'node:os';
 import { isAbsolute, join } from 'node:path';
 import type { Readable, Writable } from 'node:stream';
@@ -25,6 +25,7 @@ import { ensureCBinary } from '../../system/c-binary.ts';
 import { privateDir } from '../../system/private-files.ts';
 import { CappedBuffer } from '../capped-buffer.ts';
 import type { PtyOptions, PtySession } from '../runtime.ts';
+import { runscFailure } from './runsc.ts';
 
 /** After close(): how long a hung-up shell has to exit before the helper sends SIGKILL. */
 export const HANGUP_GRACE_MS = 2000;
@@ -41,6 +42,8 @@ const HELPER_ENV: Readonly<Record<string, string>> = Object.freeze({ PATH: '/usr
  */
 export const DEFAULT_PTY_COMMAND: readonly string[] = Object.freeze(['/bin/sh', '-c', 'if command -v bash >/dev/null 2>&1; then exec bash; fi; exec sh']);
 const MAX_ERROR_BYTES = 4096;
+/** runsc's log in the terminal's private dir (execArgv). */
+const RUNSC_LOG = 'runsc.log';
 
 /** Which running container a terminal goes into, and as whom. */
 export interface RuncPtyTarget {
@@ -134,7 +137,8 @@ export function execArgv(target: Pick<RuncPtyTarget, 'runc' | 'root' | 'id' | 'r
   // runsc has no -d; its ./pid is then the host pid of a `runsc exec` that waits for the process
   // (a session leader on the terminal, re-parented to the helper), exits with its code and
   // forwards the signals it gets (the helper's SIGHUP) to the terminal's foreground group.
-  if (target.runtime === 'runsc') return [...global, 'exec', '-detach', '-console-socket', 'console.sock', '-pid-file', 'pid', '-process', 'process.json', target.id];
+  // runsc's errors go to ./runsc.log too: on a failed start it cannot write them to stderr (runscFailure).
+  if (target.runtime === 'runsc') return [target.runc, ...(target.runtimeFlags ?? []), `--debug-log=${RUNSC_LOG}`, '--root', target.root, 'exec', '-detach', '-console-socket', 'console.sock', '-pid-file', 'pid', '-process', 'process.json', target.id];
   return [...global, 'exec', '-d', '--console-socket', 'console.sock', '--pid-file', 'pid', '--process', 'process.json', target.id];
 }
 
@@ -219,6 +223,8 @@ export async function openRuncPty(target: RuncPtyTarget, opts: PtyOptions): Prom
       killGroup(child, 'SIGKILL');
       stdout.destroy();
       await closed;
+      const log = target.runtime === 'runsc' ? await readFile(join(dir, RUNSC_LOG), 'utf8').catch(() => '') : '';
+      if (log.includes('FATAL ERROR: ')) stderr.push(Buffer.from(`\nlevel=error msg=${JSON.stringify(runscFailure(log))}`));
       throw openError(target.id, child, stderr);
     }
     // runsc ignores process.json's consoleSize: the helper sets the size on the master (TIOCSWINSZ).
@@ -250,7 +256,9 @@ function openError(id: string, child: ChildProcess, stderr: CappedBuffer): AsbEr
   // runc's words when the container's own execve of the command fails (runc 1.5: `exec failed:
   // unable to start container process: exec: "zsh": executable file not found in $PATH`, or a
   // chdir to a missing cwd): the caller's request, not the runtime, is at fault.
-  if (/unable to start container process: (exec:|error during container init: chdir|chdir to cwd)/.test(message)) {
+  // runsc's: `executing command "zsh" in sandbox: error finding executable "zsh" in PATH [...]`,
+  // `failed to load /x`, `failed to find initial working directory "/nope"`.
+  if (/unable to start container process: (exec:|error during container init: chdir|chdir to cwd)|in sandbox: (error finding executable|failed to load|failed to find initial working directory)/.test(message)) {
     return new AsbError('BadRequest', `cannot start the terminal's command in container ${id}: ${message}`, { fields: [{ field: 'command', message }] });
   }
   return new AsbError('Unavailable', `cannot open a terminal in container ${id}: ${message === '' ? `pty helper exited with ${String(child.exitCode ?? child.signalCode)}` : message}`);

@@ -89,6 +89,17 @@ export function runscArgs(opts: RunscOptions, cmd: RunscCommand): string[] {
 }
 
 /**
+ * runsc's reason for a failed command, from a --debug-log file (its last "FATAL ERROR: ..." line,
+ * logged at warning level, so without --debug too), or a plain one when there is none. Needed for
+ * exec: runsc hands its stdio to the sentry, which shuts the sockets down when the process cannot
+ * start, so runsc then dies of SIGPIPE writing the message to stderr.
+ */
+export function runscFailure(log: string): string {
+  const fatal = [...log.matchAll(/FATAL ERROR: (.*)$/gm)].pop()?.[1];
+  return fatal ?? 'runsc exec failed and logged no reason';
+}
+
+/**
  * Stopping a sandbox (hibernate or delete), in order. `kill KILL` ends the container's init; the
  * sentry then writes back and exits by itself (~20 ms), which a forced delete alone would cut
  * short. `wait` returns when it has: with status 0-255 when the sandbox still answered, or fails
