@@ -611,7 +611,7 @@ export class LocalRuntime implements PodRuntime {
     // The launcher exits without touching the pods it started; a new runtime re-adopts them.
     // runsc's state dir holds a bind mount it never removes (releaseRunscRoot): released once no
     // gVisor pod runs, so a shut-down worker leaves no mount behind and its root can be deleted.
-    const gvisorRuns = [...this.#pods.values()].some((pod) => pod.target?.kind === 'runsc');
+    const gvisorRuns = [...this.#pods.values()].some((pod) => pod.target?.kind === 'runsc' || pod.starting !== undefined);
     const runscRoot = this.#host.runsc?.root;
     return Promise.all([
       this.#launcher.close(),
