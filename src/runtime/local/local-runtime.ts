@@ -511,6 +511,8 @@ export class LocalRuntime implements PodRuntime {
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
       rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
     ]);
+    // And the runtime's own directory of mount points once it holds none (a test's runtime leaves nothing in /run).
+    await rmdir(this.#host.mountRoot).then(() => (this.#mountRootReady = undefined), () => undefined);
     this.#emit(id);
   }
 
