@@ -511,8 +511,6 @@ export class LocalRuntime implements PodRuntime {
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
       rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
     ]);
-    // And the runtime's own directory of mount points once it holds none (a test's runtime leaves nothing in /run).
-    await rmdir(this.#host.mountRoot).then(() => (this.#mountRootReady = undefined), () => undefined);
     this.#emit(id);
   }
 
@@ -590,7 +588,8 @@ export class LocalRuntime implements PodRuntime {
       pod.poll?.cancel();
     }
     // The launcher exits without touching the pods it started; a new runtime re-adopts them.
-    return this.#launcher.close();
+    // The directory of mount points goes when no pod has one (a test's runtime leaves nothing in /run).
+    return Promise.all([this.#launcher.close(), rmdir(this.#host.mountRoot).catch(() => undefined)]).then(() => undefined);
   }
 }
 
