@@ -28,6 +28,7 @@ import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-clai
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
+import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
 import { startProbeLoop } from './probes.ts';
 import { openRuncPty } from '../oci/pty.ts';
@@ -108,6 +109,7 @@ export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<Loc
   // At start, not at the first pod: a bridge or subnet another instance holds fails the worker
   // with the holder's name, instead of its pods taking that instance's addresses later.
   await runtime.hasPodNetwork();
+  await runtime.limitPids();
   await runtime.recover();
   return runtime;
 }
@@ -185,6 +187,12 @@ export class LocalRuntime implements PodRuntime {
   /** Why this runtime starts no pod (not root, no runc, no init); undefined when it does. */
   get unavailable(): string | undefined {
     return this.#unavailable;
+  }
+
+  /** The pids limit over all of this runtime's pods (cgroup-parent.ts); a host without the controller is warned about. */
+  async limitPids(): Promise<void> {
+    const max = await parentPidsLimit();
+    if (!(await limitParentPids(this.#host.cgroupParent, max))) this.#log.warn('no pids cgroup controller: only each pod\'s own pids limit applies, not one over all of them');
   }
 
   /** Sets up the bridge once; false when the runtime is unavailable (it starts no pod). */
@@ -589,7 +597,7 @@ export class LocalRuntime implements PodRuntime {
     }
     // The launcher exits without touching the pods it started; a new runtime re-adopts them.
     // The directory of mount points goes when no pod has one (a test's runtime leaves nothing in /run).
-    return Promise.all([this.#launcher.close(), rmdir(this.#host.mountRoot).catch(() => undefined)]).then(() => undefined);
+    return Promise.all([this.#launcher.close(), rmdir(this.#host.mountRoot).catch(() => undefined), removeParent(this.#host.cgroupParent)]).then(() => undefined);
   }
 }
 
