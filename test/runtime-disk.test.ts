@@ -3,6 +3,8 @@
 // it fails with ENOSPC and a pod whose disk stays full is evicted as the kubelet evicts it. Needs
 // root (as in CI). Its own bridge and subnet (asbdk0, 10.230.0.0/16).
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync } from 'node:fs';
 import { chown, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -92,13 +94,17 @@ async function allocated(path: string): Promise<number> {
   return (await stat(path)).blocks * 512;
 }
 
-/** The pod's disk is gone from the host's mounts and loop devices (AUTOCLEAR frees the device as the unmount completes). */
+/**
+ * The pod's disk is gone from the host's mounts and its loop device is freed. AUTOCLEAR frees it
+ * when the filesystem goes, which a mount namespace cloned meanwhile (any container being created
+ * on this host) may delay by a few milliseconds: polled, for at most 5 s.
+ */
 async function assertReleased(id: string): Promise<void> {
   assert.equal(await diskMounted(id), false, 'the disk is unmounted');
   const dir = join(root, 'pods', id);
   let loops = await loopDevices(dir);
-  for (let i = 0; i < 50 && loops.length > 0; i++) {
-    await new Promise((resolve) => setImmediate(resolve));
+  for (let i = 0; i < 250 && loops.length > 0; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 20));
     loops = await loopDevices(dir);
   }
   assert.deepEqual(loops, [], 'no loop device of this pod is left');
@@ -156,6 +162,26 @@ test('without a limit the disk is 10 GiB, sparse; files and volumes survive hibe
   await assertReleased('hib1');
   assert.equal((await rt.start(req)).phase, 'Running');
   assert.equal((await sh('hib1', 'cat ~/h /data/d /scratch/s /tmp/t')).out, 'home\ndata\nscratch\ntmp\n');
+});
+
+test('a wake while another mount namespace still holds the old mount reuses its loop device: never two ext4s over one image', async (t) => {
+  assert.equal((await rt.start(pod('ns1', { command: ['sleep', 'infinity'] }))).phase, 'Running');
+  await sh('ns1', 'echo before > ~/f');
+  // A namespace cloned while the disk is mounted, as every `runc create` makes one until its pivot_root.
+  const holder = spawn('unshare', ['-m', '--propagation', 'private', 'sh', '-c', 'echo ready; exec sleep 60'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  t.after(() => holder.kill('SIGKILL'));
+  await once(holder.stdout, 'data');
+  await rt.stop('ns1');
+  const dir = join(root, 'pods', 'ns1');
+  const held = await loopDevices(dir);
+  assert.equal(held.length, 1, 'the copy keeps the device bound');
+  assert.equal((await rt.start(pod('ns1', { command: ['sleep', 'infinity'] }))).phase, 'Running');
+  assert.deepEqual(await loopDevices(dir), held, 'the same device, not a second one');
+  assert.equal((await sh('ns1', 'cat ~/f && echo after >> ~/f && cat ~/f')).out, 'before\nbefore\nafter\n');
+  holder.kill('SIGKILL');
+  await once(holder, 'exit');
+  await rt.stop('ns1');
+  await assertReleased('ns1');
 });
 
 test('remove deletes the disk image and leaves no mount or loop device', async () => {

@@ -14,6 +14,7 @@
 // 3-8 ms here, against 29 ms for `mount -o loop` (util-linux scans every loop device and reads
 // the mount table first, which grows with every pod).
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -127,6 +128,42 @@ static int attach_loop(int image_fd, char *dev, size_t dev_size) {
   return -1;
 }
 
+// A loop device still bound to image, open, or -1. Our unmount ends the mount in the host's mount
+// namespace, but a namespace cloned from it meanwhile (every `runc create`, until its pivot_root)
+// holds a copy, and with it the filesystem and its device, a little longer. A second device on the
+// same image would be a second ext4 over the same blocks, so the wake mounts the one still bound:
+// the kernel hands back the same filesystem. The path names the candidates (sysfs, as losetup
+// reads it); the device and inode (LOOP_GET_STATUS64) prove it is this very file.
+static int bound_loop(const char *image, const struct stat *img, char *dev, size_t dev_size) {
+  char real[PATH_MAX];
+  if (!realpath(image, real)) return -1;
+  DIR *d = opendir("/sys/block");
+  if (!d) return -1;
+  int found = -1;
+  struct dirent *e;
+  while (found < 0 && (e = readdir(d))) {
+    if (strncmp(e->d_name, "loop", 4) != 0) continue;
+    char path[PATH_MAX], backing[PATH_MAX];
+    snprintf(path, sizeof path, "/sys/block/%s/loop/backing_file", e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue; // not bound
+    ssize_t n = read(fd, backing, sizeof backing - 1);
+    close(fd);
+    if (n <= 0) continue;
+    backing[n] = 0;
+    if (backing[n - 1] == '\n') backing[n - 1] = 0;
+    if (strcmp(backing, real) != 0) continue;
+    snprintf(dev, dev_size, "/dev/%s", e->d_name);
+    int loop_fd = open(dev, O_RDWR | O_CLOEXEC);
+    if (loop_fd < 0) continue;
+    struct loop_info64 info;
+    if (ioctl(loop_fd, LOOP_GET_STATUS64, &info) == 0 && info.lo_inode == img->st_ino && info.lo_device == img->st_dev) found = loop_fd;
+    else close(loop_fd);
+  }
+  closedir(d);
+  return found;
+}
+
 static int mount_disk(const char *image, const char *dir, const char *bytes) {
   if (mounted(dir)) return 0; // still mounted: a shim that died before unmounting it
   if (access(image, F_OK) < 0) {
@@ -135,8 +172,11 @@ static int mount_disk(const char *image, const char *dir, const char *bytes) {
   }
   int image_fd = open(image, O_RDWR | O_CLOEXEC);
   if (image_fd < 0) return fail("open image", strerror(errno));
-  char dev[64];
-  int loop_fd = attach_loop(image_fd, dev, sizeof dev);
+  struct stat img;
+  if (fstat(image_fd, &img) < 0) return fail("stat image", strerror(errno));
+  char dev[sizeof "/dev/" + NAME_MAX];
+  int loop_fd = bound_loop(image, &img, dev, sizeof dev);
+  if (loop_fd < 0) loop_fd = attach_loop(image_fd, dev, sizeof dev);
   int err = errno;
   close(image_fd);
   if (loop_fd < 0) return fail("loop device", strerror(err));
