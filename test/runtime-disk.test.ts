@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import type { Container } from '../src/api/types.ts';
+import { evictionMessage, podDisk } from '../src/runtime/local/disk.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { deleteBridge } from '../src/runtime/local/network.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
@@ -109,6 +110,20 @@ async function assertReleased(id: string): Promise<void> {
   }
   assert.deepEqual(loops, [], 'no loop device of this pod is left');
 }
+
+test('the disk size: the containers\' limits added up (the kubelet\'s pod total), else 10Gi; whole 4 KiB blocks', () => {
+  const spec = (...limits: (string | number | undefined)[]): PodRequest['spec'] => ({
+    containers: limits.map((l, i) => ({ name: `c${String(i)}`, ...(l === undefined ? {} : { resources: { limits: { 'ephemeral-storage': l } } }) })),
+  });
+  assert.deepEqual(podDisk(spec(undefined)), { bytes: 10 * 2 ** 30, limit: '10Gi' });
+  assert.deepEqual(podDisk(spec('64Mi')), { bytes: 64 * MiB, limit: '64Mi' });
+  assert.deepEqual(podDisk(spec('1Gi', undefined, '512Mi')), { bytes: 1.5 * 2 ** 30, limit: '1536Mi' });
+  assert.deepEqual(podDisk(spec('100M')), { bytes: 100_003_840, limit: '100M' });
+  assert.deepEqual(podDisk(spec(2 ** 25)), { bytes: 32 * MiB, limit: String(2 ** 25) });
+  assert.throws(() => podDisk(spec('15Mi')), /resources\.limits\.ephemeral-storage must be at least 16Mi/);
+  assert.throws(() => podDisk(spec('1Gi', 'x')), /containers\[1\]\.resources\.limits\.ephemeral-storage must be a quantity/);
+  assert.equal(evictionMessage(spec('1Gi')), 'Pod ephemeral local storage usage exceeds the total limit of containers 1Gi.');
+});
 
 test('a disk fill stops at ephemeral-storage: the writable layer and the volumes share one cap, and the host holds no more than it', async () => {
   const req = pod('cap1', { ...limit('64Mi'), command: ['sleep', 'infinity'], volumeMounts: [{ name: 'data', mountPath: '/data' }, { name: 'scratch', mountPath: '/scratch' }] });
