@@ -14,7 +14,7 @@ const template = (name: string, env: { name: string; value: string }[] = []): un
   apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
   kind: 'SandboxTemplate',
   metadata: { name, namespace: 'default' },
-  spec: { podTemplate: { spec: { containers: [{ name: 'main', image: 'python', command: ['sh', '-c', 'exec sleep 100000'], env }] } } },
+  spec: { podTemplate: { spec: { containers: [{ name: 'main', image: 'python:3.11', command: ['sh', '-c', 'exec sleep 100000'], env }] } } },
 });
 
 // An image that serves the python-runtime API itself on 8888 (here: a stand-in answering every
@@ -36,7 +36,7 @@ const OWN_TEMPLATE = {
   apiVersion: 'extensions.agents.x-k8s.io/v1alpha1',
   kind: 'SandboxTemplate',
   metadata: { name: 'own', namespace: 'default' },
-  spec: { podTemplate: { metadata: { annotations: { 'asb.dev/python-runtime': 'pod' } }, spec: { containers: [{ name: 'main', image: 'python', command: ['python3', '-c', OWN_RUNTIME], ports: [{ containerPort: 8888 }], readinessProbe: { tcpSocket: { port: 8888 }, periodSeconds: 1 } }] } } },
+  spec: { podTemplate: { metadata: { annotations: { 'asb.dev/python-runtime': 'pod' } }, spec: { containers: [{ name: 'main', image: 'python:3.11', command: ['python3', '-c', OWN_RUNTIME], ports: [{ containerPort: 8888 }], readinessProbe: { tcpSocket: { port: 8888 }, periodSeconds: 1 } }] } } },
 };
 
 interface Execute {

@@ -38,7 +38,7 @@ const ECHO_TEMPLATE = {
   spec: {
     podTemplate: {
       spec: {
-        containers: [{ name: 'main', image: 'python', command: ['python3', '-c', ECHO_APP], ports: [{ containerPort: 8080 }], readinessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1 } }],
+        containers: [{ name: 'main', image: 'python:3.11', command: ['python3', '-c', ECHO_APP], ports: [{ containerPort: 8080 }], readinessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1 } }],
       },
     },
   },

@@ -16,7 +16,7 @@ export const WEB_TEMPLATE = {
         containers: [
           {
             name: 'main',
-            image: 'python',
+            image: 'python:3.11',
             // The marker file names the sandbox, so a test can tell which one answered.
             command: ['sh', '-c', 'hostname > /tmp/whoami.txt && exec python3 -m http.server 8080 --directory /tmp'],
             ports: [{ containerPort: 8080 }],
@@ -92,7 +92,7 @@ export function slowListenTemplate(name: string, delayS: number): unknown {
           containers: [
             {
               name: 'main',
-              image: 'python',
+              image: 'python:3.11',
               command: ['sh', '-c', `hostname > /tmp/whoami.txt && sleep ${delayS} && exec python3 -m http.server 8000 --directory /tmp`],
               ports: [{ containerPort: 8000 }],
             },

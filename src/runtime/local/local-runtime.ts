@@ -11,7 +11,7 @@
 // Without root, runc or the init binary, the runtime starts no pod and says why (README): it never
 // runs a sandbox unisolated.
 import { createHash } from 'node:crypto';
-import { access, chmod, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
+import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
@@ -356,11 +356,14 @@ export class LocalRuntime implements PodRuntime {
     return { ...pod.state };
   }
 
-  /** The mount points' parent: made 0711 (so the user namespace can walk to its rootfs), once. */
+  /** The mount points' parent, made once: the user namespace must walk to its rootfs, nobody else. */
   #mountRoot(): Promise<void> {
     this.#mountRootReady ??= (async () => {
       await mkdir(this.#host.mountRoot, { recursive: true, mode: 0o711 });
-      await chmod(this.#host.mountRoot, 0o711);
+      // Walkable by the user namespace's root (host gid ROOT_ID_MAP.hostId) and host root only:
+      // another host user who knows a sandbox id must not read its files through the mount.
+      await chown(this.#host.mountRoot, 0, ROOT_ID_MAP.hostId);
+      await chmod(this.#host.mountRoot, 0o710);
       // /run/asb may exist already (network claims), made before with a private mode.
       if (this.#host.mountRoot.startsWith(`${MOUNT_ROOT}/`)) await Promise.all([chmod(MOUNT_ROOT, 0o711), chmod(resolve(MOUNT_ROOT, '..'), 0o711)]);
     })();

@@ -316,7 +316,11 @@ int main(int argc, char **argv) {
   char pid_path[PATH_MAX];
   snprintf(pid_path, sizeof pid_path, "%s/init.pid", pod_dir);
   unlink(pid_path);
-  const char *create[] = {"create", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
+  // No session keyring per container: every sandbox's user is the same host uid (the shared id
+  // map), so the kernel's per-uid key quota (kernel.keys.maxkeys, 200) was shared by all of them
+  // and runc's keyring per container and per exec ran out at ~200 open terminals. Seccomp denies
+  // keyctl, add_key and request_key in the sandbox, so it cannot use any keyring anyway.
+  const char *create[] = {"create", "--no-new-keyring", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
   int code = run_runc(create);
   if (code != 0) fail_msg(1, "runc create", runc_error());
   FILE *pf = fopen(pid_path, "re");
