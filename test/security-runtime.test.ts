@@ -421,6 +421,22 @@ const shmAttack: Attack = {
   },
 };
 
+const diskFillAttack: Attack = {
+  name: 'a disk fill stops at ephemeral-storage (64Mi), the writable layer and a volume together, and the sandbox is evicted',
+  async run(a) {
+    const p = await a.pod('disk', {
+      resources: { limits: { 'ephemeral-storage': '64Mi' } },
+      volumeMounts: [{ name: 'scratch', mountPath: '/scratch' }],
+    }, { spec: { volumes: [{ name: 'scratch', emptyDir: {} }] } });
+    // One exec: the eviction comes a second or two after the disk fills.
+    const r = await p.sh('dd if=/dev/zero of=/scratch/a bs=1M count=40 2>/dev/null; dd if=/dev/zero of=/home/user/b bs=1M count=200 2>&1; echo total=$(( $(stat -c %s /scratch/a) + $(stat -c %s /home/user/b) ))');
+    assert.match(r.out, /No space left on device/);
+    assert.ok(Number(fields(r.out).get('total')) <= 64 * 2 ** 20, r.out);
+    const evicted = await a.waitForState(p.id, (s) => s.phase === 'Failed', 'evicted', 15_000);
+    assert.equal(evicted.reason, 'Evicted', JSON.stringify(evicted));
+  },
+};
+
 // ---------------------------------------------------------------------------------------------
 // Privilege escalation inside the sandbox and the kernel surface it may reach.
 
@@ -632,6 +648,7 @@ const attacks: Attack[] = [
   forkBombAttack,
   memoryBombAttack,
   shmAttack,
+  diskFillAttack,
   setuidAttack,
   kernelSurfaceAttack,
   processesAttack,

@@ -30,6 +30,7 @@ import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
+import { diskTool, evictionMessage } from './disk.ts';
 import { startProbeLoop } from './probes.ts';
 import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
@@ -169,6 +170,7 @@ export class LocalRuntime implements PodRuntime {
       init: opts.init ?? DEFAULT_INIT,
       mountRoot: opts.mountRoot ?? join(MOUNT_ROOT, tag),
       cgroupParent: `/asb-${tag}`,
+      disk: diskTool(root, (argv) => this.#launcher.run(argv, '')),
     };
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
     this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
@@ -455,6 +457,7 @@ export class LocalRuntime implements PodRuntime {
       return;
     }
     if (pod.stopping) pod.state = { phase: 'Stopped', ready: false };
+    else if (reason === 'Evicted' && pod.persisted !== undefined) pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: evictionMessage(pod.persisted.request.spec) };
     else if (reason === 'OOMKilled') pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: `the container was killed for using more memory than its limit (OOMKilled, exit code ${code})` };
     else pod.state = { phase: code === 0 ? 'Succeeded' : 'Failed', ready: false, exitCode: code, message: `the container exited with code ${code}` };
     if (ip !== undefined) pod.state.ip = ip;
@@ -513,9 +516,11 @@ export class LocalRuntime implements PodRuntime {
     pod.generation++;
     this.#pods.delete(id);
     if (pod.persisted !== undefined) this.#ips.release(pod.persisted.ip);
+    // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
+    if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
     await Promise.all([
       rm(pod.paths.dir, { recursive: true, force: true }),
-      rm(pod.paths.volumes, { recursive: true, force: true }),
+      rm(pod.paths.legacyVolumes, { recursive: true, force: true }),
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
       rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
     ]);
