@@ -43,8 +43,13 @@ function mirrorOf(address: string): RegistriesConfig {
 
 /** Files and directories under dir (the cache's inode count). */
 function countEntries(dir: string): number {
+  // Walked by hand: a recursive readdir follows an image's absolute symlinks (base's /var/run →
+  // /run) onto the host, and there into running sandboxes' root filesystems.
   let n = 0;
-  for (const entry of readdirSync(dir, { withFileTypes: true, recursive: true })) if (entry.name !== '') n++;
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    n++;
+    if (entry.isDirectory()) n += countEntries(join(dir, entry.name));
+  }
   return n;
 }
 

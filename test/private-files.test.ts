@@ -3,6 +3,7 @@
 // logs and Envoy files are readable only by the user running it; user `nobody` cannot read
 // another team's envVars; and neither our logs nor Envoy's access log hold a token, signature,
 // API key or cookie that clients sent.
+import { testImages } from './support/test-images.ts';
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { chmodSync, copyFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
@@ -55,7 +56,7 @@ test('after start, the state is 0700/0600, nobody cannot read the store, and no 
     routerPort: 0,
     domain: 'asb.localhost',
     clusterName: 'local',
-    workerArgs: ['--cluster-tag', TAG, '--bridge', `asb${TAG}`, '--subnet', '10.227.0.0/16', '--base-pool', '0', '--log-level', 'debug'],
+    workerArgs: [...(await testImages()).workerArgs, '--cluster-tag', TAG, '--bridge', `asb${TAG}`, '--subnet', '10.227.0.0/16', '--base-pool', '0', '--log-level', 'debug'],
     routerArgs: ['--log-level', 'debug'],
   });
   t.after(async () => {

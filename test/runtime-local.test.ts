@@ -160,7 +160,7 @@ test('volumes from claim templates survive remove of the process and are mounted
   await rt.stop('vol1');
   await rt.start(req);
   assert.equal((await sh('vol1', 'cat /workspace/f')).out, 'data\n');
-  assert.ok(existsSync(join(root, 'volumes', 'vol1', 'workspace', 'f')));
+  assert.ok(existsSync(join(root, 'pods', 'vol1', 'disk', 'volumes', 'workspace', 'f')), 'on the pod\'s disk (runtime-disk.test.ts)');
 });
 
 test('a claimName escaping the volumes root is refused at start, even past the API\'s validation (issue 14)', async () => {
@@ -182,7 +182,7 @@ test('a claimName escaping the volumes root is refused at start, even past the A
     assert.deepEqual(await readdir(hostDir), [], 'nothing is made in the host directory');
     await rt.remove(id);
   }
-  assert.deepEqual(await readdir(join(root, 'volumes', 'victim1')), ['home'], 'nothing is made beside the victim\'s volume');
+  assert.deepEqual(await readdir(join(root, 'pods', 'victim1', 'disk', 'volumes')), ['home'], 'nothing is made beside the victim\'s volume');
   await rm(hostDir, { recursive: true, force: true });
 });
 

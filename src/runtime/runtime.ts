@@ -40,7 +40,7 @@ export interface PodState {
   pid?: number;
   startedAt?: string;
   exitCode?: number;
-  /** Why a pod failed, in the kubelet's words: ErrImagePull, OOMKilled, CreateContainerConfigError, ... */
+  /** Why a pod failed, in the kubelet's words: ErrImagePull, OOMKilled, Evicted, CreateContainerConfigError, ... */
   reason?: string;
   message?: string;
 }

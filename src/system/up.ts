@@ -106,6 +106,7 @@ async function main(): Promise<void> {
   if (withKube) writeKubeconfig(kubeconfig, running.kubeClusters, running.env.ASB_CA_CERT ?? '', running.env.ASB_API_KEY ?? '');
   writeEnv(stateDir, withKube ? { ...running.env, ASB_KUBECONFIG: kubeconfig } : running.env);
   console.log(`${running.banner}
+  images       registry ${registry.address} (docker.io's mirror: busybox, debian:12, python:3.11, agent-sandbox/base; push your own), cache ${join(stateDir, 'images')}
   env file     ${join(stateDir, 'env')}   (source it, or just run: npx asb status)${withKube ? `
   kubectl      KUBECONFIG=${kubeconfig} kubectl get sandboxes   (the Kubernetes API, no cluster; contexts: ${running.kubeClusters.map((c) => c.name).join(', ')})` : ''}
   logs         ${join(stateDir, 'logs')}${federated ? ` and ${join(stateDir, 'clusters', '<name>', 'logs')}` : ''}

@@ -12,7 +12,7 @@
 // runs a sandbox unisolated. A pod with runtimeClassName gvisor runs under gVisor's runsc instead
 // of runc (runtime-class.ts), through the same shim, exec and terminal code.
 import { createHash } from 'node:crypto';
-import { access, chmod, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
+import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
@@ -29,7 +29,9 @@ import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-clai
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
+import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
+import { diskTool, evictionMessage } from './disk.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
 import { openRuncPty } from '../oci/pty.ts';
@@ -114,6 +116,7 @@ export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<Loc
   // At start, not at the first pod: a bridge or subnet another instance holds fails the worker
   // with the holder's name, instead of its pods taking that instance's addresses later.
   await runtime.hasPodNetwork();
+  await runtime.limitPids();
   await runtime.recover();
   return runtime;
 }
@@ -181,6 +184,7 @@ export class LocalRuntime implements PodRuntime {
       init: opts.init ?? DEFAULT_INIT,
       mountRoot: opts.mountRoot ?? join(MOUNT_ROOT, tag),
       cgroupParent: `/asb-${tag}`,
+      disk: diskTool(root, (argv) => this.#launcher.run(argv, '')),
       ...(runsc === undefined ? {} : { runsc: { binary: runsc, root: join(root, 'runsc'), flags: runscFlags({}) } }),
     };
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
@@ -200,6 +204,12 @@ export class LocalRuntime implements PodRuntime {
   /** Why this runtime starts no pod (not root, no runc, no init); undefined when it does. */
   get unavailable(): string | undefined {
     return this.#unavailable;
+  }
+
+  /** The pids limit over all of this runtime's pods (cgroup-parent.ts); a host without the controller is warned about. */
+  async limitPids(): Promise<void> {
+    const max = await parentPidsLimit();
+    if (!(await limitParentPids(this.#host.cgroupParent, max))) this.#log.warn('no pids cgroup controller: only each pod\'s own pids limit applies, not one over all of them');
   }
 
   /** Sets up the bridge once; false when the runtime is unavailable (it starts no pod). */
@@ -371,11 +381,14 @@ export class LocalRuntime implements PodRuntime {
     return { ...pod.state };
   }
 
-  /** The mount points' parent: made 0711 (so the user namespace can walk to its rootfs), once. */
+  /** The mount points' parent, made once: the user namespace must walk to its rootfs, nobody else. */
   #mountRoot(): Promise<void> {
     this.#mountRootReady ??= (async () => {
       await mkdir(this.#host.mountRoot, { recursive: true, mode: 0o711 });
-      await chmod(this.#host.mountRoot, 0o711);
+      // Walkable by the user namespace's root (host gid ROOT_ID_MAP.hostId) and host root only:
+      // another host user who knows a sandbox id must not read its files through the mount.
+      await chown(this.#host.mountRoot, 0, ROOT_ID_MAP.hostId);
+      await chmod(this.#host.mountRoot, 0o710);
       // /run/asb may exist already (network claims), made before with a private mode.
       if (this.#host.mountRoot.startsWith(`${MOUNT_ROOT}/`)) await Promise.all([chmod(MOUNT_ROOT, 0o711), chmod(resolve(MOUNT_ROOT, '..'), 0o711)]);
     })();
@@ -468,6 +481,7 @@ export class LocalRuntime implements PodRuntime {
       return;
     }
     if (pod.stopping) pod.state = { phase: 'Stopped', ready: false };
+    else if (reason === 'Evicted' && pod.persisted !== undefined) pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: evictionMessage(pod.persisted.request.spec) };
     else if (reason === 'OOMKilled') pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: `the container was killed for using more memory than its limit (OOMKilled, exit code ${code})` };
     else pod.state = { phase: code === 0 ? 'Succeeded' : 'Failed', ready: false, exitCode: code, message: `the container exited with code ${code}` };
     if (ip !== undefined) pod.state.ip = ip;
@@ -526,9 +540,11 @@ export class LocalRuntime implements PodRuntime {
     pod.generation++;
     this.#pods.delete(id);
     if (pod.persisted !== undefined) this.#ips.release(pod.persisted.ip);
+    // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
+    if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
     await Promise.all([
       rm(pod.paths.dir, { recursive: true, force: true }),
-      rm(pod.paths.volumes, { recursive: true, force: true }),
+      rm(pod.paths.legacyVolumes, { recursive: true, force: true }),
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
       rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
     ]);
@@ -609,12 +625,15 @@ export class LocalRuntime implements PodRuntime {
       pod.poll?.cancel();
     }
     // The launcher exits without touching the pods it started; a new runtime re-adopts them.
+    // The directory of mount points goes when no pod has one (a test's runtime leaves nothing in /run).
     // runsc's state dir holds a bind mount it never removes (releaseRunscRoot): released once no
     // gVisor pod runs, so a shut-down worker leaves no mount behind and its root can be deleted.
     const gvisorRuns = [...this.#pods.values()].some((pod) => pod.target?.kind === 'runsc' || pod.starting !== undefined);
     const runscRoot = this.#host.runsc?.root;
     return Promise.all([
       this.#launcher.close(),
+      rmdir(this.#host.mountRoot).catch(() => undefined),
+      removeParent(this.#host.cgroupParent),
       runscRoot === undefined || gvisorRuns ? undefined : releaseRunscRoot(runscRoot).catch((err: unknown) => this.#log.warn({ err }, 'cannot release runsc state')),
     ]).then(() => undefined);
   }

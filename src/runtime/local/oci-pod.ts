@@ -3,23 +3,27 @@
 // sandbox runs in a user namespace (container ids 0.. are host ids ROOT_ID_MAP.hostId..), so root
 // in a sandbox, E2B's `user: "root"` included, is root of that namespace only.
 //
-// On disk (paths from rootfs.ts): <pod>/upper and <pod>/work are the overlay's writable layer over
-// the image's cached tree (kept by hibernation), <pod>/etc holds the runtime's /etc/hosts and
-// /etc/hostname (bind-mounted read-only: a sandbox that swaps them for symlinks changes nothing
-// on the host, research/runtime.md §1a escape 3), <pod>/config.json is the bundle's config.
+// On disk (paths from rootfs.ts): the pod's disk (disk.ts: a sparse ext4 image of its
+// ephemeral-storage limit) is mounted first, at <pod>/disk; its upper/ and work/ are the overlay's
+// writable layer over the image's cached tree, its empty/ and volumes/ the volumes (all kept by
+// hibernation). <pod>/etc holds the runtime's /etc/hosts and /etc/hostname (bind-mounted
+// read-only: a sandbox that swaps them for symlinks changes nothing on the host,
+// research/runtime.md §1a escape 3), <pod>/config.json is the bundle's config. A pod dir made
+// before disks keeps its plain directories (rootfs.ts' legacyLayout) and no cap.
 // The overlay is mounted at <mountRoot>/<id>: runc's init, inside the user namespace, must be able
 // to walk to its rootfs, and the state dir is private (0700), so mount points live in a 0711
 // directory under /run/asb instead (gone after a reboot, made again at the next start).
 // A pod with runtimeClassName gvisor (runtime-class.ts) runs under runsc with the same config,
 // adjusted by runscSpec (src/runtime/oci/runsc.ts): its network namespace is the file <pod>/netns
-// the shim makes before the sandbox (oci-shim.c -N), and its /tmp is <pod>/tmp, on disk.
+// the shim makes before the sandbox (oci-shim.c -N), and its /tmp is tmp/ on the pod's disk.
 import { chmod, chown, mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join, posix } from 'node:path';
 import type { CachedImage } from '../../images/image-store.ts';
 import type { PodRequest } from '../runtime.ts';
 import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type OciSpec } from '../oci/spec.ts';
 import { runscSpec } from '../oci/runsc.ts';
-import type { PodPaths } from './rootfs.ts';
+import { legacyLayout, type PodPaths } from './rootfs.ts';
+import { madeBeforeDisks, podDisk, type DiskTool } from './disk.ts';
 import { mainContainer, resolveMounts } from './pod-process.ts';
 import type { RuntimeKind } from './runtime-class.ts';
 
@@ -38,6 +42,8 @@ export interface OciHost {
   cgroupParent: string;
   /** Global flags before every runc subcommand. */
   runtimeFlags?: readonly string[];
+  /** Makes and mounts each pod's disk (pod-disk.c, run through the launcher). */
+  disk: DiskTool;
   /** gVisor's runsc, for pods with runtimeClassName gvisor; absent when this worker cannot run it. */
   runsc?: { binary: string; root: string; flags: readonly string[] };
 }
@@ -77,8 +83,27 @@ export interface PreparedPod {
   runtime: OciRuntime;
 }
 
-/** Writes the pod's directories, /etc files and config.json; the shim does the mounting and running. */
-export async function preparePod(host: OciHost, paths: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined, kind: RuntimeKind = 'runc'): Promise<PreparedPod> {
+/**
+ * Mounts the pod's disk, then writes its directories, /etc files and config.json; the shim mounts
+ * the rootfs, runs the container and unmounts both when it ends. A failure unmounts the disk again.
+ */
+export async function preparePod(host: OciHost, podDir: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined, kind: RuntimeKind = 'runc'): Promise<PreparedPod> {
+  const size = podDisk(req.spec); // refused (Invalid) before anything is made
+  const paths = (await madeBeforeDisks(podDir.dir)) ? legacyLayout(podDir) : podDir;
+  if (paths.disk === undefined) return writeBundle(host, paths, req, image, net, kind);
+  await host.disk.mount(paths.disk.image, paths.disk.mount, size.bytes);
+  try {
+    return await writeBundle(host, paths, req, image, net, kind);
+  } catch (err) {
+    // Left mounted, a failed pod would hold its loop device until it is removed or started again.
+    await host.disk.unmount(paths.disk.mount).catch((unmountErr: unknown) => {
+      throw new Error(`${err instanceof Error ? err.message : String(err)}; and its disk stays mounted: ${unmountErr instanceof Error ? unmountErr.message : String(unmountErr)}`, { cause: err });
+    });
+    throw err;
+  }
+}
+
+async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined, kind: RuntimeKind): Promise<PreparedPod> {
   const runtime = ociRuntime(host, kind);
   const gvisor = kind === 'runsc';
   const container = mainContainer(req.spec);
@@ -125,6 +150,7 @@ export async function preparePod(host: OciHost, paths: PodPaths, req: PodRequest
   await writeFile(join(paths.dir, 'config.json'), JSON.stringify(spec), { mode: 0o600 });
   const shimArgs = ['-d', paths.dir, '-r', runtime.binary, '-R', runtime.root, '-i', req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
   if (net !== undefined) shimArgs.push('-n', net.ip, String(net.prefix), net.gateway);
+  if (paths.disk !== undefined) shimArgs.push('-D', paths.disk.mount);
   if (gvisor) shimArgs.push('-N', paths.netns);
   if (runtime.flags.length > 0) shimArgs.push('--', ...runtime.flags);
   return { shimArgs, identity: identityOf(spec), runtime };

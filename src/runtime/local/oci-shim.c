@@ -4,7 +4,8 @@
 //
 // Usage (argv built by src/runtime/local/oci-pod.ts):
 //   oci-shim -d <podDir> -r <runc> -R <runcRoot> -i <id> -b <bundle> [-c <cgroupsPath>]
-//            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-N <netns file>]
+//            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-D <disk>]
+//            [-N <netns file>]
 //            [-- <runc global flags>...]
 // Protocol on stdout, one line each (the same as the runtime's launcher expects): "pid <host pid of
 // the container's init>", then "ready" or "error <what>: <why>". With -n it reads "go\n" on stdin
@@ -25,6 +26,12 @@
 // container (its cgroups go), unmounts the rootfs, and then writes the init's exit code to
 // <podDir>/exit-status (so it survives a worker restart, and says the clean-up is done), followed
 // by " OOMKilled" when the kernel's OOM killer killed one of its processes.
+// With -D, <disk> is the pod's disk (pod-disk.c mounted it: the writable layer, volumes and this
+// log live there, under the ephemeral-storage cap). While the container runs the shim checks once
+// a second whether the disk is full, and when it stays full for two checks in a row it kills the
+// container and writes "137 Evicted" (the kubelet evicts a pod past its ephemeral-storage limit; a
+// second check lets the write that hit ENOSPC report it before its pod ends). After the container
+// it closes its log there and unmounts the disk.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -43,6 +50,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,6 +59,7 @@ static const char *pod_dir, *runc, *runc_root, *id, *bundle;
 static const char *lower, *upper, *work, *rootfs;
 static const char *net_ip, *net_prefix, *net_gw;
 static const char *netns_file; // -N: the network namespace the shim makes before create (runsc)
+static const char *disk; // the pod's disk mount (-D), or NULL for a pod dir made before disks
 static const char *cgroup_path; // the container's cgroupsPath: where the kernel counts its OOM kills
 static char **runc_flags; // global flags for every runc call (runsc: --platform and the like)
 static int n_runc_flags;
@@ -86,6 +95,9 @@ static int run_runc(const char *const *args) {
   pid_t pid = fork();
   if (pid < 0) return -1;
   if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL); // wait_init blocks SIGCHLD; runc delete must not inherit that
     int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     dup2(null_fd, 0);
     dup2(log_fd, 1);
@@ -137,6 +149,12 @@ static void cleanup(int created) {
   }
   if (rootfs) umount2(rootfs, MNT_DETACH);
   if (netns_file) umount2(netns_file, MNT_DETACH);
+  if (disk) {
+    // The log is the last file open there; unmounted at once, or lazily when still busy.
+    if (log_fd >= 0) close(log_fd);
+    log_fd = -1;
+    if (umount2(disk, 0) < 0) umount2(disk, MNT_DETACH);
+  }
 }
 
 static void ifreq_addr(struct ifreq *ifr, const char *name, in_addr_t addr) {
@@ -251,6 +269,7 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(a, "-o") && left >= 4) { lower = argv[++i]; upper = argv[++i]; work = argv[++i]; rootfs = argv[++i]; }
     else if (!strcmp(a, "-n") && left >= 3) { net_ip = argv[++i]; net_prefix = argv[++i]; net_gw = argv[++i]; }
     else if (!strcmp(a, "-N")) netns_file = argv[++i];
+    else if (!strcmp(a, "-D")) disk = argv[++i];
     else { dprintf(1, "error argument: %s\n", a); _exit(125); }
   }
   if (!pod_dir || !runc || !runc_root || !id || !bundle) { dprintf(1, "error usage: -d -r -R -i -b are required\n"); _exit(125); }
@@ -276,13 +295,60 @@ static int oom_killed(void) {
   return 0;
 }
 
+/** Fewer free bytes than this is a full disk: when dd met ENOSPC on a 64 MiB image, 439 KiB were left (ext4 keeps a few clusters back for its own metadata). */
+#define DISK_FULL_BYTES (1 << 20)
+#define DISK_CHECK_SECONDS 1
+
+static int disk_full(void) {
+  struct statfs fs;
+  if (statfs(disk, &fs) < 0) return 0;
+  return (unsigned long long)fs.f_bavail * (unsigned long long)fs.f_bsize < DISK_FULL_BYTES;
+}
+
+// Reaps everything re-parented to us (the init, and runc's helpers) until the init ends: its status
+// is the pod's. Meanwhile, with a disk, evicts the pod whose disk stays full (see the top).
+static int wait_init(pid_t init, int *evicted) {
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &chld, NULL); // pending from here on, for sigtimedwait
+  int full_checks = 0;
+  for (;;) {
+    int st;
+    pid_t p;
+    while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+      if (p == init) return st;
+    }
+    if (p < 0 && errno == ECHILD) return 137 << 8; // never ours (cannot happen once re-parented)
+    struct timespec wait = {disk && !*evicted ? DISK_CHECK_SECONDS : 3600, 0};
+    if (sigtimedwait(&chld, NULL, &wait) >= 0 || errno != EAGAIN || !disk || *evicted) continue;
+    full_checks = disk_full() ? full_checks + 1 : 0;
+    if (full_checks >= 2) {
+      *evicted = 1;
+      kill(init, SIGKILL); // pid 1 of the container's namespace: the kernel kills all the rest
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   parse_args(argc, argv);
   signal(SIGPIPE, SIG_IGN); // a vanished reader shows as EPIPE on the "ready" line, handled below
   umask(022);
   dir_fd = open(pod_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) fail(0, "pod dir");
-  log_fd = openat(dir_fd, "container.log", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  if (disk) {
+    // Never the bare mount point: the log (and the rootfs' layer) would land on the host's disk.
+    char parent[PATH_MAX];
+    struct stat a, b;
+    snprintf(parent, sizeof parent, "%s/..", disk);
+    if (stat(disk, &a) < 0 || stat(parent, &b) < 0 || a.st_dev == b.st_dev) fail_msg(0, "disk", "not mounted");
+    int disk_fd = open(disk, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (disk_fd < 0) fail(0, "disk");
+    log_fd = openat(disk_fd, "container.log", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    close(disk_fd);
+  } else {
+    log_fd = openat(dir_fd, "container.log", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  }
   if (log_fd < 0) fail(0, "container log");
   // A previous run's code must not be read as this run's.
   if (unlinkat(dir_fd, "exit-status", 0) < 0 && errno != ENOENT) fail(0, "unlink exit-status");
@@ -317,9 +383,14 @@ int main(int argc, char **argv) {
   char pid_path[PATH_MAX];
   snprintf(pid_path, sizeof pid_path, "%s/init.pid", pod_dir);
   unlink(pid_path);
-  // With -N the network is ready before the container exists, so nothing needs doing between
-  // create and start: one `run -detach` (runsc: ~120 ms for create + start here, ~35 ms less as one).
-  const char *create[] = {"create", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
+  // No session keyring per container: every sandbox's user is the same host uid (the shared id
+  // map), so the kernel's per-uid key quota (kernel.keys.maxkeys, 200) was shared by all of them
+  // and runc's keyring per container and per exec ran out at ~200 open terminals. Seccomp denies
+  // keyctl, add_key and request_key in the sandbox, so it cannot use any keyring anyway.
+  // With -N (runsc, whose sandbox has its own kernel and no host keyring) the network is ready
+  // before the container exists, so nothing needs doing between create and start: one
+  // `run --detach` (~120 ms for create + start here, ~35 ms less as one).
+  const char *create[] = {"create", "--no-new-keyring", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
   const char *run[] = {"run", "--detach", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
   int code = run_runc(netns_file ? run : create);
   if (code != 0) fail_msg(1, netns_file ? "runc run" : "runc create", runc_error());
@@ -346,20 +417,15 @@ int main(int argc, char **argv) {
   dup2(null_fd, 1);
   dup2(null_fd, 2);
 
-  // Reap everything re-parented to us (the init, and runc's helpers); the init's end is the pod's.
-  int st = 0;
-  for (;;) {
-    pid_t p = waitpid(-1, &st, 0);
-    if (p == init) break;
-    if (p < 0 && errno == ECHILD) { st = 137 << 8; break; } // never ours (cannot happen once re-parented)
-  }
+  int evicted = 0;
+  int st = wait_init((pid_t)init, &evicted);
   code = status_code(st);
   int oom = oom_killed();
   // Cleaned up first: the exit status is what tells a runtime that polls (an adopted pod) that the
   // pod is over, and a wake or remove must not race our `runc delete` and unmount.
   cleanup(1);
   char text[32];
-  snprintf(text, sizeof text, oom ? "%d OOMKilled\n" : "%d\n", code);
+  snprintf(text, sizeof text, "%d%s\n", code, evicted ? " Evicted" : oom ? " OOMKilled" : "");
   int fd = openat(dir_fd, "exit-status.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd >= 0) {
     (void)!write(fd, text, strlen(text));

@@ -1,5 +1,5 @@
 // A pod's main container and the host directories behind its volumeMounts.
-import { chown, mkdir, realpath } from 'node:fs/promises';
+import { chown, lstat, mkdir, realpath } from 'node:fs/promises';
 import { basename, dirname, join, posix, resolve } from 'node:path';
 import type { Container, PodSpec } from '../../api/types.ts';
 import type { PodRequest } from '../runtime.ts';
@@ -55,8 +55,7 @@ export async function resolveMounts(req: PodRequest, container: Container, paths
     if (realDir !== join(await realpath(dirname(dir)), basename(dir))) throw new Error(`volume "${m.name}" leads outside the pod's volumes`);
     let src = dir;
     if (m.subPath !== undefined && m.subPath !== '') {
-      src = join(dir, posix.normalize(m.subPath));
-      if (await mkdir(src, { recursive: true }) !== undefined) await chown(src, owner.uid, owner.gid);
+      src = await makeSubPath(dir, m.subPath, m.name, owner);
       // The volume's content is the sandbox's: a symlink in it must not lead the bind outside.
       const real = await realpath(src);
       if (real !== realDir && !real.startsWith(`${realDir}/`)) throw new Error(`subPath "${m.subPath}" of volume "${m.name}" leaves the volume`);
@@ -64,4 +63,31 @@ export async function resolveMounts(req: PodRequest, container: Container, paths
     mounts.push({ src, dst: posix.resolve('/', m.mountPath), readOnly: m.readOnly ?? false });
   }
   return mounts;
+}
+
+/**
+ * The subPath's directory under a volume, made one component at a time and never through a
+ * symlink: the volume's content is the sandbox's, and `mkdir -p` plus `chown` as host root followed
+ * a symlink the sandbox planted there, making a sandbox-owned directory anywhere on the host
+ * (test/security-runtime.test.ts). The sandbox is not running while its pod starts, so nothing
+ * changes the path between the check and the use.
+ */
+async function makeSubPath(volume: string, subPath: string, name: string, owner: { uid: number; gid: number }): Promise<string> {
+  let at = volume;
+  for (const part of posix.normalize(subPath).split('/')) {
+    if (part === '' || part === '.') continue;
+    if (part === '..') throw new Error(`subPath "${subPath}" of volume "${name}" leaves the volume`);
+    at = join(at, part);
+    const found = await lstat(at).catch((err: unknown) => {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw err;
+    });
+    if (found === undefined) {
+      await mkdir(at);
+      await chown(at, owner.uid, owner.gid);
+    } else if (!found.isDirectory()) {
+      throw new Error(`subPath "${subPath}" of volume "${name}" goes through ${found.isSymbolicLink() ? 'a symlink' : 'a file'} at ${JSON.stringify(part)}`);
+    }
+  }
+  return at;
 }

@@ -1,17 +1,22 @@
-// The on-disk layout of a local pod. Everything a pod writes lives under <root>/pods/<id>/ and its
-// claim volumes under <root>/volumes/<id>/, so hibernation (stop) and a worker or machine restart
-// keep the whole writable filesystem:
-//   upper/               the container's writable layer over its image (overlayfs upper dir)
-//   work/                overlayfs work dir
+// The on-disk layout of a local pod. Everything a pod writes lives under <root>/pods/<id>/, so
+// hibernation (stop) and a worker or machine restart keep the whole writable filesystem:
+//   disk.img             a sparse ext4 image of the pod's ephemeral-storage limit (disk.ts), the
+//                        only place the sandbox writes to; mounted at disk/ while the pod runs:
+//     disk/upper/        the container's writable layer over its image (overlayfs upper dir)
+//     disk/work/         overlayfs work dir
+//     disk/empty/<name>  emptyDir volumes (they survive hibernation too, unlike on Kubernetes)
+//     disk/volumes/<claim>  the pod's volumeClaimTemplates' volumes
+//     disk/container.log the container's stdout and stderr (the kubelet counts logs too)
+//     disk/tmp/          gVisor pods only: their /tmp (runscSpec's tmpDir; runc keeps /tmp in upper/)
 //   etc/                 the runtime's /etc/hostname and /etc/hosts, bind-mounted read-only
 //   exec/                runc exec's pid files, one per running process
-//   tmp/                 gVisor pods only: their /tmp (runscSpec's tmpDir; runc keeps /tmp in upper/)
 //   netns                gVisor pods only, while running: the network namespace the shim made
 //   config.json          the OCI bundle's config (the pod dir is the bundle)
-//   empty/<name>         emptyDir volumes (they survive hibernation too, unlike on Kubernetes)
 //   state.json           the request, ip, init pid and its start time (guards against pid reuse)
-//   container.log        the container's stdout and stderr; runc.log what runc said
+//   runc.log             what runc said
 //   exit-status          the init's exit code, written by the shim (oci-shim.c) when the pod ends
+// A pod dir made before disks has upper/, work/, empty/ and container.log in the pod dir itself
+// and its claim volumes in <root>/volumes/<id>/ (legacyLayout): it wakes as it was, uncapped.
 import { readFile, writeFile, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { ImageConfig } from '../../images/image-store.ts';
@@ -19,6 +24,8 @@ import type { PodRequest } from '../runtime.ts';
 
 export interface PodPaths {
   dir: string;
+  /** The pod's disk: its image and mount point; undefined in a pod dir made before disks. */
+  disk: { image: string; mount: string } | undefined;
   upper: string;
   work: string;
   etc: string;
@@ -33,24 +40,35 @@ export interface PodPaths {
   log: string;
   emptyDirs: string;
   volumes: string;
+  /** Where a pod dir made before disks keeps its claim volumes: remove() deletes it too. */
+  legacyVolumes: string;
 }
 
 export function podPaths(root: string, id: string): PodPaths {
   const dir = join(root, 'pods', id);
+  const mount = join(dir, 'disk');
   return {
     dir,
-    upper: join(dir, 'upper'),
-    work: join(dir, 'work'),
+    disk: { image: join(dir, 'disk.img'), mount },
+    upper: join(mount, 'upper'),
+    work: join(mount, 'work'),
     etc: join(dir, 'etc'),
     exec: join(dir, 'exec'),
-    tmp: join(dir, 'tmp'),
+    tmp: join(mount, 'tmp'),
     netns: join(dir, 'netns'),
     state: join(dir, 'state.json'),
     exitStatus: join(dir, 'exit-status'),
-    log: join(dir, 'container.log'),
-    emptyDirs: join(dir, 'empty'),
-    volumes: join(root, 'volumes', id),
+    log: join(mount, 'container.log'),
+    emptyDirs: join(mount, 'empty'),
+    volumes: join(mount, 'volumes'),
+    legacyVolumes: join(root, 'volumes', id),
   };
+}
+
+/** The layout of a pod dir made before disks: no image, its files in plain directories on the host's disk. */
+export function legacyLayout(paths: PodPaths): PodPaths {
+  const { dir } = paths;
+  return { ...paths, disk: undefined, upper: join(dir, 'upper'), work: join(dir, 'work'), tmp: join(dir, 'tmp'), log: join(dir, 'container.log'), emptyDirs: join(dir, 'empty'), volumes: paths.legacyVolumes };
 }
 
 /** The image bytes a pod runs: a wake uses them again even if the tag moved since. */

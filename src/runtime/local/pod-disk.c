@@ -1,0 +1,201 @@
+// pod-disk: a sandbox pod's disk, a sparse ext4 image loop-mounted over its writable layer, its
+// volumes and its log, so `resources.limits.ephemeral-storage` caps them all (issue 16 point 4;
+// src/runtime/local/disk.ts says why and what the runtime does around it).
+//
+// Usage (argv built by disk.ts, run through the runtime's launcher):
+//   pod-disk mount <image> <dir> <bytes>   make <image> if it is missing (sparse, then mkfs.ext4),
+//                                          then loop-mount it at <dir> unless something is mounted there
+//   pod-disk umount <dir>                  unmount <dir> if something is mounted there
+// On failure: one line "error <what>: <why>" on stdout, exit 1.
+//
+// Measured on this machine (2 cores, Linux 6.18): mkfs.ext4 of a 10 GiB sparse image takes 8 ms
+// and writes 4.3 MiB (the inode tables are not written: mke2fs punches the file, so it knows they
+// read as zeros, and the kernel's lazy init has nothing to do); the loop device and the mount take
+// 3-8 ms here, against 29 ms for `mount -o loop` (util-linux scans every loop device and reads
+// the mount table first, which grows with every pod).
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/loop.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int fail(const char *what, const char *why) {
+  dprintf(1, "error %s: %s\n", what, why);
+  return 1;
+}
+
+// Whether a filesystem other than its parent's is mounted at dir (a mount point has its own st_dev).
+static int mounted(const char *dir) {
+  char parent[PATH_MAX];
+  struct stat a, b;
+  if (snprintf(parent, sizeof parent, "%s/..", dir) >= (int)sizeof parent) return 0;
+  if (stat(dir, &a) < 0 || stat(parent, &b) < 0) return 0;
+  return a.st_dev != b.st_dev;
+}
+
+// mkfs.ext4 on a sparse file of `bytes`, made under a temporary name and renamed into place, so a
+// crash half-way never leaves an image that is not a filesystem.
+//   -m 0: no blocks reserved for root (the sandbox's root is no host root; all of it is the pod's);
+//   lazy_journal_init: the journal is not zeroed, as the file reads as zeros already (a 10 GiB
+//   image otherwise writes its 64 MiB journal at once).
+static int make_image(const char *image, const char *bytes_text) {
+  char *end;
+  errno = 0;
+  long long bytes = strtoll(bytes_text, &end, 10);
+  if (errno != 0 || *end != 0 || bytes <= 0) return fail("image size", bytes_text);
+  char tmp[PATH_MAX];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", image) >= (int)sizeof tmp) return fail("image", "path too long");
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("create image", strerror(errno));
+  if (ftruncate(fd, (off_t)bytes) < 0) {
+    int err = errno;
+    close(fd);
+    unlink(tmp);
+    return fail("size image", strerror(err));
+  }
+  close(fd);
+  pid_t pid = fork();
+  if (pid < 0) return fail("fork", strerror(errno));
+  if (pid == 0) {
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    dup2(null_fd, 0);
+    dup2(null_fd, 1); // -q: it prints only errors, on stderr, which the runtime reads
+    char *argv[] = {"mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_journal_init=1,root_owner=0:0", tmp, NULL};
+    char *env[] = {"PATH=/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin", NULL};
+    execve("/usr/sbin/mkfs.ext4", argv, env);
+    execve("/sbin/mkfs.ext4", argv, env);
+    execvpe("mkfs.ext4", argv, env);
+    dprintf(1, "error mkfs.ext4: %s (install Debian's e2fsprogs)\n", strerror(errno));
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0) {
+    if (errno != EINTR) return fail("wait for mkfs.ext4", strerror(errno));
+  }
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    unlink(tmp);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 127) return 1; // the child said why
+    return fail("mkfs.ext4", "failed");
+  }
+  if (rename(tmp, image) < 0) return fail("rename image", strerror(errno));
+  return 0;
+}
+
+// A free loop device bound to image: LOOP_CONFIGURE sets the file and its flags in one ioctl.
+// AUTOCLEAR frees the device when the mount (its last user) goes, so no unmount path, even a lazy
+// one, leaves a device behind. DIRECT_IO: the image's pages are cached once, by the ext4 inside,
+// not a second time in the host's cache of the image file. Returns the open device or -1.
+static int attach_loop(int image_fd, char *dev, size_t dev_size) {
+  int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+  if (ctl < 0) return -1;
+  // Another process may take the free device between GET_FREE and CONFIGURE (EBUSY): ask again.
+  for (int attempt = 0; attempt < 64; attempt++) {
+    int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+    if (n < 0) break;
+    snprintf(dev, dev_size, "/dev/loop%d", n);
+    int fd = open(dev, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) continue; // udev/devtmpfs has not made the node yet
+      break;
+    }
+    struct loop_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.fd = (unsigned)image_fd;
+    cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
+    if (ioctl(fd, LOOP_CONFIGURE, &cfg) == 0) {
+      close(ctl);
+      return fd;
+    }
+    int err = errno;
+    close(fd);
+    if (err != EBUSY) {
+      errno = err;
+      break;
+    }
+  }
+  int err = errno;
+  close(ctl);
+  errno = err;
+  return -1;
+}
+
+// A loop device still bound to image, open, or -1. Our unmount ends the mount in the host's mount
+// namespace, but a namespace cloned from it meanwhile (every `runc create`, until its pivot_root)
+// holds a copy, and with it the filesystem and its device, a little longer. A second device on the
+// same image would be a second ext4 over the same blocks, so the wake mounts the one still bound:
+// the kernel hands back the same filesystem. The path names the candidates (sysfs, as losetup
+// reads it); the device and inode (LOOP_GET_STATUS64) prove it is this very file.
+static int bound_loop(const char *image, const struct stat *img, char *dev, size_t dev_size) {
+  char real[PATH_MAX];
+  if (!realpath(image, real)) return -1;
+  DIR *d = opendir("/sys/block");
+  if (!d) return -1;
+  int found = -1;
+  struct dirent *e;
+  while (found < 0 && (e = readdir(d))) {
+    if (strncmp(e->d_name, "loop", 4) != 0) continue;
+    char path[PATH_MAX], backing[PATH_MAX];
+    snprintf(path, sizeof path, "/sys/block/%s/loop/backing_file", e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue; // not bound
+    ssize_t n = read(fd, backing, sizeof backing - 1);
+    close(fd);
+    if (n <= 0) continue;
+    backing[n] = 0;
+    if (backing[n - 1] == '\n') backing[n - 1] = 0;
+    if (strcmp(backing, real) != 0) continue;
+    snprintf(dev, dev_size, "/dev/%s", e->d_name);
+    int loop_fd = open(dev, O_RDWR | O_CLOEXEC);
+    if (loop_fd < 0) continue;
+    struct loop_info64 info;
+    if (ioctl(loop_fd, LOOP_GET_STATUS64, &info) == 0 && info.lo_inode == img->st_ino && info.lo_device == img->st_dev) found = loop_fd;
+    else close(loop_fd);
+  }
+  closedir(d);
+  return found;
+}
+
+static int mount_disk(const char *image, const char *dir, const char *bytes) {
+  if (mounted(dir)) return 0; // still mounted: a shim that died before unmounting it
+  if (access(image, F_OK) < 0) {
+    if (errno != ENOENT) return fail("image", strerror(errno));
+    if (make_image(image, bytes) != 0) return 1;
+  }
+  int image_fd = open(image, O_RDWR | O_CLOEXEC);
+  if (image_fd < 0) return fail("open image", strerror(errno));
+  struct stat img;
+  if (fstat(image_fd, &img) < 0) return fail("stat image", strerror(errno));
+  char dev[sizeof "/dev/" + NAME_MAX];
+  int loop_fd = bound_loop(image, &img, dev, sizeof dev);
+  if (loop_fd < 0) loop_fd = attach_loop(image_fd, dev, sizeof dev);
+  int err = errno;
+  close(image_fd);
+  if (loop_fd < 0) return fail("loop device", strerror(err));
+  // discard: a file the sandbox deletes gives its blocks back to the host (the loop device punches
+  // holes in the image), so the image costs what the sandbox holds now, not the most it ever held.
+  int rc = mount(dev, dir, "ext4", MS_NOSUID | MS_NODEV, "discard");
+  err = errno;
+  close(loop_fd); // the mount holds the device now; on a failed mount this frees it (AUTOCLEAR)
+  if (rc < 0) return fail("mount disk", strerror(err));
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 5 && !strcmp(argv[1], "mount")) return mount_disk(argv[2], argv[3], argv[4]);
+  if (argc == 3 && !strcmp(argv[1], "umount")) {
+    if (!mounted(argv[2])) return 0;
+    // Lazily when busy: the mount goes from the tree at once, the device when its last user does.
+    if (umount2(argv[2], 0) < 0 && umount2(argv[2], MNT_DETACH) < 0) return fail("unmount disk", strerror(errno));
+    return 0;
+  }
+  return fail("usage", "pod-disk mount <image> <dir> <bytes> | pod-disk umount <dir>");
+}
