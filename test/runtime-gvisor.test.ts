@@ -14,6 +14,7 @@ import { podSecurityProblems } from '../src/api/pod-security.ts';
 import { isAsbError } from '../src/errors.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { deleteBridge } from '../src/runtime/local/network.ts';
+import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
@@ -110,7 +111,7 @@ test('a gvisor pod runs on gVisor\'s kernel, not the host\'s; a pod without a ru
   assert.match(await readFile(`/proc/${String(sandboxPid)}/uid_map`, 'utf8'), /^\s*0\s+100000\s+65536\s*$/);
   const byRoot = await rt.exec('kern1', { command: ['touch', '/by-root'], user: 0 });
   assert.equal(byRoot.exitCode, 0, text(byRoot.stderr));
-  assert.equal((await stat(join(root, 'pods', 'kern1', 'upper', 'by-root'))).uid, 100_000);
+  assert.equal((await stat(join(podPaths(root, 'kern1').upper, 'by-root'))).uid, 100_000);
   assert.equal(rt.rootIsolation.gvisor, true);
   // So pod security lets a root pod through with gVisor, as it does on Kubernetes with a gvisor RuntimeClass.
   assert.deepEqual(podSecurityProblems({ runtimeClassName: 'gvisor', securityContext: { runAsUser: 0 }, containers: [{ name: 'main' }] }, 'baseline', 'spec', { userNamespace: 'never', gvisor: rt.rootIsolation.gvisor }), []);
