@@ -162,11 +162,18 @@ const plantedBinaryAttack: Attack = {
     assert.ok(runs.length > 0, `nothing planted ran at all; the attack did not fire:\n${records.out}${records.err}`);
     for (const r of runs) {
       const where = `${r.file}:\n${r.text}`;
-      assert.notEqual(r.uidMap, HOST_UID_MAP, `a planted file ran in the host's user namespace: ${where}`);
+      // Under gVisor /proc/self/uid_map is the sentry's own view (its root namespace reads like the
+      // host's): the host side of that sandbox is checked below instead.
+      if (a.cls === 'runc') assert.notEqual(r.uidMap, HOST_UID_MAP, `a planted file ran in the host's user namespace: ${where}`);
       assert.equal(r.capEff, ZERO_CAPS, `a planted file ran with capabilities: ${where}`);
       assert.equal(r.noNewPrivs, '1', `a planted file ran without no_new_privs: ${where}`);
       assert.doesNotMatch(r.text, /escaped through/, where);
       if (a.cls === 'runc') assert.equal(r.uidMap, SANDBOX_UID_MAP, where);
+    }
+    if (a.cls === 'gvisor') {
+      // Everything in a gVisor sandbox runs inside its sentry, which the host sees in the pod's user namespace.
+      const sentry = a.rt.state(p.id).pid;
+      assert.equal((await readFile(`/proc/${String(sentry)}/uid_map`, 'utf8')).trim().split(/\s+/).join(' '), SANDBOX_UID_MAP);
     }
   },
 };
@@ -189,6 +196,9 @@ for path in sys.argv[1:]:
 print('euid=%d' % os.geteuid())
 `;
 
+/** Files of gVisor's own /proc that root in the sandbox may open for writing: static files of the sentry, where a write fails (EIO). */
+const GVISOR_STATIC_PROC: ReadonlySet<string> = new Set(['/proc/sys/kernel/pid_max', '/proc/sysrq-trigger']);
+
 const sysctlAttack: Attack = {
   name: 'escape 2: root in a sandbox (runAsUser 0, exec as uid 0) cannot open core_pattern or any /proc/sys file for writing',
   async run(a) {
@@ -202,8 +212,13 @@ const sysctlAttack: Attack = {
       assert.equal(f.get('euid'), '0', `${who} runs as root in the sandbox: ${r.out}${r.err}`);
       for (const path of SYSCTLS) {
         const got = f.get(path);
+        // gVisor's /proc is the sentry's, never the host kernel's: it has no core_pattern, and its
+        // pid_max and sysrq-trigger are static files (pkg/sentry/fsimpl/proc, newStaticFile): they
+        // open for writing, and every write fails with EIO (not a WritableDynamicBytesSource).
+        if (a.cls === 'gvisor' && GVISOR_STATIC_PROC.has(path) && got === 'WRITABLE') continue;
         assert.ok(got !== undefined && ['EROFS', 'EACCES', 'EPERM', 'ENOENT'].includes(got), `${who}: ${path} is ${String(got)}:\n${r.out}${r.err}`);
       }
+      if (a.cls === 'gvisor') assert.equal(f.get('/proc/sys/kernel/core_pattern'), 'ENOENT', `${who}: ${r.out}`);
       const testW = await p.sh('test -w /proc/sys/kernel/core_pattern && echo writable || echo read-only', user === undefined ? {} : { user });
       assert.equal(testW.out.trim(), 'read-only', who);
     }
@@ -347,7 +362,7 @@ const FORK_BOMB = `END=$((SECONDS + ${String(BOMB_SECONDS)})); b() { ((SECONDS <
 const forkBombAttack: Attack = {
   name: 'a fork bomb is held by the pids limit and another sandbox still answers at once',
   // Read from the host's pids cgroup, which holds a runc container's processes; under gVisor they
-  // are the sentry's threads, so its variant needs its own observation (add it with the runtime).
+  // are the sentry's threads: gvisorForkBombAttack.
   classes: ['runc'],
   timeoutMs: 180_000,
   async run(a) {
@@ -383,7 +398,7 @@ const MEMORY_BOMB = 'import sys; hog = b"x" * (int(sys.argv[1]) << 20); print("a
 const memoryBombAttack: Attack = {
   name: 'a memory bomb is OOM-killed inside its 64Mi sandbox only: OOMKilled when it is the main process, neighbours keep running',
   // Under gVisor the OOM killer takes the sentry, so the whole sandbox ends even for an exec'd bomb
-  // (research/runtime.md §2c: 64 MiB killed it on its first exec); its variant asserts that instead.
+  // (research/runtime.md §2c: 64 MiB killed it on its first exec): gvisorMemoryBombAttack.
   classes: ['runc'],
   timeoutMs: 120_000,
   async run(a) {
@@ -407,6 +422,66 @@ const memoryBombAttack: Attack = {
 
     assert.equal(neighbour.state().phase, 'Running');
     assert.equal(neighbour.state().pid, neighbourPid, 'the neighbour\'s init is the same process');
+    assert.equal((await neighbour.sh('echo alive')).out, 'alive\n');
+  },
+};
+
+// Under gVisor the host's pids cgroup counts the sentry's and stubs' threads, not the sandbox's
+// processes (runscSpec: ~2 per process, limit 1024 * 2 + 64), and gVisor's own kernel has no pids
+// limit: the bomb grows until the sentry can make no more threads (or its memory runs out), and
+// that sandbox ends. Held either way: the host limit is never passed and others keep answering.
+const gvisorForkBombAttack: Attack = {
+  name: 'a fork bomb is held by the host pids limit around the sentry: never past it, and another sandbox still answers at once',
+  classes: ['gvisor'],
+  timeoutMs: 180_000,
+  async run(a) {
+    const neighbour = await a.pod('bomb-neighbour');
+    const bomb = await a.pod('bomb', { command: ['bash', '-c', FORK_BOMB], resources: { limits: { cpu: '500m', memory: '1Gi' } } });
+    const pidsFile = (file: string): Promise<string> => cgroupFile(a.root, bomb.id, 'pids', file);
+    const [events, current] = [await pidsFile('pids.events'), await pidsFile('pids.current')];
+    const max = Number((await readFile(await pidsFile('pids.max'), 'utf8')).trim());
+    assert.equal(max, 1024 * 2 + 64, 'the default pids limit with the sentry\'s share (runscSpec)');
+    let refused = 0;
+    let peak = 0;
+    const deadline = Date.now() + 60_000;
+    // Until the limit refuses a thread, or the bomb has taken its own sandbox down (its cgroup goes).
+    while (refused === 0 && bomb.state().phase === 'Running' && Date.now() < deadline) {
+      try {
+        refused = Number(/max (\d+)/.exec(await readFile(events, 'utf8'))?.[1] ?? '0');
+        peak = Math.max(peak, Number((await readFile(current, 'utf8')).trim()));
+      } catch {
+        break; // the cgroup went with the sandbox
+      }
+      if (refused === 0) await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.ok(refused > 0 || bomb.state().phase !== 'Running', `the bomb never reached the pids limit (peak ${String(peak)} of ${String(max)})`);
+    assert.ok(peak <= max, `${String(peak)} host tasks, above pids.max ${String(max)}`);
+    for (let i = 0; i < 3; i++) {
+      const alive = await neighbour.sh('echo alive');
+      assert.equal(alive.out, 'alive\n');
+      assert.ok(alive.ms < 10_000, `an exec in another sandbox took ${String(alive.ms)} ms during the bomb`);
+    }
+    assert.equal(neighbour.state().phase, 'Running');
+  },
+};
+
+// Under gVisor the kernel's OOM killer takes the sentry (oom_score_adj 1000), so an exec'd bomb ends
+// its whole sandbox, reported as OOMKilled; a neighbour keeps running.
+const gvisorMemoryBombAttack: Attack = {
+  name: 'a memory bomb OOM-kills its 64Mi gVisor sandbox only (reason OOMKilled), the sentry with it; neighbours keep running',
+  classes: ['gvisor'],
+  timeoutMs: 120_000,
+  async run(a) {
+    const neighbour = await a.pod('mem-neighbour');
+    const neighbourPid = neighbour.state().pid;
+    const bomb = await a.pod('mem-exec', { resources: { limits: { memory: '64Mi' } } });
+    const r = await bomb.exec(['python3', '-c', MEMORY_BOMB, '256']);
+    assert.notEqual(r.exitCode, 0, JSON.stringify(r));
+    assert.doesNotMatch(r.out, /allocated/);
+    const failed = await a.waitForState(bomb.id, (s) => s.phase === 'Failed' || s.phase === 'Succeeded', 'the bomb\'s sandbox ends');
+    assert.equal(failed.reason, 'OOMKilled', JSON.stringify(failed));
+    assert.equal(neighbour.state().phase, 'Running');
+    assert.equal(neighbour.state().pid, neighbourPid, 'the neighbour\'s sandbox is the same process');
     assert.equal((await neighbour.sh('echo alive')).out, 'alive\n');
   },
 };
@@ -646,7 +721,9 @@ const attacks: Attack[] = [
   subPathSymlinkAttack,
   keyringAttack,
   forkBombAttack,
+  gvisorForkBombAttack,
   memoryBombAttack,
+  gvisorMemoryBombAttack,
   shmAttack,
   diskFillAttack,
   setuidAttack,
