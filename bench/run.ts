@@ -2,7 +2,7 @@
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
-// `node bench/run.ts [claims] [wake] [dataplane] [federation] [terminals] [e2b] [kube] [uploads]` runs only those parts (default: all); a
+// `node bench/run.ts [claims] [runtime] [wake] [dataplane] [federation] [terminals] [e2b] [kube] [uploads]` runs only those parts (default: all); a
 // partial run replaces its own rows in the README table and in latest.json and keeps the others.
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -14,6 +14,7 @@ import { benchE2b } from './e2b.ts';
 import { benchHttpFloor } from './http-floor.ts';
 import { benchKube } from './kube.ts';
 import { benchPlacement, benchPropagation } from './federation.ts';
+import { benchRuntime, type Refill } from './runtime.ts';
 import { benchStore } from './store-bench.ts';
 import { benchTerminals } from './terminals.ts';
 import { benchUploads } from './uploads.ts';
@@ -23,7 +24,7 @@ import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
-const PARTS = ['claims', 'wake', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads'];
+const PARTS = ['claims', 'runtime', 'wake', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads'];
 
 interface Row {
   metric: string;
@@ -84,6 +85,49 @@ async function claimsAndLifecycle(system: LocalSystem, row: Recorder, results: R
   const refillMs = performance.now() - start;
   results.refill300Ms = round(refillMs, 0);
   row('refill of a 300-member pool to all ready', `${round(refillMs / 1000, 2)} s`, '≤ 3 s', refillMs <= 3000);
+}
+
+async function runtime(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const r = await benchRuntime();
+  results.runtime = r;
+  const p = r.firstPull;
+  row(
+    `first pull of agent-sandbox/base from the local registry into an empty image cache, median of ${p.runs}: pull (skopeo copy + umoci unpack), then the id-mapped unpack the runtime uses; a pod's first start pays the copy and the id-mapped unpack`,
+    `pull ${sec(p.pullMs)} (${sec(p.copyMs)} + ${sec(p.unpackMs)}); id-mapped unpack ${sec(p.idMappedUnpackMs)}; first start ${sec(p.runtimeFirstPullMs)}`,
+    '—',
+  );
+  const cold = r.coldStart;
+  const under = (s: { p50Ms: number; p99Ms: number }, ms: number): boolean => s.p50Ms <= ms && s.p99Ms <= ms;
+  row(`runc: cold start, start() of a new pod until Running, image cached (imagePullPolicy IfNotPresent), p50 / p99 (${cold.count} pods, one at a time)`, `${cold.p50Ms} / ${cold.p99Ms} ms`, '≤ 300 ms', under(cold, 300));
+  const always = r.coldStartAlways;
+  row(`runc: the same, image named as the built-in template names it (agent-sandbox/base, :latest, so pull policy Always: a registry round trip per start), p50 / p99`, `${always.p50Ms} / ${always.p99Ms} ms`, '≤ 300 ms', under(always, 300));
+  const floor = r.runcFloor;
+  row(`the floor: \`runc run -d\` of the same config.json (overlay mounted beforehand; no network, no shim), p50 / p99 (${floor.count} runs)`, `${floor.p50Ms} / ${floor.p99Ms} ms`, '—');
+  const refill = (f: Refill, how: string): void => {
+    const failed = Object.entries(f.failures).map(([why, n]) => `${n} × ${why}`).join('; ');
+    row(
+      `runc: refill, ${f.pods} concurrent start()s of new pods until all Running, ${how} (then all removed)`,
+      `${f.notRunning === 0 ? sec(f.ms) : `${sec(f.ms)} until all settled, ${f.notRunning} of ${f.pods} not Running: ${failed}`}; removed in ${sec(f.removeMs)}`,
+      '≤ 5 s',
+      f.notRunning === 0 && f.ms <= 5000,
+    );
+  };
+  refill(r.refill, 'image cached (IfNotPresent)');
+  refill(r.refillAlways, 'pull policy Always as the built-in template (as a warm pool refills)');
+  const w = r.wake;
+  row(`runc: wake, start() of a hibernated pod until Running, p50 / p99 (${w.start.count} wakes; and the stop() that hibernated it)`, `${w.start.p50Ms} / ${w.start.p99Ms} ms (stop ${w.stop.p50Ms} / ${w.stop.p99Ms} ms)`, 'p50 ≤ 200 ms', w.start.p50Ms <= 200);
+  const m = r.memory;
+  const total = m.shimPssKb + m.kernelKb;
+  row(
+    `runc: memory per idle sandbox outside its own processes (${m.pods} idle pods, ${m.cycles} times): its oci-shim's PSS (RSS) + the kernel's unreclaimable memory per pod (growth of SUnreclaim, KernelStack, PageTables and Percpu, system-wide: an upper bound, it also holds the pod's own processes' page tables and stacks; median, lowest–highest)`,
+    `${total} KB: shim ${m.shimPssKb} KB (${m.shimRssKb} KB RSS) + kernel ${m.kernelKb} KB (${m.kernelSpreadKb[0]}–${m.kernelSpreadKb[1]}); for scale: the pod's cgroup is charged ${m.kernelInCgroupKb} KB kmem (reclaimable slab included), its tini and sleep ${m.containerPssKb} KB PSS, the launcher (one per worker) ${m.launcherRssKb} KB RSS`,
+    '≤ 5 MB',
+    total <= 5 * 1024,
+  );
+}
+
+function sec(ms: number): string {
+  return ms < 1000 ? `${Math.round(ms)} ms` : `${round(ms / 1000, 2)} s`;
 }
 
 async function wake(row: Recorder, results: Record<string, unknown>): Promise<void> {
@@ -208,6 +252,7 @@ async function main(): Promise<void> {
       await system.cleanup();
     }
   }
+  if (all || parts.has('runtime')) await runtime(row, results);
   if (all || parts.has('wake')) await wake(row, results);
   if (all || parts.has('dataplane')) await dataplane(row, results);
   if (all || parts.has('federation')) await federation(row, results);
