@@ -110,6 +110,7 @@ export class ImageStore {
   readonly #log: Logger;
   // skopeo and umoci both rewrite oci/index.json: one writer at a time.
   #queue: Promise<unknown> = Promise.resolve();
+  readonly #inFlight = new Map<string, Promise<CachedImage>>();
 
   constructor(opts: ImageStoreOptions) {
     this.#opts = opts;
@@ -154,7 +155,19 @@ export class ImageStore {
    * source's answer: `Invalid` for a bad reference, `NotFound` when no source has it,
    * `Timeout` past the deadline, `Forbidden` when refused credentials, else `Unavailable`.
    */
-  async pull(image: string, opts: PullOptions = {}): Promise<CachedImage> {
+  pull(image: string, opts: PullOptions = {}): Promise<CachedImage> {
+    // Concurrent pulls of one image with the same options share one: a warm pool's refill starts
+    // hundreds of pods of `agent-sandbox/base` (`:latest`, so Always) at once, and each asked the
+    // registry in turn behind the cache's lock (300 starts: ~5 s of manifest checks, one by one).
+    const key = JSON.stringify([image, opts.policy, opts.idMap, opts.auths]);
+    const inFlight = this.#inFlight.get(key);
+    if (inFlight !== undefined) return inFlight;
+    const pulling = this.#pull(image, opts).finally(() => this.#inFlight.delete(key));
+    this.#inFlight.set(key, pulling);
+    return pulling;
+  }
+
+  async #pull(image: string, opts: PullOptions): Promise<CachedImage> {
     const ref = parseImageReference(image);
     const reference = formatReference(ref);
     const tag = layoutTag(reference);

@@ -364,6 +364,9 @@ export class LocalRuntime implements PodRuntime {
       // A lost launcher cannot kill: the pod's init is killed directly (its pid is fresh, seconds old).
       const initPid = launch.pid();
       if (launcherLost() && initPid !== undefined) signal(initPid, 'SIGKILL');
+      // The shim's exit comes after this and would say only "exited with code 125": its own
+      // message (runc's error) is the reason, so that event is for an older generation now.
+      pod.generation++;
       return fail(outcome.message);
     }
     launch.child.closeStdin();
