@@ -18,6 +18,9 @@ import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
+import { waitForPodState } from './support/pod-state.ts';
+
+const waitForState = (id: string, pred: (s: PodState) => boolean, what: string): Promise<PodState> => waitForPodState(rt, id, pred, what);
 
 const BRIDGE = 'asbdk0';
 const SUBNET = '10.230.0.0/16';
@@ -55,25 +58,6 @@ async function dfSizes(id: string, paths: string, runtime: LocalRuntime = rt): P
   return df.out.trim().split('\n').map((line) => Number(line.split(/\s+/)[1]));
 }
 
-/** Resolves once pred holds for the pod's state (checked on every change), or fails after 15 s. */
-function waitForState(id: string, pred: (s: PodState) => boolean, what: string): Promise<PodState> {
-  return new Promise((resolve, reject) => {
-    const check = (): boolean => {
-      const s = rt.state(id);
-      if (!pred(s)) return false;
-      clearTimeout(timer);
-      off();
-      resolve(s);
-      return true;
-    };
-    const timer = setTimeout(() => {
-      off();
-      reject(new Error(`pod ${id}: ${what} not reached; state ${JSON.stringify(rt.state(id))}`));
-    }, 15_000);
-    const off = rt.onChange((changed) => changed === id && check());
-    check();
-  });
-}
 
 /** What `losetup -a` lists, from the sysfs it reads: loop devices whose file is under `under`. */
 async function loopDevices(under: string): Promise<string[]> {

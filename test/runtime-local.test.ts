@@ -18,6 +18,7 @@ import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImages, testImageStore } from './support/test-images.ts';
+import { waitForPodState } from './support/pod-state.ts';
 
 const BRIDGE = 'asbt0';
 const SUBNET = '10.214.0.0/16';
@@ -48,25 +49,8 @@ async function sh(id: string, script: string, stdin?: string): Promise<{ exitCod
   return { exitCode: r.exitCode, out: text(r.stdout), err: text(r.stderr) };
 }
 
-/** Resolves once pred holds for the pod's state (checked on every change), or fails after 10 s. */
-function waitForState(id: string, pred: (s: PodState) => boolean, what: string): Promise<PodState> {
-  return new Promise((resolve, reject) => {
-    const check = (): boolean => {
-      const s = rt.state(id);
-      if (!pred(s)) return false;
-      clearTimeout(timer);
-      off();
-      resolve(s);
-      return true;
-    };
-    const timer = setTimeout(() => {
-      off();
-      reject(new Error(`pod ${id}: ${what} not reached; state ${JSON.stringify(rt.state(id))}`));
-    }, 10_000);
-    const off = rt.onChange((changed) => changed === id && check());
-    check();
-  });
-}
+
+const waitForState = (id: string, pred: (s: PodState) => boolean, what: string): Promise<PodState> => waitForPodState(rt, id, pred, what);
 
 function httpGet(url: string): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {

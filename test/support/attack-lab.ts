@@ -25,6 +25,7 @@ import { deleteBridge } from '../../src/runtime/local/network.ts';
 import type { ExecResult, PodRequest, PodState } from '../../src/runtime/runtime.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import { testImageStore } from './test-images.ts';
+import { waitForPodState } from './pod-state.ts';
 
 export const run = promisify(execFile);
 
@@ -165,22 +166,7 @@ export class AttackLab {
   #context(cls: RuntimeClass, cleanup: (step: () => unknown) => void): AttackContext {
     const rt = this.rt;
     const suffix = cls === 'runc' ? 'r' : 'g';
-    const waitForState = (id: string, pred: (s: PodState) => boolean, what: string, timeoutMs = 20_000): Promise<PodState> => new Promise((resolve, reject) => {
-      const check = (): boolean => {
-        const s = rt.state(id);
-        if (!pred(s)) return false;
-        clearTimeout(timer);
-        off();
-        resolve(s);
-        return true;
-      };
-      const timer = setTimeout(() => {
-        off();
-        reject(new Error(`pod ${id}: ${what} not reached in ${String(timeoutMs)} ms; state ${JSON.stringify(rt.state(id))}`));
-      }, timeoutMs);
-      const off = rt.onChange((changed) => changed === id && check());
-      check();
-    });
+    const waitForState = (id: string, pred: (s: PodState) => boolean, what: string, timeoutMs = 20_000): Promise<PodState> => waitForPodState(rt, id, pred, what, timeoutMs);
     return {
       cls,
       rt,
