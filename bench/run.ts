@@ -116,6 +116,11 @@ async function runtime(row: Recorder, results: Record<string, unknown>): Promise
   refill(r.refillAlways, 'pull policy Always as the built-in template (as a warm pool refills)');
   const w = r.wake;
   row(`runc: wake, start() of a hibernated pod until Running, p50 / p99 (${w.start.count} wakes; and the stop() that hibernated it)`, `${w.start.p50Ms} / ${w.start.p99Ms} ms (stop ${w.stop.p50Ms} / ${w.stop.p99Ms} ms)`, 'p50 ≤ 200 ms', w.start.p50Ms <= 200);
+  const g = r.gvisor;
+  if (g !== undefined) {
+    row(`gVisor (runtimeClassName: gvisor, runsc systrap): cold start, image cached, p50 / p99 (${g.coldStart.count} pods, one at a time)`, `${g.coldStart.p50Ms} / ${g.coldStart.p99Ms} ms`, 'reported beside runc');
+    row(`gVisor: wake, start() of a hibernated pod until Running, p50 / p99 (${g.wake.start.count} wakes; and the stop())`, `${g.wake.start.p50Ms} / ${g.wake.start.p99Ms} ms (stop ${g.wake.stop.p50Ms} / ${g.wake.stop.p99Ms} ms)`, 'reported beside runc');
+  }
   const m = r.memory;
   const total = m.shimPssKb + m.kernelKb;
   row(

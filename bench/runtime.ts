@@ -91,10 +91,13 @@ export interface RuntimeBench {
   refillAlways: Refill;
   wake: { start: LatencySummary; stop: LatencySummary };
   memory: MemoryFigures;
+  /** The same cold start and wake with `runtimeClassName: gvisor` (runsc); absent when runsc is not built. */
+  gvisor?: { coldStart: LatencySummary; wake: { start: LatencySummary; stop: LatencySummary } };
 }
 
-function podRequest(id: string, container: Partial<Container> = {}): PodRequest {
-  return { id, uid: `uid-${id}`, namespace: 'default', hostname: id, spec: { containers: [{ name: 'main', image: BASE_IMAGE, command: ['sleep', 'infinity'], ...container }] } };
+function podRequest(id: string, container: Partial<Container> = {}, runtimeClassName?: string): PodRequest {
+  const spec = { containers: [{ name: 'main', image: BASE_IMAGE, command: ['sleep', 'infinity'], ...container }] };
+  return { id, uid: `uid-${id}`, namespace: 'default', hostname: id, spec: runtimeClassName === undefined ? spec : { ...spec, runtimeClassName } };
 }
 
 export const cached: Partial<Container> = { imagePullPolicy: 'IfNotPresent' };
@@ -122,6 +125,7 @@ export async function benchRuntime(): Promise<RuntimeBench> {
     const wake = await wakes(rt);
     const memory = await idleMemory(rt);
     result = { firstPull, coldStart, coldStartAlways, runcFloor, refill, refillAlways, wake, memory };
+    if (rt.rootIsolation.gvisor) result.gvisor = { coldStart: await coldStarts(rt, 'bn-gcold', cached, 'gvisor'), wake: await wakes(rt, 'gvisor') };
   } catch (err) {
     failure = err;
   }
@@ -144,12 +148,12 @@ async function startRunning(rt: PodRuntime, req: PodRequest): Promise<void> {
   if (state.phase !== 'Running') throw new Error(`pod ${req.id} did not start: ${JSON.stringify(state)}`);
 }
 
-export async function coldStarts(rt: PodRuntime, prefix: string, container: Partial<Container>): Promise<LatencySummary> {
+export async function coldStarts(rt: PodRuntime, prefix: string, container: Partial<Container>, runtimeClassName?: string): Promise<LatencySummary> {
   const times: number[] = [];
   for (let i = 0; i < COLD_STARTS; i++) {
     const id = `${prefix}-${i}`;
     const t0 = performance.now();
-    await startRunning(rt, podRequest(id, container));
+    await startRunning(rt, podRequest(id, container, runtimeClassName));
     times.push(performance.now() - t0);
     await rt.remove(id);
   }
@@ -188,8 +192,8 @@ async function within<T>(p: Promise<T>, ms: number, message: string): Promise<T>
   }
 }
 
-export async function wakes(rt: PodRuntime): Promise<RuntimeBench['wake']> {
-  const req = podRequest('bn-wake', cached);
+export async function wakes(rt: PodRuntime, runtimeClassName?: string): Promise<RuntimeBench['wake']> {
+  const req = podRequest(runtimeClassName === undefined ? 'bn-wake' : `bn-wake-${runtimeClassName}`, cached, runtimeClassName);
   await startRunning(rt, req);
   const starts: number[] = [];
   const stops: number[] = [];
