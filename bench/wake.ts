@@ -49,7 +49,7 @@ async function wakes(edgeUrl: string, domain: string, target: Target, name: stri
   template.spec.podTemplate.spec.containers = [
     {
       name: 'main',
-      image: 'python',
+      image: 'python:3.11',
       command,
       ports: [{ containerPort: 8080 }],
       ...(probe ? { readinessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1 } } : {}),
