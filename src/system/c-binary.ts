@@ -1,4 +1,4 @@
-// Our few C programs (pod-init, the launcher, the runc terminal helper) are compiled on first use
+// Our few C programs (the pod shim, the launcher, the disk helper, the terminal helper) are compiled on first use
 // into a state dir, each named by the hash of its source and flags so an upgrade never runs a
 // stale binary. Compiling takes ~0.3 s once; a `cc` (Debian package gcc) must be installed.
 // Several processes sharing a root may race: each compiles to a private temp name and renames,

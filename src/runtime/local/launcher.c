@@ -1,4 +1,4 @@
-// launcher: one small long-lived process per local runtime that fork()s and execs pod-init (and
+// launcher: one small long-lived process per local runtime that fork()s and execs the pod shims (and
 // helpers such as `ip -batch`) on behalf of the Node worker.
 //
 // Why: Node's child_process.spawn forks the whole (large) Node process and blocks its event loop
@@ -16,11 +16,11 @@
 // Events:
 //   'P' u32 pid of the started child.   'O' bytes the child wrote.   'Z' its output ended (EOF).
 //   'X' i32 exit: the exit code, or minus the signal that killed it. Always after its 'Z'.
-// A failed exec is reported like pod-init reports errors: an "error ..." line, then exit 127.
+// A failed exec is reported like the pod shim reports errors: an "error ..." line, then exit 127.
 //
 // When stdin closes (the worker exited or closed the runtime), the launcher just exits: children
 // are never killed. Pods are in their own sessions and keep running; the next runtime re-adopts
-// them by pid and start time. pod-init has replaced its pipes with /dev/null once "ready" is
+// them by pid and start time. the shim has replaced its pipes with /dev/null once "ready" is
 // written, so our pipes closing cannot hurt a running pod.
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,4 +1,4 @@
-// The Node side of launcher.c: one long-lived process that fork()s and execs every pod-init (and
+// The Node side of launcher.c: one long-lived process that fork()s and execs every pod shim (and
 // `ip -batch` helper) for the runtime, so the worker never spawns per pod. Node's spawn forks the
 // whole worker and blocks its event loop until the child execs (6-20 ms each on 2 cores); the
 // launcher's fork costs < 0.1 ms and Node only writes one record to a pipe.
@@ -6,7 +6,7 @@
 // after: worst event-loop stall 1.4-7.7 s -> 0.2-1.1 s (p99 stays 20-60 ms), worker user CPU
 // 0.37-0.45 s -> 0.19-0.22 s. Wall time to all-ready did not move (3.9-12 s either way, by load):
 // it is now bound by the kernel work of the pods themselves (ext4 inode allocation for each new
-// pod dir, mounts, namespaces: perf shows pod-init and fs threads, not Node, on the CPUs).
+// pod dir, mounts, namespaces: perf showed the pods' own init and fs threads, not Node, on the CPUs).
 // The launcher is supervised: if it dies it is restarted with backoff (50 ms doubling to 5 s);
 // children it started keep running (pods are in their own session), their launches report lost()
 // and the runtime watches those pods by polling, as it does for adopted pods.

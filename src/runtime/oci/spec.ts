@@ -10,7 +10,6 @@
 //   (a uid-1000 process with an ambient CAP_SETUID could otherwise become host uid 0);
 // - cgroup limits: memory (swap = memory, so no swap), cpu quota, pids, devices deny-all;
 // - /dev/shm sized (tmpfs pages are charged to the memory cgroup, but the size caps it first).
-// Not yet used by the local runtime (the wiring is issue 16's next slice).
 import { AsbError, type FieldProblem } from '../../errors.ts';
 import type { Container } from '../../api/types.ts';
 import type { ImageConfig } from '../../images/image-store.ts';
