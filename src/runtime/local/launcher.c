@@ -20,7 +20,7 @@
 //
 // When stdin closes (the worker exited or closed the runtime), the launcher just exits: children
 // are never killed. Pods are in their own sessions and keep running; the next runtime re-adopts
-// them by pid and start time. the shim has replaced its pipes with /dev/null once "ready" is
+// them by pid and start time. The shim has replaced its pipes with /dev/null once "ready" is
 // written, so our pipes closing cannot hurt a running pod.
 #define _GNU_SOURCE
 #include <errno.h>
