@@ -3,7 +3,7 @@
 // take every pid of this host (pid_max 32768): the parent's limit keeps half of pid_max for the
 // host, however many sandboxes run a fork bomb at once. cgroup v1 (this host: the pids controller
 // at /sys/fs/cgroup/pids) and v2 (one tree, when pids is enabled there).
-import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rmdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
 const CGROUP_ROOT = '/sys/fs/cgroup';
@@ -39,9 +39,5 @@ export async function removeParent(parent: string): Promise<void> {
 }
 
 async function isDir(path: string): Promise<boolean> {
-  try {
-    return (await readdir(path)).length >= 0;
-  } catch {
-    return false;
-  }
+  return (await stat(path).catch(() => undefined))?.isDirectory() === true;
 }

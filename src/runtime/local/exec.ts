@@ -16,6 +16,7 @@ import { join } from 'node:path';
 import { constants } from 'node:os';
 import type { ExecRequest, ExecResult } from '../runtime.ts';
 import { CappedBuffer, DEFAULT_MAX_OUTPUT } from '../capped-buffer.ts';
+import { HOST_ENV, killGroup, noCapabilities, type UnprivilegedProcess } from '../oci/host-process.ts';
 import { runscFailure } from '../oci/runsc.ts';
 import type { RuntimeKind } from './runtime-class.ts';
 
@@ -46,8 +47,6 @@ export interface SpawnInPodOptions {
   env?: Record<string, string>;
 }
 
-/** The host side's environment for runc: never the pod's. */
-export const RUNC_ENV: Readonly<Record<string, string>> = Object.freeze({ PATH: '/usr/sbin:/usr/bin:/sbin:/bin' });
 
 /** Who runs an exec'd process, and the environment it gets beyond the container's. */
 function execUser(target: PodTarget, opts: SpawnInPodOptions): { uid: number; gid: number; env: Record<string, string> } {
@@ -65,17 +64,8 @@ export function runcExecArgv(target: PodTarget, command: readonly string[], opts
   return [...target.runtimeFlags, '--root', target.runcRoot, 'exec', '--pid-file', pidFile, '--user', `${String(uid)}:${String(gid)}`, '--cwd', opts.cwd ?? target.cwd, ...envArgs, '--', target.id, ...command];
 }
 
-export interface RunscExecProcess {
-  user: { uid: number; gid: number; additionalGids: number[] };
-  args: string[];
-  env: string[];
-  cwd: string;
-  capabilities: { bounding: never[]; effective: never[]; permitted: never[]; inheritable: never[]; ambient: never[] };
-  noNewPrivileges: true;
-}
-
 /** runtime-spec's process for `runsc exec -process`: the container's environment plus opts.env, as runc exec gives it. */
-export function runscExecProcess(target: PodTarget, command: readonly string[], opts: SpawnInPodOptions): RunscExecProcess {
+export function runscExecProcess(target: PodTarget, command: readonly string[], opts: SpawnInPodOptions): UnprivilegedProcess {
   const { uid, gid, env } = execUser(target, opts);
   const vars = { ...target.env, ...env };
   return {
@@ -83,7 +73,7 @@ export function runscExecProcess(target: PodTarget, command: readonly string[], 
     args: [...command],
     env: Object.entries(vars).map(([k, v]) => `${k}=${v}`),
     cwd: opts.cwd ?? target.cwd,
-    capabilities: { bounding: [], effective: [], permitted: [], inheritable: [], ambient: [] },
+    capabilities: noCapabilities(),
     noNewPrivileges: true,
   };
 }
@@ -129,7 +119,7 @@ export function spawnInPod(target: PodTarget, command: readonly string[], opts: 
   // ~0.1 ms: a few hundred bytes into the pod's private exec dir, so spawnInPod stays synchronous.
   if (gvisor) writeFileSync(processFile, JSON.stringify(runscExecProcess(target, command, opts)), { mode: 0o600 });
   const child = spawn(target.runc, gvisor ? runscExecArgv(target, processFile, pidFile, logFile) : runcExecArgv(target, command, opts, pidFile), {
-    env: RUNC_ENV,
+    env: HOST_ENV,
     detached: true,
     stdio: ['pipe', 'pipe', 'pipe'],
   });
@@ -187,7 +177,7 @@ function readText(path: string): string {
 
 /** `runsc kill --pgid`: the group of an exec'd process inside the sandbox (runsc exec makes it a session leader there). */
 function killInSandbox(target: PodTarget, pgid: number, signal: NodeJS.Signals): void {
-  const kill = spawn(target.runc, [...target.runtimeFlags, '--root', target.runcRoot, 'kill', '--pgid', String(pgid), target.id, signal], { env: RUNC_ENV, stdio: 'ignore' });
+  const kill = spawn(target.runc, [...target.runtimeFlags, '--root', target.runcRoot, 'kill', '--pgid', String(pgid), target.id, signal], { env: HOST_ENV, stdio: 'ignore' });
   kill.on('error', () => undefined); // runsc is there (exec ran it); a sandbox already gone needs no kill
 }
 
@@ -243,13 +233,4 @@ export function execInPod(target: PodTarget, req: ExecRequest): Promise<ExecResu
       resolve(result);
     });
   });
-}
-
-export function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
-  if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return;
-  try {
-    process.kill(-child.pid, signal);
-  } catch {
-    // already gone
-  }
 }

@@ -24,6 +24,7 @@ import { AsbError } from '../../errors.ts';
 import { ensureCBinary } from '../../system/c-binary.ts';
 import { privateDir } from '../../system/private-files.ts';
 import { CappedBuffer } from '../capped-buffer.ts';
+import { HOST_ENV, killGroup, noCapabilities, type UnprivilegedProcess } from './host-process.ts';
 import type { PtyOptions, PtySession } from '../runtime.ts';
 import { runscFailure } from './runsc.ts';
 
@@ -33,8 +34,6 @@ export const HANGUP_GRACE_MS = 2000;
 const OPEN_TIMEOUT_MS = 30_000;
 /** After close(), if the helper itself is still there this long after the grace, it is killed. */
 const HELPER_BACKSTOP_MS = 5000;
-/** The helper's and runc's whole environment: nothing from the pod reaches the host side. */
-const HELPER_ENV: Readonly<Record<string, string>> = Object.freeze({ PATH: '/usr/sbin:/usr/bin:/sbin:/bin', LC_ALL: 'C' });
 /**
  * The default command: bash where the image has it, else the POSIX sh
  * every shell image has. Interactive, not a login shell (`docker exec -it`, `kubectl exec -it` do
@@ -70,15 +69,9 @@ export interface RuncPtyTarget {
 }
 
 /** runtime-spec's process, as `runc exec --process` reads it. */
-export interface ExecProcess {
+export interface ExecProcess extends UnprivilegedProcess {
   terminal: true;
   consoleSize: { height: number; width: number };
-  user: { uid: number; gid: number; additionalGids: number[] };
-  args: string[];
-  env: string[];
-  cwd: string;
-  capabilities: { bounding: never[]; effective: never[]; permitted: never[]; inheritable: never[]; ambient: never[] };
-  noNewPrivileges: true;
 }
 
 /** Builds the helper into `<stateDir>/bin` if needed (~0.3 s once); call at start so the first terminal does not wait for it. */
@@ -122,7 +115,7 @@ export function execProcess(target: RuncPtyTarget, opts: PtyOptions): ExecProces
     args: [...command],
     env: [...env].map(([k, v]) => `${k}=${v}`),
     cwd,
-    capabilities: { bounding: [], effective: [], permitted: [], inheritable: [], ambient: [] },
+    capabilities: noCapabilities(),
     noNewPrivileges: true,
   };
 }
@@ -156,15 +149,6 @@ function sizePayload(cols: number, rows: number): Buffer {
   return b;
 }
 
-function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
-  if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return;
-  try {
-    process.kill(-child.pid, signal);
-  } catch {
-    // already gone
-  }
-}
-
 /** Reads the helper's fd 3 to its end: "ready PID\n" once the terminal is up, nothing if it failed. */
 function readyLine(pipe: Readable): Promise<string> {
   return new Promise((resolve) => {
@@ -183,7 +167,7 @@ function readyLine(pipe: Readable): Promise<string> {
  * runc failures (the container is not running), `Timeout` if runc hangs.
  */
 export async function openRuncPty(target: RuncPtyTarget, opts: PtyOptions): Promise<PtySession> {
-  // The host side never looks anything up: runc by absolute path, with HELPER_ENV.
+  // The host side never looks anything up: runc by absolute path, with HOST_ENV.
   if (!isAbsolute(target.runc)) throw new AsbError('Internal', `runc must be an absolute path, got ${JSON.stringify(target.runc)}`);
   const processJson = execProcess(target, opts);
   const helper = await ensurePtyHelper(target.stateDir);
@@ -194,7 +178,7 @@ export async function openRuncPty(target: RuncPtyTarget, opts: PtyOptions): Prom
     await writeFile(join(dir, 'process.json'), JSON.stringify(processJson), { mode: 0o600 });
     const child = spawn(helper, [String(HANGUP_GRACE_MS), ...execArgv(target)], {
       cwd: dir,
-      env: HELPER_ENV,
+      env: HOST_ENV,
       detached: true, // its own group: a hung open is killed with the runc it started
       stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
     });
