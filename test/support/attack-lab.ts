@@ -26,6 +26,7 @@ import type { ExecResult, PodRequest, PodState } from '../../src/runtime/runtime
 import { silentLogger } from '../../src/system/log.ts';
 import { testImageStore } from './test-images.ts';
 import { waitForPodState } from './pod-state.ts';
+import { onCleanup } from './oci-fixture.ts';
 
 export const run = promisify(execFile);
 
@@ -145,19 +146,7 @@ export class AttackLab {
       for (const attack of attacks) {
         if (attack.classes !== undefined && !attack.classes.includes(cls)) continue;
         test(`${cls}: ${attack.name}`, attack.timeoutMs === undefined ? {} : { timeout: attack.timeoutMs }, async (t) => {
-          const steps: (() => unknown)[] = [];
-          t.after(async () => {
-            const errors: unknown[] = [];
-            for (const step of steps.reverse()) {
-              try {
-                await step();
-              } catch (err) {
-                errors.push(err);
-              }
-            }
-            if (errors.length > 0) throw new AggregateError(errors, `${String(errors.length)} cleanup step(s) failed`);
-          });
-          await attack.run(this.#context(cls, (step) => steps.push(step)));
+          await attack.run(this.#context(cls, (step) => onCleanup(t, step)));
         });
       }
     }
