@@ -6,19 +6,18 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync } from 'node:fs';
-import { chown, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { chown, mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import type { Container } from '../src/api/types.ts';
 import { evictionMessage, podDisk } from '../src/runtime/local/disk.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
-import { deleteBridge } from '../src/runtime/local/network.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { waitForPodState } from './support/pod-state.ts';
+import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
 const waitForState = (id: string, pred: (s: PodState) => boolean, what: string): Promise<PodState> => waitForPodState(rt, id, pred, what);
 
@@ -28,17 +27,14 @@ const MiB = 2 ** 20;
 let root = '';
 let rt: LocalRuntime;
 
+let fixture: TestRuntime;
+
 before(async () => {
-  root = await mkdtemp(join(tmpdir(), 'asb-disk-'));
-  rt = await createLocalRuntime({ root, log: silentLogger(), images: await testImageStore(), bridge: BRIDGE, subnet: SUBNET, pollIntervalMs: 100 });
+  fixture = await startTestRuntime('asb-disk-', BRIDGE, SUBNET, { pollIntervalMs: 100 });
+  ({ root, rt } = fixture);
 });
 
-after(async () => {
-  for (const id of rt.list()) await rt.remove(id);
-  await rt.close();
-  await deleteBridge(BRIDGE);
-  await rm(root, { recursive: true, force: true });
-});
+after(() => stopTestRuntime(fixture));
 
 function pod(id: string, container: Partial<Container> = {}): PodRequest {
   return { id, uid: `uid-${id}`, namespace: 'default', hostname: id, spec: { containers: [{ name: 'main', image: 'agent-sandbox/base', ...container }] } };

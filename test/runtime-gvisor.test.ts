@@ -4,38 +4,34 @@
 // never collides with a running worker or another test file.
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, rm, stat } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import { get } from 'node:http';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import type { Container } from '../src/api/types.ts';
 import { podSecurityProblems } from '../src/api/pod-security.ts';
 import { isAsbError } from '../src/errors.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
-import { deleteBridge } from '../src/runtime/local/network.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { waitForPodState } from './support/pod-state.ts';
+import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
 const BRIDGE = 'asbgv0';
 const SUBNET = '10.207.0.0/16';
 let root = '';
 let rt: LocalRuntime;
 
+let fixture: TestRuntime;
+
 before(async () => {
-  root = await mkdtemp(join(tmpdir(), 'asb-gvisor-'));
-  rt = await createLocalRuntime({ root, log: silentLogger(), images: await testImageStore(), bridge: BRIDGE, subnet: SUBNET, probeIntervalMs: 100, pollIntervalMs: 100 });
+  fixture = await startTestRuntime('asb-gvisor-', BRIDGE, SUBNET, { probeIntervalMs: 100, pollIntervalMs: 100 });
+  ({ root, rt } = fixture);
 });
 
-after(async () => {
-  for (const id of rt.list()) await rt.remove(id);
-  await rt.close();
-  await deleteBridge(BRIDGE);
-  await rm(root, { recursive: true, force: true });
-});
+after(() => stopTestRuntime(fixture));
 
 /** A pod of the base image, under gVisor unless runtimeClassName says otherwise (null: none, so runc). */
 function pod(id: string, container: Partial<Container> = {}, runtimeClassName: string | null = 'gvisor'): PodRequest {

@@ -12,31 +12,28 @@ import type { Container } from '../src/api/types.ts';
 import { isAsbError } from '../src/errors.ts';
 import { checkStreamedWrites, chunks } from './support/streamed-writes.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
-import { deleteBridge } from '../src/runtime/local/network.ts';
 import { volumeDir } from '../src/runtime/local/pod-process.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImages, testImageStore } from './support/test-images.ts';
 import { waitForPodState } from './support/pod-state.ts';
+import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
 const BRIDGE = 'asbt0';
 const SUBNET = '10.214.0.0/16';
 let root = '';
 let rt: LocalRuntime;
 
+let fixture: TestRuntime;
+
 before(async () => {
-  root = await mkdtemp(join(tmpdir(), 'asb-runtime-'));
   // pollIntervalMs: pods started before the launcher-kill test are watched by polling afterwards.
-  rt = await createLocalRuntime({ root, log: silentLogger(), images: await testImageStore(), bridge: BRIDGE, subnet: SUBNET, probeIntervalMs: 100, pollIntervalMs: 100 });
+  fixture = await startTestRuntime('asb-runtime-', BRIDGE, SUBNET, { probeIntervalMs: 100, pollIntervalMs: 100 });
+  ({ root, rt } = fixture);
 });
 
-after(async () => {
-  for (const id of rt.list()) await rt.remove(id);
-  await rt.close();
-  await deleteBridge(BRIDGE);
-  await rm(root, { recursive: true, force: true });
-});
+after(() => stopTestRuntime(fixture));
 
 function pod(id: string, container: Partial<Container> = {}): PodRequest {
   return { id, uid: `uid-${id}`, namespace: 'default', hostname: `${id}-host`, spec: { containers: [{ name: 'main', image: 'agent-sandbox/base', ...container }] } };

@@ -20,13 +20,11 @@ import { join } from 'node:path';
 import { after, test } from 'node:test';
 import { promisify } from 'node:util';
 import type { Container, PodSpec, VolumeClaimTemplate } from '../../src/api/types.ts';
-import { createLocalRuntime, type LocalRuntime } from '../../src/runtime/local/local-runtime.ts';
-import { deleteBridge } from '../../src/runtime/local/network.ts';
+import { type LocalRuntime } from '../../src/runtime/local/local-runtime.ts';
 import type { ExecResult, PodRequest, PodState } from '../../src/runtime/runtime.ts';
-import { silentLogger } from '../../src/system/log.ts';
-import { testImageStore } from './test-images.ts';
 import { waitForPodState } from './pod-state.ts';
 import { onCleanup } from './oci-fixture.ts';
+import { startTestRuntime, stopTestRuntime } from './test-runtime.ts';
 
 export const run = promisify(execFile);
 
@@ -122,14 +120,7 @@ export class AttackLab {
 
   /** Makes the runtime now (at import: the classes decide which tests exist) and removes it after the file. */
   static async create(opts: LabOptions): Promise<AttackLab> {
-    const root = await mkdtemp(join(tmpdir(), 'asb-attack-'));
-    let rt: LocalRuntime;
-    try {
-      rt = await createLocalRuntime({ root, log: silentLogger(), images: await testImageStore(), bridge: opts.bridge, subnet: opts.subnet, probeIntervalMs: 100, pollIntervalMs: 100 });
-    } catch (err) {
-      await rm(root, { recursive: true, force: true });
-      throw err;
-    }
+    const { rt, root } = await startTestRuntime('asb-attack-', opts.bridge, opts.subnet, { probeIntervalMs: 100, pollIntervalMs: 100 });
     const lab = new AttackLab(rt, root, opts.bridge);
     after(() => lab.close());
     return lab;
@@ -195,11 +186,8 @@ export class AttackLab {
     };
   }
 
-  async close(): Promise<void> {
-    for (const id of this.rt.list()) await this.rt.remove(id);
-    await this.rt.close();
-    await deleteBridge(this.#bridge);
-    await rm(this.root, { recursive: true, force: true });
+  close(): Promise<void> {
+    return stopTestRuntime({ rt: this.rt, root: this.root, bridge: this.#bridge });
   }
 }
 
