@@ -6,7 +6,7 @@
 //
 // The world the sandboxes see is made here and removed after: a network namespace
 // (asbnp-world) behind a veth, holding a stand-in internet (203.0.113.10, 198.51.100.10), a
-// stand-in metadata endpoint (169.254.169.254) and a private-range server (10.238.0.10). Only
+// stand-in metadata endpoint (169.254.169.254) and a private-range server (10.239.0.10). Only
 // packets arriving from this file's bridge are routed there (an `ip rule` on iif: the host's own
 // traffic to those addresses is untouched). The bridge forwards, as every Kubernetes node does,
 // so that what stops a packet is the policy and not an unrouted host.
@@ -33,7 +33,7 @@ const TABLE = '2361';
 const PUBLIC_A = '203.0.113.10';
 const PUBLIC_B = '198.51.100.10';
 const METADATA = '169.254.169.254';
-const PRIVATE = '10.238.0.10';
+const PRIVATE = '10.239.0.10';
 
 const ip = (...args: string[]): Promise<unknown> => run('ip', args);
 const quiet = (p: Promise<unknown>): Promise<unknown> => p.catch(() => undefined);
@@ -59,7 +59,7 @@ async function setUpWorld(): Promise<ChildProcess> {
   await ip('-n', NS, 'link', 'set', 'eth0', 'up');
   for (const a of [PUBLIC_A, PUBLIC_B, METADATA, PRIVATE]) await ip('-n', NS, 'addr', 'add', `${a}/32`, 'dev', 'lo');
   await ip('-n', NS, 'route', 'add', 'default', 'via', WORLD_HOST);
-  for (const dst of ['203.0.113.0/24', '198.51.100.0/24', `${METADATA}/32`, '10.238.0.0/24']) await ip('route', 'add', dst, 'via', WORLD_NS, 'table', TABLE);
+  for (const dst of ['203.0.113.0/24', '198.51.100.0/24', `${METADATA}/32`, '10.239.0.0/24']) await ip('route', 'add', dst, 'via', WORLD_NS, 'table', TABLE);
   await ip('rule', 'add', 'iif', BRIDGE, 'lookup', TABLE, 'pref', TABLE);
   const server = spawn('ip', ['netns', 'exec', NS, 'python3', '-c', WORLD_SERVER], { stdio: ['ignore', 'pipe', 'inherit'] });
   const [line] = (await Promise.race([once(server.stdout, 'data'), once(server, 'exit')])) as unknown[];
@@ -220,7 +220,7 @@ const metadataAndPrivate: Attack = {
     await assertDeniedFast(p, `http://${METADATA}/latest/meta-data/`);
     await assertDeniedFast(p, `http://${PRIVATE}/`);
     await counted(a, p, 'default-private');
-    const allowed = await a.pod('np-allowpriv', {}, { egress: policy({ allow: ['10.238.0.0/24'] }) });
+    const allowed = await a.pod('np-allowpriv', {}, { egress: policy({ allow: ['10.239.0.0/24'] }) });
     await assertReaches(allowed, `http://${PRIVATE}/`, `world ${PRIVATE}`);
     await assertDeniedFast(allowed, `http://${METADATA}/`);
   },
