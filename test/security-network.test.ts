@@ -3,87 +3,24 @@
 // Before the kernel rules (src/network/nft-ruleset.ts) every denied case here connected: sandbox
 // A fetched sandbox B's port over the bridge, a host listener on 0.0.0.0 answered on the bridge
 // gateway, and the stand-in metadata server and private range answered once the host routed.
-//
-// The world the sandboxes see is made here and removed after: a network namespace
-// (asbnp-world) behind a veth, holding a stand-in internet (203.0.113.10, 198.51.100.10), a
-// stand-in metadata endpoint (169.254.169.254) and a private-range server (10.239.0.10). Only
-// packets arriving from this file's bridge are routed there (an `ip rule` on iif: the host's own
-// traffic to those addresses is untouched). The bridge forwards, as every Kubernetes node does,
-// so that what stops a packet is the policy and not an unrouted host.
+// The world the sandboxes see (a stand-in internet, metadata endpoint and private range) is a
+// network namespace this file makes and removes (test/support/egress-world.ts).
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after } from 'node:test';
 import { parseEgressPolicy, type EgressPolicy } from '../src/network/egress-policy.ts';
 import type { Attack, AttackContext, LabPod } from './support/attack-lab.ts';
-import { AttackLab, fields, run } from './support/attack-lab.ts';
+import { AttackLab, fields } from './support/attack-lab.ts';
+import { METADATA, PRIVATE, PUBLIC_A, PUBLIC_B, startWorld } from './support/egress-world.ts';
 
 // Test subnets of issue 17's netpol work: 10.236-10.239; stand-in internet in TEST-NET ranges.
 const BRIDGE = 'asbnpsec0';
 const lab = await AttackLab.create({ bridge: BRIDGE, subnet: '10.236.0.0/16' });
 const GATEWAY = '10.236.0.1';
-const NS = 'asbnp-world';
-const WORLD_IF = 'asbnpw0';
-const WORLD_HOST = '10.237.0.1';
-const WORLD_NS = '10.237.0.2';
-const TABLE = '2361';
-const PUBLIC_A = '203.0.113.10';
-const PUBLIC_B = '198.51.100.10';
-const METADATA = '169.254.169.254';
-const PRIVATE = '10.239.0.10';
-
-const ip = (...args: string[]): Promise<unknown> => run('ip', args);
-const quiet = (p: Promise<unknown>): Promise<unknown> => p.catch(() => undefined);
-
-async function teardownWorld(): Promise<void> {
-  await quiet(ip('rule', 'del', 'pref', TABLE));
-  await quiet(ip('route', 'flush', 'table', TABLE));
-  await quiet(ip('link', 'del', WORLD_IF));
-  await quiet(ip('netns', 'del', NS));
-}
-
-/** The world namespace and its server: answers `world <address it was reached on>` on port 80 of every address. */
-async function setUpWorld(): Promise<ChildProcess> {
-  await teardownWorld();
-  await ip('netns', 'add', NS);
-  await ip('link', 'add', WORLD_IF, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', NS);
-  await ip('addr', 'add', `${WORLD_HOST}/30`, 'dev', WORLD_IF);
-  await ip('link', 'set', WORLD_IF, 'up');
-  await writeFile(`/proc/sys/net/ipv4/conf/${WORLD_IF}/forwarding`, '1\n');
-  await writeFile(`/proc/sys/net/ipv4/conf/${BRIDGE}/forwarding`, '1\n');
-  await ip('-n', NS, 'link', 'set', 'lo', 'up');
-  await ip('-n', NS, 'addr', 'add', `${WORLD_NS}/30`, 'dev', 'eth0');
-  await ip('-n', NS, 'link', 'set', 'eth0', 'up');
-  for (const a of [PUBLIC_A, PUBLIC_B, METADATA, PRIVATE]) await ip('-n', NS, 'addr', 'add', `${a}/32`, 'dev', 'lo');
-  await ip('-n', NS, 'route', 'add', 'default', 'via', WORLD_HOST);
-  for (const dst of ['203.0.113.0/24', '198.51.100.0/24', `${METADATA}/32`, '10.239.0.0/24']) await ip('route', 'add', dst, 'via', WORLD_NS, 'table', TABLE);
-  await ip('rule', 'add', 'iif', BRIDGE, 'lookup', TABLE, 'pref', TABLE);
-  const server = spawn('ip', ['netns', 'exec', NS, 'python3', '-c', WORLD_SERVER], { stdio: ['ignore', 'pipe', 'inherit'] });
-  const [line] = (await Promise.race([once(server.stdout, 'data'), once(server, 'exit')])) as unknown[];
-  assert.match(String(line), /ready/, 'the world server did not start');
-  return server;
-}
-
-const WORLD_SERVER = `
-import http.server, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = ('world ' + self.connection.getsockname()[0]).encode()
-        self.send_response(200); self.send_header('content-length', str(len(body))); self.end_headers(); self.wfile.write(body)
-    def log_message(self, *a): pass
-s = http.server.ThreadingHTTPServer(('0.0.0.0', 80), H)
-print('ready', flush=True)
-s.serve_forever()
-`;
-
-const world = await setUpWorld();
-after(async () => {
-  world.kill('SIGKILL');
-  await teardownWorld();
-});
+const world = await startWorld({ bridge: BRIDGE, netns: 'asbnp-world', veth: 'asbnpw0', table: 2361, link: '10.239.255.0/30' });
+after(() => world.close());
+const WORLD_HOST = world.hostAddress;
 
 /** Host servers a sandbox must never reach: one on every address, one on loopback; each counts its requests. */
 function hostServer(host: string): Promise<{ server: Server; port: number; hits: () => number }> {
@@ -214,8 +151,7 @@ const hostListener: Attack = {
 const metadataAndPrivate: Attack = {
   name: 'link-local (169.254.169.254) and private ranges are refused by default; an allow CIDR opens one',
   async run(a) {
-    const control = await run('ip', ['netns', 'exec', NS, 'curl', '-sS', `http://${METADATA}/`]);
-    assert.equal(control.stdout, `world ${METADATA}`, 'the stand-in metadata server is not up');
+    assert.equal(await world.curlInside(`http://${METADATA}/`), `world ${METADATA}`, 'the stand-in metadata server is not up');
     const p = await a.pod('np-meta');
     await assertDeniedFast(p, `http://${METADATA}/latest/meta-data/`);
     await assertDeniedFast(p, `http://${PRIVATE}/`);
