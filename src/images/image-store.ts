@@ -30,15 +30,17 @@
 // layer cannot be unpacked on its own as an overlayfs layer. Two images that share their
 // layers (agent-sandbox/base and python:3.11 here) share the unpacked tree; two that share only a
 // first layer share its blob but not its files.
-import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
+import { join, relative } from 'node:path';
 import { AsbError, type ErrorCode } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import { privateDir } from '../system/private-files.ts';
 import { acquireOwnerLockWaiting } from '../store/owner-lock.ts';
 import { formatReference, manifestSelector, parseImageReference, type ImageReference } from './reference.ts';
+import { decideGc, type GcRecord, type GcTree } from './gc-decision.ts';
+import { addPin, removePinFile, removePins, scanPins } from './pins.ts';
 import { authFileJson, pullSources, type PullSource, type RegistriesConfig, type RegistryAuth } from './registries.ts';
 import { runTool, SKOPEO, toolMessage, UMOCI } from './tool.ts';
 
@@ -99,9 +101,29 @@ export interface ImageStoreOptions {
   unpackTimeoutMs?: number;
 }
 
+/**
+ * How long an image nobody pins stays after it was pulled or last used: 1 hour. Long enough that
+ * a pool scaled to zero and back, or a template used once an hour, does not pull again (base:
+ * 4.5 s from the loopback registry, minutes from a remote one); short enough that a worker
+ * cycling through task images (SWE-bench: one per task) holds about an hour of them.
+ */
+export const DEFAULT_GC_GRACE_MS = 60 * 60_000;
+
+export interface GcOptions {
+  /** References kept whatever the pins say. */
+  keep?: Iterable<string>;
+  /** Nothing pulled or used more recently than this is removed. Default DEFAULT_GC_GRACE_MS. */
+  graceMs?: number;
+}
+
 export interface GcResult {
   readonly removedImages: readonly string[];
   readonly removedRootfs: number;
+  /** Pins of pods whose directory is gone (a worker killed before it unpinned). */
+  readonly stalePins: number;
+  /** Disk space given back by the blobs `umoci gc` removed, and by the trees. */
+  readonly blobBytes: number;
+  readonly treeBytes: number;
 }
 
 export class ImageStore {
@@ -111,13 +133,14 @@ export class ImageStore {
   // skopeo and umoci both rewrite oci/index.json: one writer at a time.
   #queue: Promise<unknown> = Promise.resolve();
   readonly #inFlight = new Map<string, Promise<CachedImage>>();
+  readonly #pulledListeners = new Set<() => void>();
 
   constructor(opts: ImageStoreOptions) {
     this.#opts = opts;
     this.#clock = opts.clock ?? systemClock;
     this.#log = opts.logger.child({ component: 'images' });
     privateDir(opts.root);
-    for (const dir of ['images', 'rootfs', 'tmp', 'registries.d']) mkdirSync(join(opts.root, dir), { recursive: true });
+    for (const dir of ['images', 'rootfs', 'tmp', 'registries.d', 'pins']) mkdirSync(join(opts.root, dir), { recursive: true });
     // Signature policy: accept what the registry serves (the registry is the trust boundary, as
     // for the kubelet); our own files so a host /etc/containers does not change behaviour.
     writeFileSync(this.#policyPath, JSON.stringify({ default: [{ type: 'insecureAcceptAnything' }] }));
@@ -182,7 +205,11 @@ export class ImageStore {
       if (cached !== undefined) return this.#serial(() => this.#unpack(cached, idMap));
       throw new AsbError('NotFound', `image "${image}" is not present and its pull policy is Never`);
     }
-    return this.#serial(async () => {
+    const pulled = this.#serial(async () => {
+      // Looked up again behind the lock: a GC may have held it and moved the image out of reach
+      // for an instant (gc()), or another process pulled it meanwhile.
+      const present = this.#read(tag, idMap);
+      if (present !== undefined && policy !== 'Always' && existsSync(present.rootfs)) return present;
       const sources = pullSources(ref, this.#opts.registries, opts.auths ?? []);
       const answers: string[] = [];
       let code: ErrorCode = 'NotFound';
@@ -199,39 +226,122 @@ export class ImageStore {
       }
       throw new AsbError(code, `image "${image}" (${reference}) could not be pulled: ${answers.join('; ')}`);
     });
+    void pulled.then(() => {
+      for (const listener of this.#pulledListeners) listener();
+    }, () => undefined);
+    return pulled;
   }
 
   /**
-   * Removes every cached image whose reference is not in `keep` (references as a pod names them),
-   * then the blobs and unpacked trees nothing kept uses. The runtime passes the images of every
-   * sandbox it holds, hibernated ones included.
+   * Records that the pod whose directory is podDir uses `image` (a reference as the pod names it)
+   * and, once known, its unpacked tree: GC keeps both while that directory exists, in every
+   * process sharing this cache (pins.ts). Call it before looking the image up (pull), and again
+   * with the tree the pod will mount.
    */
-  async gc(keep: Iterable<string>): Promise<GcResult> {
-    const kept = new Set<string>();
-    for (const image of keep) kept.add(formatReference(parseImageReference(image)));
+  async pin(podDir: string, image: { reference: string; rootfs?: string | undefined }): Promise<void> {
+    const reference = formatReference(parseImageReference(image.reference));
+    const tree = image.rootfs === undefined ? undefined : this.#treeOf(image.rootfs);
+    await addPin(this.#opts.root, podDir, [reference], tree === undefined ? [] : [tree]);
+    this.#touch([reference], tree === undefined ? [] : [tree]);
+  }
+
+  /** The pod is gone: what it used becomes collectable once unused for the grace (from now). */
+  async unpin(podDir: string): Promise<void> {
+    const pins = await removePins(this.#opts.root, podDir);
+    this.#touch(pins.flatMap((p) => p.references), pins.flatMap((p) => p.trees));
+  }
+
+  /** Called after every pull that fetched or unpacked (the GC loop checks the disk then). */
+  onPulled(listener: () => void): () => void {
+    this.#pulledListeners.add(listener);
+    return () => this.#pulledListeners.delete(listener);
+  }
+
+  /**
+   * Removes the images nothing uses (gc-decision.ts has the rules): records no live pin or `keep`
+   * names and not used within the grace, then their blobs (`umoci gc`) and the trees nothing
+   * kept uses. Pins are read twice: candidates are first moved out of reach (a start that looks
+   * them up now misses and pulls again, behind this lock), then any that a pin written meanwhile
+   * names is put back; so a pod that pins before it looks up never mounts a tree GC is deleting.
+   */
+  async gc(opts: GcOptions = {}): Promise<GcResult> {
+    const keep = new Set<string>();
+    for (const image of opts.keep ?? []) keep.add(formatReference(parseImageReference(image)));
+    const graceMs = opts.graceMs ?? DEFAULT_GC_GRACE_MS;
     return this.#serial(async () => {
-      const removedImages: string[] = [];
-      for (const image of this.list()) {
-        if (kept.has(image.reference)) continue;
-        const tag = layoutTag(image.reference);
-        await this.#umoci(['rm', '--image', `${this.#layout}:${tag}`], `remove ${image.reference}`);
-        rmSync(join(this.#opts.root, 'images', `${tag}.json`), { force: true });
-        removedImages.push(image.reference);
+      const root = this.#opts.root;
+      const records = this.#scanRecords();
+      const trees = this.#scanTrees();
+      const first = decideGc({ now: this.#clock.now(), graceMs, keep, records, trees, pins: scanPins(root) });
+      const trash = join(root, 'tmp', `gc-${process.pid}-${randomBytes(4).toString('hex')}`);
+      mkdirSync(join(trash, 'images'), { recursive: true });
+      mkdirSync(join(trash, 'rootfs'));
+      for (const tag of first.records) renameSync(join(root, 'images', `${tag}.json`), join(trash, 'images', `${tag}.json`));
+      for (const dir of first.trees) renameSync(join(root, 'rootfs', dir), join(trash, 'rootfs', dir));
+      const second = decideGc({ now: this.#clock.now(), graceMs, keep, records, trees, pins: scanPins(root) });
+      const records2 = new Set(second.records);
+      const trees2 = new Set(second.trees);
+      const removedTags = first.records.filter((tag) => records2.has(tag));
+      const removedTrees = first.trees.filter((dir) => trees2.has(dir));
+      for (const tag of first.records) if (!records2.has(tag)) renameSync(join(trash, 'images', `${tag}.json`), join(root, 'images', `${tag}.json`));
+      for (const dir of first.trees) if (!trees2.has(dir)) renameSync(join(trash, 'rootfs', dir), join(root, 'rootfs', dir));
+      for (const file of second.stalePins) removePinFile(root, file);
+
+      const byTag = new Map(records.map((r) => [r.tag, r.reference]));
+      const removedImages = removedTags.map((tag) => byTag.get(tag) ?? tag);
+      for (const tag of removedTags) {
+        // The tag goes from the layout so `umoci gc` may collect its manifest, config and layers.
+        await this.#umoci(['rm', '--image', `${this.#layout}:${tag}`], `remove ${byTag.get(tag) ?? tag}`).catch((err: unknown) => this.#log.warn({ err, tag }, 'image gc: the layout had no such tag'));
       }
+      const blobsBefore = diskBytes(join(this.#layout, 'blobs'));
       if (existsSync(join(this.#layout, 'index.json'))) await this.#umoci(['gc', '--layout', this.#layout], 'collect unused blobs');
-      const chains = new Set(this.list().map((i) => chainDir(i.chainId)));
-      let removedRootfs = 0;
-      for (const dir of readdirSync(join(this.#opts.root, 'rootfs'))) {
-        // An id-mapped tree goes with its chain.
-        if (chains.has(dir.split('_')[0] ?? dir)) continue;
-        rmSync(join(this.#opts.root, 'rootfs', dir), { recursive: true, force: true });
-        removedRootfs++;
-      }
-      rmSync(join(this.#opts.root, 'tmp'), { recursive: true, force: true });
-      mkdirSync(join(this.#opts.root, 'tmp'));
-      if (removedImages.length > 0) this.#log.info({ removedImages, removedRootfs }, 'image gc');
-      return { removedImages, removedRootfs };
+      const blobBytes = Math.max(0, blobsBefore - diskBytes(join(this.#layout, 'blobs')));
+      const treeBytes = diskBytes(join(trash, 'rootfs'));
+      // Whatever else is in tmp/ is a pull or unpack cut off by a crash: this lock is held by
+      // every pull, so none is in progress.
+      rmSync(join(root, 'tmp'), { recursive: true, force: true });
+      mkdirSync(join(root, 'tmp'));
+      const result: GcResult = { removedImages, removedRootfs: removedTrees.length, stalePins: second.stalePins.length, blobBytes, treeBytes };
+      if (removedImages.length > 0 || removedTrees.length > 0 || second.stalePins.length > 0) this.#log.info(result, 'image gc');
+      return result;
     });
+  }
+
+  #scanRecords(): GcRecord[] {
+    const dir = join(this.#opts.root, 'images');
+    const records: GcRecord[] = [];
+    for (const file of readdirSync(dir)) {
+      if (!file.endsWith('.json')) continue;
+      const tag = file.slice(0, -'.json'.length);
+      const stored = this.#read(tag);
+      if (stored === undefined) continue;
+      records.push({ tag, reference: stored.reference, chainDir: chainDir(stored.chainId), usedAt: statSync(join(dir, file)).mtimeMs });
+    }
+    return records;
+  }
+
+  #scanTrees(): GcTree[] {
+    const dir = join(this.#opts.root, 'rootfs');
+    return readdirSync(dir).map((name) => ({ dir: name, usedAt: statSync(join(dir, name)).mtimeMs }));
+  }
+
+  /** rootfs/<dir>/rootfs → dir; undefined for a tree outside this cache. */
+  #treeOf(rootfs: string): string | undefined {
+    const rel = relative(join(this.#opts.root, 'rootfs'), rootfs).split('/');
+    return rel.length === 2 && rel[1] === 'rootfs' && rel[0] !== undefined && rel[0] !== '..' ? rel[0] : undefined;
+  }
+
+  /** Marks records and trees as used now: the grace of an image no pod pins runs from its last use. */
+  #touch(references: readonly string[], trees: readonly string[]): void {
+    const now = new Date(this.#clock.now());
+    const paths = [...references.map((r) => join(this.#opts.root, 'images', `${layoutTag(r)}.json`)), ...trees.map((t) => join(this.#opts.root, 'rootfs', t))];
+    for (const path of paths) {
+      try {
+        utimesSync(path, now, now);
+      } catch {
+        // not pulled yet, or removed: nothing to mark
+      }
+    }
   }
 
   /**
@@ -321,6 +431,9 @@ export class ImageStore {
     const path = join(this.#opts.root, 'images', `${tag}.json`);
     writeFileSync(`${path}.tmp`, JSON.stringify(record, null, 2));
     renameSync(`${path}.tmp`, path);
+    // Its mtime is its last use for GC, on this store's clock.
+    const now = new Date(this.#clock.now());
+    utimesSync(path, now, now);
     return { ...record, rootfs: this.#rootfsPath(chainId, idMap) };
   }
 
@@ -341,6 +454,8 @@ export class ImageStore {
     // Complete or absent: a crash mid-unpack leaves only tmp/, which gc clears.
     rmSync(final, { recursive: true, force: true });
     renameSync(work, final);
+    const now = new Date(this.#clock.now());
+    utimesSync(final, now, now);
     this.#log.info({ image: image.reference, chainId: image.chainId, ms: this.#clock.now() - started }, 'image unpacked');
     return image;
   }
@@ -358,9 +473,14 @@ export class ImageStore {
   }
 
   #read(tag: string, idMap?: IdMap): CachedImage | undefined {
-    const path = join(this.#opts.root, 'images', `${tag}.json`);
-    if (!existsSync(path)) return undefined;
-    const stored = readJson(path) as StoredImage;
+    let stored: StoredImage;
+    try {
+      stored = readJson(join(this.#opts.root, 'images', `${tag}.json`)) as StoredImage;
+    } catch (err) {
+      // Never pulled, or removed by a GC (in this or another process) since the caller looked.
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw err;
+    }
     return { ...stored, rootfs: this.#rootfsPath(stored.chainId, idMap) };
   }
 }
@@ -397,4 +517,26 @@ function classify(message: string): ErrorCode {
 
 function readJson(path: string): unknown {
   return JSON.parse(readFileSync(path, 'utf8'));
+}
+
+/**
+ * Disk blocks under path (as `du` counts them: st_blocks, each hard-linked inode once), never
+ * following a symlink (an image's absolute links point onto the host).
+ */
+export function diskBytes(path: string): number {
+  const seen = new Set<number>();
+  const walk = (p: string): number => {
+    let st;
+    try {
+      st = lstatSync(p);
+    } catch {
+      return 0;
+    }
+    if (seen.has(st.ino)) return 0;
+    seen.add(st.ino);
+    let bytes = st.blocks * 512;
+    if (st.isDirectory()) for (const name of readdirSync(p)) bytes += walk(join(p, name));
+    return bytes;
+  };
+  return walk(path);
 }

@@ -249,6 +249,9 @@ export class LocalRuntime implements PodRuntime {
       const pod: Pod = { id, paths, persisted, state: { phase: 'Stopped', ready: false }, generation: 0, stopping: false };
       this.#pods.set(id, pod);
       if (persisted === undefined) return;
+      // Pods made before the cache kept pins (or whose pin was lost) are pinned now; a no-op otherwise.
+      const image = persisted.image;
+      if (image !== undefined) await this.#images.pin(paths.dir, { reference: image.reference, rootfs: image.rootfs }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot pin the image of a recovered pod'));
       this.#ips.reserve(persisted.ip);
       pod.state.ip = persisted.ip;
       const { pid, pidStart } = persisted;
@@ -288,8 +291,14 @@ export class LocalRuntime implements PodRuntime {
    */
   async #image(pod: Pod, image: string, policy: PullPolicy | undefined): Promise<PersistedImage> {
     const kept = pod.persisted?.image;
+    // Pinned before it is looked up, in a pod dir that exists (the pin's validity): the cache's
+    // GC, in this process or another sharing the cache, then never removes it under this pod.
+    await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
+    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: kept?.reference === image ? kept.rootfs : undefined });
     if (kept !== undefined && kept.reference === image && (await exists(kept.rootfs))) return kept;
     const pulled = await this.#images.pull(image, { idMap: ROOT_ID_MAP, ...(policy === undefined ? {} : { policy }) });
+    // The tree itself too: the reference's record may later name other bytes (its tag moved).
+    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: pulled.rootfs });
     return { reference: image, manifestDigest: pulled.manifestDigest, rootfs: pulled.rootfs, config: pulled.config };
   }
 
@@ -310,6 +319,11 @@ export class LocalRuntime implements PodRuntime {
     const container = mainContainer(req.spec);
     pod.state = { phase: 'Pending', ready: false };
     this.#emit(pod.id);
+    // No Secret objects here (README, "Pull credentials"): the worker's credentials are used, and
+    // the kubelet likewise pulls without a named secret it cannot find, with a warning.
+    if (Array.isArray(req.spec.imagePullSecrets) && req.spec.imagePullSecrets.length > 0) {
+      this.#log.warn({ id: pod.id, imagePullSecrets: req.spec.imagePullSecrets }, 'imagePullSecrets are not read by the local runtime: the worker\'s --registries credentials are used');
+    }
     let image: PersistedImage;
     try {
       image = await this.#image(pod, container.image || (this.#opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy));
@@ -551,6 +565,8 @@ export class LocalRuntime implements PodRuntime {
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
       rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
     ]);
+    // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.
+    await this.#images.unpin(pod.paths.dir);
     this.#emit(id);
   }
 
