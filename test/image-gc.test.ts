@@ -11,6 +11,9 @@ import { basename, dirname, join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { Registry } from 'prom-client';
 import { startImageGc } from '../src/images/gc-loop.ts';
+import { collectGarbage } from '../src/images/image-gc.ts';
+import { runTool, UMOCI } from '../src/images/tool.ts';
+import { systemClock } from '../src/system/clock.ts';
 import { ImageStore } from '../src/images/image-store.ts';
 import { mirrorConfig } from '../src/images/local-registry.ts';
 import { parseRegistriesConfig } from '../src/images/registries.ts';
@@ -173,6 +176,32 @@ test('the GC loop passes on its interval, and after a pull that leaves the disk 
   rmSync(podDir, { recursive: true });
   await loop.close();
   assert.equal(await loop.runNow(), undefined, 'closed: no pass');
+  await otherWorker().gc({ graceMs: 0 });
+  assert.deepEqual(trees(), []);
+});
+
+test('a pod that pins while GC has its image out of reach gets it back whole; GC removes nothing it pinned', async () => {
+  const pulled = await store.pull('busybox');
+  const podDir = mkdtempSync(join(tmpdir(), 'asb-gc-pod-'));
+  let seenDuring: unknown = 'not run';
+  const result = await collectGarbage({
+    root: cache, layout: join(cache, 'oci'), clock: systemClock, log: silentLogger(),
+    umoci: async (args) => {
+      await runTool(UMOCI, args, { timeoutMs: 60_000, clock: systemClock });
+    },
+    betweenScans: async () => {
+      // The start's order (local-runtime.ts #image): pin, then look the image up.
+      await store.pin(podDir, { reference: 'busybox' });
+      seenDuring = store.get('busybox');
+    },
+  }, new Set(), 0);
+  assert.equal(seenDuring, undefined, 'out of reach while GC decided: a start then pulls again, behind the lock');
+  assert.deepEqual(result.removedImages, []);
+  assert.equal(store.get('busybox')?.manifestDigest, pulled.manifestDigest);
+  assert.ok(existsSync(join(pulled.rootfs, 'bin/busybox')));
+  // The start that missed it pulls, and finds it in place (no second unpack).
+  assert.equal((await store.pull('busybox')).rootfs, pulled.rootfs);
+  rmSync(podDir, { recursive: true });
   await otherWorker().gc({ graceMs: 0 });
   assert.deepEqual(trees(), []);
 });

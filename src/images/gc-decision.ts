@@ -92,3 +92,8 @@ export function decideGc(input: GcInput): GcPlan {
 export function chainOfTree(dir: string): string {
   return dir.split('_')[0] ?? dir;
 }
+
+/** The rootfs/ directory name of a chain ID (`sha256:ab…` → `sha256-ab…`). */
+export function chainDirOf(chainId: string): string {
+  return chainId.replace(':', '-');
+}

@@ -13,7 +13,8 @@ import { statfs } from 'node:fs/promises';
 import { systemClock, type Clock, type Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { Metrics } from '../metrics/metrics.ts';
-import { DEFAULT_GC_GRACE_MS, type GcResult, type ImageStore } from './image-store.ts';
+import { DEFAULT_GC_GRACE_MS, type GcResult } from './image-gc.ts';
+import type { ImageStore } from './image-store.ts';
 
 export const DEFAULT_GC_INTERVAL_MS = 10 * 60_000;
 export const DEFAULT_PRESSURE_GRACE_MS = 2 * 60_000;

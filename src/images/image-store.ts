@@ -24,14 +24,16 @@
 //                          --gid-map), for sandboxes that run as root in a user namespace: their
 //                          uid 0 is host uid <host id>
 //   tmp/                   skopeo's temporary files and unpacks in progress
+//   pins/                  which pod uses which reference and tree (pins.ts): GC (image-gc.ts)
+//                          keeps those, in every process sharing the cache
 // Outside it, skopeo run as root keeps /var/lib/containers/cache/blob-info-cache-v1.boltdb (which
 // blobs a registry has; a cache, no credentials); skopeo 1.9 has no flag to move it.
 // Sharing is per chain, not per layer: umoci 0.4.7 applies whiteouts when it unpacks, so a single
 // layer cannot be unpacked on its own as an overlayfs layer. Two images that share their
 // layers (agent-sandbox/base and python:3.11 here) share the unpacked tree; two that share only a
 // first layer share its blob but not its files.
-import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { AsbError, type ErrorCode } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
@@ -39,8 +41,9 @@ import type { Logger } from '../system/log.ts';
 import { privateDir } from '../system/private-files.ts';
 import { acquireOwnerLockWaiting } from '../store/owner-lock.ts';
 import { formatReference, manifestSelector, parseImageReference, type ImageReference } from './reference.ts';
-import { decideGc, type GcRecord, type GcTree } from './gc-decision.ts';
-import { addPin, removePinFile, removePins, scanPins } from './pins.ts';
+import { chainDirOf } from './gc-decision.ts';
+import { collectGarbage, DEFAULT_GC_GRACE_MS, type GcOptions, type GcResult } from './image-gc.ts';
+import { addPin, removePins } from './pins.ts';
 import { authFileJson, pullSources, type PullSource, type RegistriesConfig, type RegistryAuth } from './registries.ts';
 import { runTool, SKOPEO, toolMessage, UMOCI } from './tool.ts';
 
@@ -99,31 +102,6 @@ export interface ImageStoreOptions {
   pullTimeoutMs?: number;
   /** Deadline for one unpack; default 5 min (145 MB took 4.1 s here). */
   unpackTimeoutMs?: number;
-}
-
-/**
- * How long an image nobody pins stays after it was pulled or last used: 1 hour. Long enough that
- * a pool scaled to zero and back, or a template used once an hour, does not pull again (base:
- * 4.5 s from the loopback registry, minutes from a remote one); short enough that a worker
- * cycling through task images (SWE-bench: one per task) holds about an hour of them.
- */
-export const DEFAULT_GC_GRACE_MS = 60 * 60_000;
-
-export interface GcOptions {
-  /** References kept whatever the pins say. */
-  keep?: Iterable<string>;
-  /** Nothing pulled or used more recently than this is removed. Default DEFAULT_GC_GRACE_MS. */
-  graceMs?: number;
-}
-
-export interface GcResult {
-  readonly removedImages: readonly string[];
-  readonly removedRootfs: number;
-  /** Pins of pods whose directory is gone (a worker killed before it unpinned). */
-  readonly stalePins: number;
-  /** Disk space given back by the blobs `umoci gc` removed, and by the trees. */
-  readonly blobBytes: number;
-  readonly treeBytes: number;
 }
 
 export class ImageStore {
@@ -258,71 +236,15 @@ export class ImageStore {
   }
 
   /**
-   * Removes the images nothing uses (gc-decision.ts has the rules): records no live pin or `keep`
-   * names and not used within the grace, then their blobs (`umoci gc`) and the trees nothing
-   * kept uses. Pins are read twice: candidates are first moved out of reach (a start that looks
-   * them up now misses and pulls again, behind this lock), then any that a pin written meanwhile
-   * names is put back; so a pod that pins before it looks up never mounts a tree GC is deleting.
+   * Removes the images nothing uses (gc-decision.ts has the rules, image-gc.ts the steps): records
+   * no live pin or `keep` names and not used within the grace, then their blobs and the trees
+   * nothing kept uses. Under the cache's lock: never during a pull, in any process.
    */
-  async gc(opts: GcOptions = {}): Promise<GcResult> {
+  gc(opts: GcOptions = {}): Promise<GcResult> {
     const keep = new Set<string>();
     for (const image of opts.keep ?? []) keep.add(formatReference(parseImageReference(image)));
     const graceMs = opts.graceMs ?? DEFAULT_GC_GRACE_MS;
-    return this.#serial(async () => {
-      const root = this.#opts.root;
-      const records = this.#scanRecords();
-      const trees = this.#scanTrees();
-      const first = decideGc({ now: this.#clock.now(), graceMs, keep, records, trees, pins: scanPins(root) });
-      const trash = join(root, 'tmp', `gc-${process.pid}-${randomBytes(4).toString('hex')}`);
-      mkdirSync(join(trash, 'images'), { recursive: true });
-      mkdirSync(join(trash, 'rootfs'));
-      for (const tag of first.records) renameSync(join(root, 'images', `${tag}.json`), join(trash, 'images', `${tag}.json`));
-      for (const dir of first.trees) renameSync(join(root, 'rootfs', dir), join(trash, 'rootfs', dir));
-      const second = decideGc({ now: this.#clock.now(), graceMs, keep, records, trees, pins: scanPins(root) });
-      const records2 = new Set(second.records);
-      const trees2 = new Set(second.trees);
-      const removedTags = first.records.filter((tag) => records2.has(tag));
-      const removedTrees = first.trees.filter((dir) => trees2.has(dir));
-      for (const tag of first.records) if (!records2.has(tag)) renameSync(join(trash, 'images', `${tag}.json`), join(root, 'images', `${tag}.json`));
-      for (const dir of first.trees) if (!trees2.has(dir)) renameSync(join(trash, 'rootfs', dir), join(root, 'rootfs', dir));
-      for (const file of second.stalePins) removePinFile(root, file);
-
-      const byTag = new Map(records.map((r) => [r.tag, r.reference]));
-      const removedImages = removedTags.map((tag) => byTag.get(tag) ?? tag);
-      for (const tag of removedTags) {
-        // The tag goes from the layout so `umoci gc` may collect its manifest, config and layers.
-        await this.#umoci(['rm', '--image', `${this.#layout}:${tag}`], `remove ${byTag.get(tag) ?? tag}`).catch((err: unknown) => this.#log.warn({ err, tag }, 'image gc: the layout had no such tag'));
-      }
-      const blobsBefore = diskBytes(join(this.#layout, 'blobs'));
-      if (existsSync(join(this.#layout, 'index.json'))) await this.#umoci(['gc', '--layout', this.#layout], 'collect unused blobs');
-      const blobBytes = Math.max(0, blobsBefore - diskBytes(join(this.#layout, 'blobs')));
-      const treeBytes = diskBytes(join(trash, 'rootfs'));
-      // Whatever else is in tmp/ is a pull or unpack cut off by a crash: this lock is held by
-      // every pull, so none is in progress.
-      rmSync(join(root, 'tmp'), { recursive: true, force: true });
-      mkdirSync(join(root, 'tmp'));
-      const result: GcResult = { removedImages, removedRootfs: removedTrees.length, stalePins: second.stalePins.length, blobBytes, treeBytes };
-      if (removedImages.length > 0 || removedTrees.length > 0 || second.stalePins.length > 0) this.#log.info(result, 'image gc');
-      return result;
-    });
-  }
-
-  #scanRecords(): GcRecord[] {
-    const dir = join(this.#opts.root, 'images');
-    const records: GcRecord[] = [];
-    for (const file of readdirSync(dir)) {
-      if (!file.endsWith('.json')) continue;
-      const tag = file.slice(0, -'.json'.length);
-      const stored = this.#read(tag);
-      if (stored === undefined) continue;
-      records.push({ tag, reference: stored.reference, chainDir: chainDir(stored.chainId), usedAt: statSync(join(dir, file)).mtimeMs });
-    }
-    return records;
-  }
-
-  #scanTrees(): GcTree[] {
-    const dir = join(this.#opts.root, 'rootfs');
-    return readdirSync(dir).map((name) => ({ dir: name, usedAt: statSync(join(dir, name)).mtimeMs }));
+    return this.#serial(() => collectGarbage({ root: this.#opts.root, layout: this.#layout, clock: this.#clock, log: this.#log, umoci: (args, what) => this.#umoci(args, what) }, keep, graceMs));
   }
 
   /** rootfs/<dir>/rootfs → dir; undefined for a tree outside this cache. */
@@ -497,12 +419,8 @@ export function chainIdOf(diffIds: readonly string[]): string {
   return chain ?? `sha256:${createHash('sha256').update('').digest('hex')}`;
 }
 
-function chainDir(chainId: string): string {
-  return chainId.replace(':', '-');
-}
-
 function rootfsDir(chainId: string, idMap: IdMap | undefined): string {
-  return idMap === undefined ? chainDir(chainId) : `${chainDir(chainId)}_u${idMap.hostId}-${idMap.size}`;
+  return idMap === undefined ? chainDirOf(chainId) : `${chainDirOf(chainId)}_u${idMap.hostId}-${idMap.size}`;
 }
 
 /** images/<key>.json: the rootfs path is not stored, so the cache can move. */
@@ -519,24 +437,3 @@ function readJson(path: string): unknown {
   return JSON.parse(readFileSync(path, 'utf8'));
 }
 
-/**
- * Disk blocks under path (as `du` counts them: st_blocks, each hard-linked inode once), never
- * following a symlink (an image's absolute links point onto the host).
- */
-export function diskBytes(path: string): number {
-  const seen = new Set<number>();
-  const walk = (p: string): number => {
-    let st;
-    try {
-      st = lstatSync(p);
-    } catch {
-      return 0;
-    }
-    if (seen.has(st.ino)) return 0;
-    seen.add(st.ino);
-    let bytes = st.blocks * 512;
-    if (st.isDirectory()) for (const name of readdirSync(p)) bytes += walk(join(p, name));
-    return bytes;
-  };
-  return walk(path);
-}
