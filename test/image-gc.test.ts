@@ -5,7 +5,7 @@
 // pod's image stays and the pod keeps working and wakes; a deleted pod's image goes; a pin whose pod
 // dir vanished (its worker killed before it unpinned) is reclaimed. Needs root, as the runtime.
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, renameSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { after, before, test } from 'node:test';
@@ -204,4 +204,24 @@ test('a pod that pins while GC has its image out of reach gets it back whole; GC
   rmSync(podDir, { recursive: true });
   await otherWorker().gc({ graceMs: 0 });
   assert.deepEqual(trees(), []);
+});
+
+test('a GC killed mid-pass leaves what it had moved out of reach; the next pass puts it back before deciding, so a pinned tree survives', async () => {
+  const podDir = mkdtempSync(join(tmpdir(), 'asb-gc-pod-'));
+  await store.pin(podDir, { reference: 'busybox' });
+  const pulled = await store.pull('busybox');
+  const tree = basename(dirname(pulled.rootfs));
+  const record = readdirSync(join(cache, 'images'))[0] ?? '';
+  // What a pass killed between its move and its second read of the pins leaves behind.
+  const dead = join(cache, 'tmp', 'gc-99999-dead');
+  mkdirSync(join(dead, 'images'), { recursive: true });
+  mkdirSync(join(dead, 'rootfs'));
+  renameSync(join(cache, 'images', record), join(dead, 'images', record));
+  renameSync(join(cache, 'rootfs', tree), join(dead, 'rootfs', tree));
+  assert.deepEqual((await otherWorker().gc({ graceMs: 0 })).removedImages, []);
+  assert.equal(store.get('busybox')?.manifestDigest, pulled.manifestDigest);
+  assert.ok(existsSync(join(pulled.rootfs, 'bin/busybox')));
+  assert.deepEqual(readdirSync(join(cache, 'tmp')), []);
+  rmSync(podDir, { recursive: true });
+  assert.deepEqual((await otherWorker().gc({ graceMs: 0 })).removedImages, [BUSYBOX]);
 });

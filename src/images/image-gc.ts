@@ -54,6 +54,7 @@ export interface CacheAccess {
 /** One GC pass; the caller holds the cache's lock. `keep`: normalised references. */
 export async function collectGarbage(cache: CacheAccess, keep: ReadonlySet<string>, graceMs: number): Promise<GcResult> {
   const { root } = cache;
+  restoreTrash(root, cache.log);
   const records = scanRecords(root);
   const trees = scanTrees(root);
   const first = decideGc({ now: cache.clock.now(), graceMs, keep, records, trees, pins: scanPins(root) });
@@ -91,6 +92,27 @@ export async function collectGarbage(cache: CacheAccess, keep: ReadonlySet<strin
   const result: GcResult = { removedImages: removedTags.map((tag) => byTag.get(tag) ?? tag), removedRootfs: removedTrees.length, stalePins: second.stalePins.length, blobBytes, treeBytes };
   if (removedTags.length > 0 || removedTrees.length > 0 || second.stalePins.length > 0) cache.log.info(result, 'image gc');
   return result;
+}
+
+/**
+ * Puts back what a GC killed mid-pass (kill -9 of its worker) had moved out of reach: it may hold a
+ * tree a pod pinned in that instant, which must not go with the rest of tmp/. This pass decides
+ * about it afresh. A copy whose place was filled since (a start pulled it again) is dropped.
+ */
+function restoreTrash(root: string, log: Logger): void {
+  const tmp = join(root, 'tmp');
+  for (const gc of readdirSync(tmp).filter((name) => name.startsWith('gc-'))) {
+    for (const kind of ['images', 'rootfs']) {
+      const from = join(tmp, gc, kind);
+      if (!existsSync(from)) continue;
+      for (const name of readdirSync(from)) {
+        if (existsSync(join(root, kind, name))) continue;
+        renameSync(join(from, name), join(root, kind, name));
+        log.warn({ name }, 'image gc: put back what an interrupted gc had moved');
+      }
+    }
+    rmSync(join(tmp, gc), { recursive: true, force: true });
+  }
 }
 
 /** Each images/<tag>.json; its mtime is its last use (written at pull, touched at pin and unpin). */

@@ -229,7 +229,7 @@ export class ImageStore {
     this.#touch(pins.flatMap((p) => p.references), pins.flatMap((p) => p.trees));
   }
 
-  /** Called after every pull that fetched or unpacked (the GC loop checks the disk then). */
+  /** Called after every pull that went to the registry or unpacked (the GC loop checks the disk then). */
   onPulled(listener: () => void): () => void {
     this.#pulledListeners.add(listener);
     return () => this.#pulledListeners.delete(listener);
@@ -436,4 +436,3 @@ function classify(message: string): ErrorCode {
 function readJson(path: string): unknown {
   return JSON.parse(readFileSync(path, 'utf8'));
 }
-
