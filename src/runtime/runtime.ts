@@ -154,6 +154,18 @@ export interface PodRuntime {
   /** Starts a process with its pipes open; nothing is buffered: read stdout and stderr. */
   spawn(id: string, req: SpawnRequest): Promise<PodProcess>;
 
+  /**
+   * The filesystem that holds a running pod's writable layer and volumes, as the host sees it
+   * (E2B's disk metrics); undefined when the pod is not running or the runtime cannot tell. Absent:
+   * the runtime has no such view (callers fall back to what /proc shows).
+   */
+  diskUsage?(id: string): Promise<DiskUsage | undefined>;
+
   /** Stops watching; leaves pods as they are (they survive a worker restart). Idempotent. */
   close(): Promise<void>;
+}
+
+export interface DiskUsage {
+  usedBytes: number;
+  totalBytes: number;
 }

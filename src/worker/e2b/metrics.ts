@@ -5,9 +5,10 @@
 //
 // cpuUsedPct is the average since the pod started (one sample cannot give a rate): CPU seconds
 // of the live processes plus those of reaped children, over wall time, over cpuCount. Disk is the
-// file system the pod's root lives on (the local runtime gives pods no quota of their own).
+// pod's own disk (the local runtime's per-pod image, sized by ephemeral-storage), read on the host.
 import { readdir, readFile, statfs } from 'node:fs/promises';
 import type { Sandbox } from '../../api/types.ts';
+import type { DiskUsage } from '../../runtime/runtime.ts';
 import type { WorkerContext } from '../deps.ts';
 import { sizeOf } from './shape.ts';
 
@@ -93,20 +94,32 @@ async function uptimeSeconds(): Promise<number> {
   return Number((await readFile('/proc/uptime', 'utf8')).split(' ')[0]);
 }
 
+/**
+ * The pod's disk as its runtime sees it from the host (the local runtime: the pod's own disk
+ * image), else the file system of the pod's root through /proc, which is right under runc (the
+ * overlay reports its upper layer's disk) but not under gVisor, whose sandbox process runs in an
+ * empty root of its own. Undefined when the pod stopped while we looked: no sample now.
+ */
+async function diskOf(w: WorkerContext, id: string, pid: number): Promise<DiskUsage | undefined> {
+  const fromRuntime = await w.runtime.diskUsage?.(id);
+  if (fromRuntime !== undefined) return fromRuntime;
+  try {
+    const fs = await statfs(`/proc/${pid}/root`);
+    return { usedBytes: (fs.blocks - fs.bfree) * fs.bsize, totalBytes: fs.blocks * fs.bsize };
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT' || (err as NodeJS.ErrnoException).code === 'ESRCH') return undefined;
+    throw err;
+  }
+}
+
 export async function sampleMetrics(w: WorkerContext, sandbox: Sandbox): Promise<E2bMetric[]> {
   const pid = w.runtime.state(sandbox.metadata.name).pid;
   if (pid === undefined) return [];
   const procs = await podProcesses(pid);
   const root = procs[0];
   if (root === undefined) return [];
-  let fs: Awaited<ReturnType<typeof statfs>>;
-  try {
-    fs = await statfs(`/proc/${pid}/root`);
-  } catch (err) {
-    // The pod stopped while we looked (a pause racing this call): it has no sample now.
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT' || (err as NodeJS.ErrnoException).code === 'ESRCH') return [];
-    throw err;
-  }
+  const disk = await diskOf(w, sandbox.metadata.name, pid);
+  if (disk === undefined) return [];
   const [uptime, rss] = await Promise.all([uptimeSeconds(), Promise.all(procs.map((p) => rssBytes(p.pid)))]);
   const { cpuCount, memoryMB } = sizeOf(sandbox);
   const cpuSeconds = (procs.reduce((sum, p) => sum + p.cpuTicks, 0) + root.childTicks) / CLK_TCK;
@@ -120,7 +133,7 @@ export async function sampleMetrics(w: WorkerContext, sandbox: Sandbox): Promise
     memUsed: rss.reduce((a, b) => a + b, 0),
     memTotal: memoryMB * MIB,
     memCache: 0,
-    diskUsed: (fs.blocks - fs.bfree) * fs.bsize,
-    diskTotal: fs.blocks * fs.bsize,
+    diskUsed: disk.usedBytes,
+    diskTotal: disk.totalBytes,
   }];
 }
