@@ -12,7 +12,8 @@ import type { SandboxTemplate } from '../src/api/types.ts';
 import { startTestSystem } from './support/local-system.ts';
 import { waitFor } from './support/wait.ts';
 import { edgeGet } from './support/web-sandbox.ts';
-import { api } from './support/worker-process.ts';
+import { openTerminal } from './support/terminal-client.ts';
+import { api, type ExecOut } from './support/worker-process.ts';
 
 const MiB = 2 ** 20;
 
@@ -117,6 +118,21 @@ test('a gVisor template end to end: the E2B SDK, envd, metrics, idle hibernation
     const posted = await fetch(await sbx.uploadUrl('/tmp/up.txt'), { method: 'POST', body: form, headers });
     assert.equal(posted.status, 200, await posted.text());
     assert.equal(await (await fetch(await sbx.downloadUrl('/tmp/up.txt'), { headers })).text(), 'uploaded by url');
+  });
+
+  await t.test('the REST API through the edge: exec, the files API, and a terminal', async () => {
+    const viaEdge = { apiUrl: system.edgeUrl, adminKey: system.adminKey };
+    const out = await api<ExecOut>(viaEdge, 'POST', `/v1/sandboxes/${sbx.sandboxId}/exec`, { command: 'echo out; echo err >&2; exit 4' });
+    assert.deepEqual([out.status, out.body.stdout, out.body.stderr, out.body.exitCode], [200, 'out\n', 'err\n', 4]);
+    const auth = { authorization: `Bearer ${system.adminKey}` };
+    const file = `${system.edgeUrl}/v1/sandboxes/${sbx.sandboxId}/files?path=/home/user/rest.txt`;
+    const put = await fetch(file, { method: 'PUT', headers: { ...auth, 'content-type': 'application/octet-stream' }, body: 'by the files API' });
+    assert.equal(put.status, 204);
+    assert.equal(await (await fetch(file, { headers: auth })).text(), 'by the files API');
+    const term = await openTerminal(system.edgeUrl, sbx.sandboxId, { key: system.adminKey, cols: 90, rows: 20 });
+    term.send('stty size; uname -r; exit 6\r');
+    await term.waitFor(/20 90\r?\n[^\n]*gvisor/);
+    assert.equal((await term.closed).exitCode, 6);
   });
 
   // Known wrong before: metrics took the disk from /proc/<pid>/root, which under gVisor is the
