@@ -155,11 +155,10 @@ export interface PodRuntime {
   spawn(id: string, req: SpawnRequest): Promise<PodProcess>;
 
   /**
-   * The filesystem that holds a running pod's writable layer and volumes, as the host sees it
-   * (E2B's disk metrics); undefined when the pod is not running or the runtime cannot tell. Absent:
-   * the runtime has no such view (callers fall back to what /proc shows).
+   * What a running pod uses, read on the host (E2B's metrics); undefined when it is not running.
+   * Absent: the runtime has no such view (callers fall back to what /proc shows).
    */
-  diskUsage?(id: string): Promise<DiskUsage | undefined>;
+  usage?(id: string): Promise<PodUsage | undefined>;
 
   /** Stops watching; leaves pods as they are (they survive a worker restart). Idempotent. */
   close(): Promise<void>;
@@ -168,4 +167,14 @@ export interface PodRuntime {
 export interface DiskUsage {
   usedBytes: number;
   totalBytes: number;
+}
+
+/** Each field absent where the runtime cannot tell (no disk of its own, no cgroup controller). */
+export interface PodUsage {
+  /** The file system that holds the pod's writable layer and volumes. */
+  disk?: DiskUsage;
+  /** The pod's memory working set (what the kernel cannot take back at once) and page cache. */
+  memory?: { workingSetBytes: number; cacheBytes: number };
+  /** CPU time of every process of the pod since it started. */
+  cpuSeconds?: number;
 }

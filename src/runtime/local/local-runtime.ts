@@ -12,13 +12,13 @@
 // runs a sandbox unisolated. A pod with runtimeClassName gvisor runs under gVisor's runsc instead
 // of runc (runtime-class.ts), through the same shim, exec and terminal code.
 import { createHash } from 'node:crypto';
-import { access, chmod, chown, mkdir, readdir, rm, rmdir, stat, statfs } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
+import { join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { DiskUsage, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
+import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 import { execInPod, type PodTarget } from './exec.ts';
 import { spawnPodProcess } from './process.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
@@ -34,6 +34,7 @@ import { ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } 
 import { diskTool, evictionMessage } from './disk.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
+import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
 import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
@@ -559,26 +560,16 @@ export class LocalRuntime implements PodRuntime {
     await Promise.all([...this.#pods.keys()].map((id) => this.stop(id)));
   }
 
-  /**
-   * The pod's disk (disk.ts) as the host mounts it. Not what the pod's root shows through /proc:
-   * under gVisor that is the sentry's own empty root (the host's disk, 12 GB here, against the
-   * pod's 10 GiB). A pod made before disks has none mounted: undefined.
-   */
-  async diskUsage(id: string): Promise<DiskUsage | undefined> {
+  /** What the pod uses, from its disk and its cgroup on the host (pod-usage.ts says why not /proc). */
+  async usage(id: string): Promise<PodUsage | undefined> {
     const pod = this.#pods.get(id);
-    const disk = pod?.paths.disk;
-    if (pod?.state.phase !== 'Running' || disk === undefined) return undefined;
-    try {
-      const [mount, parent] = await Promise.all([stat(disk.mount), stat(pod.paths.dir)]);
-      // A mount point has its own device; the bare directory (a legacy pod, or one stopping) does not.
-      if (mount.dev === parent.dev) return undefined;
-      const fs = await statfs(disk.mount);
-      return { usedBytes: (fs.blocks - fs.bfree) * fs.bsize, totalBytes: fs.blocks * fs.bsize };
-    } catch (err) {
-      // Removed or unmounted while we looked (a pause racing this call).
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-      throw err;
-    }
+    if (pod?.state.phase !== 'Running') return undefined;
+    const disk = pod.paths.disk;
+    const [onDisk, cgroup] = await Promise.all([
+      disk === undefined ? undefined : mountedDiskUsage(disk.mount, pod.paths.dir),
+      cgroupUsage(posix.join(this.#host.cgroupParent, id)),
+    ]);
+    return { ...(onDisk === undefined ? {} : { disk: onDisk }), ...cgroup };
   }
 
   state(id: string): PodState {
