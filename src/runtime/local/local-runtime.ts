@@ -13,12 +13,12 @@
 // of runc (runtime-class.ts), through the same shim, exec and terminal code.
 import { createHash } from 'node:crypto';
 import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
+import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 import { execInPod, type PodTarget } from './exec.ts';
 import { spawnPodProcess } from './process.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
@@ -34,6 +34,7 @@ import { ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } 
 import { diskTool, evictionMessage } from './disk.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
+import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
 import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
@@ -573,6 +574,18 @@ export class LocalRuntime implements PodRuntime {
   /** Hibernates every running pod, e.g. when `make up` shuts down. */
   async stopAll(): Promise<void> {
     await Promise.all([...this.#pods.keys()].map((id) => this.stop(id)));
+  }
+
+  /** What the pod uses, from its disk and its cgroup on the host (pod-usage.ts says why not /proc). */
+  async usage(id: string): Promise<PodUsage | undefined> {
+    const pod = this.#pods.get(id);
+    if (pod?.state.phase !== 'Running') return undefined;
+    const disk = pod.paths.disk;
+    const [onDisk, cgroup] = await Promise.all([
+      disk === undefined ? undefined : mountedDiskUsage(disk.mount, pod.paths.dir),
+      cgroupUsage(posix.join(this.#host.cgroupParent, id)),
+    ]);
+    return { ...(onDisk === undefined ? {} : { disk: onDisk }), ...cgroup };
   }
 
   state(id: string): PodState {
