@@ -20,6 +20,7 @@ import { startClaimFront } from '../operator/claim-front.ts';
 import { startOperator } from '../operator/operator.ts';
 import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
 import { ImageStore } from '../images/image-store.ts';
+import { startImageGc, type ImageGcLoop } from '../images/gc-loop.ts';
 import { EMPTY_REGISTRIES, parseRegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { registerEgressMetrics } from '../network/egress-metrics.ts';
@@ -67,7 +68,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
 
   const kube = config.store === 'kube' ? await (await import('./worker-kube.ts')).connectKube(config, { clock, metrics, log: log.child({ component: 'store' }) }) : undefined;
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
-  const runtime = deps.runtime ?? (await createRuntime(config, kube, clock, log));
+  const { runtime, imageGc } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics) : { runtime: deps.runtime, imageGc: undefined };
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   // The built-ins are the operator's to make; an API-only process finds them made.
@@ -170,6 +171,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         if (opts.hibernate === true && config.runtime === 'local') {
           await Promise.all(runtime.list().map((id) => runtime.stop(id)));
         }
+        await imageGc?.close();
         await runtime.close();
         await store.close();
       })();
@@ -178,15 +180,19 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   };
 }
 
-async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger): Promise<PodRuntime> {
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop }> {
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
-    return (await import('./worker-kube.ts')).createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) });
+    // Images there are the kubelet's, and so is their GC.
+    return { runtime: await (await import('./worker-kube.ts')).createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) }) };
   }
   const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
   const images = new ImageStore({ root: config.imageCache, registries, logger: log, clock });
-  return createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge, images });
+  const runtime = await createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge, images });
+  // After the runtime: its recovery pins the images of pods made before pins existed.
+  const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics });
+  return { runtime, imageGc };
 }
 
 interface OperatorEndpointsOptions {

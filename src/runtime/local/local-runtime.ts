@@ -13,12 +13,12 @@
 // of runc (runtime-class.ts), through the same shim, exec and terminal code.
 import { createHash } from 'node:crypto';
 import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
+import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
 import { PodFirewall } from './pod-firewall.ts';
 import { execInPod, type PodTarget } from './exec.ts';
@@ -36,6 +36,7 @@ import { ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } 
 import { diskTool, evictionMessage } from './disk.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
+import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
 import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
@@ -272,6 +273,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       const pod: Pod = { id, paths, persisted, state: { phase: 'Stopped', ready: false }, generation: 0, stopping: false };
       this.#pods.set(id, pod);
       if (persisted === undefined) return;
+      // Pods made before the cache kept pins (or whose pin was lost) are pinned now; a no-op otherwise.
+      const image = persisted.image;
+      if (image !== undefined) await this.#images.pin(paths.dir, { reference: image.reference, rootfs: image.rootfs }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot pin the image of a recovered pod'));
       this.#ips.reserve(persisted.ip);
       pod.state.ip = persisted.ip;
       const { pid, pidStart } = persisted;
@@ -313,8 +317,14 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    */
   async #image(pod: Pod, image: string, policy: PullPolicy | undefined): Promise<PersistedImage> {
     const kept = pod.persisted?.image;
+    // Pinned before it is looked up, in a pod dir that exists (the pin's validity): the cache's
+    // GC, in this process or another sharing the cache, then never removes it under this pod.
+    await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
+    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: kept?.reference === image ? kept.rootfs : undefined });
     if (kept !== undefined && kept.reference === image && (await exists(kept.rootfs))) return kept;
     const pulled = await this.#images.pull(image, { idMap: ROOT_ID_MAP, ...(policy === undefined ? {} : { policy }) });
+    // The tree itself too: the reference's record may later name other bytes (its tag moved).
+    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: pulled.rootfs });
     return { reference: image, manifestDigest: pulled.manifestDigest, rootfs: pulled.rootfs, config: pulled.config };
   }
 
@@ -335,6 +345,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const container = mainContainer(req.spec);
     pod.state = { phase: 'Pending', ready: false };
     this.#emit(pod.id);
+    // No Secret objects here (README, "Pull credentials"): the worker's credentials are used, and
+    // the kubelet likewise pulls without a named secret it cannot find, with a warning.
+    if (Array.isArray(req.spec.imagePullSecrets) && req.spec.imagePullSecrets.length > 0) {
+      this.#log.warn({ id: pod.id, imagePullSecrets: req.spec.imagePullSecrets }, 'imagePullSecrets are not read by the local runtime: the worker\'s --registries credentials are used');
+    }
     let image: PersistedImage;
     try {
       image = await this.#image(pod, container.image || (this.#opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy));
@@ -583,6 +598,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
       rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
     ]);
+    // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.
+    await this.#images.unpin(pod.paths.dir);
     this.#emit(id);
   }
 
@@ -629,6 +646,18 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   /** Hibernates every running pod, e.g. when `make up` shuts down. */
   async stopAll(): Promise<void> {
     await Promise.all([...this.#pods.keys()].map((id) => this.stop(id)));
+  }
+
+  /** What the pod uses, from its disk and its cgroup on the host (pod-usage.ts says why not /proc). */
+  async usage(id: string): Promise<PodUsage | undefined> {
+    const pod = this.#pods.get(id);
+    if (pod?.state.phase !== 'Running') return undefined;
+    const disk = pod.paths.disk;
+    const [onDisk, cgroup] = await Promise.all([
+      disk === undefined ? undefined : mountedDiskUsage(disk.mount, pod.paths.dir),
+      cgroupUsage(posix.join(this.#host.cgroupParent, id)),
+    ]);
+    return { ...(onDisk === undefined ? {} : { disk: onDisk }), ...cgroup };
   }
 
   state(id: string): PodState {
