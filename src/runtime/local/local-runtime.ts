@@ -113,6 +113,8 @@ interface Pod {
   pendingExit?: number | undefined;
   /** The launcher died while start() was still finishing: start() switches to polling. */
   lostLauncher?: boolean;
+  /** The last write of `persisted` (#persist chains them). */
+  persisting?: Promise<void> | undefined;
 }
 
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
@@ -377,7 +379,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined, runtimeClass.kind);
       shimArgs = prepared.shimArgs;
       pod.identity = prepared.identity;
-      await writePersisted(pod.paths, pod.persisted);
+      await this.#persist(pod);
     } catch (err) {
       this.#log.warn({ err, id: pod.id }, 'cannot prepare pod');
       const invalid = err instanceof AsbError && err.code === 'Invalid';
@@ -423,7 +425,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const early = pod.pendingExit as number | undefined; // set by the exit event during the awaits
     if (early !== undefined) this.#exited(pod, early);
     else if (launcherLost()) this.#pollExit(pod, outcome.pid, pod.persisted.pidStart ?? 'gone');
-    if (pod.target !== undefined) await writePersisted(pod.paths, pod.persisted);
+    if (pod.target !== undefined) await this.#persist(pod);
     return { ...pod.state };
   }
 
@@ -520,7 +522,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod.persisted !== undefined) {
       const { request, ip: kept, image } = pod.persisted;
       pod.persisted = image === undefined ? { request, ip: kept } : { request, ip: kept, image };
-      writePersisted(pod.paths, pod.persisted).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
+      this.#persist(pod).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
     }
     if (pod.state.phase === 'Pending') {
       pod.pendingExit = code; // start() reports it, with the shim's message when there is one
@@ -603,6 +605,17 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     this.#emit(id);
   }
 
+  /**
+   * Writes the pod's persisted state as it is when the write runs, one write per pod at a time:
+   * two at once shared the temporary file, and the second rename failed with ENOENT (a PUT
+   * .../network and the reconciler applying the same policy, 1 run in 4).
+   */
+  #persist(pod: Pod): Promise<void> {
+    const write = (pod.persisting ?? Promise.resolve()).catch(() => undefined).then(() => (pod.persisted === undefined ? undefined : writePersisted(pod.paths, pod.persisted)));
+    pod.persisting = write;
+    return write;
+  }
+
   #podNet(id: string, ip: string, policy: EgressPolicy | undefined): { id: string; ip: string; mac: string; veth: string; policy: EgressPolicy } {
     return { id, ip, mac: podMac(ip), veth: vethName(this.#bridge, id), policy: policy ?? DEFAULT_EGRESS_POLICY };
   }
@@ -614,7 +627,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     await pod.starting?.catch(() => undefined);
     const persisted = pod.persisted;
     persisted.request = { ...persisted.request, egress: policy };
-    await writePersisted(pod.paths, persisted);
+    await this.#persist(pod);
     if (pod.state.phase === 'Running' || pod.state.phase === 'Pending') await this.#firewall.apply(this.#podNet(id, persisted.ip, policy));
   }
 
