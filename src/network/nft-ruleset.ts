@@ -5,11 +5,15 @@
 // test files on one host never touch each other's rules. Per pod, chains named after its address
 // (inet) or its veth (bridge), reached through verdict maps keyed by the same:
 //
-// - bridge table, prerouting of each pod port (s_<key>): frames must carry the pod's own MAC, and
+// - bridge table, prerouting of each pod port (s_<veth>): frames must carry the pod's own MAC, and
 //   IPv4/ARP the pod's own address, else they are dropped. IPv6 and other ethertypes are dropped:
-//   pods have IPv4 only. This makes the source address trustworthy for the inet rules below.
+//   pods have IPv4 only. This makes the source address trustworthy for the inet rules below. A
+//   port in the `ports` set whose chain was emptied (pod removed) is dropped whole. (`meta
+//   ibrname` would name the bridge instead of a set of ports: this kernel answers "Operation not
+//   supported".)
 // - bridge table, forward: every frame from a pod's port to another port is dropped, so pod↔pod
-//   at L2 is gone (bridged frames never reach the inet hooks without br_netfilter).
+//   at L2 is gone (bridged frames never reach the inet hooks without br_netfilter). The ports are
+//   also `isolated on` (network.ts), which holds while the table is being rebuilt.
 //   The bridge answers ARP for the whole subnet itself (proxy_arp_pvlan, pod-firewall.ts), so a
 //   pod's packet to another pod goes to the host and is REJECTED in forward at once, instead of
 //   hanging ~3 s on ARP.
