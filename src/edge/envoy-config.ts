@@ -62,6 +62,10 @@ export const INGRESS_LISTENER = 'ingress';
 /** The HTTPS edge listener. */
 export const EDGE_TLS_LISTENER = 'edge_tls';
 export const STATIC_CLUSTER = 'static-upstream';
+/** The egress listener and its clusters (src/egress/). */
+export const EGRESS_LISTENER = 'egress';
+export const EGRESS_AUTHZ_CLUSTER = 'asb-egress-authz';
+export const EGRESS_ORIGINAL_CLUSTER = 'egress-original';
 
 export interface EdgeWorker {
   /** Worker cluster name (lowercase letters, digits, dashes). */
@@ -94,6 +98,11 @@ export interface EdgeConfigOptions {
   edgeTls?: { listenPort: number; listenAddress?: string; certChainPath: string; privateKeyPath: string };
   /** Federation: `host:port` of the hub's API; adds the `hub` upstream cluster. */
   hubAddress?: string;
+  /**
+   * Egress proxy: adds the `egress` listener on the pods' gateway address (port 0 lets the kernel
+   * choose) and the clusters it uses; `authzAddress` is the worker's egress decision service.
+   */
+  egress?: { listenAddress: string; listenPort: number; authzAddress: string };
   /** Adds the benchmark's comparison listener: no ext_proc, every request to upstreamAddress. */
   static?: { listenPort: number; upstreamAddress: string };
   /** Envoy half-closes ext_proc streams instead of resetting them (runtime guard; default false). */
@@ -155,6 +164,9 @@ export function edgeConfig(opts: EdgeConfigOptions): ConfigObject {
   keepIf(opts.ingress !== undefined, resources, 'listeners', INGRESS_LISTENER);
   keepIf(opts.tls !== undefined, resources, 'clusters', INGRESS_CLUSTER);
   keepIf(opts.hubAddress !== undefined, resources, 'clusters', HUB_CLUSTER);
+  keepIf(opts.egress !== undefined, resources, 'listeners', EGRESS_LISTENER);
+  keepIf(opts.egress !== undefined, resources, 'clusters', EGRESS_AUTHZ_CLUSTER);
+  keepIf(opts.egress !== undefined, resources, 'clusters', EGRESS_ORIGINAL_CLUSTER);
 
   const filled = fillTemplate(template, values);
   if (!isConfigObject(filled)) throw new AsbError('Internal', 'filled Envoy template is not a mapping');
@@ -197,6 +209,13 @@ function federationValues(opts: EdgeConfigOptions): Record<string, TemplateValue
     const hub = parseHostPort(opts.hubAddress) ?? { host: '', port: 0 };
     values.HUB_HOST = hub.host;
     values.HUB_PORT = hub.port;
+  }
+  if (opts.egress !== undefined) {
+    const authz = parseHostPort(opts.egress.authzAddress) ?? { host: '', port: 0 };
+    values.EGRESS_ADDRESS = opts.egress.listenAddress;
+    values.EGRESS_PORT = opts.egress.listenPort;
+    values.EGRESS_AUTHZ_HOST = authz.host;
+    values.EGRESS_AUTHZ_PORT = authz.port;
   }
   return values;
 }
@@ -264,6 +283,11 @@ function validate(opts: EdgeConfigOptions): FieldProblem[] {
     }
   }
   if (opts.hubAddress !== undefined) address('hubAddress', opts.hubAddress);
+  if (opts.egress !== undefined) {
+    port('egress.listenPort', opts.egress.listenPort);
+    if (isIP(opts.egress.listenAddress) === 0) problems.push({ field: 'egress.listenAddress', message: `must be an IP address, got "${opts.egress.listenAddress}"` });
+    address('egress.authzAddress', opts.egress.authzAddress);
+  }
   const messageMs = opts.messageTimeoutMs ?? EDGE_DEFAULTS.messageTimeoutMs;
   const maxMs = opts.maxMessageTimeoutMs ?? EDGE_DEFAULTS.maxMessageTimeoutMs;
   if (!(messageMs >= 1)) problems.push({ field: 'messageTimeoutMs', message: `must be at least 1, got ${messageMs}` });
