@@ -9,6 +9,7 @@ import { Registry } from 'prom-client';
 import { EnvoyProcess } from '../../src/edge/envoy-process.ts';
 import { createEgressMetrics, EgressAuthzServer } from '../../src/egress/authz-service.ts';
 import type { CredentialSource } from '../../src/egress/credentials.ts';
+import { DnsResolver, withHosts } from '../../src/egress/dns-resolver.ts';
 import { ensureEgressCa, ensureHostCertificate, type EgressCa } from '../../src/egress/egress-ca.ts';
 import type { EgressPolicySource } from '../../src/egress/egress-decision.ts';
 import type { EgressPolicy } from '../../src/network/egress-policy.ts';
@@ -30,9 +31,15 @@ export interface EgressProxyFixture {
   sandboxId: string;
   /** asb_egress_decisions_total for one label set. */
   decisions(labels: { rule: string; verdict: 'allowed' | 'denied'; protocol?: string }): Promise<number>;
+  /** asb_egress_dns_queries_total for one label set. */
+  dnsQueries(labels: { rule: string; verdict: string }): Promise<number>;
 }
 
-export async function startEgressProxy(t: TestContext, opts: { credentials?: CredentialSource } = {}): Promise<EgressProxyFixture> {
+/**
+ * `hosts`: what the resolver answers (every other name is NXDOMAIN: the tests never ask the real
+ * internet). Names are looked up as the sandbox's resolv.conf says: at the gateway, port 53.
+ */
+export async function startEgressProxy(t: TestContext, opts: { credentials?: CredentialSource; hosts?: (publicIps: readonly string[]) => Record<string, string[]> } = {}): Promise<EgressProxyFixture> {
   const dir = mkdtempSync(join(tmpdir(), 'asb-egress-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
   const net = await EgressNet.create(t);
@@ -67,7 +74,11 @@ export async function startEgressProxy(t: TestContext, opts: { credentials?: Cre
   t.after(() => envoy.close());
   const endpoints = await envoy.start();
   if (endpoints.egressPort === undefined) throw new Error('Envoy reports no egress listener');
-  await net.redirect({ tcpPort: endpoints.egressPort });
+  const upstream = withHosts(new Map(Object.entries(opts.hosts?.(net.publicIps) ?? {})), { lookup: () => Promise.resolve({ addresses: 'nxdomain', ttlS: 0 }) });
+  const dns = new DnsResolver({ source, upstream, registry, log: silentLogger() });
+  t.after(() => dns.close());
+  const dnsPort = await dns.listen(net.gateway, 0);
+  await net.redirect({ tcpPort: endpoints.egressPort, dnsPort });
 
   return {
     net,
@@ -79,14 +90,17 @@ export async function startEgressProxy(t: TestContext, opts: { credentials?: Cre
     setPolicy: (p) => {
       policy = p;
     },
-    decisions: async (labels) => {
-      const metric = await registry.getSingleMetric('asb_egress_decisions_total')?.get();
-      let sum = 0;
-      for (const v of metric?.values ?? []) {
-        const l = v.labels;
-        if (l.sandbox === sandboxId && l.rule === labels.rule && l.verdict === labels.verdict && (labels.protocol === undefined || l.protocol === labels.protocol)) sum += v.value;
-      }
-      return sum;
-    },
+    decisions: (labels) => counted(registry, 'asb_egress_decisions_total', { sandbox: sandboxId, ...labels }),
+    dnsQueries: (labels) => counted(registry, 'asb_egress_dns_queries_total', { sandbox: sandboxId, ...labels }),
   };
+}
+
+async function counted(registry: Registry, name: string, want: Record<string, string | undefined>): Promise<number> {
+  const metric = await registry.getSingleMetric(name)?.get();
+  let sum = 0;
+  for (const v of metric?.values ?? []) {
+    const labels: Record<string, string | number | undefined> = v.labels;
+    if (Object.entries(want).every(([k, x]) => x === undefined || labels[k] === x)) sum += v.value;
+  }
+  return sum;
 }
