@@ -18,12 +18,13 @@ interface Fetched {
   headers: string;
 }
 
-/** curl inside the sandbox namespace, with `name` resolved to `ip` (DNS is tested elsewhere). */
-async function curl(f: EgressProxyFixture, url: string, ip: string, extra: string[] = []): Promise<Fetched> {
+/** curl inside the sandbox namespace: the name through the sandbox resolver, or forced to `ip` (as a sandbox with its own /etc/hosts would). */
+async function curl(f: EgressProxyFixture, url: string, ip?: string): Promise<Fetched> {
   const u = new URL(url);
   const port = u.port === '' ? (u.protocol === 'https:' ? '443' : '80') : u.port;
   const started = performance.now();
-  const r = await f.net.inClient('curl', ['-sS', '--max-time', '10', '--cacert', f.publicCa.caCertPath, '--resolve', `${u.hostname}:${port}:${ip}`, '-D', '-', '-w', '\n%{http_code}', ...extra, url]);
+  const pin = ip === undefined ? [] : ['--resolve', `${u.hostname}:${port}:${ip}`];
+  const r = await f.net.inClient('curl', ['-sS', '--max-time', '10', '--cacert', f.publicCa.caCertPath, ...pin, '-D', '-', '-w', '\n%{http_code}', url]);
   const ms = performance.now() - started;
   const lines = r.stdout.split('\n');
   const status = Number(lines.pop() ?? '0');
@@ -53,12 +54,12 @@ sys.stdout.write(out.decode())`;
 }
 
 test('egress proxy: HTTPS by SNI (unopened), HTTP by Host, other TCP by address; denials fail fast and are counted', async (t) => {
-  const f = await startEgressProxy(t);
-  const [pubA = '', pubB = ''] = f.net.publicIps;
+  const f = await startEgressProxy(t, { hosts: ([a = '']) => ({ [GOOD]: [a], [EVIL]: [a] }) });
+  const [pubA = '', pubB = '', pubC = ''] = f.net.publicIps;
 
   await t.test('an allowed HTTPS name passes through unopened: the sandbox sees the server\'s own certificate', async () => {
     f.setPolicy({ internet: false, allow: [GOOD], deny: [] });
-    const r = await curl(f, `https://${GOOD}/hello`, pubA);
+    const r = await curl(f, `https://${GOOD}/hello`);
     assert.equal(r.exit, 0, r.headers);
     assert.equal(r.status, 200);
     const seen = JSON.parse(r.body) as { served: string; sni: string; scheme: string };
@@ -85,7 +86,7 @@ test('egress proxy: HTTPS by SNI (unopened), HTTP by Host, other TCP by address;
 
   await t.test('plain HTTP is judged by each request\'s Host: allowed → the server, denied → 403 naming the rule', async () => {
     f.setPolicy({ internet: false, allow: [GOOD], deny: [] });
-    const ok = await curl(f, `http://${GOOD}/path?q=1`, pubA);
+    const ok = await curl(f, `http://${GOOD}/path?q=1`);
     assert.equal(ok.status, 200, ok.headers);
     const seen = JSON.parse(ok.body) as { served: string; host: string; path: string; headers: Record<string, string> };
     assert.deepEqual([seen.served, seen.host, seen.path], [pubA, GOOD, '/path?q=1']);
@@ -107,6 +108,22 @@ test('egress proxy: HTTPS by SNI (unopened), HTTP by Host, other TCP by address;
     const http = await curl(f, `http://${GOOD}/`, pubB);
     assert.equal(http.status, 403);
     assert.equal(await f.decisions({ rule: pubB, verdict: 'denied' }), 2);
+  });
+
+  await t.test('an allowed name opens only the addresses the sandbox resolver gave for it (no domain fronting)', async () => {
+    f.setPolicy({ internet: false, allow: [GOOD], deny: [] });
+    // pubC is public and no rule denies it, but it is not GOOD's address: an allowed SNI or Host
+    // must not carry the sandbox there.
+    const https = await curl(f, `https://${GOOD}/`, pubC);
+    assert.notEqual(https.exit, 0);
+    const http = await curl(f, `http://${GOOD}/`, pubC);
+    assert.equal(http.status, 403);
+    assert.match(http.headers, /x-asb-egress-rule: address-not-resolved/i);
+    const seen = await f.net.accepted();
+    assert.equal((seen[`${pubC}:443`] ?? 0) + (seen[`${pubC}:80`] ?? 0), 0);
+    // With the internet open the address is judged as any other: allowed.
+    f.setPolicy({ internet: true, allow: [GOOD], deny: [] });
+    assert.equal((await curl(f, `http://${GOOD}/`, pubC)).status, 200);
   });
 
   await t.test('TCP without a name is judged by address; a server that speaks first tells a denied sandbox nothing', async () => {

@@ -13,8 +13,7 @@ import { Counter, type Registry } from 'prom-client';
 import { GRPC_STATUS, GrpcServer, type GrpcMethod } from '../router/grpc-server.ts';
 import type { Logger } from '../system/log.ts';
 import { decodeCheckRequest, encodeCheckResponse } from './authz-codec.ts';
-import type { CredentialSource } from './credentials.ts';
-import { decideConnection, type EgressDecision, type EgressPolicySource } from './egress-decision.ts';
+import { decideConnection, type DecisionInputs, type EgressDecision } from './egress-decision.ts';
 
 export const AUTHZ_CHECK_PATH = '/envoy.service.auth.v3.Authorization/Check';
 
@@ -34,9 +33,7 @@ export function createEgressMetrics(registry: Registry): EgressMetrics {
   };
 }
 
-export interface EgressAuthzOptions {
-  source: EgressPolicySource;
-  credentials?: CredentialSource;
+export interface EgressAuthzOptions extends DecisionInputs {
   metrics: EgressMetrics;
   log: Logger;
 }
@@ -48,7 +45,7 @@ export function egressAuthzMethod(opts: EgressAuthzOptions): GrpcMethod<undefine
     message: (call, bytes) => {
       let decision: EgressDecision;
       try {
-        decision = decideConnection(decodeCheckRequest(bytes), opts.source, opts.credentials);
+        decision = decideConnection(decodeCheckRequest(bytes), opts);
       } catch (err) {
         // Envoy's filters fail closed (failure_mode_allow: false): an error denies.
         opts.log.warn({ err }, 'egress check failed');

@@ -51,6 +51,8 @@ export interface DnsResolverOptions {
   upstream: DnsUpstream;
   registry: Registry;
   log: Logger;
+  /** Told every answer given (resolved-addresses.ts), so the proxy lets a name open only these addresses. */
+  onAnswer?: (podIp: string, name: string, addresses: readonly string[], ttlS: number) => void;
   /** Lookups in flight at once; queries beyond are answered SERVFAIL (a flood must not queue without bound). Default 512. */
   maxInFlight?: number;
 }
@@ -164,6 +166,7 @@ export class DnsResolver {
     try {
       const a = filterAnswer(policy, q.name, await this.#opts.upstream.lookup(q.name, family));
       count(a);
+      this.#opts.onAnswer?.(ip, q.name, a.addresses, a.ttlS);
       return buildResponse(q, a.rcode, a.addresses, a.ttlS, limit);
     } catch (err) {
       this.#opts.log.debug({ err, name: q.name }, 'upstream DNS lookup failed');

@@ -38,7 +38,25 @@ export function nameOf(raw: string): string | undefined {
   return normaliseDomain(name);
 }
 
-export function decideConnection(check: CheckAttributes, source: EgressPolicySource, credentials?: CredentialSource): EgressDecision {
+export interface DecisionInputs {
+  source: EgressPolicySource;
+  credentials?: CredentialSource;
+  /**
+   * Whether the sandbox resolver gave this pod `ip` for `name` (resolved-addresses.ts). When
+   * given, a name opens only those addresses: a connection whose SNI/Host an allow entry names
+   * but whose address did not come from our resolver is judged by its address alone (rule
+   * `address-not-resolved` when that denies it). Without it names are taken at their word.
+   */
+  resolved?: (podIp: string, name: string, ip: string) => boolean;
+}
+
+/** Rules that are a domain entry (not a CIDR, not a default). */
+function isDomainRule(rule: string): boolean {
+  return !rule.startsWith('default-') && !rule.includes('/') && isIP(rule) === 0 && normaliseDomain(rule.replace(/^\*\./, '')) !== undefined;
+}
+
+export function decideConnection(check: CheckAttributes, inputs: DecisionInputs): EgressDecision {
+  const { source, credentials, resolved } = inputs;
   const protocol: EgressProtocol = check.http !== undefined ? 'http' : check.sni !== undefined ? 'tls' : 'tcp';
   const policy = source.policyForPodIp(check.sourceIp);
   const sandbox = source.sandboxForPodIp?.(check.sourceIp) ?? check.sourceIp;
@@ -50,8 +68,12 @@ export function decideConnection(check: CheckAttributes, source: EgressPolicySou
   const target = { ip: check.destinationIp, port: check.destinationPort };
   const judge = (domain: string | undefined) => decideEgress(policy, domain === undefined ? target : { ...target, domain });
   const domain = host ?? sni;
-  const verdict = judge(domain);
+  let verdict = judge(domain);
   const base = { sandbox, protocol, ...(domain === undefined ? {} : { domain }) };
+  if (verdict.allowed && domain !== undefined && resolved !== undefined && isDomainRule(verdict.rule) && !resolved(check.sourceIp, domain, check.destinationIp)) {
+    const byAddress = judge(undefined);
+    verdict = byAddress.allowed ? byAddress : { allowed: false, rule: 'address-not-resolved' };
+  }
   if (!verdict.allowed) return { allowed: false, rule: verdict.rule, ...base };
   // An HTTP request on a TLS connection we terminated (credential hosts only): the SNI chose the
   // certificate and the Host the upstream name and credential; they must be the same name, or an

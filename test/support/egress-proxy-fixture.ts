@@ -13,6 +13,8 @@ import { DnsResolver, withHosts } from '../../src/egress/dns-resolver.ts';
 import { ensureEgressCa, ensureHostCertificate, type EgressCa } from '../../src/egress/egress-ca.ts';
 import type { EgressPolicySource } from '../../src/egress/egress-decision.ts';
 import type { EgressPolicy } from '../../src/network/egress-policy.ts';
+import { ResolvedAddresses } from '../../src/egress/resolved-addresses.ts';
+import { systemClock } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import { EgressNet } from './egress-net.ts';
 
@@ -55,7 +57,9 @@ export async function startEgressProxy(t: TestContext, opts: { credentials?: Cre
   };
   const registry = new Registry();
   const metrics = createEgressMetrics(registry);
-  const authz = await EgressAuthzServer.start({ host: '127.0.0.1', port: 0, source, metrics, log: silentLogger(), ...(opts.credentials === undefined ? {} : { credentials: opts.credentials }) });
+  const resolvedAddresses = new ResolvedAddresses(systemClock);
+  const resolved = (podIp: string, name: string, ip: string): boolean => resolvedAddresses.has(podIp, name, ip);
+  const authz = await EgressAuthzServer.start({ host: '127.0.0.1', port: 0, source, metrics, resolved, log: silentLogger(), ...(opts.credentials === undefined ? {} : { credentials: opts.credentials }) });
   t.after(() => authz.close());
 
   const envoy = new EnvoyProcess({
@@ -75,7 +79,7 @@ export async function startEgressProxy(t: TestContext, opts: { credentials?: Cre
   const endpoints = await envoy.start();
   if (endpoints.egressPort === undefined) throw new Error('Envoy reports no egress listener');
   const upstream = withHosts(new Map(Object.entries(opts.hosts?.(net.publicIps) ?? {})), { lookup: () => Promise.resolve({ addresses: 'nxdomain', ttlS: 0 }) });
-  const dns = new DnsResolver({ source, upstream, registry, log: silentLogger() });
+  const dns = new DnsResolver({ source, upstream, registry, log: silentLogger(), onAnswer: (pod, name, ips, ttl) => resolvedAddresses.record(pod, name, ips, ttl) });
   t.after(() => dns.close());
   const dnsPort = await dns.listen(net.gateway, 0);
   await net.redirect({ tcpPort: endpoints.egressPort, dnsPort });
