@@ -146,6 +146,12 @@ export class EgressNet {
     return (await res.json()) as Record<string, number>;
   }
 
+  /** The last request a public server received (headers included), from the control port. */
+  async lastRequest(): Promise<{ host: string; path: string; sni?: string; headers: Record<string, string> } | null> {
+    const res = await fetch(`http://${this.publicIps[0] ?? ''}:9000/last`);
+    return (await res.json()) as { host: string; path: string; sni?: string; headers: Record<string, string> } | null;
+  }
+
   async destroy(): Promise<void> {
     const up = this.#upstream;
     if (up !== undefined && up.exitCode === null) {

@@ -1,14 +1,14 @@
 // The egress proxy end to end: EgressNet (a sandbox namespace behind a gateway, public servers),
 // the cluster Envoy from envoy/edge.yaml with its egress listener on the gateway, the egress
 // decision service, and the DNAT that sends the sandbox's TCP to the listener.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { TestContext } from 'node:test';
 import { Registry } from 'prom-client';
 import { EnvoyProcess } from '../../src/edge/envoy-process.ts';
 import { createEgressMetrics, EgressAuthzServer } from '../../src/egress/authz-service.ts';
-import type { CredentialSource } from '../../src/egress/credentials.ts';
+import { interceptedHosts, type CredentialRule } from '../../src/egress/credentials.ts';
 import { DnsResolver, withHosts } from '../../src/egress/dns-resolver.ts';
 import { ensureEgressCa, ensureHostCertificate, type EgressCa } from '../../src/egress/egress-ca.ts';
 import type { EgressPolicySource } from '../../src/egress/egress-decision.ts';
@@ -28,6 +28,12 @@ export interface EgressProxyFixture {
   /** The CA that signed the public servers' certificate (what a sandbox's trust store holds for "the internet"). */
   publicCa: EgressCa;
   dir: string;
+  /** The cluster's egress CA (credential hosts' certificates). */
+  egressCa: EgressCa;
+  /** What the sandbox trusts: the public CA and the egress CA, one PEM bundle. */
+  trustBundle: string;
+  /** Secret values by name (write-only from the sandbox's side: it never reads them). */
+  secrets: Map<string, string>;
   /** Sets (or with undefined, removes) the sandbox's policy; takes effect on the next connection. */
   setPolicy(policy: EgressPolicy | undefined): void;
   sandboxId: string;
@@ -41,13 +47,20 @@ export interface EgressProxyFixture {
  * `hosts`: what the resolver answers (every other name is NXDOMAIN: the tests never ask the real
  * internet). Names are looked up as the sandbox's resolv.conf says: at the gateway, port 53.
  */
-export async function startEgressProxy(t: TestContext, opts: { credentials?: CredentialSource; hosts?: (publicIps: readonly string[]) => Record<string, string[]> } = {}): Promise<EgressProxyFixture> {
+export async function startEgressProxy(t: TestContext, opts: { rules?: readonly CredentialRule[]; hosts?: (publicIps: readonly string[]) => Record<string, string[]> } = {}): Promise<EgressProxyFixture> {
   const dir = mkdtempSync(join(tmpdir(), 'asb-egress-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
   const net = await EgressNet.create(t);
   const publicCa = await ensureEgressCa(join(dir, 'public-ca'), 'egress test public CA');
   const serving = await ensureHostCertificate(publicCa, `*.${PUBLIC_DOMAIN}`);
   await net.startUpstream(serving);
+  const egressCa = await ensureEgressCa(join(dir, 'egress-ca'), 'egress test cluster CA');
+  const trustBundle = join(dir, 'trust.pem');
+  writeFileSync(trustBundle, readFileSync(publicCa.caCertPath, 'utf8') + readFileSync(egressCa.caCertPath, 'utf8'));
+  const rules = opts.rules ?? [];
+  const intercept = await Promise.all(interceptedHosts(rules).map((h) => ensureHostCertificate(egressCa, h)));
+  const secrets = new Map<string, string>();
+  const credentials = { rulesFor: () => rules, secretValue: (name: string) => secrets.get(name) };
 
   const sandboxId = 'sbx-egress';
   let policy: EgressPolicy | undefined;
@@ -59,7 +72,7 @@ export async function startEgressProxy(t: TestContext, opts: { credentials?: Cre
   const metrics = createEgressMetrics(registry);
   const resolvedAddresses = new ResolvedAddresses(systemClock);
   const resolved = (podIp: string, name: string, ip: string): boolean => resolvedAddresses.has(podIp, name, ip);
-  const authz = await EgressAuthzServer.start({ host: '127.0.0.1', port: 0, source, metrics, resolved, log: silentLogger(), ...(opts.credentials === undefined ? {} : { credentials: opts.credentials }) });
+  const authz = await EgressAuthzServer.start({ host: '127.0.0.1', port: 0, source, metrics, resolved, credentials, log: silentLogger() });
   t.after(() => authz.close());
 
   const envoy = new EnvoyProcess({
@@ -72,7 +85,8 @@ export async function startEgressProxy(t: TestContext, opts: { credentials?: Cre
       // No router in these tests: the edge listener is unused.
       routerAddress: '127.0.0.1:9',
       workers: [],
-      egress: { listenAddress: net.gateway, listenPort: 0, authzAddress: `127.0.0.1:${authz.port}` },
+      // The proxy checks the credential hosts' real certificates against the public CA.
+      egress: { listenAddress: net.gateway, listenPort: 0, authzAddress: `127.0.0.1:${authz.port}`, intercept, upstreamCaPath: publicCa.caCertPath },
     },
   });
   t.after(() => envoy.close());
@@ -89,6 +103,9 @@ export async function startEgressProxy(t: TestContext, opts: { credentials?: Cre
     envoy,
     registry,
     publicCa,
+    egressCa,
+    trustBundle,
+    secrets,
     dir,
     sandboxId,
     setPolicy: (p) => {

@@ -1,6 +1,7 @@
 // "Public" servers for the egress tests, run inside the test's own network namespace
 // (`ip netns exec … node egress-upstream.ts <config json>`). On each address: HTTP on 80 and
-// HTTPS on 443 answering with what arrived (Host, path, headers, SNI, the address that served),
+// HTTPS on 443 answering with what arrived (Host, path, headers, SNI, the address that served;
+// paths containing "quiet" answer just "ok"),
 // a server-speaks-first TCP service on 2222 (an SSH-like banner), and on 9000 a control port
 // reporting how many connections each port accepted. Prints "ready" once everything listens.
 import { createServer as createHttp, type IncomingMessage, type ServerResponse } from 'node:http';
@@ -17,6 +18,8 @@ interface Config {
 
 const config = JSON.parse(process.argv[2] ?? '{}') as Config;
 const accepted = new Map<string, number>();
+/** The last request any server received (control port: GET /last), so a test can see what arrived without the sandbox seeing it. */
+let last: unknown = null;
 const count = (key: string): void => {
   accepted.set(key, (accepted.get(key) ?? 0) + 1);
 };
@@ -28,7 +31,14 @@ function echo(address: string, scheme: string) {
     req.on('end', () => {
       const socket: unknown = req.socket;
       const sni = socket instanceof TLSSocket && typeof socket.servername === 'string' ? socket.servername : undefined;
-      const body = JSON.stringify({ served: address, scheme, host: req.headers.host, path: req.url, sni, headers: req.headers, bodyBytes: Buffer.concat(chunks).length });
+      const seen = { served: address, scheme, host: req.headers.host, path: req.url, sni, headers: req.headers, bodyBytes: Buffer.concat(chunks).length };
+      last = seen;
+      const body = JSON.stringify(seen);
+      if (req.url?.includes('quiet') === true) {
+        res.writeHead(200, { 'content-type': 'text/plain' });
+        res.end('ok\n');
+        return;
+      }
       if (req.url?.startsWith('/bytes/') === true) {
         const n = Number(req.url.slice('/bytes/'.length));
         res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(n) });
@@ -62,9 +72,9 @@ for (const address of config.addresses) {
     address,
   );
 }
-const control = createHttp((_req, res) => {
+const control = createHttp((req, res) => {
   res.writeHead(200, { 'content-type': 'application/json' });
-  res.end(JSON.stringify(Object.fromEntries(accepted)));
+  res.end(JSON.stringify(req.url === '/last' ? last : Object.fromEntries(accepted)));
 });
 const first = config.addresses[0] ?? '127.0.0.1';
 listening.push(new Promise((resolve) => control.listen(9000, first, resolve)));
