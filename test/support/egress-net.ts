@@ -12,6 +12,9 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { TestContext } from 'node:test';
 
+/** Where clean-up steps go: a test's context, or the benchmark's own list. */
+export type Cleanup = Pick<TestContext, 'after'>;
+
 export interface RunResult {
   code: number;
   stdout: string;
@@ -44,7 +47,10 @@ export class EgressNet {
   readonly publicNs: string;
   /** Three public addresses in the public namespace. */
   readonly publicIps: readonly string[];
+  /** A fourth, reached from the sandbox over a direct link once addDirectLink() ran: egress without the proxy, for the benchmark. */
+  readonly directIp: string;
   readonly #chain: string;
+  #direct = false;
   #upstream: ChildProcess | undefined;
 
   private constructor() {
@@ -57,13 +63,15 @@ export class EgressNet {
     this.publicNs = `asbeg-${this.id}-p`;
     const base = 1 + (this.n % 60) * 4;
     this.publicIps = [0, 1, 2].map((i) => `192.0.2.${base + i}`);
+    this.directIp = `192.0.2.${base + 3}`;
     this.#chain = `ASBEG-${this.id}`;
   }
 
-  static async create(t: TestContext): Promise<EgressNet> {
+  static async create(t: Cleanup, opts: { directLink?: boolean } = {}): Promise<EgressNet> {
     const net = new EgressNet();
     t.after(() => net.destroy());
     await net.#build();
+    if (opts.directLink === true) await net.addDirectLink();
     return net;
   }
 
@@ -118,6 +126,23 @@ export class EgressNet {
     await must('iptables', ['-w', '-t', 'nat', '-I', 'PREROUTING', '-i', this.bridge, '-j', chain]);
   }
 
+  /**
+   * A veth straight from the sandbox namespace to the public one, carrying only directIp: the
+   * "direct egress" a benchmark compares the proxy with (one hop, no NAT, no host: a lower bound
+   * on what direct egress through a node costs, so the ratio it gives is conservative).
+   */
+  async addDirectLink(): Promise<void> {
+    const { clientNs, publicNs, n } = this;
+    await must('ip', ['-n', clientNs, 'link', 'add', 'direct0', 'type', 'veth', 'peer', 'name', 'direct0', 'netns', publicNs]);
+    await must('ip', ['-n', clientNs, 'addr', 'add', `10.243.${n}.5/30`, 'dev', 'direct0']);
+    await must('ip', ['-n', clientNs, 'link', 'set', 'direct0', 'up']);
+    await must('ip', ['-n', clientNs, 'route', 'add', `${this.directIp}/32`, 'via', `10.243.${n}.6`]);
+    await must('ip', ['-n', publicNs, 'addr', 'add', `10.243.${n}.6/30`, 'dev', 'direct0']);
+    await must('ip', ['-n', publicNs, 'addr', 'add', `${this.directIp}/32`, 'dev', 'direct0']);
+    await must('ip', ['-n', publicNs, 'link', 'set', 'direct0', 'up']);
+    this.#direct = true;
+  }
+
   /** A command inside the sandbox namespace. */
   inClient(cmd: string, args: readonly string[], opts: { timeoutMs?: number } = {}): Promise<RunResult> {
     return run('ip', ['netns', 'exec', this.clientNs, cmd, ...args], opts);
@@ -126,7 +151,8 @@ export class EgressNet {
   /** Starts egress-upstream.ts in the public namespace on every public address. */
   async startUpstream(tls: { certChainPath: string; privateKeyPath: string }): Promise<void> {
     const script = join(import.meta.dirname, 'egress-upstream.ts');
-    const child = spawn('ip', ['netns', 'exec', this.publicNs, process.execPath, script, JSON.stringify({ addresses: this.publicIps, ...tls })], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const addresses = this.#direct ? [...this.publicIps, this.directIp] : this.publicIps;
+    const child = spawn('ip', ['netns', 'exec', this.publicNs, process.execPath, script, JSON.stringify({ addresses, ...tls })], { stdio: ['pipe', 'pipe', 'pipe'] });
     this.#upstream = child;
     let stderr = '';
     child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));

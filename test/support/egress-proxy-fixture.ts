@@ -4,7 +4,6 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { TestContext } from 'node:test';
 import { Registry } from 'prom-client';
 import { EnvoyProcess } from '../../src/edge/envoy-process.ts';
 import { createEgressMetrics, EgressAuthzServer } from '../../src/egress/authz-service.ts';
@@ -16,7 +15,7 @@ import type { EgressPolicy } from '../../src/network/egress-policy.ts';
 import { ResolvedAddresses } from '../../src/egress/resolved-addresses.ts';
 import { systemClock } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
-import { EgressNet } from './egress-net.ts';
+import { EgressNet, type Cleanup } from './egress-net.ts';
 
 /** The public servers' certificate covers every name under this domain. */
 export const PUBLIC_DOMAIN = 'egress.test';
@@ -47,10 +46,10 @@ export interface EgressProxyFixture {
  * `hosts`: what the resolver answers (every other name is NXDOMAIN: the tests never ask the real
  * internet). Names are looked up as the sandbox's resolv.conf says: at the gateway, port 53.
  */
-export async function startEgressProxy(t: TestContext, opts: { rules?: readonly CredentialRule[]; hosts?: (publicIps: readonly string[]) => Record<string, string[]> } = {}): Promise<EgressProxyFixture> {
+export async function startEgressProxy(t: Cleanup, opts: { rules?: readonly CredentialRule[]; hosts?: (publicIps: readonly string[]) => Record<string, string[]>; directLink?: boolean; concurrency?: number } = {}): Promise<EgressProxyFixture> {
   const dir = mkdtempSync(join(tmpdir(), 'asb-egress-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const net = await EgressNet.create(t);
+  const net = await EgressNet.create(t, { directLink: opts.directLink ?? false });
   const publicCa = await ensureEgressCa(join(dir, 'public-ca'), 'egress test public CA');
   const serving = await ensureHostCertificate(publicCa, `*.${PUBLIC_DOMAIN}`);
   await net.startUpstream(serving);
@@ -78,7 +77,7 @@ export async function startEgressProxy(t: TestContext, opts: { rules?: readonly 
   const envoy = new EnvoyProcess({
     stateDir: join(dir, 'envoy'),
     logger: silentLogger(),
-    concurrency: 1,
+    concurrency: opts.concurrency ?? 1,
     config: {
       listenPort: 0,
       adminPort: 0,
