@@ -34,6 +34,7 @@ import { startSyncAgent, type SyncAgent } from '../worker/sync/sync-agent.ts';
 import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
 import type { Logger } from './log.ts';
+import { CredentialStore } from '../egress/credential-store.ts';
 import { privateDir } from './private-files.ts';
 import type { KubeConnection, LedControllers } from './worker-kube.ts';
 
@@ -126,6 +127,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           defaultNamespace: config.namespace,
           dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
           terminal: { idleMs: config.terminalIdleMs },
+          // Egress secrets and credential rules: a 0600 file in the data directory, which no sandbox mounts.
+          egressCredentials: new CredentialStore(join(config.dataDir, 'egress'), clock),
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
         });
