@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { test } from 'node:test';
+import { SandboxTemplateType, SandboxType } from '../src/api/types.ts';
 import { OpenApiChecker } from './support/openapi-check.ts';
 import { BASE_TEMPLATE, call, startWorkerFixture, type ApiResponse, type CallOptions, type WorkerFixture } from './support/worker-fixture.ts';
 
@@ -253,6 +254,67 @@ test('egress secrets and credential rules: admin keys only, values write-only, b
   assert.equal((await api('DELETE', '/v1/egress/credentials/openai', { key })).status, 204);
   assert.equal((await api('DELETE', '/v1/egress/credentials/openai', { key })).status, 404);
   assert.equal((await api('DELETE', '/v1/egress/secrets/openai', { key })).status, 204);
+});
+
+test('egress policy: the template\'s by default, replaced at create and while running (REST and E2B), given to the runtime; bad entries 422 and nothing changes', async (t) => {
+  const fx = await start(t);
+  const api = client(fx);
+  const key = fx.keys.teamA;
+  const e2b = (method: string, path: string, json?: unknown) => api(method, path, { headers: { 'x-api-key': key }, ...(json === undefined ? {} : { json }) });
+  type Net = { internet: boolean; allow: string[]; deny: string[] };
+  const template = (name: string, spec: Record<string, unknown>): Promise<unknown> =>
+    fx.store.create(SandboxTemplateType, { ...structuredClone(BASE_TEMPLATE), metadata: { name, namespace: 'default' }, spec: { ...structuredClone(BASE_TEMPLATE.spec), ...spec } });
+  await template('offline', { network: { internet: false, allow: ['198.51.100.0/24'] } });
+  await template('sigs', { networkPolicy: { egress: [{ to: [{ ipBlock: { cidr: '0.0.0.0/0', except: ['203.0.113.0/24'] } }] }, { to: [{ ipBlock: { cidr: '10.239.5.0/24' } }], ports: [{ port: 5432 }] }] } });
+
+  const plain = (await api('POST', '/v1/sandboxes', { key, json: {} })).json as { id: string; network: Net };
+  assert.deepEqual(plain.network, { internet: true, allow: [], deny: [] }, 'the default');
+  assert.deepEqual(fx.runtime.egress.get(plain.id), { internet: true, allow: [], deny: [] }, 'the runtime got it with the pod');
+  const offline = (await api('POST', '/v1/sandboxes', { key, json: { template: 'offline' } })).json as { id: string; network: Net };
+  assert.deepEqual(offline.network, { internet: false, allow: ['198.51.100.0/24'], deny: [] }, 'the template\'s');
+  assert.deepEqual(fx.runtime.egress.get(offline.id), { internet: false, allow: ['198.51.100.0/24'], deny: [] });
+  const sigs = (await api('POST', '/v1/sandboxes', { key, json: { template: 'sigs' } })).json as { network: Net };
+  assert.deepEqual(sigs.network, { internet: true, allow: ['10.239.5.0/24'], deny: ['203.0.113.0/24'] }, 'kubernetes-sigs networkPolicy.egress');
+  const own = await api('POST', '/v1/sandboxes', { key, json: { template: 'offline', network: { allow: ['API.example.com', '203.0.113.9/24'], deny: ['0.0.0.0/0'] } } });
+  assert.equal(own.status, 201, own.text);
+  const ownView = own.json as { id: string; network: Net };
+  assert.deepEqual(ownView.network, { internet: true, allow: ['api.example.com', '203.0.113.0/24'], deny: ['0.0.0.0/0'] }, 'the create\'s replaces the template\'s, normalised');
+
+  const before = (await fx.store.list(SandboxType, {})).items.length;
+  const bad = await api('POST', '/v1/sandboxes', { key, json: { network: { allow: ['10.0.0.0/33'], internet: 'no' } } });
+  assert.equal(bad.status, 422, bad.text);
+  assert.deepEqual((bad.json as { fields: { field: string }[] }).fields.map((f) => f.field), ['network.internet']);
+  assert.equal((await fx.store.list(SandboxType, {})).items.length, before, 'no sandbox made');
+
+  const put = await api('PUT', `/v1/sandboxes/${plain.id}/network`, { key, json: { internet: false, allow: ['198.51.100.7'] } });
+  assert.equal(put.status, 200, put.text);
+  assert.deepEqual((put.json as { network: Net }).network, { internet: false, allow: ['198.51.100.7'], deny: [] });
+  assert.deepEqual(fx.runtime.egress.get(plain.id), { internet: false, allow: ['198.51.100.7'], deny: [] }, 'applied to the running pod before the answer');
+  const badPut = await api('PUT', `/v1/sandboxes/${plain.id}/network`, { key, json: { allow: ['not a host'] } });
+  assert.equal(badPut.status, 422);
+  assert.deepEqual((badPut.json as { fields: { field: string }[] }).fields.map((f) => f.field), ['body.allow[0]']);
+  assert.deepEqual(((await api('GET', `/v1/sandboxes/${plain.id}`, { key })).json as { network: Net }).network.allow, ['198.51.100.7'], 'unchanged by the refused PUT');
+  assert.equal((await api('PUT', `/v1/sandboxes/${plain.id}/network`, { key: fx.keys.teamB, json: {} })).status, 404, "another team's sandbox");
+
+  // Hibernate and wake: the pod is started again with the policy the Sandbox holds.
+  fx.runtime.egress.delete(plain.id);
+  assert.equal((await api('POST', `/v1/sandboxes/${plain.id}/pause`, { key, json: {} })).status, 200);
+  assert.equal((await api('POST', `/v1/sandboxes/${plain.id}/resume`, { key, json: {} })).status, 200);
+  assert.deepEqual(fx.runtime.egress.get(plain.id), { internet: false, allow: ['198.51.100.7'], deny: [] });
+
+  // E2B: create with allow_internet_access and network, getInfo, updateNetwork.
+  const created = await e2b('POST', '/v2/sandboxes', { templateID: 'base', allow_internet_access: false, network: { allowOut: ['api.example.com'], denyOut: ['198.51.100.0/24'], allowPublicTraffic: true } });
+  assert.equal(created.status, 201, created.text);
+  const id = (created.json as { sandboxID: string }).sandboxID;
+  const info = (await e2b('GET', `/sandboxes/${id}`)).json as { allowInternetAccess: boolean; network: { allowOut: string[]; denyOut: string[] } };
+  assert.deepEqual([info.allowInternetAccess, info.network], [false, { allowOut: ['api.example.com'], denyOut: ['198.51.100.0/24'] }]);
+  assert.equal((await e2b('PUT', `/sandboxes/${id}/network`, { allowOut: ['1.1.1.1'], denyOut: ['0.0.0.0/0'] })).status, 204);
+  assert.deepEqual(fx.runtime.egress.get(id), { internet: true, allow: ['1.1.1.1'], deny: ['0.0.0.0/0'] }, 'omitted fields cleared: allow_internet_access back to true');
+  const refused = await e2b('PUT', `/sandboxes/${id}/network`, { egressProxy: { address: 'socks5://x:1080' } });
+  assert.equal((refused.json as { code: number }).code, 400, refused.text);
+  const sdk250 = await e2b('POST', '/sandboxes', { templateID: 'offline', allow_internet_access: true, secure: true });
+  const kept = (await e2b('GET', `/sandboxes/${(sdk250.json as { sandboxID: string }).sandboxID}`)).json as { allowInternetAccess: boolean };
+  assert.equal(kept.allowInternetAccess, false, 'the 2.50 SDK\'s constant allow_internet_access: true keeps the template\'s policy');
 });
 
 test('docs/openapi.yaml documents exactly the routes the server registers, and the tests exercised them all', () => {

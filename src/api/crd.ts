@@ -147,6 +147,11 @@ function ref(what: string): JSONSchemaProps {
 }
 
 const idleTimeoutMs = integer(0, undefined, 'Ours: hibernate after this many milliseconds without activity (0 or absent: never).');
+const network = object({
+  internet: boolean('false: nothing outside the sandbox is reachable except what allow names. Default true.'),
+  allow: strings('CIDRs, IPs, domains (api.example.com) and wildcard domains (*.example.com) the sandbox may reach; an allow beats a deny and the private-range default.'),
+  deny: strings('CIDRs, IPs and domains the sandbox may not reach.'),
+}, { description: 'Ours: the egress policy. Absent: the internet yes; other sandboxes, the host, private and link-local ranges no.' });
 
 function blueprint(): Record<string, JSONSchemaProps> {
   return {
@@ -174,6 +179,7 @@ const sandbox: KindSchema = {
     lifecycle: object(SANDBOX_LIFECYCLE, { description: 'Scheduled shutdown (our form; k8s-sigs writes the same fields directly in spec).' }),
     ...SANDBOX_LIFECYCLE,
     idleTimeoutMs,
+    network,
   }, { required: ['podTemplate'], rules: [SANDBOX_LIFECYCLE_RULE] }),
   status: object({
     phase: enumOf(['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating']),
@@ -212,6 +218,7 @@ const template: KindSchema = {
     envVarsInjectionPolicy: enumOf(POLICY_VALUES, 'Whether claims may add or override env.'),
     volumeClaimTemplatesPolicy: enumOf(POLICY_VALUES, 'Whether claims may add or override volumeClaimTemplates.'),
     idleTimeoutMs,
+    network,
   }, { required: ['podTemplate'] }),
   status: anyObject(),
 };

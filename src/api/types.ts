@@ -132,6 +132,17 @@ export interface SandboxSpec {
   shutdownPolicy?: ShutdownPolicy;
   /** Ours: hibernate after this many ms without activity (0 or absent: never). */
   idleTimeoutMs?: number;
+  /** Ours: what the sandbox may reach (src/network/egress-policy.ts). Absent: the default policy. */
+  network?: SandboxNetwork;
+}
+
+/** An egress policy as written on a Sandbox or SandboxTemplate (parseEgressPolicy reads it). */
+export interface SandboxNetwork {
+  /** false: only what `allow` names. Default true. */
+  internet?: boolean;
+  /** CIDRs, IPs, domains and `*.` wildcard domains. */
+  allow?: string[];
+  deny?: string[];
 }
 
 /** Phases users see; `Hibernated` keeps volumes and the writable filesystem. */
@@ -169,6 +180,8 @@ export interface SandboxTemplateSpec {
   volumeClaimTemplatesPolicy?: 'Disallowed' | 'Allowed' | 'Overrides';
   /** Ours: idle timeout copied onto sandboxes made from this template. */
   idleTimeoutMs?: number;
+  /** Ours: the egress policy copied onto sandboxes made from this template; wins over networkPolicy. */
+  network?: SandboxNetwork;
 }
 
 export interface SandboxTemplate extends KubeObject {

@@ -2,7 +2,9 @@
 // way into the store (REST API, manifests, hub sync). It lists every problem at once, each with
 // a field path such as `spec.podTemplate.spec.containers[0].image`, and throws a single
 // Invalid AsbError. The object is stored as written: both v1alpha1 and v1beta1 are accepted.
-import { invalid } from '../errors.ts';
+import { invalid, isAsbError } from '../errors.ts';
+import { parseEgressPolicy } from '../network/egress-policy.ts';
+import { templateNetworkPolicy } from '../network/sandbox-network.ts';
 import type { KubeObject, ResourceType } from './meta.ts';
 import { dnsSubdomainProblem, labelValueProblem } from './names.ts';
 import {
@@ -74,8 +76,9 @@ const CLAIM_POLICIES = ['Delete', 'DeleteForeground', 'Retain'] as const;
 
 function checkSandboxSpec(problems: Problems, path: string, spec: Fields): void {
   onlyKnown(problems, path, spec, [
-    'podTemplate', 'volumeClaimTemplates', 'service', 'replicas', 'operatingMode', 'lifecycle', 'shutdownTime', 'shutdownPolicy', 'idleTimeoutMs',
+    'podTemplate', 'volumeClaimTemplates', 'service', 'replicas', 'operatingMode', 'lifecycle', 'shutdownTime', 'shutdownPolicy', 'idleTimeoutMs', 'network',
   ]);
+  checkNetwork(problems, join(path, 'network'), spec.network);
   checkBlueprint(problems, path, spec);
   // v1alpha1 `replicas` and v1beta1 `operatingMode` are both accepted on either version: the
   // operator writes whichever the object already uses when it hibernates or wakes a sandbox.
@@ -96,19 +99,37 @@ function checkSandboxSpec(problems: Problems, path: string, spec: Fields): void 
 function checkTemplateSpec(problems: Problems, path: string, spec: Fields): void {
   onlyKnown(problems, path, spec, [
     'podTemplate', 'volumeClaimTemplates', 'service', 'networkPolicy', 'networkPolicyManagement',
-    'envVarsInjectionPolicy', 'volumeClaimTemplatesPolicy', 'idleTimeoutMs',
+    'envVarsInjectionPolicy', 'volumeClaimTemplatesPolicy', 'idleTimeoutMs', 'network',
   ]);
+  checkNetwork(problems, join(path, 'network'), spec.network);
   checkBlueprint(problems, path, spec);
   const policy = optObject(problems, join(path, 'networkPolicy'), spec.networkPolicy);
   if (policy !== undefined) {
     onlyKnown(problems, join(path, 'networkPolicy'), policy, ['ingress', 'egress']);
     optArray(problems, join(join(path, 'networkPolicy'), 'ingress'), policy.ingress);
     optArray(problems, join(join(path, 'networkPolicy'), 'egress'), policy.egress);
+    // Egress rules we cannot enforce are refused, never ignored.
+    collect(problems, () => templateNetworkPolicy({ networkPolicy: policy, ...(spec.networkPolicyManagement === 'Unmanaged' ? { networkPolicyManagement: 'Unmanaged' } : {}) }, join(path, 'networkPolicy')));
   }
   optEnum(problems, join(path, 'networkPolicyManagement'), spec.networkPolicyManagement, ['Managed', 'Unmanaged']);
   optEnum(problems, join(path, 'envVarsInjectionPolicy'), spec.envVarsInjectionPolicy, ['Disallowed', 'Allowed', 'Overrides']);
   optEnum(problems, join(path, 'volumeClaimTemplatesPolicy'), spec.volumeClaimTemplatesPolicy, ['Disallowed', 'Allowed', 'Overrides']);
   optInt(problems, join(path, 'idleTimeoutMs'), spec.idleTimeoutMs, { min: 0 });
+}
+
+/** spec.network: an egress policy (src/network/egress-policy.ts). */
+function checkNetwork(problems: Problems, path: string, value: unknown): void {
+  if (value !== undefined) collect(problems, () => parseEgressPolicy(value, path));
+}
+
+/** Runs a parser that throws AsbError Invalid with fields, adding its fields to problems. */
+function collect(problems: Problems, parse: () => unknown): void {
+  try {
+    parse();
+  } catch (err) {
+    if (!isAsbError(err, 'Invalid')) throw err;
+    for (const f of err.fields) report(problems, f.field, f.message);
+  }
 }
 
 /** podTemplate + volumeClaimTemplates + service, shared by Sandbox and SandboxTemplate. */

@@ -15,6 +15,8 @@ import {
 } from '../api/types.ts';
 import { apiVersionOf } from '../api/meta.ts';
 import { POD_SECURITY_ANNOTATION } from '../api/pod-security.ts';
+import { sameEgressPolicy, DEFAULT_EGRESS_POLICY, type EgressPolicy } from '../network/egress-policy.ts';
+import { networkSpec, templateEgress } from '../network/sandbox-network.ts';
 
 /** Set by whoever creates a Sandbox (so no extra write); removed once the pod is gone. */
 export const RUNTIME_FINALIZER = 'asb.dev/runtime';
@@ -27,11 +29,16 @@ export interface SandboxParams {
   ownerReferences?: OwnerReference[];
   lifecycle?: Lifecycle;
   idleTimeoutMs?: number;
+  /** The create's egress policy, replacing the template's. */
+  network?: EgressPolicy;
 }
 
 export function sandboxFromTemplate(template: SandboxTemplate, params: SandboxParams): Sandbox {
   const t = template.spec;
   const idleTimeoutMs = params.idleTimeoutMs ?? t.idleTimeoutMs;
+  // Copied, not looked up later: a sandbox keeps the policy it was made with when its template changes.
+  const egress = params.network ?? templateEgress(t);
+  const network = params.network === undefined && sameEgressPolicy(egress, DEFAULT_EGRESS_POLICY) ? undefined : networkSpec(egress);
   // The route feed reads public ports from the sandbox itself, so the router never needs the
   // template; the pod-security level a template grants stays with its sandboxes the same way, so
   // their owners may re-apply them (src/worker/pod-admission.ts).
@@ -58,6 +65,7 @@ export function sandboxFromTemplate(template: SandboxTemplate, params: SandboxPa
       operatingMode: 'Running',
       ...(params.lifecycle === undefined ? {} : { lifecycle: params.lifecycle }),
       ...(idleTimeoutMs === undefined ? {} : { idleTimeoutMs }),
+      ...(network === undefined ? {} : { network }),
     },
   };
 }

@@ -36,6 +36,8 @@ import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { isoNow, type Clock, type Timer } from '../system/clock.ts';
 import { applyClaimChanges, hasClaimChanges, isDeleting, isSandboxReady, sandboxFromTemplate } from './blueprint.ts';
+import type { EgressPolicy } from '../network/egress-policy.ts';
+import { networkSpec } from '../network/sandbox-network.ts';
 import type { Activity } from './activity.ts';
 import type { Informer } from './informer.ts';
 
@@ -50,6 +52,8 @@ export interface ClaimRequest {
   shutdownTime?: string;
   shutdownPolicy?: ShutdownPolicy;
   idleTimeoutMs?: number;
+  /** Replaces the template's egress policy (a create's `network`). */
+  network?: EgressPolicy;
   /** Default true: take a warm pool member when one is ready; false always cold-starts. */
   warm?: boolean;
   /** Default true: cold-start when the pool is empty; false fails with PoolExhausted. */
@@ -307,6 +311,7 @@ export class Claimer {
       ...(req.claimRef === undefined ? {} : { ownerReferences: [claimOwner(req.claimRef)] }),
       ...lifecycleOf(req),
       ...(req.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: req.idleTimeoutMs }),
+      ...(req.network === undefined ? {} : { network: req.network }),
     });
     return store.create(SandboxType, sandbox);
   }
@@ -358,6 +363,8 @@ export function bindWarm(member: Sandbox, req: ClaimRequest, claimedAt: string):
       ...member.spec,
       ...(lifecycle === undefined ? {} : { lifecycle }),
       ...(req.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: req.idleTimeoutMs }),
+      // The runtime applies it to the running member at its next reconcile (sandbox-controller).
+      ...(req.network === undefined ? {} : { network: networkSpec(req.network) }),
     },
   };
 }

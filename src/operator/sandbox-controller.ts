@@ -26,6 +26,7 @@ import { RUNTIME_FINALIZER } from './blueprint.ts';
 import type { Reconciler, ReconcileResult } from './controller.ts';
 import { splitKey, type Informer } from './informer.ts';
 import { expiryOf, idleCheck, shutdownPolicyOf } from './lifecycle.ts';
+import { egressPolicyOf } from '../network/sandbox-network.ts';
 
 export interface SandboxControllerDeps {
   store: ObjectStore;
@@ -53,6 +54,8 @@ export function holderOfId(sandboxes: Informer<Sandbox>, id: string, podUid?: st
 export function podRequestFor(sandbox: Sandbox): PodRequest {
   const { name, uid } = sandbox.metadata;
   return {
+    // Always explicit, so a wake runs with the policy the Sandbox says now.
+    egress: egressPolicyOf(sandbox.spec.network),
     id: name,
     uid: uid ?? '',
     namespace: sandbox.metadata.namespace ?? 'default',
@@ -81,6 +84,8 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
   const wakes = new Map<string, number>();
   /** Sandboxes with no status yet: name → when this process first saw their pod not ready. */
   const unreported = new Map<string, number>();
+  /** The egress policy (JSON) last given to the runtime per running sandbox: a change is applied once. */
+  const applied = new Map<string, string>();
 
   const writeStatus = async (sandbox: Sandbox, status: SandboxStatus): Promise<void> => {
     if (isDeepStrictEqual(sandbox.status ?? {}, status)) return;
@@ -153,6 +158,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       await runtime.remove(name);
       wakes.delete(name);
       unreported.delete(name);
+      applied.delete(name);
       activity.forget(name);
     }
     const finalizers = sandbox.metadata.finalizers ?? [];
@@ -172,6 +178,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       if (holderOfId(sandboxes, name) !== undefined) return undefined;
       wakes.delete(name);
       unreported.delete(name);
+      applied.delete(name);
       activity.forget(name);
       if (runtime.state(name).phase !== 'Absent') await runtime.remove(name);
       return undefined;
@@ -229,6 +236,16 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       }
       // start() may return before the runtime's own state settles; the in-memory read is current.
       state = runtime.state(name);
+      applied.set(name, JSON.stringify(egressPolicyOf(sandbox.spec.network)));
+    } else if (runtime.setEgressPolicy !== undefined && (state.phase === 'Running' || state.phase === 'Pending')) {
+      // spec.network changed while the pod runs (PUT .../network, kubectl edit, a warm claim), or
+      // this worker restarted: the runtime gets the policy again (idempotent, one nft run).
+      const policy = egressPolicyOf(sandbox.spec.network);
+      const key = JSON.stringify(policy);
+      if (applied.get(name) !== key) {
+        await runtime.setEgressPolicy(name, policy);
+        applied.set(name, key);
+      }
     }
     if (state.ready) {
       const woke = wakes.get(name);

@@ -64,8 +64,8 @@ export function poolIndexValues(sandbox: Sandbox): string[] {
 
 /** A short digest of what a member copies from its template. */
 export function templateHash(template: SandboxTemplate): string {
-  const { podTemplate, volumeClaimTemplates, service, idleTimeoutMs } = template.spec;
-  return createHash('sha256').update(JSON.stringify({ podTemplate, volumeClaimTemplates, service, idleTimeoutMs })).digest('hex').slice(0, 16);
+  const { podTemplate, volumeClaimTemplates, service, idleTimeoutMs, network, networkPolicy } = template.spec;
+  return createHash('sha256').update(JSON.stringify({ podTemplate, volumeClaimTemplates, service, idleTimeoutMs, network, networkPolicy })).digest('hex').slice(0, 16);
 }
 
 /** Runs fn over items with at most `limit` in flight; rejects with the first error after all settle. */

@@ -5,6 +5,7 @@
 import type { Readable, Writable } from 'node:stream';
 import type { RootIsolation } from '../api/pod-security.ts';
 import type { PodSpec, VolumeClaimTemplate } from '../api/types.ts';
+import type { EgressPolicy } from '../network/egress-policy.ts';
 
 export interface PodRequest {
   /** The sandbox id ([a-z0-9-]+, unique on this worker); names the pod, its disk and its IP. */
@@ -21,6 +22,20 @@ export interface PodRequest {
   labels?: Record<string, string>;
   /** Also make a headless Service named after the pod (Kubernetes runtime); the local runtime ignores it. */
   service?: boolean;
+  /**
+   * What the pod may reach outside itself (src/network/egress-policy.ts), enforced before its
+   * first process runs. Absent: the policy the pod last had (kept across hibernation), else the
+   * default (internet yes, private ranges, other pods and the host no).
+   */
+  egress?: EgressPolicy;
+}
+
+/** One counter of the kernel's egress rules: connection attempts of one pod decided by one rule. */
+export interface EgressCount {
+  pod: string;
+  rule: string;
+  verdict: 'allowed' | 'denied';
+  count: number;
 }
 
 /**
@@ -153,6 +168,14 @@ export interface PodRuntime {
   openPty(id: string, opts: PtyOptions): Promise<PtySession>;
   /** Starts a process with its pipes open; nothing is buffered: read stdout and stderr. */
   spawn(id: string, req: SpawnRequest): Promise<PodProcess>;
+
+  /**
+   * Replaces a pod's egress policy: new connections follow it at once when the pod runs, and it
+   * is kept for the next wake. Absent on runtimes that enforce no policy.
+   */
+  setEgressPolicy?(id: string, policy: EgressPolicy): Promise<void>;
+  /** The kernel's per-pod, per-rule counts (metrics). */
+  egressCounts?(): Promise<EgressCount[]>;
 
   /** Stops watching; leaves pods as they are (they survive a worker restart). Idempotent. */
   close(): Promise<void>;

@@ -22,6 +22,7 @@ import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
 import { ImageStore } from '../images/image-store.ts';
 import { EMPTY_REGISTRIES, parseRegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
+import { registerEgressMetrics } from '../network/egress-metrics.ts';
 import { EXITING_OWNER_WAIT_MS, openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { createAccessTokens, loadClusterSecret } from '../worker/access-token.ts';
@@ -68,6 +69,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const kube = config.store === 'kube' ? await (await import('./worker-kube.ts')).connectKube(config, { clock, metrics, log: log.child({ component: 'store' }) }) : undefined;
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
   const runtime = deps.runtime ?? (await createRuntime(config, kube, clock, log));
+  const egressCounts = runtime.egressCounts?.bind(runtime);
+  if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   // The built-ins are the operator's to make; an API-only process finds them made.
   if (config.role !== 'api') await ensureBuiltins(store, config);
   const adminKey = config.adminKeyFile === undefined ? undefined : await ensureAdminKey(store, config.adminKeyFile, 'local admin key created by make up');

@@ -22,6 +22,8 @@ export const CREATE_BODY = {
   region: { kind: 'string', min: 1, max: 63 },
   /** At the hub: the only cluster to try. At a worker: must be the worker's own name. */
   cluster: { kind: 'string', min: 1, max: 63 },
+  /** Replaces the template's egress policy: {internet?, allow?, deny?} (src/network/egress-policy.ts). */
+  network: { kind: 'egress' },
 } as const;
 
 export type CreateBody = BodyOf<typeof CREATE_BODY>;

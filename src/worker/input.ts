@@ -3,7 +3,8 @@
 // before the route touches anything. Also what a command may be given (spawnProblems): input
 // execve cannot take is 400 BadRequest naming each field, checked by every caller that runs one
 // (REST exec, envd process.Start, E2B create's envVars), so spawn never fails on it with a 500.
-import { AsbError, type FieldProblem } from '../errors.ts';
+import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
+import { parseEgressPolicy } from '../network/egress-policy.ts';
 import { isObjectName } from './access.ts';
 
 interface KindTypes {
@@ -13,6 +14,8 @@ interface KindTypes {
   stringMap: Record<string, string>;
   /** An argv array, or a string run with `sh -c`. */
   command: string[] | string;
+  /** An egress policy {internet?, allow?, deny?} (parseEgressPolicy accepts it; the route parses it again to use it). */
+  egress: unknown;
 }
 
 export interface FieldSpec {
@@ -60,6 +63,15 @@ function checkField(name: string, spec: FieldSpec, value: unknown): FieldProblem
         if (typeof v !== 'string') return { field: `${name}.${k}`, message: `must be a string, got ${typeName(v)}` };
       }
       return undefined;
+    case 'egress':
+      try {
+        parseEgressPolicy(value, name);
+        return undefined;
+      } catch (err) {
+        if (!isAsbError(err, 'Invalid')) throw err;
+        const first = err.fields[0];
+        return { field: first?.field ?? name, message: err.fields.map((f) => (f === first ? f.message : `${f.field}: ${f.message}`)).join('; ') };
+      }
     case 'command':
       if (typeof value === 'string') return value.length > 0 ? undefined : { field: name, message: 'must not be empty' };
       if (!Array.isArray(value)) return { field: name, message: `must be an array of strings or a shell command string, got ${got}` };

@@ -5,6 +5,7 @@
 import type { Sandbox, SandboxPhase } from '../api/types.ts';
 import { LABEL, SandboxType } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
+import { parseEgressPolicy } from '../network/egress-policy.ts';
 import { ClusterType, type Cluster } from '../hub/contract.ts';
 import { CLUSTER_SCOPE } from '../store/store.ts';
 import { findSandbox, isObjectName, principalOf, visibilitySelector } from './access.ts';
@@ -14,7 +15,7 @@ import type { WorkerContext } from './deps.ts';
 import { checkBody, queryInt } from './input.ts';
 import { checkSelector } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
-import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, rotateAccessToken, setShutdownIn } from './sandbox-lifecycle.ts';
+import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, rotateAccessToken, setNetwork, setShutdownIn } from './sandbox-lifecycle.ts';
 import { reachableView, sandboxView, type SandboxView } from './views.ts';
 
 const PHASES: readonly SandboxPhase[] = ['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating'];
@@ -56,6 +57,7 @@ async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     ...(body.labels === undefined ? {} : { labels: body.labels }),
     ...(body.timeoutMs === undefined ? {} : { shutdownTime: new Date(w.clock.now() + body.timeoutMs).toISOString() }),
     ...(body.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: body.idleTimeoutMs }),
+    ...(body.network === undefined ? {} : { network: parseEgressPolicy(body.network, 'network') }),
     coldStart: body.coldStart ?? true,
     wait: body.wait ?? true,
   });
@@ -126,6 +128,13 @@ async function timeout(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   return viewReply(w, 200, await setShutdownIn(w, sandbox, body.timeoutMs));
 }
 
+/** PUT /v1/sandboxes/{id}/network: replaces the whole egress policy; a running sandbox follows it at once. */
+async function network(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
+  const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
+  const body = (await readJson(ctx.req, w.limits.jsonBytes)) ?? {};
+  return viewReply(w, 200, await setNetwork(w, sandbox, parseEgressPolicy(body, 'body')));
+}
+
 async function rotateToken(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
   checkBody(await readJson(ctx.req, w.limits.jsonBytes), {});
@@ -142,5 +151,6 @@ export function sandboxRoutes(w: WorkerContext): Route[] {
     { method: 'POST', pattern: '/v1/sandboxes/{id}/resume', handler: (ctx) => resume(w, ctx) },
     { method: 'POST', pattern: '/v1/sandboxes/{id}/timeout', handler: (ctx) => timeout(w, ctx) },
     { method: 'POST', pattern: '/v1/sandboxes/{id}/access-token', handler: (ctx) => rotateToken(w, ctx) },
+    { method: 'PUT', pattern: '/v1/sandboxes/{id}/network', handler: (ctx) => network(w, ctx) },
   ];
 }

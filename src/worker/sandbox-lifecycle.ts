@@ -10,6 +10,8 @@ import { sandboxNotFound } from './access.ts';
 import { tokenGenerationOf } from './access-token.ts';
 import type { Watch, WatchOptions } from '../store/store.ts';
 import type { Timer } from '../system/clock.ts';
+import type { EgressPolicy } from '../network/egress-policy.ts';
+import { networkSpec } from '../network/sandbox-network.ts';
 import type { WorkerContext } from './deps.ts';
 import { sandboxView } from './views.ts';
 
@@ -39,6 +41,8 @@ export interface ClaimOptions {
   /** ISO time the sandbox is deleted at. */
   shutdownTime?: string;
   idleTimeoutMs?: number;
+  /** Replaces the template's egress policy. */
+  network?: EgressPolicy;
   coldStart: boolean;
   /** Wait until the sandbox is Ready before answering. */
   wait: boolean;
@@ -56,9 +60,13 @@ export async function claimSandbox(w: WorkerContext, p: Principal, opts: ClaimOp
   if (opts.annotations !== undefined) req.annotations = opts.annotations;
   if (opts.shutdownTime !== undefined) req.shutdownTime = opts.shutdownTime;
   if (opts.idleTimeoutMs !== undefined) req.idleTimeoutMs = opts.idleTimeoutMs;
+  if (opts.network !== undefined) req.network = opts.network;
   const claimed = await w.operator.claimer.claim(req);
   let sandbox = claimed.sandbox;
   w.index.remember(sandbox);
+  // A warm member runs with its template's policy: the create's replaces it before the caller
+  // gets the sandbox (the reconciler would too, a moment later, after the first exec could run).
+  if (opts.network !== undefined && claimed.launch === 'warm') await w.runtime.setEgressPolicy?.(sandbox.metadata.name, opts.network);
   if (opts.wait && !sandboxView(sandbox).ready) sandbox = await waitReady(w, sandbox);
   return { sandbox, launch: claimed.launch };
 }
@@ -142,6 +150,17 @@ export function setShutdownIn(w: WorkerContext, sandbox: Sandbox, timeoutMs: num
     ...s,
     spec: { ...s.spec, lifecycle: { ...s.spec.lifecycle, shutdownTime, shutdownPolicy: 'Delete' } },
   }));
+}
+
+/**
+ * Replaces the sandbox's egress policy (spec.network, so it outlives hibernation and worker
+ * restarts) and gives it to the runtime at once when the pod exists, so the caller's next
+ * request already runs under it; the reconciler would apply it too, a moment later.
+ */
+export async function setNetwork(w: WorkerContext, sandbox: Sandbox, policy: EgressPolicy): Promise<Sandbox> {
+  const updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, network: networkSpec(policy) } }));
+  if (w.runtime.state(sandbox.metadata.name).phase !== 'Absent') await w.runtime.setEgressPolicy?.(sandbox.metadata.name, policy);
+  return updated;
 }
 
 /** Deletes the sandbox; 404 if it is already gone. */

@@ -5,6 +5,7 @@ import { findCondition } from '../api/meta.ts';
 import type { Sandbox, SandboxPhase } from '../api/types.ts';
 import { ANNOTATION, LABEL } from '../api/types.ts';
 import type { DataPlane } from './deps.ts';
+import { egressPolicyOf } from '../network/sandbox-network.ts';
 import { defaultPortOf, publicPortsOf } from './route-entry.ts';
 
 export interface SandboxView {
@@ -22,6 +23,8 @@ export interface SandboxView {
   createdAt: string;
   shutdownTime?: string;
   idleTimeoutMs?: number;
+  /** The egress policy in force (spec.network, else the default): what the sandbox may reach. */
+  network?: { internet: boolean; allow: string[]; deny: string[] };
   message?: string;
   /** Data-plane access token (X-Access-Token header or the asb_access cookie); single-sandbox responses only. */
   accessToken?: string;
@@ -91,6 +94,7 @@ export function sandboxView(sandbox: Sandbox, cluster?: string): SandboxView {
     owner: labels[LABEL.owner] ?? '',
     labels: { ...labels },
     createdAt: sandbox.metadata.creationTimestamp ?? '',
+    network: (({ internet, allow, deny }) => ({ internet, allow: [...allow], deny: [...deny] }))(egressPolicyOf(sandbox.spec.network)),
   };
   const ip = status.podIPs?.[0];
   if (ip !== undefined) view.ip = ip;

@@ -26,7 +26,7 @@ after(async () => {
 
 test('a worker cluster applies with kubectl apply -k, and a federated region passes the server\'s dry run', async () => {
   const out = await kube.kubectl(['apply', '-k', `${repoRoot}/clusters/base`]);
-  for (const made of ['namespace/agent-sandbox-system', 'deployment.apps/operator', 'deployment.apps/worker-api', 'deployment.apps/ingress', 'service/edge', 'clusterrole.rbac.authorization.k8s.io/agent-sandbox-operator']) {
+  for (const made of ['namespace/agent-sandbox-system', 'deployment.apps/operator', 'deployment.apps/worker-api', 'deployment.apps/ingress', 'service/edge', 'clusterrole.rbac.authorization.k8s.io/agent-sandbox-operator', 'networkpolicy.networking.k8s.io/sandbox-isolation']) {
     assert.ok(out.includes(made), `${made} in ${out}`);
   }
   const deployments = await kube.kubectl(['get', 'deployments', '-n', NAMESPACE, '-o', 'jsonpath={.items[*].metadata.name}']);
@@ -82,6 +82,12 @@ test('RBAC grants each component what it needs and nothing more', async () => {
     ['operator', 'update', 'leases.coordination.k8s.io', false],
     ['operator', 'create', 'pods/exec', false],
     ['operator', 'get', 'secrets', false],
+    // Each sandbox's egress policy is a NetworkPolicy the runtime writes.
+    ['operator', 'create', 'networkpolicies.networking.k8s.io', true],
+    ['operator', 'delete', 'networkpolicies.networking.k8s.io', true],
+    ['worker-api', 'update', 'networkpolicies.networking.k8s.io', true],
+    ['worker-api', 'delete', 'networkpolicies.networking.k8s.io', false],
+    ['ingress', 'get', 'networkpolicies.networking.k8s.io', false],
     // The worker API claims with one update, enters pods through exec, and creates no pods.
     ['worker-api', 'update', 'sandboxes.agents.x-k8s.io', true],
     ['worker-api', 'create', 'sandboxclaims.extensions.agents.x-k8s.io', true],

@@ -26,6 +26,9 @@ interface Pvc {
 interface Service {
   spec: { clusterIP?: string; selector?: Record<string, string> };
 }
+interface NetworkPolicy {
+  spec: { podSelector: { matchLabels?: Record<string, string> }; policyTypes: string[]; egress: { to: { ipBlock: { cidr: string; except?: string[] } }[] }[] };
+}
 
 let kube: KubeApiServer;
 let kubelet: TestKubelet;
@@ -113,6 +116,15 @@ test('start makes the Pod (runtimeClassName passed through), its PVCs and headle
   const service = await get<Service>(ns, 'service', 'sb1');
   assert.equal(service?.spec.clusterIP, 'None');
   assert.deepEqual(service.spec.selector, { [SANDBOX_LABEL]: 'sb1' });
+  // The default egress policy: the internet without the private and link-local ranges.
+  const np = await get<NetworkPolicy>(ns, 'networkpolicy', 'sb1');
+  assert.deepEqual(np?.spec.podSelector.matchLabels, { [SANDBOX_LABEL]: 'sb1' });
+  assert.deepEqual(np.spec.policyTypes, ['Egress']);
+  const v4 = np.spec.egress[0]?.to.find((p) => p.ipBlock.cidr === '0.0.0.0/0');
+  assert.ok(v4?.ipBlock.except?.includes('169.254.0.0/16') && v4.ipBlock.except.includes('10.0.0.0/8'), JSON.stringify(np.spec));
+  // Replaced while it runs: internet off, one CIDR allowed.
+  await runtime.setEgressPolicy('sb1', { internet: false, allow: ['203.0.113.0/24', 'api.example.com'], deny: [] });
+  assert.deepEqual((await get<NetworkPolicy>(ns, 'networkpolicy', 'sb1'))?.spec.egress, [{ to: [{ ipBlock: { cidr: '203.0.113.0/24' } }] }]);
 
   const state = await stateOf(runtime, 'sb1', running, 'Running and ready');
   assert.match(state.ip ?? '', /^127\.77\.\d+\.\d+$/);
@@ -305,6 +317,7 @@ test('stop deletes the Pod and keeps the PVCs (state Stopped); start again makes
   assert.equal(await get<Pod>(ns, 'pod', 'sb6'), undefined);
   assert.equal(await get<Pvc>(ns, 'pvc', 'sb6-workspace'), undefined);
   assert.equal(await get<Service>(ns, 'service', 'sb6'), undefined);
+  assert.equal(await get<NetworkPolicy>(ns, 'networkpolicy', 'sb6'), undefined);
   assert.deepEqual(runtime.state('sb6'), { phase: 'Absent', ready: false });
   assert.deepEqual(runtime.list(), []);
   assert.ok(changes.includes('sb6'), 'onChange reported the removal');

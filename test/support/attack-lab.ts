@@ -20,7 +20,8 @@ import { join } from 'node:path';
 import { after, test } from 'node:test';
 import { promisify } from 'node:util';
 import type { Container, PodSpec, VolumeClaimTemplate } from '../../src/api/types.ts';
-import { type LocalRuntime } from '../../src/runtime/local/local-runtime.ts';
+import type { EgressPolicy } from '../../src/network/egress-policy.ts';
+import { type LocalRuntime, type LocalRuntimeOptions } from '../../src/runtime/local/local-runtime.ts';
 import type { ExecResult, PodRequest, PodState } from '../../src/runtime/runtime.ts';
 import { waitForPodState } from './pod-state.ts';
 import { onCleanup } from './oci-fixture.ts';
@@ -54,12 +55,16 @@ export interface PodOptions {
   volumeClaimTemplates?: VolumeClaimTemplate[];
   /** Wait for Running (default); false returns whatever start() answered (a pod whose command ends at once). */
   running?: boolean;
+  /** The pod's egress policy (PodRequest.egress); default the runtime's. */
+  egress?: EgressPolicy;
 }
 
 /** A sandbox an attack started. */
 export interface LabPod {
   readonly id: string;
   readonly request: PodRequest;
+  /** The pod's address on the bridge. */
+  ip(): string;
   /** `sh -c script` in the sandbox. */
   sh(script: string, opts?: ShOptions): Promise<Exec>;
   /** A command (argv) in the sandbox: python3 -c CODE ARGS without shell quoting. */
@@ -103,6 +108,8 @@ export interface LabOptions {
   bridge: string;
   /** A /16 no other test or worker uses. */
   subnet: string;
+  /** Runtime options the lab passes on (egressProxy, podDns). */
+  runtime?: Partial<LocalRuntimeOptions>;
 }
 
 const text = (b: Uint8Array): string => Buffer.from(b).toString('utf8');
@@ -120,7 +127,7 @@ export class AttackLab {
 
   /** Makes the runtime now (at import: the classes decide which tests exist) and removes it after the file. */
   static async create(opts: LabOptions): Promise<AttackLab> {
-    const { rt, root } = await startTestRuntime('asb-attack-', opts.bridge, opts.subnet, { probeIntervalMs: 100, pollIntervalMs: 100 });
+    const { rt, root } = await startTestRuntime('asb-attack-', opts.bridge, opts.subnet, { probeIntervalMs: 100, pollIntervalMs: 100, ...opts.runtime });
     const lab = new AttackLab(rt, root, opts.bridge);
     after(() => lab.close());
     return lab;
@@ -169,6 +176,7 @@ export class AttackLab {
           hostname: id,
           spec: { ...opts.spec, ...(cls === 'gvisor' ? { runtimeClassName: 'gvisor' } : {}), containers: [{ name: 'main', image: 'agent-sandbox/base', command: ['sleep', 'infinity'], ...container }] },
           ...(opts.volumeClaimTemplates === undefined ? {} : { volumeClaimTemplates: opts.volumeClaimTemplates }),
+          ...(opts.egress === undefined ? {} : { egress: opts.egress }),
         };
         cleanup(() => rt.remove(id));
         const started = await rt.start(request);
@@ -176,6 +184,7 @@ export class AttackLab {
         return {
           id,
           request,
+          ip: () => rt.state(id).ip ?? '',
           sh: (script, o = {}) => exec(rt, id, ['sh', '-c', script], o),
           exec: (command, o = {}) => exec(rt, id, command, o),
           state: () => rt.state(id),

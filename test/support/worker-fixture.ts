@@ -11,6 +11,7 @@ import { SandboxTemplateType } from '../../src/api/types.ts';
 import { createApiKey } from '../../src/auth/keys.ts';
 import { KeyRing } from '../../src/auth/keyring.ts';
 import { createMetrics } from '../../src/metrics/metrics.ts';
+import type { EgressPolicy } from '../../src/network/egress-policy.ts';
 import { startOperator } from '../../src/operator/operator.ts';
 import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession } from '../../src/runtime/runtime.ts';
 import { openSqliteStore } from '../../src/store/sqlite.ts';
@@ -26,6 +27,8 @@ function enoent(path: string): Error {
 }
 
 export class MemoryRuntime implements PodRuntime {
+  /** The egress policy each pod last got (start's request, or setEgressPolicy). */
+  readonly egress = new Map<string, EgressPolicy>();
   readonly #pods = new Map<string, PodState>();
   readonly #files = new Map<string, Map<string, Uint8Array>>();
   readonly #listeners = new Set<(id: string) => void>();
@@ -37,7 +40,12 @@ export class MemoryRuntime implements PodRuntime {
       for (const l of this.#listeners) l(id);
     });
   }
+  setEgressPolicy(id: string, policy: EgressPolicy): Promise<void> {
+    this.egress.set(id, policy);
+    return Promise.resolve();
+  }
   start(pod: PodRequest): Promise<PodState> {
+    if (pod.egress !== undefined) this.egress.set(pod.id, pod.egress);
     const prev = this.#pods.get(pod.id);
     if (prev !== undefined && prev.uid !== pod.uid) return Promise.reject(new Error(`memory runtime: pod ${pod.id} belongs to uid ${prev.uid ?? ''}, not ${pod.uid}`));
     if (prev?.phase === 'Running') return Promise.resolve(prev);

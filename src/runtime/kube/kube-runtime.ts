@@ -24,7 +24,8 @@ import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRun
 import { execInPod, openPtyInPod, spawnInPod, type ExecContext } from './exec.ts';
 import { ExecCredentials } from './pod-exec.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
-import { claimManifests, sandboxUidOf, podManifest, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, type KubePod, type KubePvc } from './objects.ts';
+import { claimManifests, sandboxUidOf, podManifest, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, networkPolicyManifest, NetworkPolicyType, type KubePod, type KubePvc } from './objects.ts';
+import { DEFAULT_EGRESS_POLICY, type EgressPolicy } from '../../network/egress-policy.ts';
 
 export interface KubeRuntimeOptions {
   /** A kubeconfig file, or one already loaded. */
@@ -230,6 +231,9 @@ export class KubePodRuntime implements PodRuntime {
       await this.#waitUntil(`pod ${id} to finish terminating`, () => this.#pod(id)?.metadata.uid !== existing.metadata.uid, this.#waitMs + this.#graceMs(existing));
     }
     for (const claim of claimManifests(req, this.namespace)) await this.#createIfMissing(PvcType, claim);
+    // Before the Pod: its egress is what the policy allows from its first packet (the CNI
+    // enforces it; without one that enforces NetworkPolicy, nothing does: clusters/README.md).
+    await this.setEgressPolicy(id, req.egress ?? DEFAULT_EGRESS_POLICY);
     if (req.service === true) await this.#createIfMissing(ServiceType, serviceManifest(req, this.namespace));
     const created = await this.#createIfMissing(PodType, podManifest(req, { namespace: this.namespace, graceSeconds: this.#graceSeconds }));
     const uid = created?.metadata.uid;
@@ -241,6 +245,23 @@ export class KubePodRuntime implements PodRuntime {
     this.#changed(id);
     this.#log.debug({ id, uid }, 'pod created');
     return this.state(id);
+  }
+
+  /** Creates or replaces the sandbox's NetworkPolicy (networkPolicyManifest). */
+  async setEgressPolicy(id: string, policy: EgressPolicy): Promise<void> {
+    const want = networkPolicyManifest(id, this.namespace, policy);
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const have = await this.#store.tryGet(NetworkPolicyType, this.namespace, id);
+      try {
+        if (have === undefined) await this.#store.create(NetworkPolicyType, want);
+        else if (!isDeepStrictEqual(have.spec, want.spec)) await this.#store.update(NetworkPolicyType, { ...want, metadata: { ...have.metadata, ...want.metadata } });
+        return;
+      } catch (err) {
+        // A racing writer (a start and a PUT): read again and retry.
+        if (!isAsbError(err, 'Conflict') && !isAsbError(err, 'AlreadyExists')) throw err;
+      }
+    }
+    throw new AsbError('Conflict', `the NetworkPolicy of sandbox ${id} kept changing while it was being replaced`);
   }
 
   /** Creates obj; an object of that name already there is fine (kept claims, a racing start). */
@@ -297,6 +318,9 @@ export class KubePodRuntime implements PodRuntime {
         if (!isAsbError(err, 'NotFound')) throw err;
       });
     }
+    await this.#store.delete(NetworkPolicyType, this.namespace, id).catch((err: unknown) => {
+      if (!isAsbError(err, 'NotFound')) throw err;
+    });
     const service = await this.#store.tryGet(ServiceType, this.namespace, id);
     if (service !== undefined && sandboxOf(service) === id) {
       await this.#store.delete(ServiceType, this.namespace, id, service.metadata.uid === undefined ? {} : { uid: service.metadata.uid }).catch((err: unknown) => {

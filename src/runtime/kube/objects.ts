@@ -5,6 +5,7 @@ import type { KubeObject, ObjectMeta, ResourceType } from '../../api/meta.ts';
 import type { Container, PodSpec, Volume, VolumeClaimTemplate } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
 import type { PodRequest, PodState } from '../runtime.ts';
+import { compileEgressPolicy, PRIVATE_RANGES, type EgressPolicy } from '../../network/egress-policy.ts';
 
 /** On every Pod, PVC and Service of a sandbox: its id. The runtime watches by this label. */
 export const SANDBOX_LABEL = 'asb.dev/sandbox';
@@ -23,6 +24,7 @@ export function sandboxUidOf(obj: KubeObject | undefined): string | undefined {
 export const PodType: ResourceType = { group: '', version: 'v1', kind: 'Pod', plural: 'pods', namespaced: true };
 export const PvcType: ResourceType = { group: '', version: 'v1', kind: 'PersistentVolumeClaim', plural: 'persistentvolumeclaims', namespaced: true };
 export const ServiceType: ResourceType = { group: '', version: 'v1', kind: 'Service', plural: 'services', namespaced: true };
+export const NetworkPolicyType: ResourceType = { group: 'networking.k8s.io', version: 'v1', kind: 'NetworkPolicy', plural: 'networkpolicies', namespaced: true };
 
 interface ContainerStatus {
   name: string;
@@ -157,6 +159,31 @@ export function serviceManifest(req: PodRequest, namespace: string): KubeObject 
     kind: 'Service',
     metadata: { name: req.id, namespace, labels: { [SANDBOX_LABEL]: req.id } },
     spec: { clusterIP: 'None', selector: { [SANDBOX_LABEL]: req.id }, ...(ports.length > 0 ? { ports } : {}) },
+  };
+}
+
+/**
+ * A sandbox's egress policy as a NetworkPolicy selecting its Pod. NetworkPolicies add up, so the
+ * namespace's own policy (clusters/base/sandbox-network-policy.yaml) grants only DNS and ingress
+ * from our ingress and worker, and this one grants what the policy allows: each allow CIDR, and
+ * with the internet on, 0.0.0.0/0 and ::/0 except the private ranges and the deny CIDRs. Domain
+ * entries need the egress proxy; a NetworkPolicy cannot name them, so they open nothing here.
+ */
+export function networkPolicyManifest(id: string, namespace: string, policy: EgressPolicy): KubeObject {
+  const p = compileEgressPolicy(policy);
+  const to = p.allowCidrs.map((c) => ({ ipBlock: { cidr: c.text.includes('/') ? c.text : `${c.text}/${c.family === 4 ? '32' : '128'}` } }));
+  if (p.internet) {
+    for (const family of [4, 6] as const) {
+      if (p.denyAll.some((c) => c.family === family)) continue;
+      const except = [...PRIVATE_RANGES.filter((r) => r.includes(':') === (family === 6)), ...p.denyCidrs.filter((c) => c.family === family).map((c) => (c.text.includes('/') ? c.text : `${c.text}/${family === 4 ? '32' : '128'}`))];
+      to.push({ ipBlock: { cidr: family === 4 ? '0.0.0.0/0' : '::/0', except } } as { ipBlock: { cidr: string } });
+    }
+  }
+  return {
+    apiVersion: 'networking.k8s.io/v1',
+    kind: 'NetworkPolicy',
+    metadata: { name: id, namespace, labels: { [SANDBOX_LABEL]: id } },
+    spec: { podSelector: { matchLabels: { [SANDBOX_LABEL]: id } }, policyTypes: ['Egress'], egress: to.length === 0 ? [] : [{ to }] },
   };
 }
 

@@ -18,13 +18,15 @@ import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
+import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
+import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
+import { PodFirewall } from './pod-firewall.ts';
 import { execInPod, type PodTarget } from './exec.ts';
 import { spawnPodProcess } from './process.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { ensureLauncherBinary, ensureShimBinary } from './init-binary.ts';
 import { Launcher, type Launched } from './launcher.ts';
-import { createIpPool, createVethBatcher, ensureBridge, inSubnet, parseSubnet, vethName, type IpPool, type Subnet } from './network.ts';
+import { createIpPool, createVethBatcher, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
@@ -71,6 +73,13 @@ export interface LocalRuntimeOptions {
   stopGraceMs?: number;
   /** Mount points' parent (must be walkable by the user namespace). Default /run/asb/rootfs/<hash of root>. */
   mountRoot?: string;
+  /**
+   * The egress proxy listening on the bridge's gateway address: pods' outbound TCP that the
+   * address rules do not decide is DNAT'ed to it (src/network/nft-ruleset.ts). Absent: direct.
+   */
+  egressProxy?: { port: number };
+  /** Pods may query a DNS resolver on the gateway (UDP and TCP 53). Default false: no host port is open to pods. */
+  podDns?: boolean;
 }
 
 export const DEFAULT_INIT = '/usr/bin/tini-static';
@@ -138,7 +147,7 @@ async function whyUnavailable(opts: LocalRuntimeOptions): Promise<string | undef
   return undefined;
 }
 
-export class LocalRuntime implements PodRuntime {
+export class LocalRuntime implements PodRuntime, EgressPolicySource {
   readonly #opts: LocalRuntimeOptions;
   readonly #log: Logger;
   readonly #clock: Clock;
@@ -153,6 +162,7 @@ export class LocalRuntime implements PodRuntime {
   readonly #bridge: string;
   readonly #ips: IpPool;
   readonly #attachVeth: (pid: number, hostIf: string, ip: string) => Promise<void>;
+  readonly #firewall: PodFirewall;
   readonly #pods = new Map<string, Pod>();
   readonly #listeners = new Set<(id: string) => void>();
   #network: Promise<boolean> | undefined;
@@ -189,6 +199,17 @@ export class LocalRuntime implements PodRuntime {
     };
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
     this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
+    this.#firewall = new PodFirewall(
+      {
+        bridge: this.#bridge,
+        subnet: this.#subnet.cidr,
+        gateway: this.#subnet.gateway,
+        ...(opts.egressProxy === undefined ? {} : { egressProxyPort: opts.egressProxy.port }),
+        dns: opts.podDns === true,
+      },
+      (argv, input) => this.#launcher.run(argv, input),
+      this.#log,
+    );
   }
 
   /** Every pod runs in a user namespace: root in a sandbox is root of that namespace only. runtimeClassName gvisor runs it under gVisor when runsc is built. */
@@ -227,11 +248,13 @@ export class LocalRuntime implements PodRuntime {
     for (const warning of warnings) this.#log.warn(warning);
     try {
       await ensureBridge(this.#bridge, this.#subnet);
-      this.#log.info({ bridge: this.#bridge, subnet: this.#subnet.cidr }, 'pod network ready');
+      // No pod runs without its isolation: a host where nft cannot run starts none.
+      await this.#firewall.setUp();
+      this.#log.info({ bridge: this.#bridge, subnet: this.#subnet.cidr, table: this.#firewall.table }, 'pod network ready');
       return true;
     } catch (err) {
       await releaseNetwork(claimsDir, this.#bridge, resolve(this.#opts.root));
-      throw new AsbError('Unavailable', `cannot create the pod bridge ${this.#bridge}: ${err instanceof Error ? err.message : String(err)}`);
+      throw new AsbError('Unavailable', `cannot set up the pod bridge ${this.#bridge} and its firewall (nftables): ${err instanceof Error ? err.message : String(err)}`);
     }
   }
 
@@ -256,6 +279,8 @@ export class LocalRuntime implements PodRuntime {
       const identity = await readIdentity(paths);
       if (identity === undefined) return;
       pod.identity = identity;
+      // The table was rebuilt empty at start: an adopted pod reaches nothing until this runs.
+      await this.#firewall.apply(this.#podNet(id, persisted.ip, persisted.request.egress)).catch((err: unknown) => this.#log.error({ err, id }, 'cannot restore the adopted pod\'s firewall rules: it reaches nothing'));
       this.#running(pod, pid, persisted.startedAt ?? isoNow(this.#clock));
       this.#pollExit(pod, pid, pidStart);
       this.#log.info({ id, pid }, 'adopted running pod');
@@ -326,6 +351,9 @@ export class LocalRuntime implements PodRuntime {
     const moved = kept !== undefined && !inSubnet(kept, this.#subnet);
     if (moved) this.#log.warn({ id: pod.id, ip: kept, subnet: this.#subnet.cidr }, 'pod address is outside the subnet: it gets a new one');
     const ip = kept !== undefined && !moved ? kept : this.#ips.allocate();
+    // A request without a policy keeps the one the pod had (a wake), else the default.
+    const egress = req.egress ?? pod.persisted?.request.egress ?? DEFAULT_EGRESS_POLICY;
+    req = { ...req, egress };
     pod.persisted = { request: req, ip, image };
     let shimArgs: string[];
     try {
@@ -344,7 +372,7 @@ export class LocalRuntime implements PodRuntime {
     const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
     const launch = launchPodInit(this.#launcher, this.#shim, shimArgs, {
-      ...(net ? { attach: (pid: number) => this.#attachVeth(pid, vethName(this.#bridge, pod.id), ip) } : {}),
+      ...(net ? { attach: (pid: number) => Promise.all([this.#firewall.apply(this.#podNet(pod.id, ip, egress)), this.#attachVeth(pid, vethName(this.#bridge, pod.id), ip)]).then(() => undefined) } : {}),
       exited: (code) => {
         if (pod.generation !== generation) return;
         // The shim wrote the status before it exited: it also says whether the OOM killer struck.
@@ -542,7 +570,11 @@ export class LocalRuntime implements PodRuntime {
     await this.stop(id);
     pod.generation++;
     this.#pods.delete(id);
-    if (pod.persisted !== undefined) this.#ips.release(pod.persisted.ip);
+    if (pod.persisted !== undefined) {
+      // Before the address can go to another pod: an emptied chain lets nothing through.
+      await this.#firewall.remove({ ip: pod.persisted.ip, veth: vethName(this.#bridge, id) }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
+      this.#ips.release(pod.persisted.ip);
+    }
     // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
     if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
     await Promise.all([
@@ -552,6 +584,46 @@ export class LocalRuntime implements PodRuntime {
       rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
     ]);
     this.#emit(id);
+  }
+
+  #podNet(id: string, ip: string, policy: EgressPolicy | undefined): { id: string; ip: string; mac: string; veth: string; policy: EgressPolicy } {
+    return { id, ip, mac: podMac(ip), veth: vethName(this.#bridge, id), policy: policy ?? DEFAULT_EGRESS_POLICY };
+  }
+
+  /** Replaces a pod's egress policy: applied at once when it runs, and kept (persisted) for its next wake. */
+  async setEgressPolicy(id: string, policy: EgressPolicy): Promise<void> {
+    const pod = this.#pods.get(id);
+    if (pod?.persisted === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
+    await pod.starting?.catch(() => undefined);
+    const persisted = pod.persisted;
+    persisted.request = { ...persisted.request, egress: policy };
+    await writePersisted(pod.paths, persisted);
+    if (pod.state.phase === 'Running' || pod.state.phase === 'Pending') await this.#firewall.apply(this.#podNet(id, persisted.ip, policy));
+  }
+
+  /**
+   * The policy of the pod holding `ip` (the egress proxy and DNS resolver ask, per connection or
+   * question): the pod's persisted request, the same the kernel rules were made from. A scan of
+   * the pods: ~1 µs per pod, well under a connection's cost at the few thousand a worker holds.
+   */
+  policyForPodIp(ip: string): EgressPolicy | undefined {
+    for (const pod of this.#pods.values()) {
+      if (pod.persisted?.ip === ip) return pod.persisted.request.egress ?? DEFAULT_EGRESS_POLICY;
+    }
+    return undefined;
+  }
+
+  /** The kernel's per-pod, per-rule counts of connection attempts. */
+  async egressCounts(): Promise<EgressCount[]> {
+    if (!(await this.hasPodNetwork().catch(() => false))) return [];
+    const byIp = new Map<string, string>();
+    for (const pod of this.#pods.values()) if (pod.persisted !== undefined) byIp.set(pod.persisted.ip, pod.id);
+    const out: EgressCount[] = [];
+    for (const c of await this.#firewall.counters()) {
+      const pod = byIp.get(c.ip);
+      if (pod !== undefined) out.push({ pod, rule: c.rule, verdict: c.verdict, count: c.packets });
+    }
+    return out;
   }
 
   /** Hibernates every running pod, e.g. when `make up` shuts down. */
@@ -633,8 +705,15 @@ export class LocalRuntime implements PodRuntime {
     // gVisor pod runs, so a shut-down worker leaves no mount behind and its root can be deleted.
     const gvisorRuns = [...this.#pods.values()].some((pod) => pod.target?.kind === 'runsc' || pod.starting !== undefined);
     const runscRoot = this.#host.runsc?.root;
+    // A running pod keeps its rules (the next runtime re-adopts it); with none left the tables go.
+    const anyRuns = [...this.#pods.values()].some((pod) => pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined);
+    const network = this.#network;
+    const dropTables = async (): Promise<void> => {
+      if (anyRuns || network === undefined || !(await network.catch(() => false))) return;
+      await this.#firewall.destroy().catch((err: unknown) => this.#log.warn({ err }, 'cannot delete the firewall tables'));
+    };
     return Promise.all([
-      this.#launcher.close(),
+      dropTables().then(() => this.#launcher.close()),
       rmdir(this.#host.mountRoot).catch(() => undefined),
       removeParent(this.#host.cgroupParent),
       runscRoot === undefined || gvisorRuns ? undefined : releaseRunscRoot(runscRoot).catch((err: unknown) => this.#log.warn({ err }, 'cannot release runsc state')),

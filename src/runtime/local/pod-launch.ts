@@ -9,7 +9,7 @@ import type { Launched, Launcher } from './launcher.ts';
 export type InitOutcome = { ok: true; pid: number } | { ok: false; message: string };
 
 export interface PodLaunchHooks {
-  /** Moves the veth peer into the pod's network namespace; the shim waits for it (-n). */
+  /** Moves the veth peer into the pod's network namespace and installs its firewall rules; the shim waits for it (-n). A rejection fails the start. */
   attach?: (pid: number) => Promise<void>;
   /** the shim ended: the container's exit code (137 when the shim itself was killed). */
   exited(code: number): void;
@@ -42,9 +42,14 @@ export function launchPodInit(launcher: Launcher, binary: string, args: readonly
         if (line.startsWith('pid ')) {
           const initPid = Number(line.slice(4));
           pid = initPid;
-          // On a failed attach "go" still goes: the shim then fails naming the missing eth0.
+          // A failed attach (the pod's firewall rules refused) never says "go": the pod must not
+          // run without its isolation, so the start fails and the shim is killed.
           const go = (): void => child.write('go\n');
-          if (hooks.attach !== undefined) void hooks.attach(initPid).then(go, go);
+          const refuse = (err: unknown): void => {
+            settle({ ok: false, message: `pod network set-up failed: ${err instanceof Error ? err.message : String(err)}` });
+            child.kill('SIGKILL');
+          };
+          if (hooks.attach !== undefined) void hooks.attach(initPid).then(go, refuse);
         } else if (line.startsWith('init ')) {
           init = Number(line.slice(5));
         } else if (line === 'ready') {

@@ -12,13 +12,17 @@
 //   POST   /sandboxes/{id}/timeout                     204
 //   POST   /sandboxes/{id}/pause                       204; 409 when already paused
 //   GET    /sandboxes/{id}/metrics                     one sample now, [] when not running
+//   PUT    /sandboxes/{id}/network                     replaces the egress policy: 204
 //
-// The SDK sends fields we do not act on (secure, allow_internet_access, network, mcp, iam…):
-// they are ignored, except those whose absence would surprise the caller (autoPause,
-// volumeMounts), which are refused with 400.
+// `allow_internet_access` and `network.allowOut`/`denyOut` are the sandbox's egress policy
+// (src/network/sandbox-network.ts e2bNetwork); network options we cannot honour (transform
+// rules, an egress proxy) are refused with 422. Other fields the SDK sends (secure, mcp, iam…)
+// are ignored, except those whose absence would surprise the caller (autoPause, volumeMounts),
+// which are refused with 400.
 import type { Sandbox } from '../../api/types.ts';
 import { sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
+import { e2bNetwork } from '../../network/sandbox-network.ts';
 import { findSandbox, sandboxNotFound } from '../access.ts';
 import { readJson } from '../body.ts';
 import { MAX_TIMEOUT_MS } from '../create-body.ts';
@@ -26,7 +30,7 @@ import type { Authenticator, WorkerContext } from '../deps.ts';
 import { checkBody, checkSpawnInput, isPlainObject, type BodyOf, type BodySpec } from '../input.ts';
 import type { Reply, Route } from '../router.ts';
 import { sandboxView } from '../views.ts';
-import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, setShutdownIn, waitReady } from '../sandbox-lifecycle.ts';
+import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, setNetwork, setShutdownIn, waitReady } from '../sandbox-lifecycle.ts';
 import { listE2bSandboxes } from './list.ts';
 import { sampleMetrics } from './metrics.ts';
 import { e2bRoute, type AuthedContext } from './reply.ts';
@@ -73,6 +77,7 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   // Every process the sandbox runs gets envVars: one a program cannot be given would fail each of them.
   if (body.envVars !== undefined) checkSpawnInput({ env: { field: 'envVars', vars: body.envVars } });
   if (body.autoPause === true) throw new AsbError('BadRequest', 'autoPause is not supported by this server: a sandbox is deleted at its timeout; leave onTimeout out, or pause it yourself');
+  const network = isPlainObject(raw) ? e2bNetwork(raw.allow_internet_access, raw.network) : undefined;
   const now = w.clock.now();
   const annotations: Record<string, string> = { [E2B_ANNOTATION.startedAt]: new Date(now).toISOString() };
   if (body.metadata !== undefined) annotations[E2B_ANNOTATION.metadata] = JSON.stringify(body.metadata);
@@ -82,6 +87,7 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
     template: body.templateID ?? 'base',
     annotations,
     shutdownTime: new Date(now + (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000).toISOString(),
+    ...(network === undefined ? {} : { network }),
     coldStart: true,
     wait: true,
   });
@@ -121,6 +127,16 @@ async function setSandboxTimeout(w: WorkerContext, ctx: AuthedContext): Promise<
   return { status: 204 };
 }
 
+/** updateNetwork: the body replaces the whole policy (omitted fields are cleared, as in E2B). */
+async function updateNetwork(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
+  const raw: unknown = await readJson(ctx.req, w.limits.jsonBytes);
+  const body = isPlainObject(raw) ? raw : {};
+  const { allow_internet_access: allowInternet, ...network } = body;
+  const policy = e2bNetwork(allowInternet, network, 'network', true);
+  if (policy !== undefined) await setNetwork(w, await findLive(w, ctx), policy);
+  return { status: 204 };
+}
+
 async function kill(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   await deleteSandbox(w, await findLive(w, ctx));
   return { status: 204 };
@@ -141,6 +157,7 @@ export function e2bRoutes(w: WorkerContext, auth: Authenticator): Route[] {
     route('DELETE', '/sandboxes/{id}', (ctx) => kill(w, ctx)),
     route('POST', '/sandboxes/{id}/timeout', (ctx) => setSandboxTimeout(w, ctx)),
     route('POST', '/sandboxes/{id}/pause', (ctx) => pause(w, ctx)),
+    route('PUT', '/sandboxes/{id}/network', (ctx) => updateNetwork(w, ctx)),
     route('GET', '/sandboxes/{id}/metrics', async (ctx) => ({ status: 200, json: await sampleMetrics(w, await findLive(w, ctx)) })),
   );
   return routes;

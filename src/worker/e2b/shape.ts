@@ -8,6 +8,7 @@ import type { Sandbox } from '../../api/types.ts';
 import { LABEL, sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { parseQuantity } from '../../api/quantity.ts';
 import type { WorkerContext } from '../deps.ts';
+import { egressPolicyOf } from '../../network/sandbox-network.ts';
 
 /**
  * The envd version the E2B API reports for our sandboxes (version gates in the SDK; see shared
@@ -61,6 +62,9 @@ export interface E2bListedSandbox {
 export interface E2bSandboxDetail extends E2bListedSandbox {
   envdAccessToken: string;
   domain: string;
+  allowInternetAccess: boolean;
+  /** The policy's lists; the domains and CIDRs together, as E2B's allowOut holds both. */
+  network: { allowOut: string[]; denyOut: string[] };
 }
 
 function stringMapAnnotation(sandbox: Sandbox, key: string): Record<string, string> {
@@ -165,9 +169,12 @@ export function e2bListedSandbox(w: WorkerContext, sandbox: Sandbox): E2bListedS
 }
 
 export function e2bSandboxDetail(w: WorkerContext, sandbox: Sandbox, req: IncomingMessage): E2bSandboxDetail {
+  const policy = egressPolicyOf(sandbox.spec.network);
   return {
     ...e2bListedSandbox(w, sandbox),
     envdAccessToken: w.dataPlane.tokens.accessToken(sandbox),
     domain: e2bDomain(w, req),
+    allowInternetAccess: policy.internet,
+    network: { allowOut: [...policy.allow], denyOut: [...policy.deny] },
   };
 }

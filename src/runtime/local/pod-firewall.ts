@@ -1,0 +1,113 @@
+// Runs the kernel rules of src/network/nft-ruleset.ts for one bridge: the table pair at start, a
+// pod's chains before its first process (the shim waits for "go" until they are in), again on
+// every wake and policy change, emptied when the pod is removed; the table pair deleted when the
+// runtime closes with no pod left running (a running pod keeps its rules: pods outlive the
+// worker, and the next runtime rebuilds the table from the pods it adopts).
+// Like the veth batcher, the scripts of concurrent starts go to ONE `nft -f -` run (a transaction
+// each; a failed batch is retried one script at a time so one bad pod fails alone).
+import { writeFile } from 'node:fs/promises';
+import type { Logger } from '../../system/log.ts';
+import { baseScript, deleteScript, parseCounters, podRemoveScript, podScript, tableName, type BridgeNet, type PodNet, type RuleCount } from '../../network/nft-ruleset.ts';
+
+/** Runs argv with input on stdin: exit code and what it printed. */
+export type CommandRunner = (argv: readonly string[], input: string) => Promise<{ code: number; output: string }>;
+
+export class PodFirewall {
+  readonly #net: BridgeNet;
+  readonly #run: CommandRunner;
+  readonly #log: Logger;
+  #pending: { script: string; done: (err?: Error) => void }[] = [];
+  #running = false;
+
+  constructor(net: BridgeNet, run: CommandRunner, log: Logger) {
+    this.#net = net;
+    this.#run = run;
+    this.#log = log;
+  }
+
+  get table(): string {
+    return tableName(this.#net.bridge);
+  }
+
+  /**
+   * The bridge's sysctls and an empty table pair (replacing what a previous run left). The bridge
+   * routes for its pods (forwarding on this interface only, not host-wide), answers ARP for the
+   * whole subnet itself (proxy_arp + proxy_arp_pvlan: pods cannot ARP each other, their frames
+   * are dropped, so the host must answer or a connect to another pod hangs on ARP ~3 s instead
+   * of being rejected), and sends no ICMP redirects to one pod about another.
+   */
+  async setUp(): Promise<void> {
+    const conf = `/proc/sys/net/ipv4/conf/${this.#net.bridge}`;
+    await Promise.all([
+      writeFile(`${conf}/forwarding`, '1\n'),
+      writeFile(`${conf}/proxy_arp`, '1\n'),
+      writeFile(`${conf}/proxy_arp_pvlan`, '1\n'),
+      writeFile(`${conf}/send_redirects`, '0\n'),
+      // Proxy ARP answers are delayed up to 0.8 s by default (proxy_delay 80 jiffies): the first
+      // connect to another pod took 1.06 s to be refused.
+      writeFile(`/proc/sys/net/ipv4/neigh/${this.#net.bridge}/proxy_delay`, '0\n'),
+    ]);
+    await this.#nft(baseScript(this.#net));
+  }
+
+  /** Installs (or replaces) a pod's rules; rejects when nft refused them: the pod must not start. */
+  apply(pod: PodNet): Promise<void> {
+    return this.#queue(podScript(this.#net, pod));
+  }
+
+  /** Empties a pod's chains: its address and port then have no way through. */
+  remove(pod: { ip: string; veth: string }): Promise<void> {
+    return this.#queue(podRemoveScript(this.#net, pod));
+  }
+
+  /** Every pod chain's counters: per pod address and rule. */
+  async counters(): Promise<RuleCount[]> {
+    const r = await this.#run(['nft', '-j', 'list', 'table', 'inet', this.table], '');
+    if (r.code !== 0) throw new Error(`nft list table inet ${this.table}: ${r.output.trim()}`);
+    return parseCounters(r.output);
+  }
+
+  async destroy(): Promise<void> {
+    await this.#nft(deleteScript(this.#net.bridge));
+  }
+
+  async #nft(script: string): Promise<void> {
+    const r = await this.#run(['nft', '-f', '-'], script);
+    if (r.code !== 0) throw new Error(`nft refused the rules of bridge ${this.#net.bridge}: ${r.output.trim().slice(0, 2000)}`);
+  }
+
+  #queue(script: string): Promise<void> {
+    return new Promise((resolve, reject) => {
+      if (this.#pending.length === 0 && !this.#running) setImmediate(() => void this.#flush());
+      this.#pending.push({ script, done: (err) => (err === undefined ? resolve() : reject(err)) });
+    });
+  }
+
+  async #flush(): Promise<void> {
+    const batch = this.#pending;
+    this.#pending = [];
+    this.#running = true;
+    try {
+      try {
+        await this.#nft(batch.map((b) => b.script).join(''));
+        for (const b of batch) b.done();
+      } catch (err) {
+        if (batch.length === 1) batch[0]?.done(err instanceof Error ? err : new Error(String(err)));
+        else {
+          this.#log.warn({ err, scripts: batch.length }, 'nft batch failed: applying one by one');
+          for (const b of batch) {
+            try {
+              await this.#nft(b.script);
+              b.done();
+            } catch (one) {
+              b.done(one instanceof Error ? one : new Error(String(one)));
+            }
+          }
+        }
+      }
+    } finally {
+      this.#running = false;
+      if (this.#pending.length > 0) void this.#flush();
+    }
+  }
+}
