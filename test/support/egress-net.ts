@@ -2,7 +2,7 @@
 // host is the sandboxes' gateway (bridge asbeg<id>, 10.242.N.1/24), a "sandbox" network namespace
 // hangs off it (10.242.N.2, default route via the gateway, resolv.conf naming the gateway), and a
 // "public" namespace holds the internet's servers (192.0.2.x, reached from the host over a veth
-// with 10.243.N.1/30 on the host side). The host does not forward: the sandbox reaches the public
+// with 10.242.(128+N).1/30 on the host side). The host does not forward: the sandbox reaches the public
 // servers only through what listens on the gateway, after the DNAT `redirect` sets up (the
 // kernel part netpol owns in production, written here so the proxy is tested on its own).
 // Everything is removed in t.after, in reverse order.
@@ -54,7 +54,9 @@ export class EgressNet {
   #upstream: ChildProcess | undefined;
 
   private constructor() {
-    this.n = randomInt(0, 256);
+    // 10.242.N.0/24 for the bridge, 10.242.(128+N).0/30 for the public link: 10.243/16 stays free
+    // for the tests that run a real runtime (test/egress-sandbox.test.ts).
+    this.n = randomInt(0, 128);
     this.id = randomInt(0, 0xffff).toString(16).padStart(4, '0');
     this.bridge = `asbeg${this.id}`;
     this.gateway = `10.242.${this.n}.1`;
@@ -93,7 +95,7 @@ export class EgressNet {
     await must('ip', ['-n', clientNs, 'route', 'add', 'default', 'via', this.gateway]);
     // host ↔ public
     await must('ip', ['link', 'add', hostP, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', publicNs]);
-    await must('ip', ['addr', 'add', `10.243.${n}.1/30`, 'dev', hostP]);
+    await must('ip', ['addr', 'add', `10.242.${128 + n}.1/30`, 'dev', hostP]);
     await must('ip', ['link', 'set', hostP, 'up']);
     for (const ip of this.publicIps) {
       await must('ip', ['-n', publicNs, 'addr', 'add', `${ip}/32`, 'dev', 'eth0']);
@@ -101,8 +103,8 @@ export class EgressNet {
     }
     await must('ip', ['-n', publicNs, 'link', 'set', 'eth0', 'up']);
     await must('ip', ['-n', publicNs, 'link', 'set', 'lo', 'up']);
-    await must('ip', ['-n', publicNs, 'route', 'add', `10.243.${n}.1`, 'dev', 'eth0']);
-    await must('ip', ['-n', publicNs, 'route', 'add', 'default', 'via', `10.243.${n}.1`]);
+    await must('ip', ['-n', publicNs, 'route', 'add', `10.242.${128 + n}.1`, 'dev', 'eth0']);
+    await must('ip', ['-n', publicNs, 'route', 'add', 'default', 'via', `10.242.${128 + n}.1`]);
     // `ip netns exec` bind-mounts /etc/netns/<ns>/resolv.conf over /etc/resolv.conf.
     mkdirSync(join('/etc/netns', clientNs), { recursive: true });
     writeFileSync(join('/etc/netns', clientNs, 'resolv.conf'), `nameserver ${this.gateway}\noptions timeout:2 attempts:1\n`);
@@ -134,10 +136,10 @@ export class EgressNet {
   async addDirectLink(): Promise<void> {
     const { clientNs, publicNs, n } = this;
     await must('ip', ['-n', clientNs, 'link', 'add', 'direct0', 'type', 'veth', 'peer', 'name', 'direct0', 'netns', publicNs]);
-    await must('ip', ['-n', clientNs, 'addr', 'add', `10.243.${n}.5/30`, 'dev', 'direct0']);
+    await must('ip', ['-n', clientNs, 'addr', 'add', `10.242.${128 + n}.5/30`, 'dev', 'direct0']);
     await must('ip', ['-n', clientNs, 'link', 'set', 'direct0', 'up']);
-    await must('ip', ['-n', clientNs, 'route', 'add', `${this.directIp}/32`, 'via', `10.243.${n}.6`]);
-    await must('ip', ['-n', publicNs, 'addr', 'add', `10.243.${n}.6/30`, 'dev', 'direct0']);
+    await must('ip', ['-n', clientNs, 'route', 'add', `${this.directIp}/32`, 'via', `10.242.${128 + n}.6`]);
+    await must('ip', ['-n', publicNs, 'addr', 'add', `10.242.${128 + n}.6/30`, 'dev', 'direct0']);
     await must('ip', ['-n', publicNs, 'addr', 'add', `${this.directIp}/32`, 'dev', 'direct0']);
     await must('ip', ['-n', publicNs, 'link', 'set', 'direct0', 'up']);
     this.#direct = true;

@@ -1,0 +1,117 @@
+// The egress proxy end to end with real sandboxes (issue 17, points 3 and 5): pods of the local
+// runtime (runc) whose outbound TCP the kernel rules DNAT to the cluster Envoy's egress listener
+// on the bridge gateway (LocalRuntimeOptions.egressProxy), decided by the egress decision service
+// from the runtime's own pod → policy map, and whose DNS goes to the sandbox resolver on the
+// gateway. curl and Python's urllib inside the sandbox; the "internet" is a namespace this file
+// makes (test/support/egress-net.ts). On main there is no egress listener: every allowed name
+// here was unreachable and nothing answered the sandbox's DNS.
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { Registry } from 'prom-client';
+import { EnvoyProcess } from '../src/edge/envoy-process.ts';
+import { createEgressMetrics, EgressAuthzServer } from '../src/egress/authz-service.ts';
+import { DnsResolver, withHosts } from '../src/egress/dns-resolver.ts';
+import { ensureEgressCa, ensureHostCertificate } from '../src/egress/egress-ca.ts';
+import type { EgressPolicySource } from '../src/egress/egress-decision.ts';
+import { ResolvedAddresses } from '../src/egress/resolved-addresses.ts';
+import { ensureBridge, parseSubnet } from '../src/runtime/local/network.ts';
+import type { PodRequest } from '../src/runtime/runtime.ts';
+import { systemClock } from '../src/system/clock.ts';
+import { freePort } from '../src/system/local-system.ts';
+import { silentLogger } from '../src/system/log.ts';
+import { EgressNet } from './support/egress-net.ts';
+import { PUBLIC_DOMAIN } from './support/egress-proxy-fixture.ts';
+import { startTestRuntime, stopTestRuntime } from './support/test-runtime.ts';
+
+// issue 17 egress tests: 10.242/16 for the namespaces, 10.243/16 for this runtime.
+const BRIDGE = 'asbegrt0';
+const SUBNET = '10.243.0.0/16';
+const GATEWAY = '10.243.0.1';
+const GOOD = `good.${PUBLIC_DOMAIN}`;
+const EVIL = `evil.${PUBLIC_DOMAIN}`;
+
+test('real sandboxes: the kernel sends their TCP to the egress proxy, which decides by SNI and Host; their DNS answers by policy', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-egress-rt-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const net = await EgressNet.create(t);
+  const publicCa = await ensureEgressCa(join(dir, 'public-ca'), 'egress test public CA');
+  await net.startUpstream(await ensureHostCertificate(publicCa, `*.${PUBLIC_DOMAIN}`));
+  const [pubA = ''] = net.publicIps;
+
+  const port = await freePort();
+  const runtime = await startTestRuntime('asb-egress-rt-', BRIDGE, SUBNET, { egressProxy: { port }, podDns: true, probeIntervalMs: 100, pollIntervalMs: 100 });
+  t.after(() => stopTestRuntime(runtime));
+  // The listener binds the gateway address, which the bridge carries.
+  await ensureBridge(BRIDGE, parseSubnet(SUBNET));
+
+  const registry = new Registry();
+  const resolved = new ResolvedAddresses(systemClock);
+  const source: EgressPolicySource = { policyForPodIp: (ip) => runtime.rt.policyForPodIp(ip) };
+  const authz = await EgressAuthzServer.start({ host: '127.0.0.1', port: 0, source, metrics: createEgressMetrics(registry), log: silentLogger(), resolved: (pod, name, ip) => resolved.has(pod, name, ip) });
+  t.after(() => authz.close());
+  const hosts = new Map([[GOOD, [pubA]], [EVIL, [pubA]]]);
+  const dns = new DnsResolver({ source, registry, log: silentLogger(), upstream: withHosts(hosts, { lookup: () => Promise.resolve({ addresses: 'nxdomain', ttlS: 0 }) }), onAnswer: (pod, name, ips, ttl) => resolved.record(pod, name, ips, ttl) });
+  t.after(() => dns.close());
+  await dns.listen(GATEWAY, 53);
+  const envoy = new EnvoyProcess({
+    stateDir: join(dir, 'envoy'),
+    logger: silentLogger(),
+    concurrency: 1,
+    config: { listenPort: 0, adminPort: 0, routerAddress: '127.0.0.1:9', workers: [], egress: { listenAddress: GATEWAY, listenPort: port, authzAddress: `127.0.0.1:${authz.port}` } },
+  });
+  t.after(() => envoy.close());
+  await envoy.start();
+
+  const request: PodRequest = {
+    id: 'egress-e2e',
+    uid: 'uid-egress-e2e',
+    namespace: 'default',
+    hostname: 'egress-e2e',
+    spec: { containers: [{ name: 'main', image: 'agent-sandbox/base', command: ['sleep', 'infinity'] }] },
+    egress: { internet: false, allow: [GOOD], deny: [] },
+  };
+  t.after(() => runtime.rt.remove(request.id));
+  assert.equal((await runtime.rt.start(request)).phase, 'Running');
+  const sh = async (script: string): Promise<string> => {
+    const r = await runtime.rt.exec(request.id, { command: ['sh', '-c', script], timeoutMs: 60_000 });
+    return Buffer.from(r.stdout).toString('utf8') + Buffer.from(r.stderr).toString('utf8');
+  };
+  // The sandbox trusts the public CA (its "internet") and asks the gateway for names (the base
+  // image's resolv.conf names another resolver; the runtime does not write one yet).
+  const setup = await runtime.rt.exec(request.id, { command: ['sh', '-c', `cat > /tmp/ca.pem && chmod 644 /tmp/ca.pem && echo "nameserver ${GATEWAY}" > /etc/resolv.conf`], user: 0, stdin: readFileSync(publicCa.caCertPath), timeoutMs: 30_000 });
+  assert.equal(setup.exitCode, 0, Buffer.from(setup.stderr).toString());
+
+  await t.test('an allowed name: resolved by the gateway, HTTPS passes through to the real server, plain HTTP by Host', async () => {
+    const out = await sh(`python3 -c 'import socket; print("addr=" + socket.gethostbyname("${GOOD}"))'
+curl -sS --max-time 10 --cacert /tmp/ca.pem https://${GOOD}/tls; echo
+python3 -c 'import urllib.request; print("py=%d" % urllib.request.urlopen("http://${GOOD}/py", timeout=10).status)'`);
+    assert.match(out, new RegExp(`addr=${pubA.replaceAll('.', '\\.')}`));
+    assert.match(out, new RegExp(`"sni":"${GOOD}"`), out);
+    assert.match(out, /py=200/);
+  });
+
+  await t.test('a name the policy does not allow: no answer from DNS, and an address pinned by hand is cut by SNI and Host, fast', async () => {
+    const out = await sh(`python3 -c 'import socket
+try: socket.gethostbyname("${EVIL}"); print("resolved")
+except OSError: print("nxdomain")'
+start=$(date +%s%N); curl -sS --max-time 10 --cacert /tmp/ca.pem --resolve ${EVIL}:443:${pubA} https://${EVIL}/ >/dev/null 2>&1; echo "tls_exit=$? ms=$(( ($(date +%s%N) - start) / 1000000 ))"
+curl -sS --max-time 10 --resolve ${EVIL}:80:${pubA} -o /dev/null -w 'http_code=%{http_code}\\n' http://${EVIL}/`);
+    assert.match(out, /nxdomain/);
+    const tls = /tls_exit=(\d+) ms=(\d+)/.exec(out);
+    assert.ok(tls !== null, out);
+    assert.notEqual(tls[1], '0');
+    assert.ok(Number(tls[2]) < 3000, out);
+    assert.match(out, /http_code=403/);
+    assert.equal((await net.accepted())[`${pubA}:443`] ?? 0, 1, 'only the allowed connection reached the server');
+  });
+
+  await t.test('a policy replaced while the sandbox runs decides its next connection', async () => {
+    await runtime.rt.setEgressPolicy(request.id, { internet: false, allow: [EVIL], deny: [] });
+    const out = await sh(`curl -sS --max-time 10 --cacert /tmp/ca.pem https://${EVIL}/ -o /dev/null -w 'evil=%{http_code}\\n'; curl -sS --max-time 10 --resolve ${GOOD}:80:${pubA} -o /dev/null -w 'good=%{http_code}\\n' http://${GOOD}/`);
+    assert.match(out, /evil=200/);
+    assert.match(out, /good=403/);
+  });
+});
