@@ -241,9 +241,10 @@ async function egress(row: Recorder, results: Record<string, unknown>): Promise<
   const e = await benchEgress();
   results.egress = e;
   const pct = (p: EgressPair): string => `${Math.round(p.ratio * 100)} %`;
-  const rps = (p: EgressPair): string => `${Math.round(p.proxied.perSec)} vs ${Math.round(p.direct.perSec)} req/s (${pct(p)}), p99 +${p.addedP99Ms} ms`;
+  const p99 = (p: EgressPair): string => `p99 ${p.addedP99Ms < 0 ? '−' : '+'}${Math.abs(p.addedP99Ms)} ms`;
+  const rps = (p: EgressPair): string => `${Math.round(p.proxied.perSec)} vs ${Math.round(p.direct.perSec)} req/s (${pct(p)}), ${p99(p)}`;
   const b = e.httpsBulk;
-  row('egress HTTPS passthrough through the proxy vs direct: throughput, 1 connection, 16 MiB bodies', `${Math.round(b.proxied.mbPerSec)} vs ${Math.round(b.direct.mbPerSec)} MB/s (${pct(b)}), p99 +${b.addedP99Ms} ms`, '≥ 80 %', b.ratio >= 0.8);
+  row('egress HTTPS passthrough through the proxy vs direct: throughput, 1 connection, 16 MiB bodies', `${Math.round(b.proxied.mbPerSec)} vs ${Math.round(b.direct.mbPerSec)} MB/s (${pct(b)}), ${p99(b)}`, '≥ 80 %', b.ratio >= 0.8);
   row('egress HTTPS passthrough through the proxy vs direct: small requests, 16 kept-alive connections', rps(e.httpsPassthrough), '—');
   row('egress HTTPS through the proxy vs direct: a new connection per request (TLS handshake + one Check)', rps(e.httpsNewConnections), '—');
   row('egress plain HTTP through the proxy vs direct: small requests, 16 kept-alive connections (one Check per request)', rps(e.http), '—');
