@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { test } from 'node:test';
 import { Registry } from 'prom-client';
 import { EnvoyProcess } from '../src/edge/envoy-process.ts';
@@ -17,12 +17,17 @@ import { DnsResolver, withHosts } from '../src/egress/dns-resolver.ts';
 import { ensureEgressCa, ensureHostCertificate } from '../src/egress/egress-ca.ts';
 import type { EgressPolicySource } from '../src/egress/egress-decision.ts';
 import { ResolvedAddresses } from '../src/egress/resolved-addresses.ts';
-import { ensureBridge, parseSubnet } from '../src/runtime/local/network.ts';
+import { deleteBridge, ensureBridge, parseSubnet } from '../src/runtime/local/network.ts';
+import { DEFAULT_CLAIMS_DIR, releaseNetwork } from '../src/runtime/local/network-claim.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { freePort } from '../src/system/local-system.ts';
 import { silentLogger } from '../src/system/log.ts';
+import { createApiClient } from '../src/client/api-client.ts';
+import { startLocalSystem } from '../src/system/local-system.ts';
 import { EgressNet } from './support/egress-net.ts';
+import { testImages } from './support/test-images.ts';
+import { removeDataDir, tempDataDir } from './support/worker-process.ts';
 import { PUBLIC_DOMAIN } from './support/egress-proxy-fixture.ts';
 import { startTestRuntime, stopTestRuntime } from './support/test-runtime.ts';
 
@@ -44,6 +49,8 @@ test('real sandboxes: the kernel sends their TCP to the egress proxy, which deci
   const port = await freePort();
   const runtime = await startTestRuntime('asb-egress-rt-', BRIDGE, SUBNET, { egressProxy: { port }, podDns: true, probeIntervalMs: 100, pollIntervalMs: 100 });
   t.after(() => stopTestRuntime(runtime));
+  // Its claim on 10.243/16 goes with it: the next test's worker takes the same subnet.
+  t.after(() => releaseNetwork(DEFAULT_CLAIMS_DIR, BRIDGE, resolve(runtime.root)));
   // The listener binds the gateway address, which the bridge carries.
   await ensureBridge(BRIDGE, parseSubnet(SUBNET));
 
@@ -114,4 +121,43 @@ curl -sS --max-time 10 --resolve ${EVIL}:80:${pubA} -o /dev/null -w 'http_code=%
     assert.match(out, /evil=200/);
     assert.match(out, /good=403/);
   });
+});
+
+test('the local system with --egress-proxy-port: the worker runs the decision service and resolver, Envoy the egress listener, sandboxes go through them', async (t) => {
+  const net = await EgressNet.create(t);
+  const dir = mkdtempSync(join(tmpdir(), 'asb-egress-sys-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const publicCa = await ensureEgressCa(join(dir, 'public-ca'), 'egress test public CA');
+  await net.startUpstream(await ensureHostCertificate(publicCa, `*.${PUBLIC_DOMAIN}`));
+  const [pubA = ''] = net.publicIps;
+  const stateDir = tempDataDir('egst');
+  const system = await startLocalSystem({
+    stateDir,
+    log: silentLogger(),
+    apiPort: 0,
+    edgePort: 0,
+    envoyAdminPort: 0,
+    routerPort: 0,
+    domain: 'asb.localhost',
+    clusterName: 'local',
+    workerArgs: [...(await testImages()).workerArgs, '--cluster-tag', 'egst', '--bridge', 'asbegsys0', '--subnet', SUBNET, '--base-pool', '0', '--log-level', 'warn', '--egress-proxy-port', String(await freePort())],
+  });
+  t.after(async () => {
+    await system.stop();
+    removeDataDir(stateDir);
+    await deleteBridge('asbegsys0');
+  });
+  const api = createApiClient({ url: system.apiUrl, key: system.adminKey });
+  const sbx = await api.createSandbox({ template: 'base', network: { internet: true, allow: [], deny: [EVIL] } } as Parameters<typeof api.createSandbox>[0]);
+  await api.writeFile(sbx.id, '/tmp/ca.pem', readFileSync(publicCa.caCertPath));
+  const run = async (cmd: string): Promise<string> => {
+    const r = await api.exec(sbx.id, { command: cmd, timeoutMs: 30_000 });
+    return `${r.stdout}${r.stderr}`;
+  };
+  const good = await run(`curl -sS --max-time 10 --cacert /tmp/ca.pem --resolve ${GOOD}:443:${pubA} https://${GOOD}/sys`);
+  assert.match(good, new RegExp(`"sni":"${GOOD}"`), good);
+  const evil = await run(`curl -sS --max-time 10 --resolve ${EVIL}:80:${pubA} -o /dev/null -w 'code=%{http_code}' http://${EVIL}/`);
+  assert.match(evil, /code=403/);
+  const metrics = await api.metrics();
+  assert.match(metrics, new RegExp(`asb_egress_decisions_total\\{sandbox="[^"]+",rule="${EVIL.replaceAll('.', '\\.')}",verdict="denied",protocol="http"\\} 1`));
 });

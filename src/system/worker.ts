@@ -36,6 +36,10 @@ import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
 import type { Logger } from './log.ts';
 import { CredentialStore } from '../egress/credential-store.ts';
+import type { HostCertificate } from '../egress/egress-ca.ts';
+import type { EgressPolicySource } from '../egress/egress-decision.ts';
+import { startEgressServices } from '../egress/egress-services.ts';
+import { parseSubnet } from '../runtime/local/network.ts';
 import { privateDir } from './private-files.ts';
 import type { KubeConnection, LedControllers } from './worker-kube.ts';
 
@@ -53,6 +57,8 @@ export interface RunningWorker {
   readonly runtime: PodRuntime;
   /** The admin key, when this start created or verified one (config.adminKeyFile). */
   readonly adminKey: string | undefined;
+  /** With --egress-proxy-port: what the cluster Envoy's `egress` listener needs (EdgeConfigOptions.egress). */
+  readonly egress: { listenAddress: string; listenPort: number; authzAddress: string; intercept: HostCertificate[]; caCertPath: string } | undefined;
   /** hibernate: stop every running sandbox (kept on disk; restarted on the next start). */
   close(opts?: { hibernate?: boolean }): Promise<void>;
 }
@@ -113,6 +119,17 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
             },
           },
         });
+  // Egress secrets and credential rules: a 0600 file in the data directory, which no sandbox mounts.
+  const egressCredentials = new CredentialStore(join(config.dataDir, 'egress'), clock);
+  // The egress proxy's worker half (--egress-proxy-port): the local runtime answers pod → policy.
+  const egressPort = config.egressProxyPort;
+  const egressServices =
+    egressPort === undefined || !isPolicySource(runtime)
+      ? undefined
+      : // The decision service takes the proxy's port number on loopback (the listener has it on
+        // the gateway): fixed, so Envoy finds a restarted worker where it left it.
+        await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
+  const egress = egressServices === undefined || egressPort === undefined ? undefined : { listenAddress: parseSubnet(config.subnet).gateway, listenPort: egressPort, authzAddress: egressServices.authzAddress, intercept: egressServices.intercept, caCertPath: egressServices.caCertPath };
   const api =
     apiOperator === undefined
       ? undefined
@@ -130,8 +147,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           defaultNamespace: config.namespace,
           dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
           terminal: { idleMs: config.terminalIdleMs },
-          // Egress secrets and credential rules: a 0600 file in the data directory, which no sandbox mounts.
-          egressCredentials: new CredentialStore(join(config.dataDir, 'egress'), clock),
+          egressCredentials,
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
         });
@@ -152,6 +168,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     store,
     runtime,
     adminKey,
+    egress,
     close(opts = {}) {
       closing ??= (async () => {
         // The hub link first: nothing synced after this point could be acknowledged anyway.
@@ -168,6 +185,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         // Controllers before the Lease is released, so the next leader never overlaps them.
         await led?.close();
         await operator?.close();
+        await egressServices?.close();
         // Pods of the kube runtime belong to Kubernetes and outlive this process (a rollout
         // must not hibernate every sandbox); only local pods are this process's to stop.
         if (opts.hibernate === true && config.runtime === 'local') {
@@ -181,6 +199,10 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   };
 }
 
+function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPolicySource {
+  return typeof (runtime as Partial<EgressPolicySource>).policyForPodIp === 'function';
+}
+
 async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger): Promise<PodRuntime> {
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
@@ -189,7 +211,15 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
   }
   const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
   const images = new ImageStore({ root: config.imageCache, registries, logger: log, clock });
-  return createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge, images });
+  return createLocalRuntime({
+    root: join(config.dataDir, 'runtime'),
+    log: log.child({ component: 'runtime' }),
+    clock,
+    subnet: config.subnet,
+    bridge: config.bridge,
+    images,
+    ...(config.egressProxyPort === undefined ? {} : { egressProxy: { port: config.egressProxyPort }, podDns: true }),
+  });
 }
 
 interface OperatorEndpointsOptions {
