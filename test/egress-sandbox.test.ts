@@ -6,6 +6,7 @@
 // makes (test/support/egress-net.ts). On main there is no egress listener: every allowed name
 // here was unreachable and nothing answered the sandbox's DNS.
 import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -15,6 +16,7 @@ import { EnvoyProcess } from '../src/edge/envoy-process.ts';
 import { createEgressMetrics, EgressAuthzServer } from '../src/egress/authz-service.ts';
 import { DnsResolver, withHosts } from '../src/egress/dns-resolver.ts';
 import { ensureEgressCa, ensureHostCertificate } from '../src/egress/egress-ca.ts';
+import type { CredentialRule } from '../src/egress/credentials.ts';
 import type { EgressPolicySource } from '../src/egress/egress-decision.ts';
 import { ResolvedAddresses } from '../src/egress/resolved-addresses.ts';
 import { deleteBridge, ensureBridge, parseSubnet } from '../src/runtime/local/network.ts';
@@ -37,6 +39,7 @@ const SUBNET = '10.243.0.0/16';
 const GATEWAY = '10.243.0.1';
 const GOOD = `good.${PUBLIC_DOMAIN}`;
 const EVIL = `evil.${PUBLIC_DOMAIN}`;
+const API = `api.${PUBLIC_DOMAIN}`;
 
 test('real sandboxes: the kernel sends their TCP to the egress proxy, which decides by SNI and Host; their DNS answers by policy', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'asb-egress-rt-'));
@@ -46,8 +49,10 @@ test('real sandboxes: the kernel sends their TCP to the egress proxy, which deci
   await net.startUpstream(await ensureHostCertificate(publicCa, `*.${PUBLIC_DOMAIN}`));
   const [pubA = ''] = net.publicIps;
 
+  // The cluster's egress CA: the runtime adds it to every pod's trust store.
+  const egressCa = await ensureEgressCa(join(dir, 'egress-ca'), 'egress test cluster CA');
   const port = await freePort();
-  const runtime = await startTestRuntime('asb-egress-rt-', BRIDGE, SUBNET, { egressProxy: { port }, podDns: true, probeIntervalMs: 100, pollIntervalMs: 100 });
+  const runtime = await startTestRuntime('asb-egress-rt-', BRIDGE, SUBNET, { egressProxy: { port }, podDns: true, extraCaPath: egressCa.caCertPath, probeIntervalMs: 100, pollIntervalMs: 100 });
   t.after(() => stopTestRuntime(runtime));
   // Its claim on 10.243/16 goes with it: the next test's worker takes the same subnet.
   t.after(() => releaseNetwork(DEFAULT_CLAIMS_DIR, BRIDGE, resolve(runtime.root)));
@@ -57,9 +62,12 @@ test('real sandboxes: the kernel sends their TCP to the egress proxy, which deci
   const registry = new Registry();
   const resolved = new ResolvedAddresses(systemClock);
   const source: EgressPolicySource = { policyForPodIp: (ip) => runtime.rt.policyForPodIp(ip) };
-  const authz = await EgressAuthzServer.start({ host: '127.0.0.1', port: 0, source, metrics: createEgressMetrics(registry), log: silentLogger(), resolved: (pod, name, ip) => resolved.has(pod, name, ip) });
+  const secret = `Bearer sk-live-${randomBytes(16).toString('hex')}`;
+  const rules: CredentialRule[] = [{ id: 'api', host: API, header: 'authorization', secret: 'api-key' }];
+  const credentials = { rulesFor: () => rules, secretValue: (name: string) => (name === 'api-key' ? secret : undefined) };
+  const authz = await EgressAuthzServer.start({ host: '127.0.0.1', port: 0, source, credentials, metrics: createEgressMetrics(registry), log: silentLogger(), resolved: (pod, name, ip) => resolved.has(pod, name, ip) });
   t.after(() => authz.close());
-  const hosts = new Map([[GOOD, [pubA]], [EVIL, [pubA]]]);
+  const hosts = new Map([[GOOD, [pubA]], [EVIL, [pubA]], [API, [pubA]]]);
   const dns = new DnsResolver({ source, registry, log: silentLogger(), upstream: withHosts(hosts, { lookup: () => Promise.resolve({ addresses: 'nxdomain', ttlS: 0 }) }), onAnswer: (pod, name, ips, ttl) => resolved.record(pod, name, ips, ttl) });
   t.after(() => dns.close());
   await dns.listen(GATEWAY, 53);
@@ -67,7 +75,13 @@ test('real sandboxes: the kernel sends their TCP to the egress proxy, which deci
     stateDir: join(dir, 'envoy'),
     logger: silentLogger(),
     concurrency: 1,
-    config: { listenPort: 0, adminPort: 0, routerAddress: '127.0.0.1:9', workers: [], egress: { listenAddress: GATEWAY, listenPort: port, authzAddress: `127.0.0.1:${authz.port}` } },
+    config: {
+      listenPort: 0,
+      adminPort: 0,
+      routerAddress: '127.0.0.1:9',
+      workers: [],
+      egress: { listenAddress: GATEWAY, listenPort: port, authzAddress: `127.0.0.1:${authz.port}`, intercept: [await ensureHostCertificate(egressCa, API)], upstreamCaPath: publicCa.caCertPath },
+    },
   });
   t.after(() => envoy.close());
   await envoy.start();
@@ -78,7 +92,7 @@ test('real sandboxes: the kernel sends their TCP to the egress proxy, which deci
     namespace: 'default',
     hostname: 'egress-e2e',
     spec: { containers: [{ name: 'main', image: 'agent-sandbox/base', command: ['sleep', 'infinity'] }] },
-    egress: { internet: false, allow: [GOOD], deny: [] },
+    egress: { internet: false, allow: [GOOD, API], deny: [] },
   };
   t.after(() => runtime.rt.remove(request.id));
   assert.equal((await runtime.rt.start(request)).phase, 'Running');
@@ -86,10 +100,16 @@ test('real sandboxes: the kernel sends their TCP to the egress proxy, which deci
     const r = await runtime.rt.exec(request.id, { command: ['sh', '-c', script], timeoutMs: 60_000 });
     return Buffer.from(r.stdout).toString('utf8') + Buffer.from(r.stderr).toString('utf8');
   };
-  // The sandbox trusts the public CA (its "internet") and asks the gateway for names (the base
-  // image's resolv.conf names another resolver; the runtime does not write one yet).
-  const setup = await runtime.rt.exec(request.id, { command: ['sh', '-c', `cat > /tmp/ca.pem && chmod 644 /tmp/ca.pem && echo "nameserver ${GATEWAY}" > /etc/resolv.conf`], user: 0, stdin: readFileSync(publicCa.caCertPath), timeoutMs: 30_000 });
-  assert.equal(setup.exitCode, 0, Buffer.from(setup.stderr).toString());
+  // The stand-in internet's roots, which a real image would carry; the egress CA the runtime added.
+  await runtime.rt.exec(request.id, { command: ['sh', '-c', 'cat > /tmp/ca.pem'], stdin: readFileSync(publicCa.caCertPath), timeoutMs: 30_000 });
+
+  await t.test('the runtime points the sandbox\'s resolver at the gateway and adds the egress CA to its trust store', async () => {
+    const out = await sh('cat /etc/resolv.conf; grep -c "BEGIN CERTIFICATE" /etc/ssl/certs/ca-certificates.crt');
+    assert.match(out, new RegExp(`nameserver ${GATEWAY.replaceAll('.', '\\.')}`));
+    const bundle = await sh('cat /etc/ssl/certs/ca-certificates.crt');
+    assert.ok(bundle.includes(readFileSync(egressCa.caCertPath, 'utf8').trim()), 'the egress CA is in the bundle');
+    assert.ok(Number(/\n(\d+)\s*$/.exec(out)?.[1] ?? 0) > 1, 'and the image\'s own roots are still there');
+  });
 
   await t.test('an allowed name: resolved by the gateway, HTTPS passes through to the real server, plain HTTP by Host', async () => {
     const out = await sh(`python3 -c 'import socket; print("addr=" + socket.gethostbyname("${GOOD}"))'
@@ -113,6 +133,22 @@ curl -sS --max-time 10 --resolve ${EVIL}:80:${pubA} -o /dev/null -w 'http_code=%
     assert.ok(Number(tls[2]) < 3000, out);
     assert.match(out, /http_code=403/);
     assert.equal((await net.accepted())[`${pubA}:443`] ?? 0, 1, 'only the allowed connection reached the server');
+  });
+
+  await t.test('credential injection: the sandbox calls the API with no key, trusting only its own store; the key arrives upstream and is nowhere in the sandbox', async () => {
+    const out = await sh(`curl -sS --max-time 10 https://${API}/v1/quiet; python3 -c 'import urllib.request; print("py=%d" % urllib.request.urlopen("https://${API}/v1/quiet-py", timeout=10).status)'`);
+    assert.match(out, /^ok\n/, out);
+    assert.match(out, /py=200/);
+    assert.equal((await net.lastRequest())?.headers.authorization, secret);
+    const needle = secret.slice('Bearer '.length);
+    // Its environment, every process's command line and environment, and every writable or
+    // configuration directory (the image's /usr is the image's, read through the overlay). The needle
+    // comes in on stdin, so no command line of the search itself carries it.
+    const search = `read -r n; env; ps -eo args; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rlsF -- "$n" /etc /home /root /tmp /var /run /opt /srv; grep -rlsF -- nameserver /etc | grep -c resolv.conf; echo done`;
+    const looked = await runtime.rt.exec(request.id, { command: ['sh', '-c', search], user: 0, stdin: Buffer.from(`${needle}\n`), timeoutMs: 120_000 });
+    const text = Buffer.from(looked.stdout).toString('utf8');
+    assert.match(text, /\n1\ndone\n$/, 'the search ran to the end and finds what is there (control: resolv.conf)');
+    assert.ok(!text.includes(needle), 'the secret is visible inside the sandbox');
   });
 
   await t.test('a policy replaced while the sandbox runs decides its next connection', async () => {

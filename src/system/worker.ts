@@ -36,7 +36,7 @@ import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
 import type { Logger } from './log.ts';
 import { CredentialStore } from '../egress/credential-store.ts';
-import type { HostCertificate } from '../egress/egress-ca.ts';
+import { ensureEgressCa, type HostCertificate } from '../egress/egress-ca.ts';
 import type { EgressPolicySource } from '../egress/egress-decision.ts';
 import { startEgressServices } from '../egress/egress-services.ts';
 import { parseSubnet } from '../runtime/local/network.ts';
@@ -74,7 +74,9 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
 
   const kube = config.store === 'kube' ? await (await import('./worker-kube.ts')).connectKube(config, { clock, metrics, log: log.child({ component: 'store' }) }) : undefined;
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
-  const runtime = deps.runtime ?? (await createRuntime(config, kube, clock, log));
+  // With the egress proxy, every pod trusts the cluster's egress CA (credential-injection hosts).
+  const egressCa = config.egressProxyPort === undefined ? undefined : await ensureEgressCa(join(config.dataDir, 'egress', 'ca'));
+  const runtime = deps.runtime ?? (await createRuntime(config, kube, clock, log, egressCa?.caCertPath));
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   // The built-ins are the operator's to make; an API-only process finds them made.
@@ -203,7 +205,7 @@ function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPoli
   return typeof (runtime as Partial<EgressPolicySource>).policyForPodIp === 'function';
 }
 
-async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger): Promise<PodRuntime> {
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, extraCaPath: string | undefined): Promise<PodRuntime> {
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
@@ -219,6 +221,7 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     bridge: config.bridge,
     images,
     ...(config.egressProxyPort === undefined ? {} : { egressProxy: { port: config.egressProxyPort }, podDns: true }),
+    ...(extraCaPath === undefined ? {} : { extraCaPath }),
   });
 }
 

@@ -12,6 +12,7 @@
 // runs a sandbox unisolated. A pod with runtimeClassName gvisor runs under gVisor's runsc instead
 // of runc (runtime-class.ts), through the same shim, exec and terminal code.
 import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
@@ -80,6 +81,12 @@ export interface LocalRuntimeOptions {
   egressProxy?: { port: number };
   /** Pods may query a DNS resolver on the gateway (UDP and TCP 53). Default false: no host port is open to pods. */
   podDns?: boolean;
+  /**
+   * PEM file of a CA every pod trusts besides its image's (the cluster's egress CA, whose
+   * certificates the egress proxy serves for credential-injection hosts): appended to each pod's
+   * /etc/ssl/certs/ca-certificates.crt at start. Read once, here.
+   */
+  extraCaPath?: string;
 }
 
 export const DEFAULT_INIT = '/usr/bin/tini-static';
@@ -196,6 +203,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       cgroupParent: `/asb-${tag}`,
       disk: diskTool(root, (argv) => this.#launcher.run(argv, '')),
       ...(runsc === undefined ? {} : { runsc: { binary: runsc, root: join(root, 'runsc'), flags: runscFlags({}) } }),
+      ...(opts.podDns === true ? { dnsOnGateway: true } : {}),
+      ...(opts.extraCaPath === undefined ? {} : { extraCaPem: readFileSync(opts.extraCaPath, 'utf8') }),
     };
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
     this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
