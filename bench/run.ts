@@ -155,6 +155,8 @@ async function wake(row: Recorder, results: Record<string, unknown>): Promise<vo
     `p50 ≤ ${delayMs + 200} ms, only 200s`,
     slow.firstOk.p50Ms <= delayMs + 200 && clean(slow),
   );
+  const g = w.gvisor;
+  if (g !== undefined) row(`gVisor (runtimeClassName: gvisor): wake on first connection through Envoy, server ready with its pod (readiness probe): time to the first 200, p50 / p99 (${label(g)})`, `${g.firstOk.p50Ms} / ${g.firstOk.p99Ms} ms`, 'reported beside runc, only 200s', clean(g));
 }
 
 async function dataplane(row: Recorder, results: Record<string, unknown>): Promise<void> {

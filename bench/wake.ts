@@ -4,12 +4,15 @@
 //   cost of the wake itself (resume, feed, router release);
 // - `wakeslow`: the server starts listening LISTEN_DELAY_S after its pod starts, with no probe,
 //   as any app that loads before it binds. Issue 15: the router released the request when the
-//   pod ran, and the client got 503s for as long as the server was not listening.
+//   pod ran, and the client got 503s for as long as the server was not listening;
+// - `wakegvisor`: `wakeready` with `runtimeClassName: gvisor`, gVisor's figure beside runc's
+//   (issue 16 point 6); absent when this machine cannot run runsc.
 // The client behaves as a user pressing reload: after a non-200 it asks again 100 ms later, up
 // to 30 s; the time is from the first request to the first 200, and every non-200 is counted.
 import { request } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { call, poolObjects, summarize, waitPool, type LatencySummary as Summary, type Target } from './claims.ts';
+import { findRunscBinary } from '../src/runtime/oci/runsc-binary.ts';
 import { startTestSystem } from '../test/support/local-system.ts';
 
 /** Seconds between the slow template's pod start and its server's listen. */
@@ -30,6 +33,7 @@ export interface WakeFigures {
 export interface WakeResults {
   ready: WakeFigures;
   slowListen: WakeFigures & { listenDelayS: number };
+  gvisor?: WakeFigures;
 }
 
 export async function benchWake(): Promise<WakeResults> {
@@ -38,14 +42,27 @@ export async function benchWake(): Promise<WakeResults> {
     const target: Target = { apiUrl: system.apiUrl, adminKey: system.adminKey };
     const ready = await wakes(system.edgeUrl, system.domain, target, 'wakeready', ['python3', '-m', 'http.server', '8080', '--directory', '/tmp'], true);
     const slow = await wakes(system.edgeUrl, system.domain, target, 'wakeslow', ['sh', '-c', `sleep ${LISTEN_DELAY_S} && exec python3 -m http.server 8080 --directory /tmp`], false);
-    return { ready, slowListen: { ...slow, listenDelayS: LISTEN_DELAY_S } };
+    const results: WakeResults = { ready, slowListen: { ...slow, listenDelayS: LISTEN_DELAY_S } };
+    if (canRunGvisor()) results.gvisor = await wakes(system.edgeUrl, system.domain, target, 'wakegvisor', ['python3', '-m', 'http.server', '8080', '--directory', '/tmp'], true, 'gvisor');
+    return results;
   } finally {
     await system.cleanup();
   }
 }
 
-async function wakes(edgeUrl: string, domain: string, target: Target, name: string, command: string[], probe: boolean): Promise<WakeFigures> {
-  const [template, pool] = poolObjects(name, 1) as [{ spec: { podTemplate: { spec: { containers: Record<string, unknown>[] } } } }, unknown];
+/** Whether runsc is built here (make runsc), as the worker finds it. */
+function canRunGvisor(): boolean {
+  try {
+    findRunscBinary();
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function wakes(edgeUrl: string, domain: string, target: Target, name: string, command: string[], probe: boolean, runtimeClassName?: string): Promise<WakeFigures> {
+  const [template, pool] = poolObjects(name, 1) as [{ spec: { podTemplate: { spec: { containers: Record<string, unknown>[]; runtimeClassName?: string } } } }, unknown];
+  if (runtimeClassName !== undefined) template.spec.podTemplate.spec.runtimeClassName = runtimeClassName;
   template.spec.podTemplate.spec.containers = [
     {
       name: 'main',

@@ -2,7 +2,8 @@
 // worker with real sandboxes behind Envoy and the router, and a stand-in internet in a network
 // namespace this file makes (test/support/egress-world.ts). Sandbox.create with
 // `network: {denyOut, allowOut}` and with `allowInternetAccess: false`, then `updateNetwork`
-// while it runs and pause/connect: each checked from inside the sandbox with curl, and in the
+// while it runs and pause/connect, and templates that turn the internet off (spec.network and
+// the kubernetes-sigs networkPolicy): each checked from inside the sandbox with curl, and in the
 // worker's metrics (asb_egress_connections_total).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -32,7 +33,7 @@ async function assertRefused(sbx: Sandbox, url: string): Promise<void> {
   assert.ok(r.seconds < 2, `refused after ${String(r.seconds)} s`);
 }
 
-test('E2B SDK network options: allowOut/denyOut and allowInternetAccess at create, updateNetwork while running, kept across pause and connect, counted', async (t) => {
+test('E2B SDK network options: allowOut/denyOut and allowInternetAccess at create, updateNetwork while running, kept across pause and connect, templates that turn the internet off, counted', async (t) => {
   const system = await startTestSystem('np01', 237, 'local', 1);
   t.after(() => system.cleanup());
   const world = await startWorld({ bridge: 'asbnp01', netns: 'asbnp-world2', veth: 'asbnpw1', table: 2362, link: '10.239.254.0/30' });
@@ -62,6 +63,22 @@ test('E2B SDK network options: allowOut/denyOut and allowInternetAccess at creat
   const woken = await e2bLatest.Sandbox.connect(listed.sandboxId, opts);
   await assertReaches(woken, A, `world ${PUBLIC_A}`);
   await assertRefused(woken, B);
+
+  // A template turns the internet off: ours (spec.network) and the kubernetes-sigs form (networkPolicy.egress).
+  const admin = { authorization: `Bearer ${system.adminKey}`, 'content-type': 'application/json' };
+  const base = (await (await fetch(`${system.apiUrl}/v1/templates/base`, { headers: admin })).json()) as { spec: Record<string, unknown> };
+  const templates: [string, Record<string, unknown>][] = [
+    ['offline', { network: { internet: false, allow: ['198.51.100.0/24'] } }],
+    ['sigs-offline', { networkPolicy: { egress: [{ to: [{ ipBlock: { cidr: '198.51.100.0/24' } }] }] } }],
+  ];
+  for (const [name, spec] of templates) {
+    const put = await fetch(`${system.apiUrl}/v1/templates/${name}`, { method: 'PUT', headers: admin, body: JSON.stringify({ apiVersion: 'extensions.agents.x-k8s.io/v1alpha1', kind: 'SandboxTemplate', metadata: { name, namespace: 'default' }, spec: { ...base.spec, ...spec } }) });
+    assert.equal(put.status, 201, await put.text());
+    const sbx = await e2bLatest.Sandbox.create(name, opts);
+    t.after(() => e2bLatest.Sandbox.kill(sbx.sandboxId, opts).catch(() => false));
+    await assertRefused(sbx, A);
+    await assertReaches(sbx, B, `world ${PUBLIC_B}`);
+  }
 
   const metrics = await (await fetch(`${system.apiUrl}/metrics`, { headers: { authorization: `Bearer ${system.adminKey}` } })).text();
   const line = new RegExp(`^asb_egress_connections_total\\{sandbox="${listed.sandboxId}",rule="198\\.51\\.100\\.10",verdict="denied"\\} ([1-9]\\d*)$`, 'm');

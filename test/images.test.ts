@@ -2,8 +2,7 @@
 // seeded with the images scripts/build-images.sh built (make test builds them first; a worktree
 // may point ASB_IMAGES_DIR elsewhere), pulled by Docker name through the docker.io mirror with
 // skopeo, unpacked with umoci into the content-addressed cache, run once under the built runc
-// (make runc), and collected. Not yet used by the local runtime (issue 16 points 1-2; the wiring
-// is the next step).
+// (make runc), and collected (test/image-gc.test.ts: GC with real pods pinning their images).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -168,7 +167,7 @@ test('seeded images pull by Docker name, unpack once, share layers, and are coll
 
   // GC keeps what sandboxes use (base, by its short name) and removes the rest: python:3.11's
   // manifest and config go, its tree stays (base uses it), busybox goes whole (both its trees).
-  const result = await store.gc(['agent-sandbox/base']);
+  const result = await store.gc({ keep: ['agent-sandbox/base'], graceMs: 0 });
   assert.deepEqual([...result.removedImages].sort(), ['docker.io/library/busybox:latest', 'docker.io/library/python:3.11', local]);
   assert.equal(result.removedRootfs, 2);
   assert.deepEqual(store.list().map((i) => i.reference), ['docker.io/agent-sandbox/base:latest']);
@@ -176,7 +175,7 @@ test('seeded images pull by Docker name, unpack once, share layers, and are coll
   assert.ok(statSync(join(base.rootfs, 'usr/bin/python3')).isFile());
   assert.equal(store.get('busybox'), undefined);
   // Everything gone when nothing is kept.
-  await store.gc([]);
+  await store.gc({ graceMs: 0 });
   assert.equal(readdirSync(blobs).length, 0);
   assert.equal(readdirSync(join(root, 'rootfs')).length, 0);
 });

@@ -11,7 +11,11 @@ import type { AddressInfo } from 'node:net';
 import { after } from 'node:test';
 import { parseEgressPolicy, type EgressPolicy } from '../src/network/egress-policy.ts';
 import type { Attack, AttackContext, LabPod } from './support/attack-lab.ts';
-import { AttackLab, fields } from './support/attack-lab.ts';
+import { AttackLab, fields, run } from './support/attack-lab.ts';
+import { createLocalRuntime } from '../src/runtime/local/local-runtime.ts';
+import { vethName } from '../src/runtime/local/network.ts';
+import { silentLogger } from '../src/system/log.ts';
+import { testImageStore } from './support/test-images.ts';
 import { METADATA, PRIVATE, PUBLIC_A, PUBLIC_B, startWorld } from './support/egress-world.ts';
 
 // Test subnets of issue 17's netpol work: 10.236-10.239; stand-in internet in TEST-NET ranges.
@@ -123,6 +127,12 @@ const podToPod: Attack = {
     await assertReaches(b, 'http://127.0.0.1:8080/hostname', b.id);
     await assertDeniedFast(attacker, url);
     await counted(a, attacker, 'sandboxes');
+    // Also without the firewall's rules (the instant a restarted worker rebuilds its table): the
+    // bridge never forwards between the two ports.
+    for (const p of [attacker, b]) {
+      const { stdout } = await run('bridge', ['-d', 'link', 'show', 'dev', vethName(BRIDGE, p.id)]);
+      assert.match(stdout, /isolated on/, `${p.id}'s bridge port is not isolated:\n${stdout}`);
+    }
   },
 };
 
@@ -200,4 +210,20 @@ const updateAndWake: Attack = {
   },
 };
 
-lab.register([podToPod, hostListener, metadataAndPrivate, internetAndCidrs, updateAndWake]);
+const restart: Attack = {
+  name: 'after a worker restart (a new runtime adopting the running sandboxes) the rules still hold',
+  timeoutMs: 120_000,
+  async run(a) {
+    const b = await a.pod('np-rb', { command: ['python3', '-m', 'http.server', '8080', '--directory', '/etc'] });
+    const attacker = await a.pod('np-ra', {}, { egress: policy({ internet: false, allow: ['198.51.100.0/24'] }) });
+    const restarted = await createLocalRuntime({ root: a.root, log: silentLogger(), images: await testImageStore(), bridge: BRIDGE, subnet: '10.236.0.0/16' });
+    a.cleanup(() => restarted.close());
+    assert.equal(restarted.state(attacker.id).phase, 'Running', 'adopted');
+    await assertDeniedFast(attacker, `http://${b.ip()}:8080/hostname`);
+    await assertDeniedFast(attacker, `http://${GATEWAY}:${String(anyAddr.port)}/`);
+    await assertDeniedFast(attacker, `http://${PUBLIC_A}/`);
+    await assertReaches(attacker, `http://${PUBLIC_B}/`, `world ${PUBLIC_B}`);
+  },
+};
+
+lab.register([podToPod, hostListener, metadataAndPrivate, internetAndCidrs, updateAndWake, restart]);

@@ -25,6 +25,14 @@ test('by default the worker is one process on the SQLite store with the local ru
   assert.equal(config.kubeconfig, undefined);
 });
 
+test('image GC: every 10 min with a 1 h grace by default; flags and variables set them, 0 turns the periodic pass off', () => {
+  const config = parseWorkerConfig([], {});
+  assert.deepEqual([config.imageGcIntervalMs, config.imageGcGraceMs], [600_000, 3_600_000]);
+  assert.equal(parseWorkerConfig(['--image-gc-interval-ms=0'], {}).imageGcIntervalMs, 0);
+  assert.equal(parseWorkerConfig([], { ASB_IMAGE_GC_GRACE_MS: '120000' }).imageGcGraceMs, 120_000);
+  assert.deepEqual(problems(['--image-gc-interval-ms=-1']), ['--image-gc-interval-ms (ASB_IMAGE_GC_INTERVAL_MS) must be an integer from 0 to 86400000, got "-1"']);
+});
+
 test('--pod-namespace (ASB_POD_NAMESPACE) puts sandbox Pods in a namespace of their own', () => {
   assert.equal(parseWorkerConfig(['--store=kube', '--runtime=kube', '--namespace=sandboxes'], {}).podNamespace, 'sandboxes');
   assert.equal(parseWorkerConfig(['--store=kube', '--runtime=kube'], { ASB_POD_NAMESPACE: 'agent-sandboxes' }).podNamespace, 'agent-sandboxes');

@@ -24,6 +24,8 @@
 //                          --gid-map), for sandboxes that run as root in a user namespace: their
 //                          uid 0 is host uid <host id>
 //   tmp/                   skopeo's temporary files and unpacks in progress
+//   pins/                  which pod uses which reference and tree (pins.ts): GC (image-gc.ts)
+//                          keeps those, in every process sharing the cache
 // Outside it, skopeo run as root keeps /var/lib/containers/cache/blob-info-cache-v1.boltdb (which
 // blobs a registry has; a cache, no credentials); skopeo 1.9 has no flag to move it.
 // Sharing is per chain, not per layer: umoci 0.4.7 applies whiteouts when it unpacks, so a single
@@ -31,14 +33,17 @@
 // layers (agent-sandbox/base and python:3.11 here) share the unpacked tree; two that share only a
 // first layer share its blob but not its files.
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
+import { join, relative } from 'node:path';
 import { AsbError, type ErrorCode } from '../errors.ts';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import { privateDir } from '../system/private-files.ts';
 import { acquireOwnerLockWaiting } from '../store/owner-lock.ts';
 import { formatReference, manifestSelector, parseImageReference, type ImageReference } from './reference.ts';
+import { chainDirOf } from './gc-decision.ts';
+import { collectGarbage, DEFAULT_GC_GRACE_MS, type GcOptions, type GcResult } from './image-gc.ts';
+import { addPin, removePins } from './pins.ts';
 import { authFileJson, pullSources, type PullSource, type RegistriesConfig, type RegistryAuth } from './registries.ts';
 import { runTool, SKOPEO, toolMessage, UMOCI } from './tool.ts';
 
@@ -99,11 +104,6 @@ export interface ImageStoreOptions {
   unpackTimeoutMs?: number;
 }
 
-export interface GcResult {
-  readonly removedImages: readonly string[];
-  readonly removedRootfs: number;
-}
-
 export class ImageStore {
   readonly #opts: ImageStoreOptions;
   readonly #clock: Clock;
@@ -111,13 +111,14 @@ export class ImageStore {
   // skopeo and umoci both rewrite oci/index.json: one writer at a time.
   #queue: Promise<unknown> = Promise.resolve();
   readonly #inFlight = new Map<string, Promise<CachedImage>>();
+  readonly #pulledListeners = new Set<() => void>();
 
   constructor(opts: ImageStoreOptions) {
     this.#opts = opts;
     this.#clock = opts.clock ?? systemClock;
     this.#log = opts.logger.child({ component: 'images' });
     privateDir(opts.root);
-    for (const dir of ['images', 'rootfs', 'tmp', 'registries.d']) mkdirSync(join(opts.root, dir), { recursive: true });
+    for (const dir of ['images', 'rootfs', 'tmp', 'registries.d', 'pins']) mkdirSync(join(opts.root, dir), { recursive: true });
     // Signature policy: accept what the registry serves (the registry is the trust boundary, as
     // for the kubelet); our own files so a host /etc/containers does not change behaviour.
     writeFileSync(this.#policyPath, JSON.stringify({ default: [{ type: 'insecureAcceptAnything' }] }));
@@ -182,7 +183,11 @@ export class ImageStore {
       if (cached !== undefined) return this.#serial(() => this.#unpack(cached, idMap));
       throw new AsbError('NotFound', `image "${image}" is not present and its pull policy is Never`);
     }
-    return this.#serial(async () => {
+    const pulled = this.#serial(async () => {
+      // Looked up again behind the lock: a GC may have held it and moved the image out of reach
+      // for an instant (gc()), or another process pulled it meanwhile.
+      const present = this.#read(tag, idMap);
+      if (present !== undefined && policy !== 'Always' && existsSync(present.rootfs)) return present;
       const sources = pullSources(ref, this.#opts.registries, opts.auths ?? []);
       const answers: string[] = [];
       let code: ErrorCode = 'NotFound';
@@ -199,39 +204,66 @@ export class ImageStore {
       }
       throw new AsbError(code, `image "${image}" (${reference}) could not be pulled: ${answers.join('; ')}`);
     });
+    void pulled.then(() => {
+      for (const listener of this.#pulledListeners) listener();
+    }, () => undefined);
+    return pulled;
   }
 
   /**
-   * Removes every cached image whose reference is not in `keep` (references as a pod names them),
-   * then the blobs and unpacked trees nothing kept uses. The runtime passes the images of every
-   * sandbox it holds, hibernated ones included.
+   * Records that the pod whose directory is podDir uses `image` (a reference as the pod names it)
+   * and, once known, its unpacked tree: GC keeps both while that directory exists, in every
+   * process sharing this cache (pins.ts). Call it before looking the image up (pull), and again
+   * with the tree the pod will mount.
    */
-  async gc(keep: Iterable<string>): Promise<GcResult> {
-    const kept = new Set<string>();
-    for (const image of keep) kept.add(formatReference(parseImageReference(image)));
-    return this.#serial(async () => {
-      const removedImages: string[] = [];
-      for (const image of this.list()) {
-        if (kept.has(image.reference)) continue;
-        const tag = layoutTag(image.reference);
-        await this.#umoci(['rm', '--image', `${this.#layout}:${tag}`], `remove ${image.reference}`);
-        rmSync(join(this.#opts.root, 'images', `${tag}.json`), { force: true });
-        removedImages.push(image.reference);
+  async pin(podDir: string, image: { reference: string; rootfs?: string | undefined }): Promise<void> {
+    const reference = formatReference(parseImageReference(image.reference));
+    const tree = image.rootfs === undefined ? undefined : this.#treeOf(image.rootfs);
+    await addPin(this.#opts.root, podDir, [reference], tree === undefined ? [] : [tree]);
+    this.#touch([reference], tree === undefined ? [] : [tree]);
+  }
+
+  /** The pod is gone: what it used becomes collectable once unused for the grace (from now). */
+  async unpin(podDir: string): Promise<void> {
+    const pins = await removePins(this.#opts.root, podDir);
+    this.#touch(pins.flatMap((p) => p.references), pins.flatMap((p) => p.trees));
+  }
+
+  /** Called after every pull that went to the registry or unpacked (the GC loop checks the disk then). */
+  onPulled(listener: () => void): () => void {
+    this.#pulledListeners.add(listener);
+    return () => this.#pulledListeners.delete(listener);
+  }
+
+  /**
+   * Removes the images nothing uses (gc-decision.ts has the rules, image-gc.ts the steps): records
+   * no live pin or `keep` names and not used within the grace, then their blobs and the trees
+   * nothing kept uses. Under the cache's lock: never during a pull, in any process.
+   */
+  gc(opts: GcOptions = {}): Promise<GcResult> {
+    const keep = new Set<string>();
+    for (const image of opts.keep ?? []) keep.add(formatReference(parseImageReference(image)));
+    const graceMs = opts.graceMs ?? DEFAULT_GC_GRACE_MS;
+    return this.#serial(() => collectGarbage({ root: this.#opts.root, layout: this.#layout, clock: this.#clock, log: this.#log, umoci: (args, what) => this.#umoci(args, what) }, keep, graceMs));
+  }
+
+  /** rootfs/<dir>/rootfs → dir; undefined for a tree outside this cache. */
+  #treeOf(rootfs: string): string | undefined {
+    const rel = relative(join(this.#opts.root, 'rootfs'), rootfs).split('/');
+    return rel.length === 2 && rel[1] === 'rootfs' && rel[0] !== undefined && rel[0] !== '..' ? rel[0] : undefined;
+  }
+
+  /** Marks records and trees as used now: the grace of an image no pod pins runs from its last use. */
+  #touch(references: readonly string[], trees: readonly string[]): void {
+    const now = new Date(this.#clock.now());
+    const paths = [...references.map((r) => join(this.#opts.root, 'images', `${layoutTag(r)}.json`)), ...trees.map((t) => join(this.#opts.root, 'rootfs', t))];
+    for (const path of paths) {
+      try {
+        utimesSync(path, now, now);
+      } catch {
+        // not pulled yet, or removed: nothing to mark
       }
-      if (existsSync(join(this.#layout, 'index.json'))) await this.#umoci(['gc', '--layout', this.#layout], 'collect unused blobs');
-      const chains = new Set(this.list().map((i) => chainDir(i.chainId)));
-      let removedRootfs = 0;
-      for (const dir of readdirSync(join(this.#opts.root, 'rootfs'))) {
-        // An id-mapped tree goes with its chain.
-        if (chains.has(dir.split('_')[0] ?? dir)) continue;
-        rmSync(join(this.#opts.root, 'rootfs', dir), { recursive: true, force: true });
-        removedRootfs++;
-      }
-      rmSync(join(this.#opts.root, 'tmp'), { recursive: true, force: true });
-      mkdirSync(join(this.#opts.root, 'tmp'));
-      if (removedImages.length > 0) this.#log.info({ removedImages, removedRootfs }, 'image gc');
-      return { removedImages, removedRootfs };
-    });
+    }
   }
 
   /**
@@ -321,6 +353,9 @@ export class ImageStore {
     const path = join(this.#opts.root, 'images', `${tag}.json`);
     writeFileSync(`${path}.tmp`, JSON.stringify(record, null, 2));
     renameSync(`${path}.tmp`, path);
+    // Its mtime is its last use for GC, on this store's clock.
+    const now = new Date(this.#clock.now());
+    utimesSync(path, now, now);
     return { ...record, rootfs: this.#rootfsPath(chainId, idMap) };
   }
 
@@ -341,6 +376,8 @@ export class ImageStore {
     // Complete or absent: a crash mid-unpack leaves only tmp/, which gc clears.
     rmSync(final, { recursive: true, force: true });
     renameSync(work, final);
+    const now = new Date(this.#clock.now());
+    utimesSync(final, now, now);
     this.#log.info({ image: image.reference, chainId: image.chainId, ms: this.#clock.now() - started }, 'image unpacked');
     return image;
   }
@@ -358,9 +395,14 @@ export class ImageStore {
   }
 
   #read(tag: string, idMap?: IdMap): CachedImage | undefined {
-    const path = join(this.#opts.root, 'images', `${tag}.json`);
-    if (!existsSync(path)) return undefined;
-    const stored = readJson(path) as StoredImage;
+    let stored: StoredImage;
+    try {
+      stored = readJson(join(this.#opts.root, 'images', `${tag}.json`)) as StoredImage;
+    } catch (err) {
+      // Never pulled, or removed by a GC (in this or another process) since the caller looked.
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw err;
+    }
     return { ...stored, rootfs: this.#rootfsPath(stored.chainId, idMap) };
   }
 }
@@ -377,12 +419,8 @@ export function chainIdOf(diffIds: readonly string[]): string {
   return chain ?? `sha256:${createHash('sha256').update('').digest('hex')}`;
 }
 
-function chainDir(chainId: string): string {
-  return chainId.replace(':', '-');
-}
-
 function rootfsDir(chainId: string, idMap: IdMap | undefined): string {
-  return idMap === undefined ? chainDir(chainId) : `${chainDir(chainId)}_u${idMap.hostId}-${idMap.size}`;
+  return idMap === undefined ? chainDirOf(chainId) : `${chainDirOf(chainId)}_u${idMap.hostId}-${idMap.size}`;
 }
 
 /** images/<key>.json: the rootfs path is not stored, so the cache can move. */

@@ -18,6 +18,9 @@ export interface Metrics {
   storeCommitBatch: Histogram;
   reconcileTotal: Counter<'controller' | 'result'>;
   httpRequestsTotal: Counter<'route' | 'code'>;
+  imageGcRunsTotal: Counter<'result'>;
+  imageGcRemovedTotal: Counter<'kind'>;
+  imageGcFreedBytesTotal: Counter;
 }
 
 export function createMetrics(registry: Registry): Metrics {
@@ -83,6 +86,23 @@ export function createMetrics(registry: Registry): Metrics {
       name: 'asb_http_requests_total',
       help: 'Worker API requests by route and status code.',
       labelNames: ['route', 'code'],
+      registers,
+    }),
+    imageGcRunsTotal: new Counter({
+      name: 'asb_image_gc_runs_total',
+      help: 'Image cache GC passes of the local runtime, by result (ok, error).',
+      labelNames: ['result'],
+      registers,
+    }),
+    imageGcRemovedTotal: new Counter({
+      name: 'asb_image_gc_removed_total',
+      help: 'What image GC removed: kind image (a pulled reference) or rootfs (an unpacked tree).',
+      labelNames: ['kind'],
+      registers,
+    }),
+    imageGcFreedBytesTotal: new Counter({
+      name: 'asb_image_gc_freed_bytes_total',
+      help: 'Disk space image GC gave back: blobs and unpacked trees, in allocated bytes.',
       registers,
     }),
   };

@@ -50,13 +50,19 @@ export interface IdleCheck {
  * Whether a running sandbox has been idle past its timeout. Unclaimed warm members never idle
  * out: the pool exists to keep them running. The idle clock starts at the later of the last
  * activity (a claim counts; after a restart, the restart does; so does activity recorded on the
- * sandbox by another process) and the last time the pod became ready (a wake counts).
+ * sandbox by another process) and the last time the pod became ready (a wake counts). Only for
+ * a pod that is ready now: one still starting is not idle, however long it takes.
  */
 export function idleCheck(sandbox: Sandbox, now: number, lastActivity: number): IdleCheck {
   const timeout = idleTimeoutOf(sandbox);
   if (timeout <= 0 || !isClaimed(sandbox)) return { idle: false };
-  const readyAt = sandbox.status?.readyTime === undefined ? undefined : Date.parse(sandbox.status.readyTime);
-  const since = Math.max(lastActivity, readyAt ?? 0, recordedActivity(sandbox));
+  // Called for a pod that is ready now. A status that does not say so yet (Pending, Waking, or
+  // Running without a readyTime) is this reconcile's news: it became ready now. Reading only the
+  // stored readyTime, a sandbox whose pod took longer than its timeout to become ready (a Python
+  // server and a 1 s probe period: ~1.3 s, against a 1.5 s timeout) was hibernated as it got ready.
+  const readyTime = sandbox.status?.phase === 'Running' ? sandbox.status.readyTime : undefined;
+  const readyAt = readyTime === undefined ? now : Date.parse(readyTime);
+  const since = Math.max(lastActivity, Number.isNaN(readyAt) ? 0 : readyAt, recordedActivity(sandbox));
   const remaining = since + timeout - now;
   return remaining <= 0 ? { idle: true } : { idle: false, remainingMs: remaining };
 }

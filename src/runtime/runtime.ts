@@ -176,7 +176,27 @@ export interface PodRuntime {
   setEgressPolicy?(id: string, policy: EgressPolicy): Promise<void>;
   /** The kernel's per-pod, per-rule counts (metrics). */
   egressCounts?(): Promise<EgressCount[]>;
+  /**
+   * What a running pod uses, read on the host (E2B's metrics); undefined when it is not running.
+   * Absent: the runtime has no such view (callers fall back to what /proc shows).
+   */
+  usage?(id: string): Promise<PodUsage | undefined>;
 
   /** Stops watching; leaves pods as they are (they survive a worker restart). Idempotent. */
   close(): Promise<void>;
+}
+
+export interface DiskUsage {
+  usedBytes: number;
+  totalBytes: number;
+}
+
+/** Each field absent where the runtime cannot tell (no disk of its own, no cgroup controller). */
+export interface PodUsage {
+  /** The file system that holds the pod's writable layer and volumes. */
+  disk?: DiskUsage;
+  /** The pod's memory working set (what the kernel cannot take back at once) and page cache. */
+  memory?: { workingSetBytes: number; cacheBytes: number };
+  /** CPU time of every process of the pod since it started. */
+  cpuSeconds?: number;
 }

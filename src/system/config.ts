@@ -84,6 +84,16 @@ export interface WorkerConfig {
    * docker.io to its loopback registry. Unset: every image is pulled from the registry its name says.
    */
   readonly registriesFile: string | undefined;
+  /**
+   * ASB_IMAGE_GC_INTERVAL_MS / --image-gc-interval-ms: how often the local runtime collects
+   * images no sandbox uses (src/images/gc-loop.ts); 0: only under disk pressure. Default 600000 (10 min)
+   */
+  readonly imageGcIntervalMs: number;
+  /**
+   * ASB_IMAGE_GC_GRACE_MS / --image-gc-grace-ms: an image no sandbox uses stays this long after
+   * it was pulled or last used (at 85% disk usage: 2 min). Default 3600000 (1 h)
+   */
+  readonly imageGcGraceMs: number;
 }
 
 const DEFAULTS = {
@@ -97,6 +107,8 @@ const DEFAULTS = {
   domain: 'asb.localhost',
   edgeUrl: 'http://127.0.0.1:10000',
   terminalIdleMs: '900000',
+  imageGcIntervalMs: '600000',
+  imageGcGraceMs: '3600000',
   store: 'sqlite',
   namespace: 'default',
   runtime: 'local',
@@ -132,6 +144,8 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   imageCache: { env: 'ASB_IMAGE_CACHE', flag: 'image-cache' },
   registriesFile: { env: 'ASB_REGISTRIES', flag: 'registries' },
   egressProxyPort: { env: 'ASB_EGRESS_PROXY_PORT', flag: 'egress-proxy-port' },
+  imageGcIntervalMs: { env: 'ASB_IMAGE_GC_INTERVAL_MS', flag: 'image-gc-interval-ms' },
+  imageGcGraceMs: { env: 'ASB_IMAGE_GC_GRACE_MS', flag: 'image-gc-grace-ms' },
 };
 
 export class ConfigError extends Error {
@@ -149,7 +163,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const flags = new Map([...parseFlags(argv, problems)].map(([name, values]) => [name, values.at(-1) ?? '']));
   const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (hasDefault(key) ? DEFAULTS[key] : undefined);
   const str = (key: Exclude<Key, OptionalKey>): string => raw(key) ?? DEFAULTS[key];
-  const int = (key: 'apiPort' | 'basePoolReplicas' | 'terminalIdleMs', min: number, max: number): number => {
+  const int = (key: 'apiPort' | 'basePoolReplicas' | 'terminalIdleMs' | 'imageGcIntervalMs' | 'imageGcGraceMs', min: number, max: number): number => {
     const text = str(key);
     const value = Number(text);
     if (!Number.isInteger(value) || value < min || value > max) {
@@ -245,6 +259,8 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     imageCache: resolve(raw('imageCache') ?? resolve(dataDir, 'images')),
     registriesFile: raw('registriesFile') === undefined ? undefined : resolve(raw('registriesFile') ?? ''),
     egressProxyPort,
+    imageGcIntervalMs: int('imageGcIntervalMs', 0, 86_400_000),
+    imageGcGraceMs: int('imageGcGraceMs', 0, 30 * 86_400_000),
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);

@@ -20,6 +20,7 @@ import { startClaimFront } from '../operator/claim-front.ts';
 import { startOperator } from '../operator/operator.ts';
 import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
 import { ImageStore } from '../images/image-store.ts';
+import { startImageGc, type ImageGcLoop } from '../images/gc-loop.ts';
 import { EMPTY_REGISTRIES, parseRegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { registerEgressMetrics } from '../network/egress-metrics.ts';
@@ -76,7 +77,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
   // With the egress proxy, every pod trusts the cluster's egress CA (credential-injection hosts).
   const egressCa = config.egressProxyPort === undefined ? undefined : await ensureEgressCa(join(config.dataDir, 'egress', 'ca'));
-  const runtime = deps.runtime ?? (await createRuntime(config, kube, clock, log, egressCa?.caCertPath));
+  const { runtime, imageGc } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined };
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   // The built-ins are the operator's to make; an API-only process finds them made.
@@ -193,6 +194,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         if (opts.hibernate === true && config.runtime === 'local') {
           await Promise.all(runtime.list().map((id) => runtime.stop(id)));
         }
+        await imageGc?.close();
         await runtime.close();
         await store.close();
       })();
@@ -205,15 +207,16 @@ function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPoli
   return typeof (runtime as Partial<EgressPolicySource>).policyForPodIp === 'function';
 }
 
-async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, extraCaPath: string | undefined): Promise<PodRuntime> {
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop }> {
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
-    return (await import('./worker-kube.ts')).createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) });
+    // Images there are the kubelet's, and so is their GC.
+    return { runtime: await (await import('./worker-kube.ts')).createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) }) };
   }
   const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
   const images = new ImageStore({ root: config.imageCache, registries, logger: log, clock });
-  return createLocalRuntime({
+  const runtime = await createLocalRuntime({
     root: join(config.dataDir, 'runtime'),
     log: log.child({ component: 'runtime' }),
     clock,
@@ -223,6 +226,9 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     ...(config.egressProxyPort === undefined ? {} : { egressProxy: { port: config.egressProxyPort }, podDns: true }),
     ...(extraCaPath === undefined ? {} : { extraCaPath }),
   });
+  // After the runtime: its recovery pins the images of pods made before pins existed.
+  const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics });
+  return { runtime, imageGc };
 }
 
 interface OperatorEndpointsOptions {

@@ -14,12 +14,12 @@
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
+import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
 import { PodFirewall } from './pod-firewall.ts';
 import { execInPod, type PodTarget } from './exec.ts';
@@ -37,6 +37,7 @@ import { ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } 
 import { diskTool, evictionMessage } from './disk.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
+import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
 import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
@@ -119,6 +120,8 @@ interface Pod {
   pendingExit?: number | undefined;
   /** The launcher died while start() was still finishing: start() switches to polling. */
   lostLauncher?: boolean;
+  /** The last write of `persisted` (#persist chains them). */
+  persisting?: Promise<void> | undefined;
 }
 
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
@@ -281,6 +284,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       const pod: Pod = { id, paths, persisted, state: { phase: 'Stopped', ready: false }, generation: 0, stopping: false };
       this.#pods.set(id, pod);
       if (persisted === undefined) return;
+      // Pods made before the cache kept pins (or whose pin was lost) are pinned now; a no-op otherwise.
+      const image = persisted.image;
+      if (image !== undefined) await this.#images.pin(paths.dir, { reference: image.reference, rootfs: image.rootfs }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot pin the image of a recovered pod'));
       this.#ips.reserve(persisted.ip);
       pod.state.ip = persisted.ip;
       const { pid, pidStart } = persisted;
@@ -322,8 +328,14 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    */
   async #image(pod: Pod, image: string, policy: PullPolicy | undefined): Promise<PersistedImage> {
     const kept = pod.persisted?.image;
+    // Pinned before it is looked up, in a pod dir that exists (the pin's validity): the cache's
+    // GC, in this process or another sharing the cache, then never removes it under this pod.
+    await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
+    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: kept?.reference === image ? kept.rootfs : undefined });
     if (kept !== undefined && kept.reference === image && (await exists(kept.rootfs))) return kept;
     const pulled = await this.#images.pull(image, { idMap: ROOT_ID_MAP, ...(policy === undefined ? {} : { policy }) });
+    // The tree itself too: the reference's record may later name other bytes (its tag moved).
+    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: pulled.rootfs });
     return { reference: image, manifestDigest: pulled.manifestDigest, rootfs: pulled.rootfs, config: pulled.config };
   }
 
@@ -344,6 +356,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const container = mainContainer(req.spec);
     pod.state = { phase: 'Pending', ready: false };
     this.#emit(pod.id);
+    // No Secret objects here (README, "Pull credentials"): the worker's credentials are used, and
+    // the kubelet likewise pulls without a named secret it cannot find, with a warning.
+    if (Array.isArray(req.spec.imagePullSecrets) && req.spec.imagePullSecrets.length > 0) {
+      this.#log.warn({ id: pod.id, imagePullSecrets: req.spec.imagePullSecrets }, 'imagePullSecrets are not read by the local runtime: the worker\'s --registries credentials are used');
+    }
     let image: PersistedImage;
     try {
       image = await this.#image(pod, container.image || (this.#opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy));
@@ -371,7 +388,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined, runtimeClass.kind);
       shimArgs = prepared.shimArgs;
       pod.identity = prepared.identity;
-      await writePersisted(pod.paths, pod.persisted);
+      await this.#persist(pod);
     } catch (err) {
       this.#log.warn({ err, id: pod.id }, 'cannot prepare pod');
       const invalid = err instanceof AsbError && err.code === 'Invalid';
@@ -417,7 +434,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const early = pod.pendingExit as number | undefined; // set by the exit event during the awaits
     if (early !== undefined) this.#exited(pod, early);
     else if (launcherLost()) this.#pollExit(pod, outcome.pid, pod.persisted.pidStart ?? 'gone');
-    if (pod.target !== undefined) await writePersisted(pod.paths, pod.persisted);
+    if (pod.target !== undefined) await this.#persist(pod);
     return { ...pod.state };
   }
 
@@ -514,7 +531,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod.persisted !== undefined) {
       const { request, ip: kept, image } = pod.persisted;
       pod.persisted = image === undefined ? { request, ip: kept } : { request, ip: kept, image };
-      writePersisted(pod.paths, pod.persisted).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
+      this.#persist(pod).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
     }
     if (pod.state.phase === 'Pending') {
       pod.pendingExit = code; // start() reports it, with the shim's message when there is one
@@ -592,7 +609,20 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
       rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
     ]);
+    // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.
+    await this.#images.unpin(pod.paths.dir);
     this.#emit(id);
+  }
+
+  /**
+   * Writes the pod's persisted state as it is when the write runs, one write per pod at a time:
+   * two at once shared the temporary file, and the second rename failed with ENOENT (a PUT
+   * .../network and the reconciler applying the same policy, 1 run in 4).
+   */
+  #persist(pod: Pod): Promise<void> {
+    const write = (pod.persisting ?? Promise.resolve()).catch(() => undefined).then(() => (pod.persisted === undefined ? undefined : writePersisted(pod.paths, pod.persisted)));
+    pod.persisting = write;
+    return write;
   }
 
   #podNet(id: string, ip: string, policy: EgressPolicy | undefined): { id: string; ip: string; mac: string; veth: string; policy: EgressPolicy } {
@@ -606,7 +636,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     await pod.starting?.catch(() => undefined);
     const persisted = pod.persisted;
     persisted.request = { ...persisted.request, egress: policy };
-    await writePersisted(pod.paths, persisted);
+    await this.#persist(pod);
     if (pod.state.phase === 'Running' || pod.state.phase === 'Pending') await this.#firewall.apply(this.#podNet(id, persisted.ip, policy));
   }
 
@@ -638,6 +668,18 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   /** Hibernates every running pod, e.g. when `make up` shuts down. */
   async stopAll(): Promise<void> {
     await Promise.all([...this.#pods.keys()].map((id) => this.stop(id)));
+  }
+
+  /** What the pod uses, from its disk and its cgroup on the host (pod-usage.ts says why not /proc). */
+  async usage(id: string): Promise<PodUsage | undefined> {
+    const pod = this.#pods.get(id);
+    if (pod?.state.phase !== 'Running') return undefined;
+    const disk = pod.paths.disk;
+    const [onDisk, cgroup] = await Promise.all([
+      disk === undefined ? undefined : mountedDiskUsage(disk.mount, pod.paths.dir),
+      cgroupUsage(posix.join(this.#host.cgroupParent, id)),
+    ]);
+    return { ...(onDisk === undefined ? {} : { disk: onDisk }), ...cgroup };
   }
 
   state(id: string): PodState {

@@ -146,6 +146,9 @@ export function createVethBatcher(bridge: string, log: Logger, run: IpBatchRunne
       `link del ${hostIf}`,
       `link add ${hostIf} type veth peer name eth0 address ${podMac(ip)} netns ${pid}`,
       `link set ${hostIf} master ${bridge} up`,
+      // Isolated ports forward only to the bridge itself, never to each other: pod↔pod at L2 is
+      // gone even while the firewall's table is rebuilt (a worker restart), not only by its rules.
+      `link set dev ${hostIf} type bridge_slave isolated on`,
     ]);
     void run(lines)
       .then(

@@ -1,13 +1,17 @@
-// GET /sandboxes/{id}/metrics: one sample taken now from /proc, for the processes of the
-// sandbox's pod (its init process and every descendant). E2B keeps a time series; we keep
-// nothing, so `start`/`end` are accepted and the answer is this one sample, or [] when the pod is
-// not running (paused) or the runtime does not run it on this host.
+// GET /sandboxes/{id}/metrics: one sample taken now. E2B keeps a time series; we keep nothing, so
+// `start`/`end` are accepted and the answer is this one sample, or [] when the pod is not running
+// (paused) or the runtime does not run it on this host.
+//
+// The local runtime reads the pod on the host (PodRuntime.usage, runtime/local/pod-usage.ts):
+// memory is its cgroup's working set, CPU its cgroup's time, disk its own disk image, the same
+// under runc and gVisor. Without that, from /proc: the pod's init and its descendants (which
+// misses runc exec's processes), and the file system of its root.
 //
 // cpuUsedPct is the average since the pod started (one sample cannot give a rate): CPU seconds
-// of the live processes plus those of reaped children, over wall time, over cpuCount. Disk is the
-// file system the pod's root lives on (the local runtime gives pods no quota of their own).
+// over wall time, over cpuCount.
 import { readdir, readFile, statfs } from 'node:fs/promises';
 import type { Sandbox } from '../../api/types.ts';
+import type { DiskUsage } from '../../runtime/runtime.ts';
 import type { WorkerContext } from '../deps.ts';
 import { sizeOf } from './shape.ts';
 
@@ -93,23 +97,35 @@ async function uptimeSeconds(): Promise<number> {
   return Number((await readFile('/proc/uptime', 'utf8')).split(' ')[0]);
 }
 
+/**
+ * The file system of the pod's root through /proc, for a runtime that has no host-side view
+ * (PodRuntime.usage): right under runc (the overlay reports its upper layer's disk), not under
+ * gVisor. Undefined when the pod stopped while we looked: no sample now.
+ */
+async function procRootDisk(pid: number): Promise<DiskUsage | undefined> {
+  try {
+    const fs = await statfs(`/proc/${pid}/root`);
+    return { usedBytes: (fs.blocks - fs.bfree) * fs.bsize, totalBytes: fs.blocks * fs.bsize };
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT' || (err as NodeJS.ErrnoException).code === 'ESRCH') return undefined;
+    throw err;
+  }
+}
+
 export async function sampleMetrics(w: WorkerContext, sandbox: Sandbox): Promise<E2bMetric[]> {
-  const pid = w.runtime.state(sandbox.metadata.name).pid;
+  const id = sandbox.metadata.name;
+  const pid = w.runtime.state(id).pid;
   if (pid === undefined) return [];
   const procs = await podProcesses(pid);
   const root = procs[0];
   if (root === undefined) return [];
-  let fs: Awaited<ReturnType<typeof statfs>>;
-  try {
-    fs = await statfs(`/proc/${pid}/root`);
-  } catch (err) {
-    // The pod stopped while we looked (a pause racing this call): it has no sample now.
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT' || (err as NodeJS.ErrnoException).code === 'ESRCH') return [];
-    throw err;
-  }
-  const [uptime, rss] = await Promise.all([uptimeSeconds(), Promise.all(procs.map((p) => rssBytes(p.pid)))]);
+  // The runtime's host-side figures where it has them (the local runtime: the pod's disk and cgroup).
+  const host = await w.runtime.usage?.(id);
+  const disk = host?.disk ?? (await procRootDisk(pid));
+  if (disk === undefined) return [];
+  const [uptime, rss] = await Promise.all([uptimeSeconds(), host?.memory === undefined ? Promise.all(procs.map((p) => rssBytes(p.pid))) : []]);
   const { cpuCount, memoryMB } = sizeOf(sandbox);
-  const cpuSeconds = (procs.reduce((sum, p) => sum + p.cpuTicks, 0) + root.childTicks) / CLK_TCK;
+  const cpuSeconds = host?.cpuSeconds ?? (procs.reduce((sum, p) => sum + p.cpuTicks, 0) + root.childTicks) / CLK_TCK;
   const elapsed = uptime - root.startTicks / CLK_TCK;
   const now = w.clock.now();
   return [{
@@ -117,10 +133,10 @@ export async function sampleMetrics(w: WorkerContext, sandbox: Sandbox): Promise
     timestampUnix: Math.floor(now / 1000),
     cpuUsedPct: elapsed > 0 ? Math.round((cpuSeconds / elapsed / cpuCount) * 10000) / 100 : 0,
     cpuCount,
-    memUsed: rss.reduce((a, b) => a + b, 0),
+    memUsed: host?.memory?.workingSetBytes ?? rss.reduce((a, b) => a + b, 0),
     memTotal: memoryMB * MIB,
-    memCache: 0,
-    diskUsed: (fs.blocks - fs.bfree) * fs.bsize,
-    diskTotal: fs.blocks * fs.bsize,
+    memCache: host?.memory?.cacheBytes ?? 0,
+    diskUsed: disk.usedBytes,
+    diskTotal: disk.totalBytes,
   }];
 }
