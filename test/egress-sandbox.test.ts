@@ -195,5 +195,5 @@ test('the local system with --egress-proxy-port: the worker runs the decision se
   const evil = await run(`curl -sS --max-time 10 --resolve ${EVIL}:80:${pubA} -o /dev/null -w 'code=%{http_code}' http://${EVIL}/`);
   assert.match(evil, /code=403/);
   const metrics = await api.metrics();
-  assert.match(metrics, new RegExp(`asb_egress_decisions_total\\{sandbox="[^"]+",rule="${EVIL.replaceAll('.', '\\.')}",verdict="denied",protocol="http"\\} 1`));
+  assert.match(metrics, new RegExp(`asb_egress_decisions_total\\{sandbox="${sbx.id}",rule="${EVIL.replaceAll('.', '\\.')}",verdict="denied",protocol="http"\\} 1`));
 });

@@ -652,6 +652,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return undefined;
   }
 
+  /** The pod (= sandbox id) holding `ip`, for the egress proxy's per-sandbox counts; the same scan as policyForPodIp. */
+  sandboxForPodIp(ip: string): string | undefined {
+    for (const pod of this.#pods.values()) if (pod.persisted?.ip === ip) return pod.id;
+    return undefined;
+  }
+
   /** The kernel's per-pod, per-rule counts of connection attempts. */
   async egressCounts(): Promise<EgressCount[]> {
     if (!(await this.hasPodNetwork().catch(() => false))) return [];
