@@ -2,7 +2,7 @@
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
-// `node bench/run.ts [claims] [runtime] [wake] [dataplane] [federation] [terminals] [e2b] [kube] [uploads]` runs only those parts (default: all); a
+// `node bench/run.ts [claims] [runtime] [wake] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress]` runs only those parts (default: all); a
 // partial run replaces its own rows in the README table and in latest.json and keeps the others.
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -11,6 +11,7 @@ import { performance } from 'node:perf_hooks';
 import { call, poolObjects, round, summarize, waitPool, warmClaims, type Target } from './claims.ts';
 import { benchDataplane } from './dataplane.ts';
 import { benchE2b } from './e2b.ts';
+import { benchEgress, type EgressPair } from './egress.ts';
 import { benchHttpFloor } from './http-floor.ts';
 import { benchKube } from './kube.ts';
 import { benchPlacement, benchPropagation } from './federation.ts';
@@ -24,7 +25,7 @@ import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
-const PARTS = ['claims', 'runtime', 'wake', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads'];
+const PARTS = ['claims', 'runtime', 'wake', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads', 'egress'];
 
 interface Row {
   metric: string;
@@ -238,6 +239,19 @@ async function kube(row: Recorder, results: Record<string, unknown>): Promise<vo
   row('Kubernetes: API-server writes per claim with the pool refill it sets off', `${w.total} (${ops})`, '—');
 }
 
+async function egress(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const e = await benchEgress();
+  results.egress = e;
+  const pct = (p: EgressPair): string => `${Math.round(p.ratio * 100)} %`;
+  const p99 = (p: EgressPair): string => `p99 ${p.addedP99Ms < 0 ? '−' : '+'}${Math.abs(p.addedP99Ms)} ms`;
+  const rps = (p: EgressPair): string => `${Math.round(p.proxied.perSec)} vs ${Math.round(p.direct.perSec)} req/s (${pct(p)}), ${p99(p)}`;
+  const b = e.httpsBulk;
+  row('egress HTTPS passthrough through the proxy vs direct: throughput, 1 connection, 16 MiB bodies', `${Math.round(b.proxied.mbPerSec)} vs ${Math.round(b.direct.mbPerSec)} MB/s (${pct(b)}), ${p99(b)}`, '≥ 80 %', b.ratio >= 0.8);
+  row('egress HTTPS passthrough through the proxy vs direct: small requests, 16 kept-alive connections', rps(e.httpsPassthrough), '—');
+  row('egress HTTPS through the proxy vs direct: a new connection per request (TLS handshake + one Check)', rps(e.httpsNewConnections), '—');
+  row('egress plain HTTP through the proxy vs direct: small requests, 16 kept-alive connections (one Check per request)', rps(e.http), '—');
+}
+
 async function main(): Promise<void> {
   const parts = new Set(process.argv.slice(2));
   const unknown = [...parts].filter((p) => !PARTS.includes(p));
@@ -267,6 +281,7 @@ async function main(): Promise<void> {
   if (all || parts.has('e2b')) await e2b(row, results);
   if (all || parts.has('kube')) await kube(row, results);
   if (all || parts.has('uploads')) await uploads(row, results);
+  if (all || parts.has('egress')) await egress(row, results);
 
   // On a virtual machine the host may run other guests on our cores: a run it took much from
   // reads slow, so the share it took is printed with every table.

@@ -227,6 +227,14 @@ test('envoy/edge.yaml filled by plain text substitution, as production tooling m
     INGRESS_SAN: 'asb-ingress',
     HUB_HOST: 'hub.example.com',
     HUB_PORT: 443,
+    EGRESS_ADDRESS: '10.213.0.1',
+    EGRESS_PORT: 15001,
+    EGRESS_AUTHZ_HOST: 'asb-worker.asb-system.svc',
+    EGRESS_AUTHZ_PORT: 7443,
+    INTERCEPT_HOST: 'api.example.com',
+    INTERCEPT_CERT_CHAIN: edgeTls.certChainPath,
+    INTERCEPT_PRIVATE_KEY: edgeTls.privateKeyPath,
+    EGRESS_UPSTREAM_CA: edgeTls.caCertPath,
   };
   const template = parseTemplate(text, 'envoy/edge.yaml');
   for (const name of placeholdersIn(template)) assert.ok(name in example, `example value for {{${name}}}`);

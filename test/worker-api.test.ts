@@ -220,6 +220,42 @@ test('the E2B routes answer in the documented shapes, errors as {code, message}'
   assert.equal((unauthorized.json as { code: number }).code, 401);
 });
 
+test('egress secrets and credential rules: admin keys only, values write-only, bad input 4xx naming the field', async (t) => {
+  const fx = await start(t);
+  const api = client(fx);
+  const key = fx.keys.admin;
+  const value = 'Bearer sk-test-0123456789abcdef';
+  assert.equal((await api('PUT', '/v1/egress/secrets/openai', { key: fx.keys.teamA, json: { value } })).status, 403, 'team keys cannot set secrets');
+  const put = await api('PUT', '/v1/egress/secrets/openai', { key, json: { value } });
+  assert.equal(put.status, 200, put.text);
+  assert.doesNotMatch(put.text, /sk-test/, 'the answer never carries the value');
+  const listed = await api('GET', '/v1/egress/secrets', { key });
+  assert.deepEqual((listed.json as { items: { name: string }[] }).items.map((s) => s.name), ['openai']);
+  assert.doesNotMatch(listed.text, /sk-test/);
+  const badValue = await api('PUT', '/v1/egress/secrets/openai', { key, json: { value: 'a\r\nx-evil: 1' } });
+  assert.equal(badValue.status, 422);
+  assert.equal((badValue.json as { fields: { field: string }[] }).fields[0]?.field, 'value');
+  assert.equal((await api('PUT', '/v1/egress/secrets/Bad_Name', { key, json: { value } })).status, 422);
+
+  const rule = { host: 'api.openai.com', pathPrefix: '/v1/', header: 'Authorization', secret: 'openai' };
+  const made = await api('PUT', '/v1/egress/credentials/openai', { key, json: rule });
+  assert.equal(made.status, 200, made.text);
+  assert.deepEqual(made.json, { id: 'openai', host: 'api.openai.com', pathPrefix: '/v1/', header: 'authorization', secret: 'openai' });
+  const bad = await api('PUT', '/v1/egress/credentials/x', { key, json: { host: 'not a host', header: 'host', secret: 'missing', extra: 1 } });
+  assert.equal(bad.status, 422);
+  assert.deepEqual((bad.json as { fields: { field: string }[] }).fields.map((f) => f.field).sort(), ['extra', 'header', 'host']);
+  const noSecret = await api('PUT', '/v1/egress/credentials/x', { key, json: { ...rule, secret: 'missing' } });
+  assert.equal(noSecret.status, 422);
+  assert.equal((await api('GET', '/v1/egress/credentials', { key: fx.keys.teamA })).status, 403);
+  const rules = await api('GET', '/v1/egress/credentials', { key });
+  assert.equal((rules.json as { items: unknown[] }).items.length, 1);
+  assert.doesNotMatch(rules.text, /sk-test/);
+  assert.equal((await api('DELETE', '/v1/egress/secrets/openai', { key })).status, 409, 'a secret a rule uses stays');
+  assert.equal((await api('DELETE', '/v1/egress/credentials/openai', { key })).status, 204);
+  assert.equal((await api('DELETE', '/v1/egress/credentials/openai', { key })).status, 404);
+  assert.equal((await api('DELETE', '/v1/egress/secrets/openai', { key })).status, 204);
+});
+
 test('egress policy: the template\'s by default, replaced at create and while running (REST and E2B), given to the runtime; bad entries 422 and nothing changes', async (t) => {
   const fx = await start(t);
   const api = client(fx);

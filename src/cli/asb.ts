@@ -9,6 +9,7 @@ import { systemClock, type Clock } from '../system/clock.ts';
 import { GLOBAL_OPTIONS, UsageError, ValueError } from './args.ts';
 import { EXIT, type CliIo, type Command, type CommandContext } from './command.ts';
 import { applyCommand } from './commands-apply.ts';
+import { egressCommand } from './commands-egress.ts';
 import { execCommand, filesCommand } from './commands-exec.ts';
 import { shellCommand } from './commands-shell.ts';
 import { clusterCommand, keyCommand, templateCommand } from './commands-hub.ts';
@@ -34,6 +35,7 @@ export const COMMANDS: readonly Command[] = [
   clusterCommand,
   keyCommand,
   templateCommand,
+  egressCommand,
 ];
 
 const USAGE = 'asb <command> [flags]';

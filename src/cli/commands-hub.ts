@@ -32,7 +32,7 @@ function hubOf(parsed: Parsed, ctx: CommandContext): HubClient {
 }
 
 /** The subcommand and its arguments; flags that belong to another subcommand are refused. */
-function subcommand(parsed: Parsed, usage: string, allowed: Record<string, readonly string[]>): { sub: string; args: string[] } {
+export function subcommand(parsed: Parsed, usage: string, allowed: Record<string, readonly string[]>): { sub: string; args: string[] } {
   const [sub, ...args] = parsed.positionals;
   if (sub === undefined) throw new UsageError(`missing subcommand: one of ${Object.keys(allowed).join(', ')}`, usage);
   const flags = allowed[sub];
@@ -44,12 +44,12 @@ function subcommand(parsed: Parsed, usage: string, allowed: Record<string, reado
   return { sub, args };
 }
 
-function oneName(args: readonly string[], what: string, usage: string): string {
+export function oneName(args: readonly string[], what: string, usage: string): string {
   if (args.length !== 1 || args[0] === undefined) throw new UsageError(args.length === 0 ? `missing ${what}` : `unexpected argument "${args[1] ?? ''}"`, usage);
   return args[0];
 }
 
-function noArgs(args: readonly string[], usage: string): void {
+export function noArgs(args: readonly string[], usage: string): void {
   if (args.length > 0) throw new UsageError(`unexpected argument "${args[0] ?? ''}"`, usage);
 }
 

@@ -71,6 +71,15 @@ export interface ExecResult {
   signal?: string;
 }
 
+/** A credential injection rule (src/egress/credentials.ts): the secret by name, never its value. */
+export interface CredentialRuleView {
+  id: string;
+  host: string;
+  pathPrefix?: string;
+  header: string;
+  secret: string;
+}
+
 export interface ApiClientOptions {
   /** Base URL of the worker API, e.g. http://127.0.0.1:8080 */
   url: string;
@@ -138,6 +147,14 @@ export interface ApiClient {
   setTimeout(id: string, timeoutMs: number): Promise<SandboxView>;
   /** A new access token for the sandbox; every earlier one stops working. */
   rotateAccessToken(id: string): Promise<SandboxView>;
+
+  /** Egress secrets (admin): names and times only; a value goes in and never comes back. */
+  listEgressSecrets(): Promise<{ items: { name: string; updatedAt: string }[] }>;
+  putEgressSecret(name: string, value: string): Promise<{ name: string; updatedAt: string }>;
+  deleteEgressSecret(name: string): Promise<void>;
+  listCredentialRules(): Promise<{ items: CredentialRuleView[] }>;
+  putCredentialRule(id: string, rule: Omit<CredentialRuleView, 'id'>): Promise<CredentialRuleView>;
+  deleteCredentialRule(id: string): Promise<void>;
 
   listClaims(): Promise<{ items: SandboxClaim[] }>;
   getClaim(name: string, namespace?: string): Promise<SandboxClaim>;
@@ -237,6 +254,17 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
     resume: (id, o) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/resume`, json: o?.wait === undefined ? {} : { wait: o.wait }, signal: o?.signal }),
     setTimeout: (id, timeoutMs) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/timeout`, json: { timeoutMs } }),
     rotateAccessToken: (id) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/access-token`, json: {} }),
+
+    listEgressSecrets: () => json({ method: 'GET', path: '/v1/egress/secrets' }),
+    putEgressSecret: (name, value) => json({ method: 'PUT', path: `/v1/egress/secrets/${enc(name)}`, json: { value } }),
+    deleteEgressSecret: async (name) => {
+      await (await send({ method: 'DELETE', path: `/v1/egress/secrets/${enc(name)}` })).body?.cancel();
+    },
+    listCredentialRules: () => json({ method: 'GET', path: '/v1/egress/credentials' }),
+    putCredentialRule: (id, rule) => json({ method: 'PUT', path: `/v1/egress/credentials/${enc(id)}`, json: rule }),
+    deleteCredentialRule: async (id) => {
+      await (await send({ method: 'DELETE', path: `/v1/egress/credentials/${enc(id)}` })).body?.cancel();
+    },
 
     listClaims: () => json({ method: 'GET', path: '/v1/claims' }),
     getClaim: (name, namespace) => json({ method: 'GET', path: `/v1/claims/${enc(name)}`, query: nsQuery(namespace) }),

@@ -62,6 +62,21 @@ export const INGRESS_LISTENER = 'ingress';
 /** The HTTPS edge listener. */
 export const EDGE_TLS_LISTENER = 'edge_tls';
 export const STATIC_CLUSTER = 'static-upstream';
+/** The egress listener and its clusters (src/egress/). */
+export const EGRESS_LISTENER = 'egress';
+export const EGRESS_AUTHZ_CLUSTER = 'asb-egress-authz';
+export const EGRESS_ORIGINAL_CLUSTER = 'egress-original';
+export const EGRESS_ORIGINAL_TLS_CLUSTER = 'egress-original-tls';
+const INTERCEPT_PATTERN = 'egress-intercept-{{INTERCEPT_HOST}}';
+/** Debian's CA bundle (package ca-certificates): what the proxy trusts toward credential hosts by default. */
+export const SYSTEM_CA_BUNDLE = '/etc/ssl/certs/ca-certificates.crt';
+
+/** A host whose TLS the egress proxy terminates to inject credentials, and its certificate (src/egress/egress-ca.ts). */
+export interface InterceptHost {
+  host: string;
+  certChainPath: string;
+  privateKeyPath: string;
+}
 
 export interface EdgeWorker {
   /** Worker cluster name (lowercase letters, digits, dashes). */
@@ -94,6 +109,19 @@ export interface EdgeConfigOptions {
   edgeTls?: { listenPort: number; listenAddress?: string; certChainPath: string; privateKeyPath: string };
   /** Federation: `host:port` of the hub's API; adds the `hub` upstream cluster. */
   hubAddress?: string;
+  /**
+   * Egress proxy: adds the `egress` listener on the pods' gateway address (port 0 lets the kernel
+   * choose) and the clusters it uses; `authzAddress` is the worker's egress decision service.
+   */
+  egress?: {
+    listenAddress: string;
+    listenPort: number;
+    authzAddress: string;
+    /** Credential-injection hosts: the only ones whose TLS the proxy opens. */
+    intercept?: readonly InterceptHost[];
+    /** CA bundle for those hosts' real certificates; default SYSTEM_CA_BUNDLE. */
+    upstreamCaPath?: string;
+  };
   /** Adds the benchmark's comparison listener: no ext_proc, every request to upstreamAddress. */
   static?: { listenPort: number; upstreamAddress: string };
   /** Envoy half-closes ext_proc streams instead of resetting them (runtime guard; default false). */
@@ -155,6 +183,18 @@ export function edgeConfig(opts: EdgeConfigOptions): ConfigObject {
   keepIf(opts.ingress !== undefined, resources, 'listeners', INGRESS_LISTENER);
   keepIf(opts.tls !== undefined, resources, 'clusters', INGRESS_CLUSTER);
   keepIf(opts.hubAddress !== undefined, resources, 'clusters', HUB_CLUSTER);
+  keepIf(opts.egress !== undefined, resources, 'listeners', EGRESS_LISTENER);
+  keepIf(opts.egress !== undefined, resources, 'clusters', EGRESS_AUTHZ_CLUSTER);
+  keepIf(opts.egress !== undefined, resources, 'clusters', EGRESS_ORIGINAL_CLUSTER);
+  const intercept = opts.egress?.intercept ?? [];
+  keepIf(intercept.length > 0, resources, 'clusters', EGRESS_ORIGINAL_TLS_CLUSTER);
+  // The egress-intercept chain is a pattern, like api-{{WORKER_CLUSTER}}: taken out, filled per host.
+  let interceptPattern: ConfigObject | undefined;
+  if (opts.egress !== undefined) {
+    const chains = arrayAt(namedEntry(arrayAt(resources, 'listeners', 'static_resources'), EGRESS_LISTENER, 'static_resources.listeners'), 'filter_chains', 'egress');
+    interceptPattern = namedEntry(chains, INTERCEPT_PATTERN, 'egress.filter_chains');
+    chains.splice(chains.indexOf(interceptPattern), 1);
+  }
 
   const filled = fillTemplate(template, values);
   if (!isConfigObject(filled)) throw new AsbError('Internal', 'filled Envoy template is not a mapping');
@@ -162,6 +202,12 @@ export function edgeConfig(opts: EdgeConfigOptions): ConfigObject {
   for (const worker of opts.workers) {
     const api = parseHostPort(worker.apiAddress) ?? { host: '', port: 0 };
     filledClusters.push(fillTemplate(apiPattern, { ...values, WORKER_CLUSTER: worker.cluster, WORKER_API_HOST: api.host, WORKER_API_PORT: api.port }));
+  }
+  if (interceptPattern !== undefined && intercept.length > 0) {
+    const egress = namedEntry(arrayAt(objectAt(filled, 'static_resources', ''), 'listeners', 'static_resources'), EGRESS_LISTENER, 'static_resources.listeners');
+    const chains = arrayAt(egress, 'filter_chains', 'egress');
+    // Before the passthrough chain, though Envoy prefers a server_names match anyway.
+    chains.unshift(...intercept.map((h) => fillTemplate(interceptPattern, { ...values, INTERCEPT_HOST: h.host, INTERCEPT_CERT_CHAIN: h.certChainPath, INTERCEPT_PRIVATE_KEY: h.privateKeyPath })));
   }
   // An IP needs no resolver: STATIC spares a DNS timer per cluster and starts ready.
   for (const cluster of filledClusters) if (isConfigObject(cluster)) preferStatic(cluster);
@@ -197,6 +243,14 @@ function federationValues(opts: EdgeConfigOptions): Record<string, TemplateValue
     const hub = parseHostPort(opts.hubAddress) ?? { host: '', port: 0 };
     values.HUB_HOST = hub.host;
     values.HUB_PORT = hub.port;
+  }
+  if (opts.egress !== undefined) {
+    const authz = parseHostPort(opts.egress.authzAddress) ?? { host: '', port: 0 };
+    values.EGRESS_ADDRESS = opts.egress.listenAddress;
+    values.EGRESS_PORT = opts.egress.listenPort;
+    values.EGRESS_AUTHZ_HOST = authz.host;
+    values.EGRESS_AUTHZ_PORT = authz.port;
+    values.EGRESS_UPSTREAM_CA = opts.egress.upstreamCaPath ?? SYSTEM_CA_BUNDLE;
   }
   return values;
 }
@@ -264,6 +318,20 @@ function validate(opts: EdgeConfigOptions): FieldProblem[] {
     }
   }
   if (opts.hubAddress !== undefined) address('hubAddress', opts.hubAddress);
+  if (opts.egress !== undefined) {
+    port('egress.listenPort', opts.egress.listenPort);
+    if (isIP(opts.egress.listenAddress) === 0) problems.push({ field: 'egress.listenAddress', message: `must be an IP address, got "${opts.egress.listenAddress}"` });
+    address('egress.authzAddress', opts.egress.authzAddress);
+    const hosts = new Set<string>();
+    (opts.egress.intercept ?? []).forEach((h, i) => {
+      if (!/^(\*\.)?[a-z0-9_]([a-z0-9_.-]{0,251}[a-z0-9])?$/.test(h.host)) problems.push({ field: `egress.intercept[${i}].host`, message: `must be a host name or *.name, got "${h.host}"` });
+      if (hosts.has(h.host)) problems.push({ field: `egress.intercept[${i}].host`, message: `duplicate host "${h.host}"` });
+      hosts.add(h.host);
+      for (const field of ['certChainPath', 'privateKeyPath'] as const) {
+        if (!existsSync(h[field])) problems.push({ field: `egress.intercept[${i}].${field}`, message: `no such file "${h[field]}"` });
+      }
+    });
+  }
   const messageMs = opts.messageTimeoutMs ?? EDGE_DEFAULTS.messageTimeoutMs;
   const maxMs = opts.maxMessageTimeoutMs ?? EDGE_DEFAULTS.maxMessageTimeoutMs;
   if (!(messageMs >= 1)) problems.push({ field: 'messageTimeoutMs', message: `must be at least 1, got ${messageMs}` });

@@ -13,7 +13,7 @@ import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import { openPrivateLog, privateDir, privateFile } from '../system/private-files.ts';
 import { WatchedProcess } from '../system/watched-process.ts';
-import { EDGE_TLS_LISTENER, edgeConfigYaml, INGRESS_LISTENER, type EdgeConfigOptions } from './envoy-config.ts';
+import { EDGE_TLS_LISTENER, edgeConfigYaml, EGRESS_LISTENER, INGRESS_LISTENER, type EdgeConfigOptions } from './envoy-config.ts';
 import { findEnvoyBinary } from './envoy-binary.ts';
 
 export interface EnvoyProcessOptions {
@@ -54,6 +54,8 @@ export interface EnvoyEndpoints {
   /** `host:port` of the ingress listener (mutual TLS, so no URL), when config.ingress was given: what other clusters are told. */
   ingressAddress?: string;
   ingressPort?: number;
+  /** The egress listener's port, when config.egress was given (the kernel redirects pods' TCP there). */
+  egressPort?: number;
 }
 
 const POLL_MS = 20;
@@ -266,6 +268,8 @@ export class EnvoyProcess {
       endpoints.ingressAddress = `${hostForUrl(ingress.address)}:${ingress.port}`;
       endpoints.ingressPort = ingress.port;
     }
+    const egress = ports.get(EGRESS_LISTENER);
+    if (egress !== undefined) endpoints.egressPort = egress.port;
     return endpoints;
   }
 }

@@ -56,6 +56,13 @@ export interface WorkerConfig {
    * (clusters/base/sandbox-namespace.yaml). Default: --namespace
    */
   readonly podNamespace: string;
+  /**
+   * ASB_EGRESS_PROXY_PORT / --egress-proxy-port: route sandboxes' outbound TCP through the egress
+   * proxy: the local runtime DNATs it to <bridge gateway>:PORT (where the cluster Envoy's `egress`
+   * listener must listen), and the worker runs the egress decision service and the sandboxes' DNS
+   * resolver on <gateway>:53 (src/egress/). Unset: no proxy, only the policy's CIDRs apply.
+   */
+  readonly egressProxyPort: number | undefined;
   /** ASB_RUNTIME / --runtime: what runs sandboxes: local (process trees on this machine) or kube (Pods, through the API server; needs --store=kube). Default local */
   readonly runtime: 'local' | 'kube';
   /**
@@ -108,7 +115,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'egressProxyPort';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -136,6 +143,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   role: { env: 'ASB_ROLE', flag: 'role' },
   imageCache: { env: 'ASB_IMAGE_CACHE', flag: 'image-cache' },
   registriesFile: { env: 'ASB_REGISTRIES', flag: 'registries' },
+  egressProxyPort: { env: 'ASB_EGRESS_PROXY_PORT', flag: 'egress-proxy-port' },
   imageGcIntervalMs: { env: 'ASB_IMAGE_GC_INTERVAL_MS', flag: 'image-gc-interval-ms' },
   imageGcGraceMs: { env: 'ASB_IMAGE_GC_GRACE_MS', flag: 'image-gc-grace-ms' },
 };
@@ -219,6 +227,10 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   }
   if (hubUrl !== undefined && !isEdgeUrl(hubUrl)) problems.push(`${describe('hubUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:7090, got "${hubUrl}"`);
   if ((hubUrl === undefined) !== (hubCredentialFile === undefined)) problems.push(`${describe('hubUrl')} and ${describe('hubCredentialFile')} go together: set both or neither`);
+  const egressText = raw('egressProxyPort');
+  const egressProxyPort = egressText === undefined || egressText === '' ? undefined : Number(egressText);
+  if (egressProxyPort !== undefined && (!Number.isInteger(egressProxyPort) || egressProxyPort < 1 || egressProxyPort > 65535)) problems.push(`${describe('egressProxyPort')} must be a port from 1 to 65535, got "${egressText ?? ''}"`);
+  if (egressProxyPort !== undefined && runtime !== 'local') problems.push(`${describe('egressProxyPort')} needs ${describe('runtime')} local: on Kubernetes the CNI routes pods`);
   const config: WorkerConfig = {
     dataDir,
     apiHost: str('apiHost'),
@@ -246,6 +258,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     role,
     imageCache: resolve(raw('imageCache') ?? resolve(dataDir, 'images')),
     registriesFile: raw('registriesFile') === undefined ? undefined : resolve(raw('registriesFile') ?? ''),
+    egressProxyPort,
     imageGcIntervalMs: int('imageGcIntervalMs', 0, 86_400_000),
     imageGcGraceMs: int('imageGcGraceMs', 0, 30 * 86_400_000),
   };

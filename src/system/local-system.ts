@@ -69,6 +69,8 @@ interface WorkerReady {
   apiUrl: string;
   clusterName: string;
   clusterTag: string;
+  /** With --egress-proxy-port: the Envoy egress listener's settings. */
+  egress?: NonNullable<EdgeConfigOptions['egress']>;
 }
 
 interface RouterReady {
@@ -178,6 +180,7 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
       adminPort: opts.envoyAdminPort,
       routerAddress: router.current.ready.listen,
       workers: [{ cluster: opts.clusterName, apiAddress }],
+      ...(firstWorker.egress === undefined ? {} : { egress: firstWorker.egress }),
       ...(opts.edgeTls === undefined || tlsPort === undefined ? {} : { edgeTls: { listenPort: tlsPort, ...opts.edgeTls.files } }),
       ...opts.envoy,
     }, ownGroup);

@@ -11,7 +11,7 @@ runMain({
   async start(config, log) {
     const worker = await startWorker(config, { log });
     return {
-      ready: { apiUrl: worker.apiUrl, clusterName: config.clusterName, clusterTag: config.clusterTag },
+      ready: { apiUrl: worker.apiUrl, clusterName: config.clusterName, clusterTag: config.clusterTag, ...(worker.egress === undefined ? {} : { egress: worker.egress }) },
       close: () => worker.close({ hibernate: true }),
     };
   },

@@ -36,6 +36,11 @@ import { startSyncAgent, type SyncAgent } from '../worker/sync/sync-agent.ts';
 import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
 import type { Logger } from './log.ts';
+import { CredentialStore } from '../egress/credential-store.ts';
+import { ensureEgressCa, type HostCertificate } from '../egress/egress-ca.ts';
+import type { EgressPolicySource } from '../egress/egress-decision.ts';
+import { startEgressServices } from '../egress/egress-services.ts';
+import { parseSubnet } from '../runtime/local/network.ts';
 import { privateDir } from './private-files.ts';
 import type { KubeConnection, LedControllers } from './worker-kube.ts';
 
@@ -53,6 +58,8 @@ export interface RunningWorker {
   readonly runtime: PodRuntime;
   /** The admin key, when this start created or verified one (config.adminKeyFile). */
   readonly adminKey: string | undefined;
+  /** With --egress-proxy-port: what the cluster Envoy's `egress` listener needs (EdgeConfigOptions.egress). */
+  readonly egress: { listenAddress: string; listenPort: number; authzAddress: string; intercept: HostCertificate[]; caCertPath: string } | undefined;
   /** hibernate: stop every running sandbox (kept on disk; restarted on the next start). */
   close(opts?: { hibernate?: boolean }): Promise<void>;
 }
@@ -68,7 +75,9 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
 
   const kube = config.store === 'kube' ? await (await import('./worker-kube.ts')).connectKube(config, { clock, metrics, log: log.child({ component: 'store' }) }) : undefined;
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
-  const { runtime, imageGc } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics) : { runtime: deps.runtime, imageGc: undefined };
+  // With the egress proxy, every pod trusts the cluster's egress CA (credential-injection hosts).
+  const egressCa = config.egressProxyPort === undefined ? undefined : await ensureEgressCa(join(config.dataDir, 'egress', 'ca'));
+  const { runtime, imageGc } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined };
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   // The built-ins are the operator's to make; an API-only process finds them made.
@@ -113,6 +122,17 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
             },
           },
         });
+  // Egress secrets and credential rules: a 0600 file in the data directory, which no sandbox mounts.
+  const egressCredentials = new CredentialStore(join(config.dataDir, 'egress'), clock);
+  // The egress proxy's worker half (--egress-proxy-port): the local runtime answers pod → policy.
+  const egressPort = config.egressProxyPort;
+  const egressServices =
+    egressPort === undefined || !isPolicySource(runtime)
+      ? undefined
+      : // The decision service takes the proxy's port number on loopback (the listener has it on
+        // the gateway): fixed, so Envoy finds a restarted worker where it left it.
+        await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
+  const egress = egressServices === undefined || egressPort === undefined ? undefined : { listenAddress: parseSubnet(config.subnet).gateway, listenPort: egressPort, authzAddress: egressServices.authzAddress, intercept: egressServices.intercept, caCertPath: egressServices.caCertPath };
   const api =
     apiOperator === undefined
       ? undefined
@@ -130,6 +150,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           defaultNamespace: config.namespace,
           dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
           terminal: { idleMs: config.terminalIdleMs },
+          egressCredentials,
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
         });
@@ -150,6 +171,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
     store,
     runtime,
     adminKey,
+    egress,
     close(opts = {}) {
       closing ??= (async () => {
         // The hub link first: nothing synced after this point could be acknowledged anyway.
@@ -166,6 +188,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         // Controllers before the Lease is released, so the next leader never overlaps them.
         await led?.close();
         await operator?.close();
+        await egressServices?.close();
         // Pods of the kube runtime belong to Kubernetes and outlive this process (a rollout
         // must not hibernate every sandbox); only local pods are this process's to stop.
         if (opts.hibernate === true && config.runtime === 'local') {
@@ -180,7 +203,11 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   };
 }
 
-async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop }> {
+function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPolicySource {
+  return typeof (runtime as Partial<EgressPolicySource>).policyForPodIp === 'function';
+}
+
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop }> {
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
@@ -189,7 +216,16 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
   }
   const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
   const images = new ImageStore({ root: config.imageCache, registries, logger: log, clock });
-  const runtime = await createLocalRuntime({ root: join(config.dataDir, 'runtime'), log: log.child({ component: 'runtime' }), clock, subnet: config.subnet, bridge: config.bridge, images });
+  const runtime = await createLocalRuntime({
+    root: join(config.dataDir, 'runtime'),
+    log: log.child({ component: 'runtime' }),
+    clock,
+    subnet: config.subnet,
+    bridge: config.bridge,
+    images,
+    ...(config.egressProxyPort === undefined ? {} : { egressProxy: { port: config.egressProxyPort }, podDns: true }),
+    ...(extraCaPath === undefined ? {} : { extraCaPath }),
+  });
   // After the runtime: its recovery pins the images of pods made before pins existed.
   const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics });
   return { runtime, imageGc };

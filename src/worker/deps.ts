@@ -7,6 +7,7 @@ import type { ClaimRequest, ClaimResult } from '../operator/claimer.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
+import type { CredentialStore } from '../egress/credential-store.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { AccessTokens } from './access-token.ts';
@@ -94,6 +95,8 @@ export interface WorkerDeps {
   sync?: () => { connected: boolean; appliedVersion: number };
   /** Tells the hub what this cluster holds now and waits (≤ timeoutMs) until it has (SyncAgent.reportNow). */
   reportToHub?: (timeoutMs: number) => Promise<boolean>;
+  /** Egress secrets and credential rules (admin API under /v1/egress/); absent: those routes answer 404. */
+  egressCredentials?: CredentialStore;
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
@@ -112,4 +115,5 @@ export interface WorkerContext {
   dataPlane: DataPlane;
   sync: (() => { connected: boolean; appliedVersion: number }) | undefined;
   reportToHub: ((timeoutMs: number) => Promise<boolean>) | undefined;
+  egressCredentials: CredentialStore | undefined;
 }

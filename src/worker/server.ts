@@ -28,6 +28,7 @@ import { createFeedUpgrade, feedRoutes, RouteFeed } from './route-feed.ts';
 import { fileRoutes } from './routes-files.ts';
 import { sandboxRoutes } from './routes-sandboxes.ts';
 import { e2bRoutes } from './e2b/routes.ts';
+import { egressRoutes } from './routes-egress.ts';
 import { systemRoutes } from './routes-system.ts';
 import { SandboxIndex } from './sandbox-index.ts';
 import { TERMINAL_TOKEN_TTL_MS } from '../terminal/contract.ts';
@@ -122,6 +123,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     dataPlane,
     sync: deps.sync,
     reportToHub: deps.reportToHub,
+    egressCredentials: deps.egressCredentials,
   });
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
   const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });
@@ -145,6 +147,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
   };
   const router: Router = createRouter([
     ...systemRoutes(w),
+    ...egressRoutes(w),
     ...objectRoutes(w),
     ...sandboxRoutes(w),
     ...fileRoutes(w, uploads),

@@ -16,7 +16,8 @@ import { startOperator } from '../../src/operator/operator.ts';
 import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession } from '../../src/runtime/runtime.ts';
 import { openSqliteStore } from '../../src/store/sqlite.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
-import type { Clock } from '../../src/system/clock.ts';
+import { CredentialStore } from '../../src/egress/credential-store.ts';
+import { systemClock, type Clock } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import type { WorkerLimits } from '../../src/worker/deps.ts';
 import { createWorkerServer, type WorkerServer } from '../../src/worker/server.ts';
@@ -153,7 +154,8 @@ export async function startWorkerFixture(after: (fn: () => Promise<void>) => voi
   const teamA = await createApiKey(store, { team: 'team-a' });
   const teamB = await createApiKey(store, { team: 'team-b' });
   const auth = await KeyRing.open({ store, log });
-  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(opts.clock === undefined ? {} : { clock: opts.clock }) });
+  const egressCredentials = new CredentialStore(join(dir, 'egress'), opts.clock ?? systemClock);
+  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, egressCredentials, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(opts.clock === undefined ? {} : { clock: opts.clock }) });
   const address = await server.listen(0, '127.0.0.1');
   after(async () => {
     await server.close();

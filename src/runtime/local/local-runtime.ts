@@ -12,6 +12,7 @@
 // runs a sandbox unisolated. A pod with runtimeClassName gvisor runs under gVisor's runsc instead
 // of runc (runtime-class.ts), through the same shim, exec and terminal code.
 import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
@@ -81,6 +82,12 @@ export interface LocalRuntimeOptions {
   egressProxy?: { port: number };
   /** Pods may query a DNS resolver on the gateway (UDP and TCP 53). Default false: no host port is open to pods. */
   podDns?: boolean;
+  /**
+   * PEM file of a CA every pod trusts besides its image's (the cluster's egress CA, whose
+   * certificates the egress proxy serves for credential-injection hosts): appended to each pod's
+   * /etc/ssl/certs/ca-certificates.crt at start. Read once, here.
+   */
+  extraCaPath?: string;
 }
 
 export const DEFAULT_INIT = '/usr/bin/tini-static';
@@ -199,6 +206,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       cgroupParent: `/asb-${tag}`,
       disk: diskTool(root, (argv) => this.#launcher.run(argv, '')),
       ...(runsc === undefined ? {} : { runsc: { binary: runsc, root: join(root, 'runsc'), flags: runscFlags({}) } }),
+      ...(opts.podDns === true ? { dnsOnGateway: true } : {}),
+      ...(opts.extraCaPath === undefined ? {} : { extraCaPem: readFileSync(opts.extraCaPath, 'utf8') }),
     };
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
     this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
@@ -640,6 +649,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     for (const pod of this.#pods.values()) {
       if (pod.persisted?.ip === ip) return pod.persisted.request.egress ?? DEFAULT_EGRESS_POLICY;
     }
+    return undefined;
+  }
+
+  /** The pod (= sandbox id) holding `ip`, for the egress proxy's per-sandbox counts; the same scan as policyForPodIp. */
+  sandboxForPodIp(ip: string): string | undefined {
+    for (const pod of this.#pods.values()) if (pod.persisted?.ip === ip) return pod.id;
     return undefined;
   }
 

@@ -46,7 +46,14 @@ export interface OciHost {
   disk: DiskTool;
   /** gVisor's runsc, for pods with runtimeClassName gvisor; absent when this worker cannot run it. */
   runsc?: { binary: string; root: string; flags: readonly string[] };
+  /** Pods ask the resolver on their gateway (LocalRuntimeOptions.podDns): their /etc/resolv.conf names it. */
+  dnsOnGateway?: boolean;
+  /** CAs every pod trusts besides its image's (LocalRuntimeOptions.extraCaPath), PEM. */
+  extraCaPem?: string;
 }
+
+/** Debian's (and Ubuntu's, Alpine's) bundle: what curl, Python's ssl, OpenSSL and Go read. */
+const CA_BUNDLE = 'etc/ssl/certs/ca-certificates.crt';
 
 /** The OCI runtime one pod runs under: its binary, its --root and the global flags before every subcommand. */
 export interface OciRuntime {
@@ -122,10 +129,24 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   const user = sandboxIdentity(container, image.config, { userNamespace: 'always', passwd: passwd ?? '', group: group ?? '' }, req.spec);
   const owner = { uid: root + user.uid, gid: root + user.gid };
   const volumes = await resolveMounts(req, container, paths, owner);
+  // Like /etc/hosts, files the runtime owns, bind-mounted read-only over the image's: the
+  // resolver on the gateway, and the image's CA bundle plus the cluster's extra CA (written at
+  // every start, so a CA or image change reaches a woken pod).
+  const etcMounts: BindMount[] = [];
+  if (host.dnsOnGateway === true && net !== undefined) {
+    await writeFile(join(paths.etc, 'resolv.conf'), `nameserver ${net.gateway}\n`, { mode: 0o644 });
+    etcMounts.push({ destination: '/etc/resolv.conf', source: join(paths.etc, 'resolv.conf'), readOnly: true });
+  }
+  if (host.extraCaPem !== undefined) {
+    const bundle = await readFile(join(image.rootfs, CA_BUNDLE), 'utf8').catch(() => '');
+    await writeFile(join(paths.etc, 'ca-certificates.crt'), `${bundle}${bundle === '' || bundle.endsWith('\n') ? '' : '\n'}${host.extraCaPem}`, { mode: 0o644 });
+    etcMounts.push({ destination: `/${CA_BUNDLE}`, source: join(paths.etc, 'ca-certificates.crt'), readOnly: true });
+  }
   const mounts: BindMount[] = [
     { destination: INIT_PATH, source: host.init, readOnly: true },
     { destination: '/etc/hostname', source: join(paths.etc, 'hostname'), readOnly: true },
     { destination: '/etc/hosts', source: join(paths.etc, 'hosts'), readOnly: true },
+    ...etcMounts,
     ...volumes.map((m) => ({ destination: m.dst, source: m.src, readOnly: m.readOnly })),
   ];
   if (gvisor && (await mkdir(paths.tmp, { recursive: true, mode: 0o1777 })) !== undefined) {

@@ -1,0 +1,79 @@
+// The worker's half of the egress proxy, composed: the decision service (ext_authz, for the
+// cluster Envoy's `egress` listener), the sandboxes' DNS resolver on the bridge gateway, the
+// memory of what it answered, and the egress CA with a certificate per credential host. Closed
+// in the reverse order: resolver, then decision service (Envoy fails closed meanwhile).
+import type { Registry } from 'prom-client';
+import type { Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import { createEgressMetrics, EgressAuthzServer } from './authz-service.ts';
+import type { CredentialStore } from './credential-store.ts';
+import { interceptedHosts } from './credentials.ts';
+import { DnsResolver, systemUpstream, type DnsUpstream } from './dns-resolver.ts';
+import { ensureEgressCa, ensureHostCertificate, type HostCertificate } from './egress-ca.ts';
+import type { EgressPolicySource } from './egress-decision.ts';
+import { ResolvedAddresses } from './resolved-addresses.ts';
+
+export interface EgressServicesOptions {
+  /** The pods' gateway: the resolver listens on it (port 53). */
+  gateway: string;
+  source: EgressPolicySource;
+  credentials: CredentialStore;
+  /** Where the egress CA and host certificates live (0700). */
+  caDir: string;
+  registry: Registry;
+  log: Logger;
+  clock: Clock;
+  /** Default 53. */
+  dnsPort?: number;
+  /** The decision service's port on 127.0.0.1; 0 (default) picks one. Fixed, a restarted worker is where Envoy expects it. */
+  authzPort?: number;
+  /** Default: the node's resolvers. */
+  upstream?: DnsUpstream;
+}
+
+export interface EgressServices {
+  /** `host:port` of the decision service (Envoy's asb-egress-authz cluster). */
+  authzAddress: string;
+  /** The hosts whose TLS the proxy terminates now, with their certificates (EdgeConfigOptions.egress.intercept). */
+  intercept: HostCertificate[];
+  /** The egress CA certificate sandboxes must trust. */
+  caCertPath: string;
+  close(): Promise<void>;
+}
+
+export async function startEgressServices(o: EgressServicesOptions): Promise<EgressServices> {
+  const resolved = new ResolvedAddresses(o.clock);
+  const ca = await ensureEgressCa(o.caDir);
+  const intercept = await Promise.all(interceptedHosts(o.credentials.listRules()).map((h) => ensureHostCertificate(ca, h)));
+  const authz = await EgressAuthzServer.start({
+    host: '127.0.0.1',
+    port: o.authzPort ?? 0,
+    source: o.source,
+    credentials: o.credentials,
+    resolved: (pod, name, ip) => resolved.has(pod, name, ip),
+    metrics: createEgressMetrics(o.registry),
+    log: o.log.child({ component: 'egress-authz' }),
+  });
+  const dns = new DnsResolver({
+    source: o.source,
+    upstream: o.upstream ?? systemUpstream(),
+    registry: o.registry,
+    log: o.log.child({ component: 'egress-dns' }),
+    onAnswer: (pod, name, ips, ttl) => resolved.record(pod, name, ips, ttl),
+  });
+  try {
+    await dns.listen(o.gateway, o.dnsPort ?? 53);
+  } catch (err) {
+    await authz.close();
+    throw err;
+  }
+  return {
+    authzAddress: `127.0.0.1:${authz.port}`,
+    intercept,
+    caCertPath: ca.caCertPath,
+    async close() {
+      await dns.close();
+      await authz.close();
+    },
+  };
+}
