@@ -110,7 +110,7 @@ export async function floorInputs(runtimeRoot: string, id: string, req: PodReque
 }
 
 export async function refillFloor(inputs: FloorInputs, pods: number, extra: Partial<Pick<FloorOptions, 'disk' | 'concurrency'>> = {}): Promise<RefillFloor> {
-  return benchRefillFloor({ runc: findRuncBinary(), pods, disk: 'mkfs', ...inputs, ...extra });
+  return benchRefillFloor({ runc: findRuncBinary(), pods, disk: 'copy', ...inputs, ...extra });
 }
 
 /** CPU time of a cgroup and its children so far (cgroup v1 cpuacct), undefined without one. */
