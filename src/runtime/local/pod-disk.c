@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -135,8 +136,24 @@ static int make_pod_image(const char *image, const char *bytes_text, const char 
   if (mkdir(templates, 0700) < 0 && errno != EEXIST) return fail("templates", strerror(errno));
   int in = open(template, O_RDONLY | O_CLOEXEC);
   if (in < 0 && errno == ENOENT) {
-    if (make_image(template, bytes) != 0) return 1;
+    // One maker per template: the first refill of a new worker starts its pods at once, and each
+    // would run its own mkfs.ext4 (and flush) of the same template. The others wait on the lock
+    // (~50 ms), then copy it.
+    char lock[PATH_MAX];
+    if (snprintf(lock, sizeof lock, "%s.lock", template) >= (int)sizeof lock) return fail("template", "path too long");
+    int lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd < 0) return fail("template lock", strerror(errno));
+    while (flock(lock_fd, LOCK_EX) < 0) {
+      if (errno != EINTR) return fail("template lock", strerror(errno));
+    }
     in = open(template, O_RDONLY | O_CLOEXEC);
+    if (in < 0 && errno == ENOENT) {
+      if (make_image(template, bytes) != 0) return 1;
+      in = open(template, O_RDONLY | O_CLOEXEC);
+    }
+    int err = errno;
+    close(lock_fd); // releases the lock
+    errno = err;
   }
   if (in < 0) return fail("open template", strerror(errno));
   struct stat st;
