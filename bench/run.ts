@@ -2,7 +2,7 @@
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
-// `node bench/run.ts [claims] [runtime] [wake] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress]` runs only those parts (default: all); a
+// `node bench/run.ts [claims] [runtime] [refill] [wake] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress]` runs only those parts (default: all but refill, whose rows the runtime part measures once); a
 // partial run replaces its own rows in the README table and in latest.json and keeps the others.
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -15,6 +15,8 @@ import { benchEgress, type EgressPair } from './egress.ts';
 import { benchHttpFloor } from './http-floor.ts';
 import { benchKube } from './kube.ts';
 import { benchPlacement, benchPropagation } from './federation.ts';
+import { benchRefillRounds } from './refill.ts';
+import type { RefillFloor } from './refill-floor.ts';
 import { benchRuntime, type Refill } from './runtime.ts';
 import { benchStore } from './store-bench.ts';
 import { benchTerminals } from './terminals.ts';
@@ -25,7 +27,7 @@ import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
-const PARTS = ['claims', 'runtime', 'wake', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads', 'egress'];
+const PARTS = ['claims', 'runtime', 'refill', 'wake', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads', 'egress'];
 
 interface Row {
   metric: string;
@@ -115,6 +117,7 @@ async function runtime(row: Recorder, results: Record<string, unknown>): Promise
   };
   refill(r.refill, 'image cached (IfNotPresent)');
   refill(r.refillAlways, 'pull policy Always as the built-in template (as a warm pool refills)');
+  floorRow(row, r.refillFloor, r.refill);
   const w = r.wake;
   row(`runc: wake, start() of a hibernated pod until Running, p50 / p99 (${w.start.count} wakes; and the stop() that hibernated it)`, `${w.start.p50Ms} / ${w.start.p99Ms} ms (stop ${w.stop.p50Ms} / ${w.stop.p99Ms} ms)`, 'p50 ≤ 200 ms', w.start.p50Ms <= 200);
   const g = r.gvisor;
@@ -129,6 +132,31 @@ async function runtime(row: Recorder, results: Record<string, unknown>): Promise
     `${total} KB: shim ${m.shimPssKb} KB (${m.shimRssKb} KB RSS) + kernel ${m.kernelKb} KB (${m.kernelSpreadKb[0]}–${m.kernelSpreadKb[1]}); for scale: the pod's cgroup is charged ${m.kernelInCgroupKb} KB kmem (reclaimable slab included), its tini and sleep ${m.containerPssKb} KB PSS, the launcher (one per worker) ${m.launcherRssKb} KB RSS`,
     '≤ 5 MB',
     total <= 5 * 1024,
+  );
+}
+
+/** The refill's floor beside it (bench/refill-floor.ts), with our figure over it. */
+function floorRow(row: Recorder, f: RefillFloor, ours: Refill): void {
+  const failed = f.failed === 0 ? '' : `, ${f.failed} failed: ${f.firstError ?? ''}`;
+  row(
+    `the floor: the same ${f.pods} pods (same config.json, image, disk size, a veth on a bridge) by the raw tools, all at once with no Node, launcher or shim (refill-floor.c under xargs -P ${f.pods}); our refill over it`,
+    `${sec(f.ms)}${failed}; removed in ${sec(f.removeMs)}; ours ${sec(ours.ms)} = ${round(ours.ms / f.ms, 2)} × the floor`,
+    '—',
+  );
+}
+
+async function refillPart(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const rounds = await benchRefillRounds();
+  results.refillRounds = rounds;
+  const ratios = rounds.map((r) => r.ratio).sort((a, b) => a - b);
+  const median = rounds.find((r) => r.ratio === ratios[Math.floor(ratios.length / 2)]);
+  if (median === undefined) throw new Error('no refill round ran');
+  const each = rounds.map((r) => `${sec(r.ours.ms)} / ${sec(r.floor.ms)}`).join(', ');
+  row(
+    `runc: refill of ${median.ours.pods}, image cached, and its floor (the same pods by the raw tools, all at once), ${rounds.length} rounds each floor then ours: the round with the median ratio (all rounds, ours / floor)`,
+    `${sec(median.ours.ms)}, floor ${sec(median.floor.ms)}, ${median.ratio} × the floor (${each})`,
+    '≤ 5 s',
+    median.ours.notRunning === 0 && median.ours.ms <= 5000,
   );
 }
 
@@ -274,6 +302,7 @@ async function main(): Promise<void> {
     }
   }
   if (all || parts.has('runtime')) await runtime(row, results);
+  if (parts.has('refill')) await refillPart(row, results);
   if (all || parts.has('wake')) await wake(row, results);
   if (all || parts.has('dataplane')) await dataplane(row, results);
   if (all || parts.has('federation')) await federation(row, results);

@@ -32,12 +32,13 @@ import { silentLogger } from '../src/system/log.ts';
 import { round, summarize, type LatencySummary } from './claims.ts';
 import { BASE_IMAGE, benchFirstPull, startBenchRegistry, type FirstPull } from './images.ts';
 import { benchRuncFloor } from './runc-floor.ts';
+import { floorInputs, refillFloor as benchRefillFloorOf, type RefillFloor } from './refill-floor.ts';
 
 const BRIDGE = 'asbbnrt0';
 const SUBNET = '10.197.0.0/16';
 const PULL_RUNS = 3;
 const COLD_STARTS = 30;
-const REFILL = 300;
+export const REFILL = 300;
 /** A refill that takes longer failed; every pod is removed either way. */
 const REFILL_TIMEOUT_MS = 120_000;
 const WAKES = 20;
@@ -89,6 +90,8 @@ export interface RuntimeBench {
   refill: Refill;
   /** The same as the built-in template names the image (pull policy Always), as a warm pool's refill does. */
   refillAlways: Refill;
+  /** The refill's floor: as many pods of the same spec and image by the raw tools, all at once (bench/refill-floor.ts). */
+  refillFloor: RefillFloor;
   wake: { start: LatencySummary; stop: LatencySummary };
   memory: MemoryFigures;
   /** The same cold start and wake with `runtimeClassName: gvisor` (runsc); absent when runsc is not built. */
@@ -118,20 +121,23 @@ export async function benchRuntime(): Promise<RuntimeBench> {
     const coldStart = await coldStarts(rt, 'bn-cold', cached);
     const coldStartAlways = await coldStarts(rt, 'bn-always', {});
     const spec = JSON.parse(await readFile(join(podPaths(join(root, 'runtime'), 'bn-warmup').dir, 'config.json'), 'utf8')) as OciSpec;
-    const runcFloor = await benchRuncFloor(findRuncBinary(), spec, images.get(BASE_IMAGE, ROOT_ID_MAP)?.rootfs ?? '', COLD_STARTS);
+    const lower = images.get(BASE_IMAGE, ROOT_ID_MAP)?.rootfs ?? '';
+    const runcFloor = await benchRuncFloor(findRuncBinary(), spec, lower, COLD_STARTS);
+    const floorOf = await floorInputs(join(root, 'runtime'), 'bn-warmup', podRequest('bn-warmup'), lower);
     await rt.remove('bn-warmup');
+    const refillFloor = await benchRefillFloorOf(floorOf, REFILL);
     const refill = await refillPods(rt, 'bn-refill', cached);
     const refillAlways = await refillPods(rt, 'bn-refill-always', {});
     const wake = await wakes(rt);
     const memory = await idleMemory(rt);
-    result = { firstPull, coldStart, coldStartAlways, runcFloor, refill, refillAlways, wake, memory };
+    result = { firstPull, coldStart, coldStartAlways, runcFloor, refill, refillAlways, refillFloor, wake, memory };
     if (rt.rootIsolation.gvisor) result.gvisor = { coldStart: await coldStarts(rt, 'bn-gcold', cached, 'gvisor'), wake: await wakes(rt, 'gvisor') };
   } catch (err) {
     failure = err;
   }
   // Clean-up runs either way, and its own failure (a pod, cgroup or mount left) is reported with the bench's.
   try {
-    await cleanup(rt, join(root, 'runtime'));
+    await cleanupRuntime(rt, join(root, 'runtime'));
     await rm(root, { recursive: true, force: true });
   } catch (err) {
     failure = failure === undefined ? err : new AggregateError([failure, err], 'the runtime bench failed, and so did its clean-up');
@@ -277,13 +283,13 @@ function memoryCgroup(pid: number): string {
 }
 
 /** Removes every pod, closes the runtime, then its bridge, claim, cgroup parents and mount root. */
-async function cleanup(rt: LocalRuntime | undefined, root: string): Promise<void> {
+export async function cleanupRuntime(rt: LocalRuntime | undefined, root: string, bridge = BRIDGE): Promise<void> {
   if (rt !== undefined) {
     await within(Promise.all(rt.list().map((id) => rt.remove(id))), REFILL_TIMEOUT_MS, `clean-up: pods ${rt.list().join(', ')} still there after ${REFILL_TIMEOUT_MS} ms`);
     await rt.close();
   }
-  await deleteBridge(BRIDGE);
-  await releaseNetwork(DEFAULT_CLAIMS_DIR, BRIDGE, root);
+  await deleteBridge(bridge);
+  await releaseNetwork(DEFAULT_CLAIMS_DIR, bridge, root);
   // The runtime names them by the hash of its root (local-runtime.ts): /asb-<tag> and MOUNT_ROOT/<tag>.
   const tag = createHash('sha256').update(root).digest('hex').slice(0, 12);
   for (const controller of readdirSync('/sys/fs/cgroup')) {

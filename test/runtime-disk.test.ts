@@ -179,6 +179,22 @@ test('a wake while another mount namespace still holds the old mount reuses its 
   await assertReleased('ns1');
 });
 
+test('every pod\'s disk is its own copy of an empty one: what one pod wrote, and the space it used, is not on the next pod\'s disk of the same size', async () => {
+  const size = limit('48Mi');
+  assert.equal((await rt.start(pod('own1', { ...size, command: ['sleep', 'infinity'] }))).phase, 'Running');
+  const wrote = await sh('own1', 'echo secret > /home/user/left && dd if=/dev/urandom of=/home/user/fill bs=1M count=24 2>/dev/null; df -Pk / | tail -1');
+  assert.equal(wrote.exitCode, 0, wrote.err);
+  assert.equal((await rt.start(pod('own2', { ...size, command: ['sleep', 'infinity'] }))).phase, 'Running');
+  const seen = await sh('own2', 'ls /home/user; df -Pk / | tail -1');
+  assert.doesNotMatch(seen.out, /left|fill/, 'the second pod sees none of the first pod\'s files');
+  const used = (df: string): number => Number(df.trim().split('\n').at(-1)?.split(/\s+/)[2]);
+  assert.ok(used(wrote.out) >= 24 * 1024, `the first pod used its 24 MiB, df says ${String(used(wrote.out))} KiB`);
+  assert.ok(used(seen.out) < 4 * 1024, `the second pod's disk starts empty, df says ${String(used(seen.out))} KiB used`);
+  // Writing on one disk (and rewriting on the next) leaves the empty disk they were copied from empty.
+  for (const file of await readdir(join(root, 'disk-templates'))) assert.ok((await allocated(join(root, 'disk-templates', file))) < 8 * MiB, `${file} holds only mkfs's metadata`);
+  await Promise.all([rt.remove('own1'), rt.remove('own2')]);
+});
+
 test('remove deletes the disk image and leaves no mount or loop device', async () => {
   assert.equal((await rt.start(pod('rm1', { command: ['sleep', 'infinity'] }))).phase, 'Running');
   assert.equal(await diskMounted('rm1'), true);

@@ -1,9 +1,9 @@
 // A sandbox pod's disk cap (issue 16 point 4): `resources.limits.ephemeral-storage` covers the
 // writable layer, the volumes and the log, as the kubelet counts them. Each pod gets a sparse
-// ext4 image of that size (<pod>/disk.img), loop-mounted at <pod>/disk while the pod runs
-// (pod-disk.c mounts it; oci-shim.c unmounts it when the container ends). Writes past it fail
-// with ENOSPC, and a pod whose disk stays full is evicted by its shim: phase Failed, reason
-// Evicted, with the kubelet's message (evictionMessage).
+// ext4 image of that size (<pod>/disk.img, a copy of an empty one), loop-mounted at <pod>/disk
+// while the pod runs (pod-disk.c makes and mounts it; oci-shim.c unmounts it when the container
+// ends). Writes past it fail with ENOSPC, and a pod whose disk stays full is evicted by its shim:
+// phase Failed, reason Evicted, with the kubelet's message (evictionMessage).
 //
 // Why an image and not a quota: project quotas need the state dir's filesystem mounted with
 // prjquota (the host's / here is not, and we do not remount a host's root); an image works on any
@@ -11,7 +11,7 @@
 // Sparse, so a 10 GiB disk costs the host what the sandbox writes (4.3 MiB of ext4 metadata when
 // new), and mounted with `discard`, so deleting a file gives the blocks back to the host.
 import { access, mkdir, stat } from 'node:fs/promises';
-import { dirname } from 'node:path';
+import { dirname, join } from 'node:path';
 import { parseQuantity } from '../../api/quantity.ts';
 import type { PodSpec } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
@@ -88,8 +88,13 @@ export interface DiskTool {
   unmount(dir: string): Promise<void>;
 }
 
-/** pod-disk.c, compiled into root/bin on first use. */
+/**
+ * pod-disk.c, compiled into root/bin on first use. Each pod's image is a sparse copy of an empty
+ * ext4 of its size, made once per size under root/disk-templates (pod-disk.c says why: a mkfs per
+ * pod cost a process and a flush of the host disk each).
+ */
 export function diskTool(root: string, run: RunHelper): DiskTool {
+  const templates = join(root, 'disk-templates');
   let binary: Promise<string> | undefined;
   const call = async (args: string[]): Promise<void> => {
     binary ??= ensureCBinary(root, new URL('./pod-disk.c', import.meta.url));
@@ -99,7 +104,7 @@ export function diskTool(root: string, run: RunHelper): DiskTool {
   return {
     async mount(image, dir, bytes) {
       await mkdir(dir, { recursive: true, mode: 0o700 });
-      await call(['mount', image, dir, String(bytes)]);
+      await call(['mount', image, dir, String(bytes), templates]);
     },
     async unmount(dir) {
       if (await mountPoint(dir)) await call(['umount', dir]);

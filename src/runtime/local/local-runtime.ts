@@ -33,7 +33,7 @@ import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
-import { ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
+import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
 import { diskTool, evictionMessage } from './disk.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
@@ -205,6 +205,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       mountRoot: opts.mountRoot ?? join(MOUNT_ROOT, tag),
       cgroupParent: `/asb-${tag}`,
       disk: diskTool(root, (argv) => this.#launcher.run(argv, '')),
+      imageUsers: imageUsersCache(),
       ...(runsc === undefined ? {} : { runsc: { binary: runsc, root: join(root, 'runsc'), flags: runscFlags({}) } }),
       ...(opts.podDns === true ? { dnsOnGateway: true } : {}),
       ...(opts.extraCaPath === undefined ? {} : { extraCaPem: readFileSync(opts.extraCaPath, 'utf8') }),

@@ -44,6 +44,8 @@ export interface OciHost {
   runtimeFlags?: readonly string[];
   /** Makes and mounts each pod's disk (pod-disk.c, run through the launcher). */
   disk: DiskTool;
+  /** The image's /etc/passwd and /etc/group (names in runAsUser and the image's USER), read once per image tree. */
+  imageUsers: ImageUsers;
   /** gVisor's runsc, for pods with runtimeClassName gvisor; absent when this worker cannot run it. */
   runsc?: { binary: string; root: string; flags: readonly string[] };
   /** Pods ask the resolver on their gateway (LocalRuntimeOptions.podDns): their /etc/resolv.conf names it. */
@@ -124,9 +126,9 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
     writeFile(join(paths.etc, 'hostname'), `${req.hostname}\n`, { mode: 0o644 }),
     writeFile(join(paths.etc, 'hosts'), `127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n${ip}\t${req.hostname}\n`, { mode: 0o644 }),
   ]);
-  const [passwd, group] = await Promise.all(['passwd', 'group'].map((f) => readFile(join(image.rootfs, 'etc', f), 'utf8').catch(() => '')));
+  const { passwd, group } = await host.imageUsers(image.rootfs);
   // Volumes are owned by the sandbox's user as the host sees it (through the id map).
-  const user = sandboxIdentity(container, image.config, { userNamespace: 'always', passwd: passwd ?? '', group: group ?? '' }, req.spec);
+  const user = sandboxIdentity(container, image.config, { userNamespace: 'always', passwd, group }, req.spec);
   const owner = { uid: root + user.uid, gid: root + user.gid };
   const volumes = await resolveMounts(req, container, paths, owner);
   // Like /etc/hosts, files the runtime owns, bind-mounted read-only over the image's: the
@@ -160,8 +162,8 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
     cgroupsPath: posix.join(host.cgroupParent, req.id),
     mounts,
     userNamespace: 'always',
-    passwd: passwd ?? '',
-    group: group ?? '',
+    passwd,
+    group,
     ...(gvisor ? { netnsPath: paths.netns } : {}),
   }, req.spec);
   const spec = gvisor ? runscSpec(generic, { tmpDir: paths.tmp }) : generic;
@@ -175,6 +177,35 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   if (gvisor) shimArgs.push('-N', paths.netns);
   if (runtime.flags.length > 0) shimArgs.push('--', ...runtime.flags);
   return { shimArgs, identity: identityOf(spec), runtime };
+}
+
+export type ImageUsers = (rootfs: string) => Promise<{ passwd: string; group: string }>;
+
+/**
+ * An image tree's /etc/passwd and /etc/group, read from the cached tree (never the pod's own
+ * layer) once and kept for the last `max` trees: a tree is unpacked once per manifest digest and
+ * never changes after, and a refill of 300 pods read the same two files 600 times. A missing file
+ * is an empty one (an image without users, e.g. a static binary); any other failure (EMFILE under
+ * a burst of starts) is not kept, so the next start reads again.
+ */
+export function imageUsersCache(max = 32): ImageUsers {
+  const kept = new Map<string, Promise<{ passwd: string; group: string }>>();
+  return (rootfs) => {
+    const found = kept.get(rootfs);
+    if (found !== undefined) return found;
+    let transient = false;
+    const read = (file: string): Promise<string> => readFile(join(rootfs, 'etc', file), 'utf8').catch((err: unknown) => {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') transient = true;
+      return '';
+    });
+    const users = Promise.all([read('passwd'), read('group')]).then(([passwd, group]) => {
+      if (transient) kept.delete(rootfs);
+      return { passwd, group };
+    });
+    kept.set(rootfs, users);
+    if (kept.size > max) kept.delete(kept.keys().next().value ?? rootfs);
+    return users;
+  };
 }
 
 export function identityOf(spec: OciSpec): PodIdentity {
