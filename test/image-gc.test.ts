@@ -129,7 +129,8 @@ test('pods made before pins (or whose pins were lost) are pinned again when a ru
   const again = await createLocalRuntime({ root: fixture.root, log: silentLogger(), images: store, bridge: BRIDGE, subnet: SUBNET });
   await again.close();
   assert.deepEqual((await otherWorker().gc({ graceMs: 0 })).removedImages, []);
-  assert.equal((await rt.start(pod('gc2'))).phase, 'Running');
+  const restarted = await rt.start(pod('gc2'));
+  assert.equal(restarted.phase, 'Running', JSON.stringify(restarted));
   assert.match(await sh('gc2', 'busybox --help | head -1'), /BusyBox/);
   await rt.remove('gc2');
 });

@@ -222,6 +222,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       },
       (argv, input) => this.#launcher.run(argv, input),
       this.#log,
+      () => [...this.#pods.values()]
+        .filter((pod) => pod.persisted !== undefined && (pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined))
+        .map((pod) => this.#podNet(pod.id, pod.persisted?.ip ?? '', pod.persisted?.request.egress)),
     );
   }
 

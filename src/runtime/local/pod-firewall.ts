@@ -5,6 +5,10 @@
 // worker, and the next runtime rebuilds the table from the pods it adopts).
 // Like the veth batcher, the scripts of concurrent starts go to ONE `nft -f -` run (a transaction
 // each; a failed batch is retried one script at a time so one bad pod fails alone).
+// A table found gone when a batch fails (deleted by another runtime closing on the same bridge, or
+// by a host administrator's `nft flush ruleset`) is rebuilt with every live pod's rules before the
+// batch is retried: otherwise no pod could start again, and the running ones would have lost their
+// isolation until the worker restarted.
 import { writeFile } from 'node:fs/promises';
 import type { Logger } from '../../system/log.ts';
 import { baseScript, deleteScript, parseCounters, podRemoveScript, podScript, tableName, type BridgeNet, type PodNet, type RuleCount } from '../../network/nft-ruleset.ts';
@@ -19,10 +23,14 @@ export class PodFirewall {
   #pending: { script: string; done: (err?: Error) => void }[] = [];
   #running = false;
 
-  constructor(net: BridgeNet, run: CommandRunner, log: Logger) {
+  readonly #livePods: () => PodNet[];
+
+  /** livePods: the pods whose rules must exist now (running or starting), for a rebuild. */
+  constructor(net: BridgeNet, run: CommandRunner, log: Logger, livePods: () => PodNet[]) {
     this.#net = net;
     this.#run = run;
     this.#log = log;
+    this.#livePods = livePods;
   }
 
   get table(): string {
@@ -76,6 +84,18 @@ export class PodFirewall {
     if (r.code !== 0) throw new Error(`nft refused the rules of bridge ${this.#net.bridge}: ${r.output.trim().slice(0, 2000)}`);
   }
 
+  /** When the tables are gone: recreates them with every live pod's rules; whether it did. */
+  async #rebuiltLostTables(): Promise<boolean> {
+    const [inet, bridge] = await Promise.all([
+      this.#run(['nft', 'list', 'table', 'inet', this.table], ''),
+      this.#run(['nft', 'list', 'table', 'bridge', this.table], ''),
+    ]);
+    if (inet.code === 0 && bridge.code === 0) return false;
+    this.#log.warn({ table: this.table }, 'the firewall tables were gone: rebuilding them with every live pod\'s rules');
+    await this.#nft(baseScript(this.#net) + this.#livePods().map((pod) => podScript(this.#net, pod)).join(''));
+    return true;
+  }
+
   #queue(script: string): Promise<void> {
     return new Promise((resolve, reject) => {
       if (this.#pending.length === 0 && !this.#running) setImmediate(() => void this.#flush());
@@ -92,6 +112,10 @@ export class PodFirewall {
         await this.#nft(batch.map((b) => b.script).join(''));
         for (const b of batch) b.done();
       } catch (err) {
+        if (await this.#rebuiltLostTables().catch(() => false)) {
+          this.#pending = [...batch, ...this.#pending];
+          return;
+        }
         if (batch.length === 1) batch[0]?.done(err instanceof Error ? err : new Error(String(err)));
         else {
           this.#log.warn({ err, scripts: batch.length }, 'nft batch failed: applying one by one');
