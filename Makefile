@@ -84,7 +84,7 @@ images: deps
 
 # The project's own image, agent-sandbox (the Dockerfile), built with buildah on a base made from
 # Debian packages, with Node and Envoy as make deps installs them, into .tools/own-image/oci;
-# stamped by the hash of every input (~40 s and ~140 MB the first time on 2 cores, ~0.1 s after).
+# stamped by the hash of every input (~2 min and ~140 MB the first time on 2 busy cores, 0.07 s after).
 # test/own-image.test.ts pushes it to the tests' registry and runs it.
 own-image: deps images runc
 	@scripts/bootstrap.sh apt $(APT_OWN_IMAGE)

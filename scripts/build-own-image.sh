@@ -63,7 +63,7 @@ BUILDAH=(buildah --root "$OUT/storage" --runroot "$OUT/run" --storage-driver ove
 
 # -- base --
 if [[ ! -f "$OUT/base/.stamp" || "$(cat "$OUT/base/.stamp")" != "$base_want" ]]; then
-  echo "build-own-image: building the base agent-sandbox/runtime from Debian packages (about 30 s the first time)" >&2
+  echo "build-own-image: building the base agent-sandbox/runtime from Debian packages (about a minute the first time)" >&2
   MODE=root
   [[ $(id -u) -eq 0 ]] || MODE=unshare
   # As build-images.sh: no docs, man pages or locales; apt's lists and caches dropped too (the
