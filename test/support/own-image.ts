@@ -44,10 +44,10 @@ export async function pushOwnImage(address: string): Promise<OwnImage> {
 
 /**
  * Writes a kustomization under `dir` that takes clusters/<base> and renames the image
- * `agent-sandbox` to `image`; returns its path relative to the repository (what
- * cluster-manifests.ts's kustomize() and kubectl apply -k take).
+ * `agent-sandbox` to `image` (and applies `patches`); returns its path relative to the repository
+ * (what cluster-manifests.ts's kustomize() and kubectl apply -k take).
  */
-export function writeImageOverlay(dir: string, base: string, image: OwnImage): string {
+export function writeImageOverlay(dir: string, base: string, image: Pick<OwnImage, 'name' | 'tag'>, patches: readonly object[] = []): string {
   mkdirSync(dir, { recursive: true });
   writeFileSync(join(dir, 'kustomization.yaml'), [
     'apiVersion: kustomize.config.k8s.io/v1beta1',
@@ -58,6 +58,8 @@ export function writeImageOverlay(dir: string, base: string, image: OwnImage): s
     '  - name: agent-sandbox',
     `    newName: ${image.name}`,
     `    newTag: ${image.tag}`,
+    // Strategic-merge patches, each a whole object's identity plus the fields it changes (JSON is YAML).
+    ...(patches.length === 0 ? [] : ['patches:', ...patches.map((p) => `  - patch: ${JSON.stringify(JSON.stringify(p))}`)]),
     '',
   ].join('\n'));
   return relative(repoRoot, dir);
