@@ -8,7 +8,7 @@
 // dependency is missing, or the program could rewrite itself.
 // Own bridge and subnet: asbim0, 10.232.0.0/16.
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
@@ -72,7 +72,7 @@ test('the overlay points every container of clusters/hub at the built image', ()
   assert.deepEqual([...new Set(images)], [image.reference]);
 });
 
-test('the hub pod of clusters/hub runs from our image: Ready through its probe, /healthz answers, as uid 1000 on a read-only root', async () => {
+test('the hub pod of clusters/hub runs from our image: Ready through its probe, /healthz answers, uid 1000 on a read-only root; its Envoy takes clusters/base\'s config', async () => {
   const [hub] = ofKind<Deployment>(build, 'Deployment').filter((d) => d.metadata.name === 'hub');
   assert.ok(hub !== undefined, 'clusters/hub has the hub Deployment');
   assert.ok(fixture !== undefined);
@@ -99,9 +99,15 @@ test('the hub pod of clusters/hub runs from our image: Ready through its probe, 
   // as root), and the manifest's readOnlyRootFilesystem holds even in /app, uid 1000's home.
   assert.match((await sh('echo x >> /app/src/hub/hub-main.ts')).err, /Permission denied/);
   assert.deepEqual(await sh('stat -c %u /app; touch /app/new'), { exitCode: 1, out: '1000', err: "touch: cannot touch '/app/new': Read-only file system" });
-  // Node and Envoy are the versions make deps installs; Envoy runs (the ingress pod's first container).
+  // Node and Envoy are the versions make deps installs.
   assert.deepEqual(await sh('node --version'), { exitCode: 0, out: 'v24.21.0', err: '' });
   assert.match((await sh('envoy --version')).out, /\/1\.40\.0\//);
+  // The ingress pod's first container: this image's Envoy accepts the Envoy configuration
+  // clusters/base mounts (written to the pod's /tmp, an emptyDir, as a ConfigMap would be mounted).
+  await rt.writeFile('hub', '/tmp/envoy.yaml', readFileSync(join(import.meta.dirname, '../clusters/base/ingress/envoy.yaml')));
+  const validate = await sh('envoy --mode validate -c /tmp/envoy.yaml --log-level warn');
+  assert.equal(validate.exitCode, 0, validate.err);
+  assert.equal(validate.out, "configuration '/tmp/envoy.yaml' OK");
   // Production dependencies only: the dev tools are not in the image.
   assert.deepEqual(await sh('ls /app/node_modules/ws/package.json; test -e /app/node_modules/typescript || echo no-dev'), { exitCode: 0, out: '/app/node_modules/ws/package.json\nno-dev', err: '' });
 });
