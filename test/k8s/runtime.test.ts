@@ -1,8 +1,8 @@
-// The Kubernetes pod runtime against a real kube-apiserver and etcd, with the test kubelet
-// (tools/kube/test-kubelet) playing the node: it binds and runs the Pods the runtime creates and
-// serves the pods/exec the runtime's exec, spawn, PTY and files go through (as host processes in
-// a per-pod directory, with claim volumes that outlive the Pod: see its main.go). Each test has a
-// namespace of its own.
+// The Kubernetes pod runtime against a real kube-apiserver and etcd on a real node
+// (test/support/kube-node.ts: the kubelet on containerd, every sandbox here under gVisor through
+// the gvisor RuntimeClass): it schedules and runs the Pods the runtime creates, binds their PVCs to
+// local PersistentVolumes, and serves the pods/exec the runtime's exec, spawn, PTY and files go
+// through. Each test has a namespace of its own.
 import { after, before, test, type TestContext } from 'node:test';
 import assert from 'node:assert/strict';
 import type { PodRequest, PodState, PtySession } from '../../src/runtime/runtime.ts';
@@ -12,7 +12,7 @@ import { SANDBOX_LABEL } from '../../src/runtime/kube/objects.ts';
 import { isAsbError } from '../../src/errors.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import { startKubeApiServer, KubectlError, type KubeApiServer } from '../support/kube-apiserver.ts';
-import { startTestKubelet, type TestKubelet } from '../support/test-kubelet.ts';
+import { startKubeNode, type KubeNode } from '../support/kube-node.ts';
 import { waitFor } from '../support/wait.ts';
 import { checkStreamedWrites } from '../support/streamed-writes.ts';
 
@@ -31,13 +31,10 @@ interface NetworkPolicy {
 }
 
 let kube: KubeApiServer;
-let kubelet: TestKubelet;
+let kubelet: KubeNode;
 before(async () => {
   kube = await startKubeApiServer({ etcdUnsafeNoFsync: true });
-  kubelet = await startTestKubelet(kube);
-  // runtimeClassName must name a RuntimeClass (admission refuses the Pod otherwise), as it would
-  // for gVisor on a real cluster; the test kubelet ignores the handler.
-  await kube.kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'node.k8s.io/v1', kind: 'RuntimeClass', metadata: { name: 'gvisor' }, handler: 'runsc' }));
+  kubelet = await startKubeNode(kube);
 });
 after(async () => {
   await kubelet.stop();
@@ -127,7 +124,7 @@ test('start makes the Pod (runtimeClassName passed through), its PVCs and headle
   assert.deepEqual((await get<NetworkPolicy>(ns, 'networkpolicy', 'sb1'))?.spec.egress, [{ to: [{ ipBlock: { cidr: '203.0.113.0/24' } }] }]);
 
   const state = await stateOf(runtime, 'sb1', running, 'Running and ready');
-  assert.match(state.ip ?? '', /^127\.77\.\d+\.\d+$/);
+  assert.match(state.ip ?? '', kubelet.kind === 'real' ? /^10\.246\.\d+\.\d+$/ : /^127\.77\.\d+\.\d+$/, `an IP of the pod network ${kubelet.podCidr}`);
   assert.ok(state.startedAt !== undefined);
   assert.ok(changes.includes('sb1'), 'onChange reported the new pod');
   assert.deepEqual(runtime.list(), ['sb1']);
@@ -169,17 +166,24 @@ test('exec: stdin in, stdout and stderr apart, the exit code; env, cwd and timeo
   assert.equal(r.exitCode, 3);
   assert.equal(r.timedOut, false);
 
-  const env = await runtime.exec('sb2', { command: ['sh', '-c', 'echo "$GREETING $FROM_SPEC ${PWD##*/}"'], env: { GREETING: 'hi there' }, cwd: 'workspace' });
+  const env = await runtime.exec('sb2', { command: ['sh', '-c', 'echo "$GREETING $FROM_SPEC ${PWD##*/}"'], env: { GREETING: 'hi there' }, cwd: '/workspace' });
   assert.equal(text(env.stdout), 'hi there spec-value workspace\n');
   assert.equal(env.exitCode, 0);
 
   assert.equal((await runtime.exec('sb2', { command: ['no-such-command-here'] })).exitCode, 127);
   assert.equal((await runtime.exec('sb2', { command: ['true'], cwd: 'no/such/dir' })).exitCode, 125);
 
-  // Another uid through setpriv (the container runs as root here); refused with a reason where the image cannot.
-  assert.equal(text((await runtime.exec('sb2', { command: ['id', '-u'], user: 65534 })).stdout), '65534\n');
-  await assert.rejects(runtime.exec('sb2', { command: ['/usr/bin/id', '-u'], user: 65534, env: { PATH: '/nonexistent' } }),
-    (err) => isAsbError(err, 'BadRequest') && err.message === 'cannot run as uid 65534: the image has no setpriv');
+  if (kubelet.kind === 'real') {
+    // The image's user (uid 1000), with every capability dropped: its own uid runs, another is refused with the reason.
+    assert.equal(text((await runtime.exec('sb2', { command: ['id', '-u'], user: 1000 })).stdout), '1000\n');
+    await assert.rejects(runtime.exec('sb2', { command: ['id', '-u'], user: 65534 }),
+      (err) => isAsbError(err, 'BadRequest') && err.message === 'the container runs as uid 1000, not root, and cannot switch to uid 65534');
+  } else {
+    // The test kubelet runs execs as root host processes: another uid through setpriv; refused with a reason where the image cannot.
+    assert.equal(text((await runtime.exec('sb2', { command: ['id', '-u'], user: 65534 })).stdout), '65534\n');
+    await assert.rejects(runtime.exec('sb2', { command: ['/usr/bin/id', '-u'], user: 65534, env: { PATH: '/nonexistent' } }),
+      (err) => isAsbError(err, 'BadRequest') && err.message === 'cannot run as uid 65534: the image has no setpriv');
+  }
 
   const slow = await runtime.exec('sb2', { command: ['sleep', '30'], timeoutMs: 300 });
   assert.equal(slow.timedOut, true);
@@ -246,7 +250,9 @@ test('openPty: a terminal whose size follows resize; exit ends it with the code'
   await typeUntil(pty, output, 'stty size\n', /\b24 80\b/);
   pty.resize(132, 40);
   await typeUntil(pty, output, 'stty size\n', /\b40 132\b/);
-  await typeUntil(pty, output, 'tty\n', /\/dev\/pts\/\d+/);
+  // Not `tty`: under gVisor the terminal is the sentry's, and ttyname() finds no /dev/pts entry for
+  // it ("not a tty") although stdin is a terminal, as isatty() says.
+  await typeUntil(pty, output, 'test -t 0 && test -t 1 && echo "on a ter""minal"\n', /on a terminal/);
   await pty.write('exit 5\n');
   assert.equal(await pty.exited, 5);
 });
@@ -290,7 +296,7 @@ test('files: writeFile, readFile and listDir round trip through pods/exec', asyn
 test('stop deletes the Pod and keeps the PVCs (state Stopped); start again makes a new Pod on the same claims; remove deletes all', async (t) => {
   const { runtime, ns } = await startedSandbox(t, 'sb6');
   const before = await get<Pod>(ns, 'pod', 'sb6');
-  await runtime.writeFile('sb6', 'workspace/kept.txt', new TextEncoder().encode('on the claim'));
+  await runtime.writeFile('sb6', '/workspace/kept.txt', new TextEncoder().encode('on the claim'));
   await runtime.writeFile('sb6', 'scratch.txt', new TextEncoder().encode('in the pod only'));
   const changes: string[] = [];
   runtime.onChange((id) => changes.push(id));
@@ -309,7 +315,7 @@ test('stop deletes the Pod and keeps the PVCs (state Stopped); start again makes
   assert.ok(woken && woken.metadata.uid !== before?.metadata.uid, 'a new Pod');
   assert.deepEqual(woken.spec.volumes?.find((v) => v.name === 'workspace')?.persistentVolumeClaim, { claimName: 'sb6-workspace' });
   await stateOf(runtime, 'sb6', running, 'Running again');
-  assert.equal(text(await runtime.readFile('sb6', 'workspace/kept.txt')), 'on the claim', 'the claim\'s data survived');
+  assert.equal(text(await runtime.readFile('sb6', '/workspace/kept.txt')), 'on the claim', 'the claim\'s data survived');
   await assert.rejects(runtime.readFile('sb6', 'scratch.txt'), (err) => isAsbError(err, 'NotFound'), 'outside the claims, nothing survives a stop on Kubernetes');
 
   changes.length = 0;

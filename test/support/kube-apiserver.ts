@@ -4,9 +4,14 @@
 // certificate from a throw-away local CA. Authentication is a static token file (no anonymous
 // access, so a request without a token gets 401) and authorization is RBAC.
 //
-// What does not run here, and what that means for a test:
-// - No kubelet and no scheduler: a Pod stays Pending with no node; a test plays the kubelet by
-//   writing the Pod's status itself (PATCH pods/<name>/status).
+// It is ready for a real node (test/support/kube-node.ts): a token for the kubelet (user
+// system:node:<KUBE_NODE_NAME> in group system:nodes), a client certificate the API server shows the
+// kubelet for exec, attach, port-forward and logs, and the CA it checks the kubelet's serving
+// certificate against (both made here, ~10 ms; the kubelet gets their counterparts).
+//
+// What does not run here (kube-node.ts starts them with the node), and what that means for a test:
+// - No kubelet and no scheduler: a Pod stays Pending with no node; a test without a node plays
+//   the kubelet by writing the Pod's status itself (PATCH pods/<name>/status).
 // - No kube-controller-manager, so none of its controllers: namespace (a deleted namespace stays
 //   Terminating: use a fresh namespace per test instead of deleting one), garbage collector
 //   (ownerReferences do not cascade), ServiceAccount (no "default" ServiceAccount), ClusterRole
@@ -20,12 +25,12 @@
 // "default" namespace, so a test can use it at once.
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { generateKeyPairSync, randomBytes } from 'node:crypto';
-import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { Agent, request as httpsRequest } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { stringify } from 'yaml';
-import { ensureEdgeTls } from '../../src/edge/tls.ts';
+import { ensureEdgeTls, ensureFederationTls } from '../../src/edge/tls.ts';
 import { AsbError } from '../../src/errors.ts';
 import { freePort } from '../../src/system/local-system.ts';
 
@@ -35,6 +40,14 @@ export const KUBE_BIN_DIR = join(repoRoot, '.tools/kube/bin');
 
 /** The user of the second token: authenticated, in no group but system:authenticated, so RBAC grants it nothing until a test binds a role to it. */
 export const LIMITED_USER = 'asb-limited';
+/** The name of the one node a test cluster can have (its kubelet's token is for this name). */
+export const KUBE_NODE_NAME = 'asb-node';
+/**
+ * The node's InternalIP, where the API server calls its kubelet: the host's address on the pod
+ * bridge (kube-node.ts). The kubelet refuses a loopback node IP ("nodeIP can't be loopback
+ * address"), and its serving certificate names this address.
+ */
+export const KUBE_NODE_IP = '10.246.0.1';
 
 export interface KubeApiServerOptions {
   /** etcd's --unsafe-no-fsync: faster on a busy disk, and a test's throw-away data never needs a crash-safe disk. Default false, so benchmarks measure the real write path. */
@@ -72,6 +85,16 @@ export interface KubeApiServer {
   readonly kubeconfigPath: string;
   /** http://127.0.0.1:<port>, the API server's etcd. */
   readonly etcdUrl: string;
+  /** Bearer token of user system:node:KUBE_NODE_NAME in group system:nodes, for the kubelet. */
+  readonly nodeToken: string;
+  /** What the kubelet needs to trust the API server's calls and to be trusted by it. */
+  readonly kubeletTls: {
+    /** PEM: the CA of the API server's kubelet client certificate (the kubelet's authentication.x509.clientCAFile). */
+    clientCaPath: string;
+    /** PEM files of the kubelet's serving certificate (127.0.0.1), signed by the CA the API server checks it against. */
+    servingCertPath: string;
+    servingKeyPath: string;
+  };
   /** Temp directory with etcd.log and kube-apiserver.log (removed by stop()). */
   readonly dir: string;
   /** Milliseconds from starting etcd to the API server ready with its "default" namespace. */
@@ -164,14 +187,23 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
 
     const token = randomBytes(24).toString('hex');
     const limitedToken = randomBytes(24).toString('hex');
+    const nodeToken = randomBytes(24).toString('hex');
     // token,user,uid,"groups"
-    writeFileSync(join(dir, 'tokens.csv'), `${token},asb-admin,asb-admin,"system:masters"\n${limitedToken},${LIMITED_USER},${LIMITED_USER}\n`, { mode: 0o600 });
+    writeFileSync(join(dir, 'tokens.csv'), [
+      `${token},asb-admin,asb-admin,"system:masters"`,
+      `${limitedToken},${LIMITED_USER},${LIMITED_USER}`,
+      `${nodeToken},system:node:${KUBE_NODE_NAME},${KUBE_NODE_NAME},"system:nodes"`,
+    ].join('\n') + '\n', { mode: 0o600 });
     const sa = generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
     writeFileSync(join(dir, 'sa.key'), sa.privateKey.export({ type: 'sec1', format: 'pem' }), { mode: 0o600 });
     writeFileSync(join(dir, 'sa.pub'), sa.publicKey.export({ type: 'spki', format: 'pem' }));
     // A serving certificate for localhost and 127.0.0.1 from a throw-away CA (openssl, ~20 ms).
     const tls = await ensureEdgeTls(join(dir, 'pki'), 'kube-apiserver.localhost');
     const caPem = readFileSync(tls.caCertPath);
+    // The kubelet's side: it serves 127.0.0.1 with a certificate of its own CA, and lets in the
+    // holder of a client certificate of another (clientAuth), which only the API server has.
+    const kubeletServing = await selfSignedServing(join(dir, 'kubelet-serving'), KUBE_NODE_NAME, [KUBE_NODE_IP, '127.0.0.1']);
+    const kubeletClient = await ensureFederationTls(join(dir, 'kubelet-client'), { names: ['kube-apiserver'] });
 
     const apiserver = spawnLogged(join(KUBE_BIN_DIR, 'kube-apiserver'), [
       '--etcd-servers', etcdUrl,
@@ -193,6 +225,11 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
       // Only the allocator's range for Service ClusterIPs; nothing routes to it.
       '--service-cluster-ip-range', '10.96.0.0/24',
       '--disable-admission-plugins', 'ServiceAccount,StorageObjectInUseProtection',
+      // A node's addresses are its Hostname (asb-node: no DNS has it) and InternalIP 127.0.0.1.
+      '--kubelet-preferred-address-types', 'InternalIP',
+      '--kubelet-certificate-authority', kubeletServing.certPath,
+      '--kubelet-client-certificate', kubeletClient.certChainPath,
+      '--kubelet-client-key', kubeletClient.privateKeyPath,
       '--profiling=false',
     ], join(dir, 'kube-apiserver.log'));
     entry.procs.push(apiserver.proc);
@@ -216,6 +253,8 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
       url,
       token,
       limitedToken,
+      nodeToken,
+      kubeletTls: { clientCaPath: kubeletClient.caCertPath, servingCertPath: kubeletServing.certPath, servingKeyPath: kubeletServing.keyPath },
       caPath: tls.caCertPath,
       kubeconfigPath,
       etcdUrl,
@@ -229,6 +268,19 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
     await stop();
     throw err;
   }
+}
+
+/** A self-signed serving certificate (its own trust anchor) for these IPs, with openssl (~10 ms). */
+async function selfSignedServing(dir: string, name: string, ips: readonly string[]): Promise<{ certPath: string; keyPath: string }> {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const certPath = join(dir, 'tls.crt');
+  const keyPath = join(dir, 'tls.key');
+  await new Promise<void>((resolveRun, reject) => {
+    execFile('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', keyPath, '-out', certPath,
+      '-days', '30', '-subj', `/CN=${name}`, '-addext', `subjectAltName=${ips.map((ip) => `IP:${ip}`).join(',')}`,
+      '-addext', 'extendedKeyUsage=serverAuth'], (err) => { if (err === null) resolveRun(); else reject(new Error(`openssl req for the kubelet's certificate: ${err.message}`)); });
+  });
+  return { certPath, keyPath };
 }
 
 interface Logged {

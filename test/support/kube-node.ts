@@ -1,0 +1,386 @@
+// A real Kubernetes node for the Kubernetes test tier (issue 19), registered with a KubeApiServer
+// of kube-apiserver.ts: the kubelet on containerd (CRI) with runc, CNI bridge networking, a
+// `gvisor` RuntimeClass on gVisor's shim, kube-scheduler and kube-controller-manager (a Pod of
+// ours names no node, and PVC binding, garbage collection and namespace deletion are theirs), and
+// static local PersistentVolumes. All built by scripts/kube-node-build.sh into .tools/kube-node;
+// the exact configuration is the one real-node.md's probe measured on this machine.
+//
+// Pods pull the same images from the same loopback registry as the local runtime
+// (test-images.ts): containerd's hosts.toml makes it docker.io's plain-HTTP mirror. The pause image
+// is imported with ctr and pinned, so nothing is pulled for a sandbox and image GC keeps it.
+//
+// One node at a time on the machine (a lock under the temp dir): the kubelet writes host sysctls,
+// a few fixed paths and the pod bridge, so a second node would fight over them; another test
+// process waits for the first's teardown. The node takes everything back at stop(), or at exit
+// (node-host.ts); a node whose test process was SIGKILLed is swept by the next one.
+//
+// ASB_KUBE_NODE=test-kubelet runs our test kubelet (test-kubelet.ts) instead, on a machine that
+// cannot run a kubelet (no root, no cgroups): it binds and "runs" Pods as host directories.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { chmodSync, closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { basename, join, resolve } from 'node:path';
+import { stringify } from 'yaml';
+import { AsbError } from '../../src/errors.ts';
+import { acquireOwnerLockWaiting, type OwnerLock } from '../../src/store/owner-lock.ts';
+import { freePort } from '../../src/system/local-system.ts';
+import { diesWithTest, KUBE_NODE_IP, KUBE_NODE_NAME, logTail, type KubeApiServer } from './kube-apiserver.ts';
+import { cgroupHierarchies, isDir, recordHost, releaseNodeHost, type NodeHostState } from './node-host.ts';
+import { startTestKubelet } from './test-kubelet.ts';
+import { testImages } from './test-images.ts';
+
+const repoRoot = resolve(import.meta.dirname, '../..');
+/** Where scripts/kube-node-build.sh puts the node's binaries, CNI plugins and pause image. */
+export const KUBE_NODE_DIR = join(repoRoot, '.tools/kube-node');
+const RUNC = join(repoRoot, '.tools/runc/bin/runc');
+const RUNSC = join(repoRoot, '.tools/runsc/bin/runsc');
+
+/** The pod network: this subnet on this bridge, the host at .0.1 (so the router reaches pod IPs). No other test uses 10.246/16. */
+export const POD_CIDR = '10.246.0.0/16';
+/** The host on the bridge, and the node's InternalIP (the kubelet listens there for the API server). */
+const POD_GATEWAY = KUBE_NODE_IP;
+const BRIDGE = 'asbkn0';
+const PAUSE_IMAGE = 'localhost/asb-pause:1';
+/**
+ * Static local PersistentVolumes made at start, one directory each (mode 0777: the sandbox image
+ * runs as uid 1000). Retain: a PVC's deletion leaves its PV Released, never reused, so this is
+ * the most PVCs one test process may create; test/k8s/ makes fewer than 40.
+ */
+const PV_COUNT = 80;
+/** A node's lock is waited for this long (another test process's node tearing down). */
+const LOCK_WAIT_MS = 10 * 60_000;
+/** containerd up, kubelet registered and Ready: ~2 s here; 90 s under a loaded 2-core machine. */
+const READY_TIMEOUT_MS = 90_000;
+const STATE_PREFIX = 'asb-node-';
+/** Pods whose runtimeClassName is gvisor run under runsc through gVisor's containerd shim (handler runsc in containerd.toml). */
+const GVISOR_RUNTIME_CLASS = { apiVersion: 'node.k8s.io/v1', kind: 'RuntimeClass', metadata: { name: 'gvisor' }, handler: 'runsc' };
+
+export interface KubeNode {
+  /** 'real' (the kubelet) or 'test-kubelet' (ASB_KUBE_NODE=test-kubelet). */
+  readonly kind: 'real' | 'test-kubelet';
+  readonly nodeName: string;
+  /** Pod IPs are taken from here (the test kubelet hands out 127.77/16). */
+  readonly podCidr: string;
+  /** The pods' StorageClass-less PVCs bind to these static PVs (real node only; 0 on the test kubelet, which links claim dirs). */
+  readonly persistentVolumes: number;
+  /** Ends the node and takes back all it left on the host. Idempotent. */
+  stop(): Promise<void>;
+}
+
+/** The node of the environment's choice: the real kubelet, or the test kubelet when ASB_KUBE_NODE=test-kubelet. */
+export async function startKubeNode(kube: KubeApiServer): Promise<KubeNode> {
+  const choice = process.env.ASB_KUBE_NODE ?? 'real';
+  if (choice === 'test-kubelet') {
+    const fake = await startTestKubelet(kube);
+    // runtimeClassName must name a RuntimeClass (admission refuses the Pod otherwise); the test kubelet ignores the handler.
+    await kube.kubectl(['apply', '-f', '-'], JSON.stringify(GVISOR_RUNTIME_CLASS));
+    return { kind: 'test-kubelet', nodeName: fake.nodeName, podCidr: '127.77.0.0/16', persistentVolumes: 0, stop: () => fake.stop() };
+  }
+  if (choice !== 'real') throw new AsbError('Invalid', `ASB_KUBE_NODE must be "real" or "test-kubelet", got ${JSON.stringify(choice)}`);
+  return startRealNode(kube);
+}
+
+interface Proc {
+  proc: ChildProcess;
+  name: string;
+  logPath: string;
+  exit?: string;
+}
+
+function spawnLogged(name: string, binary: string, args: string[], logPath: string, env?: NodeJS.ProcessEnv): Proc {
+  const [command, argv] = diesWithTest(binary, args);
+  const fd = openSync(logPath, 'a');
+  let proc: ChildProcess;
+  try {
+    proc = spawn(command, argv, { stdio: ['ignore', fd, fd], ...(env === undefined ? {} : { env }) });
+  } finally {
+    closeSync(fd);
+  }
+  const p: Proc = { proc, name, logPath };
+  proc.once('exit', (code, signal) => (p.exit = `exited ${String(code ?? signal)}`));
+  proc.once('error', (err) => (p.exit = `could not start: ${err.message}`));
+  return p;
+}
+
+async function stopProc(p: Proc, graceMs: number): Promise<void> {
+  const { proc } = p;
+  if (proc.exitCode !== null || proc.signalCode !== null || proc.pid === undefined) return;
+  const exited = new Promise<void>((r) => proc.once('exit', () => r()));
+  proc.kill('SIGTERM');
+  const timer = setTimeout(() => proc.kill('SIGKILL'), graceMs);
+  await exited;
+  clearTimeout(timer);
+}
+
+/** Nodes of this process not yet stopped: released at exit if a test never called stop(). */
+const live = new Set<NodeHostState>();
+process.once('exit', () => {
+  for (const state of live) releaseNodeHost(state);
+});
+
+/** Leftovers of a node whose test process died without its exit hook (SIGKILL): we hold the lock, so no live node owns them. */
+function sweepLeftovers(): void {
+  for (const entry of readdirSync(tmpdir())) {
+    const dir = join(tmpdir(), entry);
+    if (!entry.startsWith(STATE_PREFIX) || !isDir(dir)) continue;
+    releaseNodeHost({ dir, cgroupName: entry, bridge: BRIDGE });
+  }
+}
+
+async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
+  const bin = (name: string): string => join(KUBE_NODE_DIR, 'bin', name);
+  for (const path of [bin('kubelet'), bin('containerd'), bin('kube-scheduler'), bin('kube-controller-manager'), join(KUBE_NODE_DIR, 'pause.tar'), RUNC, RUNSC]) {
+    if (!existsSync(path)) throw new AsbError('Unavailable', `kube node: ${path} is missing; run \`make kube-node runc runsc\` (make test does), or set ASB_KUBE_NODE=test-kubelet`);
+  }
+  const images = await testImages();
+  trace('images');
+  const lock: OwnerLock = await acquireOwnerLockWaiting(join(tmpdir(), 'asb-kube-node'), LOCK_WAIT_MS);
+  trace('lock');
+  sweepLeftovers();
+  trace('sweep');
+  const dir = mkdtempSync(join(tmpdir(), STATE_PREFIX));
+  const state: NodeHostState = { dir, cgroupName: basename(dir), bridge: BRIDGE };
+  live.add(state);
+  const procs: Proc[] = [];
+  let stopping: Promise<void> | undefined;
+  const stop = (): Promise<void> => {
+    stopping ??= (async () => {
+      trace('stopping');
+      await drainPods(kube, procs, join(dir, 'ctrd/containerd.sock')).catch(() => undefined);
+      trace('pods drained');
+      // The kubelet first (it would restart what containerd loses), containerd last.
+      for (const p of [...procs].reverse()) await stopProc(p, 5_000);
+      trace('processes stopped');
+      releaseNodeHost(state);
+      trace('host released');
+      live.delete(state);
+      lock.release();
+    })();
+    return stopping;
+  };
+
+  try {
+    recordHost(dir);
+    for (const h of cgroupHierarchies()) mkdirSync(join(h, state.cgroupName), { recursive: true });
+    await ipLink(['link', 'add', BRIDGE, 'type', 'bridge']);
+    await ipLink(['addr', 'add', `${POD_GATEWAY}/16`, 'dev', BRIDGE]);
+    await ipLink(['link', 'set', BRIDGE, 'up']);
+
+    const deadline = Date.now() + READY_TIMEOUT_MS;
+    const sock = join(dir, 'ctrd/containerd.sock');
+    writeConfigs(dir, images.address);
+    const env = { PATH: `${join(KUBE_NODE_DIR, 'bin')}:/usr/sbin:/usr/bin:/sbin:/bin`, HOME: dir };
+    const containerd = spawnLogged('containerd', bin('containerd'), ['--config', join(dir, 'containerd.toml')], join(dir, 'containerd.log'), env);
+    procs.push(containerd);
+    trace('host prepared');
+    await pollUntil('containerd', deadline, procs, async () => (await ctr(sock, ['version']).then(() => true, () => undefined)));
+    await ctr(sock, ['-n', 'k8s.io', 'images', 'import', '--no-unpack=false', join(KUBE_NODE_DIR, 'pause.tar')]);
+
+    trace('containerd up, pause imported');
+    const [kubeletPort, healthzPort] = [await freePort(), await freePort()];
+    writeKubeletConfig(dir, kube, sock, kubeletPort, healthzPort, state.cgroupName);
+    // What a kubelet may do (RBAC's system:node role; the Node authorizer is not enabled here).
+    await kube.kubectl(['create', 'clusterrolebinding', 'asb-nodes', '--clusterrole', 'system:node', '--group', 'system:nodes']);
+    for (const [name, args] of [
+      ['kube-scheduler', ['--kubeconfig', kube.kubeconfigPath, '--leader-elect=false', '--secure-port=0']],
+      ['kube-controller-manager', ['--kubeconfig', kube.kubeconfigPath, '--leader-elect=false', '--secure-port=0',
+        // Fast for a test: a terminating namespace and a deleted owner's dependents go within a second.
+        '--concurrent-namespace-syncs=4', '--concurrent-gc-syncs=8']],
+      ['kubelet', ['--config', join(dir, 'kubelet-config.yaml'), '--root-dir', join(dir, 'kubelet'), '--cert-dir', join(dir, 'kubelet/pki'),
+        '--kubeconfig', join(dir, 'kubelet.kubeconfig'), '--hostname-override', KUBE_NODE_NAME, '--node-ip', KUBE_NODE_IP, '--v=1']],
+    ] as const) {
+      procs.push(spawnLogged(name, bin(name), [...args], join(dir, `${name}.log`), env));
+    }
+    await pollUntil(`node ${KUBE_NODE_NAME} Ready`, deadline, procs, async () => {
+      const res = await kube.request<{ status?: { conditions?: { type: string; status: string }[] } }>('GET', `/api/v1/nodes/${KUBE_NODE_NAME}`).catch(() => undefined);
+      return res?.status === 200 && res.body.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true ? true : undefined;
+    });
+    trace('node Ready');
+    await kube.kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
+      GVISOR_RUNTIME_CLASS,
+      ...persistentVolumes(dir),
+    ] }));
+    trace('RuntimeClass and PVs');
+    return { kind: 'real', nodeName: KUBE_NODE_NAME, podCidr: POD_CIDR, persistentVolumes: PV_COUNT, stop };
+  } catch (err) {
+    const logs = procs.map((p) => `--- ${p.name} (${p.exit ?? 'running'}) ${p.logPath}:\n${logTail(p.logPath)}`).join('\n');
+    await stop();
+    throw new AsbError(err instanceof AsbError ? err.code : 'Unavailable', `${err instanceof Error ? err.message : String(err)}\n${logs}`);
+  }
+}
+
+let traced = Date.now();
+/** ASB_KUBE_NODE_TRACE=1: each phase of start and stop with its milliseconds, on stderr. */
+function trace(what: string): void {
+  if (process.env.ASB_KUBE_NODE_TRACE === undefined) return;
+  process.stderr.write(`kube-node: ${what} ${Date.now() - traced} ms\n`);
+  traced = Date.now();
+}
+
+function ipLink(args: string[]): Promise<void> {
+  return new Promise((res, rej) => {
+    const child = spawn('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+    child.once('error', rej);
+    child.once('exit', (code) => (code === 0 ? res() : rej(new Error(`ip ${args.join(' ')}: ${stderr.trim()}`))));
+  });
+}
+
+function ctr(sock: string, args: string[]): Promise<string> {
+  return new Promise((res, rej) => {
+    const child = spawn(join(KUBE_NODE_DIR, 'bin/ctr'), ['--address', sock, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (err += c.toString()));
+    child.once('error', rej);
+    child.once('exit', (code) => (code === 0 ? res(out) : rej(new Error(`ctr ${args.join(' ')}: ${err.trim()}`))));
+  });
+}
+
+/** Polls every 100 ms until check() holds; fails at once, naming the log, when a process exits. */
+async function pollUntil(what: string, deadline: number, procs: readonly Proc[], check: () => Promise<true | undefined>): Promise<void> {
+  for (;;) {
+    const dead = procs.find((p) => p.exit !== undefined);
+    if (dead !== undefined) throw new AsbError('Unavailable', `kube node: ${dead.name} ${dead.exit ?? ''} while waiting for ${what}; ${dead.logPath} ends:\n${logTail(dead.logPath)}`);
+    if ((await check()) === true) return;
+    if (Date.now() > deadline) throw new AsbError('Timeout', `kube node: timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/**
+ * Deletes every Pod (grace 0) and waits, at most 20 s, for the kubelet to have stopped their
+ * containers and sandboxes through the CRI (each sandbox's CNI DEL frees its IP and veth). What it
+ * misses, releaseNodeHost kills.
+ */
+async function drainPods(kube: KubeApiServer, procs: readonly Proc[], sock: string): Promise<void> {
+  if (procs.some((p) => p.name === 'kubelet' && p.exit !== undefined) || !procs.some((p) => p.name === 'kubelet')) return;
+  const namespaces = await kube.request<{ items?: { metadata: { name: string } }[] }>('GET', '/api/v1/namespaces');
+  for (const ns of namespaces.body.items ?? []) {
+    await kube.request('DELETE', `/api/v1/namespaces/${ns.metadata.name}/pods?gracePeriodSeconds=0`);
+  }
+  const deadline = Date.now() + 20_000;
+  while (Date.now() < deadline) {
+    const sandboxes = await ctr(sock, ['-n', 'k8s.io', 'tasks', 'ls', '-q']).catch(() => '');
+    if (sandboxes.trim() === '') return;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+function writeConfigs(dir: string, registry: string): void {
+  for (const d of ['ctrd', 'certs.d/docker.io', 'cni/net.d', 'cni/ipam', 'kubelet', 'pod-logs', 'runsc', 'runc', 'pv']) mkdirSync(join(dir, d), { recursive: true });
+  // docker.io's only host is the loopback registry, over plain HTTP: nothing leaves the machine.
+  writeFileSync(join(dir, 'certs.d/docker.io/hosts.toml'), `server = "http://${registry}"\n[host."http://${registry}"]\n  capabilities = ["pull", "resolve"]\n`);
+  writeFileSync(join(dir, 'runsc.toml'), `binary_name = "${RUNSC}"\nroot = "${join(dir, 'runsc')}"\n[runsc_config]\n  platform = "systrap"\n`);
+  const cri = "plugins.'io.containerd.cri.v1.runtime'";
+  writeFileSync(join(dir, 'containerd.toml'), `version = 3
+root = '${join(dir, 'ctrd/root')}'
+state = '${join(dir, 'ctrd/state')}'
+# NRI would open /var/run/nri/nri.sock, a fixed host path; nothing here uses it.
+disabled_plugins = ['io.containerd.nri.v1.nri']
+[grpc]
+  address = '${join(dir, 'ctrd/containerd.sock')}'
+[ttrpc]
+  address = '${join(dir, 'ctrd/containerd.sock.ttrpc')}'
+[plugins]
+  [plugins.'io.containerd.internal.v1.opt']
+    path = '${join(dir, 'ctrd/opt')}'
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = '${PAUSE_IMAGE}'
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '${join(dir, 'certs.d')}'
+  [${cri}]
+    # Required here: root lacks CAP_SYS_RESOURCE, so runc cannot lower oom_score_adj to the
+    # kubelet's -998 for the sandbox (real-node.md §3); capped at containerd's own instead.
+    restrict_oom_score_adj = true
+    netns_mounts_under_state_dir = true
+    cdi_spec_dirs = []
+    [${cri}.containerd]
+      default_runtime_name = 'runc'
+      [${cri}.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        [${cri}.containerd.runtimes.runc.options]
+          BinaryName = '${RUNC}'
+          Root = '${join(dir, 'runc')}'
+          SystemdCgroup = false
+      [${cri}.containerd.runtimes.runsc]
+        runtime_type = 'io.containerd.runsc.v1'
+        [${cri}.containerd.runtimes.runsc.options]
+          TypeUrl = 'io.containerd.runsc.v1.options'
+          ConfigPath = '${join(dir, 'runsc.toml')}'
+    [${cri}.cni]
+      bin_dirs = ['${join(KUBE_NODE_DIR, 'cni')}']
+      conf_dir = '${join(dir, 'cni/net.d')}'
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = '127.0.0.1'
+    stream_server_port = '0'
+`);
+  // isGateway false and ipMasq false: the plugin touches neither ip_forward nor iptables; the host
+  // side of the bridge got its address above, and pods reach it on-link.
+  writeFileSync(join(dir, 'cni/net.d/10-asb.conflist'), JSON.stringify({
+    cniVersion: '1.0.0', name: 'asb-node', plugins: [{
+      type: 'bridge', bridge: BRIDGE, isGateway: false, ipMasq: false, hairpinMode: true,
+      ipam: { type: 'host-local', dataDir: join(dir, 'cni/ipam'), ranges: [[{ subnet: POD_CIDR, gateway: POD_GATEWAY }]] },
+    }],
+  }));
+}
+
+function writeKubeletConfig(dir: string, kube: KubeApiServer, sock: string, port: number, healthzPort: number, cgroupName: string): void {
+  writeFileSync(join(dir, 'kubelet-config.yaml'), stringify({
+    apiVersion: 'kubelet.config.k8s.io/v1beta1',
+    kind: 'KubeletConfiguration',
+    // The kubelet API on the node IP (the bridge's host address): reachable from pods on-link, but
+    // it answers only the API server's client certificate.
+    address: KUBE_NODE_IP,
+    port,
+    readOnlyPort: 0,
+    healthzBindAddress: '127.0.0.1',
+    healthzPort,
+    cgroupDriver: 'cgroupfs',
+    cgroupRoot: `/${cgroupName}`,
+    failCgroupV1: false,
+    failSwapOn: false,
+    containerRuntimeEndpoint: `unix://${sock}`,
+    podLogsDir: join(dir, 'pod-logs'),
+    tlsCertFile: kube.kubeletTls.servingCertPath,
+    tlsPrivateKeyFile: kube.kubeletTls.servingKeyPath,
+    // Only the API server (its client certificate) may call the kubelet; anyone else gets 401.
+    authentication: { anonymous: { enabled: false }, webhook: { enabled: false }, x509: { clientCAFile: kube.kubeletTls.clientCaPath } },
+    authorization: { mode: 'AlwaysAllow' },
+    serializeImagePulls: false,
+    // A shared test machine's disk and memory are not this node's to guard: evict only near the end.
+    evictionHard: { 'memory.available': '100Mi', 'nodefs.available': '2%', 'imagefs.available': '2%', 'nodefs.inodesFree': '2%' },
+    imageGCHighThresholdPercent: 99,
+    imageGCLowThresholdPercent: 98,
+  }));
+  writeFileSync(join(dir, 'kubelet.kubeconfig'), stringify({
+    apiVersion: 'v1',
+    kind: 'Config',
+    clusters: [{ name: 'asb-test', cluster: { server: kube.url, 'certificate-authority': kube.caPath } }],
+    users: [{ name: 'kubelet', user: { token: kube.nodeToken } }],
+    contexts: [{ name: 'kubelet', context: { cluster: 'asb-test', user: 'kubelet' } }],
+    'current-context': 'kubelet',
+  }), { mode: 0o600 });
+}
+
+/** PV_COUNT local PVs on this node, each a 0777 directory under <dir>/pv; no StorageClass, so a PVC naming none binds to one. */
+function persistentVolumes(dir: string): object[] {
+  return Array.from({ length: PV_COUNT }, (_, i) => {
+    const path = join(dir, 'pv', `pv-${i}`);
+    mkdirSync(path);
+    chmodSync(path, 0o777); // not mkdir's mode, which the umask trims: the sandbox image's uid 1000 writes here
+    return {
+      apiVersion: 'v1', kind: 'PersistentVolume',
+      metadata: { name: `asb-local-${i}` },
+      spec: {
+        capacity: { storage: '10Gi' }, accessModes: ['ReadWriteOnce'], persistentVolumeReclaimPolicy: 'Retain',
+        local: { path },
+        nodeAffinity: { required: { nodeSelectorTerms: [{ matchExpressions: [{ key: 'kubernetes.io/hostname', operator: 'In', values: [KUBE_NODE_NAME] }] }] } },
+      },
+    };
+  });
+}
