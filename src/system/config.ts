@@ -60,7 +60,8 @@ export interface WorkerConfig {
    * ASB_EGRESS_PROXY_PORT / --egress-proxy-port: route sandboxes' outbound TCP through the egress
    * proxy: the local runtime DNATs it to <bridge gateway>:PORT (where the cluster Envoy's `egress`
    * listener must listen), and the worker runs the egress decision service and the sandboxes' DNS
-   * resolver on <gateway>:53 (src/egress/). Unset: no proxy, only the policy's CIDRs apply.
+   * resolver on <gateway>:53 (src/egress/). Unset or `off`: no proxy, only the policy's CIDRs
+   * apply and the API refuses domain entries. `make up` sets it (15001, region-b 15002; up.ts).
    */
   readonly egressProxyPort: number | undefined;
   /** ASB_RUNTIME / --runtime: what runs sandboxes: local (process trees on this machine) or kube (Pods, through the API server; needs --store=kube). Default local */
@@ -228,8 +229,8 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   if (hubUrl !== undefined && !isEdgeUrl(hubUrl)) problems.push(`${describe('hubUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:7090, got "${hubUrl}"`);
   if ((hubUrl === undefined) !== (hubCredentialFile === undefined)) problems.push(`${describe('hubUrl')} and ${describe('hubCredentialFile')} go together: set both or neither`);
   const egressText = raw('egressProxyPort');
-  const egressProxyPort = egressText === undefined || egressText === '' ? undefined : Number(egressText);
-  if (egressProxyPort !== undefined && (!Number.isInteger(egressProxyPort) || egressProxyPort < 1 || egressProxyPort > 65535)) problems.push(`${describe('egressProxyPort')} must be a port from 1 to 65535, got "${egressText ?? ''}"`);
+  const egressProxyPort = egressText === undefined || egressText === '' || egressText === 'off' ? undefined : Number(egressText);
+  if (egressProxyPort !== undefined && (!Number.isInteger(egressProxyPort) || egressProxyPort < 1 || egressProxyPort > 65535)) problems.push(`${describe('egressProxyPort')} must be a port from 1 to 65535 or off, got "${egressText ?? ''}"`);
   if (egressProxyPort !== undefined && runtime !== 'local') problems.push(`${describe('egressProxyPort')} needs ${describe('runtime')} local: on Kubernetes the CNI routes pods`);
   const config: WorkerConfig = {
     dataDir,

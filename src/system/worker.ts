@@ -127,7 +127,9 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   // The egress proxy's worker half (--egress-proxy-port): the local runtime answers pod → policy.
   const egressPort = config.egressProxyPort;
   const egressServices =
-    egressPort === undefined || !isPolicySource(runtime)
+    // A runtime that starts no pod (not root) has no bridge to listen on: no proxy, and the API
+    // then refuses domain entries as with the proxy off.
+    egressPort === undefined || !isPolicySource(runtime) || (runtime as { unavailable?: string }).unavailable !== undefined
       ? undefined
       : // The decision service takes the proxy's port number on loopback (the listener has it on
         // the gateway): fixed, so Envoy finds a restarted worker where it left it.
@@ -151,6 +153,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
           terminal: { idleMs: config.terminalIdleMs },
           egressCredentials,
+          egressProxy: egress !== undefined,
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
         });
