@@ -12,6 +12,7 @@ import { DnsResolver, systemUpstream, type DnsUpstream } from './dns-resolver.ts
 import { ensureEgressCa, ensureHostCertificate, type HostCertificate } from './egress-ca.ts';
 import type { EgressPolicySource } from './egress-decision.ts';
 import { ResolvedAddresses } from './resolved-addresses.ts';
+import type { EgressFloor } from '../network/egress-floor.ts';
 
 export interface EgressServicesOptions {
   /** The pods' gateway: the resolver listens on it (port 53). */
@@ -29,6 +30,8 @@ export interface EgressServicesOptions {
   authzPort?: number;
   /** Default: the node's resolvers. */
   upstream?: DnsUpstream;
+  /** Addresses no policy opens (src/network/egress-floor.ts); default DEFAULT_FLOOR. */
+  floor?: EgressFloor;
 }
 
 export interface EgressServices {
@@ -51,6 +54,7 @@ export async function startEgressServices(o: EgressServicesOptions): Promise<Egr
     source: o.source,
     credentials: o.credentials,
     resolved: (pod, name, ip) => resolved.has(pod, name, ip),
+    ...(o.floor === undefined ? {} : { floor: o.floor }),
     metrics: createEgressMetrics(o.registry),
     log: o.log.child({ component: 'egress-authz' }),
   });
@@ -60,6 +64,7 @@ export async function startEgressServices(o: EgressServicesOptions): Promise<Egr
     registry: o.registry,
     log: o.log.child({ component: 'egress-dns' }),
     onAnswer: (pod, name, ips, ttl) => resolved.record(pod, name, ips, ttl),
+    ...(o.floor === undefined ? {} : { floor: o.floor }),
   });
   try {
     await dns.listen(o.gateway, o.dnsPort ?? 53);

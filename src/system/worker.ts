@@ -133,7 +133,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
       ? undefined
       : // The decision service takes the proxy's port number on loopback (the listener has it on
         // the gateway): fixed, so Envoy finds a restarted worker where it left it.
-        await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
+        await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, floor: config.egressFloor, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
   const egress = egressServices === undefined || egressPort === undefined ? undefined : { listenAddress: parseSubnet(config.subnet).gateway, listenPort: egressPort, authzAddress: egressServices.authzAddress, intercept: egressServices.intercept, caCertPath: egressServices.caCertPath };
   const api =
     apiOperator === undefined
@@ -227,6 +227,7 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     bridge: config.bridge,
     images,
     ...(config.egressProxyPort === undefined ? {} : { egressProxy: { port: config.egressProxyPort }, podDns: true }),
+    egressFloor: config.egressFloor,
     ...(extraCaPath === undefined ? {} : { extraCaPath }),
   });
   // After the runtime: its recovery pins the images of pods made before pins existed.
