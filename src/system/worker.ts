@@ -59,7 +59,7 @@ export interface RunningWorker {
   /** The admin key, when this start created or verified one (config.adminKeyFile). */
   readonly adminKey: string | undefined;
   /** With --egress-proxy-port: what the cluster Envoy's `egress` listener needs (EdgeConfigOptions.egress). */
-  readonly egress: { listenAddress: string; listenPort: number; authzAddress: string; intercept: HostCertificate[]; caCertPath: string } | undefined;
+  readonly egress: { listenAddress: string; listenPort: number; authzAddress: string; intercept: HostCertificate[]; caCertPath: string; ldsPath?: string } | undefined;
   /** hibernate: stop every running sandbox (kept on disk; restarted on the next start). */
   close(opts?: { hibernate?: boolean }): Promise<void>;
 }
@@ -133,8 +133,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
       ? undefined
       : // The decision service takes the proxy's port number on loopback (the listener has it on
         // the gateway): fixed, so Envoy finds a restarted worker where it left it.
-        await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, floor: config.egressFloor, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
-  const egress = egressServices === undefined || egressPort === undefined ? undefined : { listenAddress: parseSubnet(config.subnet).gateway, listenPort: egressPort, authzAddress: egressServices.authzAddress, intercept: egressServices.intercept, caCertPath: egressServices.caCertPath };
+        await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, floor: config.egressFloor, lds: { path: join(config.dataDir, 'egress', 'lds', 'egress.json'), listenPort: egressPort }, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
+  const egress = egressServices === undefined || egressPort === undefined ? undefined : { listenAddress: parseSubnet(config.subnet).gateway, listenPort: egressPort, authzAddress: egressServices.authzAddress, intercept: egressServices.intercept, caCertPath: egressServices.caCertPath, ...(egressServices.ldsPath === undefined ? {} : { ldsPath: egressServices.ldsPath }) };
   const api =
     apiOperator === undefined
       ? undefined
