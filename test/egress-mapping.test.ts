@@ -101,6 +101,19 @@ test('kube NetworkPolicy: the floor is cut out of allow CIDRs (except) and an al
     { ipBlock: { cidr: '0.0.0.0/0', except: ['169.254.169.254/32', '169.254.170.2/32', '169.254.170.23/32', '100.100.100.200/32'] } },
   ]);
   assert.deepEqual(blocks(networkPolicyManifest('sb', 'ns', parseEgressPolicy({ internet: false, allow: ['169.254.0.0/16'] }, 'p'), parseEgressFloor([]).floor)), [{ ipBlock: { cidr: '169.254.0.0/16' } }]);
+  assert.deepEqual(blocks(networkPolicyManifest('sb', 'ns', parseEgressPolicy({ deny: ['evil.example'], allow: ['198.51.100.0/24'] }, 'p'))), [{ ipBlock: { cidr: '198.51.100.0/24' } }], 'a deny domain: no internet (fail closed)');
+});
+
+test('nft: with no egress proxy, a policy denying a domain has no internet (fail closed); with the proxy the internet stays and the proxy judges the name', () => {
+  const pod = { id: 'a', ip: '10.236.0.5', mac: '02:42:0a:ec:00:05', veth: 'vxabc', policy: parseEgressPolicy({ deny: ['evil.example'], allow: ['198.51.100.0/24'] }, 'p') };
+  const net = { bridge: 'asbnpx', subnet: '10.236.0.0/16', gateway: '10.236.0.1' };
+  const direct = podScript(net, pod);
+  assert.match(direct, /counter jump deny comment "domains-need-proxy"/);
+  assert.doesNotMatch(direct, /default-internet/);
+  assert.match(direct, /198\.51\.100\.0\/24 counter accept/, 'allowed CIDRs still go');
+  const proxied = podScript({ ...net, egressProxyPort: 15001 }, pod);
+  assert.match(proxied, /counter accept comment "default-internet"/);
+  assert.doesNotMatch(proxied, /domains-need-proxy/);
 });
 
 test('nft: the worker\'s floor is rejected before any allow CIDR and never sent to the proxy', () => {

@@ -8,7 +8,7 @@ import { after } from 'node:test';
 import { parseEgressPolicy, type EgressPolicy } from '../src/network/egress-policy.ts';
 import type { Attack, LabPod } from './support/attack-lab.ts';
 import { AttackLab, fields, run } from './support/attack-lab.ts';
-import { METADATA, startWorld } from './support/egress-world.ts';
+import { METADATA, PUBLIC_A, startWorld } from './support/egress-world.ts';
 
 // Issue 17 follow-up subnet: 10.233.0.0/16; the world's link takes its last /30.
 const BRIDGE = 'asbe2flr0';
@@ -63,4 +63,15 @@ const metadataFloor: Attack = {
   },
 };
 
-lab.register([metadataFloor]);
+const denyDomainNoProxy: Attack = {
+  name: 'with no egress proxy, a policy denying a domain beside the internet fails closed: nothing outside opens, allowed CIDRs do',
+  async run(a) {
+    // A template may carry one (the API refuses it in a request when the proxy is off).
+    const p = await a.pod('flr-domain', {}, { egress: policy({ deny: ['evil.example'], allow: ['169.254.1.1'] }) });
+    const open = await curl(p, `http://${PUBLIC_A}/`);
+    assert.equal(open.exit, '7', `the internet is open, so evil.example would be too:\n${open.raw}`);
+    assert.equal((await curl(p, `http://${LINK_LOCAL}/`)).body, `world ${LINK_LOCAL}`);
+  },
+};
+
+lab.register([metadataFloor, denyDomainNoProxy]);

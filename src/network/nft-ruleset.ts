@@ -64,6 +64,12 @@ export interface PodNet {
 export const KERNEL_RULES = {
   /** Another sandbox on this worker. */
   sandboxes: 'sandboxes',
+  /**
+   * The internet of a policy that denies domains, with no egress proxy to judge them: the kernel
+   * cannot tell evil.example from any other address, so it fails closed (the API refuses such a
+   * policy without the proxy; a template may still carry one).
+   */
+  domainsNeedProxy: 'domains-need-proxy',
   /** Any address of the host itself. */
   host: 'host',
 } as const;
@@ -190,6 +196,7 @@ export function podScript(net: BridgeNet, pod: PodNet): string {
   forward.push(`ip daddr { ${privateV4.join(', ')} } counter jump deny ${c(DEFAULT_RULES.private)}`);
   const all = v4(p.denyAll)[0];
   if (all !== undefined) forward.push(`counter jump deny ${c(all.text)}`);
+  else if (p.internet && p.denyDomains.length > 0 && net.egressProxyPort === undefined) forward.push(`counter jump deny ${c(KERNEL_RULES.domainsNeedProxy)}`);
   else if (p.internet) forward.push(`counter accept ${c(DEFAULT_RULES.internet)}`);
   else forward.push(`counter jump deny ${c(DEFAULT_RULES.noInternet)}`);
   chain('inet', `f_${k}`, forward);

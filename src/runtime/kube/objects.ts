@@ -170,7 +170,8 @@ export function serviceManifest(req: PodRequest, namespace: string): KubeObject 
  * with the internet on, 0.0.0.0/0 and ::/0 except the private ranges and the deny CIDRs. Domain
  * entries need the egress proxy; a NetworkPolicy cannot name them, so they open nothing here.
  * The worker's floor (egress-floor.ts) is cut out of every allow CIDR (`except`), and an allow
- * CIDR inside the floor is left out: no policy opens cloud metadata here either.
+ * CIDR inside the floor is left out: no policy opens cloud metadata here either. A policy that
+ * denies a domain gets no internet (fail closed: the deny could not be enforced).
  */
 export function networkPolicyManifest(id: string, namespace: string, policy: EgressPolicy, floor: EgressFloor = DEFAULT_FLOOR): KubeObject {
   const p = compileEgressPolicy(policy);
@@ -182,7 +183,8 @@ export function networkPolicyManifest(id: string, namespace: string, policy: Egr
       const except = floor.cidrs.filter((f) => inside(f, c)).map(full);
       return { ipBlock: { cidr: full(c), ...(except.length === 0 ? {} : { except }) } };
     });
-  if (p.internet) {
+  // A deny domain cannot be enforced here (no egress proxy on Kubernetes): fail closed, no internet.
+  if (p.internet && p.denyDomains.length === 0) {
     for (const family of [4, 6] as const) {
       if (p.denyAll.some((c) => c.family === family)) continue;
       const except = [...PRIVATE_RANGES.filter((r) => r.includes(':') === (family === 6)), ...p.denyCidrs.filter((c) => c.family === family).map((c) => (c.text.includes('/') ? c.text : `${c.text}/${family === 4 ? '32' : '128'}`))];
