@@ -79,3 +79,26 @@ test('credential injection: the header arrives upstream, the sandbox never holds
     assert.doesNotMatch(noEcho.stdout, new RegExp(needle), 'no response header of ours carries it');
   });
 });
+
+test('a credential rule for a new host takes effect without restarting Envoy: the rewritten LDS file swaps the egress listener, the next connection is intercepted', async (t) => {
+  const f = await startEgressProxy(t, { lds: true, hosts: ([a = '']) => ({ [API]: [a] }) });
+  const secret = `Bearer sk-new-${randomBytes(8).toString('hex')}`;
+  f.secrets.set('api-key', secret);
+  f.setPolicy({ internet: true, allow: [], deny: [] });
+  const curl = (args: string[]) => f.net.inClient('curl', ['-sS', '--max-time', '10', ...args]);
+  const pid = f.envoy.pid;
+  const before = await curl(['--cacert', f.publicCa.caCertPath, `https://${API}/v1/quiet`]);
+  assert.equal(before.code, 0, `no rule yet: ${API} passes through with its real certificate: ${before.stderr}`);
+  assert.equal((await f.net.lastRequest())?.headers.authorization, undefined);
+
+  await f.setRules(RULES);
+  // Envoy picks the file up within milliseconds (inotify on the directory); bounded poll of its admin API.
+  const dump = async (): Promise<string> => (await fetch(`${f.envoy.endpoints.adminUrl}/config_dump?resource=dynamic_listeners`)).text();
+  for (let i = 0; i < 200 && !(await dump()).includes(`egress-intercept-${API}`); i++) await new Promise((r) => setTimeout(r, 25));
+  const after = await curl(['--cacert', f.trustBundle, `https://${API}/v1/quiet`]);
+  assert.equal(after.code, 0, after.stderr);
+  assert.equal((await f.net.lastRequest())?.headers.authorization, secret, 'the new rule\'s secret arrives upstream');
+  const issuer = await run('sh', ['-c', `ip netns exec ${f.net.clientNs} openssl s_client -connect ${API}:443 -servername ${API} </dev/null 2>/dev/null | openssl x509 -noout -issuer`]);
+  assert.match(issuer.stdout, /egress test cluster CA/, 'served with the egress CA\'s certificate now');
+  assert.equal(f.envoy.pid, pid, 'the same Envoy process');
+});

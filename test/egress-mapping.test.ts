@@ -6,6 +6,7 @@ import { test } from 'node:test';
 import { validateObject } from '../src/api/validate.ts';
 import { isAsbError } from '../src/errors.ts';
 import { parseEgressPolicy } from '../src/network/egress-policy.ts';
+import { parseEgressFloor } from '../src/network/egress-floor.ts';
 import { parseCounters, podScript } from '../src/network/nft-ruleset.ts';
 import { e2bNetwork, templateEgress, templateNetworkPolicy } from '../src/network/sandbox-network.ts';
 import { networkPolicyManifest } from '../src/runtime/kube/objects.ts';
@@ -89,4 +90,40 @@ test('nft: a pod\'s rules name their policy entries; the counters come back per 
     { ip: '10.236.0.5', rule: 'host', verdict: 'denied', packets: 2 },
   ]);
   assert.deepEqual(parseCounters('not json'), []);
+});
+
+test('kube NetworkPolicy: the floor is cut out of allow CIDRs (except) and an allow inside it is dropped', () => {
+  const blocks = (m: unknown): unknown[] => ((m as { spec: { egress: { to: unknown[] }[] } }).spec.egress[0]?.to ?? []);
+  const m = networkPolicyManifest('sb', 'ns', parseEgressPolicy({ internet: false, allow: ['169.254.0.0/16', '169.254.169.254', '198.51.100.0/24', '0.0.0.0/0'] }, 'p'));
+  assert.deepEqual(blocks(m), [
+    { ipBlock: { cidr: '169.254.0.0/16', except: ['169.254.169.254/32', '169.254.170.2/32', '169.254.170.23/32'] } },
+    { ipBlock: { cidr: '198.51.100.0/24' } },
+    { ipBlock: { cidr: '0.0.0.0/0', except: ['169.254.169.254/32', '169.254.170.2/32', '169.254.170.23/32', '100.100.100.200/32'] } },
+  ]);
+  assert.deepEqual(blocks(networkPolicyManifest('sb', 'ns', parseEgressPolicy({ internet: false, allow: ['169.254.0.0/16'] }, 'p'), parseEgressFloor([]).floor)), [{ ipBlock: { cidr: '169.254.0.0/16' } }]);
+  assert.deepEqual(blocks(networkPolicyManifest('sb', 'ns', parseEgressPolicy({ deny: ['evil.example'], allow: ['198.51.100.0/24'] }, 'p'))), [{ ipBlock: { cidr: '198.51.100.0/24' } }], 'a deny domain: no internet (fail closed)');
+});
+
+test('nft: with no egress proxy, a policy denying a domain has no internet (fail closed); with the proxy the internet stays and the proxy judges the name', () => {
+  const pod = { id: 'a', ip: '10.236.0.5', mac: '02:42:0a:ec:00:05', veth: 'vxabc', policy: parseEgressPolicy({ deny: ['evil.example'], allow: ['198.51.100.0/24'] }, 'p') };
+  const net = { bridge: 'asbnpx', subnet: '10.236.0.0/16', gateway: '10.236.0.1' };
+  const direct = podScript(net, pod);
+  assert.match(direct, /counter jump deny comment "domains-need-proxy"/);
+  assert.doesNotMatch(direct, /default-internet/);
+  assert.match(direct, /198\.51\.100\.0\/24 counter accept/, 'allowed CIDRs still go');
+  const proxied = podScript({ ...net, egressProxyPort: 15001 }, pod);
+  assert.match(proxied, /counter accept comment "default-internet"/);
+  assert.doesNotMatch(proxied, /domains-need-proxy/);
+});
+
+test('nft: the worker\'s floor is rejected before any allow CIDR and never sent to the proxy', () => {
+  const net = { bridge: 'asbnpx', subnet: '10.236.0.0/16', gateway: '10.236.0.1', egressProxyPort: 15001 };
+  const script = podScript(net, { id: 'a', ip: '10.236.0.5', mac: '02:42:0a:ec:00:05', veth: 'vxabc', policy: parseEgressPolicy({ allow: ['169.254.0.0/16', 'x.example.com'] }, 'p') });
+  const forward = script.split('\n').filter((l) => l.includes(' f_10_236_0_5 '));
+  const floorAt = forward.findIndex((l) => l.includes('comment "floor"'));
+  assert.ok(floorAt > 0 && floorAt < forward.findIndex((l) => l.includes('169.254.0.0/16')), forward.join('\n'));
+  assert.match(forward[floorAt] ?? '', /ip daddr \{ 169\.254\.169\.254, 169\.254\.170\.2, 169\.254\.170\.23, 100\.100\.100\.200 \} counter jump deny/);
+  assert.match(script, /n_10_236_0_5 ip daddr \{ 169\.254\.169\.254, [^}]*169\.254\.0\.0\/16 \} return/);
+  const none = podScript({ ...net, floor: parseEgressFloor(['fd00:ec2::254']).floor }, { id: 'a', ip: '10.236.0.5', mac: '02:42:0a:ec:00:05', veth: 'vxabc', policy: parseEgressPolicy({}, 'p') });
+  assert.doesNotMatch(none, /floor/, 'an IPv6-only floor has no IPv4 rule');
 });

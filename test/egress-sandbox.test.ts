@@ -196,4 +196,17 @@ test('the local system with --egress-proxy-port: the worker runs the decision se
   assert.match(evil, /code=403/);
   const metrics = await api.metrics();
   assert.match(metrics, new RegExp(`asb_egress_decisions_total\\{sandbox="${sbx.id}",rule="${EVIL.replaceAll('.', '\\.')}",verdict="denied",protocol="http"\\} 1`));
+
+  // A credential rule for a host no rule named when Envoy started: the worker rewrites the egress
+  // listener's LDS file and the same Envoy serves the sandbox that host's certificate from the
+  // cluster's egress CA on the next connection (before: the host's own, passed through).
+  const envoyPid = system.envoy.pid;
+  const issuer = async (): Promise<string> => run(`curl -skv --max-time 10 -o /dev/null --resolve ${API}:443:${pubA} https://${API}/ 2>&1 | grep -i 'issuer:' || true`);
+  assert.match(await issuer(), /egress test public CA/, 'no rule yet: passed through');
+  await api.putEgressSecret('api-key', 'Bearer sk-sys');
+  await api.putCredentialRule('api-key', { host: API, header: 'authorization', secret: 'api-key' });
+  let seen = '';
+  for (let i = 0; i < 100 && !/asb egress CA/.test(seen); i++) seen = await issuer();
+  assert.match(seen, /asb egress CA/, 'the rule host is intercepted with no Envoy restart');
+  assert.equal(system.envoy.pid, envoyPid, 'the same Envoy process');
 });

@@ -9,6 +9,7 @@ import { filterAnswer, refuseName } from '../src/egress/dns-answer.ts';
 import { buildResponse, parseQuery, QTYPE, RCODE } from '../src/egress/dns-wire.ts';
 import { decideConnection, nameOf } from '../src/egress/egress-decision.ts';
 import { GRACE_MS, ResolvedAddresses } from '../src/egress/resolved-addresses.ts';
+import { parseEgressFloor } from '../src/network/egress-floor.ts';
 import type { EgressPolicy } from '../src/network/egress-policy.ts';
 import { WireWriter } from '../src/router/protobuf-wire.ts';
 import type { Clock } from '../src/system/clock.ts';
@@ -109,4 +110,21 @@ test('resolved addresses: kept for TTL + grace, per pod and name', () => {
   assert.equal(r.has('10.0.0.2', 'b.example.com', '192.0.2.5'), false, 'another name');
   now = 30_000 + GRACE_MS + 1;
   assert.equal(r.has('10.0.0.2', 'a.example.com', '192.0.2.5'), false, 'expired');
+});
+
+test('the egress floor: no allow entry (CIDR, 0.0.0.0/0 or a name) opens the cloud metadata address, in the proxy\'s decision (mapped IPv6 too) or a DNS answer', () => {
+  const source = (p: EgressPolicy) => ({ policyForPodIp: () => p, sandboxForPodIp: () => 'sbx' });
+  const wide: EgressPolicy = { internet: true, allow: ['169.254.0.0/16', '0.0.0.0/0', 'metadata.example.com'], deny: [] };
+  const check = (ip: string, extra = {}) => decideConnection({ sourceIp: '10.0.0.2', destinationIp: ip, destinationPort: 80, ...extra }, { source: source(wide) });
+  assert.deepEqual(check('169.254.169.254', { http: { host: 'metadata.example.com', path: '/', method: 'GET' } }), { allowed: false, rule: 'floor', sandbox: 'sbx', protocol: 'http' });
+  assert.equal(check('::ffff:169.254.169.254').rule, 'floor');
+  assert.equal(check('fd00:ec2::254').rule, 'floor');
+  assert.deepEqual(check('169.254.1.1'), { allowed: true, rule: '169.254.0.0/16', sandbox: 'sbx', protocol: 'tcp' }, 'the rest of the allowed CIDR is open');
+  const custom = parseEgressFloor(['203.0.113.0/24']).floor;
+  assert.equal(decideConnection({ sourceIp: '10.0.0.2', destinationIp: '203.0.113.7', destinationPort: 443 }, { source: source(open), floor: custom }).rule, 'floor');
+  assert.equal(decideConnection({ sourceIp: '10.0.0.2', destinationIp: '169.254.169.254', destinationPort: 80 }, { source: source(wide), floor: parseEgressFloor([]).floor }).allowed, true, 'an empty floor leaves the policy');
+  const a = filterAnswer(wide, 'metadata.example.com', { addresses: ['169.254.169.254', '192.0.2.9'], ttlS: 30 });
+  assert.deepEqual(a.addresses, ['192.0.2.9']);
+  const only = filterAnswer(wide, 'metadata.example.com', { addresses: ['169.254.169.254'], ttlS: 30 });
+  assert.deepEqual([only.addresses, only.rule, only.verdict], [[], 'floor', 'filtered']);
 });

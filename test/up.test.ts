@@ -34,6 +34,8 @@ function startUp(stateDir: string): Up {
     ASB_BRIDGE: BRIDGE,
     ASB_SUBNET: '10.235.0.0/16',
     ASB_BASE_POOL_REPLICAS: '1',
+    // The egress proxy is on by default; a free port, so a developer's make up (15001) is not met.
+    ASB_EGRESS_PROXY_PORT: '0',
   };
   // Its own process group, as a shell gives a foreground job: the test signals the group.
   const proc = spawn('make', ['--no-print-directory', 'up'], { cwd: REPO, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
@@ -105,6 +107,10 @@ test('issue 15.4: make up stopped by a SIGTERM to its process group returns afte
   // A running sandbox makes the stop take a while: the worker hibernates it before exiting.
   const created = await fetch(`${env.ASB_API_URL}/v1/sandboxes`, { method: 'POST', headers: { authorization: `Bearer ${env.ASB_API_KEY}`, 'content-type': 'application/json' }, body: '{"template":"base"}' });
   assert.equal(created.status, 201, await created.text());
+  // The egress proxy runs by default: a policy naming a domain is taken (with it off, refused 422).
+  assert.match(first.output(), /egress proxy on <pods' gateway>:\d+/);
+  const named = await fetch(`${env.ASB_API_URL}/v1/sandboxes`, { method: 'POST', headers: { authorization: `Bearer ${env.ASB_API_KEY}`, 'content-type': 'application/json' }, body: '{"template":"base","network":{"deny":["evil.example"]}}' });
+  assert.equal(named.status, 201, await named.text());
   const started = processesOf(stateDir);
   assert.ok(started.length >= 2, `make up's processes are visible: ${started.join(' ')}`);
 

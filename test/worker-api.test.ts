@@ -317,6 +317,37 @@ test('egress policy: the template\'s by default, replaced at create and while ru
   assert.equal(kept.allowInternetAccess, false, 'the 2.50 SDK\'s constant allow_internet_access: true keeps the template\'s policy');
 });
 
+test('egress proxy off: a policy naming a domain is refused (422 naming each entry) at create and PUT, REST and E2B; CIDR policies still go; nothing made or changed', async (t) => {
+  // Without the proxy a domain entry decides nothing: deny ["evil.example"] beside the internet
+  // would let it through, allow ["api.example.com"] beside internet off would open nothing.
+  const fx = await startWorkerFixture((fn) => t.after(fn), {}, { egressProxy: false });
+  const api = client(fx);
+  const key = fx.keys.teamA;
+  const e2b = (method: string, path: string, json?: unknown) => api(method, path, { headers: { 'x-api-key': key }, ...(json === undefined ? {} : { json }) });
+  const fields = (r: ApiResponse): string[] => (r.json as { fields: { field: string }[] }).fields.map((f) => f.field);
+  const before = (await fx.store.list(SandboxType, {})).items.length;
+  const denyDomain = await api('POST', '/v1/sandboxes', { key, json: { network: { deny: ['evil.example', '203.0.113.0/24'] } } });
+  assert.equal(denyDomain.status, 422, denyDomain.text);
+  assert.deepEqual(fields(denyDomain), ['network.deny[0]']);
+  assert.match(denyDomain.text, /egress proxy is off/);
+  const allowDomain = await api('POST', '/v1/sandboxes', { key, json: { network: { internet: false, allow: ['*.example.com'] } } });
+  assert.deepEqual([allowDomain.status, fields(allowDomain)], [422, ['network.allow[0]']]);
+  const e2bCreate = await e2b('POST', '/v2/sandboxes', { templateID: 'base', network: { allowOut: ['api.example.com'], denyOut: ['0.0.0.0/0'] } });
+  assert.equal((e2bCreate.json as { code: number }).code, 400, e2bCreate.text);
+  assert.match(e2bCreate.text, /network\.allowOut\[0\]/);
+  assert.equal((await fx.store.list(SandboxType, {})).items.length, before, 'no sandbox made');
+
+  const plain = await api('POST', '/v1/sandboxes', { key, json: { network: { internet: false, allow: ['198.51.100.0/24'] } } });
+  assert.equal(plain.status, 201, plain.text);
+  const id = (plain.json as { id: string }).id;
+  const put = await api('PUT', `/v1/sandboxes/${id}/network`, { key, json: { deny: ['evil.example'] } });
+  assert.deepEqual([put.status, fields(put)], [422, ['body.deny[0]']]);
+  const e2bPut = await e2b('PUT', `/sandboxes/${id}/network`, { denyOut: ['evil.example'] });
+  assert.equal((e2bPut.json as { code: number }).code, 400, e2bPut.text);
+  assert.deepEqual(fx.runtime.egress.get(id), { internet: false, allow: ['198.51.100.0/24'], deny: [] }, 'the running pod keeps its policy');
+  assert.equal((await api('PUT', `/v1/sandboxes/${id}/network`, { key, json: { internet: true, deny: ['203.0.113.0/24'] } })).status, 200, 'CIDRs need no proxy');
+});
+
 test('docs/openapi.yaml documents exactly the routes the server registers, and the tests exercised them all', () => {
   assert.deepEqual(checker.operations(), registered);
   assert.deepEqual([...checker.exercised].sort(), registered);

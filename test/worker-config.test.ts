@@ -78,3 +78,13 @@ test('combinations that cannot work are refused, naming both flags, all at once'
   ]);
   assert.deepEqual(problems([], { ASB_ROLE: 'api', ASB_STORE: 'kube', ASB_RUNTIME: 'kube' }), []);
 });
+
+test('the egress floor: cloud metadata by default; --egress-floor / ASB_EGRESS_FLOOR replace it, none empties it, bad entries are named; the egress proxy port takes off', () => {
+  const texts = (c: { egressFloor: { cidrs: readonly { text: string }[] } }): string[] => c.egressFloor.cidrs.map((x) => x.text);
+  assert.deepEqual(texts(parseWorkerConfig([], {})), ['169.254.169.254', '169.254.170.2', '169.254.170.23', '100.100.100.200', 'fd00:ec2::254', 'fd00:ec2::23']);
+  assert.deepEqual(texts(parseWorkerConfig(['--egress-floor=169.254.0.0/16,10.0.0.9'], {})), ['169.254.0.0/16', '10.0.0.9']);
+  assert.deepEqual(texts(parseWorkerConfig([], { ASB_EGRESS_FLOOR: 'none' })), []);
+  assert.deepEqual(problems(['--egress-floor=169.254.169.254,metadata.internal']), ['--egress-floor (ASB_EGRESS_FLOOR) must be comma-separated CIDRs or IPs (or none), got "metadata.internal"']);
+  assert.equal(parseWorkerConfig(['--egress-proxy-port=off'], { ASB_EGRESS_PROXY_PORT: '15001' }).egressProxyPort, undefined);
+  assert.equal(parseWorkerConfig([], { ASB_EGRESS_PROXY_PORT: '15001' }).egressProxyPort, 15001);
+});

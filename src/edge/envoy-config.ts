@@ -8,7 +8,7 @@
 // A "static" listener can be added beside the edge: the same HTTP connection manager with the
 // ext_proc filter taken out and one fixed upstream. The benchmark measures the router's cost as
 // the ratio between the two listeners of one Envoy in one run.
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -121,6 +121,14 @@ export interface EdgeConfigOptions {
     intercept?: readonly InterceptHost[];
     /** CA bundle for those hosts' real certificates; default SYSTEM_CA_BUNDLE. */
     upstreamCaPath?: string;
+    /**
+     * The egress listener comes from this file (LDS from a path, egressLdsJson) instead of the
+     * static config, so a credential rule for a new host takes effect without restarting Envoy:
+     * the file's owner (the worker) replaces it by rename and Envoy swaps the listener, draining
+     * the old one's connections. `intercept` here only fills the first file. Needs a fixed
+     * listenPort (a reload must bind the same port).
+     */
+    ldsPath?: string;
   };
   /** Adds the benchmark's comparison listener: no ext_proc, every request to upstreamAddress. */
   static?: { listenPort: number; upstreamAddress: string };
@@ -187,7 +195,9 @@ export function edgeConfig(opts: EdgeConfigOptions): ConfigObject {
   keepIf(opts.egress !== undefined, resources, 'clusters', EGRESS_AUTHZ_CLUSTER);
   keepIf(opts.egress !== undefined, resources, 'clusters', EGRESS_ORIGINAL_CLUSTER);
   const intercept = opts.egress?.intercept ?? [];
-  keepIf(intercept.length > 0, resources, 'clusters', EGRESS_ORIGINAL_TLS_CLUSTER);
+  const ldsPath = opts.egress?.ldsPath;
+  // From a file, the listener may name credential hosts later: their upstream cluster is always there.
+  keepIf(intercept.length > 0 || ldsPath !== undefined, resources, 'clusters', EGRESS_ORIGINAL_TLS_CLUSTER);
   // The egress-intercept chain is a pattern, like api-{{WORKER_CLUSTER}}: taken out, filled per host.
   let interceptPattern: ConfigObject | undefined;
   if (opts.egress !== undefined) {
@@ -212,7 +222,41 @@ export function edgeConfig(opts: EdgeConfigOptions): ConfigObject {
   // An IP needs no resolver: STATIC spares a DNS timer per cluster and starts ready.
   for (const cluster of filledClusters) if (isConfigObject(cluster)) preferStatic(cluster);
   if (opts.static !== undefined) addStaticListener(filled, opts.static);
+  if (ldsPath !== undefined) {
+    const listeners = arrayAt(objectAt(filled, 'static_resources', ''), 'listeners', 'static_resources');
+    listeners.splice(listeners.indexOf(namedEntry(listeners, EGRESS_LISTENER, 'static_resources.listeners')), 1);
+    // Envoy watches the directory for a file moved over `path` (an atomic rename, writeEgressLds).
+    filled.dynamic_resources = { lds_config: { resource_api_version: 'V3', path_config_source: { path: ldsPath, watched_directory: { path: dirname(ldsPath) } } } };
+  }
   return filled;
+}
+
+export type EgressListenerOptions = NonNullable<EdgeConfigOptions['egress']>;
+
+/** The `egress` listener alone, filled (intercept chains first), as LDS serves it. */
+export function egressListener(egress: EgressListenerOptions, templateText?: string): ConfigObject {
+  const template = parseTemplate(templateText ?? readFileSync(EDGE_TEMPLATE_PATH, 'utf8'), 'envoy/edge.yaml');
+  const listener = namedEntry(arrayAt(objectAt(template, 'static_resources', ''), 'listeners', 'static_resources'), EGRESS_LISTENER, 'static_resources.listeners');
+  const chains = arrayAt(listener, 'filter_chains', 'egress');
+  const pattern = namedEntry(chains, INTERCEPT_PATTERN, 'egress.filter_chains');
+  chains.splice(chains.indexOf(pattern), 1);
+  const values = egressValues(egress);
+  const filled = fillTemplate(listener, values);
+  if (!isConfigObject(filled)) throw new AsbError('Internal', 'filled egress listener is not a mapping');
+  const intercept = egress.intercept ?? [];
+  arrayAt(filled, 'filter_chains', 'egress').unshift(...intercept.map((h) => fillTemplate(pattern, { ...values, INTERCEPT_HOST: h.host, INTERCEPT_CERT_CHAIN: h.certChainPath, INTERCEPT_PRIVATE_KEY: h.privateKeyPath })));
+  return filled;
+}
+
+/** The LDS file for egress.ldsPath: a DiscoveryResponse holding the egress listener. */
+export function egressLdsJson(egress: EgressListenerOptions, templateText?: string): string {
+  return `${JSON.stringify({ version_info: String(Date.now()), resources: [{ '@type': 'type.googleapis.com/envoy.config.listener.v3.Listener', ...egressListener(egress, templateText) }] }, null, 1)}\n`;
+}
+
+/** Writes the LDS file by rename (Envoy never reads half a file; the rename is what it watches). */
+export function writeEgressLds(path: string, egress: EgressListenerOptions): void {
+  writeFileSync(`${path}.tmp`, egressLdsJson(egress), { mode: 0o600 });
+  renameSync(`${path}.tmp`, path);
 }
 
 export function edgeConfigYaml(opts: EdgeConfigOptions): string {
@@ -244,15 +288,19 @@ function federationValues(opts: EdgeConfigOptions): Record<string, TemplateValue
     values.HUB_HOST = hub.host;
     values.HUB_PORT = hub.port;
   }
-  if (opts.egress !== undefined) {
-    const authz = parseHostPort(opts.egress.authzAddress) ?? { host: '', port: 0 };
-    values.EGRESS_ADDRESS = opts.egress.listenAddress;
-    values.EGRESS_PORT = opts.egress.listenPort;
-    values.EGRESS_AUTHZ_HOST = authz.host;
-    values.EGRESS_AUTHZ_PORT = authz.port;
-    values.EGRESS_UPSTREAM_CA = opts.egress.upstreamCaPath ?? SYSTEM_CA_BUNDLE;
-  }
+  if (opts.egress !== undefined) Object.assign(values, egressValues(opts.egress));
   return values;
+}
+
+function egressValues(egress: EgressListenerOptions): Record<string, TemplateValue> {
+  const authz = parseHostPort(egress.authzAddress) ?? { host: '', port: 0 };
+  return {
+    EGRESS_ADDRESS: egress.listenAddress,
+    EGRESS_PORT: egress.listenPort,
+    EGRESS_AUTHZ_HOST: authz.host,
+    EGRESS_AUTHZ_PORT: authz.port,
+    EGRESS_UPSTREAM_CA: egress.upstreamCaPath ?? SYSTEM_CA_BUNDLE,
+  };
 }
 
 /** Removes an optional part that is not wanted; one that is wanted must be in the template. */
@@ -322,6 +370,7 @@ function validate(opts: EdgeConfigOptions): FieldProblem[] {
     port('egress.listenPort', opts.egress.listenPort);
     if (isIP(opts.egress.listenAddress) === 0) problems.push({ field: 'egress.listenAddress', message: `must be an IP address, got "${opts.egress.listenAddress}"` });
     address('egress.authzAddress', opts.egress.authzAddress);
+    if (opts.egress.ldsPath !== undefined && opts.egress.listenPort === 0) problems.push({ field: 'egress.listenPort', message: 'must be fixed (not 0) with ldsPath: a reloaded listener binds the same port' });
     const hosts = new Set<string>();
     (opts.egress.intercept ?? []).forEach((h, i) => {
       if (!/^(\*\.)?[a-z0-9_]([a-z0-9_.-]{0,251}[a-z0-9])?$/.test(h.host)) problems.push({ field: `egress.intercept[${i}].host`, message: `must be a host name or *.name, got "${h.host}"` });

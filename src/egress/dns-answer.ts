@@ -4,6 +4,7 @@
 // answer never opens a CIDR a rule or the private default denies (decideEgress with the name:
 // addresses are judged before names). Record types other than A and AAAA get an empty answer:
 // TXT, NULL and friends are how data is tunnelled out through DNS.
+import { DEFAULT_FLOOR, FLOOR_RULE, floorEntry, type EgressFloor } from '../network/egress-floor.ts';
 import { decideDomain, decideEgress, type EgressPolicy } from '../network/egress-policy.ts';
 import { QTYPE, RCODE } from './dns-wire.ts';
 
@@ -40,15 +41,15 @@ export function wantsAddresses(qtype: number): 4 | 6 | undefined {
   return qtype === QTYPE.a ? 4 : qtype === QTYPE.aaaa ? 6 : undefined;
 }
 
-/** Step 2: the lookup's addresses, filtered by the policy. */
-export function filterAnswer(policy: EgressPolicy, name: string, lookup: Lookup): DnsAnswer {
+/** Step 2: the lookup's addresses, filtered by the worker's floor (egress-floor.ts), then the policy. */
+export function filterAnswer(policy: EgressPolicy, name: string, lookup: Lookup, floor: EgressFloor = DEFAULT_FLOOR): DnsAnswer {
   const allowRule = decideDomain(policy, name).rule;
   if (lookup.addresses === 'nxdomain') return { rcode: RCODE.nxDomain, addresses: [], ttlS: NEGATIVE_TTL_S, rule: allowRule, verdict: 'answered' };
   const kept: string[] = [];
   let deniedBy: string | undefined;
   for (const ip of lookup.addresses) {
     // Port 0: the resolver does not know the port; no rule names ports.
-    const v = decideEgress(policy, { ip, port: 0, domain: name });
+    const v = floorEntry(floor, ip) !== undefined ? { allowed: false, rule: FLOOR_RULE } : decideEgress(policy, { ip, port: 0, domain: name });
     if (v.allowed) kept.push(ip);
     else deniedBy ??= v.rule;
   }

@@ -11,6 +11,7 @@ import type { Logger } from '../system/log.ts';
 import { filterAnswer, refuseName, wantsAddresses, type DnsAnswer, type Lookup } from './dns-answer.ts';
 import { buildResponse, errorResponse, parseQuery, RCODE, UDP_LIMIT } from './dns-wire.ts';
 import type { EgressPolicySource } from './egress-decision.ts';
+import type { EgressFloor } from '../network/egress-floor.ts';
 
 export interface DnsUpstream {
   lookup(name: string, family: 4 | 6): Promise<Lookup>;
@@ -55,6 +56,8 @@ export interface DnsResolverOptions {
   onAnswer?: (podIp: string, name: string, addresses: readonly string[], ttlS: number) => void;
   /** Lookups in flight at once; queries beyond are answered SERVFAIL (a flood must not queue without bound). Default 512. */
   maxInFlight?: number;
+  /** Addresses never answered whatever the policy (src/network/egress-floor.ts). Default DEFAULT_FLOOR. */
+  floor?: EgressFloor;
 }
 
 export class DnsResolver {
@@ -164,7 +167,7 @@ export class DnsResolver {
     }
     this.#inFlight++;
     try {
-      const a = filterAnswer(policy, q.name, await this.#opts.upstream.lookup(q.name, family));
+      const a = filterAnswer(policy, q.name, await this.#opts.upstream.lookup(q.name, family), this.#opts.floor);
       count(a);
       this.#opts.onAnswer?.(ip, q.name, a.addresses, a.ttlS);
       return buildResponse(q, a.rcode, a.addresses, a.ttlS, limit);

@@ -4,6 +4,7 @@
 // this module only picks the name to judge by (the TLS SNI for HTTPS, the Host header for plain
 // HTTP, none for anything else) and the credential headers. Wire: authz-service.ts.
 import { isIP } from 'node:net';
+import { DEFAULT_FLOOR, FLOOR_RULE, floorEntry, type EgressFloor } from '../network/egress-floor.ts';
 import { decideEgress, normaliseDomain, type EgressPolicySource as PolicyByPodIp } from '../network/egress-policy.ts';
 import type { CheckAttributes } from './authz-codec.ts';
 import { credentialHeaders, type CredentialSource } from './credentials.ts';
@@ -48,6 +49,8 @@ export interface DecisionInputs {
    * `address-not-resolved` when that denies it). Without it names are taken at their word.
    */
   resolved?: (podIp: string, name: string, ip: string) => boolean;
+  /** Addresses denied whatever the policy (src/network/egress-floor.ts). Default DEFAULT_FLOOR (cloud metadata). */
+  floor?: EgressFloor;
 }
 
 /** Rules that are a domain entry (not a CIDR, not a default). */
@@ -65,6 +68,8 @@ export function decideConnection(check: CheckAttributes, inputs: DecisionInputs)
   if (policy === undefined) return { allowed: false, rule: 'unknown-source', sandbox, protocol };
   const sni = check.sni === undefined ? undefined : nameOf(check.sni);
   const host = check.http === undefined ? undefined : nameOf(check.http.host);
+  // The floor before the policy: no allow entry, CIDR or name, opens it.
+  if (floorEntry(inputs.floor ?? DEFAULT_FLOOR, check.destinationIp) !== undefined) return { allowed: false, rule: FLOOR_RULE, sandbox, protocol };
   const target = { ip: check.destinationIp, port: check.destinationPort };
   const judge = (domain: string | undefined) => decideEgress(policy, domain === undefined ? target : { ...target, domain });
   const domain = host ?? sni;

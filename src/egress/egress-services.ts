@@ -10,8 +10,12 @@ import type { CredentialStore } from './credential-store.ts';
 import { interceptedHosts } from './credentials.ts';
 import { DnsResolver, systemUpstream, type DnsUpstream } from './dns-resolver.ts';
 import { ensureEgressCa, ensureHostCertificate, type HostCertificate } from './egress-ca.ts';
+import { writeEgressLds } from '../edge/envoy-config.ts';
+import { privateDir } from '../system/private-files.ts';
+import { dirname } from 'node:path';
 import type { EgressPolicySource } from './egress-decision.ts';
 import { ResolvedAddresses } from './resolved-addresses.ts';
+import type { EgressFloor } from '../network/egress-floor.ts';
 
 export interface EgressServicesOptions {
   /** The pods' gateway: the resolver listens on it (port 53). */
@@ -29,6 +33,14 @@ export interface EgressServicesOptions {
   authzPort?: number;
   /** Default: the node's resolvers. */
   upstream?: DnsUpstream;
+  /** Addresses no policy opens (src/network/egress-floor.ts); default DEFAULT_FLOOR. */
+  floor?: EgressFloor;
+  /**
+   * Serve Envoy's egress listener from this LDS file (EdgeConfigOptions.egress.ldsPath), on
+   * listenPort of the gateway: written at start and rewritten whenever a credential rule
+   * changes, so a rule for a new host intercepts the next connection with no Envoy restart.
+   */
+  lds?: { path: string; listenPort: number };
 }
 
 export interface EgressServices {
@@ -38,6 +50,8 @@ export interface EgressServices {
   intercept: HostCertificate[];
   /** The egress CA certificate sandboxes must trust. */
   caCertPath: string;
+  /** The LDS file, when asked for (EdgeConfigOptions.egress.ldsPath). */
+  ldsPath: string | undefined;
   close(): Promise<void>;
 }
 
@@ -51,6 +65,7 @@ export async function startEgressServices(o: EgressServicesOptions): Promise<Egr
     source: o.source,
     credentials: o.credentials,
     resolved: (pod, name, ip) => resolved.has(pod, name, ip),
+    ...(o.floor === undefined ? {} : { floor: o.floor }),
     metrics: createEgressMetrics(o.registry),
     log: o.log.child({ component: 'egress-authz' }),
   });
@@ -60,6 +75,7 @@ export async function startEgressServices(o: EgressServicesOptions): Promise<Egr
     registry: o.registry,
     log: o.log.child({ component: 'egress-dns' }),
     onAnswer: (pod, name, ips, ttl) => resolved.record(pod, name, ips, ttl),
+    ...(o.floor === undefined ? {} : { floor: o.floor }),
   });
   try {
     await dns.listen(o.gateway, o.dnsPort ?? 53);
@@ -67,11 +83,28 @@ export async function startEgressServices(o: EgressServicesOptions): Promise<Egr
     await authz.close();
     throw err;
   }
+  const authzAddress = `127.0.0.1:${authz.port}`;
+  let unsubscribe = (): void => undefined;
+  let writing = Promise.resolve();
+  const lds = o.lds;
+  if (lds !== undefined) {
+    privateDir(dirname(lds.path));
+    const write = (hosts: HostCertificate[]): void => writeEgressLds(lds.path, { listenAddress: o.gateway, listenPort: lds.listenPort, authzAddress, intercept: hosts, ldsPath: lds.path });
+    write(intercept);
+    // One rewrite at a time, in the order of the changes; a failure is logged and the next change tries again.
+    const rewrite = async (): Promise<void> => write(await Promise.all(interceptedHosts(o.credentials.listRules()).map((h) => ensureHostCertificate(ca, h))));
+    unsubscribe = o.credentials.onChange(() => {
+      writing = writing.then(rewrite).catch((err: unknown) => o.log.error({ err }, 'cannot rewrite the egress listener: a new credential host is not intercepted yet'));
+    });
+  }
   return {
-    authzAddress: `127.0.0.1:${authz.port}`,
+    authzAddress,
     intercept,
     caCertPath: ca.caCertPath,
+    ldsPath: lds?.path,
     async close() {
+      unsubscribe();
+      await writing;
       await dns.close();
       await authz.close();
     },

@@ -21,17 +21,19 @@
 //   DNS resolver (UDP/TCP 53) and the egress proxy port on the gateway, when configured. Replies
 //   to connections the host opened to the pod (the data plane, probes, envd) are established.
 // - inet forward from the bridge (f_<key>): to another pod (out the bridge again) rejected; then
-//   the policy in decideEgress's order: allow CIDRs, deny CIDRs, the private ranges, the
+//   the worker's floor (egress-floor.ts: cloud metadata, which no policy opens); then the policy
+//   in decideEgress's order: allow CIDRs, deny CIDRs, the private ranges, the
 //   catch-all deny, and the internet default. Each rule has a counter and a comment naming the
 //   policy rule, the per-sandbox, per-rule counts the worker exports as metrics.
 // - inet nat prerouting (n_<key>): with an egress proxy, outbound TCP that the address rules do
 //   not already decide is DNAT'ed to gateway:port (SO_ORIGINAL_DST gives the proxy the target).
-//   Host addresses, pods, allowed and denied CIDRs are left alone, so the filter decides them.
+//   Host addresses, pods, the floor, allowed and denied CIDRs are left alone, so the filter decides them.
 // - inet nat postrouting: the subnet is masqueraded when it leaves by another interface.
 //
 // Denied traffic is rejected, never dropped: TCP gets a reset (ECONNREFUSED at once), anything
 // else ICMP admin-prohibited (EHOSTUNREACH). Established and related packets are accepted first,
 // so a policy change applies to new connections.
+import { DEFAULT_FLOOR, FLOOR_RULE, type EgressFloor } from './egress-floor.ts';
 import { compileEgressPolicy, DEFAULT_RULES, PRIVATE_RANGES, type EgressPolicy } from './egress-policy.ts';
 
 export interface BridgeNet {
@@ -45,6 +47,8 @@ export interface BridgeNet {
   egressProxyPort?: number;
   /** Whether pods may ask a DNS resolver on gateway:53. */
   dns?: boolean;
+  /** Addresses no policy opens (egress-floor.ts). Default DEFAULT_FLOOR (cloud metadata). */
+  floor?: EgressFloor;
 }
 
 export interface PodNet {
@@ -60,6 +64,12 @@ export interface PodNet {
 export const KERNEL_RULES = {
   /** Another sandbox on this worker. */
   sandboxes: 'sandboxes',
+  /**
+   * The internet of a policy that denies domains, with no egress proxy to judge them: the kernel
+   * cannot tell evil.example from any other address, so it fails closed (the API refuses such a
+   * policy without the proxy; a template may still carry one).
+   */
+  domainsNeedProxy: 'domains-need-proxy',
   /** Any address of the host itself. */
   host: 'host',
 } as const;
@@ -177,12 +187,16 @@ export function podScript(net: BridgeNet, pod: PodNet): string {
   chain('inet', `i_${k}`, input);
 
   const forward: string[] = [`oifname ${quote(net.bridge)} counter jump deny ${c(KERNEL_RULES.sandboxes)}`];
+  // Pods have IPv4 only (the bridge drops other ethertypes): the floor's IPv6 entries are the proxy's and resolver's.
+  const floor = v4((net.floor ?? DEFAULT_FLOOR).cidrs).map((x) => x.text);
+  if (floor.length > 0) forward.push(`ip daddr { ${floor.join(', ')} } counter jump deny ${c(FLOOR_RULE)}`);
   for (const cidr of v4(p.allowCidrs)) forward.push(`ip daddr ${cidr.text} counter accept ${c(cidr.text)}`);
   for (const cidr of v4(p.denyCidrs)) forward.push(`ip daddr ${cidr.text} counter jump deny ${c(cidr.text)}`);
   const privateV4 = PRIVATE_RANGES.filter((r) => !r.includes(':'));
   forward.push(`ip daddr { ${privateV4.join(', ')} } counter jump deny ${c(DEFAULT_RULES.private)}`);
   const all = v4(p.denyAll)[0];
   if (all !== undefined) forward.push(`counter jump deny ${c(all.text)}`);
+  else if (p.internet && p.denyDomains.length > 0 && net.egressProxyPort === undefined) forward.push(`counter jump deny ${c(KERNEL_RULES.domainsNeedProxy)}`);
   else if (p.internet) forward.push(`counter accept ${c(DEFAULT_RULES.internet)}`);
   else forward.push(`counter jump deny ${c(DEFAULT_RULES.noInternet)}`);
   chain('inet', `f_${k}`, forward);
@@ -193,7 +207,7 @@ export function podScript(net: BridgeNet, pod: PodNet): string {
   const nat: string[] = [];
   if (viaProxy) {
     nat.push('fib daddr type local return', `ip daddr ${net.subnet} return`);
-    const untouched = [...v4(p.allowCidrs), ...v4(p.denyCidrs)].map((x) => x.text);
+    const untouched = [...floor, ...[...v4(p.allowCidrs), ...v4(p.denyCidrs)].map((x) => x.text)];
     if (untouched.length > 0) nat.push(`ip daddr { ${untouched.join(', ')} } return`);
     nat.push(`ip daddr { ${privateV4.join(', ')} } return`, `meta l4proto tcp dnat ip to ${gw}:${String(net.egressProxyPort)}`);
   }

@@ -2,6 +2,7 @@
 // listed at once, then frozen and passed down. Nothing else reads the environment.
 import { resolve } from 'node:path';
 import { isClusterTag } from '../api/ids.ts';
+import { DEFAULT_EGRESS_FLOOR, parseEgressFloor, type EgressFloor } from '../network/egress-floor.ts';
 import { parseFlags } from './flags.ts';
 import { derivedNetwork } from './local-network.ts';
 
@@ -60,9 +61,18 @@ export interface WorkerConfig {
    * ASB_EGRESS_PROXY_PORT / --egress-proxy-port: route sandboxes' outbound TCP through the egress
    * proxy: the local runtime DNATs it to <bridge gateway>:PORT (where the cluster Envoy's `egress`
    * listener must listen), and the worker runs the egress decision service and the sandboxes' DNS
-   * resolver on <gateway>:53 (src/egress/). Unset: no proxy, only the policy's CIDRs apply.
+   * resolver on <gateway>:53 (src/egress/). Unset or `off`: no proxy, only the policy's CIDRs
+   * apply and the API refuses domain entries. `make up` sets it (15001, region-b 15002; up.ts).
    */
   readonly egressProxyPort: number | undefined;
+  /**
+   * ASB_EGRESS_FLOOR / --egress-floor: comma-separated CIDRs no sandbox reaches whatever its
+   * template or its own policy allows (src/network/egress-floor.ts), enforced by the kernel rules,
+   * the egress proxy and the DNS resolver. Replaces the default, the cloud metadata and credential
+   * endpoints (169.254.169.254, 169.254.170.2, 169.254.170.23, 100.100.100.200, fd00:ec2::254,
+   * fd00:ec2::23); `none` for an empty floor.
+   */
+  readonly egressFloor: EgressFloor;
   /** ASB_RUNTIME / --runtime: what runs sandboxes: local (process trees on this machine) or kube (Pods, through the API server; needs --store=kube). Default local */
   readonly runtime: 'local' | 'kube';
   /**
@@ -115,7 +125,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'egressProxyPort';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'egressProxyPort' | 'egressFloor';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -144,6 +154,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   imageCache: { env: 'ASB_IMAGE_CACHE', flag: 'image-cache' },
   registriesFile: { env: 'ASB_REGISTRIES', flag: 'registries' },
   egressProxyPort: { env: 'ASB_EGRESS_PROXY_PORT', flag: 'egress-proxy-port' },
+  egressFloor: { env: 'ASB_EGRESS_FLOOR', flag: 'egress-floor' },
   imageGcIntervalMs: { env: 'ASB_IMAGE_GC_INTERVAL_MS', flag: 'image-gc-interval-ms' },
   imageGcGraceMs: { env: 'ASB_IMAGE_GC_GRACE_MS', flag: 'image-gc-grace-ms' },
 };
@@ -228,9 +239,13 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   if (hubUrl !== undefined && !isEdgeUrl(hubUrl)) problems.push(`${describe('hubUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:7090, got "${hubUrl}"`);
   if ((hubUrl === undefined) !== (hubCredentialFile === undefined)) problems.push(`${describe('hubUrl')} and ${describe('hubCredentialFile')} go together: set both or neither`);
   const egressText = raw('egressProxyPort');
-  const egressProxyPort = egressText === undefined || egressText === '' ? undefined : Number(egressText);
-  if (egressProxyPort !== undefined && (!Number.isInteger(egressProxyPort) || egressProxyPort < 1 || egressProxyPort > 65535)) problems.push(`${describe('egressProxyPort')} must be a port from 1 to 65535, got "${egressText ?? ''}"`);
+  const egressProxyPort = egressText === undefined || egressText === '' || egressText === 'off' ? undefined : Number(egressText);
+  if (egressProxyPort !== undefined && (!Number.isInteger(egressProxyPort) || egressProxyPort < 1 || egressProxyPort > 65535)) problems.push(`${describe('egressProxyPort')} must be a port from 1 to 65535 or off, got "${egressText ?? ''}"`);
   if (egressProxyPort !== undefined && runtime !== 'local') problems.push(`${describe('egressProxyPort')} needs ${describe('runtime')} local: on Kubernetes the CNI routes pods`);
+  const floorText = raw('egressFloor');
+  const floorEntries = floorText === undefined || floorText === '' ? DEFAULT_EGRESS_FLOOR : floorText === 'none' ? [] : floorText.split(',');
+  const { floor: egressFloor, bad: badFloor } = parseEgressFloor(floorEntries);
+  if (badFloor.length > 0) problems.push(`${describe('egressFloor')} must be comma-separated CIDRs or IPs (or none), got ${badFloor.map((b) => `"${b}"`).join(', ')}`);
   const config: WorkerConfig = {
     dataDir,
     apiHost: str('apiHost'),
@@ -259,6 +274,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     imageCache: resolve(raw('imageCache') ?? resolve(dataDir, 'images')),
     registriesFile: raw('registriesFile') === undefined ? undefined : resolve(raw('registriesFile') ?? ''),
     egressProxyPort,
+    egressFloor,
     imageGcIntervalMs: int('imageGcIntervalMs', 0, 86_400_000),
     imageGcGraceMs: int('imageGcGraceMs', 0, 30 * 86_400_000),
   };

@@ -20,6 +20,10 @@
 //   ASB_SUBNET, ASB_BRIDGE pod subnet (a /16) and bridge; default derived from the state dir, so
 //                          two checkouts differ (local-network.ts). With the federation, region-a
 //                          takes ASB_SUBNET and region-b the next /16; the bridges are ASB_BRIDGE0, 1
+//   ASB_EGRESS_PROXY_PORT  region-a's egress proxy (default 15001; region-b: +1; 0 picks a free one; off: none).
+//                          Sandboxes' outbound TCP goes through it (the Envoy `egress` listener on the
+//                          pods' gateway; the worker's decision service on 127.0.0.1 at the same
+//                          port); without it domain entries of a policy are refused (README "Egress proxy")
 //   ASB_REGISTRY_PORT      the image registry on 127.0.0.1 (default 5050), docker.io's mirror for
 //                          every worker; its data in .asb/registry, the image cache in .asb/images
 import { renameSync, writeFileSync } from 'node:fs';
@@ -29,7 +33,7 @@ import { createLogger } from './log.ts';
 import { derivedNetwork, nthSubnet } from './local-network.ts';
 import { startFederation, type Federation } from './federation.ts';
 import { ensureEdgeTls } from '../edge/tls.ts';
-import { startLocalSystem, type LocalSystem } from './local-system.ts';
+import { freePort, startLocalSystem, type LocalSystem } from './local-system.ts';
 import { writeKubeconfig, type KubeCluster } from './kubeconfig.ts';
 import { systemClock } from './clock.ts';
 import { startLocalRegistry, type LocalRegistry } from '../images/local-registry.ts';
@@ -47,6 +51,22 @@ function port(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
     process.exit(2);
   }
   return value;
+}
+
+/** The product default: every sandbox's domain entries are decided (README "Egress proxy"). */
+const DEFAULT_EGRESS_PROXY_PORT = 15001;
+
+/** `--egress-proxy-port` for the cluster at `step` (region-b: +1), or none when ASB_EGRESS_PROXY_PORT=off. */
+async function egressArgs(env: NodeJS.ProcessEnv, step: number): Promise<string[]> {
+  if (env.ASB_EGRESS_PROXY_PORT === 'off') return ['--egress-proxy-port', 'off'];
+  const base = port(env, 'ASB_EGRESS_PROXY_PORT', DEFAULT_EGRESS_PROXY_PORT);
+  // 0: a free port now, fixed before the first start (the decision service and Envoy must agree on it).
+  return ['--egress-proxy-port', String(base === 0 ? await freePort() : base + step)];
+}
+
+function egressLine(args: readonly string[]): string {
+  const port = args.at(-1) ?? 'off';
+  return port === 'off' ? 'egress proxy off (ASB_EGRESS_PROXY_PORT=off): policies may name CIDRs only' : `egress proxy on <pods' gateway>:${port}, decides policies' domains (ASB_EGRESS_PROXY_PORT=off turns it off)`;
 }
 
 /** What `make up` started, whichever mode: enough to write .asb/env, announce and stop it. */
@@ -157,6 +177,7 @@ function e2bEnv(edgeUrl: string, key: string, domain: string): Record<string, st
 async function upSingle(env: NodeJS.ProcessEnv, stateDir: string, workerArgs: readonly string[]): Promise<Running> {
   const domain = env.ASB_DOMAIN ?? 'asb.localhost';
   const edgeTls = await ensureEdgeTls(join(stateDir, 'edge-tls'), domain);
+  const egress = await egressArgs(env, 0);
   const system: LocalSystem = await startLocalSystem({
     stateDir,
     log: createLogger({ level: env.ASB_LOG_LEVEL ?? 'warn' }),
@@ -167,7 +188,7 @@ async function upSingle(env: NodeJS.ProcessEnv, stateDir: string, workerArgs: re
     edgeTls: { port: port(env, 'ASB_EDGE_TLS_PORT', 10002), files: edgeTls },
     domain,
     clusterName: env.ASB_CLUSTER_NAME ?? 'local',
-    workerArgs,
+    workerArgs: [...workerArgs, ...egress],
     supervise: supervisorPolicy(),
   });
   const edgeTlsUrl = system.edgeTlsUrl ?? '';
@@ -188,7 +209,8 @@ async function upSingle(env: NodeJS.ProcessEnv, stateDir: string, workerArgs: re
   edge         ${system.edgeUrl}   sandboxes at http://<port>-<id>.${system.domain}:${new URL(system.edgeUrl).port}
   edge (TLS)   ${edgeTlsUrl}   HTTP/2; trust ${edgeTls.caCertPath}
   E2B SDKs     source ${join(stateDir, 'env')}: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_DOMAIN are set
-  metrics      ${system.apiUrl}/metrics  (needs the API key)`,
+  metrics      ${system.apiUrl}/metrics  (needs the API key)
+  ${egressLine(egress)}`,
     kill: () => system.kill(),
     stop: () => system.stop(),
   };
@@ -202,6 +224,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string, workerArgs
     { name: 'region-a', tag: 'rgna', step: 0 },
     { name: 'region-b', tag: 'rgnb', step: 1 },
   ].map((r) => ({ ...r, ...regionNetwork(env, stateDir, r.step) }));
+  const egress = [await egressArgs(env, 0), await egressArgs(env, 1)];
   const fed: Federation = await startFederation({
     stateDir,
     log: createLogger({ level: env.ASB_LOG_LEVEL ?? 'warn' }),
@@ -219,7 +242,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string, workerArgs
       routerPort: port(env, 'ASB_ROUTER_PORT', 9002) + r.step,
       bridge: r.bridge,
       subnet: r.subnet,
-      workerArgs,
+      workerArgs: [...workerArgs, ...(egress[r.step] ?? [])],
     })),
     supervise: supervisorPolicy(),
   });
@@ -246,6 +269,7 @@ async function upFederation(env: NodeJS.ProcessEnv, stateDir: string, workerArgs
   hub          ${fed.hubUrl}   (asb cluster ls, asb key …, asb template …)
   console      ${fed.hubUrl}/console/   (log in with ASB_API_KEY from the env file)
 ${rows.join('\n')}
+  ${egress.map(egressLine).join('; ')}
   API          ${first.edgeUrl}/v1/…  through the edge: creates are placed by the hub, any edge reaches any sandbox
   sandboxes    http://<port>-<id>.${fed.domain}:<edge port>  (any cluster's edge); HTTPS: trust ${fed.edgeCaCertPath ?? ''}
   E2B SDKs     source ${join(stateDir, 'env')}: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_DOMAIN are set`,

@@ -39,7 +39,7 @@ export async function connectKube(config: WorkerConfig, opts: { clock: Clock; me
  * enforces Pod Security `restricted`.
  */
 export function createKubePodRuntime(config: WorkerConfig, kube: KubeConnection, opts: { clock: Clock; log: Logger }): Promise<PodRuntime> {
-  return createKubeRuntime({ kubeconfig: kube.kubeconfig, store: kube.store, namespace: config.podNamespace, log: opts.log, clock: opts.clock });
+  return createKubeRuntime({ kubeconfig: kube.kubeconfig, store: kube.store, namespace: config.podNamespace, log: opts.log, clock: opts.clock, egressFloor: config.egressFloor });
 }
 
 export interface LedControllers {

@@ -59,7 +59,7 @@ export interface RunningWorker {
   /** The admin key, when this start created or verified one (config.adminKeyFile). */
   readonly adminKey: string | undefined;
   /** With --egress-proxy-port: what the cluster Envoy's `egress` listener needs (EdgeConfigOptions.egress). */
-  readonly egress: { listenAddress: string; listenPort: number; authzAddress: string; intercept: HostCertificate[]; caCertPath: string } | undefined;
+  readonly egress: { listenAddress: string; listenPort: number; authzAddress: string; intercept: HostCertificate[]; caCertPath: string; ldsPath?: string } | undefined;
   /** hibernate: stop every running sandbox (kept on disk; restarted on the next start). */
   close(opts?: { hibernate?: boolean }): Promise<void>;
 }
@@ -127,12 +127,14 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   // The egress proxy's worker half (--egress-proxy-port): the local runtime answers pod → policy.
   const egressPort = config.egressProxyPort;
   const egressServices =
-    egressPort === undefined || !isPolicySource(runtime)
+    // A runtime that starts no pod (not root) has no bridge to listen on: no proxy, and the API
+    // then refuses domain entries as with the proxy off.
+    egressPort === undefined || !isPolicySource(runtime) || (runtime as { unavailable?: string }).unavailable !== undefined
       ? undefined
       : // The decision service takes the proxy's port number on loopback (the listener has it on
         // the gateway): fixed, so Envoy finds a restarted worker where it left it.
-        await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
-  const egress = egressServices === undefined || egressPort === undefined ? undefined : { listenAddress: parseSubnet(config.subnet).gateway, listenPort: egressPort, authzAddress: egressServices.authzAddress, intercept: egressServices.intercept, caCertPath: egressServices.caCertPath };
+        await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, floor: config.egressFloor, lds: { path: join(config.dataDir, 'egress', 'lds', 'egress.json'), listenPort: egressPort }, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
+  const egress = egressServices === undefined || egressPort === undefined ? undefined : { listenAddress: parseSubnet(config.subnet).gateway, listenPort: egressPort, authzAddress: egressServices.authzAddress, intercept: egressServices.intercept, caCertPath: egressServices.caCertPath, ...(egressServices.ldsPath === undefined ? {} : { ldsPath: egressServices.ldsPath }) };
   const api =
     apiOperator === undefined
       ? undefined
@@ -151,6 +153,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
           terminal: { idleMs: config.terminalIdleMs },
           egressCredentials,
+          egressProxy: egress !== undefined,
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
         });
@@ -224,6 +227,7 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     bridge: config.bridge,
     images,
     ...(config.egressProxyPort === undefined ? {} : { egressProxy: { port: config.egressProxyPort }, podDns: true }),
+    egressFloor: config.egressFloor,
     ...(extraCaPath === undefined ? {} : { extraCaPath }),
   });
   // After the runtime: its recovery pins the images of pods made before pins existed.

@@ -97,6 +97,8 @@ export interface WorkerDeps {
   reportToHub?: (timeoutMs: number) => Promise<boolean>;
   /** Egress secrets and credential rules (admin API under /v1/egress/); absent: those routes answer 404. */
   egressCredentials?: CredentialStore;
+  /** Whether the egress proxy decides this cluster's domain entries; false (the default): a policy naming a domain is refused (egress-domains.ts). */
+  egressProxy?: boolean;
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
@@ -116,4 +118,5 @@ export interface WorkerContext {
   sync: (() => { connected: boolean; appliedVersion: number }) | undefined;
   reportToHub: ((timeoutMs: number) => Promise<boolean>) | undefined;
   egressCredentials: CredentialStore | undefined;
+  egressProxy: boolean;
 }

@@ -8,6 +8,7 @@ import { AsbError } from '../errors.ts';
 import { parseEgressPolicy } from '../network/egress-policy.ts';
 import { ClusterType, type Cluster } from '../hub/contract.ts';
 import { CLUSTER_SCOPE } from '../store/store.ts';
+import { requireProxyForDomains } from './egress-domains.ts';
 import { findSandbox, isObjectName, principalOf, visibilitySelector } from './access.ts';
 import { readJson } from './body.ts';
 import { checkCreateBody, MAX_TIMEOUT_MS, type CreateBody } from './create-body.ts';
@@ -50,6 +51,8 @@ async function checkPlacement(w: WorkerContext, body: CreateBody): Promise<void>
 async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const p = principalOf(ctx);
   const body = checkCreateBody(await readJson(ctx.req, w.limits.jsonBytes));
+  const network = body.network === undefined ? undefined : parseEgressPolicy(body.network, 'network');
+  if (network !== undefined) requireProxyForDomains(w.egressProxy, network, { allow: 'network.allow', deny: 'network.deny' });
   await checkPlacement(w, body);
   const claimed = await claimSandbox(w, p, {
     namespace: body.namespace ?? w.defaultNamespace,
@@ -57,7 +60,7 @@ async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     ...(body.labels === undefined ? {} : { labels: body.labels }),
     ...(body.timeoutMs === undefined ? {} : { shutdownTime: new Date(w.clock.now() + body.timeoutMs).toISOString() }),
     ...(body.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: body.idleTimeoutMs }),
-    ...(body.network === undefined ? {} : { network: parseEgressPolicy(body.network, 'network') }),
+    ...(network === undefined ? {} : { network }),
     coldStart: body.coldStart ?? true,
     wait: body.wait ?? true,
   });
@@ -132,7 +135,9 @@ async function timeout(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
 async function network(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
   const body = (await readJson(ctx.req, w.limits.jsonBytes)) ?? {};
-  return viewReply(w, 200, await setNetwork(w, sandbox, parseEgressPolicy(body, 'body')));
+  const policy = parseEgressPolicy(body, 'body');
+  requireProxyForDomains(w.egressProxy, policy, { allow: 'body.allow', deny: 'body.deny' });
+  return viewReply(w, 200, await setNetwork(w, sandbox, policy));
 }
 
 async function rotateToken(w: WorkerContext, ctx: RequestContext): Promise<Reply> {

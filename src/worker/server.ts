@@ -124,6 +124,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     sync: deps.sync,
     reportToHub: deps.reportToHub,
     egressCredentials: deps.egressCredentials,
+    egressProxy: deps.egressProxy ?? false,
   });
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
   const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });

@@ -5,6 +5,8 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Registry } from 'prom-client';
+import { createServer } from 'node:net';
+import { writeEgressLds } from '../../src/edge/envoy-config.ts';
 import { EnvoyProcess } from '../../src/edge/envoy-process.ts';
 import { createEgressMetrics, EgressAuthzServer } from '../../src/egress/authz-service.ts';
 import { interceptedHosts, type CredentialRule } from '../../src/egress/credentials.ts';
@@ -35,6 +37,8 @@ export interface EgressProxyFixture {
   secrets: Map<string, string>;
   /** Sets (or with undefined, removes) the sandbox's policy; takes effect on the next connection. */
   setPolicy(policy: EgressPolicy | undefined): void;
+  /** With `lds`: replaces the credential rules and rewrites the egress listener's LDS file, as the worker does (Envoy keeps running). */
+  setRules(rules: readonly CredentialRule[]): Promise<void>;
   sandboxId: string;
   /** asb_egress_decisions_total for one label set. */
   decisions(labels: { rule: string; verdict: 'allowed' | 'denied'; protocol?: string }): Promise<number>;
@@ -46,7 +50,7 @@ export interface EgressProxyFixture {
  * `hosts`: what the resolver answers (every other name is NXDOMAIN: the tests never ask the real
  * internet). Names are looked up as the sandbox's resolv.conf says: at the gateway, port 53.
  */
-export async function startEgressProxy(t: Cleanup, opts: { rules?: readonly CredentialRule[]; hosts?: (publicIps: readonly string[]) => Record<string, string[]>; directLink?: boolean; concurrency?: number } = {}): Promise<EgressProxyFixture> {
+export async function startEgressProxy(t: Cleanup, opts: { rules?: readonly CredentialRule[]; hosts?: (publicIps: readonly string[]) => Record<string, string[]>; directLink?: boolean; concurrency?: number; lds?: boolean } = {}): Promise<EgressProxyFixture> {
   const dir = mkdtempSync(join(tmpdir(), 'asb-egress-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
   const net = await EgressNet.create(t, { directLink: opts.directLink ?? false });
@@ -56,7 +60,7 @@ export async function startEgressProxy(t: Cleanup, opts: { rules?: readonly Cred
   const egressCa = await ensureEgressCa(join(dir, 'egress-ca'), 'egress test cluster CA');
   const trustBundle = join(dir, 'trust.pem');
   writeFileSync(trustBundle, readFileSync(publicCa.caCertPath, 'utf8') + readFileSync(egressCa.caCertPath, 'utf8'));
-  const rules = opts.rules ?? [];
+  let rules = opts.rules ?? [];
   const intercept = await Promise.all(interceptedHosts(rules).map((h) => ensureHostCertificate(egressCa, h)));
   const secrets = new Map<string, string>();
   const credentials = { rulesFor: () => rules, secretValue: (name: string) => secrets.get(name) };
@@ -74,6 +78,11 @@ export async function startEgressProxy(t: Cleanup, opts: { rules?: readonly Cred
   const authz = await EgressAuthzServer.start({ host: '127.0.0.1', port: 0, source, metrics, resolved, credentials, log: silentLogger() });
   t.after(() => authz.close());
 
+  // LDS from a file: the listener's port is fixed (a reload binds it again), so pick a free one now.
+  const ldsPath = opts.lds === true ? join(dir, 'egress-lds.json') : undefined;
+  const egressPort = ldsPath === undefined ? 0 : await freePortOn(net.gateway);
+  const egressOptions = { listenAddress: net.gateway, listenPort: egressPort, authzAddress: `127.0.0.1:${authz.port}`, intercept, upstreamCaPath: publicCa.caCertPath, ...(ldsPath === undefined ? {} : { ldsPath }) };
+  if (ldsPath !== undefined) writeEgressLds(ldsPath, egressOptions);
   const envoy = new EnvoyProcess({
     stateDir: join(dir, 'envoy'),
     logger: silentLogger(),
@@ -85,7 +94,7 @@ export async function startEgressProxy(t: Cleanup, opts: { rules?: readonly Cred
       routerAddress: '127.0.0.1:9',
       workers: [],
       // The proxy checks the credential hosts' real certificates against the public CA.
-      egress: { listenAddress: net.gateway, listenPort: 0, authzAddress: `127.0.0.1:${authz.port}`, intercept, upstreamCaPath: publicCa.caCertPath },
+      egress: egressOptions,
     },
   });
   t.after(() => envoy.close());
@@ -110,6 +119,12 @@ export async function startEgressProxy(t: Cleanup, opts: { rules?: readonly Cred
     setPolicy: (p) => {
       policy = p;
     },
+    setRules: async (next) => {
+      if (ldsPath === undefined) throw new Error('setRules needs startEgressProxy(t, { lds: true })');
+      rules = next;
+      const hosts = await Promise.all(interceptedHosts(next).map((h) => ensureHostCertificate(egressCa, h)));
+      writeEgressLds(ldsPath, { ...egressOptions, intercept: hosts });
+    },
     decisions: (labels) => counted(registry, 'asb_egress_decisions_total', { sandbox: sandboxId, ...labels }),
     dnsQueries: (labels) => counted(registry, 'asb_egress_dns_queries_total', { sandbox: sandboxId, ...labels }),
   };
@@ -123,4 +138,17 @@ async function counted(registry: Registry, name: string, want: Record<string, st
     if (Object.entries(want).every(([k, x]) => x === undefined || labels[k] === x)) sum += v.value;
   }
   return sum;
+}
+
+/** A port free on `host` right now. */
+function freePortOn(host: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, host, () => {
+      const address = server.address();
+      const port = typeof address === 'object' && address !== null ? address.port : 0;
+      server.close(() => resolve(port));
+    });
+  });
 }

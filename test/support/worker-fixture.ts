@@ -141,7 +141,7 @@ export interface WorkerFixture {
 
 /** Starts everything; registers cleanup with `after` (the test's t.after). */
 /** `opts.eventRetention`: how many changes the store keeps for watches (older versions are Gone); `opts.clock`: the worker API's clock. */
-export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}, opts: { eventRetention?: number; clock?: Clock } = {}): Promise<WorkerFixture> {
+export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}, opts: { eventRetention?: number; clock?: Clock; egressProxy?: boolean } = {}): Promise<WorkerFixture> {
   const dir = await mkdtemp(join(tmpdir(), 'asb-worker-'));
   const log = silentLogger();
   const registry = new Registry();
@@ -155,7 +155,7 @@ export async function startWorkerFixture(after: (fn: () => Promise<void>) => voi
   const teamB = await createApiKey(store, { team: 'team-b' });
   const auth = await KeyRing.open({ store, log });
   const egressCredentials = new CredentialStore(join(dir, 'egress'), opts.clock ?? systemClock);
-  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, egressCredentials, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(opts.clock === undefined ? {} : { clock: opts.clock }) });
+  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, egressCredentials, egressProxy: opts.egressProxy ?? true, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(opts.clock === undefined ? {} : { clock: opts.clock }) });
   const address = await server.listen(0, '127.0.0.1');
   after(async () => {
     await server.close();

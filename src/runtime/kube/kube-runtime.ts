@@ -26,6 +26,7 @@ import { ExecCredentials } from './pod-exec.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { claimManifests, sandboxUidOf, podManifest, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, networkPolicyManifest, NetworkPolicyType, type KubePod, type KubePvc } from './objects.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy } from '../../network/egress-policy.ts';
+import { DEFAULT_FLOOR, type EgressFloor } from '../../network/egress-floor.ts';
 
 export interface KubeRuntimeOptions {
   /** A kubeconfig file, or one already loaded. */
@@ -46,6 +47,8 @@ export interface KubeRuntimeOptions {
    * writes counted with the rest. Without it the runtime opens (and on close closes) its own.
    */
   store?: KubeStore;
+  /** Addresses no sandbox's NetworkPolicy opens (src/network/egress-floor.ts). Default DEFAULT_FLOOR: cloud metadata. */
+  egressFloor?: EgressFloor;
 }
 
 // A pod name is a DNS-1123 label here, since it is also the pod's hostname and Service name.
@@ -99,6 +102,7 @@ export class KubePodRuntime implements PodRuntime {
   readonly #reported = new Map<string, PodState>();
   readonly #waiters = new Set<Waiter>();
   #closed = false;
+  readonly #floor: EgressFloor;
 
   constructor(opts: KubeRuntimeOptions, kc: KubeConfig, store: KubeStore) {
     const { namespace } = opts;
@@ -110,6 +114,7 @@ export class KubePodRuntime implements PodRuntime {
     this.#clock = opts.clock ?? systemClock;
     this.#graceSeconds = opts.stopGraceSeconds ?? 2;
     this.#waitMs = opts.waitTimeoutMs ?? 60_000;
+    this.#floor = opts.egressFloor ?? DEFAULT_FLOOR;
     const informer = <T extends KubeObject>(type: ResourceType): Informer<T> =>
       new Informer<T>({ store, type, clock: this.#clock, log: this.#log, namespace, labelSelector: SANDBOX_LABEL });
     this.#pods = informer<KubePod>(PodType);
@@ -249,7 +254,7 @@ export class KubePodRuntime implements PodRuntime {
 
   /** Creates or replaces the sandbox's NetworkPolicy (networkPolicyManifest). */
   async setEgressPolicy(id: string, policy: EgressPolicy): Promise<void> {
-    const want = networkPolicyManifest(id, this.namespace, policy);
+    const want = networkPolicyManifest(id, this.namespace, policy, this.#floor);
     for (let attempt = 0; attempt < 3; attempt++) {
       const have = await this.#store.tryGet(NetworkPolicyType, this.namespace, id);
       try {

@@ -5,7 +5,8 @@ import type { KubeObject, ObjectMeta, ResourceType } from '../../api/meta.ts';
 import type { Container, PodSpec, Volume, VolumeClaimTemplate } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
 import type { PodRequest, PodState } from '../runtime.ts';
-import { compileEgressPolicy, PRIVATE_RANGES, type EgressPolicy } from '../../network/egress-policy.ts';
+import { cidrContains, compileEgressPolicy, PRIVATE_RANGES, type Cidr, type EgressPolicy } from '../../network/egress-policy.ts';
+import { DEFAULT_FLOOR, type EgressFloor } from '../../network/egress-floor.ts';
 
 /** On every Pod, PVC and Service of a sandbox: its id. The runtime watches by this label. */
 export const SANDBOX_LABEL = 'asb.dev/sandbox';
@@ -168,15 +169,26 @@ export function serviceManifest(req: PodRequest, namespace: string): KubeObject 
  * from our ingress and worker, and this one grants what the policy allows: each allow CIDR, and
  * with the internet on, 0.0.0.0/0 and ::/0 except the private ranges and the deny CIDRs. Domain
  * entries need the egress proxy; a NetworkPolicy cannot name them, so they open nothing here.
+ * The worker's floor (egress-floor.ts) is cut out of every allow CIDR (`except`), and an allow
+ * CIDR inside the floor is left out: no policy opens cloud metadata here either. A policy that
+ * denies a domain gets no internet (fail closed: the deny could not be enforced).
  */
-export function networkPolicyManifest(id: string, namespace: string, policy: EgressPolicy): KubeObject {
+export function networkPolicyManifest(id: string, namespace: string, policy: EgressPolicy, floor: EgressFloor = DEFAULT_FLOOR): KubeObject {
   const p = compileEgressPolicy(policy);
-  const to = p.allowCidrs.map((c) => ({ ipBlock: { cidr: c.text.includes('/') ? c.text : `${c.text}/${c.family === 4 ? '32' : '128'}` } }));
-  if (p.internet) {
+  const full = (c: Cidr): string => (c.text.includes('/') ? c.text : `${c.text}/${c.family === 4 ? '32' : '128'}`);
+  const inside = (inner: Cidr, outer: Cidr): boolean => inner.family === outer.family && inner.prefix >= outer.prefix && cidrContains(outer, { family: inner.family, value: inner.base });
+  const to = p.allowCidrs
+    .filter((c) => !floor.cidrs.some((f) => inside(c, f)))
+    .map((c) => {
+      const except = floor.cidrs.filter((f) => inside(f, c)).map(full);
+      return { ipBlock: { cidr: full(c), ...(except.length === 0 ? {} : { except }) } };
+    });
+  // A deny domain cannot be enforced here (no egress proxy on Kubernetes): fail closed, no internet.
+  if (p.internet && p.denyDomains.length === 0) {
     for (const family of [4, 6] as const) {
       if (p.denyAll.some((c) => c.family === family)) continue;
       const except = [...PRIVATE_RANGES.filter((r) => r.includes(':') === (family === 6)), ...p.denyCidrs.filter((c) => c.family === family).map((c) => (c.text.includes('/') ? c.text : `${c.text}/${family === 4 ? '32' : '128'}`))];
-      to.push({ ipBlock: { cidr: family === 4 ? '0.0.0.0/0' : '::/0', except } } as { ipBlock: { cidr: string } });
+      to.push({ ipBlock: { cidr: family === 4 ? '0.0.0.0/0' : '::/0', except } });
     }
   }
   return {

@@ -45,6 +45,7 @@ import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
 import { runscFlags } from '../oci/runsc.ts';
 import { ROOT_ID_MAP } from '../oci/spec.ts';
+import type { EgressFloor } from '../../network/egress-floor.ts';
 
 export interface LocalRuntimeOptions {
   /** State dir, e.g. .asb/data/runtime: pods/, volumes/, runc/ and the compiled shim live here. */
@@ -82,6 +83,8 @@ export interface LocalRuntimeOptions {
   egressProxy?: { port: number };
   /** Pods may query a DNS resolver on the gateway (UDP and TCP 53). Default false: no host port is open to pods. */
   podDns?: boolean;
+  /** Addresses no pod reaches whatever its policy (src/network/egress-floor.ts). Default DEFAULT_FLOOR: cloud metadata. */
+  egressFloor?: EgressFloor;
   /**
    * PEM file of a CA every pod trusts besides its image's (the cluster's egress CA, whose
    * certificates the egress proxy serves for credential-injection hosts): appended to each pod's
@@ -219,6 +222,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
         gateway: this.#subnet.gateway,
         ...(opts.egressProxy === undefined ? {} : { egressProxyPort: opts.egressProxy.port }),
         dns: opts.podDns === true,
+        ...(opts.egressFloor === undefined ? {} : { floor: opts.egressFloor }),
       },
       (argv, input) => this.#launcher.run(argv, input),
       this.#log,

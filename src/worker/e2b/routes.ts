@@ -23,6 +23,7 @@ import type { Sandbox } from '../../api/types.ts';
 import { sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
 import { e2bNetwork } from '../../network/sandbox-network.ts';
+import { requireProxyForDomains } from '../egress-domains.ts';
 import { findSandbox, sandboxNotFound } from '../access.ts';
 import { readJson } from '../body.ts';
 import { MAX_TIMEOUT_MS } from '../create-body.ts';
@@ -68,6 +69,9 @@ async function findLive(w: WorkerContext, ctx: AuthedContext): Promise<Sandbox> 
   return sandbox;
 }
 
+/** Named as the SDK names them. */
+const E2B_FIELDS = { allow: 'network.allowOut', deny: 'network.denyOut' } as const;
+
 async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const raw: unknown = await readJson(ctx.req, w.limits.jsonBytes);
   if (isPlainObject(raw) && Array.isArray(raw.volumeMounts) && raw.volumeMounts.length > 0) {
@@ -78,6 +82,7 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   if (body.envVars !== undefined) checkSpawnInput({ env: { field: 'envVars', vars: body.envVars } });
   if (body.autoPause === true) throw new AsbError('BadRequest', 'autoPause is not supported by this server: a sandbox is deleted at its timeout; leave onTimeout out, or pause it yourself');
   const network = isPlainObject(raw) ? e2bNetwork(raw.allow_internet_access, raw.network) : undefined;
+  if (network !== undefined) requireProxyForDomains(w.egressProxy, network, E2B_FIELDS);
   const now = w.clock.now();
   const annotations: Record<string, string> = { [E2B_ANNOTATION.startedAt]: new Date(now).toISOString() };
   if (body.metadata !== undefined) annotations[E2B_ANNOTATION.metadata] = JSON.stringify(body.metadata);
@@ -133,6 +138,7 @@ async function updateNetwork(w: WorkerContext, ctx: AuthedContext): Promise<Repl
   const body = isPlainObject(raw) ? raw : {};
   const { allow_internet_access: allowInternet, ...network } = body;
   const policy = e2bNetwork(allowInternet, network, 'network', true);
+  if (policy !== undefined) requireProxyForDomains(w.egressProxy, policy, E2B_FIELDS);
   if (policy !== undefined) await setNetwork(w, await findLive(w, ctx), policy);
   return { status: 204 };
 }
