@@ -4,8 +4,8 @@
 //
 // Through the kubelet (issue 19): a cold Sandbox to Ready (create with wait, a template with no
 // pool, the image already in containerd's cache, one at a time: the Pod's schedule, sandbox, CNI
-// and container start), and a wake from Suspended (resume with wait of a hibernated sandbox,
-// whose Pod was deleted and whose PVC-less spec makes a new Pod).
+// and container start), and a wake from Suspended (resume with wait of a sandbox once it is
+// Hibernated, its Pod deleted: a new Pod).
 // Claims go through the worker's REST API as in bench/claims.ts (bursts of N at once against a
 // full pool, p50/p99 per claim, claims per second over the bursts' wall time).
 //
@@ -142,6 +142,9 @@ async function coldAndWake(target: Target): Promise<{ coldReady: LatencySummary;
   for (const id of ids.slice(1, 1 + WAKES)) {
     const paused = await call(target, 'POST', `/v1/sandboxes/${id}/pause`);
     if (paused.status !== 200) throw new Error(`pause failed: ${paused.status} ${JSON.stringify(paused.body)}`);
+    // From Suspended: the hibernation (the Pod's graceful deletion through the kubelet) is done
+    // before the clock starts, so the figure is the wake's alone.
+    await waitHibernated(target, id);
     const start = performance.now();
     const resumed = await call<{ ready?: boolean }>(target, 'POST', `/v1/sandboxes/${id}/resume`, { wait: true });
     if (resumed.status !== 200 || resumed.body.ready !== true) throw new Error(`resume failed: ${resumed.status} ${JSON.stringify(resumed.body)}`);
@@ -149,6 +152,16 @@ async function coldAndWake(target: Target): Promise<{ coldReady: LatencySummary;
   }
   await Promise.all(ids.map((id) => call(target, 'DELETE', `/v1/sandboxes/${id}`)));
   return { coldReady: summarize(cold), wake: summarize(wake) };
+}
+
+/** Polls the sandbox (every 50 ms, 60 s at most) until its phase is Hibernated. */
+async function waitHibernated(target: Target, id: string): Promise<void> {
+  const deadline = performance.now() + 60_000;
+  while (performance.now() < deadline) {
+    if ((await call<{ phase?: string }>(target, 'GET', `/v1/sandboxes/${id}`)).body.phase === 'Hibernated') return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`sandbox ${id} never reached Hibernated`);
 }
 
 interface Member {
