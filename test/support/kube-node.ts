@@ -173,6 +173,8 @@ async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
   try {
     recordHost(dir);
     for (const h of cgroupHierarchies()) mkdirSync(join(h, state.cgroupName), { recursive: true });
+    // A bridge of that name is a crashed node's (only this fixture uses it, and we hold the lock).
+    await ipLink(['link', 'del', BRIDGE]).catch(() => undefined);
     await ipLink(['link', 'add', BRIDGE, 'type', 'bridge']);
     await ipLink(['addr', 'add', `${POD_GATEWAY}/16`, 'dev', BRIDGE]);
     await ipLink(['link', 'set', BRIDGE, 'up']);
