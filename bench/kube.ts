@@ -1,5 +1,11 @@
-// Warm claims on Kubernetes: a real kube-apiserver on a real etcd (fsync on: the real write path),
-// our CRDs, the test kubelet as the node, and a worker process with --store=kube --runtime=kube.
+// Claims on Kubernetes: a real kube-apiserver on a real etcd (fsync on: the real write path),
+// our CRDs, a real node (test/support/kube-node.ts: the kubelet on containerd and runc), and a
+// worker process with --store=kube --runtime=kube.
+//
+// Through the kubelet (issue 19): a cold Sandbox to Ready (create with wait, a template with no
+// pool, the image already in containerd's cache, one at a time: the Pod's schedule, sandbox, CNI
+// and container start), and a wake from Suspended (resume with wait of a sandbox once it is
+// Hibernated, its Pod deleted: a new Pod).
 // Claims go through the worker's REST API as in bench/claims.ts (bursts of N at once against a
 // full pool, p50/p99 per claim, claims per second over the bursts' wall time).
 //
@@ -15,17 +21,28 @@
 import { performance } from 'node:perf_hooks';
 import { installCrds } from '../test/support/kube-store.ts';
 import { startKubeApiServer, type KubeApiServer } from '../test/support/kube-apiserver.ts';
-import { startTestKubelet } from '../test/support/test-kubelet.ts';
+import { startKubeNode } from '../test/support/kube-node.ts';
 import { removeDataDir, startWorkerProcess } from '../test/support/worker-process.ts';
 import { call, poolObjects, round, summarize, waitPool, warmClaims, type LatencySummary, type Target } from './claims.ts';
 
 const TAG = 'kbch';
 const POOL = 'kubebench';
 const POOL_SIZE = 40;
-const RUNS = [[1, 100], [20, 10]] as const;
+/**
+ * Fewer than on the embedded store (100 and 10): every claimed member stays a running Pod until the
+ * end, and the node holds 250 (kubelet maxPods); 40 members plus 90 claims' refills fit.
+ */
+const RUNS = [[1, 30], [20, 3]] as const;
+const COLD = 'kubecold';
+const COLD_STARTS = 20;
+const WAKES = 10;
 
 export interface KubeBench {
   apiServerReadyMs: number;
+  /** Create with wait → Ready, one at a time, no pool: through the kubelet. */
+  coldReady: LatencySummary;
+  /** Resume with wait of a hibernated sandbox → Ready. */
+  wake: LatencySummary;
   fill40Ms: number;
   claims1: LatencySummary & { claimsPerSec: number };
   claims20: LatencySummary & { claimsPerSec: number };
@@ -45,7 +62,7 @@ export interface KubeBench {
 export async function benchKube(): Promise<KubeBench> {
   const kube = await startKubeApiServer();
   try {
-    const kubelet = await startTestKubelet(kube);
+    const kubelet = await startKubeNode(kube);
     try {
       await installCrds(kube.kubeconfigPath);
       const w = await startWorkerProcess({
@@ -73,7 +90,7 @@ async function measure(kube: KubeApiServer, target: Target): Promise<KubeBench> 
   if (applied.status !== 200) throw new Error(`apply failed: ${JSON.stringify(applied.body)}`);
   const fillMs = await waitPool(target, POOL, POOL_SIZE, 180_000);
   const ids: string[] = [];
-  const results: Partial<KubeBench> = { apiServerReadyMs: kube.readyMs, fill40Ms: round(fillMs, 0) };
+  const results: Partial<KubeBench> = { apiServerReadyMs: kube.readyMs, fill40Ms: round(fillMs, 0), ...await coldAndWake(target) };
   for (const [concurrency, rounds] of RUNS) {
     // The count starts on a full, settled pool and ends on one: the refills of these claims are in it.
     await settle(target);
@@ -101,6 +118,50 @@ async function measure(kube: KubeApiServer, target: Target): Promise<KubeBench> 
   const workerWrites = total(writesBetween(before, await storeWrites(target)));
   results.bareUpdates20 = { ...bare, workerWrites };
   return results as KubeBench;
+}
+
+/** COLD_STARTS creates with wait of a pool-less template, one at a time; WAKES of them paused and resumed with wait; all deleted after. */
+async function coldAndWake(target: Target): Promise<{ coldReady: LatencySummary; wake: LatencySummary }> {
+  const applied = await call(target, 'POST', '/v1/apply', { objects: poolObjects(COLD, 0) });
+  if (applied.status !== 200) throw new Error(`apply failed: ${JSON.stringify(applied.body)}`);
+  const create = async (): Promise<{ id: string; ms: number }> => {
+    const start = performance.now();
+    const res = await call<{ id: string; ready?: boolean }>(target, 'POST', '/v1/sandboxes', { template: COLD, wait: true });
+    const ms = performance.now() - start;
+    if (res.status !== 201 || res.body.ready !== true) throw new Error(`cold create failed: ${res.status} ${JSON.stringify(res.body)}`);
+    return { id: res.body.id, ms };
+  };
+  const ids = [(await create()).id]; // the first pulls nothing (pool members did) but warms the path: not counted
+  const cold: number[] = [];
+  for (let i = 0; i < COLD_STARTS; i++) {
+    const c = await create();
+    ids.push(c.id);
+    cold.push(c.ms);
+  }
+  const wake: number[] = [];
+  for (const id of ids.slice(1, 1 + WAKES)) {
+    const paused = await call(target, 'POST', `/v1/sandboxes/${id}/pause`);
+    if (paused.status !== 200) throw new Error(`pause failed: ${paused.status} ${JSON.stringify(paused.body)}`);
+    // From Suspended: the hibernation (the Pod's graceful deletion through the kubelet) is done
+    // before the clock starts, so the figure is the wake's alone.
+    await waitHibernated(target, id);
+    const start = performance.now();
+    const resumed = await call<{ ready?: boolean }>(target, 'POST', `/v1/sandboxes/${id}/resume`, { wait: true });
+    if (resumed.status !== 200 || resumed.body.ready !== true) throw new Error(`resume failed: ${resumed.status} ${JSON.stringify(resumed.body)}`);
+    wake.push(performance.now() - start);
+  }
+  await Promise.all(ids.map((id) => call(target, 'DELETE', `/v1/sandboxes/${id}`)));
+  return { coldReady: summarize(cold), wake: summarize(wake) };
+}
+
+/** Polls the sandbox (every 50 ms, 60 s at most) until its phase is Hibernated. */
+async function waitHibernated(target: Target, id: string): Promise<void> {
+  const deadline = performance.now() + 60_000;
+  while (performance.now() < deadline) {
+    if ((await call<{ phase?: string }>(target, 'GET', `/v1/sandboxes/${id}`)).body.phase === 'Hibernated') return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`sandbox ${id} never reached Hibernated`);
 }
 
 interface Member {

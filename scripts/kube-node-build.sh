@@ -64,6 +64,8 @@ flock 9
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] && all_present; then exit 0; fi
 
 scripts/bootstrap.sh apt gcc:cc python3:python3
+# The pause binary is static: glibc's libc.a (libc6-dev) has no command to prove it, gcc finds it.
+[[ "$(gcc -print-file-name=libc.a)" == /* ]] || scripts/bootstrap.sh apt libc6-dev:no-such-command
 GO="$(scripts/go-toolchain.sh)"
 echo "kube-node-build: building kubelet, kube-scheduler, kube-controller-manager $KUBE_VERSION, containerd $CONTAINERD_VERSION, CNI plugins $CNI_VERSION, gVisor's shim and the pause image with $("$GO" env GOVERSION) into ${OUT#"$ROOT"/} (first time: see the Makefile)" >&2
 started=$SECONDS

@@ -63,7 +63,8 @@ test('a volume may claim only the sandbox\'s own PVCs: another sandbox\'s <id>-<
 test('the Pod is hardened where the spec is silent, so Pod Security Admission "restricted" admits it; what the spec sets is kept', () => {
   const pod = podManifest({ ...request, spec: { containers: [{ name: 'main', image: 'img' }], initContainers: [{ name: 'init' }] } }, { namespace: 'sandboxes', graceSeconds: 2 });
   assert.equal(pod.spec.automountServiceAccountToken, false);
-  assert.deepEqual(pod.spec.securityContext, { runAsNonRoot: true, seccompProfile: { type: 'RuntimeDefault' } });
+  // runAsUser too: a real kubelet refuses runAsNonRoot alone for an image whose user is root (busybox).
+  assert.deepEqual(pod.spec.securityContext, { runAsNonRoot: true, runAsUser: 1000, seccompProfile: { type: 'RuntimeDefault' } });
   for (const c of [...pod.spec.containers, ...(pod.spec.initContainers ?? [])]) {
     assert.deepEqual(c.securityContext, { allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } }, c.name);
   }

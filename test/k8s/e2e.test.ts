@@ -1,5 +1,5 @@
-// The worker on Kubernetes end to end: a real kube-apiserver and etcd, our CRDs, the test kubelet
-// playing the node (it binds and "runs" Pods and serves pods/exec: test/support/test-kubelet.ts)
+// The worker on Kubernetes end to end: a real kube-apiserver and etcd, our CRDs, a real node
+// (test/support/kube-node.ts: the kubelet on containerd and runc, PVCs bound to local volumes)
 // and real worker processes started with --store=kube --runtime=kube --kubeconfig, driven as a
 // user would: kubectl apply of the seeds' YAML unchanged, claims through the worker's REST API,
 // kubectl to look at what is in the cluster; the split roles run as clusters/base/rbac's
@@ -16,7 +16,7 @@ import { LABEL } from '../../src/api/types.ts';
 import { hubAdminKey, hubCall, startHubProcess, type Hub } from '../support/hub-process.ts';
 import { installCrds } from '../support/kube-store.ts';
 import { KubectlError, startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
-import { startTestKubelet, type TestKubelet } from '../support/test-kubelet.ts';
+import { startKubeNode, type KubeNode } from '../support/kube-node.ts';
 import { waitFor } from '../support/wait.ts';
 import { api, removeDataDir, startWorkerProcess, tempDataDir, type ExecOut, type View, type WorkerProcess } from '../support/worker-process.ts';
 
@@ -24,11 +24,11 @@ const root = new URL('../../', import.meta.url);
 /** The namespace of clusters/base, where the worker's own ServiceAccounts and Lease live. */
 const SYSTEM_NAMESPACE = 'agent-sandbox-system';
 let kube: KubeApiServer;
-let kubelet: TestKubelet;
+let kubelet: KubeNode;
 
 before(async () => {
   kube = await startKubeApiServer({ etcdUnsafeNoFsync: true });
-  kubelet = await startTestKubelet(kube);
+  kubelet = await startKubeNode(kube);
   await installCrds(kube.kubeconfigPath);
 });
 
@@ -100,7 +100,7 @@ interface KubeWorkerOptions {
 async function kubeWorker(t: TestContext | undefined, opts: KubeWorkerOptions): Promise<WorkerProcess> {
   const w = await startWorkerProcess({
     clusterTag: opts.tag,
-    // Unused with --runtime=kube (no bridge, no pod subnet: the test kubelet gives 127.77.x IPs).
+    // Unused with --runtime=kube (no bridge, no pod subnet: the node's CNI gives the pod IPs).
     subnetOctet: 209,
     basePool: opts.basePool ?? 0,
     ...(opts.dataDir === undefined ? {} : { dataDir: opts.dataDir }),
@@ -297,7 +297,7 @@ describe('one worker (--role=all) on the kube store and runtime', () => {
     const res = await api<View>(w, 'POST', '/v1/sandboxes', { template: 'box' });
     assert.equal(res.status, 201, JSON.stringify(res.body));
     const id = res.body.id;
-    // The test kubelet runs an exec in the pod's directory, where each mount is a link to its volume.
+    // Relative to the container's working directory, /: the PVC mounted at /home/user.
     const wrote = await api<ExecOut>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['sh', '-c', 'echo kept > home/user/note'] });
     assert.equal(wrote.body.exitCode, 0, wrote.body.stderr);
     const podBefore = await get<PodJson>('pod', id, ns);

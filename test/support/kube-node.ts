@@ -44,9 +44,17 @@ const PAUSE_IMAGE = 'localhost/asb-pause:1';
 /**
  * Static local PersistentVolumes made at start, one directory each (mode 0777: the sandbox image
  * runs as uid 1000). Retain: a PVC's deletion leaves its PV Released, never reused, so this is
- * the most PVCs one test process may create; test/k8s/ makes fewer than 40.
+ * the most PVCs one test process may create; e2e.test.ts's restart test alone makes ~90 (a pool
+ * of 20, refilled after ~40 claims, and the split roles' claims).
  */
-const PV_COUNT = 80;
+const PV_COUNT = 200;
+/**
+ * The StorageClass kubernetes-sigs' warm-pool quick start claims its volume from
+ * (examples/warmpool-quickstart/sandbox-claim.yaml: storageClassName dynamic-rwo). Here it is a
+ * class with no provisioner over the first CLASSED_PVS static PVs, so the quick start binds as written.
+ */
+const QUICKSTART_CLASS = 'dynamic-rwo';
+const CLASSED_PVS = 10;
 /** A node's lock is waited for this long (another test process's node tearing down). */
 const LOCK_WAIT_MS = 10 * 60_000;
 /** containerd up, kubelet registered and Ready: ~2 s here; 90 s under a loaded 2-core machine. */
@@ -73,7 +81,10 @@ export async function startKubeNode(kube: KubeApiServer): Promise<KubeNode> {
   if (choice === 'test-kubelet') {
     const fake = await startTestKubelet(kube);
     // runtimeClassName must name a RuntimeClass (admission refuses the Pod otherwise); the test kubelet ignores the handler.
-    await kube.kubectl(['apply', '-f', '-'], JSON.stringify(GVISOR_RUNTIME_CLASS));
+    await kube.kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [GVISOR_RUNTIME_CLASS, {
+      apiVersion: 'storage.k8s.io/v1', kind: 'StorageClass', metadata: { name: QUICKSTART_CLASS },
+      provisioner: 'kubernetes.io/no-provisioner', volumeBindingMode: 'Immediate', reclaimPolicy: 'Retain',
+    }] }));
     return { kind: 'test-kubelet', nodeName: fake.nodeName, podCidr: '127.77.0.0/16', persistentVolumes: 0, stop: () => fake.stop() };
   }
   if (choice !== 'real') throw new AsbError('Invalid', `ASB_KUBE_NODE must be "real" or "test-kubelet", got ${JSON.stringify(choice)}`);
@@ -162,6 +173,8 @@ async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
   try {
     recordHost(dir);
     for (const h of cgroupHierarchies()) mkdirSync(join(h, state.cgroupName), { recursive: true });
+    // A bridge of that name is a crashed node's (only this fixture uses it, and we hold the lock).
+    await ipLink(['link', 'del', BRIDGE]).catch(() => undefined);
     await ipLink(['link', 'add', BRIDGE, 'type', 'bridge']);
     await ipLink(['addr', 'add', `${POD_GATEWAY}/16`, 'dev', BRIDGE]);
     await ipLink(['link', 'set', BRIDGE, 'up']);
@@ -196,10 +209,8 @@ async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
       return res?.status === 200 && res.body.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true ? true : undefined;
     });
     trace('node Ready');
-    await kube.kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [
-      GVISOR_RUNTIME_CLASS,
-      ...persistentVolumes(dir),
-    ] }));
+    await kube.kubectl(['apply', '-f', '-'], JSON.stringify(GVISOR_RUNTIME_CLASS));
+    await createPersistentVolumes(kube, dir);
     trace('RuntimeClass and PVs');
     return { kind: 'real', nodeName: KUBE_NODE_NAME, podCidr: POD_CIDR, persistentVolumes: PV_COUNT, stop };
   } catch (err) {
@@ -352,6 +363,8 @@ function writeKubeletConfig(dir: string, kube: KubeApiServer, sock: string, port
     authentication: { anonymous: { enabled: false }, webhook: { enabled: false }, x509: { clientCAFile: kube.kubeletTls.clientCaPath } },
     authorization: { mode: 'AlwaysAllow' },
     serializeImagePulls: false,
+    // The bench's Kubernetes part keeps ~130 Pods running (40 pool members, 90 claimed); the default is 110.
+    maxPods: 250,
     // A shared test machine's disk and memory are not this node's to guard: evict only near the end.
     evictionHard: { 'memory.available': '100Mi', 'nodefs.available': '2%', 'imagefs.available': '2%', 'nodefs.inodesFree': '2%' },
     imageGCHighThresholdPercent: 99,
@@ -367,9 +380,9 @@ function writeKubeletConfig(dir: string, kube: KubeApiServer, sock: string, port
   }), { mode: 0o600 });
 }
 
-/** PV_COUNT local PVs on this node, each a 0777 directory under <dir>/pv; no StorageClass, so a PVC naming none binds to one. */
-function persistentVolumes(dir: string): object[] {
-  return Array.from({ length: PV_COUNT }, (_, i) => {
+/** PV_COUNT local PVs on this node, each a 0777 directory under <dir>/pv; no StorageClass, so a PVC naming none binds to one. 16 POSTs at a time: ~1 s for 200. */
+async function createPersistentVolumes(kube: KubeApiServer, dir: string): Promise<void> {
+  const pvs = Array.from({ length: PV_COUNT }, (_, i) => {
     const path = join(dir, 'pv', `pv-${i}`);
     mkdirSync(path);
     chmodSync(path, 0o777); // not mkdir's mode, which the umask trims: the sandbox image's uid 1000 writes here
@@ -378,9 +391,16 @@ function persistentVolumes(dir: string): object[] {
       metadata: { name: `asb-local-${i}` },
       spec: {
         capacity: { storage: '10Gi' }, accessModes: ['ReadWriteOnce'], persistentVolumeReclaimPolicy: 'Retain',
+        ...(i < CLASSED_PVS ? { storageClassName: QUICKSTART_CLASS } : {}),
         local: { path },
         nodeAffinity: { required: { nodeSelectorTerms: [{ matchExpressions: [{ key: 'kubernetes.io/hostname', operator: 'In', values: [KUBE_NODE_NAME] }] }] } },
       },
     };
   });
+  for (let i = 0; i < pvs.length; i += 16) {
+    await Promise.all(pvs.slice(i, i + 16).map(async (pv) => {
+      const res = await kube.request('POST', '/api/v1/persistentvolumes', { body: pv });
+      if (res.status !== 201) throw new AsbError('Unavailable', `kube node: creating a PersistentVolume answered ${res.status}: ${JSON.stringify(res.body)}`);
+    }));
+  }
 }

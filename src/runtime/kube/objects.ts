@@ -104,11 +104,20 @@ function ownClaimVolume(id: string, templates: readonly string[], volume: Volume
 }
 
 /**
+ * The uid a sandbox runs as when its spec names none: the local runtime's default for an image
+ * without a user (runtime/oci/spec.ts DEFAULT_UID) and the user of the project's base image.
+ */
+export const DEFAULT_SANDBOX_UID = 1000;
+
+/**
  * Secure defaults for what the spec leaves unset, so a pod the pod-security policy let through
  * also passes Pod Security Admission `restricted` on the sandbox namespace: no service account
  * token, the runtime's default seccomp profile, non-root unless the spec asks for root, and per
  * container no privilege escalation and every capability dropped. A value the spec sets (an
  * admin's template may relax the policy) is kept as written.
+ * Non-root is runAsNonRoot plus runAsUser DEFAULT_SANDBOX_UID: with runAsNonRoot alone, a real
+ * kubelet refuses to start an image whose user is root ("container has runAsNonRoot and image
+ * will run as root": busybox, debian, the seeds' examples), where the local runtime runs it as 1000.
  */
 export function hardenedSpec(spec: PodSpec): PodSpec {
   const lists = (['initContainers', 'containers', 'ephemeralContainers'] as const).filter((k) => Array.isArray(spec[k]));
@@ -116,7 +125,10 @@ export function hardenedSpec(spec: PodSpec): PodSpec {
   const podCtx = { ...spec.securityContext };
   // A spec that chose root, or chose either way about it, keeps its choice.
   const chose = [podCtx, ...all.map((c) => c.securityContext ?? {})].some((ctx) => ctx.runAsUser === 0 || ctx.runAsNonRoot !== undefined);
-  if (!chose) podCtx.runAsNonRoot = true;
+  if (!chose) {
+    podCtx.runAsNonRoot = true;
+    podCtx.runAsUser ??= DEFAULT_SANDBOX_UID; // a container's own runAsUser still wins over the pod's
+  }
   podCtx.seccompProfile ??= { type: 'RuntimeDefault' };
   const out: PodSpec = { ...spec, automountServiceAccountToken: spec.automountServiceAccountToken ?? false, securityContext: podCtx };
   for (const k of lists) out[k] = (spec[k] as Container[]).map(hardenedContainer);
