@@ -175,7 +175,7 @@ test('the E2B SDK through Envoy and the router: commands, pty, files, watch, sig
 });
 
 test('the E2B SDK 2.50 runs commands and moves files through the edge', async (t) => {
-  const system = await startTestSystem('e2bo', 246, 'local', 1);
+  const system = await startTestSystem('e2bo', 209, 'local', 1);
   t.after(() => system.cleanup());
   const { Sandbox } = e2b250 as unknown as Sdk;
   const opts = { apiUrl: system.edgeUrl, sandboxUrl: system.edgeUrl, apiKey: system.adminKey };
