@@ -12,11 +12,11 @@
 //
 // Files under dir (0700): ca.crt, ca.key, openssl.cnf, and <name>.crt, <name>.key per Envoy name.
 // Keys are mode 0600.
-import { execFile } from 'node:child_process';
 import { X509Certificate, createPrivateKey } from 'node:crypto';
-import { chmodSync, existsSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
+import { generateCertificate } from '../system/openssl-cert.ts';
 import { privateDir } from '../system/private-files.ts';
 
 /** DNS SAN an ingress listener presents; the connecting side checks it (and sends it as SNI). */
@@ -159,7 +159,7 @@ export async function ensureFederationTls(dir: string, opts: FederationTlsOption
 async function ensureCa(openssl: string, cnf: string, certPath: string, keyPath: string, o: { subject: string; days: number; now: number; what: string }): Promise<X509Certificate> {
   const ca = loadPair(certPath, keyPath);
   if (ca !== undefined && ca.ca && !expiring(ca, o.now)) return ca;
-  await generate(openssl, certPath, keyPath, ['-config', cnf, '-extensions', 'ca_ext', '-days', String(o.days), '-subj', o.subject]);
+  await generateCertificate('federation TLS', openssl, certPath, keyPath, ['-config', cnf, '-extensions', 'ca_ext', '-days', String(o.days), '-subj', o.subject]);
   const made = loadPair(certPath, keyPath);
   if (made === undefined) throw new AsbError('Internal', `${o.what}: openssl wrote a CA at ${certPath} that does not load`);
   return made;
@@ -172,7 +172,7 @@ async function ensureLeaf(
 ): Promise<void> {
   const leaf = loadPair(certPath, keyPath);
   if (leaf !== undefined && !expiring(leaf, o.now) && leaf.verify(ca.cert.publicKey) && o.fits(leaf)) return;
-  await generate(openssl, certPath, keyPath, ['-config', cnf, '-extensions', o.extensions, '-CA', ca.certPath, '-CAkey', ca.keyPath, '-days', String(o.days), '-subj', o.subject]);
+  await generateCertificate('federation TLS', openssl, certPath, keyPath, ['-config', cnf, '-extensions', o.extensions, '-CA', ca.certPath, '-CAkey', ca.keyPath, '-days', String(o.days), '-subj', o.subject]);
 }
 
 /** `<dir>/openssl.cnf` with this text, written only when it differs; its path. */
@@ -203,34 +203,3 @@ function hasBothSans(cert: X509Certificate): boolean {
   return sans.includes(`DNS:${INGRESS_SAN}`) && sans.includes(`DNS:${EDGE_SAN}`);
 }
 
-/** One self-signed or CA-signed certificate with a new P-256 key; the key is renamed into place first, then the certificate. */
-async function generate(openssl: string, certPath: string, keyPath: string, args: string[]): Promise<void> {
-  const tmpCert = `${certPath}.${process.pid}.tmp`;
-  const tmpKey = `${keyPath}.${process.pid}.tmp`;
-  try {
-    await run(openssl, ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', tmpKey, '-out', tmpCert, ...args]);
-    chmodSync(tmpKey, 0o600);
-    renameSync(tmpKey, keyPath);
-    renameSync(tmpCert, certPath);
-  } finally {
-    rmSync(tmpCert, { force: true });
-    rmSync(tmpKey, { force: true });
-  }
-}
-
-function run(command: string, args: string[]): Promise<void> {
-  return new Promise((resolve, reject) => {
-    execFile(command, args, { timeout: 30_000 }, (err, _stdout, stderr) => {
-      if (err === null) {
-        resolve();
-        return;
-      }
-      const missing = (err as NodeJS.ErrnoException).code === 'ENOENT';
-      reject(
-        missing
-          ? new AsbError('Unavailable', `federation TLS: the "${command}" command was not found; install the openssl package (make deps does)`, { cause: err })
-          : new AsbError('Internal', `federation TLS: ${command} ${args.slice(0, 2).join(' ')} failed: ${stderr.trim() || err.message}`, { cause: err }),
-      );
-    });
-  });
-}

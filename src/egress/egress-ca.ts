@@ -6,11 +6,11 @@
 // Made with the `openssl` CLI (OpenSSL 3's `req -x509 -CA`), like src/edge/tls.ts; ~10 ms per
 // certificate. Files under dir (0700): ca.crt, ca.key, and hosts/<host>.crt/.key (a wildcard
 // host `*.example.com` is stored as `_wildcard.example.com`). Keys are 0600.
-import { execFile } from 'node:child_process';
 import { X509Certificate } from 'node:crypto';
-import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
+import { generateCertificate } from '../system/openssl-cert.ts';
 import { privateDir } from '../system/private-files.ts';
 
 export interface EgressCa {
@@ -28,15 +28,6 @@ export interface HostCertificate {
 /** A CA expiring within 30 days is made again (and every host certificate with it). */
 const RENEW_BEFORE_MS = 30 * 24 * 3600 * 1000;
 
-function run(args: string[]): Promise<void> {
-  return new Promise((resolve, reject) => {
-    execFile('openssl', args, { timeout: 30_000 }, (err, _stdout, stderr) => {
-      if (err === null) resolve();
-      else if ((err as NodeJS.ErrnoException).code === 'ENOENT') reject(new AsbError('Unavailable', 'egress CA: the "openssl" command was not found; install the openssl package (make deps does)', { cause: err }));
-      else reject(new AsbError('Internal', `egress CA: openssl ${args[0] ?? ''} failed: ${stderr.trim() || err.message}`, { cause: err }));
-    });
-  });
-}
 
 function usable(certPath: string, keyPath: string, now: number): X509Certificate | undefined {
   if (!existsSync(certPath) || !existsSync(keyPath)) return undefined;
@@ -48,19 +39,6 @@ function usable(certPath: string, keyPath: string, now: number): X509Certificate
   }
 }
 
-async function generate(certPath: string, keyPath: string, args: string[]): Promise<void> {
-  const tmpCert = `${certPath}.${process.pid}.tmp`;
-  const tmpKey = `${keyPath}.${process.pid}.tmp`;
-  try {
-    await run(['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', tmpKey, '-out', tmpCert, ...args]);
-    chmodSync(tmpKey, 0o600);
-    renameSync(tmpKey, keyPath);
-    renameSync(tmpCert, certPath);
-  } finally {
-    rmSync(tmpCert, { force: true });
-    rmSync(tmpKey, { force: true });
-  }
-}
 
 /** The CA in dir, made if missing or expiring. `name` goes into its subject. */
 export async function ensureEgressCa(dir: string, name = 'asb egress CA', now: number = Date.now()): Promise<EgressCa> {
@@ -68,7 +46,7 @@ export async function ensureEgressCa(dir: string, name = 'asb egress CA', now: n
   const caCertPath = join(dir, 'ca.crt');
   const caKeyPath = join(dir, 'ca.key');
   if (usable(caCertPath, caKeyPath, now) === undefined) {
-    await generate(caCertPath, caKeyPath, ['-days', '3650', '-subj', `/CN=${name}`, '-addext', 'basicConstraints=critical,CA:TRUE,pathlen:0', '-addext', 'keyUsage=critical,keyCertSign,cRLSign']);
+    await generateCertificate('egress CA', 'openssl', caCertPath, caKeyPath, ['-days', '3650', '-subj', `/CN=${name}`, '-addext', 'basicConstraints=critical,CA:TRUE,pathlen:0', '-addext', 'keyUsage=critical,keyCertSign,cRLSign']);
     rmSync(join(dir, 'hosts'), { recursive: true, force: true });
   }
   return { caCertPath, caKeyPath, dir };
@@ -87,7 +65,7 @@ export async function ensureHostCertificate(ca: EgressCa, host: string, now: num
   const privateKeyPath = join(dir, `${fileStem(host)}.key`);
   const cert = usable(certChainPath, privateKeyPath, now);
   if (cert === undefined || !cert.checkIssued(new X509Certificate(readFileSync(ca.caCertPath)))) {
-    await generate(certChainPath, privateKeyPath, [
+    await generateCertificate('egress CA', 'openssl', certChainPath, privateKeyPath, [
       '-CA', ca.caCertPath, '-CAkey', ca.caKeyPath, '-days', '397', '-subj', `/CN=${host}`,
       '-addext', 'basicConstraints=critical,CA:FALSE', '-addext', 'keyUsage=critical,digitalSignature', '-addext', 'extendedKeyUsage=serverAuth',
       '-addext', `subjectAltName=DNS:${host}`,
