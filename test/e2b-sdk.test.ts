@@ -10,6 +10,7 @@ import { test } from 'node:test';
 import * as e2bLatest from 'e2b';
 import * as e2b250 from 'e2b-2-50';
 import { startTestSystem } from './support/local-system.ts';
+import { checkPtyRoundTrip } from './support/e2b-pty.ts';
 import { waitFor } from './support/wait.ts';
 
 type Sdk = typeof e2bLatest;
@@ -55,15 +56,7 @@ test('the E2B SDK through Envoy and the router: commands, pty, files, watch, sig
   });
 
   await t.test('pty: create with a size, input, resize', async () => {
-    let screen = '';
-    const decoder = new TextDecoder();
-    const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { screen += decoder.decode(d); } });
-    await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; echo mark-$((6*7))\n'));
-    await waitFor('the pty size and the echo', () => Promise.resolve(/24 80/.test(screen) && screen.includes('mark-42') ? true : undefined), 10_000);
-    await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 });
-    await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size\n'));
-    await waitFor('the new size', () => Promise.resolve(/30 100/.test(screen) ? true : undefined), 10_000);
-    assert.equal(await sbx.pty.kill(pty.pid), true);
+    await checkPtyRoundTrip(sbx.pty);
   });
 
   await t.test('files: write, read, list, exists, makeDir, rename, remove, getInfo', async () => {

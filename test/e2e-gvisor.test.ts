@@ -10,6 +10,7 @@ import * as e2b from 'e2b';
 import { baseTemplate } from '../src/api/builtin.ts';
 import type { SandboxTemplate } from '../src/api/types.ts';
 import { startTestSystem } from './support/local-system.ts';
+import { checkPtyRoundTrip } from './support/e2b-pty.ts';
 import { waitFor } from './support/wait.ts';
 import { edgeGet } from './support/web-sandbox.ts';
 import { openTerminal } from './support/terminal-client.ts';
@@ -81,15 +82,7 @@ test('a gVisor template end to end: the E2B SDK, envd, metrics, idle hibernation
   });
 
   await t.test('pty: a terminal with a size, input and resize', async () => {
-    let screen = '';
-    const decoder = new TextDecoder();
-    const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { screen += decoder.decode(d); } });
-    await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; echo mark-$((6*7))\n'));
-    await waitFor('the pty size and the echo', () => Promise.resolve(/24 80/.test(screen) && screen.includes('mark-42') ? true : undefined), 10_000);
-    await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 });
-    await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size\n'));
-    await waitFor('the new size', () => Promise.resolve(/30 100/.test(screen) ? true : undefined), 10_000);
-    assert.equal(await sbx.pty.kill(pty.pid), true);
+    await checkPtyRoundTrip(sbx.pty);
   });
 
   await t.test('files: write, read, list, rename, remove, watchDir', async () => {
