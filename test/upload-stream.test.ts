@@ -11,6 +11,7 @@ import { parseMultipart } from '../src/worker/envd/multipart.ts';
 import { UploadSlots } from '../src/worker/upload-slots.ts';
 
 const KiB = 1024;
+const MiB = 1024 * KiB;
 const CHUNK = 64 * KiB;
 
 /** One turn of the event loop: lets streams move on, no timer. */
@@ -30,12 +31,16 @@ function slowProcess(): { proc: PodProcess; released: () => number; release: () 
     }),
     final: (cb) => {
       cb();
+      stdout.push(`${released}\n`); // STAGE's last line: the size it received
+      stdout.push(null);
       finished();
     },
   });
+  const stdout = new Readable({ read: () => undefined });
+  stdout.push('/up/.asb-upload-0123456789abcdef\0/up/file\0');
   const proc: PodProcess = {
     stdin,
-    stdout: Readable.from([Buffer.from('/up/.asb-upload-0123456789abcdef\0/up/file\0')]),
+    stdout,
     stderr: Readable.from([]),
     kill: () => undefined,
     exited,
@@ -74,7 +79,7 @@ test('stageFile holds at most ~3 chunks of a 16 MiB body when the sandbox takes 
     await turn();
     slow.release();
   }
-  assert.deepEqual(await staged, { path: '/up/file', target: '/up/file', temp: '/up/.asb-upload-0123456789abcdef' });
+  assert.deepEqual(await staged, { path: '/up/file', target: '/up/file', temp: '/up/.asb-upload-0123456789abcdef', size: 256 * CHUNK });
   assert.equal(slow.released(), 256 * CHUNK);
   // The pipe's high-water mark (one chunk), the chunk being written and the one just produced.
   assert.ok(most <= 3 * CHUNK, `the writer held ${most / KiB} KiB at once`);
@@ -229,4 +234,52 @@ test('a small write refused before the script named its temporary file says why,
     assert.equal(err.message, `write /root/x/a.txt: ${denied.trim()}`);
     return true;
   });
+});
+
+/**
+ * A sandbox that takes every write at once but whose `cat` saw end-of-file early: what containerd
+ * did to a runc Pod's exec when the staging command's stdout closed (`exec cat > file`): 163 840
+ * of 1 MiB arrived and `cat` exited 0.
+ */
+function cutShort(kept: number): { shell: PodShell; execs: ExecRequest[] } {
+  const stdout = new Readable({ read: () => undefined });
+  stdout.push('/up/.asb-upload-0123456789abcdef\0/up/file\0');
+  let finish!: () => void;
+  const exited = new Promise<{ exitCode: number }>((resolve) => (finish = () => resolve({ exitCode: 0 })));
+  const stdin = new Writable({
+    write: (_chunk: Buffer, _enc, cb) => cb(),
+    final: (cb) => {
+      cb();
+      stdout.push(`${kept}\n`);
+      stdout.push(null);
+      finish();
+    },
+  });
+  const proc: PodProcess = { stdin, stdout, stderr: Readable.from([]), kill: () => undefined, exited };
+  const execs: ExecRequest[] = [];
+  const ok: ExecResult = { exitCode: 0, stdout: new Uint8Array(), stderr: new Uint8Array(), timedOut: false, truncated: false };
+  return { shell: { spawn: () => Promise.resolve(proc), exec: (req) => (execs.push(req), Promise.resolve(ok)) }, execs };
+}
+
+async function* chunks(count: number, size: number): AsyncGenerator<Uint8Array> {
+  for (let i = 0; i < count; i++) {
+    await Promise.resolve(); // a stream: each chunk on its own turn
+    yield new Uint8Array(size);
+  }
+}
+
+test('stageFile: a sandbox that received fewer bytes than were sent is a failed write (Unavailable), its temporary file removed, never a success', async () => {
+  const short = cutShort(160 * KiB);
+  await assert.rejects(stageFile(short.shell, '/up/file', chunks(64, 16 * KiB)), (err) => isAsbError(err) && err.code === 'Unavailable' && /received 163840 of 1048576 bytes/.test(err.message));
+  assert.deepEqual(short.execs.map((e) => e.command.slice(-1)), [['/up/.asb-upload-0123456789abcdef']]);
+  assert.match(short.execs[0]?.command[2] ?? '', /rm -f/);
+});
+
+test('writeFileFrom commits a staged file only at the size that was sent: the commit refuses a temporary file of another size', async () => {
+  const short = cutShort(MiB);
+  await writeFileFrom(short.shell, '/up/file', chunks(64, 16 * KiB));
+  const commit = short.execs.at(-1);
+  assert.ok(commit !== undefined, 'the commit ran');
+  assert.deepEqual(commit.command.slice(-4), ['/up/.asb-upload-0123456789abcdef', '/up/file', '', String(MiB)]);
+  assert.match(commit.command[2] ?? '', /wc -c < "\$t"/);
 });

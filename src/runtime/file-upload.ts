@@ -11,6 +11,15 @@
 // race: `cat` may see end-of-file and the rename run before a kill lands (on Kubernetes the kill
 // is itself an exec). A body known complete before the write starts (a Uint8Array, or a stream
 // that ended within WHOLE_BODY_BYTES) needs no staging: one command writes and renames.
+//
+// Nothing acknowledged is lost, so the staging command keeps its stdout open while it reads:
+// containerd's CRI exec (2.4, runc) ends a session's stdin as soon as the process's stdout
+// reaches end-of-file (ExecIO.Attach closes the stdin stream when an output copy ends). STAGE once
+// ran `exec cat > "$t"`, which closed the last writer of stdout: stdin was cut wherever the copy
+// was, `cat` exited 0, and a 1 MiB stream in 16 KiB chunks left 163 840 bytes (gVisor Pods, where
+// the sandbox holds the pipe until exit, kept it all). And every write checks the bytes the
+// sandbox received against the bytes sent before the rename: a short file is an error
+// (Unavailable, the target untouched), never a success.
 import { randomBytes } from 'node:crypto';
 import type { Readable } from 'node:stream';
 import { AsbError } from '../errors.ts';
@@ -23,6 +32,9 @@ export interface PodShell {
   spawn(req: SpawnRequest): Promise<PodProcess>;
   exec(req: ExecRequest): Promise<ExecResult>;
 }
+
+/** A script's exit code: the file holds fewer (or more) bytes than were sent. */
+const SHORT = 46;
 
 export interface WriteOptions {
   /** Run as this uid inside the sandbox; default the pod's user. */
@@ -38,10 +50,14 @@ export interface StagedFile {
   /** The target with a symlink resolved: what the rename replaces. */
   target: string;
   temp: string;
+  /** The bytes sent: the commit refuses a temporary file of another size. */
+  size: number;
 }
 
 // $1 path, $2 random suffix. A symlink is followed (as `cat > link` does), so the rename replaces
-// the file it points to, not the link. Prints "temp\0target\0", then stdin becomes the temp file.
+// the file it points to, not the link. Prints "temp\0target\0", copies stdin into the temp file,
+// then prints its size. `cat` runs as a child, not exec'd: the shell keeps stdout open until stdin
+// has ended (see the top of this file).
 const STAGE = [
   'p=$1',
   'if [ -L "$p" ]; then p=$(readlink -f -- "$p") && [ -n "$p" ] || exit 1; fi',
@@ -49,14 +65,17 @@ const STAGE = [
   'case "$p" in */*) d=${p%/*}/; mkdir -p -- "$d" || exit 1;; *) d=;; esac',
   't="$d.asb-upload-$2"',
   'printf "%s\\0%s\\0" "$t" "$p"',
-  'exec cat > "$t"',
+  'cat > "$t" || exit 1',
+  'wc -c < "$t"',
 ].join('\n');
 
-// (temp, target, mode or '') triples. An existing file keeps its mode and, where the caller may
-// (root), its owner: what `cat > file` kept before writes were renamed into place.
+// (temp, target, mode or '', size) quadruples. An existing file keeps its mode and, where the
+// caller may (root), its owner: what `cat > file` kept before writes were renamed into place. A
+// temporary file of another size than the bytes sent is not renamed (exit SHORT).
 const COMMIT = [
-  'while [ "$#" -ge 3 ]; do',
-  '  t=$1 p=$2 m=$3; shift 3',
+  'while [ "$#" -ge 4 ]; do',
+  '  t=$1 p=$2 m=$3 n=$4; shift 4',
+  `  s=$(wc -c < "$t") || exit 1; if [ "$s" -ne "$n" ]; then echo "received $s of $n bytes" >&2; exit ${SHORT}; fi`,
   `  if [ -d "$p" ]; then exit ${IS_DIR}; fi`,
   '  if [ -f "$p" ]; then o=$(stat -c "%a %u:%g" -- "$p") || exit 1; [ -n "$m" ] || m=${o%% *}; chown -- "${o#* }" "$t" 2>/dev/null; fi',
   '  if [ -n "$m" ]; then chmod -- "$m" "$t" || exit 1; fi',
@@ -64,18 +83,24 @@ const COMMIT = [
   'done',
 ].join('\n');
 
-/** One command for a body already in hand: STAGE's first part, then the commit of that file. */
-const WRITE_WHOLE = `${STAGE.replace('exec cat > "$t"', 'cat > "$t" || { rm -f -- "$t"; exit 1; }')}\nset -- "$t" "$p" "$3"\n${COMMIT}`;
+/** One command for a body already in hand ($3 mode, $4 size): STAGE's first part, then the commit of that file. */
+const WRITE_WHOLE = `${STAGE.replace('cat > "$t" || exit 1\nwc -c < "$t"', 'cat > "$t" || { rm -f -- "$t"; exit 1; }')}\nset -- "$t" "$p" "$3" "$4"\n${COMMIT.replace(`exit ${SHORT}`, `rm -f -- "$t"; exit ${SHORT}`)}`;
 
 /** A failed write's error; the temporary name in a message is the user's path. */
 function failure(result: ExecResult, op: string, path: string, temp: string | undefined): AsbError {
   const message = Buffer.from(result.stderr).toString('utf8');
+  if (result.exitCode === SHORT) return shortWrite(op, path, message.trim());
   // An empty name (the script failed before it printed one) must not be replaced: replaceAll('')
   // put the path between every character of the message.
   const cleaned = temp === undefined || temp === '' ? result : { ...result, stderr: Buffer.from(message.replaceAll(temp, path)) };
   const err = fileFailure(cleaned, op, path);
   if (err.code === 'Internal' && /No space left|Disk quota/.test(message)) return new AsbError('PayloadTooLarge', `${op} ${path}: no space left in the sandbox`);
   return err;
+}
+
+/** The sandbox received another number of bytes than were sent: the write failed, and may be retried. */
+function shortWrite(op: string, path: string, detail: string): AsbError {
+  return new AsbError('Unavailable', `${op} ${path}: the sandbox did not receive the whole body (${detail}); the file was not changed`);
 }
 
 function userOf(opts: WriteOptions): { user?: number } {
@@ -155,8 +180,10 @@ export async function stageFile(shell: PodShell, path: string, source: AsyncIter
   const drained = drainWaiter(proc);
   let sourceError: Error | undefined;
   let exitedEarly = false;
+  let sent = 0;
   try {
     for await (const chunk of source) {
+      sent += chunk.length;
       if (proc.stdin.write(chunk)) continue;
       if (await drained()) {
         exitedEarly = true; // the script failed (no permission, a full disk): its exit says why
@@ -169,9 +196,14 @@ export async function stageFile(shell: PodShell, path: string, source: AsyncIter
   // End-of-file, never a kill: the rename is a separate command, so an early end only leaves a temp file.
   proc.stdin.end();
   const [end] = await Promise.all([proc.exited, stdout.ended, stderr.ended]);
-  const [temp, target] = Buffer.from(stdout.buffer.bytes()).toString('utf8').split('\0');
-  const staged = temp === undefined || temp === '' || target === undefined ? undefined : { path, target, temp };
-  if (sourceError === undefined && !exitedEarly && end.exitCode === 0 && staged !== undefined) return staged;
+  const [temp, target, size] = Buffer.from(stdout.buffer.bytes()).toString('utf8').split('\0');
+  const staged = temp === undefined || temp === '' || target === undefined ? undefined : { path, target, temp, size: sent };
+  if (sourceError === undefined && !exitedEarly && end.exitCode === 0 && staged !== undefined) {
+    const received = size?.trim() ?? '';
+    if (received === String(sent)) return staged;
+    await discardFiles(shell, [staged], opts);
+    throw shortWrite('write', path, `received ${received === '' ? 'an unknown number' : received} of ${sent} bytes`);
+  }
   if (staged !== undefined) await discardFiles(shell, [staged], opts);
   if (sourceError !== undefined) throw sourceError;
   const result: ExecResult = { exitCode: end.exitCode === 0 ? 1 : end.exitCode, stdout: new Uint8Array(), stderr: stderr.buffer.bytes(), timedOut: false, truncated: false };
@@ -181,7 +213,7 @@ export async function stageFile(shell: PodShell, path: string, source: AsyncIter
 /** Renames staged files over their targets (one command for all). On failure every temporary file is removed. */
 export async function commitFiles(shell: PodShell, files: readonly StagedFile[], opts: WriteOptions = {}): Promise<void> {
   if (files.length === 0) return;
-  const args = files.flatMap((f) => [f.temp, f.target, modeArg(opts.mode)]);
+  const args = files.flatMap((f) => [f.temp, f.target, modeArg(opts.mode), String(f.size)]);
   const result = await shell.exec({ command: ['sh', '-c', COMMIT, 'sh', ...args], ...userOf(opts) }).catch(async (err: unknown) => {
     await discardFiles(shell, files, opts);
     throw err;
@@ -228,7 +260,7 @@ async function whenSmall(source: AsyncIterable<Uint8Array>, max: number): Promis
 export async function writeFileFrom(shell: PodShell, path: string, data: Uint8Array | AsyncIterable<Uint8Array>, opts: WriteOptions = {}): Promise<void> {
   const body = data instanceof Uint8Array ? data : await whenSmall(data, WHOLE_BODY_BYTES);
   if (body instanceof Uint8Array) {
-    const result = await shell.exec({ command: ['sh', '-c', WRITE_WHOLE, 'sh', path, suffix(), modeArg(opts.mode)], stdin: body, ...userOf(opts) });
+    const result = await shell.exec({ command: ['sh', '-c', WRITE_WHOLE, 'sh', path, suffix(), modeArg(opts.mode), String(body.length)], stdin: body, ...userOf(opts) });
     if (result.exitCode === 0) return;
     // The temp file's name is the first thing printed; the script removed it unless the commit failed.
     const temp = Buffer.from(result.stdout).toString('utf8').split('\0')[0];

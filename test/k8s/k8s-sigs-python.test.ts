@@ -1,17 +1,15 @@
 // kubernetes-sigs' own Python SDK (`k8s-agent-sandbox` 1.0.8 from PyPI, unmodified) on the
 // Kubernetes tier: the SDK makes its claims through a real kube-apiserver (etcd, our CRDs, the
-// test kubelet playing the node) with that apiserver's kubeconfig, as a user of a cluster would;
+// real node of test/support/kube-node.ts: kubelet, containerd, runc) with that apiserver's kubeconfig, as a user of a cluster would;
 // our worker runs there with --store=kube --runtime=kube (its controllers bind the claims to
 // Pods), and the SDK's data plane (Direct mode: the python-runtime API by X-Sandbox-ID, the API
 // key in extra_headers) goes through our router and Envoy to that worker, which execs in the Pod
 // through pods/exec. The scenarios are the embedded tier's (test/k8s-sigs-python.test.ts), run
 // by test/support/k8s-sigs-sdk.ts.
 //
-// Still on the test kubelet, the one file of test/k8s/ not on the real node (kube-node.ts): there,
-// the suite's 1 MiB streamed `files.write` loses data in runc Pods (the file ends after a whole
-// number of the body's chunks and the write reports success; gVisor Pods keep it all). That is a
-// bug of ours or of containerd's runc shim, reproduced and not yet fixed; moving this file to
-// startKubeNode() is what shows it fixed.
+// The suite's 1 MiB streamed `files.write` goes into a runc Pod here: it once lost data there and
+// reported success (the staging command closed its stdout and containerd then ended its stdin;
+// src/runtime/file-upload.ts, test/k8s/streamed-write.test.ts).
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -22,7 +20,7 @@ import { startLocalSystem } from '../../src/system/local-system.ts';
 import { runSdkSuite } from '../support/k8s-sigs-sdk.ts';
 import { startKubeApiServer } from '../support/kube-apiserver.ts';
 import { installCrds } from '../support/kube-store.ts';
-import { startTestKubelet } from '../support/test-kubelet.ts';
+import { startKubeNode } from '../support/kube-node.ts';
 import { waitFor } from '../support/wait.ts';
 import { removeDataDir, tempDataDir } from '../support/worker-process.ts';
 
@@ -30,16 +28,17 @@ const POOL = 'python';
 /** Two claims in the suite (its module sandbox and test_terminate's), both warm. */
 const REPLICAS = 2;
 
-// The template names no HOME and no SANDBOX_BASE_DIR: the test kubelet runs execs as host
-// processes with HOME at the Pod's own directory, so the python-runtime's base directory (the
-// pod user's home) is that directory and nothing is written elsewhere on the host.
+// The template names no HOME and no SANDBOX_BASE_DIR: the python-runtime's base directory is the
+// pod user's home, inside the Pod. No RuntimeClass: runc. The image is agent-sandbox/base, not
+// busybox: the listing (src/worker/envd/entries.ts) needs GNU find's -printf, which busybox's
+// find lacks (the test kubelet ran execs on the host, with the host's find).
 const POOL_YAML = `apiVersion: extensions.agents.x-k8s.io/v1beta1
 kind: SandboxTemplate
 metadata: {name: ${POOL}, namespace: default}
 spec:
   podTemplate:
     spec:
-      containers: [{name: main, image: busybox, command: [sleep, infinity]}]
+      containers: [{name: main, image: agent-sandbox/base}]
 ---
 apiVersion: extensions.agents.x-k8s.io/v1beta1
 kind: SandboxWarmPool
@@ -59,8 +58,8 @@ test('k8s-agent-sandbox 1.0.8 in Direct mode against a real kube-apiserver: crea
     rmSync(home, { recursive: true, force: true });
   });
   stops.push(() => kube.stop());
-  const kubelet = await startTestKubelet(kube);
-  stops.push(() => kubelet.stop());
+  const node = await startKubeNode(kube);
+  stops.push(() => node.stop());
   await installCrds(kube.kubeconfigPath);
 
   const system = await startLocalSystem({
