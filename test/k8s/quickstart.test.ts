@@ -47,9 +47,9 @@ after(async () => {
   await kube?.stop();
 });
 
-function kubectl(args: readonly string[]): Promise<string> {
+function kubectl(args: readonly string[], stdin?: string): Promise<string> {
   assert.ok(kube !== undefined);
-  return kube.kubectl(args);
+  return kube.kubectl(args, stdin);
 }
 
 /** `kubectl wait ...` as the README has it, repeated in steps up to READY_TIMEOUT_S. */
@@ -72,6 +72,16 @@ test('the README\'s Getting Started Sandbox: kubectl apply, wait for Ready, and 
   const out = await kubectl(['exec', 'my-sandbox', '--', 'sh', '-c', 'echo "$(hostname) $(id -u) $(cat /proc/1/cmdline | tr "\\0" " ")"']);
   // The image's own command (sleep infinity, as uid 1000) runs as the Pod's first process.
   assert.equal(out, 'my-sandbox 1000 sleep infinity \n');
+  // `kubectl exec -i`: stdin reaches the shell through the kubelet, and its exit status comes back.
+  const status = await kubectl(['exec', '-i', 'my-sandbox', '--', 'sh'], 'echo $((6 * 7))\nexit 3\n').then(
+    () => assert.fail('exit 3 came back as success'),
+    (err: unknown) => (err instanceof KubectlError ? err : assert.fail(String(err))),
+  );
+  assert.deepEqual([status.exitCode, status.stdout], [3, '42\n']);
+
+  // The quick start's cleanup: deleting the Sandbox deletes its Pod.
+  await kubectl(['delete', '-f', fixture('sandbox'), '--wait=false']);
+  await kubectlWait(['--for=delete', 'pod/my-sandbox']);
 });
 
 test('the extensions\' examples: a SandboxTemplate and its SandboxWarmPool, then the SandboxClaim binds the warm member, and kubectl exec reaches its Pod', async () => {
@@ -91,4 +101,8 @@ test('the extensions\' examples: a SandboxTemplate and its SandboxWarmPool, then
   // Into the claimed Pod: the template's securityContext (uid 1000, gid 3000) holds there.
   const out = await kubectl(['exec', name, '--', 'sh', '-c', 'echo "$(id -u):$(id -g) $(hostname)"']);
   assert.equal(out, `1000:3000 ${name}\n`);
+
+  // Deleting the claim deletes the sandbox it bound, and its Pod.
+  await kubectl(['delete', '-f', fixture('sandboxclaim'), '--wait=false']);
+  await kubectlWait(['--for=delete', `pod/${name}`]);
 });
