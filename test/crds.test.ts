@@ -102,8 +102,8 @@ test('the schemas are structural, as the kube-apiserver requires', () => {
   }
 });
 
-test('every seed, example and built-in object passes its CRD schema unchanged', () => {
-  const sources = [...yamlFiles('test/fixtures/seeds'), ...yamlFiles('examples')];
+test('every seed, quick-start fixture, example and built-in object passes its CRD schema unchanged', () => {
+  const sources = [...yamlFiles('test/fixtures/seeds'), ...yamlFiles('test/fixtures/quickstart'), ...yamlFiles('examples')];
   assert.ok(sources.length >= 7, 'the seeds and examples were found');
   const objects: [string, KubeObject][] = [];
   for (const { name, text } of sources) for (const obj of parseManifests(text, name)) objects.push([name, obj]);

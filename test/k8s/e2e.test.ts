@@ -236,6 +236,9 @@ test('the seeds\' YAML applied unchanged with kubectl runs: the Concepts Sandbox
   assert.equal(bound.metadata.labels?.[LABEL.launchType], 'cold');
   assert.deepEqual(bound.metadata.ownerReferences?.map((o) => `${o.kind}/${o.name}`), ['SandboxClaim/my-secure-sandbox']);
   assert.ok((await get('pvc', `${boundName}-workspace`, 'default')) !== undefined, "the claim's own volume became a PVC");
+  // kubectl exec into the claim's Pod: the template's user (uid 1000, fsGroup 2000) writes to that volume.
+  const wrote = await kube.kubectl(['exec', boundName, '-n', 'default', '--', 'sh', '-c', 'id -u && echo kept > /workspace/note && cat /workspace/note']);
+  assert.equal(wrote, '1000\nkept\n');
   assert.match(await kube.kubectl(['get', 'sandboxclaim', 'my-secure-sandbox']), new RegExp(`my-secure-sandbox\\s+True\\s+${boundName}\\s+SandboxReady`));
   await waitFor('the pool still full', poolFull);
 
