@@ -178,9 +178,15 @@ test('a terminal under gVisor: echo, its size from the start, resize, exit code'
   assert.match(seen, /\b1000\b/);
   assert.match(seen, /gvisor/);
   session.resize(132, 50);
-  seen = '';
-  await session.write('stty size; echo "done-$((1+1))"\n');
-  await waitOutput('done-2');
+  // gVisor's terminal takes the new size a moment later (runc's at once): asked until it shows.
+  for (let attempt = 1; ; attempt++) {
+    seen = '';
+    // The mark is computed, so the echo of the typed line never matches it.
+    await session.write(`stty size; echo "done-$((${String(attempt)}+1000))"\n`);
+    await waitOutput(`done-${String(attempt + 1000)}`);
+    if (/50 132/.test(seen) || attempt === 50) break;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
   assert.match(seen, /50 132/);
   await session.write('exit 7\n');
   assert.equal(await session.exited, 7);

@@ -16,6 +16,7 @@ import { createLocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { vethName } from '../src/runtime/local/network.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
+import { waitFor } from './support/wait.ts';
 import { METADATA, PRIVATE, PUBLIC_A, PUBLIC_B, startWorld } from './support/egress-world.ts';
 
 // Test subnets of issue 17's netpol work: 10.236-10.239; stand-in internet in TEST-NET ranges.
@@ -121,8 +122,9 @@ const podToPod: Attack = {
     const attacker = await a.pod('np-a');
     const url = `http://${b.ip()}:8080/hostname`;
     // The host (the data plane, probes, envd) reaches the pod; the pod reaches itself.
-    let fromHost = '';
-    for (let i = 0; i < 100 && fromHost === ''; i++) fromHost = await fetch(url).then(async (r) => r.text(), () => '');
+    // Bounded by time, not tries: a refused connect returns at once, and Python's server takes
+    // over a second to listen under gVisor on a loaded machine (100 quick tries ran out in 0.5 s).
+    const fromHost = await waitFor('the host reaching the sandbox\'s port', () => fetch(url).then(async (r) => r.text(), () => undefined), 30_000, 100).catch(() => '');
     assert.equal(fromHost.trim(), b.id, 'the host cannot reach the sandbox\'s port');
     await assertReaches(b, 'http://127.0.0.1:8080/hostname', b.id);
     await assertDeniedFast(attacker, url);
