@@ -16,6 +16,8 @@ interface Job {
   connections: number;
   durationMs: number;
   bytes: number;
+  /** Connect here instead of ip:443/80 (the bare-Envoy floor listens on the gateway). */
+  port?: number;
 }
 
 const job = JSON.parse(process.argv[2] ?? '{}') as Job;
@@ -26,7 +28,7 @@ const path = job.mode === 'bulk' ? `/bytes/${job.bytes}` : '/quiet';
 
 function once(): Promise<number> {
   return new Promise((resolve, reject) => {
-    const opts = { host: job.ip, port: job.scheme === 'https' ? 443 : 80, path, agent, servername: job.name, headers: { host: job.name } };
+    const opts = { host: job.ip, port: job.port ?? (job.scheme === 'https' ? 443 : 80), path, agent, servername: job.name, headers: { host: job.name } };
     const req = (job.scheme === 'https' ? https : http).get(opts, (res) => {
       let n = 0;
       res.on('data', (c: Buffer) => (n += c.length));

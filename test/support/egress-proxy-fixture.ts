@@ -141,7 +141,7 @@ async function counted(registry: Registry, name: string, want: Record<string, st
 }
 
 /** A port free on `host` right now. */
-function freePortOn(host: string): Promise<number> {
+export function freePortOn(host: string): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
     server.once('error', reject);
