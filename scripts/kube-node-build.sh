@@ -24,10 +24,8 @@ ROOT="$PWD"
 OUT="${ASB_KUBE_NODE_DIR:-$ROOT/.tools/kube-node}"
 STAMP="$OUT/.stamp"
 
-mod_version() { # module go.mod → the version that go.mod requires
-  awk -v m="$1" '($1 == "require" && $2 == m) || ($1 == m && NF >= 2) { print ($1 == "require" ? $3 : $2); exit }' "$2"
-}
-KUBE_VERSION="$(mod_version k8s.io/kubernetes tools/kube/go.mod)"
+# shellcheck source=scripts/kube-go-env.sh
+source scripts/kube-go-env.sh
 CONTAINERD_VERSION="$(mod_version github.com/containerd/containerd/v2 tools/containerd/go.mod)"
 CNI_VERSION="$(mod_version github.com/containernetworking/plugins tools/cni/go.mod)"
 GVISOR_VERSION="$(mod_version gvisor.dev/gvisor tools/runsc/go.mod)"
@@ -35,12 +33,6 @@ if [[ "$(mod_version gvisor.dev/gvisor tools/runsc-shim/go.mod)" != "$GVISOR_VER
   echo "kube-node-build: tools/runsc-shim/go.mod and tools/runsc/go.mod pin different gvisor.dev/gvisor versions; the shim must match runsc" >&2
   exit 1
 fi
-export GOFLAGS="-mod=mod -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
-minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-kube_ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  kube_ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-done
 CONTAINERD_TAGS="no_btrfs no_devmapper no_zfs"
 # containerd's own Makefile stamps the version the same way.
 containerd_ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"

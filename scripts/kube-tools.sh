@@ -18,20 +18,9 @@ ROOT="$PWD"
 OUT="$ROOT/.tools/kube"
 STAMP="$OUT/.stamp"
 
-mod_version() { # module go.mod → the version that go.mod requires
-  awk -v m="$1" '($1 == "require" && $2 == m) || ($1 == m && NF >= 2) { print ($1 == "require" ? $3 : $2); exit }' "$2"
-}
-KUBE_VERSION="$(mod_version k8s.io/kubernetes tools/kube/go.mod)"
+# shellcheck source=scripts/kube-go-env.sh
+source scripts/kube-go-env.sh
 ETCD_VERSION="$(mod_version go.etcd.io/etcd/server/v3 tools/kube/etcd/go.mod)"
-# -mod=mod: no vendor directory; go.sum (committed) pins every module's hash. GOTOOLCHAIN=local:
-# never switch toolchains behind our back. CGO off: static binaries. -trimpath and -s -w:
-# smaller, path-free binaries; -X: the versions `kubectl version` and /version report.
-export GOFLAGS="-mod=mod -buildvcs=false" GOTOOLCHAIN=local CGO_ENABLED=0
-minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-kube_ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  kube_ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-done
 # The stamp covers what decides the binaries (go.mod, go.sum, flags), not this file's comments.
 inputs_hash() { { cat tools/kube/go.mod tools/kube/go.sum tools/kube/etcd/go.mod tools/kube/etcd/go.sum; echo "$GOFLAGS $CGO_ENABLED $kube_ldflags"; } | sha256sum | cut -c1-16; }
 want="kubernetes $KUBE_VERSION etcd $ETCD_VERSION inputs $(inputs_hash)"
