@@ -19,17 +19,15 @@ import { ensureEgressCa, ensureHostCertificate } from '../src/egress/egress-ca.t
 import type { CredentialRule } from '../src/egress/credentials.ts';
 import type { EgressPolicySource } from '../src/egress/egress-decision.ts';
 import { ResolvedAddresses } from '../src/egress/resolved-addresses.ts';
-import { deleteBridge, ensureBridge, parseSubnet } from '../src/runtime/local/network.ts';
+import { ensureBridge, parseSubnet } from '../src/runtime/local/network.ts';
 import { DEFAULT_CLAIMS_DIR, releaseNetwork } from '../src/runtime/local/network-claim.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { freePort } from '../src/system/local-system.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { createApiClient } from '../src/client/api-client.ts';
-import { startLocalSystem } from '../src/system/local-system.ts';
+import { startTestSystem } from './support/local-system.ts';
 import { EgressNet } from './support/egress-net.ts';
-import { testImages } from './support/test-images.ts';
-import { removeDataDir, tempDataDir } from './support/worker-process.ts';
 import { PUBLIC_DOMAIN } from './support/egress-proxy-fixture.ts';
 import { startTestRuntime, stopTestRuntime } from './support/test-runtime.ts';
 
@@ -166,23 +164,8 @@ test('the local system with --egress-proxy-port: the worker runs the decision se
   const publicCa = await ensureEgressCa(join(dir, 'public-ca'), 'egress test public CA');
   await net.startUpstream(await ensureHostCertificate(publicCa, `*.${PUBLIC_DOMAIN}`));
   const [pubA = ''] = net.publicIps;
-  const stateDir = tempDataDir('egst');
-  const system = await startLocalSystem({
-    stateDir,
-    log: silentLogger(),
-    apiPort: 0,
-    edgePort: 0,
-    envoyAdminPort: 0,
-    routerPort: 0,
-    domain: 'asb.localhost',
-    clusterName: 'local',
-    workerArgs: [...(await testImages()).workerArgs, '--cluster-tag', 'egst', '--bridge', 'asbegsys0', '--subnet', SUBNET, '--base-pool', '0', '--log-level', 'warn', '--egress-proxy-port', String(await freePort())],
-  });
-  t.after(async () => {
-    await system.stop();
-    removeDataDir(stateDir);
-    await deleteBridge('asbegsys0');
-  });
+  const system = await startTestSystem('egst', 243, 'local', 0, false, [], ['--egress-proxy-port', String(await freePort())]);
+  t.after(() => system.cleanup());
   const api = createApiClient({ url: system.apiUrl, key: system.adminKey });
   const sbx = await api.createSandbox({ template: 'base', network: { internet: true, allow: [], deny: [EVIL] } } as Parameters<typeof api.createSandbox>[0]);
   await api.writeFile(sbx.id, '/tmp/ca.pem', readFileSync(publicCa.caCertPath));

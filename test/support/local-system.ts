@@ -18,9 +18,9 @@ export interface TestSystem extends LocalSystem {
 /**
  * tag: 4 chars [a-z0-9] (id prefix, bridge asb<tag>); subnetOctet: 10.<octet>.0.0/16; basePool:
  * warm `base` sandboxes; https: also an HTTPS edge listener, its certificate signed by a test CA
- * (caCertPath); teams: a key for each (teamKeys).
+ * (caCertPath); teams: a key for each (teamKeys); workerArgs: more flags for the worker.
  */
-export async function startTestSystem(tag: string, subnetOctet: number, clusterName = 'local', basePool = 0, https = false, teams: readonly string[] = []): Promise<TestSystem & { caCertPath: string | undefined }> {
+export async function startTestSystem(tag: string, subnetOctet: number, clusterName = 'local', basePool = 0, https = false, teams: readonly string[] = [], workerArgs: readonly string[] = []): Promise<TestSystem & { caCertPath: string | undefined }> {
   const stateDir = tempDataDir(tag);
   const teamKeys: Record<string, string> = {};
   for (const team of teams) teamKeys[team] = await teamKeyIn(stateDir, team);
@@ -35,7 +35,7 @@ export async function startTestSystem(tag: string, subnetOctet: number, clusterN
     domain: 'asb.localhost',
     clusterName,
     ...(tls === undefined ? {} : { edgeTls: { port: 0, files: tls } }),
-    workerArgs: [...(await testImages()).workerArgs, '--cluster-tag', tag, '--bridge', `asb${tag}`, '--subnet', `10.${subnetOctet}.0.0/16`, '--base-pool', String(basePool), '--log-level', 'warn'],
+    workerArgs: [...(await testImages()).workerArgs, '--cluster-tag', tag, '--bridge', `asb${tag}`, '--subnet', `10.${subnetOctet}.0.0/16`, '--base-pool', String(basePool), '--log-level', 'warn', ...workerArgs],
   });
   let cleaned: Promise<void> | undefined;
   return Object.assign(system, {
