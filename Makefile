@@ -75,13 +75,14 @@ kube-tools:
 	@scripts/kube-tools.sh
 	@scripts/go-build.sh tools/kube/test-kubelet .tools/kube/bin/test-kubelet
 
-# The tier's real node (issue 19, test/support/kube-node.ts): kubelet, kube-scheduler and
-# kube-controller-manager v1.37.1, containerd v2.4.2 with its runc shim, gVisor's containerd shim,
+# The tier's real node (issue 19, test/support/kube-node.ts): kubelet, kube-scheduler,
+# kube-controller-manager and kube-proxy v1.37.1, CoreDNS v1.15.0 (four plugins), containerd v2.4.2 with its runc shim, gVisor's containerd shim,
 # the CNI plugins bridge/host-local/loopback and a static pause image, all built with Go and gcc by
 # scripts/kube-node-build.sh into .tools/kube-node (stamped: ~5 ms after the first time). First
 # time on this 2-core VM, under other jobs' load, module cache warm from kube-tools: kubelet 155 s,
 # kube-scheduler 23 s, kube-controller-manager 91 s, containerd + shim + ctr 128 s (alongside the
-# kubelet), CNI 13 s, gVisor's shim 37 s: ~7 min in all (~4.5 min with the two in parallel as
+# kubelet), CNI 13 s, gVisor's shim 37 s, kube-proxy 11 s
+# and CoreDNS 44 s (2026-11-24, warm module cache): ~8 min in all (~4.5 min with the two in parallel as
 # measured); ~50 MB of modules more to fetch cold. Relinking with a warm build cache: ~20-50 s.
 kube-node: runc runsc
 	@scripts/kube-node-build.sh

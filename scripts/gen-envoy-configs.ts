@@ -57,8 +57,8 @@ export function readEnvFiles(paths: readonly string[]): Map<string, string> {
   return merged;
 }
 
-/** The Envoy configuration for a cluster with these settings (ASB_* as in cluster.env). */
-function clusterEnvoyYaml(env: ReadonlyMap<string, string>): string {
+/** The Envoy configuration for a cluster with these settings (ASB_* as in cluster.env): what a user's overlay with its own cluster.env carries. */
+export function clusterEnvoyYaml(env: ReadonlyMap<string, string>): string {
   const cluster = env.get('ASB_CLUSTER_NAME');
   if (cluster === undefined) throw new Error('ASB_CLUSTER_NAME is not set');
   const hubUrl = env.get('ASB_HUB_URL');

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes node of the test tier (issue 19; test/support/kube-node.ts runs it)
 # with Go from the module proxy and gcc, into .tools/kube-node:
-#   bin/  kubelet, kube-scheduler, kube-controller-manager (k8s.io/kubernetes, tools/kube/go.mod,
-#         the same module and version ldflags as scripts/kube-tools.sh's kube-apiserver);
+#   bin/  kubelet, kube-scheduler, kube-controller-manager, kube-proxy (k8s.io/kubernetes,
+#         tools/kube/go.mod, the same module and version ldflags as scripts/kube-tools.sh's
+#         kube-apiserver);
+#         coredns, the cluster DNS (tools/coredns: CoreDNS's server with only the plugins the
+#         node's Corefile uses; ~45 s);
 #         containerd, containerd-shim-runc-v2, ctr v2.4.2 (tools/containerd/go.mod; tags
 #         no_btrfs no_devmapper no_zfs: no cgo storage drivers, overlayfs only);
 #         containerd-shim-runsc-v1, gVisor's shim for the gvisor RuntimeClass (tools/runsc-shim,
@@ -28,6 +31,7 @@ STAMP="$OUT/.stamp"
 source scripts/kube-go-env.sh
 CONTAINERD_VERSION="$(mod_version github.com/containerd/containerd/v2 tools/containerd/go.mod)"
 CNI_VERSION="$(mod_version github.com/containernetworking/plugins tools/cni/go.mod)"
+COREDNS_VERSION="$(mod_version github.com/coredns/coredns tools/coredns/go.mod)"
 GVISOR_VERSION="$(mod_version gvisor.dev/gvisor tools/runsc/go.mod)"
 if [[ "$(mod_version gvisor.dev/gvisor tools/runsc-shim/go.mod)" != "$GVISOR_VERSION" ]]; then
   echo "kube-node-build: tools/runsc-shim/go.mod and tools/runsc/go.mod pin different gvisor.dev/gvisor versions; the shim must match runsc" >&2
@@ -38,11 +42,12 @@ CONTAINERD_TAGS="no_btrfs no_devmapper no_zfs"
 containerd_ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
 inputs_hash() {
   { cat tools/kube/go.mod tools/kube/go.sum tools/containerd/go.mod tools/containerd/go.sum tools/cni/go.mod tools/cni/go.sum \
-      tools/runsc-shim/go.mod tools/runsc-shim/go.sum tools/pause/pause.c tools/pause/oci-image.py
+      tools/runsc-shim/go.mod tools/runsc-shim/go.sum tools/pause/pause.c tools/pause/oci-image.py \
+      tools/coredns/go.mod tools/coredns/go.sum tools/coredns/main.go
     echo "$GOFLAGS $CGO_ENABLED $kube_ldflags $CONTAINERD_TAGS $containerd_ldflags shim-patch:oom-eperm"; } | sha256sum | cut -c1-16
 }
-want="kubernetes $KUBE_VERSION containerd $CONTAINERD_VERSION cni $CNI_VERSION gvisor $GVISOR_VERSION inputs $(inputs_hash)"
-BINS=(kubelet kube-scheduler kube-controller-manager containerd containerd-shim-runc-v2 ctr containerd-shim-runsc-v1)
+want="kubernetes $KUBE_VERSION containerd $CONTAINERD_VERSION cni $CNI_VERSION coredns $COREDNS_VERSION gvisor $GVISOR_VERSION inputs $(inputs_hash)"
+BINS=(kubelet kube-scheduler kube-controller-manager kube-proxy coredns containerd containerd-shim-runc-v2 ctr containerd-shim-runsc-v1)
 all_present() {
   for b in "${BINS[@]}"; do [[ -x "$OUT/bin/$b" ]] || return 1; done
   for p in bridge host-local loopback; do [[ -x "$OUT/cni/$p" ]] || return 1; done
@@ -59,14 +64,18 @@ scripts/bootstrap.sh apt gcc:cc python3:python3
 # The pause binary is static: glibc's libc.a (libc6-dev) has no command to prove it, gcc finds it.
 [[ "$(gcc -print-file-name=libc.a)" == /* ]] || scripts/bootstrap.sh apt libc6-dev:no-such-command
 GO="$(scripts/go-toolchain.sh)"
-echo "kube-node-build: building kubelet, kube-scheduler, kube-controller-manager $KUBE_VERSION, containerd $CONTAINERD_VERSION, CNI plugins $CNI_VERSION, gVisor's shim and the pause image with $("$GO" env GOVERSION) into ${OUT#"$ROOT"/} (first time: see the Makefile)" >&2
+echo "kube-node-build: building kubelet, kube-scheduler, kube-controller-manager, kube-proxy $KUBE_VERSION, CoreDNS $COREDNS_VERSION, containerd $CONTAINERD_VERSION, CNI plugins $CNI_VERSION, gVisor's shim and the pause image with $("$GO" env GOVERSION) into ${OUT#"$ROOT"/} (first time: see the Makefile)" >&2
 started=$SECONDS
 TMP="$OUT/build.tmp"
 rm -rf "$TMP"
 mkdir -p "$TMP/bin" "$TMP/cni"
 (cd tools/kube && "$GO" build -trimpath -ldflags="$kube_ldflags" -o "$TMP/bin/" \
-  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager)
-echo "kube-node-build: kubelet, kube-scheduler, kube-controller-manager in $((SECONDS - started)) s" >&2
+  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-proxy)
+echo "kube-node-build: kubelet, kube-scheduler, kube-controller-manager, kube-proxy in $((SECONDS - started)) s" >&2
+step=$SECONDS
+(cd tools/coredns && "$GO" build -trimpath -ldflags="-s -w" -o "$TMP/bin/coredns" .)
+echo "kube-node-build: CoreDNS in $((SECONDS - step)) s" >&2
 step=$SECONDS
 (cd tools/containerd && "$GO" build -trimpath -tags "$CONTAINERD_TAGS" -ldflags="$containerd_ldflags" -o "$TMP/bin/" \
   github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \

@@ -118,6 +118,18 @@ test('each kustomization builds, every object has apiVersion, kind and a name, a
   assert.deepEqual(build('clusters/overlays/hub').filter((m) => /CustomResourceDefinition|Role/.test(m.kind)), []);
 });
 
+test('every namespaced object names its namespace, so `kubectl apply -k` puts nothing in whatever namespace the user\'s context has', () => {
+  const clusterScoped = new Set(['Namespace', 'CustomResourceDefinition', 'ClusterRole', 'ClusterRoleBinding', 'PersistentVolume', 'StorageClass', 'RuntimeClass']);
+  const unplaced: string[] = [];
+  for (const dir of BUILDS) {
+    for (const m of build(dir)) {
+      if (!clusterScoped.has(m.kind) && (m.metadata.namespace ?? '') === '') unplaced.push(`${dir}: ${m.kind}/${m.metadata.name}`);
+    }
+  }
+  // Found by deploying region-a onto a real node: its federation-ingress Service landed in "default".
+  assert.deepEqual(unplaced, []);
+});
+
 test('Envoy\'s configurations are generated from envoy/edge.yaml and each cluster.env, and each cluster runs its own', () => {
   const files = renderEnvoyFiles();
   for (const [path, text] of files) {

@@ -1,41 +1,43 @@
 // Our own deployment, for real (issue 19, point 6): the image `make own-image` built, pushed to
-// the tests' registry, and clusters/overlays/hub applied with `kubectl apply -k` (through an
-// overlay whose `images:` names that build) onto the real node: the kubelet pulls it through
-// containerd, the scheduler places the Pod, its PVC binds to one of the node's PVs, and the hub
-// runs as the manifests say (non-root, read-only root, no capabilities). Then what
-// clusters/README.md tells a user to do: read the admin key with `kubectl exec deploy/hub`, and
-// use it against the hub's API.
+// the tests' registry, and clusters/ applied with `kubectl apply -k` onto a cluster of the real
+// node with Services and cluster DNS (kube-node.ts startKubeCluster), in the order
+// clusters/README.md tells a user: the hub (clusters/overlays/hub), then a region
+// (clusters/overlays/region-a, through an overlay of the user's own: the image, the hub's
+// address, one replica each for a 2-core node), its Secrets (secrets.sh, the federation
+// certificate, the sync credential `asb cluster add` prints). Then, through that region's edge
+// Service only, what a user does: a key and a template made at the hub, a sandbox created, exec'd
+// into, hibernated and woken by the first request to its port, and the unmodified E2B SDK.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { request as httpRequest } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
-import { startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
-import { startKubeNode, type KubeNode } from '../support/kube-node.ts';
+import { Sandbox } from 'e2b';
+import { baseTemplate } from '../../src/api/builtin.ts';
+import { ensureFederationTls } from '../../src/edge/tls.ts';
+import { hubCall } from '../support/hub-process.ts';
+import { startKubeCluster, type KubeCluster } from '../support/kube-node.ts';
+import type { KubeApiServer } from '../support/kube-apiserver.ts';
 import { pushOwnImage, writeImageOverlay, type OwnImage } from '../support/own-image.ts';
+import { clusterReport, replicasPatch, SYSTEM_NS, waitAvailable, writeRegionOverlay } from '../support/own-deployment.ts';
+import { runAsb } from '../support/run-asb.ts';
 import { testImages } from '../support/test-images.ts';
+import { waitFor } from '../support/wait.ts';
 
-const NS = 'agent-sandbox-system';
-/** Pull (~140 MB through containerd from loopback) and unpack, then the hub's start: ~10 s idle, minutes on a loaded 2-core machine. */
-const AVAILABLE_TIMEOUT_S = 300;
-/** Each kubectl wait within the fixture's 60 s kubectl timeout. */
-const WAIT_STEP_S = 50;
+const repoRoot = join(import.meta.dirname, '../..');
+/** clusters/base/cluster.env's domain, which the region keeps. */
+const DOMAIN = 'sandbox.example.com';
+/** Where sandbox Pods run (clusters/base/cluster.env ASB_POD_NAMESPACE). */
+const POD_NS = 'agent-sandboxes';
+const REGION = { name: 'region-a', tag: 'rga1', region: 'europe-west' };
 
-async function waitAvailable(kube: KubeApiServer, what: string): Promise<void> {
-  for (let waited = 0; ; waited += WAIT_STEP_S) {
-    try {
-      await kube.kubectl(['-n', NS, 'wait', '--for=condition=Available', what, `--timeout=${String(WAIT_STEP_S)}s`]);
-      return;
-    } catch (err) {
-      if (waited + WAIT_STEP_S >= AVAILABLE_TIMEOUT_S) throw err;
-    }
-  }
-}
-
-let kube: KubeApiServer | undefined;
-let node: KubeNode | undefined;
+let cluster: KubeCluster | undefined;
 let image: OwnImage;
 const scratch = mkdtempSync(join(tmpdir(), 'asb-own-deploy-'));
+/** The hub as the host reaches it (its Service's ClusterIP, through kube-proxy), and its admin key. */
+let hub: { url: string; adminKey: string } | undefined;
 
 const timings: string[] = [];
 const timed = async <T>(what: string, run: () => Promise<T>): Promise<T> => {
@@ -47,55 +49,204 @@ const timed = async <T>(what: string, run: () => Promise<T>): Promise<T> => {
 
 before(async () => {
   image = await timed('push', async () => pushOwnImage((await testImages()).address));
-  kube = await timed('kube-apiserver', () => startKubeApiServer({ etcdUnsafeNoFsync: true }));
-  node = await timed('node (waits for another test process\'s node)', () => startKubeNode(kube as KubeApiServer));
+  cluster = await timed('cluster (waits for another test process\'s node)', () => startKubeCluster({ etcdUnsafeNoFsync: true }));
 });
 
 after(async () => {
-  await node?.stop();
-  await kube?.stop();
+  await cluster?.stop();
   rmSync(scratch, { recursive: true, force: true });
 });
 
-test('kubectl apply -k of clusters/overlays/hub runs the hub from our image on the real node; its admin key works', async (t) => {
-  assert.ok(kube !== undefined && node !== undefined);
+function kubeOf(): KubeApiServer {
+  assert.ok(cluster !== undefined, 'the cluster started');
+  return cluster.kube;
+}
+
+async function clusterIp(service: string): Promise<string> {
+  return (await kubeOf().kubectl(['-n', SYSTEM_NS, 'get', 'svc', service, '-o', 'jsonpath={.spec.clusterIP}'])).trim();
+}
+
+test('kubectl apply -k of clusters/overlays/hub runs the hub from our image on the real node; its admin key works at its Service', async (t) => {
+  const kube = kubeOf();
   // The node's containerd has the tests' registry as docker.io's mirror: `agent-sandbox:<tag>`
   // is docker.io/library/agent-sandbox:<tag>, which pushOwnImage pushed there.
   // The node's static PVs are 10Gi each (kube-node.ts); the hub overlay asks 20Gi. A local PV's
   // capacity is a label (nothing enforces it), so the claim asks what the node has.
-  const claim = { apiVersion: 'v1', kind: 'PersistentVolumeClaim', metadata: { name: 'hub-data', namespace: NS }, spec: { resources: { requests: { storage: '10Gi' } } } };
+  const claim = { apiVersion: 'v1', kind: 'PersistentVolumeClaim', metadata: { name: 'hub-data', namespace: SYSTEM_NS }, spec: { resources: { requests: { storage: '10Gi' } } } };
   const overlay = writeImageOverlay(join(scratch, 'hub'), 'clusters/overlays/hub', { name: 'agent-sandbox', tag: image.tag }, [claim]);
-  await kube.kubectl(['apply', '-k', join(import.meta.dirname, '../..', overlay)]);
-  try {
-    await timed('apply to Available', () => waitAvailable(kube as KubeApiServer, 'deploy/hub'));
-  } catch (err) {
-    const pods = await kube.kubectl(['-n', NS, 'get', 'pods,pvc,pv', '-o', 'wide']).catch((e: unknown) => String(e));
-    const events = await kube.kubectl(['-n', NS, 'get', 'events', '--sort-by=.lastTimestamp']).catch((e: unknown) => String(e));
-    throw new Error(`deploy/hub never became Available: ${(err as Error).message}\n${pods}\n${events}`);
-  }
-  const pod = JSON.parse(await kube.kubectl(['-n', NS, 'get', 'pods', '-l', 'app.kubernetes.io/component=hub', '-o', 'json'])) as {
+  await kube.kubectl(['apply', '-k', join(repoRoot, overlay)]);
+  await timed('hub applied to Available', () => waitAvailable(kube, ['hub']));
+  const pod = JSON.parse(await kube.kubectl(['-n', SYSTEM_NS, 'get', 'pods', '-l', 'app.kubernetes.io/component=hub', '-o', 'json'])) as {
     items: { status: { podIP?: string; containerStatuses?: { image: string; ready: boolean }[] } }[];
   };
-  const [hub] = pod.items;
-  assert.ok(hub !== undefined);
+  const [hubPod] = pod.items;
+  assert.ok(hubPod !== undefined);
   assert.equal(pod.items.length, 1, 'one replica');
-  assert.match(hub.status.containerStatuses?.[0]?.image ?? '', new RegExp(`agent-sandbox:${image.tag}$`));
-  const podIp = hub.status.podIP ?? '';
-  assert.ok(podIp.startsWith(node.podCidr.split('.').slice(0, 2).join('.')), `pod IP ${podIp} in ${node.podCidr}`);
+  assert.match(hubPod.status.containerStatuses?.[0]?.image ?? '', new RegExp(`agent-sandbox:${image.tag}$`));
 
   // clusters/README.md: "Its admin key is created on first start: kubectl exec deploy/hub -- cat ..."
-  const key = (await kube.kubectl(['-n', NS, 'exec', 'deploy/hub', '--', 'cat', '/var/lib/asb/hub/admin.key'])).trim();
+  const key = (await kube.kubectl(['-n', SYSTEM_NS, 'exec', 'deploy/hub', '--', 'cat', '/var/lib/asb/hub/admin.key'])).trim();
   assert.match(key, /^asb_/);
-  assert.equal((await kube.kubectl(['-n', NS, 'exec', 'deploy/hub', '--', 'id', '-u'])).trim(), '1000');
+  assert.equal((await kube.kubectl(['-n', SYSTEM_NS, 'exec', 'deploy/hub', '--', 'id', '-u'])).trim(), '1000');
 
-  const health = await fetch(`http://${podIp}:7070/healthz`, { signal: AbortSignal.timeout(5000) });
-  assert.equal(health.status, 200);
-  await health.body?.cancel();
-  const refused = await fetch(`http://${podIp}:7070/v1/clusters`, { signal: AbortSignal.timeout(5000) });
+  // "Note the hub Service's address: it is ASB_HUB_URL for the regions."
+  const url = `http://${await clusterIp('hub')}:7070`;
+  // The Service answers once the EndpointSlice controller has seen the Pod ready and kube-proxy
+  // has written the endpoint (until then kube-proxy rejects the ClusterIP: ECONNREFUSED).
+  await waitFor('the hub Service routes to its Pod', async () => {
+    const health = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(5000) }).catch(() => undefined);
+    await health?.body?.cancel();
+    return health?.status === 200 ? true : undefined;
+  }, 30_000, 200);
+  const refused = await fetch(`${url}/v1/clusters`, { signal: AbortSignal.timeout(5000) });
   assert.equal(refused.status, 401);
   await refused.body?.cancel();
-  const clusters = await fetch(`http://${podIp}:7070/v1/clusters`, { headers: { authorization: `Bearer ${key}` }, signal: AbortSignal.timeout(5000) });
+  const clusters = await fetch(`${url}/v1/clusters`, { headers: { authorization: `Bearer ${key}` }, signal: AbortSignal.timeout(5000) });
   assert.equal(clusters.status, 200, await clusters.clone().text());
   await clusters.body?.cancel();
+  hub = { url, adminKey: key };
+  t.diagnostic(timings.join(', '));
+});
+
+interface EdgeAnswer<T> {
+  status: number;
+  body: T;
+}
+
+/** One request to the region's edge Service, with the Host a client's DNS name would give it. */
+function edgeCall<T = unknown>(edge: string, method: string, path: string, o: { host?: string; key?: string; body?: unknown; headers?: Record<string, string> } = {}): Promise<EdgeAnswer<T>> {
+  const payload = o.body === undefined ? undefined : JSON.stringify(o.body);
+  return new Promise((resolveCall, reject) => {
+    const req = httpRequest(`http://${edge}${path}`, {
+      method,
+      headers: {
+        ...(o.host === undefined ? {} : { host: o.host }),
+        ...(o.key === undefined ? {} : { authorization: `Bearer ${o.key}` }),
+        ...(payload === undefined ? {} : { 'content-type': 'application/json' }),
+        ...o.headers,
+      },
+      timeout: 120_000,
+    }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('error', reject);
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString('utf8');
+        let body: unknown = text;
+        try {
+          body = JSON.parse(text);
+        } catch {
+          // not JSON: a sandbox's own answer
+        }
+        resolveCall({ status: res.statusCode ?? 0, body: body as T });
+      });
+    });
+    req.on('timeout', () => req.destroy(new Error(`${method} ${path} through the edge: no answer in 120 s`)));
+    req.on('error', reject);
+    req.end(payload);
+  });
+}
+
+test('a region from clusters/overlays/region-a, federated to that hub: through its edge Service, create, exec, wake on the first request, and the E2B SDK', async (t) => {
+  const kube = kubeOf();
+  assert.ok(hub !== undefined, 'the hub test ran first');
+  const h = hub;
+  const hubHost = `hub.${SYSTEM_NS}.svc.cluster.local`;
+  const overlay = writeRegionOverlay(join(scratch, 'region-a'), {
+    base: 'clusters/overlays/region-a',
+    image,
+    baseEnvFiles: ['clusters/base/cluster.env', 'clusters/overlays/region-a/cluster.env'],
+    // The hub's Service by its cluster DNS name (the README's step 2).
+    env: { ASB_HUB_URL: `http://${hubHost}:7070` },
+    // Room on a 2-core node (clusters/README.md, "What a region needs"): the base asks 2.7 cores.
+    patches: [replicasPatch('worker-api', 1), replicasPatch('ingress', 1)],
+  });
+  // Step 3: the federation certificate, in cert-manager's layout.
+  const tls = await ensureFederationTls(join(scratch, 'federation-tls'));
+  await kube.kubectl(['-n', SYSTEM_NS, 'create', 'secret', 'generic', 'asb-federation-tls',
+    `--from-file=ca.crt=${tls.caCertPath}`, `--from-file=tls.crt=${tls.certChainPath}`, `--from-file=tls.key=${tls.privateKeyPath}`]);
+  // Step 4: apply, then the cluster's Secrets and admin ApiKey (the CRDs come with the apply).
+  await kube.kubectl(['apply', '-k', overlay]);
+  await kube.kubectl(['wait', '--for=condition=established', 'crd/apikeys.asb.dev']);
+  await kube.kubectl(['apply', '-f', '-'], execFileSync(join(repoRoot, 'clusters/secrets.sh'), { encoding: 'utf8' }));
+  // Step 5: register the region at the hub with the CLI; its credential becomes the Secret.
+  const ingress = `${await clusterIp('federation-ingress')}:10443`;
+  // The hub places creates by calling the region's worker API: here, its Service by cluster DNS.
+  const apiUrl = `http://worker-api.${SYSTEM_NS}.svc.cluster.local:7080`;
+  const added = await runAsb(['cluster', 'add', REGION.name, '--region', REGION.region, '--tag', REGION.tag, '--ingress', ingress, '--api-url', apiUrl, '--hub-url', h.url, '--hub-key', h.adminKey]);
+  assert.equal(added.code, 0, added.stderr);
+  const credential = /credential: (\S+)/.exec(added.stdout)?.[1];
+  assert.ok(credential !== undefined, added.stdout);
+  await kube.kubectl(['-n', SYSTEM_NS, 'create', 'secret', 'generic', 'asb-hub-credential', `--from-literal=credential=${credential}`]);
+  await timed('region Available', () => waitAvailable(kube, ['operator', 'worker-api', 'ingress']));
+
+  // Where a user's DNS would point *.<domain>: the edge Service (no LoadBalancer here: its ClusterIP).
+  const edge = await clusterIp('edge');
+  const user = await hubCall<{ key: string }>(h, 'POST', '/v1/keys', { team: 'deployed' });
+  const web = baseTemplate();
+  web.metadata.name = 'web';
+  const main = web.spec.podTemplate.spec.containers[0];
+  assert.ok(main !== undefined);
+  // Its main process serves the home volume on 8080, so a plain GET reads what the sandbox wrote.
+  main.command = ['python3', '-m', 'http.server', '8080', '--directory', '/home/user'];
+  main.ports = [...(main.ports ?? []), { containerPort: 8080 }];
+  main.readinessProbe = { tcpSocket: { port: 8080 }, periodSeconds: 1 };
+  await hubCall(h, 'PUT', '/v1/templates/web', web);
+
+  // The key and the template reach the region through the hub's sync; the hub places the create.
+  let last: EdgeAnswer<unknown> | undefined;
+  const created = await timed('first create through the edge', () => waitFor('the region takes a create with the hub\'s key', async () => {
+    const res = await edgeCall<{ id?: string; accessToken?: string }>(edge, 'POST', '/v1/sandboxes', { key: user.key, body: { template: 'web', wait: true } });
+    last = res;
+    return res.status === 201 ? res.body : undefined;
+  }, 180_000, 1000).catch(async (err: unknown) => {
+    throw new Error(`${String(err)}; the last answer: ${JSON.stringify(last)}\n${await clusterReport(kube)}`);
+  }));
+  const id = created.id ?? '';
+  assert.ok(id.startsWith(REGION.tag), `the sandbox id ${id} carries the region's tag`);
+
+  await t.test('exec through the edge runs in the sandbox\'s Pod, on the node', async () => {
+    const out = await edgeCall<{ stdout: string; exitCode: number }>(edge, 'POST', `/v1/sandboxes/${id}/exec`, {
+      key: user.key, body: { command: ['sh', '-c', 'echo kept > /home/user/note; id -u; hostname'] },
+    });
+    assert.equal(out.status, 200, JSON.stringify(out.body));
+    assert.equal(out.body.exitCode, 0);
+    assert.deepEqual(out.body.stdout.split('\n').slice(0, 2), ['1000', id]);
+    const pod = JSON.parse(await kube.kubectl(['-n', POD_NS, 'get', 'pod', id, '-o', 'json'])) as { spec: { nodeName?: string } };
+    assert.equal(pod.spec.nodeName, 'asb-node');
+    const other = await edgeCall(edge, 'POST', `/v1/sandboxes/${id}/exec`, { key: h.adminKey.replace(/.$/, (c) => (c === 'a' ? 'b' : 'a')), body: { command: ['true'] } });
+    assert.equal(other.status, 401, 'a wrong key is refused at the edge');
+  });
+
+  await t.test('hibernated, its Pod goes; the first request to its port wakes it, and the volume\'s file is there', async () => {
+    const paused = await edgeCall(edge, 'POST', `/v1/sandboxes/${id}/pause`, { key: user.key });
+    assert.equal(paused.status, 200, JSON.stringify(paused.body));
+    await waitFor('the Pod deleted', async () => {
+      const pods = await kube.kubectl(['-n', POD_NS, 'get', 'pods', '-o', 'name']);
+      return pods.includes(`pod/${id}`) ? undefined : true;
+    }, 60_000, 200);
+    const host = `8080-${id}.${DOMAIN}`;
+    const stranger = await edgeCall(edge, 'GET', '/note', { host });
+    assert.equal(stranger.status, 401, 'a request without the sandbox\'s access token is refused');
+    assert.ok(!(await kube.kubectl(['-n', POD_NS, 'get', 'pods', '-o', 'name'])).includes(`pod/${id}`), 'and wakes nothing');
+    const woken = await edgeCall<string>(edge, 'GET', '/note', { host, headers: { 'x-access-token': created.accessToken ?? '' } });
+    assert.deepEqual([woken.status, woken.body], [200, 'kept\n']);
+    const pod = await kube.kubectl(['-n', POD_NS, 'get', 'pod', id, '-o', 'jsonpath={.status.phase}']);
+    assert.equal(pod, 'Running');
+  });
+
+  await t.test('the unmodified E2B SDK through the edge: create in the region, run a command, write and read a file, kill', async () => {
+    const opts = { apiUrl: `http://${edge}`, sandboxUrl: `http://${edge}`, apiKey: user.key };
+    const sbx = await Sandbox.create('base', { ...opts, envs: { WHERE: 'deployed' } });
+    try {
+      assert.ok(sbx.sandboxId.startsWith(REGION.tag), sbx.sandboxId);
+      const run = await sbx.commands.run('echo "$WHERE $(id -u)"');
+      assert.equal(run.stdout, 'deployed 1000\n');
+      await sbx.files.write('/home/user/e2b.txt', 'through the edge');
+      assert.equal(await sbx.files.read('/home/user/e2b.txt'), 'through the edge');
+    } finally {
+      assert.equal(await sbx.kill(), true);
+    }
+  });
   t.diagnostic(timings.join(', '));
 });

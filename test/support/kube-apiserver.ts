@@ -30,7 +30,7 @@ import { Agent, request as httpsRequest } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { stringify } from 'yaml';
-import { ensureEdgeTls, ensureFederationTls } from '../../src/edge/tls.ts';
+import { ensureFederationTls } from '../../src/edge/tls.ts';
 import { AsbError } from '../../src/errors.ts';
 import { freePort } from '../../src/system/local-system.ts';
 
@@ -49,9 +49,22 @@ export const KUBE_NODE_NAME = 'asb-node';
  */
 export const KUBE_NODE_IP = '10.246.0.1';
 
+/** Service ClusterIPs are allocated from here; kube-proxy routes them only on a cluster of kube-node.ts's startKubeCluster. */
+export const SERVICE_CIDR = '10.96.0.0/24';
+/** The `kubernetes` Service's ClusterIP (the range's first address): KUBERNETES_SERVICE_HOST in every Pod. */
+export const KUBERNETES_SERVICE_IP = '10.96.0.1';
+
 export interface KubeApiServerOptions {
   /** etcd's --unsafe-no-fsync: faster on a busy disk, and a test's throw-away data never needs a crash-safe disk. Default false, so benchmarks measure the real write path. */
   etcdUnsafeNoFsync?: boolean;
+  /**
+   * Serve Pods as a cluster's API server does (kube-node.ts's startKubeCluster, which puts
+   * KUBE_NODE_IP on the pod bridge first): listen on KUBE_NODE_IP instead of 127.0.0.1 (url
+   * names it), advertise it as the `kubernetes` Service's endpoint, and admit Pods with the
+   * ServiceAccount plugin, which mounts each Pod's token. Default false: loopback only, and no
+   * ServiceAccount admission (see the top of this file).
+   */
+  inClusterClients?: boolean;
 }
 
 /** How long etcd plus the API server may take to be ready (cold start on 2 busy cores is ~5-15 s). */
@@ -73,7 +86,7 @@ export interface KubeRequestOptions {
 }
 
 export interface KubeApiServer {
-  /** https://127.0.0.1:<port> */
+  /** https://127.0.0.1:<port> (https://KUBE_NODE_IP:<port> with inClusterClients) */
   readonly url: string;
   /** Bearer token of user "asb-admin" in group system:masters (every permission). */
   readonly token: string;
@@ -197,24 +210,29 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
     const sa = generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
     writeFileSync(join(dir, 'sa.key'), sa.privateKey.export({ type: 'sec1', format: 'pem' }), { mode: 0o600 });
     writeFileSync(join(dir, 'sa.pub'), sa.publicKey.export({ type: 'spki', format: 'pem' }));
-    // A serving certificate for localhost and 127.0.0.1 from a throw-away CA (openssl, ~20 ms).
-    const tls = await ensureEdgeTls(join(dir, 'pki'), 'kube-apiserver.localhost');
-    const caPem = readFileSync(tls.caCertPath);
+    // A self-signed serving certificate (its own trust anchor) for every name a client may dial:
+    // loopback, the node's address, the `kubernetes` Service's ClusterIP and DNS names.
+    const tls = await selfSignedServing(join(dir, 'pki'), 'kube-apiserver', [
+      'IP:127.0.0.1', `IP:${KUBE_NODE_IP}`, `IP:${KUBERNETES_SERVICE_IP}`, 'DNS:localhost',
+      ...['kubernetes', 'kubernetes.default', 'kubernetes.default.svc', 'kubernetes.default.svc.cluster.local'].map((n) => `DNS:${n}`),
+    ]);
+    const caPem = readFileSync(tls.certPath);
+    const host = opts.inClusterClients === true ? KUBE_NODE_IP : '127.0.0.1';
     // The kubelet's side: it serves 127.0.0.1 with a certificate of its own CA, and lets in the
     // holder of a client certificate of another (clientAuth), which only the API server has.
-    const kubeletServing = await selfSignedServing(join(dir, 'kubelet-serving'), KUBE_NODE_NAME, [KUBE_NODE_IP, '127.0.0.1']);
+    const kubeletServing = await selfSignedServing(join(dir, 'kubelet-serving'), KUBE_NODE_NAME, [`IP:${KUBE_NODE_IP}`, 'IP:127.0.0.1']);
     const kubeletClient = await ensureFederationTls(join(dir, 'kubelet-client'), { names: ['kube-apiserver'] });
 
     const apiserver = spawnLogged(join(KUBE_BIN_DIR, 'kube-apiserver'), [
       '--etcd-servers', etcdUrl,
-      '--bind-address', '127.0.0.1',
-      '--advertise-address', '127.0.0.1',
+      '--bind-address', host,
+      '--advertise-address', host,
       // The endpoint reconciler refuses a loopback advertise address; with it off, the
-      // "kubernetes" Service simply has no endpoints (nothing in a test dials it).
-      '--endpoint-reconciler-type', 'none',
+      // "kubernetes" Service simply has no endpoints (nothing in a loopback-only test dials it).
+      ...(opts.inClusterClients === true ? [] : ['--endpoint-reconciler-type', 'none']),
       '--secure-port', String(securePort),
-      '--tls-cert-file', tls.certChainPath,
-      '--tls-private-key-file', tls.privateKeyPath,
+      '--tls-cert-file', tls.certPath,
+      '--tls-private-key-file', tls.keyPath,
       '--cert-dir', join(dir, 'certs'),
       '--token-auth-file', join(dir, 'tokens.csv'),
       '--anonymous-auth=false',
@@ -222,9 +240,9 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
       '--service-account-issuer', 'https://kubernetes.default.svc.cluster.local',
       '--service-account-key-file', join(dir, 'sa.pub'),
       '--service-account-signing-key-file', join(dir, 'sa.key'),
-      // Only the allocator's range for Service ClusterIPs; nothing routes to it.
-      '--service-cluster-ip-range', '10.96.0.0/24',
-      '--disable-admission-plugins', 'ServiceAccount,StorageObjectInUseProtection',
+      // Service ClusterIPs; only startKubeCluster's kube-proxy routes them.
+      '--service-cluster-ip-range', SERVICE_CIDR,
+      '--disable-admission-plugins', opts.inClusterClients === true ? 'StorageObjectInUseProtection' : 'ServiceAccount,StorageObjectInUseProtection',
       // A node's addresses are its Hostname (asb-node: no DNS has it) and InternalIP 127.0.0.1.
       '--kubelet-preferred-address-types', 'InternalIP',
       // The test kubelet (ASB_KUBE_NODE=test-kubelet, kube-node.ts) serves a certificate it made
@@ -236,7 +254,7 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
     ], join(dir, 'kube-apiserver.log'));
     entry.procs.push(apiserver.proc);
 
-    const url = `https://127.0.0.1:${securePort}`;
+    const url = `https://${host}:${securePort}`;
     const request = <T>(method: string, path: string, o: KubeRequestOptions = {}): Promise<KubeResponse<T>> =>
       kubeRequest<T>(agent, caPem, url, method, path, o.token === undefined ? token : o.token, o);
     await pollUntil('kube-apiserver /readyz', deadline, [etcd, apiserver], async () => {
@@ -249,7 +267,7 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
     });
 
     const kubeconfigPath = join(dir, 'kubeconfig');
-    writeFileSync(kubeconfigPath, kubeconfig(url, tls.caCertPath, token, limitedToken), { mode: 0o600 });
+    writeFileSync(kubeconfigPath, kubeconfig(url, tls.certPath, token, limitedToken), { mode: 0o600 });
     const kubectlEnv = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: dir, KUBECONFIG: kubeconfigPath, KUBECACHEDIR: join(dir, 'kubectl-cache') };
     return {
       url,
@@ -257,7 +275,7 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
       limitedToken,
       nodeToken,
       kubeletTls: { clientCaPath: kubeletClient.caCertPath, servingCertPath: kubeletServing.certPath, servingKeyPath: kubeletServing.keyPath },
-      caPath: tls.caCertPath,
+      caPath: tls.certPath,
       kubeconfigPath,
       etcdUrl,
       dir,
@@ -272,15 +290,15 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
   }
 }
 
-/** A self-signed serving certificate (its own trust anchor) for these IPs, with openssl (~10 ms). */
-async function selfSignedServing(dir: string, name: string, ips: readonly string[]): Promise<{ certPath: string; keyPath: string }> {
+/** A self-signed serving certificate (its own trust anchor) for these subject alternative names (`IP:…`, `DNS:…`), with openssl (~10 ms). */
+async function selfSignedServing(dir: string, name: string, names: readonly string[]): Promise<{ certPath: string; keyPath: string }> {
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   const certPath = join(dir, 'tls.crt');
   const keyPath = join(dir, 'tls.key');
   await new Promise<void>((resolveRun, reject) => {
     execFile('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', keyPath, '-out', certPath,
-      '-days', '30', '-subj', `/CN=${name}`, '-addext', `subjectAltName=${ips.map((ip) => `IP:${ip}`).join(',')}`,
-      '-addext', 'extendedKeyUsage=serverAuth'], (err) => { if (err === null) resolveRun(); else reject(new Error(`openssl req for the kubelet's certificate: ${err.message}`)); });
+      '-days', '30', '-subj', `/CN=${name}`, '-addext', `subjectAltName=${names.join(',')}`,
+      '-addext', 'extendedKeyUsage=serverAuth'], (err) => { if (err === null) resolveRun(); else reject(new Error(`openssl req for ${name}'s certificate: ${err.message}`)); });
   });
   return { certPath, keyPath };
 }

@@ -17,14 +17,15 @@
 // ASB_KUBE_NODE=test-kubelet runs our test kubelet (test-kubelet.ts) instead, on a machine that
 // cannot run a kubelet (no root, no cgroups): it binds and "runs" Pods as host directories.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { chmodSync, closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, writeFileSync } from 'node:fs';
+import { Resolver } from 'node:dns/promises';
+import { chmodSync, closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { stringify } from 'yaml';
 import { AsbError } from '../../src/errors.ts';
 import { acquireOwnerLockWaiting, type OwnerLock } from '../../src/store/owner-lock.ts';
 import { freePort } from '../../src/system/local-system.ts';
-import { diesWithTest, KUBE_NODE_IP, KUBE_NODE_NAME, logTail, type KubeApiServer } from './kube-apiserver.ts';
+import { diesWithTest, KUBE_NODE_IP, KUBE_NODE_NAME, KUBERNETES_SERVICE_IP, logTail, startKubeApiServer, type KubeApiServer } from './kube-apiserver.ts';
 import { cgroupHierarchies, isDir, recordHost, releaseNodeHost, type NodeHostState } from './node-host.ts';
 import { startTestKubelet } from './test-kubelet.ts';
 import { testImages } from './test-images.ts';
@@ -40,6 +41,8 @@ export const POD_CIDR = '10.246.0.0/16';
 /** The host on the bridge, and the node's InternalIP (the kubelet listens there for the API server). */
 const POD_GATEWAY = KUBE_NODE_IP;
 const BRIDGE = 'asbkn0';
+/** Service names under startKubeCluster's CoreDNS: <service>.<namespace>.svc.cluster.local. */
+export const CLUSTER_DOMAIN = 'cluster.local';
 const PAUSE_IMAGE = 'localhost/asb-pause:1';
 /**
  * Static local PersistentVolumes made at start, one directory each (mode 0777: the sandbox image
@@ -138,13 +141,21 @@ function sweepLeftovers(): void {
   }
 }
 
-async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
-  const bin = (name: string): string => join(KUBE_NODE_DIR, 'bin', name);
-  for (const path of [bin('kubelet'), bin('containerd'), bin('kube-scheduler'), bin('kube-controller-manager'), join(KUBE_NODE_DIR, 'pause.tar'), RUNC, RUNSC]) {
+/** The machine's node slot, held: its lock, its state directory and the pod bridge with KUBE_NODE_IP on it. */
+interface HostReservation {
+  lock: OwnerLock;
+  state: NodeHostState;
+  /** Takes back all the node left on the host and frees the slot. Idempotent. */
+  release(): void;
+}
+
+const bin = (name: string): string => join(KUBE_NODE_DIR, 'bin', name);
+
+/** Waits for the machine's one node slot, sweeps a crashed node's leftovers and brings up the pod bridge. */
+async function reserveHost(): Promise<HostReservation> {
+  for (const path of [bin('kubelet'), bin('containerd'), bin('kube-scheduler'), bin('kube-controller-manager'), bin('kube-proxy'), bin('coredns'), join(KUBE_NODE_DIR, 'pause.tar'), RUNC, RUNSC]) {
     if (!existsSync(path)) throw new AsbError('Unavailable', `kube node: ${path} is missing; run \`make kube-node runc runsc\` (make test does), or set ASB_KUBE_NODE=test-kubelet`);
   }
-  const images = await testImages();
-  trace('images');
   const lock: OwnerLock = await acquireOwnerLockWaiting(join(tmpdir(), 'asb-kube-node'), LOCK_WAIT_MS);
   trace('lock');
   sweepLeftovers();
@@ -152,6 +163,75 @@ async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
   const dir = mkdtempSync(join(tmpdir(), STATE_PREFIX));
   const state: NodeHostState = { dir, cgroupName: basename(dir), bridge: BRIDGE };
   live.add(state);
+  let released = false;
+  const reservation: HostReservation = {
+    lock, state,
+    release: () => {
+      if (released) return;
+      released = true;
+      releaseNodeHost(state);
+      live.delete(state);
+      lock.release();
+    },
+  };
+  try {
+    recordHost(dir);
+    for (const h of cgroupHierarchies()) mkdirSync(join(h, state.cgroupName), { recursive: true });
+    // A bridge of that name is a crashed node's (only this fixture uses it, and we hold the lock).
+    await ipLink(['link', 'del', BRIDGE]).catch(() => undefined);
+    await ipLink(['link', 'add', BRIDGE, 'type', 'bridge']);
+    await ipLink(['addr', 'add', `${POD_GATEWAY}/16`, 'dev', BRIDGE]);
+    await ipLink(['link', 'set', BRIDGE, 'up']);
+    return reservation;
+  } catch (err) {
+    reservation.release();
+    throw err;
+  }
+}
+
+/** A whole test cluster on the real node: the API server Pods reach, Services and cluster DNS. */
+export interface KubeCluster {
+  readonly kube: KubeApiServer;
+  readonly node: KubeNode;
+  /** The node first, then the API server. Idempotent. */
+  stop(): Promise<void>;
+}
+
+/**
+ * A cluster whose Pods use it as Pods do on any cluster (what a Deployment of ours needs, and
+ * the other tests' nodes lack): the API server on the node's address, reached from a Pod as the
+ * `kubernetes` Service with the Pod's own ServiceAccount token; kube-proxy (nftables mode)
+ * routing every Service's ClusterIP; CoreDNS answering cluster.local names. The API server starts
+ * after the node's slot is reserved, because it listens on the pod bridge the reservation makes.
+ * The real node only: the test kubelet has no pod network.
+ */
+export async function startKubeCluster(opts: { etcdUnsafeNoFsync?: boolean } = {}): Promise<KubeCluster> {
+  if ((process.env.ASB_KUBE_NODE ?? 'real') !== 'real') throw new AsbError('Unavailable', 'a kube cluster with Services needs the real node; ASB_KUBE_NODE=test-kubelet has no pod network');
+  const reservation = await reserveHost();
+  let kube: KubeApiServer;
+  try {
+    kube = await startKubeApiServer({ ...opts, inClusterClients: true });
+  } catch (err) {
+    reservation.release();
+    throw err;
+  }
+  let node: KubeNode;
+  try {
+    node = await startRealNode(kube, reservation, { clusterServices: true });
+  } catch (err) {
+    await kube.stop();
+    throw err;
+  }
+  let stopping: Promise<void> | undefined;
+  return { kube, node, stop: () => (stopping ??= node.stop().finally(() => kube.stop())) };
+}
+
+async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, opts: { clusterServices?: boolean } = {}): Promise<KubeNode> {
+  const images = await testImages();
+  trace('images');
+  const reservation = reserved ?? await reserveHost();
+  const { state } = reservation;
+  const { dir } = state;
   const procs: Proc[] = [];
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> => {
@@ -162,23 +242,13 @@ async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
       // The kubelet first (it would restart what containerd loses), containerd last.
       for (const p of [...procs].reverse()) await stopProc(p, 5_000);
       trace('processes stopped');
-      releaseNodeHost(state);
+      reservation.release();
       trace('host released');
-      live.delete(state);
-      lock.release();
     })();
     return stopping;
   };
 
   try {
-    recordHost(dir);
-    for (const h of cgroupHierarchies()) mkdirSync(join(h, state.cgroupName), { recursive: true });
-    // A bridge of that name is a crashed node's (only this fixture uses it, and we hold the lock).
-    await ipLink(['link', 'del', BRIDGE]).catch(() => undefined);
-    await ipLink(['link', 'add', BRIDGE, 'type', 'bridge']);
-    await ipLink(['addr', 'add', `${POD_GATEWAY}/16`, 'dev', BRIDGE]);
-    await ipLink(['link', 'set', BRIDGE, 'up']);
-
     const deadline = Date.now() + READY_TIMEOUT_MS;
     const sock = join(dir, 'ctrd/containerd.sock');
     writeConfigs(dir, images.address);
@@ -191,14 +261,19 @@ async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
 
     trace('containerd up, pause imported');
     const [kubeletPort, healthzPort] = [await freePort(), await freePort()];
-    writeKubeletConfig(dir, kube, sock, kubeletPort, healthzPort, state.cgroupName);
+    const services = opts.clusterServices === true;
+    writeKubeletConfig(dir, kube, sock, kubeletPort, healthzPort, state.cgroupName, services);
     // What a kubelet may do (RBAC's system:node role; the Node authorizer is not enabled here).
     await kube.kubectl(['create', 'clusterrolebinding', 'asb-nodes', '--clusterrole', 'system:node', '--group', 'system:nodes']);
+    const clusterServices = services ? await startClusterServices(kube, dir, env) : undefined;
+    procs.push(...clusterServices?.procs ?? []);
     for (const [name, args] of [
       ['kube-scheduler', ['--kubeconfig', kube.kubeconfigPath, '--leader-elect=false', '--secure-port=0']],
       ['kube-controller-manager', ['--kubeconfig', kube.kubeconfigPath, '--leader-elect=false', '--secure-port=0',
         // Fast for a test: a terminating namespace and a deleted owner's dependents go within a second.
-        '--concurrent-namespace-syncs=4', '--concurrent-gc-syncs=8']],
+        '--concurrent-namespace-syncs=4', '--concurrent-gc-syncs=8',
+        // The CA a Pod's token volume carries (the kube-root-ca.crt ConfigMap in every namespace).
+        ...(services ? ['--root-ca-file', kube.caPath] : [])]],
       ['kubelet', ['--config', join(dir, 'kubelet-config.yaml'), '--root-dir', join(dir, 'kubelet'), '--cert-dir', join(dir, 'kubelet/pki'),
         '--kubeconfig', join(dir, 'kubelet.kubeconfig'), '--hostname-override', KUBE_NODE_NAME, '--node-ip', KUBE_NODE_IP, '--v=1']],
     ] as const) {
@@ -209,6 +284,7 @@ async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
       return res?.status === 200 && res.body.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true ? true : undefined;
     });
     trace('node Ready');
+    await clusterServices?.ready(deadline);
     await kube.kubectl(['apply', '-f', '-'], JSON.stringify(GVISOR_RUNTIME_CLASS));
     await createPersistentVolumes(kube, dir);
     trace('RuntimeClass and PVs');
@@ -218,6 +294,65 @@ async function startRealNode(kube: KubeApiServer): Promise<KubeNode> {
     await stop();
     throw new AsbError(err instanceof AsbError ? err.code : 'Unavailable', `${err instanceof Error ? err.message : String(err)}\n${logs}`);
   }
+}
+
+/**
+ * kube-proxy and CoreDNS for startKubeCluster, as host processes beside the kubelet (the control
+ * plane here is host processes too), and IPv4 forwarding for packets that come in on the pod
+ * bridge, where a Pod's packet to a ClusterIP, DNATed to another Pod, goes back out (the bridge
+ * and its setting go at teardown; the host's own ip_forward is not touched).
+ * - kube-proxy, nftables mode: its tables `ip kube-proxy` and `ip6 kube-proxy` (node-host.ts
+ *   deletes them at teardown); masqueradeAll, so a reply from a Pod on the same bridge comes back
+ *   through the host's conntrack; conntrack limits and timeouts left as the host has them (0);
+ *   NodePorts only on the node's address; healthz and metrics on free loopback ports.
+ * - CoreDNS on the node's address, port 53: cluster.local from the API server (kubernetes
+ *   plugin); nothing is forwarded, so every other name fails at once.
+ */
+async function startClusterServices(kube: KubeApiServer, dir: string, env: NodeJS.ProcessEnv): Promise<{ procs: Proc[]; ready: (deadline: number) => Promise<void> }> {
+  writeFileSync(`/proc/sys/net/ipv4/conf/${BRIDGE}/forwarding`, '1');
+  const [healthzPort, metricsPort] = [await freePort(), await freePort()];
+  writeFileSync(join(dir, 'kube-proxy.yaml'), stringify({
+    apiVersion: 'kubeproxy.config.k8s.io/v1alpha1',
+    kind: 'KubeProxyConfiguration',
+    mode: 'nftables',
+    bindAddress: KUBE_NODE_IP,
+    hostnameOverride: KUBE_NODE_NAME,
+    clusterCIDR: POD_CIDR,
+    clientConnection: { kubeconfig: kube.kubeconfigPath },
+    healthzBindAddress: `127.0.0.1:${healthzPort}`,
+    metricsBindAddress: `127.0.0.1:${metricsPort}`,
+    nodePortAddresses: [`${KUBE_NODE_IP}/32`],
+    // Its default -999 needs CAP_SYS_RESOURCE, which root lacks here (real-node.md §3): keep ours.
+    oomScoreAdj: Number(readFileSync('/proc/self/oom_score_adj', 'utf8').trim()),
+    conntrack: { maxPerCore: 0, min: 0, tcpEstablishedTimeout: '0s', tcpCloseWaitTimeout: '0s' },
+    nftables: { masqueradeAll: true, syncPeriod: '30s', minSyncPeriod: '0s' },
+  }));
+  writeFileSync(join(dir, 'Corefile'), `.:53 {
+    bind ${KUBE_NODE_IP}
+    errors
+    kubernetes ${CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {
+        kubeconfig ${kube.kubeconfigPath} asb-admin
+        fallthrough in-addr.arpa ip6.arpa
+    }
+    cache 5
+}
+`);
+  const procs = [
+    spawnLogged('kube-proxy', bin('kube-proxy'), ['--config', join(dir, 'kube-proxy.yaml')], join(dir, 'kube-proxy.log'), env),
+    spawnLogged('coredns', bin('coredns'), ['-conf', join(dir, 'Corefile')], join(dir, 'coredns.log'), env),
+  ];
+  const resolver = new Resolver({ timeout: 1000, tries: 1 });
+  resolver.setServers([KUBE_NODE_IP]);
+  const ready = async (deadline: number): Promise<void> => {
+    // CoreDNS answers from the API server's Services, and kube-proxy has written its rules.
+    await pollUntil('CoreDNS', deadline, procs, async () => (await resolver.resolve4(`kubernetes.default.svc.${CLUSTER_DOMAIN}`).catch((): string[] => [])).includes(KUBERNETES_SERVICE_IP) ? true : undefined);
+    await pollUntil('kube-proxy', deadline, procs, async () => {
+      const res = await fetch(`http://127.0.0.1:${healthzPort}/healthz`).catch(() => undefined);
+      await res?.body?.cancel();
+      return res?.status === 200 ? true : undefined;
+    });
+  };
+  return { procs, ready };
 }
 
 let traced = Date.now();
@@ -331,17 +466,21 @@ disabled_plugins = ['io.containerd.nri.v1.nri']
     stream_server_port = '0'
 `);
   // isGateway false and ipMasq false: the plugin touches neither ip_forward nor iptables; the host
-  // side of the bridge got its address above, and pods reach it on-link.
+  // side of the bridge got its address above, and pods reach it on-link. Their default route is
+  // the host (from the IPAM result), which forwards nothing unless startKubeCluster's Services
+  // (a ClusterIP, DNATed to a Pod) turn forwarding on for this bridge.
   writeFileSync(join(dir, 'cni/net.d/10-asb.conflist'), JSON.stringify({
     cniVersion: '1.0.0', name: 'asb-node', plugins: [{
       type: 'bridge', bridge: BRIDGE, isGateway: false, ipMasq: false, hairpinMode: true,
-      ipam: { type: 'host-local', dataDir: join(dir, 'cni/ipam'), ranges: [[{ subnet: POD_CIDR, gateway: POD_GATEWAY }]] },
+      ipam: { type: 'host-local', dataDir: join(dir, 'cni/ipam'), ranges: [[{ subnet: POD_CIDR, gateway: POD_GATEWAY }]], routes: [{ dst: '0.0.0.0/0', gw: POD_GATEWAY }] },
     }],
   }));
 }
 
-function writeKubeletConfig(dir: string, kube: KubeApiServer, sock: string, port: number, healthzPort: number, cgroupName: string): void {
+function writeKubeletConfig(dir: string, kube: KubeApiServer, sock: string, port: number, healthzPort: number, cgroupName: string, clusterDns: boolean): void {
   writeFileSync(join(dir, 'kubelet-config.yaml'), stringify({
+    // Pods resolve <service>.<namespace>.svc.cluster.local (and the short names, by search path) at CoreDNS on the node's address.
+    ...(clusterDns ? { clusterDNS: [KUBE_NODE_IP], clusterDomain: CLUSTER_DOMAIN } : {}),
     apiVersion: 'kubelet.config.k8s.io/v1beta1',
     kind: 'KubeletConfiguration',
     // The kubelet API on the node IP (the bridge's host address): reachable from pods on-link, but

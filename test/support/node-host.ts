@@ -10,6 +10,7 @@
 //   under the node's directory.
 // - Processes: the shims (containerd-shim-runc-v2/-runsc-v1) outlive containerd by design, and a
 //   pod's processes live in its cgroup.
+// - kube-proxy's nftables tables (ip and ip6 `kube-proxy`), when the node ran Services.
 // - The bridge of the pod network, and a few fixed paths (/var/lib/kubelet/device-plugins,
 //   /run/containerd/s, /var/lib/cni) that no setting moves: removed if the node made them.
 import { execFileSync } from 'node:child_process';
@@ -156,6 +157,8 @@ export function releaseNodeHost(state: NodeHostState): void {
     pauseMs(100 * (round + 1));
   }
   tryRun('ip', ['link', 'del', state.bridge]); // veths went with their netns
+  // kube-proxy's tables (a cluster with Services: kube-node.ts startKubeCluster); absent otherwise.
+  for (const family of ['ip', 'ip6']) tryRun('nft', ['delete', 'table', family, 'kube-proxy']);
   const beforePath = join(state.dir, 'host-before.json');
   if (existsSync(beforePath)) {
     const before = JSON.parse(readFileSync(beforePath, 'utf8')) as HostBefore;
