@@ -9,7 +9,7 @@
 // into, hibernated and woken by the first request to its port, and the unmodified E2B SDK.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -17,9 +17,11 @@ import { after, before, test } from 'node:test';
 import { Sandbox } from 'e2b';
 import { baseTemplate } from '../../src/api/builtin.ts';
 import { ensureFederationTls } from '../../src/edge/tls.ts';
+import { freePort, startLocalSystem, type LocalSystem } from '../../src/system/local-system.ts';
+import { silentLogger } from '../../src/system/log.ts';
 import { hubCall } from '../support/hub-process.ts';
 import { startKubeCluster, type KubeCluster } from '../support/kube-node.ts';
-import type { KubeApiServer } from '../support/kube-apiserver.ts';
+import { KUBE_NODE_IP, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { pushOwnImage, writeImageOverlay, type OwnImage } from '../support/own-image.ts';
 import { clusterReport, replicasPatch, SYSTEM_NS, waitAvailable, writeRegionOverlay } from '../support/own-deployment.ts';
 import { runAsb } from '../support/run-asb.ts';
@@ -32,6 +34,13 @@ const DOMAIN = 'sandbox.example.com';
 /** Where sandbox Pods run (clusters/base/cluster.env ASB_POD_NAMESPACE). */
 const POD_NS = 'agent-sandboxes';
 const REGION = { name: 'region-a', tag: 'rga1', region: 'europe-west' };
+/**
+ * The second region: the one node per machine is region-a's, so region-b is what a machine
+ * without Kubernetes runs (the local runtime: worker, router, Envoy as processes, as `make up`),
+ * federated to the same deployed hub, its worker API and ingress on the node's address so the
+ * hub's and region-a's Pods reach it. Its pods use 10.211/16 on bridge asbrgb1 (no other test does).
+ */
+const REGION_B = { name: 'region-b', tag: 'rgb1', region: 'us-east', bridge: 'asbrgb1', subnet: '10.211.0.0/16' };
 
 let cluster: KubeCluster | undefined;
 let image: OwnImage;
@@ -52,7 +61,15 @@ before(async () => {
   cluster = await timed('cluster (waits for another test process\'s node)', () => startKubeCluster({ etcdUnsafeNoFsync: true }));
 });
 
+let regionB: LocalSystem | undefined;
+
 after(async () => {
+  await regionB?.stop();
+  try {
+    execFileSync('ip', ['link', 'del', REGION_B.bridge], { stdio: 'ignore' });
+  } catch {
+    // never made
+  }
   await cluster?.stop();
   rmSync(scratch, { recursive: true, force: true });
 });
@@ -107,6 +124,9 @@ test('kubectl apply -k of clusters/overlays/hub runs the hub from our image on t
   hub = { url, adminKey: key };
   t.diagnostic(timings.join(', '));
 });
+
+/** What the region test made, for the cross-region test: its edge, a user's key, and a web sandbox of region-a whose home has `note`. */
+let createdA: { edge: string; userKey: string; id?: string; accessToken?: string } | undefined;
 
 interface EdgeAnswer<T> {
   status: number;
@@ -195,6 +215,7 @@ test('a region from clusters/overlays/region-a, federated to that hub: through i
 
   // The key and the template reach the region through the hub's sync; the hub places the create.
   let last: EdgeAnswer<unknown> | undefined;
+  createdA = { edge, userKey: user.key };
   const created = await timed('first create through the edge', () => waitFor('the region takes a create with the hub\'s key', async () => {
     const res = await edgeCall<{ id?: string; accessToken?: string }>(edge, 'POST', '/v1/sandboxes', { key: user.key, body: { template: 'web', wait: true } });
     last = res;
@@ -204,6 +225,7 @@ test('a region from clusters/overlays/region-a, federated to that hub: through i
   }));
   const id = created.id ?? '';
   assert.ok(id.startsWith(REGION.tag), `the sandbox id ${id} carries the region's tag`);
+  createdA = { ...createdA, id, accessToken: created.accessToken ?? '' };
 
   await t.test('exec through the edge runs in the sandbox\'s Pod, on the node', async () => {
     const out = await edgeCall<{ stdout: string; exitCode: number }>(edge, 'POST', `/v1/sandboxes/${id}/exec`, {
@@ -248,5 +270,54 @@ test('a region from clusters/overlays/region-a, federated to that hub: through i
       assert.equal(await sbx.kill(), true);
     }
   });
+  t.diagnostic(timings.join(', '));
+});
+
+test('two regions: region-b (the local runtime, federated to the same hub) and the deployed region-a reach each other\'s sandboxes through their own edges', async (t) => {
+  const kube = kubeOf();
+  assert.ok(hub !== undefined && createdA?.id !== undefined && createdA.accessToken !== undefined, 'the region test ran first');
+  const h = hub;
+  const a = { ...createdA, id: createdA.id, accessToken: createdA.accessToken };
+  const images = await testImages();
+  const dir = join(scratch, 'region-b');
+  const [apiPort, ingressPort] = [await freePort(), await freePort()];
+  const hubAddress = `${await clusterIp('hub')}:7070`;
+  const registered = await hubCall<{ credential?: string }>(h, 'PUT', `/v1/clusters/${REGION_B.name}`, {
+    region: REGION_B.region, tag: REGION_B.tag, apiUrl: `http://${KUBE_NODE_IP}:${apiPort}`, ingressAddress: `${KUBE_NODE_IP}:${ingressPort}`,
+  });
+  assert.ok(registered.credential !== undefined);
+  mkdirSync(dir, { recursive: true });
+  const credentialFile = join(dir, 'hub.credential');
+  writeFileSync(credentialFile, `${registered.credential}\n`, { mode: 0o600 });
+  // The same federation CA and certificate as region-a's Secret (one CA per federation).
+  const tls = await ensureFederationTls(join(scratch, 'federation-tls'));
+  regionB = await timed('region-b up', () => startLocalSystem({
+    stateDir: join(dir, 'state'), log: silentLogger(), apiPort, edgePort: 0, envoyAdminPort: 0, routerPort: 0, domain: DOMAIN, clusterName: REGION_B.name,
+    workerArgs: ['--host', KUBE_NODE_IP, '--cluster-tag', REGION_B.tag, '--bridge', REGION_B.bridge, '--subnet', REGION_B.subnet,
+      '--hub-url', `http://${hubAddress}`, '--hub-credential-file', credentialFile, ...images.workerArgs, '--base-pool', '0', '--log-level', 'warn'],
+    routerArgs: ['--hub-upstream', 'on'],
+    envoy: { ingress: { listenPort: ingressPort, listenAddress: KUBE_NODE_IP }, tls, hubAddress },
+  }));
+  const b = regionB;
+
+  // Through region-a's deployed edge: a create the hub places in region-b, then exec and a port of it.
+  const created = await waitFor('the hub places a create in region-b', async () => {
+    const res = await edgeCall<{ id?: string; accessToken?: string }>(a.edge, 'POST', '/v1/sandboxes', { key: a.userKey, body: { template: 'web', cluster: REGION_B.name, wait: true } });
+    return res.status === 201 ? res.body : undefined;
+  }, 120_000, 1000);
+  const idB = created.id ?? '';
+  assert.ok(idB.startsWith(REGION_B.tag), idB);
+  const wrote = await edgeCall<{ exitCode: number; stderr: string }>(a.edge, 'POST', `/v1/sandboxes/${idB}/exec`, { key: a.userKey, body: { command: ['sh', '-c', 'echo from region-b > /home/user/note'] } });
+  assert.deepEqual([wrote.status, wrote.body.exitCode], [200, 0], JSON.stringify(wrote.body));
+  const viaA = await edgeCall<string>(a.edge, 'GET', '/note', { host: `8080-${idB}.${DOMAIN}`, headers: { 'x-access-token': created.accessToken ?? '' } });
+  assert.deepEqual([viaA.status, viaA.body], [200, 'from region-b\n'], 'region-a\'s edge forwards to region-b over mutual TLS');
+  assert.equal((await edgeCall(a.edge, 'GET', '/note', { host: `8080-${idB}.${DOMAIN}` })).status, 401, 'still only with the access token');
+
+  // Through region-b's edge: region-a's sandbox, on the node, reached through its federation-ingress Service.
+  const viaB = await edgeCall<string>(new URL(b.edgeUrl).host, 'GET', '/note', { host: `8080-${a.id}.${DOMAIN}`, headers: { 'x-access-token': a.accessToken } });
+  assert.deepEqual([viaB.status, viaB.body], [200, 'kept\n'], 'region-b\'s edge forwards to the deployed region-a');
+  const execB = await edgeCall<{ stdout: string }>(new URL(b.edgeUrl).host, 'POST', `/v1/sandboxes/${a.id}/exec`, { key: a.userKey, body: { command: ['hostname'] } });
+  assert.deepEqual([execB.status, execB.body.stdout], [200, `${a.id}\n`]);
+  assert.equal((await kube.kubectl(['-n', POD_NS, 'get', 'pod', a.id, '-o', 'jsonpath={.spec.nodeName}'])).trim(), 'asb-node', 'that sandbox is a Pod on the node');
   t.diagnostic(timings.join(', '));
 });
