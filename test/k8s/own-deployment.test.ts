@@ -19,6 +19,7 @@ import { baseTemplate } from '../../src/api/builtin.ts';
 import { ensureFederationTls } from '../../src/edge/tls.ts';
 import { freePort, startLocalSystem, type LocalSystem } from '../../src/system/local-system.ts';
 import { silentLogger } from '../../src/system/log.ts';
+import { readAnswer, type HttpAnswer } from '../support/http-answer.ts';
 import { hubCall } from '../support/hub-process.ts';
 import { startKubeCluster, type KubeCluster } from '../support/kube-node.ts';
 import { KUBE_NODE_IP, type KubeApiServer } from '../support/kube-apiserver.ts';
@@ -128,13 +129,8 @@ test('kubectl apply -k of clusters/overlays/hub runs the hub from our image on t
 /** What the region test made, for the cross-region test: its edge, a user's key, and a web sandbox of region-a whose home has `note`. */
 let createdA: { edge: string; userKey: string; id?: string; accessToken?: string } | undefined;
 
-interface EdgeAnswer<T> {
-  status: number;
-  body: T;
-}
-
 /** One request to the region's edge Service, with the Host a client's DNS name would give it. */
-function edgeCall<T = unknown>(edge: string, method: string, path: string, o: { host?: string; key?: string; body?: unknown; headers?: Record<string, string> } = {}): Promise<EdgeAnswer<T>> {
+function edgeCall<T = unknown>(edge: string, method: string, path: string, o: { host?: string; key?: string; body?: unknown; headers?: Record<string, string> } = {}): Promise<HttpAnswer<T>> {
   const payload = o.body === undefined ? undefined : JSON.stringify(o.body);
   return new Promise((resolveCall, reject) => {
     const req = httpRequest(`http://${edge}${path}`, {
@@ -147,19 +143,7 @@ function edgeCall<T = unknown>(edge: string, method: string, path: string, o: { 
       },
       timeout: 120_000,
     }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('error', reject);
-      res.on('end', () => {
-        const text = Buffer.concat(chunks).toString('utf8');
-        let body: unknown = text;
-        try {
-          body = JSON.parse(text);
-        } catch {
-          // not JSON: a sandbox's own answer
-        }
-        resolveCall({ status: res.statusCode ?? 0, body: body as T });
-      });
+      readAnswer<T>(res).then(resolveCall, reject);
     });
     req.on('timeout', () => req.destroy(new Error(`${method} ${path} through the edge: no answer in 120 s`)));
     req.on('error', reject);
@@ -214,7 +198,7 @@ test('a region from clusters/overlays/region-a, federated to that hub: through i
   await hubCall(h, 'PUT', '/v1/templates/web', web);
 
   // The key and the template reach the region through the hub's sync; the hub places the create.
-  let last: EdgeAnswer<unknown> | undefined;
+  let last: HttpAnswer<unknown> | undefined;
   createdA = { edge, userKey: user.key };
   const created = await timed('first create through the edge', () => waitFor('the region takes a create with the hub\'s key', async () => {
     const res = await edgeCall<{ id?: string; accessToken?: string }>(edge, 'POST', '/v1/sandboxes', { key: user.key, body: { template: 'web', wait: true } });

@@ -31,6 +31,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { stringify } from 'yaml';
 import { ensureFederationTls } from '../../src/edge/tls.ts';
+import { readAnswer, type HttpAnswer } from './http-answer.ts';
 import { AsbError } from '../../src/errors.ts';
 import { freePort } from '../../src/system/local-system.ts';
 
@@ -70,11 +71,8 @@ export interface KubeApiServerOptions {
 /** How long etcd plus the API server may take to be ready (cold start on 2 busy cores is ~5-15 s). */
 const READY_TIMEOUT_MS = 120_000;
 
-export interface KubeResponse<T> {
-  status: number;
-  /** Parsed JSON when the body is JSON, else the raw text. */
-  body: T;
-}
+/** The status, and the body parsed when it is JSON, else its raw text. */
+export type KubeResponse<T> = HttpAnswer<T>;
 
 export interface KubeRequestOptions {
   /** Bearer token; default the admin token; null sends none. */
@@ -403,19 +401,7 @@ function kubeRequest<T>(agent: Agent, ca: Buffer, base: string, method: string, 
   if (payload !== undefined) headers['content-type'] = o.contentType ?? 'application/json';
   return new Promise((resolveReq, reject) => {
     const req = httpsRequest(`${base}${path}`, { method, headers, agent, ca, timeout: 30_000 }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (chunk: Buffer) => chunks.push(chunk));
-      res.on('error', reject);
-      res.on('end', () => {
-        const text = Buffer.concat(chunks).toString('utf8');
-        let body: unknown = text;
-        try {
-          body = JSON.parse(text);
-        } catch {
-          // not JSON (e.g. /readyz answers "ok")
-        }
-        resolveReq({ status: res.statusCode ?? 0, body: body as T });
-      });
+      readAnswer<T>(res).then(resolveReq, reject);
     });
     req.on('timeout', () => req.destroy(new Error(`${method} ${path}: no answer within 30 s`)));
     req.on('error', reject);
