@@ -1,15 +1,17 @@
 // Our own deployment, for real (issue 19, point 6): the image `make own-image` built, pushed to
-// the tests' registry, and clusters/ applied with `kubectl apply -k` onto a cluster of the real
-// node with Services and cluster DNS (kube-node.ts startKubeCluster), in the order
-// clusters/README.md tells a user: the hub (clusters/overlays/hub), then a region
-// (clusters/overlays/region-a, through an overlay of the user's own: the image, the hub's
-// address, one replica each for a 2-core node), its Secrets (secrets.sh, the federation
-// certificate, the sync credential `asb cluster add` prints). Then, through that region's edge
-// Service only, what a user does: a key and a template made at the hub, a sandbox created, exec'd
-// into, hibernated and woken by the first request to its port, and the unmodified E2B SDK.
+// the tests' registry, and clusters/ applied with `kubectl apply -k` onto clusters of real nodes
+// with Services and cluster DNS (kube-node.ts startKubeCluster), in the order clusters/README.md
+// tells a user: the hub (clusters/overlays/hub), then a region (clusters/overlays/region-a,
+// through an overlay of the user's own: the image, the hub's address, one replica each for a
+// 2-core node), its Secrets (secrets.sh, the federation certificate, the sync credential
+// `asb cluster add` prints). Then, through that region's edge Service only, what a user does: a
+// key and a template made at the hub, a sandbox created, exec'd into, hibernated and woken by the
+// first request to its port, and the unmodified E2B SDK. Last, region-b (clusters/overlays/region-b)
+// in a second cluster on a second node in a network of its own, reached across clusters at
+// NodePorts, and cross-region routing both ways.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -17,12 +19,10 @@ import { after, before, test } from 'node:test';
 import { Sandbox } from 'e2b';
 import { baseTemplate } from '../../src/api/builtin.ts';
 import { ensureFederationTls } from '../../src/edge/tls.ts';
-import { freePort, startLocalSystem, type LocalSystem } from '../../src/system/local-system.ts';
-import { silentLogger } from '../../src/system/log.ts';
 import { readAnswer, type HttpAnswer } from '../support/http-answer.ts';
 import { hubCall } from '../support/hub-process.ts';
-import { startKubeCluster, type KubeCluster } from '../support/kube-node.ts';
-import { KUBE_NODE_IP, type KubeApiServer } from '../support/kube-apiserver.ts';
+import { NODE_SLOT_A, NODE_SLOT_B, startKubeCluster, type KubeCluster } from '../support/kube-node.ts';
+import type { KubeApiServer } from '../support/kube-apiserver.ts';
 import { pushOwnImage, writeImageOverlay, type OwnImage } from '../support/own-image.ts';
 import { clusterReport, replicasPatch, SYSTEM_NS, waitAvailable, writeRegionOverlay } from '../support/own-deployment.ts';
 import { runAsb } from '../support/run-asb.ts';
@@ -35,13 +35,8 @@ const DOMAIN = 'sandbox.example.com';
 /** Where sandbox Pods run (clusters/base/cluster.env ASB_POD_NAMESPACE). */
 const POD_NS = 'agent-sandboxes';
 const REGION = { name: 'region-a', tag: 'rga1', region: 'europe-west' };
-/**
- * The second region: the one node per machine is region-a's, so region-b is what a machine
- * without Kubernetes runs (the local runtime: worker, router, Envoy as processes, as `make up`),
- * federated to the same deployed hub, its worker API and ingress on the node's address so the
- * hub's and region-a's Pods reach it. Its pods use 10.211/16 on bridge asbrgb1 (no other test does).
- */
-const REGION_B = { name: 'region-b', tag: 'rgb1', region: 'us-east', bridge: 'asbrgb1', subnet: '10.211.0.0/16' };
+/** The second region, clusters/overlays/region-b, in a second cluster on a second node (kube-node.ts NODE_SLOT_B). */
+const REGION_B = { name: 'region-b', tag: 'rgb1', region: 'us-east' };
 
 let cluster: KubeCluster | undefined;
 let image: OwnImage;
@@ -62,15 +57,11 @@ before(async () => {
   cluster = await timed('cluster (waits for another test process\'s node)', () => startKubeCluster({ etcdUnsafeNoFsync: true }));
 });
 
-let regionB: LocalSystem | undefined;
+let clusterB: KubeCluster | undefined;
 
 after(async () => {
-  await regionB?.stop();
-  try {
-    execFileSync('ip', ['link', 'del', REGION_B.bridge], { stdio: 'ignore' });
-  } catch {
-    // never made
-  }
+  // The second node first: it recorded the host's sysctls after the first node's kubelet set them.
+  await clusterB?.stop();
   await cluster?.stop();
   rmSync(scratch, { recursive: true, force: true });
 });
@@ -257,51 +248,79 @@ test('a region from clusters/overlays/region-a, federated to that hub: through i
   t.diagnostic(timings.join(', '));
 });
 
-test('two regions: region-b (the local runtime, federated to the same hub) and the deployed region-a reach each other\'s sandboxes through their own edges', async (t) => {
-  const kube = kubeOf();
+/** A Service's nodePort (its first port, or the named one): how another cluster reaches it here, with no LoadBalancer. */
+async function nodePort(kube: KubeApiServer, service: string): Promise<number> {
+  return Number((await kube.kubectl(['-n', SYSTEM_NS, 'get', 'svc', service, '-o', 'jsonpath={.spec.ports[0].nodePort}'])).trim());
+}
+
+test('two regions, two clusters: region-b from clusters/overlays/region-b on a second node, and each region\'s edge reaches the other\'s sandboxes', async (t) => {
+  const kubeA = kubeOf();
   assert.ok(hub !== undefined && createdA?.id !== undefined && createdA.accessToken !== undefined, 'the region test ran first');
   const h = hub;
   const a = { ...createdA, id: createdA.id, accessToken: createdA.accessToken };
-  const images = await testImages();
-  const dir = join(scratch, 'region-b');
-  const [apiPort, ingressPort] = [await freePort(), await freePort()];
-  const hubAddress = `${await clusterIp('hub')}:7070`;
-  const registered = await hubCall<{ credential?: string }>(h, 'PUT', `/v1/clusters/${REGION_B.name}`, {
-    region: REGION_B.region, tag: REGION_B.tag, apiUrl: `http://${KUBE_NODE_IP}:${apiPort}`, ingressAddress: `${KUBE_NODE_IP}:${ingressPort}`,
-  });
-  assert.ok(registered.credential !== undefined);
-  mkdirSync(dir, { recursive: true });
-  const credentialFile = join(dir, 'hub.credential');
-  writeFileSync(credentialFile, `${registered.credential}\n`, { mode: 0o600 });
-  // The same federation CA and certificate as region-a's Secret (one CA per federation).
-  const tls = await ensureFederationTls(join(scratch, 'federation-tls'));
-  regionB = await timed('region-b up', () => startLocalSystem({
-    stateDir: join(dir, 'state'), log: silentLogger(), apiPort, edgePort: 0, envoyAdminPort: 0, routerPort: 0, domain: DOMAIN, clusterName: REGION_B.name,
-    workerArgs: ['--host', KUBE_NODE_IP, '--cluster-tag', REGION_B.tag, '--bridge', REGION_B.bridge, '--subnet', REGION_B.subnet,
-      '--hub-url', `http://${hubAddress}`, '--hub-credential-file', credentialFile, ...images.workerArgs, '--base-pool', '0', '--log-level', 'warn'],
-    routerArgs: ['--hub-upstream', 'on'],
-    envoy: { ingress: { listenPort: ingressPort, listenAddress: KUBE_NODE_IP }, tls, hubAddress },
-  }));
-  const b = regionB;
+  clusterB = await timed('second cluster', () => startKubeCluster({ etcdUnsafeNoFsync: true, slot: NODE_SLOT_B }));
+  const kubeB = clusterB.kube;
+  const [nodeA, nodeB] = [NODE_SLOT_A.nodeIp, NODE_SLOT_B.nodeIp];
+  // Across clusters there is no ClusterIP and no LoadBalancer here: each Service's NodePort on its node's address.
+  const hubUrl = `http://${nodeA}:${await nodePort(kubeA, 'hub')}`;
+  const ingressA = `${nodeA}:${await nodePort(kubeA, 'federation-ingress')}`;
+  // region-a's ingress as region-b's edge reaches it (asb cluster add changes a registered cluster).
+  const changed = await runAsb(['cluster', 'add', REGION.name, '--ingress', ingressA, '--hub-url', h.url, '--hub-key', h.adminKey]);
+  assert.equal(changed.code, 0, changed.stderr);
 
-  // Through region-a's deployed edge: a create the hub places in region-b, then exec and a port of it.
-  const created = await waitFor('the hub places a create in region-b', async () => {
+  // The hub places creates through the region's worker API, which clusters/README.md says to expose to the hub's network.
+  const hubFacing = {
+    apiVersion: 'v1', kind: 'Service', metadata: { name: 'worker-api-hub', namespace: SYSTEM_NS },
+    spec: { type: 'NodePort', selector: { 'app.kubernetes.io/name': 'agent-sandbox', 'app.kubernetes.io/component': 'worker-api' }, ports: [{ name: 'http', port: 7080, targetPort: 'http' }] },
+  };
+  const overlay = writeRegionOverlay(join(scratch, 'region-b'), {
+    base: 'clusters/overlays/region-b',
+    // docker.io/library/agent-sandbox through the node's registry mirror (its containerd is in its own network).
+    image: { name: 'agent-sandbox', tag: image.tag },
+    baseEnvFiles: ['clusters/base/cluster.env', 'clusters/overlays/region-b/cluster.env'],
+    env: { ASB_HUB_URL: hubUrl },
+    patches: [replicasPatch('worker-api', 1), replicasPatch('ingress', 1)],
+    resources: [hubFacing],
+  });
+  const tls = await ensureFederationTls(join(scratch, 'federation-tls'));
+  await kubeB.kubectl(['create', 'namespace', SYSTEM_NS]);
+  await kubeB.kubectl(['-n', SYSTEM_NS, 'create', 'secret', 'generic', 'asb-federation-tls',
+    `--from-file=ca.crt=${tls.caCertPath}`, `--from-file=tls.crt=${tls.certChainPath}`, `--from-file=tls.key=${tls.privateKeyPath}`]);
+  await kubeB.kubectl(['apply', '-k', overlay]);
+  await kubeB.kubectl(['wait', '--for=condition=established', 'crd/apikeys.asb.dev']);
+  await kubeB.kubectl(['apply', '-f', '-'], execFileSync(join(repoRoot, 'clusters/secrets.sh'), { encoding: 'utf8' }));
+  const added = await runAsb(['cluster', 'add', REGION_B.name, '--region', REGION_B.region, '--tag', REGION_B.tag,
+    '--ingress', `${nodeB}:${await nodePort(kubeB, 'federation-ingress')}`, '--api-url', `http://${nodeB}:${await nodePort(kubeB, 'worker-api-hub')}`,
+    '--hub-url', h.url, '--hub-key', h.adminKey]);
+  assert.equal(added.code, 0, added.stderr);
+  const credential = /credential: (\S+)/.exec(added.stdout)?.[1];
+  assert.ok(credential !== undefined, added.stdout);
+  await kubeB.kubectl(['-n', SYSTEM_NS, 'create', 'secret', 'generic', 'asb-hub-credential', `--from-literal=credential=${credential}`]);
+  await timed('region-b Available', () => waitAvailable(kubeB, ['operator', 'worker-api', 'ingress']));
+  const edgeB = `${nodeB}:${await nodePort(kubeB, 'edge')}`;
+
+  // Through region-a's edge: a create the hub places in region-b, then exec and a port of it.
+  let last: HttpAnswer<unknown> | undefined;
+  const created = await timed('first create in region-b', () => waitFor('the hub places a create in region-b', async () => {
     const res = await edgeCall<{ id?: string; accessToken?: string }>(a.edge, 'POST', '/v1/sandboxes', { key: a.userKey, body: { template: 'web', cluster: REGION_B.name, wait: true } });
+    last = res;
     return res.status === 201 ? res.body : undefined;
-  }, 120_000, 1000);
+  }, 180_000, 1000).catch(async (err: unknown) => {
+    throw new Error(`${String(err)}; the last answer: ${JSON.stringify(last)}\n${await clusterReport(kubeB)}`);
+  }));
   const idB = created.id ?? '';
   assert.ok(idB.startsWith(REGION_B.tag), idB);
+  assert.equal((await kubeB.kubectl(['-n', POD_NS, 'get', 'pod', idB, '-o', 'jsonpath={.status.podIP}'])).split('.').slice(0, 2).join('.'), '10.210', 'a Pod on the second node');
   const wrote = await edgeCall<{ exitCode: number; stderr: string }>(a.edge, 'POST', `/v1/sandboxes/${idB}/exec`, { key: a.userKey, body: { command: ['sh', '-c', 'echo from region-b > /home/user/note'] } });
   assert.deepEqual([wrote.status, wrote.body.exitCode], [200, 0], JSON.stringify(wrote.body));
   const viaA = await edgeCall<string>(a.edge, 'GET', '/note', { host: `8080-${idB}.${DOMAIN}`, headers: { 'x-access-token': created.accessToken ?? '' } });
   assert.deepEqual([viaA.status, viaA.body], [200, 'from region-b\n'], 'region-a\'s edge forwards to region-b over mutual TLS');
   assert.equal((await edgeCall(a.edge, 'GET', '/note', { host: `8080-${idB}.${DOMAIN}` })).status, 401, 'still only with the access token');
 
-  // Through region-b's edge: region-a's sandbox, on the node, reached through its federation-ingress Service.
-  const viaB = await edgeCall<string>(new URL(b.edgeUrl).host, 'GET', '/note', { host: `8080-${a.id}.${DOMAIN}`, headers: { 'x-access-token': a.accessToken } });
-  assert.deepEqual([viaB.status, viaB.body], [200, 'kept\n'], 'region-b\'s edge forwards to the deployed region-a');
-  const execB = await edgeCall<{ stdout: string }>(new URL(b.edgeUrl).host, 'POST', `/v1/sandboxes/${a.id}/exec`, { key: a.userKey, body: { command: ['hostname'] } });
+  // Through region-b's edge: region-a's sandbox, a Pod of the first cluster.
+  const viaB = await edgeCall<string>(edgeB, 'GET', '/note', { host: `8080-${a.id}.${DOMAIN}`, headers: { 'x-access-token': a.accessToken } });
+  assert.deepEqual([viaB.status, viaB.body], [200, 'kept\n'], 'region-b\'s edge forwards to region-a');
+  const execB = await edgeCall<{ stdout: string }>(edgeB, 'POST', `/v1/sandboxes/${a.id}/exec`, { key: a.userKey, body: { command: ['hostname'] } });
   assert.deepEqual([execB.status, execB.body.stdout], [200, `${a.id}\n`]);
-  assert.equal((await kube.kubectl(['-n', POD_NS, 'get', 'pod', a.id, '-o', 'jsonpath={.spec.nodeName}'])).trim(), 'asb-node', 'that sandbox is a Pod on the node');
   t.diagnostic(timings.join(', '));
 });

@@ -59,13 +59,15 @@ export interface KubeApiServerOptions {
   /** etcd's --unsafe-no-fsync: faster on a busy disk, and a test's throw-away data never needs a crash-safe disk. Default false, so benchmarks measure the real write path. */
   etcdUnsafeNoFsync?: boolean;
   /**
-   * Serve Pods as a cluster's API server does (kube-node.ts's startKubeCluster, which puts
-   * KUBE_NODE_IP on the pod bridge first): listen on KUBE_NODE_IP instead of 127.0.0.1 (url
-   * names it), advertise it as the `kubernetes` Service's endpoint, and admit Pods with the
-   * ServiceAccount plugin, which mounts each Pod's token. Default false: loopback only, and no
-   * ServiceAccount admission (see the top of this file).
+   * Serve Pods as a cluster's API server does (kube-node.ts's startKubeCluster, which puts the
+   * address on the host first): listen on this address instead of 127.0.0.1 (url names it),
+   * advertise it as the `kubernetes` Service's endpoint, and admit Pods with the ServiceAccount
+   * plugin, which mounts each Pod's token. Default: loopback only, and no ServiceAccount
+   * admission (see the top of this file).
    */
-  inClusterClients?: boolean;
+  inClusterAt?: string;
+  /** The node's InternalIP (its kubelet's serving certificate names it). Default KUBE_NODE_IP. */
+  nodeIp?: string;
 }
 
 /** How long etcd plus the API server may take to be ready (cold start on 2 busy cores is ~5-15 s). */
@@ -84,7 +86,7 @@ export interface KubeRequestOptions {
 }
 
 export interface KubeApiServer {
-  /** https://127.0.0.1:<port> (https://KUBE_NODE_IP:<port> with inClusterClients) */
+  /** https://127.0.0.1:<port> (https://<inClusterAt>:<port> with inClusterAt) */
   readonly url: string;
   /** Bearer token of user "asb-admin" in group system:masters (every permission). */
   readonly token: string;
@@ -208,17 +210,18 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
     const sa = generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
     writeFileSync(join(dir, 'sa.key'), sa.privateKey.export({ type: 'sec1', format: 'pem' }), { mode: 0o600 });
     writeFileSync(join(dir, 'sa.pub'), sa.publicKey.export({ type: 'spki', format: 'pem' }));
+    const nodeIp = opts.nodeIp ?? KUBE_NODE_IP;
     // A self-signed serving certificate (its own trust anchor) for every name a client may dial:
     // loopback, the node's address, the `kubernetes` Service's ClusterIP and DNS names.
     const tls = await selfSignedServing(join(dir, 'pki'), 'kube-apiserver', [
-      'IP:127.0.0.1', `IP:${KUBE_NODE_IP}`, `IP:${KUBERNETES_SERVICE_IP}`, 'DNS:localhost',
+      'IP:127.0.0.1', `IP:${nodeIp}`, ...(opts.inClusterAt === undefined ? [] : [`IP:${opts.inClusterAt}`]), `IP:${KUBERNETES_SERVICE_IP}`, 'DNS:localhost',
       ...['kubernetes', 'kubernetes.default', 'kubernetes.default.svc', 'kubernetes.default.svc.cluster.local'].map((n) => `DNS:${n}`),
     ]);
     const caPem = readFileSync(tls.certPath);
-    const host = opts.inClusterClients === true ? KUBE_NODE_IP : '127.0.0.1';
+    const host = opts.inClusterAt ?? '127.0.0.1';
     // The kubelet's side: it serves 127.0.0.1 with a certificate of its own CA, and lets in the
     // holder of a client certificate of another (clientAuth), which only the API server has.
-    const kubeletServing = await selfSignedServing(join(dir, 'kubelet-serving'), KUBE_NODE_NAME, [`IP:${KUBE_NODE_IP}`, 'IP:127.0.0.1']);
+    const kubeletServing = await selfSignedServing(join(dir, 'kubelet-serving'), KUBE_NODE_NAME, [`IP:${nodeIp}`, 'IP:127.0.0.1']);
     const kubeletClient = await ensureFederationTls(join(dir, 'kubelet-client'), { names: ['kube-apiserver'] });
 
     const apiserver = spawnLogged(join(KUBE_BIN_DIR, 'kube-apiserver'), [
@@ -227,7 +230,7 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
       '--advertise-address', host,
       // The endpoint reconciler refuses a loopback advertise address; with it off, the
       // "kubernetes" Service simply has no endpoints (nothing in a loopback-only test dials it).
-      ...(opts.inClusterClients === true ? [] : ['--endpoint-reconciler-type', 'none']),
+      ...(opts.inClusterAt !== undefined ? [] : ['--endpoint-reconciler-type', 'none']),
       '--secure-port', String(securePort),
       '--tls-cert-file', tls.certPath,
       '--tls-private-key-file', tls.keyPath,
@@ -240,7 +243,7 @@ async function startOnce(opts: KubeApiServerOptions): Promise<KubeApiServer> {
       '--service-account-signing-key-file', join(dir, 'sa.key'),
       // Service ClusterIPs; only startKubeCluster's kube-proxy routes them.
       '--service-cluster-ip-range', SERVICE_CIDR,
-      '--disable-admission-plugins', opts.inClusterClients === true ? 'StorageObjectInUseProtection' : 'ServiceAccount,StorageObjectInUseProtection',
+      '--disable-admission-plugins', opts.inClusterAt !== undefined ? 'StorageObjectInUseProtection' : 'ServiceAccount,StorageObjectInUseProtection',
       // A node's addresses are its Hostname (asb-node: no DNS has it) and InternalIP 127.0.0.1.
       '--kubelet-preferred-address-types', 'InternalIP',
       // The test kubelet (ASB_KUBE_NODE=test-kubelet, kube-node.ts) serves a certificate it made

@@ -19,6 +19,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { Resolver } from 'node:dns/promises';
 import { chmodSync, closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { stringify } from 'yaml';
@@ -36,11 +37,39 @@ export const KUBE_NODE_DIR = join(repoRoot, '.tools/kube-node');
 const RUNC = join(repoRoot, '.tools/runc/bin/runc');
 const RUNSC = join(repoRoot, '.tools/runsc/bin/runsc');
 
-/** The pod network: this subnet on this bridge, the host at .0.1 (so the router reaches pod IPs). No other test uses 10.246/16. */
-export const POD_CIDR = '10.246.0.0/16';
-/** The host on the bridge, and the node's InternalIP (the kubelet listens there for the API server). */
-const POD_GATEWAY = KUBE_NODE_IP;
-const BRIDGE = 'asbkn0';
+/**
+ * Where a node lives on the machine. The first slot is the host's own network: bridge asbkn0,
+ * pod CIDR 10.246.0.0/16, the host at 10.246.0.1 (the node's InternalIP, where the kubelet
+ * listens for the API server, and the Pods' gateway). No other test uses 10.246/16.
+ */
+export interface NodeSlot {
+  readonly name: string;
+  /** Under the temp dir: one node per slot at a time. */
+  readonly lockName: string;
+  readonly statePrefix: string;
+  readonly bridge: string;
+  /** The bridge's subnet, and the Pods' IPAM range. */
+  readonly podCidr: string;
+  /** The node's address on the bridge: its InternalIP and the Pods' gateway. */
+  readonly nodeIp: string;
+  /**
+   * A second node has the network namespace of its own that a second machine would have, since
+   * kube-proxy's nftables tables and the kubelet's node IP are per network: containerd, the
+   * kubelet, kube-proxy and CoreDNS run in it (nsenter --net: the mounts stay the host's, which
+   * containerd and the kubelet share). A veth pair joins it to the host (hostIp/30 ↔ nsIp/30);
+   * the host routes the pod CIDR through it, and the node's API server listens on hostIp.
+   */
+  readonly netns?: { name: string; hostVeth: string; nsVeth: string; hostIp: string; nsIp: string };
+}
+
+export const NODE_SLOT_A: NodeSlot = { name: 'a', lockName: 'asb-kube-node', statePrefix: 'asb-node-', bridge: 'asbkn0', podCidr: '10.246.0.0/16', nodeIp: KUBE_NODE_IP };
+/** A second node (a second cluster's): 10.210.0.0/17 for Pods, 10.210.255.0/30 for the link to the host. No other test uses 10.210/16. */
+export const NODE_SLOT_B: NodeSlot = {
+  name: 'b', lockName: 'asb-kube-node-b', statePrefix: 'asb-nodeb-', bridge: 'asbkn1', podCidr: '10.210.0.0/17', nodeIp: '10.210.0.1',
+  netns: { name: 'asbknb', hostVeth: 'asbknb0', nsVeth: 'asbknb1', hostIp: '10.210.255.1', nsIp: '10.210.255.2' },
+};
+/** The first slot's pod network. */
+export const POD_CIDR = NODE_SLOT_A.podCidr;
 /** Service names under startKubeCluster's CoreDNS: <service>.<namespace>.svc.cluster.local. */
 export const CLUSTER_DOMAIN = 'cluster.local';
 const PAUSE_IMAGE = 'localhost/asb-pause:1';
@@ -62,7 +91,6 @@ const CLASSED_PVS = 10;
 const LOCK_WAIT_MS = 10 * 60_000;
 /** containerd up, kubelet registered and Ready: ~2 s here; 90 s under a loaded 2-core machine. */
 const READY_TIMEOUT_MS = 90_000;
-const STATE_PREFIX = 'asb-node-';
 /** Pods whose runtimeClassName is gvisor run under runsc through gVisor's containerd shim (handler runsc in containerd.toml). */
 const GVISOR_RUNTIME_CLASS = { apiVersion: 'node.k8s.io/v1', kind: 'RuntimeClass', metadata: { name: 'gvisor' }, handler: 'runsc' };
 
@@ -72,6 +100,8 @@ export interface KubeNode {
   readonly nodeName: string;
   /** Pod IPs are taken from here (the test kubelet hands out 127.77/16). */
   readonly podCidr: string;
+  /** The node's InternalIP (real node only). */
+  readonly nodeIp?: string;
   /** The pods' StorageClass-less PVCs bind to these static PVs (real node only; 0 on the test kubelet, which links claim dirs). */
   readonly persistentVolumes: number;
   /** Ends the node and takes back all it left on the host. Idempotent. */
@@ -101,8 +131,9 @@ interface Proc {
   exit?: string;
 }
 
-function spawnLogged(name: string, binary: string, args: string[], logPath: string, env?: NodeJS.ProcessEnv): Proc {
-  const [command, argv] = diesWithTest(binary, args);
+/** In the slot's network namespace when it has one (nsenter keeps the pid, so the process is still ours to signal). */
+function spawnLogged(slot: NodeSlot, name: string, binary: string, args: string[], logPath: string, env?: NodeJS.ProcessEnv): Proc {
+  const [command, argv] = slot.netns === undefined ? diesWithTest(binary, args) : diesWithTest('/usr/bin/nsenter', [`--net=/run/netns/${slot.netns.name}`, '--', binary, ...args]);
   const fd = openSync(logPath, 'a');
   let proc: ChildProcess;
   try {
@@ -133,16 +164,24 @@ process.once('exit', () => {
 });
 
 /** Leftovers of a node whose test process died without its exit hook (SIGKILL): we hold the lock, so no live node owns them. */
-function sweepLeftovers(): void {
+function sweepLeftovers(slot: NodeSlot): void {
   for (const entry of readdirSync(tmpdir())) {
     const dir = join(tmpdir(), entry);
-    if (!entry.startsWith(STATE_PREFIX) || !isDir(dir)) continue;
-    releaseNodeHost({ dir, cgroupName: entry, bridge: BRIDGE });
+    if (!entry.startsWith(slot.statePrefix) || !isDir(dir)) continue;
+    releaseNodeHost(hostState(slot, dir));
   }
 }
 
-/** The machine's node slot, held: its lock, its state directory and the pod bridge with KUBE_NODE_IP on it. */
+function hostState(slot: NodeSlot, dir: string): NodeHostState {
+  return { dir, cgroupName: basename(dir), bridge: slot.bridge, ...(slot.netns === undefined ? {} : { netns: slot.netns.name }) };
+}
+
+/** The prefix length of a CIDR. */
+const bitsOf = (cidr: string): string => cidr.slice(cidr.indexOf('/') + 1);
+
+/** A node slot of the machine, held: its lock, its state directory and the pod bridge with the node's address on it. */
 interface HostReservation {
+  slot: NodeSlot;
   lock: OwnerLock;
   state: NodeHostState;
   /** Takes back all the node left on the host and frees the slot. Idempotent. */
@@ -151,21 +190,21 @@ interface HostReservation {
 
 const bin = (name: string): string => join(KUBE_NODE_DIR, 'bin', name);
 
-/** Waits for the machine's one node slot, sweeps a crashed node's leftovers and brings up the pod bridge. */
-async function reserveHost(): Promise<HostReservation> {
+/** Waits for the node slot, sweeps a crashed node's leftovers and brings up the pod bridge (and the slot's namespace and link). */
+async function reserveHost(slot: NodeSlot): Promise<HostReservation> {
   for (const path of [bin('kubelet'), bin('containerd'), bin('kube-scheduler'), bin('kube-controller-manager'), bin('kube-proxy'), bin('coredns'), join(KUBE_NODE_DIR, 'pause.tar'), RUNC, RUNSC]) {
     if (!existsSync(path)) throw new AsbError('Unavailable', `kube node: ${path} is missing; run \`make kube-node runc runsc\` (make test does), or set ASB_KUBE_NODE=test-kubelet`);
   }
-  const lock: OwnerLock = await acquireOwnerLockWaiting(join(tmpdir(), 'asb-kube-node'), LOCK_WAIT_MS);
+  const lock: OwnerLock = await acquireOwnerLockWaiting(join(tmpdir(), slot.lockName), LOCK_WAIT_MS);
   trace('lock');
-  sweepLeftovers();
+  sweepLeftovers(slot);
   trace('sweep');
-  const dir = mkdtempSync(join(tmpdir(), STATE_PREFIX));
-  const state: NodeHostState = { dir, cgroupName: basename(dir), bridge: BRIDGE };
+  const dir = mkdtempSync(join(tmpdir(), slot.statePrefix));
+  const state = hostState(slot, dir);
   live.add(state);
   let released = false;
   const reservation: HostReservation = {
-    lock, state,
+    slot, lock, state,
     release: () => {
       if (released) return;
       released = true;
@@ -178,10 +217,32 @@ async function reserveHost(): Promise<HostReservation> {
     recordHost(dir);
     for (const h of cgroupHierarchies()) mkdirSync(join(h, state.cgroupName), { recursive: true });
     // A bridge of that name is a crashed node's (only this fixture uses it, and we hold the lock).
-    await ipLink(['link', 'del', BRIDGE]).catch(() => undefined);
-    await ipLink(['link', 'add', BRIDGE, 'type', 'bridge']);
-    await ipLink(['addr', 'add', `${POD_GATEWAY}/16`, 'dev', BRIDGE]);
-    await ipLink(['link', 'set', BRIDGE, 'up']);
+    await ipLink(['link', 'del', slot.bridge]).catch(() => undefined);
+    const ns = slot.netns;
+    if (ns !== undefined) {
+      await ipLink(['netns', 'del', ns.name]).catch(() => undefined);
+      await ipLink(['netns', 'add', ns.name]);
+      await ipLink(['link', 'add', ns.hostVeth, 'type', 'veth', 'peer', 'name', ns.nsVeth, 'netns', ns.name]);
+      await ipLink(['addr', 'add', `${ns.hostIp}/30`, 'dev', ns.hostVeth]);
+      await ipLink(['link', 'set', ns.hostVeth, 'up']);
+      await ipLink(['route', 'add', slot.podCidr, 'via', ns.nsIp]);
+      // Packets of the other node's Pods, DNATed by its kube-proxy (a NodePort there), leave through this link, and answers come back in.
+      writeFileSync(`/proc/sys/net/ipv4/conf/${ns.hostVeth}/forwarding`, '1');
+      const inNs = (args: string[]): Promise<void> => ipLink(['-n', ns.name, ...args]);
+      await inNs(['link', 'set', 'lo', 'up']);
+      await inNs(['addr', 'add', `${ns.nsIp}/30`, 'dev', ns.nsVeth]);
+      await inNs(['link', 'set', ns.nsVeth, 'up']);
+      await inNs(['route', 'add', 'default', 'via', ns.hostIp]);
+      // The namespace is a router between its Pods and the host, as a machine on a network is.
+      await ipLink(['netns', 'exec', ns.name, 'sysctl', '-q', '-w', 'net.ipv4.ip_forward=1']);
+      await inNs(['link', 'add', slot.bridge, 'type', 'bridge']);
+      await inNs(['addr', 'add', `${slot.nodeIp}/${bitsOf(slot.podCidr)}`, 'dev', slot.bridge]);
+      await inNs(['link', 'set', slot.bridge, 'up']);
+    } else {
+      await ipLink(['link', 'add', slot.bridge, 'type', 'bridge']);
+      await ipLink(['addr', 'add', `${slot.nodeIp}/${bitsOf(slot.podCidr)}`, 'dev', slot.bridge]);
+      await ipLink(['link', 'set', slot.bridge, 'up']);
+    }
     return reservation;
   } catch (err) {
     reservation.release();
@@ -205,12 +266,16 @@ export interface KubeCluster {
  * after the node's slot is reserved, because it listens on the pod bridge the reservation makes.
  * The real node only: the test kubelet has no pod network.
  */
-export async function startKubeCluster(opts: { etcdUnsafeNoFsync?: boolean } = {}): Promise<KubeCluster> {
+export async function startKubeCluster(opts: { etcdUnsafeNoFsync?: boolean; slot?: NodeSlot } = {}): Promise<KubeCluster> {
   if ((process.env.ASB_KUBE_NODE ?? 'real') !== 'real') throw new AsbError('Unavailable', 'a kube cluster with Services needs the real node; ASB_KUBE_NODE=test-kubelet has no pod network');
-  const reservation = await reserveHost();
+  const slot = opts.slot ?? NODE_SLOT_A;
+  const reservation = await reserveHost(slot);
   let kube: KubeApiServer;
   try {
-    kube = await startKubeApiServer({ ...opts, inClusterClients: true });
+    kube = await startKubeApiServer({
+      ...(opts.etcdUnsafeNoFsync === undefined ? {} : { etcdUnsafeNoFsync: opts.etcdUnsafeNoFsync }),
+      inClusterAt: slot.netns?.hostIp ?? slot.nodeIp, nodeIp: slot.nodeIp,
+    });
   } catch (err) {
     reservation.release();
     throw err;
@@ -229,14 +294,17 @@ export async function startKubeCluster(opts: { etcdUnsafeNoFsync?: boolean } = {
 async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, opts: { clusterServices?: boolean } = {}): Promise<KubeNode> {
   const images = await testImages();
   trace('images');
-  const reservation = reserved ?? await reserveHost();
-  const { state } = reservation;
+  const reservation = reserved ?? await reserveHost(NODE_SLOT_A);
+  const { state, slot } = reservation;
   const { dir } = state;
   const procs: Proc[] = [];
+  // The namespace's loopback is not the host's: its containerd reaches the registry through a forwarder on the link's host end.
+  const registry = slot.netns === undefined ? undefined : await forwardTcp(slot.netns.hostIp, images.address);
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> => {
     stopping ??= (async () => {
       trace('stopping');
+      registry?.close();
       await drainPods(kube, procs, join(dir, 'ctrd/containerd.sock')).catch(() => undefined);
       trace('pods drained');
       // The kubelet first (it would restart what containerd loses), containerd last.
@@ -251,9 +319,9 @@ async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, op
   try {
     const deadline = Date.now() + READY_TIMEOUT_MS;
     const sock = join(dir, 'ctrd/containerd.sock');
-    writeConfigs(dir, images.address);
+    writeConfigs(dir, slot, registry?.address ?? images.address);
     const env = { PATH: `${join(KUBE_NODE_DIR, 'bin')}:/usr/sbin:/usr/bin:/sbin:/bin`, HOME: dir };
-    const containerd = spawnLogged('containerd', bin('containerd'), ['--config', join(dir, 'containerd.toml')], join(dir, 'containerd.log'), env);
+    const containerd = spawnLogged(slot, 'containerd', bin('containerd'), ['--config', join(dir, 'containerd.toml')], join(dir, 'containerd.log'), env);
     procs.push(containerd);
     trace('host prepared');
     await pollUntil('containerd', deadline, procs, async () => (await ctr(sock, ['version']).then(() => true, () => undefined)));
@@ -262,10 +330,10 @@ async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, op
     trace('containerd up, pause imported');
     const [kubeletPort, healthzPort] = [await freePort(), await freePort()];
     const services = opts.clusterServices === true;
-    writeKubeletConfig(dir, kube, sock, kubeletPort, healthzPort, state.cgroupName, services);
+    writeKubeletConfig(dir, slot, kube, sock, kubeletPort, healthzPort, state.cgroupName, services);
     // What a kubelet may do (RBAC's system:node role; the Node authorizer is not enabled here).
     await kube.kubectl(['create', 'clusterrolebinding', 'asb-nodes', '--clusterrole', 'system:node', '--group', 'system:nodes']);
-    const clusterServices = services ? await startClusterServices(kube, dir, env) : undefined;
+    const clusterServices = services ? await startClusterServices(slot, kube, dir, env) : undefined;
     procs.push(...clusterServices?.procs ?? []);
     for (const [name, args] of [
       ['kube-scheduler', ['--kubeconfig', kube.kubeconfigPath, '--leader-elect=false', '--secure-port=0']],
@@ -275,9 +343,10 @@ async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, op
         // The CA a Pod's token volume carries (the kube-root-ca.crt ConfigMap in every namespace).
         ...(services ? ['--root-ca-file', kube.caPath] : [])]],
       ['kubelet', ['--config', join(dir, 'kubelet-config.yaml'), '--root-dir', join(dir, 'kubelet'), '--cert-dir', join(dir, 'kubelet/pki'),
-        '--kubeconfig', join(dir, 'kubelet.kubeconfig'), '--hostname-override', KUBE_NODE_NAME, '--node-ip', KUBE_NODE_IP, '--v=1']],
+        '--kubeconfig', join(dir, 'kubelet.kubeconfig'), '--hostname-override', KUBE_NODE_NAME, '--node-ip', slot.nodeIp, '--v=1']],
     ] as const) {
-      procs.push(spawnLogged(name, bin(name), [...args], join(dir, `${name}.log`), env));
+      // The scheduler and controller-manager only talk to the API server: the host's network.
+      procs.push(spawnLogged(name === 'kubelet' ? slot : NODE_SLOT_A, name, bin(name), [...args], join(dir, `${name}.log`), env));
     }
     await pollUntil(`node ${KUBE_NODE_NAME} Ready`, deadline, procs, async () => {
       const res = await kube.request<{ status?: { conditions?: { type: string; status: string }[] } }>('GET', `/api/v1/nodes/${KUBE_NODE_NAME}`).catch(() => undefined);
@@ -288,7 +357,7 @@ async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, op
     await kube.kubectl(['apply', '-f', '-'], JSON.stringify(GVISOR_RUNTIME_CLASS));
     await createPersistentVolumes(kube, dir);
     trace('RuntimeClass and PVs');
-    return { kind: 'real', nodeName: KUBE_NODE_NAME, podCidr: POD_CIDR, persistentVolumes: PV_COUNT, stop };
+    return { kind: 'real', nodeName: KUBE_NODE_NAME, podCidr: slot.podCidr, nodeIp: slot.nodeIp, persistentVolumes: PV_COUNT, stop };
   } catch (err) {
     const logs = procs.map((p) => `--- ${p.name} (${p.exit ?? 'running'}) ${p.logPath}:\n${logTail(p.logPath)}`).join('\n');
     await stop();
@@ -308,27 +377,29 @@ async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, op
  * - CoreDNS on the node's address, port 53: cluster.local from the API server (kubernetes
  *   plugin); nothing is forwarded, so every other name fails at once.
  */
-async function startClusterServices(kube: KubeApiServer, dir: string, env: NodeJS.ProcessEnv): Promise<{ procs: Proc[]; ready: (deadline: number) => Promise<void> }> {
-  writeFileSync(`/proc/sys/net/ipv4/conf/${BRIDGE}/forwarding`, '1');
+async function startClusterServices(slot: NodeSlot, kube: KubeApiServer, dir: string, env: NodeJS.ProcessEnv): Promise<{ procs: Proc[]; ready: (deadline: number) => Promise<void> }> {
+  // In a slot's own namespace, forwarding is on for the whole namespace already (reserveHost).
+  if (slot.netns === undefined) writeFileSync(`/proc/sys/net/ipv4/conf/${slot.bridge}/forwarding`, '1');
   const [healthzPort, metricsPort] = [await freePort(), await freePort()];
   writeFileSync(join(dir, 'kube-proxy.yaml'), stringify({
     apiVersion: 'kubeproxy.config.k8s.io/v1alpha1',
     kind: 'KubeProxyConfiguration',
     mode: 'nftables',
-    bindAddress: KUBE_NODE_IP,
+    bindAddress: slot.nodeIp,
     hostnameOverride: KUBE_NODE_NAME,
-    clusterCIDR: POD_CIDR,
+    clusterCIDR: slot.podCidr,
     clientConnection: { kubeconfig: kube.kubeconfigPath },
-    healthzBindAddress: `127.0.0.1:${healthzPort}`,
-    metricsBindAddress: `127.0.0.1:${metricsPort}`,
-    nodePortAddresses: [`${KUBE_NODE_IP}/32`],
+    // On the node's address: a namespace's loopback is out of the test's reach.
+    healthzBindAddress: `${slot.nodeIp}:${healthzPort}`,
+    metricsBindAddress: `${slot.nodeIp}:${metricsPort}`,
+    nodePortAddresses: [`${slot.nodeIp}/32`],
     // Its default -999 needs CAP_SYS_RESOURCE, which root lacks here (real-node.md §3): keep ours.
     oomScoreAdj: Number(readFileSync('/proc/self/oom_score_adj', 'utf8').trim()),
     conntrack: { maxPerCore: 0, min: 0, tcpEstablishedTimeout: '0s', tcpCloseWaitTimeout: '0s' },
     nftables: { masqueradeAll: true, syncPeriod: '30s', minSyncPeriod: '0s' },
   }));
   writeFileSync(join(dir, 'Corefile'), `.:53 {
-    bind ${KUBE_NODE_IP}
+    bind ${slot.nodeIp}
     errors
     kubernetes ${CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {
         kubeconfig ${kube.kubeconfigPath} asb-admin
@@ -338,21 +409,46 @@ async function startClusterServices(kube: KubeApiServer, dir: string, env: NodeJ
 }
 `);
   const procs = [
-    spawnLogged('kube-proxy', bin('kube-proxy'), ['--config', join(dir, 'kube-proxy.yaml')], join(dir, 'kube-proxy.log'), env),
-    spawnLogged('coredns', bin('coredns'), ['-conf', join(dir, 'Corefile')], join(dir, 'coredns.log'), env),
+    spawnLogged(slot, 'kube-proxy', bin('kube-proxy'), ['--config', join(dir, 'kube-proxy.yaml')], join(dir, 'kube-proxy.log'), env),
+    spawnLogged(slot, 'coredns', bin('coredns'), ['-conf', join(dir, 'Corefile')], join(dir, 'coredns.log'), env),
   ];
   const resolver = new Resolver({ timeout: 1000, tries: 1 });
-  resolver.setServers([KUBE_NODE_IP]);
+  resolver.setServers([slot.nodeIp]);
   const ready = async (deadline: number): Promise<void> => {
     // CoreDNS answers from the API server's Services, and kube-proxy has written its rules.
     await pollUntil('CoreDNS', deadline, procs, async () => (await resolver.resolve4(`kubernetes.default.svc.${CLUSTER_DOMAIN}`).catch((): string[] => [])).includes(KUBERNETES_SERVICE_IP) ? true : undefined);
     await pollUntil('kube-proxy', deadline, procs, async () => {
-      const res = await fetch(`http://127.0.0.1:${healthzPort}/healthz`).catch(() => undefined);
+      const res = await fetch(`http://${slot.nodeIp}:${healthzPort}/healthz`).catch(() => undefined);
       await res?.body?.cancel();
       return res?.status === 200 ? true : undefined;
     });
   };
   return { procs, ready };
+}
+
+/** A TCP forwarder on host:<free port> to target (host:port), until close(). */
+async function forwardTcp(host: string, target: string): Promise<{ address: string; close(): void }> {
+  const colon = target.lastIndexOf(':');
+  const [targetHost, targetPort] = [target.slice(0, colon), Number(target.slice(colon + 1))];
+  const sockets = new Set<Socket>();
+  const server = createServer((client) => {
+    const upstream = connect(targetPort, targetHost);
+    for (const sock of [client, upstream]) {
+      sockets.add(sock);
+      sock.once('close', () => sockets.delete(sock));
+      sock.on('error', () => { client.destroy(); upstream.destroy(); });
+    }
+    client.pipe(upstream).pipe(client);
+  });
+  await new Promise<void>((res, rej) => { server.once('error', rej); server.listen(0, host, () => res()); });
+  const { port } = server.address() as AddressInfo;
+  return {
+    address: `${host}:${port}`,
+    close: () => {
+      server.close();
+      for (const sock of sockets) sock.destroy();
+    },
+  };
 }
 
 let traced = Date.now();
@@ -415,7 +511,7 @@ async function drainPods(kube: KubeApiServer, procs: readonly Proc[], sock: stri
   }
 }
 
-function writeConfigs(dir: string, registry: string): void {
+function writeConfigs(dir: string, slot: NodeSlot, registry: string): void {
   for (const d of ['ctrd', 'certs.d/docker.io', 'cni/net.d', 'cni/ipam', 'kubelet', 'pod-logs', 'runsc', 'runc', 'pv']) mkdirSync(join(dir, d), { recursive: true });
   // docker.io's only host is the loopback registry, over plain HTTP: nothing leaves the machine.
   writeFileSync(join(dir, 'certs.d/docker.io/hosts.toml'), `server = "http://${registry}"\n[host."http://${registry}"]\n  capabilities = ["pull", "resolve"]\n`);
@@ -471,21 +567,21 @@ disabled_plugins = ['io.containerd.nri.v1.nri']
   // (a ClusterIP, DNATed to a Pod) turn forwarding on for this bridge.
   writeFileSync(join(dir, 'cni/net.d/10-asb.conflist'), JSON.stringify({
     cniVersion: '1.0.0', name: 'asb-node', plugins: [{
-      type: 'bridge', bridge: BRIDGE, isGateway: false, ipMasq: false, hairpinMode: true,
-      ipam: { type: 'host-local', dataDir: join(dir, 'cni/ipam'), ranges: [[{ subnet: POD_CIDR, gateway: POD_GATEWAY }]], routes: [{ dst: '0.0.0.0/0', gw: POD_GATEWAY }] },
+      type: 'bridge', bridge: slot.bridge, isGateway: false, ipMasq: false, hairpinMode: true,
+      ipam: { type: 'host-local', dataDir: join(dir, 'cni/ipam'), ranges: [[{ subnet: slot.podCidr, gateway: slot.nodeIp }]], routes: [{ dst: '0.0.0.0/0', gw: slot.nodeIp }] },
     }],
   }));
 }
 
-function writeKubeletConfig(dir: string, kube: KubeApiServer, sock: string, port: number, healthzPort: number, cgroupName: string, clusterDns: boolean): void {
+function writeKubeletConfig(dir: string, slot: NodeSlot, kube: KubeApiServer, sock: string, port: number, healthzPort: number, cgroupName: string, clusterDns: boolean): void {
   writeFileSync(join(dir, 'kubelet-config.yaml'), stringify({
     // Pods resolve <service>.<namespace>.svc.cluster.local (and the short names, by search path) at CoreDNS on the node's address.
-    ...(clusterDns ? { clusterDNS: [KUBE_NODE_IP], clusterDomain: CLUSTER_DOMAIN } : {}),
+    ...(clusterDns ? { clusterDNS: [slot.nodeIp], clusterDomain: CLUSTER_DOMAIN } : {}),
     apiVersion: 'kubelet.config.k8s.io/v1beta1',
     kind: 'KubeletConfiguration',
     // The kubelet API on the node IP (the bridge's host address): reachable from pods on-link, but
     // it answers only the API server's client certificate.
-    address: KUBE_NODE_IP,
+    address: slot.nodeIp,
     port,
     readOnlyPort: 0,
     healthzBindAddress: '127.0.0.1',

@@ -10,7 +10,8 @@
 //   under the node's directory.
 // - Processes: the shims (containerd-shim-runc-v2/-runsc-v1) outlive containerd by design, and a
 //   pod's processes live in its cgroup.
-// - kube-proxy's nftables tables (ip and ip6 `kube-proxy`), when the node ran Services.
+// - kube-proxy's nftables tables (ip and ip6 `kube-proxy`), when the node ran Services; a second
+//   node's network namespace (with its bridge, link and tables).
 // - The bridge of the pod network, and a few fixed paths (/var/lib/kubelet/device-plugins,
 //   /run/containerd/s, /var/lib/cni) that no setting moves: removed if the node made them.
 import { execFileSync } from 'node:child_process';
@@ -133,6 +134,8 @@ export interface NodeHostState {
   /** The kubelet's cgroupRoot, without the leading slash. */
   cgroupName: string;
   bridge: string;
+  /** The node's own network namespace (kube-node.ts NODE_SLOT_B): deleted with all it holds. */
+  netns?: string;
 }
 
 /**
@@ -156,9 +159,14 @@ export function releaseNodeHost(state: NodeHostState): void {
     if (hierarchies.every((h) => !existsSync(join(h, state.cgroupName)))) break;
     pauseMs(100 * (round + 1));
   }
-  tryRun('ip', ['link', 'del', state.bridge]); // veths went with their netns
-  // kube-proxy's tables (a cluster with Services: kube-node.ts startKubeCluster); absent otherwise.
-  for (const family of ['ip', 'ip6']) tryRun('nft', ['delete', 'table', family, 'kube-proxy']);
+  if (state.netns !== undefined) {
+    // Its bridge, its link to the host (and the host's route through it) and kube-proxy's tables go with it.
+    tryRun('ip', ['netns', 'del', state.netns]);
+  } else {
+    tryRun('ip', ['link', 'del', state.bridge]); // veths went with their netns
+    // kube-proxy's tables (a cluster with Services: kube-node.ts startKubeCluster); absent otherwise.
+    for (const family of ['ip', 'ip6']) tryRun('nft', ['delete', 'table', family, 'kube-proxy']);
+  }
   const beforePath = join(state.dir, 'host-before.json');
   if (existsSync(beforePath)) {
     const before = JSON.parse(readFileSync(beforePath, 'utf8')) as HostBefore;

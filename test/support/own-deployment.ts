@@ -26,6 +26,8 @@ export interface RegionOverlay {
   baseEnvFiles: string[];
   /** Strategic-merge patches (each a whole object's identity plus the fields it changes). */
   patches: readonly object[];
+  /** Objects of the user's own, added to the base's. */
+  resources?: readonly object[];
 }
 
 /**
@@ -40,11 +42,16 @@ export function writeRegionOverlay(dir: string, o: RegionOverlay): string {
   const merged = readEnvFiles(o.baseEnvFiles);
   for (const [k, v] of Object.entries(o.env)) merged.set(k, v);
   writeFileSync(join(dir, 'envoy.yaml'), clusterEnvoyYaml(merged));
+  const own = (o.resources ?? []).map((r, i) => {
+    writeFileSync(join(dir, `own-${i}.yaml`), JSON.stringify(r)); // JSON is YAML
+    return `  - own-${i}.yaml`;
+  });
   writeFileSync(join(dir, 'kustomization.yaml'), [
     'apiVersion: kustomize.config.k8s.io/v1beta1',
     'kind: Kustomization',
     'resources:',
     `  - ${relative(dir, join(repoRoot, o.base))}`,
+    ...own,
     'images:',
     '  - name: agent-sandbox',
     `    newName: ${o.image.name}`,
