@@ -15,7 +15,7 @@ import { createKubeRuntime, type KubePodRuntime } from '../../src/runtime/kube/k
 import type { PodRequest, PodState } from '../../src/runtime/runtime.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import { startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
-import { startKubeNode, type KubeNode } from '../support/kube-node.ts';
+import { NODE_SLOT_B, startKubeCluster, startKubeNode, type KubeCluster, type KubeNode } from '../support/kube-node.ts';
 import { cgroupHierarchies, KUBELET_SYSCTLS } from '../support/node-host.ts';
 import { waitFor } from '../support/wait.ts';
 
@@ -154,4 +154,30 @@ test('stopping the node takes back what it changed on the host: no pod processes
   } finally {
     await kube.stop();
   }
+});
+
+test('clusters with Services on both node slots: the second node\'s network is its own, and stopping them takes back kube-proxy\'s tables, the namespace, its link and route, and leaves ip_forward as it was', async () => {
+  const forwarding = readFileSync('/proc/sys/net/ipv4/ip_forward', 'utf8');
+  const nft = (args: string[]): string => execFileSync('nft', args, { encoding: 'utf8' });
+  const first = await startKubeCluster({ etcdUnsafeNoFsync: true });
+  let second: KubeCluster | undefined;
+  try {
+    second = await startKubeCluster({ etcdUnsafeNoFsync: true, slot: NODE_SLOT_B });
+    assert.match(nft(['list', 'tables']), /table ip kube-proxy/, 'the first node\'s kube-proxy writes the host\'s tables');
+    const inB = execFileSync('ip', ['netns', 'exec', 'asbknb', 'nft', 'list', 'tables'], { encoding: 'utf8' });
+    assert.match(inB, /table ip kube-proxy/, 'the second node\'s kube-proxy has tables of its own, in its namespace');
+    assert.equal(second.node.nodeIp, NODE_SLOT_B.nodeIp);
+    // Each API server serves Pods at the address its node reaches, with the `kubernetes` Service pointing there.
+    const endpoints = JSON.parse(await second.kube.kubectl(['get', 'endpointslices', '-l', 'kubernetes.io/service-name=kubernetes', '-o', 'json'])) as { items: { endpoints: { addresses: string[] }[] }[] };
+    assert.deepEqual(endpoints.items[0]?.endpoints[0]?.addresses, [NODE_SLOT_B.netns?.hostIp]);
+    assert.equal(readFileSync('/proc/sys/net/ipv4/ip_forward', 'utf8'), forwarding, 'the host\'s ip_forward is untouched while they run');
+  } finally {
+    await second?.stop();
+    await first.stop();
+  }
+  assert.doesNotMatch(nft(['list', 'tables']), /kube-proxy/, 'kube-proxy\'s tables are gone');
+  assert.doesNotMatch(execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }), /asbknb/, 'the namespace is gone');
+  assert.doesNotMatch(execFileSync('ip', ['route'], { encoding: 'utf8' }), /10\.210\./, 'the route to its Pods is gone');
+  for (const link of ['asbkn0', 'asbknb0']) assert.throws(() => execFileSync('ip', ['link', 'show', link], { stdio: 'pipe' }), `${link} is gone`);
+  assert.equal(readFileSync('/proc/sys/net/ipv4/ip_forward', 'utf8'), forwarding);
 });
