@@ -235,14 +235,12 @@ async function reserveHost(slot: NodeSlot): Promise<HostReservation> {
       await inNs(['route', 'add', 'default', 'via', ns.hostIp]);
       // The namespace is a router between its Pods and the host, as a machine on a network is.
       await ipLink(['netns', 'exec', ns.name, 'sysctl', '-q', '-w', 'net.ipv4.ip_forward=1']);
-      await inNs(['link', 'add', slot.bridge, 'type', 'bridge']);
-      await inNs(['addr', 'add', `${slot.nodeIp}/${bitsOf(slot.podCidr)}`, 'dev', slot.bridge]);
-      await inNs(['link', 'set', slot.bridge, 'up']);
-    } else {
-      await ipLink(['link', 'add', slot.bridge, 'type', 'bridge']);
-      await ipLink(['addr', 'add', `${slot.nodeIp}/${bitsOf(slot.podCidr)}`, 'dev', slot.bridge]);
-      await ipLink(['link', 'set', slot.bridge, 'up']);
     }
+    // The pod bridge, in the node's network.
+    const inNode = (args: string[]): Promise<void> => ipLink(ns === undefined ? args : ['-n', ns.name, ...args]);
+    await inNode(['link', 'add', slot.bridge, 'type', 'bridge']);
+    await inNode(['addr', 'add', `${slot.nodeIp}/${bitsOf(slot.podCidr)}`, 'dev', slot.bridge]);
+    await inNode(['link', 'set', slot.bridge, 'up']);
     return reservation;
   } catch (err) {
     reservation.release();
@@ -459,6 +457,7 @@ function trace(what: string): void {
   traced = Date.now();
 }
 
+/** Runs `ip` (link, addr, route, netns) with these arguments. */
 function ipLink(args: string[]): Promise<void> {
   return new Promise((res, rej) => {
     const child = spawn('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
