@@ -194,10 +194,10 @@ test('placement at a hub in front of two worker processes', { timeout: 240_000 }
     await startCluster(name);
   }
   t.after(async () => {
-    for (const w of Object.values(workers)) {
-      await w.stop();
-      removeDataDir(w.dataDir);
-    }
+    // Every worker stops before any directory goes: a directory that cannot go (a SIGKILLed
+    // worker's mounts) must not leave the other worker running, which would keep this file alive.
+    for (const w of Object.values(workers)) await w.stop();
+    for (const w of Object.values(workers)) removeDataDir(w.dataDir);
   });
   const clusterState = async (name: string): Promise<HubStatus['clusters'][number] | undefined> => ((await hubAdmin('GET', '/v1/status')).json as HubStatus).clusters.find((c) => c.name === name);
   for (const name of Object.keys(spec)) {

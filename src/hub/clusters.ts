@@ -3,7 +3,7 @@
 import { apiVersionOf } from '../api/meta.ts';
 import { isClusterTag } from '../api/ids.ts';
 import { dnsLabelProblem, labelProblem } from '../api/names.ts';
-import { AsbError, invalid, type FieldProblem } from '../errors.ts';
+import { AsbError, invalid, isAsbError, type FieldProblem } from '../errors.ts';
 import { CLUSTER_SCOPE, type ObjectStore } from '../store/store.ts';
 import { ClusterType, type Cluster, type ClusterSpec, type ClusterStatus } from './contract.ts';
 import { generateClusterCredential, hashClusterCredential } from './cluster-credential.ts';
@@ -135,9 +135,32 @@ export async function registerCluster(store: ObjectStore, name: string, input: C
     return { cluster, credential, created: true };
   }
   if (JSON.stringify(spec) === JSON.stringify(existing.spec)) return { cluster: existing, created: false };
-  // Conditional on the version read: a concurrent edit makes this a 409, never a lost update.
-  const cluster = await store.update<Cluster>(ClusterType, { ...existing, spec });
+  const cluster = await updateSpec(store, existing, () => spec);
   return { cluster, created: false };
+}
+
+/** How often a spec write is tried again while only the cluster's status moves under it. */
+const SPEC_WRITE_TRIES = 5;
+
+/**
+ * Writes the spec change(spec) made, conditional on the version read. The hub writes each
+ * connected cluster's status every few seconds (cluster-status.ts), which moves the version without
+ * touching the spec: that is tried again on the object as it now is. A concurrent edit of the
+ * spec itself stays a 409, never a lost update.
+ */
+async function updateSpec(store: ObjectStore, read: Cluster, change: (spec: ClusterSpec) => ClusterSpec): Promise<Cluster> {
+  let current = read;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await store.update<Cluster>(ClusterType, { ...current, spec: change(current.spec) });
+    } catch (err) {
+      if (!isAsbError(err, 'Conflict') || attempt >= SPEC_WRITE_TRIES) throw err;
+      const now = await store.tryGet<Cluster>(ClusterType, CLUSTER_SCOPE, read.metadata.name);
+      if (now === undefined) throw clusterNotFound(read.metadata.name);
+      if (JSON.stringify(now.spec) !== JSON.stringify(read.spec)) throw err;
+      current = now;
+    }
+  }
 }
 
 function mergedSpec(current: ClusterSpec | undefined, input: ClusterInput, tag: string): ClusterSpec {
@@ -161,7 +184,7 @@ export async function rotateClusterCredential(store: ObjectStore, name: string):
   const existing = await store.tryGet<Cluster>(ClusterType, CLUSTER_SCOPE, name);
   if (existing === undefined) throw clusterNotFound(name);
   const credential = generateClusterCredential();
-  const cluster = await store.update<Cluster>(ClusterType, { ...existing, spec: { ...existing.spec, credentialHash: hashClusterCredential(credential) } });
+  const cluster = await updateSpec(store, existing, (spec) => ({ ...spec, credentialHash: hashClusterCredential(credential) }));
   return { cluster, credential };
 }
 
