@@ -156,7 +156,7 @@ test('stopping the node takes back what it changed on the host: no pod processes
   }
 });
 
-test('clusters with Services on both node slots: the second node\'s network is its own, and stopping them takes back kube-proxy\'s tables, the namespace, its link and route, and leaves ip_forward as it was', async () => {
+test('clusters with Services on both node slots: each kube-proxy has tables of its own, forwarding is fenced to the pod networks, and stopping them takes back those tables, the namespace, its link and route, and leaves ip_forward as it was', async () => {
   const forwarding = readFileSync('/proc/sys/net/ipv4/ip_forward', 'utf8');
   const nft = (args: string[]): string => execFileSync('nft', args, { encoding: 'utf8' });
   const first = await startKubeCluster({ etcdUnsafeNoFsync: true });
@@ -164,6 +164,8 @@ test('clusters with Services on both node slots: the second node\'s network is i
   try {
     second = await startKubeCluster({ etcdUnsafeNoFsync: true, slot: NODE_SLOT_B });
     assert.match(nft(['list', 'tables']), /table ip kube-proxy/, 'the first node\'s kube-proxy writes the host\'s tables');
+    // What comes in on a pod-side interface may go only to the pod networks: the drop rule is there before forwarding is on.
+    for (const table of ['asb-fwd-asbkn0', 'asb-fwd-asbknb0']) assert.match(nft(['list', 'table', 'inet', table]), /counter packets \d+ bytes \d+ drop/, table);
     const inB = execFileSync('ip', ['netns', 'exec', 'asbknb', 'nft', 'list', 'tables'], { encoding: 'utf8' });
     assert.match(inB, /table ip kube-proxy/, 'the second node\'s kube-proxy has tables of its own, in its namespace');
     assert.equal(second.node.nodeIp, NODE_SLOT_B.nodeIp);
@@ -175,7 +177,7 @@ test('clusters with Services on both node slots: the second node\'s network is i
     await second?.stop();
     await first.stop();
   }
-  assert.doesNotMatch(nft(['list', 'tables']), /kube-proxy/, 'kube-proxy\'s tables are gone');
+  assert.doesNotMatch(nft(['list', 'tables']), /kube-proxy|asb-fwd-/, 'kube-proxy\'s tables and ours are gone');
   assert.doesNotMatch(execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }), /asbknb/, 'the namespace is gone');
   assert.doesNotMatch(execFileSync('ip', ['route'], { encoding: 'utf8' }), /10\.210\./, 'the route to its Pods is gone');
   for (const link of ['asbkn0', 'asbknb0']) assert.throws(() => execFileSync('ip', ['link', 'show', link], { stdio: 'pipe' }), `${link} is gone`);

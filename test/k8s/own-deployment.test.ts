@@ -153,7 +153,7 @@ test('a region from clusters/overlays/region-a, federated to that hub: through i
     baseEnvFiles: ['clusters/base/cluster.env', 'clusters/overlays/region-a/cluster.env'],
     // The hub's Service by its cluster DNS name (the README's step 2).
     env: { ASB_HUB_URL: `http://${hubHost}:7070` },
-    // Room on a 2-core node (clusters/README.md, "What a region needs"): the base asks 2.7 cores.
+    // Room on a 2-core node: the base asks 2.7 cores.
     patches: [replicasPatch('worker-api', 1), replicasPatch('ingress', 1)],
   });
   // Step 3: the federation certificate, in cert-manager's layout.
@@ -222,10 +222,13 @@ test('a region from clusters/overlays/region-a, federated to that hub: through i
       const pods = await kube.kubectl(['-n', POD_NS, 'get', 'pods', '-o', 'name']);
       return pods.includes(`pod/${id}`) ? undefined : true;
     }, 60_000, 200);
+    const phase = async (): Promise<string | undefined> => (await edgeCall<{ phase?: string }>(edge, 'GET', `/v1/sandboxes/${id}`, { key: user.key })).body.phase;
+    await waitFor('Hibernated', async () => ((await phase()) === 'Hibernated' ? true : undefined), 60_000, 200);
     const host = `8080-${id}.${DOMAIN}`;
     const stranger = await edgeCall(edge, 'GET', '/note', { host });
     assert.equal(stranger.status, 401, 'a request without the sandbox\'s access token is refused');
-    assert.ok(!(await kube.kubectl(['-n', POD_NS, 'get', 'pods', '-o', 'name'])).includes(`pod/${id}`), 'and wakes nothing');
+    // A wake marks the sandbox Waking before its answer; a refused request leaves it Hibernated.
+    assert.equal(await phase(), 'Hibernated', 'and wakes nothing');
     const woken = await edgeCall<string>(edge, 'GET', '/note', { host, headers: { 'x-access-token': created.accessToken ?? '' } });
     assert.deepEqual([woken.status, woken.body], [200, 'kept\n']);
     const pod = await kube.kubectl(['-n', POD_NS, 'get', 'pod', id, '-o', 'jsonpath={.status.phase}']);
@@ -250,7 +253,9 @@ test('a region from clusters/overlays/region-a, federated to that hub: through i
 
 /** A Service's nodePort (its first port, or the named one): how another cluster reaches it here, with no LoadBalancer. */
 async function nodePort(kube: KubeApiServer, service: string): Promise<number> {
-  return Number((await kube.kubectl(['-n', SYSTEM_NS, 'get', 'svc', service, '-o', 'jsonpath={.spec.ports[0].nodePort}'])).trim());
+  const port = Number((await kube.kubectl(['-n', SYSTEM_NS, 'get', 'svc', service, '-o', 'jsonpath={.spec.ports[0].nodePort}'])).trim());
+  assert.ok(port > 0, `Service ${service} has a nodePort`);
+  return port;
 }
 
 test('two regions, two clusters: region-b from clusters/overlays/region-b on a second node, and each region\'s edge reaches the other\'s sandboxes', async (t) => {

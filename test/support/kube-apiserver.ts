@@ -1,7 +1,8 @@
 // A real kube-apiserver on a real etcd for the Kubernetes test tier (test/k8s/), from the binaries
 // `make kube-tools` builds into .tools/kube/bin (scripts/kube-tools.sh). Everything is loopback:
-// etcd on two free ports of 127.0.0.1, the API server's secure port on a third, with a serving
-// certificate from a throw-away local CA. Authentication is a static token file (no anonymous
+// etcd on two free ports of 127.0.0.1, the API server's secure port on a third (on a node's
+// address instead with inClusterAt, for Pods), with a self-signed serving certificate made here
+// for every name a client dials. Authentication is a static token file (no anonymous
 // access, so a request without a token gets 401) and authorization is RBAC.
 //
 // It is ready for a real node (test/support/kube-node.ts): a token for the kubelet (user

@@ -27,7 +27,7 @@ import { AsbError } from '../../src/errors.ts';
 import { acquireOwnerLockWaiting, type OwnerLock } from '../../src/store/owner-lock.ts';
 import { freePort } from '../../src/system/local-system.ts';
 import { diesWithTest, KUBE_NODE_IP, KUBE_NODE_NAME, KUBERNETES_SERVICE_IP, logTail, startKubeApiServer, type KubeApiServer } from './kube-apiserver.ts';
-import { cgroupHierarchies, isDir, recordHost, releaseNodeHost, type NodeHostState } from './node-host.ts';
+import { cgroupHierarchies, forwardTableOf, isDir, recordHost, releaseNodeHost, type NodeHostState } from './node-host.ts';
 import { startTestKubelet } from './test-kubelet.ts';
 import { testImages } from './test-images.ts';
 
@@ -131,9 +131,9 @@ interface Proc {
   exit?: string;
 }
 
-/** In the slot's network namespace when it has one (nsenter keeps the pid, so the process is still ours to signal). */
-function spawnLogged(slot: NodeSlot, name: string, binary: string, args: string[], logPath: string, env?: NodeJS.ProcessEnv): Proc {
-  const [command, argv] = slot.netns === undefined ? diesWithTest(binary, args) : diesWithTest('/usr/bin/nsenter', [`--net=/run/netns/${slot.netns.name}`, '--', binary, ...args]);
+/** In network namespace netns when given (nsenter keeps the pid, so the process is still ours to signal), else the host's. */
+function spawnLogged(netns: string | undefined, name: string, binary: string, args: string[], logPath: string, env?: NodeJS.ProcessEnv): Proc {
+  const [command, argv] = netns === undefined ? diesWithTest(binary, args) : diesWithTest('/usr/bin/nsenter', [`--net=/run/netns/${netns}`, '--', binary, ...args]);
   const fd = openSync(logPath, 'a');
   let proc: ChildProcess;
   try {
@@ -160,7 +160,8 @@ async function stopProc(p: Proc, graceMs: number): Promise<void> {
 /** Nodes of this process not yet stopped: released at exit if a test never called stop(). */
 const live = new Set<NodeHostState>();
 process.once('exit', () => {
-  for (const state of live) releaseNodeHost(state);
+  // Newest first: a second node recorded the host's sysctls after the first node's kubelet had set them.
+  for (const state of [...live].reverse()) releaseNodeHost(state);
 });
 
 /** Leftovers of a node whose test process died without its exit hook (SIGKILL): we hold the lock, so no live node owns them. */
@@ -173,7 +174,7 @@ function sweepLeftovers(slot: NodeSlot): void {
 }
 
 function hostState(slot: NodeSlot, dir: string): NodeHostState {
-  return { dir, cgroupName: basename(dir), bridge: slot.bridge, ...(slot.netns === undefined ? {} : { netns: slot.netns.name }) };
+  return { dir, cgroupName: basename(dir), bridge: slot.bridge, ...(slot.netns === undefined ? {} : { netns: slot.netns.name, hostVeth: slot.netns.hostVeth }) };
 }
 
 /** The prefix length of a CIDR. */
@@ -220,6 +221,7 @@ async function reserveHost(slot: NodeSlot): Promise<HostReservation> {
     await ipLink(['link', 'del', slot.bridge]).catch(() => undefined);
     const ns = slot.netns;
     if (ns !== undefined) {
+      await ipLink(['link', 'del', ns.hostVeth]).catch(() => undefined);
       await ipLink(['netns', 'del', ns.name]).catch(() => undefined);
       await ipLink(['netns', 'add', ns.name]);
       await ipLink(['link', 'add', ns.hostVeth, 'type', 'veth', 'peer', 'name', ns.nsVeth, 'netns', ns.name]);
@@ -227,6 +229,7 @@ async function reserveHost(slot: NodeSlot): Promise<HostReservation> {
       await ipLink(['link', 'set', ns.hostVeth, 'up']);
       await ipLink(['route', 'add', slot.podCidr, 'via', ns.nsIp]);
       // Packets of the other node's Pods, DNATed by its kube-proxy (a NodePort there), leave through this link, and answers come back in.
+      await limitForwarding(state, ns.hostVeth);
       writeFileSync(`/proc/sys/net/ipv4/conf/${ns.hostVeth}/forwarding`, '1');
       const inNs = (args: string[]): Promise<void> => ipLink(['-n', ns.name, ...args]);
       await inNs(['link', 'set', 'lo', 'up']);
@@ -283,6 +286,7 @@ export async function startKubeCluster(opts: { etcdUnsafeNoFsync?: boolean; slot
     node = await startRealNode(kube, reservation, { clusterServices: true });
   } catch (err) {
     await kube.stop();
+    reservation.release(); // startRealNode's own teardown releases it too, unless it failed before it had one
     throw err;
   }
   let stopping: Promise<void> | undefined;
@@ -296,8 +300,10 @@ async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, op
   const { state, slot } = reservation;
   const { dir } = state;
   const procs: Proc[] = [];
-  // The namespace's loopback is not the host's: its containerd reaches the registry through a forwarder on the link's host end.
-  const registry = slot.netns === undefined ? undefined : await forwardTcp(slot.netns.hostIp, images.address);
+  // The namespace's loopback is not the host's: its containerd reaches the registry through a
+  // forwarder on the link's host end, which takes connections from the namespace's own address
+  // only (its Pods' addresses are not masqueraded on the way, so they are refused).
+  const registry = slot.netns === undefined ? undefined : await forwardTcp(slot.netns.hostIp, images.address, slot.netns.nsIp);
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> => {
     stopping ??= (async () => {
@@ -319,7 +325,7 @@ async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, op
     const sock = join(dir, 'ctrd/containerd.sock');
     writeConfigs(dir, slot, registry?.address ?? images.address);
     const env = { PATH: `${join(KUBE_NODE_DIR, 'bin')}:/usr/sbin:/usr/bin:/sbin:/bin`, HOME: dir };
-    const containerd = spawnLogged(slot, 'containerd', bin('containerd'), ['--config', join(dir, 'containerd.toml')], join(dir, 'containerd.log'), env);
+    const containerd = spawnLogged(slot.netns?.name, 'containerd', bin('containerd'), ['--config', join(dir, 'containerd.toml')], join(dir, 'containerd.log'), env);
     procs.push(containerd);
     trace('host prepared');
     await pollUntil('containerd', deadline, procs, async () => (await ctr(sock, ['version']).then(() => true, () => undefined)));
@@ -344,7 +350,7 @@ async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, op
         '--kubeconfig', join(dir, 'kubelet.kubeconfig'), '--hostname-override', KUBE_NODE_NAME, '--node-ip', slot.nodeIp, '--v=1']],
     ] as const) {
       // The scheduler and controller-manager only talk to the API server: the host's network.
-      procs.push(spawnLogged(name === 'kubelet' ? slot : NODE_SLOT_A, name, bin(name), [...args], join(dir, `${name}.log`), env));
+      procs.push(spawnLogged(name === 'kubelet' ? slot.netns?.name : undefined, name, bin(name), [...args], join(dir, `${name}.log`), env));
     }
     await pollUntil(`node ${KUBE_NODE_NAME} Ready`, deadline, procs, async () => {
       const res = await kube.request<{ status?: { conditions?: { type: string; status: string }[] } }>('GET', `/api/v1/nodes/${KUBE_NODE_NAME}`).catch(() => undefined);
@@ -371,13 +377,16 @@ async function startRealNode(kube: KubeApiServer, reserved?: HostReservation, op
  * - kube-proxy, nftables mode: its tables `ip kube-proxy` and `ip6 kube-proxy` (node-host.ts
  *   deletes them at teardown); masqueradeAll, so a reply from a Pod on the same bridge comes back
  *   through the host's conntrack; conntrack limits and timeouts left as the host has them (0);
- *   NodePorts only on the node's address; healthz and metrics on free loopback ports.
+ *   NodePorts only on the node's address; healthz and metrics on free ports of the node's address.
  * - CoreDNS on the node's address, port 53: cluster.local from the API server (kubernetes
  *   plugin); nothing is forwarded, so every other name fails at once.
  */
 async function startClusterServices(slot: NodeSlot, kube: KubeApiServer, dir: string, env: NodeJS.ProcessEnv): Promise<{ procs: Proc[]; ready: (deadline: number) => Promise<void> }> {
   // In a slot's own namespace, forwarding is on for the whole namespace already (reserveHost).
-  if (slot.netns === undefined) writeFileSync(`/proc/sys/net/ipv4/conf/${slot.bridge}/forwarding`, '1');
+  if (slot.netns === undefined) {
+    await limitForwarding(hostState(slot, dir), slot.bridge);
+    writeFileSync(`/proc/sys/net/ipv4/conf/${slot.bridge}/forwarding`, '1');
+  }
   const [healthzPort, metricsPort] = [await freePort(), await freePort()];
   writeFileSync(join(dir, 'kube-proxy.yaml'), stringify({
     apiVersion: 'kubeproxy.config.k8s.io/v1alpha1',
@@ -407,8 +416,8 @@ async function startClusterServices(slot: NodeSlot, kube: KubeApiServer, dir: st
 }
 `);
   const procs = [
-    spawnLogged(slot, 'kube-proxy', bin('kube-proxy'), ['--config', join(dir, 'kube-proxy.yaml')], join(dir, 'kube-proxy.log'), env),
-    spawnLogged(slot, 'coredns', bin('coredns'), ['-conf', join(dir, 'Corefile')], join(dir, 'coredns.log'), env),
+    spawnLogged(slot.netns?.name, 'kube-proxy', bin('kube-proxy'), ['--config', join(dir, 'kube-proxy.yaml')], join(dir, 'kube-proxy.log'), env),
+    spawnLogged(slot.netns?.name, 'coredns', bin('coredns'), ['-conf', join(dir, 'Corefile')], join(dir, 'coredns.log'), env),
   ];
   const resolver = new Resolver({ timeout: 1000, tries: 1 });
   resolver.setServers([slot.nodeIp]);
@@ -424,12 +433,46 @@ async function startClusterServices(slot: NodeSlot, kube: KubeApiServer, dir: st
   return { procs, ready };
 }
 
-/** A TCP forwarder on host:<free port> to target (host:port), until close(). */
-async function forwardTcp(host: string, target: string): Promise<{ address: string; close(): void }> {
+/** Every node's pod-side interface on the host: its bridge, or the host end of its namespace's link. */
+const POD_SIDE = [NODE_SLOT_A, NODE_SLOT_B].map((s) => s.netns?.hostVeth ?? s.bridge);
+
+/**
+ * Turning forwarding on for an interface forwards whatever comes in on it, to any network the
+ * host routes: Pods (sandboxes) would reach the host's uplink and every other test's network. So
+ * before it is turned on, a table of ours (node-host.ts deletes it) lets what comes in there go
+ * only to the nodes' pod networks, or back as an answer; the rest is dropped.
+ */
+async function limitForwarding(state: NodeHostState, iface: string): Promise<void> {
+  const table = forwardTableOf(state);
+  const rules = `table inet ${table} {
+  chain forward {
+    type filter hook forward priority filter; policy accept;
+    iifname "${iface}" oifname { ${POD_SIDE.map((i) => `"${i}"`).join(', ')} } accept
+    iifname "${iface}" ct state established,related accept
+    iifname "${iface}" counter drop
+  }
+}
+`;
+  await new Promise<void>((res, rej) => {
+    const child = spawn('nft', ['-f', '-'], { stdio: ['pipe', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+    child.once('error', rej);
+    child.once('exit', (code) => (code === 0 ? res() : rej(new AsbError('Unavailable', `kube node: nft for ${table}: ${stderr.trim()}`))));
+    child.stdin.end(rules);
+  });
+}
+
+/** A TCP forwarder on host:<free port> to target (host:port) for connections from `from` only (others are closed), until close(). */
+async function forwardTcp(host: string, target: string, from: string): Promise<{ address: string; close(): void }> {
   const colon = target.lastIndexOf(':');
   const [targetHost, targetPort] = [target.slice(0, colon), Number(target.slice(colon + 1))];
   const sockets = new Set<Socket>();
   const server = createServer((client) => {
+    if (client.remoteAddress !== from) {
+      client.destroy();
+      return;
+    }
     const upstream = connect(targetPort, targetHost);
     for (const sock of [client, upstream]) {
       sockets.add(sock);

@@ -10,8 +10,8 @@
 //   under the node's directory.
 // - Processes: the shims (containerd-shim-runc-v2/-runsc-v1) outlive containerd by design, and a
 //   pod's processes live in its cgroup.
-// - kube-proxy's nftables tables (ip and ip6 `kube-proxy`), when the node ran Services; a second
-//   node's network namespace (with its bridge, link and tables).
+// - kube-proxy's nftables tables (ip and ip6 `kube-proxy`) and our forwarding table, when the
+//   node ran Services; a second node's network namespace and link (with its bridge and tables).
 // - The bridge of the pod network, and a few fixed paths (/var/lib/kubelet/device-plugins,
 //   /run/containerd/s, /var/lib/cni) that no setting moves: removed if the node made them.
 import { execFileSync } from 'node:child_process';
@@ -136,6 +136,13 @@ export interface NodeHostState {
   bridge: string;
   /** The node's own network namespace (kube-node.ts NODE_SLOT_B): deleted with all it holds. */
   netns?: string;
+  /** The host end of that namespace's link, deleted first: a namespace's own links go only when the kernel gets to it. */
+  hostVeth?: string;
+}
+
+/** The nftables table (inet) that keeps a node's forwarding to its pod networks (kube-node.ts). */
+export function forwardTableOf(state: Pick<NodeHostState, 'bridge' | 'hostVeth'>): string {
+  return `asb-fwd-${state.hostVeth ?? state.bridge}`;
 }
 
 /**
@@ -159,8 +166,10 @@ export function releaseNodeHost(state: NodeHostState): void {
     if (hierarchies.every((h) => !existsSync(join(h, state.cgroupName)))) break;
     pauseMs(100 * (round + 1));
   }
+  tryRun('nft', ['delete', 'table', 'inet', forwardTableOf(state)]);
   if (state.netns !== undefined) {
-    // Its bridge, its link to the host (and the host's route through it) and kube-proxy's tables go with it.
+    // The link (and the host's route through it) at once; its bridge and kube-proxy's tables go with the namespace.
+    if (state.hostVeth !== undefined) tryRun('ip', ['link', 'del', state.hostVeth]);
     tryRun('ip', ['netns', 'del', state.netns]);
   } else {
     tryRun('ip', ['link', 'del', state.bridge]); // veths went with their netns
