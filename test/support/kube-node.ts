@@ -68,8 +68,6 @@ export const NODE_SLOT_B: NodeSlot = {
   name: 'b', lockName: 'asb-kube-node-b', statePrefix: 'asb-nodeb-', bridge: 'asbkn1', podCidr: '10.210.0.0/17', nodeIp: '10.210.0.1',
   netns: { name: 'asbknb', hostVeth: 'asbknb0', nsVeth: 'asbknb1', hostIp: '10.210.255.1', nsIp: '10.210.255.2' },
 };
-/** The first slot's pod network. */
-export const POD_CIDR = NODE_SLOT_A.podCidr;
 /** Service names under startKubeCluster's CoreDNS: <service>.<namespace>.svc.cluster.local. */
 export const CLUSTER_DOMAIN = 'cluster.local';
 const PAUSE_IMAGE = 'localhost/asb-pause:1';
@@ -453,14 +451,7 @@ async function limitForwarding(state: NodeHostState, iface: string): Promise<voi
   }
 }
 `;
-  await new Promise<void>((res, rej) => {
-    const child = spawn('nft', ['-f', '-'], { stdio: ['pipe', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    child.once('error', rej);
-    child.once('exit', (code) => (code === 0 ? res() : rej(new AsbError('Unavailable', `kube node: nft for ${table}: ${stderr.trim()}`))));
-    child.stdin.end(rules);
-  });
+  await run('nft', ['-f', '-'], rules);
 }
 
 /** A TCP forwarder on host:<free port> to target (host:port) for connections from `from` only (others are closed), until close(). */
@@ -500,27 +491,29 @@ function trace(what: string): void {
   traced = Date.now();
 }
 
-/** Runs `ip` (link, addr, route, netns) with these arguments. */
-function ipLink(args: string[]): Promise<void> {
+/** Runs a command to its end (stdin from input, if any); resolves with its stdout, rejects naming the command and its stderr. */
+function run(command: string, args: readonly string[], input?: string): Promise<string> {
   return new Promise((res, rej) => {
-    const child = spawn('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    child.once('error', rej);
-    child.once('exit', (code) => (code === 0 ? res() : rej(new Error(`ip ${args.join(' ')}: ${stderr.trim()}`))));
-  });
-}
-
-function ctr(sock: string, args: string[]): Promise<string> {
-  return new Promise((res, rej) => {
-    const child = spawn(join(KUBE_NODE_DIR, 'bin/ctr'), ['--address', sock, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(command, args, { stdio: ['pipe', 'pipe', 'pipe'] });
+    // A command that reads no stdin may exit before it is written: that EPIPE is not its failure.
+    child.stdin.on('error', () => undefined);
     let out = '';
     let err = '';
     child.stdout.on('data', (c: Buffer) => (out += c.toString()));
     child.stderr.on('data', (c: Buffer) => (err += c.toString()));
     child.once('error', rej);
-    child.once('exit', (code) => (code === 0 ? res(out) : rej(new Error(`ctr ${args.join(' ')}: ${err.trim()}`))));
+    child.once('exit', (code) => (code === 0 ? res(out) : rej(new Error(`${basename(command)} ${args.join(' ')}: ${err.trim()}`))));
+    child.stdin.end(input ?? '');
   });
+}
+
+/** Runs `ip` (link, addr, route, netns) with these arguments. */
+async function ipLink(args: string[]): Promise<void> {
+  await run('ip', args);
+}
+
+function ctr(sock: string, args: string[]): Promise<string> {
+  return run(join(KUBE_NODE_DIR, 'bin/ctr'), ['--address', sock, ...args]);
 }
 
 /** Polls every 100 ms until check() holds; fails at once, naming the log, when a process exits. */

@@ -3,10 +3,10 @@
 // configuration generated from it, a few patches), `kubectl apply -k`, and waits that print what
 // the cluster says when a Deployment never becomes Available.
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { join, relative, resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import { clusterEnvoyYaml, readEnvFiles } from '../../scripts/gen-envoy-configs.ts';
 import type { KubeApiServer } from './kube-apiserver.ts';
-import type { OwnImage } from './own-image.ts';
+import { writeImageOverlay, type OwnImage } from './own-image.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
 /** clusters/base's namespace, and the hub's. */
@@ -37,36 +37,14 @@ export interface RegionOverlay {
  */
 export function writeRegionOverlay(dir: string, o: RegionOverlay): string {
   mkdirSync(dir, { recursive: true });
-  const env = Object.entries(o.env).map(([k, v]) => `${k}=${v}\n`).join('');
-  writeFileSync(join(dir, 'cluster.env'), env);
+  writeFileSync(join(dir, 'cluster.env'), Object.entries(o.env).map(([k, v]) => `${k}=${v}\n`).join(''));
   const merged = readEnvFiles(o.baseEnvFiles);
   for (const [k, v] of Object.entries(o.env)) merged.set(k, v);
   writeFileSync(join(dir, 'envoy.yaml'), clusterEnvoyYaml(merged));
-  const own = (o.resources ?? []).map((r, i) => {
-    writeFileSync(join(dir, `own-${i}.yaml`), JSON.stringify(r)); // JSON is YAML
-    return `  - own-${i}.yaml`;
-  });
-  writeFileSync(join(dir, 'kustomization.yaml'), [
-    'apiVersion: kustomize.config.k8s.io/v1beta1',
-    'kind: Kustomization',
-    'resources:',
-    `  - ${relative(dir, join(repoRoot, o.base))}`,
-    ...own,
-    'images:',
-    '  - name: agent-sandbox',
-    `    newName: ${o.image.name}`,
-    `    newTag: ${o.image.tag}`,
-    'configMapGenerator:',
-    '  - name: asb-cluster',
-    '    behavior: merge',
-    '    envs: [cluster.env]',
-    '  - name: asb-envoy',
-    '    behavior: replace',
-    '    files: [envoy.yaml]',
-    ...(o.patches.length === 0 ? [] : ['patches:', ...o.patches.map((p) => `  - patch: ${JSON.stringify(JSON.stringify(p))}`)]),
-    '',
-  ].join('\n'));
-  return dir;
+  return join(repoRoot, writeImageOverlay(dir, o.base, o.image, o.patches, {
+    ...(o.resources === undefined ? {} : { resources: o.resources }),
+    configMaps: [{ name: 'asb-cluster', behavior: 'merge', envs: ['cluster.env'] }, { name: 'asb-envoy', behavior: 'replace', files: ['envoy.yaml'] }],
+  }));
 }
 
 /** A patch setting a Deployment's replicas. */

@@ -42,22 +42,37 @@ export async function pushOwnImage(address: string): Promise<OwnImage> {
   return { name, tag, reference: `${name}:${tag}` };
 }
 
+/** What an overlay adds besides the image and patches: objects of its own, and ConfigMaps generated from files in its directory. */
+export interface OverlayExtras {
+  /** Whole objects, written next to the kustomization and listed as its resources. */
+  resources?: readonly object[];
+  /** configMapGenerator entries: name, behavior (merge/replace), and env or plain files in the overlay's directory. */
+  configMaps?: readonly { name: string; behavior: 'merge' | 'replace'; envs?: string[]; files?: string[] }[];
+}
+
 /**
  * Writes a kustomization under `dir` that takes clusters/<base> and renames the image
- * `agent-sandbox` to `image` (and applies `patches`); returns its path relative to the repository
- * (what cluster-manifests.ts's kustomize() and kubectl apply -k take).
+ * `agent-sandbox` to `image` (and applies `patches`, adds `extras`); returns its path relative to
+ * the repository (what cluster-manifests.ts's kustomize() and kubectl apply -k take).
  */
-export function writeImageOverlay(dir: string, base: string, image: Pick<OwnImage, 'name' | 'tag'>, patches: readonly object[] = []): string {
+export function writeImageOverlay(dir: string, base: string, image: Pick<OwnImage, 'name' | 'tag'>, patches: readonly object[] = [], extras: OverlayExtras = {}): string {
   mkdirSync(dir, { recursive: true });
+  const own = (extras.resources ?? []).map((r, i) => {
+    writeFileSync(join(dir, `own-${i}.yaml`), JSON.stringify(r)); // JSON is YAML
+    return `  - own-${i}.yaml`;
+  });
+  const configMaps = extras.configMaps ?? [];
   writeFileSync(join(dir, 'kustomization.yaml'), [
     'apiVersion: kustomize.config.k8s.io/v1beta1',
     'kind: Kustomization',
     'resources:',
     `  - ${relative(dir, join(repoRoot, base))}`,
+    ...own,
     'images:',
     '  - name: agent-sandbox',
     `    newName: ${image.name}`,
     `    newTag: ${image.tag}`,
+    ...(configMaps.length === 0 ? [] : ['configMapGenerator:', ...configMaps.map((c) => `  - ${JSON.stringify(c)}`)]),
     // Strategic-merge patches, each a whole object's identity plus the fields it changes (JSON is YAML).
     ...(patches.length === 0 ? [] : ['patches:', ...patches.map((p) => `  - patch: ${JSON.stringify(JSON.stringify(p))}`)]),
     '',
