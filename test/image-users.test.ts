@@ -5,6 +5,8 @@ import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import { AsbError } from '../src/errors.ts';
+import { readImageFile } from '../src/runtime/local/image-file.ts';
 import { imageUsersCache } from '../src/runtime/local/oci-pod.ts';
 
 async function tree(t: { after(fn: () => Promise<void>): void }, passwd?: string): Promise<string> {
@@ -29,13 +31,23 @@ test('a missing file is an empty one and is kept; a file that could not be read 
   const rootfs = await tree(t, 'user:x:1000:1000::/home/user:/bin/sh\n');
   const users = imageUsersCache();
   assert.deepEqual(await users(rootfs), { passwd: 'user:x:1000:1000::/home/user:/bin/sh\n', group: '' });
-  // EISDIR stands for any failure but absence (EMFILE in a burst of starts).
-  const other = await tree(t);
-  await mkdir(join(other, 'etc', 'passwd'));
-  assert.equal((await users(other)).passwd, '');
-  await rm(join(other, 'etc', 'passwd'), { recursive: true });
-  await writeFile(join(other, 'etc', 'passwd'), 'root:x:0:0::/root:/bin/sh\n');
-  assert.equal((await users(other)).passwd, 'root:x:0:0::/root:/bin/sh\n');
+  // EMFILE under a burst of starts, once.
+  let failures = 1;
+  const flaky: typeof readImageFile = (root, path) => (failures-- > 0 ? Promise.reject(Object.assign(new Error('too many open files'), { code: 'EMFILE' })) : readImageFile(root, path));
+  const other = await tree(t, 'root:x:0:0::/root:/bin/sh\n');
+  const again = imageUsersCache(32, flaky);
+  assert.equal((await again(other)).passwd, '');
+  assert.equal((await again(other)).passwd, 'root:x:0:0::/root:/bin/sh\n');
+});
+
+test('an image whose /etc/passwd is no regular file fails the start naming it, and is read again next time', async (t) => {
+  const rootfs = await tree(t);
+  await mkdir(join(rootfs, 'etc', 'passwd'));
+  const users = imageUsersCache();
+  await assert.rejects(users(rootfs), (err: unknown) => err instanceof AsbError && err.code === 'Invalid' && err.message.includes('/etc/passwd is a directory'));
+  await rm(join(rootfs, 'etc', 'passwd'), { recursive: true });
+  await writeFile(join(rootfs, 'etc', 'passwd'), 'root:x:0:0::/root:/bin/sh\n');
+  assert.equal((await users(rootfs)).passwd, 'root:x:0:0::/root:/bin/sh\n');
 });
 
 test('only the last trees are kept', async (t) => {

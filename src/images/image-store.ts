@@ -371,7 +371,11 @@ export class ImageStore {
     rmSync(work, { recursive: true, force: true });
     const started = this.#clock.now();
     const maps = idMap === undefined ? [] : ['--uid-map', `0:${idMap.hostId}:${idMap.size}`, '--gid-map', `0:${idMap.hostId}:${idMap.size}`];
-    const args = ['unpack', ...(process.getuid?.() === 0 ? [] : ['--rootless']), ...maps, '--image', `${this.#layout}:${layoutTag(image.reference)}`, work];
+    // `raw unpack`: the tree alone. `unpack` then walked it to write an mtree manifest, opening
+    // every file for reading: a tenant image with a FIFO in it hung there until the deadline,
+    // holding the cache's lock and every other pull with it.
+    mkdirSync(work, { recursive: true, mode: 0o700 });
+    const args = ['raw', 'unpack', ...(process.getuid?.() === 0 ? [] : ['--rootless']), ...maps, '--image', `${this.#layout}:${layoutTag(image.reference)}`, join(work, 'rootfs')];
     await this.#umoci(args, `unpack ${image.reference}`, this.#opts.unpackTimeoutMs ?? 300_000);
     // Complete or absent: a crash mid-unpack leaves only tmp/, which gc clears.
     rmSync(final, { recursive: true, force: true });

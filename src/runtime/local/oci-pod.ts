@@ -18,10 +18,12 @@
 // the shim makes before the sandbox (oci-shim.c -N), and its /tmp is tmp/ on the pod's disk.
 import { chmod, chown, mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join, posix } from 'node:path';
+import { AsbError } from '../../errors.ts';
 import type { CachedImage } from '../../images/image-store.ts';
 import type { PodRequest } from '../runtime.ts';
 import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type OciSpec } from '../oci/spec.ts';
 import { runscSpec } from '../oci/runsc.ts';
+import { readImageFile } from './image-file.ts';
 import { legacyLayout, type PodPaths } from './rootfs.ts';
 import { madeBeforeDisks, podDisk, type DiskTool } from './disk.ts';
 import { mainContainer, resolveMounts } from './pod-process.ts';
@@ -140,7 +142,8 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
     etcMounts.push({ destination: '/etc/resolv.conf', source: join(paths.etc, 'resolv.conf'), readOnly: true });
   }
   if (host.extraCaPem !== undefined) {
-    const bundle = await readFile(join(image.rootfs, CA_BUNDLE), 'utf8').catch(() => '');
+    // Read as the container sees it (image-file.ts): the image's links never reach a host file.
+    const bundle = (await readImageFile(image.rootfs, `/${CA_BUNDLE}`)) ?? '';
     await writeFile(join(paths.etc, 'ca-certificates.crt'), `${bundle}${bundle === '' || bundle.endsWith('\n') ? '' : '\n'}${host.extraCaPem}`, { mode: 0o644 });
     etcMounts.push({ destination: `/${CA_BUNDLE}`, source: join(paths.etc, 'ca-certificates.crt'), readOnly: true });
   }
@@ -184,23 +187,29 @@ export type ImageUsers = (rootfs: string) => Promise<{ passwd: string; group: st
 /**
  * An image tree's /etc/passwd and /etc/group, read from the cached tree (never the pod's own
  * layer) once and kept for the last `max` trees: a tree is unpacked once per manifest digest and
- * never changes after, and a refill of 300 pods read the same two files 600 times. A missing file
- * is an empty one (an image without users, e.g. a static binary); any other failure (EMFILE under
- * a burst of starts) is not kept, so the next start reads again.
+ * never changes after, and a refill of 300 pods read the same two files 600 times. Read as the
+ * container sees them (image-file.ts: links resolved inside the tree). A missing file is an empty
+ * one (an image without users, e.g. a static binary); a file that is no regular file fails the
+ * start (Invalid, naming it) and is not kept; any other failure (EMFILE under a burst of starts) is
+ * not kept either, so the next start reads again.
  */
-export function imageUsersCache(max = 32): ImageUsers {
+export function imageUsersCache(max = 32, readFileOfImage: typeof readImageFile = readImageFile): ImageUsers {
   const kept = new Map<string, Promise<{ passwd: string; group: string }>>();
   return (rootfs) => {
     const found = kept.get(rootfs);
     if (found !== undefined) return found;
     let transient = false;
-    const read = (file: string): Promise<string> => readFile(join(rootfs, 'etc', file), 'utf8').catch((err: unknown) => {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') transient = true;
+    const read = (file: string): Promise<string> => readFileOfImage(rootfs, `/etc/${file}`).then((text) => text ?? '', (err: unknown) => {
+      if (err instanceof AsbError) throw err;
+      transient = true;
       return '';
     });
     const users = Promise.all([read('passwd'), read('group')]).then(([passwd, group]) => {
       if (transient) kept.delete(rootfs);
       return { passwd, group };
+    }, (err: unknown) => {
+      kept.delete(rootfs);
+      throw err;
     });
     kept.set(rootfs, users);
     if (kept.size > max) kept.delete(kept.keys().next().value ?? rootfs);
