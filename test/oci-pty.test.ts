@@ -260,7 +260,8 @@ test('the process.json of a terminal: explicit user, no capabilities, no_new_pri
   assert.throws(() => execProcess(target, { cols: 80, rows: 24, env: { 'A=B': 'x' } }), field('env.A=B'));
   assert.throws(() => execProcess(target, { cols: 80, rows: 24, user: -1 }), field('user'));
   assert.throws(() => execProcess(target, { cols: 80, rows: 24, user: 0 }), (err: unknown) => isAsbError(err, 'Forbidden'));
-  assert.deepEqual(execArgv(target), ['/opt/runc', '--root', '/state/runc', 'exec', '-d', '--console-socket', 'console.sock', '--pid-file', 'pid', '--process', 'process.json', 'c1']);
+  // With the pod's rlimits (inherited-rlimits.ts): runc's own prlimit into the sandbox's namespace needs CAP_SYS_RESOURCE.
+  assert.deepEqual(execArgv(target), ['/usr/bin/prlimit', '--nofile=16384:16384', '--core=0:0', '--', '/opt/runc', '--root', '/state/runc', 'exec', '-d', '--console-socket', 'console.sock', '--pid-file', 'pid', '--process', 'process.json', 'c1']);
   assert.equal(runcMessage('time="2026-11-24T12:38:36Z" level=error msg="exec failed: exec: \\"zsh\\": not found"\npty-helper: runc exec exited with 255\n'), 'exec failed: exec: "zsh": not found');
   assert.equal(runcMessage('pty-helper: runc sent no terminal: Success\n'), 'pty-helper: runc sent no terminal: Success');
   // gVisor: runsc's global flags first, no -d (runsc has -detach), its errors also in ./runsc.log.

@@ -172,7 +172,8 @@ test('a wake while another mount namespace still holds the old mount reuses its 
   assert.equal(held.length, 1, 'the copy keeps the device bound');
   assert.equal((await rt.start(pod('ns1', { command: ['sleep', 'infinity'] }))).phase, 'Running');
   assert.deepEqual(await loopDevices(dir), held, 'the same device, not a second one');
-  assert.equal((await sh('ns1', 'cat ~/f && echo after >> ~/f && cat ~/f')).out, 'before\nbefore\nafter\n');
+  const appended = await sh('ns1', 'cat ~/f && echo after >> ~/f && cat ~/f');
+  assert.equal(appended.out, 'before\nbefore\nafter\n', appended.err);
   holder.kill('SIGKILL');
   await once(holder, 'exit');
   await rt.stop('ns1');

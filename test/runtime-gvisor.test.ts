@@ -14,6 +14,7 @@ import { isAsbError } from '../src/errors.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
+import { FIRST_HOST_ID } from '../src/runtime/local/id-ranges.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { waitForPodState } from './support/pod-state.ts';
@@ -86,12 +87,13 @@ test('a gvisor pod runs on gVisor\'s kernel, not the host\'s; a pod without a ru
   assert.equal(runc.out.trim(), (await readFile('/proc/sys/kernel/osrelease', 'utf8')).trim(), 'runc: the host kernel');
   // Hardened as runc's pods are: no capabilities, no_new_privs, seccomp (enforced by gVisor), a user namespace.
   assert.match((await sh('kern1', 'grep -E "^(CapEff|CapBnd|NoNewPrivs|Seccomp):" /proc/self/status')).out, /CapEff:\t0{16}\nCapBnd:\t0{16}\nNoNewPrivs:\t1\nSeccomp:\t2/);
-  // The sentry runs in the pod's user namespace on the host: root in the sandbox is host uid 100000.
+  // The sentry runs in the pod's user namespace on the host: root in the sandbox is the first host uid of the pod's own range.
   const sandboxPid = rt.state('kern1').pid ?? 0;
-  assert.match(await readFile(`/proc/${String(sandboxPid)}/uid_map`, 'utf8'), /^\s*0\s+100000\s+65536\s*$/);
+  const host = Number(/^\s*0\s+(\d+)\s+65536\s*$/.exec(await readFile(`/proc/${String(sandboxPid)}/uid_map`, 'utf8'))?.[1]);
+  assert.ok(host >= FIRST_HOST_ID, `uid 0 is host uid ${String(host)}`);
   const byRoot = await rt.exec('kern1', { command: ['touch', '/by-root'], user: 0 });
   assert.equal(byRoot.exitCode, 0, text(byRoot.stderr));
-  assert.equal((await stat(join(podPaths(root, 'kern1').upper, 'by-root'))).uid, 100_000);
+  assert.equal((await stat(join(podPaths(root, 'kern1').upper, 'by-root'))).uid, host);
   assert.equal(rt.rootIsolation.gvisor, true);
   // So pod security lets a root pod through with gVisor, as it does on Kubernetes with a gvisor RuntimeClass.
   assert.deepEqual(podSecurityProblems({ runtimeClassName: 'gvisor', securityContext: { runAsUser: 0 }, containers: [{ name: 'main' }] }, 'baseline', 'spec', { userNamespace: 'never', gvisor: rt.rootIsolation.gvisor }), []);

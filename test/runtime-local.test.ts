@@ -16,6 +16,7 @@ import { volumeDir } from '../src/runtime/local/pod-process.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
+import { FIRST_HOST_ID } from '../src/runtime/local/id-ranges.ts';
 import { testImages, testImageStore } from './support/test-images.ts';
 import { waitForPodState } from './support/pod-state.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
@@ -92,7 +93,9 @@ test('a pod is isolated: own hostname, processes, user and filesystem', async ()
   assert.notEqual((await sh('iso1', 'touch /usr/bin/x 2>&1')).exitCode, 0, 'the user cannot write /usr');
   // The runtime's guarantees for every process (research/runtime.md §1b): none of them was held by a sandbox before runc.
   assert.match((await sh('iso1', 'grep -E "^(CapEff|CapBnd|NoNewPrivs|Seccomp):" /proc/self/status')).out, /CapEff:\t0{16}\nCapBnd:\t0{16}\nNoNewPrivs:\t1\nSeccomp:\t2/);
-  assert.match((await sh('iso1', 'cat /proc/self/uid_map')).out, /^\s*0\s+100000\s+65536\s*$/, 'a user namespace: uid 0 in the sandbox is host uid 100000');
+  // A user namespace of its own range: uid 0 in the sandbox is a host uid of the pool, nobody else's.
+  const host = Number(/^\s*0\s+(\d+)\s+65536\s*$/.exec((await sh('iso1', 'cat /proc/self/uid_map')).out)?.[1]);
+  assert.ok(host >= FIRST_HOST_ID && (host - FIRST_HOST_ID) % 65_536 === 0, `uid 0 is host uid ${String(host)}`);
 });
 
 test('the pod has its own IP, reachable from the host', async () => {

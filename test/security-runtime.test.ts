@@ -18,13 +18,18 @@ import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join, relative, resolve } from 'node:path';
 import type { Attack, LabPod } from './support/attack-lab.ts';
 import { AttackLab, fields, run } from './support/attack-lab.ts';
+import { FIRST_HOST_ID } from '../src/runtime/local/id-ranges.ts';
 
 // Free on this host and in every other test (grep test/ for 10.2xx before taking another).
 const lab = await AttackLab.create({ bridge: 'asbsec0', subnet: '10.229.0.0/16' });
 
 const ZERO_CAPS = '0000000000000000';
-/** A user namespace's map as runc sets it (spec.ts ROOT_ID_MAP): uid 0 inside is host uid 100000. */
-const SANDBOX_UID_MAP = '0 100000 65536';
+/** A user namespace's map of a sandbox's own range (id-ranges.ts): uid 0 inside is a host uid of the pool, never host root's or the shared 100000. */
+const SANDBOX_UID_MAP = /^0 (\d+) 65536$/;
+function assertOwnRange(map: string, where: string): void {
+  const host = Number(SANDBOX_UID_MAP.exec(map)?.[1]);
+  assert.ok(host >= FIRST_HOST_ID && (host - FIRST_HOST_ID) % 65_536 === 0, `${map}: not a range of the pool: ${where}`);
+}
 /** The initial user namespace's map: a process showing it holds host credentials. */
 const HOST_UID_MAP = '0 0 4294967295';
 const SAFE_PATH = '/usr/sbin:/usr/bin:/sbin:/bin';
@@ -168,12 +173,12 @@ const plantedBinaryAttack: Attack = {
       assert.equal(r.capEff, ZERO_CAPS, `a planted file ran with capabilities: ${where}`);
       assert.equal(r.noNewPrivs, '1', `a planted file ran without no_new_privs: ${where}`);
       assert.doesNotMatch(r.text, /escaped through/, where);
-      if (a.cls === 'runc') assert.equal(r.uidMap, SANDBOX_UID_MAP, where);
+      if (a.cls === 'runc') assertOwnRange(r.uidMap, where);
     }
     if (a.cls === 'gvisor') {
       // Everything in a gVisor sandbox runs inside its sentry, which the host sees in the pod's user namespace.
       const sentry = a.rt.state(p.id).pid;
-      assert.equal((await readFile(`/proc/${String(sentry)}/uid_map`, 'utf8')).trim().split(/\s+/).join(' '), SANDBOX_UID_MAP);
+      assertOwnRange((await readFile(`/proc/${String(sentry)}/uid_map`, 'utf8')).trim().split(/\s+/).join(' '), 'the sentry');
     }
   },
 };

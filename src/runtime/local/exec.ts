@@ -18,6 +18,7 @@ import type { ExecRequest, ExecResult } from '../runtime.ts';
 import { CappedBuffer, DEFAULT_MAX_OUTPUT } from '../capped-buffer.ts';
 import { HOST_ENV, killGroup, noCapabilities, type UnprivilegedProcess } from '../oci/host-process.ts';
 import { runscFailure } from '../oci/runsc.ts';
+import { withPodRlimits } from '../oci/inherited-rlimits.ts';
 import type { RuntimeKind } from './runtime-class.ts';
 
 /** How to reach one running container and who its processes are by default. */
@@ -118,7 +119,8 @@ export function spawnInPod(target: PodTarget, command: readonly string[], opts: 
   const logFile = `${name}.log`;
   // ~0.1 ms: a few hundred bytes into the pod's private exec dir, so spawnInPod stays synchronous.
   if (gvisor) writeFileSync(processFile, JSON.stringify(runscExecProcess(target, command, opts)), { mode: 0o600 });
-  const child = spawn(target.runc, gvisor ? runscExecArgv(target, processFile, pidFile, logFile) : runcExecArgv(target, command, opts, pidFile), {
+  const argv = gvisor ? [target.runc, ...runscExecArgv(target, processFile, pidFile, logFile)] : withPodRlimits([target.runc, ...runcExecArgv(target, command, opts, pidFile)]);
+  const child = spawn(argv[0] ?? target.runc, argv.slice(1), {
     env: HOST_ENV,
     detached: true,
     stdio: ['pipe', 'pipe', 'pipe'],

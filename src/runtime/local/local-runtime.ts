@@ -34,7 +34,7 @@ import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
-import { diskTool, evictionMessage } from './disk.ts';
+import { diskTool, evictionMessage, madeBeforeDisks } from './disk.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
@@ -44,7 +44,8 @@ import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
 import { runscFlags } from '../oci/runsc.ts';
-import { ROOT_ID_MAP } from '../oci/spec.ts';
+import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
+import { claimIdRange, DEFAULT_ID_RANGES_DIR, releaseIdRange } from './id-ranges.ts';
 import type { EgressFloor } from '../../network/egress-floor.ts';
 
 export interface LocalRuntimeOptions {
@@ -68,6 +69,11 @@ export interface LocalRuntimeOptions {
   bridge?: string;
   /** Host-wide directory of bridge and subnet claims (network-claim.ts). Default /run/asb/networks */
   claimsDir?: string;
+  /**
+   * Host-wide pool of user-namespace id ranges, one per sandbox (id-ranges.ts); every runtime on
+   * the host must share it. Default /var/lib/asb/id-ranges (kept across reboots, like the pods).
+   */
+  idRangesDir?: string;
   /** Readiness probe period when a probe sets no periodSeconds. Default 1000 ms. */
   probeIntervalMs?: number;
   /** How often to check the init of an adopted pod (one we did not spawn). Default 500 ms. */
@@ -180,6 +186,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   readonly #listeners = new Set<(id: string) => void>();
   #network: Promise<boolean> | undefined;
   #mountRootReady: Promise<void> | undefined;
+  readonly #idRangesDir: string;
   #closed = false;
 
   constructor(opts: LocalRuntimeOptions, shim: string, launcherBinary: string, unavailable: string | undefined) {
@@ -189,6 +196,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     this.#shim = shim;
     this.#images = opts.images;
     this.#unavailable = unavailable;
+    this.#idRangesDir = opts.idRangesDir ?? DEFAULT_ID_RANGES_DIR;
     const root = resolve(opts.root);
     const derived = derivedNetwork(root);
     this.#subnet = parseSubnet(opts.subnet ?? derived.subnet);
@@ -388,12 +396,18 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // A request without a policy keeps the one the pod had (a wake), else the default.
     const egress = req.egress ?? pod.persisted?.request.egress ?? DEFAULT_EGRESS_POLICY;
     req = { ...req, egress };
-    pod.persisted = { request: req, ip, image };
+    let idRange: IdRange;
+    try {
+      idRange = await this.#idRange(pod);
+    } catch (err) {
+      return fail(err instanceof Error ? err.message : String(err), 'RuntimeUnavailable');
+    }
+    pod.persisted = { request: req, ip, image, idRange };
     let shimArgs: string[];
     try {
       await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
       await this.#mountRoot();
-      const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined, runtimeClass.kind);
+      const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined, runtimeClass.kind, idRange);
       shimArgs = prepared.shimArgs;
       pod.identity = prepared.identity;
       await this.#persist(pod);
@@ -436,7 +450,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const startedAt = isoNow(this.#clock);
     const pidStart = await processStartTime(outcome.pid);
     if (pod.generation !== generation) return { ...pod.state };
-    pod.persisted = { request: req, ip, image, pid: outcome.pid, pidStart: pidStart ?? 'gone', startedAt };
+    pod.persisted = { request: req, ip, image, idRange, pid: outcome.pid, pidStart: pidStart ?? 'gone', startedAt };
     this.#running(pod, outcome.pid, startedAt);
     // The container may have ended already (a command that exits at once).
     const early = pod.pendingExit as number | undefined; // set by the exit event during the awaits
@@ -446,14 +460,22 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return { ...pod.state };
   }
 
-  /** The mount points' parent, made once: the user namespace must walk to its rootfs, nobody else. */
+  /**
+   * The pod's host id range: the one it has had since it was made, ROOT_ID_MAP for a pod made
+   * before ranges (its files are owned by that one), else one claimed for it now.
+   */
+  async #idRange(pod: Pod): Promise<IdRange> {
+    if (pod.persisted !== undefined) return pod.persisted.idRange ?? ROOT_ID_MAP;
+    if (await madeBeforeDisks(pod.paths.dir)) return ROOT_ID_MAP;
+    return claimIdRange(this.#idRangesDir, pod.paths.dir);
+  }
+
+  /** The mount points' parent, made once: each pod's directory in it is walkable by that pod's root only (oci-pod.ts). */
   #mountRoot(): Promise<void> {
     this.#mountRootReady ??= (async () => {
       await mkdir(this.#host.mountRoot, { recursive: true, mode: 0o711 });
-      // Walkable by the user namespace's root (host gid ROOT_ID_MAP.hostId) and host root only:
-      // another host user who knows a sandbox id must not read its files through the mount.
-      await chown(this.#host.mountRoot, 0, ROOT_ID_MAP.hostId);
-      await chmod(this.#host.mountRoot, 0o710);
+      await chown(this.#host.mountRoot, 0, 0);
+      await chmod(this.#host.mountRoot, 0o711);
       // /run/asb may exist already (network claims), made before with a private mode.
       if (this.#host.mountRoot.startsWith(`${MOUNT_ROOT}/`)) await Promise.all([chmod(MOUNT_ROOT, 0o711), chmod(resolve(MOUNT_ROOT, '..'), 0o711)]);
     })();
@@ -537,8 +559,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     pod.exited = undefined;
     const ip = pod.persisted?.ip;
     if (pod.persisted !== undefined) {
-      const { request, ip: kept, image } = pod.persisted;
-      pod.persisted = image === undefined ? { request, ip: kept } : { request, ip: kept, image };
+      // What the next start needs (request, address, image, id range), without the ended process.
+      const { pid: _pid, pidStart: _pidStart, startedAt: _startedAt, ...kept } = pod.persisted;
+      pod.persisted = kept;
       this.#persist(pod).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
     }
     if (pod.state.phase === 'Pending') {
@@ -611,12 +634,15 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
     if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
+    const mountDir = join(this.#host.mountRoot, id);
     await Promise.all([
       rm(pod.paths.dir, { recursive: true, force: true }),
       rm(pod.paths.legacyVolumes, { recursive: true, force: true }),
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
-      rmdir(join(this.#host.mountRoot, id)).catch(() => undefined),
+      rmdir(join(mountDir, 'rootfs')).catch(() => undefined).then(() => rmdir(mountDir)).catch(() => undefined),
     ]);
+    // After its files: the range goes to another pod only once nothing of this one is owned by it.
+    await releaseIdRange(this.#idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot release the pod\'s id range'));
     // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.
     await this.#images.unpin(pod.paths.dir);
     this.#emit(id);

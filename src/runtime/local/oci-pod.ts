@@ -1,7 +1,10 @@
 // One local pod as an OCI container: its directories, its config.json (src/runtime/oci/spec.ts,
 // hardened by default) and the oci-shim argv that mounts its rootfs and runs it under runc. Every
-// sandbox runs in a user namespace (container ids 0.. are host ids ROOT_ID_MAP.hostId..), so root
-// in a sandbox, E2B's `user: "root"` included, is root of that namespace only.
+// sandbox runs in a user namespace of its own host id range (id-ranges.ts: container ids 0.. are
+// host ids <range>..), so root in a sandbox, E2B's `user: "root"` included, is root of that
+// namespace only, and to the kernel each sandbox is another host user. The image's cached tree is
+// owned from ROOT_ID_MAP.hostId and shared by every pod: the shim idmaps it into the pod's range
+// (oci-shim.c -U). A pod made before ranges keeps ROOT_ID_MAP itself, and no idmap.
 //
 // On disk (paths from rootfs.ts): the pod's disk (disk.ts: a sparse ext4 image of its
 // ephemeral-storage limit) is mounted first, at <pod>/disk; its upper/ and work/ are the overlay's
@@ -10,9 +13,10 @@
 // read-only: a sandbox that swaps them for symlinks changes nothing on the host,
 // research/runtime.md §1a escape 3), <pod>/config.json is the bundle's config. A pod dir made
 // before disks keeps its plain directories (rootfs.ts' legacyLayout) and no cap.
-// The overlay is mounted at <mountRoot>/<id>: runc's init, inside the user namespace, must be able
-// to walk to its rootfs, and the state dir is private (0700), so mount points live in a 0711
-// directory under /run/asb instead (gone after a reboot, made again at the next start).
+// The overlay is mounted at <mountRoot>/<id>/rootfs: runc's init, inside the user namespace, must
+// be able to walk to its rootfs, and the state dir is private (0700), so mount points live under
+// /run/asb instead (gone after a reboot, made again at the next start), <id>/ walkable by host
+// root and the pod's own root group only.
 // A pod with runtimeClassName gvisor (runtime-class.ts) runs under runsc with the same config,
 // adjusted by runscSpec (src/runtime/oci/runsc.ts): its network namespace is the file <pod>/netns
 // the shim makes before the sandbox (oci-shim.c -N), and its /tmp is tmp/ on the pod's disk.
@@ -21,7 +25,8 @@ import { join, posix } from 'node:path';
 import { AsbError } from '../../errors.ts';
 import type { CachedImage } from '../../images/image-store.ts';
 import type { PodRequest } from '../runtime.ts';
-import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type OciSpec } from '../oci/spec.ts';
+import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type IdRange, type OciSpec } from '../oci/spec.ts';
+import { POD_NOFILE } from '../oci/inherited-rlimits.ts';
 import { runscSpec } from '../oci/runsc.ts';
 import { readImageFile } from './image-file.ts';
 import { legacyLayout, type PodPaths } from './rootfs.ts';
@@ -98,13 +103,13 @@ export interface PreparedPod {
  * Mounts the pod's disk, then writes its directories, /etc files and config.json; the shim mounts
  * the rootfs, runs the container and unmounts both when it ends. A failure unmounts the disk again.
  */
-export async function preparePod(host: OciHost, podDir: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined, kind: RuntimeKind = 'runc'): Promise<PreparedPod> {
+export async function preparePod(host: OciHost, podDir: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined, kind: RuntimeKind = 'runc', idRange: IdRange = ROOT_ID_MAP): Promise<PreparedPod> {
   const size = podDisk(req.spec); // refused (Invalid) before anything is made
   const paths = (await madeBeforeDisks(podDir.dir)) ? legacyLayout(podDir) : podDir;
-  if (paths.disk === undefined) return writeBundle(host, paths, req, image, net, kind);
+  if (paths.disk === undefined) return writeBundle(host, paths, req, image, net, kind, idRange);
   await host.disk.mount(paths.disk.image, paths.disk.mount, size.bytes);
   try {
-    return await writeBundle(host, paths, req, image, net, kind);
+    return await writeBundle(host, paths, req, image, net, kind, idRange);
   } catch (err) {
     // Left mounted, a failed pod would hold its loop device until it is removed or started again.
     await host.disk.unmount(paths.disk.mount).catch((unmountErr: unknown) => {
@@ -114,13 +119,20 @@ export async function preparePod(host: OciHost, podDir: PodPaths, req: PodReques
   }
 }
 
-async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined, kind: RuntimeKind): Promise<PreparedPod> {
+async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined, kind: RuntimeKind, idRange: IdRange): Promise<PreparedPod> {
   const runtime = ociRuntime(host, kind);
   const gvisor = kind === 'runsc';
   const container = mainContainer(req.spec);
-  const root = ROOT_ID_MAP.hostId;
-  const mountPoint = join(host.mountRoot, req.id);
+  const root = idRange.hostId;
+  // The pod's range differs from the one the cached tree is owned by: the shim idmaps the tree.
+  const ownRange = idRange.hostId !== ROOT_ID_MAP.hostId;
+  // <mountRoot>/<id>/ is walkable by the pod's own root only (and host root): runc's init, inside
+  // the user namespace, walks to rootfs/ there; another host user or sandbox must not.
+  const mountDir = join(host.mountRoot, req.id);
+  const mountPoint = join(mountDir, 'rootfs');
   await Promise.all([mkdir(paths.work, { recursive: true, mode: 0o700 }), mkdir(paths.etc, { recursive: true, mode: 0o700 }), mkdir(paths.exec, { recursive: true, mode: 0o700 }), mkdir(mountPoint, { recursive: true, mode: 0o755 })]);
+  await chown(mountDir, 0, root);
+  await chmod(mountDir, 0o710);
   // The merged root takes the upper dir's owner and mode: the sandbox's root owns its `/`.
   if ((await mkdir(paths.upper, { recursive: true, mode: 0o755 })) !== undefined) await chown(paths.upper, root, root);
   const ip = net?.ip ?? '127.0.0.1';
@@ -130,7 +142,7 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   ]);
   const { passwd, group } = await host.imageUsers(image.rootfs);
   // Volumes are owned by the sandbox's user as the host sees it (through the id map).
-  const user = sandboxIdentity(container, image.config, { userNamespace: 'always', passwd, group }, req.spec);
+  const user = sandboxIdentity(container, image.config, { userNamespace: 'always', idMap: idRange, passwd, group }, req.spec);
   const owner = { uid: root + user.uid, gid: root + user.gid };
   const volumes = await resolveMounts(req, container, paths, owner);
   // Like /etc/hosts, files the runtime owns, bind-mounted read-only over the image's: the
@@ -165,11 +177,16 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
     cgroupsPath: posix.join(host.cgroupParent, req.id),
     mounts,
     userNamespace: 'always',
+    idMap: idRange,
+    // runsc makes its own namespace (gVisor's sentry keeps the per-user counts itself).
+    ...(ownRange && !gvisor ? { userNamespacePath: paths.userns } : {}),
     passwd,
     group,
     ...(gvisor ? { netnsPath: paths.netns } : {}),
   }, req.spec);
-  const spec = gvisor ? runscSpec(generic, { tmpDir: paths.tmp }) : generic;
+  // runc's processes get their rlimits by inheritance (the shim's -l, withPodRlimits for exec);
+  // runsc sets them in its sentry from the spec.
+  const spec = gvisor ? runscSpec(generic, { tmpDir: paths.tmp }) : { ...generic, process: { ...generic.process, rlimits: [] } };
   // tini as pid 1: it passes SIGTERM on to the command's process group (a shell as pid 1 would
   // ignore it: the kernel drops signals a namespace's init has no handler for) and reaps orphans.
   spec.process.args = [INIT_PATH, '-g', '--', ...spec.process.args];
@@ -177,7 +194,10 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   const shimArgs = ['-d', paths.dir, '-r', runtime.binary, '-R', runtime.root, '-i', req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
   if (net !== undefined) shimArgs.push('-n', net.ip, String(net.prefix), net.gateway);
   if (paths.disk !== undefined) shimArgs.push('-D', paths.disk.mount);
+  if (!gvisor) shimArgs.push('-l', String(POD_NOFILE));
   if (gvisor) shimArgs.push('-N', paths.netns);
+  if (ownRange) shimArgs.push('-U', String(idRange.hostId), String(idRange.size), String(ROOT_ID_MAP.hostId));
+  if (ownRange && !gvisor) shimArgs.push('-u', paths.userns);
   if (runtime.flags.length > 0) shimArgs.push('--', ...runtime.flags);
   return { shimArgs, identity: identityOf(spec), runtime };
 }

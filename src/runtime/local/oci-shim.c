@@ -5,7 +5,7 @@
 // Usage (argv built by src/runtime/local/oci-pod.ts):
 //   oci-shim -d <podDir> -r <runc> -R <runcRoot> -i <id> -b <bundle> [-c <cgroupsPath>]
 //            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-D <disk>]
-//            [-N <netns file>]
+//            [-N <netns file>] [-U <host id> <size> <tree id>] [-u <userns file>] [-l <nofile>]
 //            [-- <runc global flags>...]
 // Protocol on stdout, one line each (the same as the runtime's launcher expects): "pid <host pid of
 // the container's init>", then "ready" or "error <what>: <why>". With -n it reads "go\n" on stdin
@@ -26,6 +26,17 @@
 // container (its cgroups go), unmounts the rootfs, and then writes the init's exit code to
 // <podDir>/exit-status (so it survives a worker restart, and says the clean-up is done), followed
 // by " OOMKilled" when the kernel's OOM killer killed one of its processes.
+// With -U the pod has a host id range of its own (host id.. host id+size-1) while the image's tree
+// is shared and owned from <tree id>: the lower layer is an idmapped mount of the tree (tree id →
+// host id), made detached and mounted at <rootfs>.lower only until the overlay holds its own
+// private clone, so no tree is copied per sandbox. With -u (runc) the shim also makes the pod's
+// user namespace, owned by <host id> instead of root, with container id 0 at <host id>, and
+// bind-mounts it at <userns file> for runc to join: the kernel charges a namespace's per-user
+// counts (inotify instances, message-queue bytes, pending signals) to its owner, so each sandbox
+// spends its own allowance, not host root's, which every sandbox and the host shared before.
+// With -l every runc process starts with RLIMIT_NOFILE <nofile> (soft and hard) and no core files,
+// and so does the container: runc's own prlimit into a namespace root does not own needs
+// CAP_SYS_RESOURCE (src/runtime/oci/inherited-rlimits.ts).
 // With -D, <disk> is the pod's disk (pod-disk.c mounted it: the writable layer, volumes and this
 // log live there, under the ephemeral-storage cap). While the container runs the shim checks once
 // a second whether the disk is full, and when it stays full for two checks in a row it kills the
@@ -48,17 +59,23 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <unistd.h>
 
 static const char *pod_dir, *runc, *runc_root, *id, *bundle;
 static const char *lower, *upper, *work, *rootfs;
 static const char *net_ip, *net_prefix, *net_gw;
 static const char *netns_file; // -N: the network namespace the shim makes before create (runsc)
+static const char *userns_file; // -u: the user namespace the shim makes for runc to join
+static long id_host = -1, id_size, id_tree; // -U: the pod's host range and the tree's first id
+static char lower_mnt[PATH_MAX]; // -U: where the idmapped tree is mounted while the overlay is
+static long nofile_limit = -1; // -l: RLIMIT_NOFILE (soft = hard) every runc process, and so the container's, starts with
 static const char *disk; // the pod's disk mount (-D), or NULL for a pod dir made before disks
 static const char *cgroup_path; // the container's cgroupsPath: where the kernel counts its OOM kills
 static char **runc_flags; // global flags for every runc call (runsc: --platform and the like)
@@ -103,6 +120,11 @@ static int run_runc(const char *const *args) {
     dup2(log_fd, 1);
     dup2(log_fd, 2);
     char *env[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+    if (nofile_limit > 0) {
+      // The container inherits these (src/runtime/oci/inherited-rlimits.ts says why not config.json).
+      struct rlimit nofile = {(rlim_t)nofile_limit, (rlim_t)nofile_limit}, core = {0, 0};
+      if (setrlimit(RLIMIT_NOFILE, &nofile) < 0 || setrlimit(RLIMIT_CORE, &core) < 0) _exit(126);
+    }
     execve(runc, argv, env);
     _exit(127);
   }
@@ -148,7 +170,9 @@ static void cleanup(int created) {
     run_runc(del);
   }
   if (rootfs) umount2(rootfs, MNT_DETACH);
+  if (lower_mnt[0]) umount2(lower_mnt, MNT_DETACH);
   if (netns_file) umount2(netns_file, MNT_DETACH);
+  if (userns_file) umount2(userns_file, MNT_DETACH);
   if (disk) {
     // The log is the last file open there; unmounted at once, or lazily when still busy.
     if (log_fd >= 0) close(log_fd);
@@ -254,6 +278,74 @@ static pid_t make_netns(int *release) {
   return child;
 }
 
+// A child in a new user namespace, created as `owner` (its owner to the kernel), with ids
+// inside..inside+size-1 mapped to outside..; returns an fd of that namespace and, with `file`,
+// bind-mounts it there. The child exits at once: the fd and the mount keep the namespace.
+static int make_userns(uid_t owner, long inside, long outside, long size, const char *file) {
+  int ready[2], hold[2];
+  if (pipe2(ready, O_CLOEXEC) < 0 || pipe2(hold, O_CLOEXEC) < 0) fail(0, "pipe");
+  pid_t child = fork();
+  if (child < 0) fail(0, "fork");
+  if (child == 0) {
+    close(ready[0]);
+    close(hold[1]);
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    dup2(null_fd, 0);
+    dup2(null_fd, 1);
+    char c = 'y';
+    // Dropping to the owner drops every capability: the namespace is made as an unprivileged user would.
+    if (owner != 0 && (setgroups(0, NULL) < 0 || setresgid(owner, owner, owner) < 0 || setresuid(owner, owner, owner) < 0)) c = 'i';
+    if (c == 'y' && unshare(CLONE_NEWUSER) < 0) c = 'n';
+    (void)!write(ready[1], &c, 1);
+    while (read(hold[0], &c, 1) < 0 && errno == EINTR) {}
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  char c = 0;
+  while (read(ready[0], &c, 1) < 0 && errno == EINTR) {}
+  close(ready[0]);
+  if (c != 'y') fail_msg(0, "user namespace", c == 'i' ? "cannot take the range's host id" : "cannot unshare a user namespace");
+  char path[64], map[96];
+  int len = snprintf(map, sizeof map, "%ld %ld %ld\n", inside, outside, size);
+  static const char *maps[] = {"uid_map", "gid_map"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)child, maps[i]);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, map, (size_t)len) != len) fail(0, maps[i]);
+    close(fd);
+  }
+  snprintf(path, sizeof path, "/proc/%d/ns/user", (int)child);
+  int ns_fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (ns_fd < 0) fail(0, "user namespace fd");
+  if (file) {
+    umount2(file, MNT_DETACH); // a namespace left by a shim that died; EINVAL when none
+    int fd = open(file, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) fail(0, "userns file");
+    close(fd);
+    if (mount(path, file, NULL, MS_BIND, NULL) < 0) fail(0, "mount userns");
+  }
+  close(hold[1]);
+  while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {}
+  return ns_fd;
+}
+
+// The image's tree as the pod's own range sees it: an idmapped clone of it (tree ids → the pod's),
+// mounted at lower_mnt for the overlay to take as its lower layer.
+static void mount_idmapped_lower(void) {
+  if (snprintf(lower_mnt, sizeof lower_mnt, "%s.lower", rootfs) >= (int)sizeof lower_mnt) fail_msg(0, "overlay", "paths too long");
+  umount2(lower_mnt, MNT_DETACH); // left by a shim that died; EINVAL when none
+  if (mkdir(lower_mnt, 0700) < 0 && errno != EEXIST) fail(0, "lower mount point");
+  int ns_fd = make_userns(0, id_tree, id_host, id_size, NULL);
+  int tree = open_tree(AT_FDCWD, lower, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (tree < 0) fail(0, "open_tree lower");
+  struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = (unsigned long long)ns_fd};
+  if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) fail(0, "idmap lower");
+  if (move_mount(tree, "", AT_FDCWD, lower_mnt, MOVE_MOUNT_F_EMPTY_PATH) < 0) fail(0, "mount lower");
+  close(tree);
+  close(ns_fd);
+}
+
 static void parse_args(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -270,9 +362,13 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(a, "-n") && left >= 3) { net_ip = argv[++i]; net_prefix = argv[++i]; net_gw = argv[++i]; }
     else if (!strcmp(a, "-N")) netns_file = argv[++i];
     else if (!strcmp(a, "-D")) disk = argv[++i];
+    else if (!strcmp(a, "-u")) userns_file = argv[++i];
+    else if (!strcmp(a, "-l")) nofile_limit = atol(argv[++i]);
+    else if (!strcmp(a, "-U") && left >= 3) { id_host = atol(argv[++i]); id_size = atol(argv[++i]); id_tree = atol(argv[++i]); }
     else { dprintf(1, "error argument: %s\n", a); _exit(125); }
   }
   if (!pod_dir || !runc || !runc_root || !id || !bundle) { dprintf(1, "error usage: -d -r -R -i -b are required\n"); _exit(125); }
+  if ((id_host >= 0 || userns_file) && (id_host <= 0 || id_size <= 0 || id_tree < 0 || !rootfs)) { dprintf(1, "error usage: -U needs a host id, a size, a tree id and -o; -u needs -U\n"); _exit(125); }
 }
 
 // Whether the kernel's OOM killer killed a process of the container: "oom_kill N" with N > 0 in
@@ -367,9 +463,17 @@ int main(int argc, char **argv) {
   if (rootfs) {
     char opts[3 * PATH_MAX + 64];
     umount2(rootfs, MNT_DETACH); // a stale mount of a shim that died; EINVAL when none
-    if (snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work) >= (int)sizeof opts) fail_msg(0, "overlay", "paths too long");
+    if (id_host > 0) mount_idmapped_lower();
+    if (snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s", id_host > 0 ? lower_mnt : lower, upper, work) >= (int)sizeof opts) fail_msg(0, "overlay", "paths too long");
     if (mount("overlay", rootfs, "overlay", 0, opts) < 0) fail(0, "mount rootfs");
+    if (lower_mnt[0]) {
+      // The overlay took a private clone of its lower layer: the mount point is not needed any more.
+      umount2(lower_mnt, MNT_DETACH);
+      rmdir(lower_mnt);
+      lower_mnt[0] = 0;
+    }
   }
+  if (userns_file) close(make_userns((uid_t)id_host, 0, id_host, id_size, userns_file));
 
   if (netns_file) {
     int release = -1;
@@ -383,8 +487,8 @@ int main(int argc, char **argv) {
   char pid_path[PATH_MAX];
   snprintf(pid_path, sizeof pid_path, "%s/init.pid", pod_dir);
   unlink(pid_path);
-  // No session keyring per container: every sandbox's user is the same host uid (the shared id
-  // map), so the kernel's per-uid key quota (kernel.keys.maxkeys, 200) was shared by all of them
+  // No session keyring per container: when every sandbox's user was the same host uid (one shared
+  // id map, as a pod made before ranges still has), the kernel's per-uid key quota (200) was shared
   // and runc's keyring per container and per exec ran out at ~200 open terminals. Seccomp denies
   // keyctl, add_key and request_key in the sandbox, so it cannot use any keyring anyway.
   // With -N (runsc, whose sandbox has its own kernel and no host keyring) the network is ready

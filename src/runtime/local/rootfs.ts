@@ -11,6 +11,7 @@
 //   etc/                 the runtime's /etc/hostname and /etc/hosts, bind-mounted read-only
 //   exec/                runc exec's pid files, one per running process
 //   netns                gVisor pods only, while running: the network namespace the shim made
+//   userns               runc pods with a range of their own, while running: their user namespace
 //   config.json          the OCI bundle's config (the pod dir is the bundle)
 //   state.json           the request, ip, init pid and its start time (guards against pid reuse)
 //   runc.log             what runc said
@@ -20,6 +21,7 @@
 import { readFile, writeFile, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { ImageConfig } from '../../images/image-store.ts';
+import type { IdRange } from '../oci/spec.ts';
 import type { PodRequest } from '../runtime.ts';
 
 export interface PodPaths {
@@ -35,6 +37,8 @@ export interface PodPaths {
   tmp: string;
   /** gVisor pods' network namespace file (oci-shim.c -N). */
   netns: string;
+  /** runc pods' user namespace file, owned by the pod's own host range (oci-shim.c -u). */
+  userns: string;
   state: string;
   exitStatus: string;
   log: string;
@@ -56,6 +60,7 @@ export function podPaths(root: string, id: string): PodPaths {
     exec: join(dir, 'exec'),
     tmp: join(mount, 'tmp'),
     netns: join(dir, 'netns'),
+    userns: join(dir, 'userns'),
     state: join(dir, 'state.json'),
     exitStatus: join(dir, 'exit-status'),
     log: join(mount, 'container.log'),
@@ -84,6 +89,11 @@ export interface PersistedImage {
 export interface PersistedPod {
   request: PodRequest;
   ip: string;
+  /**
+   * The pod's own host id range (id-ranges.ts), kept for its whole life: its files are owned by
+   * it. Absent in a pod made before ranges: it keeps the range every sandbox shared (ROOT_ID_MAP).
+   */
+  idRange?: IdRange;
   image?: PersistedImage;
   /** Host pid of the pod's init while it runs. */
   pid?: number;

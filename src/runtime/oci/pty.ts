@@ -25,6 +25,7 @@ import { ensureCBinary } from '../../system/c-binary.ts';
 import { privateDir } from '../../system/private-files.ts';
 import { CappedBuffer } from '../capped-buffer.ts';
 import { HOST_ENV, killGroup, noCapabilities, type UnprivilegedProcess } from './host-process.ts';
+import { withPodRlimits } from './inherited-rlimits.ts';
 import type { PtyOptions, PtySession } from '../runtime.ts';
 import { runscFailure } from './runsc.ts';
 
@@ -132,7 +133,7 @@ export function execArgv(target: Pick<RuncPtyTarget, 'runc' | 'root' | 'id' | 'r
   // forwards the signals it gets (the helper's SIGHUP) to the terminal's foreground group.
   // runsc's errors go to ./runsc.log too: on a failed start it cannot write them to stderr (runscFailure).
   if (target.runtime === 'runsc') return [target.runc, ...(target.runtimeFlags ?? []), `--debug-log=${RUNSC_LOG}`, '--root', target.root, 'exec', '-detach', '-console-socket', 'console.sock', '-pid-file', 'pid', '-process', 'process.json', target.id];
-  return [...global, 'exec', '-d', '--console-socket', 'console.sock', '--pid-file', 'pid', '--process', 'process.json', target.id];
+  return withPodRlimits([...global, 'exec', '-d', '--console-socket', 'console.sock', '--pid-file', 'pid', '--process', 'process.json', target.id]);
 }
 
 function frame(kind: 'd' | 'r', payload: Uint8Array): Buffer {

@@ -20,12 +20,11 @@ export const OCI_VERSION = '1.2.0';
 /** The user when neither the pod nor the image names one: the images' `user` (base and busybox have it). */
 export const DEFAULT_UID = 1000;
 /**
- * User-namespaced containers (root, or holding a capability): container ids 0-65535 are host ids
+ * The range the image cache unpacks id-mapped trees into: container ids 0-65535 as host ids
  * 100000-165535 (Debian's SUB_UID_MIN and SUB_UID_COUNT; host accounts stop at UID_MAX 60000 and
- * 65536 covers nobody, 65534). One range shared by every such sandbox, as the image cache unpacks
- * one id-mapped tree per image for it (a range per sandbox would be a tree per sandbox: 4 s for
- * base). Pid and mount namespaces keep them apart; what they share is the kernel's per-uid counts
- * (RLIMIT_NPROC and the like), which the pids cgroup bounds, and keyrings, which seccomp denies.
+ * 65536 covers nobody, 65534). The local runtime gives each sandbox a range of its own
+ * (src/runtime/local/id-ranges.ts) and idmaps this one tree into it; a sandbox made before ranges
+ * still runs in this one, and so does a caller that names no idMap.
  */
 export const ROOT_ID_MAP: IdRange = { hostId: 100_000, size: 65_536 };
 /** Memory when `limits.memory` is absent: a shell, a language server and a build fit; 8 of them fit in half of this 24 GiB host. */
@@ -89,6 +88,11 @@ export interface RuntimeFacts {
   nofile?: number;
   /** The host range for a root pod's user namespace; ROOT_ID_MAP when absent. */
   idMap?: IdRange;
+  /**
+   * A user namespace to join, made by the caller with idMap's mapping (oci-shim.c -u: owned by the
+   * range's first host id, not root); the spec then names no mappings (runc reads them from it).
+   */
+  userNamespacePath?: string;
   /**
    * 'always': every container gets the user namespace, whoever it runs as (the local runtime: an
    * exec as root, E2B's `user: "root"`, is then root of the sandbox's namespace only). Default
@@ -189,9 +193,9 @@ export function containerSpec(container: Container, image: ImageConfig, facts: R
   const namespaces: { type: string; path?: string }[] = [
     { type: 'pid' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }, { type: 'cgroup' },
     facts.netnsPath === undefined ? { type: 'network' } : { type: 'network', path: facts.netnsPath },
-    ...(idMap === undefined ? [] : [{ type: 'user' }]),
+    ...(idMap === undefined ? [] : [facts.userNamespacePath === undefined ? { type: 'user' } : { type: 'user', path: facts.userNamespacePath }]),
   ];
-  const mapping = idMap === undefined ? undefined : [{ containerID: 0, hostID: idMap.hostId, size: idMap.size }];
+  const mapping = idMap === undefined || facts.userNamespacePath !== undefined ? undefined : [{ containerID: 0, hostID: idMap.hostId, size: idMap.size }];
   const nofile = facts.nofile ?? DEFAULT_NOFILE;
 
   return {
