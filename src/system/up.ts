@@ -5,7 +5,8 @@
 // SIGTERM stops everything it started, in order, and exits after the last. A second signal kills
 // everything at once and still waits for it to be gone.
 //
-// Settings (environment; the worker's own ASB_* variables in config.ts apply too):
+// Settings (environment; the worker's own ASB_* variables in config.ts apply too, except those
+// `.asb/env` sets for clients, which no process make up starts ever sees: client-settings.ts):
 //   ASB_STATE_DIR          where .asb lives (default <repo>/.asb)
 //   ASB_FEDERATION         off: one cluster and no hub (the ports below are then its own)
 //   ASB_HUB_PORT           the hub's port (default 7070)
@@ -29,6 +30,7 @@
 import { renameSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { dropClientSettings, type EnvFileKey } from './client-settings.ts';
 import { createLogger } from './log.ts';
 import { derivedNetwork, nthSubnet } from './local-network.ts';
 import { startFederation, type Federation } from './federation.ts';
@@ -71,7 +73,8 @@ function egressLine(args: readonly string[]): string {
 
 /** What `make up` started, whichever mode: enough to write .asb/env, announce and stop it. */
 interface Running {
-  env: Record<string, string>;
+  /** What .asb/env gets: only keys client-settings.ts keeps from every process make up starts. */
+  env: Partial<Record<EnvFileKey, string>>;
   banner: string;
   /** One kubeconfig context per cluster (its TLS edge), for .asb/kubeconfig. */
   kubeClusters: KubeCluster[];
@@ -91,6 +94,9 @@ function supervisorPolicy(): SupervisorOptions {
 async function main(): Promise<void> {
   const env = process.env;
   const stateDir = resolve(env.ASB_STATE_DIR ?? join(repoRoot, '.asb'));
+  // Before anything starts: every process below inherits this environment.
+  const dropped = dropClientSettings(env);
+  if (dropped.length > 0) console.log(`ignoring client settings in the environment (from a sourced .asb/env; make up's servers never read them): ${dropped.join(' ')}`);
   if (process.getuid?.() !== 0) {
     console.warn('warning: not running as root: the workers will start NO sandbox (containers need root: runc, user namespaces, cgroups, a bridge). See README "Requirements".');
   }
@@ -296,7 +302,7 @@ function regionNetwork(env: NodeJS.ProcessEnv, stateDir: string, step: number): 
   return { bridge, subnet };
 }
 
-function writeEnv(stateDir: string, env: Record<string, string>): void {
+function writeEnv(stateDir: string, env: Partial<Record<EnvFileKey, string>>): void {
   const envPath = join(stateDir, 'env');
   const text = `${Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n')}\n`;
   // Written atomically so a reader never sees half a file.
