@@ -2,7 +2,8 @@
 // group (make forwards it to up.ts, which then gets it twice), or by SIGINT as a terminal's
 // Ctrl-C sends it, it returns only once every process it started has exited, having stopped
 // them in order, and a start right after comes up, also in a shell that sourced the env file the
-// first one wrote. Its own ports (kernel-picked),
+// first one wrote; a second make up while one runs on the same state dir names it and starts
+// nothing. Its own ports (kernel-picked),
 // state dir, bridge and subnet, so it never meets a `make up` a developer is running.
 import assert from 'node:assert/strict';
 import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
@@ -86,7 +87,7 @@ function envOf(stateDir: string): Record<string, string> {
   return Object.fromEntries(readFileSync(join(stateDir, 'env'), 'utf8').trim().split('\n').map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
 }
 
-test('make up stops on a SIGTERM to its process group after everything it started, and starts again at once in a shell that sourced its env file', { timeout: 280_000 }, async (t) => {
+test('make up holds its state dir against a second one, stops on a SIGTERM to its process group after everything it started, and starts again at once in a shell that sourced its env file', { timeout: 280_000 }, async (t) => {
   const stateDir = tempDataDir('up');
   t.after(() => {
     removeDataDir(stateDir);
@@ -117,6 +118,20 @@ test('make up stops on a SIGTERM to its process group after everything it starte
   const started = processesOf(stateDir);
   assert.ok(started.length >= 2, `make up's processes are visible: ${started.join(' ')}`);
 
+  // A second make up on the held state dir names the make up that holds it and starts nothing
+  // (it used to get as far as the registry's port, and fail on that).
+  const rival = startUp(stateDir);
+  t.after(() => killGroup(rival));
+  assert.equal(await rival.exited, 2, `make reports the failed recipe:\n${rival.output()}`);
+  const holder = /another make up is running on this state directory: state directory (\S+) is in use by process (\d+) \(([^)]*)\)/.exec(rival.output());
+  assert.ok(holder !== null, rival.output());
+  assert.equal(holder[1], stateDir);
+  assert.match(readFileSync(`/proc/${holder[2] ?? ''}/cmdline`, 'utf8'), /src\/system\/up\.ts/, 'the pid named is the running make up');
+  assert.match(holder[3] ?? '', /up\.ts/);
+  assert.doesNotMatch(rival.output(), /starting:|registry|address already in use/, 'nothing was started');
+  const stillUp = await fetch(`${env.ASB_API_URL}/v1/status`, { headers: { authorization: `Bearer ${env.ASB_API_KEY}` } });
+  assert.equal(stillUp.status, 200, 'the first make up is untouched');
+  await stillUp.body?.cancel();
 
   process.kill(-(first.proc.pid ?? 0), 'SIGTERM');
   assert.ok(['SIGTERM', 0].includes((await first.exited) ?? -1), first.output());
