@@ -139,13 +139,20 @@ test('a sandbox whose image cannot be pulled shows ErrImagePull and the registry
     assert.match(listed.stdout, new RegExp(`^${id}\\s+unpullable\\s+Failed\\s+false\\s+\\S+\\s+failure-team\\s+ErrImagePull$`, 'm'));
   });
 
-  await t.test('the E2B SDK create rejects with the reason and the registry answer in its message', async () => {
+  await t.test('the E2B SDK\'s create and connect reject with the reason and the registry answer in their message', async () => {
     const failed = await e2b.Sandbox.create('unpullable', { apiUrl: hub.url, sandboxUrl: hub.url, apiKey: key }).then(
       () => undefined,
       (err: unknown) => err,
     );
     assert.ok(failed instanceof Error, 'create rejects');
     assert.match(failed.message, /ErrImagePull: image "python:3\.12" \(docker\.io\/library\/python:3\.12\) could not be pulled/);
+    // Connecting to the failed sandbox says the same (at its worker, where the edge sends a sandbox's own E2B paths).
+    const connected = await e2b.Sandbox.connect(id, { apiUrl: worker.apiUrl, sandboxUrl: worker.apiUrl, apiKey: key }).then(
+      () => undefined,
+      (err: unknown) => err,
+    );
+    assert.ok(connected instanceof Error, 'connect rejects');
+    assert.match(connected.message, new RegExp(`sandbox "${id}" failed: ErrImagePull: ${PULL_FAILED.source}`));
     // The body unmodified SDKs read: {code, message}, the status as a number in code.
     const raw = await call(hub, 'POST', '/v2/sandboxes', { headers: { 'x-api-key': key }, json: { templateID: 'unpullable' } });
     assert.equal(raw.status, 409, raw.text);
