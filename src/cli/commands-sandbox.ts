@@ -80,12 +80,12 @@ export const lsCommand: Command = {
   -l, --selector SEL     label selector, e.g. task=demo,team!=ops
   --template NAME        only sandboxes from this template
   --phase PHASE          only sandboxes in this phase (Running, Hibernated, Failed, ...)
-
-REASON says why a Failed or Expired sandbox stopped (ErrImagePull, OOMKilled, ...);
-asb get <id> shows its message too.
   --limit N              page size
   --all-pages            follow continue tokens until the list is complete
-  --json                 print {items: [...]} as JSON`,
+  --json                 print {items: [...]} as JSON
+
+REASON says why a Failed or Expired sandbox stopped (ErrImagePull, OOMKilled, ...);
+asb get <id> shows its message too.`,
   options: {
     ...JSON_FLAG,
     selector: { type: 'string', short: 'l' },

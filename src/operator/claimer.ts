@@ -105,7 +105,6 @@ export function poolTemplateIndexValues(pool: SandboxWarmPool): string[] {
   return [`${pool.metadata.namespace ?? ''}/${pool.spec.sandboxTemplateRef.name}`];
 }
 
-/** A warm candidate: Ready, still in its pool, not deleting, not owned by anyone yet. */
 /**
  * The error for a waiter on a sandbox that will not become ready (Failed, Expired or being
  * deleted), naming why as its status says; undefined while it may still.
@@ -117,6 +116,7 @@ function notRunning(key: string, sandbox: Sandbox): AsbError | undefined {
   return undefined;
 }
 
+/** A warm candidate: Ready, still in its pool, not deleting, not owned by anyone yet. */
 export function isWarmCandidate(sandbox: Sandbox): boolean {
   const labels = sandbox.metadata.labels ?? {};
   return labels[LABEL.pool] !== undefined && labels[LABEL.owner] === undefined && !isDeleting(sandbox) && isSandboxReady(sandbox);
