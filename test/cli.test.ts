@@ -174,18 +174,22 @@ test('the API client throws a coded ApiError carrying the server code, detail an
   });
 });
 
-test('ls prints the table columns users scan: ID, TEMPLATE, PHASE, READY, AGE, OWNER', () => {
+test('ls prints the table columns users scan: ID, TEMPLATE, PHASE, READY, AGE, OWNER, and REASON for a failed one', () => {
   const now = Date.parse('2025-01-01T01:00:00Z');
   const table = sandboxTable(
     [
       { id: 'loc1aaaa', namespace: 'default', template: 'base', phase: 'Running', ready: true, launchType: 'warm', owner: 'team-a', labels: {}, createdAt: '2025-01-01T00:59:30Z' },
       { id: 'loc1bbbbbbbb', namespace: 'default', template: 'python', phase: 'Hibernated', ready: false, launchType: 'cold', owner: '', labels: {}, createdAt: '2024-12-30T01:00:00Z' },
+      { id: 'loc1cccc', namespace: 'default', template: 'big', phase: 'Failed', ready: false, launchType: 'cold', owner: 'team-a', labels: {}, createdAt: '2025-01-01T00:59:00Z', reason: 'OOMKilled', message: 'the container was killed for using more memory than its limit' },
     ],
     now,
   );
   assert.equal(
     table,
-    'ID            TEMPLATE  PHASE       READY  AGE  OWNER\n' + 'loc1aaaa      base      Running     true   30s  team-a\n' + 'loc1bbbbbbbb  python    Hibernated  false  2d   -\n',
+    'ID            TEMPLATE  PHASE       READY  AGE  OWNER   REASON\n' +
+      'loc1aaaa      base      Running     true   30s  team-a\n' +
+      'loc1bbbbbbbb  python    Hibernated  false  2d   -\n' +
+      'loc1cccc      big       Failed      false  60s  team-a  OOMKilled\n',
   );
   assert.equal(formatTable(['A'], []), 'A\n');
   assert.equal(formatAge('2025-01-01T00:00:00Z', now), '60m');
@@ -312,7 +316,7 @@ test('end to end: apply, create, ls, exec, pause, resume, status, rm against a r
   assert.equal(listed.code, 0, listed.stderr);
   assert.deepEqual((JSON.parse(listed.stdout) as { items: { id: string }[] }).items.map((s) => s.id), [sb.id]);
   const table = await run(['ls']);
-  assert.match(table.stdout, /^ID\s+TEMPLATE\s+PHASE\s+READY\s+AGE\s+OWNER$/m);
+  assert.match(table.stdout, /^ID\s+TEMPLATE\s+PHASE\s+READY\s+AGE\s+OWNER\s+REASON$/m);
   assert.match(table.stdout, new RegExp(`^${sb.id}\\s+cli\\s+Running\\s+true\\s`, 'm'));
 
   const hi = await run(['exec', sb.id, '--', 'echo', 'hi']);

@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Registry } from 'prom-client';
-import { AsbError } from '../src/errors.ts';
+import { AsbError, isAsbError } from '../src/errors.ts';
 import { createMetrics } from '../src/metrics/metrics.ts';
 import { Controller, type Reconciler } from '../src/operator/controller.ts';
 import { systemClock } from '../src/system/clock.ts';
@@ -13,6 +13,7 @@ import { operatorSuite } from './support/controller-suite.ts';
 import { eventually, sqliteHarnessStore, startHarness, template, writeRival } from './support/operator-harness.ts';
 import { holderAmong, NAME_CONFLICT } from '../src/api/sandbox-identity.ts';
 import { SandboxTemplateType, SandboxType, type Sandbox } from '../src/api/types.ts';
+import { within } from './support/wait.ts';
 
 operatorSuite(sqliteHarnessStore);
 
@@ -59,6 +60,23 @@ test('the work queue retries errors with backoff and does not retry Invalid', as
   c.enqueue('bad');
   await eventually('flaky succeeded', () => attempts.get('flaky') === 4 && c.depth === 0);
   assert.equal(attempts.get('bad'), 1, 'a terminal error is not retried');
+});
+
+// ---- waiting on a sandbox that failed
+
+test('a wait for a sandbox that has already failed rejects at once, naming the reason and message', async (t) => {
+  const h = await startHarness(t, { autoReady: false });
+  await h.store.create(SandboxTemplateType, template('py', h.ns));
+  const id = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'team' })).sandbox.metadata.name;
+  await eventually('the pod started', () => h.runtime.state(id).phase === 'Pending');
+  h.runtime.fail(id, 'the container exited with code 1');
+  await eventually('the sandbox Failed', async () => (await h.store.get<Sandbox>(SandboxType, h.ns, id)).status?.phase === 'Failed');
+  // The harness clock never reaches the wait's own timeout: only the failure can end it.
+  await assert.rejects(within('the wait to end', h.op.claimer.waitReady(h.ns, id, 60_000), 5_000), (err: unknown) => {
+    assert.ok(isAsbError(err, 'SandboxNotRunning'), String(err));
+    assert.equal(err.message, `sandbox ${h.ns}/${id} is Failed: PodFailed: the container exited with code 1`);
+    return true;
+  });
 });
 
 // ---- who holds a sandbox id (src/api/sandbox-identity.ts), when two objects meet under one name

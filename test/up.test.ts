@@ -1,7 +1,9 @@
 // `make up` as a user runs it (make, then src/system/up.ts): stopped by a SIGTERM to its process
 // group (make forwards it to up.ts, which then gets it twice), or by SIGINT as a terminal's
 // Ctrl-C sends it, it returns only once every process it started has exited, having stopped
-// them in order, and a start right after comes up (issue 15.4). Its own ports (kernel-picked),
+// them in order, and a start right after comes up, also in a shell that sourced the env file the
+// first one wrote; a second make up while one runs on the same state dir names it and starts
+// nothing. Its own ports (kernel-picked),
 // state dir, bridge and subnet, so it never meets a `make up` a developer is running.
 import assert from 'node:assert/strict';
 import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
@@ -21,9 +23,11 @@ interface Up {
   exited: Promise<number | string | null>;
 }
 
-function startUp(stateDir: string): Up {
+/** `sourced`: what the shell holds before `make up` (`set -a; . .asb/env; set +a`). */
+function startUp(stateDir: string, sourced: Record<string, string> = {}): Up {
   const env = {
     ...process.env,
+    ...sourced,
     ASB_STATE_DIR: stateDir,
     ASB_FEDERATION: 'off',
     ASB_API_PORT: '0',
@@ -83,7 +87,7 @@ function envOf(stateDir: string): Record<string, string> {
   return Object.fromEntries(readFileSync(join(stateDir, 'env'), 'utf8').trim().split('\n').map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
 }
 
-test('issue 15.4: make up stopped by a SIGTERM to its process group returns after everything it started, and starts again at once', { timeout: 280_000 }, async (t) => {
+test('make up holds its state dir against a second one, stops on a SIGTERM to its process group after everything it started, and starts again at once in a shell that sourced its env file', { timeout: 280_000 }, async (t) => {
   const stateDir = tempDataDir('up');
   t.after(() => {
     removeDataDir(stateDir);
@@ -114,15 +118,33 @@ test('issue 15.4: make up stopped by a SIGTERM to its process group returns afte
   const started = processesOf(stateDir);
   assert.ok(started.length >= 2, `make up's processes are visible: ${started.join(' ')}`);
 
+  // A second make up on the held state dir names the make up that holds it and starts nothing
+  // (it used to get as far as the registry's port, and fail on that).
+  const rival = startUp(stateDir);
+  t.after(() => killGroup(rival));
+  assert.equal(await rival.exited, 2, `make reports the failed recipe:\n${rival.output()}`);
+  const holder = /another make up is running on this state directory: state directory (\S+) is in use by process (\d+) \(([^)]*)\)/.exec(rival.output());
+  assert.ok(holder !== null, rival.output());
+  assert.equal(holder[1], stateDir);
+  assert.match(readFileSync(`/proc/${holder[2] ?? ''}/cmdline`, 'utf8'), /src\/system\/up\.ts/, 'the pid named is the running make up');
+  assert.match(holder[3] ?? '', /up\.ts/);
+  assert.doesNotMatch(rival.output(), /starting:|registry|address already in use/, 'nothing was started');
+  const stillUp = await fetch(`${env.ASB_API_URL}/v1/status`, { headers: { authorization: `Bearer ${env.ASB_API_KEY}` } });
+  assert.equal(stillUp.status, 200, 'the first make up is untouched');
+  await stillUp.body?.cancel();
+
   process.kill(-(first.proc.pid ?? 0), 'SIGTERM');
   assert.ok(['SIGTERM', 0].includes((await first.exited) ?? -1), first.output());
   assert.match(first.output(), /SIGTERM: stopping/);
   assert.deepEqual(processesOf(stateDir).filter((pid) => started.includes(pid)), [], 'nothing it started outlives make up');
   assert.doesNotMatch(first.output(), /exited unexpectedly|killing everything/, 'a stop is neither a crash nor a forced kill');
 
-  const second = startUp(stateDir);
+  // Started as a user does after sourcing the env file the first one wrote (its banner says to):
+  // ASB_KUBECONFIG, ASB_HUB_URL, ASB_EDGE_URL... are client settings, never the worker's own.
+  const second = startUp(stateDir, env);
   t.after(() => killGroup(second));
   await untilUp(second);
+  assert.match(second.output(), /ignoring client settings in the environment .*ASB_KUBECONFIG/);
   const status = await fetch(`${envOf(stateDir).ASB_API_URL}/v1/status`, { headers: { authorization: `Bearer ${env.ASB_API_KEY}` } });
   assert.equal(status.status, 200);
   await status.body?.cancel();

@@ -79,10 +79,13 @@ export const lsCommand: Command = {
   help: `Options:
   -l, --selector SEL     label selector, e.g. task=demo,team!=ops
   --template NAME        only sandboxes from this template
-  --phase PHASE          only sandboxes in this phase (Running, Hibernated, ...)
+  --phase PHASE          only sandboxes in this phase (Running, Hibernated, Failed, ...)
   --limit N              page size
   --all-pages            follow continue tokens until the list is complete
-  --json                 print {items: [...]} as JSON`,
+  --json                 print {items: [...]} as JSON
+
+REASON says why a Failed or Expired sandbox stopped (ErrImagePull, OOMKilled, ...);
+asb get <id> shows its message too.`,
   options: {
     ...JSON_FLAG,
     selector: { type: 'string', short: 'l' },
@@ -123,9 +126,10 @@ export const lsCommand: Command = {
   },
 };
 
+/** REASON (last, as it may be long) is why a Failed or Expired sandbox stopped; `asb get` adds its message. */
 export function sandboxTable(items: readonly SandboxView[], nowMs: number): string {
-  const rows = items.map((s) => [s.id, s.template, s.phase, s.ready ? 'true' : 'false', formatAge(s.createdAt, nowMs), s.owner === '' ? '-' : s.owner]);
-  return formatTable(['ID', 'TEMPLATE', 'PHASE', 'READY', 'AGE', 'OWNER'], rows);
+  const rows = items.map((s) => [s.id, s.template, s.phase, s.ready ? 'true' : 'false', formatAge(s.createdAt, nowMs), s.owner === '' ? '-' : s.owner, s.reason ?? '']);
+  return formatTable(['ID', 'TEMPLATE', 'PHASE', 'READY', 'AGE', 'OWNER', 'REASON'], rows);
 }
 
 export const getCommand: Command = {
@@ -199,6 +203,7 @@ export function describeSandbox(sb: SandboxView, nowMs: number): string {
     ['labels', labels === '' ? undefined : labels],
     ['url', sb.url],
     ['public ports', sb.publicPorts === undefined || sb.publicPorts.length === 0 ? undefined : sb.publicPorts.join(',')],
+    ['reason', sb.reason],
     ['message', sb.message],
   ]);
 }

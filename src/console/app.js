@@ -96,10 +96,12 @@ function renderSandboxes(list) {
         if (confirm(`Delete sandbox ${s.id}?`)) void act(`delete ${s.id}`, 'DELETE', path);
       }),
     );
-    tr.append(cell(s.id, 'id'), cell(s.phase, 'state'), cell(age(s.createdAt)), cell(s.owner), cell(s.cluster ?? ''), cell(`${s.namespace}/${s.template}`), actions);
+    // Why a Failed or Expired sandbox stopped, as the API says it (ErrImagePull: image ... could not be pulled).
+    const why = s.reason === undefined ? '' : `${s.reason}: ${s.message ?? ''}`;
+    tr.append(cell(s.id, 'id'), cell(s.phase, 'state'), cell(why, 'reason'), cell(age(s.createdAt)), cell(s.owner), cell(s.cluster ?? ''), cell(`${s.namespace}/${s.template}`), actions);
     return tr;
   });
-  fillTable($('sandboxes'), rows, 'no sandbox yet (create one with asb create or POST /v1/sandboxes)', 7);
+  fillTable($('sandboxes'), rows, 'no sandbox yet (create one with asb create or POST /v1/sandboxes)', 8);
   const away = list.unreachable ?? [];
   showError($('unreachable'), away.length === 0 ? '' : `not listed from: ${away.map((u) => `${u.cluster} (${u.reason})`).join('; ')}`);
 }

@@ -16,6 +16,7 @@ import { newSandboxId } from '../api/ids.ts';
 import type { OwnerReference } from '../api/meta.ts';
 import { apiVersionOf } from '../api/meta.ts';
 import { isReservedKey, RESERVED_PREFIXES } from '../api/names.ts';
+import { describeFailure, sandboxFailure } from '../api/sandbox-failure.ts';
 import {
   ANNOTATION,
   LABEL,
@@ -104,6 +105,17 @@ export function poolTemplateIndexValues(pool: SandboxWarmPool): string[] {
   return [`${pool.metadata.namespace ?? ''}/${pool.spec.sandboxTemplateRef.name}`];
 }
 
+/**
+ * The error for a waiter on a sandbox that will not become ready (Failed, Expired or being
+ * deleted), naming why as its status says; undefined while it may still.
+ */
+function notRunning(key: string, sandbox: Sandbox): AsbError | undefined {
+  const failure = sandboxFailure(sandbox);
+  if (failure !== undefined) return new AsbError('SandboxNotRunning', `sandbox ${key} is ${sandbox.status?.phase ?? ''}: ${describeFailure(failure)}`);
+  if (isDeleting(sandbox)) return new AsbError('SandboxNotRunning', `sandbox ${key} is being deleted`);
+  return undefined;
+}
+
 /** A warm candidate: Ready, still in its pool, not deleting, not owned by anyone yet. */
 export function isWarmCandidate(sandbox: Sandbox): boolean {
   const labels = sandbox.metadata.labels ?? {};
@@ -165,8 +177,9 @@ export class Claimer {
       if (previous !== undefined) this.#settle(key, new AsbError('NotFound', `sandbox ${key} was deleted`));
     } else if (isSandboxReady(current)) {
       this.#settle(key, current);
-    } else if (current.status?.phase === 'Failed' || current.status?.phase === 'Expired' || isDeleting(current)) {
-      this.#settle(key, new AsbError('SandboxNotRunning', `sandbox ${key} is ${current.status?.phase ?? 'deleting'}`));
+    } else {
+      const stopped = notRunning(key, current);
+      if (stopped !== undefined) this.#settle(key, stopped);
     }
   }
 
@@ -204,6 +217,10 @@ export class Claimer {
     const key = `${namespace}/${name}`;
     const cached = this.#deps.sandboxes.get(key);
     if (cached !== undefined && isSandboxReady(cached)) return Promise.resolve(cached);
+    // One that failed before the caller waited (a cold start whose image pull failed at once)
+    // would otherwise be waited on until the timeout.
+    const stopped = cached === undefined ? undefined : notRunning(key, cached);
+    if (stopped !== undefined) return Promise.reject(stopped);
     if (this.#closed) return Promise.reject(new AsbError('Unavailable', 'claimer is closed'));
     return new Promise((resolve, reject) => {
       let set = this.#waiters.get(key);

@@ -2,7 +2,9 @@
 // second writer would make both caches wrong. The owner writes its pid to `<db>.lock`; another
 // process finds a live pid there and refuses to open. A lock left by a process that died
 // (kill -9) names a pid that no longer runs (or is no longer ours), and is taken over. A start
-// may wait a bounded time for an owner that is exiting (acquireOwnerLockWaiting).
+// may wait a bounded time for an owner that is exiting (acquireOwnerLockWaiting). `make up` holds
+// its state directory the same way (src/system/up.ts), so a second one on it stops before starting
+// anything.
 import { closeSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs';
 import { AsbError } from '../errors.ts';
 
@@ -62,16 +64,28 @@ function commandOf(pid: number): string {
   }
 }
 
-function inUse(dbPath: string, holder: Holder, waitedMs: number): AsbError {
-  const command = commandOf(holder.pid);
-  const waited = waitedMs > 0 ? `, and it did not exit within ${waitedMs / 1000} s` : '';
-  return new AsbError('Unavailable', `store ${dbPath} is in use by process ${holder.pid}${command === '' ? '' : ` (${command})`}${waited}; stop it first (lock file ${dbPath}.lock)`);
+/** The lock is held by a live process: `pid`, named in the message with its command line. */
+export class OwnerLockHeld extends AsbError {
+  readonly pid: number;
+
+  constructor(message: string, pid: number) {
+    super('Unavailable', message);
+    this.name = 'OwnerLockHeld';
+    this.pid = pid;
+  }
 }
 
-export function acquireOwnerLock(dbPath: string): OwnerLock {
+function inUse(dbPath: string, holder: Holder, waitedMs: number, what: string): OwnerLockHeld {
+  const command = commandOf(holder.pid);
+  const waited = waitedMs > 0 ? `, and it did not exit within ${waitedMs / 1000} s` : '';
+  return new OwnerLockHeld(`${what} is in use by process ${holder.pid}${command === '' ? '' : ` (${command})`}${waited}; stop it first (lock file ${dbPath}.lock)`, holder.pid);
+}
+
+/** Takes the lock `<path>.lock` or refuses, naming the process that holds it; `what` names the thing locked in that message (default: the store at path). */
+export function acquireOwnerLock(dbPath: string, what = `store ${dbPath}`): OwnerLock {
   const got = tryAcquire(dbPath);
   if ('release' in got) return got;
-  throw inUse(dbPath, got, 0);
+  throw inUse(dbPath, got, 0, what);
 }
 
 // How often a waiting start looks again: a process that is exiting frees the lock on its way out.
@@ -87,7 +101,7 @@ export async function acquireOwnerLockWaiting(dbPath: string, waitMs: number): P
   for (;;) {
     const got = tryAcquire(dbPath);
     if ('release' in got) return got;
-    if (Date.now() >= deadline) throw inUse(dbPath, got, waitMs);
+    if (Date.now() >= deadline) throw inUse(dbPath, got, waitMs, `store ${dbPath}`);
     await new Promise((resolve) => setTimeout(resolve, POLL_MS));
   }
 }

@@ -5,7 +5,11 @@
 // SIGTERM stops everything it started, in order, and exits after the last. A second signal kills
 // everything at once and still waits for it to be gone.
 //
-// Settings (environment; the worker's own ASB_* variables in config.ts apply too):
+// It holds the state dir while it runs (<state dir>/up.lock, src/store/owner-lock.ts): a second
+// `make up` on it says which process holds it and exits 1 before starting anything.
+//
+// Settings (environment; the worker's own ASB_* variables in config.ts apply too, except those
+// `.asb/env` sets for clients, which no process make up starts ever sees: client-settings.ts):
 //   ASB_STATE_DIR          where .asb lives (default <repo>/.asb)
 //   ASB_FEDERATION         off: one cluster and no hub (the ports below are then its own)
 //   ASB_HUB_PORT           the hub's port (default 7070)
@@ -29,6 +33,9 @@
 import { renameSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { acquireOwnerLock, OwnerLockHeld } from '../store/owner-lock.ts';
+import { dropClientSettings, type EnvFileKey } from './client-settings.ts';
+import { privateDir } from './private-files.ts';
 import { createLogger } from './log.ts';
 import { derivedNetwork, nthSubnet } from './local-network.ts';
 import { startFederation, type Federation } from './federation.ts';
@@ -71,7 +78,8 @@ function egressLine(args: readonly string[]): string {
 
 /** What `make up` started, whichever mode: enough to write .asb/env, announce and stop it. */
 interface Running {
-  env: Record<string, string>;
+  /** What .asb/env gets: only keys client-settings.ts keeps from every process make up starts. */
+  env: Partial<Record<EnvFileKey, string>>;
   banner: string;
   /** One kubeconfig context per cluster (its TLS edge), for .asb/kubeconfig. */
   kubeClusters: KubeCluster[];
@@ -88,9 +96,32 @@ function supervisorPolicy(): SupervisorOptions {
   return { clock: systemClock, say: (line) => console.error(`supervisor: ${line}`) };
 }
 
+/**
+ * Holds the state dir for this process's life, or says who does and exits 1: a second make up
+ * on it would otherwise get as far as the registry's port before failing on it.
+ */
+function holdStateDir(stateDir: string): void {
+  try {
+    privateDir(stateDir);
+    const lock = acquireOwnerLock(join(stateDir, 'up'), `state directory ${stateDir}`);
+    process.on('exit', () => lock.release());
+  } catch (err) {
+    if (err instanceof OwnerLockHeld) {
+      console.error(`make up: another make up is running on this state directory: ${err.message}.\nStop that one (Ctrl-C in its terminal); a second system needs its own ASB_STATE_DIR and ports.`);
+    } else {
+      console.error(`make up failed: the state directory ${stateDir}: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    process.exit(1);
+  }
+}
+
 async function main(): Promise<void> {
   const env = process.env;
   const stateDir = resolve(env.ASB_STATE_DIR ?? join(repoRoot, '.asb'));
+  holdStateDir(stateDir);
+  // Before anything starts: every process below inherits this environment.
+  const dropped = dropClientSettings(env);
+  if (dropped.length > 0) console.log(`ignoring client settings in the environment (from a sourced .asb/env; make up's servers never read them): ${dropped.join(' ')}`);
   if (process.getuid?.() !== 0) {
     console.warn('warning: not running as root: the workers will start NO sandbox (containers need root: runc, user namespaces, cgroups, a bridge). See README "Requirements".');
   }
@@ -296,7 +327,7 @@ function regionNetwork(env: NodeJS.ProcessEnv, stateDir: string, step: number): 
   return { bridge, subnet };
 }
 
-function writeEnv(stateDir: string, env: Record<string, string>): void {
+function writeEnv(stateDir: string, env: Partial<Record<EnvFileKey, string>>): void {
   const envPath = join(stateDir, 'env');
   const text = `${Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n')}\n`;
   // Written atomically so a reader never sees half a file.

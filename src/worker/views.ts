@@ -2,6 +2,7 @@
 // Sandbox object (labels, spec, status) so it never disagrees with what the operator wrote, plus
 // how to reach it through the edge (URL, ports, and for its owner the data-plane access token).
 import { findCondition } from '../api/meta.ts';
+import { sandboxFailure } from '../api/sandbox-failure.ts';
 import type { Sandbox, SandboxPhase } from '../api/types.ts';
 import { ANNOTATION, LABEL } from '../api/types.ts';
 import type { DataPlane } from './deps.ts';
@@ -25,6 +26,9 @@ export interface SandboxView {
   idleTimeoutMs?: number;
   /** The egress policy in force (spec.network, else the default): what the sandbox may reach. */
   network?: { internet: boolean; allow: string[]; deny: string[] };
+  /** Why a Failed or Expired sandbox stopped (its Ready condition's reason): ErrImagePull, OOMKilled, ... */
+  reason?: string;
+  /** What went wrong, for a Failed or Expired sandbox in the words of its Ready condition; else status.message. */
   message?: string;
   /** Data-plane access token (X-Access-Token header or the asb_access cookie); single-sandbox responses only. */
   accessToken?: string;
@@ -102,6 +106,10 @@ export function sandboxView(sandbox: Sandbox, cluster?: string): SandboxView {
   if (shutdownTime !== undefined) view.shutdownTime = shutdownTime;
   const idle = idleTimeoutOf(sandbox);
   if (idle !== undefined) view.idleTimeoutMs = idle;
-  if (status.message !== undefined) view.message = status.message;
+  const failure = sandboxFailure(sandbox);
+  if (failure !== undefined) {
+    view.reason = failure.reason;
+    view.message = failure.message;
+  } else if (status.message !== undefined) view.message = status.message;
   return view;
 }

@@ -21,6 +21,7 @@
 // which are refused with 400.
 import type { Sandbox } from '../../api/types.ts';
 import { sandboxLifecycle, wantsRunning } from '../../api/types.ts';
+import { describeFailure, sandboxFailure } from '../../api/sandbox-failure.ts';
 import { AsbError } from '../../errors.ts';
 import { e2bNetwork } from '../../network/sandbox-network.ts';
 import { requireProxyForDomains } from '../egress-domains.ts';
@@ -111,7 +112,8 @@ async function connect(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   if (current !== undefined && Date.parse(current) < until) sandbox = await setShutdownIn(w, sandbox, until - w.clock.now());
   if (!wantsRunning(sandbox.spec)) return { status: 201, json: e2bSandbox(w, await resumeSandbox(w, sandbox, true), ctx.req) };
   if (!sandboxView(sandbox).ready) {
-    if (sandbox.status?.phase === 'Failed') throw new AsbError('SandboxNotRunning', `sandbox "${sandbox.metadata.name}" failed: ${sandbox.status.message ?? 'see its status'}; kill it and create another`);
+    const failure = sandbox.status?.phase === 'Failed' ? sandboxFailure(sandbox) : undefined;
+    if (failure !== undefined) throw new AsbError('SandboxNotRunning', `sandbox "${sandbox.metadata.name}" failed: ${describeFailure(failure)}; kill it and create another`);
     sandbox = await waitReady(w, sandbox);
   }
   return { status: 200, json: e2bSandbox(w, sandbox, ctx.req) };
