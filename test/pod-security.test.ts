@@ -3,9 +3,9 @@
 // field at once, and lets root through only where the runtime isolates it.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { isLooser, levelOf, levelProblem, NO_ROOT_ISOLATION, podSecurityProblems, POD_SECURITY_ANNOTATION, type RootIsolation } from '../src/api/pod-security.ts';
+import { isLooser, levelOf, levelProblem, NO_ROOT_ISOLATION, podSecurityProblems, POD_SECURITY_ANNOTATION, takesUserNamespace, type RootIsolation } from '../src/api/pod-security.ts';
 
-const KUBE: RootIsolation = { userNamespace: 'on-request', gvisor: true };
+const KUBE: RootIsolation = { userNamespace: 'unless-host-users', gvisor: true };
 const P = 'spec.podTemplate.spec';
 
 function fields(spec: unknown, level: 'restricted' | 'baseline' | 'privileged' = 'restricted', isolation: RootIsolation = NO_ROOT_ISOLATION): string[] {
@@ -88,12 +88,16 @@ test('root: refused without isolation, allowed in a user namespace or under gVis
   assert.deepEqual(fields({ ...root, runtimeClassName: 'gvisor', hostUsers: false }), [`${P}.securityContext.runAsUser`]);
   // Local runtime not as root: every pod is in a user namespace.
   assert.deepEqual(fields(root, 'restricted', { userNamespace: 'always', gvisor: false }), []);
-  // Kubernetes: hostUsers: false or gVisor.
-  assert.deepEqual(fields(root, 'restricted', KUBE).length, 1);
-  assert.match(podSecurityProblems(root, 'restricted', P, KUBE)[0]?.message ?? '', /hostUsers: false.*gvisor/);
+  // Kubernetes: every pod gets hostUsers: false unless it says otherwise or shares a host
+  // namespace (then root needs gVisor).
+  assert.deepEqual(fields(root, 'restricted', KUBE), []);
   assert.deepEqual(fields({ ...root, hostUsers: false }, 'restricted', KUBE), []);
-  assert.deepEqual(fields({ ...root, runtimeClassName: 'gvisor' }, 'restricted', KUBE), []);
-  assert.deepEqual(fields({ ...root, runtimeClassName: 'kata' }, 'restricted', KUBE), [`${P}.securityContext.runAsUser`]);
+  assert.deepEqual(fields({ ...root, hostUsers: true }, 'restricted', KUBE), [`${P}.securityContext.runAsUser`]);
+  assert.match(podSecurityProblems({ ...root, hostUsers: true }, 'restricted', P, KUBE)[0]?.message ?? '', /hostUsers unset or false.*gvisor/);
+  assert.deepEqual(fields({ ...root, hostUsers: true, runtimeClassName: 'gvisor' }, 'restricted', KUBE), []);
+  assert.deepEqual(fields({ ...root, hostUsers: true, runtimeClassName: 'kata' }, 'restricted', KUBE), [`${P}.securityContext.runAsUser`]);
+  for (const host of ['hostNetwork', 'hostPID', 'hostIPC']) assert.equal(takesUserNamespace({ [host]: true }), false, `${host}: Kubernetes refuses hostUsers: false with it`);
+  assert.equal(takesUserNamespace({}), true);
 });
 
 test('levels: order, annotation values', () => {

@@ -67,3 +67,10 @@ test('runscSpec: a tmpDir is bound at /tmp, replacing any /tmp mount, so /tmp is
   assert.deepEqual(tmp, [{ destination: '/tmp', type: 'bind', source: '/sbx/tmp', options: ['rbind', 'nosuid', 'nodev', 'rw'] }]);
   assert.deepEqual(runscSpec(spec).mounts.filter((m) => m.destination === '/tmp').map((m) => m.source), ['/volume']);
 });
+
+test('runscSpec: /dev is read-only (runsc sizes its own /dev at half the host\'s memory); /dev/shm keeps its size and stays writable', () => {
+  const spec = runscSpec(containerSpec({ name: 'main', command: ['sh'] }, image, facts));
+  assert.deepEqual(spec.mounts.find((m) => m.destination === '/dev')?.options.includes('ro'), true);
+  const shm = spec.mounts.find((m) => m.destination === '/dev/shm');
+  assert.ok(shm !== undefined && !shm.options.includes('ro') && shm.options.includes('size=65536k'), JSON.stringify(shm));
+});

@@ -501,6 +501,27 @@ const shmAttack: Attack = {
   },
 };
 
+// runsc drops the options of the spec's /dev tmpfs (its own device filesystem, half the host's
+// memory): root filled 200 MiB there until the sentry's memory cgroup took the whole sandbox.
+const devFillAttack: Attack = {
+  name: 'root filling /dev is bounded: runc\'s /dev is a 64 MiB tmpfs, gVisor\'s is read-only; the sandbox keeps running',
+  timeoutMs: 120_000,
+  async run(a) {
+    const p = await a.pod('devfill', { resources: { limits: { memory: '256Mi' } } });
+    const r = await p.sh('dd if=/dev/zero of=/dev/fill bs=1M count=400 2>&1; echo size=$(stat -c %s /dev/fill 2>/dev/null || echo 0)', { user: 0, timeoutMs: 60_000 });
+    const size = Number(fields(r.out).get('size'));
+    if (a.cls === 'runc') {
+      assert.match(r.out, /No space left on device/);
+      assert.ok(size <= 64 * 2 ** 20, r.out);
+    } else {
+      assert.match(r.out, /Read-only file system/);
+      assert.equal(size, 0, r.out);
+    }
+    assert.equal(p.state().phase, 'Running');
+    assert.equal((await p.sh('rm -f /dev/fill; echo alive', { user: 0 })).out, 'alive\n');
+  },
+};
+
 const diskFillAttack: Attack = {
   name: 'a disk fill stops at ephemeral-storage (64Mi), the writable layer and a volume together, and the sandbox is evicted',
   async run(a) {
@@ -730,6 +751,7 @@ const attacks: Attack[] = [
   memoryBombAttack,
   gvisorMemoryBombAttack,
   shmAttack,
+  devFillAttack,
   diskFillAttack,
   setuidAttack,
   kernelSurfaceAttack,

@@ -33,10 +33,11 @@ export type PodSecurityLevel = (typeof POD_SECURITY_LEVELS)[number];
 export interface RootIsolation {
   /**
    * always: every pod runs in a user namespace (the local runtime when not root);
-   * on-request: a pod with `hostUsers: false` does (Kubernetes 1.33+);
+   * unless-host-users: a pod does unless it sets `hostUsers: true` or shares a host namespace
+   * (Kubernetes 1.33+: the Kubernetes runtime sets `hostUsers: false` on every other pod);
    * never: uid 0 in the pod is uid 0 on the host (the local runtime as root).
    */
-  userNamespace: 'always' | 'on-request' | 'never';
+  userNamespace: 'always' | 'unless-host-users' | 'never';
   /** Whether `runtimeClassName: gvisor` really runs the pod under gVisor (Kubernetes: a RuntimeClass of that name). */
   gvisor: boolean;
 }
@@ -112,13 +113,21 @@ export function podSecurityProblems(spec: unknown, level: PodSecurityLevel, path
 
 type Refuse = (field: string, message: string) => void;
 
+/**
+ * Whether a Kubernetes pod can run in a user namespace of its own: Kubernetes refuses
+ * `hostUsers: false` together with the host's network, PID or IPC namespace.
+ */
+export function takesUserNamespace(spec: Readonly<Record<string, unknown>>): boolean {
+  return spec.hostUsers !== true && spec.hostNetwork !== true && spec.hostPID !== true && spec.hostIPC !== true;
+}
+
 /** Why root is refused for this pod, or undefined when the runtime isolates it. */
 function rootProblem(spec: Fields, isolation: RootIsolation): string | undefined {
   if (isolation.userNamespace === 'always') return undefined;
-  if (isolation.userNamespace === 'on-request' && spec.hostUsers === false) return undefined;
+  if (isolation.userNamespace === 'unless-host-users' && takesUserNamespace(spec)) return undefined;
   if (isolation.gvisor && spec.runtimeClassName === 'gvisor') return undefined;
   const ways = [
-    ...(isolation.userNamespace === 'on-request' ? ['a user namespace (hostUsers: false)'] : []),
+    ...(isolation.userNamespace === 'unless-host-users' ? ['a user namespace (hostUsers unset or false, and no host network, PID or IPC namespace)'] : []),
     ...(isolation.gvisor ? ['gVisor (runtimeClassName: gvisor)'] : []),
   ];
   const offer = ways.length === 0 ? 'this runtime offers neither a user namespace nor gVisor' : `this runtime allows it with ${ways.join(' or ')}`;

@@ -18,7 +18,7 @@ import { checkStreamedWrites } from '../support/streamed-writes.ts';
 
 interface Pod {
   metadata: { name: string; uid: string; labels?: Record<string, string> };
-  spec: { runtimeClassName?: string; hostname?: string; subdomain?: string; nodeName?: string; volumes?: { name: string; persistentVolumeClaim?: { claimName: string } }[] };
+  spec: { runtimeClassName?: string; hostUsers?: boolean; hostname?: string; subdomain?: string; nodeName?: string; volumes?: { name: string; persistentVolumeClaim?: { claimName: string } }[] };
 }
 interface Pvc {
   metadata: { name: string; labels?: Record<string, string> };
@@ -139,6 +139,27 @@ test('start makes the Pod (runtimeClassName passed through), its PVCs and headle
   t.after(() => other.close());
   assert.deepEqual(other.list(), ['sb1']);
   assert.equal(other.state('sb1').phase, 'Running');
+});
+
+test('a runc sandbox Pod runs in a user namespace of its own (hostUsers: false): root in it is not root on the node, and two Pods are two host users', async (t) => {
+  if (kubelet.kind !== 'real') {
+    t.skip('the test kubelet runs no containers');
+    return;
+  }
+  const { runtime, ns } = await runtimeIn(t);
+  const runc = (id: string): PodRequest => ({ id, uid: `uid-${id}`, namespace: ns, hostname: id, spec: { containers: [{ name: 'main', image: 'agent-sandbox/base' }] } });
+  const hosts: number[] = [];
+  for (const id of ['us1', 'us2']) {
+    await runtime.start(runc(id));
+    await stateOf(runtime, id, running, 'Running and ready');
+    assert.equal((await get<Pod>(ns, 'pod', id))?.spec.hostUsers, false);
+    const map = text((await runtime.exec(id, { command: ['cat', '/proc/self/uid_map'] })).stdout).trim().split(/\s+/);
+    assert.equal(map[0], '0');
+    assert.equal(map[2], '65536');
+    hosts.push(Number(map[1]));
+  }
+  assert.ok(hosts.every((h) => h >= 65_536), `uid 0 in the pods is host uid ${hosts.join(' and ')}, not root`);
+  assert.notEqual(hosts[0], hosts[1], 'each Pod has its own range');
 });
 
 test('in a namespace enforcing Pod Security "restricted" (clusters/base/sandbox-namespace.yaml) the hardened Pod is admitted; a host-reaching one is refused by the API server', async (t) => {

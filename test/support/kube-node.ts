@@ -548,6 +548,10 @@ async function drainPods(kube: KubeApiServer, procs: readonly Proc[], sock: stri
 
 function writeConfigs(dir: string, slot: NodeSlot, registry: string): void {
   for (const d of ['ctrd', 'certs.d/docker.io', 'cni/net.d', 'cni/ipam', 'kubelet', 'pod-logs', 'runsc', 'runc', 'pv']) mkdirSync(join(dir, d), { recursive: true });
+  // Traversable (not readable) down to containerd's state, as /run/containerd is: a Pod with
+  // hostUsers: false has runc's init walk to its rootfs there as the Pod's own host uid, and
+  // mkdtemp's 0700 made that EACCES ("remount-propagation ... rootfs: permission denied").
+  for (const d of [dir, join(dir, 'ctrd')]) chmodSync(d, 0o711);
   // docker.io's only host is the loopback registry, over plain HTTP: nothing leaves the machine.
   writeFileSync(join(dir, 'certs.d/docker.io/hosts.toml'), `server = "http://${registry}"\n[host."http://${registry}"]\n  capabilities = ["pull", "resolve"]\n`);
   writeFileSync(join(dir, 'runsc.toml'), `binary_name = "${RUNSC}"\nroot = "${join(dir, 'runsc')}"\n[runsc_config]\n  platform = "systrap"\n`);

@@ -79,11 +79,12 @@ export async function createKubeRuntime(opts: KubeRuntimeOptions): Promise<KubeP
 export class KubePodRuntime implements PodRuntime {
   readonly namespace: string;
   /**
-   * The kubelet runs a pod with `hostUsers: false` in a user namespace (Kubernetes 1.33+), and
-   * `runtimeClassName: gvisor` names a RuntimeClass (admission refuses the Pod when the cluster
-   * has none). Pod Security Admission on the namespace may still refuse root (clusters/README.md).
+   * The kubelet runs a pod with `hostUsers: false` in a user namespace (Kubernetes 1.33+), which
+   * hardenedSpec sets on every pod that does not choose otherwise, and `runtimeClassName: gvisor`
+   * names a RuntimeClass (admission refuses the Pod when the cluster has none). Pod Security
+   * Admission on the namespace may still refuse root (clusters/README.md).
    */
-  readonly rootIsolation: RootIsolation = { userNamespace: 'on-request', gvisor: true };
+  readonly rootIsolation: RootIsolation = { userNamespace: 'unless-host-users', gvisor: true };
   readonly #credentials: ExecCredentials;
   readonly #store: KubeStore;
   /** The store is the runtime's own (not the worker's): close() closes it. */

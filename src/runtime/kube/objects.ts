@@ -3,6 +3,7 @@
 // Pure functions: kube-runtime.ts does the I/O.
 import type { KubeObject, ObjectMeta, ResourceType } from '../../api/meta.ts';
 import type { Container, PodSpec, Volume, VolumeClaimTemplate } from '../../api/types.ts';
+import { takesUserNamespace } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import type { PodRequest, PodState } from '../runtime.ts';
 import { cidrContains, compileEgressPolicy, PRIVATE_RANGES, type Cidr, type EgressPolicy } from '../../network/egress-policy.ts';
@@ -131,6 +132,13 @@ export function hardenedSpec(spec: PodSpec): PodSpec {
   }
   podCtx.seccompProfile ??= { type: 'RuntimeDefault' };
   const out: PodSpec = { ...spec, automountServiceAccountToken: spec.automountServiceAccountToken ?? false, securityContext: podCtx };
+  // A user namespace of its own (Kubernetes 1.33+; the kubelet gives each pod its own 65,536
+  // host ids): root in the sandbox is not root on the node, and a tenant's per-user kernel counts
+  // are its own. A spec that sets hostUsers keeps it (Pod Security then wants gVisor for root).
+  // Not for gVisor, which keeps those counts in its own kernel: on the test node (containerd
+  // 2.4.2, gVisor's shim) runsc failed to start the pod in containerd's namespace ("cannot create
+  // gofer process: gofer: error setting namespace of type user").
+  if (spec.hostUsers === undefined && takesUserNamespace(spec) && spec.runtimeClassName !== 'gvisor') out.hostUsers = false;
   for (const k of lists) out[k] = (spec[k] as Container[]).map(hardenedContainer);
   return out;
 }

@@ -156,6 +156,11 @@ export interface RunscSpecOptions {
  *   /sys/class/net. gVisor's own sysfs has neither restriction nor content, so it is used always.
  * - memory and pids limits: raised by the sandbox's own overhead (constants above).
  * - /tmp: see RunscSpecOptions.tmpDir.
+ * - /dev: read-only. runsc replaces the spec's /dev tmpfs with its own device filesystem and drops
+ *   its options (runsc/boot/vfs.go: no `size`), a tmpfs sized at half the host's memory: root
+ *   filled 200 MiB there and more, until the sentry's memory cgroup killed the whole sandbox.
+ *   Read-only, a write there fails with EROFS instead; /dev/shm (sized), /dev/pts and the init's
+ *   mount under /dev are mounts of their own and unchanged. runc's /dev is a 64 MiB tmpfs.
  * - seccomp: runsc ignores a rule's errnoRet and answers EPERM for every SCMP_ACT_ERRNO
  *   (google/gvisor#14688, open; fix proposed in #14721). clone3's ENOSYS, the one errnoRet of
  *   the profile, is what makes glibc ≥ 2.34 fall back to clone: with EPERM no thread starts
@@ -171,7 +176,7 @@ export interface RunscSpecOptions {
 export function runscSpec(spec: OciSpec, opts: RunscSpecOptions = {}): OciSpec {
   const mounts: OciMount[] = spec.mounts
     .filter((m) => !(opts.tmpDir !== undefined && m.destination === '/tmp'))
-    .map((m) => (m.destination === '/sys' ? { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] } : { ...m, options: [...m.options] }));
+    .map((m) => (m.destination === '/sys' ? { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] } : m.destination === '/dev' ? { ...m, options: [...m.options, 'ro'] } : { ...m, options: [...m.options] }));
   if (opts.tmpDir !== undefined) {
     mounts.push({ destination: '/tmp', type: 'bind', source: opts.tmpDir, options: ['rbind', 'nosuid', 'nodev', 'rw'] });
   }
