@@ -56,6 +56,12 @@ export interface DnsResolverOptions {
   onAnswer?: (podIp: string, name: string, addresses: readonly string[], ttlS: number) => void;
   /** Lookups in flight at once; queries beyond are answered SERVFAIL (a flood must not queue without bound). Default 512. */
   maxInFlight?: number;
+  /**
+   * Lookups in flight at once for one sandbox (source address); beyond, SERVFAIL. Default 32: a
+   * sandbox's flood of queries on one socket passes the kernel's per-flow bounds (connection-
+   * limits.ts counts flows, not packets), and must not take the whole 512 from every other one.
+   */
+  maxInFlightPerSandbox?: number;
   /** Addresses never answered whatever the policy (src/network/egress-floor.ts). Default DEFAULT_FLOOR. */
   floor?: EgressFloor;
 }
@@ -67,6 +73,7 @@ export class DnsResolver {
   #tcp: Server | undefined;
   readonly #conns = new Set<Socket>();
   #inFlight = 0;
+  readonly #inFlightBySource = new Map<string, number>();
   #port = 0;
 
   constructor(opts: DnsResolverOptions) {
@@ -165,7 +172,13 @@ export class DnsResolver {
       count({ rule: 'overloaded', verdict: 'error' });
       return buildResponse(q, RCODE.servFail, [], 0, limit);
     }
+    const mine = this.#inFlightBySource.get(ip) ?? 0;
+    if (mine >= (this.#opts.maxInFlightPerSandbox ?? 32)) {
+      count({ rule: 'sandbox-overloaded', verdict: 'error' });
+      return buildResponse(q, RCODE.servFail, [], 0, limit);
+    }
     this.#inFlight++;
+    this.#inFlightBySource.set(ip, mine + 1);
     try {
       const a = filterAnswer(policy, q.name, await this.#opts.upstream.lookup(q.name, family), this.#opts.floor);
       count(a);
@@ -177,6 +190,9 @@ export class DnsResolver {
       return buildResponse(q, RCODE.servFail, [], 0, limit);
     } finally {
       this.#inFlight--;
+      const left = (this.#inFlightBySource.get(ip) ?? 1) - 1;
+      if (left === 0) this.#inFlightBySource.delete(ip);
+      else this.#inFlightBySource.set(ip, left);
     }
   }
 
