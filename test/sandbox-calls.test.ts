@@ -12,12 +12,27 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { AsbError } from '../src/errors.ts';
-import type { PodRuntime, PtySession } from '../src/runtime/runtime.ts';
+import type { ExecResult, PodRuntime, PtySession } from '../src/runtime/runtime.ts';
+import type { Clock, Timer } from '../src/system/clock.ts';
 import { boundSandboxCalls, DEFAULT_SANDBOX_CALL_LIMITS } from '../src/worker/sandbox-calls.ts';
 import { call, startWorkerFixture } from './support/worker-fixture.ts';
 import { waitFor } from './support/wait.ts';
 
 const PER_SANDBOX = 4;
+
+/** A clock that moves only when told (the start buckets read now() and nothing else). */
+class ManualClock implements Clock {
+  #now = 1_700_000_000_000;
+  now(): number {
+    return this.#now;
+  }
+  after(): Timer {
+    throw new Error('no timers here');
+  }
+  advance(ms: number): void {
+    this.#now += ms;
+  }
+}
 
 test('a sandbox past its processes in flight gets 429 naming the bound for exec and files; another team\'s exec still answers; the first is served again once its calls end', async (t) => {
   const fx = await startWorkerFixture((fn) => t.after(fn), {}, { sandboxCallLimits: { ...DEFAULT_SANDBOX_CALL_LIMITS, processes: { perKey: PER_SANDBOX, total: 64 } } });
@@ -87,7 +102,7 @@ test('a terminal or a spawned process holds its sandbox\'s slot until it exits, 
     exits.push(exit);
     return Promise.resolve({ exited, output: (async function* () {})(), write: () => Promise.resolve(), resize: () => undefined, close: exit });
   };
-  const runtime = boundSandboxCalls({ openPty: opened, state: () => ({ phase: 'Running', ready: true }) } as unknown as PodRuntime, { ...DEFAULT_SANDBOX_CALL_LIMITS, terminals: { perKey: 2, total: 3 } });
+  const runtime = boundSandboxCalls({ openPty: opened, state: () => ({ phase: 'Running', ready: true }) } as unknown as PodRuntime, new ManualClock(), { ...DEFAULT_SANDBOX_CALL_LIMITS, terminals: { perKey: 2, total: 3 } });
   const pty = (id: string): Promise<PtySession> => runtime.openPty(id, { cols: 80, rows: 24 });
   await pty('a');
   await pty('a');
@@ -104,4 +119,17 @@ test('a terminal or a spawned process holds its sandbox\'s slot until it exits, 
   fail = false;
   await pty('a');
   assert.equal(runtime.state('a').phase, 'Running', 'the rest of the runtime is the runtime\'s own');
+});
+
+test('a sandbox starting processes faster than its rate gets 429 with the seconds until the next one after its burst; another sandbox is not held back', async () => {
+  const clock = new ManualClock();
+  const exec = (): Promise<ExecResult> => Promise.resolve({ exitCode: 0, stdout: new Uint8Array(), stderr: new Uint8Array(), timedOut: false, truncated: false });
+  const runtime = boundSandboxCalls({ exec } as unknown as PodRuntime, clock, { ...DEFAULT_SANDBOX_CALL_LIMITS, starts: { ratePerS: 2, burst: 3 } });
+  const run = (id: string): Promise<ExecResult> => runtime.exec(id, { command: ['true'] });
+  for (let i = 0; i < 3; i++) await run('a');
+  await assert.rejects(run('a'), (err: unknown) => err instanceof AsbError && err.code === 'TooManyRequests' && err.retryAfterS === 1 && /sandbox "a" started 3 processes and terminals in a burst and is held to 2 a second/.test(err.message));
+  await run('b');
+  clock.advance(500);
+  await run('a');
+  await assert.rejects(run('a'), /held to 2 a second/);
 });

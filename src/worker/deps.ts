@@ -89,7 +89,7 @@ export interface WorkerDeps {
   /** Namespace of sandboxes created without one. */
   defaultNamespace?: string;
   limits?: Partial<WorkerLimits>;
-  /** Processes and terminals one sandbox's API callers hold at once, and all together (sandbox-calls.ts); default DEFAULT_SANDBOX_CALL_LIMITS. */
+  /** Processes and terminals one sandbox's API callers hold at once and start a second, and all together (sandbox-calls.ts); default DEFAULT_SANDBOX_CALL_LIMITS. */
   sandboxCallLimits?: SandboxCallLimits;
   dataPlane?: Partial<DataPlane>;
   routeFeed?: RouteFeedLimits;

@@ -15,19 +15,32 @@
 // which leaves ~7,700 for connections, the store, the image cache and the runtime's launcher.
 // 64 is far above what one agent runs at once (the E2B SDK's own tests run 10 in parallel), and a
 // background command (`commands.run(..., { background: true })`) holds its slot until it exits.
+//
+// And how many a sandbox starts a second, processes and terminals together: each is a spawn,
+// which blocks the worker's event loop 6–20 ms here, for every tenant. 25 a second (a quarter of
+// the loop at ~10 ms each) after a burst of 200 (a sweep of 200 file reads goes at once); an
+// agent's turn takes seconds and starts a few.
 import { AsbError } from '../errors.ts';
 import type { PodProcess, PodRuntime, PtySession } from '../runtime/runtime.ts';
+import type { Clock } from '../system/clock.ts';
+import { TokenBuckets } from '../system/token-buckets.ts';
 import { Slots, type SlotBounds } from './slots.ts';
 
 export interface SandboxCallLimits {
   processes: SlotBounds;
   terminals: SlotBounds;
+  /** Processes and terminals a sandbox starts a second, after a burst. */
+  starts: { ratePerS: number; burst: number };
 }
 
 export const DEFAULT_SANDBOX_CALL_LIMITS: Readonly<SandboxCallLimits> = Object.freeze({
   processes: { perKey: 64, total: 2048 },
   terminals: { perKey: 16, total: 512 },
+  starts: { ratePerS: 25, burst: 200 },
 });
+
+/** Sandboxes whose start buckets are kept (least recently used forgotten: it starts full again). */
+const MAX_BUCKETS = 10_000;
 
 /** When a refused caller should try again: a typical exec or file call ends within a second. */
 export const SANDBOX_CALL_RETRY_AFTER_S = 1;
@@ -35,11 +48,19 @@ export const SANDBOX_CALL_RETRY_AFTER_S = 1;
 type Kind = 'processes' | 'terminals';
 
 /** The runtime as the API sees it: the same, with each sandbox's processes and terminals bounded. */
-export function boundSandboxCalls(runtime: PodRuntime, limits: SandboxCallLimits = DEFAULT_SANDBOX_CALL_LIMITS): PodRuntime {
+export function boundSandboxCalls(runtime: PodRuntime, clock: Clock, limits: SandboxCallLimits = DEFAULT_SANDBOX_CALL_LIMITS): PodRuntime {
   const slots: Record<Kind, Slots> = { processes: new Slots(limits.processes), terminals: new Slots(limits.terminals) };
+  const starts = new TokenBuckets({ clock, burst: limits.starts.burst, ratePerS: limits.starts.ratePerS, maxKeys: MAX_BUCKETS });
   const admit = (kind: Kind, id: string): (() => void) => {
     const a = slots[kind].admit(id);
-    if (a.kind === 'admitted') return a.release;
+    if (a.kind === 'admitted') {
+      // The rate after the count: a call refused for being one too many spends no token.
+      const waitMs = starts.take(id);
+      if (waitMs === 0) return a.release;
+      a.release();
+      const message = `sandbox "${id}" started ${String(limits.starts.burst)} processes and terminals in a burst and is held to ${String(limits.starts.ratePerS)} a second; retry after the Retry-After seconds`;
+      throw new AsbError('TooManyRequests', message, { retryAfterS: Math.max(1, Math.ceil(waitMs / 1000)) });
+    }
     const what = kind === 'processes' ? 'processes (exec, commands, file reads and writes)' : 'terminals';
     const where = a.scope === 'key' ? `sandbox "${id}" already has ${String(a.limit)} ${what} open` : `this worker already has ${String(a.limit)} ${what} open for all sandboxes`;
     throw new AsbError('TooManyRequests', `${where}, the most it allows at once; retry when one has finished`, { retryAfterS: SANDBOX_CALL_RETRY_AFTER_S });

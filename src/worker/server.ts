@@ -111,7 +111,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
 
   const w: WorkerContext = Object.freeze({
     store: deps.store,
-    runtime: boundSandboxCalls(deps.runtime, deps.sandboxCallLimits),
+    runtime: boundSandboxCalls(deps.runtime, clock, deps.sandboxCallLimits),
     operator: deps.operator,
     registry: deps.registry,
     log,
