@@ -3,6 +3,8 @@
 // memory of resolved addresses.
 import assert from 'node:assert/strict';
 import { createSocket } from 'node:dgram';
+import { once } from 'node:events';
+import { connect, type Socket } from 'node:net';
 import { test } from 'node:test';
 import { Registry } from 'prom-client';
 import { decodeCheckRequest, encodeCheckResponse } from '../src/egress/authz-codec.ts';
@@ -168,4 +170,28 @@ test('DNS resolver: one sandbox flooding queries on one socket gets SERVFAIL pas
   for (const release of held.splice(0)) release();
   flooder.ask(200, 'fast.example.com');
   assert.equal(await next, RCODE.noError, 'once its lookups end, the flooder is answered again');
+});
+
+test('DNS resolver: past its TCP connections from all sandboxes together a new one is closed at once; those open still answer', async (t) => {
+  const policy = parseEgressPolicy({}, 'p');
+  const dns = new DnsResolver({ source: { policyForPodIp: () => policy }, upstream: { lookup: () => Promise.resolve({ addresses: ['192.0.2.2'], ttlS: 30 }) }, registry: new Registry(), log: silentLogger(), maxTcpConnections: 2 });
+  t.after(() => dns.close());
+  const port = await dns.listen('127.0.0.1', 0);
+  const open = async (): Promise<Socket> => {
+    const s = connect(port, '127.0.0.1');
+    t.after(() => s.destroy());
+    await once(s, 'connect');
+    return s;
+  };
+  const first = await open();
+  await open();
+  const third = await open();
+  await once(third, 'close');
+  const q = Buffer.concat([Buffer.from([0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]), Buffer.from('\x03api\x07example\x03com\x00', 'latin1'), Buffer.from([0, 1, 0, 1])]);
+  const framed = Buffer.alloc(2 + q.length);
+  framed.writeUInt16BE(q.length, 0);
+  q.copy(framed, 2);
+  first.write(framed);
+  const [reply] = (await once(first, 'data')) as [Buffer];
+  assert.equal(reply.readUInt16BE(2), 0x1234, 'the first connection is answered');
 });

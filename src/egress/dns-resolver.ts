@@ -62,6 +62,12 @@ export interface DnsResolverOptions {
    * limits.ts counts flows, not packets), and must not take the whole 512 from every other one.
    */
   maxInFlightPerSandbox?: number;
+  /**
+   * TCP connections open at once from all sandboxes; beyond, a new one is closed at once. Each
+   * pod holds at most 32 (src/network/connection-limits.ts), but many pods at their bound must
+   * still leave the worker its descriptors: 4,096 is a fifth of its 20,000. Default 4096.
+   */
+  maxTcpConnections?: number;
   /** Addresses never answered whatever the policy (src/network/egress-floor.ts). Default DEFAULT_FLOOR. */
   floor?: EgressFloor;
 }
@@ -99,6 +105,7 @@ export class DnsResolver {
         udp.bind(port, host, () => resolve(udp.address().port));
       });
       const tcp = createServer((s) => this.#onTcp(s));
+      tcp.maxConnections = this.#opts.maxTcpConnections ?? 4096;
       try {
         await new Promise<void>((resolve, reject) => {
           tcp.once('error', reject);
