@@ -1,6 +1,6 @@
 // How much of the host's shared network services one sandbox may hold, pure: the numbers, why
 // they are what they are, and the nftables statements that enforce them per pod (nft-ruleset.ts
-// puts them in each pod's own chains, so every counter and bucket below is that pod's alone).
+// puts them in each pod's own chains; every count and bucket is keyed by the pod's address).
 //
 // What one sandbox could exhaust before these bounds (measured on this 2-core VM, kernel 6.18):
 // 24,000 connections to the egress proxy took Envoy to 20,000 of 20,000 descriptors (its edge for
@@ -21,7 +21,8 @@
 // Over a bound the connection is rejected, never dropped: TCP gets a reset and UDP ICMP
 // admin-prohibited, so a client learns at once (ECONNREFUSED / EHOSTUNREACH) instead of waiting
 // out a retransmission timer. `ct count` counts a pod's connections that are open now (the
-// kernel forgets closed and timed-out ones); `limit rate` is a token bucket per pod and rule.
+// kernel forgets closed and timed-out ones); `limit rate` is a token bucket per pod and bound.
+// Both live in a set element per pod address (limitSets), reached from the pod's own chains.
 
 export interface ConnectionLimits {
   /**
@@ -94,14 +95,48 @@ export const LIMIT_RULES = {
 export interface LimitRule {
   /** nft match expression (empty: every packet the chain sees). */
   match: string;
-  /** nft statement that is true over the bound: `ct count over N` or `limit rate over …`. */
+  /**
+   * nft statement that is true over the bound, keyed by the pod's address in a set of the
+   * table's (limitSets): `add @set { ip saddr ct count over N }` or `update @set { ip saddr
+   * limit rate over … }`. The count and the bucket live in the set's element, not in the rule,
+   * so refilling the pod's chain (every policy change and wake) does not start them again: a
+   * tenant could otherwise gain a fresh bound with each policy update.
+   */
   over: string;
   /** The LIMIT_RULES name. */
   rule: string;
 }
 
-const count = (n: number): string => `ct count over ${String(n)}`;
-const rate = (r: Rate): string => `limit rate over ${String(r.perSecond)}/second burst ${String(r.burst)} packets`;
+type LimitName = keyof typeof LIMIT_RULES;
+const KIND: Record<LimitName, 'count' | 'rate'> = {
+  proxyConnections: 'count',
+  proxyRate: 'rate',
+  dnsTcpConnections: 'count',
+  dnsUdpFlows: 'count',
+  dnsRate: 'rate',
+  egressFlows: 'count',
+  egressRate: 'rate',
+};
+
+/** The set holding one bound's state per pod address: lim_proxy_connections, … */
+const setName = (name: LimitName): string => `lim_${LIMIT_RULES[name].slice('limit-'.length).replaceAll('-', '_')}`;
+
+/**
+ * The table's sets for the bounds, one per bound, keyed by pod address (a /16 has at most
+ * 65,534). An element goes when it holds nothing: a count's when its last connection ends (the
+ * kernel's garbage collection), a bucket's a minute after its last use (full again by then).
+ */
+export function limitSets(): string[] {
+  return (Object.keys(LIMIT_RULES) as LimitName[]).map((name) =>
+    KIND[name] === 'count' ? `set ${setName(name)} { type ipv4_addr; size 65536; flags dynamic; }` : `set ${setName(name)} { type ipv4_addr; size 65536; flags dynamic,timeout; timeout 1m; }`,
+  );
+}
+
+const bound = (name: LimitName, match: string, limits: ConnectionLimits): LimitRule => {
+  const value = limits[name];
+  const over = typeof value === 'number' ? `add @${setName(name)} { ip saddr ct count over ${String(value)} }` : `update @${setName(name)} { ip saddr limit rate over ${String(value.perSecond)}/second burst ${String(value.burst)} packets }`;
+  return { match, over, rule: LIMIT_RULES[name] };
+};
 
 /**
  * The bounds of a pod's connections to the host's services on its gateway, in the order they
@@ -111,13 +146,14 @@ export function gatewayLimitRules(gateway: string, services: { egressProxyPort?:
   const rules: LimitRule[] = [];
   if (services.egressProxyPort !== undefined) {
     const to = `ip daddr ${gateway} tcp dport ${String(services.egressProxyPort)}`;
-    rules.push({ match: to, over: count(limits.proxyConnections), rule: LIMIT_RULES.proxyConnections });
-    rules.push({ match: to, over: rate(limits.proxyRate), rule: LIMIT_RULES.proxyRate });
+    rules.push(bound('proxyConnections', to, limits), bound('proxyRate', to, limits));
   }
   if (services.dns === true) {
-    rules.push({ match: `ip daddr ${gateway} tcp dport 53`, over: count(limits.dnsTcpConnections), rule: LIMIT_RULES.dnsTcpConnections });
-    rules.push({ match: `ip daddr ${gateway} udp dport 53`, over: count(limits.dnsUdpFlows), rule: LIMIT_RULES.dnsUdpFlows });
-    rules.push({ match: `ip daddr ${gateway} meta l4proto { tcp, udp } th dport 53`, over: rate(limits.dnsRate), rule: LIMIT_RULES.dnsRate });
+    rules.push(
+      bound('dnsTcpConnections', `ip daddr ${gateway} tcp dport 53`, limits),
+      bound('dnsUdpFlows', `ip daddr ${gateway} udp dport 53`, limits),
+      bound('dnsRate', `ip daddr ${gateway} meta l4proto { tcp, udp } th dport 53`, limits),
+    );
   }
   return rules;
 }
@@ -127,8 +163,5 @@ export function gatewayLimitRules(gateway: string, services: { egressProxyPort?:
  * rules, so a flood of denied connections spends the pod's own bucket too: it slows only itself.
  */
 export function egressLimitRules(limits: ConnectionLimits = DEFAULT_CONNECTION_LIMITS): LimitRule[] {
-  return [
-    { match: '', over: count(limits.egressFlows), rule: LIMIT_RULES.egressFlows },
-    { match: '', over: rate(limits.egressRate), rule: LIMIT_RULES.egressRate },
-  ];
+  return [bound('egressFlows', '', limits), bound('egressRate', '', limits)];
 }

@@ -35,7 +35,7 @@
 // Denied traffic is rejected, never dropped: TCP gets a reset (ECONNREFUSED at once), anything
 // else ICMP admin-prohibited (EHOSTUNREACH). Established and related packets are accepted first,
 // so a policy change applies to new connections.
-import { DEFAULT_CONNECTION_LIMITS, egressLimitRules, gatewayLimitRules, type ConnectionLimits, type LimitRule } from './connection-limits.ts';
+import { DEFAULT_CONNECTION_LIMITS, egressLimitRules, gatewayLimitRules, limitSets, type ConnectionLimits, type LimitRule } from './connection-limits.ts';
 import { DEFAULT_FLOOR, FLOOR_RULE, type EgressFloor } from './egress-floor.ts';
 import { compileEgressPolicy, DEFAULT_RULES, PRIVATE_RANGES, type EgressPolicy } from './egress-policy.ts';
 
@@ -105,7 +105,7 @@ table inet ${t} {
   map m_in { type ipv4_addr : verdict; }
   map m_out { type ipv4_addr : verdict; }
   map m_nat { type ipv4_addr : verdict; }
-  chain deny {
+${limitSets().map((set) => `  ${set}\n`).join('')}  chain deny {
     meta l4proto tcp reject with tcp reset
     reject with icmpx admin-prohibited
   }
@@ -185,7 +185,7 @@ export function podScript(net: BridgeNet, pod: PodNet): string {
     'accept',
   ]);
 
-  // The bounds first: each rule's `ct count` and bucket sit in this pod's chain, so they are its own.
+  // The bounds first: each count and bucket is this pod's own, kept by address in the table's sets.
   const limits = net.limits ?? DEFAULT_CONNECTION_LIMITS;
   const bound = (l: LimitRule): string => `${l.match === '' ? '' : `${l.match} `}${l.over} counter jump deny ${c(l.rule)}`;
   const input: string[] = gatewayLimitRules(gw, net, limits).map(bound);
