@@ -35,8 +35,8 @@ export interface ConnectionLimits {
   proxyRate: Rate;
   /**
    * TCP connections open at once to the DNS resolver. A stub resolver uses TCP only when a UDP
-   * answer was truncated, one connection per query; 32 × 300 sandboxes = 9,600 of the worker's
-   * 20,000 descriptors, even if every sandbox held its bound at once.
+   * answer was truncated, one connection per query; 32 is 0.16 % of the worker's 20,000
+   * descriptors, and the resolver itself takes 4,096 from all sandboxes together (dns-resolver.ts).
    */
   dnsTcpConnections: number;
   /**
