@@ -25,8 +25,8 @@ import { AttackLab, fields, run } from './support/attack-lab.ts';
 import { waitFor } from './support/wait.ts';
 
 const BRIDGE = 'asblim0';
-const SUBNET = '10.248.0.0/16';
-const GATEWAY = '10.248.0.1';
+const SUBNET = '10.234.0.0/16';
+const GATEWAY = '10.234.0.1';
 /** Lowered so that a flood of a few hundred shows each bound; the rates keep their defaults. */
 const LIMITS: ConnectionLimits = { ...DEFAULT_CONNECTION_LIMITS, proxyConnections: 64, dnsTcpConnections: 16, dnsUdpFlows: 128, egressFlows: 64 };
 /** The victim's one allowed name, pinned by the resolver to a TEST-NET address (never connected to). */

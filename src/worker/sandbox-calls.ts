@@ -10,16 +10,18 @@
 //
 // Numbers, against the worker's 20,000 descriptors (this host's `ulimit -Hn`): a process holds
 // ~5 of them (stdin, stdout and stderr pipes, the pid-file watch, the request's socket), a
-// terminal ~4 (the WebSocket, the helper's socket and its pipes). Per sandbox 64 processes and 16
-// terminals, ~380 descriptors; on the whole worker 2,048 processes and 512 terminals, ~12,300,
-// which leaves ~7,700 for connections, the store, the image cache and the runtime's launcher.
-// 64 is far above what one agent runs at once (the E2B SDK's own tests run 10 in parallel), and a
-// background command (`commands.run(..., { background: true })`) holds its slot until it exits.
+// terminal ~4 (the WebSocket, the helper's socket and its pipes). Per sandbox 64 processes and
+// 256 terminals (200 sessions at once on one sandbox is a tested use: test/terminal.test.ts),
+// ~1,350 descriptors; on the whole worker 1,024 of each, ~9,200, which with the DNS resolver's
+// 4,096 TCP connections leaves ~6,700 for the API's connections, the store, the image cache and
+// the runtime's launcher. 64 processes is far above what one agent runs at once (the E2B SDK's
+// own tests run 10 in parallel); a background command (`commands.run(..., { background: true
+// })`) holds its slot until it exits.
 //
 // And how many a sandbox starts a second, processes and terminals together: each is a spawn,
 // which blocks the worker's event loop 6–20 ms here, for every tenant. 25 a second (a quarter of
-// the loop at ~10 ms each) after a burst of 200 (a sweep of 200 file reads goes at once); an
-// agent's turn takes seconds and starts a few.
+// the loop at ~10 ms each) after a burst of 300 (a sweep of file reads, or 200 terminals at
+// once, goes through); an agent's turn takes seconds and starts a few.
 import { AsbError } from '../errors.ts';
 import type { PodProcess, PodRuntime, PtySession } from '../runtime/runtime.ts';
 import type { Clock } from '../system/clock.ts';
@@ -34,9 +36,9 @@ export interface SandboxCallLimits {
 }
 
 export const DEFAULT_SANDBOX_CALL_LIMITS: Readonly<SandboxCallLimits> = Object.freeze({
-  processes: { perKey: 64, total: 2048 },
-  terminals: { perKey: 16, total: 512 },
-  starts: { ratePerS: 25, burst: 200 },
+  processes: { perKey: 64, total: 1024 },
+  terminals: { perKey: 256, total: 1024 },
+  starts: { ratePerS: 25, burst: 300 },
 });
 
 /** Sandboxes whose start buckets are kept (least recently used forgotten: it starts full again). */
