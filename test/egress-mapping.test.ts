@@ -7,7 +7,8 @@ import { validateObject } from '../src/api/validate.ts';
 import { isAsbError } from '../src/errors.ts';
 import { parseEgressPolicy } from '../src/network/egress-policy.ts';
 import { parseEgressFloor } from '../src/network/egress-floor.ts';
-import { parseCounters, podScript } from '../src/network/nft-ruleset.ts';
+import { DEFAULT_CONNECTION_LIMITS } from '../src/network/connection-limits.ts';
+import { baseScript, parseCounters, podScript } from '../src/network/nft-ruleset.ts';
 import { e2bNetwork, templateEgress, templateNetworkPolicy } from '../src/network/sandbox-network.ts';
 import { networkPolicyManifest } from '../src/runtime/kube/objects.ts';
 
@@ -126,4 +127,32 @@ test('nft: the worker\'s floor is rejected before any allow CIDR and never sent 
   assert.match(script, /n_10_236_0_5 ip daddr \{ 169\.254\.169\.254, [^}]*169\.254\.0\.0\/16 \} return/);
   const none = podScript({ ...net, floor: parseEgressFloor(['fd00:ec2::254']).floor }, { id: 'a', ip: '10.236.0.5', mac: '02:42:0a:ec:00:05', veth: 'vxabc', policy: parseEgressPolicy({}, 'p') });
   assert.doesNotMatch(none, /floor/, 'an IPv6-only floor has no IPv4 rule');
+});
+
+test('nft: every service on the gateway is bounded per pod before it is accepted, and so are forwarded flows; a service the worker does not run has no bound', () => {
+  const pod = { id: 'a', ip: '10.236.0.5', mac: '02:42:0a:ec:00:05', veth: 'vxabc', policy: parseEgressPolicy({}, 'p') };
+  const script = podScript({ bridge: 'asbnpx', subnet: '10.236.0.0/16', gateway: '10.236.0.1', egressProxyPort: 15001, dns: true }, pod);
+  const chain = (name: string): string[] => script.split('\n').filter((l) => l.includes(` ${name} `));
+  const input = chain('i_10_236_0_5');
+  const at = (rule: string): number => input.findIndex((l) => l.includes(`comment "${rule}"`));
+  const accepts = (what: RegExp): number => input.findIndex((l) => what.test(l) && l.endsWith(' accept'));
+  assert.match(input[at('limit-proxy-connections')] ?? '', /ip daddr 10\.236\.0\.1 tcp dport 15001 add @lim_proxy_connections \{ ip saddr ct count over 256 \} counter jump deny/);
+  assert.match(input[at('limit-proxy-rate')] ?? '', /tcp dport 15001 update @lim_proxy_rate \{ ip saddr limit rate over 50\/second burst 250 packets \} counter jump deny/);
+  assert.match(input[at('limit-dns-tcp-connections')] ?? '', /tcp dport 53 add @lim_dns_tcp_connections \{ ip saddr ct count over 32 \} /);
+  assert.match(input[at('limit-dns-udp-flows')] ?? '', /udp dport 53 add @lim_dns_udp_flows \{ ip saddr ct count over 1024 \} /);
+  assert.match(input[at('limit-dns-rate')] ?? '', /th dport 53 update @lim_dns_rate \{ ip saddr limit rate over 100\/second burst 500 packets \} /);
+  for (const rule of ['limit-proxy-connections', 'limit-proxy-rate']) assert.ok(at(rule) < accepts(/dport 15001/), `${rule} after the proxy's accept:\n${input.join('\n')}`);
+  for (const rule of ['limit-dns-tcp-connections', 'limit-dns-udp-flows', 'limit-dns-rate']) assert.ok(at(rule) < accepts(/dport 53/), `${rule} after DNS's accept:\n${input.join('\n')}`);
+  const forward = chain('f_10_236_0_5');
+  const flows = forward.findIndex((l) => l.includes('comment "limit-egress-flows"'));
+  assert.ok(flows > 0 && flows < forward.findIndex((l) => l.includes('comment "default-internet"')), forward.join('\n'));
+  assert.match(forward[flows] ?? '', /add @lim_egress_flows \{ ip saddr ct count over 256 \} counter jump deny/);
+  const plain = podScript({ bridge: 'asbnpx', subnet: '10.236.0.0/16', gateway: '10.236.0.1' }, pod);
+  assert.doesNotMatch(plain, /limit-(proxy|dns)/, 'no proxy or resolver: no port to bound');
+  const lower = podScript({ bridge: 'asbnpx', subnet: '10.236.0.0/16', gateway: '10.236.0.1', egressProxyPort: 15001, limits: { ...DEFAULT_CONNECTION_LIMITS, proxyConnections: 8 } }, pod);
+  assert.match(lower, /tcp dport 15001 add @lim_proxy_connections \{ ip saddr ct count over 8 \} /, 'the runtime\'s own limits replace the defaults');
+  // The counts and buckets live in the table's sets, keyed by address: a refilled chain (a policy change, a wake) keeps them.
+  const base = baseScript({ bridge: 'asbnpx', subnet: '10.236.0.0/16', gateway: '10.236.0.1' });
+  for (const set of ['lim_proxy_connections', 'lim_dns_tcp_connections', 'lim_dns_udp_flows', 'lim_egress_flows']) assert.match(base, new RegExp(`set ${set} \\{ type ipv4_addr; size 65536; flags dynamic; \\}`));
+  for (const set of ['lim_proxy_rate', 'lim_dns_rate', 'lim_egress_rate']) assert.match(base, new RegExp(`set ${set} \\{ type ipv4_addr; size 65536; flags dynamic,timeout; timeout 1m; \\}`));
 });

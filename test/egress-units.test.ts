@@ -2,17 +2,23 @@
 // the field numbers Envoy uses), the decision, credential rules, DNS messages and answers, and the
 // memory of resolved addresses.
 import assert from 'node:assert/strict';
+import { createSocket } from 'node:dgram';
+import { once } from 'node:events';
+import { connect, type Socket } from 'node:net';
 import { test } from 'node:test';
+import { Registry } from 'prom-client';
 import { decodeCheckRequest, encodeCheckResponse } from '../src/egress/authz-codec.ts';
 import { credentialHeaders, hostMatches, interceptedHosts, type CredentialRule } from '../src/egress/credentials.ts';
 import { filterAnswer, refuseName } from '../src/egress/dns-answer.ts';
+import { DnsResolver } from '../src/egress/dns-resolver.ts';
 import { buildResponse, parseQuery, QTYPE, RCODE } from '../src/egress/dns-wire.ts';
 import { decideConnection, nameOf } from '../src/egress/egress-decision.ts';
 import { GRACE_MS, ResolvedAddresses } from '../src/egress/resolved-addresses.ts';
 import { parseEgressFloor } from '../src/network/egress-floor.ts';
-import type { EgressPolicy } from '../src/network/egress-policy.ts';
+import { parseEgressPolicy, type EgressPolicy } from '../src/network/egress-policy.ts';
 import { WireWriter } from '../src/router/protobuf-wire.ts';
 import type { Clock } from '../src/system/clock.ts';
+import { silentLogger } from '../src/system/log.ts';
 
 function peer(ip: string, port: number): WireWriter {
   return new WireWriter().message(1, new WireWriter().message(1, new WireWriter().string(2, ip).uint(3, port)));
@@ -127,4 +133,65 @@ test('the egress floor: no allow entry (CIDR, 0.0.0.0/0 or a name) opens the clo
   assert.deepEqual(a.addresses, ['192.0.2.9']);
   const only = filterAnswer(wide, 'metadata.example.com', { addresses: ['169.254.169.254'], ttlS: 30 });
   assert.deepEqual([only.addresses, only.rule, only.verdict], [[], 'floor', 'filtered']);
+});
+
+test('DNS resolver: one sandbox flooding queries on one socket gets SERVFAIL past its share of lookups in flight; another sandbox is still answered', async (t) => {
+  const held: (() => void)[] = [];
+  const upstream = {
+    lookup: (name: string): Promise<{ addresses: string[]; ttlS: number }> =>
+      name.startsWith('slow') ? new Promise((resolve) => held.push(() => resolve({ addresses: ['192.0.2.1'], ttlS: 30 }))) : Promise.resolve({ addresses: ['192.0.2.2'], ttlS: 30 }),
+  };
+  const policy = parseEgressPolicy({}, 'p');
+  const dns = new DnsResolver({ source: { policyForPodIp: () => policy }, upstream, registry: new Registry(), log: silentLogger(), maxInFlightPerSandbox: 4 });
+  t.after(() => dns.close());
+  const port = await dns.listen('127.0.0.1', 0);
+  const query = (id: number, name: string): Buffer => Buffer.concat([Buffer.from([id >> 8, id & 0xff, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]), ...name.split('.').map((l) => Buffer.from(`${String.fromCharCode(l.length)}${l}`, 'latin1')), Buffer.from([0, 0, 1, 0, 1])]);
+  const client = async (address: string): Promise<{ ask: (id: number, name: string) => void; answer: (id: number) => Promise<number> }> => {
+    const s = createSocket('udp4');
+    t.after(() => s.close());
+    await new Promise<void>((resolve) => s.bind(0, address, resolve));
+    const waiting = new Map<number, (rcode: number) => void>();
+    s.on('message', (m) => waiting.get(m.readUInt16BE(0))?.(m.readUInt8(3) & 0x0f));
+    return {
+      ask: (id, name) => s.send(query(id, name), port, '127.0.0.1'),
+      answer: (id) => new Promise((resolve) => waiting.set(id, resolve)),
+    };
+  };
+  const flooder = await client('127.0.0.2');
+  const other = await client('127.0.0.3');
+  const refused = Array.from({ length: 3 }, (_, i) => flooder.answer(100 + i));
+  for (let i = 0; i < 4; i++) flooder.ask(i, `slow${String(i)}.example.com`);
+  for (let i = 0; i < 3; i++) flooder.ask(100 + i, `slow${String(100 + i)}.example.com`);
+  assert.deepEqual(await Promise.all(refused), [RCODE.servFail, RCODE.servFail, RCODE.servFail], 'past its 4 lookups in flight');
+  const answered = other.answer(7);
+  other.ask(7, 'fast.example.com');
+  assert.equal(await answered, RCODE.noError, 'another sandbox is answered meanwhile');
+  const next = flooder.answer(200);
+  for (const release of held.splice(0)) release();
+  flooder.ask(200, 'fast.example.com');
+  assert.equal(await next, RCODE.noError, 'once its lookups end, the flooder is answered again');
+});
+
+test('DNS resolver: past its TCP connections from all sandboxes together a new one is closed at once; those open still answer', async (t) => {
+  const policy = parseEgressPolicy({}, 'p');
+  const dns = new DnsResolver({ source: { policyForPodIp: () => policy }, upstream: { lookup: () => Promise.resolve({ addresses: ['192.0.2.2'], ttlS: 30 }) }, registry: new Registry(), log: silentLogger(), maxTcpConnections: 2 });
+  t.after(() => dns.close());
+  const port = await dns.listen('127.0.0.1', 0);
+  const open = async (): Promise<Socket> => {
+    const s = connect(port, '127.0.0.1');
+    t.after(() => s.destroy());
+    await once(s, 'connect');
+    return s;
+  };
+  const first = await open();
+  await open();
+  const third = await open();
+  await once(third, 'close');
+  const q = Buffer.concat([Buffer.from([0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]), Buffer.from('\x03api\x07example\x03com\x00', 'latin1'), Buffer.from([0, 1, 0, 1])]);
+  const framed = Buffer.alloc(2 + q.length);
+  framed.writeUInt16BE(q.length, 0);
+  q.copy(framed, 2);
+  first.write(framed);
+  const [reply] = (await once(first, 'data')) as [Buffer];
+  assert.equal(reply.readUInt16BE(2), 0x1234, 'the first connection is answered');
 });

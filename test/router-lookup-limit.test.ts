@@ -6,7 +6,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { clientKey, UNKNOWN_CLIENT } from '../src/router/client-address.ts';
-import { LookupLimiter, TokenBuckets } from '../src/router/lookup-limiter.ts';
+import { LookupLimiter } from '../src/router/lookup-limiter.ts';
+import { TokenBuckets } from '../src/system/token-buckets.ts';
 import { parseRouterConfig } from '../src/router/router-config.ts';
 import { RouteTable } from '../src/router/route-table.ts';
 import { ConfigError } from '../src/system/config.ts';

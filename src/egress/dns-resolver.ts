@@ -56,6 +56,18 @@ export interface DnsResolverOptions {
   onAnswer?: (podIp: string, name: string, addresses: readonly string[], ttlS: number) => void;
   /** Lookups in flight at once; queries beyond are answered SERVFAIL (a flood must not queue without bound). Default 512. */
   maxInFlight?: number;
+  /**
+   * Lookups in flight at once for one sandbox (source address); beyond, SERVFAIL. Default 32: a
+   * sandbox's flood of queries on one socket passes the kernel's per-flow bounds (connection-
+   * limits.ts counts flows, not packets), and must not take the whole 512 from every other one.
+   */
+  maxInFlightPerSandbox?: number;
+  /**
+   * TCP connections open at once from all sandboxes; beyond, a new one is closed at once. Each
+   * pod holds at most 32 (src/network/connection-limits.ts), but many pods at their bound must
+   * still leave the worker its descriptors: 4,096 is a fifth of its 20,000. Default 4096.
+   */
+  maxTcpConnections?: number;
   /** Addresses never answered whatever the policy (src/network/egress-floor.ts). Default DEFAULT_FLOOR. */
   floor?: EgressFloor;
 }
@@ -67,6 +79,7 @@ export class DnsResolver {
   #tcp: Server | undefined;
   readonly #conns = new Set<Socket>();
   #inFlight = 0;
+  readonly #inFlightBySource = new Map<string, number>();
   #port = 0;
 
   constructor(opts: DnsResolverOptions) {
@@ -92,6 +105,7 @@ export class DnsResolver {
         udp.bind(port, host, () => resolve(udp.address().port));
       });
       const tcp = createServer((s) => this.#onTcp(s));
+      tcp.maxConnections = this.#opts.maxTcpConnections ?? 4096;
       try {
         await new Promise<void>((resolve, reject) => {
           tcp.once('error', reject);
@@ -165,7 +179,13 @@ export class DnsResolver {
       count({ rule: 'overloaded', verdict: 'error' });
       return buildResponse(q, RCODE.servFail, [], 0, limit);
     }
+    const mine = this.#inFlightBySource.get(ip) ?? 0;
+    if (mine >= (this.#opts.maxInFlightPerSandbox ?? 32)) {
+      count({ rule: 'sandbox-overloaded', verdict: 'error' });
+      return buildResponse(q, RCODE.servFail, [], 0, limit);
+    }
     this.#inFlight++;
+    this.#inFlightBySource.set(ip, mine + 1);
     try {
       const a = filterAnswer(policy, q.name, await this.#opts.upstream.lookup(q.name, family), this.#opts.floor);
       count(a);
@@ -177,6 +197,9 @@ export class DnsResolver {
       return buildResponse(q, RCODE.servFail, [], 0, limit);
     } finally {
       this.#inFlight--;
+      const left = (this.#inFlightBySource.get(ip) ?? 1) - 1;
+      if (left === 0) this.#inFlightBySource.delete(ip);
+      else this.#inFlightBySource.set(ip, left);
     }
   }
 

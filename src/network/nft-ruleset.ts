@@ -18,10 +18,12 @@
 //   pod's packet to another pod goes to the host and is REJECTED in forward at once, instead of
 //   hanging ~3 s on ARP.
 // - inet input from the bridge (i_<key>): to the host itself, on any of its addresses, only the
-//   DNS resolver (UDP/TCP 53) and the egress proxy port on the gateway, when configured. Replies
-//   to connections the host opened to the pod (the data plane, probes, envd) are established.
+//   DNS resolver (UDP/TCP 53) and the egress proxy port on the gateway, when configured, each
+//   within the pod's bounds (connection-limits.ts: connections open at once, new ones a second).
+//   Replies to connections the host opened to the pod (the data plane, probes, envd) are established.
 // - inet forward from the bridge (f_<key>): to another pod (out the bridge again) rejected; then
-//   the worker's floor (egress-floor.ts: cloud metadata, which no policy opens); then the policy
+//   the worker's floor (egress-floor.ts: cloud metadata, which no policy opens); then the pod's
+//   bounds on forwarded flows (connection-limits.ts); then the policy
 //   in decideEgress's order: allow CIDRs, deny CIDRs, the private ranges, the
 //   catch-all deny, and the internet default. Each rule has a counter and a comment naming the
 //   policy rule, the per-sandbox, per-rule counts the worker exports as metrics.
@@ -33,6 +35,7 @@
 // Denied traffic is rejected, never dropped: TCP gets a reset (ECONNREFUSED at once), anything
 // else ICMP admin-prohibited (EHOSTUNREACH). Established and related packets are accepted first,
 // so a policy change applies to new connections.
+import { DEFAULT_CONNECTION_LIMITS, egressLimitRules, gatewayLimitRules, limitSets, type ConnectionLimits, type LimitRule } from './connection-limits.ts';
 import { DEFAULT_FLOOR, FLOOR_RULE, type EgressFloor } from './egress-floor.ts';
 import { compileEgressPolicy, DEFAULT_RULES, PRIVATE_RANGES, type EgressPolicy } from './egress-policy.ts';
 
@@ -49,6 +52,8 @@ export interface BridgeNet {
   dns?: boolean;
   /** Addresses no policy opens (egress-floor.ts). Default DEFAULT_FLOOR (cloud metadata). */
   floor?: EgressFloor;
+  /** Each pod's share of the proxy, the resolver and the conntrack table (connection-limits.ts). Default DEFAULT_CONNECTION_LIMITS. */
+  limits?: ConnectionLimits;
 }
 
 export interface PodNet {
@@ -100,7 +105,7 @@ table inet ${t} {
   map m_in { type ipv4_addr : verdict; }
   map m_out { type ipv4_addr : verdict; }
   map m_nat { type ipv4_addr : verdict; }
-  chain deny {
+${limitSets().map((set) => `  ${set}\n`).join('')}  chain deny {
     meta l4proto tcp reject with tcp reset
     reject with icmpx admin-prohibited
   }
@@ -180,7 +185,10 @@ export function podScript(net: BridgeNet, pod: PodNet): string {
     'accept',
   ]);
 
-  const input: string[] = [];
+  // The bounds first: each count and bucket is this pod's own, kept by address in the table's sets.
+  const limits = net.limits ?? DEFAULT_CONNECTION_LIMITS;
+  const bound = (l: LimitRule): string => `${l.match === '' ? '' : `${l.match} `}${l.over} counter jump deny ${c(l.rule)}`;
+  const input: string[] = gatewayLimitRules(gw, net, limits).map(bound);
   if (net.dns === true) input.push(`ip daddr ${gw} meta l4proto { tcp, udp } th dport 53 accept`);
   if (net.egressProxyPort !== undefined) input.push(`ip daddr ${gw} tcp dport ${String(net.egressProxyPort)} accept`);
   input.push(`counter jump deny ${c(KERNEL_RULES.host)}`);
@@ -190,6 +198,7 @@ export function podScript(net: BridgeNet, pod: PodNet): string {
   // Pods have IPv4 only (the bridge drops other ethertypes): the floor's IPv6 entries are the proxy's and resolver's.
   const floor = v4((net.floor ?? DEFAULT_FLOOR).cidrs).map((x) => x.text);
   if (floor.length > 0) forward.push(`ip daddr { ${floor.join(', ')} } counter jump deny ${c(FLOOR_RULE)}`);
+  forward.push(...egressLimitRules(limits).map(bound));
   for (const cidr of v4(p.allowCidrs)) forward.push(`ip daddr ${cidr.text} counter accept ${c(cidr.text)}`);
   for (const cidr of v4(p.denyCidrs)) forward.push(`ip daddr ${cidr.text} counter jump deny ${c(cidr.text)}`);
   const privateV4 = PRIVATE_RANGES.filter((r) => !r.includes(':'));

@@ -11,6 +11,7 @@ import type { CredentialStore } from '../egress/credential-store.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { AccessTokens } from './access-token.ts';
+import type { SandboxCallLimits } from './sandbox-calls.ts';
 import type { SandboxIndex } from './sandbox-index.ts';
 
 /** The part of the operator the API drives (src/operator/operator.ts implements it). */
@@ -88,6 +89,8 @@ export interface WorkerDeps {
   /** Namespace of sandboxes created without one. */
   defaultNamespace?: string;
   limits?: Partial<WorkerLimits>;
+  /** Processes and terminals one sandbox's API callers hold at once and start a second, and all together (sandbox-calls.ts); default DEFAULT_SANDBOX_CALL_LIMITS. */
+  sandboxCallLimits?: SandboxCallLimits;
   dataPlane?: Partial<DataPlane>;
   routeFeed?: RouteFeedLimits;
   terminal?: TerminalLimits;

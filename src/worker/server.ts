@@ -40,6 +40,7 @@ import { Envd, isEnvdRequest } from './envd/envd.ts';
 import { isKubeApiPath, KubeApi } from '../kubeapi/server.ts';
 import { SandboxRouterProxy } from './sandbox-router/proxy.ts';
 import { isSigsRequest } from './sandbox-router/request.ts';
+import { boundSandboxCalls } from './sandbox-calls.ts';
 import { DEFAULT_UPLOADS_PER_KEY, DEFAULT_UPLOADS_TOTAL, UploadSlots } from './upload-slots.ts';
 
 export interface WorkerServer {
@@ -110,7 +111,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
 
   const w: WorkerContext = Object.freeze({
     store: deps.store,
-    runtime: deps.runtime,
+    runtime: boundSandboxCalls(deps.runtime, clock, deps.sandboxCallLimits),
     operator: deps.operator,
     registry: deps.registry,
     log,

@@ -7,6 +7,7 @@
 // whatever the client keeps sending into it) for an unknown time, while a 429 tells the client
 // at once when to come back (the E2B SDKs raise RateLimitError for a 429).
 import { AsbError } from '../errors.ts';
+import { Slots, type SlotBounds } from './slots.ts';
 
 /** Uploads at once per key (an API key's prefix, or a sandbox's access token); the probe's 8 concurrent uploads from one key still fit. */
 export const DEFAULT_UPLOADS_PER_KEY = 8;
@@ -15,50 +16,10 @@ export const DEFAULT_UPLOADS_TOTAL = 32;
 /** An upload of the 64 MiB limit takes ~0.5 s on loopback: a second later a slot is likely free. */
 export const UPLOAD_RETRY_AFTER_S = 1;
 
-export interface UploadBounds {
-  perKey: number;
-  total: number;
-}
+export type UploadBounds = SlotBounds;
 
-export type Admission =
-  | { kind: 'admitted'; release: () => void }
-  | { kind: 'refused'; scope: 'key' | 'worker'; limit: number };
-
-export class UploadSlots {
-  readonly #bounds: UploadBounds;
-  readonly #byKey = new Map<string, number>();
-  #total = 0;
-
-  constructor(bounds: UploadBounds) {
-    this.#bounds = bounds;
-  }
-
-  /** Uploads in flight, for a key or (without one) in all. */
-  inFlight(key?: string): number {
-    return key === undefined ? this.#total : this.#byKey.get(key) ?? 0;
-  }
-
-  /** A slot for one upload from `key`, or which bound refused it. release() is idempotent. */
-  admit(key: string): Admission {
-    const held = this.#byKey.get(key) ?? 0;
-    if (held >= this.#bounds.perKey) return { kind: 'refused', scope: 'key', limit: this.#bounds.perKey };
-    if (this.#total >= this.#bounds.total) return { kind: 'refused', scope: 'worker', limit: this.#bounds.total };
-    this.#byKey.set(key, held + 1);
-    this.#total++;
-    let released = false;
-    return {
-      kind: 'admitted',
-      release: () => {
-        if (released) return;
-        released = true;
-        this.#total--;
-        const left = (this.#byKey.get(key) ?? 1) - 1;
-        if (left === 0) this.#byKey.delete(key);
-        else this.#byKey.set(key, left);
-      },
-    };
-  }
-
+/** Upload slots per key (an API key's prefix, or a sandbox's access token) and on the worker. */
+export class UploadSlots extends Slots {
   /** Runs `upload` in a slot for `key`, or throws TooManyRequests (429, Retry-After) naming the bound. */
   async run<T>(key: string, who: string, upload: () => Promise<T>): Promise<T> {
     const admission = this.admit(key);

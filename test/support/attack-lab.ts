@@ -86,6 +86,8 @@ export interface AttackContext {
   hostDir(prefix: string): Promise<string>;
   /** Runs after the attack, before the pods and directories made before it are removed. */
   cleanup(step: () => unknown): void;
+  /** Prints a line under the test's result (node:test's t.diagnostic): figures measured alongside. */
+  diagnostic(message: string): void;
   /** Resolves once pred holds for the pod's state (checked on every change), or fails after timeoutMs. */
   waitForState(id: string, pred: (s: PodState) => boolean, what: string, timeoutMs?: number): Promise<PodState>;
 }
@@ -144,13 +146,13 @@ export class AttackLab {
       for (const attack of attacks) {
         if (attack.classes !== undefined && !attack.classes.includes(cls)) continue;
         test(`${cls}: ${attack.name}`, attack.timeoutMs === undefined ? {} : { timeout: attack.timeoutMs }, async (t) => {
-          await attack.run(this.#context(cls, (step) => onCleanup(t, step)));
+          await attack.run(this.#context(cls, (step) => onCleanup(t, step), (message) => t.diagnostic(message)));
         });
       }
     }
   }
 
-  #context(cls: RuntimeClass, cleanup: (step: () => unknown) => void): AttackContext {
+  #context(cls: RuntimeClass, cleanup: (step: () => unknown) => void, diagnostic: (message: string) => void): AttackContext {
     const rt = this.rt;
     const suffix = cls === 'runc' ? 'r' : 'g';
     const waitForState = (id: string, pred: (s: PodState) => boolean, what: string, timeoutMs = 20_000): Promise<PodState> => waitForPodState(rt, id, pred, what, timeoutMs);
@@ -159,6 +161,7 @@ export class AttackLab {
       rt,
       root: this.root,
       cleanup,
+      diagnostic,
       waitForState,
       hostDir: async (prefix) => {
         const dir = await mkdtemp(join(tmpdir(), prefix));

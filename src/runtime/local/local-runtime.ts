@@ -46,6 +46,7 @@ import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
 import { runscFlags } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
 import { claimIdRange, DEFAULT_ID_RANGES_DIR, releaseIdRange } from './id-ranges.ts';
+import type { ConnectionLimits } from '../../network/connection-limits.ts';
 import type { EgressFloor } from '../../network/egress-floor.ts';
 
 export interface LocalRuntimeOptions {
@@ -91,6 +92,11 @@ export interface LocalRuntimeOptions {
   podDns?: boolean;
   /** Addresses no pod reaches whatever its policy (src/network/egress-floor.ts). Default DEFAULT_FLOOR: cloud metadata. */
   egressFloor?: EgressFloor;
+  /**
+   * Each pod's bounds on the proxy, the resolver and forwarded flows: connections open at once
+   * and new ones a second (src/network/connection-limits.ts). Default DEFAULT_CONNECTION_LIMITS.
+   */
+  connectionLimits?: ConnectionLimits;
   /**
    * PEM file of a CA every pod trusts besides its image's (the cluster's egress CA, whose
    * certificates the egress proxy serves for credential-injection hosts): appended to each pod's
@@ -231,6 +237,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
         ...(opts.egressProxy === undefined ? {} : { egressProxyPort: opts.egressProxy.port }),
         dns: opts.podDns === true,
         ...(opts.egressFloor === undefined ? {} : { floor: opts.egressFloor }),
+        ...(opts.connectionLimits === undefined ? {} : { limits: opts.connectionLimits }),
       },
       (argv, input) => this.#launcher.run(argv, input),
       this.#log,
