@@ -242,16 +242,12 @@ static void setup_net(pid_t holder, int created) {
   if (code != 0) fail_msg(created, "network", "the configuring process failed");
 }
 
-// -N: a new network namespace, bind-mounted at netns_file, held by a child while the runtime
-// attaches the veth (it names the namespace by that child's pid). Returns the child; the caller
-// closes *release to let it exit.
-static pid_t make_netns(int *release) {
+// A child in a new namespace of `flags` (made as `owner` when not 0: dropping to that id drops
+// every capability, as an unprivileged user would make it), held until the caller closes
+// *release. Fails the shim with `what` when the child cannot make it.
+static pid_t hold_new_ns(int flags, uid_t owner, const char *what, int *release) {
   int ready[2], hold[2];
   if (pipe2(ready, O_CLOEXEC) < 0 || pipe2(hold, O_CLOEXEC) < 0) fail(0, "pipe");
-  umount2(netns_file, MNT_DETACH); // a namespace left by a shim that died; EINVAL when none
-  int fd = open(netns_file, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) fail(0, "netns file");
-  close(fd);
   pid_t child = fork();
   if (child < 0) fail(0, "fork");
   if (child == 0) {
@@ -260,7 +256,9 @@ static pid_t make_netns(int *release) {
     int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     dup2(null_fd, 0);
     dup2(null_fd, 1); // never the launcher's pipe: it must see EOF when the shim ends
-    char c = unshare(CLONE_NEWNET) == 0 ? 'y' : 'n';
+    char c = 'y';
+    if (owner != 0 && (setgroups(0, NULL) < 0 || setresgid(owner, owner, owner) < 0 || setresuid(owner, owner, owner) < 0)) c = 'i';
+    if (c == 'y' && unshare(flags) < 0) c = 'n';
     (void)!write(ready[1], &c, 1);
     while (read(hold[0], &c, 1) < 0 && errno == EINTR) {}
     _exit(0);
@@ -270,11 +268,24 @@ static pid_t make_netns(int *release) {
   char c = 0;
   while (read(ready[0], &c, 1) < 0 && errno == EINTR) {}
   close(ready[0]);
-  if (c != 'y') fail_msg(0, "netns", "cannot unshare a network namespace");
+  if (c == 'i') fail_msg(0, what, "cannot take the owner's id");
+  if (c != 'y') fail_msg(0, what, "cannot unshare");
+  *release = hold[1];
+  return child;
+}
+
+// -N: a new network namespace, bind-mounted at netns_file, held by a child while the runtime
+// attaches the veth (it names the namespace by that child's pid). Returns the child; the caller
+// closes *release to let it exit.
+static pid_t make_netns(int *release) {
+  umount2(netns_file, MNT_DETACH); // a namespace left by a shim that died; EINVAL when none
+  int fd = open(netns_file, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) fail(0, "netns file");
+  close(fd);
+  pid_t child = hold_new_ns(CLONE_NEWNET, 0, "netns", release);
   char ns[64];
   snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)child);
   if (mount(ns, netns_file, NULL, MS_BIND, NULL) < 0) fail(0, "mount netns");
-  *release = hold[1];
   return child;
 }
 
@@ -282,30 +293,8 @@ static pid_t make_netns(int *release) {
 // inside..inside+size-1 mapped to outside..; returns an fd of that namespace and, with `file`,
 // bind-mounts it there. The child exits at once: the fd and the mount keep the namespace.
 static int make_userns(uid_t owner, long inside, long outside, long size, const char *file) {
-  int ready[2], hold[2];
-  if (pipe2(ready, O_CLOEXEC) < 0 || pipe2(hold, O_CLOEXEC) < 0) fail(0, "pipe");
-  pid_t child = fork();
-  if (child < 0) fail(0, "fork");
-  if (child == 0) {
-    close(ready[0]);
-    close(hold[1]);
-    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-    dup2(null_fd, 0);
-    dup2(null_fd, 1);
-    char c = 'y';
-    // Dropping to the owner drops every capability: the namespace is made as an unprivileged user would.
-    if (owner != 0 && (setgroups(0, NULL) < 0 || setresgid(owner, owner, owner) < 0 || setresuid(owner, owner, owner) < 0)) c = 'i';
-    if (c == 'y' && unshare(CLONE_NEWUSER) < 0) c = 'n';
-    (void)!write(ready[1], &c, 1);
-    while (read(hold[0], &c, 1) < 0 && errno == EINTR) {}
-    _exit(0);
-  }
-  close(ready[1]);
-  close(hold[0]);
-  char c = 0;
-  while (read(ready[0], &c, 1) < 0 && errno == EINTR) {}
-  close(ready[0]);
-  if (c != 'y') fail_msg(0, "user namespace", c == 'i' ? "cannot take the range's host id" : "cannot unshare a user namespace");
+  int release = -1;
+  pid_t child = hold_new_ns(CLONE_NEWUSER, owner, "user namespace", &release);
   char path[64], map[96];
   int len = snprintf(map, sizeof map, "%ld %ld %ld\n", inside, outside, size);
   static const char *maps[] = {"uid_map", "gid_map"};
@@ -325,7 +314,7 @@ static int make_userns(uid_t owner, long inside, long outside, long size, const 
     close(fd);
     if (mount(path, file, NULL, MS_BIND, NULL) < 0) fail(0, "mount userns");
   }
-  close(hold[1]);
+  close(release);
   while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {}
   return ns_fd;
 }
