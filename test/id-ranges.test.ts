@@ -5,7 +5,8 @@ import { mkdir, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { claimIdRange, FIRST_HOST_ID, ID_RANGE_SIZE, rangeOfSlot, releaseIdRange } from '../src/runtime/local/id-ranges.ts';
+import { AsbError } from '../src/errors.ts';
+import { claimIdRange, FIRST_HOST_ID, ID_RANGE_SIZE, keepIdRange, rangeOfSlot, releaseIdRange } from '../src/runtime/local/id-ranges.ts';
 
 async function fixture(t: { after(fn: () => Promise<void>): void }): Promise<{ pool: string; pod(name: string): Promise<string> }> {
   const dir = await mkdtemp(join(tmpdir(), 'asb-id-ranges-'));
@@ -53,4 +54,14 @@ test('a claim whose pod directory is gone (a state dir deleted without its pods)
   await rm(gone, { recursive: true });
   const next = await Promise.all([claimIdRange(f.pool, await f.pod('n1')), claimIdRange(f.pool, await f.pod('n2'))]);
   assert.deepEqual(next.map((r) => r.hostId).sort(), [rangeOfSlot(0).hostId, rangeOfSlot(2).hostId], 'the stale slot 0 went to one of them, never twice, and the live slot 1 to neither');
+});
+
+test('a pod keeps its recorded range: a lost claim is made again, one a live pod of another state dir holds is refused', async (t) => {
+  const f = await fixture(t);
+  const [a, b] = [await f.pod('a'), await f.pod('b')];
+  const ra = await claimIdRange(f.pool, a);
+  await rm(join(f.pool, String((ra.hostId - FIRST_HOST_ID) / ID_RANGE_SIZE)));
+  await keepIdRange(f.pool, a, ra);
+  assert.notDeepEqual(await claimIdRange(f.pool, b), ra, 'the claim is back: b gets another range');
+  await assert.rejects(keepIdRange(f.pool, b, ra), (err: unknown) => err instanceof AsbError && err.code === 'Conflict' && err.message.includes(a));
 });

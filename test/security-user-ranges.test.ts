@@ -120,15 +120,11 @@ for i in range(held['mq']):
 
 /** Starts the hog in `p` as its root, in the background, and resolves with what it holds once it holds it. */
 async function hog(p: LabPod, tag: string): Promise<string> {
-  const write = await p.sh(`cat > /tmp/per-user.py && (python3 /tmp/per-user.py hog ${tag} > /tmp/hog-${tag}.out 2>&1 &)`, { user: 0, stdin: PER_USER });
-  assert.equal(write.exitCode, 0, write.err);
-  for (let i = 0; i < 600; i++) {
-    const out = (await p.sh(`cat /tmp/hog-${tag}.out 2>/dev/null`)).out;
-    if (out.startsWith('holding')) return out.trim();
-    assert.equal(out, '', `the hog failed: ${out}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`the hog in ${p.id} never held anything`);
+  // The hog runs on in the background; this exec returns once it says what it holds, or ended.
+  const out = `/tmp/hog-${tag}.out`;
+  const started = await p.sh(`cat > /tmp/per-user.py && (python3 /tmp/per-user.py hog ${tag} > ${out} 2>&1 & echo $! > ${out}.pid) && while kill -0 "$(cat ${out}.pid)" 2>/dev/null && ! grep -q holding ${out}; do sleep 0.05; done; cat ${out}`, { user: 0, stdin: PER_USER, timeoutMs: 60_000 });
+  assert.match(started.out, /^holding /, `the hog in ${p.id} held nothing: ${started.out}${started.err}`);
+  return started.out.trim();
 }
 
 async function probeIn(p: LabPod, tag: string): Promise<string> {

@@ -241,7 +241,15 @@ export class KubePodRuntime implements PodRuntime {
     // enforces it; without one that enforces NetworkPolicy, nothing does: clusters/README.md).
     await this.setEgressPolicy(id, req.egress ?? DEFAULT_EGRESS_POLICY);
     if (req.service === true) await this.#createIfMissing(ServiceType, serviceManifest(req, this.namespace));
-    const created = await this.#createIfMissing(PodType, podManifest(req, { namespace: this.namespace, graceSeconds: this.#graceSeconds }));
+    const manifest = podManifest(req, { namespace: this.namespace, graceSeconds: this.#graceSeconds });
+    const created = await this.#createIfMissing(PodType, manifest);
+    if (created !== undefined && manifest.spec.hostUsers === false && created.spec.hostUsers !== false) {
+      // An API server before 1.33, or with UserNamespacesSupport off, drops the field and would
+      // run the Pod in the node's user namespace, where Pod Security let root in only because of
+      // it: never run it so.
+      await this.#store.delete(PodType, this.namespace, id).catch((err: unknown) => this.#log.error({ err, id }, 'cannot delete a Pod the API server made without its user namespace'));
+      throw new AsbError('Unavailable', `the cluster dropped hostUsers: false from pod ${id} (Kubernetes before 1.33, or the UserNamespacesSupport feature gate off), so it would share the node's user ids; the pod was deleted. Enable user namespaces on the cluster, or run sandboxes under gVisor (runtimeClassName: gvisor)`);
+    }
     const uid = created?.metadata.uid;
     await this.#waitUntil(`pod ${id} to appear in the watch`, () => {
       const seen = this.#pod(id);

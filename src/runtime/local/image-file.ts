@@ -2,12 +2,13 @@
 // is resolved inside the tree (an absolute target starts again at the tree's root, `..` never
 // climbs above it), as openat2(RESOLVE_IN_ROOT) does. The tree is the tenant's: a plain readFile
 // of <tree>/etc/ssl/certs/ca-certificates.crt followed an image's link to /root/... and handed a
-// host file to the sandbox as its CA bundle. Only a regular file is read, opened O_NOFOLLOW and
-// O_NONBLOCK (a FIFO in the image would block the worker's thread; a device node would read the
-// host's device), and only up to a size: the tenant picks that too.
+// host file to the sandbox as its CA bundle. Only a regular file is opened: the type is checked
+// before the open (umoci unpacks device nodes as root, and opening one can act on the host's
+// device: a watchdog arms on open), then the file is opened O_NOFOLLOW and O_NONBLOCK and must be
+// the same regular file (device and inode), and only up to a size is read: the tenant picks that too.
 // Trees are unpacked once and never written after (image-store.ts), and no sandbox can write to a
 // lower layer, so nothing changes between the walk and the open.
-import { constants } from 'node:fs';
+import { constants, type Stats } from 'node:fs';
 import { lstat, open, readlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AsbError } from '../../errors.ts';
@@ -22,6 +23,11 @@ export const IMAGE_FILE_MAX_BYTES = 4 * 2 ** 20;
  * it; undefined when a component is missing or not a directory (the file does not exist there).
  */
 export async function resolveInTree(tree: string, path: string): Promise<string | undefined> {
+  return (await lookUpInTree(tree, path))?.at;
+}
+
+/** resolveInTree, with the lstat of what it found. */
+async function lookUpInTree(tree: string, path: string): Promise<{ at: string; st: Stats } | undefined> {
   const pending = path.split('/');
   const resolved: string[] = [];
   let links = 0;
@@ -48,7 +54,9 @@ export async function resolveInTree(tree: string, path: string): Promise<string 
     if (pending.some((rest) => rest !== '' && rest !== '.') && !st.isDirectory()) return undefined;
     resolved.push(name);
   }
-  return join(tree, ...resolved);
+  const at = join(tree, ...resolved);
+  // Never a link: every one on the way was followed.
+  return { at, st: await lstat(at) };
 }
 
 /**
@@ -56,16 +64,17 @@ export async function resolveInTree(tree: string, path: string): Promise<string 
  * naming the path when it is there but not a regular file, or larger than `maxBytes`.
  */
 export async function readImageFile(tree: string, path: string, maxBytes = IMAGE_FILE_MAX_BYTES): Promise<string | undefined> {
-  const at = await resolveInTree(tree, path);
-  if (at === undefined) return undefined;
-  const handle = await open(at, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch((err: unknown) => {
+  const found = await lookUpInTree(tree, path);
+  if (found === undefined) return undefined;
+  if (!found.st.isFile()) throw invalid(path, `is ${kindOf(found.st)}, not a regular file`);
+  const handle = await open(found.at, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch((err: unknown) => {
     if (isMissing(err)) return undefined;
     throw err;
   });
   if (handle === undefined) return undefined;
   try {
     const st = await handle.stat();
-    if (!st.isFile()) throw invalid(path, `is ${kindOf(st)}, not a regular file`);
+    if (!st.isFile() || st.dev !== found.st.dev || st.ino !== found.st.ino) throw invalid(path, 'changed while it was being read');
     if (st.size > maxBytes) throw invalid(path, `is ${String(st.size)} bytes, more than the ${String(maxBytes)} the runtime reads`);
     const buf = Buffer.alloc(st.size);
     const { bytesRead } = await handle.read(buf, 0, st.size, 0);

@@ -16,7 +16,7 @@ import { readFileSync } from 'node:fs';
 import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
-import { AsbError } from '../../errors.ts';
+import { AsbError, isAsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
 import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
@@ -45,7 +45,7 @@ import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
 import { runscFlags } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
-import { claimIdRange, DEFAULT_ID_RANGES_DIR, releaseIdRange } from './id-ranges.ts';
+import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange } from './id-ranges.ts';
 import type { ConnectionLimits } from '../../network/connection-limits.ts';
 import type { EgressFloor } from '../../network/egress-floor.ts';
 
@@ -407,7 +407,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     try {
       idRange = await this.#idRange(pod);
     } catch (err) {
-      return fail(err instanceof Error ? err.message : String(err), 'RuntimeUnavailable');
+      return fail(err instanceof Error ? err.message : String(err), isAsbError(err, 'Conflict') ? 'CreateContainerConfigError' : 'RuntimeUnavailable');
     }
     pod.persisted = { request: req, ip, image, idRange };
     let shimArgs: string[];
@@ -472,7 +472,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * before ranges (its files are owned by that one), else one claimed for it now.
    */
   async #idRange(pod: Pod): Promise<IdRange> {
-    if (pod.persisted !== undefined) return pod.persisted.idRange ?? ROOT_ID_MAP;
+    const kept = pod.persisted?.idRange;
+    if (kept !== undefined) {
+      await keepIdRange(this.#idRangesDir, pod.paths.dir, kept);
+      return kept;
+    }
+    if (pod.persisted !== undefined) return ROOT_ID_MAP;
     if (await madeBeforeDisks(pod.paths.dir)) return ROOT_ID_MAP;
     return claimIdRange(this.#idRangesDir, pod.paths.dir);
   }
@@ -641,6 +646,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
     if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
+    // The namespace files a killed shim left bound: the pod dir cannot be removed under them (EBUSY).
+    for (const ns of [pod.paths.userns, pod.paths.netns]) await this.#host.disk.unmount(ns);
     const mountDir = join(this.#host.mountRoot, id);
     await Promise.all([
       rm(pod.paths.dir, { recursive: true, force: true }),
@@ -648,7 +655,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
       rmdir(join(mountDir, 'rootfs')).catch(() => undefined).then(() => rmdir(mountDir)).catch(() => undefined),
     ]);
-    // After its files: the range goes to another pod only once nothing of this one is owned by it.
+    // After its files are deleted, so a later pod given the range finds none of this one's.
     await releaseIdRange(this.#idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot release the pod\'s id range'));
     // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.
     await this.#images.unpin(pod.paths.dir);

@@ -130,6 +130,9 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   // the user namespace, walks to rootfs/ there; another host user or sandbox must not.
   const mountDir = join(host.mountRoot, req.id);
   const mountPoint = join(mountDir, 'rootfs');
+  // A pod started before this layout had its rootfs at <id> itself: one left mounted by a shim
+  // that was killed must go first, or rootfs/ and the mode below would land in its writable layer.
+  await host.disk.unmount(mountDir);
   await Promise.all([mkdir(paths.work, { recursive: true, mode: 0o700 }), mkdir(paths.etc, { recursive: true, mode: 0o700 }), mkdir(paths.exec, { recursive: true, mode: 0o700 }), mkdir(mountPoint, { recursive: true, mode: 0o755 })]);
   await chown(mountDir, 0, root);
   await chmod(mountDir, 0o710);

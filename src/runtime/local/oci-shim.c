@@ -120,11 +120,6 @@ static int run_runc(const char *const *args) {
     dup2(log_fd, 1);
     dup2(log_fd, 2);
     char *env[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
-    if (nofile_limit > 0) {
-      // The container inherits these (src/runtime/oci/inherited-rlimits.ts says why not config.json).
-      struct rlimit nofile = {(rlim_t)nofile_limit, (rlim_t)nofile_limit}, core = {0, 0};
-      if (setrlimit(RLIMIT_NOFILE, &nofile) < 0 || setrlimit(RLIMIT_CORE, &core) < 0) _exit(126);
-    }
     execve(runc, argv, env);
     _exit(127);
   }
@@ -170,7 +165,10 @@ static void cleanup(int created) {
     run_runc(del);
   }
   if (rootfs) umount2(rootfs, MNT_DETACH);
-  if (lower_mnt[0]) umount2(lower_mnt, MNT_DETACH);
+  if (lower_mnt[0]) {
+    umount2(lower_mnt, MNT_DETACH);
+    rmdir(lower_mnt);
+  }
   if (netns_file) umount2(netns_file, MNT_DETACH);
   if (userns_file) umount2(userns_file, MNT_DETACH);
   if (disk) {
@@ -439,6 +437,13 @@ int main(int argc, char **argv) {
   if (unlinkat(dir_fd, "exit-status", 0) < 0 && errno != ENOENT) fail(0, "unlink exit-status");
   unlinkat(dir_fd, "runc.log", 0);
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) fail(0, "subreaper");
+  if (nofile_limit > 0) {
+    // Every runc process, and so the container, inherits these (src/runtime/oci/inherited-rlimits.ts
+    // says why not config.json). Root here cannot raise a hard limit: a lower one fails the start by name.
+    struct rlimit nofile = {(rlim_t)nofile_limit, (rlim_t)nofile_limit}, core = {0, 0};
+    if (setrlimit(RLIMIT_NOFILE, &nofile) < 0) fail(0, "RLIMIT_NOFILE for the container (the worker's hard limit is lower?)");
+    if (setrlimit(RLIMIT_CORE, &core) < 0) fail(0, "RLIMIT_CORE");
+  }
 
   // A container left by a shim that died (the machine did not reboot) holds the id: remove it.
   // runc keeps <root>/<id>/, runsc <root>/<id>_sandbox:<id>.state.
