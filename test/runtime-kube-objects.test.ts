@@ -4,7 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { PodRequest } from '../src/runtime/runtime.ts';
-import { claimManifests, podManifest, podState, serviceManifest, SANDBOX_LABEL, SANDBOX_NAMESPACE_ANNOTATION, SANDBOX_UID_ANNOTATION, type KubePod } from '../src/runtime/kube/objects.ts';
+import { claimManifests, podManifest, podState, serviceManifest, userNamespaceDropped, SANDBOX_LABEL, SANDBOX_NAMESPACE_ANNOTATION, SANDBOX_UID_ANNOTATION, type KubePod } from '../src/runtime/kube/objects.ts';
 import { wrapCommand } from '../src/runtime/kube/exec.ts';
 import { isAsbError } from '../src/errors.ts';
 import type { Sandbox } from '../src/api/types.ts';
@@ -139,4 +139,17 @@ test("a Sandbox's spec.service reaches the runtime: the operator's pod request a
   assert.equal(podRequestFor(sandbox(false)).service, undefined);
   assert.equal(podRequestFor(sandbox(undefined)).service, undefined);
   assert.equal(podManifest(podRequestFor(sandbox(true)), { namespace: 'sandboxes', graceSeconds: 2 }).spec.subdomain, 'svc1', 'the Pod joins its Service');
+});
+
+test('a sandbox Pod asks for a user namespace of its own unless it chose, shares a host namespace or runs gVisor; a create that comes back without it is caught', () => {
+  const req = (spec: Record<string, unknown>): PodRequest => ({ id: 'u1', uid: 'uid-u1', namespace: 'default', hostname: 'u1', spec: { containers: [{ name: 'main', image: 'busybox' }], ...spec } });
+  assert.equal(podManifest(req({}), { namespace: 'sbx', graceSeconds: 2 }).spec.hostUsers, false);
+  assert.equal(podManifest(req({ hostUsers: true }), { namespace: 'sbx', graceSeconds: 2 }).spec.hostUsers, true);
+  assert.equal(podManifest(req({ hostNetwork: true }), { namespace: 'sbx', graceSeconds: 2 }).spec.hostUsers, undefined);
+  assert.equal(podManifest(req({ runtimeClassName: 'gvisor' }), { namespace: 'sbx', graceSeconds: 2 }).spec.hostUsers, undefined);
+  const sent = podManifest(req({}), { namespace: 'sbx', graceSeconds: 2 });
+  const { hostUsers: _dropped, ...olderServers } = sent.spec;
+  assert.equal(userNamespaceDropped(sent, { spec: olderServers }), true, 'an API server before 1.33 clears the field');
+  assert.equal(userNamespaceDropped(sent, sent), false);
+  assert.equal(userNamespaceDropped(podManifest(req({ runtimeClassName: 'gvisor' }), { namespace: 'sbx', graceSeconds: 2 }), { spec: olderServers }), false);
 });

@@ -24,7 +24,7 @@ import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRun
 import { execInPod, openPtyInPod, spawnInPod, type ExecContext } from './exec.ts';
 import { ExecCredentials } from './pod-exec.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
-import { claimManifests, sandboxUidOf, podManifest, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, networkPolicyManifest, NetworkPolicyType, type KubePod, type KubePvc } from './objects.ts';
+import { claimManifests, sandboxUidOf, podManifest, userNamespaceDropped, podState, PodType, PvcType, sandboxOf, SANDBOX_LABEL, serviceManifest, ServiceType, networkPolicyManifest, NetworkPolicyType, type KubePod, type KubePvc } from './objects.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy } from '../../network/egress-policy.ts';
 import { DEFAULT_FLOOR, type EgressFloor } from '../../network/egress-floor.ts';
 
@@ -243,10 +243,7 @@ export class KubePodRuntime implements PodRuntime {
     if (req.service === true) await this.#createIfMissing(ServiceType, serviceManifest(req, this.namespace));
     const manifest = podManifest(req, { namespace: this.namespace, graceSeconds: this.#graceSeconds });
     const created = await this.#createIfMissing(PodType, manifest);
-    if (created !== undefined && manifest.spec.hostUsers === false && created.spec.hostUsers !== false) {
-      // An API server before 1.33, or with UserNamespacesSupport off, drops the field and would
-      // run the Pod in the node's user namespace, where Pod Security let root in only because of
-      // it: never run it so.
+    if (created !== undefined && userNamespaceDropped(manifest, created)) {
       await this.#store.delete(PodType, this.namespace, id).catch((err: unknown) => this.#log.error({ err, id }, 'cannot delete a Pod the API server made without its user namespace'));
       throw new AsbError('Unavailable', `the cluster dropped hostUsers: false from pod ${id} (Kubernetes before 1.33, or the UserNamespacesSupport feature gate off), so it would share the node's user ids; the pod was deleted. Enable user namespaces on the cluster, or run sandboxes under gVisor (runtimeClassName: gvisor)`);
     }

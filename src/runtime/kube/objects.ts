@@ -143,6 +143,16 @@ export function hardenedSpec(spec: PodSpec): PodSpec {
   return out;
 }
 
+/**
+ * Whether the API server dropped the user namespace the Pod was sent with: before Kubernetes
+ * 1.33, or with UserNamespacesSupport off, `hostUsers` is cleared on create and the Pod would run
+ * in the node's user ids, where Pod Security let root in only because of it. (From 1.37 the gate
+ * is locked on: no API server here can show this.)
+ */
+export function userNamespaceDropped(sent: { spec: PodSpec }, made: { spec: PodSpec }): boolean {
+  return sent.spec.hostUsers === false && made.spec.hostUsers !== false;
+}
+
 function hardenedContainer(c: Container): Container {
   const ctx = { ...c.securityContext };
   if (ctx.privileged === true) return c; // Kubernetes refuses allowPrivilegeEscalation: false with privileged
