@@ -316,7 +316,13 @@ test('two regions, two clusters: region-b from clusters/overlays/region-b on a s
   const idB = created.id ?? '';
   assert.ok(idB.startsWith(REGION_B.tag), idB);
   assert.equal((await kubeB.kubectl(['-n', POD_NS, 'get', 'pod', idB, '-o', 'jsonpath={.status.podIP}'])).split('.').slice(0, 2).join('.'), '10.210', 'a Pod on the second node');
-  const wrote = await edgeCall<{ exitCode: number; stderr: string }>(a.edge, 'POST', `/v1/sandboxes/${idB}/exec`, { key: a.userKey, body: { command: ['sh', '-c', 'echo from region-b > /home/user/note'] } });
+  // Region-a's router follows region-b's route feed from when it learns of the new cluster: until
+  // that feed is up it answers 503 with Retry-After ("unreachable"), as a client should retry.
+  // A full make test once got there before the feed did.
+  const wrote = await waitFor('region-a\'s edge reaches region-b', async () => {
+    const res = await edgeCall<{ exitCode: number; stderr: string }>(a.edge, 'POST', `/v1/sandboxes/${idB}/exec`, { key: a.userKey, body: { command: ['sh', '-c', 'echo from region-b > /home/user/note'] } });
+    return res.status === 503 ? undefined : res;
+  }, 60_000, 500);
   assert.deepEqual([wrote.status, wrote.body.exitCode], [200, 0], JSON.stringify(wrote.body));
   const viaA = await edgeCall<string>(a.edge, 'GET', '/note', { host: `8080-${idB}.${DOMAIN}`, headers: { 'x-access-token': created.accessToken ?? '' } });
   assert.deepEqual([viaA.status, viaA.body], [200, 'from region-b\n'], 'region-a\'s edge forwards to region-b over mutual TLS');
