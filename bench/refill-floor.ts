@@ -16,6 +16,7 @@ import { podPaths } from '../src/runtime/local/rootfs.ts';
 import { findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
 import { ROOT_ID_MAP, type OciSpec } from '../src/runtime/oci/spec.ts';
+import { withRuncUserNamespace } from './runc-floor.ts';
 import { ensureCBinary } from '../src/system/c-binary.ts';
 import { round } from './claims.ts';
 
@@ -105,7 +106,7 @@ export interface FloorInputs {
 /** What the floor needs from a running pod `id` of the runtime on runtimeRoot (its config.json, image tree and disk). */
 export async function floorInputs(runtimeRoot: string, id: string, req: PodRequest, lower: string): Promise<FloorInputs> {
   const podDir = podPaths(runtimeRoot, id).dir;
-  const spec = JSON.parse(await readFile(join(podDir, 'config.json'), 'utf8')) as OciSpec;
+  const spec = withRuncUserNamespace(JSON.parse(await readFile(join(podDir, 'config.json'), 'utf8')) as OciSpec);
   return { spec, podDir, mountPoint: spec.root.path, lower, diskBytes: podDisk(req.spec).bytes };
 }
 

@@ -31,7 +31,8 @@ export async function benchRuncFloor(runc: string, spec: OciSpec, lowerdir: stri
     const log = join(dir, 'runc.log');
     for (let i = 0; i < runs; i++) {
       const id = `bn-floor-${process.pid}-${i}`;
-      const config: OciSpec = { ...spec, root: { ...spec.root, path: rootfs }, linux: { ...spec.linux, cgroupsPath: posix.join(posix.dirname(spec.linux.cgroupsPath), id) } };
+      const bare = withRuncUserNamespace(spec);
+      const config: OciSpec = { ...bare, root: { ...bare.root, path: rootfs }, linux: { ...bare.linux, cgroupsPath: posix.join(posix.dirname(spec.linux.cgroupsPath), id) } };
       writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
       live = id;
       const t0 = performance.now();
@@ -47,6 +48,17 @@ export async function benchRuncFloor(runc: string, spec: OciSpec, lowerdir: stri
     if (mounted) await run('umount', [rootfs]);
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/**
+ * A pod's config.json as bare runc runs it: runc makes the user namespace itself, in the range the
+ * image tree is owned by. The pod's own (a namespace the shim made, over an idmapped tree) is the
+ * runtime's work, which a floor leaves out.
+ */
+export function withRuncUserNamespace(spec: OciSpec): OciSpec {
+  const mapping = [{ containerID: 0, hostID: ROOT_ID_MAP.hostId, size: ROOT_ID_MAP.size }];
+  const namespaces = spec.linux.namespaces.map((n) => (n.type === 'user' ? { type: 'user' } : n));
+  return { ...spec, linux: { ...spec.linux, namespaces, uidMappings: mapping, gidMappings: mapping } };
 }
 
 /** Runs a command with no stdio (a detached container inherits it) to its exit; its exit code. */

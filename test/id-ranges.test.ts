@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { AsbError } from '../src/errors.ts';
-import { claimIdRange, FIRST_HOST_ID, ID_RANGE_SIZE, keepIdRange, rangeOfSlot, releaseIdRange } from '../src/runtime/local/id-ranges.ts';
+import { claimIdRange, FIRST_HOST_ID, ID_RANGE_SIZE, keepIdRange, rangeOfSlot, releaseIdRange, sweepStaleIdRanges } from '../src/runtime/local/id-ranges.ts';
 
 async function fixture(t: { after(fn: () => Promise<void>): void }): Promise<{ pool: string; pod(name: string): Promise<string> }> {
   const dir = await mkdtemp(join(tmpdir(), 'asb-id-ranges-'));
@@ -41,19 +41,20 @@ test('a released range is handed out again; a release by another owner leaves it
   assert.deepEqual(await claimIdRange(f.pool, c), ra, 'a\'s range is free again');
   // A release without the range (a crash before it was recorded) finds the owner's claim.
   await releaseIdRange(f.pool, c);
-  assert.deepEqual((await readdir(f.pool)).length, 1, 'only b still holds one');
+  assert.deepEqual((await readdir(f.pool)).filter((n) => /^\d+$/.test(n)).length, 1, 'only b still holds one');
 });
 
-test('a claim whose pod directory is gone (a state dir deleted without its pods) is taken over', async (t) => {
+test('a claim whose pod directory is gone (a state dir deleted without its pods) is swept, and its range handed out again; live ones stay', async (t) => {
   const f = await fixture(t);
   const gone = await f.pod('gone');
-  const first = await claimIdRange(f.pool, gone);
-  assert.deepEqual(first, rangeOfSlot(0));
+  assert.deepEqual(await claimIdRange(f.pool, gone), rangeOfSlot(0));
   const live = await claimIdRange(f.pool, await f.pod('live'));
   assert.deepEqual(live, rangeOfSlot(1));
   await rm(gone, { recursive: true });
+  assert.equal(await sweepStaleIdRanges(f.pool), 1);
   const next = await Promise.all([claimIdRange(f.pool, await f.pod('n1')), claimIdRange(f.pool, await f.pod('n2'))]);
-  assert.deepEqual(next.map((r) => r.hostId).sort(), [rangeOfSlot(0).hostId, rangeOfSlot(2).hostId], 'the stale slot 0 went to one of them, never twice, and the live slot 1 to neither');
+  assert.deepEqual(next.map((r) => r.hostId).sort(), [rangeOfSlot(0).hostId, rangeOfSlot(2).hostId], 'slot 0 went to one of them, never twice, and the live slot 1 to neither');
+  assert.equal(await sweepStaleIdRanges(f.pool), 0);
 });
 
 test('a pod keeps its recorded range: a lost claim is made again, one a live pod of another state dir holds is refused', async (t) => {

@@ -6,12 +6,13 @@
 // (inotify instances, message-queue bytes, pending signals) ran out for every sandbox and for host
 // root at once, and an escape from one sandbox's mounts would have owned every other's files.
 //
-// On disk: <dir>/<slot> holds the pod directory (an absolute path) that owns range <slot>. Every
-// claim and release runs under one lock, across processes (<dir>/pool.lock, the owner lock the
-// stores use) and within one (a chain per directory), so a slot has one owner at a time. A claim
-// whose pod directory is gone (ENOENT: a state dir deleted without removing its pods) is stale
-// and taken over; any other failure to look counts as alive, so a live pod is never robbed.
-import { randomBytes } from 'node:crypto';
+// On disk: <dir>/<slot> holds the pod directory (an absolute path) that owns range <slot>, and
+// <dir>/owner-<hash of it> the slot. Every claim, release and sweep runs under one lock, across
+// processes (<dir>/pool.lock, the owner lock the stores use) and within one (a chain per
+// directory), so a slot has one owner at a time. A claim whose pod directory is gone (ENOENT: a
+// state dir deleted without removing its pods) is stale and swept when a runtime starts; any
+// other failure to look counts as alive, so a live pod is never robbed.
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, readdir, readFile, rename, stat, unlink, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { AsbError } from '../../errors.ts';
@@ -58,31 +59,56 @@ async function locked<T>(dir: string, step: () => Promise<T>): Promise<T> {
   return run;
 }
 
-/** Who holds each slot now: slot → owner, read under the lock. */
-async function holders(dir: string): Promise<Map<number, string>> {
-  const found = new Map<number, string>();
-  for (const name of await readdir(dir)) {
-    if (!/^\d+$/.test(name)) continue;
-    const holder = await readFile(join(dir, name), 'utf8').catch(() => undefined);
-    if (holder !== undefined) found.set(Number(name), holder);
-  }
-  return found;
+/** Where the slot of `owner` is written too, so a claim or release never reads every claim. */
+function indexOf(dir: string, owner: string): string {
+  return join(dir, `owner-${createHash('sha256').update(owner).digest('hex').slice(0, 32)}`);
 }
 
-/** The range `owner` (a pod directory) holds, or a free one claimed for it now. */
+/** The slot the index names for `owner`, if that slot's claim is still `owner`'s. */
+async function indexedSlot(dir: string, owner: string): Promise<number | undefined> {
+  const text = await readFile(indexOf(dir, owner), 'utf8').catch(() => undefined);
+  if (text === undefined || !/^\d+$/.test(text)) return undefined;
+  const slot = Number(text);
+  return (await readFile(join(dir, String(slot)), 'utf8').catch(() => undefined)) === owner ? slot : undefined;
+}
+
+/**
+ * The range `owner` (a pod directory) holds, or the lowest free one claimed for it now: one
+ * readdir, no claim read (a refill of 300 pods read 45,000 claim files when every claim scanned
+ * them all). Stale claims are taken back by sweepStaleIdRanges, at every runtime's start.
+ */
 export function claimIdRange(dir: string, podDir: string): Promise<IdRange> {
   const owner = resolve(podDir);
   return locked(dir, async () => {
-    const held = await holders(dir);
-    for (const [slot, holder] of held) if (holder === owner) return rangeOfSlot(slot);
-    // The lowest slot not held by a live pod, so the pool stays as small as the host's pods.
+    const mine = await indexedSlot(dir, owner);
+    if (mine !== undefined) return rangeOfSlot(mine);
+    const taken = new Set((await readdir(dir)).filter((name) => /^\d+$/.test(name)).map(Number));
     for (let slot = 0; slot < MAX_SLOTS; slot++) {
-      const holder = held.get(slot);
-      if (holder !== undefined && !(await gone(holder))) continue;
+      if (taken.has(slot)) continue;
       await writeClaim(dir, slot, owner);
       return rangeOfSlot(slot);
     }
     throw new AsbError('Unavailable', `no free user-namespace id range on this host: all ${String(MAX_SLOTS)} are held (${dir})`);
+  });
+}
+
+/**
+ * Takes back every claim whose pod directory is gone (a state dir deleted without removing its
+ * pods, a crash between a remove and its release). Only ENOENT makes a claim stale: any other
+ * failure to look counts as alive, so a live pod is never robbed.
+ */
+export function sweepStaleIdRanges(dir: string): Promise<number> {
+  return locked(dir, async () => {
+    let swept = 0;
+    for (const name of await readdir(dir)) {
+      if (!/^\d+$/.test(name)) continue;
+      const holder = await readFile(join(dir, name), 'utf8').catch(() => undefined);
+      if (holder === undefined || !(await gone(holder))) continue;
+      await unlink(join(dir, name));
+      await unlink(indexOf(dir, holder)).catch(() => undefined);
+      swept++;
+    }
+    return swept;
   });
 }
 
@@ -106,20 +132,19 @@ export function keepIdRange(dir: string, podDir: string, range: IdRange): Promis
 export function releaseIdRange(dir: string, podDir: string, range?: IdRange): Promise<void> {
   const owner = resolve(podDir);
   return locked(dir, async () => {
-    const slot = range === undefined ? undefined : slotOfRange(range);
-    const names = slot === undefined ? await readdir(dir) : [String(slot)];
-    for (const name of names) {
-      const file = join(dir, name);
-      if (/^\d+$/.test(name) && (await readFile(file, 'utf8').catch(() => undefined)) === owner) await unlink(file);
-    }
+    const slot = (range === undefined ? undefined : slotOfRange(range)) ?? (await indexedSlot(dir, owner));
+    if (slot !== undefined && (await readFile(join(dir, String(slot)), 'utf8').catch(() => undefined)) === owner) await unlink(join(dir, String(slot)));
+    await unlink(indexOf(dir, owner)).catch(() => undefined);
   });
 }
 
-/** Writes the claim whole, then puts it in place (a reader never sees half of it). */
+/** Writes the claim and its index whole, then puts them in place (a reader never sees half of one). */
 async function writeClaim(dir: string, slot: number, owner: string): Promise<void> {
-  const tmp = join(dir, `.claim-${String(process.pid)}-${randomBytes(6).toString('hex')}`);
-  await writeFile(tmp, owner, { mode: 0o600 });
-  await rename(tmp, join(dir, String(slot)));
+  for (const [file, text] of [[join(dir, String(slot)), owner], [indexOf(dir, owner), String(slot)]] as const) {
+    const tmp = join(dir, `.claim-${String(process.pid)}-${randomBytes(6).toString('hex')}`);
+    await writeFile(tmp, text, { mode: 0o600 });
+    await rename(tmp, file);
+  }
 }
 
 /** Only a pod directory that is not there is gone: any other failure to look (EACCES, EIO) counts as alive. */

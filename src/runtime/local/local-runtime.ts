@@ -45,7 +45,7 @@ import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
 import { runscFlags } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
-import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange } from './id-ranges.ts';
+import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
 import type { ConnectionLimits } from '../../network/connection-limits.ts';
 import type { EgressFloor } from '../../network/egress-floor.ts';
 
@@ -152,6 +152,7 @@ export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<Loc
   await runtime.hasPodNetwork();
   await runtime.limitPids();
   await runtime.recover();
+  await runtime.sweepIdRanges();
   return runtime;
 }
 
@@ -291,6 +292,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       await releaseNetwork(claimsDir, this.#bridge, resolve(this.#opts.root));
       throw new AsbError('Unavailable', `cannot set up the pod bridge ${this.#bridge} and its firewall (nftables): ${err instanceof Error ? err.message : String(err)}`);
     }
+  }
+
+  /** Takes back the id ranges of pods that are gone (id-ranges.ts), here and in any other state dir on the host. */
+  async sweepIdRanges(): Promise<void> {
+    const swept = await sweepStaleIdRanges(this.#idRangesDir);
+    if (swept > 0) this.#log.info({ swept, dir: this.#idRangesDir }, 'took back the id ranges of pods that are gone');
   }
 
   /** Loads every pod dir: pods whose init still runs are adopted, the others are Stopped. */
