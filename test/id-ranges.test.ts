@@ -1,11 +1,14 @@
 // The host-wide pool of user-namespace id ranges (src/runtime/local/id-ranges.ts): every sandbox
 // on the host gets a range no other live sandbox holds, keeps it, and gives it back on delete.
+// The last test runs a real local runtime over a pool of its own.
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, readdir, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { AsbError } from '../src/errors.ts';
+import type { PodRequest } from '../src/runtime/runtime.ts';
+import { startTestRuntime, stopTestRuntime } from './support/test-runtime.ts';
 import { claimIdRange, FIRST_HOST_ID, ID_RANGE_SIZE, keepIdRange, rangeOfSlot, releaseIdRange, sweepStaleIdRanges } from '../src/runtime/local/id-ranges.ts';
 
 async function fixture(t: { after(fn: () => Promise<void>): void }): Promise<{ pool: string; pod(name: string): Promise<string> }> {
@@ -65,4 +68,25 @@ test('a pod keeps its recorded range: a lost claim is made again, one a live pod
   await keepIdRange(f.pool, a, ra);
   assert.notDeepEqual(await claimIdRange(f.pool, b), ra, 'the claim is back: b gets another range');
   await assert.rejects(keepIdRange(f.pool, b, ra), (err: unknown) => err instanceof AsbError && err.code === 'Conflict' && err.message.includes(a));
+});
+
+test('a runtime that finds a pod\'s recorded range held by another live pod refuses to start it, naming both', async (t) => {
+  const pool = await mkdtemp(join(tmpdir(), 'asb-id-pool-'));
+  t.after(() => rm(pool, { recursive: true, force: true }));
+  const first = await startTestRuntime('asb-id-rt-', 'asbidr0', '10.223.0.0/16', { idRangesDir: pool });
+  t.after(() => rm(first.root, { recursive: true, force: true }));
+  const req: PodRequest = { id: 'held1', uid: 'uid-held1', namespace: 'default', hostname: 'held1', spec: { containers: [{ name: 'main', image: 'agent-sandbox/base', command: ['sleep', 'infinity'] }] } };
+  assert.equal((await first.rt.start(req)).phase, 'Running');
+  await first.rt.stop('held1');
+  await first.rt.close();
+  // Another state dir's live pod now holds that slot (a pool restored from elsewhere, say).
+  const other = await mkdtemp(join(tmpdir(), 'asb-id-other-'));
+  t.after(() => rm(other, { recursive: true, force: true }));
+  for (const name of await readdir(pool)) if (/^\d+$/.test(name)) await writeFile(join(pool, name), other);
+  const second = await startTestRuntime('asb-id-rt-', 'asbidr0', '10.223.0.0/16', { idRangesDir: pool, root: first.root });
+  t.after(() => stopTestRuntime(second));
+  const state = await second.rt.start(req);
+  assert.equal(state.phase, 'Failed');
+  assert.equal(state.reason, 'CreateContainerConfigError');
+  assert.ok((state.message ?? '').includes(other), state.message);
 });

@@ -142,10 +142,6 @@ test('start makes the Pod (runtimeClassName passed through), its PVCs and headle
 });
 
 test('a runc sandbox Pod runs in a user namespace of its own (hostUsers: false): root in it is not root on the node, and two Pods are two host users', async (t) => {
-  if (kubelet.kind !== 'real') {
-    t.skip('the test kubelet runs no containers');
-    return;
-  }
   const { runtime, ns } = await runtimeIn(t);
   const runc = (id: string): PodRequest => ({ id, uid: `uid-${id}`, namespace: ns, hostname: id, spec: { containers: [{ name: 'main', image: 'agent-sandbox/base' }] } });
   const hosts: number[] = [];
@@ -153,11 +149,14 @@ test('a runc sandbox Pod runs in a user namespace of its own (hostUsers: false):
     await runtime.start(runc(id));
     await stateOf(runtime, id, running, 'Running and ready');
     assert.equal((await get<Pod>(ns, 'pod', id))?.spec.hostUsers, false);
+    // The test kubelet runs no containers: what the node did with the field is the real node's to show.
+    if (kubelet.kind !== 'real') continue;
     const map = text((await runtime.exec(id, { command: ['cat', '/proc/self/uid_map'] })).stdout).trim().split(/\s+/);
     assert.equal(map[0], '0');
     assert.equal(map[2], '65536');
     hosts.push(Number(map[1]));
   }
+  if (kubelet.kind !== 'real') return;
   assert.ok(hosts.every((h) => h >= 65_536), `uid 0 in the pods is host uid ${hosts.join(' and ')}, not root`);
   assert.notEqual(hosts[0], hosts[1], 'each Pod has its own range');
 });

@@ -135,6 +135,8 @@ interface Pod {
   pendingExit?: number | undefined;
   /** The launcher died while start() was still finishing: start() switches to polling. */
   lostLauncher?: boolean;
+  /** Why its recorded id range is not its own (recover found another live pod holding it). */
+  rangeConflict?: string;
   /** The last write of `persisted` (#persist chains them). */
   persisting?: Promise<void> | undefined;
 }
@@ -318,6 +320,16 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       const image = persisted.image;
       if (image !== undefined) await this.#images.pin(paths.dir, { reference: image.reference, rootfs: image.rootfs }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot pin the image of a recovered pod'));
       this.#ips.reserve(persisted.ip);
+      // Once per pod at start-up, not at every wake (a host-wide lock): the range it recorded must
+      // still be its own in the pool. A lost claim is made again; another live pod's is a Conflict,
+      // which fails the pod's next start.
+      const range = persisted.idRange;
+      if (range !== undefined) {
+        await keepIdRange(this.#idRangesDir, paths.dir, range).catch((err: unknown) => {
+          this.#log.error({ err, id }, 'the pod\'s id range is held by another pod: it will not start');
+          pod.rangeConflict = err instanceof Error ? err.message : String(err);
+        });
+      }
       pod.state.ip = persisted.ip;
       const { pid, pidStart } = persisted;
       if (pid === undefined || pidStart === undefined || (await processStartTime(pid)) !== pidStart) return;
@@ -475,15 +487,14 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   /**
-   * The pod's host id range: the one it has had since it was made, ROOT_ID_MAP for a pod made
-   * before ranges (its files are owned by that one), else one claimed for it now.
+   * The pod's host id range: the one it has had since it was made (recover checked the pool),
+   * ROOT_ID_MAP for a pod made before ranges (its files are owned by that one), else one claimed
+   * for it now.
    */
   async #idRange(pod: Pod): Promise<IdRange> {
+    if (pod.rangeConflict !== undefined) throw new AsbError('Conflict', pod.rangeConflict);
     const kept = pod.persisted?.idRange;
-    if (kept !== undefined) {
-      await keepIdRange(this.#idRangesDir, pod.paths.dir, kept);
-      return kept;
-    }
+    if (kept !== undefined) return kept;
     if (pod.persisted !== undefined) return ROOT_ID_MAP;
     if (await madeBeforeDisks(pod.paths.dir)) return ROOT_ID_MAP;
     return claimIdRange(this.#idRangesDir, pod.paths.dir);
