@@ -20,6 +20,7 @@ import { HOST_ENV, killGroup, noCapabilities, type UnprivilegedProcess } from '.
 import { runscFailure } from '../oci/runsc.ts';
 import { withPodRlimits } from '../oci/inherited-rlimits.ts';
 import type { RuntimeKind } from './runtime-class.ts';
+import { agentExec, agentRequest, type AgentLink } from './agent.ts';
 
 /** How to reach one running container and who its processes are by default. */
 export interface PodTarget {
@@ -40,6 +41,11 @@ export interface PodTarget {
   cwd: string;
   /** A private directory for runc exec's pid files (one per running process). */
   execDir: string;
+  /**
+   * The agent of the pod's init (agent.ts): processes start through it, as children of the init,
+   * when the pod has one. A pod started before asb-init (tini as its init) has none: runc exec.
+   */
+  agent?: AgentLink;
 }
 
 export interface SpawnInPodOptions {
@@ -196,6 +202,7 @@ function signalNumber(signal: NodeJS.Signals): number {
 }
 
 export function execInPod(target: PodTarget, req: ExecRequest): Promise<ExecResult> {
+  if (target.agent !== undefined) return agentExec(target.agent, agentRequest(target, req), req);
   const max = req.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
   return new Promise((resolve, reject) => {
     const proc = spawnInPod(target, req.command, req);

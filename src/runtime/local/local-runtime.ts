@@ -25,7 +25,9 @@ import { PodFirewall } from './pod-firewall.ts';
 import { execInPod, type PodTarget } from './exec.ts';
 import { spawnPodProcess } from './process.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
-import { ensureLauncherBinary, ensureShimBinary } from './init-binary.ts';
+import { ensureInitBinary, ensureLauncherBinary, ensureShimBinary } from './init-binary.ts';
+import { agentPty, agentRequest, AgentLink } from './agent.ts';
+import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
 import { Launcher, type Launched } from './launcher.ts';
 import { createIpPool, createVethBatcher, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
@@ -59,8 +61,6 @@ export interface LocalRuntimeOptions {
   runc?: string;
   /** gVisor's runsc for pods with runtimeClassName gvisor; default: the one `make runsc` builds (findRunscBinary). Without it such pods fail. */
   runsc?: string;
-  /** A static init bind-mounted as each container's pid 1. Default: Debian's tini-static. */
-  init?: string;
   /** The image of a container that names none (`image:` empty, as kubernetes-sigs' getting-started example). */
   defaultImage?: string;
   clock?: Clock;
@@ -105,7 +105,6 @@ export interface LocalRuntimeOptions {
   extraCaPath?: string;
 }
 
-export const DEFAULT_INIT = '/usr/bin/tini-static';
 export const DEFAULT_IMAGE = 'agent-sandbox/base';
 const TERM_RESEND_MS = 200;
 /** How long an adopted pod's shim may take to clean up after its init ended (runc delete: ~0.1 s). */
@@ -144,7 +143,8 @@ interface Pod {
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
   const [shim, launcher] = await Promise.all([ensureShimBinary(opts.root), ensureLauncherBinary(opts.root)]);
   const unavailable = await whyUnavailable(opts);
-  const runtime = new LocalRuntime(opts, shim, launcher, unavailable);
+  const init = unavailable === undefined ? await ensureInitBinary(opts.root) : 'asb-init';
+  const runtime = new LocalRuntime(opts, shim, launcher, init, unavailable);
   if (unavailable !== undefined) {
     opts.log.error(`the local runtime will start NO sandbox: ${unavailable}`);
     return runtime;
@@ -159,20 +159,14 @@ export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<Loc
 }
 
 /** Why no pod can be started here (undefined: they can). Never a fallback to running them unisolated. */
-async function whyUnavailable(opts: LocalRuntimeOptions): Promise<string | undefined> {
-  if (process.getuid?.() !== 0) return 'it must run as root to start containers (runc with user namespaces, cgroups and a bridge); run make up as root';
+function whyUnavailable(opts: LocalRuntimeOptions): Promise<string | undefined> {
+  if (process.getuid?.() !== 0) return Promise.resolve('it must run as root to start containers (runc with user namespaces, cgroups and a bridge); run make up as root');
   try {
     findRuncBinary();
   } catch (err) {
-    if (opts.runc === undefined) return err instanceof Error ? err.message : String(err);
+    if (opts.runc === undefined) return Promise.resolve(err instanceof Error ? err.message : String(err));
   }
-  const init = opts.init ?? DEFAULT_INIT;
-  try {
-    await access(init);
-  } catch {
-    return `the container init ${init} is missing: install Debian's tini package (make up does)`;
-  }
-  return undefined;
+  return Promise.resolve(undefined);
 }
 
 export class LocalRuntime implements PodRuntime, EgressPolicySource {
@@ -198,7 +192,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   readonly #idRangesDir: string;
   #closed = false;
 
-  constructor(opts: LocalRuntimeOptions, shim: string, launcherBinary: string, unavailable: string | undefined) {
+  constructor(opts: LocalRuntimeOptions, shim: string, launcherBinary: string, init: string, unavailable: string | undefined) {
     this.#opts = opts;
     this.#log = opts.log.child({ component: 'local-runtime' });
     this.#clock = opts.clock ?? systemClock;
@@ -221,7 +215,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     this.#host = {
       runc: opts.runc ?? (unavailable === undefined ? findRuncBinary() : 'runc'),
       runcRoot: join(root, 'runc'),
-      init: opts.init ?? DEFAULT_INIT,
+      init,
       mountRoot: opts.mountRoot ?? join(MOUNT_ROOT, tag),
       cgroupParent: `/asb-${tag}`,
       disk: diskTool(root, (argv) => this.#launcher.run(argv, '')),
@@ -535,9 +529,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       return;
     }
     const runtime = ociRuntime(this.#host, runtimeClass.kind);
-    pod.target = { kind: runtime.kind, runc: runtime.binary, runcRoot: runtime.root, runtimeFlags: runtime.flags, id: pod.id, pid, execDir: pod.paths.exec, ...identity };
+    const ip = pod.persisted?.ip ?? '127.0.0.1';
+    const { agent, ...who } = identity;
+    pod.target = { kind: runtime.kind, runc: runtime.binary, runcRoot: runtime.root, runtimeFlags: runtime.flags, id: pod.id, pid, execDir: pod.paths.exec, ...who };
+    if (agent !== undefined) pod.target.agent = new AgentLink({ host: ip, port: agent.port, token: agent.token });
     const probe = container.readinessProbe;
-    pod.state = { phase: 'Running', ready: probe === undefined, ip: pod.persisted?.ip ?? '127.0.0.1', pid, startedAt };
+    pod.state = { phase: 'Running', ready: probe === undefined, ip, pid, startedAt };
     pod.exited ??= new Promise((resolve) => (pod.markExited = resolve));
     if (probe !== undefined && !this.#closed) {
       const target = pod.target;
@@ -584,6 +581,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     pod.probe?.cancel();
     pod.poll?.cancel();
     pod.probe = undefined;
+    // Its processes ended with it: their handles end (those of a pod restored with its memory do not).
+    pod.target?.agent?.end();
     delete pod.target;
     pod.markExited?.();
     pod.exited = undefined;
@@ -804,6 +803,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   async openPty(id: string, opts: PtyOptions): Promise<PtySession> {
     const t = this.#target(id);
+    if (t.agent !== undefined) {
+      return agentPty(t.agent, { ...agentRequest(t, { ...opts, command: opts.command ?? [...DEFAULT_PTY_COMMAND] }), pty: { cols: opts.cols, rows: opts.rows } }, id);
+    }
     return openRuncPty({
       runc: t.runc, root: t.runcRoot, runtime: t.kind, runtimeFlags: t.runtimeFlags, id: t.id, user: { uid: t.uid, gid: t.gid }, cwd: t.cwd, stateDir: this.#opts.root, userNamespace: true,
       env: Object.entries(t.env).map(([k, v]) => `${k}=${v}`),

@@ -29,19 +29,20 @@ import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type IdRan
 import { POD_NOFILE } from '../oci/inherited-rlimits.ts';
 import { runscSpec } from '../oci/runsc.ts';
 import { readImageFile } from './image-file.ts';
+import { AGENT_PORT, initProcess, newAgentToken, readInitProcess } from './agent.ts';
 import { legacyLayout, type PodPaths } from './rootfs.ts';
 import { madeBeforeDisks, podDisk, type DiskTool } from './disk.ts';
 import { mainContainer, resolveMounts } from './pod-process.ts';
 import type { RuntimeKind } from './runtime-class.ts';
 
-/** Where the container's init (tini, `docker run --init`'s) is bind-mounted: /dev is the container's own tmpfs, so nothing lands in its rootfs. */
+/** Where the container's init (asb-init.c) is bind-mounted: /dev is the container's own tmpfs, so nothing lands in its rootfs. */
 export const INIT_PATH = '/dev/.asb-init';
 
 export interface OciHost {
   runc: string;
   /** runc's --root: its state of every container of this runtime. */
   runcRoot: string;
-  /** A static init on the host (Debian's tini-static), bind-mounted read-only as the container's pid 1. */
+  /** The containers' init on the host (asb-init.c, static, init-binary.ts), bind-mounted read-only as the container's pid 1. */
   init: string;
   /** Overlay mount points, one per pod: a 0711 directory the user namespace can walk. */
   mountRoot: string;
@@ -90,6 +91,8 @@ export interface PodIdentity {
   gid: number;
   env: Record<string, string>;
   cwd: string;
+  /** The port and token of the pod's init's agent; absent for a pod started with tini (before asb-init). */
+  agent?: { port: number; token: string };
 }
 
 export interface PreparedPod {
@@ -190,9 +193,12 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   // runc's processes get their rlimits by inheritance (the shim's -l, withPodRlimits for exec);
   // runsc sets them in its sentry from the spec.
   const spec = gvisor ? runscSpec(generic, { tmpDir: paths.tmp }) : { ...generic, process: { ...generic.process, rlimits: [] } };
-  // tini as pid 1: it passes SIGTERM on to the command's process group (a shell as pid 1 would
-  // ignore it: the kernel drops signals a namespace's init has no handler for) and reaps orphans.
-  spec.process.args = [INIT_PATH, '-g', '--', ...spec.process.args];
+  // asb-init as pid 1: it passes SIGTERM on to the command's process group (a shell as pid 1 would
+  // ignore it: the kernel drops signals a namespace's init has no handler for), reaps orphans, and
+  // starts exec'd processes and terminals as its own children (agent.ts). Its token stays the
+  // pod's across starts: a pod restored with its memory has the one it was started with.
+  const token = (await readIdentity(paths))?.agent?.token ?? newAgentToken();
+  spec.process = initProcess(spec, INIT_PATH, { port: AGENT_PORT, token });
   await writeFile(join(paths.dir, 'config.json'), JSON.stringify(spec), { mode: 0o600 });
   const shimArgs = ['-d', paths.dir, '-r', runtime.binary, '-R', runtime.root, '-i', req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
   if (net !== undefined) shimArgs.push('-n', net.ip, String(net.prefix), net.gateway);
@@ -240,13 +246,16 @@ export function imageUsersCache(max = 32, readFileOfImage: typeof readImageFile 
   };
 }
 
+/** The container's own user and environment: asb-init's flags when it is the init, else the process's. */
 export function identityOf(spec: OciSpec): PodIdentity {
+  const init = readInitProcess(spec.process, INIT_PATH);
   const env: Record<string, string> = {};
-  for (const entry of spec.process.env) {
+  for (const entry of init?.env ?? spec.process.env) {
     const eq = entry.indexOf('=');
     if (eq > 0) env[entry.slice(0, eq)] = entry.slice(eq + 1);
   }
-  return { uid: spec.process.user.uid, gid: spec.process.user.gid, env, cwd: spec.process.cwd };
+  const user = init ?? spec.process.user;
+  return { uid: user.uid, gid: user.gid, env, cwd: spec.process.cwd, ...(init?.agent === undefined ? {} : { agent: init.agent }) };
 }
 
 /** The identity recorded in a pod's config.json (an adopted pod, after a worker restart). */

@@ -4,8 +4,10 @@
 import { constants } from 'node:os';
 import type { PodProcess, SpawnRequest } from '../runtime.ts';
 import { EXEC_FAILED_CODE, signalOfCode, spawnInPod, type PodTarget } from './exec.ts';
+import { agentRequest, agentSpawn } from './agent.ts';
 
 export function spawnPodProcess(target: PodTarget, req: SpawnRequest): Promise<PodProcess> {
+  if (target.agent !== undefined) return agentSpawn(target.agent, agentRequest(target, req));
   const proc = spawnInPod(target, req.command, req);
   const child = proc.child;
   const { stdin, stdout, stderr } = child;
