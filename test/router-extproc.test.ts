@@ -165,6 +165,9 @@ test('refusals are immediate responses with a status, JSON body and no-space det
     [HOST(8080), { 'x-access-token': 'wrong' }, 403, 'Forbidden'],
     [HOST(8080), { cookie: 'asb_access=wrong' }, 403, 'Forbidden'],
     [HOST(8080, 'loc1bbbbbbbbbbbbbbbb'), { 'x-access-token': TOKEN }, 503, 'Unavailable'],
+    // The port of the pod's init (its agent, src/runtime/local/agent.ts): even with the token.
+    [HOST(49982), { 'x-access-token': TOKEN }, 403, 'Forbidden'],
+    ['127.0.0.1', { 'e2b-sandbox-id': ID, 'e2b-sandbox-port': '49982', 'x-access-token': TOKEN }, 403, 'Forbidden'],
   ];
   for (const [host, extra, status, code] of cases) {
     const { answer, replies } = await exchange(client, get(host, '/', extra));

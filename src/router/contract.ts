@@ -138,6 +138,11 @@ export const ACCESS_COOKIE = 'asb_access';
 
 /** Port the E2B envd protocol uses; also our default port when a template declares none. */
 export const DEFAULT_SANDBOX_PORT = 49983;
+/**
+ * The port of the agent in every local pod's init (src/runtime/local/agent.ts): the worker's own
+ * way in. Never routed from outside, whatever a template declares (the agent also wants its token).
+ */
+export const AGENT_PORT = 49982;
 
 /**
  * The body of E2B's proxy answer (status 502) for a sandbox it does not know, which the SDKs read

@@ -36,7 +36,7 @@
 import { clusterTagOf } from '../api/ids.ts';
 import { AsbError } from '../errors.ts';
 import { accessCookie, checkAccess, type AccessGranted } from './access.ts';
-import { DEFAULT_SANDBOX_PORT, HEADER, INTERNAL_HEADER_PREFIX, SIGS_HEADER_PREFIX, UPSTREAM, type RouteEntry } from './contract.ts';
+import { AGENT_PORT, DEFAULT_SANDBOX_PORT, HEADER, INTERNAL_HEADER_PREFIX, SIGS_HEADER_PREFIX, UPSTREAM, type RouteEntry } from './contract.ts';
 import { parseTarget, type SigsHeaders, type SigsTarget } from './host.ts';
 import { joinHostPort, type ClusterRegistry } from './registry.ts';
 import type { RouteTable } from './route-table.ts';
@@ -142,9 +142,12 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
     return unreachable(cluster, ctx) ?? { kind: 'lookup', id: target.id, cluster, e2b };
   }
 
-  if (target.sigs !== undefined) return toWorkerSigs(headers, entry, target.port ?? entry.defaultPort, target.sigs, ctx);
-
   const port = target.port ?? entry.defaultPort;
+  if (port === AGENT_PORT) {
+    return { kind: 'reject', error: new AsbError('Forbidden', `port ${String(AGENT_PORT)} of a sandbox is its init's, for the worker only: it is never reachable from outside; serve your app on another port`), retryAfterS: undefined };
+  }
+  if (target.sigs !== undefined) return toWorkerSigs(headers, entry, port, target.sigs, ctx);
+
   const envdOnWorker = port === DEFAULT_SANDBOX_PORT && entry.envdInPod !== true;
   let granted;
   try {

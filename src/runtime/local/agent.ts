@@ -14,12 +14,12 @@ import { connect, type Socket } from 'node:net';
 import { constants } from 'node:os';
 import { PassThrough } from 'node:stream';
 import { AsbError } from '../../errors.ts';
+import { AGENT_PORT } from '../../router/contract.ts';
 import { CappedBuffer, DEFAULT_MAX_OUTPUT } from '../capped-buffer.ts';
 import type { OciSpec } from '../oci/spec.ts';
 import type { ExecRequest, ExecResult, PodProcess, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 
-/** The agent's port in every pod (E2B's envd has 49983; the router refuses this one from outside). */
-export const AGENT_PORT = 49982;
+export { AGENT_PORT };
 /** asb-init reads `<port>:<token>` from this variable and removes it before anything else runs. */
 export const AGENT_ENV = 'ASB_AGENT';
 /** runc's exit code when it cannot start a process; the agent's start failures get the same. */
