@@ -5,11 +5,13 @@
 // the pod running. Real gVisor pods: needs root and `make runsc`, like test/runtime-gvisor.test.ts.
 // Its own bridge and subnet (asbckp0, 10.237.0.0/16).
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { readFile, stat, writeFile } from 'node:fs/promises';
 import { get } from 'node:http';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
+import { promisify } from 'node:util';
 import type { Container } from '../src/api/types.ts';
 import { isAsbError } from '../src/errors.ts';
 import type { LocalRuntime } from '../src/runtime/local/local-runtime.ts';
@@ -18,6 +20,7 @@ import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
+const execFileAsync = promisify(execFile);
 const BRIDGE = 'asbckp0';
 const SUBNET = '10.237.0.0/16';
 let fixture: TestRuntime;
@@ -223,22 +226,23 @@ test('a save that would pass the pod\'s ephemeral-storage is refused: the pod ke
   assert.equal(existsSync(paths.checkpoint) || existsSync(paths.checkpointPartial), false);
 });
 
-test('a save runsc fails leaves the sandbox running, resumed, with no image left', async () => {
+test('a save runsc fails leaves the sandbox running, resumed, with no image left', async (t) => {
   const req = counterPod('rsfail1');
   const before = await startedReady(req);
   assert.equal((await count(before)).n, 1);
-  // runsc cannot write its image: the directory it is told to make is a file.
+  // runsc cannot make the image's directory: the pod dir is immutable (even to root) for the save.
   const paths = podPaths(root, 'rsfail1');
-  const { mkdir } = await import('node:fs/promises');
-  await mkdir(paths.checkpointPartial, { mode: 0o500 });
-  await writeFile(join(paths.checkpointPartial, 'checkpoint.img'), '');
-  const { chmod } = await import('node:fs/promises');
-  await chmod(join(paths.checkpointPartial, 'checkpoint.img'), 0o400);
-  await chmod(paths.checkpointPartial, 0o500);
-  await assert.rejects(rt.stop('rsfail1', { memory: true }), (err) => isAsbError(err, 'CheckpointFailed') && /runsc checkpoint/.test(err.message));
+  await execFileAsync('chattr', ['+i', paths.dir]);
+  t.after(() => execFileAsync('chattr', ['-i', paths.dir]));
+  await assert.rejects(rt.stop('rsfail1', { memory: true }), (err) => isAsbError(err, 'CheckpointFailed') && /runsc checkpoint: .*making directories at path provided/.test(err.message) && /keeps running/.test(err.message));
+  await execFileAsync('chattr', ['-i', paths.dir]);
   assert.equal(rt.state('rsfail1').phase, 'Running');
   assert.equal((await count(before)).n, 2, 'resumed: the same process answers');
   assert.equal(existsSync(paths.checkpoint) || existsSync(paths.checkpointPartial), false);
+  // And a save after it works.
+  await rt.stop('rsfail1', { memory: true });
+  assert.equal(rt.state('rsfail1').phase, 'Stopped');
+  assert.equal((await count(await startedReady(req))).n, 3);
 });
 
 test('remove() deletes a kept checkpoint with the pod', async () => {
