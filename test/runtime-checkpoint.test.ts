@@ -6,18 +6,21 @@
 // Its own bridge and subnet (asbckp0, 10.237.0.0/16).
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { readFile, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { get } from 'node:http';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
 import type { Container } from '../src/api/types.ts';
 import { isAsbError } from '../src/errors.ts';
-import type { LocalRuntime } from '../src/runtime/local/local-runtime.ts';
+import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { CHECKPOINT_META, type CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
+import { silentLogger } from '../src/system/log.ts';
+import { testImageStore } from './support/test-images.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
 const execFileAsync = promisify(execFile);
@@ -203,7 +206,6 @@ test('an image runsc itself refuses to restore: the shim starts the pod fresh, w
   const dir = podPaths(root, 'rfail1').checkpoint;
   await writeFile(join(dir, 'checkpoint.img'), 'not a gVisor state file');
   const meta = await readMeta('rfail1');
-  const { createHash } = await import('node:crypto');
   meta.files = meta.files.map((f) => (f.name === 'checkpoint.img' ? { name: f.name, bytes: 23, sha256: createHash('sha256').update('not a gVisor state file').digest('hex') } : f));
   await writeMeta('rfail1', meta);
   const woken = await startedReady(req);
@@ -243,6 +245,29 @@ test('a save runsc fails leaves the sandbox running, resumed, with no image left
   await rt.stop('rsfail1', { memory: true });
   assert.equal(rt.state('rsfail1').phase, 'Stopped');
   assert.equal((await count(await startedReady(req))).n, 3);
+});
+
+test('a kept checkpoint outlives the worker: a new runtime on the same root says so and restores it; a half-written one is deleted', async () => {
+  const req = counterPod('again1');
+  const { token } = await countedAndPaused(req);
+  const paths = podPaths(root, 'again1');
+  // What a worker killed in the middle of a save leaves.
+  await mkdir(paths.checkpointPartial);
+  await writeFile(join(paths.checkpointPartial, 'checkpoint.img'), 'half');
+  const rt2 = await createLocalRuntime({ root, log: silentLogger(), images: await testImageStore(), bridge: BRIDGE, subnet: SUBNET, pollIntervalMs: 100 });
+  try {
+    const kept = rt2.state('again1');
+    assert.equal(kept.phase, 'Stopped');
+    assert.deepEqual(kept.checkpoint, rt.state('again1').checkpoint);
+    assert.equal(existsSync(paths.checkpointPartial), false);
+    const woken = await rt2.start(req);
+    assert.equal(woken.phase, 'Running', JSON.stringify(woken));
+    assert.equal(woken.restoreFailure, undefined);
+    assert.deepEqual(await count(woken), { token, n: 4 });
+    await rt2.stop('again1');
+  } finally {
+    await rt2.close();
+  }
 });
 
 test('remove() deletes a kept checkpoint with the pod', async () => {

@@ -10,7 +10,9 @@
 // root re-adopts every pod whose init is still alive (checked by pid AND start time).
 // Without root, runc or the init binary, the runtime starts no pod and says why (README): it never
 // runs a sandbox unisolated. A pod with runtimeClassName gvisor runs under gVisor's runsc instead
-// of runc (runtime-class.ts), through the same shim, exec and terminal code.
+// of runc (runtime-class.ts), through the same shim, exec and terminal code; such a pod can also
+// stop with its memory (stop(id, { memory: true }): a runsc checkpoint in its state dir,
+// checkpoint.ts) and its next start resumes every process where it was.
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
@@ -35,7 +37,7 @@ import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
 import { diskTool, evictionMessage, madeBeforeDisks, podDisk } from './disk.ts';
-import { checkpointRoom, discardCheckpoint, freeBytes, imageBytes, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointMeta } from './checkpoint.ts';
+import { checkpointRoom, discardCheckpoint, freeBytes, imageBytes, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMeta } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
@@ -539,7 +541,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (kind !== 'runsc') {
       failure = 'the pod no longer runs on gVisor, which made its memory checkpoint';
     } else {
-      const check = await verifyCheckpoint(pod.paths.checkpoint, await this.#runscVersion());
+      const check = await this.#runscVersion().then((version) => verifyCheckpoint(pod.paths.checkpoint, version), (err: unknown): CheckpointCheck => ({ ok: false, reason: `runsc does not say its version: ${err instanceof Error ? err.message : String(err)}` }));
       if (check.ok) return { from: pod.paths.checkpoint };
       failure = check.reason;
     }
@@ -746,9 +748,15 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       });
       if (!fits.ok) throw failed(fits.reason);
     };
-    const memory = (await cgroupUsage(posix.join(this.#host.cgroupParent, pod.id))).memory?.workingSetBytes ?? 0;
-    await room(memory, CHECKPOINT_HOST_RESERVE_BYTES);
-    const [version] = await Promise.all([this.#runscVersion(), discardCheckpoint(paths.checkpointPartial)]);
+    const asFailure = (err: unknown): AsbError => (isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err)));
+    let version: string;
+    try {
+      const memory = (await cgroupUsage(posix.join(this.#host.cgroupParent, pod.id))).memory?.workingSetBytes ?? 0;
+      await room(memory, CHECKPOINT_HOST_RESERVE_BYTES);
+      [version] = await Promise.all([this.#runscVersion(), discardCheckpoint(paths.checkpointPartial)]);
+    } catch (err) {
+      throw asFailure(err);
+    }
     const steps = checkpointSequence(pod.id, paths.checkpointPartial);
     const paused = await runsc(steps.pause);
     if (paused.code !== 0) throw failed(`runsc pause: ${lastLine(paused.output)}`);
@@ -764,8 +772,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       await discardCheckpoint(paths.checkpointPartial);
       const resumed = await runsc(steps.resume);
       if (resumed.code !== 0) this.#log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
-      if (isAsbError(err, 'CheckpointFailed')) throw err;
-      throw failed(err instanceof Error ? err.message : String(err));
+      throw asFailure(err);
     }
     pod.checkpoint = meta;
     pod.stopping = true;
