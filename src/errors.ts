@@ -21,6 +21,7 @@ export const ERRORS = {
   Timeout: { status: 504, title: 'Timed out' },
   SandboxNotRunning: { status: 409, title: 'Sandbox is not running' },
   NotImplemented: { status: 501, title: 'Not implemented' },
+  CheckpointFailed: { status: 500, title: 'The sandbox\'s memory could not be saved; it keeps running' },
   Internal: { status: 500, title: 'Internal error' },
 } as const satisfies Record<string, { status: number; title: string }>;
 

@@ -55,6 +55,7 @@ const REASONS: Record<ErrorCode, string> = {
   SandboxNotRunning: 'Conflict',
   // The apiserver has no reason for 501: StatusReasonUnknown, which is empty.
   NotImplemented: '',
+  CheckpointFailed: 'InternalError',
   Internal: 'InternalError',
 };
 

@@ -58,6 +58,19 @@ export interface PodState {
   /** Why a pod failed, in the kubelet's words: ErrImagePull, OOMKilled, Evicted, CreateContainerConfigError, ... */
   reason?: string;
   message?: string;
+  /** A Stopped pod whose memory is kept (stop with memory): the image's size and when it was taken. The next start restores it. */
+  checkpoint?: { bytes: number; at: string };
+  /** The pod was to start from its memory checkpoint and could not (runsc changed, the image is damaged, the restore failed): it started from its files instead, and this says why. */
+  restoreFailure?: string;
+}
+
+export interface StopOptions {
+  /**
+   * Keep every process and its memory (a checkpoint), not only the files: the next start resumes
+   * them. A runtime or pod that cannot keep memory rejects (NotImplemented) and leaves the pod
+   * running: never a silent filesystem-only stop. A save that fails rejects and leaves it running too.
+   */
+  memory?: boolean;
 }
 
 export interface ExecRequest {
@@ -145,8 +158,11 @@ export interface PodRuntime {
    * exist (wake after hibernation). Idempotent: resolves at once for a running pod.
    */
   start(pod: PodRequest): Promise<PodState>;
-  /** Hibernates: ends every process, keeps filesystem, volumes and IP reservation. Idempotent. */
-  stop(id: string): Promise<void>;
+  /**
+   * Hibernates: ends every process, keeps filesystem, volumes and IP reservation. Idempotent.
+   * With `memory`, keeps the processes' memory too (StopOptions).
+   */
+  stop(id: string, opts?: StopOptions): Promise<void>;
   /** Ends every process and deletes the pod's filesystem and volumes. Idempotent. */
   remove(id: string): Promise<void>;
   /** The current state, from memory: no I/O. */

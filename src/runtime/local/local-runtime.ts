@@ -10,7 +10,9 @@
 // root re-adopts every pod whose init is still alive (checked by pid AND start time).
 // Without root, runc or the init binary, the runtime starts no pod and says why (README): it never
 // runs a sandbox unisolated. A pod with runtimeClassName gvisor runs under gVisor's runsc instead
-// of runc (runtime-class.ts), through the same shim, exec and terminal code.
+// of runc (runtime-class.ts), through the same shim, exec and terminal code; such a pod can also
+// stop with its memory (stop(id, { memory: true }): a runsc checkpoint in its state dir,
+// checkpoint.ts) and its next start resumes every process where it was.
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
@@ -19,7 +21,7 @@ import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
+import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SpawnRequest, StopOptions } from '../runtime.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
 import { PodFirewall } from './pod-firewall.ts';
 import { execInPod, type PodTarget } from './exec.ts';
@@ -36,7 +38,8 @@ import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
-import { diskTool, evictionMessage, madeBeforeDisks } from './disk.ts';
+import { diskTool, evictionMessage, madeBeforeDisks, podDisk } from './disk.ts';
+import { checkpointRoom, discardCheckpoint, freeBytes, imageBytes, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMeta } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { startProbeLoop } from './probes.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
@@ -44,8 +47,8 @@ import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
 import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
-import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
-import { runscFlags } from '../oci/runsc.ts';
+import { findRunscBinary, releaseRunscRoot, runscVersion } from '../oci/runsc-binary.ts';
+import { checkpointSequence, runscFlags, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
 import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
 import type { ConnectionLimits } from '../../network/connection-limits.ts';
@@ -107,6 +110,12 @@ export interface LocalRuntimeOptions {
 
 export const DEFAULT_IMAGE = 'agent-sandbox/base';
 const TERM_RESEND_MS = 200;
+/**
+ * Left free on the worker's disk after a memory checkpoint is written there: the store, the image
+ * cache and every other pod's writable layer share it (checkpoint.ts says why the image is not on
+ * the pod's own disk).
+ */
+const CHECKPOINT_HOST_RESERVE_BYTES = 256 * 2 ** 20;
 /** How long an adopted pod's shim may take to clean up after its init ended (runc delete: ~0.1 s). */
 const EXIT_STATUS_WAIT_MS = 10_000;
 /** Parent of every runtime's mount points (one directory per state dir, by its hash). */
@@ -138,6 +147,10 @@ interface Pod {
   rangeConflict?: string;
   /** The last write of `persisted` (#persist chains them). */
   persisting?: Promise<void> | undefined;
+  /** The memory checkpoint kept for the next start (checkpoint.ts), when stopped with memory. */
+  checkpoint?: CheckpointMeta | undefined;
+  /** A stop with memory in progress: another stop, a remove or a second one waits for it. */
+  checkpointing?: Promise<void> | undefined;
 }
 
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
@@ -309,6 +322,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       const persisted = await readPersisted(paths);
       const pod: Pod = { id, paths, persisted, state: { phase: 'Stopped', ready: false }, generation: 0, stopping: false };
       this.#pods.set(id, pod);
+      // A save the worker died in the middle of is no checkpoint; a sealed one is kept for the next start.
+      await discardCheckpoint(paths.checkpointPartial);
+      pod.checkpoint = await readCheckpointMeta(paths.checkpoint);
       if (persisted === undefined) return;
       // Pods made before the cache kept pins (or whose pin was lost) are pinned now; a no-op otherwise.
       const image = persisted.image;
@@ -436,6 +452,10 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       const invalid = err instanceof AsbError && err.code === 'Invalid';
       return fail(`cannot prepare pod: ${err instanceof Error ? err.message : String(err)}`, invalid ? 'CreateContainerConfigError' : undefined);
     }
+    // A pod stopped with memory wakes from its checkpoint when the image can still be restored, else from its files, saying why.
+    const restore = await this.#restorePlan(pod, runtimeClass.kind);
+    if (pod.generation !== generation) return { ...pod.state };
+    if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from);
     pod.lostLauncher = false;
     const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
@@ -463,14 +483,25 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // The shim's exit comes after this and would say only "exited with code 125": its own
       // message (runc's error) is the reason, so that event is for an older generation now.
       pod.generation++;
+      // A restore that was tried is not tried twice (the sandbox may have run from it); one the
+      // start never reached (the network set-up failed first) is kept for the next start.
+      if (restore.from !== undefined && (await readRestoreStatus(pod.paths.restoreStatus)) !== undefined) await this.#dropCheckpoint(pod);
       return fail(outcome.message);
     }
+    let restoreFailure = restore.failure;
+    if (restore.from !== undefined) {
+      const status = await readRestoreStatus(pod.paths.restoreStatus);
+      if (status?.restored !== true) restoreFailure = `runsc could not restore the memory checkpoint, so the pod started from its files: ${status?.reason ?? 'the shim said nothing of the restore'}`;
+      // Its memory now lives in the running sandbox: a stale image must never be restored again.
+      await this.#dropCheckpoint(pod);
+    }
+    if (restoreFailure !== undefined) this.#log.warn({ id: pod.id, reason: restoreFailure }, 'the pod\'s memory checkpoint was not restored');
     launch.child.closeStdin();
     launch.child.unref();
     const startedAt = isoNow(this.#clock);
     const pidStart = await processStartTime(outcome.pid);
     if (pod.generation !== generation) return { ...pod.state };
-    pod.persisted = { request: req, ip, image, idRange, pid: outcome.pid, pidStart: pidStart ?? 'gone', startedAt };
+    pod.persisted = { request: req, ip, image, idRange, pid: outcome.pid, pidStart: pidStart ?? 'gone', startedAt, ...(restoreFailure === undefined ? {} : { restoreFailure }) };
     this.#running(pod, outcome.pid, startedAt);
     // The container may have ended already (a command that exits at once).
     const early = pod.pendingExit as number | undefined; // set by the exit event during the awaits
@@ -492,6 +523,42 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod.persisted !== undefined) return ROOT_ID_MAP;
     if (await madeBeforeDisks(pod.paths.dir)) return ROOT_ID_MAP;
     return claimIdRange(this.#idRangesDir, pod.paths.dir);
+  }
+
+  /**
+   * Whether this start restores the pod's memory checkpoint: `from` the image when it is whole and
+   * made by this runsc, else the `failure` reason (the image is deleted then: it can never be restored).
+   */
+  async #restorePlan(pod: Pod, kind: 'runc' | 'runsc'): Promise<{ from?: string; failure?: string }> {
+    if (!(await exists(pod.paths.checkpoint))) return {};
+    let failure: string;
+    if (kind !== 'runsc') {
+      failure = 'the pod no longer runs on gVisor, which made its memory checkpoint';
+    } else {
+      const check = await this.#runscVersion().then((version) => verifyCheckpoint(pod.paths.checkpoint, version), (err: unknown): CheckpointCheck => ({ ok: false, reason: `runsc does not say its version: ${err instanceof Error ? err.message : String(err)}` }));
+      if (check.ok) return { from: pod.paths.checkpoint };
+      failure = check.reason;
+    }
+    await this.#dropCheckpoint(pod);
+    return { failure: `the memory checkpoint cannot be restored, so the pod started from its files: ${failure}` };
+  }
+
+  async #dropCheckpoint(pod: Pod): Promise<void> {
+    pod.checkpoint = undefined;
+    await discardCheckpoint(pod.paths.checkpoint);
+  }
+
+  #runscVersionOnce: Promise<string> | undefined;
+
+  /** What the runsc binary says it is (runsc checks an image against its own version, not against the pin). */
+  #runscVersion(): Promise<string> {
+    const binary = this.#host.runsc?.binary;
+    if (binary === undefined) return Promise.reject(new AsbError('Unavailable', 'gVisor (runsc) is not available on this worker'));
+    this.#runscVersionOnce ??= runscVersion(binary).catch((err: unknown) => {
+      this.#runscVersionOnce = undefined;
+      throw err;
+    });
+    return this.#runscVersionOnce;
   }
 
   /** The mount points' parent, made once: each pod's directory in it is walkable by that pod's root only (oci-pod.ts). */
@@ -589,7 +656,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const ip = pod.persisted?.ip;
     if (pod.persisted !== undefined) {
       // What the next start needs (request, address, image, id range), without the ended process.
-      const { pid: _pid, pidStart: _pidStart, startedAt: _startedAt, ...kept } = pod.persisted;
+      const { pid: _pid, pidStart: _pidStart, startedAt: _startedAt, restoreFailure: _restoreFailure, ...kept } = pod.persisted;
       pod.persisted = kept;
       this.#persist(pod).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
     }
@@ -605,10 +672,17 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (!this.#closed) this.#emit(pod.id);
   }
 
-  async stop(id: string): Promise<void> {
+  async stop(id: string, opts: StopOptions = {}): Promise<void> {
     const pod = this.#pods.get(id);
+    if (opts.memory === true) {
+      if (pod === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
+      await pod.starting?.catch(() => undefined);
+      pod.checkpointing ??= this.#stopWithMemory(pod).finally(() => (pod.checkpointing = undefined));
+      return pod.checkpointing;
+    }
     if (pod === undefined) return;
     await pod.starting?.catch(() => undefined);
+    await pod.checkpointing?.catch(() => undefined);
     const target = pod.target;
     if (target === undefined) {
       if (pod.state.phase !== 'Absent' && pod.state.phase !== 'Stopped') {
@@ -638,6 +712,79 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     } finally {
       clearInterval(keepAlive);
     }
+  }
+
+  /**
+   * Stop with memory (gVisor): the sandbox is paused, saved with -leave-running (runsc.ts'
+   * checkpointSequence says why), the image sealed (checkpoint.ts), and only then is the sandbox
+   * killed; the shim sees its init end and cleans up as for any stop, and the pod is Stopped with
+   * its checkpoint. Any failure before the kill resumes the sandbox, deletes what was written and
+   * rejects with CheckpointFailed saying why.
+   */
+  async #stopWithMemory(pod: Pod): Promise<void> {
+    const target = pod.target;
+    if (target === undefined) {
+      if (pod.state.phase === 'Stopped' && pod.checkpoint !== undefined) return;
+      throw new AsbError('SandboxNotRunning', `pod ${pod.id} is not running: there is no memory to keep`);
+    }
+    if (target.kind !== 'runsc') {
+      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose pause with memory needs CRIU, which is not wired yet; it keeps running (pause it without memory, or run it with runtimeClassName gvisor)`);
+    }
+    const request = pod.persisted?.request;
+    if (request === undefined) throw new AsbError('Internal', `pod ${pod.id} runs without a recorded request`);
+    const runsc = (cmd: RunscCommand): Promise<{ code: number; output: string }> => this.#launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
+    const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved, it keeps running: ${why}`);
+    const { paths } = pod;
+    // Counted against the pod's ephemeral-storage with its files, and against the worker's disk.
+    const room = async (bytes: number, reserve: number): Promise<void> => {
+      const disk = paths.disk === undefined || (await madeBeforeDisks(paths.dir)) ? undefined : await mountedDiskUsage(paths.disk.mount, paths.dir);
+      const fits = checkpointRoom({
+        limitBytes: disk === undefined ? undefined : podDisk(request.spec).bytes,
+        diskUsedBytes: disk?.usedBytes ?? 0,
+        imageBytes: bytes,
+        hostFreeBytes: await freeBytes(paths.dir),
+        hostReserveBytes: reserve,
+      });
+      if (!fits.ok) throw failed(fits.reason);
+    };
+    const asFailure = (err: unknown): AsbError => (isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err)));
+    let version: string;
+    try {
+      const memory = (await cgroupUsage(posix.join(this.#host.cgroupParent, pod.id))).memory?.workingSetBytes ?? 0;
+      await room(memory, CHECKPOINT_HOST_RESERVE_BYTES);
+      [version] = await Promise.all([this.#runscVersion(), discardCheckpoint(paths.checkpointPartial)]);
+    } catch (err) {
+      throw asFailure(err);
+    }
+    const steps = checkpointSequence(pod.id, paths.checkpointPartial);
+    const paused = await runsc(steps.pause);
+    if (paused.code !== 0) throw failed(`runsc pause: ${lastLine(paused.output)}`);
+    let meta: CheckpointMeta;
+    try {
+      const saved = await runsc(steps.checkpoint);
+      if (saved.code !== 0) throw failed(`runsc checkpoint: ${lastLine(saved.output)}`);
+      // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
+      if ((await freeBytes(paths.dir)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
+      await room(await imageBytes(paths.checkpointPartial), MIN_FREE_AFTER_SAVE_BYTES - 1);
+      meta = await sealCheckpoint(paths.checkpointPartial, paths.checkpoint, version, isoNow(this.#clock));
+    } catch (err) {
+      await discardCheckpoint(paths.checkpointPartial);
+      const resumed = await runsc(steps.resume);
+      if (resumed.code !== 0) this.#log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
+      throw asFailure(err);
+    }
+    pod.checkpoint = meta;
+    pod.stopping = true;
+    const exited = pod.exited ?? Promise.resolve();
+    const keepAlive = setInterval(() => undefined, 60_000); // as in stop(): a shutdown awaiting this must not exit half-way
+    try {
+      // Paused, its memory saved: nothing in it may run again, so no SIGTERM and no grace.
+      signal(target.pid, 'SIGKILL');
+      if (!(await this.#within(exited, 10_000))) throw new AsbError('Timeout', `pod ${pod.id} did not end after its checkpoint`);
+    } finally {
+      clearInterval(keepAlive);
+    }
+    this.#log.info({ id: pod.id, bytes: meta.bytes }, 'pod stopped with its memory');
   }
 
   #within(p: Promise<void>, ms: number): Promise<boolean> {
@@ -757,7 +904,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const pod = this.#pods.get(id);
     if (pod === undefined) return { phase: 'Absent', ready: false };
     const uid = pod.persisted?.request.uid;
-    return uid === undefined ? { ...pod.state } : { ...pod.state, uid };
+    const state: PodState = uid === undefined ? { ...pod.state } : { ...pod.state, uid };
+    if (pod.state.phase === 'Stopped' && pod.checkpoint !== undefined) state.checkpoint = { bytes: pod.checkpoint.bytes, at: pod.checkpoint.at };
+    const restoreFailure = pod.persisted?.restoreFailure;
+    if (restoreFailure !== undefined && pod.target !== undefined) state.restoreFailure = restoreFailure;
+    return state;
   }
 
   list(): string[] {
@@ -858,6 +1009,11 @@ async function exists(path: string): Promise<boolean> {
   } catch {
     return false;
   }
+}
+
+/** The last non-empty line a command printed (runsc's error), for a message. */
+function lastLine(output: string): string {
+  return output.trim().split('\n').pop()?.trim() ?? 'no output';
 }
 
 function signal(pid: number, sig: NodeJS.Signals): void {

@@ -6,7 +6,7 @@
 //   oci-shim -d <podDir> -r <runc> -R <runcRoot> -i <id> -b <bundle> [-c <cgroupsPath>]
 //            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-D <disk>]
 //            [-N <netns file>] [-U <host id> <size> <tree id>] [-u <userns file>] [-l <nofile>]
-//            [-- <runc global flags>...]
+//            [-C <checkpoint dir>] [-- <runc global flags>...]
 // Protocol on stdout, one line each (the same as the runtime's launcher expects): "pid <host pid of
 // the container's init>", then "ready" or "error <what>: <why>". With -n it reads "go\n" on stdin
 // once the runtime has moved the veth peer into the container's network namespace, then
@@ -21,6 +21,12 @@
 // nothing is left to do between them) and "init <host pid of the sandbox process>": the pod's
 // init from then on. The namespace is made afresh at every start
 // (runsc leaves eth0 without its address when a sandbox ends) and unmounted when the pod ends.
+// With -C (and -N) the pod wakes from a memory checkpoint (src/runtime/local/checkpoint.ts):
+// `restore --detach` (it creates the container from the bundle, as `run` does, then loads the
+// image into it) instead of `run --detach`. When the restore fails the shim deletes what it made,
+// configures eth0 again and starts the pod fresh with `run`: a pod never stays down because its
+// memory could not come back. Either way it writes <podDir>/restore-status before "init": "restored",
+// or "failed <runsc's reason>" for the runtime to report.
 // The shim is PR_SET_CHILD_SUBREAPER, so when
 // runc exits the container's init is re-parented to it: it waits for that init, `runc delete`s the
 // container (its cgroups go), unmounts the rootfs, and then writes the init's exit code to
@@ -72,6 +78,7 @@ static const char *pod_dir, *runc, *runc_root, *id, *bundle;
 static const char *lower, *upper, *work, *rootfs;
 static const char *net_ip, *net_prefix, *net_gw;
 static const char *netns_file; // -N: the network namespace the shim makes before create (runsc)
+static const char *checkpoint_dir; // -C: restore the sandbox from this image (runsc, with -N)
 static const char *userns_file; // -u: the user namespace the shim makes for runc to join
 static long id_host = -1, id_size, id_tree; // -U: the pod's host range and the tree's first id
 static char lower_mnt[PATH_MAX]; // -U: where the idmapped tree is mounted while the overlay is
@@ -195,11 +202,10 @@ static int link_up(int sock, const char *name) {
   return ioctl(sock, SIOCSIFFLAGS, &ifr);
 }
 
-// In a child that joined the container's network namespace: lo up, eth0's address, default route.
+// In a child that joined the container's network namespace (the file `ns`): lo up, eth0's address,
+// default route (one already there is kept: a second configuration, after a failed restore).
 // Plain ioctls: one `ip` spawn would cost more than this whole binary. Exit code: the failed step.
-static int configure_net(pid_t holder) {
-  char ns[64];
-  snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)holder);
+static int configure_net(const char *ns) {
   int ns_fd = open(ns, O_RDONLY | O_CLOEXEC);
   if (ns_fd < 0 || setns(ns_fd, CLONE_NEWNET) < 0) return 10;
   int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -220,8 +226,21 @@ static int configure_net(pid_t holder) {
   gw->sin_family = AF_INET;
   gw->sin_addr.s_addr = inet_addr(net_gw);
   rt.rt_flags = RTF_UP | RTF_GATEWAY;
-  if (ioctl(sock, SIOCADDRT, &rt) < 0) return 16;
+  if (ioctl(sock, SIOCADDRT, &rt) < 0 && errno != EEXIST) return 16;
   return 0;
+}
+
+// Configures the network namespace `ns` in a child (configure_net); fails the shim naming the step.
+static void configure_net_in(const char *ns, int created) {
+  pid_t child = fork();
+  if (child < 0) fail(created, "fork");
+  if (child == 0) _exit(configure_net(ns));
+  int st;
+  while (waitpid(child, &st, 0) < 0 && errno == EINTR) {}
+  static const char *steps[] = {"join the network namespace", "socket", "loopback up", "eth0 address", "eth0 netmask", "eth0 up", "default route"};
+  int code = status_code(st);
+  if (code >= 10 && code <= 16) fail_msg(created, "network", steps[code - 10]);
+  if (code != 0) fail_msg(created, "network", "the configuring process failed");
 }
 
 static void setup_net(pid_t holder, int created) {
@@ -229,15 +248,9 @@ static void setup_net(pid_t holder, int created) {
   size_t n = 0;
   while (n < sizeof go - 1 && read(0, go + n, 1) == 1 && go[n] != '\n') n++;
   if (strncmp(go, "go", 2) != 0) fail_msg(created, "network", "not confirmed by the runtime");
-  pid_t child = fork();
-  if (child < 0) fail(created, "fork");
-  if (child == 0) _exit(configure_net(holder));
-  int st;
-  while (waitpid(child, &st, 0) < 0 && errno == EINTR) {}
-  static const char *steps[] = {"join the network namespace", "socket", "loopback up", "eth0 address", "eth0 netmask", "eth0 up", "default route"};
-  int code = status_code(st);
-  if (code >= 10 && code <= 16) fail_msg(created, "network", steps[code - 10]);
-  if (code != 0) fail_msg(created, "network", "the configuring process failed");
+  char ns[64];
+  snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)holder);
+  configure_net_in(ns, created);
 }
 
 // A child in a new namespace of `flags` (made as `owner` when not 0: dropping to that id drops
@@ -348,6 +361,7 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(a, "-o") && left >= 4) { lower = argv[++i]; upper = argv[++i]; work = argv[++i]; rootfs = argv[++i]; }
     else if (!strcmp(a, "-n") && left >= 3) { net_ip = argv[++i]; net_prefix = argv[++i]; net_gw = argv[++i]; }
     else if (!strcmp(a, "-N")) netns_file = argv[++i];
+    else if (!strcmp(a, "-C")) checkpoint_dir = argv[++i];
     else if (!strcmp(a, "-D")) disk = argv[++i];
     else if (!strcmp(a, "-u")) userns_file = argv[++i];
     else if (!strcmp(a, "-l")) nofile_limit = atol(argv[++i]);
@@ -355,6 +369,7 @@ static void parse_args(int argc, char **argv) {
     else { dprintf(1, "error argument: %s\n", a); _exit(125); }
   }
   if (!pod_dir || !runc || !runc_root || !id || !bundle) { dprintf(1, "error usage: -d -r -R -i -b are required\n"); _exit(125); }
+  if (checkpoint_dir && !netns_file) { dprintf(1, "error usage: -C needs -N (only runsc restores)\n"); _exit(125); }
   if ((id_host >= 0 || userns_file) && (id_host <= 0 || id_size <= 0 || id_tree < 0 || !rootfs)) { dprintf(1, "error usage: -U needs a host id, a size, a tree id and -o; -u needs -U\n"); _exit(125); }
 }
 
@@ -436,6 +451,7 @@ int main(int argc, char **argv) {
   // A previous run's code must not be read as this run's.
   if (unlinkat(dir_fd, "exit-status", 0) < 0 && errno != ENOENT) fail(0, "unlink exit-status");
   unlinkat(dir_fd, "runc.log", 0);
+  unlinkat(dir_fd, "restore-status", 0);
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) fail(0, "subreaper");
   if (nofile_limit > 0) {
     // Every runc process, and so the container, inherits these (src/runtime/oci/inherited-rlimits.ts
@@ -490,7 +506,30 @@ int main(int argc, char **argv) {
   // `run --detach` (~120 ms for create + start here, ~35 ms less as one).
   const char *create[] = {"create", "--no-new-keyring", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
   const char *run[] = {"run", "--detach", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
-  int code = run_runc(netns_file ? run : create);
+  int code;
+  if (checkpoint_dir) {
+    const char *restore[] = {"restore", "--detach", "--bundle", bundle, "--pid-file", pid_path, "--image-path", checkpoint_dir, id, NULL};
+    code = run_runc(restore);
+    char status[1200];
+    if (code == 0) {
+      snprintf(status, sizeof status, "restored\n");
+    } else {
+      // runsc destroys a container whose restore failed; a forced delete covers one it left.
+      snprintf(status, sizeof status, "failed %s\n", runc_error());
+      const char *del[] = {"delete", "--force", id, NULL};
+      run_runc(del);
+      unlink(pid_path);
+      if (net_ip) configure_net_in(netns_file, 0);
+      code = run_runc(run);
+    }
+    int fd = openat(dir_fd, "restore-status", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      (void)!write(fd, status, strlen(status));
+      close(fd);
+    }
+  } else {
+    code = run_runc(netns_file ? run : create);
+  }
   if (code != 0) fail_msg(1, netns_file ? "runc run" : "runc create", runc_error());
   FILE *pf = fopen(pid_path, "re");
   int init = 0;

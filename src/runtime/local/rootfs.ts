@@ -16,6 +16,9 @@
 //   state.json           the request, ip, init pid and its start time (guards against pid reuse)
 //   runc.log             what runc said
 //   exit-status          the init's exit code, written by the shim (oci-shim.c) when the pod ends
+//   checkpoint/          gVisor pods paused with memory: runsc's image and its metadata (checkpoint.ts
+//                        says why here and not on the pod's disk); checkpoint.partial/ while it is written
+//   restore-status       written by the shim at a start from a checkpoint: "restored" or "failed <why>"
 // A pod dir made before disks has upper/, work/, empty/ and container.log in the pod dir itself
 // and its claim volumes in <root>/volumes/<id>/ (legacyLayout): it wakes as it was, uncapped.
 import { readFile, writeFile, rename } from 'node:fs/promises';
@@ -39,6 +42,11 @@ export interface PodPaths {
   netns: string;
   /** runc pods' user namespace file, owned by the pod's own host range (oci-shim.c -u). */
   userns: string;
+  /** gVisor pods' memory checkpoint (checkpoint.ts), and where one is written before it is sealed. */
+  checkpoint: string;
+  checkpointPartial: string;
+  /** What the shim says of a restore (oci-shim.c -C). */
+  restoreStatus: string;
   state: string;
   exitStatus: string;
   log: string;
@@ -61,6 +69,9 @@ export function podPaths(root: string, id: string): PodPaths {
     tmp: join(mount, 'tmp'),
     netns: join(dir, 'netns'),
     userns: join(dir, 'userns'),
+    checkpoint: join(dir, 'checkpoint'),
+    checkpointPartial: join(dir, 'checkpoint.partial'),
+    restoreStatus: join(dir, 'restore-status'),
     state: join(dir, 'state.json'),
     exitStatus: join(dir, 'exit-status'),
     log: join(mount, 'container.log'),
@@ -100,6 +111,8 @@ export interface PersistedPod {
   /** Field 22 of /proc/<pid>/stat when the init started: a reused pid has another value. */
   pidStart?: string;
   startedAt?: string;
+  /** Why the checkpoint this run was to start from was not restored (it started from its files instead). */
+  restoreFailure?: string;
 }
 
 export async function readPersisted(paths: PodPaths): Promise<PersistedPod | undefined> {

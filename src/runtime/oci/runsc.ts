@@ -50,7 +50,13 @@ export type RunscCommand =
   | { op: 'kill'; id: string; signal?: string }
   | { op: 'wait'; id: string }
   | { op: 'delete'; id: string; force?: boolean }
-  | { op: 'state'; id: string };
+  | { op: 'state'; id: string }
+  | { op: 'pause'; id: string }
+  | { op: 'resume'; id: string }
+  /** Saves the sandbox to imagePath; with leaveRunning its kernel goes on afterwards (see checkpointSequence). */
+  | { op: 'checkpoint'; id: string; imagePath: string; leaveRunning: boolean }
+  /** Creates the container from the bundle (when it does not exist) and loads the image into it, as `run` starts it. */
+  | { op: 'restore'; id: string; bundle: string; pidFile: string; imagePath: string };
 
 /** The global flags every runsc command of one worker repeats (runsc reads its configuration from them each time). */
 export function runscGlobalArgs(opts: RunscOptions): string[] {
@@ -70,22 +76,43 @@ export function runscFlags(opts: Omit<RunscOptions, 'root'>): string[] {
 
 /** argv (without the binary) for one command. */
 export function runscArgs(opts: RunscOptions, cmd: RunscCommand): string[] {
-  const global = runscGlobalArgs(opts);
+  return [...runscGlobalArgs(opts), ...runscSubcommand(cmd)];
+}
+
+/** The subcommand and its arguments, for a caller that has the global flags already (the local runtime keeps them per worker). */
+export function runscSubcommand(cmd: RunscCommand): string[] {
   switch (cmd.op) {
     // runsc's flag parser wants -detach (it has no -d, unlike runc).
-    case 'run': return [...global, 'run', '-detach', '-pid-file', cmd.pidFile, '-bundle', cmd.bundle, cmd.id];
+    case 'run': return ['run', '-detach', '-pid-file', cmd.pidFile, '-bundle', cmd.bundle, cmd.id];
     case 'exec': return [
-      ...global, 'exec',
+      'exec',
       ...(cmd.detach === true ? ['-detach'] : []),
       ...(cmd.pidFile === undefined ? [] : ['-pid-file', cmd.pidFile]),
       ...(cmd.consoleSocket === undefined ? [] : ['-console-socket', cmd.consoleSocket]),
       '-process', cmd.processFile, cmd.id,
     ];
-    case 'kill': return [...global, 'kill', cmd.id, cmd.signal ?? 'KILL'];
-    case 'wait': return [...global, 'wait', cmd.id];
-    case 'delete': return [...global, 'delete', ...(cmd.force === false ? [] : ['-force']), cmd.id];
-    case 'state': return [...global, 'state', cmd.id];
+    case 'kill': return ['kill', cmd.id, cmd.signal ?? 'KILL'];
+    case 'wait': return ['wait', cmd.id];
+    case 'delete': return ['delete', ...(cmd.force === false ? [] : ['-force']), cmd.id];
+    case 'state': return ['state', cmd.id];
+    case 'pause': return ['pause', cmd.id];
+    case 'resume': return ['resume', cmd.id];
+    case 'checkpoint': return ['checkpoint', ...(cmd.leaveRunning ? ['-leave-running'] : []), '-image-path', cmd.imagePath, cmd.id];
+    case 'restore': return ['restore', '-detach', '-bundle', cmd.bundle, '-pid-file', cmd.pidFile, '-image-path', cmd.imagePath, cmd.id];
   }
+}
+
+/**
+ * Saving a running sandbox so that a failed save leaves it running, in order. A plain `checkpoint`
+ * kills the sandbox after the save whether it succeeded or not (pkg/sentry/state/state.go: "Save
+ * failed: exiting..." then Kill), so the save runs with -leave-running (the kernel resumes in the
+ * same sandbox process), inside a `pause`: the kernel's stops are counted, so the application stays
+ * stopped after the save and never runs (writes files, answers a request) between the memory the
+ * image holds and the end of the sandbox. After a good save the caller kills the sandbox; after a
+ * failed one it sends `resume`.
+ */
+export function checkpointSequence(id: string, imagePath: string): { pause: RunscCommand; checkpoint: RunscCommand; resume: RunscCommand } {
+  return { pause: { op: 'pause', id }, checkpoint: { op: 'checkpoint', id, imagePath, leaveRunning: true }, resume: { op: 'resume', id } };
 }
 
 /**
@@ -168,6 +195,11 @@ export interface RunscSpecOptions {
  *   SCMP_ACT_TRACE, which gVisor answers with ENOSYS when no ptrace tracer is attached
  *   (pkg/sentry/kernel/seccomp.go, as Linux does), and none can be: ptrace is denied. clone3 stays
  *   refused, so namespace flags still cannot pass through it.
+ * - process.user.additionalGids: left out when empty. runsc keeps the spec in a checkpoint through
+ *   Go's JSON, whose omitempty turns an empty list into an absent one, and its restore compares
+ *   process.user with reflect.DeepEqual, where [] is not absent: every restore of a pod without
+ *   supplementary groups failed with '"User" does not match across checkpoint restore'. (The
+ *   other empty lists, the capability sets, are compared by length.)
  * Everything else is accepted as is: seccomp (with --oci-seccomp), the user namespace and its id
  * maps (a root pod's files land in the upper dir as host uid 100000, as under runc), capabilities,
  * no_new_privs, rlimits, oomScoreAdj (the sentry gets 1000), cpu quota, devices, and the masked
@@ -187,9 +219,10 @@ export function runscSpec(spec: OciSpec, opts: RunscSpecOptions = {}): OciSpec {
     const { errnoRet: _enosys, ...rest } = rule;
     return { ...rest, action: 'SCMP_ACT_TRACE' };
   });
+  const { additionalGids, ...user } = spec.process.user;
   return {
     ...spec,
-    process: { ...spec.process },
+    process: { ...spec.process, user: additionalGids === undefined || additionalGids.length === 0 ? user : { ...user, additionalGids: [...additionalGids] } },
     root: { ...spec.root },
     mounts,
     linux: {

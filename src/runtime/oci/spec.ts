@@ -116,7 +116,8 @@ export interface OciSpec {
   ociVersion: string;
   process: {
     terminal: false;
-    user: { uid: number; gid: number; additionalGids: number[] };
+    /** additionalGids absent: none (runscSpec leaves an empty list out). */
+    user: { uid: number; gid: number; additionalGids?: number[] };
     args: string[];
     env: string[];
     cwd: string;

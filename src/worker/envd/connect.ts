@@ -51,6 +51,7 @@ const FROM_ASB: Record<ErrorCode, ConnectCode> = {
   Timeout: 'deadline_exceeded',
   SandboxNotRunning: 'unavailable',
   NotImplemented: 'unimplemented',
+  CheckpointFailed: 'internal',
   Internal: 'internal',
 };
 

@@ -1,0 +1,167 @@
+// A gVisor pod's memory checkpoint on disk: what stop(id, { memory: true }) keeps and the next
+// start restores (local-runtime.ts drives it, oci-shim.c -C restores it, runsc.ts has the commands).
+//
+// Where it lives: <pod>/checkpoint/, in the pod's private state dir (0700), on the worker's disk,
+// NOT on the pod's own disk (<pod>/disk, the ext4 image of its ephemeral-storage). The pod disk is
+// mounted only while the sandbox runs and the shim unmounts it the moment the sandbox ends, which
+// is the moment the save finishes: sealing the image there (fsync, checksum, rename) would race that
+// unmount or need a second mount of the disk, and a save that fills the pod disk would trip the
+// shim's eviction watchdog (two full checks in a row kill the pod as Evicted) instead of leaving the
+// pod running. The image still counts against the pod's ephemeral-storage: the runtime refuses a
+// save when the disk's used bytes plus the sandbox's memory (what the image will hold, ~1:1: a
+// python3 holding 256 MiB made a 259 MB image) would pass the limit, and checks again with the
+// image's real size once written (checkpointRoom). remove() deletes the pod dir, and the image with it.
+//
+// The image is written to checkpoint.partial/ and becomes checkpoint/ only once every file is
+// fsync'd and the metadata (asb-checkpoint.json: runsc version, bytes, when, each file's size, and
+// the sha256 of the small files) is written beside them, by one rename: a crash leaves either a
+// whole image or a partial one that recover() deletes. A truncated image (gvisor#14229: near ENOSPC
+// runsc truncated the pages file and still exited 0) is refused at the save by the free space left
+// after it, and at a restore by the size list. The pages file (the application's memory, ~all of
+// the bytes) is checked by size only: sha256 runs at 1.6 GB/s here, so hashing it would add
+// ~0.65 s per GiB to each of the save and the restore, more than the save itself; the kernel's
+// state and the pages' index, where damage panics a restore, are hashed.
+import { createHash } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import { open, readdir, readFile, rename, rm, stat, statfs, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+
+export const CHECKPOINT_META = 'asb-checkpoint.json';
+/** runsc's file of application memory: checked by size only (see the top). */
+const PAGES_FILE = 'pages.img';
+/** Fewer free bytes than this after a save is a save that may have met ENOSPC (the shim's full-disk mark, oci-shim.c). */
+export const MIN_FREE_AFTER_SAVE_BYTES = 1 << 20;
+
+export interface CheckpointFile {
+  name: string;
+  bytes: number;
+  sha256?: string;
+}
+
+export interface CheckpointMeta {
+  /** runsc refuses an image of another version (its own metadata, checked only once the restore runs). */
+  runscVersion: string;
+  bytes: number;
+  /** When the save finished (ISO 8601). */
+  at: string;
+  files: CheckpointFile[];
+}
+
+export type CheckpointCheck = { ok: true; meta: CheckpointMeta } | { ok: false; reason: string };
+
+/** Makes a written image durable and whole: every file fsync'd and described, then renamed to `dir` in one step. */
+export async function sealCheckpoint(partial: string, dir: string, runscVersion: string, at: string): Promise<CheckpointMeta> {
+  const names = (await readdir(partial)).filter((name) => name !== CHECKPOINT_META).sort();
+  const files = await Promise.all(names.map(async (name): Promise<CheckpointFile> => {
+    const path = join(partial, name);
+    await fsyncPath(path);
+    const { size } = await stat(path);
+    return name === PAGES_FILE ? { name, bytes: size } : { name, bytes: size, sha256: await sha256(path) };
+  }));
+  const meta: CheckpointMeta = { runscVersion, bytes: files.reduce((sum, f) => sum + f.bytes, 0), at, files };
+  await writeFile(join(partial, CHECKPOINT_META), JSON.stringify(meta), { mode: 0o600 });
+  await fsyncPath(join(partial, CHECKPOINT_META));
+  await fsyncPath(partial);
+  await rm(dir, { recursive: true, force: true });
+  await rename(partial, dir);
+  await fsyncPath(dirname(dir));
+  return meta;
+}
+
+/** The metadata of a sealed image, or undefined when there is none (or it cannot be read). */
+export async function readCheckpointMeta(dir: string): Promise<CheckpointMeta | undefined> {
+  try {
+    const meta = JSON.parse(await readFile(join(dir, CHECKPOINT_META), 'utf8')) as Partial<CheckpointMeta>;
+    if (typeof meta.runscVersion !== 'string' || typeof meta.bytes !== 'number' || typeof meta.at !== 'string' || !Array.isArray(meta.files)) return undefined;
+    return meta as CheckpointMeta;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Whether the image in `dir` can be given to `runsc restore` of version `runscVersion`; the reason when not. */
+export async function verifyCheckpoint(dir: string, runscVersion: string): Promise<CheckpointCheck> {
+  const meta = await readCheckpointMeta(dir);
+  if (meta === undefined) return { ok: false, reason: 'the checkpoint has no readable metadata' };
+  if (meta.runscVersion !== runscVersion) return { ok: false, reason: `the checkpoint was made by runsc ${meta.runscVersion}, this worker runs ${runscVersion}` };
+  for (const file of meta.files) {
+    const path = join(dir, file.name);
+    const size = await stat(path).then((s) => s.size, () => undefined);
+    if (size === undefined) return { ok: false, reason: `the checkpoint's ${file.name} is missing` };
+    if (size !== file.bytes) return { ok: false, reason: `the checkpoint's ${file.name} has ${String(size)} bytes, ${String(file.bytes)} were written` };
+    if (file.sha256 !== undefined && (await sha256(path)) !== file.sha256) return { ok: false, reason: `the checkpoint's ${file.name} is damaged (its sha256 differs)` };
+  }
+  return { ok: true, meta };
+}
+
+export interface RoomInput {
+  /** The pod's ephemeral-storage limit (its disk's size); undefined for a pod without a disk (made before disks). */
+  limitBytes: number | undefined;
+  /** What the pod's disk holds now. */
+  diskUsedBytes: number;
+  /** What the image will hold (before the save: the sandbox's memory) or holds (after: its size). */
+  imageBytes: number;
+  /** Free bytes on the worker's disk where the image goes. */
+  hostFreeBytes: number;
+  /** Left free on the worker's disk whatever the image (before the save), or MIN_FREE_AFTER_SAVE_BYTES (after). */
+  hostReserveBytes: number;
+}
+
+const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+
+/** Whether an image fits the pod's ephemeral-storage and the worker's disk; the reason when it does not. */
+export function checkpointRoom(input: RoomInput): { ok: true } | { ok: false; reason: string } {
+  if (input.limitBytes !== undefined && input.diskUsedBytes + input.imageBytes > input.limitBytes) {
+    return { ok: false, reason: `the memory checkpoint (${mib(input.imageBytes)}) and the sandbox's files (${mib(input.diskUsedBytes)}) would pass its ephemeral-storage limit of ${mib(input.limitBytes)}` };
+  }
+  if (input.hostFreeBytes - input.imageBytes < input.hostReserveBytes) {
+    return { ok: false, reason: `the worker's disk has ${mib(input.hostFreeBytes)} free, too little for a memory checkpoint of ${mib(input.imageBytes)}` };
+  }
+  return { ok: true };
+}
+
+/** Free bytes (for an unprivileged writer) on the filesystem holding `path`. */
+export async function freeBytes(path: string): Promise<number> {
+  const fs = await statfs(path);
+  return fs.bavail * fs.bsize;
+}
+
+export async function discardCheckpoint(dir: string): Promise<void> {
+  await rm(dir, { recursive: true, force: true });
+}
+
+async function fsyncPath(path: string): Promise<void> {
+  const handle = await open(path, 'r');
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+async function sha256(path: string): Promise<string> {
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
+  return hash.digest('hex');
+}
+
+/** Bytes of the files in an image directory (before it is sealed). */
+export async function imageBytes(dir: string): Promise<number> {
+  const sizes = await Promise.all((await readdir(dir)).map(async (name) => (await stat(join(dir, name))).size));
+  return sizes.reduce((sum, n) => sum + n, 0);
+}
+
+/** The shim's argv with a restore from `dir` (oci-shim.c -C), placed before the runtime's global flags (`--`). */
+export function withRestore(shimArgs: readonly string[], dir: string): string[] {
+  const flags = shimArgs.indexOf('--');
+  return flags < 0 ? [...shimArgs, '-C', dir] : [...shimArgs.slice(0, flags), '-C', dir, ...shimArgs.slice(flags)];
+}
+
+/** What the shim wrote of a restore it tried (restore-status): undefined when it tried none. */
+export async function readRestoreStatus(path: string): Promise<{ restored: true } | { restored: false; reason: string } | undefined> {
+  const text = await readFile(path, 'utf8').catch(() => undefined);
+  if (text === undefined) return undefined;
+  const line = text.trim();
+  if (line === 'restored') return { restored: true };
+  return { restored: false, reason: line.replace(/^failed\s*/, '') || 'runsc gave no reason' };
+}

@@ -1,0 +1,294 @@
+// The local runtime's stop with memory on gVisor: stop(id, { memory: true }) saves the sandbox with
+// runsc checkpoint and the next start restores it, so a process holding state only in memory goes
+// on where it was, with its listening socket and its address; an image that cannot be restored
+// falls back to a fresh start from the pod's files, saying why; a save that cannot be made leaves
+// the pod running. Real gVisor pods: needs root and `make runsc`, like test/runtime-gvisor.test.ts.
+// Its own bridge and subnet (asbckp0, 10.237.0.0/16).
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { mkdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { get } from 'node:http';
+import { join } from 'node:path';
+import { after, before, test } from 'node:test';
+import { promisify } from 'node:util';
+import type { Container } from '../src/api/types.ts';
+import { isAsbError } from '../src/errors.ts';
+import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
+import { CHECKPOINT_META, type CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
+import { podPaths } from '../src/runtime/local/rootfs.ts';
+import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
+import { silentLogger } from '../src/system/log.ts';
+import { testImageStore } from './support/test-images.ts';
+import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
+
+const execFileAsync = promisify(execFile);
+const BRIDGE = 'asbckp0';
+const SUBNET = '10.237.0.0/16';
+let fixture: TestRuntime;
+let rt: LocalRuntime;
+let root = '';
+
+before(async () => {
+  fixture = await startTestRuntime('asb-ckpt-', BRIDGE, SUBNET, { probeIntervalMs: 100, pollIntervalMs: 100 });
+  ({ root, rt } = fixture);
+});
+
+after(() => stopTestRuntime(fixture));
+
+/**
+ * A server whose state lives only in its memory: a token drawn at start and a counter each GET
+ * bumps, on port 8000. A fresh start answers with another token and counts from 1 again.
+ * `holdMiB` more MiB of touched memory make the image that big.
+ */
+const COUNTER = [
+  'import http.server, os, sys',
+  'hold = b"\\x01" * (int(sys.argv[1]) << 20)',
+  'token = os.urandom(8).hex()',
+  'n = 0',
+  'class H(http.server.BaseHTTPRequestHandler):',
+  '    def do_GET(self):',
+  '        global n',
+  '        n += 1',
+  '        body = f"{token} {n}".encode()',
+  '        self.send_response(200)',
+  '        self.send_header("Content-Length", str(len(body)))',
+  '        self.end_headers()',
+  '        self.wfile.write(body)',
+  '    def log_message(self, *args):',
+  '        pass',
+  'http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()',
+].join('\n');
+
+function counterPod(id: string, opts: { holdMiB?: number; runtimeClassName?: string | null; container?: Partial<Container> } = {}): PodRequest {
+  const runtimeClassName = opts.runtimeClassName === undefined ? 'gvisor' : opts.runtimeClassName;
+  return {
+    id, uid: `uid-${id}`, namespace: 'default', hostname: `${id}-host`,
+    spec: {
+      ...(runtimeClassName === null ? {} : { runtimeClassName }),
+      containers: [{
+        name: 'main', image: 'agent-sandbox/base', command: ['python3', '-c', COUNTER, String(opts.holdMiB ?? 0)],
+        readinessProbe: { tcpSocket: { port: 8000 }, periodSeconds: 1 },
+        ...opts.container,
+      }],
+    },
+  };
+}
+
+function httpGet(url: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const req = get(url, { agent: false, timeout: 5000 }, (res) => {
+      let body = '';
+      res.setEncoding('utf8').on('data', (c: string) => (body += c)).on('end', () => resolve(body));
+    });
+    req.on('timeout', () => req.destroy(new Error(`GET ${url} timed out`)));
+    req.on('error', reject);
+  });
+}
+
+/** The counter's token and count, asked over the pod's own address from the host. */
+async function count(state: PodState): Promise<{ token: string; n: number }> {
+  const [token = '', n = ''] = (await httpGet(`http://${state.ip ?? ''}:8000/`)).split(' ');
+  return { token, n: Number(n) };
+}
+
+/** Started and answering: the readiness probe saw the port. */
+async function startedReady(req: PodRequest): Promise<PodState> {
+  const state = await rt.start(req);
+  assert.equal(state.phase, 'Running', `${req.id}: ${JSON.stringify(state)}`);
+  for (let i = 0; i < 200 && !rt.state(req.id).ready; i++) await new Promise((resolve) => setTimeout(resolve, 50));
+  const ready = rt.state(req.id);
+  assert.equal(ready.ready, true, `${req.id} never became ready: ${JSON.stringify(ready)}`);
+  return ready;
+}
+
+async function sh(id: string, script: string): Promise<string> {
+  const r = await rt.exec(id, { command: ['sh', '-c', script] });
+  assert.equal(r.exitCode, 0, Buffer.from(r.stderr).toString());
+  return Buffer.from(r.stdout).toString();
+}
+
+async function readMeta(id: string): Promise<CheckpointMeta> {
+  return JSON.parse(await readFile(join(podPaths(root, id).checkpoint, CHECKPOINT_META), 'utf8')) as CheckpointMeta;
+}
+
+async function writeMeta(id: string, meta: CheckpointMeta): Promise<void> {
+  await writeFile(join(podPaths(root, id).checkpoint, CHECKPOINT_META), JSON.stringify(meta));
+}
+
+/** Runs the counter to 3, writes a file in its writable layer and /tmp, and stops it with memory. */
+async function countedAndPaused(req: PodRequest): Promise<{ before: PodState; token: string }> {
+  const before = await startedReady(req);
+  let last = { token: '', n: 0 };
+  for (let i = 0; i < 3; i++) last = await count(before);
+  assert.equal(last.n, 3);
+  await sh(req.id, 'echo kept > /home/user/kept.txt; echo tmp-kept > /tmp/kept.txt');
+  await rt.stop(req.id, { memory: true });
+  return { before, token: last.token };
+}
+
+test('a gVisor pod stopped with memory goes on where it was: its in-memory counter, its listening socket, its address and its files', async () => {
+  const req = counterPod('mem1');
+  const { before, token } = await countedAndPaused(req);
+  const stopped = rt.state('mem1');
+  assert.equal(stopped.phase, 'Stopped');
+  assert.ok((stopped.checkpoint?.bytes ?? 0) > 1 << 20, `the state says memory is kept: ${JSON.stringify(stopped)}`);
+  assert.ok(!Number.isNaN(Date.parse(stopped.checkpoint?.at ?? '')));
+  const paths = podPaths(root, 'mem1');
+  // In the pod's private state dir, never readable by anyone else.
+  assert.equal((await stat(paths.dir)).mode & 0o777, 0o700);
+  const meta = await readMeta('mem1');
+  assert.equal(meta.bytes, stopped.checkpoint?.bytes);
+  assert.ok(meta.files.some((f) => f.name === 'checkpoint.img' && typeof f.sha256 === 'string'), JSON.stringify(meta.files));
+
+  const woken = await startedReady(req);
+  assert.equal(woken.restoreFailure, undefined);
+  assert.equal(woken.ip, before.ip, 'the pod keeps its address');
+  assert.deepEqual(await count(woken), { token, n: 4 }, 'the same process, its memory as it was');
+  assert.equal(await sh('mem1', 'cat /home/user/kept.txt /tmp/kept.txt'), 'kept\ntmp-kept\n');
+  assert.equal(existsSync(paths.checkpoint), false, 'a restored image is deleted: it must never be restored twice');
+  assert.equal(rt.state('mem1').checkpoint, undefined);
+
+  // A plain stop after it keeps files only: the counter starts again.
+  await rt.stop('mem1');
+  assert.equal(rt.state('mem1').checkpoint, undefined);
+  const fresh = await startedReady(req);
+  const again = await count(fresh);
+  assert.notEqual(again.token, token);
+  assert.equal(again.n, 1);
+});
+
+test('a damaged checkpoint is not restored: the pod starts fresh from its files and says why', async () => {
+  const req = counterPod('bad1');
+  const { token } = await countedAndPaused(req);
+  const image = join(podPaths(root, 'bad1').checkpoint, 'checkpoint.img');
+  const bytes = await readFile(image);
+  bytes[bytes.length >> 1] = (bytes[bytes.length >> 1] ?? 0) ^ 0xff;
+  await writeFile(image, bytes);
+  const woken = await startedReady(req);
+  assert.match(woken.restoreFailure ?? '', /cannot be restored.*checkpoint\.img is damaged/);
+  const now = await count(woken);
+  assert.notEqual(now.token, token);
+  assert.equal(now.n, 1);
+  assert.equal(await sh('bad1', 'cat /home/user/kept.txt'), 'kept\n', 'the files are as they were');
+  assert.equal(existsSync(podPaths(root, 'bad1').checkpoint), false);
+  // Said for this start only: the next stop and start have nothing to say.
+  await rt.stop('bad1');
+  assert.equal((await startedReady(req)).restoreFailure, undefined);
+});
+
+test('a truncated checkpoint is not restored', async () => {
+  const req = counterPod('trunc1', { holdMiB: 8 });
+  await countedAndPaused(req);
+  const pages = join(podPaths(root, 'trunc1').checkpoint, 'pages.img');
+  const size = (await stat(pages)).size;
+  await writeFile(pages, (await readFile(pages)).subarray(0, size >> 1));
+  const woken = await startedReady(req);
+  assert.match(woken.restoreFailure ?? '', new RegExp(`pages\\.img has ${String(size >> 1)} bytes, ${String(size)} were written`));
+  assert.equal((await count(woken)).n, 1);
+});
+
+test('a checkpoint made by another runsc version is not restored', async () => {
+  const req = counterPod('ver1');
+  await countedAndPaused(req);
+  await writeMeta('ver1', { ...(await readMeta('ver1')), runscVersion: 'v0.0.0-20200101000000-000000000000' });
+  const woken = await startedReady(req);
+  assert.match(woken.restoreFailure ?? '', /made by runsc v0\.0\.0-20200101000000-000000000000, this worker runs v0\.0\.0-/);
+  assert.equal((await count(woken)).n, 1);
+  assert.equal(existsSync(podPaths(root, 'ver1').checkpoint), false);
+});
+
+test('an image runsc itself refuses to restore: the shim starts the pod fresh, with its network, and runsc\'s reason is the restore failure', async () => {
+  const req = counterPod('rfail1');
+  const { before } = await countedAndPaused(req);
+  // Damaged in a way our checks cannot see: the metadata is made to agree with the bad bytes.
+  const dir = podPaths(root, 'rfail1').checkpoint;
+  await writeFile(join(dir, 'checkpoint.img'), 'not a gVisor state file');
+  const meta = await readMeta('rfail1');
+  meta.files = meta.files.map((f) => (f.name === 'checkpoint.img' ? { name: f.name, bytes: 23, sha256: createHash('sha256').update('not a gVisor state file').digest('hex') } : f));
+  await writeMeta('rfail1', meta);
+  const woken = await startedReady(req);
+  assert.match(woken.restoreFailure ?? '', /^runsc could not restore the memory checkpoint, so the pod started from its files: ./);
+  assert.equal(woken.ip, before.ip);
+  assert.equal((await count(woken)).n, 1, 'a fresh process, reachable at its address');
+  assert.equal(existsSync(dir), false);
+});
+
+test('a save that would pass the pod\'s ephemeral-storage is refused: the pod keeps running and nothing of the image is left', async () => {
+  // 96 MiB of memory against a 64 MiB disk: the image cannot fit.
+  const req = counterPod('full1', { holdMiB: 96, container: { resources: { limits: { 'ephemeral-storage': '64Mi', memory: '512Mi' } } } });
+  const before = await startedReady(req);
+  assert.equal((await count(before)).n, 1);
+  await assert.rejects(rt.stop('full1', { memory: true }), (err) => isAsbError(err, 'CheckpointFailed') && /would pass its ephemeral-storage limit of 64\.0 MiB/.test(err.message) && /keeps running/.test(err.message));
+  const after = rt.state('full1');
+  assert.equal(after.phase, 'Running');
+  assert.equal((await count(after)).n, 2, 'the same process answers');
+  const paths = podPaths(root, 'full1');
+  assert.equal(existsSync(paths.checkpoint) || existsSync(paths.checkpointPartial), false);
+});
+
+test('a save runsc fails leaves the sandbox running, resumed, with no image left', async (t) => {
+  const req = counterPod('rsfail1');
+  const before = await startedReady(req);
+  assert.equal((await count(before)).n, 1);
+  // runsc cannot make the image's directory: the pod dir is immutable (even to root) for the save.
+  const paths = podPaths(root, 'rsfail1');
+  await execFileAsync('chattr', ['+i', paths.dir]);
+  t.after(() => execFileAsync('chattr', ['-i', paths.dir]));
+  await assert.rejects(rt.stop('rsfail1', { memory: true }), (err) => isAsbError(err, 'CheckpointFailed') && /runsc checkpoint: .*making directories at path provided/.test(err.message) && /keeps running/.test(err.message));
+  await execFileAsync('chattr', ['-i', paths.dir]);
+  assert.equal(rt.state('rsfail1').phase, 'Running');
+  assert.equal((await count(before)).n, 2, 'resumed: the same process answers');
+  assert.equal(existsSync(paths.checkpoint) || existsSync(paths.checkpointPartial), false);
+  // And a save after it works.
+  await rt.stop('rsfail1', { memory: true });
+  assert.equal(rt.state('rsfail1').phase, 'Stopped');
+  assert.equal((await count(await startedReady(req))).n, 3);
+});
+
+test('a kept checkpoint outlives the worker: a new runtime on the same root says so and restores it; a half-written one is deleted', async () => {
+  const req = counterPod('again1');
+  const { token } = await countedAndPaused(req);
+  const paths = podPaths(root, 'again1');
+  // What a worker killed in the middle of a save leaves.
+  await mkdir(paths.checkpointPartial);
+  await writeFile(join(paths.checkpointPartial, 'checkpoint.img'), 'half');
+  const rt2 = await createLocalRuntime({ root, log: silentLogger(), images: await testImageStore(), bridge: BRIDGE, subnet: SUBNET, pollIntervalMs: 100 });
+  try {
+    const kept = rt2.state('again1');
+    assert.equal(kept.phase, 'Stopped');
+    assert.deepEqual(kept.checkpoint, rt.state('again1').checkpoint);
+    assert.equal(existsSync(paths.checkpointPartial), false);
+    const woken = await rt2.start(req);
+    assert.equal(woken.phase, 'Running', JSON.stringify(woken));
+    assert.equal(woken.restoreFailure, undefined);
+    assert.deepEqual(await count(woken), { token, n: 4 });
+    await rt2.stop('again1');
+  } finally {
+    await rt2.close();
+  }
+});
+
+test('remove() deletes a kept checkpoint with the pod', async () => {
+  const req = counterPod('rm1');
+  await countedAndPaused(req);
+  const paths = podPaths(root, 'rm1');
+  assert.equal(existsSync(join(paths.checkpoint, CHECKPOINT_META)), true);
+  await rt.remove('rm1');
+  assert.equal(existsSync(paths.checkpoint), false);
+  assert.equal(existsSync(paths.dir), false);
+  assert.equal(rt.state('rm1').phase, 'Absent');
+});
+
+test('a runc pod refuses a stop with memory (it needs CRIU) and keeps running; a stopped pod has no memory to keep', async () => {
+  const req = counterPod('runc1', { runtimeClassName: null });
+  const before = await startedReady(req);
+  assert.equal((await count(before)).n, 1);
+  await assert.rejects(rt.stop('runc1', { memory: true }), (err) => isAsbError(err, 'NotImplemented') && /needs CRIU/.test(err.message) && /keeps running/.test(err.message));
+  assert.equal(rt.state('runc1').phase, 'Running');
+  assert.equal((await count(before)).n, 2, 'the same process answers');
+  await rt.stop('runc1');
+  await assert.rejects(rt.stop('runc1', { memory: true }), (err) => isAsbError(err, 'SandboxNotRunning'));
+  await assert.rejects(rt.stop('nosuchpod', { memory: true }), (err) => isAsbError(err, 'NotFound'));
+});
