@@ -292,3 +292,46 @@ test('a runc pod refuses a stop with memory (it needs CRIU) and keeps running; a
   await assert.rejects(rt.stop('runc1', { memory: true }), (err) => isAsbError(err, 'SandboxNotRunning'));
   await assert.rejects(rt.stop('nosuchpod', { memory: true }), (err) => isAsbError(err, 'NotFound'));
 });
+
+test('processes started through the runtime (a background server, a terminal) survive a stop with memory: their handles attach to them again', async () => {
+  const id = 'ckagent';
+  const req = counterPod(id);
+  const first = await startedReady(req);
+  // A second counter, started as E2B's background commands are (spawn), on port 8001.
+  const server = await rt.spawn(id, { command: ['python3', '-c', COUNTER.replace('8000', '8001'), '0'] });
+  let serverEnded = false;
+  void server.exited.then(() => (serverEnded = true));
+  const url = `http://${first.ip ?? ''}:8001/`;
+  let before = '';
+  for (let i = 0; i < 100 && before === ''; i++) before = await httpGet(url).catch(() => new Promise<string>((resolve) => setTimeout(() => resolve(''), 50)));
+  const [token] = before.split(' ');
+  assert.equal(await httpGet(url), `${token ?? ''} 2`);
+  // A terminal whose shell keeps a variable in memory.
+  const pty = await rt.openPty(id, { cols: 80, rows: 24, command: ['sh'] });
+  const screen: string[] = [];
+  const reading = (async () => {
+    for await (const chunk of pty.output) screen.push(Buffer.from(chunk).toString());
+  })();
+  await pty.write('X=kept-in-memory\n');
+
+  await rt.stop(id, { memory: true });
+  assert.equal(rt.state(id).phase, 'Stopped');
+  assert.equal(serverEnded, false, 'the handle of a process kept in the checkpoint does not end');
+  await startedReady(req);
+  assert.equal(await httpGet(url), `${token ?? ''} 3`, 'the spawned server answers from its memory');
+  await pty.write('echo "[$X]"\n');
+  for (let i = 0; i < 100 && !screen.join('').includes('[kept-in-memory]'); i++) await new Promise((resolve) => setTimeout(resolve, 50));
+  assert.match(screen.join(''), /\[kept-in-memory\]/, 'the terminal\'s shell kept its variable');
+  // The handles still act on their processes.
+  server.kill('SIGTERM');
+  assert.equal((await server.exited).signal, 'SIGTERM');
+  pty.close();
+  await pty.exited;
+  await reading;
+
+  // Stopped without memory, the processes end with the pod, and their handles say so.
+  const again = await rt.spawn(id, { command: ['sleep', '1000'] });
+  await rt.stop(id);
+  assert.deepEqual(await again.exited, { exitCode: 137, signal: 'SIGKILL' });
+  await rt.remove(id);
+});

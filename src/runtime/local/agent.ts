@@ -76,12 +76,14 @@ export function newAgentToken(): string {
 export function initProcess(spec: OciSpec, init: string, agent: { port: number; token: string }): OciSpec['process'] {
   const p = spec.process;
   const c = p.capabilities;
-  const user = `${String(p.user.uid)}:${String(p.user.gid)}${p.user.additionalGids.length > 0 ? `:${p.user.additionalGids.join(',')}` : ''}`;
+  const groups = p.user.additionalGids ?? [];
+  const user = `${String(p.user.uid)}:${String(p.user.gid)}${groups.length > 0 ? `:${groups.join(',')}` : ''}`;
   const caps = [c.bounding, c.effective, c.permitted, c.inheritable, c.ambient].map(mask).join(':');
   const own = (set: readonly string[]): string[] => [...new Set([...set, ...INIT_CAPS])];
   return {
     ...p,
-    user: { uid: 0, gid: 0, additionalGids: [] },
+    // No additionalGids at all, not an empty list: runsc's restore compares the user with the saved spec, which drops an empty one (runsc.ts).
+    user: { uid: 0, gid: 0 },
     capabilities: { bounding: own(c.bounding), effective: own(c.effective), permitted: own(c.permitted), inheritable: [...c.inheritable], ambient: [] },
     args: [init, '--user', user, '--caps', caps, '--', ...p.args],
     env: [...p.env, `${AGENT_ENV}=${String(agent.port)}:${agent.token}`],
@@ -259,6 +261,7 @@ class AgentStream {
     }));
     socket.on('error', () => undefined); // 'close' follows
     socket.on('close', () => {
+      if (this.#socket !== socket) return; // detached: a new connection may be up already
       this.#socket = undefined;
       if (sawEnd || this.#done) return;
       if (this.#pid === undefined) {
@@ -294,6 +297,16 @@ class AgentStream {
     this.#link.delete(this);
     this.#socket?.end();
     this.#events.ended(end);
+  }
+
+  /**
+   * Drops the connection and keeps the process: a checkpoint is coming, whose restore a connection
+   * from outside does not survive (it could look open long after, and swallow what is written).
+   */
+  detach(): void {
+    const socket = this.#socket;
+    this.#socket = undefined;
+    socket?.destroy();
   }
 
   /** The pod ended (or was stopped without its memory): the process is gone with it. */
@@ -352,6 +365,7 @@ export class AgentLink {
   /** A checkpoint is about to drop every connection: processes wait for resume() or end(). */
   suspend(): void {
     this.#suspended = true;
+    for (const s of this.#streams) s.detach();
   }
 
   /** The pod runs again with its memory (maybe at a new address): every process is attached again. */
@@ -444,7 +458,7 @@ export function agentSpawn(link: AgentLink, req: AgentRequest): Promise<PodProce
       },
     });
     const flow = (): void => {
-      if (stdout.writableLength === 0 && stderr.writableLength === 0) stream?.resume();
+      if (stdout.writableLength === 0 && stderr.writableLength === 0) stream.resume();
     };
     stdout.on('drain', flow);
     stderr.on('drain', flow);

@@ -151,6 +151,11 @@ interface Pod {
   checkpoint?: CheckpointMeta | undefined;
   /** A stop with memory in progress: another stop, a remove or a second one waits for it. */
   checkpointing?: Promise<void> | undefined;
+  /**
+   * The agent link of a pod stopped with its memory: its processes' handles wait in it, and are
+   * attached again when the checkpoint is restored, or end when it is not (agent.ts).
+   */
+  keptAgent?: AgentLink | undefined;
 }
 
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
@@ -496,6 +501,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       await this.#dropCheckpoint(pod);
     }
     if (restoreFailure !== undefined) this.#log.warn({ id: pod.id, reason: restoreFailure }, 'the pod\'s memory checkpoint was not restored');
+    if (restore.from === undefined || restoreFailure !== undefined) {
+      // Started from its files: the processes of the kept handles are gone.
+      pod.keptAgent?.end();
+      pod.keptAgent = undefined;
+    }
     launch.child.closeStdin();
     launch.child.unref();
     const startedAt = isoNow(this.#clock);
@@ -599,7 +609,14 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const ip = pod.persisted?.ip ?? '127.0.0.1';
     const { agent, ...who } = identity;
     pod.target = { kind: runtime.kind, runc: runtime.binary, runcRoot: runtime.root, runtimeFlags: runtime.flags, id: pod.id, pid, execDir: pod.paths.exec, ...who };
-    if (agent !== undefined) pod.target.agent = new AgentLink({ host: ip, port: agent.port, token: agent.token });
+    if (agent !== undefined) {
+      const address = { host: ip, port: agent.port, token: agent.token };
+      const kept = pod.keptAgent;
+      pod.keptAgent = undefined;
+      // Restored with its memory: the handles of its processes attach to them again.
+      pod.target.agent = kept ?? new AgentLink(address);
+      if (kept !== undefined) void kept.resume(address);
+    }
     const probe = container.readinessProbe;
     pod.state = { phase: 'Running', ready: probe === undefined, ip, pid, startedAt };
     pod.exited ??= new Promise((resolve) => (pod.markExited = resolve));
@@ -648,8 +665,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     pod.probe?.cancel();
     pod.poll?.cancel();
     pod.probe = undefined;
-    // Its processes ended with it: their handles end (those of a pod restored with its memory do not).
-    pod.target?.agent?.end();
+    // Its processes ended with it, unless it was stopped with its memory: their handles wait for the restore.
+    if (pod.checkpoint !== undefined && pod.target?.agent !== undefined) pod.keptAgent = pod.target.agent;
+    else pod.target?.agent?.end();
     delete pod.target;
     pod.markExited?.();
     pod.exited = undefined;
@@ -757,8 +775,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       throw asFailure(err);
     }
     const steps = checkpointSequence(pod.id, paths.checkpointPartial);
+    // The save drops every connection from outside: the agent's wait for a restore (or a resume below).
+    target.agent?.suspend();
     const paused = await runsc(steps.pause);
-    if (paused.code !== 0) throw failed(`runsc pause: ${lastLine(paused.output)}`);
+    if (paused.code !== 0) {
+      void target.agent?.resume();
+      throw failed(`runsc pause: ${lastLine(paused.output)}`);
+    }
     let meta: CheckpointMeta;
     try {
       const saved = await runsc(steps.checkpoint);
@@ -771,6 +794,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       await discardCheckpoint(paths.checkpointPartial);
       const resumed = await runsc(steps.resume);
       if (resumed.code !== 0) this.#log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
+      void target.agent?.resume();
       throw asFailure(err);
     }
     pod.checkpoint = meta;
@@ -803,6 +827,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     await this.stop(id);
     pod.generation++;
     this.#pods.delete(id);
+    pod.keptAgent?.end();
+    pod.keptAgent = undefined;
     if (pod.persisted !== undefined) {
       // Before the address can go to another pod: an emptied chain lets nothing through.
       await this.#firewall.remove({ ip: pod.persisted.ip, veth: vethName(this.#bridge, id) }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
