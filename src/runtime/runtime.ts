@@ -28,6 +28,23 @@ export interface PodRequest {
    * default (internet yes, private ranges, other pods and the host no).
    */
   egress?: EgressPolicy;
+  /**
+   * A new pod starts from this snapshot of another (snapshot()): its files, and its memory and
+   * processes when the snapshot kept them. Ignored for a pod that exists already (a wake).
+   */
+  from?: { snapshot: string };
+}
+
+/** What snapshot() made. */
+export interface SnapshotInfo {
+  id: string;
+  /** Whether memory and processes were kept, or files only. */
+  memory: boolean;
+  /** Bytes the snapshot takes on the worker (disk copy and memory image). */
+  bytes: number;
+  memoryBytes: number;
+  /** When it was taken (ISO 8601). */
+  at: string;
 }
 
 /** One counter of the kernel's egress rules: connection attempts of one pod decided by one rule. */
@@ -197,6 +214,16 @@ export interface PodRuntime {
    * Absent: the runtime has no such view (callers fall back to what /proc shows).
    */
   usage?(id: string): Promise<PodUsage | undefined>;
+
+  /**
+   * Keeps the pod's files (and with `memory`, its memory and processes: gVisor only) as a snapshot
+   * that outlives the pod; a new pod starts from it with PodRequest.from. A running pod is paused
+   * for the time of the copy and goes on afterwards; connections from outside are dropped when
+   * memory is kept. Absent on runtimes that cannot.
+   */
+  snapshot?(id: string, snapshotId: string, opts: { memory: boolean }): Promise<SnapshotInfo>;
+  /** Deletes a snapshot; pods started from it are not affected. Idempotent. */
+  deleteSnapshot?(snapshotId: string): Promise<void>;
 
   /** Stops watching; leaves pods as they are (they survive a worker restart). Idempotent. */
   close(): Promise<void>;

@@ -152,9 +152,14 @@ export async function imageBytes(dir: string): Promise<number> {
 }
 
 /** The shim's argv with a restore from `dir` (oci-shim.c -C), placed before the runtime's global flags (`--`). */
-export function withRestore(shimArgs: readonly string[], dir: string): string[] {
+export function withRestore(shimArgs: readonly string[], dir: string, otherPod = false): string[] {
   const flags = shimArgs.indexOf('--');
-  return flags < 0 ? [...shimArgs, '-C', dir] : [...shimArgs.slice(0, flags), '-C', dir, ...shimArgs.slice(flags)];
+  const own = flags < 0 ? [...shimArgs] : shimArgs.slice(0, flags);
+  const global = flags < 0 ? [] : shimArgs.slice(flags + 1);
+  // Another pod's image (a snapshot, a fork): its host id maps differ by design, and runsc's check
+  // of them is relaxed to a warning; the runtime compared the rest first (snapshots.ts specDifference).
+  if (otherPod) global.push('--restore-spec-validation=warning');
+  return [...own, '-C', dir, ...(global.length > 0 ? ['--', ...global] : [])];
 }
 
 /** What the shim wrote of a restore it tried (restore-status): undefined when it tried none. */

@@ -86,6 +86,11 @@ export interface DiskTool {
   mount(image: string, dir: string, bytes: number): Promise<void>;
   /** Unmounts dir when something is mounted there. */
   unmount(dir: string): Promise<void>;
+  /** Gives every file under dir owned by an id of `from` the id at the same offset in `to` (a disk copied from another sandbox). */
+  shift(dir: string, from: number, to: number, size: number): Promise<void>;
+  /** Freezes the filesystem mounted at dir (its image is consistent on the host) until thaw. */
+  freeze(dir: string): Promise<void>;
+  thaw(dir: string): Promise<void>;
 }
 
 /**
@@ -109,6 +114,9 @@ export function diskTool(root: string, run: RunHelper): DiskTool {
     async unmount(dir) {
       if (await mountPoint(dir)) await call(['umount', dir]);
     },
+    shift: (dir, from, to, size) => call(['shift', dir, String(from), String(to), String(size)]),
+    freeze: (dir) => call(['freeze', dir]),
+    thaw: (dir) => call(['thaw', dir]),
   };
 }
 

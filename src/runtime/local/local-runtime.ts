@@ -14,14 +14,14 @@
 // stop with its memory (stop(id, { memory: true }): a runsc checkpoint in its state dir,
 // checkpoint.ts) and its next start resumes every process where it was.
 import { createHash } from 'node:crypto';
-import { readFileSync } from 'node:fs';
-import { access, chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
+import { existsSync, readFileSync } from 'node:fs';
+import { access, chmod, chown, copyFile, mkdir, readdir, readFile, rm, rmdir, stat } from 'node:fs/promises';
 import { join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SpawnRequest, StopOptions } from '../runtime.ts';
+import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StopOptions } from '../runtime.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
 import { PodFirewall } from './pod-firewall.ts';
 import { execInPod, type PodTarget } from './exec.ts';
@@ -41,6 +41,7 @@ import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, ty
 import { diskTool, evictionMessage, madeBeforeDisks, podDisk } from './disk.ts';
 import { checkpointRoom, discardCheckpoint, freeBytes, imageBytes, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMeta } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
+import { listSnapshots, makePartial, readSnapshot, sealSnapshot, snapshotPaths, specDifference, type SnapshotMeta } from './snapshots.ts';
 import { startProbeLoop } from './probes.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
@@ -48,8 +49,8 @@ import { podPaths, processStartTime, readExitStatus, readPersisted, writePersist
 import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot, runscVersion } from '../oci/runsc-binary.ts';
-import { checkpointSequence, runscFlags, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
-import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
+import { checkpointSequence, runscContainerId, runscFlags, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
+import { ROOT_ID_MAP, type IdRange, type OciSpec } from '../oci/spec.ts';
 import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
 import type { ConnectionLimits } from '../../network/connection-limits.ts';
 import type { EgressFloor } from '../../network/egress-floor.ts';
@@ -322,6 +323,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     } catch {
       return;
     }
+    // Snapshots a worker died in the middle of writing are deleted; whole ones stay.
+    await listSnapshots(this.#opts.root);
     await Promise.all(ids.filter((id) => ID.test(id)).map(async (id) => {
       const paths = podPaths(this.#opts.root, id);
       const persisted = await readPersisted(paths);
@@ -418,12 +421,21 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (Array.isArray(req.spec.imagePullSecrets) && req.spec.imagePullSecrets.length > 0) {
       this.#log.warn({ id: pod.id, imagePullSecrets: req.spec.imagePullSecrets }, 'imagePullSecrets are not read by the local runtime: the worker\'s --registries credentials are used');
     }
+    // A new pod from a snapshot: the snapshot's image bytes, disk and (below) memory.
+    let snap: SnapshotMeta | undefined;
+    if (req.from !== undefined && pod.persisted === undefined) {
+      try {
+        snap = await readSnapshot(this.#opts.root, req.from.snapshot);
+      } catch (err) {
+        return fail(err instanceof Error ? err.message : String(err), 'SnapshotUnavailable');
+      }
+    }
     let image: PersistedImage;
     try {
-      image = await this.#image(pod, container.image || (this.#opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy));
+      image = snap === undefined ? await this.#image(pod, container.image || (this.#opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy)) : await this.#snapshotImage(pod, snap);
     } catch (err) {
       if (pod.generation !== generation) return { ...pod.state };
-      return fail(err instanceof Error ? err.message : String(err), 'ErrImagePull');
+      return fail(err instanceof Error ? err.message : String(err), snap === undefined ? 'ErrImagePull' : 'SnapshotUnavailable');
     }
     if (pod.generation !== generation) return { ...pod.state };
     const net = await this.hasPodNetwork();
@@ -448,9 +460,15 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     try {
       await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
       await this.#mountRoot();
+      if (snap !== undefined) await this.#copySnapshotDisk(pod, snap);
       const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined, runtimeClass.kind, idRange);
       shimArgs = prepared.shimArgs;
       pod.identity = prepared.identity;
+      // The copied disk's files are the source pod's: they become this pod's (its own host ids).
+      const disk = pod.paths.disk;
+      if (snap !== undefined && disk !== undefined && snap.idRange.hostId !== idRange.hostId) {
+        await this.#host.disk.shift(disk.mount, snap.idRange.hostId, idRange.hostId, Math.min(snap.idRange.size, idRange.size));
+      }
       await this.#persist(pod);
     } catch (err) {
       this.#log.warn({ err, id: pod.id }, 'cannot prepare pod');
@@ -458,9 +476,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       return fail(`cannot prepare pod: ${err instanceof Error ? err.message : String(err)}`, invalid ? 'CreateContainerConfigError' : undefined);
     }
     // A pod stopped with memory wakes from its checkpoint when the image can still be restored, else from its files, saying why.
-    const restore = await this.#restorePlan(pod, runtimeClass.kind);
+    const restore: { from?: string; shared?: boolean; failure?: string } = snap === undefined ? await this.#restorePlan(pod, runtimeClass.kind) : await this.#snapshotRestorePlan(pod, snap, runtimeClass.kind);
     if (pod.generation !== generation) return { ...pod.state };
-    if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from);
+    if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true);
     pod.lostLauncher = false;
     const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
@@ -490,15 +508,16 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       pod.generation++;
       // A restore that was tried is not tried twice (the sandbox may have run from it); one the
       // start never reached (the network set-up failed first) is kept for the next start.
-      if (restore.from !== undefined && (await readRestoreStatus(pod.paths.restoreStatus)) !== undefined) await this.#dropCheckpoint(pod);
+      if (restore.from !== undefined && restore.shared !== true && (await readRestoreStatus(pod.paths.restoreStatus)) !== undefined) await this.#dropCheckpoint(pod);
       return fail(outcome.message);
     }
     let restoreFailure = restore.failure;
     if (restore.from !== undefined) {
       const status = await readRestoreStatus(pod.paths.restoreStatus);
       if (status?.restored !== true) restoreFailure = `runsc could not restore the memory checkpoint, so the pod started from its files: ${status?.reason ?? 'the shim said nothing of the restore'}`;
-      // Its memory now lives in the running sandbox: a stale image must never be restored again.
-      await this.#dropCheckpoint(pod);
+      // Its memory now lives in the running sandbox: a stale image must never be restored again
+      // (a snapshot's is kept: it is the snapshot's, for every pod started from it).
+      if (restore.shared !== true) await this.#dropCheckpoint(pod);
     }
     if (restoreFailure !== undefined) this.#log.warn({ id: pod.id, reason: restoreFailure }, 'the pod\'s memory checkpoint was not restored');
     if (restore.from === undefined || restoreFailure !== undefined) {
@@ -551,6 +570,171 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     await this.#dropCheckpoint(pod);
     return { failure: `the memory checkpoint cannot be restored, so the pod started from its files: ${failure}` };
+  }
+
+  /**
+   * A pod started from a snapshot restores the snapshot's memory when it kept some, on gVisor,
+   * made by this runsc, and when the pod's new config.json matches the snapshot's wherever runsc
+   * compares except the id maps (specDifference): runsc only warns about those (`shared`).
+   */
+  async #snapshotRestorePlan(pod: Pod, snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<{ from?: string; shared?: boolean; failure?: string }> {
+    if (!snap.memory) return {};
+    const paths = snapshotPaths(this.#opts.root, snap.id);
+    let failure: string;
+    if (kind !== 'runsc') {
+      failure = 'the pod does not run on gVisor, which made the snapshot\'s memory image';
+    } else {
+      const check = await this.#runscVersion().then((version) => verifyCheckpoint(paths.memory, version), (err: unknown): CheckpointCheck => ({ ok: false, reason: `runsc does not say its version: ${err instanceof Error ? err.message : String(err)}` }));
+      const [saved, fresh] = await Promise.all([readFile(paths.config, 'utf8'), readFile(join(pod.paths.dir, 'config.json'), 'utf8')]);
+      const differs = specDifference(JSON.parse(saved) as OciSpec, JSON.parse(fresh) as OciSpec);
+      if (check.ok && differs === undefined) return { from: paths.memory, shared: true };
+      failure = check.ok ? `the pod's ${differs ?? ''} differs from the snapshot's` : check.reason;
+    }
+    return { failure: `the snapshot's memory cannot be restored, so the pod started from its files: ${failure}` };
+  }
+
+  /** The snapshot's image tree, pinned for this pod: it must still be in the cache (the snapshot pins it). */
+  async #snapshotImage(pod: Pod, snap: SnapshotMeta): Promise<PersistedImage> {
+    await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
+    await this.#images.pin(pod.paths.dir, { reference: snap.image.reference, rootfs: snap.image.rootfs });
+    if (!(await exists(snap.image.rootfs))) throw new AsbError('NotFound', `the image of snapshot "${snap.id}" (${snap.image.reference}) is no longer in the image cache`);
+    return snap.image;
+  }
+
+  /** The snapshot's disk becomes the new pod's (a sparse copy), and its config the pod's first (it carries the init's token). */
+  async #copySnapshotDisk(pod: Pod, snap: SnapshotMeta): Promise<void> {
+    const paths = snapshotPaths(this.#opts.root, snap.id);
+    const disk = pod.paths.disk;
+    if (disk === undefined) throw new AsbError('Internal', `pod ${pod.id} has no disk to copy the snapshot into`);
+    await this.#copySparse(paths.disk, disk.image);
+    await copyFile(paths.config, join(pod.paths.dir, 'config.json'));
+  }
+
+  /** `cp --sparse=always` through the launcher: only the image's data is copied, its holes stay holes. */
+  async #copySparse(from: string, to: string): Promise<void> {
+    const { code, output } = await this.#launcher.run(['cp', '--sparse=always', from, to], '');
+    if (code !== 0) throw new AsbError('Internal', `cannot copy ${from}: ${lastLine(output)}`);
+  }
+
+  /**
+   * Keeps the pod's files, and with `memory` its memory and processes, as a snapshot (snapshots.ts).
+   * A running pod is paused for the save (gVisor) and its disk frozen for the copy, then goes on;
+   * a pod stopped with its memory gives its checkpoint. One at a time per pod, like a stop with memory.
+   */
+  async snapshot(id: string, snapshotId: string, opts: { memory: boolean }): Promise<SnapshotInfo> {
+    const pod = this.#pods.get(id);
+    if (pod?.persisted === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
+    const paths = snapshotPaths(this.#opts.root, snapshotId);
+    if (await exists(paths.dir)) throw new AsbError('Conflict', `snapshot "${snapshotId}" exists already`);
+    await pod.starting?.catch(() => undefined);
+    const previous = pod.checkpointing?.catch(() => undefined);
+    let meta: SnapshotMeta | undefined;
+    const taking = (async () => {
+      await previous;
+      meta = await this.#snapshot(pod, snapshotId, opts.memory);
+    })();
+    pod.checkpointing = taking.catch(() => undefined).finally(() => {
+      if (pod.checkpointing === guarded) pod.checkpointing = undefined;
+    });
+    const guarded = pod.checkpointing;
+    await taking;
+    if (meta === undefined) throw new AsbError('Internal', 'snapshot produced nothing');
+    return { id: meta.id, memory: meta.memory, bytes: meta.bytes, memoryBytes: meta.memoryBytes, at: meta.at };
+  }
+
+  async #snapshot(pod: Pod, snapshotId: string, memory: boolean): Promise<SnapshotMeta> {
+    const persisted = pod.persisted;
+    const disk = pod.paths.disk;
+    if (persisted?.image === undefined || persisted.idRange === undefined || disk === undefined || (await madeBeforeDisks(pod.paths.dir))) {
+      throw new AsbError('NotImplemented', `pod ${pod.id} was made before pods had disks of their own and id ranges: it cannot be snapshotted; recreate it`);
+    }
+    const paths = snapshotPaths(this.#opts.root, snapshotId);
+    await makePartial(paths);
+    try {
+      let memoryBytes = 0;
+      const target = pod.target;
+      if (target === undefined) {
+        if (memory && pod.checkpoint === undefined) throw new AsbError('SandboxNotRunning', `pod ${pod.id} is not running and was not stopped with its memory: there is no memory to keep (snapshot its files only)`);
+        if (memory) {
+          await this.#launcher.run(['cp', '-a', pod.paths.checkpoint, join(paths.partial, 'memory')], '').then(({ code, output }) => {
+            if (code !== 0) throw new AsbError('Internal', `cannot copy the pod's memory image: ${lastLine(output)}`);
+          });
+          memoryBytes = pod.checkpoint?.bytes ?? 0;
+        }
+        await this.#copySparse(disk.image, join(paths.partial, 'disk.img'));
+      } else {
+        if (memory && target.kind !== 'runsc') throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory cannot be kept yet (it needs CRIU): snapshot its files only, or run it with runtimeClassName gvisor`);
+        memoryBytes = await this.#saveWhilePaused(pod, target, paths.memoryPartial, join(paths.partial, 'memory'), memory, () => this.#copyFrozen(disk.mount, disk.image, join(paths.partial, 'disk.img')));
+      }
+      await copyFile(join(pod.paths.dir, 'config.json'), join(paths.partial, 'config.json'));
+      const diskBytes = (await stat(join(paths.partial, 'disk.img'))).blocks * 512;
+      const meta: SnapshotMeta = {
+        id: snapshotId, source: pod.id, request: persisted.request, image: persisted.image, idRange: persisted.idRange,
+        memory, bytes: diskBytes + memoryBytes, memoryBytes, at: isoNow(this.#clock),
+      };
+      await sealSnapshot(paths, meta);
+      await this.#images.pin(paths.dir, { reference: persisted.image.reference, rootfs: persisted.image.rootfs });
+      this.#log.info({ id: pod.id, snapshot: snapshotId, memory, bytes: meta.bytes }, 'snapshot taken');
+      return meta;
+    } catch (err) {
+      await rm(paths.partial, { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  /** The disk image copied while its filesystem is frozen: whole and consistent, whatever the sandbox does meanwhile. */
+  async #copyFrozen(mount: string, image: string, to: string): Promise<void> {
+    await this.#host.disk.freeze(mount);
+    try {
+      await this.#copySparse(image, to);
+    } finally {
+      await this.#host.disk.thaw(mount);
+    }
+  }
+
+  /**
+   * With `memory`, a gVisor sandbox paused, saved with -leave-running into `partial` and sealed as
+   * `sealed`, with `copy` run while it is still paused; then resumed. Its agent's connections are
+   * dropped by the save and attached again after. Returns the memory image's bytes.
+   */
+  async #saveWhilePaused(pod: Pod, target: PodTarget, partial: string, sealed: string, memory: boolean, copy: () => Promise<void>): Promise<number> {
+    if (!memory) {
+      await copy();
+      return 0;
+    }
+    const runsc = (cmd: RunscCommand): Promise<{ code: number; output: string }> => this.#launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
+    const version = await this.#runscVersion();
+    const steps = checkpointSequence(target.id, partial);
+    target.agent?.suspend();
+    const paused = await runsc(steps.pause);
+    if (paused.code !== 0) {
+      void target.agent?.resume();
+      throw new AsbError('CheckpointFailed', `pod ${pod.id} could not be paused for its snapshot: ${lastLine(paused.output)}`);
+    }
+    try {
+      const saved = await runsc(steps.checkpoint);
+      if (saved.code !== 0) throw new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved: runsc checkpoint: ${lastLine(saved.output)}`);
+      if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw new AsbError('CheckpointFailed', 'the worker\'s disk filled up during the save, so the image may be truncated');
+      const meta = await sealCheckpoint(partial, sealed, version, isoNow(this.#clock));
+      await copy();
+      return meta.bytes;
+    } finally {
+      const resumed = await runsc(steps.resume);
+      if (resumed.code !== 0) this.#log.warn({ id: pod.id, output: resumed.output }, 'runsc resume after a snapshot failed');
+      void target.agent?.resume();
+    }
+  }
+
+  /** Deletes a snapshot and its pin on the image; idempotent. */
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    const paths = snapshotPaths(this.#opts.root, snapshotId);
+    await rm(paths.dir, { recursive: true, force: true });
+    await this.#images.unpin(paths.dir);
+  }
+
+  /** The snapshots this runtime holds (partial ones left by a worker that died are deleted). */
+  snapshots(): Promise<string[]> {
+    return listSnapshots(this.#opts.root);
   }
 
   async #dropCheckpoint(pod: Pod): Promise<void> {
@@ -608,7 +792,10 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const runtime = ociRuntime(this.#host, runtimeClass.kind);
     const ip = pod.persisted?.ip ?? '127.0.0.1';
     const { agent, ...who } = identity;
-    pod.target = { kind: runtime.kind, runc: runtime.binary, runcRoot: runtime.root, runtimeFlags: runtime.flags, id: pod.id, pid, execDir: pod.paths.exec, ...who };
+    // A gVisor pod's container id (runscContainerId), or its bare id when it was started before that.
+    const legacy = runtime.kind === 'runsc' && existsSync(join(runtime.root, `${pod.id}_sandbox:${pod.id}.state`));
+    const containerId = runtime.kind === 'runsc' ? runscContainerId(pod.id, legacy) : pod.id;
+    pod.target = { kind: runtime.kind, runc: runtime.binary, runcRoot: runtime.root, runtimeFlags: runtime.flags, id: containerId, pid, execDir: pod.paths.exec, ...who };
     if (agent !== undefined) {
       const address = { host: ip, port: agent.port, token: agent.token };
       const kept = pod.keptAgent;
@@ -774,7 +961,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     } catch (err) {
       throw asFailure(err);
     }
-    const steps = checkpointSequence(pod.id, paths.checkpointPartial);
+    const steps = checkpointSequence(target.id, paths.checkpointPartial);
     // The save drops every connection from outside: the agent's wait for a restore (or a resume below).
     target.agent?.suspend();
     const paused = await runsc(steps.pause);

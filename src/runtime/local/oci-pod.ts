@@ -27,7 +27,7 @@ import type { CachedImage } from '../../images/image-store.ts';
 import type { PodRequest } from '../runtime.ts';
 import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type IdRange, type OciSpec } from '../oci/spec.ts';
 import { POD_NOFILE } from '../oci/inherited-rlimits.ts';
-import { runscSpec } from '../oci/runsc.ts';
+import { runscContainerId, runscSpec } from '../oci/runsc.ts';
 import { readImageFile } from './image-file.ts';
 import { AGENT_PORT, initProcess, newAgentToken, readInitProcess } from './agent.ts';
 import { legacyLayout, type PodPaths } from './rootfs.ts';
@@ -200,7 +200,7 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   const token = (await readIdentity(paths))?.agent?.token ?? newAgentToken();
   spec.process = initProcess(spec, INIT_PATH, { port: AGENT_PORT, token });
   await writeFile(join(paths.dir, 'config.json'), JSON.stringify(spec), { mode: 0o600 });
-  const shimArgs = ['-d', paths.dir, '-r', runtime.binary, '-R', runtime.root, '-i', req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
+  const shimArgs = ['-d', paths.dir, '-r', runtime.binary, '-R', runtime.root, '-i', gvisor ? runscContainerId(req.id) : req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
   if (net !== undefined) shimArgs.push('-n', net.ip, String(net.prefix), net.gateway);
   if (paths.disk !== undefined) shimArgs.push('-D', paths.disk.mount);
   if (!gvisor) shimArgs.push('-l', String(POD_NOFILE));

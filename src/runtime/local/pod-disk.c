@@ -9,6 +9,14 @@
 //                                          mkfs.ext4), then loop-mount it at <dir> unless something
 //                                          is mounted there
 //   pod-disk umount <dir>                  unmount <dir> if something is mounted there
+//   pod-disk shift <dir> <from> <to> <size>
+//                                          every file under <dir> (not crossing into other
+//                                          mounts) owned by an id in from..from+size-1 is given
+//                                          the id at the same offset from <to>: a disk copied from
+//                                          another sandbox (a snapshot, a fork) takes the new
+//                                          sandbox's host id range (id-ranges.ts)
+//   pod-disk freeze <dir> | thaw <dir>     FIFREEZE / FITHAW the filesystem mounted at <dir>: its
+//                                          image is whole and consistent on the host while frozen
 // On failure: one line "error <what>: <why>" on stdout, exit 1.
 //
 // Measured on this machine (2 cores, Linux 6.18): mkfs.ext4 of a 10 GiB sparse image writes 4.3
@@ -24,6 +32,7 @@
 // sandbox's own directories hash with its seed, which it cannot read).
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <ftw.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -286,7 +295,54 @@ static int mount_disk(const char *image, const char *dir, const char *bytes, con
   return 0;
 }
 
+static long shift_from, shift_to, shift_size;
+static int shift_failed;
+
+static long shifted(long id) {
+  return id >= shift_from && id < shift_from + shift_size ? id - shift_from + shift_to : id;
+}
+
+static int shift_one(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+  (void)type;
+  (void)ftw;
+  uid_t uid = (uid_t)shifted((long)st->st_uid);
+  gid_t gid = (gid_t)shifted((long)st->st_gid);
+  if (uid == st->st_uid && gid == st->st_gid) return 0;
+  // lchown clears set-id bits: they are put back, as they were.
+  if (lchown(path, uid, gid) < 0) {
+    shift_failed = errno;
+    return 0;
+  }
+  if (!S_ISLNK(st->st_mode) && (st->st_mode & (S_ISUID | S_ISGID))) chmod(path, st->st_mode & 07777);
+  return 0;
+}
+
+static int shift_ids(const char *dir, const char *from, const char *to, const char *size) {
+  shift_from = atol(from);
+  shift_to = atol(to);
+  shift_size = atol(size);
+  if (shift_from <= 0 || shift_to <= 0 || shift_size <= 0) return fail("shift", "ids must be positive");
+  if (nftw(dir, shift_one, 64, FTW_PHYS | FTW_MOUNT) < 0) return fail("shift", strerror(errno));
+  if (shift_failed) return fail("shift", strerror(shift_failed));
+  return 0;
+}
+
+static int freeze(const char *dir, unsigned long request) {
+  if (!mounted(dir)) return fail(request == FIFREEZE ? "freeze" : "thaw", "not mounted");
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return fail(request == FIFREEZE ? "freeze" : "thaw", strerror(errno));
+  int rc = ioctl(fd, request, 0);
+  int err = errno;
+  close(fd);
+  // Thawing a filesystem that is not frozen is no failure (a thaw after a failed freeze).
+  if (rc < 0 && !(request == FITHAW && err == EINVAL)) return fail(request == FIFREEZE ? "freeze" : "thaw", strerror(err));
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 6 && !strcmp(argv[1], "shift")) return shift_ids(argv[2], argv[3], argv[4], argv[5]);
+  if (argc == 3 && !strcmp(argv[1], "freeze")) return freeze(argv[2], FIFREEZE);
+  if (argc == 3 && !strcmp(argv[1], "thaw")) return freeze(argv[2], FITHAW);
   if (argc == 6 && !strcmp(argv[1], "mount")) return mount_disk(argv[2], argv[3], argv[4], argv[5]);
   if (argc == 3 && !strcmp(argv[1], "umount")) {
     if (!mounted(argv[2])) return 0;
@@ -294,5 +350,5 @@ int main(int argc, char **argv) {
     if (umount2(argv[2], 0) < 0 && umount2(argv[2], MNT_DETACH) < 0) return fail("unmount disk", strerror(errno));
     return 0;
   }
-  return fail("usage", "pod-disk mount <image> <dir> <bytes> <templates> | pod-disk umount <dir>");
+  return fail("usage", "pod-disk mount <image> <dir> <bytes> <templates> | umount <dir> | shift <dir> <from> <to> <size> | freeze <dir> | thaw <dir>");
 }

@@ -58,6 +58,17 @@ export type RunscCommand =
   /** Creates the container from the bundle (when it does not exist) and loads the image into it, as `run` starts it. */
   | { op: 'restore'; id: string; bundle: string; pidFile: string; imagePath: string };
 
+/**
+ * The runsc container id of a pod. runsc looks a container up by id PREFIX and refuses an id that
+ * is the prefix of another's ("id "ab" is ambiguous and could refer to multiple containers":
+ * runsc/container/state_file.go findContainerID), so pods "ab" and "abc" could not both be
+ * stopped, checkpointed or exec'd into. A pod id never holds a dot: "<id>.pod" is the prefix of
+ * no other pod's. A pod started before this keeps its bare id until it ends (legacy).
+ */
+export function runscContainerId(podId: string, legacy = false): string {
+  return legacy ? podId : `${podId}.pod`;
+}
+
 /** The global flags every runsc command of one worker repeats (runsc reads its configuration from them each time). */
 export function runscGlobalArgs(opts: RunscOptions): string[] {
   return ['--root', opts.root, ...runscFlags(opts)];
