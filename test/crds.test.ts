@@ -11,7 +11,7 @@ import { parseManifests } from '../src/api/manifest.ts';
 import type { KubeObject } from '../src/api/meta.ts';
 import {
   ApiKeyType, LABEL, RESOURCE_TYPES, SandboxClaimType, SandboxType, SandboxWarmPoolType,
-  type ApiKeySpec, type SandboxClaimSpec, type SandboxSpec,
+  type ApiKeySpec, type SandboxClaimSpec, type SandboxSnapshotSpec, type SandboxSpec,
   type SandboxTemplateSpec, type SandboxWarmPoolSpec,
 } from '../src/api/types.ts';
 import { applyDefaults, validateObject } from '../src/api/validate.ts';
@@ -45,7 +45,7 @@ test('each kind\'s CRD is named, scoped and versioned as kubernetes-sigs/agent-s
   const crds = allCrds();
   assert.deepEqual(crds.map((c) => c.metadata.name), [
     'sandboxes.agents.x-k8s.io', 'sandboxtemplates.extensions.agents.x-k8s.io', 'sandboxclaims.extensions.agents.x-k8s.io',
-    'sandboxwarmpools.extensions.agents.x-k8s.io', 'apikeys.asb.dev', 'clusters.asb.dev', 'syncstates.asb.dev',
+    'sandboxwarmpools.extensions.agents.x-k8s.io', 'sandboxsnapshots.extensions.agents.x-k8s.io', 'apikeys.asb.dev', 'clusters.asb.dev', 'syncstates.asb.dev',
   ]);
   // The federation's kinds as the hub and the sync agent define them.
   assert.deepEqual(FEDERATION_TYPES, [ClusterType, SyncStateType]);
@@ -133,6 +133,7 @@ const FULL_SPEC = {
     podTemplate: POD_TEMPLATE, volumeClaimTemplates: VCT, service: true, replicas: 1, operatingMode: 'Running',
     lifecycle: { shutdownTime: NOW, shutdownPolicy: 'Delete' }, shutdownTime: NOW, shutdownPolicy: 'Retain', idleTimeoutMs: 1000,
     network: { internet: false, allow: ['203.0.113.0/24', '*.example.com'], deny: ['198.51.100.7'] },
+    snapshotRef: { name: 'snap-1' },
   } satisfies Required<SandboxSpec>,
   SandboxTemplate: {
     podTemplate: POD_TEMPLATE, volumeClaimTemplates: VCT, service: false, networkPolicy: { ingress: [{ from: [] }], egress: [] },
@@ -145,6 +146,7 @@ const FULL_SPEC = {
     lifecycle: { shutdownTime: NOW, shutdownPolicy: 'DeleteForeground', ttlSecondsAfterFinished: 60 },
     additionalPodMetadata: { labels: { team: 'a' }, annotations: { note: 'x' } }, env: [{ name: 'A', value: '1', containerName: 'main' }], volumeClaimTemplates: VCT,
   } satisfies Required<SandboxClaimSpec>,
+  SandboxSnapshot: { sandboxRef: { name: 's' }, mode: 'Filesystem' } satisfies Required<SandboxSnapshotSpec>,
   ApiKey: { team: 'team-a', hash: 'a'.repeat(64), prefix: 'asb_ab12cd34', admin: false, revoked: false, description: 'ci' } satisfies Required<ApiKeySpec>,
   Cluster: {
     region: 'eu-west', ingressAddress: '203.0.113.7:10443', apiUrl: 'http://worker-api:7080', labels: { tier: 'gpu' }, drain: false, tag: 'rga1', credentialHash: 'b'.repeat(64),

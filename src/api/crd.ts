@@ -14,7 +14,7 @@ import {
   podMetadata, podTemplate, string, strings, time, volumeClaimTemplates,
 } from './crd-schema.ts';
 import type { JSONSchemaProps, ValidationRule } from './crd-schema.ts';
-import { ApiKeyType, ASB_GROUP, RESOURCE_TYPES, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from './types.ts';
+import { ApiKeyType, ASB_GROUP, RESOURCE_TYPES, SandboxClaimType, SandboxSnapshotType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from './types.ts';
 import { MAX_WARM_POOL_REPLICAS, servedVersions } from './validate.ts';
 
 export type { JSONSchemaProps } from './crd-schema.ts';
@@ -180,6 +180,7 @@ const sandbox: KindSchema = {
     ...SANDBOX_LIFECYCLE,
     idleTimeoutMs,
     network,
+    snapshotRef: { ...ref('SandboxSnapshot'), description: 'Ours: start from this snapshot\'s files, and its memory and processes when it kept them (read when the pod is first made).' },
   }, { required: ['podTemplate'], rules: [SANDBOX_LIFECYCLE_RULE] }),
   status: object({
     phase: enumOf(['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating']),
@@ -291,6 +292,32 @@ const claim: KindSchema = {
   ],
 };
 
+const snapshot: KindSchema = {
+  description: 'Ours: a sandbox\'s files, and with mode Full its memory and processes, kept on its worker; sandboxes start from it with spec.snapshotRef. It outlives the sandbox.',
+  shortNames: ['sbsnap'],
+  spec: object({
+    sandboxRef: ref('Sandbox'),
+    mode: enumOf(['Full', 'Filesystem'], 'Full (default): memory, processes and files (gVisor sandboxes); Filesystem: files only.'),
+  }, { required: ['sandboxRef'] }),
+  status: object({
+    phase: enumOf(['Pending', 'Ready', 'Failed']),
+    conditions: conditions(),
+    takenAt: time('When it was taken.'),
+    memory: boolean('Whether memory and processes were kept.'),
+    bytes: integer(0, undefined, 'Bytes it takes on the worker.'),
+    memoryBytes: integer(0),
+    source: anyObject(),
+  }),
+  columns: [
+    { name: 'Sandbox', type: 'string', jsonPath: '.spec.sandboxRef.name' },
+    { name: 'Phase', type: 'string', jsonPath: '.status.phase' },
+    { name: 'Memory', type: 'boolean', jsonPath: '.status.memory' },
+    { name: 'Bytes', type: 'integer', jsonPath: '.status.bytes' },
+    { name: 'Reason', type: 'string', jsonPath: `${READY_CONDITION}.reason` },
+    AGE,
+  ],
+};
+
 const apiKey: KindSchema = {
   description: 'An API key: only its SHA-256 is stored. Named after the key\'s 8-character prefix.',
   spec: object({
@@ -349,6 +376,7 @@ const KINDS: ReadonlyMap<string, KindSchema> = new Map(([
   [SandboxTemplateType, template],
   [SandboxWarmPoolType, warmPool],
   [SandboxClaimType, claim],
+  [SandboxSnapshotType, snapshot],
   [ApiKeyType, apiKey],
   [ClusterCrdType, cluster],
   [SyncStateCrdType, syncState],

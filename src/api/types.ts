@@ -14,8 +14,10 @@ export const SandboxTemplateType: ResourceType = { group: EXT_GROUP, version: 'v
 export const SandboxClaimType: ResourceType = { group: EXT_GROUP, version: 'v1alpha1', kind: 'SandboxClaim', plural: 'sandboxclaims', namespaced: true };
 export const SandboxWarmPoolType: ResourceType = { group: EXT_GROUP, version: 'v1alpha1', kind: 'SandboxWarmPool', plural: 'sandboxwarmpools', namespaced: true };
 export const ApiKeyType: ResourceType = { group: ASB_GROUP, version: 'v1alpha1', kind: 'ApiKey', plural: 'apikeys', namespaced: false };
+/** Ours, after kubernetes-sigs KEP-694's snapshot proposal: a sandbox's files (and memory) kept as an object of their own. */
+export const SandboxSnapshotType: ResourceType = { group: EXT_GROUP, version: 'v1alpha1', kind: 'SandboxSnapshot', plural: 'sandboxsnapshots', namespaced: true };
 
-export const RESOURCE_TYPES: readonly ResourceType[] = [SandboxType, SandboxTemplateType, SandboxClaimType, SandboxWarmPoolType, ApiKeyType];
+export const RESOURCE_TYPES: readonly ResourceType[] = [SandboxType, SandboxTemplateType, SandboxClaimType, SandboxWarmPoolType, SandboxSnapshotType, ApiKeyType];
 
 /** Labels and annotations we own. User templates may not set keys under these prefixes. */
 export const LABEL = {
@@ -134,6 +136,11 @@ export interface SandboxSpec {
   idleTimeoutMs?: number;
   /** Ours: what the sandbox may reach (src/network/egress-policy.ts). Absent: the default policy. */
   network?: SandboxNetwork;
+  /**
+   * Ours: a SandboxSnapshot (same namespace) the sandbox starts from: its files, and its memory and
+   * processes when the snapshot kept them. Read only when the sandbox's pod is first made.
+   */
+  snapshotRef?: { name: string };
 }
 
 /** An egress policy as written on a Sandbox or SandboxTemplate (parseEgressPolicy reads it). */
@@ -187,6 +194,45 @@ export interface SandboxTemplateSpec {
 export interface SandboxTemplate extends KubeObject {
   metadata: ObjectMeta;
   spec: SandboxTemplateSpec;
+}
+
+// ---- SandboxSnapshot
+
+export type SnapshotMode = 'Full' | 'Filesystem';
+
+export interface SandboxSnapshotSpec {
+  /** The sandbox to snapshot, in the same namespace. Taken once; the snapshot outlives it. */
+  sandboxRef: { name: string };
+  /** Full: memory, processes and files (gVisor sandboxes); Filesystem: files only. Default Full. */
+  mode?: SnapshotMode;
+}
+
+export interface SandboxSnapshotStatus {
+  phase?: 'Pending' | 'Ready' | 'Failed';
+  conditions?: Condition[];
+  /** When it was taken (ISO 8601). */
+  takenAt?: string;
+  /** Whether memory and processes were kept. */
+  memory?: boolean;
+  /** Bytes it takes on the worker (the disk copy and the memory image). */
+  bytes?: number;
+  memoryBytes?: number;
+  /** What a sandbox started from it runs: the source's pod template, template and egress policy. */
+  source?: {
+    sandbox: string;
+    template?: string;
+    podTemplate: PodTemplate;
+    volumeClaimTemplates?: VolumeClaimTemplate[];
+    network?: SandboxNetwork;
+    /** The source's annotations that sandboxes keep from their template (public ports, pod-security level). */
+    annotations?: Record<string, string>;
+  };
+}
+
+export interface SandboxSnapshot extends KubeObject {
+  metadata: ObjectMeta;
+  spec: SandboxSnapshotSpec;
+  status?: SandboxSnapshotStatus;
 }
 
 // ---- SandboxWarmPool

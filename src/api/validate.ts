@@ -12,7 +12,7 @@ import {
 } from './shape.ts';
 import type { Fields, Problems } from './shape.ts';
 import {
-  ApiKeyType, ASB_GROUP, RESOURCE_TYPES, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType,
+  ApiKeyType, ASB_GROUP, RESOURCE_TYPES, SandboxClaimType, SandboxSnapshotType, SandboxTemplateType, SandboxType, SandboxWarmPoolType,
 } from './types.ts';
 import type { SandboxClaimSpec, SandboxSpec, SandboxWarmPoolSpec } from './types.ts';
 import { checkTime, validateMetadata } from './validate-meta.ts';
@@ -76,9 +76,10 @@ const CLAIM_POLICIES = ['Delete', 'DeleteForeground', 'Retain'] as const;
 
 function checkSandboxSpec(problems: Problems, path: string, spec: Fields): void {
   onlyKnown(problems, path, spec, [
-    'podTemplate', 'volumeClaimTemplates', 'service', 'replicas', 'operatingMode', 'lifecycle', 'shutdownTime', 'shutdownPolicy', 'idleTimeoutMs', 'network',
+    'podTemplate', 'volumeClaimTemplates', 'service', 'replicas', 'operatingMode', 'lifecycle', 'shutdownTime', 'shutdownPolicy', 'idleTimeoutMs', 'network', 'snapshotRef',
   ]);
   checkNetwork(problems, join(path, 'network'), spec.network);
+  checkRef(problems, join(path, 'snapshotRef'), spec.snapshotRef, false);
   checkBlueprint(problems, path, spec);
   // v1alpha1 `replicas` and v1beta1 `operatingMode` are both accepted on either version: the
   // operator writes whichever the object already uses when it hibernates or wakes a sandbox.
@@ -220,8 +221,15 @@ const SPEC_CHECKS: ReadonlyMap<ResourceType, SpecCheck> = new Map<ResourceType, 
   [SandboxTemplateType, checkTemplateSpec],
   [SandboxWarmPoolType, checkWarmPoolSpec],
   [SandboxClaimType, checkClaimSpec],
+  [SandboxSnapshotType, checkSnapshotSpec],
   [ApiKeyType, checkApiKeySpec],
 ]);
+
+function checkSnapshotSpec(problems: Problems, path: string, spec: Fields): void {
+  onlyKnown(problems, path, spec, ['sandboxRef', 'mode']);
+  checkRef(problems, join(path, 'sandboxRef'), spec.sandboxRef, true);
+  optEnum(problems, join(path, 'mode'), spec.mode, ['Full', 'Filesystem']);
+}
 
 /**
  * A copy of a valid object with the defaults k8s-sigs' CRDs apply: shutdownPolicy Retain,

@@ -6,7 +6,7 @@
 // federation's kinds belong to the hub and the sync agent.
 import { crdFor, type CustomResourceDefinition, type PrinterColumn, type ScaleSubresource } from '../api/crd.ts';
 import { apiVersionOf, type KubeObject, type ResourceType } from '../api/meta.ts';
-import { CORE_GROUP, EXT_GROUP, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
+import { CORE_GROUP, EXT_GROUP, SandboxClaimType, SandboxSnapshotType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { servedVersions } from '../api/validate.ts';
 
 export interface ServedResource {
@@ -18,7 +18,7 @@ export interface ServedResource {
   columns: readonly PrinterColumn[];
 }
 
-export const SERVED_TYPES: readonly ResourceType[] = [SandboxType, SandboxTemplateType, SandboxClaimType, SandboxWarmPoolType];
+export const SERVED_TYPES: readonly ResourceType[] = [SandboxType, SandboxTemplateType, SandboxClaimType, SandboxWarmPoolType, SandboxSnapshotType];
 export const SERVED_GROUPS: readonly string[] = [CORE_GROUP, EXT_GROUP];
 
 /** Versions newest first: what discovery lists and what a client prefers. */

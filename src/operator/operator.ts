@@ -1,5 +1,5 @@
-// Composition of the operator: four informers (Sandbox, SandboxTemplate, SandboxWarmPool,
-// SandboxClaim), three controllers, the claimer and the activity tracker.
+// Composition of the operator: five informers (Sandbox, SandboxTemplate, SandboxWarmPool,
+// SandboxClaim, SandboxSnapshot), four controllers, the claimer and the activity tracker.
 // Start order: informers list and sync first; only then do controllers get keys (a pool
 // reconciled against a half-filled sandbox cache would over-create members), and only then does
 // recovery run: pods the runtime holds for sandboxes that no longer exist are removed, and every
@@ -8,11 +8,13 @@
 // informers stop. The store and the runtime belong to the caller and stay open.
 import {
   SandboxClaimType,
+  SandboxSnapshotType,
   SandboxTemplateType,
   SandboxType,
   SandboxWarmPoolType,
   type Sandbox,
   type SandboxClaim,
+  type SandboxSnapshot,
   type SandboxTemplate,
   type SandboxWarmPool,
 } from '../api/types.ts';
@@ -28,6 +30,7 @@ import { Claimer, POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues } from './clai
 import { Controller } from './controller.ts';
 import { Informer, objectKey } from './informer.ts';
 import { createSandboxReconciler, NAME_INDEX, nameIndexValues } from './sandbox-controller.ts';
+import { createSnapshotReconciler } from './snapshot-controller.ts';
 import { POOL_INDEX, createWarmPoolController, poolIndexValues } from './warmpool-controller.ts';
 
 /** How long member changes wait before the pool reconciles; see the sandbox informer handler. */
@@ -63,6 +66,8 @@ export interface Operator {
 const SANDBOX_WORKERS = 64;
 const POOL_WORKERS = 4;
 const CLAIM_WORKERS = 16;
+/** Snapshots at once: each copies a disk and may save a sandbox's memory. */
+const SNAPSHOT_WORKERS = 4;
 
 export function startOperator(opts: OperatorOptions): Promise<Operator> {
   const { store, runtime, metrics, clusterTag } = opts;
@@ -73,6 +78,7 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
   const templates = new Informer<SandboxTemplate>({ store, type: SandboxTemplateType, clock, log });
   const pools = new Informer<SandboxWarmPool>({ store, type: SandboxWarmPoolType, clock, log });
   const claims = new Informer<SandboxClaim>({ store, type: SandboxClaimType, clock, log });
+  const snapshots = new Informer<SandboxSnapshot>({ store, type: SandboxSnapshotType, clock, log });
   sandboxes.addIndex(POOL_INDEX, poolIndexValues);
   sandboxes.addIndex(CLAIM_INDEX, claimIndexValues);
   sandboxes.addIndex(NAME_INDEX, nameIndexValues);
@@ -108,7 +114,8 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
     metrics,
     workers: CLAIM_WORKERS,
   });
-  const controllers = [sandboxController, poolController, claimController];
+  const snapshotController = new Controller({ name: 'snapshot', reconcile: createSnapshotReconciler({ store, runtime, snapshots, sandboxes, clock }), clock, log, metrics, workers: SNAPSHOT_WORKERS });
+  const controllers = [sandboxController, poolController, claimController, snapshotController];
 
   let started = false;
   const phaseCounts = new Map<string, number>();
@@ -162,12 +169,15 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
   claims.onChange((key) => {
     if (started) claimController.enqueue(key);
   });
+  snapshots.onChange((key) => {
+    if (started) snapshotController.enqueue(key);
+  });
   const stopRuntimeEvents = runtime.onChange((id) => {
     if (!started) return;
     for (const sandbox of sandboxes.byIndex(NAME_INDEX, id)) sandboxController.enqueue(objectKey(sandbox));
   });
 
-  const informers = [sandboxes, templates, pools, claims];
+  const informers = [sandboxes, templates, pools, claims, snapshots];
   for (const informer of informers) informer.start();
   // close() before the caches sync must not leave ready() callers hanging.
   let abortStart: (err: Error) => void = () => undefined;
@@ -184,6 +194,7 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
     for (const s of sandboxes.list()) sandboxController.enqueue(objectKey(s));
     for (const p of pools.list()) poolController.enqueue(objectKey(p));
     for (const c of claims.list()) claimController.enqueue(objectKey(c));
+    for (const s of snapshots.list()) snapshotController.enqueue(objectKey(s));
     log.info({ sandboxes: sandboxes.list().length, pools: pools.list().length, claims: claims.list().length }, 'operator caches synced');
   })();
   readyPromise.catch((err: unknown) => log.error({ err }, 'operator failed to start'));

@@ -16,7 +16,7 @@
 import { isDeepStrictEqual } from 'node:util';
 import type { Condition } from '../api/meta.ts';
 import { holderAmong, NAME_CONFLICT } from '../api/sandbox-identity.ts';
-import { SandboxType, wantsRunning, type Sandbox, type SandboxStatus } from '../api/types.ts';
+import { SandboxSnapshotType, SandboxType, wantsRunning, type Sandbox, type SandboxSnapshot, type SandboxStatus } from '../api/types.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRequest, PodRuntime, PodState } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
@@ -51,9 +51,10 @@ export function holderOfId(sandboxes: Informer<Sandbox>, id: string, podUid?: st
   return holderAmong(sandboxes.byIndex(NAME_INDEX, id), podUid);
 }
 
-export function podRequestFor(sandbox: Sandbox): PodRequest {
+export function podRequestFor(sandbox: Sandbox, snapshotUid?: string): PodRequest {
   const { name, uid } = sandbox.metadata;
   return {
+    ...(snapshotUid === undefined ? {} : { from: { snapshot: snapshotUid } }),
     // Always explicit, so a wake runs with the policy the Sandbox says now.
     egress: egressPolicyOf(sandbox.spec.network),
     id: name,
@@ -226,7 +227,19 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
     if (state.phase === 'Absent' || state.phase === 'Stopped') {
       if (state.phase === 'Stopped' && !wakes.has(name)) wakes.set(name, now);
       try {
-        state = await runtime.start(podRequestFor(sandbox));
+        // A new pod from a snapshot: the snapshot must be there and taken (a wake needs it no more).
+        let snapshotUid: string | undefined;
+        const ref = sandbox.spec.snapshotRef;
+        if (ref !== undefined && state.phase === 'Absent') {
+          const snap = await store.tryGet<SandboxSnapshot>(SandboxSnapshotType, sandbox.metadata.namespace ?? 'default', ref.name);
+          if (snap?.status?.phase !== 'Ready') {
+            const message = snap === undefined ? `SandboxSnapshot "${ref.name}" not found` : `SandboxSnapshot "${ref.name}" is ${snap.status?.phase ?? 'Pending'}${snap.status?.phase === 'Failed' ? '' : ': waiting for it'}`;
+            await writeStatus(sandbox, { phase: snap?.status?.phase === 'Failed' || snap === undefined ? 'Failed' : 'Pending', conditions: [condition(sandbox, 'Ready', 'False', 'SnapshotNotReady', message)] });
+            return snap === undefined || snap.status?.phase === 'Failed' ? undefined : { requeueAfterMs: 500 };
+          }
+          snapshotUid = snap.metadata.uid;
+        }
+        state = await runtime.start(podRequestFor(sandbox, snapshotUid));
       } catch (err) {
         // Said on the Sandbox, where kubectl and the API show it (on Kubernetes: the API server
         // refusing the Pod, e.g. an empty image), then retried with the queue's backoff.

@@ -27,6 +27,7 @@ import { activityRoutes } from './routes-activity.ts';
 import { createFeedUpgrade, feedRoutes, RouteFeed } from './route-feed.ts';
 import { fileRoutes } from './routes-files.ts';
 import { sandboxRoutes } from './routes-sandboxes.ts';
+import { snapshotRoutes } from './routes-snapshots.ts';
 import { e2bRoutes } from './e2b/routes.ts';
 import { egressRoutes } from './routes-egress.ts';
 import { systemRoutes } from './routes-system.ts';
@@ -152,6 +153,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     ...egressRoutes(w),
     ...objectRoutes(w),
     ...sandboxRoutes(w),
+    ...snapshotRoutes(w),
     ...fileRoutes(w, uploads),
     ...activityRoutes(w),
     ...feedRoutes(),
