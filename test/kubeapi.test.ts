@@ -38,7 +38,7 @@ test('discovery answers the legacy and the aggregated forms, /version and OpenAP
   assert.deepEqual(groups.groups.map((g) => [g.name, g.preferredVersion.version, g.versions.length]), [['agents.x-k8s.io', 'v1beta1', 2], ['extensions.agents.x-k8s.io', 'v1beta1', 2]]);
   const gv = (await call(fx, 'GET', `${EXT}/v1alpha1`, { key })).json as { groupVersion: string; resources: { name: string; kind: string; verbs: string[]; shortNames?: string[] }[] };
   assert.equal(gv.groupVersion, 'extensions.agents.x-k8s.io/v1alpha1');
-  assert.deepEqual(gv.resources.map((r) => r.name), ['sandboxtemplates', 'sandboxtemplates/status', 'sandboxclaims', 'sandboxclaims/status', 'sandboxwarmpools', 'sandboxwarmpools/status', 'sandboxwarmpools/scale']);
+  assert.deepEqual(gv.resources.map((r) => r.name), ['sandboxtemplates', 'sandboxtemplates/status', 'sandboxclaims', 'sandboxclaims/status', 'sandboxwarmpools', 'sandboxwarmpools/status', 'sandboxwarmpools/scale', 'sandboxsnapshots', 'sandboxsnapshots/status']);
   assert.deepEqual(gv.resources.find((r) => r.name === 'sandboxwarmpools')?.shortNames, ['swp']);
   // As kube-apiserver 1.37 lists a CRD's: every verb, deletecollection included, and the scale
   // subresource in autoscaling/v1 (the scale client kubectl uses finds its kind there).

@@ -60,6 +60,9 @@ const PORT = /^\d{1,5}$/;
 const SECONDS = /^\d{1,9}(\.\d{1,9})?$/;
 // /sandboxes, /sandboxes/<id>…, /v2/sandboxes…, /v1/sandboxes/<id>… (E2B control plane and ours).
 const API_SANDBOX_PATH = /^\/(?:v[12]\/)?sandboxes(?:\/([^/?#]*))?(?:[/?#]|$)/;
+// E2B's snapshot list and its templates (a snapshot is deleted as /templates/<snapshotID>: a
+// snapshot id starts with its cluster's tag, like a sandbox id, and names the owner the same way).
+const API_TEMPLATE_PATH = /^\/(?:snapshots|templates)(?:\/([^/?#]*))?(?:[/?#]|$)/;
 
 // The worker's Kubernetes API (src/kubeapi/): discovery, /version, OpenAPI v3 and /apis/… objects.
 const KUBE_API_PATH = /^\/(?:api|apis|version|openapi\/v3)(?:[/?#]|$)/;
@@ -113,7 +116,7 @@ function bareTarget(line: RequestLine, sandboxHost: boolean): Target {
     return { kind: 'sandbox', id, port, e2bHeaders: true };
   }
   if (line.e2bSandboxPort !== undefined) throw new AsbError('BadRequest', 'E2b-Sandbox-Port header without E2b-Sandbox-Id');
-  if (line.path.startsWith('/v1/') || API_SANDBOX_PATH.test(line.path) || KUBE_API_PATH.test(line.path)) return { kind: 'api', id: apiSandboxId(line.path) };
+  if (line.path.startsWith('/v1/') || API_SANDBOX_PATH.test(line.path) || API_TEMPLATE_PATH.test(line.path) || KUBE_API_PATH.test(line.path)) return { kind: 'api', id: apiSandboxId(line.path) };
   if (sandboxHost) throw new AsbError('BadRequest', 'requests to sandbox.<domain> need the E2b-Sandbox-Id header');
   throw new AsbError('NotFound', 'no sandbox named: use <port>-<sandboxId>.<domain>, the E2b-Sandbox-Id header, or an API path');
 }
@@ -138,7 +141,7 @@ function seconds(text: string): number {
 
 /** The sandbox id an API path names, if any: `/sandboxes/<id>…`, `/v2/sandboxes/<id>…`, `/v1/sandboxes/<id>…`, `/apis/agents.x-k8s.io/<v>/namespaces/<ns>/sandboxes/<id>…`. */
 export function apiSandboxId(path: string): string | undefined {
-  const m = API_SANDBOX_PATH.exec(path) ?? KUBE_SANDBOX_PATH.exec(path);
+  const m = API_SANDBOX_PATH.exec(path) ?? KUBE_SANDBOX_PATH.exec(path) ?? API_TEMPLATE_PATH.exec(path);
   const id = m?.[1];
   return id !== undefined && ID.test(id) ? id : undefined;
 }

@@ -28,6 +28,7 @@ import { createFeedUpgrade, feedRoutes, RouteFeed } from './route-feed.ts';
 import { fileRoutes } from './routes-files.ts';
 import { sandboxRoutes } from './routes-sandboxes.ts';
 import { snapshotRoutes } from './routes-snapshots.ts';
+import { e2bSnapshotRoutes } from './e2b/snapshots.ts';
 import { e2bRoutes } from './e2b/routes.ts';
 import { egressRoutes } from './routes-egress.ts';
 import { systemRoutes } from './routes-system.ts';
@@ -159,6 +160,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     ...feedRoutes(),
     ...terminalRoutes(w, terminalTokens),
     ...e2bRoutes(w, deps.auth),
+    ...e2bSnapshotRoutes(w, deps.auth),
   ]);
   const requests = deps.metrics.httpRequestsTotal;
 

@@ -15,6 +15,8 @@ import { newSandboxId } from '../api/ids.ts';
 import { ANNOTATION, LABEL, SandboxSnapshotType, SandboxType, type Sandbox, type SandboxSnapshot } from '../api/types.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import { RUNTIME_FINALIZER } from '../operator/blueprint.ts';
+import type { EgressPolicy } from '../network/egress-policy.ts';
+import { networkSpec } from '../network/sandbox-network.ts';
 import type { Watch } from '../store/store.ts';
 import type { Timer } from '../system/clock.ts';
 import { canSee, isObjectName } from './access.ts';
@@ -127,6 +129,9 @@ export interface FromSnapshotOptions {
   /** ISO time the sandbox is deleted at. */
   shutdownTime?: string;
   labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+  /** Replaces the source's egress policy. */
+  network?: EgressPolicy;
   wait: boolean;
 }
 
@@ -139,7 +144,7 @@ export async function startFromSnapshot(w: WorkerContext, snap: SandboxSnapshot,
   const source = snap.status?.source;
   if (snap.status?.phase !== 'Ready' || source === undefined) throw new AsbError('Conflict', `snapshot "${snap.metadata.name}" is not ready (${snap.status?.phase ?? 'Pending'})`);
   const owner = snap.metadata.labels?.[LABEL.owner] ?? '';
-  const annotations: Record<string, string> = {};
+  const annotations: Record<string, string> = { ...opts.annotations };
   for (const key of [ANNOTATION.publicPorts, POD_SECURITY_ANNOTATION]) {
     const value = source.annotations?.[key];
     if (value !== undefined) annotations[key] = value;
@@ -165,7 +170,7 @@ export async function startFromSnapshot(w: WorkerContext, snap: SandboxSnapshot,
       ...(source.volumeClaimTemplates === undefined ? {} : { volumeClaimTemplates: structuredClone(source.volumeClaimTemplates) }),
       operatingMode: 'Running',
       ...(opts.shutdownTime === undefined ? {} : { lifecycle: { shutdownTime: opts.shutdownTime, shutdownPolicy: 'Delete' } }),
-      ...(source.network === undefined ? {} : { network: structuredClone(source.network) }),
+      ...(opts.network !== undefined ? { network: networkSpec(opts.network) } : source.network === undefined ? {} : { network: structuredClone(source.network) }),
       snapshotRef: { name: snap.metadata.name },
     },
   };

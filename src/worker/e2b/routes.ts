@@ -33,6 +33,7 @@ import { checkBody, checkSpawnInput, isPlainObject, type BodyOf, type BodySpec }
 import type { Reply, Route } from '../router.ts';
 import { sandboxView } from '../views.ts';
 import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, setNetwork, setShutdownIn, waitReady } from '../sandbox-lifecycle.ts';
+import { findSnapshot, startFromSnapshot } from '../snapshots.ts';
 import { listE2bSandboxes } from './list.ts';
 import { sampleMetrics } from './metrics.ts';
 import { e2bRoute, type AuthedContext } from './reply.ts';
@@ -88,11 +89,18 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const annotations: Record<string, string> = { [E2B_ANNOTATION.startedAt]: new Date(now).toISOString() };
   if (body.metadata !== undefined) annotations[E2B_ANNOTATION.metadata] = JSON.stringify(body.metadata);
   if (body.envVars !== undefined) annotations[E2B_ANNOTATION.envVars] = JSON.stringify(body.envVars);
+  const shutdownTime = new Date(now + (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000).toISOString();
+  // Sandbox.create(snapshotID): a snapshot of the caller's team (by id or name) before a template of that name.
+  const snapshot = body.templateID === undefined ? undefined : await findSnapshot(w, ctx.principal, body.templateID).catch(() => undefined);
+  if (snapshot !== undefined) {
+    const started = await startFromSnapshot(w, snapshot, { wait: true, annotations, shutdownTime, ...(network === undefined ? {} : { network }) });
+    return { status: 201, json: e2bSandbox(w, started, ctx.req) };
+  }
   const { sandbox } = await claimSandbox(w, ctx.principal, {
     namespace: w.defaultNamespace,
     template: body.templateID ?? 'base',
     annotations,
-    shutdownTime: new Date(now + (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000).toISOString(),
+    shutdownTime,
     ...(network === undefined ? {} : { network }),
     coldStart: true,
     wait: true,
