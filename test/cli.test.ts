@@ -49,7 +49,7 @@ function problem(res: ServerResponse, status: number, body: Record<string, unkno
 test('--help lists every command and exits 0; a command --help shows its usage', async () => {
   const top = await asb(['--help']);
   assert.equal(top.code, 0);
-  for (const cmd of ['up', 'apply', 'create', 'ls', 'exec', 'pause', 'resume', 'rm', 'status', 'get', 'files']) {
+  for (const cmd of ['up', 'apply', 'create', 'ls', 'exec', 'pause', 'resume', 'rm', 'status', 'get', 'files', 'snapshot', 'fork']) {
     assert.match(top.stdout, new RegExp(`^  ${cmd}\\s`, 'm'), `asb --help lists ${cmd}`);
   }
   const exec = await asb(['exec', '--help']);
@@ -346,6 +346,25 @@ test('end to end: apply, create, ls, exec, pause, resume, status, rm against a r
   assert.deepEqual([after.code, after.stdout], [0, 'awake\n']);
   const note = await run(['files', 'get', sb.id, '/tmp/note.txt']);
   assert.deepEqual([note.code, note.stdout], [0, 'kept across hibernation']);
+
+  // Snapshots: a runc sandbox keeps its files only (by default: no error), a new sandbox starts
+  // from them; a fork, which needs memory, says why it cannot be done here.
+  const snapped = await run(['snapshot', sb.id, '--name', 'cli-snap', '--json']);
+  assert.equal(snapped.code, 0, snapped.stderr);
+  const snap = JSON.parse(snapped.stdout) as { id: string; memory: boolean; phase: string };
+  assert.deepEqual([snap.memory, snap.phase], [false, 'Ready']);
+  assert.match((await run(['snapshot', 'ls'])).stdout, new RegExp(`^${snap.id}\\s+cli-snap\\s+${sb.id}\\s+Ready\\s+no\\s`, 'm'));
+  const fromSnap = await run(['snapshot', 'start', 'cli-snap', '--json']);
+  assert.equal(fromSnap.code, 0, fromSnap.stderr);
+  const copy = JSON.parse(fromSnap.stdout) as { id: string; ready: boolean };
+  assert.equal(copy.ready, true);
+  assert.deepEqual(await run(['files', 'get', copy.id, '/tmp/note.txt']).then((r) => [r.code, r.stdout]), [0, 'kept across hibernation']);
+  const forked = await run(['fork', sb.id, '-n', '2']);
+  assert.equal(forked.code, 1, forked.stdout);
+  assert.match(forked.stderr, /CRIU/);
+  assert.equal((await run(['snapshot', 'rm', 'cli-snap'])).code, 0);
+  assert.equal((await run(['snapshot', 'get', 'cli-snap'])).code, 1);
+  assert.equal((await run(['rm', copy.id])).code, 0);
 
   const status = await run(['status', '--json']);
   assert.equal(status.code, 0, status.stderr);

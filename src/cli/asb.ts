@@ -15,6 +15,7 @@ import { shellCommand } from './commands-shell.ts';
 import { clusterCommand, keyCommand, templateCommand } from './commands-hub.ts';
 import { createCommand, getCommand, lsCommand, pauseCommand, resumeCommand, rmCommand, urlCommand } from './commands-sandbox.ts';
 import { statusCommand, upCommand } from './commands-system.ts';
+import { forkCommand, snapshotCommand } from './commands-snapshot.ts';
 import { ClientConfigError, resolveClientConfig } from './env-file.ts';
 import { formatError } from './output.ts';
 
@@ -30,6 +31,8 @@ export const COMMANDS: readonly Command[] = [
   shellCommand,
   pauseCommand,
   resumeCommand,
+  snapshotCommand,
+  forkCommand,
   rmCommand,
   filesCommand,
   clusterCommand,

@@ -148,6 +148,14 @@ export interface ApiClient {
   /** A new access token for the sandbox; every earlier one stops working. */
   rotateAccessToken(id: string): Promise<SandboxView>;
 
+  /** Snapshots (src/worker/routes-snapshots.ts): `memory` absent keeps it where the sandbox can. */
+  createSnapshot(id: string, req: { name?: string; memory?: boolean }): Promise<SnapshotView>;
+  listSnapshots(): Promise<{ items: SnapshotView[] }>;
+  getSnapshot(id: string): Promise<SnapshotView>;
+  deleteSnapshot(id: string): Promise<SnapshotView>;
+  startFromSnapshot(id: string, req: { timeoutMs?: number; labels?: Record<string, string>; wait?: boolean }): Promise<SandboxView>;
+  fork(id: string, req: { count?: number; timeoutMs?: number }): Promise<{ forks: ForkView[] }>;
+
   /** Egress secrets (admin): names and times only; a value goes in and never comes back. */
   listEgressSecrets(): Promise<{ items: { name: string; updatedAt: string }[] }>;
   putEgressSecret(name: string, value: string): Promise<{ name: string; updatedAt: string }>;
@@ -254,6 +262,12 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
     resume: (id, o) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/resume`, json: o?.wait === undefined ? {} : { wait: o.wait }, signal: o?.signal }),
     setTimeout: (id, timeoutMs) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/timeout`, json: { timeoutMs } }),
     rotateAccessToken: (id) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/access-token`, json: {} }),
+    createSnapshot: (id, req) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/snapshots`, json: req }),
+    listSnapshots: () => json({ method: 'GET', path: '/v1/snapshots' }),
+    getSnapshot: (id) => json({ method: 'GET', path: `/v1/snapshots/${enc(id)}` }),
+    deleteSnapshot: (id) => json({ method: 'DELETE', path: `/v1/snapshots/${enc(id)}` }),
+    startFromSnapshot: (id, req) => json({ method: 'POST', path: `/v1/snapshots/${enc(id)}/sandboxes`, json: req }),
+    fork: (id, req) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/fork`, json: req }),
 
     listEgressSecrets: () => json({ method: 'GET', path: '/v1/egress/secrets' }),
     putEgressSecret: (name, value) => json({ method: 'PUT', path: `/v1/egress/secrets/${enc(name)}`, json: { value } }),
@@ -325,4 +339,22 @@ function causeText(err: unknown): string {
 
 function isRecord(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
+}/** A snapshot as the API shows it (src/worker/routes-snapshots.ts). */
+export interface SnapshotView {
+  id: string;
+  name?: string;
+  sandbox: string;
+  template?: string;
+  phase: string;
+  memory: boolean;
+  bytes?: number;
+  memoryBytes?: number;
+  takenAt?: string;
+  createdAt?: string;
+  message?: string;
 }
+
+/** One fork's outcome: its sandbox, or why it did not start. */
+export type ForkView = { sandbox: SandboxView } | { error: { code: string; status: number; message: string } };
+
+
