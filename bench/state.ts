@@ -1,0 +1,183 @@
+// Sandbox state on gVisor, measured on the local runtime (make bench's `state` part): stop with
+// memory and the start that restores it, for a python3 pod holding 64 MiB and 1 GiB of touched
+// memory (seconds per GiB of its working set plus a fixed cost, fitted through the two); a
+// snapshot of a pod holding 256 MiB and ×1 and ×10 pods started from it until every one answers
+// (fork); the image's size against the working set. Each beside its floor, measured in the same
+// run: the raw `runsc checkpoint` / `runsc restore` our own calls ran (timed by a wrapper in front
+// of runsc), and a plain `runsc checkpoint` of a twin pod (no pause, no -leave-running).
+import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { execFile } from 'node:child_process';
+import { get } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { findRunscBinary } from '../src/runtime/oci/runsc-binary.ts';
+import { runscContainerId, runscFlags } from '../src/runtime/oci/runsc.ts';
+import type { PodRequest } from '../src/runtime/runtime.ts';
+import { startTestRuntime, stopTestRuntime } from '../test/support/test-runtime.ts';
+
+const run = promisify(execFile);
+
+const COUNTER = 'import http.server, sys\nhold = b"\\x01" * (int(sys.argv[1]) << 20)\nn = 0\nclass H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        global n\n        n += 1\n        b = str(n).encode()\n        self.send_response(200)\n        self.send_header("Content-Length", str(len(b)))\n        self.end_headers()\n        self.wfile.write(b)\n    def log_message(self, *a):\n        pass\nhttp.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()';
+
+function pod(id: string, mib: number, from?: string): PodRequest {
+  return {
+    id, uid: `uid-${id}`, namespace: 'default', hostname: id,
+    ...(from === undefined ? {} : { from: { snapshot: from } }),
+    spec: { runtimeClassName: 'gvisor', containers: [{ name: 'main', image: 'agent-sandbox/base', command: ['python3', '-c', COUNTER, String(mib)], resources: { limits: { memory: `${String(mib + 256)}Mi` } }, readinessProbe: { tcpSocket: { port: 8000 }, periodSeconds: 1 } }] },
+  };
+}
+
+function httpGet(url: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const req = get(url, { agent: false, timeout: 5000 }, (res) => {
+      let body = '';
+      res.setEncoding('utf8').on('data', (c: string) => (body += c)).on('end', () => resolve(body));
+    });
+    req.on('error', reject);
+  });
+}
+
+/** The counter's answer once the pod listens (bounded: 60 s). */
+async function answers(ip: string): Promise<string> {
+  const until = Date.now() + 60_000;
+  for (;;) {
+    try {
+      return await httpGet(`http://${ip}:8000/`);
+    } catch (err) {
+      if (Date.now() > until) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+  }
+}
+
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
+const round = (x: number): number => Math.round(x);
+
+export interface PauseFigures {
+  heldMiB: number;
+  workingSetBytes: number;
+  imageBytes: number;
+  /** Medians over the rounds, ms. */
+  stopMs: number;
+  rawCheckpointMs: number;
+  plainCheckpointMs: number;
+  startMs: number;
+  rawRestoreMs: number;
+  rounds: number;
+}
+
+export interface ForkFigures {
+  count: number;
+  heldMiB: number;
+  /** Snapshot (pause, save, disk copy, resume) until it returned, ms. */
+  snapshotMs: number;
+  rawCheckpointMs: number;
+  /** From the snapshot's return until every fork answered, ms. */
+  forksMs: number;
+  /** The slowest of the forks' raw restores, ms. */
+  rawRestoreMaxMs: number;
+  totalMs: number;
+  failed: number;
+}
+
+export interface StateFigures {
+  pause: PauseFigures[];
+  /** Fitted through the two sizes: seconds per GiB of working set and fixed ms, each way. */
+  fit: { stopSPerGiB: number; stopFixedMs: number; startSPerGiB: number; startFixedMs: number; rawCheckpointSPerGiB: number; rawRestoreSPerGiB: number };
+  fork: ForkFigures[];
+  /** Snapshot bytes against the working set (memory image only, and with the disk copy). */
+  snapshot: { workingSetBytes: number; memoryBytes: number; bytes: number };
+}
+
+export async function benchState(sizes: readonly number[] = [64, 1024], forkMiB = 256): Promise<StateFigures> {
+  const real = findRunscBinary();
+  const scratch = await mkdtemp(join(tmpdir(), 'asb-state-bench-'));
+  const times = join(scratch, 'runsc-times');
+  const wrapper = join(scratch, 'runsc');
+  await writeFile(wrapper, `#!/bin/sh\ncase " $* " in\n  *" checkpoint "*|*" restore "*)\n    s=$(date +%s%N); "${real}" "$@"; rc=$?; e=$(date +%s%N)\n    for a in "$@"; do case "$a" in checkpoint|restore) op=$a;; esac; done\n    echo "$op $(( (e - s) / 1000 ))" >> "${times}"; exit $rc;;\nesac\nexec "${real}" "$@"\n`);
+  await chmod(wrapper, 0o755);
+  await writeFile(times, '');
+  const rawTimes = async (op: string): Promise<number[]> => (await readFile(times, 'utf8')).trim().split('\n').filter((l) => l.startsWith(`${op} `)).map((l) => Number(l.split(' ')[1]) / 1000);
+  const fixture = await startTestRuntime('asb-state-bench-', 'asbstb0', '10.248.0.0/16', { runsc: wrapper, probeIntervalMs: 50 });
+  const { rt, root } = fixture;
+  try {
+    const pause: PauseFigures[] = [];
+    for (const mib of sizes) {
+      const rounds = mib <= 256 ? 5 : 3;
+      const id = `p${String(mib)}`;
+      const req = pod(id, mib);
+      await answers((await rt.start(req)).ip ?? '');
+      const workingSetBytes = (await rt.usage(id))?.memory?.workingSetBytes ?? 0;
+      const stops: number[] = [];
+      const starts: number[] = [];
+      const rawCk: number[] = [];
+      const rawRs: number[] = [];
+      let imageBytes = 0;
+      for (let i = 0; i < rounds; i++) {
+        let t = performance.now();
+        await rt.stop(id, { memory: true });
+        stops.push(performance.now() - t);
+        imageBytes = rt.state(id).checkpoint?.bytes ?? 0;
+        rawCk.push((await rawTimes('checkpoint')).at(-1) ?? NaN);
+        t = performance.now();
+        const woken = await rt.start(req);
+        const n = await answers(woken.ip ?? '');
+        starts.push(performance.now() - t);
+        rawRs.push((await rawTimes('restore')).at(-1) ?? NaN);
+        if (woken.restoreFailure !== undefined || n !== String(i + 2)) throw new Error(`${id} was not restored: ${woken.restoreFailure ?? `count ${n}`}`);
+      }
+      // The floor of the save: a plain checkpoint of an identical twin pod (it ends that sandbox).
+      const twin = `t${String(mib)}`;
+      await answers((await rt.start(pod(twin, mib))).ip ?? '');
+      const image = join(scratch, twin);
+      const t = performance.now();
+      await run(real, [...runscFlags({}), '--root', join(root, 'runsc'), 'checkpoint', '-image-path', image, runscContainerId(twin)]);
+      const plainCheckpointMs = performance.now() - t;
+      await rm(image, { recursive: true, force: true });
+      await rt.remove(twin);
+      await rt.remove(id);
+      pause.push({ heldMiB: mib, workingSetBytes, imageBytes, stopMs: round(median(stops)), rawCheckpointMs: round(median(rawCk)), plainCheckpointMs: round(plainCheckpointMs), startMs: round(median(starts)), rawRestoreMs: round(median(rawRs)), rounds });
+    }
+    const [small, large] = [pause[0], pause.at(-1)];
+    const slope = (f: (p: PauseFigures) => number): { perGiB: number; fixedMs: number } => {
+      if (small === undefined || large === undefined || small === large) return { perGiB: NaN, fixedMs: NaN };
+      const gib = (large.workingSetBytes - small.workingSetBytes) / 2 ** 30;
+      const perGiB = (f(large) - f(small)) / 1000 / gib;
+      return { perGiB: Math.round(perGiB * 1000) / 1000, fixedMs: round(f(small) - perGiB * 1000 * (small.workingSetBytes / 2 ** 30)) };
+    };
+    const stop = slope((p) => p.stopMs);
+    const start = slope((p) => p.startMs);
+    const fit = { stopSPerGiB: stop.perGiB, stopFixedMs: stop.fixedMs, startSPerGiB: start.perGiB, startFixedMs: start.fixedMs, rawCheckpointSPerGiB: slope((p) => p.rawCheckpointMs).perGiB, rawRestoreSPerGiB: slope((p) => p.rawRestoreMs).perGiB };
+
+    const fork: ForkFigures[] = [];
+    let snapshot = { workingSetBytes: 0, memoryBytes: 0, bytes: 0 };
+    for (const count of [1, 10]) {
+      const src = `fsrc${String(count)}`;
+      await answers((await rt.start(pod(src, forkMiB))).ip ?? '');
+      const workingSetBytes = (await rt.usage(src))?.memory?.workingSetBytes ?? 0;
+      const before = (await rawTimes('restore')).length;
+      const t0 = performance.now();
+      const info = await rt.snapshot(src, `snap-${src}`, { memory: true });
+      const t1 = performance.now();
+      const rawCheckpointMs = (await rawTimes('checkpoint')).at(-1) ?? NaN;
+      const ids = Array.from({ length: count }, (_, i) => `fk${String(count)}-${String(i)}`);
+      const outcomes = await Promise.allSettled(ids.map(async (id) => {
+        const state = await rt.start(pod(id, forkMiB, `snap-${src}`));
+        if (state.restoreFailure !== undefined) throw new Error(state.restoreFailure);
+        const n = await answers(state.ip ?? '');
+        if (n !== '2') throw new Error(`fork ${id} answered ${n}, not from the snapshot's memory`);
+      }));
+      const t2 = performance.now();
+      const restores = (await rawTimes('restore')).slice(before);
+      fork.push({ count, heldMiB: forkMiB, snapshotMs: round(t1 - t0), rawCheckpointMs: round(rawCheckpointMs), forksMs: round(t2 - t1), rawRestoreMaxMs: round(Math.max(...restores)), totalMs: round(t2 - t0), failed: outcomes.filter((o) => o.status === 'rejected').length });
+      snapshot = { workingSetBytes, memoryBytes: info.memoryBytes, bytes: info.bytes };
+      for (const id of [src, ...ids]) await rt.remove(id);
+      await rt.deleteSnapshot(`snap-${src}`);
+    }
+    return { pause, fit, fork, snapshot };
+  } finally {
+    await stopTestRuntime(fixture);
+    await rm(scratch, { recursive: true, force: true });
+  }
+}
