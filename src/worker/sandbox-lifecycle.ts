@@ -1,7 +1,7 @@
 // What the sandbox APIs do to a sandbox, shared by our /v1 routes (routes-sandboxes.ts) and the
 // E2B-compatible routes (e2b/routes.ts), so both APIs claim, pause, resume, time out and delete
 // the same way. Lifecycle changes are spec writes; the operator does the work.
-import type { Sandbox, SuspendMemory } from '../api/types.ts';
+import type { Sandbox, SandboxShutdownPolicy, SuspendMemory, SuspensionStrategy } from '../api/types.ts';
 import { ANNOTATION, sandboxLifecycle, SandboxTemplateType, SandboxType, wantsRunning } from '../api/types.ts';
 import { SUSPENDED_REASON } from '../operator/suspension.ts';
 import type { Principal } from '../auth/keyring.ts';
@@ -39,8 +39,13 @@ export interface ClaimOptions {
   template: string;
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
-  /** ISO time the sandbox is deleted at. */
+  /** ISO time the sandbox is deleted at (or suspended, with shutdownPolicy Suspend). */
   shutdownTime?: string;
+  shutdownPolicy?: SandboxShutdownPolicy;
+  /** With shutdownPolicy Suspend: how long each run lasts. */
+  runTimeoutMs?: number;
+  /** Replaces the template's. */
+  suspensionStrategy?: SuspensionStrategy;
   idleTimeoutMs?: number;
   /** Replaces the template's egress policy. */
   network?: EgressPolicy;
@@ -60,6 +65,9 @@ export async function claimSandbox(w: WorkerContext, p: Principal, opts: ClaimOp
   if (opts.labels !== undefined) req.labels = opts.labels;
   if (opts.annotations !== undefined) req.annotations = opts.annotations;
   if (opts.shutdownTime !== undefined) req.shutdownTime = opts.shutdownTime;
+  if (opts.shutdownPolicy !== undefined) req.shutdownPolicy = opts.shutdownPolicy;
+  if (opts.runTimeoutMs !== undefined) req.runTimeoutMs = opts.runTimeoutMs;
+  if (opts.suspensionStrategy !== undefined) req.suspensionStrategy = opts.suspensionStrategy;
   if (opts.idleTimeoutMs !== undefined) req.idleTimeoutMs = opts.idleTimeoutMs;
   if (opts.network !== undefined) req.network = opts.network;
   const claimed = await w.operator.claimer.claim(req);
