@@ -116,8 +116,8 @@ test('Hibernate where the runtime cannot keep memory: never a silent files-only 
   });
   const why = cond(back, 'Suspended');
   assert.equal(why?.reason, 'MemoryNotSupported');
-  assert.match(why?.message ?? '', /not suspended, it keeps running: .*CRIU/);
-  assert.equal(why?.observedGeneration, asked.metadata.generation, 'names the pause it answers');
+  assert.match(why.message ?? '', /not suspended, it keeps running: .*CRIU/);
+  assert.equal(why.observedGeneration, asked.metadata.generation, 'names the pause it answers');
   assert.equal(back.metadata.annotations?.[ANNOTATION.suspendMemory], undefined);
   assert.equal(h.runtime.state(name).phase, 'Running', 'the pod was never stopped');
   assert.deepEqual(h.runtime.calls.filter((c) => c.startsWith('stop')), [`stop ${name} with-memory`], 'no stop without memory');

@@ -117,10 +117,10 @@ export function sandboxView(sandbox: Sandbox, cluster?: string): SandboxView {
   const idle = idleTimeoutOf(sandbox);
   if (idle !== undefined) view.idleTimeoutMs = idle;
   const suspended = findCondition(status.conditions, 'Suspended');
-  if (suspended !== undefined) view.suspension = { suspended: suspended.status === 'True', reason: suspended.reason ?? '', message: suspended.message ?? '' };
+  if (suspended !== undefined) view.suspension = { suspended: suspended.status === 'True', reason: suspended.reason, message: suspended.message ?? '' };
   if (phase === 'Hibernated') view.memory = keptMemory(status.conditions) ? 'kept' : 'not kept';
   const restored = findCondition(status.conditions, MEMORY_RESTORED);
-  if (restored !== undefined) view.memoryRestored = { restored: restored.status === 'True', reason: restored.reason ?? '', message: restored.message ?? '' };
+  if (restored !== undefined) view.memoryRestored = { restored: restored.status === 'True', reason: restored.reason, message: restored.message ?? '' };
   const failure = sandboxFailure(sandbox);
   if (failure !== undefined) {
     view.reason = failure.reason;
