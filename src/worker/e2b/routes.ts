@@ -9,7 +9,7 @@
 //   GET    /sandboxes/{id}                             SandboxDetail (paused ones too)
 //   DELETE /sandboxes/{id}                             kill: 204
 //   POST   /sandboxes/{id}/connect, /v2/…/connect      200 running, 201 resumed from pause;
-//                                                      {memory: false} (on_resume "reboot") starts it from its files
+//                                                      {memory: false} (on_resume "reboot") asks for a start from its files
 //   POST   /sandboxes/{id}/timeout                     204
 //   POST   /sandboxes/{id}/pause                       204 once saved; 409 when already paused; see pause()
 //   GET    /sandboxes/{id}/metrics                     one sample now, [] when not running
@@ -131,7 +131,7 @@ async function connect(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const until = w.clock.now() + (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000;
   const current = sandboxLifecycle(sandbox.spec).shutdownTime;
   if (current !== undefined && Date.parse(current) < until) sandbox = await setShutdownIn(w, sandbox, until - w.clock.now());
-  // memory false is the SDK's on_resume "reboot": the kept memory is discarded, the pod starts from its files.
+  // memory false is the SDK's on_resume "reboot": the runtime is asked to discard the kept memory and start from the files (StartOptions.memory; the local runtime does not honour it yet).
   if (!wantsRunning(sandbox.spec)) return { status: 201, json: e2bSandbox(w, await resumeSandbox(w, sandbox, true, { discardMemory: body.memory === false }), ctx.req) };
   if (!sandboxView(sandbox).ready) {
     const failure = sandbox.status?.phase === 'Failed' ? sandboxFailure(sandbox) : undefined;
