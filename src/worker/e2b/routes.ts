@@ -22,6 +22,7 @@
 // refused with 400. `lifecycle` (autoPause, autoPauseMemory, autoResume) makes the sandbox pause
 // at its timeout instead of being deleted: shutdownPolicy Suspend, with memory unless
 // autoPauseMemory is false (suspensionStrategy Hibernate or Stop).
+import type { IncomingHttpHeaders } from 'node:http';
 import type { Sandbox } from '../../api/types.ts';
 import { sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { describeFailure, sandboxFailure } from '../../api/sandbox-failure.ts';
@@ -157,8 +158,23 @@ async function pause(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const body = await readKnown(w, ctx, PAUSE_BODY);
   const sandbox = await findLive(w, ctx);
   if (stateOf(sandbox) === 'paused') throw new AsbError('SandboxNotRunning', `sandbox "${sandbox.metadata.name}" is already paused; resume it with connect`);
-  await pauseSandbox(w, sandbox, true, body.memory === undefined ? 'preferred' : body.memory ? 'required' : 'none');
+  const memory = sdkDefaultsMemory(ctx.req.headers) && body.memory === true ? undefined : body.memory;
+  await pauseSandbox(w, sandbox, true, memory === undefined ? 'preferred' : memory ? 'required' : 'none');
   return { status: 204 };
+}
+
+/**
+ * Whether the caller is a JS SDK before 2.51, whose pause() with no options sends memory: true
+ * (`keepMemory ?? true`): there a true is the SDK's default, not the caller's choice, and is read
+ * as unset. 2.51 and the Python SDK leave memory out unless asked. The SDK names itself in its
+ * `lang` and `package_version` headers.
+ */
+export function sdkDefaultsMemory(headers: IncomingHttpHeaders): boolean {
+  if (headers.lang !== 'js') return false;
+  const version = /^(\d+)\.(\d+)\./.exec(String(headers.package_version ?? ''));
+  if (version === null) return false;
+  const [major, minor] = [Number(version[1]), Number(version[2])];
+  return major < 2 || (major === 2 && minor < 51);
 }
 
 async function setSandboxTimeout(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
