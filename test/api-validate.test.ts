@@ -232,7 +232,7 @@ test('sandbox lifecycle: inline (k8s-sigs) or nested (ours), not both; enums and
   assert.deepEqual(found, {
     'spec.operatingMode': 'must be one of Running, Suspended, got "Paused"',
     'spec.shutdownTime': 'must be an RFC 3339 time such as 2026-12-31T23:59:59Z, got "2026-02-30T00:00:00Z"',
-    'spec.lifecycle.shutdownPolicy': 'must be one of Delete, Retain, got "DeleteForeground"',
+    'spec.lifecycle.shutdownPolicy': 'must be one of Delete, Retain, Suspend, got "DeleteForeground"',
     'spec.lifecycle': 'set either spec.lifecycle or spec.shutdownTime/spec.shutdownPolicy, not both',
   });
 });

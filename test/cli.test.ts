@@ -174,22 +174,22 @@ test('the API client throws a coded ApiError carrying the server code, detail an
   });
 });
 
-test('ls prints the table columns users scan: ID, TEMPLATE, PHASE, READY, AGE, OWNER, and REASON for a failed one', () => {
+test('ls prints the table columns users scan: ID, TEMPLATE, PHASE, READY, MEMORY (kept by a hibernated one or not), AGE, OWNER, and REASON for a failed one', () => {
   const now = Date.parse('2025-01-01T01:00:00Z');
   const table = sandboxTable(
     [
       { id: 'loc1aaaa', namespace: 'default', template: 'base', phase: 'Running', ready: true, launchType: 'warm', owner: 'team-a', labels: {}, createdAt: '2025-01-01T00:59:30Z' },
-      { id: 'loc1bbbbbbbb', namespace: 'default', template: 'python', phase: 'Hibernated', ready: false, launchType: 'cold', owner: '', labels: {}, createdAt: '2024-12-30T01:00:00Z' },
+      { id: 'loc1bbbbbbbb', namespace: 'default', template: 'python', phase: 'Hibernated', ready: false, launchType: 'cold', owner: '', labels: {}, createdAt: '2024-12-30T01:00:00Z', memory: 'kept' },
       { id: 'loc1cccc', namespace: 'default', template: 'big', phase: 'Failed', ready: false, launchType: 'cold', owner: 'team-a', labels: {}, createdAt: '2025-01-01T00:59:00Z', reason: 'OOMKilled', message: 'the container was killed for using more memory than its limit' },
     ],
     now,
   );
   assert.equal(
     table,
-    'ID            TEMPLATE  PHASE       READY  AGE  OWNER   REASON\n' +
-      'loc1aaaa      base      Running     true   30s  team-a\n' +
-      'loc1bbbbbbbb  python    Hibernated  false  2d   -\n' +
-      'loc1cccc      big       Failed      false  60s  team-a  OOMKilled\n',
+    'ID            TEMPLATE  PHASE       READY  MEMORY  AGE  OWNER   REASON\n' +
+      'loc1aaaa      base      Running     true   -       30s  team-a\n' +
+      'loc1bbbbbbbb  python    Hibernated  false  kept    2d   -\n' +
+      'loc1cccc      big       Failed      false  -       60s  team-a  OOMKilled\n',
   );
   assert.equal(formatTable(['A'], []), 'A\n');
   assert.equal(formatAge('2025-01-01T00:00:00Z', now), '60m');
@@ -316,7 +316,7 @@ test('end to end: apply, create, ls, exec, pause, resume, status, rm against a r
   assert.equal(listed.code, 0, listed.stderr);
   assert.deepEqual((JSON.parse(listed.stdout) as { items: { id: string }[] }).items.map((s) => s.id), [sb.id]);
   const table = await run(['ls']);
-  assert.match(table.stdout, /^ID\s+TEMPLATE\s+PHASE\s+READY\s+AGE\s+OWNER\s+REASON$/m);
+  assert.match(table.stdout, /^ID\s+TEMPLATE\s+PHASE\s+READY\s+MEMORY\s+AGE\s+OWNER\s+REASON$/m);
   assert.match(table.stdout, new RegExp(`^${sb.id}\\s+cli\\s+Running\\s+true\\s`, 'm'));
 
   const hi = await run(['exec', sb.id, '--', 'echo', 'hi']);
@@ -336,9 +336,19 @@ test('end to end: apply, create, ls, exec, pause, resume, status, rm against a r
   assert.ok(renewed.accessToken !== '' && renewed.accessToken !== before.accessToken, 'url --rotate-token prints a new token');
   assert.equal((JSON.parse((await run(['url', sb.id, '--json'])).stdout) as { accessToken: string }).accessToken, renewed.accessToken);
 
-  const paused = await run(['pause', sb.id, '--json']);
+  // A runc pod cannot keep its memory yet: --memory says so and leaves it running.
+  const withMemory = await run(['pause', sb.id, '--memory']);
+  assert.notEqual(withMemory.code, 0);
+  assert.match(withMemory.stderr, /cannot be paused with its memory.*--filesystem.*gvisor/s);
+  const still = JSON.parse((await run(['get', sb.id, '--json'])).stdout) as { phase: string; ready: boolean; suspension?: { suspended: boolean; reason: string } };
+  assert.deepEqual([still.phase, still.ready, still.suspension?.suspended, still.suspension?.reason], ['Running', true, false, 'MemoryNotSupported']);
+  const both = await run(['pause', sb.id, '--memory', '--filesystem']);
+  assert.match(both.stderr, /exclude each other/);
+
+  const paused = await run(['pause', sb.id, '--filesystem', '--json']);
   assert.equal(paused.code, 0, paused.stderr);
-  assert.equal((JSON.parse(paused.stdout) as { phase: string }).phase, 'Hibernated');
+  const pausedView = JSON.parse(paused.stdout) as { phase: string; memory?: string };
+  assert.deepEqual([pausedView.phase, pausedView.memory], ['Hibernated', 'not kept']);
   const resumed = await run(['resume', sb.id, '--json']);
   assert.equal(resumed.code, 0, resumed.stderr);
   assert.equal((JSON.parse(resumed.stdout) as { ready: boolean }).ready, true);

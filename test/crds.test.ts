@@ -132,13 +132,13 @@ const FULL_SPEC = {
   Sandbox: {
     podTemplate: POD_TEMPLATE, volumeClaimTemplates: VCT, service: true, replicas: 1, operatingMode: 'Running',
     lifecycle: { shutdownTime: NOW, shutdownPolicy: 'Delete' }, shutdownTime: NOW, shutdownPolicy: 'Retain', idleTimeoutMs: 1000,
-    network: { internet: false, allow: ['203.0.113.0/24', '*.example.com'], deny: ['198.51.100.7'] },
+    network: { internet: false, allow: ['203.0.113.0/24', '*.example.com'], deny: ['198.51.100.7'] }, suspensionStrategy: 'Hibernate',
     snapshotRef: { name: 'snap-1' },
   } satisfies Required<SandboxSpec>,
   SandboxTemplate: {
     podTemplate: POD_TEMPLATE, volumeClaimTemplates: VCT, service: false, networkPolicy: { ingress: [{ from: [] }], egress: [] },
     networkPolicyManagement: 'Managed', envVarsInjectionPolicy: 'Allowed', volumeClaimTemplatesPolicy: 'Overrides', idleTimeoutMs: 0,
-    network: { internet: true, deny: ['203.0.113.0/24'] },
+    network: { internet: true, deny: ['203.0.113.0/24'] }, suspensionStrategy: 'Stop',
   } satisfies Required<SandboxTemplateSpec>,
   SandboxWarmPool: { replicas: 2, sandboxTemplateRef: { name: 't' }, updateStrategy: { type: 'Recreate' } } satisfies Required<SandboxWarmPoolSpec>,
   SandboxClaim: {

@@ -188,9 +188,15 @@ test('create keeps envVars and metadata on the sandbox (annotations) for envd an
   assert.deepEqual(JSON.parse(sandbox.metadata.annotations?.[E2B_ANNOTATION.envVars] ?? 'null'), { FOO: 'bar baz' });
   assert.deepEqual(JSON.parse(sandbox.metadata.annotations?.[E2B_ANNOTATION.metadata] ?? 'null'), { k: 'v w' });
 
-  const autoPause = await post({ templateID: 'base', autoPause: true });
-  assert.deepEqual([autoPause.status, (autoPause.json as { code: number }).code], [400, 400]);
-  assert.match((autoPause.json as { message: string }).message, /autoPause is not supported/);
+  // autoPause is kept: the sandbox pauses at its timeout (with memory unless autoPauseMemory is false).
+  const autoPause = await post({ templateID: 'base', autoPause: true, autoResume: { enabled: true } });
+  assert.equal(autoPause.status, 201, JSON.stringify(autoPause.json));
+  const paused = (await fx.store.list<SandboxObject>(SandboxType, {})).items.find((s) => s.metadata.name === (autoPause.json as { sandboxID: string }).sandboxID);
+  assert.deepEqual([paused?.spec.lifecycle?.shutdownPolicy, paused?.spec.suspensionStrategy], ['Suspend', 'Hibernate']);
+  const filesOnly = await post({ templateID: 'base', autoPause: true, autoPauseMemory: false, autoResume: { enabled: true } });
+  assert.deepEqual([filesOnly.status, (filesOnly.json as { code: number }).code], [400, 400], 'a filesystem-only pause cannot be resumed by traffic');
+  const resumeAlone = await post({ templateID: 'base', autoResume: { enabled: true } });
+  assert.deepEqual([resumeAlone.status, (resumeAlone.json as { code: number }).code], [400, 400], 'autoResume needs autoPause');
   const volumes = await post({ templateID: 'base', volumeMounts: [{ name: 'v', path: '/data' }] });
   assert.deepEqual([volumes.status, (volumes.json as { code: number }).code], [400, 400]);
 });

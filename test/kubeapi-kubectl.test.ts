@@ -44,7 +44,7 @@ test('kubectl applies the seeds, prints the printer columns, waits for Ready, ex
   const bound = /my-secure-sandbox\s+True\s+(\S+)\s+SandboxReady\s+\d+s/.exec(claims);
   assert.ok(bound !== null, claims);
   const sandboxes = await kubectl.run(['get', 'sandboxes', '-o', 'wide']);
-  assert.match(sandboxes, /^NAME\s+PHASE\s+READY\s+REASON\s+AGE\s+POD IP\n/);
+  assert.match(sandboxes, /^NAME\s+PHASE\s+READY\s+REASON\s+AGE\s+POD IP\s+STRATEGY\s+SUSPENDED\n/);
   assert.match(sandboxes, new RegExp(`${bound[1] ?? ''}\\s+Running\\s+True\\s+\\S+\\s+\\d+s\\s+10\\.`));
   assert.match(await kubectl.run(['get', 'swp']), /sandboxwarmpool-example\s+\d+\s+1\s+secure-datascience-template/);
 

@@ -139,7 +139,7 @@ const DNS_LABEL_NAME = object({ name: string({ maxLength: 63, pattern: DNS_LABEL
 
 const SANDBOX_LIFECYCLE: Record<string, JSONSchemaProps> = {
   shutdownTime: time('When the sandbox is shut down (RFC 3339). Absent: never.'),
-  shutdownPolicy: enumOf(['Delete', 'Retain'], 'At shutdownTime: Delete removes the object, Retain keeps it with the pod gone. Default Retain.'),
+  shutdownPolicy: enumOf(['Delete', 'Retain', 'Suspend'], 'At shutdownTime: Delete removes the object, Retain keeps it with the pod gone, Suspend (ours) suspends it with its suspensionStrategy. Default Retain.'),
 };
 
 function ref(what: string): JSONSchemaProps {
@@ -147,6 +147,8 @@ function ref(what: string): JSONSchemaProps {
 }
 
 const idleTimeoutMs = integer(0, undefined, 'Ours: hibernate after this many milliseconds without activity (0 or absent: never).');
+const suspensionStrategy = enumOf(['Stop', 'Hibernate'], 'How the sandbox suspends (KEP-694): Stop keeps its files and volumes; Hibernate keeps its memory and processes too (gVisor pods; runc needs CRIU, not wired yet). Default Stop.');
+const SUSPENDED_CONDITION = '.status.conditions[?(@.type=="Suspended")]';
 const network = object({
   internet: boolean('false: nothing outside the sandbox is reachable except what allow names. Default true.'),
   allow: strings('CIDRs, IPs, domains (api.example.com) and wildcard domains (*.example.com) the sandbox may reach; an allow beats a deny and the private-range default.'),
@@ -181,6 +183,7 @@ const sandbox: KindSchema = {
     idleTimeoutMs,
     network,
     snapshotRef: { ...ref('SandboxSnapshot'), description: 'Ours: start from this snapshot\'s files, and its memory and processes when it kept them (read when the pod is first made).' },
+    suspensionStrategy,
   }, { required: ['podTemplate'], rules: [SANDBOX_LIFECYCLE_RULE] }),
   status: object({
     phase: enumOf(['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating']),
@@ -200,6 +203,9 @@ const sandbox: KindSchema = {
     { name: 'Reason', type: 'string', jsonPath: `${READY_CONDITION}.reason` },
     AGE,
     { name: 'Pod IP', type: 'string', jsonPath: '.status.podIPs[0]', priority: 1 },
+    { name: 'Strategy', type: 'string', jsonPath: '.spec.suspensionStrategy', priority: 1 },
+    // MemoryKept, FilesKept, MemoryNotKept (files kept, it says why), CheckpointFailed (still running).
+    { name: 'Suspended', type: 'string', jsonPath: `${SUSPENDED_CONDITION}.reason`, priority: 1 },
   ],
   // k8s-sigs v1alpha1 scales a Sandbox between 0 and 1 (v1beta1 replaced replicas with
   // operatingMode). We keep replicas on both versions, and kubectl talks v1beta1 (the preferred
@@ -220,6 +226,7 @@ const template: KindSchema = {
     volumeClaimTemplatesPolicy: enumOf(POLICY_VALUES, 'Whether claims may add or override volumeClaimTemplates.'),
     idleTimeoutMs,
     network,
+    suspensionStrategy,
   }, { required: ['podTemplate'] }),
   status: anyObject(),
 };

@@ -42,7 +42,34 @@ export const ANNOTATION = {
   publicPorts: 'asb.dev/public-ports',
   /** On a Sandbox: bumped to rotate its access token (access-token.ts); set only by the worker. */
   tokenGeneration: 'asb.dev/token-generation',
+  /**
+   * On a Sandbox, written with operatingMode Suspended by whoever suspends it: how this one
+   * suspension treats memory (a SuspendMemory), overriding spec.suspensionStrategy. The pause APIs
+   * write it for a pause that names a mode; the operator for the suspensions it starts itself.
+   */
+  suspendMemory: 'asb.dev/suspend-memory',
+  /** On a Sandbox, written with operatingMode Running: "true" discards a kept memory checkpoint, so the pod starts from its files (E2B's on_resume "reboot"). */
+  discardMemory: 'asb.dev/discard-memory',
+  /**
+   * On a Sandbox whose lifecycle suspends it at its shutdownTime (shutdownPolicy Suspend): how long
+   * each run lasts, in ms. A resume after the shutdown time passed moves it this far from now (E2B
+   * create sets it from its timeout); absent, such a resume clears the shutdown time.
+   */
+  runTimeoutMs: 'asb.dev/run-timeout-ms',
 } as const;
+
+/**
+ * How one suspension treats the sandbox's memory (ANNOTATION.suspendMemory):
+ * - required: keep it or do not suspend (the sandbox goes back to Running, a condition says why);
+ * - preferred: keep it where the runtime can; where it cannot (NotImplemented: runc until CRIU is
+ *   wired, the Kubernetes tier) keep the files and say so; a save that fails still fails;
+ * - fallback: keep it if the save works, else keep the files and say why (the operator's own
+ *   suspensions at an idle timeout or shutdownTime: failing them would leave the sandbox running
+ *   past its timeout, and retrying would never end);
+ * - none: files only.
+ */
+export type SuspendMemory = 'required' | 'preferred' | 'fallback' | 'none';
+export const SUSPEND_MEMORY_VALUES: readonly SuspendMemory[] = ['required', 'preferred', 'fallback', 'none'];
 
 // ---- Pod spec: the subset of corev1.PodSpec the local runtime honours; the rest is kept as-is.
 
@@ -108,12 +135,22 @@ export interface VolumeClaimTemplate {
 }
 
 export type ShutdownPolicy = 'Delete' | 'Retain';
+/** Ours, on a Sandbox only: at shutdownTime the sandbox is suspended (E2B's on_timeout "pause"), not deleted. */
+export type SandboxShutdownPolicy = ShutdownPolicy | 'Suspend';
 /** Claims may also ask for foreground deletion (the claim goes after its sandbox). */
 export type ClaimShutdownPolicy = ShutdownPolicy | 'DeleteForeground';
 
+/**
+ * How a sandbox suspends (kubernetes-sigs KEP-694's proposed field): Stop keeps its files and
+ * volumes and ends every process; Hibernate keeps its memory and processes too (a checkpoint the
+ * next wake restores). KEP-694's Freeze (processes frozen in place, memory held) is not offered.
+ */
+export type SuspensionStrategy = 'Stop' | 'Hibernate';
+export const SUSPENSION_STRATEGIES: readonly SuspensionStrategy[] = ['Stop', 'Hibernate'];
+
 export interface Lifecycle {
   shutdownTime?: string;
-  shutdownPolicy?: ShutdownPolicy;
+  shutdownPolicy?: SandboxShutdownPolicy;
 }
 
 // ---- Sandbox
@@ -131,7 +168,7 @@ export interface SandboxSpec {
   lifecycle?: Lifecycle;
   /** k8s-sigs inlines Lifecycle into the Sandbox spec; read both forms with sandboxLifecycle(). */
   shutdownTime?: string;
-  shutdownPolicy?: ShutdownPolicy;
+  shutdownPolicy?: SandboxShutdownPolicy;
   /** Ours: hibernate after this many ms without activity (0 or absent: never). */
   idleTimeoutMs?: number;
   /** Ours: what the sandbox may reach (src/network/egress-policy.ts). Absent: the default policy. */
@@ -141,6 +178,8 @@ export interface SandboxSpec {
    * processes when the snapshot kept them. Read only when the sandbox's pod is first made.
    */
   snapshotRef?: { name: string };
+  /** How it suspends (KEP-694); absent: Stop (suspensionStrategyOf says why). */
+  suspensionStrategy?: SuspensionStrategy;
 }
 
 /** An egress policy as written on a Sandbox or SandboxTemplate (parseEgressPolicy reads it). */
@@ -189,6 +228,8 @@ export interface SandboxTemplateSpec {
   idleTimeoutMs?: number;
   /** Ours: the egress policy copied onto sandboxes made from this template; wins over networkPolicy. */
   network?: SandboxNetwork;
+  /** Copied onto sandboxes made from this template (KEP-694's field). */
+  suspensionStrategy?: SuspensionStrategy;
 }
 
 export interface SandboxTemplate extends KubeObject {
@@ -324,4 +365,14 @@ export function sandboxLifecycle(spec: SandboxSpec): Lifecycle {
   if (spec.shutdownTime !== undefined) lifecycle.shutdownTime = spec.shutdownTime;
   if (spec.shutdownPolicy !== undefined) lifecycle.shutdownPolicy = spec.shutdownPolicy;
   return lifecycle;
+}
+
+/**
+ * How the sandbox suspends. The default is Stop, not Hibernate: a memory image costs disk the
+ * size of the sandbox's resident memory (a 256 MiB python3 made a 259 MB image), and restoring it
+ * (~0.2-0.3 s on gVisor, more per GiB) is slower than today's wake of a small app from its files
+ * (~80 ms on runc). Sandboxes that keep state in memory (a REPL, a kernel, a dev server) opt in.
+ */
+export function suspensionStrategyOf(spec: SandboxSpec): SuspensionStrategy {
+  return spec.suspensionStrategy ?? 'Stop';
 }

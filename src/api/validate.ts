@@ -12,7 +12,7 @@ import {
 } from './shape.ts';
 import type { Fields, Problems } from './shape.ts';
 import {
-  ApiKeyType, ASB_GROUP, RESOURCE_TYPES, SandboxClaimType, SandboxSnapshotType, SandboxTemplateType, SandboxType, SandboxWarmPoolType,
+  ApiKeyType, ASB_GROUP, RESOURCE_TYPES, SandboxClaimType, SandboxSnapshotType, SandboxTemplateType, SandboxType, SandboxWarmPoolType, SUSPENSION_STRATEGIES,
 } from './types.ts';
 import type { SandboxClaimSpec, SandboxSpec, SandboxWarmPoolSpec } from './types.ts';
 import { checkTime, validateMetadata } from './validate-meta.ts';
@@ -71,13 +71,15 @@ function reportUnknownKind(problems: Problems, path: string, apiVersion: string,
 
 type SpecCheck = (problems: Problems, path: string, spec: Fields) => void;
 
-const SANDBOX_POLICIES = ['Delete', 'Retain'] as const;
+const SANDBOX_POLICIES = ['Delete', 'Retain', 'Suspend'] as const;
 const CLAIM_POLICIES = ['Delete', 'DeleteForeground', 'Retain'] as const;
 
 function checkSandboxSpec(problems: Problems, path: string, spec: Fields): void {
   onlyKnown(problems, path, spec, [
-    'podTemplate', 'volumeClaimTemplates', 'service', 'replicas', 'operatingMode', 'lifecycle', 'shutdownTime', 'shutdownPolicy', 'idleTimeoutMs', 'network', 'snapshotRef',
+    'podTemplate', 'volumeClaimTemplates', 'service', 'replicas', 'operatingMode', 'lifecycle', 'shutdownTime', 'shutdownPolicy', 'idleTimeoutMs', 'network',
+    'suspensionStrategy', 'snapshotRef',
   ]);
+  checkSuspensionStrategy(problems, join(path, 'suspensionStrategy'), spec.suspensionStrategy);
   checkNetwork(problems, join(path, 'network'), spec.network);
   checkRef(problems, join(path, 'snapshotRef'), spec.snapshotRef, false);
   checkBlueprint(problems, path, spec);
@@ -100,8 +102,9 @@ function checkSandboxSpec(problems: Problems, path: string, spec: Fields): void 
 function checkTemplateSpec(problems: Problems, path: string, spec: Fields): void {
   onlyKnown(problems, path, spec, [
     'podTemplate', 'volumeClaimTemplates', 'service', 'networkPolicy', 'networkPolicyManagement',
-    'envVarsInjectionPolicy', 'volumeClaimTemplatesPolicy', 'idleTimeoutMs', 'network',
+    'envVarsInjectionPolicy', 'volumeClaimTemplatesPolicy', 'idleTimeoutMs', 'network', 'suspensionStrategy',
   ]);
+  checkSuspensionStrategy(problems, join(path, 'suspensionStrategy'), spec.suspensionStrategy);
   checkNetwork(problems, join(path, 'network'), spec.network);
   checkBlueprint(problems, path, spec);
   const policy = optObject(problems, join(path, 'networkPolicy'), spec.networkPolicy);
@@ -116,6 +119,13 @@ function checkTemplateSpec(problems: Problems, path: string, spec: Fields): void
   optEnum(problems, join(path, 'envVarsInjectionPolicy'), spec.envVarsInjectionPolicy, ['Disallowed', 'Allowed', 'Overrides']);
   optEnum(problems, join(path, 'volumeClaimTemplatesPolicy'), spec.volumeClaimTemplatesPolicy, ['Disallowed', 'Allowed', 'Overrides']);
   optInt(problems, join(path, 'idleTimeoutMs'), spec.idleTimeoutMs, { min: 0 });
+}
+
+/** KEP-694 proposes Stop, Freeze and Hibernate; Freeze is refused by name, never taken as one of the others. */
+function checkSuspensionStrategy(problems: Problems, path: string, value: unknown): void {
+  if (value === undefined || (typeof value === 'string' && (SUSPENSION_STRATEGIES as readonly string[]).includes(value))) return;
+  const why = value === 'Freeze' ? ' (Freeze, which KEP-694 proposes, is not offered: a frozen sandbox holds its memory and its slot, so use Hibernate)' : '';
+  report(problems, path, `must be one of ${SUSPENSION_STRATEGIES.join(', ')}, got ${JSON.stringify(value)}${why}`);
 }
 
 /** spec.network: an egress policy (src/network/egress-policy.ts). */

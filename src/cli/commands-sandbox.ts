@@ -126,10 +126,13 @@ asb get <id> shows its message too.`,
   },
 };
 
-/** REASON (last, as it may be long) is why a Failed or Expired sandbox stopped; `asb get` adds its message. */
+/**
+ * REASON (last, as it may be long) is why a Failed or Expired sandbox stopped; `asb get` adds its
+ * message. MEMORY, for a Hibernated sandbox: whether its memory and processes were kept.
+ */
 export function sandboxTable(items: readonly SandboxView[], nowMs: number): string {
-  const rows = items.map((s) => [s.id, s.template, s.phase, s.ready ? 'true' : 'false', formatAge(s.createdAt, nowMs), s.owner === '' ? '-' : s.owner, s.reason ?? '']);
-  return formatTable(['ID', 'TEMPLATE', 'PHASE', 'READY', 'AGE', 'OWNER', 'REASON'], rows);
+  const rows = items.map((s) => [s.id, s.template, s.phase, s.ready ? 'true' : 'false', s.memory ?? '-', formatAge(s.createdAt, nowMs), s.owner === '' ? '-' : s.owner, s.reason ?? '']);
+  return formatTable(['ID', 'TEMPLATE', 'PHASE', 'READY', 'MEMORY', 'AGE', 'OWNER', 'REASON'], rows);
 }
 
 export const getCommand: Command = {
@@ -205,25 +208,42 @@ export function describeSandbox(sb: SandboxView, nowMs: number): string {
     ['public ports', sb.publicPorts === undefined || sb.publicPorts.length === 0 ? undefined : sb.publicPorts.join(',')],
     ['reason', sb.reason],
     ['message', sb.message],
+    ['suspends', sb.suspensionStrategy === undefined ? undefined : sb.suspensionStrategy === 'Hibernate' ? 'Hibernate (memory, processes and files)' : 'Stop (files)'],
+    ['memory', sb.memory],
+    ['suspension', sb.suspension === undefined ? undefined : `${sb.suspension.reason}: ${sb.suspension.message}`],
+    ['restore', sb.memoryRestored === undefined ? undefined : `${sb.memoryRestored.reason}: ${sb.memoryRestored.message}`],
   ]);
 }
 
 export const pauseCommand: Command = {
   name: 'pause',
-  summary: 'Hibernate a sandbox (stops it, keeps its files)',
-  usage: 'asb pause <id> [--no-wait] [--json]',
-  help: 'Waits until the sandbox is Hibernated (at most 2 minutes).\n\nOptions:\n  --no-wait              return once the request is accepted\n  --json                 print the sandbox as JSON',
-  options: { ...JSON_FLAG, wait: { type: 'boolean', default: true } },
+  summary: 'Hibernate a sandbox (keeps its files; with --memory its processes too)',
+  usage: 'asb pause <id> [--memory | --filesystem] [--no-wait] [--json]',
+  help:
+    'Waits until the sandbox is Hibernated (at most 2 minutes). Without --memory or --filesystem the\n' +
+    'sandbox\'s suspensionStrategy decides (its template\'s; Stop, files only, unless it says Hibernate).\n\n' +
+    'Options:\n' +
+    '  --memory               keep memory and processes too, or fail and leave it running\n' +
+    '                         (gVisor pods: runtimeClassName gvisor; runc pods cannot yet)\n' +
+    '  --filesystem           keep files and volumes only; processes end\n' +
+    '  --no-wait              return once the request is accepted\n' +
+    '  --json                 print the sandbox as JSON',
+  options: { ...JSON_FLAG, wait: { type: 'boolean', default: true }, memory: { type: 'boolean' }, filesystem: { type: 'boolean' } },
   async run(argv, ctx) {
     const { values, positionals, global } = parseCommandArgs(argv, this.options, this.usage);
     const id = singleId(positionals, this.usage);
+    if (values.memory === true && values.filesystem === true) throw new UsageError('--memory and --filesystem exclude each other', this.usage);
+    const memory = values.memory === true ? true : values.filesystem === true ? false : undefined;
     const client = ctx.client(global);
-    let sb = await client.pause(id);
+    // A pause with memory waits at the API, which alone can say why a save failed.
+    let sb = memory === true
+      ? await withSpinner(ctx.io.stderr, ctx.clock, `saving ${id}`, () => client.pause(id, { memory, wait: true }))
+      : await client.pause(id, memory === undefined ? undefined : { memory, wait: false });
     if (values.wait !== false && sb.phase !== 'Hibernated') {
       sb = await withSpinner(ctx.io.stderr, ctx.clock, `hibernating ${id}`, () => waitForPhase(client, ctx, id, 'Hibernated', PAUSE_WAIT_MS));
     }
     if (values.json === true) writeJson(ctx.io.stdout, sb);
-    else ctx.io.stdout.write(`${sb.id}  ${sb.phase}\n`);
+    else ctx.io.stdout.write(`${sb.id}  ${sb.phase}${sb.memory === undefined ? '' : `  memory ${sb.memory}`}\n`);
     return EXIT.ok;
   },
 };

@@ -142,7 +142,8 @@ export interface ApiClient {
   readFile(id: string, path: string): Promise<Uint8Array>;
   writeFile(id: string, path: string, data: Uint8Array): Promise<void>;
   listFiles(id: string, path: string): Promise<{ entries: FileEntry[] }>;
-  pause(id: string): Promise<SandboxView>;
+  /** memory: true keeps memory and processes or fails, false keeps files only; absent: the sandbox's suspensionStrategy. */
+  pause(id: string, opts?: { memory?: boolean; wait?: boolean }): Promise<SandboxView>;
   resume(id: string, opts?: { wait?: boolean; signal?: AbortSignal }): Promise<SandboxView>;
   setTimeout(id: string, timeoutMs: number): Promise<SandboxView>;
   /** A new access token for the sandbox; every earlier one stops working. */
@@ -258,7 +259,7 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
       await res.body?.cancel();
     },
     listFiles: (id, path) => json({ method: 'GET', path: `/v1/sandboxes/${enc(id)}/files/list`, query: { path } }),
-    pause: (id) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/pause` }),
+    pause: (id, o) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/pause`, ...(o === undefined ? {} : { json: o }) }),
     resume: (id, o) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/resume`, json: o?.wait === undefined ? {} : { wait: o.wait }, signal: o?.signal }),
     setTimeout: (id, timeoutMs) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/timeout`, json: { timeoutMs } }),
     rotateAccessToken: (id) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/access-token`, json: {} }),

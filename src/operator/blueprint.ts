@@ -11,6 +11,7 @@ import {
   type Sandbox,
   type SandboxTemplate,
   type SandboxTemplateSpec,
+  type SuspensionStrategy,
   type VolumeClaimTemplate,
 } from '../api/types.ts';
 import { apiVersionOf } from '../api/meta.ts';
@@ -31,11 +32,15 @@ export interface SandboxParams {
   idleTimeoutMs?: number;
   /** The create's egress policy, replacing the template's. */
   network?: EgressPolicy;
+  /** The create's, replacing the template's. */
+  suspensionStrategy?: SuspensionStrategy;
 }
 
 export function sandboxFromTemplate(template: SandboxTemplate, params: SandboxParams): Sandbox {
   const t = template.spec;
   const idleTimeoutMs = params.idleTimeoutMs ?? t.idleTimeoutMs;
+  // Copied like idleTimeoutMs: how a sandbox suspends is fixed when it is made, and its own to change.
+  const suspensionStrategy = params.suspensionStrategy ?? t.suspensionStrategy;
   // Copied, not looked up later: a sandbox keeps the policy it was made with when its template changes.
   const egress = params.network ?? templateEgress(t);
   const network = params.network === undefined && sameEgressPolicy(egress, DEFAULT_EGRESS_POLICY) ? undefined : networkSpec(egress);
@@ -66,6 +71,7 @@ export function sandboxFromTemplate(template: SandboxTemplate, params: SandboxPa
       ...(params.lifecycle === undefined ? {} : { lifecycle: params.lifecycle }),
       ...(idleTimeoutMs === undefined ? {} : { idleTimeoutMs }),
       ...(network === undefined ? {} : { network }),
+      ...(suspensionStrategy === undefined ? {} : { suspensionStrategy }),
     },
   };
 }

@@ -29,7 +29,8 @@ import {
   type Sandbox,
   type SandboxTemplate,
   type SandboxWarmPool,
-  type ShutdownPolicy,
+  type SandboxShutdownPolicy,
+  type SuspensionStrategy,
   type VolumeClaimTemplate,
 } from '../api/types.ts';
 import { AsbError, invalid, isAsbError, type ErrorCode } from '../errors.ts';
@@ -51,8 +52,12 @@ export interface ClaimRequest {
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
   shutdownTime?: string;
-  shutdownPolicy?: ShutdownPolicy;
+  shutdownPolicy?: SandboxShutdownPolicy;
+  /** With shutdownPolicy Suspend: how long each run lasts (ANNOTATION.runTimeoutMs). */
+  runTimeoutMs?: number;
   idleTimeoutMs?: number;
+  /** Replaces the template's suspensionStrategy. */
+  suspensionStrategy?: SuspensionStrategy;
   /** Replaces the template's egress policy (a create's `network`). */
   network?: EgressPolicy;
   /** Default true: take a warm pool member when one is ready; false always cold-starts. */
@@ -324,10 +329,11 @@ export class Claimer {
       name: newSandboxId(clusterTag),
       namespace: req.namespace,
       labels: { ...req.labels, ...systemLabels(req, 'cold'), [LABEL.template]: templateName },
-      ...(req.annotations === undefined ? {} : { annotations: req.annotations }),
+      ...(req.annotations === undefined && req.runTimeoutMs === undefined ? {} : { annotations: { ...req.annotations, ...runTimeoutOf(req) } }),
       ...(req.claimRef === undefined ? {} : { ownerReferences: [claimOwner(req.claimRef)] }),
       ...lifecycleOf(req),
       ...(req.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: req.idleTimeoutMs }),
+      ...(req.suspensionStrategy === undefined ? {} : { suspensionStrategy: req.suspensionStrategy }),
       ...(req.network === undefined ? {} : { network: req.network }),
     });
     return store.create(SandboxType, sandbox);
@@ -353,6 +359,10 @@ function claimOwner(ref: { name: string; uid: string }): OwnerReference {
   return { apiVersion: apiVersionOf(SandboxClaimType), kind: SandboxClaimType.kind, name: ref.name, uid: ref.uid, controller: true, blockOwnerDeletion: true };
 }
 
+function runTimeoutOf(req: ClaimRequest): Record<string, string> {
+  return req.runTimeoutMs === undefined ? {} : { [ANNOTATION.runTimeoutMs]: String(req.runTimeoutMs) };
+}
+
 function lifecycleOf(req: ClaimRequest): { lifecycle?: Lifecycle } {
   if (req.shutdownTime === undefined) return {};
   return { lifecycle: { shutdownTime: req.shutdownTime, ...(req.shutdownPolicy === undefined ? {} : { shutdownPolicy: req.shutdownPolicy }) } };
@@ -373,13 +383,14 @@ export function bindWarm(member: Sandbox, req: ClaimRequest, claimedAt: string):
     metadata: {
       ...member.metadata,
       labels,
-      annotations: { ...member.metadata.annotations, ...req.annotations, [ANNOTATION.lastActivity]: claimedAt },
+      annotations: { ...member.metadata.annotations, ...req.annotations, ...runTimeoutOf(req), [ANNOTATION.lastActivity]: claimedAt },
       ownerReferences: owners,
     },
     spec: {
       ...member.spec,
       ...(lifecycle === undefined ? {} : { lifecycle }),
       ...(req.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: req.idleTimeoutMs }),
+      ...(req.suspensionStrategy === undefined ? {} : { suspensionStrategy: req.suspensionStrategy }),
       // The runtime applies it to the running member at its next reconcile (sandbox-controller).
       ...(req.network === undefined ? {} : { network: networkSpec(req.network) }),
     },

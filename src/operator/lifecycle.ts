@@ -1,6 +1,6 @@
 // Time-based lifecycle decisions for one sandbox, as pure functions of the object and the time:
-// scheduled shutdown (spec.lifecycle.shutdownTime with Delete or Retain) and the idle timeout.
-import { ANNOTATION, LABEL, type Sandbox, type ShutdownPolicy } from '../api/types.ts';
+// scheduled shutdown (spec.lifecycle.shutdownTime with Delete, Retain or Suspend) and the idle timeout.
+import { ANNOTATION, LABEL, type Sandbox, type SandboxShutdownPolicy } from '../api/types.ts';
 
 /** Milliseconds since the epoch at which the sandbox expires, if it has a shutdown time. */
 export function expiryOf(sandbox: Sandbox): number | undefined {
@@ -10,7 +10,7 @@ export function expiryOf(sandbox: Sandbox): number | undefined {
   return Number.isNaN(ms) ? undefined : ms;
 }
 
-export function shutdownPolicyOf(sandbox: Sandbox): ShutdownPolicy {
+export function shutdownPolicyOf(sandbox: Sandbox): SandboxShutdownPolicy {
   return sandbox.spec.lifecycle?.shutdownPolicy ?? 'Delete';
 }
 

@@ -1,10 +1,14 @@
 // The Sandbox reconciler: plays the kubelet-facing half of the k8s-sigs sandbox controller.
 // Level-based: every run reads the cached Sandbox and the runtime's in-memory pod state and
 // drives the pod toward the spec, then mirrors the pod into status, writing only on change.
-// - wantsRunning → runtime.start (idempotent; a Stopped pod wakes on its kept volumes).
-// - not wantsRunning → runtime.stop: hibernated, volumes and identity kept.
+// - wantsRunning → runtime.start (idempotent; a Stopped pod wakes on its kept volumes, and on
+//   its memory when it was stopped with it: MemoryRestored says whether that worked).
+// - not wantsRunning → runtime.stop: hibernated, volumes and identity kept; with memory too when
+//   the suspension asks for it (suspension.ts). The Suspended condition says what was kept. A
+//   suspension that needed memory and could not have it puts the spec back to Running and says
+//   why on the Suspended condition (status False), so the pause that asked can answer with it.
 // - shutdownTime reached → Ready=False SandboxExpired, pod stopped; Delete deletes the object,
-//   Retain keeps it with phase Expired.
+//   Retain keeps it with phase Expired; Suspend suspends it (E2B's on_timeout "pause").
 // - idle past its timeout (claimed sandboxes only) → spec.operatingMode=Suspended.
 // - deletionTimestamp → runtime.remove, then drop the finalizer so the store deletes the object.
 // A failed pod is not restarted (as in k8s-sigs): it reports PodFailed until the user acts.
@@ -16,7 +20,7 @@
 import { isDeepStrictEqual } from 'node:util';
 import type { Condition } from '../api/meta.ts';
 import { holderAmong, NAME_CONFLICT } from '../api/sandbox-identity.ts';
-import { SandboxSnapshotType, SandboxType, wantsRunning, type Sandbox, type SandboxSnapshot, type SandboxStatus } from '../api/types.ts';
+import { ANNOTATION, SandboxSnapshotType, SandboxType, wantsRunning, type Sandbox, type SandboxSnapshot, type SandboxStatus } from '../api/types.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRequest, PodRuntime, PodState } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
@@ -26,6 +30,7 @@ import { RUNTIME_FINALIZER } from './blueprint.ts';
 import type { Reconciler, ReconcileResult } from './controller.ts';
 import { splitKey, type Informer } from './informer.ts';
 import { expiryOf, idleCheck, shutdownPolicyOf } from './lifecycle.ts';
+import { automaticSuspendMemory, decideStopFailure, MEMORY_RESTORED, suspendedSummary, suspendMemoryOf } from './suspension.ts';
 import { egressPolicyOf } from '../network/sandbox-network.ts';
 
 export interface SandboxControllerDeps {
@@ -87,6 +92,10 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
   const unreported = new Map<string, number>();
   /** The egress policy (JSON) last given to the runtime per running sandbox: a change is applied once. */
   const applied = new Map<string, string>();
+  /** Sandboxes whose last start restored (true) or, as asked, discarded (false) a memory checkpoint, until their next suspension. */
+  const restored = new Map<string, boolean>();
+  /** Why a suspension kept files only although memory was asked for, until its status is written. */
+  const fellBack = new Map<string, string>();
 
   const writeStatus = async (sandbox: Sandbox, status: SandboxStatus): Promise<void> => {
     if (isDeepStrictEqual(sandbox.status ?? {}, status)) return;
@@ -118,16 +127,95 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       const wasReady = sandbox.status?.phase === 'Running' && sandbox.status.readyTime !== undefined;
       return {
         phase: 'Running',
-        conditions: [condition(sandbox, 'Ready', 'True', 'DependenciesReady')],
+        conditions: [condition(sandbox, 'Ready', 'True', 'DependenciesReady'), ...memoryConditions(sandbox, state)],
         ...(state.ip === undefined ? {} : { podIPs: [state.ip] }),
         readyTime: wasReady && sandbox.status?.readyTime !== undefined ? sandbox.status.readyTime : isoNow(clock),
       };
     }
     return {
       phase: wakes.has(name) ? 'Waking' : 'Pending',
-      conditions: [condition(sandbox, 'Ready', 'False', 'DependenciesNotReady', `pod is ${state.phase}`)],
+      conditions: [condition(sandbox, 'Ready', 'False', 'DependenciesNotReady', `pod is ${state.phase}`), ...memoryConditions(sandbox, state)],
       ...(state.ip === undefined ? {} : { podIPs: [state.ip] }),
     };
+  };
+
+  /**
+   * What a running sandbox's status says of its memory: how its last wake went (MemoryRestored),
+   * and a suspension that failed (Suspended False), kept until the next suspension replaces them.
+   */
+  const memoryConditions = (sandbox: Sandbox, state: PodState): Condition[] => {
+    const name = sandbox.metadata.name;
+    const prev = sandbox.status?.conditions ?? [];
+    const out: Condition[] = [];
+    const failedSuspension = prev.find((c) => c.type === 'Suspended' && c.status === 'False');
+    if (failedSuspension !== undefined) out.push(failedSuspension);
+    const wake = restored.get(name);
+    if (state.restoreFailure !== undefined) out.push(condition(sandbox, MEMORY_RESTORED, 'False', 'RestoreFailed', state.restoreFailure));
+    else if (wake === true) out.push(condition(sandbox, MEMORY_RESTORED, 'True', 'Restored', 'memory, processes and files restored from the checkpoint'));
+    else if (wake === false) out.push(condition(sandbox, MEMORY_RESTORED, 'False', 'Discarded', 'the memory checkpoint was discarded as asked; the pod started from its files'));
+    else {
+      const before = prev.find((c) => c.type === MEMORY_RESTORED);
+      if (before !== undefined) out.push(before);
+    }
+    return out;
+  };
+
+  /** The operator suspends the sandbox itself (idle, shutdownTime with Suspend): a spec write the user sees and can flip back. */
+  const suspendItself = async (sandbox: Sandbox): Promise<void> => {
+    const { [ANNOTATION.suspendMemory]: _asked, [ANNOTATION.discardMemory]: _discard, ...annotations } = sandbox.metadata.annotations ?? {};
+    const memory = automaticSuspendMemory(sandbox);
+    if (memory !== 'none') annotations[ANNOTATION.suspendMemory] = memory;
+    await store.update<Sandbox>(SandboxType, {
+      ...sandbox,
+      metadata: { ...sandbox.metadata, annotations },
+      spec: { ...sandbox.spec, operatingMode: 'Suspended', ...(sandbox.spec.replicas === undefined ? {} : { replicas: 0 }) },
+    });
+  };
+
+  /**
+   * A suspension that needed memory and could not have it: the pod still runs, so the spec goes
+   * back to Running. The status is written first, so whoever waits on the pause sees why as soon as
+   * it sees the spec run again (the condition's observedGeneration is the pause's generation). The
+   * idle clock starts again: an idle sandbox whose save failed is tried once per idle timeout.
+   */
+  const revertSuspension = async (sandbox: Sandbox, reason: string, why: string): Promise<void> => {
+    const name = sandbox.metadata.name;
+    const state = runtime.state(name);
+    const base = runningStatus(sandbox, state);
+    const message = `not suspended, it keeps running: ${why}`;
+    const status: SandboxStatus = { ...base, conditions: [...(base.conditions ?? []).filter((c) => c.type !== 'Suspended'), condition(sandbox, 'Suspended', 'False', reason, message)] };
+    const written = await store.updateStatus<Sandbox>(SandboxType, { ...sandbox, status });
+    const { [ANNOTATION.suspendMemory]: _asked, ...annotations } = written.metadata.annotations ?? {};
+    await store.update<Sandbox>(SandboxType, {
+      ...written,
+      metadata: { ...written.metadata, annotations },
+      spec: { ...written.spec, operatingMode: 'Running', ...(written.spec.replicas === undefined ? {} : { replicas: 1 }) },
+    });
+    activity.touch(name);
+  };
+
+  /** Stops a running pod as the suspension asks; false when it did not stop (the suspension was reverted). */
+  const suspendPod = async (sandbox: Sandbox): Promise<boolean> => {
+    const name = sandbox.metadata.name;
+    const memory = suspendMemoryOf(sandbox);
+    if (memory === 'none') {
+      await runtime.stop(name);
+      return true;
+    }
+    try {
+      await runtime.stop(name, { memory: true });
+      return true;
+    } catch (err) {
+      const decision = decideStopFailure(memory, err);
+      if (decision === undefined) throw err;
+      if (decision.outcome === 'fail') {
+        await revertSuspension(sandbox, decision.reason, decision.why);
+        return false;
+      }
+      fellBack.set(name, decision.why);
+      await runtime.stop(name);
+      return true;
+    }
   };
 
   const expire = async (sandbox: Sandbox): Promise<undefined> => {
@@ -160,6 +248,8 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       wakes.delete(name);
       unreported.delete(name);
       applied.delete(name);
+      restored.delete(name);
+      fellBack.delete(name);
       activity.forget(name);
     }
     const finalizers = sandbox.metadata.finalizers ?? [];
@@ -180,6 +270,8 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       wakes.delete(name);
       unreported.delete(name);
       applied.delete(name);
+      restored.delete(name);
+      fellBack.delete(name);
       activity.forget(name);
       if (runtime.state(name).phase !== 'Absent') await runtime.remove(name);
       return undefined;
@@ -204,28 +296,45 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
     }
     const now = clock.now();
     const expiry = expiryOf(sandbox);
-    if (expiry !== undefined && now >= expiry) return expire(sandbox);
+    const suspendsAtExpiry = shutdownPolicyOf(sandbox) === 'Suspend';
+    if (expiry !== undefined && now >= expiry) {
+      if (!suspendsAtExpiry) return expire(sandbox);
+      // E2B's on_timeout "pause": suspended, not deleted. A resume moves the shutdown time on
+      // (src/worker/sandbox-lifecycle.ts resumeSandbox); while suspended the past time does nothing.
+      if (wantsRunning(sandbox.spec)) {
+        await suspendItself(sandbox);
+        return undefined;
+      }
+    }
     // k8s-sigs requeues at max(remaining, 2 s) because each check costs an apiserver read; ours
     // reads memory, so the recheck lands at the exact shutdown time.
-    let requeueAfterMs = expiry === undefined ? undefined : expiry - now;
+    let requeueAfterMs = expiry === undefined || now >= expiry ? undefined : expiry - now;
 
     if (!wantsRunning(sandbox.spec)) {
       wakes.delete(name);
+      restored.delete(name);
       const phase = runtime.state(name).phase;
-      if (phase !== 'Absent' && phase !== 'Stopped') await runtime.stop(name);
+      if (phase !== 'Absent' && phase !== 'Stopped' && !(await suspendPod(sandbox))) return undefined;
+      // What this suspension kept is said once, by the run that stopped the pod; later runs keep it.
+      const said = sandbox.status?.phase === 'Hibernated' ? sandbox.status.conditions?.find((c) => c.type === 'Suspended' && c.status === 'True') : undefined;
+      const why = fellBack.get(name);
+      const summary = why === undefined && said !== undefined ? { reason: said.reason, message: said.message ?? '' } : suspendedSummary(runtime.state(name), why);
       await writeStatus(sandbox, {
         phase: 'Hibernated',
         conditions: [
           condition(sandbox, 'Ready', 'False', 'SandboxSuspended', 'operatingMode is Suspended'),
-          condition(sandbox, 'Suspended', 'True', 'SandboxSuspended'),
+          condition(sandbox, 'Suspended', 'True', summary.reason, summary.message),
         ],
       });
+      fellBack.delete(name);
       return requeueAfterMs === undefined ? undefined : { requeueAfterMs };
     }
 
     let state = runtime.state(name);
     if (state.phase === 'Absent' || state.phase === 'Stopped') {
       if (state.phase === 'Stopped' && !wakes.has(name)) wakes.set(name, now);
+      const discard = sandbox.metadata.annotations?.[ANNOTATION.discardMemory] === 'true';
+      if (state.checkpoint !== undefined) restored.set(name, !discard);
       try {
         // A new pod from a snapshot: the snapshot must be there and taken (a wake needs it no more).
         let snapshotUid: string | undefined;
@@ -239,7 +348,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
           }
           snapshotUid = snap.metadata.uid;
         }
-        state = await runtime.start(podRequestFor(sandbox, snapshotUid));
+        state = await runtime.start(podRequestFor(sandbox, snapshotUid), discard ? { memory: false } : {});
       } catch (err) {
         // Said on the Sandbox, where kubectl and the API show it (on Kubernetes: the API server
         // refusing the Pod, e.g. an empty image), then retried with the queue's backoff.
@@ -269,7 +378,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       const idle = idleCheck(sandbox, now, activity.last(name));
       if (idle.idle) {
         // A spec change, not a status one: the user sees (and can flip back) why it stopped.
-        await store.update<Sandbox>(SandboxType, { ...sandbox, spec: { ...sandbox.spec, operatingMode: 'Suspended' } });
+        await suspendItself(sandbox);
         return undefined;
       }
       if (idle.remainingMs !== undefined) requeueAfterMs = Math.min(requeueAfterMs ?? Infinity, idle.remainingMs);

@@ -90,6 +90,15 @@ export interface StopOptions {
   memory?: boolean;
 }
 
+export interface StartOptions {
+  /**
+   * false: a kept memory checkpoint is discarded and the pod starts from its files (E2B's
+   * connect with on_resume "reboot", the way out of an image whose processes hang). Absent or
+   * true: a kept checkpoint is restored.
+   */
+  memory?: boolean;
+}
+
 export interface ExecRequest {
   command: string[];
   /** Written to the process's stdin, then stdin is closed. */
@@ -174,7 +183,7 @@ export interface PodRuntime {
    * Starts the pod if it is not running, reusing its writable filesystem and volumes when they
    * exist (wake after hibernation). Idempotent: resolves at once for a running pod.
    */
-  start(pod: PodRequest): Promise<PodState>;
+  start(pod: PodRequest, opts?: StartOptions): Promise<PodState>;
   /**
    * Hibernates: ends every process, keeps filesystem, volumes and IP reservation. Idempotent.
    * With `memory`, keeps the processes' memory too (StopOptions).

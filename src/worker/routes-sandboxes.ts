@@ -21,6 +21,7 @@ import { reachableView, sandboxView, type SandboxView } from './views.ts';
 
 const PHASES: readonly SandboxPhase[] = ['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating'];
 const RESUME_BODY = { wait: { kind: 'boolean' } } as const;
+const PAUSE_BODY = { memory: { kind: 'boolean' }, wait: { kind: 'boolean' } } as const;
 const TIMEOUT_BODY = { timeoutMs: { kind: 'integer', required: true, min: 1, max: MAX_TIMEOUT_MS } } as const;
 
 /** A reply about one sandbox: its view, the URL to reach it and (unless `withToken` is false) its access token. */
@@ -113,10 +114,18 @@ async function remove(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   return viewReply(w, 202, deleted, { ...sandboxView(deleted, w.cluster.name), phase: 'Terminating', ready: false }, false);
 }
 
+/**
+ * POST /v1/sandboxes/{id}/pause {memory?, wait?}. memory true: keep memory and processes or do
+ * not pause (400 where the runtime cannot keep memory, 500 CheckpointFailed when the save fails;
+ * the sandbox keeps running either way); false: files only; absent: the sandbox's
+ * suspensionStrategy. wait (default: true when memory is set, else false, as before) answers once
+ * the pod has stopped; only a waiting pause can say why a pause with memory failed.
+ */
 async function pause(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
-  checkBody(await readJson(ctx.req, w.limits.jsonBytes), {});
-  return viewReply(w, 200, await pauseSandbox(w, sandbox));
+  const body = checkBody(await readJson(ctx.req, w.limits.jsonBytes), PAUSE_BODY);
+  const memory = body.memory === undefined ? undefined : body.memory ? 'required' as const : 'none' as const;
+  return viewReply(w, 200, await pauseSandbox(w, sandbox, body.wait ?? memory !== undefined, memory));
 }
 
 async function resume(w: WorkerContext, ctx: RequestContext): Promise<Reply> {

@@ -1,8 +1,9 @@
 // What the sandbox APIs do to a sandbox, shared by our /v1 routes (routes-sandboxes.ts) and the
 // E2B-compatible routes (e2b/routes.ts), so both APIs claim, pause, resume, time out and delete
 // the same way. Lifecycle changes are spec writes; the operator does the work.
-import type { Sandbox } from '../api/types.ts';
-import { ANNOTATION, SandboxTemplateType, SandboxType, wantsRunning } from '../api/types.ts';
+import type { Sandbox, SandboxShutdownPolicy, SuspendMemory, SuspensionStrategy } from '../api/types.ts';
+import { ANNOTATION, sandboxLifecycle, SandboxTemplateType, SandboxType, wantsRunning } from '../api/types.ts';
+import { SUSPENDED_REASON } from '../operator/suspension.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { ClaimRequest, ClaimResult } from '../operator/claimer.ts';
@@ -38,8 +39,13 @@ export interface ClaimOptions {
   template: string;
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
-  /** ISO time the sandbox is deleted at. */
+  /** ISO time the sandbox is deleted at (or suspended, with shutdownPolicy Suspend). */
   shutdownTime?: string;
+  shutdownPolicy?: SandboxShutdownPolicy;
+  /** With shutdownPolicy Suspend: how long each run lasts. */
+  runTimeoutMs?: number;
+  /** Replaces the template's. */
+  suspensionStrategy?: SuspensionStrategy;
   idleTimeoutMs?: number;
   /** Replaces the template's egress policy. */
   network?: EgressPolicy;
@@ -59,6 +65,9 @@ export async function claimSandbox(w: WorkerContext, p: Principal, opts: ClaimOp
   if (opts.labels !== undefined) req.labels = opts.labels;
   if (opts.annotations !== undefined) req.annotations = opts.annotations;
   if (opts.shutdownTime !== undefined) req.shutdownTime = opts.shutdownTime;
+  if (opts.shutdownPolicy !== undefined) req.shutdownPolicy = opts.shutdownPolicy;
+  if (opts.runTimeoutMs !== undefined) req.runTimeoutMs = opts.runTimeoutMs;
+  if (opts.suspensionStrategy !== undefined) req.suspensionStrategy = opts.suspensionStrategy;
   if (opts.idleTimeoutMs !== undefined) req.idleTimeoutMs = opts.idleTimeoutMs;
   if (opts.network !== undefined) req.network = opts.network;
   const claimed = await w.operator.claimer.claim(req);
@@ -125,10 +134,36 @@ function isPauseSettled(s: Sandbox): boolean {
   return s.status?.phase === 'Hibernated' || s.status?.phase === 'Expired' || wantsRunning(s.spec);
 }
 
-/** Asks the operator to hibernate the sandbox and, with `wait`, resolves once its pod has stopped. */
-export async function pauseSandbox(w: WorkerContext, sandbox: Sandbox, wait = false): Promise<Sandbox> {
-  const updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Suspended', replicas: 0 } }));
-  return wait ? waitUntil(w, updated, isPauseSettled, 'paused') : updated;
+/** Annotations without `drop`, then with `set`. */
+function withAnnotations(s: Sandbox, drop: readonly string[], set: Record<string, string> = {}): Sandbox['metadata'] {
+  const annotations = Object.fromEntries(Object.entries(s.metadata.annotations ?? {}).filter(([k]) => !drop.includes(k)));
+  return { ...s.metadata, annotations: { ...annotations, ...set } };
+}
+
+/**
+ * Asks the operator to hibernate the sandbox and, with `wait`, resolves once its pod has stopped.
+ * `memory`: this pause's own choice (suspension.ts SuspendMemory); absent, the sandbox's
+ * suspensionStrategy decides. A waiting pause that needed memory and could not have it rejects
+ * with why, and the sandbox runs on (the operator put it back to Running).
+ */
+export async function pauseSandbox(w: WorkerContext, sandbox: Sandbox, wait = false, memory?: SuspendMemory): Promise<Sandbox> {
+  const updated = await mutateSandbox(w, sandbox, (s) => ({
+    ...s,
+    metadata: withAnnotations(s, [ANNOTATION.suspendMemory, ANNOTATION.discardMemory], memory === undefined ? {} : { [ANNOTATION.suspendMemory]: memory }),
+    spec: { ...s.spec, operatingMode: 'Suspended', replicas: 0 },
+  }));
+  if (!wait) return updated;
+  const settled = await waitUntil(w, updated, isPauseSettled, 'paused');
+  const refused = settled.status?.conditions?.find((c) => c.type === 'Suspended' && c.status === 'False' && c.observedGeneration === updated.metadata.generation);
+  if (wantsRunning(settled.spec) && refused !== undefined) throw pauseRefused(settled.metadata.name, refused.reason, refused.message ?? '');
+  return settled;
+}
+
+function pauseRefused(name: string, reason: string, message: string): AsbError {
+  if (reason === SUSPENDED_REASON.checkpointFailed) return new AsbError('CheckpointFailed', `sandbox "${name}" was not paused: ${message}`);
+  // The caller can fix it: ask for no memory, or run the sandbox where memory can be kept. Not a
+  // 409, which E2B's SDKs read as "already paused".
+  return new AsbError('BadRequest', `sandbox "${name}" cannot be paused with its memory, so it was not paused and keeps running (${message}); pause it with its files only (E2B: mode="filesystem"; asb pause --filesystem; memory: false), or run it on gVisor (a template with runtimeClassName: gvisor) to keep memory`);
 }
 
 /**
@@ -136,19 +171,44 @@ export async function pauseSandbox(w: WorkerContext, sandbox: Sandbox, wait = fa
  * operator has not carried out yet still shows Ready from before it, so a waiting resume first
  * lets that pause settle: otherwise it would answer at once while the pod goes on to stop.
  */
-export async function resumeSandbox(w: WorkerContext, sandbox: Sandbox, wait: boolean): Promise<Sandbox> {
+export async function resumeSandbox(w: WorkerContext, sandbox: Sandbox, wait: boolean, opts: { discardMemory?: boolean } = {}): Promise<Sandbox> {
   if (wait) sandbox = await waitUntil(w, sandbox, isPauseSettled, 'paused');
-  const updated = await mutateSandbox(w, sandbox, (s) => ({ ...s, spec: { ...s.spec, operatingMode: 'Running', replicas: 1 } }));
+  const now = w.clock.now();
+  const updated = await mutateSandbox(w, sandbox, (s) => ({
+    ...s,
+    metadata: withAnnotations(s, [ANNOTATION.suspendMemory, ANNOTATION.discardMemory], opts.discardMemory === true ? { [ANNOTATION.discardMemory]: 'true' } : {}),
+    spec: { ...s.spec, operatingMode: 'Running', replicas: 1, ...nextRun(s, now) },
+  }));
   w.operator.activity.touch(updated.metadata.name);
   return wait && !sandboxView(updated).ready ? waitReady(w, updated) : updated;
 }
 
-/** Deletes the sandbox `timeoutMs` from now, replacing any earlier shutdown time. */
+/**
+ * A sandbox that suspends at its shutdown time (shutdownPolicy Suspend) and is resumed after it:
+ * its next run lasts its run timeout (ANNOTATION.runTimeoutMs) from now, or has no end when it has
+ * none; otherwise the operator would suspend it again at once. Nothing changes for the others.
+ */
+function nextRun(s: Sandbox, now: number): Pick<Sandbox['spec'], 'lifecycle'> {
+  const lifecycle = s.spec.lifecycle;
+  const at = Date.parse(lifecycle?.shutdownTime ?? '');
+  if (lifecycle?.shutdownPolicy !== 'Suspend' || Number.isNaN(at) || at > now) return {};
+  const runMs = Number(s.metadata.annotations?.[ANNOTATION.runTimeoutMs]);
+  if (!(runMs > 0)) {
+    const { shutdownTime: _passed, ...rest } = lifecycle;
+    return { lifecycle: rest };
+  }
+  return { lifecycle: { ...lifecycle, shutdownTime: new Date(now + runMs).toISOString() } };
+}
+
+/**
+ * Ends the sandbox `timeoutMs` from now, replacing any earlier shutdown time: deleted then, or
+ * suspended when its lifecycle says Suspend (E2B's on_timeout "pause", which a new timeout keeps).
+ */
 export function setShutdownIn(w: WorkerContext, sandbox: Sandbox, timeoutMs: number): Promise<Sandbox> {
   const shutdownTime = new Date(w.clock.now() + timeoutMs).toISOString();
   return mutateSandbox(w, sandbox, (s) => ({
     ...s,
-    spec: { ...s.spec, lifecycle: { ...s.spec.lifecycle, shutdownTime, shutdownPolicy: 'Delete' } },
+    spec: { ...s.spec, lifecycle: { ...s.spec.lifecycle, shutdownTime, shutdownPolicy: sandboxLifecycle(s.spec).shutdownPolicy === 'Suspend' ? 'Suspend' : 'Delete' } },
   }));
 }
 

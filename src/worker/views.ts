@@ -3,8 +3,9 @@
 // how to reach it through the edge (URL, ports, and for its owner the data-plane access token).
 import { findCondition } from '../api/meta.ts';
 import { sandboxFailure } from '../api/sandbox-failure.ts';
-import type { Sandbox, SandboxPhase } from '../api/types.ts';
-import { ANNOTATION, LABEL } from '../api/types.ts';
+import type { Sandbox, SandboxPhase, SuspensionStrategy } from '../api/types.ts';
+import { ANNOTATION, LABEL, suspensionStrategyOf } from '../api/types.ts';
+import { keptMemory, MEMORY_RESTORED } from '../operator/suspension.ts';
 import type { DataPlane } from './deps.ts';
 import { egressPolicyOf } from '../network/sandbox-network.ts';
 import { defaultPortOf, publicPortsOf } from './route-entry.ts';
@@ -40,6 +41,14 @@ export interface SandboxView {
   publicPorts?: number[];
   /** The sandbox's URL for defaultPort through the edge. */
   url?: string;
+  /** How it suspends (spec.suspensionStrategy): Stop keeps files, Hibernate memory too. */
+  suspensionStrategy?: SuspensionStrategy;
+  /** A Hibernated sandbox: whether its memory and processes were kept (the next wake restores them). */
+  memory?: 'kept' | 'not kept';
+  /** Its Suspended condition: what its last suspension kept, or why one failed (status False: it runs on). */
+  suspension?: { suspended: boolean; reason: string; message: string };
+  /** After a wake from a memory checkpoint: whether the memory came back (MemoryRestored), and if not why. */
+  memoryRestored?: { restored: boolean; reason: string; message: string };
 }
 
 // The edge URL of the last call, parsed: one worker has one edge, and parsing it for every
@@ -99,6 +108,7 @@ export function sandboxView(sandbox: Sandbox, cluster?: string): SandboxView {
     labels: { ...labels },
     createdAt: sandbox.metadata.creationTimestamp ?? '',
     network: (({ internet, allow, deny }) => ({ internet, allow: [...allow], deny: [...deny] }))(egressPolicyOf(sandbox.spec.network)),
+    suspensionStrategy: suspensionStrategyOf(sandbox.spec),
   };
   const ip = status.podIPs?.[0];
   if (ip !== undefined) view.ip = ip;
@@ -106,6 +116,11 @@ export function sandboxView(sandbox: Sandbox, cluster?: string): SandboxView {
   if (shutdownTime !== undefined) view.shutdownTime = shutdownTime;
   const idle = idleTimeoutOf(sandbox);
   if (idle !== undefined) view.idleTimeoutMs = idle;
+  const suspended = findCondition(status.conditions, 'Suspended');
+  if (suspended !== undefined) view.suspension = { suspended: suspended.status === 'True', reason: suspended.reason, message: suspended.message ?? '' };
+  if (phase === 'Hibernated') view.memory = keptMemory(status.conditions) ? 'kept' : 'not kept';
+  const restored = findCondition(status.conditions, MEMORY_RESTORED);
+  if (restored !== undefined) view.memoryRestored = { restored: restored.status === 'True', reason: restored.reason, message: restored.message ?? '' };
   const failure = sandboxFailure(sandbox);
   if (failure !== undefined) {
     view.reason = failure.reason;

@@ -2,7 +2,8 @@
 // changing a map entry. It becomes ready at once (autoReady) or when the test says so, keeps
 // its volumes and IP across stop (hibernation) like the real runtime, and loses them on remove.
 // The real runtime lives in src/runtime/local/; end-to-end tests use that one.
-import type { ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession } from '../../src/runtime/runtime.ts';
+import { AsbError } from '../../src/errors.ts';
+import type { ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession, StartOptions, StopOptions } from '../../src/runtime/runtime.ts';
 
 interface FakePod {
   request: PodRequest;
@@ -26,9 +27,20 @@ export class FakeRuntime implements PodRuntime {
 
   /** When set, start() rejects with it (as an API server refusing the Pod would). */
   startError: Error | undefined;
+  /**
+   * Whether a stop with memory keeps it (as gVisor pods do): false (the default) rejects it with
+   * NotImplemented, as runc pods and the Kubernetes tier do; the pod keeps running.
+   */
+  keepsMemory = false;
+  /** When set, a stop with memory rejects with it and the pod keeps running (a save that failed). */
+  checkpointError: Error | undefined;
+  /** When set, the next restore of a checkpoint fails with this reason: the pod starts from its files. */
+  restoreFailure: string | undefined;
+  /** Checkpoints kept per stopped pod id. */
+  readonly #checkpoints = new Map<string, { bytes: number; at: string }>();
 
-  start(pod: PodRequest): Promise<PodState> {
-    this.calls.push(`start ${pod.id}`);
+  start(pod: PodRequest, opts: StartOptions = {}): Promise<PodState> {
+    this.calls.push(opts.memory === false ? `start ${pod.id} from-files` : `start ${pod.id}`);
     if (this.startError !== undefined) return Promise.reject(this.startError);
     const existing = this.#pods.get(pod.id);
     if (existing !== undefined && existing.request.uid !== pod.uid) {
@@ -40,17 +52,26 @@ export class FakeRuntime implements PodRuntime {
     }
     const ip = existing?.state.ip ?? `10.77.${Math.floor(this.#nextIp / 250)}.${(this.#nextIp++ % 250) + 2}`;
     this.#volumes.add(pod.id);
+    const restoring = this.#checkpoints.delete(pod.id) && opts.memory !== false;
+    const failure = restoring ? this.restoreFailure : undefined;
+    if (restoring) this.restoreFailure = undefined;
     const state: PodState = this.autoReady
       ? { phase: 'Running', ready: true, ip, startedAt: new Date().toISOString() }
       : { phase: 'Pending', ready: false, ip };
+    if (failure !== undefined) state.restoreFailure = failure;
     this.#pods.set(pod.id, { request: pod, state });
     this.#emit(pod.id);
     return Promise.resolve({ ...state });
   }
 
-  stop(id: string): Promise<void> {
-    this.calls.push(`stop ${id}`);
+  stop(id: string, opts: StopOptions = {}): Promise<void> {
+    this.calls.push(opts.memory === true ? `stop ${id} with-memory` : `stop ${id}`);
     const pod = this.#pods.get(id);
+    if (opts.memory === true) {
+      if (!this.keepsMemory) return Promise.reject(new AsbError('NotImplemented', `pod ${id} runs on runc, whose pause with memory needs CRIU (fake runtime)`));
+      if (this.checkpointError !== undefined) return Promise.reject(this.checkpointError);
+      if (pod !== undefined && pod.state.phase !== 'Stopped') this.#checkpoints.set(id, { bytes: 42 * 1024 * 1024, at: new Date().toISOString() });
+    }
     if (pod !== undefined && pod.state.phase !== 'Stopped') {
       pod.state = { phase: 'Stopped', ready: false, ...(pod.state.ip === undefined ? {} : { ip: pod.state.ip }) };
       this.#emit(id);
@@ -60,6 +81,7 @@ export class FakeRuntime implements PodRuntime {
 
   remove(id: string): Promise<void> {
     this.calls.push(`remove ${id}`);
+    this.#checkpoints.delete(id);
     this.#volumes.delete(id);
     if (this.#pods.delete(id)) this.#emit(id);
     return Promise.resolve();
@@ -67,7 +89,9 @@ export class FakeRuntime implements PodRuntime {
 
   state(id: string): PodState {
     const pod = this.#pods.get(id);
-    return pod === undefined ? { phase: 'Absent', ready: false } : { ...pod.state, uid: pod.request.uid };
+    if (pod === undefined) return { phase: 'Absent', ready: false };
+    const checkpoint = pod.state.phase === 'Stopped' ? this.#checkpoints.get(id) : undefined;
+    return { ...pod.state, uid: pod.request.uid, ...(checkpoint === undefined ? {} : { checkpoint }) };
   }
 
   list(): string[] {

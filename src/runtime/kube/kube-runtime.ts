@@ -20,7 +20,7 @@ import { loadKubeConfig } from '../../store/kube-http.ts';
 import { openKubeStore, type KubeStore } from '../../store/kube.ts';
 import { systemClock, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
+import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PtyOptions, PtySession, SpawnRequest, StopOptions } from '../runtime.ts';
 import { execInPod, openPtyInPod, spawnInPod, type ExecContext } from './exec.ts';
 import { ExecCredentials } from './pod-exec.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
@@ -289,7 +289,11 @@ export class KubePodRuntime implements PodRuntime {
     return (pod.spec.terminationGracePeriodSeconds ?? this.#graceSeconds) * 1000;
   }
 
-  async stop(id: string): Promise<void> {
+  async stop(id: string, opts: StopOptions = {}): Promise<void> {
+    if (opts.memory === true) {
+      // Never a silent filesystem-only stop: the caller asked for memory and is told it cannot have it.
+      throw new AsbError('NotImplemented', `pod ${id} runs on the Kubernetes tier, which cannot keep a sandbox's memory yet (neither containerd's CRI checkpoint nor runsc's is wired); it keeps running (pause it without memory)`);
+    }
     await this.#starting.get(id)?.catch(() => undefined);
     const pod = this.#pod(id);
     if (pod === undefined) {

@@ -8,17 +8,21 @@
 //   GET    /sandboxes, /v2/sandboxes                   list: ListedSandbox[], X-Next-Token
 //   GET    /sandboxes/{id}                             SandboxDetail (paused ones too)
 //   DELETE /sandboxes/{id}                             kill: 204
-//   POST   /sandboxes/{id}/connect, /v2/…/connect      200 running, 201 resumed from pause
+//   POST   /sandboxes/{id}/connect, /v2/…/connect      200 running, 201 resumed from pause;
+//                                                      {memory: false} (on_resume "reboot") asks for a start from its files
 //   POST   /sandboxes/{id}/timeout                     204
-//   POST   /sandboxes/{id}/pause                       204; 409 when already paused
+//   POST   /sandboxes/{id}/pause                       204 once saved; 409 when already paused; see pause()
 //   GET    /sandboxes/{id}/metrics                     one sample now, [] when not running
 //   PUT    /sandboxes/{id}/network                     replaces the egress policy: 204
 //
 // `allow_internet_access` and `network.allowOut`/`denyOut` are the sandbox's egress policy
 // (src/network/sandbox-network.ts e2bNetwork); network options we cannot honour (transform
 // rules, an egress proxy) are refused with 422. Other fields the SDK sends (secure, mcp, iam…)
-// are ignored, except those whose absence would surprise the caller (autoPause, volumeMounts),
-// which are refused with 400.
+// are ignored, except those whose absence would surprise the caller (volumeMounts), which are
+// refused with 400. `lifecycle` (autoPause, autoPauseMemory, autoResume) makes the sandbox pause
+// at its timeout instead of being deleted: shutdownPolicy Suspend, with memory unless
+// autoPauseMemory is false (suspensionStrategy Hibernate or Stop).
+import type { IncomingHttpHeaders } from 'node:http';
 import type { Sandbox } from '../../api/types.ts';
 import { sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { describeFailure, sandboxFailure } from '../../api/sandbox-failure.ts';
@@ -50,8 +54,10 @@ export const CREATE_BODY = {
   envVars: { kind: 'stringMap' },
   timeout: { kind: 'integer', min: 1, max: MAX_TIMEOUT_S },
   autoPause: { kind: 'boolean' },
+  autoPauseMemory: { kind: 'boolean' },
 } as const;
-const CONNECT_BODY = { timeout: { kind: 'integer', min: 1, max: MAX_TIMEOUT_S } } as const;
+const CONNECT_BODY = { timeout: { kind: 'integer', min: 1, max: MAX_TIMEOUT_S }, memory: { kind: 'boolean' } } as const;
+const PAUSE_BODY = { memory: { kind: 'boolean' } } as const;
 const TIMEOUT_BODY = { timeout: { kind: 'integer', required: true, min: 0, max: MAX_TIMEOUT_S } } as const;
 
 /** The body's fields this API knows, checked; the other fields the SDK may send are dropped. */
@@ -71,6 +77,15 @@ async function findLive(w: WorkerContext, ctx: AuthedContext): Promise<Sandbox> 
   return sandbox;
 }
 
+/** create's autoResume: {enabled: boolean} (a bare boolean read the same way); absent: off, as E2B's default. */
+function autoResumeOf(raw: unknown): boolean {
+  const value = isPlainObject(raw) ? raw.autoResume : undefined;
+  if (value === undefined || value === null) return false;
+  if (typeof value === 'boolean') return value;
+  if (isPlainObject(value) && typeof value.enabled === 'boolean') return value.enabled;
+  throw new AsbError('Invalid', 'autoResume must be {"enabled": true|false}', { fields: [{ field: 'autoResume', message: 'must be {"enabled": boolean}' }] });
+}
+
 /** Named as the SDK names them. */
 const E2B_FIELDS = { allow: 'network.allowOut', deny: 'network.denyOut' } as const;
 
@@ -82,14 +97,18 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const body = checkKnown(raw, CREATE_BODY);
   // Every process the sandbox runs gets envVars: one a program cannot be given would fail each of them.
   if (body.envVars !== undefined) checkSpawnInput({ env: { field: 'envVars', vars: body.envVars } });
-  if (body.autoPause === true) throw new AsbError('BadRequest', 'autoPause is not supported by this server: a sandbox is deleted at its timeout; leave onTimeout out, or pause it yourself');
+  const autoResume = autoResumeOf(raw);
+  if (autoResume && body.autoPause !== true) throw new AsbError('BadRequest', 'autoResume needs autoPause: only a sandbox that pauses at its timeout can resume (lifecycle on_timeout "pause")');
+  if (autoResume && body.autoPauseMemory === false) throw new AsbError('BadRequest', 'autoResume cannot be combined with autoPauseMemory false: a filesystem-only pause is resumed with connect, not by traffic');
   const network = isPlainObject(raw) ? e2bNetwork(raw.allow_internet_access, raw.network) : undefined;
   if (network !== undefined) requireProxyForDomains(w.egressProxy, network, E2B_FIELDS);
   const now = w.clock.now();
   const annotations: Record<string, string> = { [E2B_ANNOTATION.startedAt]: new Date(now).toISOString() };
   if (body.metadata !== undefined) annotations[E2B_ANNOTATION.metadata] = JSON.stringify(body.metadata);
   if (body.envVars !== undefined) annotations[E2B_ANNOTATION.envVars] = JSON.stringify(body.envVars);
-  const shutdownTime = new Date(now + (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000).toISOString();
+  const timeoutMs = (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000;
+  const shutdownTime = new Date(now + timeoutMs).toISOString();
+  if (body.autoPause === true) annotations[E2B_ANNOTATION.autoResume] = String(autoResume);
   // Sandbox.create(snapshotID): a snapshot of the caller's team (by id or name) before a template of that name.
   const snapshot = body.templateID === undefined ? undefined : await findSnapshot(w, ctx.principal, body.templateID).catch(() => undefined);
   if (snapshot !== undefined) {
@@ -101,6 +120,9 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
     template: body.templateID ?? 'base',
     annotations,
     shutdownTime,
+    // Paused at the timeout, with memory unless autoPauseMemory is false (E2B's default is a full
+    // pause); each run after a resume lasts the create's timeout again.
+    ...(body.autoPause === true ? { shutdownPolicy: 'Suspend' as const, runTimeoutMs: timeoutMs, suspensionStrategy: body.autoPauseMemory === false ? 'Stop' as const : 'Hibernate' as const } : {}),
     ...(network === undefined ? {} : { network }),
     coldStart: true,
     wait: true,
@@ -118,7 +140,8 @@ async function connect(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const until = w.clock.now() + (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000;
   const current = sandboxLifecycle(sandbox.spec).shutdownTime;
   if (current !== undefined && Date.parse(current) < until) sandbox = await setShutdownIn(w, sandbox, until - w.clock.now());
-  if (!wantsRunning(sandbox.spec)) return { status: 201, json: e2bSandbox(w, await resumeSandbox(w, sandbox, true), ctx.req) };
+  // memory false is the SDK's on_resume "reboot": the runtime is asked to discard the kept memory and start from the files (StartOptions.memory; the local runtime does not honour it yet).
+  if (!wantsRunning(sandbox.spec)) return { status: 201, json: e2bSandbox(w, await resumeSandbox(w, sandbox, true, { discardMemory: body.memory === false }), ctx.req) };
   if (!sandboxView(sandbox).ready) {
     const failure = sandbox.status?.phase === 'Failed' ? sandboxFailure(sandbox) : undefined;
     if (failure !== undefined) throw new AsbError('SandboxNotRunning', `sandbox "${sandbox.metadata.name}" failed: ${describeFailure(failure)}; kill it and create another`);
@@ -127,13 +150,39 @@ async function connect(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   return { status: 200, json: e2bSandbox(w, sandbox, ctx.req) };
 }
 
+/**
+ * Pause, answered once the pod has stopped and its memory, when kept, is saved (as E2B's, once
+ * its snapshot is taken). `memory` (the SDK's mode):
+ * - true ("full"): memory or nothing. Where the runtime cannot keep memory (runc pods until CRIU
+ *   is wired, the Kubernetes tier) the answer is 400 naming mode="filesystem" and gVisor, and the
+ *   sandbox keeps running; a save that fails is a 500 with its reason, and it keeps running too.
+ * - unset (the SDK's default, E2B's "full"): memory where the runtime can keep it, else the files,
+ *   and the Suspended condition (getInfo's pauseMode "filesystem") says memory was not kept and
+ *   why. A choice: refusing there would break every default pause on the default runc template,
+ *   which paused with its files before memory could be kept at all.
+ * - false ("filesystem"): the files only.
+ */
 async function pause(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
-  await readJson(ctx.req, w.limits.jsonBytes);
+  const body = await readKnown(w, ctx, PAUSE_BODY);
   const sandbox = await findLive(w, ctx);
   if (stateOf(sandbox) === 'paused') throw new AsbError('SandboxNotRunning', `sandbox "${sandbox.metadata.name}" is already paused; resume it with connect`);
-  // E2B's pause returns once the snapshot is taken; ours once the pod has stopped.
-  await pauseSandbox(w, sandbox, true);
+  const memory = sdkDefaultsMemory(ctx.req.headers) && body.memory === true ? undefined : body.memory;
+  await pauseSandbox(w, sandbox, true, memory === undefined ? 'preferred' : memory ? 'required' : 'none');
   return { status: 204 };
+}
+
+/**
+ * Whether the caller is a JS SDK before 2.51, whose pause() with no options sends memory: true
+ * (`keepMemory ?? true`): there a true is the SDK's default, not the caller's choice, and is read
+ * as unset. 2.51 and the Python SDK leave memory out unless asked. The SDK names itself in its
+ * `lang` and `package_version` headers.
+ */
+export function sdkDefaultsMemory(headers: IncomingHttpHeaders): boolean {
+  if (headers.lang !== 'js') return false;
+  const version = /^(\d+)\.(\d+)\./.exec(String(headers.package_version ?? ''));
+  if (version === null) return false;
+  const [major, minor] = [Number(version[1]), Number(version[2])];
+  return major < 2 || (major === 2 && minor < 51);
 }
 
 async function setSandboxTimeout(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {

@@ -9,6 +9,7 @@ import { LABEL, sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { parseQuantity } from '../../api/quantity.ts';
 import type { WorkerContext } from '../deps.ts';
 import { egressPolicyOf } from '../../network/sandbox-network.ts';
+import { keptMemory } from '../../operator/suspension.ts';
 
 /**
  * The envd version the E2B API reports for our sandboxes (version gates in the SDK; see shared
@@ -24,6 +25,8 @@ export const E2B_ANNOTATION = {
   envVars: 'e2b.dev/env-vars',
   /** ISO time the E2B create claimed it (a warm member was created earlier than that). */
   startedAt: 'e2b.dev/started-at',
+  /** "true" | "false": create's autoResume, for getInfo's lifecycle (set only with autoPause). */
+  autoResume: 'e2b.dev/auto-resume',
 } as const;
 
 /** What no sandbox ends at: E2B's endAt is required, and a sandbox without a shutdown time never ends. */
@@ -65,6 +68,9 @@ export interface E2bSandboxDetail extends E2bListedSandbox {
   allowInternetAccess: boolean;
   /** The policy's lists; the domains and CIDRs together, as E2B's allowOut holds both. */
   network: { allowOut: string[]; denyOut: string[] };
+  lifecycle: { onTimeout: 'kill' | 'pause'; autoResume: boolean };
+  /** What the latest pause saved, once a paused sandbox's pause has finished. */
+  pauseMode?: 'full' | 'filesystem';
 }
 
 function stringMapAnnotation(sandbox: Sandbox, key: string): Record<string, string> {
@@ -176,5 +182,10 @@ export function e2bSandboxDetail(w: WorkerContext, sandbox: Sandbox, req: Incomi
     domain: e2bDomain(w, req),
     allowInternetAccess: policy.internet,
     network: { allowOut: [...policy.allow], denyOut: [...policy.deny] },
+    lifecycle: {
+      onTimeout: sandboxLifecycle(sandbox.spec).shutdownPolicy === 'Suspend' ? 'pause' : 'kill',
+      autoResume: sandbox.metadata.annotations?.[E2B_ANNOTATION.autoResume] === 'true',
+    },
+    ...(stateOf(sandbox) === 'paused' && sandbox.status?.phase === 'Hibernated' ? { pauseMode: keptMemory(sandbox.status.conditions) ? 'full' as const : 'filesystem' as const } : {}),
   };
 }
