@@ -335,3 +335,22 @@ test('processes started through the runtime (a background server, a terminal) su
   assert.deepEqual(await again.exited, { exitCode: 137, signal: 'SIGKILL' });
   await rt.remove(id);
 });
+
+test('a start that discards the memory (E2B\'s on_resume "reboot") deletes the checkpoint and starts from the files', async () => {
+  const id = 'ckreboot';
+  const req = counterPod(id);
+  const first = await startedReady(req);
+  const before = await count(first);
+  await sh(id, 'echo kept > /home/user/f.txt');
+  await rt.stop(id, { memory: true });
+  assert.ok(rt.state(id).checkpoint !== undefined);
+  const rebooted = await rt.start(req, { memory: false });
+  for (let i = 0; i < 200 && !rt.state(id).ready; i++) await new Promise((resolve) => setTimeout(resolve, 50));
+  const after = await count(rebooted);
+  assert.notEqual(after.token, before.token, 'a new process');
+  assert.equal(after.n, 1);
+  assert.equal(rt.state(id).restoreFailure, undefined, 'nothing failed: it was asked for');
+  assert.equal(await sh(id, 'cat /home/user/f.txt'), 'kept\n');
+  assert.equal(existsSync(join(podPaths(root, id).dir, 'checkpoint')), false);
+  await rt.remove(id);
+});

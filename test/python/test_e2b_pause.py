@@ -120,6 +120,18 @@ def test_default_pause_on_gvisor_keeps_a_background_servers_memory(made: List[Sa
     assert our_view(sbx.sandbox_id)["memoryRestored"]["restored"] is True
 
 
+def test_connect_with_reboot_discards_the_memory_and_keeps_the_files(made: List[Sandbox]) -> None:
+    sbx = Sandbox.create(GVISOR, timeout=600)
+    made.append(sbx)
+    start_counter(sbx)
+    sbx.files.write("/home/user/note.txt", "kept")
+    assert sbx.pause() is True
+    again = Sandbox.connect(sbx.sandbox_id, on_resume="reboot")
+    assert again.files.read("/home/user/note.txt") == "kept"
+    gone = again.commands.run(ASK + " || echo refused")
+    assert "refused" in gone.stdout, "a reboot starts from the files: the counter's process is gone"
+
+
 def test_filesystem_pause_keeps_files_and_drops_processes(made: List[Sandbox]) -> None:
     sbx = Sandbox.create(GVISOR, timeout=600)
     made.append(sbx)

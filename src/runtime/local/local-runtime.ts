@@ -21,7 +21,7 @@ import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StopOptions } from '../runtime.ts';
+import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StartOptions, StopOptions } from '../runtime.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
 import { PodFirewall } from './pod-firewall.ts';
 import { execInPod, type PodTarget } from './exec.ts';
@@ -362,7 +362,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }));
   }
 
-  start(req: PodRequest): Promise<PodState> {
+  start(req: PodRequest, opts: StartOptions = {}): Promise<PodState> {
     if (this.#closed) return Promise.reject(new AsbError('Unavailable', 'local runtime is closed'));
     if (!ID.test(req.id)) return Promise.reject(new AsbError('BadRequest', `pod id "${req.id}" must match ${ID.source}`));
     let pod = this.#pods.get(req.id);
@@ -378,7 +378,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod.state.phase === 'Running') return Promise.resolve(this.state(req.id));
     const current = pod;
     // Answered from state(), which also says whose pod it is (the uid).
-    current.starting = this.#start(current, req).then((started) => (this.#pods.get(req.id) === current ? this.state(req.id) : started)).finally(() => (current.starting = undefined));
+    current.starting = this.#start(current, req, opts.memory === false).then((started) => (this.#pods.get(req.id) === current ? this.state(req.id) : started)).finally(() => (current.starting = undefined));
     return current.starting;
   }
 
@@ -399,7 +399,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return { reference: image, manifestDigest: pulled.manifestDigest, rootfs: pulled.rootfs, config: pulled.config };
   }
 
-  async #start(pod: Pod, req: PodRequest): Promise<PodState> {
+  async #start(pod: Pod, req: PodRequest, discardMemory = false): Promise<PodState> {
     const generation = ++pod.generation;
     pod.stopping = false;
     pod.pendingExit = undefined;
@@ -474,6 +474,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       this.#log.warn({ err, id: pod.id }, 'cannot prepare pod');
       const invalid = err instanceof AsbError && err.code === 'Invalid';
       return fail(`cannot prepare pod: ${err instanceof Error ? err.message : String(err)}`, invalid ? 'CreateContainerConfigError' : undefined);
+    }
+    // Asked to start from its files (E2B's reboot): a kept checkpoint is deleted, not restored.
+    if (discardMemory && snap === undefined && pod.checkpoint !== undefined) {
+      await this.#dropCheckpoint(pod);
+      pod.keptAgent?.end();
+      pod.keptAgent = undefined;
     }
     // A pod stopped with memory wakes from its checkpoint when the image can still be restored, else from its files, saying why.
     const restore: { from?: string; shared?: boolean; failure?: string } = snap === undefined ? await this.#restorePlan(pod, runtimeClass.kind) : await this.#snapshotRestorePlan(pod, snap, runtimeClass.kind);
