@@ -2,7 +2,7 @@
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
-// `node bench/run.ts [claims] [runtime] [refill] [wake] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress]` runs only those parts (default: all but refill, whose rows the runtime part measures once); a
+// `node bench/run.ts [claims] [runtime] [refill] [wake] [state] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress]` runs only those parts (default: all but refill, whose rows the runtime part measures once); a
 // partial run replaces its own rows in the README table and in latest.json and keeps the others.
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -18,6 +18,7 @@ import { benchPlacement, benchPropagation } from './federation.ts';
 import { benchRefillRounds } from './refill.ts';
 import type { RefillFloor } from './refill-floor.ts';
 import { benchRuntime, type Refill } from './runtime.ts';
+import { benchState } from './state.ts';
 import { benchStore } from './store-bench.ts';
 import { benchTerminals } from './terminals.ts';
 import { benchUploads } from './uploads.ts';
@@ -27,7 +28,7 @@ import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
-const PARTS = ['claims', 'runtime', 'refill', 'wake', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads', 'egress'];
+const PARTS = ['claims', 'runtime', 'refill', 'wake', 'state', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads', 'egress'];
 
 interface Row {
   metric: string;
@@ -185,6 +186,32 @@ async function wake(row: Recorder, results: Record<string, unknown>): Promise<vo
   );
   const g = w.gvisor;
   if (g !== undefined) row(`gVisor (runtimeClassName: gvisor): wake on first connection through Envoy, server ready with its pod (readiness probe): time to the first 200, p50 / p99 (${label(g)})`, `${g.firstOk.p50Ms} / ${g.firstOk.p99Ms} ms`, 'reported beside runc, only 200s', clean(g));
+  const m = w.memory;
+  if (m !== undefined) row(`gVisor, paused with memory (an app holding ${m.heldMiB} MiB): wake on first connection through Envoy by restoring it, time to the first 200, p50 / p99 (${label(m)})`, `${m.firstOk.p50Ms} / ${m.firstOk.p99Ms} ms`, 'p50 ≤ 150 ms, only 200s', m.firstOk.p50Ms <= 150 && clean(m));
+}
+
+async function state(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const s = await benchState();
+  results.state = s;
+  const mib = (b: number): string => `${String(Math.round(b / 2 ** 20))} MiB`;
+  for (const p of s.pause) {
+    row(
+      `gVisor pause with memory, app holding ${String(p.heldMiB)} MiB (working set ${mib(p.workingSetBytes)}, image ${mib(p.imageBytes)}): stop / start until it answers, median of ${String(p.rounds)}; [raw runsc checkpoint -leave-running / restore inside them; plain runsc checkpoint of a twin]`,
+      `${sec(p.stopMs)} / ${sec(p.startMs)} [${sec(p.rawCheckpointMs)} / ${sec(p.rawRestoreMs)}; ${sec(p.plainCheckpointMs)}]`,
+      'reported beside runc\'s target',
+    );
+  }
+  const f = s.fit;
+  row('gVisor pause with memory, fitted through the two sizes: per GiB of working set + fixed, each way [raw runsc per GiB]', `stop ${String(f.stopSPerGiB)} s/GiB + ${String(f.stopFixedMs)} ms, start ${String(f.startSPerGiB)} s/GiB + ${String(f.startFixedMs)} ms [${String(f.rawCheckpointSPerGiB)} / ${String(f.rawRestoreSPerGiB)} s/GiB]`, 'runc target ≤ 0.5 s/GiB + 150 ms each way; runc cannot keep memory yet (CRIU not wired)');
+  for (const k of s.fork) {
+    row(
+      `fork ×${String(k.count)} of a gVisor sandbox holding ${String(k.heldMiB)} MiB until every fork answers: snapshot + starts [raw checkpoint; slowest raw restore]${k.failed > 0 ? `, ${String(k.failed)} failed` : ''}`,
+      `${sec(k.totalMs)} = ${sec(k.snapshotMs)} + ${sec(k.forksMs)} [${sec(k.rawCheckpointMs)}; ${sec(k.rawRestoreMaxMs)}]`,
+      k.count === 10 ? '×10 ≤ 2 s' : '—',
+      k.count === 10 ? k.totalMs <= 2000 && k.failed === 0 : k.failed === 0,
+    );
+  }
+  row('snapshot size against the working set (gVisor, app holding 256 MiB): memory image / with the disk copy', `${mib(s.snapshot.memoryBytes)} / ${mib(s.snapshot.bytes)} for ${mib(s.snapshot.workingSetBytes)} (${(s.snapshot.memoryBytes / Math.max(1, s.snapshot.workingSetBytes)).toFixed(2)} ×)`, '—');
 }
 
 async function dataplane(row: Recorder, results: Record<string, unknown>): Promise<void> {
@@ -312,6 +339,7 @@ async function main(): Promise<void> {
   if (all || parts.has('runtime')) await runtime(row, results);
   if (parts.has('refill')) await refillPart(row, results);
   if (all || parts.has('wake')) await wake(row, results);
+  if (all || parts.has('state')) await state(row, results);
   if (all || parts.has('dataplane')) await dataplane(row, results);
   if (all || parts.has('federation')) await federation(row, results);
   if (all || parts.has('terminals')) await terminals(row, results);

@@ -6,7 +6,9 @@
 //   as any app that loads before it binds. Issue 15: the router released the request when the
 //   pod ran, and the client got 503s for as long as the server was not listening;
 // - `wakegvisor`: `wakeready` with `runtimeClassName: gvisor`, gVisor's figure beside runc's
-//   (issue 16 point 6); absent when this machine cannot run runsc.
+//   (issue 16 point 6); absent when this machine cannot run runsc;
+// - `wakememory`: a gVisor app holding 64 MiB, paused with its memory (pause {memory: true}) and
+//   woken by restoring it: the server answers from where it was, no start-up of its own.
 // The client behaves as a user pressing reload: after a non-200 it asks again 100 ms later, up
 // to 30 s; the time is from the first request to the first 200, and every non-200 is counted.
 import { request } from 'node:http';
@@ -34,7 +36,12 @@ export interface WakeResults {
   ready: WakeFigures;
   slowListen: WakeFigures & { listenDelayS: number };
   gvisor?: WakeFigures;
+  /** gVisor, paused with memory, an app holding MEMORY_APP_MIB. */
+  memory?: WakeFigures & { heldMiB: number };
 }
+
+/** What the memory-kept wake's app holds. */
+const MEMORY_APP_MIB = 64;
 
 export async function benchWake(): Promise<WakeResults> {
   const system = await startTestSystem('bnwk', 218, 'bench');
@@ -43,7 +50,11 @@ export async function benchWake(): Promise<WakeResults> {
     const ready = await wakes(system.edgeUrl, system.domain, target, 'wakeready', ['python3', '-m', 'http.server', '8080', '--directory', '/tmp'], true);
     const slow = await wakes(system.edgeUrl, system.domain, target, 'wakeslow', ['sh', '-c', `sleep ${LISTEN_DELAY_S} && exec python3 -m http.server 8080 --directory /tmp`], false);
     const results: WakeResults = { ready, slowListen: { ...slow, listenDelayS: LISTEN_DELAY_S } };
-    if (canRunGvisor()) results.gvisor = await wakes(system.edgeUrl, system.domain, target, 'wakegvisor', ['python3', '-m', 'http.server', '8080', '--directory', '/tmp'], true, 'gvisor');
+    if (canRunGvisor()) {
+      results.gvisor = await wakes(system.edgeUrl, system.domain, target, 'wakegvisor', ['python3', '-m', 'http.server', '8080', '--directory', '/tmp'], true, 'gvisor');
+      const app = `hold = b"\\x01" * (${String(MEMORY_APP_MIB)} << 20)\nimport http.server\nhttp.server.HTTPServer(("0.0.0.0", 8080), http.server.SimpleHTTPRequestHandler).serve_forever()`;
+      results.memory = { ...await wakes(system.edgeUrl, system.domain, target, 'wakememory', ['python3', '-c', app], true, 'gvisor', true), heldMiB: MEMORY_APP_MIB };
+    }
     return results;
   } finally {
     await system.cleanup();
@@ -60,7 +71,7 @@ function canRunGvisor(): boolean {
   }
 }
 
-async function wakes(edgeUrl: string, domain: string, target: Target, name: string, command: string[], probe: boolean, runtimeClassName?: string): Promise<WakeFigures> {
+async function wakes(edgeUrl: string, domain: string, target: Target, name: string, command: string[], probe: boolean, runtimeClassName?: string, memory = false): Promise<WakeFigures> {
   const [template, pool] = poolObjects(name, 1) as [{ spec: { podTemplate: { spec: { containers: Record<string, unknown>[]; runtimeClassName?: string } } } }, unknown];
   if (runtimeClassName !== undefined) template.spec.podTemplate.spec.runtimeClassName = runtimeClassName;
   template.spec.podTemplate.spec.containers = [
@@ -83,7 +94,8 @@ async function wakes(edgeUrl: string, domain: string, target: Target, name: stri
   const refused: Record<string, number> = {};
   let failed = 0;
   for (let i = 0; i < WAKES; i++) {
-    await call(target, 'POST', `/v1/sandboxes/${sb.body.id}/pause`);
+    const paused = await call(target, 'POST', `/v1/sandboxes/${sb.body.id}/pause`, memory ? { memory: true } : undefined);
+    if (paused.status !== 200) throw new Error(`pause failed: ${JSON.stringify(paused.body)}`);
     await waitPhase(target, sb.body.id, 'Hibernated');
     const start = performance.now();
     const ok = await firstOk(edgeUrl, host, sb.body.accessToken, refused);
