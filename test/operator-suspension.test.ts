@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { Condition } from '../src/api/meta.ts';
-import { ANNOTATION, SandboxTemplateType, SandboxType, type Sandbox, type SuspendMemory } from '../src/api/types.ts';
+import { ANNOTATION, SandboxSnapshotType, SandboxTemplateType, SandboxType, type Sandbox, type SandboxSnapshot, type SuspendMemory } from '../src/api/types.ts';
 import { validateObject } from '../src/api/validate.ts';
 import { AsbError, isAsbError } from '../src/errors.ts';
 import { eventually, startHarness, template, type Harness } from './support/operator-harness.ts';
@@ -217,4 +217,27 @@ test('suspensionStrategy accepts Stop and Hibernate and refuses KEP-694\'s Freez
     assert.ok(isAsbError(err, 'Invalid'), `${String(bad)} refused`);
     assert.match(err.message, /spec\.suspensionStrategy: must be one of Stop, Hibernate/);
   }
+});
+
+test('a SandboxSnapshot on a runtime that keeps none (the Kubernetes tier) fails at once, saying why; a sandbox from it reports the snapshot is not ready', async (t) => {
+  const h = await startHarness(t);
+  await h.store.create(SandboxTemplateType, template('plain', h.ns));
+  const name = await claimReady(h, 'plain');
+  await h.store.create<SandboxSnapshot>(SandboxSnapshotType, { apiVersion: 'extensions.agents.x-k8s.io/v1alpha1', kind: 'SandboxSnapshot', metadata: { name: 'snap', namespace: h.ns }, spec: { sandboxRef: { name } } });
+  const failed = await eventually('the snapshot failed', async () => {
+    const s = await h.store.get<SandboxSnapshot>(SandboxSnapshotType, h.ns, 'snap');
+    return s.status?.phase === 'Failed' ? s : undefined;
+  });
+  const ready = failed.status?.conditions?.find((c) => c.type === 'Ready');
+  assert.equal(ready?.reason, 'NotSupported');
+  assert.match(ready.message ?? '', /Kubernetes tier/);
+  assert.equal((await get(h, name)).status?.phase, 'Running', 'the sandbox runs on');
+  const sb = await get(h, name);
+  await h.store.create<Sandbox>(SandboxType, { ...sb, metadata: { name: 'from-snap', namespace: h.ns, labels: sb.metadata.labels ?? {} }, spec: { ...sb.spec, snapshotRef: { name: 'snap' } }, status: {} });
+  const refused = await eventually('the sandbox from it failed', async () => {
+    const s = await get(h, 'from-snap');
+    return s.status?.phase === 'Failed' ? s : undefined;
+  });
+  assert.equal(cond(refused, 'Ready')?.reason, 'SnapshotNotReady');
+  assert.ok(!h.runtime.calls.some((c) => c.startsWith('start from-snap')), 'no pod was started for it');
 });
