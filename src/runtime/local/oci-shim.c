@@ -508,7 +508,7 @@ int main(int argc, char **argv) {
   const char *run[] = {"run", "--detach", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
   int code;
   if (checkpoint_dir) {
-    const char *restore[] = {"restore", "--detach", "--bundle", bundle, "--pid-file", pid_path, "--image-path", checkpoint_dir, id, NULL};
+    const char *restore[] = {"restore", "--detach", "--background", "--bundle", bundle, "--pid-file", pid_path, "--image-path", checkpoint_dir, id, NULL};
     code = run_runc(restore);
     char status[1200];
     if (code == 0) {
