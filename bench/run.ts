@@ -130,7 +130,7 @@ async function runtime(row: Recorder, results: Record<string, unknown>): Promise
   const total = m.shimPssKb + m.kernelKb;
   row(
     `runc: memory per idle sandbox outside its own processes (${m.pods} idle pods, ${m.cycles} times): its oci-shim's PSS (RSS) + the kernel's unreclaimable memory per pod (growth of SUnreclaim, KernelStack, PageTables and Percpu, system-wide: an upper bound, it also holds the pod's own processes' page tables and stacks; median, lowest–highest)`,
-    `${total} KB: shim ${m.shimPssKb} KB (${m.shimRssKb} KB RSS) + kernel ${m.kernelKb} KB (${m.kernelSpreadKb[0]}–${m.kernelSpreadKb[1]}); for scale: the pod's cgroup is charged ${m.kernelInCgroupKb} KB kmem (reclaimable slab included), its tini and sleep ${m.containerPssKb} KB PSS, the launcher (one per worker) ${m.launcherRssKb} KB RSS`,
+    `${total} KB: shim ${m.shimPssKb} KB (${m.shimRssKb} KB RSS) + kernel ${m.kernelKb} KB (${m.kernelSpreadKb[0]}–${m.kernelSpreadKb[1]}); for scale: the pod's cgroup is charged ${m.kernelInCgroupKb} KB kmem (reclaimable slab included), its init and sleep ${m.containerPssKb} KB PSS, the launcher (one per worker) ${m.launcherRssKb} KB RSS`,
     '≤ 5 MB',
     total <= 5 * 1024,
   );

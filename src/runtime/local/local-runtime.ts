@@ -909,9 +909,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // progress must, or a shutdown that awaits it would exit half-way.
     const keepAlive = setInterval(() => undefined, 60_000);
     try {
-      // The container's init (tini) passes SIGTERM on to the command's process group. Sent again
+      // The container's init (asb-init) passes SIGTERM on to the command's process group. Sent again
       // while the grace lasts: one sent in the instant the container's first process is replaced
-      // by tini is lost (seen once in a few stops right after a start: a 2 s stop instead of 5 ms).
+      // by the init is lost (seen once in a few stops right after a start: a 2 s stop instead of 5 ms).
       signal(target.pid, 'SIGTERM');
       const resend = setInterval(() => signal(target.pid, 'SIGTERM'), TERM_RESEND_MS);
       const graceful = await this.#within(exited, this.#opts.stopGraceMs ?? 2000);
