@@ -119,7 +119,8 @@ runsc:
 # CRIU 4.1.1, what runc runs for checkpoint and restore (pause with memory on runc, docs/criu.md),
 # built from Debian trixie's source package (orig tarball pinned by sha256) against bookworm's
 # libraries into .tools/criu/bin (scripts/criu-build.sh says why not Debian 12's criu 3.17). First
-# time on 2 cores: 31 s with the apt-get install of its build dependencies, 21 s without; 7 ms after.
+# time on 2 cores: 31 s with the apt-get install of its build dependencies, 21 s without (37 s with
+# the machine busy); 7-11 ms after.
 criu:
 	@scripts/criu-build.sh
 
