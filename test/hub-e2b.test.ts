@@ -168,8 +168,8 @@ test('E2B creates and lists at the hub', async (t) => {
   });
 
   await t.test('a worker\'s own refusal is the answer, passed on as it came', async () => {
-    const res = await e2b(hub, 'POST', '/v2/sandboxes', teamA, { templateID: 'base', autoPause: true });
-    assert.match(errorOf(res, 400).message, /autoPause is not supported/);
+    const res = await e2b(hub, 'POST', '/v2/sandboxes', teamA, { templateID: 'base', volumeMounts: [{ name: 'data', path: '/data' }] });
+    assert.match(errorOf(res, 400).message, /volumeMounts are not supported/);
     assert.equal(res.headers.get('x-asb-cluster'), 'c1');
   });
 

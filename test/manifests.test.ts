@@ -112,7 +112,7 @@ test('each kustomization builds, every object has apiVersion, kind and a name, a
   }
   for (const dir of WORKER_CLUSTERS) {
     const crds = ofKind(build(dir), 'CustomResourceDefinition').map((c) => c.metadata.name);
-    assert.ok(crds.includes('sandboxes.agents.x-k8s.io') && crds.includes('sandboxwarmpools.extensions.agents.x-k8s.io') && crds.length === 7, `${dir}: ${crds.join(', ')}`);
+    assert.ok(crds.includes('sandboxes.agents.x-k8s.io') && crds.includes('sandboxwarmpools.extensions.agents.x-k8s.io') && crds.length === 8, `${dir}: ${crds.join(', ')}`);
   }
   // The hub's cluster has no sandboxes: no CRDs, no roles.
   assert.deepEqual(build('clusters/overlays/hub').filter((m) => /CustomResourceDefinition|Role/.test(m.kind)), []);

@@ -38,10 +38,11 @@ export interface AgentAddress {
 
 /**
  * The capabilities asb-init needs for itself: to set a child's user (SETUID, SETGID) and bounding
- * set (SETPCAP), and to signal processes of another user of the pod (KILL: a stop's SIGTERM to a
- * command running as uid 1000, an exec's timeout).
+ * set (SETPCAP), to signal processes of another user of the pod (KILL: a stop's SIGTERM to a
+ * command running as uid 1000, an exec's timeout), and to give a started process its own stdio
+ * pipes or terminal (CHOWN: a program that opens /dev/stdout must find it its user's).
  */
-const INIT_CAPS = ['CAP_KILL', 'CAP_SETGID', 'CAP_SETUID', 'CAP_SETPCAP'];
+const INIT_CAPS = ['CAP_CHOWN', 'CAP_KILL', 'CAP_SETGID', 'CAP_SETUID', 'CAP_SETPCAP'];
 
 /** Linux's capability numbers (linux/capability.h), for asb-init's masks. */
 const CAP_NUMBERS: Readonly<Record<string, number>> = {
@@ -88,6 +89,19 @@ export function initProcess(spec: OciSpec, init: string, agent: { port: number; 
     args: [init, '--user', user, '--caps', caps, '--', ...p.args],
     env: [...p.env, `${AGENT_ENV}=${String(agent.port)}:${agent.token}`],
   };
+}
+
+/**
+ * The home directory /etc/passwd gives `uid`, else "/": what runc sets HOME to when the process's
+ * environment has none. asb-init runs as root, so runc would give the init (and through it the
+ * command and every exec) root's home: the pod's spec gets the user's HOME itself instead.
+ */
+export function homeOf(passwd: string, uid: number): string {
+  for (const line of passwd.split('\n')) {
+    const f = line.split(':');
+    if (f.length >= 7 && Number(f[2]) === uid && f[5] !== undefined && f[5] !== '') return f[5];
+  }
+  return '/';
 }
 
 /** What asb-init's command line and environment say (a pod's config.json read back after a restart). */
@@ -146,8 +160,9 @@ function frameReader(onFrame: (f: Frame) => void): (chunk: Buffer) => void {
   };
 }
 
+/** A wait that keeps the process alive: a call in flight is not abandoned by an idle event loop. */
 function delay(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms).unref());
+  return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
 /** A connection to the agent; refused connects are retried a while (the agent listens a moment after the init starts). */

@@ -7,9 +7,9 @@
 // init's tree: research/peers-2026-11.md §1.1, docs/criu.md).
 //
 // It runs with the sandbox's privileges only: container uid 0 in the pod's user namespace with
-// CAP_SETUID, CAP_SETGID, CAP_SETPCAP and CAP_KILL besides the capabilities the pod was granted,
-// under the pod's seccomp filter and no_new_privs. A child takes the user and capabilities it was
-// asked for (the same as runc exec gave it) before it execs anything: the four are dropped from its
+// CAP_SETUID, CAP_SETGID, CAP_SETPCAP, CAP_KILL and CAP_CHOWN besides the capabilities the pod was
+// granted, under the pod's seccomp filter and no_new_privs. A child takes the user and capabilities
+// it was asked for (the same as runc exec gave it) before it execs anything: the five are dropped from its
 // bounding set, then its user is set, then its capability sets (src/runtime/local/agent.ts has the
 // masks and says why each is needed).
 //
@@ -310,6 +310,9 @@ static struct proc *spawn_proc(const struct spawn_req *r, char *err, size_t err_
     } else {
       dup2(in[0], 0); dup2(out[1], 1); dup2(errp[1], 2);
     }
+    // The process's own stdio: a program that opens /dev/stdout (/proc/self/fd/1) must find its
+    // pipe or terminal its user's, as it was under runc exec, not the init's root.
+    for (int fd = 0; fd <= 2; fd++) (void)!fchown(fd, r->uid, r->gid);
     // become() says why it failed on stderr: pointed at the report meanwhile.
     int saved = dup(2);
     dup2(fail, 2);

@@ -29,7 +29,7 @@ import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type IdRan
 import { POD_NOFILE } from '../oci/inherited-rlimits.ts';
 import { runscContainerId, runscSpec } from '../oci/runsc.ts';
 import { readImageFile } from './image-file.ts';
-import { AGENT_PORT, initProcess, newAgentToken, readInitProcess } from './agent.ts';
+import { AGENT_PORT, homeOf, initProcess, newAgentToken, readInitProcess } from './agent.ts';
 import { legacyLayout, type PodPaths } from './rootfs.ts';
 import { madeBeforeDisks, podDisk, type DiskTool } from './disk.ts';
 import { mainContainer, resolveMounts } from './pod-process.ts';
@@ -198,6 +198,7 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   // starts exec'd processes and terminals as its own children (agent.ts). Its token stays the
   // pod's across starts: a pod restored with its memory has the one it was started with.
   const token = (await readIdentity(paths))?.agent?.token ?? newAgentToken();
+  if (!spec.process.env.some((e) => e.startsWith('HOME='))) spec.process.env.push(`HOME=${homeOf(passwd, spec.process.user.uid)}`);
   spec.process = initProcess(spec, INIT_PATH, { port: AGENT_PORT, token });
   await writeFile(join(paths.dir, 'config.json'), JSON.stringify(spec), { mode: 0o600 });
   const shimArgs = ['-d', paths.dir, '-r', runtime.binary, '-R', runtime.root, '-i', gvisor ? runscContainerId(req.id) : req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
