@@ -7,7 +7,6 @@
 // of runsc), and a plain `runsc checkpoint` of a twin pod (no pause, no -leave-running).
 import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { execFile } from 'node:child_process';
-import { get } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -15,10 +14,11 @@ import { findRunscBinary } from '../src/runtime/oci/runsc-binary.ts';
 import { runscContainerId, runscFlags } from '../src/runtime/oci/runsc.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
 import { startTestRuntime, stopTestRuntime } from '../test/support/test-runtime.ts';
+import { counterApp, httpGet } from '../test/support/counter-app.ts';
 
 const run = promisify(execFile);
 
-const COUNTER = 'import http.server, sys\nhold = b"\\x01" * (int(sys.argv[1]) << 20)\nn = 0\nclass H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        global n\n        n += 1\n        b = str(n).encode()\n        self.send_response(200)\n        self.send_header("Content-Length", str(len(b)))\n        self.end_headers()\n        self.wfile.write(b)\n    def log_message(self, *a):\n        pass\nhttp.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()';
+const COUNTER = counterApp(8000, { hold: true });
 
 function pod(id: string, mib: number, from?: string): PodRequest {
   return {
@@ -28,22 +28,13 @@ function pod(id: string, mib: number, from?: string): PodRequest {
   };
 }
 
-function httpGet(url: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = get(url, { agent: false, timeout: 5000 }, (res) => {
-      let body = '';
-      res.setEncoding('utf8').on('data', (c: string) => (body += c)).on('end', () => resolve(body));
-    });
-    req.on('error', reject);
-  });
-}
 
-/** The counter's answer once the pod listens (bounded: 60 s). */
+/** The counter's count once the pod listens (bounded: 60 s). */
 async function answers(ip: string): Promise<string> {
   const until = Date.now() + 60_000;
   for (;;) {
     try {
-      return await httpGet(`http://${ip}:8000/`);
+      return (await httpGet(`http://${ip}:8000/`)).split(' ')[1] ?? '';
     } catch (err) {
       if (Date.now() > until) throw err;
       await new Promise((resolve) => setTimeout(resolve, 5));

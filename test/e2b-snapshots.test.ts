@@ -11,9 +11,10 @@ import { startTestSystem } from './support/local-system.ts';
 import { outcomes, REPO_ROOT, runPytest, VENV_PYTHON } from './support/pytest.ts';
 import * as e2b from 'e2b';
 import { api } from './support/worker-process.ts';
+import { counterApp } from './support/counter-app.ts';
 
 const suite = join('test', 'python', 'test_e2b_snapshots.py');
-const COUNTER = 'import http.server, os\ntoken = os.urandom(8).hex()\nn = 0\nclass H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        global n\n        n += 1\n        b = f"{token} {n}".encode()\n        self.send_response(200)\n        self.send_header("Content-Length", str(len(b)))\n        self.end_headers()\n        self.wfile.write(b)\n    def log_message(self, *a):\n        pass\nhttp.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()';
+const COUNTER = counterApp(8080);
 
 test('the E2B Python SDK: create_snapshot, list_snapshots, Sandbox.create(snapshot), delete_snapshot and fork(count=3) keep memory and processes', async (t) => {
   assert.ok(existsSync(VENV_PYTHON), `${VENV_PYTHON} is missing: make test installs e2b and pytest into .venv`);

@@ -9,7 +9,6 @@ import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdir, readFile, stat, writeFile } from 'node:fs/promises';
-import { get } from 'node:http';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
@@ -21,6 +20,7 @@ import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
+import { counterApp, httpGet, podSh, startedReady as startedReadyIn } from './support/counter-app.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
 const execFileAsync = promisify(execFile);
@@ -37,29 +37,7 @@ before(async () => {
 
 after(() => stopTestRuntime(fixture));
 
-/**
- * A server whose state lives only in its memory: a token drawn at start and a counter each GET
- * bumps, on port 8000. A fresh start answers with another token and counts from 1 again.
- * `holdMiB` more MiB of touched memory make the image that big.
- */
-const COUNTER = [
-  'import http.server, os, sys',
-  'hold = b"\\x01" * (int(sys.argv[1]) << 20)',
-  'token = os.urandom(8).hex()',
-  'n = 0',
-  'class H(http.server.BaseHTTPRequestHandler):',
-  '    def do_GET(self):',
-  '        global n',
-  '        n += 1',
-  '        body = f"{token} {n}".encode()',
-  '        self.send_response(200)',
-  '        self.send_header("Content-Length", str(len(body)))',
-  '        self.end_headers()',
-  '        self.wfile.write(body)',
-  '    def log_message(self, *args):',
-  '        pass',
-  'http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()',
-].join('\n');
+const COUNTER = counterApp(8000, { hold: true });
 
 function counterPod(id: string, opts: { holdMiB?: number; runtimeClassName?: string | null; container?: Partial<Container> } = {}): PodRequest {
   const runtimeClassName = opts.runtimeClassName === undefined ? 'gvisor' : opts.runtimeClassName;
@@ -76,16 +54,6 @@ function counterPod(id: string, opts: { holdMiB?: number; runtimeClassName?: str
   };
 }
 
-function httpGet(url: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = get(url, { agent: false, timeout: 5000 }, (res) => {
-      let body = '';
-      res.setEncoding('utf8').on('data', (c: string) => (body += c)).on('end', () => resolve(body));
-    });
-    req.on('timeout', () => req.destroy(new Error(`GET ${url} timed out`)));
-    req.on('error', reject);
-  });
-}
 
 /** The counter's token and count, asked over the pod's own address from the host. */
 async function count(state: PodState): Promise<{ token: string; n: number }> {
@@ -93,20 +61,12 @@ async function count(state: PodState): Promise<{ token: string; n: number }> {
   return { token, n: Number(n) };
 }
 
-/** Started and answering: the readiness probe saw the port. */
-async function startedReady(req: PodRequest): Promise<PodState> {
-  const state = await rt.start(req);
-  assert.equal(state.phase, 'Running', `${req.id}: ${JSON.stringify(state)}`);
-  for (let i = 0; i < 200 && !rt.state(req.id).ready; i++) await new Promise((resolve) => setTimeout(resolve, 50));
-  const ready = rt.state(req.id);
-  assert.equal(ready.ready, true, `${req.id} never became ready: ${JSON.stringify(ready)}`);
-  return ready;
+function startedReady(req: PodRequest): Promise<PodState> {
+  return startedReadyIn(rt, req);
 }
 
-async function sh(id: string, script: string): Promise<string> {
-  const r = await rt.exec(id, { command: ['sh', '-c', script] });
-  assert.equal(r.exitCode, 0, Buffer.from(r.stderr).toString());
-  return Buffer.from(r.stdout).toString();
+function sh(id: string, script: string): Promise<string> {
+  return podSh(rt, id, script);
 }
 
 async function readMeta(id: string): Promise<CheckpointMeta> {
@@ -298,7 +258,7 @@ test('processes started through the runtime (a background server, a terminal) su
   const req = counterPod(id);
   const first = await startedReady(req);
   // A second counter, started as E2B's background commands are (spawn), on port 8001.
-  const server = await rt.spawn(id, { command: ['python3', '-c', COUNTER.replace('8000', '8001'), '0'] });
+  const server = await rt.spawn(id, { command: ['python3', '-c', counterApp(8001, { hold: true }), '0'] });
   let serverEnded = false;
   void server.exited.then(() => (serverEnded = true));
   const url = `http://${first.ip ?? ''}:8001/`;

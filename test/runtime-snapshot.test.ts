@@ -6,13 +6,13 @@
 // needs root and `make runsc`. Its own bridge and subnet (asbsnp0, 10.244.0.0/16).
 import assert from 'node:assert/strict';
 import { stat } from 'node:fs/promises';
-import { get } from 'node:http';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { isAsbError } from '../src/errors.ts';
 import type { LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
+import { counterApp, httpGet, podSh, startedReady as startedReadyIn } from './support/counter-app.ts';
 
 let fixture: TestRuntime;
 let rt: LocalRuntime;
@@ -24,24 +24,7 @@ before(async () => {
 
 after(() => stopTestRuntime(fixture));
 
-/** A server whose state lives only in its memory: a token drawn at start and a counter each GET bumps, on port 8000. */
-const COUNTER = [
-  'import http.server, os',
-  'token = os.urandom(8).hex()',
-  'n = 0',
-  'class H(http.server.BaseHTTPRequestHandler):',
-  '    def do_GET(self):',
-  '        global n',
-  '        n += 1',
-  '        body = f"{token} {n}".encode()',
-  '        self.send_response(200)',
-  '        self.send_header("Content-Length", str(len(body)))',
-  '        self.end_headers()',
-  '        self.wfile.write(body)',
-  '    def log_message(self, *args):',
-  '        pass',
-  'http.server.HTTPServer(("0.0.0.0", 8000), H).serve_forever()',
-].join('\n');
+const COUNTER = counterApp(8000);
 
 function counterPod(id: string, from?: string, container: Record<string, unknown> = {}): PodRequest {
   return {
@@ -54,34 +37,17 @@ function counterPod(id: string, from?: string, container: Record<string, unknown
   };
 }
 
-function httpGet(url: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = get(url, { agent: false, timeout: 5000 }, (res) => {
-      let body = '';
-      res.setEncoding('utf8').on('data', (c: string) => (body += c)).on('end', () => resolve(body));
-    });
-    req.on('timeout', () => req.destroy(new Error(`GET ${url} timed out`)));
-    req.on('error', reject);
-  });
-}
 
 async function count(state: PodState): Promise<string> {
   return httpGet(`http://${state.ip ?? ''}:8000/`);
 }
 
-async function startedReady(req: PodRequest): Promise<PodState> {
-  const state = await rt.start(req);
-  assert.equal(state.phase, 'Running', `${req.id}: ${JSON.stringify(state)}`);
-  for (let i = 0; i < 200 && !rt.state(req.id).ready; i++) await new Promise((resolve) => setTimeout(resolve, 50));
-  const ready = rt.state(req.id);
-  assert.equal(ready.ready, true, `${req.id} never became ready: ${JSON.stringify(ready)}`);
-  return ready;
+function startedReady(req: PodRequest): Promise<PodState> {
+  return startedReadyIn(rt, req);
 }
 
-async function sh(id: string, script: string): Promise<string> {
-  const r = await rt.exec(id, { command: ['sh', '-c', script] });
-  assert.equal(r.exitCode, 0, `${id}: ${Buffer.from(r.stderr).toString()}`);
-  return Buffer.from(r.stdout).toString();
+function sh(id: string, script: string): Promise<string> {
+  return podSh(rt, id, script);
 }
 
 test('a snapshot with memory gives forks that go on from the source\'s memory, each with its own address, files and ids; the source goes on too', async () => {

@@ -9,25 +9,9 @@ import { baseTemplate } from '../src/api/builtin.ts';
 import type { SandboxTemplate } from '../src/api/types.ts';
 import { startTestSystem } from './support/local-system.ts';
 import { api, type ExecOut } from './support/worker-process.ts';
+import { counterApp } from './support/counter-app.ts';
 
-/** A counter over HTTP on 8080 whose token and count live only in its memory. */
-const COUNTER = [
-  'import http.server, os',
-  'token = os.urandom(8).hex()',
-  'n = 0',
-  'class H(http.server.BaseHTTPRequestHandler):',
-  '    def do_GET(self):',
-  '        global n',
-  '        n += 1',
-  '        body = f"{token} {n}".encode()',
-  '        self.send_response(200)',
-  '        self.send_header("Content-Length", str(len(body)))',
-  '        self.end_headers()',
-  '        self.wfile.write(body)',
-  '    def log_message(self, *args):',
-  '        pass',
-  'http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()',
-].join('\n');
+const COUNTER = counterApp(8080);
 
 function counterTemplate(name: string, gvisor: boolean): SandboxTemplate {
   const t = baseTemplate();

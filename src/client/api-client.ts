@@ -7,6 +7,9 @@ import type { KubeObject } from '../api/meta.ts';
 import type { SandboxClaim, SandboxPhase, SandboxTemplate, SandboxWarmPool } from '../api/types.ts';
 import type { FileEntry } from '../runtime/runtime.ts';
 import type { SandboxView } from '../worker/views.ts';
+import type { SnapshotView } from '../worker/routes-snapshots.ts';
+
+export type { SnapshotView };
 
 export type { FileEntry };
 
@@ -340,21 +343,7 @@ function causeText(err: unknown): string {
 
 function isRecord(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
-}/** A snapshot as the API shows it (src/worker/routes-snapshots.ts). */
-export interface SnapshotView {
-  id: string;
-  name?: string;
-  sandbox: string;
-  template?: string;
-  phase: string;
-  memory: boolean;
-  bytes?: number;
-  memoryBytes?: number;
-  takenAt?: string;
-  createdAt?: string;
-  message?: string;
 }
-
 /** One fork's outcome: its sandbox, or why it did not start. */
 export type ForkView = { sandbox: SandboxView } | { error: { code: string; status: number; message: string } };
 

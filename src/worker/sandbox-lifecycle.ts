@@ -1,6 +1,7 @@
 // What the sandbox APIs do to a sandbox, shared by our /v1 routes (routes-sandboxes.ts) and the
 // E2B-compatible routes (e2b/routes.ts), so both APIs claim, pause, resume, time out and delete
 // the same way. Lifecycle changes are spec writes; the operator does the work.
+import type { KubeObject, ResourceType } from '../api/meta.ts';
 import type { Sandbox, SandboxShutdownPolicy, SuspendMemory, SuspensionStrategy } from '../api/types.ts';
 import { ANNOTATION, sandboxLifecycle, SandboxTemplateType, SandboxType, wantsRunning } from '../api/types.ts';
 import { SUSPENDED_REASON } from '../operator/suspension.ts';
@@ -90,13 +91,23 @@ export function waitReady(w: WorkerContext, sandbox: Sandbox): Promise<Sandbox> 
  * wait on (hibernated).
  */
 export function waitUntil(w: WorkerContext, from: Sandbox, done: (s: Sandbox) => boolean, what: string): Promise<Sandbox> {
-  if (done(from)) return Promise.resolve(from);
+  return watchObject(w, SandboxType, from, (s) => (done(s) ? s : undefined), () => sandboxNotFound(from.metadata.name), `sandbox "${from.metadata.name}" to be ${what}`);
+}
+
+/**
+ * Watches one object from `from` on until `settle` returns it (or an error to reject with); the
+ * object's deletion rejects with `gone()`, and waitReadyMs with Timeout naming `what`.
+ */
+export function watchObject<T extends KubeObject>(w: WorkerContext, type: ResourceType, from: T, settle: (o: T) => T | Error | undefined, gone: () => AsbError, what: string): Promise<T> {
+  const first = settle(from);
+  if (first instanceof Error) return Promise.reject(first);
+  if (first !== undefined) return Promise.resolve(first);
   const { name, namespace } = from.metadata;
   const timeoutMs = w.limits.waitReadyMs;
   return new Promise((resolve, reject) => {
     // The watch may deliver (replay) before store.watch returns, so both handles may be unset.
     const live: { settled: boolean; watch?: Watch; timer?: Timer } = { settled: false };
-    const finish = (outcome: Sandbox | Error): void => {
+    const finish = (outcome: T | Error): void => {
       if (live.settled) return;
       live.settled = true;
       live.watch?.close();
@@ -106,14 +117,18 @@ export function waitUntil(w: WorkerContext, from: Sandbox, done: (s: Sandbox) =>
     };
     const opts: WatchOptions = { namespace: namespace ?? w.defaultNamespace };
     if (from.metadata.resourceVersion !== undefined) opts.resourceVersion = from.metadata.resourceVersion;
-    live.watch = w.store.watch<Sandbox>(SandboxType, opts, {
+    live.watch = w.store.watch<T>(type, opts, {
       onEvent: (event) => {
         if (event.object.metadata.name !== name) return;
-        if (event.type === 'DELETED') finish(sandboxNotFound(name));
-        else if (done(event.object)) finish(event.object);
+        if (event.type === 'DELETED') {
+          finish(gone());
+          return;
+        }
+        const outcome = settle(event.object);
+        if (outcome !== undefined) finish(outcome);
       },
       onError: (err) => {
-        finish(new AsbError('Unavailable', `lost the store watch while waiting for sandbox "${name}" to be ${what}; try again`, { cause: err }));
+        finish(new AsbError('Unavailable', `lost the store watch while waiting for ${what}; try again`, { cause: err }));
       },
     });
     if (live.settled) {
@@ -121,7 +136,7 @@ export function waitUntil(w: WorkerContext, from: Sandbox, done: (s: Sandbox) =>
       return;
     }
     live.timer = w.clock.after(timeoutMs, () => {
-      finish(new AsbError('Timeout', `sandbox "${name}" not ${what} within ${timeoutMs} ms`));
+      finish(new AsbError('Timeout', `waited ${String(timeoutMs)} ms for ${what}`));
     });
   });
 }

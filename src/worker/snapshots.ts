@@ -17,11 +17,9 @@ import { AsbError, isAsbError } from '../errors.ts';
 import { RUNTIME_FINALIZER } from '../operator/blueprint.ts';
 import type { EgressPolicy } from '../network/egress-policy.ts';
 import { networkSpec } from '../network/sandbox-network.ts';
-import type { Watch } from '../store/store.ts';
-import type { Timer } from '../system/clock.ts';
 import { canSee, isObjectName } from './access.ts';
 import type { WorkerContext } from './deps.ts';
-import { waitReady } from './sandbox-lifecycle.ts';
+import { waitReady, watchObject } from './sandbox-lifecycle.ts';
 
 /** On a SandboxSnapshot: the name its owner gave it (E2B's snapshot names), besides its id. */
 export const SNAPSHOT_NAME_ANNOTATION = 'asb.dev/snapshot-name';
@@ -51,35 +49,8 @@ function snapshotFailure(snap: SandboxSnapshot): AsbError {
 
 /** Resolves once the snapshot is Ready, rejects with its failure, or Timeout after waitReadyMs. */
 function waitTaken(w: WorkerContext, created: SandboxSnapshot): Promise<SandboxSnapshot> {
-  const { name, namespace } = created.metadata;
-  return new Promise((resolve, reject) => {
-    const live: { settled: boolean; watch?: Watch; timer?: Timer } = { settled: false };
-    const finish = (outcome: SandboxSnapshot | Error): void => {
-      if (live.settled) return;
-      live.settled = true;
-      live.watch?.close();
-      live.timer?.cancel();
-      if (outcome instanceof Error) reject(outcome);
-      else resolve(outcome);
-    };
-    const check = (snap: SandboxSnapshot): void => {
-      if (snap.status?.phase === 'Ready') finish(snap);
-      else if (snap.status?.phase === 'Failed') finish(snapshotFailure(snap));
-    };
-    live.watch = w.store.watch<SandboxSnapshot>(SandboxSnapshotType, { namespace: namespace ?? w.defaultNamespace, ...(created.metadata.resourceVersion === undefined ? {} : { resourceVersion: created.metadata.resourceVersion }) }, {
-      onEvent: (event) => {
-        if (event.object.metadata.name !== name) return;
-        if (event.type === 'DELETED') finish(snapshotNotFound(name));
-        else check(event.object);
-      },
-      onError: (err) => finish(new AsbError('Unavailable', `lost the store watch while snapshot "${name}" was taken; look it up with GET /v1/snapshots/${name}`, { cause: err })),
-    });
-    if (live.settled) {
-      live.watch.close();
-      return;
-    }
-    live.timer = w.clock.after(w.limits.waitReadyMs, () => finish(new AsbError('Timeout', `snapshot "${name}" not taken within ${String(w.limits.waitReadyMs)} ms; it may still finish: GET /v1/snapshots/${name}`)));
-  });
+  const settle = (snap: SandboxSnapshot): SandboxSnapshot | Error | undefined => (snap.status?.phase === 'Ready' ? snap : snap.status?.phase === 'Failed' ? snapshotFailure(snap) : undefined);
+  return watchObject(w, SandboxSnapshotType, created, settle, () => snapshotNotFound(created.metadata.name), `snapshot "${created.metadata.name}" to be taken (it may still finish: GET /v1/snapshots/${created.metadata.name})`);
 }
 
 /** Takes a snapshot of the sandbox for the principal's team and waits until it is taken (or failed). */
