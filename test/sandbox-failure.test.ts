@@ -135,8 +135,8 @@ test('a sandbox whose image cannot be pulled shows ErrImagePull and the registry
     assert.match(got.stdout, new RegExp(`^message: +${PULL_FAILED.source}`, 'm'));
     const listed = await cli(['ls']);
     assert.equal(listed.code, 0, listed.stderr);
-    assert.match(listed.stdout, /^ID\s+TEMPLATE\s+PHASE\s+READY\s+AGE\s+OWNER\s+REASON$/m);
-    assert.match(listed.stdout, new RegExp(`^${id}\\s+unpullable\\s+Failed\\s+false\\s+\\S+\\s+failure-team\\s+ErrImagePull$`, 'm'));
+    assert.match(listed.stdout, /^ID\s+TEMPLATE\s+PHASE\s+READY\s+MEMORY\s+AGE\s+OWNER\s+REASON$/m);
+    assert.match(listed.stdout, new RegExp(`^${id}\\s+unpullable\\s+Failed\\s+false\\s+-\\s+\\S+\\s+failure-team\\s+ErrImagePull$`, 'm'));
   });
 
   await t.test('the E2B SDK\'s create and connect reject with the reason and the registry answer in their message', async () => {

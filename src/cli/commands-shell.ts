@@ -92,6 +92,9 @@ function connect(url: string, apiUrl: string, key: string | undefined): Promise<
     ws.once('error', (err) => reject(new ApiUnreachableError(apiUrl, err)));
     ws.once('open', () => {
       ws.removeAllListeners('error');
+      // Paused until session() listens: a program that ends at once sends its output, exit code
+      // and close right behind the upgrade, and a message with no listener yet would be lost.
+      ws.pause();
       resolve(ws);
     });
   });
@@ -135,6 +138,8 @@ function session(ws: WebSocket, io: CliIo, stdin: ShellInput, stdout: ShellOutpu
       }
       if (msg?.type === 'exit') exitCode = msg.code;
     });
+
+    ws.resume();
 
     stdin.on('data', (chunk) => {
       if (ws.readyState !== WebSocket.OPEN) return;
