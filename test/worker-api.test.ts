@@ -214,6 +214,13 @@ test('the E2B routes answer in the documented shapes, errors as {code, message}'
   assert.deepEqual((await e2b('POST', `/sandboxes/${id}/pause`, {})).json, { code: 409, message: `sandbox "${id}" is already paused; resume it with connect` });
   assert.equal((await e2b('POST', `/v2/sandboxes/${id}/connect`, {})).status, 201, 'paused: resumed, 201');
   assert.equal((await e2b('GET', `/sandboxes/${id}`, undefined, fx.keys.teamB)).status, 404, "another team's sandbox");
+  // Snapshots and fork: this worker's runtime keeps no snapshots (test/snapshot-api.test.ts and
+  // test/e2b-snapshots.test.ts run them on gVisor), so a snapshot is a 501 saying why.
+  const snap = await e2b('POST', `/sandboxes/${id}/snapshots`, { name: 'x' });
+  assert.equal(snap.status, 501, snap.text);
+  assert.equal((await e2b('POST', `/sandboxes/${id}/fork`, { count: 2 })).status, 501);
+  assert.deepEqual((await e2b('GET', `/snapshots?sandboxID=${id}`)).json, []);
+  assert.equal((await e2b('DELETE', '/templates/no-such-snapshot')).status, 404);
   assert.equal((await e2b('DELETE', `/sandboxes/${id}`)).status, 204);
   assert.equal((await e2b('DELETE', `/sandboxes/${id}`)).status, 404);
   const unauthorized = await e2b('GET', '/v2/sandboxes', undefined, 'e2b_not_ours');
@@ -299,6 +306,15 @@ test('egress policy: the template\'s by default, replaced at create and while ru
   // Hibernate and wake: the pod is started again with the policy the Sandbox holds.
   fx.runtime.egress.delete(plain.id);
   assert.equal((await api('POST', `/v1/sandboxes/${plain.id}/pause`, { key, json: {} })).status, 200);
+  // Snapshots: refused with the reason where the runtime keeps none; nothing is left behind.
+  const taken = await api('POST', `/v1/sandboxes/${plain.id}/snapshots`, { key, json: { name: 'first' } });
+  assert.equal(taken.status, 501, taken.text);
+  assert.match(taken.text, /keeps no snapshots/);
+  assert.deepEqual((await api('GET', '/v1/snapshots', { key })).json, { items: [] });
+  assert.equal((await api('GET', '/v1/snapshots/first', { key })).status, 404);
+  assert.equal((await api('DELETE', '/v1/snapshots/first', { key })).status, 404);
+  assert.equal((await api('POST', '/v1/snapshots/first/sandboxes', { key, json: {} })).status, 404);
+  assert.equal((await api('POST', `/v1/sandboxes/${plain.id}/fork`, { key, json: { count: 2 } })).status, 501);
   assert.equal((await api('POST', `/v1/sandboxes/${plain.id}/resume`, { key, json: {} })).status, 200);
   assert.deepEqual(fx.runtime.egress.get(plain.id), { internet: false, allow: ['198.51.100.7'], deny: [] });
 
