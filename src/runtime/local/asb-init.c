@@ -542,18 +542,22 @@ static void read_conn(struct conn *c) {
   }
 }
 
-static void accept_conn(void) {
-  int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd < 0) return;
-  int slot = -1;
-  for (int i = 0; i < MAX_CONNS && slot < 0; i++) if (!conns[i]) slot = i;
-  struct conn *c = slot < 0 ? NULL : calloc(1, sizeof *c);
-  if (!c) { close(fd); return; }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  c->fd = fd;
-  c->since = now_ms();
-  conns[slot] = c;
+// Every connection waiting, not one per wakeup: 200 terminals opened at once must not wait in the
+// backlog (a full one drops SYNs, and the client's retransmit costs it a second or more).
+static void accept_conns(void) {
+  for (;;) {
+    int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    int slot = -1;
+    for (int i = 0; i < MAX_CONNS && slot < 0; i++) if (!conns[i]) slot = i;
+    struct conn *c = slot < 0 ? NULL : calloc(1, sizeof *c);
+    if (!c) { close(fd); continue; }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->fd = fd;
+    c->since = now_ms();
+    conns[slot] = c;
+  }
 }
 
 // ---- signals and children
@@ -651,7 +655,7 @@ static void listen_on(int port) {
   int one = 1;
   setsockopt(listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr = {htonl(INADDR_ANY)}};
-  if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(listen_fd, 128) < 0) {
+  if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(listen_fd, MAX_CONNS) < 0) {
     // The command still runs: the runtime sees the agent missing and says so on each exec.
     dprintf(2, "asb-init: cannot listen on port %d: %s\n", port, strerror(errno));
     if (listen_fd >= 0) close(listen_fd);
@@ -730,7 +734,7 @@ int main(int argc, char **argv) {
       if (!re) continue;
       switch (fd_kind[i]) {
       case 's': on_signal(); break;
-      case 'l': accept_conn(); break;
+      case 'l': accept_conns(); break;
       case 'o': if (find_proc(fd_proc[i]->pid) == fd_proc[i]) pump_output(fd_proc[i], &fd_proc[i]->out_fd, 'O'); break;
       case 'e': if (find_proc(fd_proc[i]->pid) == fd_proc[i]) pump_output(fd_proc[i], &fd_proc[i]->err_fd, 'R'); break;
       case 'i': if (find_proc(fd_proc[i]->pid) == fd_proc[i]) pump_stdin(fd_proc[i]); break;
