@@ -670,7 +670,19 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
         await this.#copySparse(disk.image, join(paths.partial, 'disk.img'));
       } else {
         if (memory && target.kind !== 'runsc') throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory cannot be kept yet (it needs CRIU): snapshot its files only, or run it with runtimeClassName gvisor`);
-        memoryBytes = await this.#saveWhilePaused(pod, target, paths.memoryPartial, join(paths.partial, 'memory'), memory, () => this.#copyFrozen(disk.mount, disk.image, join(paths.partial, 'disk.img')));
+        const copyDisk = (): Promise<void> => this.#copyFrozen(disk.mount, disk.image, join(paths.partial, 'disk.img'));
+        if (!memory) {
+          await copyDisk();
+        } else {
+          // The disk is copied while the sandbox is still paused: its files match its memory.
+          const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved for its snapshot, it keeps running: ${why}`);
+          memoryBytes = (await this.#savePaused(pod, target, paths.memoryPartial, join(paths.partial, 'memory'), failed)).bytes;
+          try {
+            await copyDisk();
+          } finally {
+            await this.#resumePaused(pod, target);
+          }
+        }
       }
       await copyFile(join(pod.paths.dir, 'config.json'), join(paths.partial, 'config.json'));
       const diskBytes = (await stat(join(paths.partial, 'disk.img'))).blocks * 512;
@@ -698,37 +710,50 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
   }
 
+  /** One runsc command on a running gVisor pod, through the launcher. */
+  #runsc(target: PodTarget, cmd: RunscCommand): Promise<{ code: number; output: string }> {
+    return this.#launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
+  }
+
   /**
-   * With `memory`, a gVisor sandbox paused, saved with -leave-running into `partial` and sealed as
-   * `sealed`, with `copy` run while it is still paused; then resumed. Its agent's connections are
-   * dropped by the save and attached again after. Returns the memory image's bytes.
+   * The memory save both a stop with memory and a snapshot make: the agent's connections dropped
+   * (a save drops every connection from outside), the sandbox paused, saved with -leave-running into
+   * `partial` (runsc.ts' checkpointSequence says why), `check`ed, and sealed as `sealed`
+   * (checkpoint.ts). On success the sandbox stays paused: the caller kills it or resumes it
+   * (#resumePaused). On any failure the image is deleted, the sandbox resumed, and `failed(why)`
+   * (or a CheckpointFailed the check threw) is thrown.
    */
-  async #saveWhilePaused(pod: Pod, target: PodTarget, partial: string, sealed: string, memory: boolean, copy: () => Promise<void>): Promise<number> {
-    if (!memory) {
-      await copy();
-      return 0;
-    }
-    const runsc = (cmd: RunscCommand): Promise<{ code: number; output: string }> => this.#launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
-    const version = await this.#runscVersion();
+  async #savePaused(pod: Pod, target: PodTarget, partial: string, sealed: string, failed: (why: string) => AsbError, check?: () => Promise<void>): Promise<CheckpointMeta> {
+    const version = await this.#runscVersion().catch((err: unknown) => {
+      throw failed(err instanceof Error ? err.message : String(err));
+    });
+    await discardCheckpoint(partial);
     const steps = checkpointSequence(target.id, partial);
     target.agent?.suspend();
-    const paused = await runsc(steps.pause);
+    const paused = await this.#runsc(target, steps.pause);
     if (paused.code !== 0) {
       void target.agent?.resume();
-      throw new AsbError('CheckpointFailed', `pod ${pod.id} could not be paused for its snapshot: ${lastLine(paused.output)}`);
+      throw failed(`runsc pause: ${lastLine(paused.output)}`);
     }
     try {
-      const saved = await runsc(steps.checkpoint);
-      if (saved.code !== 0) throw new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved: runsc checkpoint: ${lastLine(saved.output)}`);
-      if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw new AsbError('CheckpointFailed', 'the worker\'s disk filled up during the save, so the image may be truncated');
-      const meta = await sealCheckpoint(partial, sealed, version, isoNow(this.#clock));
-      await copy();
-      return meta.bytes;
-    } finally {
-      const resumed = await runsc(steps.resume);
-      if (resumed.code !== 0) this.#log.warn({ id: pod.id, output: resumed.output }, 'runsc resume after a snapshot failed');
-      void target.agent?.resume();
+      const saved = await this.#runsc(target, steps.checkpoint);
+      if (saved.code !== 0) throw failed(`runsc checkpoint: ${lastLine(saved.output)}`);
+      // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
+      if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
+      await check?.();
+      return await sealCheckpoint(partial, sealed, version, isoNow(this.#clock));
+    } catch (err) {
+      await discardCheckpoint(partial);
+      await this.#resumePaused(pod, target);
+      throw isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err));
     }
+  }
+
+  /** Resumes a sandbox #savePaused left paused, and attaches its agent's processes again. */
+  async #resumePaused(pod: Pod, target: PodTarget): Promise<void> {
+    const resumed = await this.#runsc(target, { op: 'resume', id: target.id });
+    if (resumed.code !== 0) this.#log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
+    void target.agent?.resume();
   }
 
   /** Deletes a snapshot and its pin on the image; idempotent. */
@@ -943,7 +968,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     const request = pod.persisted?.request;
     if (request === undefined) throw new AsbError('Internal', `pod ${pod.id} runs without a recorded request`);
-    const runsc = (cmd: RunscCommand): Promise<{ code: number; output: string }> => this.#launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
     const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved, it keeps running: ${why}`);
     const { paths } = pod;
     // Counted against the pod's ephemeral-storage with its files, and against the worker's disk.
@@ -958,38 +982,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       });
       if (!fits.ok) throw failed(fits.reason);
     };
-    const asFailure = (err: unknown): AsbError => (isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err)));
-    let version: string;
     try {
       const memory = (await cgroupUsage(posix.join(this.#host.cgroupParent, pod.id))).memory?.workingSetBytes ?? 0;
       await room(memory, CHECKPOINT_HOST_RESERVE_BYTES);
-      [version] = await Promise.all([this.#runscVersion(), discardCheckpoint(paths.checkpointPartial)]);
     } catch (err) {
-      throw asFailure(err);
+      throw isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err));
     }
-    const steps = checkpointSequence(target.id, paths.checkpointPartial);
-    // The save drops every connection from outside: the agent's wait for a restore (or a resume below).
-    target.agent?.suspend();
-    const paused = await runsc(steps.pause);
-    if (paused.code !== 0) {
-      void target.agent?.resume();
-      throw failed(`runsc pause: ${lastLine(paused.output)}`);
-    }
-    let meta: CheckpointMeta;
-    try {
-      const saved = await runsc(steps.checkpoint);
-      if (saved.code !== 0) throw failed(`runsc checkpoint: ${lastLine(saved.output)}`);
-      // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
-      if ((await freeBytes(paths.dir)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
-      await room(await imageBytes(paths.checkpointPartial), MIN_FREE_AFTER_SAVE_BYTES - 1);
-      meta = await sealCheckpoint(paths.checkpointPartial, paths.checkpoint, version, isoNow(this.#clock));
-    } catch (err) {
-      await discardCheckpoint(paths.checkpointPartial);
-      const resumed = await runsc(steps.resume);
-      if (resumed.code !== 0) this.#log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
-      void target.agent?.resume();
-      throw asFailure(err);
-    }
+    const meta = await this.#savePaused(pod, target, paths.checkpointPartial, paths.checkpoint, failed, async () => room(await imageBytes(paths.checkpointPartial), MIN_FREE_AFTER_SAVE_BYTES - 1));
     pod.checkpoint = meta;
     pod.stopping = true;
     const exited = pod.exited ?? Promise.resolve();
