@@ -277,12 +277,19 @@ function hasSysResource(): boolean {
   return (BigInt(`0x${capEff}`) & (1n << 24n)) !== 0n;
 }
 
-test("the pod's own user namespace (owned by its range's first host id) cannot be dumped by a root without CAP_SYS_RESOURCE: CRIU cannot read the init's rlimits", { skip: hasSysResource() && 'root holds CAP_SYS_RESOURCE here: the dump passes this step' }, async (t) => {
+test("the pod's own user namespace (owned by its range's first host id): a root without CAP_SYS_RESOURCE cannot dump it (CRIU cannot read the init's rlimits); one with it gets past that step", async (t) => {
   const pod = await podBundle(t, 'joined-range-owned', await buildHelper(t));
   const before = await start(t, pod);
   assert.equal((await ask(before)).count, 1);
-  await assert.rejects(checkpoint(pod), /criu failed: type DUMP/);
-  assert.match(readFileSync(join(pod.images, 'dump.log'), 'utf8'), /Can't get rlimit 0: Operation not permitted/);
+  const dumped = await checkpoint(pod).then(() => undefined, (err: unknown) => err);
+  const log = readFileSync(join(pod.images, 'dump.log'), 'utf8');
+  if (hasSysResource()) {
+    // Such a host (not this VM) reads the rlimits: what the dump does after that is not pinned here.
+    assert.doesNotMatch(log, /Can't get rlimit/);
+    return;
+  }
+  assert.match(String(dumped), /criu failed: type DUMP/);
+  assert.match(log, /Can't get rlimit 0: Operation not permitted/);
   // The dump failed before anything was frozen for good: the process goes on.
   assert.equal((await ask(before)).count, 2);
 });
