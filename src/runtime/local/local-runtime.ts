@@ -150,7 +150,7 @@ interface Pod {
   persisting?: Promise<void> | undefined;
   /** The memory checkpoint kept for the next start (checkpoint.ts), when stopped with memory. */
   checkpoint?: CheckpointMeta | undefined;
-  /** A stop with memory in progress: another stop, a remove or a second one waits for it. */
+  /** The last save of its memory (a stop with memory, a snapshot), settled: another waits for it, and so do stop and remove. */
   checkpointing?: Promise<void> | undefined;
   /**
    * The agent link of a pod stopped with its memory: its processes' handles wait in it, and are
@@ -623,6 +623,21 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   /**
+   * Runs a save of the pod's memory (a stop with memory, a snapshot) once every earlier one has
+   * ended, whatever its outcome; pod.checkpointing is the last one, settled, for stop and remove to
+   * wait on. A second stop with memory then finds the pod Stopped with its checkpoint: a no-op.
+   */
+  #oneSaveAtATime<T>(pod: Pod, save: () => Promise<T>): Promise<T> {
+    const result = (pod.checkpointing ?? Promise.resolve()).then(save);
+    const settled = result.then(() => undefined, () => undefined);
+    pod.checkpointing = settled;
+    void settled.then(() => {
+      if (pod.checkpointing === settled) pod.checkpointing = undefined;
+    });
+    return result;
+  }
+
+  /**
    * Keeps the pod's files, and with `memory` its memory and processes, as a snapshot (snapshots.ts).
    * A running pod is paused for the save (gVisor) and its disk frozen for the copy, then goes on;
    * a pod stopped with its memory gives its checkpoint. One at a time per pod, like a stop with memory.
@@ -633,18 +648,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const paths = snapshotPaths(this.#opts.root, snapshotId);
     if (await exists(paths.dir)) throw new AsbError('Conflict', `snapshot "${snapshotId}" exists already`);
     await pod.starting?.catch(() => undefined);
-    const previous = pod.checkpointing?.catch(() => undefined);
-    let meta: SnapshotMeta | undefined;
-    const taking = (async () => {
-      await previous;
-      meta = await this.#snapshot(pod, snapshotId, opts.memory);
-    })();
-    pod.checkpointing = taking.catch(() => undefined).finally(() => {
-      if (pod.checkpointing === guarded) pod.checkpointing = undefined;
-    });
-    const guarded = pod.checkpointing;
-    await taking;
-    if (meta === undefined) throw new AsbError('Internal', 'snapshot produced nothing');
+    const meta = await this.#oneSaveAtATime(pod, () => this.#snapshot(pod, snapshotId, opts.memory));
     return { id: meta.id, memory: meta.memory, bytes: meta.bytes, memoryBytes: meta.memoryBytes, at: meta.at };
   }
 
@@ -913,8 +917,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (opts.memory === true) {
       if (pod === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
       await pod.starting?.catch(() => undefined);
-      pod.checkpointing ??= this.#stopWithMemory(pod).finally(() => (pod.checkpointing = undefined));
-      return pod.checkpointing;
+      return this.#oneSaveAtATime(pod, () => this.#stopWithMemory(pod));
     }
     if (pod === undefined) return;
     await pod.starting?.catch(() => undefined);
