@@ -12,6 +12,7 @@ import { baseTemplate } from '../src/api/builtin.ts';
 import type { SandboxTemplate } from '../src/api/types.ts';
 import { startTestSystem } from './support/local-system.ts';
 import { outcomes, REPO_ROOT, runPytest, VENV_PYTHON } from './support/pytest.ts';
+import { edgeGet } from './support/web-sandbox.ts';
 import { api } from './support/worker-process.ts';
 
 const suite = join('test', 'python', 'test_e2b_pause.py');
@@ -55,6 +56,25 @@ test('pause with memory through the E2B SDKs: gVisor keeps a background server\'
     assert.equal(after.stdout.trim(), 'none', 'a filesystem pause ended the loop');
   });
 
+  await t.test('traffic does not resume a sandbox paused without auto_resume (E2B answers 502); connect does', async () => {
+    const opts = { apiUrl: system.edgeUrl, sandboxUrl: system.edgeUrl, apiKey: system.adminKey };
+    const sbx = await e2b.Sandbox.create('runcmem', { ...opts, timeoutMs: 600_000 });
+    t.after(() => e2b.Sandbox.kill(sbx.sandboxId, opts).catch(() => false));
+    await sbx.files.write('/tmp/kept', 'files stay');
+    assert.equal(await sbx.pause(), true);
+    // envd's /health through the edge: the SDK reads E2B's 502 as "not running".
+    assert.equal(await sbx.isRunning(), false);
+    await assert.rejects(sbx.files.read('/tmp/kept'), (err: Error) => /not running|timeout|not found/i.test(err.message), 'a files call to a paused sandbox fails as on E2B');
+    // A user port too: E2B's body, and the sandbox stays paused.
+    const res = await edgeGet(system.edgeUrl, `8080-${sbx.sandboxId}.asb.localhost`, { headers: { 'x-access-token': await accessToken(system.edgeUrl, system.adminKey, sbx.sandboxId) } });
+    assert.equal(res.status, 502, res.body);
+    assert.equal((JSON.parse(res.body) as { sandboxId?: string }).sandboxId, sbx.sandboxId);
+    assert.equal((await e2b.Sandbox.getInfo(sbx.sandboxId, opts)).state, 'paused', 'traffic did not resume it');
+    const again = await e2b.Sandbox.connect(sbx.sandboxId, opts);
+    assert.equal(await again.isRunning(), true);
+    assert.equal(await again.files.read('/tmp/kept'), 'files stay');
+  });
+
   await t.test('the Python SDK scenarios', async () => {
     const run = await runPytest(suite, {
       PATH: process.env.PATH,
@@ -80,4 +100,13 @@ async function waitForFile(sbx: e2b.Sandbox, path: string): Promise<string> {
     await new Promise((r) => setTimeout(r, 100));
   }
   throw new Error(`${path} never appeared`);
+}
+
+/** The sandbox's data-plane token, as E2B's API gives it (GET /sandboxes/{id}'s envdAccessToken). */
+async function accessToken(edgeUrl: string, apiKey: string, id: string): Promise<string> {
+  const res = await fetch(`${edgeUrl}/sandboxes/${id}`, { headers: { 'X-API-Key': apiKey } });
+  assert.equal(res.status, 200, await res.clone().text());
+  const token = ((await res.json()) as { envdAccessToken?: string }).envdAccessToken;
+  assert.ok(token !== undefined && token !== '', 'getInfo gives the envd access token');
+  return token;
 }

@@ -9,7 +9,18 @@ import type { Condition } from '../src/api/meta.ts';
 import { ANNOTATION, SandboxSnapshotType, SandboxTemplateType, SandboxType, type Sandbox, type SandboxSnapshot, type SuspendMemory } from '../src/api/types.ts';
 import { validateObject } from '../src/api/validate.ts';
 import { AsbError, isAsbError } from '../src/errors.ts';
+import { createAccessTokens } from '../src/worker/access-token.ts';
+import { E2B_ANNOTATION } from '../src/worker/e2b/shape.ts';
+import { routeEntryOf } from '../src/worker/route-entry.ts';
 import { eventually, startHarness, template, type Harness } from './support/operator-harness.ts';
+
+const TOKENS = createAccessTokens(Buffer.alloc(32, 7));
+
+/** Sets annotations on the sandbox as its owner would. */
+async function mutate(h: Harness, name: string, annotations: Record<string, string>): Promise<void> {
+  const s = await get(h, name);
+  await h.store.update(SandboxType, { ...s, metadata: { ...s.metadata, annotations: { ...s.metadata.annotations, ...annotations } } });
+}
 
 async function get(h: Harness, name: string): Promise<Sandbox> {
   return h.store.get<Sandbox>(SandboxType, h.ns, name);
@@ -177,6 +188,31 @@ test('the operator\'s own suspensions fall back to files when the save fails: an
   assert.equal(paused.metadata.annotations?.[ANNOTATION.suspendMemory], 'fallback');
   assert.deepEqual([cond(paused, 'Suspended')?.reason, h.runtime.state(name).phase], ['MemoryNotKept', 'Stopped']);
   assert.match(cond(paused, 'Suspended')?.message ?? '', /the disk is full/);
+});
+
+test('an idle suspension is marked so traffic wakes it even when E2B\'s auto_resume is off; a suspension at the shutdown time is not', async (t) => {
+  const h = await startHarness(t);
+  await h.store.create(SandboxTemplateType, template('idle', h.ns, { idleTimeoutMs: 30_000 }));
+  const idle = await claimReady(h, 'idle');
+  await mutate(h, idle, { [E2B_ANNOTATION.autoResume]: 'false' });
+  h.clock.advance(31_000);
+  const slept = await hibernated(h, idle);
+  assert.equal(slept.metadata.annotations?.[ANNOTATION.suspendedIdle], 'true');
+  assert.equal(routeEntryOf(slept, 'c1', TOKENS)?.resumeOnTraffic, undefined, 'traffic wakes an idle hibernation');
+  await resume(h, idle);
+  // However it was resumed (here as kubectl does, a spec write), the operator clears the mark.
+  await eventually('the idle mark cleared', async () => ((await get(h, idle)).metadata.annotations?.[ANNOTATION.suspendedIdle] === undefined ? true : undefined));
+  await h.op.claimer.waitReady(h.ns, idle, 5_000);
+
+  const at = new Date(h.clock.now() + 60_000).toISOString();
+  const timed = await claimReady(h, 'idle', { shutdownTime: at, shutdownPolicy: 'Suspend', runTimeoutMs: 60_000 });
+  await mutate(h, timed, { [E2B_ANNOTATION.autoResume]: 'false' });
+  h.clock.advance(60_001);
+  const paused = await hibernated(h, timed);
+  assert.equal(paused.metadata.annotations?.[ANNOTATION.suspendedIdle], undefined);
+  assert.equal(routeEntryOf(paused, 'c1', TOKENS)?.resumeOnTraffic, false, 'E2B\'s pause at the timeout without auto_resume is not woken by traffic');
+  await mutate(h, timed, { [E2B_ANNOTATION.autoResume]: 'true' });
+  assert.equal(routeEntryOf(await get(h, timed), 'c1', TOKENS)?.resumeOnTraffic, undefined, 'with auto_resume traffic wakes it');
 });
 
 test('shutdownPolicy Suspend: at its shutdownTime the sandbox is suspended with its strategy, not deleted', async (t) => {

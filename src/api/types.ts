@@ -56,6 +56,12 @@ export const ANNOTATION = {
    * create sets it from its timeout); absent, such a resume clears the shutdown time.
    */
   runTimeoutMs: 'asb.dev/run-timeout-ms',
+  /**
+   * On a Sandbox, "true" while the operator holds it suspended because it was idle (written with
+   * that suspension, removed by any resume or pause): traffic always wakes such a sandbox, even one
+   * whose owner asked that traffic not resume its pauses (E2B's auto_resume off).
+   */
+  suspendedIdle: 'asb.dev/suspended-idle',
 } as const;
 
 /**

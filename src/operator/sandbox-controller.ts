@@ -161,10 +161,11 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
   };
 
   /** The operator suspends the sandbox itself (idle, shutdownTime with Suspend): a spec write the user sees and can flip back. */
-  const suspendItself = async (sandbox: Sandbox): Promise<void> => {
-    const { [ANNOTATION.suspendMemory]: _asked, [ANNOTATION.discardMemory]: _discard, ...annotations } = sandbox.metadata.annotations ?? {};
+  const suspendItself = async (sandbox: Sandbox, why: 'idle' | 'shutdown'): Promise<void> => {
+    const { [ANNOTATION.suspendMemory]: _asked, [ANNOTATION.discardMemory]: _discard, [ANNOTATION.suspendedIdle]: _idle, ...annotations } = sandbox.metadata.annotations ?? {};
     const memory = automaticSuspendMemory(sandbox);
     if (memory !== 'none') annotations[ANNOTATION.suspendMemory] = memory;
+    if (why === 'idle') annotations[ANNOTATION.suspendedIdle] = 'true';
     await store.update<Sandbox>(SandboxType, {
       ...sandbox,
       metadata: { ...sandbox.metadata, annotations },
@@ -185,7 +186,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
     const message = `not suspended, it keeps running: ${why}`;
     const status: SandboxStatus = { ...base, conditions: [...(base.conditions ?? []).filter((c) => c.type !== 'Suspended'), condition(sandbox, 'Suspended', 'False', reason, message)] };
     const written = await store.updateStatus<Sandbox>(SandboxType, { ...sandbox, status });
-    const { [ANNOTATION.suspendMemory]: _asked, ...annotations } = written.metadata.annotations ?? {};
+    const { [ANNOTATION.suspendMemory]: _asked, [ANNOTATION.suspendedIdle]: _idle, ...annotations } = written.metadata.annotations ?? {};
     await store.update<Sandbox>(SandboxType, {
       ...written,
       metadata: { ...written.metadata, annotations },
@@ -302,7 +303,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       // E2B's on_timeout "pause": suspended, not deleted. A resume moves the shutdown time on
       // (src/worker/sandbox-lifecycle.ts resumeSandbox); while suspended the past time does nothing.
       if (wantsRunning(sandbox.spec)) {
-        await suspendItself(sandbox);
+        await suspendItself(sandbox, 'shutdown');
         return undefined;
       }
     }
@@ -330,6 +331,13 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       return requeueAfterMs === undefined ? undefined : { requeueAfterMs };
     }
 
+    if (sandbox.metadata.annotations?.[ANNOTATION.suspendedIdle] !== undefined) {
+      // Running again, however it was resumed (kubectl too): the idle mark is gone before the wake,
+      // so a later pause is judged as its own. The write brings this sandbox back at once.
+      const { [ANNOTATION.suspendedIdle]: _idle, ...annotations } = sandbox.metadata.annotations;
+      await store.update<Sandbox>(SandboxType, { ...sandbox, metadata: { ...sandbox.metadata, annotations } });
+      return undefined;
+    }
     let state = runtime.state(name);
     if (state.phase === 'Absent' || state.phase === 'Stopped') {
       if (state.phase === 'Stopped' && !wakes.has(name)) wakes.set(name, now);
@@ -378,7 +386,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       const idle = idleCheck(sandbox, now, activity.last(name));
       if (idle.idle) {
         // A spec change, not a status one: the user sees (and can flip back) why it stopped.
-        await suspendItself(sandbox);
+        await suspendItself(sandbox, 'idle');
         return undefined;
       }
       if (idle.remainingMs !== undefined) requeueAfterMs = Math.min(requeueAfterMs ?? Infinity, idle.remainingMs);

@@ -32,6 +32,13 @@ export interface RouteEntry {
    * others. Absent when there are none (and from workers that predate it: all HTTP/1.1).
    */
   h2cPorts?: number[];
+  /**
+   * false: traffic must not wake this hibernated sandbox; a request gets E2B's 502 "not found", as
+   * E2B's proxy answers for a sandbox paused without auto-resume (an E2B sandbox created without
+   * auto_resume, paused by its user or at its timeout; an idle hibernation still wakes). Absent:
+   * traffic wakes it. Sent only while hibernated.
+   */
+  resumeOnTraffic?: false;
 }
 
 /**

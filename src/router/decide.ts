@@ -163,6 +163,8 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
     case 'expired':
       return { kind: 'reject', error: new AsbError('Unavailable', `sandbox ${entry.id} is ${entry.state}`), retryAfterS: undefined };
     case 'hibernated':
+      // Paused without auto-resume (E2B): what E2B's proxy answers, and nothing wakes.
+      if (entry.resumeOnTraffic === false) return { kind: 'reject', error: new AsbError('NotFound', `sandbox ${entry.id} is paused and resumes only through connect (created without auto_resume)`), retryAfterS: undefined, e2bSandboxId: entry.id };
       return unreachable(entry.cluster, ctx) ?? { kind: 'hold', entry, wake: true };
     case 'starting':
     case 'running':

@@ -169,6 +169,7 @@ export class RouteTable {
     };
     if (raw.podIp !== undefined) entry.podIp = raw.podIp;
     if (raw.envdInPod === true) entry.envdInPod = true;
+    if (raw.resumeOnTraffic === false) entry.resumeOnTraffic = false;
     if (raw.h2cPorts !== undefined && raw.h2cPorts.length > 0) entry.h2cPorts = raw.h2cPorts;
     this.#entries.set(entry.id, entry);
     this.#missing.delete(entry.id);

@@ -5,6 +5,7 @@ import type { Sandbox } from '../api/types.ts';
 import { ANNOTATION, LABEL } from '../api/types.ts';
 import { DEFAULT_SANDBOX_PORT, type RouteEntry } from '../router/contract.ts';
 import type { AccessTokens } from './access-token.ts';
+import { E2B_ANNOTATION } from './e2b/shape.ts';
 
 /**
  * `asb.dev/envd: pod` on a template's spec.podTemplate.metadata.annotations: the image runs its own
@@ -69,6 +70,16 @@ export function routeStateOf(sandbox: Sandbox): RouteEntry['state'] {
 }
 
 /**
+ * Whether traffic may wake the sandbox while it is suspended: not when it was made through E2B's
+ * API without auto_resume (e2b.dev/auto-resume "false") and suspended by its user or at its timeout,
+ * which E2B resumes only through connect. An idle hibernation is ours, not the user's: it wakes.
+ */
+export function resumesOnTraffic(sandbox: Sandbox): boolean {
+  const annotations = sandbox.metadata.annotations ?? {};
+  return annotations[E2B_ANNOTATION.autoResume] !== 'false' || annotations[ANNOTATION.suspendedIdle] === 'true';
+}
+
+/**
  * The route entry of a sandbox, or undefined when it must not be routable: an unclaimed warm pool
  * member (no owner yet, so no user can hold its token) or one being deleted (it stops answering
  * at once rather than when its finalizer is gone).
@@ -90,6 +101,7 @@ export function routeEntryOf(sandbox: Sandbox, cluster: string, tokens: AccessTo
   };
   if (state === 'running' && podIp !== undefined) entry.podIp = podIp;
   if (sandbox.spec.podTemplate.metadata?.annotations?.[ENVD_ANNOTATION] === 'pod') entry.envdInPod = true;
+  if (state === 'hibernated' && !resumesOnTraffic(sandbox)) entry.resumeOnTraffic = false;
   const h2cPorts = h2cPortsOf(sandbox);
   if (h2cPorts.length > 0) entry.h2cPorts = h2cPorts;
   return entry;
@@ -106,6 +118,7 @@ export function sameEntry(a: RouteEntry, b: RouteEntry): boolean {
     a.tokenHash === b.tokenHash &&
     a.owner === b.owner &&
     a.envdInPod === b.envdInPod &&
+    a.resumeOnTraffic === b.resumeOnTraffic &&
     a.publicPorts.length === b.publicPorts.length &&
     a.publicPorts.every((p, i) => p === b.publicPorts[i]) &&
     (a.h2cPorts ?? []).length === (b.h2cPorts ?? []).length &&

@@ -164,7 +164,7 @@ function withAnnotations(s: Sandbox, drop: readonly string[], set: Record<string
 export async function pauseSandbox(w: WorkerContext, sandbox: Sandbox, wait = false, memory?: SuspendMemory): Promise<Sandbox> {
   const updated = await mutateSandbox(w, sandbox, (s) => ({
     ...s,
-    metadata: withAnnotations(s, [ANNOTATION.suspendMemory, ANNOTATION.discardMemory], memory === undefined ? {} : { [ANNOTATION.suspendMemory]: memory }),
+    metadata: withAnnotations(s, [ANNOTATION.suspendMemory, ANNOTATION.discardMemory, ANNOTATION.suspendedIdle], memory === undefined ? {} : { [ANNOTATION.suspendMemory]: memory }),
     spec: { ...s.spec, operatingMode: 'Suspended', replicas: 0 },
   }));
   if (!wait) return updated;
@@ -191,7 +191,7 @@ export async function resumeSandbox(w: WorkerContext, sandbox: Sandbox, wait: bo
   const now = w.clock.now();
   const updated = await mutateSandbox(w, sandbox, (s) => ({
     ...s,
-    metadata: withAnnotations(s, [ANNOTATION.suspendMemory, ANNOTATION.discardMemory], opts.discardMemory === true ? { [ANNOTATION.discardMemory]: 'true' } : {}),
+    metadata: withAnnotations(s, [ANNOTATION.suspendMemory, ANNOTATION.discardMemory, ANNOTATION.suspendedIdle], opts.discardMemory === true ? { [ANNOTATION.discardMemory]: 'true' } : {}),
     spec: { ...s.spec, operatingMode: 'Running', replicas: 1, ...nextRun(s, now) },
   }));
   w.operator.activity.touch(updated.metadata.name);

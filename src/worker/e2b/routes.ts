@@ -108,7 +108,8 @@ async function create(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   if (body.envVars !== undefined) annotations[E2B_ANNOTATION.envVars] = JSON.stringify(body.envVars);
   const timeoutMs = (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000;
   const shutdownTime = new Date(now + timeoutMs).toISOString();
-  if (body.autoPause === true) annotations[E2B_ANNOTATION.autoResume] = String(autoResume);
+  // Always written: "false" also tells the router that traffic must not resume this sandbox's pauses (route-entry.ts).
+  annotations[E2B_ANNOTATION.autoResume] = String(autoResume);
   // Sandbox.create(snapshotID): a snapshot of the caller's team (by id or name) before a template of that name.
   const snapshot = body.templateID === undefined ? undefined : await findSnapshot(w, ctx.principal, body.templateID).catch(() => undefined);
   if (snapshot !== undefined) {

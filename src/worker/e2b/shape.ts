@@ -25,7 +25,7 @@ export const E2B_ANNOTATION = {
   envVars: 'e2b.dev/env-vars',
   /** ISO time the E2B create claimed it (a warm member was created earlier than that). */
   startedAt: 'e2b.dev/started-at',
-  /** "true" | "false": create's autoResume, for getInfo's lifecycle (set only with autoPause). */
+  /** "true" | "false": create's autoResume, for getInfo's lifecycle; "false" keeps traffic from resuming a pause (route-entry.ts). */
   autoResume: 'e2b.dev/auto-resume',
 } as const;
 
