@@ -14,6 +14,7 @@ export const ERRORS = {
   TooManyRequests: { status: 429, title: 'Too many requests' },
   Unauthorized: { status: 401, title: 'Missing or invalid API key' },
   Forbidden: { status: 403, title: 'Forbidden' },
+  QuotaExceeded: { status: 403, title: 'The team\'s quota is used up' },
   MethodNotAllowed: { status: 405, title: 'Method not allowed' },
   Gone: { status: 410, title: 'Resource version too old' },
   PoolExhausted: { status: 503, title: 'No warm sandbox and cold start refused' },

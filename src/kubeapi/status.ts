@@ -47,6 +47,7 @@ const REASONS: Record<ErrorCode, string> = {
   TooManyRequests: 'TooManyRequests',
   Unauthorized: 'Unauthorized',
   Forbidden: 'Forbidden',
+  QuotaExceeded: 'Forbidden',
   MethodNotAllowed: 'MethodNotAllowed',
   Gone: 'Expired',
   PoolExhausted: 'ServiceUnavailable',

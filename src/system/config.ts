@@ -104,6 +104,14 @@ export interface WorkerConfig {
    * it was pulled or last used (at 85% disk usage: 2 min). Default 3600000 (1 h)
    */
   readonly imageGcGraceMs: number;
+  /** ASB_SNAPSHOTS_PER_TEAM / --snapshots-per-team: how many snapshots one team may keep on this worker. Default 100 */
+  readonly snapshotsPerTeam: number;
+  /**
+   * ASB_SNAPSHOT_GIB_PER_TEAM / --snapshot-gib-per-team: the bytes one team's snapshots may take on
+   * this worker's disk, in GiB (files and memory images). A snapshot is refused once the team's
+   * snapshots take this much. Default 100
+   */
+  readonly snapshotGibPerTeam: number;
 }
 
 const DEFAULTS = {
@@ -119,6 +127,8 @@ const DEFAULTS = {
   terminalIdleMs: '900000',
   imageGcIntervalMs: '600000',
   imageGcGraceMs: '3600000',
+  snapshotsPerTeam: '100',
+  snapshotGibPerTeam: '100',
   store: 'sqlite',
   namespace: 'default',
   runtime: 'local',
@@ -157,6 +167,8 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   egressFloor: { env: 'ASB_EGRESS_FLOOR', flag: 'egress-floor' },
   imageGcIntervalMs: { env: 'ASB_IMAGE_GC_INTERVAL_MS', flag: 'image-gc-interval-ms' },
   imageGcGraceMs: { env: 'ASB_IMAGE_GC_GRACE_MS', flag: 'image-gc-grace-ms' },
+  snapshotsPerTeam: { env: 'ASB_SNAPSHOTS_PER_TEAM', flag: 'snapshots-per-team' },
+  snapshotGibPerTeam: { env: 'ASB_SNAPSHOT_GIB_PER_TEAM', flag: 'snapshot-gib-per-team' },
 };
 
 export class ConfigError extends Error {
@@ -174,7 +186,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const flags = new Map([...parseFlags(argv, problems)].map(([name, values]) => [name, values.at(-1) ?? '']));
   const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (hasDefault(key) ? DEFAULTS[key] : undefined);
   const str = (key: Exclude<Key, OptionalKey>): string => raw(key) ?? DEFAULTS[key];
-  const int = (key: 'apiPort' | 'basePoolReplicas' | 'terminalIdleMs' | 'imageGcIntervalMs' | 'imageGcGraceMs', min: number, max: number): number => {
+  const int = (key: 'apiPort' | 'basePoolReplicas' | 'terminalIdleMs' | 'imageGcIntervalMs' | 'imageGcGraceMs' | 'snapshotsPerTeam' | 'snapshotGibPerTeam', min: number, max: number): number => {
     const text = str(key);
     const value = Number(text);
     if (!Number.isInteger(value) || value < min || value > max) {
@@ -277,6 +289,8 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     egressFloor,
     imageGcIntervalMs: int('imageGcIntervalMs', 0, 86_400_000),
     imageGcGraceMs: int('imageGcGraceMs', 0, 30 * 86_400_000),
+    snapshotsPerTeam: int('snapshotsPerTeam', 0, 100_000),
+    snapshotGibPerTeam: int('snapshotGibPerTeam', 0, 1_000_000),
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);

@@ -152,6 +152,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           defaultNamespace: config.namespace,
           dataPlane: { domain: config.domain, edgeUrl: config.edgeUrl, ...(config.edgeTlsUrl === undefined ? {} : { edgeTlsUrl: config.edgeTlsUrl }), tokens: createAccessTokens(loadClusterSecret(config.dataDir)) },
           terminal: { idleMs: config.terminalIdleMs },
+          limits: { snapshotsPerTeam: config.snapshotsPerTeam, snapshotBytesPerTeam: config.snapshotGibPerTeam * 2 ** 30 },
           egressCredentials,
           egressProxy: egress !== undefined,
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),

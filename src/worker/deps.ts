@@ -46,6 +46,10 @@ export interface WorkerLimits {
   waitReadyMs: number;
   /** Cap on captured exec output per stream; default 8 MiB, so one exec cannot exhaust memory. */
   execOutputBytes: number;
+  /** Snapshots one team may keep on this worker (forks' own count while they start); default 100. */
+  snapshotsPerTeam: number;
+  /** Bytes one team's snapshots may take on this worker's disk; default 100 GiB. */
+  snapshotBytesPerTeam: number;
 }
 
 /** How users reach sandboxes through the edge: `<scheme>://<port>-<id>.<domain>[:<edge port>]`. */

@@ -71,6 +71,8 @@ const DEFAULT_LIMITS: WorkerLimits = {
   uploadsTotal: DEFAULT_UPLOADS_TOTAL,
   waitReadyMs: 60_000,
   execOutputBytes: 8 * 1024 * 1024,
+  snapshotsPerTeam: 100,
+  snapshotBytesPerTeam: 100 * 2 ** 30,
 };
 
 /** The path of a request target, without its query. */

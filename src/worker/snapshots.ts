@@ -53,8 +53,27 @@ function waitTaken(w: WorkerContext, created: SandboxSnapshot): Promise<SandboxS
   return watchObject(w, SandboxSnapshotType, created, settle, () => snapshotNotFound(created.metadata.name), `snapshot "${created.metadata.name}" to be taken (it may still finish: GET /v1/snapshots/${created.metadata.name})`);
 }
 
+/**
+ * Refuses a new snapshot for a team whose snapshots on this worker already reach its quota, in
+ * count or bytes (WorkerLimits). Checked before each snapshot, so concurrent ones may pass it
+ * together, and a snapshot's size is known only once taken: a team can go over by the snapshots it
+ * takes at once, never further.
+ */
+async function checkSnapshotQuota(w: WorkerContext, team: string): Promise<void> {
+  const page = await w.store.list<SandboxSnapshot>(SandboxSnapshotType, { labelSelector: `${LABEL.owner}=${team}` });
+  const kept = page.items.filter((s) => s.metadata.deletionTimestamp === undefined);
+  const bytes = kept.reduce((sum, s) => sum + (s.status?.bytes ?? 0), 0);
+  const { snapshotsPerTeam: count, snapshotBytesPerTeam: limit } = w.limits;
+  const free = 'delete snapshots you no longer need (GET /v1/snapshots, asb snapshot ls / rm, E2B delete_snapshot)';
+  if (kept.length >= count) throw new AsbError('QuotaExceeded', `team "${team}" keeps ${String(kept.length)} snapshots on this worker, its quota is ${String(count)}: ${free}`);
+  if (bytes >= limit) throw new AsbError('QuotaExceeded', `team "${team}"'s snapshots take ${gib(bytes)} on this worker, its quota is ${gib(limit)}: ${free}`);
+}
+
+const gib = (bytes: number): string => `${(bytes / 2 ** 30).toFixed(2)} GiB`;
+
 /** Takes a snapshot of the sandbox for the principal's team and waits until it is taken (or failed). */
 export async function takeSnapshot(w: WorkerContext, p: Principal, sandbox: Sandbox, opts: { memory: boolean; name?: string; forkOf?: string }): Promise<SandboxSnapshot> {
+  await checkSnapshotQuota(w, sandbox.metadata.labels?.[LABEL.owner] ?? p.team);
   const created = await w.store.create<SandboxSnapshot>(SandboxSnapshotType, {
     apiVersion: apiVersionOf(SandboxSnapshotType),
     kind: SandboxSnapshotType.kind,

@@ -44,6 +44,7 @@ const FROM_ASB: Record<ErrorCode, ConnectCode> = {
   TooManyRequests: 'resource_exhausted',
   Unauthorized: 'unauthenticated',
   Forbidden: 'permission_denied',
+  QuotaExceeded: 'resource_exhausted',
   MethodNotAllowed: 'unimplemented',
   Gone: 'failed_precondition',
   PoolExhausted: 'unavailable',
