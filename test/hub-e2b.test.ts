@@ -167,6 +167,17 @@ test('E2B creates and lists at the hub', async (t) => {
     assert.equal(base.headers.get('x-asb-cluster'), 'c2', 'no templateID is base');
   });
 
+  await t.test('a create from a snapshot id goes only to the cluster whose tag starts the id, where the snapshot is', async () => {
+    // c2 (tag cc02) holds no such snapshot: its own answer comes back, not the hub's "no template".
+    const res = await e2b(hub, 'POST', '/v2/sandboxes', teamA, { templateID: 'cc02abcdefghijklmnop' });
+    assert.equal(res.headers.get('x-asb-cluster'), 'c2', res.text);
+    assert.doesNotMatch(res.text, /no cluster could take/);
+    assert.equal(busy.seen.filter((r) => r.body.includes('cc02abcdefghijklmnop')).length, 0, 'no other cluster was tried');
+    // A tag no cluster has: placed as a template name, which no cluster holds.
+    const unknown = await e2b(hub, 'POST', '/v2/sandboxes', teamA, { templateID: 'zz99abcdefghijklmnop' });
+    assert.match(errorOf(unknown, 503).message, /no template default\/zz99abcdefghijklmnop/);
+  });
+
   await t.test('a worker\'s own refusal is the answer, passed on as it came', async () => {
     const res = await e2b(hub, 'POST', '/v2/sandboxes', teamA, { templateID: 'base', volumeMounts: [{ name: 'data', path: '/data' }] });
     assert.match(errorOf(res, 400).message, /volumeMounts are not supported/);

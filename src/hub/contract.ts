@@ -134,6 +134,11 @@ export interface PlacementRequest {
   region?: string;
   /** A named cluster: only it is tried (no failover). */
   cluster?: string;
+  /**
+   * `template` is a snapshot's id (E2B's create from a snapshot): a new sandbox can start only where
+   * the snapshot is, so `cluster` names the cluster whose tag starts the id and no template is looked for.
+   */
+  fromSnapshot?: true;
 }
 
 export interface PlacementResult {

@@ -39,7 +39,7 @@ export function place(req: PlacementRequest, candidates: readonly PlacementCandi
     if (req.cluster !== undefined && c.name !== req.cluster) reason = 'not the named cluster';
     else if (c.drain) reason = 'drained';
     else if (!c.healthy) reason = 'down';
-    else if (!Object.hasOwn(c.templates, key)) reason = `no template ${key}`;
+    else if (req.fromSnapshot !== true && !Object.hasOwn(c.templates, key)) reason = `no template ${key}`;
     if (reason !== undefined) {
       skipped.push({ cluster: c.name, reason });
       continue;

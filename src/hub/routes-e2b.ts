@@ -3,7 +3,9 @@
 //
 //   POST /sandboxes, /v2/sandboxes   placed like POST /v1/sandboxes: template = templateID ?? base,
 //                                    no region (E2B has no such field); the body goes unchanged to
-//                                    the chosen worker's same path, its answer comes back as it is
+//                                    the chosen worker's same path, its answer comes back as it is.
+//                                    A templateID that is a snapshot's id (a registered cluster's tag
+//                                    first) goes to that cluster only: the snapshot is there
 //   GET  /sandboxes, /v2/sandboxes   every connected cluster's page, merged in the list's order
 //
 // A list page holds at most `limit` items whatever the number of clusters: each cluster is asked
@@ -19,6 +21,9 @@ import { e2bRoute, type AuthedContext } from '../worker/e2b/reply.ts';
 import { checkKnown, CREATE_BODY } from '../worker/e2b/routes.ts';
 import { isPlainObject, queryInt } from '../worker/input.ts';
 import type { Reply, Route } from '../worker/router.ts';
+import { clusterTagOf } from '../api/ids.ts';
+import { SandboxTemplateType } from '../api/types.ts';
+import type { PlacementRequest } from './contract.ts';
 import type { Placer } from './create-placement.ts';
 import { registeredClusters } from './forward.ts';
 import type { HubContext } from './hub-context.ts';
@@ -62,7 +67,18 @@ export function e2bHubRoutes(h: HubContext, auth: Authenticator, placer: Placer,
     // Only what placement needs is checked here; the chosen worker checks the rest.
     const { templateID } = checkKnown(raw, TEMPLATE_FIELD);
     const body = raw === undefined ? Buffer.alloc(0) : Buffer.from(JSON.stringify(raw));
-    return placer.create(ctx, await registeredClusters(h.store), { namespace: h.defaultNamespace, template: templateID ?? 'base' }, { path, body });
+    const clusters = await registeredClusters(h.store);
+    const template = templateID ?? 'base';
+    const target: PlacementRequest = { namespace: h.defaultNamespace, template };
+    // A snapshot's id starts with its cluster's tag, as a sandbox's does: the sandbox starts there
+    // (placement follows the snapshot), unless the hub holds a template of that name.
+    const tag = clusterTagOf(template);
+    const holder = tag === undefined ? undefined : clusters.find((c) => c.spec.tag === tag);
+    if (holder !== undefined && (await h.store.tryGet(SandboxTemplateType, h.defaultNamespace, template)) === undefined) {
+      target.cluster = holder.metadata.name;
+      target.fromSnapshot = true;
+    }
+    return placer.create(ctx, clusters, target, { path, body });
   }
 
   async function list(ctx: AuthedContext, path: string): Promise<Reply> {
