@@ -22,7 +22,7 @@ import type { Logger } from '../system/log.ts';
 import type { BuildEngine, BuildLogEntry, BuildService, BuildSpec, BuildStatus } from './contract.ts';
 import type { TeamFileStore } from './files.ts';
 import { INTERRUPTED, MAX_BUILDS, MAX_LOG_ENTRIES, RecordFiles, type BuildRecord, type TemplateRecord } from './records.ts';
-import { checkSteps } from './steps.ts';
+import { checkSteps } from './wire-steps.ts';
 import { builtTemplateObject } from './template-object.ts';
 
 export { INTERRUPTED };
