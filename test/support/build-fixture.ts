@@ -48,6 +48,11 @@ export class TestFiles implements FileStore {
     this.#tars.set(`${team}/${hash}`, tar);
     return hash;
   }
+  /** The same upload (the same bytes) made by another team too. */
+  share(from: string, hash: string, to: string): void {
+    const tar = this.#tars.get(`${from}/${hash}`);
+    if (tar !== undefined) this.#tars.set(`${to}/${hash}`, tar);
+  }
   has(team: string, hash: string): boolean {
     return this.#tars.has(`${team}/${hash}`);
   }
