@@ -15,6 +15,7 @@
 // rootless or host-root) isolation, not a sandbox's runtime class, seccomp, egress and limits;
 // here the same runtime runs both, so a build step escapes no more than a sandbox does.
 import { randomBytes } from 'node:crypto';
+import { rmSync } from 'node:fs';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AsbError, isAsbError } from '../errors.ts';
@@ -23,11 +24,12 @@ import { parseImageReference } from '../images/reference.ts';
 import { ROOT_ID_MAP } from '../runtime/oci/spec.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { ensureCBinary } from '../system/c-binary.ts';
+import { privateDir } from '../system/private-files.ts';
 import { copyInPod, resolveUid, runInPod, startBuildPod, type StepRun } from './build-pod.ts';
 import type { BuildEngine, BuildStep, EngineRequest, EngineResult } from './contract.ts';
 import { assembleImage, type BaseImage, type BuiltStep } from './image-assembly.ts';
 import { LayerCache } from './layer-cache.ts';
-import { diffUpper, opaqueReader, walkUpper, type UpperState } from './layer-diff.ts';
+import { diffUpper, opaqueReader, walkUpper, type UpperNode, type UpperState } from './layer-diff.ts';
 import { writeLayer, type LayerBlob } from './layer-writer.ts';
 import { pushImage, type PushBlob } from './registry-push.ts';
 import { nextConfig, stepKey, stepName, validateSteps, type BuildConfig } from './steps.ts';
@@ -55,6 +57,10 @@ export class LocalBuildEngine implements BuildEngine {
 
   constructor(opts: LocalBuildEngineOptions) {
     this.#opts = opts;
+    privateDir(opts.stateDir);
+    privateDir(join(opts.stateDir, 'layer-cache'));
+    // A worker that died mid-build left its work dirs, and their pins would keep base images for ever.
+    rmSync(join(opts.stateDir, 'work'), { recursive: true, force: true });
     this.cache = new LayerCache(join(opts.stateDir, 'layer-cache'));
   }
 
@@ -137,7 +143,7 @@ export class LocalBuildEngine implements BuildEngine {
             upper = await this.#readUpper(pod, (state) => Promise.resolve(state));
           }
           await this.#runStep(req, pod, i, step, config, after, signal);
-          const before = upper ?? new Map();
+          const before: UpperState = upper ?? new Map<string, UpperNode>();
           const result = await this.#readUpper(pod, async (state, dir, ids) => {
             const changes = diffUpper(before, state);
             return { state, layer: changes.length === 0 ? undefined : await writeLayer(changes, dir, ids, blobsDir, signal) };

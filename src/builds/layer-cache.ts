@@ -4,7 +4,8 @@
 //   <root>/<team hash>/blobs/<hex>         the layers, gzip'ed tars named by their digest
 // The cache owns its blobs (the image cache's GC never sees them), so they are never collected
 // while an entry names them; gc() removes the entries unused for longer than an age bound (a hit
-// refreshes an entry's mtime), then the blobs no entry names.
+// refreshes an entry's mtime), then the blobs no entry names. The worker's image GC loop runs it
+// in each of its passes (gc-loop.ts alsoCollect), with a shorter bound when the disk is full.
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, readdir, readFile, rename, rm, stat, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -13,6 +14,8 @@ import type { LayerBlob } from './layer-writer.ts';
 
 /** Unused entries go after 7 days: a team's weekly rebuild still hits; a disk is not held for ever. */
 export const DEFAULT_LAYER_CACHE_AGE_MS = 7 * 24 * 3600_000;
+/** Under disk pressure (the image GC's threshold): entries unused for an hour go. */
+export const PRESSURE_LAYER_CACHE_AGE_MS = 3600_000;
 /** A blob younger than this is kept even if no entry names it yet (a build writing it now). */
 const BLOB_GRACE_MS = 3600_000;
 
@@ -63,6 +66,11 @@ export class LayerCache {
     const tmp = join(dir, `.${key}.${randomBytes(4).toString('hex')}.tmp`);
     await writeFile(tmp, JSON.stringify(entry), { mode: 0o600 });
     await rename(tmp, this.#entryPath(team, key));
+  }
+
+  /** One pass of the image GC loop (gc-loop.ts alsoCollect): the age bound, shorter under disk pressure. */
+  collect(pressure: boolean): Promise<{ entries: number; blobs: number }> {
+    return this.gc(pressure ? PRESSURE_LAYER_CACHE_AGE_MS : DEFAULT_LAYER_CACHE_AGE_MS);
   }
 
   /** Removes entries unused for `maxAgeMs`, then blobs no entry names; returns how many of each. */

@@ -48,11 +48,13 @@ export async function pushImage(target: PushTarget, blobs: readonly PushBlob[], 
     }
     const url = new URL(location, `${base}/`);
     url.searchParams.set('digest', blob.digest);
-    const put = await fetch(url, {
+    // Streamed from its file (a layer may be gigabytes): undici needs duplex 'half' for a stream body.
+    const init: RequestInit & { duplex: 'half' } = {
       method: 'PUT', signal, duplex: 'half',
       headers: { 'content-type': 'application/octet-stream', 'content-length': String(blob.size) },
       body: Readable.toWeb(createReadStream(blob.path)) as ReadableStream<Uint8Array>,
-    } as RequestInit);
+    };
+    const put = await fetch(url, init);
     if (put.status !== 201) throw await registryError(`upload blob ${blob.digest} to ${target.repository}`, put);
     await put.body?.cancel();
   }
