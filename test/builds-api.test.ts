@@ -245,3 +245,22 @@ test('a build running when the worker stops ends as error "interrupted by a work
   assert.ok(readdirSync(join(dir, 'builds', 'templates')).length >= 2);
   await second.close();
 });
+
+test('uploaded files unused for their age are swept; a build using one keeps it', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-files-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  let now = Date.now();
+  const files = new TeamFileStore({ dir, maxAgeMs: 1000, now: () => now });
+  const { Readable } = await import('node:stream');
+  await files.put('team-a', 'e'.repeat(64), Readable.from([Buffer.from(tarOf('old'))]));
+  await files.put('team-a', 'f'.repeat(64), Readable.from([Buffer.from(tarOf('used'))]));
+  now += 5000;
+  files.touch('team-a', 'f'.repeat(64));
+  assert.equal(files.sweep(), 1);
+  assert.equal(files.has('team-a', 'e'.repeat(64)), false);
+  assert.equal(files.has('team-a', 'f'.repeat(64)), true);
+  await assert.rejects(files.put('team-a', 'a'.repeat(64), Readable.from([Buffer.alloc(600_000)])), /not a tar/);
+  const small = new TeamFileStore({ dir: join(dir, 'small'), maxBytes: 1024, now: () => now });
+  await assert.rejects(small.put('team-a', 'a'.repeat(64), Readable.from([Buffer.from(tarOf('x'.repeat(4096)))])), /larger than 1024 bytes/);
+  assert.equal(small.has('team-a', 'a'.repeat(64)), false);
+});

@@ -17,7 +17,7 @@ import { AsbError, isAsbError } from '../errors.ts';
 import { newSandboxId } from '../api/ids.ts';
 import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
 import type { ObjectStore } from '../store/store.ts';
-import type { Clock } from '../system/clock.ts';
+import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { BuildEngine, BuildLogEntry, BuildService, BuildSpec, BuildStatus, BuildStep } from './contract.ts';
 import type { TeamFileStore } from './files.ts';
@@ -26,6 +26,9 @@ import { checkSteps } from './wire-steps.ts';
 import { builtTemplateObject } from './template-object.ts';
 
 export { INTERRUPTED };
+
+/** How often uploaded files past their age are looked for: hourly (ages are days). */
+const FILE_SWEEP_MS = 3600_000;
 
 export interface BuildLimits {
   timeoutMs: number;
@@ -94,6 +97,7 @@ export class TemplateBuilds implements BuildService {
   readonly #templates = new Map<string, TemplateRecord>();
   readonly #running = new Map<string, Running>();
   #closed = false;
+  #sweep: Timer | undefined;
 
   constructor(opts: TemplateBuildsOptions) {
     this.#o = opts;
@@ -101,6 +105,19 @@ export class TemplateBuilds implements BuildService {
     this.limits = Object.freeze({ ...DEFAULT_BUILD_LIMITS, ...opts.limits });
     this.#records = new RecordFiles(opts.recordsDir);
     for (const rec of this.#records.load(this.#isoNow())) this.#templates.set(rec.templateId, rec);
+    this.#sweepFiles();
+  }
+
+  /** Uploaded files unused past their age go now and every FILE_SWEEP_MS after. */
+  #sweepFiles(): void {
+    if (this.#closed) return;
+    try {
+      const removed = this.files.sweep();
+      if (removed > 0) this.#o.log.info({ removed }, 'removed uploaded build files unused past their age');
+    } catch (err) {
+      this.#o.log.warn({ err }, 'cannot sweep uploaded build files');
+    }
+    this.#sweep = this.#o.clock.after(FILE_SWEEP_MS, () => this.#sweepFiles());
   }
 
   #isoNow(): string {
@@ -365,6 +382,7 @@ export class TemplateBuilds implements BuildService {
   /** Stops every running build (each ends as error "interrupted by a worker restart") and waits. */
   async close(): Promise<void> {
     this.#closed = true;
+    this.#sweep?.cancel();
     const running = [...this.#running.values()];
     for (const r of running) r.abort.abort(new AsbError('Unavailable', INTERRUPTED));
     await Promise.allSettled(running.map((r) => r.done));

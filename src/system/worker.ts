@@ -158,7 +158,6 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           log: log.child({ component: 'builds' }),
           onTemplatesChanged: () => tellHubTemplates(),
         });
-  builds?.files.sweep();
   const api =
     apiOperator === undefined
       ? undefined
