@@ -2,11 +2,12 @@
 // builds a template (the build calls go to that edge's cluster, the template's id carries its
 // tag), and Sandbox.create by the template's name at the edge is placed by the hub on the
 // cluster that holds the name, where the worker resolves it for the team; another team's create
-// by that name is a 404. Own tag and bridge (bsf1, asbbsf1), subnet 10.241.0.0/16.
+// by that name is a 404, with the SDK and with `asb create --template`. Own tag and bridge (bsf1, asbbsf1), subnet 10.241.0.0/16.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as e2b from 'e2b';
 import { startTestFederation } from './support/federation.ts';
+import { runAsb } from './support/run-asb.ts';
 import { waitFor } from './support/wait.ts';
 
 async function hubKey(hubUrl: string, adminKey: string, team: string): Promise<string> {
@@ -44,4 +45,14 @@ test('a template built at one edge of a federation is created by name through th
     await sbx.kill();
   }
   await assert.rejects(Sandbox.create('fed-env', { ...opts, apiKey: keyB }), /not found/i);
+
+  // asb create --template <name>, as the team's user runs it.
+  const asbEnv = (key: string): Record<string, string> => ({ ASB_API_URL: cluster.edgeUrl, ASB_API_KEY: key, ASB_HUB_URL: fed.hubUrl, ASB_HUB_KEY: key });
+  const cli = await runAsb(['create', '--template', 'fed-env', '--json'], { env: asbEnv(keyA) });
+  assert.equal(cli.code, 0, cli.stderr);
+  const created = JSON.parse(cli.stdout) as { id: string; ready: boolean };
+  assert.ok(created.id.startsWith('bsf1') && created.ready, cli.stdout);
+  const other = await runAsb(['create', '--template', 'fed-env', '--json'], { env: asbEnv(keyB) });
+  assert.notEqual(other.code, 0);
+  assert.match(other.stderr, /not found/i);
 });

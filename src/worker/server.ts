@@ -163,7 +163,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     ...terminalRoutes(w, terminalTokens),
     ...e2bRoutes(w, deps.auth),
     // Before the snapshots' DELETE /templates/{id}: /templates/tags is a literal path of its own.
-    ...e2bTemplateRoutes(w, deps.auth),
+    ...e2bTemplateRoutes(w, deps.auth, uploads),
     ...e2bSnapshotRoutes(w, deps.auth),
   ]);
   const requests = deps.metrics.httpRequestsTotal;

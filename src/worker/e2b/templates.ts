@@ -28,6 +28,7 @@ import { isPlainObject } from '../input.ts';
 import type { Reply, Route } from '../router.ts';
 import { e2bErrorReply, e2bRoute, type AuthedContext } from './reply.ts';
 import { toAsbError } from '../problem.ts';
+import type { UploadSlots } from '../upload-slots.ts';
 
 /** How long an upload URL works: the SDK PUTs right after asking, an hour covers a slow link. */
 export const UPLOAD_URL_TTL_MS = 3600_000;
@@ -133,7 +134,8 @@ function fileLink(w: WorkerContext, ctx: AuthedContext): Reply {
   return { status: 201, json: { present: false, url } };
 }
 
-function uploadRoute(w: WorkerContext): Route {
+/** Uploads at once count against the worker's bounds like file uploads, per template (the URL carries no key). */
+function uploadRoute(w: WorkerContext, uploads: UploadSlots): Route {
   return {
     method: 'PUT',
     pattern: '/templates/{id}/files/{hash}',
@@ -146,7 +148,7 @@ function uploadRoute(w: WorkerContext): Route {
         const service = builds(w);
         const team = service.templateTeam(id);
         if (team === undefined) throw templateNotFound(id);
-        await service.files.put(team, hash, ctx.req);
+        await uploads.run(`template:${id}`, `template ${id}`, () => service.files.put(team, hash, ctx.req));
         return { status: 200, json: { present: true } };
       } catch (err) {
         return e2bErrorReply(toAsbError(err));
@@ -326,7 +328,7 @@ function alias(w: WorkerContext, ctx: AuthedContext): Reply {
   return { status: 200, json: { templateID: rec.templateId, public: false } };
 }
 
-export function e2bTemplateRoutes(w: WorkerContext, auth: Authenticator): Route[] {
+export function e2bTemplateRoutes(w: WorkerContext, auth: Authenticator, uploads: UploadSlots): Route[] {
   const route = (method: Route['method'], pattern: string, handler: (ctx: AuthedContext) => Promise<Reply> | Reply): Route => e2bRoute(auth, method, pattern, async (ctx) => handler(ctx));
   return [
     route('POST', '/v3/templates', (ctx) => requestBuild(w, ctx)),
@@ -334,7 +336,7 @@ export function e2bTemplateRoutes(w: WorkerContext, auth: Authenticator): Route[
     route('POST', '/templates/tags', (ctx) => assignTags(w, ctx)),
     route('DELETE', '/templates/tags', (ctx) => removeTags(w, ctx)),
     route('GET', '/templates/{id}/files/{hash}', (ctx) => fileLink(w, ctx)),
-    uploadRoute(w),
+    uploadRoute(w, uploads),
     route('POST', '/v2/templates/{id}/builds/{buildId}', (ctx) => startBuild(w, ctx)),
     route('GET', '/templates/{id}/builds/{buildId}/status', (ctx) => status(w, ctx)),
     route('GET', '/templates/{id}/builds/{buildId}/logs', (ctx) => logs(w, ctx)),
