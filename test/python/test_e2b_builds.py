@@ -69,6 +69,9 @@ def test_dockerfile_template():
     try:
         assert sbx.commands.run("cat /dock.txt").stdout == "from-dockerfile\n"
         assert sbx.commands.run('echo "$COLOR"').stdout.strip() == "blue"
+        # The SDK's parser ends a Dockerfile with E2B's defaults: USER user, WORKDIR /home/user.
+        assert sbx.commands.run("id -un").stdout.strip() == "user"
+        assert sbx.commands.run("touch /home/user/mine && stat -c %U /home/user/mine").stdout.strip() == "user"
     finally:
         sbx.kill()
 
