@@ -118,6 +118,12 @@ test('the unmodified Python SDK builds a template; the team starts it by name, a
   // Team B's list holds only its own request (the "stolen" build that could not start).
   const e2bListB = await call(fx, 'GET', '/templates', { key: fx.keys.teamB });
   assert.deepEqual((e2bListB.json as { names: string[]; buildStatus: string }[]).map((x) => [x.names[0], x.buildStatus]), [['stolen', 'waiting']]);
+  // The Kubernetes API (kubectl) shows the same: team B lists only base and cannot get A's.
+  const kubePath = '/apis/extensions.agents.x-k8s.io/v1alpha1/namespaces/default/sandboxtemplates';
+  const kubeB = await call(fx, 'GET', kubePath, { key: fx.keys.teamB });
+  assert.deepEqual((kubeB.json as { items: SandboxTemplate[] }).items.map((i) => i.metadata.name), ['base']);
+  assert.equal((await call(fx, 'GET', `${kubePath}/${tpl.metadata.name}`, { key: fx.keys.teamB })).status, 404);
+  assert.equal((await call(fx, 'GET', `${kubePath}/${tpl.metadata.name}`, { key: fx.keys.teamA })).status, 200);
   const e2bListA = await call(fx, 'GET', '/templates', { key: fx.keys.teamA });
   assert.deepEqual((e2bListA.json as { names: string[] }[]).map((x) => x.names[0]).sort(), ['failing', 'my-env', 'private-env']);
   assert.equal((await call(fx, 'GET', `/templates/${tpl.metadata.name}`, { key: fx.keys.teamB })).status, 404);
