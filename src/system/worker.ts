@@ -4,6 +4,10 @@
 // APIs and a claim front of its own, no controllers); --role=all is the whole of it.
 import { listen, packageVersion } from './http-server.ts';
 import { readFileSync } from 'node:fs';
+import { TemplateBuilds } from '../builds/service.ts';
+import { TeamFileStore } from '../builds/files.ts';
+import { createLocalBuildEngine } from '../builds/engine.ts';
+import type { BuildEngine } from '../builds/contract.ts';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -21,7 +25,7 @@ import { startOperator } from '../operator/operator.ts';
 import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
 import { ImageStore } from '../images/image-store.ts';
 import { startImageGc, type ImageGcLoop } from '../images/gc-loop.ts';
-import { EMPTY_REGISTRIES, parseRegistriesConfig } from '../images/registries.ts';
+import { EMPTY_REGISTRIES, parseRegistriesConfig, type RegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { registerEgressMetrics } from '../network/egress-metrics.ts';
 import { EXITING_OWNER_WAIT_MS, openSqliteStore } from '../store/sqlite.ts';
@@ -77,7 +81,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
   // With the egress proxy, every pod trusts the cluster's egress CA (credential-injection hosts).
   const egressCa = config.egressProxyPort === undefined ? undefined : await ensureEgressCa(join(config.dataDir, 'egress', 'ca'));
-  const { runtime, imageGc } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined };
+  const { runtime, imageGc, buildEngine } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined, buildEngine: undefined };
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   // The built-ins are the operator's to make; an API-only process finds them made.
@@ -135,6 +139,25 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         // the gateway): fixed, so Envoy finds a restarted worker where it left it.
         await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, floor: config.egressFloor, lds: { path: join(config.dataDir, 'egress', 'lds', 'egress.json'), listenPort: egressPort }, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
   const egress = egressServices === undefined || egressPort === undefined ? undefined : { listenAddress: parseSubnet(config.subnet).gateway, listenPort: egressPort, authzAddress: egressServices.authzAddress, intercept: egressServices.intercept, caCertPath: egressServices.caCertPath, ...(egressServices.ldsPath === undefined ? {} : { ldsPath: egressServices.ldsPath }) };
+  // Template builds: records and uploaded files under the data directory (0700), so they survive
+  // a restart; a build the restart interrupted ends as error (records.ts).
+  let tellHubTemplates: () => void = () => undefined;
+  const builds =
+    apiOperator === undefined
+      ? undefined
+      : new TemplateBuilds({
+          recordsDir: join(config.dataDir, 'builds', 'templates'),
+          files: new TeamFileStore({ dir: join(config.dataDir, 'builds', 'files'), now: () => clock.now() }),
+          store,
+          // The local runtime's engine; none on the Kubernetes runtime yet (its nodes pull from
+          // a registry this process may not reach): builds there answer 503.
+          engine: buildEngine,
+          namespace: config.namespace,
+          clusterTag: config.clusterTag,
+          clock,
+          log: log.child({ component: 'builds' }),
+          onTemplatesChanged: () => tellHubTemplates(),
+        });
   const api =
     apiOperator === undefined
       ? undefined
@@ -157,7 +180,13 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           egressProxy: egress !== undefined,
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
+          ...(builds === undefined ? {} : { builds }),
         });
+  if (sync !== undefined) {
+    tellHubTemplates = () => {
+      sync.reportNow(2000).catch((err: unknown) => log.warn({ err }, 'cannot tell the hub about a built template'));
+    };
+  }
   const handler = api?.handler ?? operatorEndpoints({ auth: keyRing, registry, metrics, log, led });
   const server = createServer(handler);
   if (api !== undefined) server.on('upgrade', api.upgrade);
@@ -186,6 +215,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         await new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeAllConnections();
         await api?.close();
+        // Running builds end as "interrupted by a worker restart" before the store closes.
+        await builds?.close();
         keyRing.close();
         front?.close();
         hubLink?.close();
@@ -211,7 +242,7 @@ function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPoli
   return typeof (runtime as Partial<EgressPolicySource>).policyForPodIp === 'function';
 }
 
-async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop }> {
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop; buildEngine?: BuildEngine }> {
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
@@ -231,9 +262,19 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     egressFloor: config.egressFloor,
     ...(extraCaPath === undefined ? {} : { extraCaPath }),
   });
-  // After the runtime: its recovery pins the images of pods made before pins existed.
-  const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics });
-  return { runtime, imageGc };
+  // Template builds on this runtime, pushed to the registry its pods pull from (none without one).
+  const buildRegistry = config.buildRegistry ?? loopbackMirror(registries);
+  const buildEngine = buildRegistry === undefined ? undefined : createLocalBuildEngine({ runtime, images, registry: buildRegistry, stateDir: join(config.dataDir, 'builds', 'engine') });
+  // After the runtime: its recovery pins the images of pods made before pins existed. The build
+  // layer cache is collected in the same passes.
+  const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics, ...(buildEngine === undefined ? {} : { alsoCollect: [buildEngine.cache] }) });
+  return { runtime, imageGc, ...(buildEngine === undefined ? {} : { buildEngine }) };
+}
+
+/** `make up`'s registry: docker.io's first mirror endpoint when it is on loopback (where builds push). */
+function loopbackMirror(registries: RegistriesConfig): string | undefined {
+  const endpoint = registries.mirrors['docker.io']?.endpoints[0];
+  return endpoint !== undefined && /^(?:127(?:\.\d{1,3}){3}|localhost|\[::1\]):\d+$/.test(endpoint) ? endpoint : undefined;
 }
 
 interface OperatorEndpointsOptions {
