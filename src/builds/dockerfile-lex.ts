@@ -215,6 +215,7 @@ export function substitute(word: string, escape: string, lookup: Lookup, opts: S
       pos++;
       return value ?? unset(n);
     }
+    if (pos >= word.length) fail(`missing "}" in "${word}"`);
     let colon = false;
     if (word[pos] === ':') {
       colon = true;

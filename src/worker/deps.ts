@@ -13,6 +13,7 @@ import type { Logger } from '../system/log.ts';
 import type { AccessTokens } from './access-token.ts';
 import type { SandboxCallLimits } from './sandbox-calls.ts';
 import type { SandboxIndex } from './sandbox-index.ts';
+import type { WorkerBuilds } from './routes-builds.ts';
 
 /** The part of the operator the API drives (src/operator/operator.ts implements it). */
 export interface WorkerOperator {
@@ -102,6 +103,8 @@ export interface WorkerDeps {
   egressCredentials?: CredentialStore;
   /** Whether the egress proxy decides this cluster's domain entries; false (the default): a policy naming a domain is refused (egress-domains.ts). */
   egressProxy?: boolean;
+  /** Template builds (the build service and the teams' uploaded files); absent: the /v1/templates/{name}/builds and /files routes answer 501. */
+  builds?: WorkerBuilds;
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
