@@ -7,7 +7,8 @@
 //   PUT  /v1/templates/{name}/files/{sha256}          the tar (plain; Content-Encoding gzip allowed);
 //                                                     201 stored, 200 already there; 400 when the
 //                                                     body's sha256 is another (nothing is stored)
-//   POST /v1/templates/{name}/builds                  a BuildSpec → 202 {templateId, buildId, phase}
+//   POST /v1/templates/{name}/builds                  a BuildSpec → 202 {templateId, buildId, phase};
+//                                                     the team's template of that name is made when new
 //   GET  /v1/templates/{name}/builds/{buildId}        200 BuildStatus
 //   GET  /v1/templates/{name}/builds/{buildId}/logs?offset=N
 //                                                     200 {entries, offset, phase, reason?}: entries
@@ -15,7 +16,6 @@
 //
 // Logs are polled with an offset rather than streamed: the same call works through the edge, the
 // hub and any proxy with no long-lived response to hold, and E2B's build API does the same.
-import { randomUUID } from 'node:crypto';
 import { AsbError } from '../errors.ts';
 import { checkBuildSpec, isSha256 } from '../builds/spec-check.ts';
 import type { BuildService, BuildStatus } from '../builds/contract.ts';
@@ -28,10 +28,14 @@ import type { RequestContext, Route } from './router.ts';
 import { discardRest, uploadChunks } from './upload-body.ts';
 import type { UploadSlots } from './upload-slots.ts';
 
-/** What the build routes need: the service that runs builds and the team's uploaded files. */
+/** What the build routes need: the service that runs builds, its template names, and the team's uploaded files. */
 export interface WorkerBuilds {
   service: BuildService;
   files: BuildFiles;
+  /** A new build of the team's template `name` (the template made when new), not started yet: the template's id and the build's. */
+  newBuild(team: string, name: string, resources: { cpuCount?: number; memoryMB?: number }): { templateId: string; buildId: string };
+  /** The id of the team's template `name`; undefined when the team has none of that name (another team's included). */
+  templateId(team: string, name: string): string | undefined;
 }
 
 /** A build's log grows by a line per output line; 100k lines is far past any real build's. */
@@ -59,8 +63,10 @@ function buildNotFound(name: string, id: string): AsbError {
 
 function statusOf(b: WorkerBuilds, ctx: RequestContext): BuildStatus {
   const name = templateName(ctx);
+  const team = principalOf(ctx).team;
   const id = ctx.params.buildId ?? '';
-  const status = b.service.status(principalOf(ctx).team, name, id);
+  const templateId = b.templateId(team, name);
+  const status = templateId === undefined ? undefined : b.service.status(team, templateId, id);
   if (status === undefined) throw buildNotFound(name, id);
   return status;
 }
@@ -114,12 +120,15 @@ export function buildRoutes(w: WorkerContext, uploads: UploadSlots, builds: Work
         const team = principalOf(ctx).team;
         const raw = await readJson(ctx.req, w.limits.jsonBytes);
         const spec = checkBuildSpec(raw, (hash) => b.files.has(team, hash));
-        const buildId = randomUUID();
-        await b.service.start(team, name, buildId, spec);
-        const status = b.service.status(team, name, buildId);
+        const { templateId, buildId } = b.newBuild(team, name, {
+          ...(spec.cpuCount === undefined ? {} : { cpuCount: spec.cpuCount }),
+          ...(spec.memoryMB === undefined ? {} : { memoryMB: spec.memoryMB }),
+        });
+        await b.service.start(team, templateId, buildId, spec);
+        const status = b.service.status(team, templateId, buildId);
         return {
           status: 202,
-          json: { templateId: name, buildId, phase: status?.phase ?? 'waiting' },
+          json: { templateId, buildId, phase: status?.phase ?? 'waiting' },
           headers: { location: `/v1/templates/${name}/builds/${buildId}` },
         };
       },
