@@ -287,7 +287,7 @@ class Converter {
     }
     const args: string[] = [];
     for (const [name, value] of pairs) {
-      if (!/^[A-Za-z_][A-Za-z0-9_.-]*$/.test(name)) throw dockerfileError(ins.line, `ENV name "${name}" is not a valid variable name`);
+      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw dockerfileError(ins.line, `ENV name "${name}" is not a valid variable name`);
       this.#env.set(name, value);
       args.push(name, value);
     }
