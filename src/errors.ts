@@ -22,6 +22,7 @@ export const ERRORS = {
   SandboxNotRunning: { status: 409, title: 'Sandbox is not running' },
   NotImplemented: { status: 501, title: 'Not implemented' },
   CheckpointFailed: { status: 500, title: 'The sandbox\'s memory could not be saved; it keeps running' },
+  BuildFailed: { status: 422, title: 'A template build step failed' },
   Internal: { status: 500, title: 'Internal error' },
 } as const satisfies Record<string, { status: number; title: string }>;
 

@@ -12,7 +12,8 @@ import { Readable } from 'node:stream';
 import { test } from 'node:test';
 import { contextEntries, FIXED_MTIME_S, openContext, packSource } from '../src/builds/build-context.ts';
 import { parseDockerfile, type ParsedDockerfile } from '../src/builds/dockerfile.ts';
-import { DirFileStore } from '../src/builds/file-store.ts';
+import { TeamFileStore } from '../src/builds/files.ts';
+import { putVerified } from '../src/builds/verified-upload.ts';
 import { checkBuildSpec } from '../src/builds/spec-check.ts';
 import { isAsbError } from '../src/errors.ts';
 
@@ -280,17 +281,19 @@ test('a build body is checked whole before anything runs: each problem names its
   });
 });
 
-test('the file store keeps an upload only under its own sha256, and a team sees only its own files', async (t) => {
+test('an upload is kept only under its own sha256, and a team sees only its own files', async (t) => {
+  const dir = context(t);
+  const packed = packSource(openContext(dir), 'app');
+  t.after(() => packed.remove());
   const root = mkdtempSync(join(tmpdir(), 'asb-files-'));
   t.after(() => rmSync(root, { recursive: true, force: true }));
-  const store = new DirFileStore(join(root, 'files'));
-  const body = Buffer.from('a tar, as far as the store cares');
-  const hash = createHash('sha256').update(body).digest('hex');
-  await assert.rejects(store.write('team-a', 'c'.repeat(64), Readable.from([body])), /have sha256 [0-9a-f]{64}, not c{64} as the path names; nothing was stored/);
-  assert.equal(store.has('team-a', 'c'.repeat(64)), false);
-  assert.equal(await store.write('team-a', hash, Readable.from([body.subarray(0, 5), body.subarray(5)])), body.length);
-  assert.equal(store.has('team-a', hash), true);
-  assert.equal(store.has('team-b', hash), false, 'another team has not uploaded it');
-  assert.deepEqual(readFileSync(store.path('team-a', hash) ?? ''), body);
-  assert.equal(store.path('team-a', '../../etc/passwd'), undefined);
+  const store = new TeamFileStore({ dir: join(root, 'files'), now: () => Date.now() });
+  const body = readFileSync(packed.path);
+  const other = 'c'.repeat(64);
+  await assert.rejects(putVerified(store, 'team-a', other, Readable.from([body])), /have sha256 [0-9a-f]{64}, not c{64} as the path names; nothing was stored/);
+  assert.equal(store.has('team-a', other), false);
+  assert.equal(await putVerified(store, 'team-a', packed.sha256, Readable.from([body.subarray(0, 700), body.subarray(700)])), body.length);
+  assert.equal(store.has('team-a', packed.sha256), true);
+  assert.equal(store.has('team-b', packed.sha256), false, 'another team has not uploaded it');
+  assert.deepEqual(readFileSync(store.path('team-a', packed.sha256) ?? ''), body);
 });

@@ -98,7 +98,7 @@ test('every error code has the apiserver\'s reason and its HTTP code in a Status
     NotFound: 'NotFound', AlreadyExists: 'AlreadyExists', Conflict: 'Conflict', Invalid: 'Invalid', BadRequest: 'BadRequest', MalformedJson: 'BadRequest',
     UnsupportedMediaType: 'UnsupportedMediaType', PayloadTooLarge: 'RequestEntityTooLarge', TooManyRequests: 'TooManyRequests', Unauthorized: 'Unauthorized',
     Forbidden: 'Forbidden', MethodNotAllowed: 'MethodNotAllowed', Gone: 'Expired', PoolExhausted: 'ServiceUnavailable', Unavailable: 'ServiceUnavailable',
-    Timeout: 'Timeout', SandboxNotRunning: 'Conflict', NotImplemented: '', CheckpointFailed: 'InternalError', Internal: 'InternalError',
+    Timeout: 'Timeout', SandboxNotRunning: 'Conflict', NotImplemented: '', CheckpointFailed: 'InternalError', BuildFailed: 'Invalid', Internal: 'InternalError',
   };
   for (const code of Object.keys(ERRORS) as ErrorCode[]) {
     const s = statusOf(new AsbError(code, 'm'));

@@ -32,6 +32,8 @@ export interface ImageGcLoopOptions {
   /** Percent of the filesystem holding `path` in use; default statfs. */
   diskUsage?: (path: string) => Promise<number>;
   metrics?: Pick<Metrics, 'imageGcRemovedTotal' | 'imageGcFreedBytesTotal' | 'imageGcRunsTotal'>;
+  /** Caches collected in every pass after the images (the build layer cache), told whether the disk is under pressure. */
+  alsoCollect?: readonly { collect(pressure: boolean): Promise<unknown> }[];
 }
 
 export interface ImageGcLoop {
@@ -68,6 +70,7 @@ export function startImageGc(opts: ImageGcLoopOptions): ImageGcLoop {
       opts.metrics?.imageGcRemovedTotal.inc({ kind: 'rootfs' }, result.removedRootfs);
       opts.metrics?.imageGcFreedBytesTotal.inc(result.blobBytes + result.treeBytes);
       if (pressure) log.warn({ percent: Math.round(percent), ...result }, 'image cache filesystem over its threshold: collected every image unused past the minimum age');
+      for (const cache of opts.alsoCollect ?? []) await cache.collect(pressure);
       return result;
     } catch (err) {
       opts.metrics?.imageGcRunsTotal.inc({ result: 'error' });

@@ -131,6 +131,11 @@ export class ImageStore {
     return this.#opts.root;
   }
 
+  /** Where a blob of the cache's layout is (a pulled image's manifest, config or layer), by digest. */
+  blobPath(digest: string): string {
+    return this.#blob(digest);
+  }
+
   get #layout(): string {
     return join(this.#opts.root, 'oci');
   }

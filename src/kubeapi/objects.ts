@@ -11,12 +11,13 @@
 // Objects are stored in one version and served in the version the path asks for: both versions
 // share one schema (src/api/crd.ts), so only apiVersion differs.
 import type { KubeObject, ResourceType } from '../api/meta.ts';
-import { LABEL, SandboxType, type Sandbox } from '../api/types.ts';
+import { LABEL, SandboxTemplateType, SandboxType, type Sandbox, type SandboxTemplate } from '../api/types.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError, invalid, isAsbError } from '../errors.ts';
 import { randomSuffix } from '../store/mutation.ts';
 import type { ListOptions } from '../store/store.ts';
 import { canSee } from '../worker/access.ts';
+import { usableBy } from '../worker/team-templates.ts';
 import type { WorkerContext } from '../worker/deps.ts';
 import { tenantPodProblems } from '../worker/pod-admission.ts';
 import { toAsbError } from '../worker/problem.ts';
@@ -36,6 +37,8 @@ export function isTeamKind(rt: ResourceType): boolean {
 }
 
 export function visibleTo(p: Principal, rt: ResourceType, obj: KubeObject): boolean {
+  // A template a team built is that team's; the admins' templates serve everyone.
+  if (rt.kind === SandboxTemplateType.kind) return p.admin || usableBy(p, obj as SandboxTemplate);
   return !isTeamKind(rt) || canSee(p, obj);
 }
 

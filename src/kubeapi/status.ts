@@ -56,6 +56,7 @@ const REASONS: Record<ErrorCode, string> = {
   // The apiserver has no reason for 501: StatusReasonUnknown, which is empty.
   NotImplemented: '',
   CheckpointFailed: 'InternalError',
+  BuildFailed: 'Invalid',
   Internal: 'InternalError',
 };
 

@@ -193,6 +193,11 @@ export class Claimer {
     return this.#deps.templates.getByName(namespace, name) !== undefined;
   }
 
+  /** The cached template (a claim reads its owner from it with no store read), undefined if not cached. */
+  cachedTemplate(namespace: string, name: string): SandboxTemplate | undefined {
+    return this.#deps.templates.getByName(namespace, name);
+  }
+
   /** Warm members ready to be claimed right now, for a pool. */
   available(namespace: string, pool: string): number {
     let n = 0;

@@ -62,7 +62,9 @@ const SECONDS = /^\d{1,9}(\.\d{1,9})?$/;
 const API_SANDBOX_PATH = /^\/(?:v[12]\/)?sandboxes(?:\/([^/?#]*))?(?:[/?#]|$)/;
 // E2B's snapshot list and its templates (a snapshot is deleted as /templates/<snapshotID>: a
 // snapshot id starts with its cluster's tag, like a sandbox id, and names the owner the same way).
-const API_TEMPLATE_PATH = /^\/(?:snapshots|templates)(?:\/([^/?#]*))?(?:[/?#]|$)/;
+// The build API's /v2/templates/<id>/builds/… and /v3/templates go the same way: a built
+// template's id starts with its cluster's tag too.
+const API_TEMPLATE_PATH = /^\/(?:v[23]\/)?(?:snapshots|templates)(?:\/([^/?#]*))?(?:[/?#]|$)/;
 
 // The worker's Kubernetes API (src/kubeapi/): discovery, /version, OpenAPI v3 and /apis/… objects.
 const KUBE_API_PATH = /^\/(?:api|apis|version|openapi\/v3)(?:[/?#]|$)/;

@@ -234,8 +234,27 @@ export interface PodRuntime {
   /** Deletes a snapshot; pods started from it are not affected. Idempotent. */
   deleteSnapshot?(snapshotId: string): Promise<void>;
 
+  /**
+   * Calls `read` with what a running pod wrote to its root filesystem (its overlay's upper dir on
+   * the host) while nothing in the pod can write to it (its disk frozen), for a template build to
+   * turn into an image layer. Absent on runtimes that cannot.
+   */
+  readWritableLayer?<T>(id: string, read: (layer: WritableLayer) => Promise<T>): Promise<T>;
+
   /** Stops watching; leaves pods as they are (they survive a worker restart). Idempotent. */
   close(): Promise<void>;
+}
+
+/** A pod's writable layer as readWritableLayer shows it. */
+export interface WritableLayer {
+  /**
+   * The overlay upper dir on the host: overlayfs whiteouts (char device 0:0) and opaque dirs
+   * (xattr trusted.overlay.opaque) included. The pod controls every name and link in it: read it
+   * without following a symlink.
+   */
+  dir: string;
+  /** The host ids the pod's ids 0..size-1 are: a file's container uid is its host uid - hostId. */
+  idRange: { hostId: number; size: number };
 }
 
 export interface DiskUsage {

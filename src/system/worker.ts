@@ -4,6 +4,9 @@
 // APIs and a claim front of its own, no controllers); --role=all is the whole of it.
 import { listen, packageVersion } from './http-server.ts';
 import { readFileSync } from 'node:fs';
+import { TemplateBuilds } from '../builds/service.ts';
+import { TeamFileStore } from '../builds/files.ts';
+import type { BuildEngine } from '../builds/contract.ts';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -50,6 +53,8 @@ export interface WorkerDeps {
   registry?: Registry;
   /** Replaces the local runtime (tests of API behaviour only). */
   runtime?: PodRuntime;
+  /** Turns build steps into images (src/builds/contract.ts); absent: builds answer 503, templates still list and start. */
+  buildEngine?: (ctx: { store: ObjectStore; runtime: PodRuntime; config: WorkerConfig; log: Logger; clock: Clock }) => BuildEngine;
 }
 
 export interface RunningWorker {
@@ -135,6 +140,24 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         // the gateway): fixed, so Envoy finds a restarted worker where it left it.
         await startEgressServices({ gateway: parseSubnet(config.subnet).gateway, authzPort: egressPort, source: runtime, floor: config.egressFloor, lds: { path: join(config.dataDir, 'egress', 'lds', 'egress.json'), listenPort: egressPort }, credentials: egressCredentials, caDir: join(config.dataDir, 'egress', 'ca'), registry, log, clock });
   const egress = egressServices === undefined || egressPort === undefined ? undefined : { listenAddress: parseSubnet(config.subnet).gateway, listenPort: egressPort, authzAddress: egressServices.authzAddress, intercept: egressServices.intercept, caCertPath: egressServices.caCertPath, ...(egressServices.ldsPath === undefined ? {} : { ldsPath: egressServices.ldsPath }) };
+  // Template builds: records and uploaded files under the data directory (0700), so they survive
+  // a restart; a build the restart interrupted ends as error (records.ts).
+  let tellHubTemplates: () => void = () => undefined;
+  const builds =
+    apiOperator === undefined
+      ? undefined
+      : new TemplateBuilds({
+          recordsDir: join(config.dataDir, 'builds', 'templates'),
+          files: new TeamFileStore({ dir: join(config.dataDir, 'builds', 'files'), now: () => clock.now() }),
+          store,
+          engine: deps.buildEngine?.({ store, runtime, config, log: log.child({ component: 'build-engine' }), clock }),
+          namespace: config.namespace,
+          clusterTag: config.clusterTag,
+          clock,
+          log: log.child({ component: 'builds' }),
+          onTemplatesChanged: () => tellHubTemplates(),
+        });
+  builds?.files.sweep();
   const api =
     apiOperator === undefined
       ? undefined
@@ -156,7 +179,13 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           egressProxy: egress !== undefined,
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
+          ...(builds === undefined ? {} : { builds }),
         });
+  if (sync !== undefined) {
+    tellHubTemplates = () => {
+      sync.reportNow(2000).catch((err: unknown) => log.warn({ err }, 'cannot tell the hub about a built template'));
+    };
+  }
   const handler = api?.handler ?? operatorEndpoints({ auth: keyRing, registry, metrics, log, led });
   const server = createServer(handler);
   if (api !== undefined) server.on('upgrade', api.upgrade);
@@ -185,6 +214,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         await new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeAllConnections();
         await api?.close();
+        // Running builds end as "interrupted by a worker restart" before the store closes.
+        await builds?.close();
         keyRing.close();
         front?.close();
         hubLink?.close();

@@ -2,18 +2,18 @@
 // claimer and activity tracker, the store, the pod runtime, the key ring, metrics and a logger.
 import type { Registry } from 'prom-client';
 import type { Principal } from '../auth/keyring.ts';
-import type { Sandbox } from '../api/types.ts';
+import type { Sandbox, SandboxTemplate } from '../api/types.ts';
 import type { ClaimRequest, ClaimResult } from '../operator/claimer.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
+import type { TemplateBuilds } from '../builds/service.ts';
 import type { CredentialStore } from '../egress/credential-store.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { AccessTokens } from './access-token.ts';
 import type { SandboxCallLimits } from './sandbox-calls.ts';
 import type { SandboxIndex } from './sandbox-index.ts';
-import type { WorkerBuilds } from './routes-builds.ts';
 
 /** The part of the operator the API drives (src/operator/operator.ts implements it). */
 export interface WorkerOperator {
@@ -22,6 +22,8 @@ export interface WorkerOperator {
     waitReady(namespace: string, name: string, timeoutMs: number): Promise<Sandbox>;
     /** Whether the template is in the claimer's cache (false may only mean "not seen yet"). */
     hasTemplate(namespace: string, name: string): boolean;
+    /** The cached template, for its owner label (undefined may only mean "not seen yet"). */
+    cachedTemplate(namespace: string, name: string): SandboxTemplate | undefined;
   };
   activity: { touch(id: string): void };
 }
@@ -103,8 +105,8 @@ export interface WorkerDeps {
   egressCredentials?: CredentialStore;
   /** Whether the egress proxy decides this cluster's domain entries; false (the default): a policy naming a domain is refused (egress-domains.ts). */
   egressProxy?: boolean;
-  /** Template builds (the build service and the teams' uploaded files); absent: the /v1/templates/{name}/builds and /files routes answer 501. */
-  builds?: WorkerBuilds;
+  /** Template builds (src/builds/service.ts); absent: E2B's build API answers 501. Owned by the caller, which closes it. */
+  builds?: TemplateBuilds;
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
@@ -125,4 +127,5 @@ export interface WorkerContext {
   reportToHub: ((timeoutMs: number) => Promise<boolean>) | undefined;
   egressCredentials: CredentialStore | undefined;
   egressProxy: boolean;
+  builds: TemplateBuilds | undefined;
 }

@@ -5,7 +5,7 @@ import type { Principal } from '../auth/keyring.ts';
 import { AsbError } from '../errors.ts';
 import type { Logger } from '../system/log.ts';
 
-export type Method = 'GET' | 'PUT' | 'POST' | 'DELETE';
+export type Method = 'GET' | 'PUT' | 'POST' | 'DELETE' | 'PATCH';
 
 export interface RequestContext {
   req: IncomingMessage;

@@ -19,7 +19,10 @@
 import { AsbError } from '../errors.ts';
 import { checkBuildSpec, isSha256 } from '../builds/spec-check.ts';
 import type { BuildService, BuildStatus } from '../builds/contract.ts';
-import type { BuildFiles } from '../builds/file-store.ts';
+import type { FileStore } from '../builds/contract.ts';
+import { MAX_FILE_BYTES } from '../builds/files.ts';
+import type { TemplateBuilds } from '../builds/service.ts';
+import { putVerified } from '../builds/verified-upload.ts';
 import { isObjectName, principalOf } from './access.ts';
 import { readJson } from './body.ts';
 import type { WorkerContext } from './deps.ts';
@@ -31,17 +34,31 @@ import type { UploadSlots } from './upload-slots.ts';
 /** What the build routes need: the service that runs builds, its template names, and the team's uploaded files. */
 export interface WorkerBuilds {
   service: BuildService;
-  files: BuildFiles;
+  files: FileStore;
+  /** Stores an upload as the team's `hash` once its sha256 is `hash` (BadRequest otherwise, nothing stored); returns the bytes. */
+  upload(team: string, hash: string, chunks: AsyncIterable<Buffer>): Promise<number>;
   /** A new build of the team's template `name` (the template made when new), not started yet: the template's id and the build's. */
   newBuild(team: string, name: string, resources: { cpuCount?: number; memoryMB?: number }): { templateId: string; buildId: string };
   /** The id of the team's template `name`; undefined when the team has none of that name (another team's included). */
   templateId(team: string, name: string): string | undefined;
 }
 
+/** The routes' view of the worker's build service. */
+export function workerBuilds(b: TemplateBuilds): WorkerBuilds {
+  return {
+    service: b,
+    files: b.files,
+    upload: (team, hash, chunks) => putVerified(b.files, team, hash, chunks),
+    newBuild(team, name, resources) {
+      const { template, build } = b.createTemplate(team, { name, ...resources });
+      return { templateId: template.templateId, buildId: build.buildId };
+    },
+    templateId: (team, name) => b.find(team, name)?.templateId,
+  };
+}
+
 /** A build's log grows by a line per output line; 100k lines is far past any real build's. */
 const MAX_LOG_OFFSET = 10_000_000;
-/** Largest build file upload: a context with a language's dependencies vendored fits. */
-export const DEFAULT_BUILD_FILE_BYTES = 1024 * 1024 * 1024;
 
 function templateName(ctx: RequestContext): string {
   const name = ctx.params.name ?? '';
@@ -71,7 +88,8 @@ function statusOf(b: WorkerBuilds, ctx: RequestContext): BuildStatus {
   return status;
 }
 
-export function buildRoutes(w: WorkerContext, uploads: UploadSlots, builds: WorkerBuilds | undefined, fileBytes = DEFAULT_BUILD_FILE_BYTES): Route[] {
+export function buildRoutes(w: WorkerContext, uploads: UploadSlots, fileBytes = MAX_FILE_BYTES): Route[] {
+  const builds = w.builds === undefined ? undefined : workerBuilds(w.builds);
   const enabled = (): WorkerBuilds => {
     if (builds === undefined) throw new AsbError('NotImplemented', 'template builds are not enabled on this worker');
     return builds;
@@ -103,7 +121,7 @@ export function buildRoutes(w: WorkerContext, uploads: UploadSlots, builds: Work
           return { status: 200, json: { sha256: hash, present: true } };
         }
         try {
-          const bytes = await uploads.run(p.prefix, `key ${p.prefix}`, () => b.files.write(p.team, hash, uploadChunks(ctx.req, fileBytes)));
+          const bytes = await uploads.run(p.prefix, `key ${p.prefix}`, () => b.upload(p.team, hash, uploadChunks(ctx.req, fileBytes)));
           return { status: 201, json: { sha256: hash, present: true, bytes } };
         } catch (err) {
           discardRest(ctx.req);

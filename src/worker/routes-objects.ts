@@ -6,7 +6,7 @@ import type { KubeObject, ResourceType } from '../api/meta.ts';
 import { HEARTBEAT_MS } from '../hub/contract.ts';
 import { isReservedKey } from '../api/names.ts';
 import { POD_SECURITY_ANNOTATION } from '../api/pod-security.ts';
-import { ANNOTATION, LABEL, type Sandbox, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
+import { ANNOTATION, LABEL, type Sandbox, type SandboxTemplate, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError, invalid, isAsbError, type FieldProblem } from '../errors.ts';
@@ -17,6 +17,7 @@ import { tenantPodProblems } from './pod-admission.ts';
 import { applyList, isPlainObject, namespaceQuery } from './input.ts';
 import { userLabelProblems } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
+import { usableBy } from './team-templates.ts';
 
 /** Kinds /v1/apply takes, in the order it writes them (a pool after its template). */
 const APPLY_ORDER: readonly ResourceType[] = [SandboxTemplateType, SandboxWarmPoolType, SandboxType, SandboxClaimType];
@@ -140,7 +141,9 @@ async function listKind(w: WorkerContext, ctx: RequestContext, rt: ResourceType)
   if (ns !== null && ns !== '') opts.namespace = namespaceQuery(ctx.query, w.defaultNamespace);
   if (TEAM_KINDS.has(rt.kind)) opts.labelSelector = visibilitySelector(p);
   const listed = await w.store.list(rt, opts);
-  return { status: 200, json: { items: listed.items } };
+  // A template a team built is that team's (team-templates.ts); the admins' serve everyone.
+  const items = rt.kind === SandboxTemplateType.kind && !p.admin ? listed.items.filter((t) => usableBy(p, t as SandboxTemplate)) : listed.items;
+  return { status: 200, json: { items } };
 }
 
 async function getVisible(w: WorkerContext, ctx: RequestContext, rt: ResourceType): Promise<KubeObject> {
@@ -149,7 +152,7 @@ async function getVisible(w: WorkerContext, ctx: RequestContext, rt: ResourceTyp
   const name = ctx.params.name ?? '';
   if (!isObjectName(name)) throw notFound(rt, ns, name);
   const obj = await w.store.tryGet(rt, ns, name);
-  if (obj === undefined || (TEAM_KINDS.has(rt.kind) && !canSee(p, obj))) throw notFound(rt, ns, name);
+  if (obj === undefined || (TEAM_KINDS.has(rt.kind) && !canSee(p, obj)) || (rt.kind === SandboxTemplateType.kind && !p.admin && !usableBy(p, obj as SandboxTemplate))) throw notFound(rt, ns, name);
   return obj;
 }
 

@@ -3,7 +3,7 @@
 // the same way. Lifecycle changes are spec writes; the operator does the work.
 import type { KubeObject, ResourceType } from '../api/meta.ts';
 import type { Sandbox, SandboxShutdownPolicy, SuspendMemory, SuspensionStrategy } from '../api/types.ts';
-import { ANNOTATION, sandboxLifecycle, SandboxTemplateType, SandboxType, wantsRunning } from '../api/types.ts';
+import { ANNOTATION, sandboxLifecycle, SandboxType, wantsRunning } from '../api/types.ts';
 import { SUSPENDED_REASON } from '../operator/suspension.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError, isAsbError } from '../errors.ts';
@@ -15,6 +15,7 @@ import type { Timer } from '../system/clock.ts';
 import type { EgressPolicy } from '../network/egress-policy.ts';
 import { networkSpec } from '../network/sandbox-network.ts';
 import type { WorkerContext } from './deps.ts';
+import { resolveTemplate } from './team-templates.ts';
 import { sandboxView } from './views.ts';
 
 // Optimistic-concurrency retries for a lifecycle write racing the operator's status writes.
@@ -57,11 +58,12 @@ export interface ClaimOptions {
 
 /** Claims a sandbox of `template` for the principal's team (warm if one is ready), 404 for an unknown template. */
 export async function claimSandbox(w: WorkerContext, p: Principal, opts: ClaimOptions): Promise<ClaimResult> {
-  const { namespace, template } = opts;
+  const { namespace } = opts;
   // From the claimer's cache, so a warm claim reads nothing from the store (on Kubernetes a GET
   // per claim was a fifth of the API server's work on the claim path); the store answers only for
-  // a template the cache has not seen, which may be one created a moment ago.
-  if (!w.operator.claimer.hasTemplate(namespace, template) && !(await w.store.exists(SandboxTemplateType, namespace, template))) throw new AsbError('NotFound', `template "${template}" not found in namespace "${namespace}"; list templates with GET /v1/templates`);
+  // a template the cache has not seen, which may be one created a moment ago, or a team's name
+  // for a template it built (team-templates.ts).
+  const template = await resolveTemplate(w, p, namespace, opts.template);
   const req: ClaimRequest = { namespace, template, owner: p.team, coldStart: opts.coldStart };
   if (opts.labels !== undefined) req.labels = opts.labels;
   if (opts.annotations !== undefined) req.annotations = opts.annotations;

@@ -31,6 +31,7 @@ import { snapshotRoutes } from './routes-snapshots.ts';
 import { buildRoutes } from './routes-builds.ts';
 import { e2bSnapshotRoutes } from './e2b/snapshots.ts';
 import { e2bRoutes } from './e2b/routes.ts';
+import { e2bTemplateRoutes } from './e2b/templates.ts';
 import { egressRoutes } from './routes-egress.ts';
 import { systemRoutes } from './routes-system.ts';
 import { SandboxIndex } from './sandbox-index.ts';
@@ -129,6 +130,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     reportToHub: deps.reportToHub,
     egressCredentials: deps.egressCredentials,
     egressProxy: deps.egressProxy ?? false,
+    builds: deps.builds,
   });
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
   const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });
@@ -157,11 +159,13 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     ...sandboxRoutes(w),
     ...snapshotRoutes(w),
     ...fileRoutes(w, uploads),
-    ...buildRoutes(w, uploads, deps.builds),
+    ...buildRoutes(w, uploads),
     ...activityRoutes(w),
     ...feedRoutes(),
     ...terminalRoutes(w, terminalTokens),
     ...e2bRoutes(w, deps.auth),
+    // Before the snapshots' DELETE /templates/{id}: /templates/tags is a literal path of its own.
+    ...e2bTemplateRoutes(w, deps.auth),
     ...e2bSnapshotRoutes(w, deps.auth),
   ]);
   const requests = deps.metrics.httpRequestsTotal;

@@ -22,6 +22,7 @@ import { silentLogger } from '../../src/system/log.ts';
 import type { WorkerLimits } from '../../src/worker/deps.ts';
 import type { SandboxCallLimits } from '../../src/worker/sandbox-calls.ts';
 import { createWorkerServer, type WorkerServer } from '../../src/worker/server.ts';
+import type { TemplateBuilds } from '../../src/builds/service.ts';
 
 function enoent(path: string): Error {
   return Object.assign(new Error(`ENOENT: no such file or directory, '${path}'`), { code: 'ENOENT' });
@@ -142,7 +143,7 @@ export interface WorkerFixture {
 
 /** Starts everything; registers cleanup with `after` (the test's t.after). */
 /** `opts.eventRetention`: how many changes the store keeps for watches (older versions are Gone); `opts.clock`: the worker API's clock; `opts.sandboxCallLimits`: processes and terminals per sandbox. */
-export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}, opts: { eventRetention?: number; clock?: Clock; egressProxy?: boolean; sandboxCallLimits?: SandboxCallLimits } = {}): Promise<WorkerFixture> {
+export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}, opts: { eventRetention?: number; clock?: Clock; egressProxy?: boolean; sandboxCallLimits?: SandboxCallLimits; builds?: (store: ObjectStore, dir: string) => TemplateBuilds } = {}): Promise<WorkerFixture> {
   const dir = await mkdtemp(join(tmpdir(), 'asb-worker-'));
   const log = silentLogger();
   const registry = new Registry();
@@ -156,10 +157,12 @@ export async function startWorkerFixture(after: (fn: () => Promise<void>) => voi
   const teamB = await createApiKey(store, { team: 'team-b' });
   const auth = await KeyRing.open({ store, log });
   const egressCredentials = new CredentialStore(join(dir, 'egress'), opts.clock ?? systemClock);
-  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, egressCredentials, egressProxy: opts.egressProxy ?? true, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(opts.clock === undefined ? {} : { clock: opts.clock }), ...(opts.sandboxCallLimits === undefined ? {} : { sandboxCallLimits: opts.sandboxCallLimits }) });
+  const builds = opts.builds?.(store, dir);
+  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, egressCredentials, egressProxy: opts.egressProxy ?? true, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(builds === undefined ? {} : { builds }), ...(opts.clock === undefined ? {} : { clock: opts.clock }), ...(opts.sandboxCallLimits === undefined ? {} : { sandboxCallLimits: opts.sandboxCallLimits }) });
   const address = await server.listen(0, '127.0.0.1');
   after(async () => {
     await server.close();
+    await builds?.close();
     auth.close();
     await operator.close();
     await runtime.close();

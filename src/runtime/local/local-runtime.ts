@@ -21,7 +21,7 @@ import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
-import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StartOptions, StopOptions } from '../runtime.ts';
+import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StartOptions, StopOptions, WritableLayer } from '../runtime.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
 import { PodFirewall } from './pod-firewall.ts';
 import { execInPod, type PodTarget } from './exec.ts';
@@ -701,6 +701,26 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     } catch (err) {
       await rm(paths.partial, { recursive: true, force: true });
       throw err;
+    }
+  }
+
+  /**
+   * The pod's upper dir, read while its disk is frozen: the sandbox's writes wait (they do not
+   * fail) until `read` is done, so what is read cannot change under the reader.
+   */
+  async readWritableLayer<T>(id: string, read: (layer: WritableLayer) => Promise<T>): Promise<T> {
+    const pod = this.#pods.get(id);
+    const disk = pod?.paths.disk;
+    const idRange = pod?.persisted?.idRange;
+    if (pod?.target === undefined) throw new AsbError('SandboxNotRunning', `sandbox pod ${id} is not running`);
+    if (disk === undefined || idRange === undefined || (await madeBeforeDisks(pod.paths.dir))) {
+      throw new AsbError('NotImplemented', `pod ${id} was made before pods had disks of their own and id ranges: its writable layer cannot be read`);
+    }
+    await this.#host.disk.freeze(disk.mount);
+    try {
+      return await read({ dir: pod.paths.upper, idRange: { hostId: idRange.hostId, size: idRange.size } });
+    } finally {
+      await this.#host.disk.thaw(disk.mount);
     }
   }
 

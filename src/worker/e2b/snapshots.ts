@@ -2,7 +2,7 @@
 // and fork; research e2b.md), on our SandboxSnapshot objects (src/worker/snapshots.ts):
 //   POST   /sandboxes/{id}/snapshots   {name?, memory?}   201 {snapshotID, names}
 //   GET    /snapshots?sandboxID&name&limit&nextToken     200 [{snapshotID, names}], X-Next-Token
-//   DELETE /templates/{snapshotID}                        204 (404: the SDK's False)
+//   DELETE /templates/{snapshotID}                        204 (404: the SDK's False); a built template's id deletes it (templates.ts)
 //   POST   /sandboxes/{id}/fork        {timeout?, count?} 201 [{sandbox} | {error: {code, message}}]
 // `Sandbox.create(snapshotID)` is a create whose templateID names a snapshot (routes.ts). `memory`
 // unset keeps memory where the sandbox can (gVisor), else files only (routes-snapshots.ts says why).
@@ -17,6 +17,7 @@ import type { Reply, Route } from '../router.ts';
 import { keepsMemory } from '../routes-snapshots.ts';
 import { deleteSnapshot, findSnapshot, forkSandbox, listSnapshots, MAX_FORKS, SNAPSHOT_NAME_ANNOTATION, takeSnapshot } from '../snapshots.ts';
 import { e2bRoute, type AuthedContext } from './reply.ts';
+import { deleteBuiltTemplate } from './templates.ts';
 import { e2bSandbox } from './shape.ts';
 
 const SNAPSHOT_BODY = { name: { kind: 'string', min: 1, max: 253 }, memory: { kind: 'boolean' } } as const;
@@ -65,6 +66,8 @@ async function list(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
 }
 
 async function remove(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
+  // E2B deletes templates and snapshots by the same path: a built template of the team's first.
+  if (await deleteBuiltTemplate(w, ctx)) return { status: 204 };
   await deleteSnapshot(w, await findSnapshot(w, ctx.principal, ctx.params.id ?? ''));
   return { status: 204 };
 }

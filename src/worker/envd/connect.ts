@@ -52,6 +52,7 @@ const FROM_ASB: Record<ErrorCode, ConnectCode> = {
   SandboxNotRunning: 'unavailable',
   NotImplemented: 'unimplemented',
   CheckpointFailed: 'internal',
+  BuildFailed: 'failed_precondition',
   Internal: 'internal',
 };
 

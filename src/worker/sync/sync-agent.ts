@@ -16,6 +16,7 @@
 import { WebSocket, type RawData } from 'ws';
 import type { SandboxTemplate, SandboxWarmPool } from '../../api/types.ts';
 import { SandboxTemplateType, SandboxWarmPoolType } from '../../api/types.ts';
+import { TEMPLATE_NAME_LABEL } from '../../builds/template-object.ts';
 import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type SyncItem, type WorkerToHub } from '../../hub/contract.ts';
 import type { ObjectStore } from '../../store/store.ts';
 import type { Clock, Timer } from '../../system/clock.ts';
@@ -310,6 +311,13 @@ async function heartbeatCounts(store: ObjectStore): Promise<{ warm: Record<strin
   const templates: Record<string, number> = {};
   const pools: Record<string, PoolReport> = {};
   for (const t of held.items) templates[`${t.metadata.namespace ?? 'default'}/${t.metadata.name}`] = 0;
+  // A team's built template is also created by its name (E2B's alias): the hub places such a
+  // create on a cluster that holds the name, whose worker then resolves it for the team.
+  for (const t of held.items) {
+    const alias = t.metadata.labels?.[TEMPLATE_NAME_LABEL];
+    const key = `${t.metadata.namespace ?? 'default'}/${alias ?? ''}`;
+    if (alias !== undefined && !Object.hasOwn(templates, key)) templates[key] = 0;
+  }
   for (const p of poolList.items) {
     const ns = p.metadata.namespace ?? 'default';
     const ready = p.status?.readyReplicas ?? 0;

@@ -1,0 +1,165 @@
+// The pod a build's RUN, COPY and WORKDIR steps run in: a sandbox like any other (the runtime's
+// user namespace of its own, seccomp, no capabilities, the build's cpu, memory and disk limits as
+// its container's, the default egress policy), started on the template's runtime class. Nothing
+// of a step runs on the host: a COPY's tar is streamed into the pod (decompressed on the way) and
+// unpacked there by the image's own tar, as the step's user.
+import { randomBytes } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import { open } from 'node:fs/promises';
+import { createGunzip } from 'node:zlib';
+import type { Readable } from 'node:stream';
+import { AsbError } from '../errors.ts';
+import type { PodRuntime } from '../runtime/runtime.ts';
+import type { BuildConfig } from './steps.ts';
+
+export interface BuildPodLimits { cpu: number; memoryBytes: number; diskBytes: number }
+
+/** Starts the pod on `image`; rejects (BuildFailed) when it does not run. */
+export async function startBuildPod(runtime: PodRuntime, image: string, runtimeClassName: string | undefined, limits: BuildPodLimits): Promise<string> {
+  const id = `build-${randomBytes(6).toString('hex')}`;
+  const state = await runtime.start({
+    id, uid: `build-${randomBytes(8).toString('hex')}`, namespace: 'builds', hostname: 'build',
+    spec: {
+      ...(runtimeClassName === undefined ? {} : { runtimeClassName }),
+      containers: [{
+        name: 'build', image, command: ['sleep', 'infinity'], securityContext: { runAsUser: 0, runAsGroup: 0 },
+        resources: { limits: { cpu: String(limits.cpu), memory: String(limits.memoryBytes), 'ephemeral-storage': String(limits.diskBytes) } },
+      }],
+    },
+  });
+  if (state.phase !== 'Running') {
+    await runtime.remove(id).catch(() => undefined);
+    throw new AsbError('BuildFailed', `the build sandbox did not start from ${image}: ${state.reason ?? state.phase}: ${state.message ?? ''}`.trim());
+  }
+  return id;
+}
+
+/** The uid a USER value runs as: a number, or a name in the pod's /etc/passwd (read now: an earlier step may have added it). */
+export async function resolveUid(runtime: PodRuntime, id: string, user: string | undefined): Promise<number> {
+  const name = (user ?? '').split(':')[0] ?? '';
+  if (name === '' || name === 'root') return 0;
+  if (/^\d+$/.test(name)) return Number(name);
+  let passwd = '';
+  try {
+    passwd = Buffer.from(await runtime.readFile(id, '/etc/passwd')).toString('utf8');
+  } catch {
+    // no /etc/passwd: the name cannot be found
+  }
+  for (const line of passwd.split('\n')) {
+    const [n, , uid] = line.split(':');
+    if (n === name && uid !== undefined && /^\d+$/.test(uid)) return Number(uid);
+  }
+  throw new AsbError('BuildFailed', `user "${name}" is not in the image's /etc/passwd`);
+}
+
+export function envRecord(config: BuildConfig): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const e of config.env) {
+    const at = e.indexOf('=');
+    if (at > 0) env[e.slice(0, at)] = e.slice(at + 1);
+  }
+  return env;
+}
+
+export interface StepRun {
+  exitCode: number;
+  signal?: string;
+  /** The last lines of its output (stdout and stderr), for the error. */
+  tail: string[];
+}
+
+const TAIL_LINES = 20;
+const MAX_LINE = 4096;
+
+/** Runs `sh -c script` as uid, each output line to `line` as it comes; a signal kills it. */
+export async function runInPod(runtime: PodRuntime, id: string, script: string, opts: { uid: number; config: BuildConfig; env?: Record<string, string>; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
+  const proc = await runtime.spawn(id, {
+    command: ['sh', '-c', script], user: opts.uid, cwd: opts.config.workingDir ?? '/',
+    env: { ...envRecord(opts.config), ...opts.env },
+  });
+  proc.stdin.end();
+  const tail: string[] = [];
+  const say = (text: string): void => {
+    opts.line(text);
+    tail.push(text);
+    if (tail.length > TAIL_LINES) tail.shift();
+  };
+  const reader = (stream: Readable): Promise<void> => new Promise((resolve) => {
+    let partial = '';
+    stream.setEncoding('utf8');
+    stream.on('data', (chunk: string) => {
+      const lines = (partial + chunk).split('\n');
+      partial = lines.pop() ?? '';
+      for (const l of lines) say(l.slice(0, MAX_LINE));
+      if (partial.length > MAX_LINE) {
+        say(partial.slice(0, MAX_LINE));
+        partial = '';
+      }
+    });
+    stream.on('end', () => {
+      if (partial !== '') say(partial);
+      resolve();
+    });
+    stream.on('error', () => resolve());
+  });
+  const kill = (): void => proc.kill('SIGKILL');
+  opts.signal.addEventListener('abort', kill, { once: true });
+  try {
+    const readers = Promise.all([reader(proc.stdout), reader(proc.stderr)]);
+    const exited = await proc.exited;
+    // A background child of the step may hold the pipes open: its output stops counting here.
+    await Promise.race([readers, new Promise((r) => setTimeout(r, 200).unref())]);
+    return { ...exited, tail };
+  } finally {
+    opts.signal.removeEventListener('abort', kill);
+  }
+}
+
+/** The COPY script: unpacks $ASB_TAR with the image's tar and copies $ASB_SRC (a path or glob in it) to $ASB_DEST, with $ASB_MODE. */
+const COPY_SCRIPT = `
+command -v tar >/dev/null 2>&1 || { echo "the image has no tar: a COPY step needs one to unpack its files" >&2; exit 127; }
+set -e
+stage="$ASB_TAR.d"
+rm -rf "$stage"; mkdir -p "$stage"
+if tar --help 2>&1 | grep -q -- --no-same-owner; then tar -x --no-same-owner -f "$ASB_TAR" -C "$stage"; else tar -x -o -f "$ASB_TAR" -C "$stage"; fi
+rm -f "$ASB_TAR" 2>/dev/null || true
+IFS=''
+found=0
+for s in "$stage"/$ASB_SRC; do
+  [ -e "$s" ] || [ -L "$s" ] || continue
+  found=1
+  if [ -n "$ASB_MODE" ]; then chmod -R "$ASB_MODE" "$s"; fi
+  if [ -d "$s" ] && [ ! -L "$s" ]; then mkdir -p "$ASB_DEST"; cp -a "$s/." "$ASB_DEST/"
+  else
+    case "$ASB_DEST" in
+      */) mkdir -p "$ASB_DEST"; cp -a "$s" "$ASB_DEST" ;;
+      *) if [ -d "$ASB_DEST" ]; then cp -a "$s" "$ASB_DEST/"; else mkdir -p "$(dirname "$ASB_DEST")"; cp -a "$s" "$ASB_DEST"; fi ;;
+    esac
+  fi
+done
+rm -rf "$stage"
+[ "$found" = 1 ] || { echo "$ASB_SRC is not in the uploaded files" >&2; exit 1; }
+`;
+
+/** Streams the uploaded tar (plain or gzip) into the pod and unpacks it there. */
+export async function copyInPod(runtime: PodRuntime, id: string, tarPath: string, args: { src: string; dest: string; mode: string }, opts: { uid: number; config: BuildConfig; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
+  const inPod = `/tmp/.asb-copy-${randomBytes(6).toString('hex')}.tar`;
+  const head = Buffer.alloc(2);
+  const fh = await open(tarPath, 'r');
+  try {
+    await fh.read(head, 0, 2, 0);
+  } finally {
+    await fh.close();
+  }
+  const file = createReadStream(tarPath);
+  const data: Readable = head[0] === 0x1f && head[1] === 0x8b ? file.pipe(createGunzip()) : file;
+  // Readable by the step's user, whoever it is (the pod's writeFile makes it as the pod's user, root).
+  await runtime.writeFile(id, inPod, data, 0o644);
+  const src = args.src.replace(/^(\.\/)+/, '').replace(/\/+$/, '') || '.';
+  try {
+    return await runInPod(runtime, id, COPY_SCRIPT, { ...opts, env: { ASB_TAR: inPod, ASB_SRC: src, ASB_DEST: args.dest, ASB_MODE: args.mode.replace(/^0(?=[0-7]{4})/, '') } });
+  } finally {
+    // Written by the pod's user (root): another step user cannot remove it from the sticky /tmp.
+    await runtime.exec(id, { command: ['rm', '-f', inPod], user: 0 }).catch(() => undefined);
+  }
+}

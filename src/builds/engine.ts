@@ -1,0 +1,243 @@
+// The template build engine on the local runtime (contract.ts's BuildEngine): steps → an image in
+// the registry the worker's pods pull from.
+// - Isolation: RUN, COPY and WORKDIR run in a build sandbox (build-pod.ts) with a sandbox's own
+//   isolation, never on the host. The host only reads the sandbox's writable layer, while its disk
+//   is frozen, without following a link (layer-diff.ts, layer-writer.ts).
+// - Layers: after each such step, what it changed in the pod's overlay upper dir becomes an OCI
+//   layer (a step that changed nothing makes none). ENV, WORKDIR and USER change the config.
+// - Cache (layer-cache.ts): each step's key names its parent, itself, its files and the config it
+//   runs with (steps.ts); the first steps found in the team's cache run nothing. When every step
+//   is found no sandbox starts; when the first k are, the sandbox starts from their image (pushed
+//   by digest, no tag). `force` on a step and `noCache` rebuild from there on.
+// - Failure: a step that fails, passes a limit or is cancelled rejects with BuildFailed naming it;
+//   the sandbox is removed and neither a tag nor that step's cache entry is left.
+// Why a sandbox per build rather than buildah: buildah runs RUN steps with its own (weaker,
+// rootless or host-root) isolation, not a sandbox's runtime class, seccomp, egress and limits;
+// here the same runtime runs both, so a build step escapes no more than a sandbox does.
+import { randomBytes } from 'node:crypto';
+import { rmSync } from 'node:fs';
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { AsbError, isAsbError } from '../errors.ts';
+import type { ImageStore } from '../images/image-store.ts';
+import { parseImageReference } from '../images/reference.ts';
+import { ROOT_ID_MAP } from '../runtime/oci/spec.ts';
+import type { PodRuntime } from '../runtime/runtime.ts';
+import { ensureCBinary } from '../system/c-binary.ts';
+import { privateDir } from '../system/private-files.ts';
+import { copyInPod, resolveUid, runInPod, startBuildPod, type StepRun } from './build-pod.ts';
+import type { BuildEngine, BuildStep, EngineRequest, EngineResult } from './contract.ts';
+import { assembleImage, type BaseImage, type BuiltStep } from './image-assembly.ts';
+import { LayerCache } from './layer-cache.ts';
+import { diffUpper, opaqueReader, walkUpper, type UpperNode, type UpperState } from './layer-diff.ts';
+import { writeLayer, type LayerBlob } from './layer-writer.ts';
+import { pushImage, type PushBlob } from './registry-push.ts';
+import { nextConfig, stepKey, stepName, validateSteps, type BuildConfig } from './steps.ts';
+
+export interface LocalBuildEngineOptions {
+  runtime: PodRuntime;
+  /** The image cache the runtime pulls into: the base image's manifest, config and layers are read from it. */
+  images: ImageStore;
+  /** host:port of the registry `target.repository` is in, reached over plain HTTP (a registry on this machine). */
+  registry: string;
+  /** The engine's own 0700 directory under the worker's state dir: the layer cache and its helper live here. */
+  stateDir: string;
+}
+
+const TAG = /^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$/;
+const REPOSITORY = /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$/;
+
+export function createLocalBuildEngine(opts: LocalBuildEngineOptions): LocalBuildEngine {
+  return new LocalBuildEngine(opts);
+}
+
+export class LocalBuildEngine implements BuildEngine {
+  readonly #opts: LocalBuildEngineOptions;
+  readonly cache: LayerCache;
+
+  constructor(opts: LocalBuildEngineOptions) {
+    this.#opts = opts;
+    privateDir(opts.stateDir);
+    privateDir(join(opts.stateDir, 'layer-cache'));
+    // A worker that died mid-build left its work dirs, and their pins would keep base images for ever.
+    rmSync(join(opts.stateDir, 'work'), { recursive: true, force: true });
+    this.cache = new LayerCache(join(opts.stateDir, 'layer-cache'));
+  }
+
+  async build(req: EngineRequest): Promise<EngineResult> {
+    checkRequest(req);
+    const timeout = AbortSignal.timeout(req.limits.timeoutMs);
+    const signal = AbortSignal.any([req.signal, timeout]);
+    let current = -1;
+    try {
+      return await this.#build(req, signal, (i) => (current = i));
+    } catch (err) {
+      const at = current >= 0 ? `${stepName(current, req.steps[current] as BuildStep)}: ` : '';
+      if (timeout.aborted) throw new AsbError('BuildFailed', `${at}the build passed its time limit of ${String(req.limits.timeoutMs / 1000)} s`, { cause: err });
+      if (req.signal.aborted) throw new AsbError('BuildFailed', `${at}the build was cancelled`, { cause: err });
+      if (isAsbError(err, 'BuildFailed') && current >= 0 && !err.message.startsWith('step ')) throw new AsbError('BuildFailed', `${at}${err.message}`, { cause: err });
+      throw err;
+    }
+  }
+
+  async #build(req: EngineRequest, signal: AbortSignal, at: (step: number) => void): Promise<EngineResult> {
+    const { team, steps } = req;
+    const work = join(this.#opts.stateDir, 'work', randomBytes(8).toString('hex'));
+    await mkdir(work, { recursive: true, mode: 0o700 });
+    let pod: string | undefined;
+    try {
+      // Pinned for the build: the image GC keeps the base's blobs while they are pushed.
+      await this.#opts.images.pin(work, { reference: req.baseImage });
+      const pulled = await this.#opts.images.pull(req.baseImage, { idMap: ROOT_ID_MAP });
+      const base = await this.#readBase(pulled.manifestDigest, pulled.configDigest);
+      const baseConfig = (base.config.config ?? {}) as { Env?: string[] | null; WorkingDir?: string; User?: string };
+      let config: BuildConfig = {
+        env: baseConfig.Env ?? [],
+        ...(baseConfig.WorkingDir === undefined || baseConfig.WorkingDir === '' ? {} : { workingDir: baseConfig.WorkingDir }),
+        ...(baseConfig.User === undefined || baseConfig.User === '' ? {} : { user: baseConfig.User }),
+      };
+      const blobsDir = await this.cache.blobsDir(team);
+      const baseRepo = parseImageReference(req.baseImage);
+      const mountFrom = baseRepo.registry === this.#opts.registry || baseRepo.registry === 'docker.io' ? baseRepo.repository : undefined;
+      const push = async (built: BuiltStep[], final: BuildConfig, reference: string): Promise<string> => {
+        const image = assembleImage(base, built, final);
+        const configPath = join(blobsDir, image.configDigest.replace('sha256:', ''));
+        await writeFile(configPath, image.config, { mode: 0o600 });
+        const blobs: PushBlob[] = [
+          ...base.manifest.layers.map((l) => ({ digest: l.digest, size: l.size, path: this.#opts.images.blobPath(l.digest), ...(mountFrom === undefined ? {} : { mountFrom }) })),
+          ...image.layers.map((l) => ({ digest: l.digest, size: l.size, path: this.cache.blobPath(team, l.digest) })),
+          { digest: image.configDigest, size: image.config.length, path: configPath },
+        ];
+        await pushImage({ registry: this.#opts.registry, repository: req.target.repository, tag: reference === '' ? image.manifestDigest : reference }, blobs, image.manifest, image.manifestDigest, signal);
+        return image.manifestDigest;
+      };
+
+      const built: BuiltStep[] = [];
+      let parent = pulled.manifestDigest;
+      let cached = 0;
+      let missed = req.noCache;
+      let upper: UpperState | undefined;
+      for (const [i, step] of steps.entries()) {
+        at(i);
+        signal.throwIfAborted();
+        const key = stepKey(parent, step, config);
+        parent = key;
+        const createdBy = describe(step);
+        if (step.force === true) missed = true;
+        const hit = missed ? undefined : await this.cache.get(team, key);
+        if (hit !== undefined) {
+          req.log({ level: 'info', step: i + 1, message: `CACHED ${createdBy}` });
+          built.push({ ...(hit.layer === undefined ? {} : { layer: hit.layer }), createdBy });
+          config = hit.config;
+          cached++;
+          continue;
+        }
+        missed = true;
+        req.log({ level: 'info', step: i + 1, message: createdBy });
+        let layer: LayerBlob | undefined;
+        const after = nextConfig(config, step);
+        if (step.type === 'RUN' || step.type === 'COPY' || step.type === 'WORKDIR') {
+          if (pod === undefined) {
+            const from = built.length === 0 ? req.baseImage : `${this.#opts.registry}/${req.target.repository}@${await push(built, config, '')}`;
+            pod = await startBuildPod(this.#opts.runtime, from, req.runtimeClassName, req.limits);
+            upper = await this.#readUpper(pod, (state) => Promise.resolve(state));
+          }
+          await this.#runStep(req, pod, i, step, config, after, signal);
+          const before: UpperState = upper ?? new Map<string, UpperNode>();
+          const result = await this.#readUpper(pod, async (state, dir, ids) => {
+            const changes = diffUpper(before, state);
+            return { state, layer: changes.length === 0 ? undefined : await writeLayer(changes, dir, ids, blobsDir, signal) };
+          });
+          upper = result.state;
+          layer = result.layer;
+        }
+        config = after;
+        await this.cache.put(team, key, { ...(layer === undefined ? {} : { layer }), config });
+        built.push({ ...(layer === undefined ? {} : { layer }), createdBy });
+      }
+      at(-1);
+      if (pod !== undefined) {
+        await this.#opts.runtime.remove(pod);
+        pod = undefined;
+      }
+      const digest = await push(built, config, req.target.tag);
+      return {
+        image: `${this.#opts.registry}/${req.target.repository}@${digest}`,
+        config: { env: config.env, ...(config.workingDir === undefined ? {} : { workingDir: config.workingDir }), ...(config.user === undefined ? {} : { user: config.user }) },
+        cachedSteps: cached,
+      };
+    } finally {
+      if (pod !== undefined) await this.#opts.runtime.remove(pod).catch(() => undefined);
+      await this.#opts.images.unpin(work).catch(() => undefined);
+      await rm(work, { recursive: true, force: true });
+    }
+  }
+
+  async #runStep(req: EngineRequest, pod: string, i: number, step: BuildStep, config: BuildConfig, after: BuildConfig, signal: AbortSignal): Promise<void> {
+    const runtime = this.#opts.runtime;
+    const line = (message: string): void => req.log({ level: 'info', step: i + 1, message });
+    let run: StepRun;
+    if (step.type === 'WORKDIR') {
+      run = await runInPod(runtime, pod, 'mkdir -p -- "$ASB_DIR"', { uid: 0, config: { ...config, workingDir: '/' }, env: { ASB_DIR: after.workingDir ?? '/' }, line, signal });
+    } else if (step.type === 'RUN') {
+      const uid = await resolveUid(runtime, pod, step.args[1] !== undefined && step.args[1] !== '' ? step.args[1] : config.user);
+      run = await runInPod(runtime, pod, step.args[0] ?? '', { uid, config, line, signal });
+    } else {
+      const [src = '', dest = '', user = '', mode = ''] = step.args;
+      const path = req.files.path(req.team, step.filesHash ?? '');
+      if (path === undefined) throw new AsbError('BadRequest', `${stepName(i, step)}: its files ${step.filesHash ?? ''} were never uploaded`);
+      const uid = await resolveUid(runtime, pod, user !== '' ? user : config.user);
+      run = await copyInPod(runtime, pod, path, { src, dest, mode }, { uid, config, line, signal });
+    }
+    signal.throwIfAborted();
+    if (run.exitCode === 0) return;
+    throw new AsbError('BuildFailed', `${stepName(i, step)} failed: ${await this.#why(pod, run, req)}${run.tail.length === 0 ? '' : `; its last output:\n${run.tail.join('\n')}`}`);
+  }
+
+  /** Why a step's command failed, in terms of the build's limits when one was passed. */
+  async #why(pod: string, run: StepRun, req: EngineRequest): Promise<string> {
+    const state = this.#opts.runtime.state(pod);
+    const usage = await this.#opts.runtime.usage?.(pod).catch(() => undefined);
+    const disk = usage?.disk;
+    const full = state.reason === 'Evicted' || (disk !== undefined && disk.totalBytes - disk.usedBytes < 2 ** 20) || run.tail.some((l) => /No space left on device/i.test(l));
+    if (full) return `it passed the build's disk limit of ${String(Math.round(req.limits.diskBytes / 2 ** 20))} MiB (exit code ${String(run.exitCode)})`;
+    if (state.reason === 'OOMKilled' || run.signal === 'SIGKILL') return `it was killed (SIGKILL), most likely for passing the build's memory limit of ${String(Math.round(req.limits.memoryBytes / 2 ** 20))} MiB (exit code ${String(run.exitCode)})`;
+    if (run.exitCode === 127 && run.tail.some((l) => l.includes('the image has no tar'))) return 'the image has no tar, which a COPY step needs to unpack its files';
+    return `its command exited with code ${String(run.exitCode)}`;
+  }
+
+  /** The pod's upper dir walked while frozen; `then` runs still frozen, on that walk. */
+  async #readUpper<T>(pod: string, then: (state: UpperState, dir: string, ids: { hostId: number; size: number }) => Promise<T>): Promise<T> {
+    const runtime = this.#opts.runtime;
+    if (runtime.readWritableLayer === undefined) throw new AsbError('NotImplemented', 'this runtime cannot read a sandbox\'s writable layer: it cannot build templates');
+    const helper = await ensureCBinary(this.#opts.stateDir, new URL('./overlay-opaque.c', import.meta.url));
+    return runtime.readWritableLayer(pod, async (layer) => then(await walkUpper(layer.dir, opaqueReader(helper, layer.dir)), layer.dir, layer.idRange));
+  }
+
+  async #readBase(manifestDigest: string, configDigest: string): Promise<BaseImage> {
+    const images = this.#opts.images;
+    const manifest = JSON.parse(await readFile(images.blobPath(manifestDigest), 'utf8')) as BaseImage['manifest'];
+    const config = JSON.parse(await readFile(images.blobPath(configDigest), 'utf8')) as Record<string, unknown>;
+    return { manifest, config };
+  }
+}
+
+/** The request's own fields, checked before anything runs (the steps too). */
+function checkRequest(req: EngineRequest): void {
+  if (!REPOSITORY.test(req.target.repository)) throw new AsbError('BadRequest', `target repository "${req.target.repository}" is not a registry path (lowercase letters, digits, separators)`);
+  if (!TAG.test(req.target.tag)) throw new AsbError('BadRequest', `target tag "${req.target.tag}" must match ${TAG.source}`);
+  const { cpu, memoryBytes, diskBytes, timeoutMs } = req.limits;
+  for (const [name, value] of [['cpu', cpu], ['memoryBytes', memoryBytes], ['diskBytes', diskBytes], ['timeoutMs', timeoutMs]] as const) {
+    if (!Number.isFinite(value) || value <= 0) throw new AsbError('BadRequest', `limits.${name} must be a positive number, got ${String(value)}`);
+  }
+  validateSteps(req.team, req.steps, req.files);
+}
+
+/** How a step shows in the log and the image's history, like `docker history`. */
+function describe(step: BuildStep): string {
+  switch (step.type) {
+    case 'RUN': return `RUN ${step.args[0] ?? ''}${step.args[1] !== undefined && step.args[1] !== '' ? ` (as ${step.args[1]})` : ''}`;
+    case 'COPY': return `COPY ${step.args[0] ?? ''} ${step.args[1] ?? ''}`;
+    default: return `${step.type} ${step.args.join(' ')}`;
+  }
+}

@@ -1,0 +1,383 @@
+// The build service one worker runs (contract.ts BuildService): template records and their
+// builds (records.ts, persisted), the team's uploaded files (files.ts), and the SandboxTemplate
+// each successful build makes or updates (template-object.ts). The engine turns steps into an
+// image; this service resolves names, enforces the limits, keeps the logs and owns the outcome.
+//
+// Names: a template has an id (`<cluster tag><16 random>`, like a sandbox id, so routers send
+// /templates/<id>… to the owning cluster with no lookup) and a name (E2B's alias) unique within
+// its team; two teams may both have "my-env". The SandboxTemplate object is named by the id and
+// labelled with the team (LABEL.owner) and the name (TEMPLATE_NAME_LABEL): claims resolve a
+// team's name to its id (src/worker/team-templates.ts), and another team's ids and names answer as
+// absent everywhere (status, logs, files, from_template, delete).
+//
+// Limits: a build runs at most timeoutMs (default 10 min) and diskBytes of written files (default
+// 10 GiB, the engine enforces it); past either the build ends as error, and a template whose first
+// build failed has no SandboxTemplate, so nothing can start from a partial result.
+import { AsbError, isAsbError } from '../errors.ts';
+import { newSandboxId } from '../api/ids.ts';
+import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
+import type { ObjectStore } from '../store/store.ts';
+import type { Clock } from '../system/clock.ts';
+import type { Logger } from '../system/log.ts';
+import type { BuildEngine, BuildLogEntry, BuildService, BuildSpec, BuildStatus } from './contract.ts';
+import type { TeamFileStore } from './files.ts';
+import { INTERRUPTED, MAX_BUILDS, MAX_LOG_ENTRIES, RecordFiles, type BuildRecord, type TemplateRecord } from './records.ts';
+import { checkSteps } from './wire-steps.ts';
+import { builtTemplateObject } from './template-object.ts';
+
+export { INTERRUPTED };
+
+export interface BuildLimits {
+  timeoutMs: number;
+  diskBytes: number;
+  defaultCpuCount: number;
+  defaultMemoryMB: number;
+  maxCpuCount: number;
+  maxMemoryMB: number;
+}
+
+export const DEFAULT_BUILD_LIMITS: BuildLimits = Object.freeze({
+  timeoutMs: 10 * 60_000,
+  diskBytes: 10 * 1024 ** 3,
+  defaultCpuCount: 2,
+  defaultMemoryMB: 1024,
+  maxCpuCount: 16,
+  maxMemoryMB: 64 * 1024,
+});
+
+export interface TemplateBuildsOptions {
+  /** A private directory of the worker's data dir for the records. */
+  recordsDir: string;
+  files: TeamFileStore;
+  store: ObjectStore;
+  /** Undefined: this worker builds nothing (starts answer 503), templates are still listed. */
+  engine: BuildEngine | undefined;
+  namespace: string;
+  clusterTag: string;
+  clock: Clock;
+  log: Logger;
+  limits?: Partial<BuildLimits>;
+  /** The runtime class RUN steps run under (the worker's default when absent). */
+  runtimeClassName?: string;
+  /** Called after a SandboxTemplate was written or deleted (the worker tells the hub). */
+  onTemplatesChanged?: () => void;
+}
+
+/** E2B names: `name` or `name:tag`; the name part is what a team's templates are unique by. */
+const NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+/** A SandboxTemplate name (DNS-1123 subdomain, short form). */
+const OBJECT_NAME = /^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$/;
+const TAG = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+
+export function splitName(full: string): { name: string; tag: string | undefined } {
+  const colon = full.indexOf(':');
+  return colon === -1 ? { name: full, tag: undefined } : { name: full.slice(0, colon), tag: full.slice(colon + 1) };
+}
+
+export function checkTemplateName(full: string, field = 'name'): { name: string; tag: string | undefined } {
+  const parts = splitName(full.trim());
+  if (!NAME.test(parts.name)) throw new AsbError('BadRequest', `${field} "${full}" is not a template name: 1-63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit (optionally :tag)`);
+  if (parts.tag !== undefined && !TAG.test(parts.tag)) throw new AsbError('BadRequest', `${field} "${full}": tag "${parts.tag}" is not a tag (1-63 letters, digits, '.', '_' or '-')`);
+  return parts;
+}
+
+interface Running {
+  abort: AbortController;
+  done: Promise<void>;
+}
+
+export class TemplateBuilds implements BuildService {
+  readonly files: TeamFileStore;
+  readonly limits: BuildLimits;
+  readonly #o: TemplateBuildsOptions;
+  readonly #records: RecordFiles;
+  readonly #templates = new Map<string, TemplateRecord>();
+  readonly #running = new Map<string, Running>();
+  #closed = false;
+
+  constructor(opts: TemplateBuildsOptions) {
+    this.#o = opts;
+    this.files = opts.files;
+    this.limits = Object.freeze({ ...DEFAULT_BUILD_LIMITS, ...opts.limits });
+    this.#records = new RecordFiles(opts.recordsDir);
+    for (const rec of this.#records.load(this.#isoNow())) this.#templates.set(rec.templateId, rec);
+  }
+
+  #isoNow(): string {
+    return new Date(this.#o.clock.now()).toISOString();
+  }
+
+  get namespace(): string {
+    return this.#o.namespace;
+  }
+
+  /** The team's template by id, name or name:tag; another team's is undefined. */
+  find(team: string, idOrName: string): TemplateRecord | undefined {
+    const byId = this.#templates.get(idOrName);
+    if (byId !== undefined) return byId.team === team ? byId : undefined;
+    const { name, tag } = splitName(idOrName);
+    for (const rec of this.#templates.values()) {
+      if (rec.team === team && rec.name === name && (tag === undefined || tag === 'default' || Object.hasOwn(rec.tags, tag))) return rec;
+    }
+    return undefined;
+  }
+
+  /** The team a template id belongs to (for a signed upload, which carries no API key). */
+  templateTeam(templateId: string): string | undefined {
+    return this.#templates.get(templateId)?.team;
+  }
+
+  list(team: string): TemplateRecord[] {
+    return [...this.#templates.values()].filter((r) => r.team === team).sort((a, b) => a.createdAt.localeCompare(b.createdAt));
+  }
+
+  build(rec: TemplateRecord, buildId: string): BuildRecord | undefined {
+    return rec.builds.find((b) => b.buildId === buildId);
+  }
+
+  /**
+   * E2B's POST /v3/templates: the team's template of that name (made if new) and a new build of it,
+   * waiting for its steps. `cpuCount`/`memoryMB` become the template's when given.
+   */
+  createTemplate(team: string, req: { name: string; tags?: string[]; cpuCount?: number; memoryMB?: number }): { template: TemplateRecord; build: BuildRecord } {
+    const { name, tag } = checkTemplateName(req.name);
+    const tags = [...new Set([...(tag === undefined ? [] : [tag]), ...(req.tags ?? [])])];
+    for (const t of tags) checkTemplateName(`x:${t}`, 'tags');
+    const cpu = req.cpuCount ?? undefined;
+    const mem = req.memoryMB ?? undefined;
+    if (cpu !== undefined && (!Number.isInteger(cpu) || cpu < 1 || cpu > this.limits.maxCpuCount)) throw new AsbError('BadRequest', `cpuCount must be an integer from 1 to ${String(this.limits.maxCpuCount)}, got ${String(cpu)}`);
+    if (mem !== undefined && (!Number.isInteger(mem) || mem < 128 || mem > this.limits.maxMemoryMB)) throw new AsbError('BadRequest', `memoryMB must be an integer from 128 to ${String(this.limits.maxMemoryMB)}, got ${String(mem)}`);
+    const now = this.#isoNow();
+    let rec = this.find(team, name);
+    if (rec === undefined) {
+      rec = { templateId: newSandboxId(this.#o.clusterTag), team, name, tags: {}, cpuCount: cpu ?? this.limits.defaultCpuCount, memoryMB: mem ?? this.limits.defaultMemoryMB, createdAt: now, updatedAt: now, builds: [] };
+      this.#templates.set(rec.templateId, rec);
+    }
+    if (cpu !== undefined) rec.cpuCount = cpu;
+    if (mem !== undefined) rec.memoryMB = mem;
+    const build: BuildRecord = { buildId: crypto.randomUUID(), phase: 'waiting', createdAt: now, updatedAt: now, cpuCount: rec.cpuCount, memoryMB: rec.memoryMB, logs: [], logsDropped: 0 };
+    rec.builds.push(build);
+    // The tags name this build once it is ready (E2B assigns them at request time; ours move on success).
+    build.pendingTags = tags;
+    this.#trimBuilds(rec);
+    rec.updatedAt = now;
+    this.#records.save(rec);
+    return { template: rec, build };
+  }
+
+  #trimBuilds(rec: TemplateRecord): void {
+    while (rec.builds.length > MAX_BUILDS) {
+      const i = rec.builds.findIndex((b) => b.buildId !== rec.readyBuildId && b.phase !== 'building' && b.phase !== 'waiting');
+      if (i === -1) return;
+      rec.builds.splice(i, 1);
+    }
+  }
+
+  /** The image of a template a build starts from: the team's (ready) template, else an unowned SandboxTemplate. */
+  async #fromTemplate(team: string, ref: string): Promise<string> {
+    const rec = this.find(team, ref);
+    if (rec !== undefined) {
+      const ready = rec.readyBuildId === undefined ? undefined : this.build(rec, rec.readyBuildId);
+      if (ready?.image === undefined) throw new AsbError('BadRequest', `fromTemplate "${ref}" has no successful build yet to build on`);
+      return ready.image;
+    }
+    const obj = OBJECT_NAME.test(ref) ? await this.#o.store.tryGet<SandboxTemplate>(SandboxTemplateType, this.#o.namespace, ref) : undefined;
+    const owner = obj?.metadata.labels?.[LABEL.owner];
+    const image = obj?.spec.podTemplate.spec.containers[0]?.image;
+    if (obj === undefined || (owner !== undefined && owner !== team) || typeof image !== 'string') throw new AsbError('BadRequest', `fromTemplate "${ref}": no such template of this team`);
+    return image;
+  }
+
+  async start(team: string, templateId: string, buildId: string, spec: BuildSpec): Promise<void> {
+    if (this.#closed) throw new AsbError('Unavailable', 'the build service is shutting down');
+    const rec = this.find(team, templateId);
+    const build = rec === undefined ? undefined : this.build(rec, buildId);
+    if (rec === undefined || build === undefined) throw new AsbError('NotFound', `build ${buildId} of template ${templateId} not found`);
+    if (build.phase !== 'waiting') throw new AsbError('Conflict', `build ${buildId} was already started (it is ${build.phase}); request a new build with POST /v3/templates`);
+    const engine = this.#o.engine;
+    if (engine === undefined) throw new AsbError('Unavailable', 'this worker has no build engine: template builds are not available here');
+    // Every check before any state changes: a bad request leaves the build waiting, as it was.
+    const steps = checkSteps(spec.steps, team, this.files);
+    const baseImage = 'image' in spec.from ? checkImage(spec.from.image) : await this.#fromTemplate(team, spec.from.template);
+    if (spec.startCmd !== undefined && spec.startCmd.includes('\0')) throw new AsbError('BadRequest', 'startCmd may not contain NUL bytes');
+    if (spec.readyCmd !== undefined && spec.readyCmd.includes('\0')) throw new AsbError('BadRequest', 'readyCmd may not contain NUL bytes');
+    // Another start may have won while this one awaited fromTemplate's read.
+    if (phaseOf(build) !== 'waiting') throw new AsbError('Conflict', `build ${buildId} was already started`);
+    const now = this.#isoNow();
+    build.phase = 'building';
+    build.spec = { ...spec, steps };
+    build.updatedAt = now;
+    this.#records.save(rec);
+    const abort = new AbortController();
+    const key = `${rec.templateId}/${buildId}`;
+    const done = this.#run(engine, rec, build, baseImage, steps, spec, abort).finally(() => this.#running.delete(key));
+    this.#running.set(key, { abort, done });
+  }
+
+  #log(build: BuildRecord, entry: Omit<BuildLogEntry, 'timestamp'>): void {
+    build.logs.push({ timestamp: this.#isoNow(), ...entry });
+    if (build.logs.length > MAX_LOG_ENTRIES) {
+      const drop = build.logs.length - MAX_LOG_ENTRIES;
+      build.logs.splice(0, drop);
+      build.logsDropped += drop;
+    }
+  }
+
+  async #run(engine: BuildEngine, rec: TemplateRecord, build: BuildRecord, baseImage: string, steps: BuildSpec['steps'], spec: BuildSpec, abort: AbortController): Promise<void> {
+    const limits = this.limits;
+    const timer = this.#o.clock.after(limits.timeoutMs, () => {
+      abort.abort(new AsbError('Timeout', `the build exceeded its time limit of ${String(Math.round(limits.timeoutMs / 1000))} s`));
+    });
+    this.#log(build, { level: 'info', message: `Building template ${rec.name} (${rec.templateId}) from ${baseImage}, ${String(steps.length)} steps` });
+    try {
+      for (const s of steps) if (s.filesHash !== undefined) this.files.touch(rec.team, s.filesHash);
+      const result = await engine.build({
+        team: rec.team,
+        baseImage,
+        steps,
+        noCache: spec.noCache === true,
+        target: { repository: `templates/${rec.templateId}`, tag: build.buildId },
+        ...(this.#o.runtimeClassName === undefined ? {} : { runtimeClassName: this.#o.runtimeClassName }),
+        limits: { cpu: build.cpuCount, memoryBytes: build.memoryMB * 1024 * 1024, diskBytes: limits.diskBytes, timeoutMs: limits.timeoutMs },
+        files: this.files,
+        log: (entry) => this.#log(build, entry),
+        signal: abort.signal,
+      });
+      if (abort.signal.aborted) throw abort.signal.reason;
+      await this.#writeTemplate(rec, build, result.image, result.config, spec);
+      this.#o.onTemplatesChanged?.();
+      const pending = build.pendingTags ?? [];
+      for (const t of pending) rec.tags[t] = build.buildId;
+      rec.tags.default = build.buildId;
+      rec.readyBuildId = build.buildId;
+      build.image = result.image;
+      build.phase = 'ready';
+      this.#log(build, { level: 'info', message: `Build finished: ${String(result.cachedSteps)} of ${String(steps.length)} steps from the cache; image ${result.image}` });
+    } catch (err) {
+      // An aborted build says why it was stopped (time limit, restart, deletion), whatever the engine threw.
+      const reason = abort.signal.aborted ? errorMessage(abort.signal.reason) : errorMessage(err);
+      build.phase = 'error';
+      const step = stepOf(err);
+      build.reason = step === undefined ? { message: reason } : { message: reason, step };
+      this.#log(build, { level: 'error', message: `Build failed: ${reason}`, ...(step === undefined ? {} : { step }) });
+      if (!isAsbError(err)) this.#o.log.error({ err, templateId: rec.templateId, buildId: build.buildId }, 'build failed unexpectedly');
+    } finally {
+      timer.cancel();
+      const now = this.#isoNow();
+      build.finishedAt = now;
+      build.updatedAt = now;
+      rec.updatedAt = now;
+      delete build.pendingTags;
+      if (this.#templates.has(rec.templateId)) this.#records.save(rec);
+    }
+  }
+
+  async #writeTemplate(rec: TemplateRecord, build: BuildRecord, image: string, config: { env: string[]; workingDir?: string; user?: string }, spec: BuildSpec): Promise<void> {
+    const obj = builtTemplateObject({
+      namespace: this.#o.namespace,
+      templateId: rec.templateId,
+      team: rec.team,
+      name: rec.name,
+      buildId: build.buildId,
+      image,
+      config,
+      ...(spec.startCmd === undefined ? {} : { startCmd: spec.startCmd }),
+      ...(spec.readyCmd === undefined ? {} : { readyCmd: spec.readyCmd }),
+      cpuCount: build.cpuCount,
+      memoryMB: build.memoryMB,
+    });
+    const store = this.#o.store;
+    for (let attempt = 0; ; attempt++) {
+      const existing = await store.tryGet<SandboxTemplate>(SandboxTemplateType, this.#o.namespace, rec.templateId);
+      try {
+        if (existing === undefined) await store.create(SandboxTemplateType, obj);
+        else await store.update(SandboxTemplateType, { ...obj, metadata: { ...existing.metadata, labels: obj.metadata.labels ?? {}, annotations: { ...existing.metadata.annotations, ...obj.metadata.annotations } } });
+        return;
+      } catch (err) {
+        if (attempt >= 3 || !(isAsbError(err, 'Conflict') || isAsbError(err, 'AlreadyExists'))) throw err;
+      }
+    }
+  }
+
+  status(team: string, templateId: string, buildId: string): BuildStatus | undefined {
+    const rec = this.find(team, templateId);
+    const b = rec === undefined ? undefined : this.build(rec, buildId);
+    if (rec === undefined || b === undefined) return undefined;
+    return { templateId: rec.templateId, buildId, phase: b.phase, ...(b.reason === undefined ? {} : { reason: b.reason }), ...(b.image === undefined ? {} : { image: b.image }) };
+  }
+
+  logs(team: string, templateId: string, buildId: string, offset: number): BuildLogEntry[] {
+    const rec = this.find(team, templateId);
+    const b = rec === undefined ? undefined : this.build(rec, buildId);
+    if (b === undefined) return [];
+    return b.logs.slice(Math.max(0, offset - b.logsDropped));
+  }
+
+  /** Deletes the team's template: its running build stops, its SandboxTemplate and record go, and the team's files with its last template. */
+  async delete(team: string, idOrName: string): Promise<boolean> {
+    const rec = this.find(team, idOrName);
+    if (rec === undefined) return false;
+    this.#templates.delete(rec.templateId);
+    for (const b of rec.builds) {
+      const running = this.#running.get(`${rec.templateId}/${b.buildId}`);
+      running?.abort.abort(new AsbError('Conflict', 'the template was deleted'));
+      await running?.done;
+    }
+    try {
+      await this.#o.store.delete(SandboxTemplateType, this.#o.namespace, rec.templateId);
+    } catch (err) {
+      if (!isAsbError(err, 'NotFound')) throw err;
+    }
+    this.#records.remove(rec.templateId);
+    this.#o.onTemplatesChanged?.();
+    if (this.list(team).length === 0) this.files.removeTeam(team);
+    return true;
+  }
+
+  /** Points tags at the build `target` names (`name:tag`, or `name` for its ready build). */
+  assignTags(team: string, target: string, tags: string[]): { buildId: string; tags: string[] } {
+    const { tag } = splitName(target);
+    const rec = this.find(team, target);
+    const buildId = rec === undefined ? undefined : tag === undefined ? rec.readyBuildId : rec.tags[tag];
+    if (rec === undefined || buildId === undefined) throw new AsbError('NotFound', `template "${target}" not found or has no ready build`);
+    for (const t of tags) checkTemplateName(`x:${t}`, 'tags');
+    for (const t of tags) rec.tags[t] = buildId;
+    this.#records.save(rec);
+    return { buildId, tags };
+  }
+
+  removeTags(team: string, name: string, tags: string[]): void {
+    const rec = this.find(team, splitName(name).name);
+    if (rec === undefined) throw new AsbError('NotFound', `template "${name}" not found`);
+    rec.tags = Object.fromEntries(Object.entries(rec.tags).filter(([t]) => !tags.includes(t)));
+    this.#records.save(rec);
+  }
+
+  /** Stops every running build (each ends as error "interrupted by a worker restart") and waits. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    const running = [...this.#running.values()];
+    for (const r of running) r.abort.abort(new AsbError('Unavailable', INTERRUPTED));
+    await Promise.allSettled(running.map((r) => r.done));
+  }
+}
+
+function phaseOf(b: BuildRecord): BuildRecord['phase'] {
+  return b.phase;
+}
+
+function checkImage(image: string): string {
+  if (image.trim() === '' || /\s/.test(image) || image.length > 512) throw new AsbError('BadRequest', `fromImage "${image}" is not an image reference`);
+  return image;
+}
+
+function errorMessage(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** The step an engine error names: AsbError details `{step}` or a message starting "step N". */
+function stepOf(err: unknown): number | undefined {
+  if (typeof err === 'object' && err !== null && 'step' in err && typeof err.step === 'number') return err.step;
+  const m = err instanceof Error ? /^step (\d+)\b/.exec(err.message) : null;
+  return m === null ? undefined : Number(m[1]);
+}

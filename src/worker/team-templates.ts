@@ -1,0 +1,36 @@
+// Which SandboxTemplate a team's create names. Templates an admin applies carry no owner and
+// serve every team, as always; a template a team built (src/builds/) carries the team as its
+// owner and serves that team only, found by its id or by its name (E2B's alias, `name` or
+// `name:tag`) through TEMPLATE_NAME_LABEL. Another team's template answers as absent, by id and
+// by name, so its existence is not revealed. The object name is tried first, from the claimer's
+// cache (no read on the warm path for `base`); so an admin's template named like a team's
+// template wins over it, and a team's names cost one labelled list per create.
+import type { Principal } from '../auth/keyring.ts';
+import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
+import { TEMPLATE_NAME_LABEL } from '../builds/template-object.ts';
+import { AsbError } from '../errors.ts';
+import type { WorkerContext } from './deps.ts';
+
+const LABEL_VALUE = /^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$/;
+
+export function usableBy(p: Principal, t: SandboxTemplate): boolean {
+  const owner = t.metadata.labels?.[LABEL.owner];
+  return owner === undefined || owner === p.team;
+}
+
+function notFound(name: string, namespace: string): AsbError {
+  return new AsbError('NotFound', `template "${name}" not found in namespace "${namespace}"; list templates with GET /v1/templates`);
+}
+
+/** The object name of the template `name` the principal may start, or NotFound. */
+export async function resolveTemplate(w: WorkerContext, p: Principal, namespace: string, name: string): Promise<string> {
+  const byName = w.operator.claimer.cachedTemplate(namespace, name) ?? (await w.store.tryGet<SandboxTemplate>(SandboxTemplateType, namespace, name));
+  if (byName !== undefined && usableBy(p, byName)) return name;
+  const alias = name.split(':')[0] ?? name;
+  if (LABEL_VALUE.test(alias) && LABEL_VALUE.test(p.team)) {
+    const own = await w.store.list<SandboxTemplate>(SandboxTemplateType, { namespace, labelSelector: `${LABEL.owner}=${p.team},${TEMPLATE_NAME_LABEL}=${alias}` });
+    const found = own.items.find((t) => t.metadata.deletionTimestamp === undefined);
+    if (found !== undefined) return found.metadata.name;
+  }
+  throw notFound(name, namespace);
+}

@@ -1,0 +1,96 @@
+// The build engine's pure parts, without sandboxes: a step's changes between two walks of an upper
+// dir (new, changed, deleted, whiteouts and opacity), tar headers a real tar reads back, and the
+// layer cache's collection by age.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync, utimesSync, existsSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { diffUpper, type UpperNode, type UpperState } from '../src/builds/layer-diff.ts';
+import { LayerCache } from '../src/builds/layer-cache.ts';
+import { padding, tarEnd, tarHeader } from '../src/builds/tar-header.ts';
+
+function node(type: UpperNode['type'], ino: number, ctime = 1, opaque = false): UpperNode {
+  return { type, ino, nlink: 1, uid: 0, gid: 0, mode: 0o755, size: 0, mtime: 0, sig: `${type}:${String(ino)}:${String(ctime)}`, opaque };
+}
+
+function state(entries: [string, UpperNode][]): UpperState {
+  return new Map(entries);
+}
+
+function summary(before: UpperState, after: UpperState): string[] {
+  return diffUpper(before, after).map((c) => (c.kind === 'entry' ? `+${c.path}` : c.kind === 'whiteout' ? `-${c.path}` : `opq ${c.dir}`));
+}
+
+test('a step\'s layer holds what it made or changed, with the unchanged parents, and whiteouts for what it removed', () => {
+  const before = state([['opt', node('dir', 1)], ['opt/a', node('file', 2)], ['opt/gone', node('file', 3)], ['opt/olddir', node('dir', 4)], ['opt/olddir/x', node('file', 5)], ['etc', node('dir', 6)], ['etc/kept', node('file', 7)]]);
+  const after = state([['opt', node('dir', 1, 2)], ['opt/a', node('file', 2)], ['opt/new', node('file', 8)], ['etc', node('dir', 6)], ['etc/kept', node('file', 7, 5)], ['etc/base-file', node('whiteout', 9)]]);
+  assert.deepEqual(summary(before, after), ['+opt', '+opt/new', '+etc', '+etc/kept', '-etc/base-file', '-opt/gone', '-opt/olddir']);
+  assert.deepEqual(summary(after, after), [], 'a step that changed nothing has no layer');
+});
+
+test('a directory made opaque says so once: a later step adding to it does not hide the earlier layers\' entries', () => {
+  const s0 = state([]);
+  const s1 = state([['usr', node('dir', 1)], ['usr/doc', node('dir', 2, 1, true)], ['usr/doc/a', node('file', 3)]]);
+  assert.deepEqual(summary(s0, s1), ['+usr', '+usr/doc', 'opq usr/doc', '+usr/doc/a']);
+  const s2 = state([['usr', node('dir', 1)], ['usr/doc', node('dir', 2, 2, true)], ['usr/doc/a', node('file', 3)], ['usr/doc/b', node('file', 4)]]);
+  assert.deepEqual(summary(s1, s2), ['+usr', '+usr/doc', '+usr/doc/b']);
+  // Made again (a new inode): opaque again, and its old entries are whiteouts.
+  const s3 = state([['usr', node('dir', 1, 2)], ['usr/doc', node('dir', 9, 3, true)]]);
+  assert.deepEqual(summary(s2, s3), ['+usr', '+usr/doc', 'opq usr/doc', '-usr/doc/a', '-usr/doc/b']);
+});
+
+test('tar headers, long names and links included, read back by GNU tar', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-tar-'));
+  try {
+    const long = `${'d'.repeat(120)}/${'f'.repeat(130)}`;
+    const body = Buffer.from('content\n');
+    const parts = [
+      tarHeader({ path: 'opt', type: 'dir', mode: 0o755, uid: 0, gid: 0, size: 0, mtime: 1 }),
+      tarHeader({ path: 'opt/file', type: 'file', mode: 0o4755, uid: 1000, gid: 1000, size: body.length, mtime: 1 }), body, padding(body.length),
+      tarHeader({ path: long, type: 'file', mode: 0o644, uid: 0, gid: 0, size: 0, mtime: 1 }),
+      tarHeader({ path: 'opt/link', type: 'symlink', mode: 0o777, uid: 0, gid: 0, size: 0, mtime: 1, linkname: `/${'t'.repeat(150)}` }),
+      tarHeader({ path: 'opt/hard', type: 'hardlink', mode: 0o644, uid: 0, gid: 0, size: 0, mtime: 1, linkname: 'opt/file' }),
+      tarHeader({ path: 'opt/fifo', type: 'fifo', mode: 0o600, uid: 0, gid: 0, size: 0, mtime: 1 }),
+      tarEnd(),
+    ];
+    writeFileSync(join(dir, 'l.tar'), Buffer.concat(parts));
+    const out = execFileSync('tar', ['-tvf', join(dir, 'l.tar'), '--numeric-owner']).toString().split('\n').filter(Boolean);
+    assert.equal(out.length, 6);
+    assert.match(out[0] ?? '', /^drwxr-xr-x 0\/0 .* opt\/$/);
+    assert.match(out[1] ?? '', /^-rwsr-xr-x 1000\/1000 +8 .* opt\/file$/);
+    assert.ok((out[2] ?? '').endsWith(` ${long}`), out[2]);
+    assert.ok((out[3] ?? '').endsWith(`opt/link -> /${'t'.repeat(150)}`), out[3]);
+    assert.match(out[4] ?? '', /^h.* opt\/hard link to opt\/file$/);
+    assert.match(out[5] ?? '', /^prw------- .* opt\/fifo$/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('the layer cache collects entries unused past its age bound and the blobs no entry names; a used entry and its blob stay', async () => {
+  const root = mkdtempSync(join(tmpdir(), 'asb-lc-'));
+  try {
+    const cache = new LayerCache(root);
+    const blobs = await cache.blobsDir('t');
+    const layer = (hex: string) => ({ digest: `sha256:${hex}`, diffId: `sha256:${hex}`, size: 1 });
+    writeFileSync(join(blobs, 'a'.repeat(64)), 'x');
+    writeFileSync(join(blobs, 'b'.repeat(64)), 'y');
+    await cache.put('t', 'old', { layer: layer('a'.repeat(64)), config: { env: [] } });
+    await cache.put('t', 'new', { layer: layer('b'.repeat(64)), config: { env: [] } });
+    const long = new Date(Date.now() - 10 * 24 * 3600_000);
+    utimesSync(join(blobs, '..', 'entries', 'old.json'), long, long);
+    utimesSync(join(blobs, 'a'.repeat(64)), long, long);
+    assert.equal((await cache.get('t', 'old'))?.layer?.digest, `sha256:${'a'.repeat(64)}`, 'readable before');
+    utimesSync(join(blobs, '..', 'entries', 'old.json'), long, long);
+    assert.equal(await cache.get('other-team', 'new'), undefined, 'another team sees nothing');
+    assert.deepEqual(await cache.collect(false), { entries: 1, blobs: 1 });
+    assert.equal(await cache.get('t', 'old'), undefined);
+    assert.equal(existsSync(join(blobs, 'a'.repeat(64))), false);
+    assert.ok(await cache.get('t', 'new'));
+    assert.equal(existsSync(join(blobs, 'b'.repeat(64))), true);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
+});

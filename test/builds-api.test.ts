@@ -1,0 +1,243 @@
+// The build service (src/builds/service.ts) and E2B's build API (src/worker/e2b/templates.ts) on
+// a real worker API over the real store and operator, with the unmodified Python SDK building
+// templates (test/python/test_e2b_build_api.py). The engine is a test engine that runs nothing
+// (test/support/recording-engine.ts): these tests pin names, tenancy, uploads, bad input, logs,
+// limits and restarts; test/e2b-builds.test.ts runs real builds and starts real sandboxes.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../src/api/types.ts';
+import { TeamFileStore } from '../src/builds/files.ts';
+import { INTERRUPTED, TemplateBuilds } from '../src/builds/service.ts';
+import { TEMPLATE_NAME_LABEL } from '../src/builds/template-object.ts';
+import type { ObjectStore } from '../src/store/store.ts';
+import { systemClock } from '../src/system/clock.ts';
+import { silentLogger } from '../src/system/log.ts';
+import { RecordingEngine } from './support/recording-engine.ts';
+import { outcomes, runPytest, VENV_PYTHON } from './support/pytest.ts';
+import { call, startWorkerFixture, type WorkerFixture } from './support/worker-fixture.ts';
+
+const BASE_IMAGE = 'localhost:5000/agent-sandbox/base:latest';
+
+function service(store: ObjectStore, dir: string, engine: RecordingEngine, timeoutMs?: number): TemplateBuilds {
+  return new TemplateBuilds({
+    recordsDir: join(dir, 'builds', 'templates'),
+    files: new TeamFileStore({ dir: join(dir, 'builds', 'files'), now: () => Date.now() }),
+    store,
+    engine,
+    namespace: 'default',
+    clusterTag: 'tst1',
+    clock: systemClock,
+    log: silentLogger(),
+    ...(timeoutMs === undefined ? {} : { limits: { timeoutMs } }),
+  });
+}
+
+async function fixture(t: { after: (fn: () => Promise<void>) => void }, engine = new RecordingEngine()): Promise<{ fx: WorkerFixture; engine: RecordingEngine; builds: () => TemplateBuilds }> {
+  let made: TemplateBuilds | undefined;
+  const fx = await startWorkerFixture((fn) => t.after(fn), {}, { builds: (store, dir) => (made = service(store, dir, engine)) });
+  return { fx, engine, builds: () => made ?? assert.fail('no build service') };
+}
+
+/** Polls a build's status until it leaves waiting/building (bounded: 100 polls). */
+async function finished(fx: WorkerFixture, key: string, templateId: string, buildId: string): Promise<Record<string, unknown>> {
+  for (let i = 0; i < 100; i++) {
+    const res = await call(fx, 'GET', `/templates/${templateId}/builds/${buildId}/status`, { key });
+    assert.equal(res.status, 200, res.text);
+    const body = res.json as Record<string, unknown>;
+    if (body.status === 'ready' || body.status === 'error') return body;
+    await new Promise((r) => setImmediate(r));
+  }
+  return assert.fail('the build did not finish');
+}
+
+async function requestBuild(fx: WorkerFixture, key: string, name: string): Promise<{ templateID: string; buildID: string }> {
+  const res = await call(fx, 'POST', '/v3/templates', { key, json: { name, cpuCount: 1, memoryMB: 512 } });
+  assert.equal(res.status, 202, res.text);
+  return res.json as { templateID: string; buildID: string };
+}
+
+function tarOf(content: string): Uint8Array {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-tar-'));
+  try {
+    writeFileSync(join(dir, 'f.txt'), content);
+    return new Uint8Array(execFileSync('tar', ['-cf', '-', '-C', dir, 'f.txt']));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+test('the unmodified Python SDK builds a template; the team starts it by name, another team cannot see, use or delete it', async (t) => {
+  assert.ok(existsSync(VENV_PYTHON), `${VENV_PYTHON} is missing: make test installs e2b and pytest into .venv`);
+  const { fx, engine } = await fixture(t);
+  const env = { PATH: process.env.PATH, HOME: process.env.HOME, PYTHONDONTWRITEBYTECODE: '1', E2B_API_URL: fx.url, E2B_DOMAIN: 'asb.localhost', KEY_A: fx.keys.teamA, KEY_B: fx.keys.teamB, BASE_IMAGE };
+  const run = await runPytest(join('test', 'python', 'test_e2b_build_api.py'), env, 120_000);
+  assert.deepEqual(outcomes(run.output), { passed: 3 }, run.output);
+
+  // The build of my-env: the image the engine made, the env, workdir, start and ready commands.
+  const mine = await fx.store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${TEMPLATE_NAME_LABEL}=my-env` });
+  assert.equal(mine.items.length, 1);
+  const tpl = mine.items[0] ?? assert.fail();
+  assert.equal(tpl.metadata.labels?.[LABEL.owner], 'team-a');
+  const main = tpl.spec.podTemplate.spec.containers[0] ?? assert.fail();
+  assert.match(String(main.image), /^localhost:5000\/agent-sandbox\/base:latest@sha256:[0-9a-f]{64}$/);
+  assert.ok(main.env?.some((e) => e.name === 'GREETING' && e.value === 'hi there'));
+  assert.equal(main.workingDir, '/app');
+  assert.deepEqual(main.command?.slice(0, 2), ['/bin/sh', '-c']);
+  assert.match(main.command[2] ?? '', /echo started > \/tmp\/started; sleep infinity/);
+  assert.deepEqual(main.readinessProbe?.exec?.command, ['/bin/sh', '-c', 'test -f /tmp/started']);
+  assert.deepEqual(main.resources?.limits, { cpu: '2', memory: '1024Mi' });
+  // The COPY reached the engine with its uploaded tar, readable through the FileStore.
+  const copyReq = engine.requests.find((r) => r.steps.some((s) => s.type === 'COPY')) ?? assert.fail();
+  const copy = copyReq.steps.find((s) => s.type === 'COPY') ?? assert.fail();
+  assert.ok(copyReq.files.path('team-a', copy.filesHash ?? '') !== undefined);
+  assert.equal(copyReq.files.path('team-b', copy.filesHash ?? ''), undefined, 'another team does not have the file');
+
+  // Our API and E2B's create resolve the team's name; another team gets 404 by name and by id.
+  const ours = await call(fx, 'POST', '/v1/sandboxes', { key: fx.keys.teamA, json: { template: 'my-env' } });
+  assert.equal(ours.status, 201, ours.text);
+  const e2b = await call(fx, 'POST', '/sandboxes', { key: fx.keys.teamA, json: { templateID: 'my-env' } });
+  assert.equal(e2b.status, 201, e2b.text);
+  for (const template of ['my-env', tpl.metadata.name]) {
+    const other = await call(fx, 'POST', '/v1/sandboxes', { key: fx.keys.teamB, json: { template } });
+    assert.equal(other.status, 404, other.text);
+    const otherE2b = await call(fx, 'POST', '/sandboxes', { key: fx.keys.teamB, json: { templateID: template } });
+    assert.equal(otherE2b.status, 404, otherE2b.text);
+  }
+  const listedB = await call(fx, 'GET', '/v1/templates', { key: fx.keys.teamB });
+  assert.deepEqual((listedB.json as { items: SandboxTemplate[] }).items.map((i) => i.metadata.name), ['base'], 'team B sees only the shared template');
+  assert.equal((await call(fx, 'GET', `/v1/templates/${tpl.metadata.name}`, { key: fx.keys.teamB })).status, 404);
+  assert.equal((await call(fx, 'GET', `/v1/templates/${tpl.metadata.name}`, { key: fx.keys.teamA })).status, 200);
+  // Team B's list holds only its own request (the "stolen" build that could not start).
+  const e2bListB = await call(fx, 'GET', '/templates', { key: fx.keys.teamB });
+  assert.deepEqual((e2bListB.json as { names: string[]; buildStatus: string }[]).map((x) => [x.names[0], x.buildStatus]), [['stolen', 'waiting']]);
+  const e2bListA = await call(fx, 'GET', '/templates', { key: fx.keys.teamA });
+  assert.deepEqual((e2bListA.json as { names: string[] }[]).map((x) => x.names[0]).sort(), ['failing', 'my-env', 'private-env']);
+  assert.equal((await call(fx, 'GET', `/templates/${tpl.metadata.name}`, { key: fx.keys.teamB })).status, 404);
+  assert.equal((await call(fx, 'GET', `/templates/${tpl.metadata.name}/files/${copy.filesHash ?? ''}`, { key: fx.keys.teamB })).status, 404);
+
+  // Delete: another team's is a 404 that leaves it; the team's own removes the SandboxTemplate.
+  assert.equal((await call(fx, 'DELETE', `/templates/${tpl.metadata.name}`, { key: fx.keys.teamB })).status, 404);
+  assert.equal((await call(fx, 'DELETE', `/templates/${tpl.metadata.name}`, { key: fx.keys.teamA })).status, 204);
+  assert.equal(await fx.store.tryGet(SandboxTemplateType, 'default', tpl.metadata.name), undefined);
+  assert.equal((await call(fx, 'POST', '/v1/sandboxes', { key: fx.keys.teamA, json: { template: 'my-env' } })).status, 404);
+});
+
+test('bad build input is a 400 naming the step, and leaves the build waiting to be started right', async (t) => {
+  const { fx } = await fixture(t);
+  const key = fx.keys.teamA;
+  const { templateID, buildID } = await requestBuild(fx, key, 'bad-input');
+  const path = `/v2/templates/${templateID}/builds/${buildID}`;
+  const cases: [unknown[], RegExp][] = [
+    [[{ type: 'RUN', args: ['true'] }, { type: 'FROB', args: [] }], /step 2: unknown step type "FROB"/],
+    [[{ type: 'COPY', args: ['a.txt', '/a.txt'], filesHash: 'a'.repeat(64) }], /step 1: COPY a\.txt: files hash a{64} was never uploaded/],
+    [[{ type: 'ENV', args: ['ONLY_KEY'] }], /step 1: ENV takes \[key1, value1/],
+    [[{ type: 'WORKDIR', args: [7] }], /step 1: WORKDIR args must be an array of strings/],
+  ];
+  for (const [steps, message] of cases) {
+    const res = await call(fx, 'POST', path, { key, json: { fromImage: BASE_IMAGE, steps, force: false } });
+    assert.equal(res.status, 400, res.text);
+    assert.match((res.json as { message: string }).message, message);
+    const status = await call(fx, 'GET', `/templates/${templateID}/builds/${buildID}/status`, { key });
+    assert.equal((status.json as { status: string }).status, 'waiting');
+  }
+  const both = await call(fx, 'POST', path, { key, json: { fromImage: BASE_IMAGE, fromTemplate: 'base', steps: [] } });
+  assert.equal(both.status, 400);
+  const creds = await call(fx, 'POST', path, { key, json: { fromImage: BASE_IMAGE, fromImageRegistry: { type: 'registry', username: 'u', password: 'p' }, steps: [] } });
+  assert.match((creds.json as { message: string }).message, /fromImageRegistry/);
+  assert.equal((await call(fx, 'POST', '/v3/templates', { key, json: { name: 'Bad Name!' } })).status, 400);
+  assert.equal((await call(fx, 'POST', '/v3/templates', { key, json: { name: 'ok', cpuCount: 0 } })).status, 400);
+  // The same build, started right, runs.
+  const ok = await call(fx, 'POST', path, { key, json: { fromImage: BASE_IMAGE, steps: [{ type: 'RUN', args: ['true'] }] } });
+  assert.equal(ok.status, 202, ok.text);
+  assert.equal((await finished(fx, key, templateID, buildID)).status, 'ready');
+  assert.equal((await call(fx, 'POST', path, { key, json: { fromImage: BASE_IMAGE, steps: [] } })).status, 409, 'a build starts once');
+  // Starting another team's build is a 404.
+  assert.equal((await call(fx, 'POST', path, { key: fx.keys.teamB, json: { fromImage: BASE_IMAGE, steps: [] } })).status, 404);
+});
+
+test('uploads go only through a signed URL for that template and hash, and must be tars', async (t) => {
+  const { fx, builds } = await fixture(t);
+  const key = fx.keys.teamA;
+  const { templateID } = await requestBuild(fx, key, 'uploads');
+  const hash = 'b'.repeat(64);
+  const link = await call(fx, 'GET', `/templates/${templateID}/files/${hash}`, { key });
+  assert.equal(link.status, 201);
+  const { present, url } = link.json as { present: boolean; url: string };
+  assert.equal(present, false);
+  const u = new URL(url);
+  assert.equal(u.origin, fx.url);
+  const put = (path: string, body: Uint8Array): Promise<Response> => fetch(fx.url + path, { method: 'PUT', body });
+  assert.equal((await put(u.pathname, tarOf('x'))).status, 401, 'no token');
+  assert.equal((await put(`/templates/${templateID}/files/${'c'.repeat(64)}${u.search}`, tarOf('x'))).status, 401, 'the token is for another hash');
+  assert.equal((await put(`${u.pathname}?token=${encodeURIComponent('1.x')}`, tarOf('x'))).status, 401, 'a forged token');
+  const notTar = await put(u.pathname + u.search, new TextEncoder().encode('not a tar'));
+  assert.equal(notTar.status, 400);
+  assert.equal(builds().files.has('team-a', hash), false, 'nothing kept of a refused upload');
+  assert.equal((await put(u.pathname + u.search, tarOf('hello'))).status, 200);
+  assert.equal(builds().files.has('team-a', hash), true);
+  assert.equal(builds().files.has('team-b', hash), false);
+  const again = await call(fx, 'GET', `/templates/${templateID}/files/${hash}`, { key });
+  assert.deepEqual(again.json, { present: true });
+  // The team's files go with its last template.
+  assert.equal((await call(fx, 'DELETE', `/templates/${templateID}`, { key })).status, 204);
+  assert.equal(builds().files.has('team-a', hash), false);
+});
+
+test('a failing step and a build past its time limit end as error naming why, and leave no template', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-builds-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const fx = await startWorkerFixture((fn) => t.after(fn), {}, { builds: (store) => service(store, dir, new RecordingEngine(), 200) });
+  const key = fx.keys.teamA;
+  const slow = await requestBuild(fx, key, 'slow');
+  const res = await call(fx, 'POST', `/v2/templates/${slow.templateID}/builds/${slow.buildID}`, { key, json: { fromImage: BASE_IMAGE, steps: [{ type: 'RUN', args: ['sleep forever'] }] } });
+  assert.equal(res.status, 202);
+  let body: Record<string, unknown> = {};
+  for (let i = 0; i < 50; i++) {
+    body = (await call(fx, 'GET', `/templates/${slow.templateID}/builds/${slow.buildID}/status`, { key })).json as Record<string, unknown>;
+    if (body.status === 'error') break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert.equal(body.status, 'error');
+  assert.match((body.reason as { message: string }).message, /exceeded its time limit/);
+  assert.equal(await fx.store.tryGet(SandboxTemplateType, 'default', slow.templateID), undefined);
+
+  const failing = await requestBuild(fx, key, 'failing');
+  await call(fx, 'POST', `/v2/templates/${failing.templateID}/builds/${failing.buildID}`, { key, json: { fromImage: BASE_IMAGE, steps: [{ type: 'RUN', args: ['true'] }, { type: 'RUN', args: ['exit 3'] }] } });
+  const failed = await finished(fx, key, failing.templateID, failing.buildID);
+  assert.deepEqual(failed.reason, { message: 'step 2: RUN exit 3 exited with 3', step: '2' });
+  const entries = failed.logEntries as { message: string; step?: string }[];
+  assert.ok(entries.some((e) => e.step === '2' && e.message.startsWith('Build failed')), JSON.stringify(entries));
+  assert.equal(await fx.store.tryGet(SandboxTemplateType, 'default', failing.templateID), undefined);
+  const logs = await call(fx, 'GET', `/templates/${failing.templateID}/builds/${failing.buildID}/logs`, { key });
+  assert.ok((logs.json as { logs: { message: string }[] }).logs.some((e) => e.message.includes('test engine ran step 1')));
+});
+
+test('a build running when the worker stops ends as error "interrupted by a worker restart"; templates and logs survive the restart', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-builds-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const first = service(fx.store, dir, new RecordingEngine());
+  const done = first.createTemplate('team-a', { name: 'kept' });
+  await first.start('team-a', done.template.templateId, done.build.buildId, { from: { image: BASE_IMAGE }, steps: [{ type: 'RUN', args: ['true'] }] });
+  for (let i = 0; i < 100 && first.status('team-a', done.template.templateId, done.build.buildId)?.phase !== 'ready'; i++) await new Promise((r) => setImmediate(r));
+  const running = first.createTemplate('team-a', { name: 'running' });
+  await first.start('team-a', running.template.templateId, running.build.buildId, { from: { image: BASE_IMAGE }, steps: [{ type: 'RUN', args: ['sleep forever'] }] });
+  await first.close();
+
+  const second = service(fx.store, dir, new RecordingEngine());
+  assert.equal(second.status('team-a', done.template.templateId, done.build.buildId)?.phase, 'ready');
+  assert.ok(second.logs('team-a', done.template.templateId, done.build.buildId, 0).some((e) => e.message.includes('test engine ran step 1')));
+  const after = second.status('team-a', running.template.templateId, running.build.buildId);
+  assert.deepEqual([after?.phase, after?.reason?.message], ['error', INTERRUPTED]);
+  assert.equal(second.find('team-b', 'kept'), undefined);
+  assert.equal(second.find('team-a', 'kept')?.templateId, done.template.templateId, 'the name still names the same template');
+  // Records are private: 0700 directory.
+  const mode = (await import('node:fs')).statSync(join(dir, 'builds', 'templates')).mode & 0o777;
+  assert.equal(mode, 0o700);
+  assert.ok(readdirSync(join(dir, 'builds', 'templates')).length >= 2);
+  await second.close();
+});
