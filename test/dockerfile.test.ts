@@ -31,7 +31,7 @@ function refused(text: string, line: number, message: RegExp): void {
     assert.ok(isAsbError(err, 'BadRequest'), String(err));
     assert.match(err.message, new RegExp(`^Dockerfile line ${line}: `));
     assert.match(err.message, message);
-    assert.deepEqual(err.fields.map((f) => f.field), [`Dockerfile:${line}`]);
+    assert.deepEqual(err.fields.map((f) => f.field), [`Dockerfile line ${line}`]);
     return true;
   });
 }

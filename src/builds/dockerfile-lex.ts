@@ -14,7 +14,7 @@ import { AsbError } from '../errors.ts';
 
 /** A Dockerfile problem: 400 naming the file's line, and the instruction when there is one. */
 export function dockerfileError(line: number, message: string): AsbError {
-  return new AsbError('BadRequest', `Dockerfile line ${line}: ${message}`, { fields: [{ field: `Dockerfile:${line}`, message }] });
+  return new AsbError('BadRequest', `Dockerfile line ${line}: ${message}`, { fields: [{ field: `Dockerfile line ${line}`, message }] });
 }
 
 export interface Heredoc {

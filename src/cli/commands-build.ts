@@ -20,7 +20,8 @@ const POLL_MAX_MS = 1000;
 /** A build the CLI follows longer than this is left running and the command fails (--timeout). */
 const DEFAULT_FOLLOW_MS = 60 * 60 * 1000;
 
-export const BUILD_FLAGS = ['filename', 'build-arg', 'no-cache', 'timeout'] as const;
+// `--no-cache` arrives as `cache: false`: parseArgs reads --no-X as the negation of X.
+export const BUILD_FLAGS = ['filename', 'build-arg', 'cache', 'timeout'] as const;
 
 export const BUILD_HELP = `  build NAME [CONTEXT]   build template NAME from a Dockerfile (default CONTEXT/Dockerfile;
                          CONTEXT default .), following its log; exit 1 if a step fails
@@ -136,7 +137,7 @@ export async function runTemplateBuild(parsed: Parsed, args: readonly string[], 
     steps: steps.map((s) => s.step),
     ...(parsedFile.startCmd === undefined ? {} : { startCmd: parsedFile.startCmd }),
     ...(parsedFile.readyCmd === undefined ? {} : { readyCmd: parsedFile.readyCmd }),
-    ...(values['no-cache'] === true ? { noCache: true } : {}),
+    ...(values.cache === false ? { noCache: true } : {}),
   };
   const { buildId } = await client.startBuild(name, spec);
   ctx.io.stderr.write(`=> build ${buildId}\n`);

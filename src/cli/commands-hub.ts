@@ -231,7 +231,7 @@ Examples:
     ...HUB_OPTIONS,
     filename: { type: 'string', short: 'f', multiple: true },
     'build-arg': { type: 'string', multiple: true },
-    'no-cache': { type: 'boolean' },
+    cache: { type: 'boolean' },
     timeout: { type: 'string' },
   },
   async run(argv, ctx) {
