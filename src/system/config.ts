@@ -95,6 +95,13 @@ export interface WorkerConfig {
    */
   readonly registriesFile: string | undefined;
   /**
+   * ASB_BUILD_REGISTRY / --build-registry: host:port of the registry template builds push to
+   * (plain HTTP; this worker's pods pull the built images from it). Default: the first endpoint of
+   * docker.io's mirror in --registries when it is a loopback registry (`make up`'s). Unset and no
+   * such mirror: this worker builds no templates (the build API answers 503).
+   */
+  readonly buildRegistry: string | undefined;
+  /**
    * ASB_IMAGE_GC_INTERVAL_MS / --image-gc-interval-ms: how often the local runtime collects
    * images no sandbox uses (src/images/gc-loop.ts); 0: only under disk pressure. Default 600000 (10 min)
    */
@@ -125,7 +132,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'egressProxyPort' | 'egressFloor';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'egressProxyPort' | 'egressFloor';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -153,6 +160,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   role: { env: 'ASB_ROLE', flag: 'role' },
   imageCache: { env: 'ASB_IMAGE_CACHE', flag: 'image-cache' },
   registriesFile: { env: 'ASB_REGISTRIES', flag: 'registries' },
+  buildRegistry: { env: 'ASB_BUILD_REGISTRY', flag: 'build-registry' },
   egressProxyPort: { env: 'ASB_EGRESS_PROXY_PORT', flag: 'egress-proxy-port' },
   egressFloor: { env: 'ASB_EGRESS_FLOOR', flag: 'egress-floor' },
   imageGcIntervalMs: { env: 'ASB_IMAGE_GC_INTERVAL_MS', flag: 'image-gc-interval-ms' },
@@ -273,6 +281,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     role,
     imageCache: resolve(raw('imageCache') ?? resolve(dataDir, 'images')),
     registriesFile: raw('registriesFile') === undefined ? undefined : resolve(raw('registriesFile') ?? ''),
+    buildRegistry: raw('buildRegistry'),
     egressProxyPort,
     egressFloor,
     imageGcIntervalMs: int('imageGcIntervalMs', 0, 86_400_000),

@@ -6,7 +6,7 @@ import { listen, packageVersion } from './http-server.ts';
 import { readFileSync } from 'node:fs';
 import { TemplateBuilds } from '../builds/service.ts';
 import { TeamFileStore } from '../builds/files.ts';
-import type { BuildEngine } from '../builds/contract.ts';
+import { createLocalBuildEngine } from '../builds/engine.ts';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -24,7 +24,7 @@ import { startOperator } from '../operator/operator.ts';
 import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
 import { ImageStore } from '../images/image-store.ts';
 import { startImageGc, type ImageGcLoop } from '../images/gc-loop.ts';
-import { EMPTY_REGISTRIES, parseRegistriesConfig } from '../images/registries.ts';
+import { EMPTY_REGISTRIES, parseRegistriesConfig, type RegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { registerEgressMetrics } from '../network/egress-metrics.ts';
 import { EXITING_OWNER_WAIT_MS, openSqliteStore } from '../store/sqlite.ts';
@@ -53,8 +53,6 @@ export interface WorkerDeps {
   registry?: Registry;
   /** Replaces the local runtime (tests of API behaviour only). */
   runtime?: PodRuntime;
-  /** Turns build steps into images (src/builds/contract.ts); absent: builds answer 503, templates still list and start. */
-  buildEngine?: (ctx: { store: ObjectStore; runtime: PodRuntime; config: WorkerConfig; log: Logger; clock: Clock }) => BuildEngine;
 }
 
 export interface RunningWorker {
@@ -82,7 +80,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
   // With the egress proxy, every pod trusts the cluster's egress CA (credential-injection hosts).
   const egressCa = config.egressProxyPort === undefined ? undefined : await ensureEgressCa(join(config.dataDir, 'egress', 'ca'));
-  const { runtime, imageGc } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined };
+  const { runtime, imageGc, images, buildRegistry } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined, images: undefined, buildRegistry: undefined };
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   // The built-ins are the operator's to make; an API-only process finds them made.
@@ -150,7 +148,9 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           recordsDir: join(config.dataDir, 'builds', 'templates'),
           files: new TeamFileStore({ dir: join(config.dataDir, 'builds', 'files'), now: () => clock.now() }),
           store,
-          engine: deps.buildEngine?.({ store, runtime, config, log: log.child({ component: 'build-engine' }), clock }),
+          // Builds on the local runtime, pushed to the registry its pods pull from; none on the
+          // Kubernetes runtime yet (its nodes pull from a registry this process may not reach).
+          engine: images === undefined || buildRegistry === undefined ? undefined : createLocalBuildEngine({ runtime, images, registry: buildRegistry, stateDir: join(config.dataDir, 'builds', 'engine') }),
           namespace: config.namespace,
           clusterTag: config.clusterTag,
           clock,
@@ -241,7 +241,7 @@ function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPoli
   return typeof (runtime as Partial<EgressPolicySource>).policyForPodIp === 'function';
 }
 
-async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop }> {
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop; images?: ImageStore; buildRegistry?: string | undefined }> {
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
@@ -263,7 +263,13 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
   });
   // After the runtime: its recovery pins the images of pods made before pins existed.
   const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics });
-  return { runtime, imageGc };
+  return { runtime, imageGc, images, buildRegistry: config.buildRegistry ?? loopbackMirror(registries) };
+}
+
+/** `make up`'s registry: docker.io's first mirror endpoint when it is on loopback (where builds push). */
+function loopbackMirror(registries: RegistriesConfig): string | undefined {
+  const endpoint = registries.mirrors['docker.io']?.endpoints[0];
+  return endpoint !== undefined && /^(?:127(?:\.\d{1,3}){3}|localhost|\[::1\]):\d+$/.test(endpoint) ? endpoint : undefined;
 }
 
 interface OperatorEndpointsOptions {
