@@ -2,7 +2,7 @@
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
 // bench/results/latest.json, and replaces the table between the bench markers in README.md.
 //
-// `node bench/run.ts [claims] [runtime] [refill] [wake] [state] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress]` runs only those parts (default: all but refill, whose rows the runtime part measures once); a
+// `node bench/run.ts [claims] [runtime] [refill] [wake] [state] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress] [build]` runs only those parts (default: all but refill, whose rows the runtime part measures once); a
 // partial run replaces its own rows in the README table and in latest.json and keeps the others.
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -10,6 +10,7 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { call, poolObjects, round, summarize, waitPool, warmClaims, type Target } from './claims.ts';
 import { benchDataplane } from './dataplane.ts';
+import { benchBuild, median } from './build.ts';
 import { benchE2b } from './e2b.ts';
 import { benchEgress, type EgressPair } from './egress.ts';
 import { benchHttpFloor } from './http-floor.ts';
@@ -28,7 +29,7 @@ import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const TAG = 'bnch';
-const PARTS = ['claims', 'runtime', 'refill', 'wake', 'state', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads', 'egress'];
+const PARTS = ['claims', 'runtime', 'refill', 'wake', 'state', 'dataplane', 'federation', 'terminals', 'e2b', 'kube', 'uploads', 'egress', 'build'];
 
 interface Row {
   metric: string;
@@ -190,6 +191,16 @@ async function wake(row: Recorder, results: Record<string, unknown>): Promise<vo
   if (m !== undefined) row(`gVisor, paused with memory (an app holding ${m.heldMiB} MiB): wake on first connection through Envoy by restoring it, time to the first 200, p50 / p99 (${label(m)})`, `${m.firstOk.p50Ms} / ${m.firstOk.p99Ms} ms`, 'p50 ≤ 150 ms, only 200s', m.firstOk.p50Ms <= 150 && clean(m));
 }
 
+async function build(row: Recorder, results: Record<string, unknown>): Promise<void> {
+  const b = await benchBuild();
+  const ms = (v: readonly number[]): number => round(median(v), 0);
+  results.build = { ...b, median: { firstMs: ms(b.firstMs), cachedMs: ms(b.cachedMs), floorMs: ms(b.floorMs), toSandboxMs: ms(b.toSandboxMs) } };
+  const floor = ms(b.floorMs);
+  row(`template build from debian:12, one run + one copy + one env, from scratch (noCache), median of ${String(b.firstMs.length)} [floor: the run command exec'd in a running debian:12 sandbox]`, `${String(ms(b.firstMs))} ms [${String(floor)} ms]`, '≤ 10 s + the floor', ms(b.firstMs) <= 10_000 + floor);
+  row(`the same build fully cached (no sandbox starts), median of ${String(b.cachedMs.length)}`, `${String(ms(b.cachedMs))} ms`, '≤ 1 s', ms(b.cachedMs) <= 1000);
+  row('from a build\'s end to the first sandbox running its new image (pull, unpack, start, first exec), median', `${String(ms(b.toSandboxMs))} ms`, '—');
+}
+
 async function state(row: Recorder, results: Record<string, unknown>): Promise<void> {
   const s = await benchState();
   results.state = s;
@@ -347,6 +358,7 @@ async function main(): Promise<void> {
   if (all || parts.has('kube')) await kube(row, results);
   if (all || parts.has('uploads')) await uploads(row, results);
   if (all || parts.has('egress')) await egress(row, results);
+  if (all || parts.has('build')) await build(row, results);
 
   // On a virtual machine the host may run other guests on our cores: a run it took much from
   // reads slow, so the share it took is printed with every table.

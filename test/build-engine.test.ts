@@ -4,7 +4,8 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { gunzipSync } from 'node:zlib';
 import { after, before, test } from 'node:test';
 import type { BuildLogEntry, BuildStep, EngineResult } from '../src/builds/contract.ts';
@@ -90,7 +91,7 @@ test('a build of RUN, COPY, ENV, WORKDIR and USER gives an image a sandbox start
   assert.equal(out, 'built\nhello file\ninner\nhello\nhello /opt/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n/opt/app/work\n65534\n0\n');
 });
 
-test('the same build again is served from the cache: no sandbox starts, every step says CACHED, and the image is the same digest', async () => {
+test('the same build again is served from the cache, by this engine or a restarted one: no sandbox starts, every step says CACHED, and the image is the same digest', async () => {
   const startsBefore = f.starts();
   const log: Log = [];
   const again = await f.engine.build(request(f, { steps: mainSteps(hash) }, log));
@@ -98,10 +99,14 @@ test('the same build again is served from the cache: no sandbox starts, every st
   assert.equal(again.image, first.image);
   assert.equal(f.starts(), startsBefore, 'no sandbox was started');
   assert.deepEqual(log.map((e) => [e.step, e.message.split(' ')[0]]), [1, 2, 3, 4, 5, 6, 7].map((s) => [s, 'CACHED']));
+  // The cache is on disk, private to the worker, and a restarted worker's engine finds it.
+  assert.equal(statSync(join(f.dir, 'engine', 'layer-cache')).mode & 0o777, 0o700);
+  const restarted = await f.restartedEngine().build(request(f, { steps: mainSteps(hash) }));
+  assert.deepEqual([restarted.cachedSteps, restarted.image, f.starts()], [7, first.image, startsBefore]);
 });
 
 test('changing step 2 reruns steps 2..n only, in a sandbox of the image of step 1; force and noCache rebuild from where they are', async () => {
-  const other = f.files.add('team-a', { 'ctx/hello.txt': 'changed file\n', 'ctx/dir/inner.txt': 'inner\n' });
+  const other = f.files.add('team-a', { 'ctx/hello.txt': 'changed file\n', 'ctx/dir/inner.txt': 'inner\n' }, true); // gzip'ed, as the SDK may send it
   const log: Log = [];
   const changed = await f.engine.build(request(f, { steps: mainSteps(other), tag: 'v2' }, log));
   assert.equal(changed.cachedSteps, 1);

@@ -13,6 +13,7 @@ import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../src/api/typ
 import { TeamFileStore } from '../src/builds/files.ts';
 import { INTERRUPTED, TemplateBuilds } from '../src/builds/service.ts';
 import { TEMPLATE_NAME_LABEL } from '../src/builds/template-object.ts';
+import { E2B_USER_STEP } from '../src/worker/e2b/templates.ts';
 import type { ObjectStore } from '../src/store/store.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
@@ -93,6 +94,9 @@ test('the unmodified Python SDK builds a template; the team starts it by name, a
   // The COPY reached the engine with its uploaded tar, readable through the FileStore.
   const copyReq = engine.requests.find((r) => r.steps.some((s) => s.type === 'COPY')) ?? assert.fail();
   const copy = copyReq.steps.find((s) => s.type === 'COPY') ?? assert.fail();
+  // E2B's user `user` is made first (as root, when the image lacks it); the SDK's step 1 is the engine's 2.
+  assert.deepEqual(copyReq.steps[0], E2B_USER_STEP);
+  assert.equal(copyReq.steps[1], copy);
   assert.ok(copyReq.files.path('team-a', copy.filesHash ?? '') !== undefined);
   assert.equal(copyReq.files.path('team-b', copy.filesHash ?? ''), undefined, 'another team does not have the file');
 
@@ -213,7 +217,7 @@ test('a failing step and a build past its time limit end as error naming why, an
   assert.ok(entries.some((e) => e.step === '2' && e.message.startsWith('Build failed')), JSON.stringify(entries));
   assert.equal(await fx.store.tryGet(SandboxTemplateType, 'default', failing.templateID), undefined);
   const logs = await call(fx, 'GET', `/templates/${failing.templateID}/builds/${failing.buildID}/logs`, { key });
-  assert.ok((logs.json as { logs: { message: string }[] }).logs.some((e) => e.message.includes('test engine ran step 1')));
+  assert.ok((logs.json as { logs: { message: string }[] }).logs.some((e) => e.message.startsWith('step 1: the test engine ran')));
 });
 
 test('a build running when the worker stops ends as error "interrupted by a worker restart"; templates and logs survive the restart', async (t) => {
@@ -230,7 +234,7 @@ test('a build running when the worker stops ends as error "interrupted by a work
 
   const second = service(fx.store, dir, new RecordingEngine());
   assert.equal(second.status('team-a', done.template.templateId, done.build.buildId)?.phase, 'ready');
-  assert.ok(second.logs('team-a', done.template.templateId, done.build.buildId, 0).some((e) => e.message.includes('test engine ran step 1')));
+  assert.ok(second.logs('team-a', done.template.templateId, done.build.buildId, 0).some((e) => e.message.startsWith('step 1: the test engine ran')));
   const after = second.status('team-a', running.template.templateId, running.build.buildId);
   assert.deepEqual([after?.phase, after?.reason?.message], ['error', INTERRUPTED]);
   assert.equal(second.find('team-b', 'kept'), undefined);

@@ -5,7 +5,16 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { test } from 'node:test';
 import { SandboxTemplateType, SandboxType } from '../src/api/types.ts';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { TeamFileStore } from '../src/builds/files.ts';
+import { TemplateBuilds } from '../src/builds/service.ts';
+import { systemClock } from '../src/system/clock.ts';
+import { silentLogger } from '../src/system/log.ts';
 import { OpenApiChecker } from './support/openapi-check.ts';
+import { RecordingEngine } from './support/recording-engine.ts';
 import { BASE_TEMPLATE, call, startWorkerFixture, type ApiResponse, type CallOptions, type WorkerFixture } from './support/worker-fixture.ts';
 
 const checker = new OpenApiChecker(new URL('../docs/openapi.yaml', import.meta.url).pathname);
@@ -22,7 +31,10 @@ function client(fx: WorkerFixture) {
 }
 
 async function start(t: { after: (fn: () => Promise<void>) => void }): Promise<WorkerFixture> {
-  const fx = await startWorkerFixture((fn) => t.after(fn));
+  // Builds with the test engine (runs nothing): the build API's routes answer in their shapes.
+  const fx = await startWorkerFixture((fn) => t.after(fn), {}, {
+    builds: (store, dir) => new TemplateBuilds({ recordsDir: join(dir, 'builds'), files: new TeamFileStore({ dir: join(dir, 'build-files'), now: () => Date.now() }), store, engine: new RecordingEngine(), namespace: 'default', clusterTag: 'tst1', clock: systemClock, log: silentLogger() }),
+  });
   registered = fx.server.routes.map((r) => `${r.method} ${r.pattern}`).sort();
   return fx;
 }
@@ -364,8 +376,45 @@ test('egress proxy off: a policy naming a domain is refused (422 naming each ent
   assert.equal((await api('PUT', `/v1/sandboxes/${id}/network`, { key, json: { internet: true, deny: ['203.0.113.0/24'] } })).status, 200, 'CIDRs need no proxy');
 });
 
-test('template build routes on a worker without a build service: 501 saying so, in the documented shape', async (t) => {
+test('E2B\'s build API answers in the documented shapes: request, upload, build, status, logs, list, tags, update, delete', async (t) => {
   const fx = await start(t);
+  const api = client(fx);
+  const e2b = (method: string, path: string, json?: unknown, key: string = fx.keys.teamA) => api(method, path, { headers: { 'x-api-key': key }, ...(json === undefined ? {} : { json }) });
+  const requested = await e2b('POST', '/v3/templates', { name: 'docs-env', tags: ['v1'], cpuCount: 1, memoryMB: 512 });
+  assert.equal(requested.status, 202, requested.text);
+  const { templateID, buildID } = requested.json as { templateID: string; buildID: string };
+  const hash = 'd'.repeat(64);
+  const link = await e2b('GET', `/templates/${templateID}/files/${hash}`);
+  assert.equal(link.status, 201);
+  const url = new URL((link.json as { url: string }).url);
+  const ctx = mkdtempSync(join(tmpdir(), 'asb-docs-'));
+  t.after(() => rmSync(ctx, { recursive: true, force: true }));
+  writeFileSync(join(ctx, 'a.txt'), 'a');
+  const tar = new Uint8Array(execFileSync('tar', ['-cf', '-', '-C', ctx, 'a.txt']));
+  assert.equal((await api('PUT', url.pathname + url.search, { body: tar })).status, 200);
+  assert.equal((await api('PUT', url.pathname, { body: tar })).status, 401);
+  const started = await e2b('POST', `/v2/templates/${templateID}/builds/${buildID}`, { fromImage: 'debian:12', force: false, steps: [{ type: 'COPY', args: ['a.txt', '/a.txt'], filesHash: hash, force: false }, { type: 'ENV', args: ['A', '1'], force: false }], startCmd: 'sleep 1', readyCmd: 'true' });
+  assert.equal(started.status, 202, started.text);
+  await waitFor(async () => ((await e2b('GET', `/templates/${templateID}/builds/${buildID}/status?logsOffset=0`)).json as { status: string }).status === 'ready');
+  const logs = await e2b('GET', `/templates/${templateID}/builds/${buildID}/logs?limit=10`);
+  assert.ok((logs.json as { logs: unknown[] }).logs.length > 0);
+  assert.equal(((await e2b('GET', '/templates')).json as unknown[]).length, 1);
+  assert.equal(((await e2b('GET', '/v2/templates', undefined, fx.keys.teamB)).json as unknown[]).length, 0);
+  assert.equal(((await e2b('GET', `/templates/${templateID}`)).json as { builds: unknown[] }).builds.length, 1);
+  assert.deepEqual((await e2b('GET', '/templates/aliases/docs-env')).json, { templateID, public: false });
+  assert.equal((await e2b('GET', '/templates/aliases/docs-env', undefined, fx.keys.teamB)).status, 404);
+  assert.equal((await e2b('POST', '/templates/tags', { target: 'docs-env:v1', tags: ['stable'] })).status, 201);
+  assert.deepEqual(((await e2b('GET', `/templates/${templateID}/tags`)).json as { tag: string }[]).map((x) => x.tag).sort(), ['default', 'stable', 'v1']);
+  assert.equal((await e2b('DELETE', '/templates/tags', { name: 'docs-env', tags: ['stable'] })).status, 204);
+  assert.equal((await e2b('PATCH', `/templates/${templateID}`, { public: false })).status, 200);
+  assert.equal((await e2b('PATCH', `/v2/templates/${templateID}`, { public: true })).status, 400);
+  assert.equal((await e2b('DELETE', `/templates/${templateID}`, undefined, fx.keys.teamB)).status, 404);
+  assert.equal((await e2b('DELETE', `/templates/${templateID}`)).status, 204);
+  assert.equal((await e2b('GET', `/templates/${templateID}`)).status, 404);
+});
+
+test('template build routes on a worker without a build service: 501 saying so, in the documented shape', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
   const api = client(fx);
   const key = fx.keys.teamA;
   const hash = 'a'.repeat(64);

@@ -154,7 +154,12 @@ export async function copyInPod(runtime: PodRuntime, id: string, tarPath: string
   const file = createReadStream(tarPath);
   const data: Readable = head[0] === 0x1f && head[1] === 0x8b ? file.pipe(createGunzip()) : file;
   // Readable by the step's user, whoever it is (the pod's writeFile makes it as the pod's user, root).
-  await runtime.writeFile(id, inPod, data, 0o644);
+  try {
+    await runtime.writeFile(id, inPod, data, 0o644);
+  } catch (err) {
+    // A tar that does not fit the build's disk, or a gzip that is not one: said as the step's failure.
+    throw new AsbError('BuildFailed', `its files could not be written into the build sandbox: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+  }
   const src = args.src.replace(/^(\.\/)+/, '').replace(/\/+$/, '') || '.';
   try {
     return await runInPod(runtime, id, COPY_SCRIPT, { ...opts, env: { ASB_TAR: inPod, ASB_SRC: src, ASB_DEST: args.dest, ASB_MODE: args.mode.replace(/^0(?=[0-7]{4})/, '') } });

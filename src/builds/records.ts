@@ -24,6 +24,8 @@ export interface BuildRecord {
   finishedAt?: string;
   cpuCount: number;
   memoryMB: number;
+  /** Steps the service ran before the caller's (E2B's user creation): engine step n is the caller's n - stepOffset. */
+  stepOffset?: number;
   /** Tags the build takes once ready (named in its request). */
   pendingTags?: string[];
   /** What the build was started with (absent while waiting for its steps). */

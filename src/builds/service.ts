@@ -19,7 +19,7 @@ import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.t
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
-import type { BuildEngine, BuildLogEntry, BuildService, BuildSpec, BuildStatus } from './contract.ts';
+import type { BuildEngine, BuildLogEntry, BuildService, BuildSpec, BuildStatus, BuildStep } from './contract.ts';
 import type { TeamFileStore } from './files.ts';
 import { INTERRUPTED, MAX_BUILDS, MAX_LOG_ENTRIES, RecordFiles, type BuildRecord, type TemplateRecord } from './records.ts';
 import { checkSteps } from './wire-steps.ts';
@@ -188,7 +188,11 @@ export class TemplateBuilds implements BuildService {
     return image;
   }
 
-  async start(team: string, templateId: string, buildId: string, spec: BuildSpec): Promise<void> {
+  /**
+   * `prelude`: steps run before the caller's (E2B's build API makes its `user`), numbered as the
+   * base: logs and failures name the caller's steps by the caller's numbers.
+   */
+  async start(team: string, templateId: string, buildId: string, spec: BuildSpec, prelude: readonly BuildStep[] = []): Promise<void> {
     if (this.#closed) throw new AsbError('Unavailable', 'the build service is shutting down');
     const rec = this.find(team, templateId);
     const build = rec === undefined ? undefined : this.build(rec, buildId);
@@ -206,16 +210,19 @@ export class TemplateBuilds implements BuildService {
     const now = this.#isoNow();
     build.phase = 'building';
     build.spec = { ...spec, steps };
+    if (prelude.length > 0) build.stepOffset = prelude.length;
     build.updatedAt = now;
     this.#records.save(rec);
     const abort = new AbortController();
     const key = `${rec.templateId}/${buildId}`;
-    const done = this.#run(engine, rec, build, baseImage, steps, spec, abort).finally(() => this.#running.delete(key));
+    const done = this.#run(engine, rec, build, baseImage, [...prelude, ...steps], spec, abort).finally(() => this.#running.delete(key));
     this.#running.set(key, { abort, done });
   }
 
   #log(build: BuildRecord, entry: Omit<BuildLogEntry, 'timestamp'>): void {
-    build.logs.push({ timestamp: this.#isoNow(), ...entry });
+    const { step, ...rest } = entry;
+    const callers = callerStep(build, step);
+    build.logs.push({ timestamp: this.#isoNow(), ...rest, message: callerMessage(build, rest.message), ...(callers === undefined ? {} : { step: callers }) });
     if (build.logs.length > MAX_LOG_ENTRIES) {
       const drop = build.logs.length - MAX_LOG_ENTRIES;
       build.logs.splice(0, drop);
@@ -258,7 +265,9 @@ export class TemplateBuilds implements BuildService {
       const reason = abort.signal.aborted ? errorMessage(abort.signal.reason) : errorMessage(err);
       build.phase = 'error';
       const step = stepOf(err);
-      build.reason = step === undefined ? { message: reason } : { message: reason, step };
+      const callers = callerStep(build, step);
+      const message = callerMessage(build, reason);
+      build.reason = callers === undefined ? { message } : { message, step: callers };
       this.#log(build, { level: 'error', message: `Build failed: ${reason}`, ...(step === undefined ? {} : { step }) });
       if (!isAsbError(err)) this.#o.log.error({ err, templateId: rec.templateId, buildId: build.buildId }, 'build failed unexpectedly');
     } finally {
@@ -360,6 +369,20 @@ export class TemplateBuilds implements BuildService {
     for (const r of running) r.abort.abort(new AsbError('Unavailable', INTERRUPTED));
     await Promise.allSettled(running.map((r) => r.done));
   }
+}
+
+/** The caller's number of engine step `step` (undefined: the base, or a prelude step). */
+function callerStep(build: BuildRecord, step: number | undefined): number | undefined {
+  if (step === undefined) return undefined;
+  const n = step - (build.stepOffset ?? 0);
+  return n >= 1 ? n : undefined;
+}
+
+/** A message that starts "step N" (the engine's numbering) with the caller's number. */
+function callerMessage(build: BuildRecord, message: string): string {
+  const offset = build.stepOffset ?? 0;
+  if (offset === 0) return message;
+  return message.replace(/^step (\d+)\b/, (_m, n: string) => (Number(n) > offset ? `step ${String(Number(n) - offset)}` : 'the base step'));
 }
 
 function phaseOf(b: BuildRecord): BuildRecord['phase'] {

@@ -41,7 +41,7 @@ def test_build_logs_list_and_tags():
     assert info.template_id and info.build_id
     messages = [str(entry) for entry in logs]
     assert any("Uploaded 'hello.txt'" in m for m in messages), messages
-    assert any("test engine ran step 5" in m for m in messages), messages
+    assert any("step 5: the test engine ran RUN" in m for m in messages), messages
     # A second build of the same name is a new build of the same template; the files are there already.
     logs2 = []
     again = Template.build(app_template(context_dir()), "my-env", api_key=KEY_A, on_build_logs=logs2.append)

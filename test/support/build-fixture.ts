@@ -25,6 +25,8 @@ export interface BuildFixture {
   engine: LocalBuildEngine;
   files: TestFiles;
   dir: string;
+  /** Another engine on the same state dir, as a restarted worker makes. */
+  restartedEngine(): LocalBuildEngine;
   close(): Promise<void>;
 }
 
@@ -78,9 +80,10 @@ export async function startBuildFixture(prefix: string, bridge: string, subnet: 
       return fn.bind(target);
     },
   }) as PodRuntime;
-  const engine = createLocalBuildEngine({ runtime: counted, images, registry: registry.address, stateDir: join(dir, 'engine') });
+  const make = (): LocalBuildEngine => createLocalBuildEngine({ runtime: counted, images, registry: registry.address, stateDir: join(dir, 'engine') });
+  const engine = make();
   return {
-    runtime, counted, starts: () => starts, images, registry, engine, files: new TestFiles(dir), dir,
+    runtime, counted, starts: () => starts, images, registry, engine, files: new TestFiles(dir), dir, restartedEngine: make,
     async close() {
       await stopTestRuntime(runtime);
       await registry.close();

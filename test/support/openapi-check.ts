@@ -42,11 +42,14 @@ export class OpenApiChecker {
   /** The documented path template that matches a concrete path, or undefined. */
   templateFor(path: string): string | undefined {
     const parts = path.split('?')[0]?.split('/') ?? [];
+    // A literal segment wins over a parameter (/templates/tags before /templates/{id}), as in OpenAPI.
+    const params = (t: string): number => t.split('/').filter((s) => s.startsWith('{')).length;
+    let best: string | undefined;
     for (const template of Object.keys(this.doc.paths)) {
       const segs = template.split('/');
-      if (segs.length === parts.length && segs.every((s, i) => (s.startsWith('{') && (parts[i] ?? '') !== '') || s === parts[i])) return template;
+      if (segs.length === parts.length && segs.every((s, i) => (s.startsWith('{') && (parts[i] ?? '') !== '') || s === parts[i]) && (best === undefined || params(template) < params(best))) best = template;
     }
-    return undefined;
+    return best;
   }
 
   /** Throws with the Ajv errors if the response does not match the document. */

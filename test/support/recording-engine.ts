@@ -1,5 +1,5 @@
 // A test-only BuildEngine for the build service's and the build API's tests: it runs nothing and
-// pushes nothing. Each step is logged ("test engine ran step N: TYPE args"), a RUN of `exit N`
+// pushes nothing. Each step is logged ("step N: the test engine ran TYPE args"), a RUN of `exit N`
 // fails naming its step, `sleep forever` waits until the build is aborted, and the "image" is the
 // base image pinned to a digest of the steps, with the config the ENV, WORKDIR and USER steps
 // give. The real engine (src/builds/engine*.ts) is exercised by test/e2b-builds.test.ts.
@@ -16,7 +16,7 @@ export class RecordingEngine implements BuildEngine {
     let user: string | undefined;
     for (const [i, step] of req.steps.entries()) {
       const n = i + 1;
-      req.log({ level: 'info', step: n, message: `test engine ran step ${String(n)}: ${step.type} ${step.args.join(' ')}` });
+      req.log({ level: 'info', step: n, message: `step ${String(n)}: the test engine ran ${step.type} ${step.args.join(' ')}` });
       if (step.type === 'RUN') {
         const exit = /^exit (\d+)$/.exec(step.args[0] ?? '');
         if (exit !== null) throw new Error(`step ${String(n)}: RUN ${step.args[0] ?? ''} exited with ${exit[1] ?? ''}`);

@@ -17,7 +17,7 @@
 // Another team's template, build or file answers 404 everywhere, as one that does not exist.
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
-import type { BuildLogEntry, BuildSpec } from '../../builds/contract.ts';
+import type { BuildLogEntry, BuildSpec, BuildStep } from '../../builds/contract.ts';
 import { isFilesHash } from '../../builds/files.ts';
 import type { BuildRecord, TemplateRecord } from '../../builds/records.ts';
 import type { TemplateBuilds } from '../../builds/service.ts';
@@ -177,10 +177,26 @@ function buildSpecOf(b: Record<string, unknown>): BuildSpec {
   };
 }
 
+/**
+ * E2B's templates all have the user `user` (home /home/user): E2B's own base step makes it, the
+ * SDK's Dockerfile parser ends with USER user, and commands run as `user` by default. A build from
+ * an image gets the same first, as root, when the image lacks it (useradd, BusyBox adduser, or
+ * passwd lines where neither exists). A cached layer after the first build from that image.
+ */
+export const E2B_USER_STEP: BuildStep = {
+  type: 'RUN',
+  args: [
+    'id -u user >/dev/null 2>&1 || useradd -m -s /bin/sh user 2>/dev/null || adduser -D -s /bin/sh user 2>/dev/null || ' +
+      '{ echo "user:x:1000:1000::/home/user:/bin/sh" >> /etc/passwd && echo "user:x:1000:" >> /etc/group && mkdir -p /home/user && chown 1000:1000 /home/user; }',
+    'root',
+  ],
+};
+
 async function startBuild(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const { rec, build } = findBuild(w, ctx);
   const spec = buildSpecOf(await body(w, ctx.req));
-  await builds(w).start(ctx.principal.team, rec.templateId, build.buildId, { ...spec, cpuCount: build.cpuCount, memoryMB: build.memoryMB });
+  const prelude = 'image' in spec.from ? [E2B_USER_STEP] : [];
+  await builds(w).start(ctx.principal.team, rec.templateId, build.buildId, { ...spec, cpuCount: build.cpuCount, memoryMB: build.memoryMB }, prelude);
   return { status: 202, json: {} };
 }
 
