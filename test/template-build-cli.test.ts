@@ -98,7 +98,7 @@ test('asb template build sends the Dockerfile\'s steps, uploads the context once
   assert.doesNotMatch(readFileSync(stored).toString('latin1'), /local\.env/, '.dockerignore kept it out');
   assert.match(r.stderr, /\[\+\] Building template web from agent-sandbox\/base \(5 steps\)/);
   assert.match(r.stderr, /=> context app: 2 entries, .* uploaded/);
-  assert.match(r.stderr, /#4 \[4\/5\] RUN echo built \$V\n#4 test engine ran step 4: RUN export V=2/);
+  assert.match(r.stderr, /#4 \[4\/5\] RUN echo built \$V\n#4 .*RUN export V=2\n/);
   assert.match(r.stderr, /=> template web built in /);
 
   const again = await f.asb(['template', 'build', 'web', '--build-arg', 'V=2', '--no-cache'], dir);
@@ -158,7 +158,7 @@ test('the build routes: files by sha256, bad input named by field, and another t
     await new Promise((r) => setImmediate(r));
   }
   assert.equal(logs.phase, 'ready', JSON.stringify(logs));
-  assert.ok(logs.entries.some((e) => e.message.includes('test engine ran step 1: COPY app /app/')), JSON.stringify(logs.entries));
+  assert.ok(logs.entries.some((e) => e.message.includes('COPY app /app/')), JSON.stringify(logs.entries));
   const tail = (await f.api('GET', `/v1/templates/web/builds/${buildId}/logs?offset=${String(logs.offset)}`, { key: teamA })).json as typeof logs;
   assert.deepEqual([tail.entries, tail.offset], [[], logs.offset], 'from the offset given on: nothing new once ended');
   assert.equal(((await f.api('GET', `/v1/templates/web/builds/${buildId}`, { key: teamA })).json as { phase: string }).phase, 'ready');
