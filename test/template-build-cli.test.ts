@@ -123,6 +123,31 @@ test('a failing step exits 1 naming the step and its Dockerfile line; a refused 
   assert.equal(f.builds().find('team-a', 'multi'), undefined, 'no template was made');
 });
 
+test('a steps file (YAML) is the other way in: its COPY sources are packed and uploaded like a Dockerfile\'s', async (t) => {
+  const f = await fixture(t);
+  const dir = project();
+  writeFileSync(join(dir, 'steps.yaml'), [
+    'from: { image: agent-sandbox/base }',
+    'steps:',
+    '  - { type: COPY, args: [app, /srv/app/] }',
+    '  - { type: ENV, args: [MODE, production] }',
+    '  - { type: RUN, args: ["exit 4"] }',
+    'startCmd: python3 /srv/app/main.py',
+    '',
+  ].join('\n'));
+  const r = await f.asb(['template', 'build', 'from-yaml', '-f', 'steps.yaml'], dir);
+  assert.equal(r.code, 1, r.stderr);
+  const req = f.engine.requests[0] ?? assert.fail('the engine got no build');
+  const expected = packSource(openContext(dir), 'app');
+  t.after(() => expected.remove());
+  assert.deepEqual(req.steps.map((s) => [s.type, s.args[0], s.filesHash]), [['COPY', 'app', expected.sha256], ['ENV', 'MODE', undefined], ['RUN', 'exit 4', undefined]]);
+  assert.match(r.stderr, /#3 \[3\/3\] RUN exit 4\n/);
+  assert.match(r.stderr, /ERROR: build of template from-yaml failed at step 3\/3 \(RUN exit 4\)/);
+  const refused = await f.asb(['template', 'build', 'from-yaml', '-f', 'steps.yaml', '--build-arg', 'A=1'], dir);
+  assert.equal(refused.code, 2, 'a usage error');
+  assert.match(refused.stderr, /--build-arg applies to a Dockerfile, not to a steps file/);
+});
+
 test('the build routes: files by sha256, bad input named by field, and another team\'s builds and files answer 404', async (t) => {
   const f = await fixture(t);
   const { teamA, teamB } = f.fx.keys;

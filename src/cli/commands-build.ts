@@ -9,7 +9,8 @@ import { join, resolve } from 'node:path';
 import type { ApiClient, BuildLogEntry, BuildLogPage, BuildSpec } from '../client/api-client.ts';
 import { AsbError } from '../errors.ts';
 import { openContext, packSource } from '../builds/build-context.ts';
-import { parseDockerfile, type PlannedStep } from '../builds/dockerfile.ts';
+import { parseDockerfile, type ParsedDockerfile, type PlannedStep } from '../builds/dockerfile.ts';
+import { isStepsFile, parseStepsFile } from '../builds/steps-file.ts';
 import { parseDuration, stringList, stringOpt, UsageError, ValueError, type Parsed } from './args.ts';
 import { EXIT, readAll, type CommandContext } from './command.ts';
 import { formatDuration, writeJson } from './output.ts';
@@ -25,7 +26,8 @@ export const BUILD_FLAGS = ['filename', 'build-arg', 'cache', 'timeout'] as cons
 
 export const BUILD_HELP = `  build NAME [CONTEXT]   build template NAME from a Dockerfile (default CONTEXT/Dockerfile;
                          CONTEXT default .), following its log; exit 1 if a step fails
-    -f FILE              the Dockerfile (- reads stdin)
+    -f FILE              the Dockerfile (- reads stdin), or a steps file (.yaml/.json: from,
+                         steps of RUN/COPY/ENV/WORKDIR/USER, startCmd, readyCmd)
     --build-arg K=V      an ARG value; K alone takes $K from your environment; repeatable
     --no-cache           run every step, using no cached layer
     --timeout DUR        stop following after DUR (default 1h); the build goes on
@@ -105,9 +107,9 @@ class LogPrinter {
 
 /** Runs `asb template build`; returns the exit code. */
 export async function runTemplateBuild(parsed: Parsed, args: readonly string[], ctx: CommandContext, usage: string): Promise<number> {
-  const [name, contextArg, extra] = args;
+  const [name, contextArg, surplus] = args;
   if (name === undefined) throw new UsageError('missing template name', usage);
-  if (extra !== undefined) throw new UsageError(`unexpected argument "${extra}"`, usage);
+  if (surplus !== undefined) throw new UsageError(`unexpected argument "${surplus}"`, usage);
   const { values } = parsed;
   const files = stringList(values, 'filename');
   if (files.length > 1) throw new UsageError('build takes one -f Dockerfile', usage);
@@ -123,7 +125,15 @@ export async function runTemplateBuild(parsed: Parsed, args: readonly string[], 
   const followMs = timeout === undefined ? DEFAULT_FOLLOW_MS : parseDuration(timeout, '--timeout');
 
   // 1. Everything that can be refused is refused before anything leaves this machine.
-  const parsedFile = parseDockerfile(text, { buildArgs: buildArgs(stringList(values, 'build-arg'), ctx.io.env) });
+  const argValues = buildArgs(stringList(values, 'build-arg'), ctx.io.env);
+  let parsedFile: ParsedDockerfile;
+  let extra: Pick<BuildSpec, 'cpuCount' | 'memoryMB' | 'noCache'> = {};
+  if (isStepsFile(file)) {
+    if (Object.keys(argValues).length > 0) throw new UsageError('--build-arg applies to a Dockerfile, not to a steps file', usage);
+    ({ extra, ...parsedFile } = parseStepsFile(text, file));
+  } else {
+    parsedFile = parseDockerfile(text, { buildArgs: argValues });
+  }
   for (const w of parsedFile.warnings) ctx.io.stderr.write(`warning: ${w.line > 0 ? `Dockerfile line ${w.line}: ` : ''}${w.message}\n`);
   const steps = parsedFile.steps;
   const client = ctx.client(parsed.global);
@@ -137,6 +147,7 @@ export async function runTemplateBuild(parsed: Parsed, args: readonly string[], 
     steps: steps.map((s) => s.step),
     ...(parsedFile.startCmd === undefined ? {} : { startCmd: parsedFile.startCmd }),
     ...(parsedFile.readyCmd === undefined ? {} : { readyCmd: parsedFile.readyCmd }),
+    ...extra,
     ...(values.cache === false ? { noCache: true } : {}),
   };
   const { buildId } = await client.startBuild(name, spec);
@@ -163,7 +174,9 @@ export async function runTemplateBuild(parsed: Parsed, args: readonly string[], 
   if (values.json === true) writeJson(ctx.io.stdout, { templateId: name, buildId, phase: page.phase, ...(page.image === undefined ? {} : { image: page.image }), ...(page.reason === undefined ? {} : { reason: page.reason }) });
   if (page.phase === 'error') {
     const n = page.reason?.step;
-    const where = n === undefined ? '' : ` at step ${n}/${steps.length}${steps[n - 1] === undefined ? '' : ` (Dockerfile line ${steps[n - 1]?.line ?? 0}: ${steps[n - 1]?.text ?? ''})`}`;
+    const failed = n === undefined ? undefined : steps[n - 1];
+    const source = failed === undefined ? '' : failed.line > 0 ? ` (Dockerfile line ${failed.line}: ${failed.text})` : ` (${failed.text})`;
+    const where = n === undefined ? '' : ` at step ${n}/${steps.length}${source}`;
     ctx.io.stderr.write(`ERROR: build of template ${name} failed${where} after ${elapsed}: ${page.reason?.message ?? 'no reason given'}\n`);
     return EXIT.failed;
   }
