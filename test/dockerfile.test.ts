@@ -96,15 +96,15 @@ test('WORKDIR and USER: substituted, relative WORKDIRs joined onto the previous 
   refused('FROM d\nUSER $NOBODY\n', 2, /USER is empty/);
 });
 
-test('COPY/ADD: one step per source, dest relative to WORKDIR, --chown and --chmod kept', () => {
+test('COPY/ADD: one step per source, dest relative to WORKDIR, --chown and --chmod kept, root without --chown', () => {
   const p = parse('FROM d\nWORKDIR /app\nCOPY --chown=user:user --chmod=755 bin/run.sh ./\nCOPY a.txt b.txt conf/\nADD ["with space.txt", "/opt/x"]\nCOPY --link . .\n');
   assert.deepEqual(p.steps.map((s) => [s.step.type, s.step.args, s.source]), [
     ['WORKDIR', ['/app'], undefined],
     ['COPY', ['bin/run.sh', '/app/', 'user:user', '0755'], 'bin/run.sh'],
-    ['COPY', ['a.txt', '/app/conf/', '', ''], 'a.txt'],
-    ['COPY', ['b.txt', '/app/conf/', '', ''], 'b.txt'],
-    ['COPY', ['with space.txt', '/opt/x', '', ''], 'with space.txt'],
-    ['COPY', ['.', '/app/', '', ''], '.'],
+    ['COPY', ['a.txt', '/app/conf/', 'root', ''], 'a.txt'],
+    ['COPY', ['b.txt', '/app/conf/', 'root', ''], 'b.txt'],
+    ['COPY', ['with space.txt', '/opt/x', 'root', ''], 'with space.txt'],
+    ['COPY', ['.', '/app/', 'root', ''], '.'],
   ]);
   assert.deepEqual([p.steps[2]?.line, p.steps[2]?.text], [4, 'COPY a.txt b.txt conf/'], 'progress shows the line as written');
   refused('FROM d\nCOPY a b c\n', 2, /more than one source needs a destination directory ending in \//);

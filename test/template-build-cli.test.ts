@@ -86,7 +86,7 @@ test('asb template build sends the Dockerfile\'s steps, uploads the context once
   assert.deepEqual(req.steps.map((s) => [s.type, ...s.args]), [
     ['ENV', 'APP_V', '2'],
     ['WORKDIR', '/srv'],
-    ['COPY', 'app', '/srv/app/', '', ''],
+    ['COPY', 'app', '/srv/app/', 'root', ''],
     ['RUN', 'export V=2\necho built $V'],
     ['USER', 'user'],
   ]);

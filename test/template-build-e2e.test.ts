@@ -16,13 +16,15 @@ let sys: TestSystem;
 let context: string;
 let buildId = '';
 
+// The base image runs as `user`: the COPY, as in Docker, still writes as root (into the root-owned
+// WORKDIR), and files it copies are root's.
 const DOCKERFILE = `# A template the way a team writes one
 FROM agent-sandbox/base
 ARG GREETING=hello
 ENV APP_GREETING=\${GREETING}-from-env PATH=/srv/app/bin:$PATH
-USER root
 WORKDIR /srv/app
 COPY app/ ./
+USER root
 RUN echo "$GREETING at build" > built.txt && \\
     ls -d /srv/app
 USER user
@@ -64,7 +66,7 @@ test('asb template build runs the Dockerfile and a sandbox of the template has i
   const created = await asb(['create', '--template', 'web-app', '--json'], teamA());
   assert.equal(created.code, 0, created.stderr);
   const id = (JSON.parse(created.stdout) as { id: string }).id;
-  const probe = await asb(['exec', id, '--', 'sh', '-c', 'cat hello.txt built.txt; echo "$APP_GREETING"; pwd; id -un; greet; ls; cat /tmp/cmd-ran'], teamA());
+  const probe = await asb(['exec', id, '--', 'sh', '-c', 'cat hello.txt built.txt; echo "$APP_GREETING"; pwd; id -un; greet; ls; cat /tmp/cmd-ran; stat -c %U hello.txt'], teamA());
   assert.equal(probe.code, 0, probe.stderr);
   assert.deepEqual(probe.stdout.trim().split('\n'), [
     'hello from the context',
@@ -77,6 +79,7 @@ test('asb template build runs the Dockerfile and a sandbox of the template has i
     'built.txt',
     'hello.txt',
     'started as user',
+    'root',
   ], 'the .dockerignore kept secret.env out; ENV PATH kept the base image\'s PATH after /srv/app/bin');
 });
 

@@ -9,7 +9,8 @@
 //                             the step's environment without keeping them in the image; heredocs
 //                             (`RUN <<EOF`) supported; flags (--mount, --network, --security) refused
 //   COPY/ADD src... dest      one COPY step per source, its files packed from the build context;
-//                             --chown and --chmod kept; --from, heredocs, ADD of a URL, a git
+//                             --chown and --chmod kept, root without --chown (Docker copies as
+//                             root whatever USER says); --from, heredocs, ADD of a URL, a git
 //                             repository or a local archive (which Docker would unpack) refused
 //   ENV k=v ... | ENV k v     ENV step; values substituted; a variable this file does not set
 //                             (PATH, HOME: the base image's) is left as ${NAME} for the build
@@ -234,7 +235,9 @@ class Converter {
   #copy(ins: RawInstruction): void {
     const k = ins.keyword;
     const { flags, text } = takeFlags(ins.rest);
-    let user = '';
+    // Docker's COPY writes as root whatever USER says (files root:root unless --chown); the engine
+    // copies as the step's user, the current USER when none is named, so name root.
+    let user = 'root';
     let mode = '';
     for (const f of flags) {
       if (f.name === 'from') throw dockerfileError(ins.line, `${k} --from is not supported: multi-stage builds and copies from other images are not (one FROM per file)`);
