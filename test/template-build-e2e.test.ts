@@ -3,8 +3,9 @@
 // the real worker (build service, engine, runc build sandbox, local registry), then `asb create
 // --template NAME` starts a sandbox from it whose files, env, cwd and user are the Dockerfile's. A
 // rebuild is served from the cache; a refused instruction fails before anything is uploaded, naming
-// its line; another team can neither read the build nor start the template. Its own bridge and
-// subnet (asbbd01, 10.238.0.0/16).
+// its line; another team can neither read the build nor start the template. Every call goes
+// through the edge (Envoy and the router), as a user's does. Its own bridge and subnet (asbbd01,
+// 10.238.0.0/16).
 import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -32,7 +33,7 @@ CMD echo "started as $(id -un)" > /tmp/cmd-ran
 `;
 
 function asb(args: string[], key: string, cwd = context): Promise<RunResult> {
-  return runAsb(args, { cwd, env: { ASB_API_URL: sys.apiUrl, ASB_API_KEY: key } });
+  return runAsb(args, { cwd, env: { ASB_API_URL: sys.edgeUrl, ASB_API_KEY: key } });
 }
 
 before(async () => {
@@ -112,7 +113,7 @@ test('another team can neither read the build nor start a sandbox from the templ
   const denied = await asb(['create', '--template', 'web-app'], teamB());
   assert.equal(denied.code, 1);
   assert.match(denied.stderr, /template "web-app" not found/);
-  const get = (key: string, path: string): Promise<Response> => fetch(`${sys.apiUrl}/v1/templates/web-app/builds/${buildId}${path}`, { headers: { authorization: `Bearer ${key}` } });
+  const get = (key: string, path: string): Promise<Response> => fetch(`${sys.edgeUrl}/v1/templates/web-app/builds/${buildId}${path}`, { headers: { authorization: `Bearer ${key}` } });
   assert.equal((await get(teamA(), '')).status, 200, 'the owner reads it');
   assert.equal((await get(teamB(), '')).status, 404, 'another team: as if absent');
   assert.equal((await get(teamB(), '/logs')).status, 404);
