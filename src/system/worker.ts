@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { TemplateBuilds } from '../builds/service.ts';
 import { TeamFileStore } from '../builds/files.ts';
 import { createLocalBuildEngine } from '../builds/engine.ts';
+import type { BuildEngine } from '../builds/contract.ts';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -80,7 +81,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
   // With the egress proxy, every pod trusts the cluster's egress CA (credential-injection hosts).
   const egressCa = config.egressProxyPort === undefined ? undefined : await ensureEgressCa(join(config.dataDir, 'egress', 'ca'));
-  const { runtime, imageGc, images, buildRegistry } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined, images: undefined, buildRegistry: undefined };
+  const { runtime, imageGc, buildEngine } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined, buildEngine: undefined };
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   // The built-ins are the operator's to make; an API-only process finds them made.
@@ -148,9 +149,9 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           recordsDir: join(config.dataDir, 'builds', 'templates'),
           files: new TeamFileStore({ dir: join(config.dataDir, 'builds', 'files'), now: () => clock.now() }),
           store,
-          // Builds on the local runtime, pushed to the registry its pods pull from; none on the
-          // Kubernetes runtime yet (its nodes pull from a registry this process may not reach).
-          engine: images === undefined || buildRegistry === undefined ? undefined : createLocalBuildEngine({ runtime, images, registry: buildRegistry, stateDir: join(config.dataDir, 'builds', 'engine') }),
+          // The local runtime's engine; none on the Kubernetes runtime yet (its nodes pull from
+          // a registry this process may not reach): builds there answer 503.
+          engine: buildEngine,
           namespace: config.namespace,
           clusterTag: config.clusterTag,
           clock,
@@ -241,7 +242,7 @@ function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPoli
   return typeof (runtime as Partial<EgressPolicySource>).policyForPodIp === 'function';
 }
 
-async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop; images?: ImageStore; buildRegistry?: string | undefined }> {
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop; buildEngine?: BuildEngine }> {
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
@@ -261,9 +262,13 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     egressFloor: config.egressFloor,
     ...(extraCaPath === undefined ? {} : { extraCaPath }),
   });
-  // After the runtime: its recovery pins the images of pods made before pins existed.
-  const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics });
-  return { runtime, imageGc, images, buildRegistry: config.buildRegistry ?? loopbackMirror(registries) };
+  // Template builds on this runtime, pushed to the registry its pods pull from (none without one).
+  const buildRegistry = config.buildRegistry ?? loopbackMirror(registries);
+  const buildEngine = buildRegistry === undefined ? undefined : createLocalBuildEngine({ runtime, images, registry: buildRegistry, stateDir: join(config.dataDir, 'builds', 'engine') });
+  // After the runtime: its recovery pins the images of pods made before pins existed. The build
+  // layer cache is collected in the same passes.
+  const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics, ...(buildEngine === undefined ? {} : { alsoCollect: [buildEngine.cache] }) });
+  return { runtime, imageGc, ...(buildEngine === undefined ? {} : { buildEngine }) };
 }
 
 /** `make up`'s registry: docker.io's first mirror endpoint when it is on loopback (where builds push). */

@@ -181,13 +181,20 @@ function buildSpecOf(b: Record<string, unknown>): BuildSpec {
  * E2B's templates all have the user `user` (home /home/user): E2B's own base step makes it, the
  * SDK's Dockerfile parser ends with USER user, and commands run as `user` by default. A build from
  * an image gets the same first, as root, when the image lacks it (useradd, BusyBox adduser, or
- * passwd lines where neither exists). A cached layer after the first build from that image.
+ * passwd lines where neither exists). A build step has no CAP_CHOWN (a sandbox's isolation), so
+ * the home cannot be given to the user: it is made 0777 instead (a sandbox has one tenant). A
+ * cached layer after the first build from that image.
  */
 export const E2B_USER_STEP: BuildStep = {
   type: 'RUN',
   args: [
-    'id -u user >/dev/null 2>&1 || useradd -m -s /bin/sh user 2>/dev/null || adduser -D -s /bin/sh user 2>/dev/null || ' +
-      '{ echo "user:x:1000:1000::/home/user:/bin/sh" >> /etc/passwd && echo "user:x:1000:" >> /etc/group && mkdir -p /home/user && chown 1000:1000 /home/user; }',
+    'if ! id -u user >/dev/null 2>&1; then ' +
+      'useradd -M -U -s /bin/sh -d /home/user user >/dev/null 2>&1; ' +
+      'id -u user >/dev/null 2>&1 || adduser -D -H -s /bin/sh -h /home/user user >/dev/null 2>&1; ' +
+      'id -u user >/dev/null 2>&1 || echo "user:x:1000:1000::/home/user:/bin/sh" >> /etc/passwd; ' +
+      'grep -q "^user:" /etc/group || echo "user:x:1000:" >> /etc/group; ' +
+      '[ -d /home/user ] || { mkdir -p /home/user && chmod 0777 /home/user; }; ' +
+      'id -u user >/dev/null; fi',
     'root',
   ],
 };
