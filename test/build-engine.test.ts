@@ -26,13 +26,15 @@ type Log = Omit<BuildLogEntry, 'timestamp'>[];
 
 function mainSteps(filesHash: string): BuildStep[] {
   return [
-    { type: 'RUN', args: ['echo ran-step-1; mkdir -p /opt/app && echo built > /opt/app/built.txt && rm /etc/debian_version'] },
+    // Root in a step may chown and add users (in the build sandbox's own user namespace).
+    { type: 'RUN', args: ['echo ran-step-1; mkdir -p /opt/app && echo built > /opt/app/built.txt && rm /etc/debian_version && useradd -m -u 1500 builder && chown 1500:1500 /opt/app/built.txt'] },
     { type: 'COPY', args: ['ctx', '/opt/app/ctx', '', ''], filesHash },
     { type: 'ENV', args: ['GREETING', 'hello', 'PATH', '/opt/app/bin:$PATH'] },
     { type: 'WORKDIR', args: ['/opt/app/work'] },
     { type: 'USER', args: ['nobody'] },
     { type: 'RUN', args: ['echo "saw $GREETING in $(pwd) as $(id -u)"'] },
     { type: 'RUN', args: ['echo "$GREETING" > /opt/app/work/by-root.txt', 'root'] },
+    { type: 'RUN', args: ['echo "home $HOME"; echo mine > $HOME/by-builder.txt', 'builder'] },
   ];
 }
 
@@ -87,22 +89,24 @@ test('a build of RUN, COPY, ENV, WORKDIR and USER gives an image a sandbox start
   assert.deepEqual(buildPods(), [], 'the build sandbox is removed');
   assert.equal(await tagExists('builds/team-a/app', 'v1'), true);
 
-  const out = await inSandbox(first.image, 'cat /opt/app/built.txt /opt/app/ctx/hello.txt /opt/app/ctx/dir/inner.txt /opt/app/work/by-root.txt; echo "$GREETING $PATH"; pwd; id -u; test -e /etc/debian_version && echo still-there; stat -c %u /opt/app/work/by-root.txt');
-  assert.equal(out, 'built\nhello file\ninner\nhello\nhello /opt/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n/opt/app/work\n65534\n0\n');
+  assert.ok(log.some((e) => e.step === 8 && e.message === 'home /home/builder'), JSON.stringify(log));
+  const out = await inSandbox(first.image, 'cat /opt/app/built.txt /opt/app/ctx/hello.txt /opt/app/ctx/dir/inner.txt /opt/app/work/by-root.txt; echo "$GREETING $PATH"; pwd; id -u; test -e /etc/debian_version && echo still-there; stat -c %u /opt/app/work/by-root.txt; stat -c %u:%g /opt/app/built.txt /home/builder/by-builder.txt; id -u builder');
+  // Owners are the container's ids in the image (not the build sandbox's host ids).
+  assert.equal(out, 'built\nhello file\ninner\nhello\nhello /opt/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n/opt/app/work\n65534\n0\n1500:1500\n1500:1500\n1500\n');
 });
 
 test('the same build again is served from the cache, by this engine or a restarted one: no sandbox starts, every step says CACHED, and the image is the same digest', async () => {
   const startsBefore = f.starts();
   const log: Log = [];
   const again = await f.engine.build(request(f, { steps: mainSteps(hash) }, log));
-  assert.equal(again.cachedSteps, 7);
+  assert.equal(again.cachedSteps, 8);
   assert.equal(again.image, first.image);
   assert.equal(f.starts(), startsBefore, 'no sandbox was started');
-  assert.deepEqual(log.map((e) => [e.step, e.message.split(' ')[0]]), [1, 2, 3, 4, 5, 6, 7].map((s) => [s, 'CACHED']));
+  assert.deepEqual(log.map((e) => [e.step, e.message.split(' ')[0]]), [1, 2, 3, 4, 5, 6, 7, 8].map((s) => [s, 'CACHED']));
   // The cache is on disk, private to the worker, and a restarted worker's engine finds it.
   assert.equal(statSync(join(f.dir, 'engine', 'layer-cache')).mode & 0o777, 0o700);
   const restarted = await f.restartedEngine().build(request(f, { steps: mainSteps(hash) }));
-  assert.deepEqual([restarted.cachedSteps, restarted.image, f.starts()], [7, first.image, startsBefore]);
+  assert.deepEqual([restarted.cachedSteps, restarted.image, f.starts()], [8, first.image, startsBefore]);
 });
 
 test('changing step 2 reruns steps 2..n only, in a sandbox of the image of step 1; force and noCache rebuild from where they are', async () => {

@@ -3,11 +3,13 @@
 // layer cache's collection by age.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync, utimesSync, existsSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, linkSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, utimesSync, existsSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { diffUpper, type UpperNode, type UpperState } from '../src/builds/layer-diff.ts';
+import { diffUpper, opaqueReader, walkUpper, type UpperNode, type UpperState } from '../src/builds/layer-diff.ts';
+import { writeLayer } from '../src/builds/layer-writer.ts';
+import { ensureCBinary } from '../src/system/c-binary.ts';
 import { LayerCache } from '../src/builds/layer-cache.ts';
 import { padding, tarEnd, tarHeader } from '../src/builds/tar-header.ts';
 
@@ -92,5 +94,41 @@ test('the layer cache collects entries unused past its age bound and the blobs n
     assert.equal(existsSync(join(blobs, 'b'.repeat(64))), true);
   } finally {
     rmSync(root, { recursive: true, force: true });
+  }
+});
+
+test('an upper dir becomes a layer: owners mapped back from the pod\'s host range (outside it: root, without setuid), whiteouts, opaque dirs, links kept as links, a FIFO never opened', async () => {
+  // Needs root (as every sandbox test): files of other owners, a whiteout device, a trusted xattr.
+  const dir = mkdtempSync(join(tmpdir(), 'asb-upper-'));
+  try {
+    const upper = join(dir, 'upper');
+    const hostId = 3_000_000;
+    mkdirSync(join(upper, 'opt', 'doc'), { recursive: true });
+    writeFileSync(join(upper, 'opt', 'mine'), 'mine\n');
+    chownSync(join(upper, 'opt', 'mine'), hostId + 1500, hostId + 1500);
+    chmodSync(join(upper, 'opt', 'mine'), 0o4755);
+    writeFileSync(join(upper, 'opt', 'foreign'), 'foreign\n');
+    chownSync(join(upper, 'opt', 'foreign'), 12345, 12345);
+    chmodSync(join(upper, 'opt', 'foreign'), 0o6755);
+    linkSync(join(upper, 'opt', 'mine'), join(upper, 'opt', 'mine-too'));
+    symlinkSync('/etc/shadow', join(upper, 'opt', 'shadow'));
+    execFileSync('mkfifo', [join(upper, 'opt', 'fifo')]);
+    execFileSync('mknod', [join(upper, 'opt', 'removed'), 'c', '0', '0']);
+    execFileSync('python3', ['-c', `import os; os.setxattr(${JSON.stringify(join(upper, 'opt', 'doc'))}, 'trusted.overlay.opaque', b'y')`]);
+    for (const p of ['opt', 'opt/doc']) chownSync(join(upper, p), hostId, hostId);
+    const helper = await ensureCBinary(join(dir, 'state'), new URL('../src/builds/overlay-opaque.c', import.meta.url));
+    const state = await walkUpper(upper, opaqueReader(helper, upper));
+    const blob = await writeLayer(diffUpper(new Map(), state), upper, { hostId, size: 65_536 }, join(dir, 'blobs'), new AbortController().signal);
+    const tar = execFileSync('tar', ['-tvz', '--numeric-owner', '-f', join(dir, 'blobs', blob.digest.slice(7))]).toString();
+    assert.match(tar, /^drwxr-xr-x 0\/0 .* opt\/$/m);
+    assert.match(tar, /^-rwsr-xr-x 1500\/1500 .* opt\/mine$/m);
+    assert.match(tar, /^h.* opt\/mine-too link to opt\/mine$/m);
+    assert.match(tar, /^-rwxr-xr-x 0\/0 .* opt\/foreign$/m, 'an owner outside the range becomes root and loses setuid/setgid');
+    assert.match(tar, /^l.* opt\/shadow -> \/etc\/shadow$/m);
+    assert.match(tar, /^p.* opt\/fifo$/m);
+    assert.match(tar, / opt\/\.wh\.removed$/m);
+    assert.match(tar, / opt\/doc\/\.wh\.\.wh\.\.opq$/m);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 });

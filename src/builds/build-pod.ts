@@ -1,5 +1,6 @@
 // The pod a build's RUN, COPY and WORKDIR steps run in: a sandbox like any other (the runtime's
-// user namespace of its own, seccomp, no capabilities, the build's cpu, memory and disk limits as
+// user namespace of its own, seccomp, Docker's default capabilities within that namespace as a
+// template may ask for (BUILD_CAPABILITIES), the build's cpu, memory and disk limits as
 // its container's, the default egress policy), started on the template's runtime class. Nothing
 // of a step runs on the host: a COPY's tar is streamed into the pod (decompressed on the way) and
 // unpacked there by the image's own tar, as the step's user.
@@ -12,6 +13,14 @@ import { AsbError } from '../errors.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import type { BuildConfig } from './steps.ts';
 
+/**
+ * What root in a build step may do, in the pod's own user namespace only: Docker's default set
+ * (which a sandbox's template may ask for too, the PSS baseline) without MKNOD and SETFCAP (a
+ * layer keeps neither devices nor file capabilities). Without them `apt-get install`, `useradd`
+ * and any `chown` fail (measured: useradd could not write /etc/shadow).
+ */
+export const BUILD_CAPABILITIES: readonly string[] = ['CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID', 'KILL', 'SETGID', 'SETUID', 'SETPCAP', 'SYS_CHROOT', 'NET_BIND_SERVICE', 'AUDIT_WRITE'];
+
 export interface BuildPodLimits { cpu: number; memoryBytes: number; diskBytes: number }
 
 /** Starts the pod on `image`; rejects (BuildFailed) when it does not run. */
@@ -22,7 +31,7 @@ export async function startBuildPod(runtime: PodRuntime, image: string, runtimeC
     spec: {
       ...(runtimeClassName === undefined ? {} : { runtimeClassName }),
       containers: [{
-        name: 'build', image, command: ['sleep', 'infinity'], securityContext: { runAsUser: 0, runAsGroup: 0 },
+        name: 'build', image, command: ['sleep', 'infinity'], securityContext: { runAsUser: 0, runAsGroup: 0, capabilities: { add: [...BUILD_CAPABILITIES] } },
         resources: { limits: { cpu: String(limits.cpu), memory: String(limits.memoryBytes), 'ephemeral-storage': String(limits.diskBytes) } },
       }],
     },
@@ -34,21 +43,22 @@ export async function startBuildPod(runtime: PodRuntime, image: string, runtimeC
   return id;
 }
 
-/** The uid a USER value runs as: a number, or a name in the pod's /etc/passwd (read now: an earlier step may have added it). */
-export async function resolveUid(runtime: PodRuntime, id: string, user: string | undefined): Promise<number> {
+/** Who a USER value is: a number, or a name in the pod's /etc/passwd (read now: an earlier step may have added it), with its home there. */
+export async function resolveUser(runtime: PodRuntime, id: string, user: string | undefined): Promise<{ uid: number; home?: string }> {
   const name = (user ?? '').split(':')[0] ?? '';
-  if (name === '' || name === 'root') return 0;
-  if (/^\d+$/.test(name)) return Number(name);
   let passwd = '';
   try {
     passwd = Buffer.from(await runtime.readFile(id, '/etc/passwd')).toString('utf8');
   } catch {
-    // no /etc/passwd: the name cannot be found
+    // no /etc/passwd: only numbers and root can be found
   }
-  for (const line of passwd.split('\n')) {
-    const [n, , uid] = line.split(':');
-    if (n === name && uid !== undefined && /^\d+$/.test(uid)) return Number(uid);
-  }
+  const lines = passwd.split('\n').map((l) => l.split(':'));
+  const numeric = name === '' ? 0 : /^\d+$/.test(name) ? Number(name) : undefined;
+  const entry = lines.find((f) => (numeric === undefined ? f[0] === name : f[2] === String(numeric)) && /^\d+$/.test(f[2] ?? ''));
+  const home = entry?.[5] !== undefined && entry[5] !== '' ? { home: entry[5] } : {};
+  if (numeric !== undefined) return { uid: numeric, ...home };
+  if (entry !== undefined) return { uid: Number(entry[2]), ...home };
+  if (name === 'root') return { uid: 0, home: '/root' };
   throw new AsbError('BuildFailed', `user "${name}" is not in the image's /etc/passwd`);
 }
 
@@ -72,10 +82,13 @@ const TAIL_LINES = 20;
 const MAX_LINE = 4096;
 
 /** Runs `sh -c script` as uid, each output line to `line` as it comes; a signal kills it. */
-export async function runInPod(runtime: PodRuntime, id: string, script: string, opts: { uid: number; config: BuildConfig; env?: Record<string, string>; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
+export async function runInPod(runtime: PodRuntime, id: string, script: string, opts: { user: { uid: number; home?: string }; config: BuildConfig; env?: Record<string, string>; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
+  const env = envRecord(opts.config);
+  // HOME from /etc/passwd, as Docker sets it, unless an ENV step set one.
+  if (env.HOME === undefined && opts.user.home !== undefined) env.HOME = opts.user.home;
   const proc = await runtime.spawn(id, {
-    command: ['sh', '-c', script], user: opts.uid, cwd: opts.config.workingDir ?? '/',
-    env: { ...envRecord(opts.config), ...opts.env },
+    command: ['sh', '-c', script], user: opts.user.uid, cwd: opts.config.workingDir ?? '/',
+    env: { ...env, ...opts.env },
   });
   proc.stdin.end();
   const tail: string[] = [];
@@ -142,7 +155,7 @@ rm -rf "$stage"
 `;
 
 /** Streams the uploaded tar (plain or gzip) into the pod and unpacks it there. */
-export async function copyInPod(runtime: PodRuntime, id: string, tarPath: string, args: { src: string; dest: string; mode: string }, opts: { uid: number; config: BuildConfig; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
+export async function copyInPod(runtime: PodRuntime, id: string, tarPath: string, args: { src: string; dest: string; mode: string }, opts: { user: { uid: number; home?: string }; config: BuildConfig; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
   const inPod = `/tmp/.asb-copy-${randomBytes(6).toString('hex')}.tar`;
   const head = Buffer.alloc(2);
   const fh = await open(tarPath, 'r');

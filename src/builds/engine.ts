@@ -25,7 +25,7 @@ import { ROOT_ID_MAP } from '../runtime/oci/spec.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { ensureCBinary } from '../system/c-binary.ts';
 import { privateDir } from '../system/private-files.ts';
-import { copyInPod, resolveUid, runInPod, startBuildPod, type StepRun } from './build-pod.ts';
+import { copyInPod, resolveUser, runInPod, startBuildPod, type StepRun } from './build-pod.ts';
 import type { BuildEngine, BuildStep, EngineRequest, EngineResult } from './contract.ts';
 import { assembleImage, type BaseImage, type BuiltStep } from './image-assembly.ts';
 import { LayerCache } from './layer-cache.ts';
@@ -178,16 +178,15 @@ export class LocalBuildEngine implements BuildEngine {
     const line = (message: string): void => req.log({ level: 'info', step: i + 1, message });
     let run: StepRun;
     if (step.type === 'WORKDIR') {
-      run = await runInPod(runtime, pod, 'mkdir -p -- "$ASB_DIR"', { uid: 0, config: { ...config, workingDir: '/' }, env: { ASB_DIR: after.workingDir ?? '/' }, line, signal });
+      run = await runInPod(runtime, pod, 'mkdir -p -- "$ASB_DIR"', { user: { uid: 0 }, config: { ...config, workingDir: '/' }, env: { ASB_DIR: after.workingDir ?? '/' }, line, signal });
     } else if (step.type === 'RUN') {
-      const uid = await resolveUid(runtime, pod, step.args[1] !== undefined && step.args[1] !== '' ? step.args[1] : config.user);
-      run = await runInPod(runtime, pod, step.args[0] ?? '', { uid, config, line, signal });
+      const user = await resolveUser(runtime, pod, step.args[1] !== undefined && step.args[1] !== '' ? step.args[1] : config.user);
+      run = await runInPod(runtime, pod, step.args[0] ?? '', { user, config, line, signal });
     } else {
       const [src = '', dest = '', user = '', mode = ''] = step.args;
       const path = req.files.path(req.team, step.filesHash ?? '');
       if (path === undefined) throw new AsbError('BadRequest', `${stepName(i, step)}: its files ${step.filesHash ?? ''} were never uploaded`);
-      const uid = await resolveUid(runtime, pod, user !== '' ? user : config.user);
-      run = await copyInPod(runtime, pod, path, { src, dest, mode }, { uid, config, line, signal });
+      run = await copyInPod(runtime, pod, path, { src, dest, mode }, { user: await resolveUser(runtime, pod, user !== '' ? user : config.user), config, line, signal });
     }
     signal.throwIfAborted();
     if (run.exitCode === 0) return;
