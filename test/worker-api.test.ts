@@ -413,6 +413,24 @@ test('E2B\'s build API answers in the documented shapes: request, upload, build,
   assert.equal((await e2b('GET', `/templates/${templateID}`)).status, 404);
 });
 
+test('template build routes on a worker without a build service: 501 saying so, in the documented shape', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const api = client(fx);
+  const key = fx.keys.teamA;
+  const hash = 'a'.repeat(64);
+  for (const [method, path, json] of [
+    ['GET', `/v1/templates/web/files/${hash}`, undefined],
+    ['PUT', `/v1/templates/web/files/${hash}`, undefined],
+    ['POST', '/v1/templates/web/builds', { from: { image: 'agent-sandbox/base' } }],
+    ['GET', '/v1/templates/web/builds/b1', undefined],
+    ['GET', '/v1/templates/web/builds/b1/logs', undefined],
+  ] as const) {
+    const res = await api(method, path, { key, ...(json === undefined ? {} : { json }) });
+    assert.equal(res.status, 501, `${method} ${path}: ${res.text}`);
+    assert.match((res.json as { detail: string }).detail, /template builds are not enabled on this worker/);
+  }
+});
+
 test('docs/openapi.yaml documents exactly the routes the server registers, and the tests exercised them all', () => {
   assert.deepEqual(checker.operations(), registered);
   assert.deepEqual([...checker.exercised].sort(), registered);

@@ -1,5 +1,6 @@
 // Commands that talk to the hub, the federation's source of truth: `asb cluster`, `asb key` and
-// `asb template`. Each takes a subcommand; the hub is found through --hub-url/--hub-key,
+// `asb template` (whose `build` talks to the worker API instead: commands-build.ts). Each takes
+// a subcommand; the hub is found through --hub-url/--hub-key,
 // ASB_HUB_URL/ASB_HUB_KEY or .asb/env (hub-client.ts).
 import { resolve } from 'node:path';
 import type { KubeObject } from '../api/meta.ts';
@@ -8,6 +9,7 @@ import { hostPortProblem } from '../hub/clusters.ts';
 import { boolOpt, parseCommandArgs, parseKeyValues, stringList, stringOpt, UsageError, ValueError, type OptionValues, type Parsed } from './args.ts';
 import { parseOrExplain, readSource } from './commands-apply.ts';
 import { EXIT, readAll, type Command, type CommandContext } from './command.ts';
+import { BUILD_FLAGS, BUILD_HELP, runTemplateBuild } from './commands-build.ts';
 import { createHubClient, resolveHubClientConfig, type ClusterView, type HubClient } from './hub-client.ts';
 import { formatAge, formatTable, writeJson } from './output.ts';
 
@@ -210,22 +212,33 @@ Example:
 
 export const templateCommand: Command = {
   name: 'template',
-  summary: 'Apply and list sandbox templates at the hub (synced to every cluster)',
-  usage: 'asb template apply -f <file.yaml|-> [-f ...] | ls',
+  summary: 'Build templates from a Dockerfile; apply and list templates at the hub (synced to every cluster)',
+  usage: 'asb template build NAME [-f Dockerfile] [--build-arg K=V]... [--no-cache] [CONTEXT] | apply -f <file.yaml|-> [-f ...] | ls',
   help: `Subcommands:
+${BUILD_HELP}
   apply -f FILE          create or update the SandboxTemplates in FILE (- reads stdin; repeatable);
                          every object is checked first, and if any is invalid nothing is applied
   ls                     every template at the hub
 
+build talks to the worker API (--url/--key, ASB_API_URL/ASB_API_KEY, .asb/env), as asb create does;
+apply and ls to the hub:
 ${HUB_HELP}
 
-Example:
+Examples:
+  asb template build myapp -f Dockerfile --build-arg VERSION=1.2 .
   asb template apply -f examples/python-template.yaml`,
-  options: { ...HUB_OPTIONS, filename: { type: 'string', short: 'f', multiple: true } },
+  options: {
+    ...HUB_OPTIONS,
+    filename: { type: 'string', short: 'f', multiple: true },
+    'build-arg': { type: 'string', multiple: true },
+    cache: { type: 'boolean' },
+    timeout: { type: 'string' },
+  },
   async run(argv, ctx) {
     const parsed = parseCommandArgs(argv, this.options, this.usage);
-    const { sub, args } = subcommand(parsed, this.usage, { apply: ['filename'], ls: [] });
+    const { sub, args } = subcommand(parsed, this.usage, { build: BUILD_FLAGS, apply: ['filename'], ls: [] });
     const { values } = parsed;
+    if (sub === 'build') return runTemplateBuild(parsed, args, ctx, this.usage);
     noArgs(args, this.usage);
     if (sub === 'ls') {
       const { items } = await hubOf(parsed, ctx).listTemplates();

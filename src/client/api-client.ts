@@ -2,12 +2,27 @@
 // failure is converted here, once, into an AsbError subclass: ApiError when the server answered
 // with a problem (its code, detail and field list kept as sent), ApiUnreachableError when no
 // answer came at all. Callers switch on the class and `code`, never on messages.
+import { createReadStream, statSync } from 'node:fs';
+import { Readable } from 'node:stream';
 import { AsbError, ERRORS, type ErrorCode, type FieldProblem } from '../errors.ts';
 import type { KubeObject } from '../api/meta.ts';
 import type { SandboxClaim, SandboxPhase, SandboxTemplate, SandboxWarmPool } from '../api/types.ts';
 import type { FileEntry } from '../runtime/runtime.ts';
 import type { SandboxView } from '../worker/views.ts';
 import type { SnapshotView } from '../worker/routes-snapshots.ts';
+import type { BuildLogEntry, BuildPhase, BuildSpec, BuildStatus } from '../builds/contract.ts';
+
+export type { BuildLogEntry, BuildPhase, BuildSpec, BuildStatus };
+
+/** One page of a build's log (GET /v1/templates/{name}/builds/{id}/logs). */
+export interface BuildLogPage {
+  entries: BuildLogEntry[];
+  /** The offset to ask for next. */
+  offset: number;
+  phase: BuildPhase;
+  reason?: BuildStatus['reason'];
+  image?: string;
+}
 
 export type { SnapshotView };
 
@@ -168,6 +183,14 @@ export interface ApiClient {
   putCredentialRule(id: string, rule: Omit<CredentialRuleView, 'id'>): Promise<CredentialRuleView>;
   deleteCredentialRule(id: string): Promise<void>;
 
+  /** Whether the caller's team has uploaded the build files (a tar) with this sha256. */
+  hasBuildFiles(template: string, sha256: string): Promise<boolean>;
+  /** Uploads a tar from a file on disk, streamed; the server stores it only if its sha256 is the one named. */
+  uploadBuildFiles(template: string, sha256: string, file: string): Promise<{ sha256: string; bytes?: number }>;
+  startBuild(template: string, spec: BuildSpec): Promise<{ templateId: string; buildId: string; phase: BuildPhase }>;
+  getBuild(template: string, buildId: string): Promise<BuildStatus>;
+  buildLogs(template: string, buildId: string, offset: number): Promise<BuildLogPage>;
+
   listClaims(): Promise<{ items: SandboxClaim[] }>;
   getClaim(name: string, namespace?: string): Promise<SandboxClaim>;
   deleteClaim(name: string, namespace?: string): Promise<SandboxClaim>;
@@ -179,6 +202,8 @@ interface RequestSpec {
   query?: Record<string, string | number | undefined>;
   json?: unknown;
   bytes?: Uint8Array;
+  /** A file on disk sent as the body, streamed (never read whole into memory). */
+  file?: string;
   signal?: AbortSignal | undefined;
 }
 
@@ -193,13 +218,17 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
     }
     const headers: Record<string, string> = { accept: 'application/json' };
     if (opts.key !== undefined) headers.authorization = `Bearer ${opts.key}`;
-    let body: string | Uint8Array | undefined;
+    let body: string | Uint8Array | ReadableStream | undefined;
     if (spec.json !== undefined) {
       headers['content-type'] = 'application/json';
       body = JSON.stringify(spec.json);
     } else if (spec.bytes !== undefined) {
       headers['content-type'] = 'application/octet-stream';
       body = spec.bytes;
+    } else if (spec.file !== undefined) {
+      headers['content-type'] = 'application/octet-stream';
+      headers['content-length'] = String(statSync(spec.file).size);
+      body = Readable.toWeb(createReadStream(spec.file)) as ReadableStream;
     }
     let res: Response;
     try {
@@ -207,6 +236,7 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
         method: spec.method,
         headers,
         ...(body === undefined ? {} : { body }),
+        ...(body instanceof ReadableStream ? { duplex: 'half' } : {}),
         ...(spec.signal === undefined ? {} : { signal: spec.signal }),
       });
     } catch (err) {
@@ -283,6 +313,20 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
     deleteCredentialRule: async (id) => {
       await (await send({ method: 'DELETE', path: `/v1/egress/credentials/${enc(id)}` })).body?.cancel();
     },
+
+    hasBuildFiles: async (template, sha256) => {
+      try {
+        await json({ method: 'GET', path: `/v1/templates/${enc(template)}/files/${enc(sha256)}` });
+        return true;
+      } catch (err) {
+        if (err instanceof ApiError && err.httpStatus === 404) return false;
+        throw err;
+      }
+    },
+    uploadBuildFiles: (template, sha256, file) => json({ method: 'PUT', path: `/v1/templates/${enc(template)}/files/${enc(sha256)}`, file }),
+    startBuild: (template, spec) => json({ method: 'POST', path: `/v1/templates/${enc(template)}/builds`, json: spec }),
+    getBuild: (template, buildId) => json({ method: 'GET', path: `/v1/templates/${enc(template)}/builds/${enc(buildId)}` }),
+    buildLogs: (template, buildId, offset) => json({ method: 'GET', path: `/v1/templates/${enc(template)}/builds/${enc(buildId)}/logs`, query: { offset } }),
 
     listClaims: () => json({ method: 'GET', path: '/v1/claims' }),
     getClaim: (name, namespace) => json({ method: 'GET', path: `/v1/claims/${enc(name)}`, query: nsQuery(namespace) }),

@@ -28,6 +28,7 @@ import { createFeedUpgrade, feedRoutes, RouteFeed } from './route-feed.ts';
 import { fileRoutes } from './routes-files.ts';
 import { sandboxRoutes } from './routes-sandboxes.ts';
 import { snapshotRoutes } from './routes-snapshots.ts';
+import { buildRoutes } from './routes-builds.ts';
 import { e2bSnapshotRoutes } from './e2b/snapshots.ts';
 import { e2bRoutes } from './e2b/routes.ts';
 import { e2bTemplateRoutes } from './e2b/templates.ts';
@@ -160,6 +161,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     ...sandboxRoutes(w),
     ...snapshotRoutes(w),
     ...fileRoutes(w, uploads),
+    ...buildRoutes(w, uploads),
     ...activityRoutes(w),
     ...feedRoutes(),
     ...terminalRoutes(w, terminalTokens),

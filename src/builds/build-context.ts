@@ -1,0 +1,270 @@
+// The files a COPY step needs, packed from the build context into one tar whose sha256 is the
+// step's filesHash: the build's cache key for that step and the name the upload is stored by.
+//
+// The tar is deterministic, so the same files give the same hash on any machine and after any
+// checkout: entries sorted by path (byte order), owner 0:0 with no names (Docker's COPY makes files
+// root's unless --chown), the permission bits kept, and every mtime fixed at FIXED_MTIME_S. Kept
+// mtimes would make the hash change with every `git clone` (checkout time), so a CI build would
+// never hit the cache; BuildKit leaves mtimes out of its COPY cache key for the same reason.
+// 2000-01-01 rather than 1970: zip refuses times before 1980, and a user zipping copied files
+// would meet that.
+//
+// Paths: relative to the context, `/`-separated, `.dockerignore` applied; a source that names a
+// path outside the context (`..`, or through a symlinked directory) is refused. Symlinks are
+// packed as links, never followed: a link to /etc/passwd copies the link, not the host's file.
+//
+// The tar is written by hand (ustar, with a PAX header for paths over 100 bytes) instead of with
+// the `tar` package: ~60 lines, and every header field is ours to fix for determinism, with no
+// new dependency in the CLI.
+import { createHash, type Hash } from 'node:crypto';
+import { closeSync, existsSync, lstatSync, mkdtempSync, openSync, readFileSync, readSync, readdirSync, readlinkSync, realpathSync, rmSync, writeSync, type Stats } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, relative, sep } from 'node:path';
+import { AsbError } from '../errors.ts';
+import { cleanPath, globRegex, IgnoreMatcher, isGlob, parseDockerignore } from './context-ignore.ts';
+
+/** 2000-01-01T00:00:00Z. */
+export const FIXED_MTIME_S = 946_684_800;
+const BLOCK = 512;
+const READ_CHUNK = 1024 * 1024;
+/** The largest size a ustar header's 11 octal digits hold. */
+const MAX_FILE_BYTES = 0o77777777777;
+
+export interface ContextEntry {
+  /** Relative to the context, `/`-separated; directories without a trailing slash. */
+  path: string;
+  kind: 'file' | 'dir' | 'symlink';
+  mode: number;
+  size: number;
+  linkTarget?: string;
+}
+
+export interface BuildContext {
+  readonly dir: string;
+  readonly ignore: IgnoreMatcher;
+}
+
+function contextError(message: string): AsbError {
+  return new AsbError('BadRequest', message);
+}
+
+/** The build context at dir, with its .dockerignore read. */
+export function openContext(dir: string): BuildContext {
+  let real: string;
+  try {
+    real = realpathSync(dir);
+  } catch {
+    throw contextError(`build context ${dir} does not exist`);
+  }
+  if (!lstatSync(real).isDirectory()) throw contextError(`build context ${dir} is not a directory`);
+  const ignoreFile = join(real, '.dockerignore');
+  let ignore = new IgnoreMatcher([]);
+  if (existsSync(ignoreFile)) {
+    try {
+      ignore = new IgnoreMatcher(parseDockerignore(readFileSync(ignoreFile, 'utf8')));
+    } catch (err) {
+      throw contextError(`${ignoreFile}: ${(err as Error).message}`);
+    }
+  }
+  return { dir: real, ignore };
+}
+
+function entryOf(ctx: BuildContext, path: string, st: Stats): ContextEntry {
+  const abs = join(ctx.dir, path);
+  if (st.isSymbolicLink()) return { path, kind: 'symlink', mode: st.mode & 0o7777, size: 0, linkTarget: readlinkSync(abs) };
+  if (st.isDirectory()) return { path, kind: 'dir', mode: st.mode & 0o7777, size: 0 };
+  if (st.isFile()) {
+    if (st.size > MAX_FILE_BYTES) throw contextError(`${path} in the build context is larger than a tar entry may be (8 GiB)`);
+    return { path, kind: 'file', mode: st.mode & 0o7777, size: st.size };
+  }
+  throw contextError(`${path} in the build context is neither a file, a directory nor a symlink (a socket or device cannot be copied)`);
+}
+
+/** Every path under dir (relative), not descending into ignored directories unless a `!` line may re-include something there. */
+function walk(ctx: BuildContext, rel: string, out: ContextEntry[]): void {
+  for (const name of readdirSync(join(ctx.dir, rel)).sort()) {
+    const path = rel === '.' ? name : `${rel}/${name}`;
+    const ignored = ctx.ignore.ignores(path);
+    const st = lstatSync(join(ctx.dir, path));
+    if (!ignored) out.push(entryOf(ctx, path, st));
+    if (st.isDirectory() && (!ignored || ctx.ignore.hasExceptions)) walk(ctx, path, out);
+  }
+}
+
+/** Refuses a path whose parent directories lead out of the context through a symlink. */
+function checkInside(ctx: BuildContext, path: string, source: string): void {
+  const parent = path.includes('/') ? path.slice(0, path.lastIndexOf('/')) : '.';
+  let real: string;
+  try {
+    real = realpathSync(join(ctx.dir, parent));
+  } catch {
+    throw contextError(`COPY source "${source}": ${parent} does not exist in the build context ${ctx.dir}`);
+  }
+  const rel = relative(ctx.dir, real);
+  if (rel === '..' || rel.startsWith(`..${sep}`) || rel.startsWith(sep)) throw contextError(`COPY source "${source}" leaves the build context through the symlink ${parent} (-> ${real})`);
+}
+
+/** The entries one COPY source names, sorted by path; 400 when it names nothing or leaves the context. */
+export function contextEntries(ctx: BuildContext, source: string): ContextEntry[] {
+  const clean = cleanPath(source);
+  if (clean === '..' || clean.startsWith('../')) throw contextError(`COPY source "${source}" leaves the build context`);
+  const roots: string[] = [];
+  if (isGlob(clean)) {
+    const all: ContextEntry[] = [];
+    walk(ctx, '.', all);
+    const re = globRegex(clean);
+    roots.push(...all.map((e) => e.path).filter((p) => re.test(p)));
+  } else if (clean === '.') {
+    roots.push('.');
+  } else {
+    checkInside(ctx, clean, source);
+    if (!existsSync(join(ctx.dir, clean)) && !isLink(join(ctx.dir, clean))) throw contextError(`COPY source "${source}": no such file or directory in the build context ${ctx.dir}`);
+    if (!ctx.ignore.ignores(clean)) roots.push(clean);
+  }
+  const byPath = new Map<string, ContextEntry>();
+  for (const root of roots) {
+    if (root === '.') {
+      const all: ContextEntry[] = [];
+      walk(ctx, '.', all);
+      for (const e of all) byPath.set(e.path, e);
+      continue;
+    }
+    const st = lstatSync(join(ctx.dir, root));
+    byPath.set(root, entryOf(ctx, root, st));
+    if (st.isDirectory()) {
+      const under: ContextEntry[] = [];
+      walk(ctx, root, under);
+      for (const e of under) byPath.set(e.path, e);
+    }
+  }
+  if (byPath.size === 0) throw contextError(`COPY source "${source}" matches no file in the build context ${ctx.dir}${roots.length === 0 ? ' (or .dockerignore excludes all of it)' : ''}`);
+  return [...byPath.values()].sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+}
+
+function isLink(abs: string): boolean {
+  try {
+    return lstatSync(abs).isSymbolicLink();
+  } catch {
+    return false;
+  }
+}
+
+// --- the tar ---
+
+function octal(value: number, width: number): string {
+  return value.toString(8).padStart(width - 1, '0') + '\0';
+}
+
+function header(name: string, type: string, mode: number, size: number, linkName: string): Buffer {
+  const h = Buffer.alloc(BLOCK);
+  h.write(name, 0, 100, 'utf8');
+  h.write(octal(mode, 8), 100, 'ascii');
+  h.write(octal(0, 8), 108, 'ascii');
+  h.write(octal(0, 8), 116, 'ascii');
+  h.write(octal(size, 12), 124, 'ascii');
+  h.write(octal(FIXED_MTIME_S, 12), 136, 'ascii');
+  h.write('        ', 148, 'ascii');
+  h.write(type, 156, 'ascii');
+  h.write(linkName, 157, 100, 'utf8');
+  h.write('ustar\0', 257, 'ascii');
+  h.write('00', 263, 'ascii');
+  let sum = 0;
+  for (const byte of h) sum += byte;
+  h.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 'ascii');
+  return h;
+}
+
+/** A PAX record "len key=value\n", whose length counts itself. */
+function paxRecord(key: string, value: string): string {
+  const body = ` ${key}=${value}\n`;
+  let len = Buffer.byteLength(body) + 1;
+  while (String(len).length + Buffer.byteLength(body) !== len) len++;
+  return `${len}${body}`;
+}
+
+class TarSink {
+  readonly #fd: number;
+  readonly #hash: Hash = createHash('sha256');
+  size = 0;
+
+  constructor(fd: number) {
+    this.#fd = fd;
+  }
+
+  write(buf: Buffer): void {
+    writeSync(this.#fd, buf);
+    this.#hash.update(buf);
+    this.size += buf.length;
+  }
+
+  pad(): void {
+    const rest = this.size % BLOCK;
+    if (rest !== 0) this.write(Buffer.alloc(BLOCK - rest));
+  }
+
+  digest(): string {
+    return this.#hash.digest('hex');
+  }
+}
+
+function writeEntry(sink: TarSink, ctx: BuildContext, e: ContextEntry): void {
+  const name = e.kind === 'dir' ? `${e.path}/` : e.path;
+  const link = e.linkTarget ?? '';
+  const long = Buffer.byteLength(name) > 100 || Buffer.byteLength(link) > 100;
+  if (long) {
+    const pax = Buffer.from(paxRecord('path', name) + (link === '' ? '' : paxRecord('linkpath', link)), 'utf8');
+    sink.write(header('PaxHeader', 'x', 0o644, pax.length, ''));
+    sink.write(pax);
+    sink.pad();
+  }
+  const type = e.kind === 'dir' ? '5' : e.kind === 'symlink' ? '2' : '0';
+  const shortName = long ? Buffer.from(name).subarray(0, 100).toString('utf8').replace(/\uFFFD+$/, '') : name;
+  sink.write(header(shortName, type, e.mode, e.kind === 'file' ? e.size : 0, long ? '' : link));
+  if (e.kind !== 'file') return;
+  const fd = openSync(join(ctx.dir, e.path), 'r');
+  try {
+    const buf = Buffer.alloc(Math.min(READ_CHUNK, Math.max(e.size, 1)));
+    let done = 0;
+    while (done < e.size) {
+      const n = readSync(fd, buf, 0, Math.min(buf.length, e.size - done), null);
+      if (n === 0) throw contextError(`${e.path} in the build context shrank while it was being packed; build again once it stops changing`);
+      sink.write(buf.subarray(0, n));
+      done += n;
+    }
+  } finally {
+    closeSync(fd);
+  }
+  sink.pad();
+}
+
+export interface PackedFiles {
+  /** sha256 of the tar, hex: the COPY step's filesHash. */
+  sha256: string;
+  /** The tar, in a private (0700) temporary directory; call remove() when done. */
+  path: string;
+  bytes: number;
+  entries: number;
+  remove(): void;
+}
+
+/** Packs what one COPY source names into a deterministic tar in a private temporary directory. */
+export function packSource(ctx: BuildContext, source: string): PackedFiles {
+  const entries = contextEntries(ctx, source);
+  const dir = mkdtempSync(join(tmpdir(), 'asb-build-'));
+  const path = join(dir, 'files.tar');
+  const remove = (): void => rmSync(dir, { recursive: true, force: true });
+  try {
+    const fd = openSync(path, 'wx', 0o600);
+    const sink = new TarSink(fd);
+    try {
+      for (const e of entries) writeEntry(sink, ctx, e);
+      sink.write(Buffer.alloc(BLOCK * 2));
+    } finally {
+      closeSync(fd);
+    }
+    return { sha256: sink.digest(), path, bytes: sink.size, entries: entries.length, remove };
+  } catch (err) {
+    remove();
+    throw err;
+  }
+}
