@@ -143,6 +143,10 @@ test('a failing RUN rejects with BuildFailed naming the step, its exit code and 
   await assert.rejects(f.engine.build(request(f, { steps, repository: 'builds/team-a/failing' }, log)), (err) => isAsbError(err, 'BuildFailed'));
   assert.deepEqual(log.filter((e) => e.message.startsWith('CACHED')).map((e) => e.step), [1], 'the failed step was not cached');
   assert.ok(log.some((e) => e.step === 2 && e.message === 'oops-output'));
+  // A step that kills every process it can (the sandbox's own too) fails as its step.
+  await assert.rejects(f.engine.build(request(f, { steps: [{ type: 'RUN', args: ['kill -9 -1; sleep 1'] }], repository: 'builds/team-a/failing', noCache: true })), (err) => isAsbError(err, 'BuildFailed') && /^step 1 \(RUN\) (failed: it )?ended the build sandbox/.test(err.message));
+  assert.deepEqual(buildPods(), []);
+  assert.equal(await tagExists('builds/team-a/failing', 'v1'), false);
 });
 
 test('a deletion of a base-image directory\'s contents and a new directory in its place are whiteouts in the layer: the result holds only the new entries', async () => {
@@ -217,7 +221,7 @@ test('a hostile RUN step (symlinks to host files, a directory swapped for a link
     assert.match(names, /^p.* opt\/fifo$/m);
     assert.match(names, /^-rwsr-xr-x 0\/0 .* opt\/suid$/m);
     assert.match(names, /^h.* opt\/suid-hard link to opt\/suid$/m);
-    for (const line of names.split('\n')) assert.ok(!/ opt\/flip\/(?!f$)/.test(line), `only the sandbox's own file under the swapped dir: ${line}`);
+    for (const line of names.split('\n')) assert.ok(!/ opt\/flip\/(?!f$|$)/.test(line), `only the sandbox's own file under the swapped dir: ${line}`);
     assert.equal(readFileSync(canary, 'utf8'), `host secret ${token}\n`, 'the host file is unchanged');
     assert.equal(await inSandbox(result.image, `cat /opt/canary-link 2>&1 | grep -c ${token}; readlink /opt/shadow-link`), '0\n/etc/shadow\n');
   } finally {

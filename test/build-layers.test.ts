@@ -11,6 +11,10 @@ import { diffUpper, opaqueReader, walkUpper, type UpperNode, type UpperState } f
 import { writeLayer } from '../src/builds/layer-writer.ts';
 import { ensureCBinary } from '../src/system/c-binary.ts';
 import { LayerCache } from '../src/builds/layer-cache.ts';
+import { startImageGc } from '../src/images/gc-loop.ts';
+import { ImageStore } from '../src/images/image-store.ts';
+import { EMPTY_REGISTRIES } from '../src/images/registries.ts';
+import { silentLogger } from '../src/system/log.ts';
 import { padding, tarEnd, tarHeader } from '../src/builds/tar-header.ts';
 
 function node(type: UpperNode['type'], ino: number, ctime = 1, opaque = false): UpperNode {
@@ -130,5 +134,30 @@ test('an upper dir becomes a layer: owners mapped back from the pod\'s host rang
     assert.match(tar, / opt\/doc\/\.wh\.\.wh\.\.opq$/m);
   } finally {
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('each pass of the image GC loop collects the layer cache too, with the short bound when the disk is full', async () => {
+  const root = mkdtempSync(join(tmpdir(), 'asb-lcgc-'));
+  try {
+    const cache = new LayerCache(join(root, 'layers'));
+    const blobs = await cache.blobsDir('t');
+    writeFileSync(join(blobs, 'c'.repeat(64)), 'z');
+    await cache.put('t', 'twohours', { layer: { digest: `sha256:${'c'.repeat(64)}`, diffId: 'sha256:x', size: 1 }, config: { env: [] } });
+    const twoHours = new Date(Date.now() - 2 * 3600_000);
+    utimesSync(join(blobs, '..', 'entries', 'twohours.json'), twoHours, twoHours);
+    utimesSync(join(blobs, 'c'.repeat(64)), twoHours, twoHours);
+    let usage = 10;
+    const images = new ImageStore({ root: join(root, 'images'), registries: EMPTY_REGISTRIES, logger: silentLogger() });
+    const loop = startImageGc({ images, log: silentLogger(), intervalMs: 0, diskUsage: () => Promise.resolve(usage), alsoCollect: [cache] });
+    await loop.runNow();
+    assert.equal(existsSync(join(blobs, '..', 'entries', 'twohours.json')), true, 'two hours unused: kept while the disk has room');
+    usage = 95;
+    await loop.runNow();
+    await loop.close();
+    assert.equal(existsSync(join(blobs, '..', 'entries', 'twohours.json')), false, 'collected under pressure');
+    assert.equal(existsSync(join(blobs, 'c'.repeat(64))), false);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
   }
 });

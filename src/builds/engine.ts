@@ -143,6 +143,9 @@ export class LocalBuildEngine implements BuildEngine {
             upper = await this.#readUpper(pod, (state) => Promise.resolve(state));
           }
           await this.#runStep(req, pod, i, step, config, after, signal);
+          const ended = this.#opts.runtime.state(pod);
+          // A step that killed the sandbox's own process (`kill -9 -1` as root) ended the sandbox: its layer is gone with it.
+          if (ended.phase !== 'Running') throw new AsbError('BuildFailed', `${stepName(i, step)} ended the build sandbox (${ended.phase}${ended.reason === undefined ? '' : `, ${ended.reason}`}): a step must leave the sandbox's own processes running`);
           const before: UpperState = upper ?? new Map<string, UpperNode>();
           const result = await this.#readUpper(pod, async (state, dir, ids) => {
             const changes = diffUpper(before, state);
@@ -195,11 +198,14 @@ export class LocalBuildEngine implements BuildEngine {
 
   /** Why a step's command failed, in terms of the build's limits when one was passed. */
   async #why(pod: string, run: StepRun, req: EngineRequest): Promise<string> {
+    // A sandbox whose own process the step killed may not have said so yet: an exec tells at once.
+    const alive = await this.#opts.runtime.exec(pod, { command: ['true'], timeoutMs: 5000 }).then((r) => r.exitCode === 0, () => false);
     const state = this.#opts.runtime.state(pod);
     const usage = await this.#opts.runtime.usage?.(pod).catch(() => undefined);
     const disk = usage?.disk;
     const full = state.reason === 'Evicted' || (disk !== undefined && disk.totalBytes - disk.usedBytes < 2 ** 20) || run.tail.some((l) => /No space left on device/i.test(l));
     if (full) return `it passed the build's disk limit of ${String(Math.round(req.limits.diskBytes / 2 ** 20))} MiB (exit code ${String(run.exitCode)})`;
+    if ((!alive || state.phase !== 'Running') && state.reason !== 'OOMKilled') return `it ended the build sandbox (${state.phase}${state.reason === undefined ? '' : `, ${state.reason}`}; exit code ${String(run.exitCode)}): a step must leave the sandbox's own processes running`;
     if (state.reason === 'OOMKilled' || run.signal === 'SIGKILL') return `it was killed (SIGKILL), most likely for passing the build's memory limit of ${String(Math.round(req.limits.memoryBytes / 2 ** 20))} MiB (exit code ${String(run.exitCode)})`;
     if (run.exitCode === 127 && run.tail.some((l) => l.includes('the image has no tar'))) return 'the image has no tar, which a COPY step needs to unpack its files';
     return `its command exited with code ${String(run.exitCode)}`;
@@ -210,7 +216,12 @@ export class LocalBuildEngine implements BuildEngine {
     const runtime = this.#opts.runtime;
     if (runtime.readWritableLayer === undefined) throw new AsbError('NotImplemented', 'this runtime cannot read a sandbox\'s writable layer: it cannot build templates');
     const helper = await ensureCBinary(this.#opts.stateDir, new URL('./overlay-opaque.c', import.meta.url));
-    return runtime.readWritableLayer(pod, async (layer) => then(await walkUpper(layer.dir, opaqueReader(helper, layer.dir)), layer.dir, layer.idRange));
+    try {
+      return await runtime.readWritableLayer(pod, async (layer) => then(await walkUpper(layer.dir, opaqueReader(helper, layer.dir)), layer.dir, layer.idRange));
+    } catch (err) {
+      if (isAsbError(err, 'SandboxNotRunning')) throw new AsbError('BuildFailed', 'the build sandbox ended during the step: a step must leave the sandbox\'s own processes running', { cause: err });
+      throw err;
+    }
   }
 
   async #readBase(manifestDigest: string, configDigest: string): Promise<BaseImage> {
