@@ -35,6 +35,8 @@ function mainSteps(filesHash: string): BuildStep[] {
     { type: 'RUN', args: ['echo "saw $GREETING in $(pwd) as $(id -u)"'] },
     { type: 'RUN', args: ['echo "$GREETING" > /opt/app/work/by-root.txt', 'root'] },
     { type: 'RUN', args: ['echo "home $HOME"; echo mine > $HOME/by-builder.txt', 'builder'] },
+    // A COPY for a user lands where that user could not write (Docker's --chown): root copies, the user owns.
+    { type: 'COPY', args: ['ctx/hello.txt', '/srv/for-builder/', 'builder', ''], filesHash },
   ];
 }
 
@@ -90,23 +92,23 @@ test('a build of RUN, COPY, ENV, WORKDIR and USER gives an image a sandbox start
   assert.equal(await tagExists('builds/team-a/app', 'v1'), true);
 
   assert.ok(log.some((e) => e.step === 8 && e.message === 'home /home/builder'), JSON.stringify(log));
-  const out = await inSandbox(first.image, 'cat /opt/app/built.txt /opt/app/ctx/hello.txt /opt/app/ctx/dir/inner.txt /opt/app/work/by-root.txt; echo "$GREETING $PATH"; pwd; id -u; test -e /etc/debian_version && echo still-there; stat -c %u /opt/app/work/by-root.txt; stat -c %u:%g /opt/app/built.txt /home/builder/by-builder.txt; id -u builder');
+  const out = await inSandbox(first.image, 'cat /opt/app/built.txt /opt/app/ctx/hello.txt /opt/app/ctx/dir/inner.txt /opt/app/work/by-root.txt; echo "$GREETING $PATH"; pwd; id -u; test -e /etc/debian_version && echo still-there; stat -c %u /opt/app/work/by-root.txt; stat -c %u:%g /opt/app/built.txt /home/builder/by-builder.txt /srv/for-builder/hello.txt /srv/for-builder; id -u builder');
   // Owners are the container's ids in the image (not the build sandbox's host ids).
-  assert.equal(out, 'built\nhello file\ninner\nhello\nhello /opt/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n/opt/app/work\n65534\n0\n1500:1500\n1500:1500\n1500\n');
+  assert.equal(out, 'built\nhello file\ninner\nhello\nhello /opt/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n/opt/app/work\n65534\n0\n1500:1500\n1500:1500\n1500:1500\n0:0\n1500\n');
 });
 
 test('the same build again is served from the cache, by this engine or a restarted one: no sandbox starts, every step says CACHED, and the image is the same digest', async () => {
   const startsBefore = f.starts();
   const log: Log = [];
   const again = await f.engine.build(request(f, { steps: mainSteps(hash) }, log));
-  assert.equal(again.cachedSteps, 8);
+  assert.equal(again.cachedSteps, 9);
   assert.equal(again.image, first.image);
   assert.equal(f.starts(), startsBefore, 'no sandbox was started');
-  assert.deepEqual(log.map((e) => [e.step, e.message.split(' ')[0]]), [1, 2, 3, 4, 5, 6, 7, 8].map((s) => [s, 'CACHED']));
+  assert.deepEqual(log.map((e) => [e.step, e.message.split(' ')[0]]), [1, 2, 3, 4, 5, 6, 7, 8, 9].map((s) => [s, 'CACHED']));
   // The cache is on disk, private to the worker, and a restarted worker's engine finds it.
   assert.equal(statSync(join(f.dir, 'engine', 'layer-cache')).mode & 0o777, 0o700);
   const restarted = await f.restartedEngine().build(request(f, { steps: mainSteps(hash) }));
-  assert.deepEqual([restarted.cachedSteps, restarted.image, f.starts()], [8, first.image, startsBefore]);
+  assert.deepEqual([restarted.cachedSteps, restarted.image, f.starts()], [9, first.image, startsBefore]);
 });
 
 test('changing step 2 reruns steps 2..n only, in a sandbox of the image of step 1; force and noCache rebuild from where they are', async () => {

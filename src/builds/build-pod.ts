@@ -44,8 +44,8 @@ export async function startBuildPod(runtime: PodRuntime, image: string, runtimeC
 }
 
 /** Who a USER value is: a number, or a name in the pod's /etc/passwd (read now: an earlier step may have added it), with its home there. */
-export async function resolveUser(runtime: PodRuntime, id: string, user: string | undefined): Promise<{ uid: number; home?: string }> {
-  const name = (user ?? '').split(':')[0] ?? '';
+export async function resolveUser(runtime: PodRuntime, id: string, user: string | undefined): Promise<{ uid: number; gid: number; home?: string }> {
+  const [name = '', group] = (user ?? '').split(':');
   let passwd = '';
   try {
     passwd = Buffer.from(await runtime.readFile(id, '/etc/passwd')).toString('utf8');
@@ -56,9 +56,11 @@ export async function resolveUser(runtime: PodRuntime, id: string, user: string 
   const numeric = name === '' ? 0 : /^\d+$/.test(name) ? Number(name) : undefined;
   const entry = lines.find((f) => (numeric === undefined ? f[0] === name : f[2] === String(numeric)) && /^\d+$/.test(f[2] ?? ''));
   const home = entry?.[5] !== undefined && entry[5] !== '' ? { home: entry[5] } : {};
-  if (numeric !== undefined) return { uid: numeric, ...home };
-  if (entry !== undefined) return { uid: Number(entry[2]), ...home };
-  if (name === 'root') return { uid: 0, home: '/root' };
+  // The group: a number given with the user, else the user's own (passwd), else the uid's number, as Docker does.
+  const gidOf = (uid: number): number => (group !== undefined && /^\d+$/.test(group) ? Number(group) : entry !== undefined && /^\d+$/.test(entry[3] ?? '') ? Number(entry[3]) : uid);
+  if (numeric !== undefined) return { uid: numeric, gid: gidOf(numeric), ...home };
+  if (entry !== undefined) return { uid: Number(entry[2]), gid: gidOf(Number(entry[2])), ...home };
+  if (name === 'root') return { uid: 0, gid: gidOf(0), home: '/root' };
   throw new AsbError('BuildFailed', `user "${name}" is not in the image's /etc/passwd`);
 }
 
@@ -128,7 +130,12 @@ export async function runInPod(runtime: PodRuntime, id: string, script: string, 
   }
 }
 
-/** The COPY script: unpacks $ASB_TAR with the image's tar and copies $ASB_SRC (a path or glob in it) to $ASB_DEST, with $ASB_MODE. */
+/**
+ * The COPY script, run as the sandbox's root: unpacks $ASB_TAR with the image's tar and copies
+ * $ASB_SRC (a path or glob in it) to $ASB_DEST, with $ASB_MODE, owned by $ASB_OWNER (uid:gid) when
+ * set. As Docker does: the destination's missing directories are root's, what is copied the owner's,
+ * so a COPY for a user works where that user could not write.
+ */
 const COPY_SCRIPT = `
 command -v tar >/dev/null 2>&1 || { echo "the image has no tar: a COPY step needs one to unpack its files" >&2; exit 127; }
 set -e
@@ -142,6 +149,7 @@ for s in "$stage"/$ASB_SRC; do
   [ -e "$s" ] || [ -L "$s" ] || continue
   found=1
   if [ -n "$ASB_MODE" ]; then chmod -R "$ASB_MODE" "$s"; fi
+  if [ -n "$ASB_OWNER" ]; then chown -R -h "$ASB_OWNER" "$s"; fi
   if [ -d "$s" ] && [ ! -L "$s" ]; then mkdir -p "$ASB_DEST"; cp -a "$s/." "$ASB_DEST/"
   else
     case "$ASB_DEST" in
@@ -155,7 +163,7 @@ rm -rf "$stage"
 `;
 
 /** Streams the uploaded tar (plain or gzip) into the pod and unpacks it there. */
-export async function copyInPod(runtime: PodRuntime, id: string, tarPath: string, args: { src: string; dest: string; mode: string }, opts: { user: { uid: number; home?: string }; config: BuildConfig; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
+export async function copyInPod(runtime: PodRuntime, id: string, tarPath: string, args: { src: string; dest: string; mode: string }, opts: { owner: { uid: number; gid: number }; config: BuildConfig; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
   const inPod = `/tmp/.asb-copy-${randomBytes(6).toString('hex')}.tar`;
   const head = Buffer.alloc(2);
   const fh = await open(tarPath, 'r');
@@ -175,7 +183,8 @@ export async function copyInPod(runtime: PodRuntime, id: string, tarPath: string
   }
   const src = args.src.replace(/^(\.\/)+/, '').replace(/\/+$/, '') || '.';
   try {
-    return await runInPod(runtime, id, COPY_SCRIPT, { ...opts, env: { ASB_TAR: inPod, ASB_SRC: src, ASB_DEST: args.dest, ASB_MODE: args.mode.replace(/^0(?=[0-7]{4})/, '') } });
+    const owner = opts.owner.uid === 0 && opts.owner.gid === 0 ? '' : `${String(opts.owner.uid)}:${String(opts.owner.gid)}`;
+    return await runInPod(runtime, id, COPY_SCRIPT, { ...opts, user: { uid: 0, home: '/root' }, env: { ASB_TAR: inPod, ASB_SRC: src, ASB_DEST: args.dest, ASB_MODE: args.mode.replace(/^0(?=[0-7]{4})/, ''), ASB_OWNER: owner } });
   } finally {
     // Written by the pod's user (root): another step user cannot remove it from the sticky /tmp.
     await runtime.exec(id, { command: ['rm', '-f', inPod], user: 0 }).catch(() => undefined);

@@ -189,7 +189,7 @@ export class LocalBuildEngine implements BuildEngine {
       const [src = '', dest = '', user = '', mode = ''] = step.args;
       const path = req.files.path(req.team, step.filesHash ?? '');
       if (path === undefined) throw new AsbError('BadRequest', `${stepName(i, step)}: its files ${step.filesHash ?? ''} were never uploaded`);
-      run = await copyInPod(runtime, pod, path, { src, dest, mode }, { user: await resolveUser(runtime, pod, user !== '' ? user : config.user), config, line, signal });
+      run = await copyInPod(runtime, pod, path, { src, dest, mode }, { owner: await resolveUser(runtime, pod, user !== '' ? user : config.user), config, line, signal });
     }
     signal.throwIfAborted();
     if (run.exitCode === 0) return;
