@@ -1,8 +1,10 @@
 // A pod's memory checkpoint on disk: what stop(id, { memory: true }) keeps and the next start
 // restores (local-runtime.ts drives it, oci-shim.c -C restores it). gVisor's is runsc's image
 // (runsc.ts has the commands); runc's is CRIU's (`runc checkpoint`, docs/criu.md), whose directory
-// is owned by the pod's root (its range's first host id), 0700: CRIU reads part of the image from
-// inside the pod's user namespace at restore, and the pod dir above it keeps everyone else out.
+// is root's with the pod's root group (its range's first host id), 0750: CRIU's restored tasks open
+// image files from inside the pod's user namespace, first as host root without capabilities there
+// (owner), then as the namespace's root (group); with the directory the pod's own (0700), 1 restore
+// in 2 failed "Unable to open timens-0.img: Permission denied". The pod dir above keeps everyone else out.
 //
 // Where it lives: <pod>/checkpoint/, in the pod's private state dir (0700), on the worker's disk,
 // NOT on the pod's own disk (<pod>/disk, the ext4 image of its ephemeral-storage). The pod disk is

@@ -796,11 +796,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     });
     await discardCheckpoint(partial);
     if (runc) {
-      // Owned by the pod's root, 0700: CRIU reads part of the image from inside the pod's user
-      // namespace at restore (checkpoint.ts); the pod dir (0700, root's) keeps everyone else out.
+      // root:<pod's root group> 0750: CRIU reads part of the image from inside the pod's user
+      // namespace at restore, before and after its tasks take the namespace's root (checkpoint.ts);
+      // the pod dir (0700, root's) keeps everyone else out.
       const root = pod.persisted?.idRange?.hostId ?? ROOT_ID_MAP.hostId;
-      await mkdir(partial, { mode: 0o700 });
-      await chown(partial, root, root);
+      await mkdir(partial, { mode: 0o750 }).then(() => chown(partial, 0, root)).then(() => chmod(partial, 0o750)).catch((err: unknown) => {
+        throw failed(`cannot make the image's directory: ${err instanceof Error ? err.message : String(err)}`);
+      });
     }
     const steps = checkpointSequence(target.id, partial);
     target.agent?.suspend();
@@ -1102,14 +1104,15 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
     if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
     // The namespace files a killed shim left bound: the pod dir cannot be removed under them (EBUSY).
-    for (const ns of [pod.paths.userns, pod.paths.netns]) await this.#host.disk.unmount(ns);
     const mountDir = join(this.#host.mountRoot, id);
+    // And a checkpointable runc pod's disk bound for its volumes (oci-shim.c -V), before the disk goes.
+    for (const path of [pod.paths.userns, pod.paths.netns, join(mountDir, 'disk')]) await this.#host.disk.unmount(path);
     await Promise.all([
       rm(pod.paths.dir, { recursive: true, force: true }),
       rm(pod.paths.legacyVolumes, { recursive: true, force: true }),
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
-      // etc/: a checkpointable runc pod's /etc files (oci-pod.ts).
-      Promise.all([rmdir(join(mountDir, 'rootfs')).catch(() => undefined), rm(join(mountDir, 'etc'), { recursive: true, force: true })]).then(() => rmdir(mountDir)).catch(() => undefined),
+      // etc/ and disk/: a checkpointable runc pod's /etc files and its disk's bind point (oci-pod.ts).
+      Promise.all([rmdir(join(mountDir, 'rootfs')).catch(() => undefined), rmdir(join(mountDir, 'disk')).catch(() => undefined), rm(join(mountDir, 'etc'), { recursive: true, force: true })]).then(() => rmdir(mountDir)).catch(() => undefined),
     ]);
     // After its files are deleted, so a later pod given the range finds none of this one's.
     await releaseIdRange(this.#idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot release the pod\'s id range'));

@@ -157,7 +157,11 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   // Volumes are owned by the sandbox's user as the host sees it (through the id map).
   const user = sandboxIdentity(container, image.config, { userNamespace: 'always', idMap: idRange, passwd, group }, req.spec);
   const owner = { uid: root + user.uid, gid: root + user.gid };
-  const volumes = await resolveMounts(req, container, paths, owner);
+  const resolved = await resolveMounts(req, container, paths, owner);
+  // A checkpointable runc pod's volumes are bound from its disk bound again under its mount dir
+  // (oci-shim.c -V), for the same reason as etcDir.
+  const diskBind = checkpointable && paths.disk !== undefined ? { from: paths.disk.mount, to: join(mountDir, 'disk') } : undefined;
+  const volumes = diskBind === undefined ? resolved : resolved.map((m) => (m.src.startsWith(`${diskBind.from}/`) ? { ...m, src: join(diskBind.to, m.src.slice(diskBind.from.length + 1)) } : m));
   // Like /etc/hosts, files the runtime owns, bind-mounted read-only over the image's: the
   // resolver on the gateway, and the image's CA bundle plus the cluster's extra CA (written at
   // every start, so a CA or image change reaches a woken pod).
@@ -223,6 +227,7 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   if (ownRange) shimArgs.push('-U', String(idRange.hostId), String(idRange.size), String(ROOT_ID_MAP.hostId));
   if (ownRange && !gvisor && !checkpointable) shimArgs.push('-u', paths.userns);
   if (checkpointable) shimArgs.push('-P');
+  if (diskBind !== undefined) shimArgs.push('-V', diskBind.to);
   if (runtime.flags.length > 0) shimArgs.push('--', ...runtime.flags);
   return { shimArgs, identity: identityOf(spec), runtime };
 }

@@ -6,7 +6,7 @@
 //   oci-shim -d <podDir> -r <runc> -R <runcRoot> -i <id> -b <bundle> [-c <cgroupsPath>]
 //            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-D <disk>]
 //            [-N <netns file>] [-U <host id> <size> <tree id>] [-u <userns file>] [-l <nofile>]
-//            [-C <checkpoint dir>] [-P] [-K <criu dir>] [-- <runc global flags>...]
+//            [-C <checkpoint dir>] [-P] [-K <criu dir>] [-V <disk bind>] [-- <runc global flags>...]
 // Protocol on stdout, one line each (the same as the runtime's launcher expects): "pid <host pid of
 // the container's init>", then "ready" or "error <what>: <why>". With -n it reads "go\n" on stdin
 // once the runtime has moved the veth peer into the container's network namespace, then
@@ -37,6 +37,9 @@
 // CRIU cannot dump a host file outside the container's mounts, and runc hands back to a restored
 // container pipes only. stdin is a pipe nobody writes (EOF, as /dev/null was), stdout and stderr
 // one pipe a child of the shim copies into the log until every writer is gone.
+// With -V the pod's disk (-D) is also bind-mounted at <disk bind> (under the pod's mount dir, which
+// its own root can walk) for the volumes' sources: CRIU opens each bind mount's source from inside
+// the pod's user namespace at restore, and the pod dir, where the disk is mounted, is private.
 // The shim is PR_SET_CHILD_SUBREAPER, so when
 // runc exits the container's init is re-parented to it: it waits for that init, `runc delete`s the
 // container (its cgroups go), unmounts the rootfs, and then writes the init's exit code to
@@ -91,6 +94,7 @@ static const char *netns_file; // -N: the network namespace the shim makes befor
 static const char *checkpoint_dir; // -C: restore the sandbox from this image (runsc with -N; runc with CRIU)
 static const char *criu_dir; // -K: the directory of the criu runc runs for restore
 static int stdio_pipes; // -P: the container's stdio is pipes copied into the log
+static const char *disk_bind; // -V: where the disk is bind-mounted for the volumes' sources
 static int io_in = -1, io_out = -1; // -P: the container's stdin (read end) and stdout/stderr (write end)
 static pid_t copier = -1; // -P: the child copying the container's output into the log
 static const char *userns_file; // -u: the user namespace the shim makes for runc to join
@@ -275,6 +279,7 @@ static void cleanup(int created) {
   }
   if (netns_file) umount2(netns_file, MNT_DETACH);
   if (userns_file) umount2(userns_file, MNT_DETACH);
+  if (disk_bind) umount2(disk_bind, MNT_DETACH);
   if (disk) {
     // The log is the last file open there; unmounted at once, or lazily when still busy.
     if (log_fd >= 0) close(log_fd);
@@ -461,6 +466,7 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(a, "-N")) netns_file = argv[++i];
     else if (!strcmp(a, "-C")) checkpoint_dir = argv[++i];
     else if (!strcmp(a, "-K")) criu_dir = argv[++i];
+    else if (!strcmp(a, "-V")) disk_bind = argv[++i];
     else if (!strcmp(a, "-D")) disk = argv[++i];
     else if (!strcmp(a, "-u")) userns_file = argv[++i];
     else if (!strcmp(a, "-l")) nofile_limit = atol(argv[++i]);
@@ -584,6 +590,11 @@ int main(int argc, char **argv) {
     }
   }
   if (userns_file) close(make_userns((uid_t)id_host, 0, id_host, id_size, userns_file));
+  if (disk_bind && disk) {
+    umount2(disk_bind, MNT_DETACH); // left by a shim that died; EINVAL when none
+    if (mkdir(disk_bind, 0700) < 0 && errno != EEXIST) fail(0, "disk bind point");
+    if (mount(disk, disk_bind, NULL, MS_BIND, NULL) < 0) fail(0, "bind the disk for the volumes");
+  }
 
   if (netns_file) {
     int release = -1;
