@@ -6,7 +6,7 @@
 // cannot be restored falls back to a fresh start from the pod's files, saying why; a save that
 // cannot be made leaves the pod running; a runc pod in the shim's own user namespace refuses with
 // NotImplemented saying how to get memory. Real runc pods: needs root, make runc and make criu.
-// Its own bridge and subnet (asbrm0, 10.236.0.0/16).
+// Its own bridge and subnet (asbrm0, 10.236.0.0/18).
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { readdir, readFile, stat, writeFile } from 'node:fs/promises';
@@ -22,7 +22,7 @@ import { counterApp, httpGet, podSh, startedReady as startedReadyIn } from './su
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
 const BRIDGE = 'asbrm0';
-const SUBNET = '10.236.0.0/16';
+const SUBNET = '10.236.0.0/18';
 let fixture: TestRuntime;
 let root = '';
 

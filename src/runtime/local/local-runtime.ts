@@ -17,7 +17,7 @@
 // through CRIU (`runc checkpoint` / `runc restore`, docs/criu.md).
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import { access, chmod, chown, copyFile, mkdir, readdir, readFile, rm, rmdir, stat } from 'node:fs/promises';
+import { access, chmod, chown, copyFile, link, mkdir, readdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
 import { dirname, join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
@@ -41,6 +41,7 @@ import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
 import { diskTool, evictionMessage, madeBeforeDisks, podDisk } from './disk.ts';
+import { remapUsernsImage, USERNS_IMAGE } from './criu-userns.ts';
 import { checkpointRoom, discardCheckpoint, freeBytes, imageBytes, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMaker, type CheckpointMeta } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { listSnapshots, makePartial, readSnapshot, sealSnapshot, snapshotPaths, specDifference, type SnapshotMeta } from './snapshots.ts';
@@ -460,7 +461,10 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const ip = kept !== undefined && !moved ? kept : this.#ips.allocate();
     // A request without a policy keeps the one the pod had (a wake), else the default.
     const egress = req.egress ?? pod.persisted?.request.egress ?? DEFAULT_EGRESS_POLICY;
-    req = { ...req, egress };
+    // A runc pod restored from memory (a snapshot's, or its own checkpoint) runs in the user
+    // namespace CRIU makes, as when it was saved: its bundle must be a checkpointable one.
+    const restoresMemory = snap === undefined ? pod.checkpoint?.criuVersion !== undefined && !discardMemory : snap.memory;
+    req = { ...req, egress, ...(restoresMemory && runtimeClass.kind === 'runc' ? { checkpointable: true } : {}) };
     let idRange: IdRange;
     try {
       idRange = await this.#idRange(pod);
@@ -596,7 +600,18 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const paths = snapshotPaths(this.#opts.root, snap.id);
     let failure: string;
     if (kind !== 'runsc') {
-      failure = 'a snapshot\'s memory is restored into a new pod on gVisor only (CRIU restores a runc image with the user namespace map of the pod it was taken from)';
+      const check = await this.#criuVersion().then((criu) => verifyCheckpoint(paths.memory, { criu }), (err: unknown): CheckpointCheck => ({ ok: false, reason: `CRIU cannot run: ${err instanceof Error ? err.message : String(err)}` }));
+      if (check.ok) {
+        try {
+          await this.#ownCopyOfImage(pod, paths.memory, snap.idRange.hostId);
+          return { from: pod.paths.checkpoint };
+        } catch (err) {
+          await discardCheckpoint(pod.paths.checkpoint);
+          failure = err instanceof Error ? err.message : String(err);
+        }
+      } else {
+        failure = check.reason;
+      }
     } else {
       const check = await this.#runscVersion().then((runsc) => verifyCheckpoint(paths.memory, { runsc }), (err: unknown): CheckpointCheck => ({ ok: false, reason: `runsc does not say its version: ${err instanceof Error ? err.message : String(err)}` }));
       const [saved, fresh] = await Promise.all([readFile(paths.config, 'utf8'), readFile(join(pod.paths.dir, 'config.json'), 'utf8')]);
@@ -605,6 +620,25 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       failure = check.ok ? `the pod's ${differs ?? ''} differs from the snapshot's` : check.reason;
     }
     return { failure: `the snapshot's memory cannot be restored, so the pod started from its files: ${failure}` };
+  }
+
+  /**
+   * A runc pod's own copy of a snapshot's CRIU image, as its checkpoint (deleted once restored):
+   * the files hard-linked (CRIU only reads them), except the user namespace's map, moved to the
+   * pod's own host id range (criu-userns.ts says why); the directory root:<pod's root group> 0750
+   * like a checkpoint of its own (#savePaused).
+   */
+  async #ownCopyOfImage(pod: Pod, from: string, fromHostId: number): Promise<void> {
+    const to = pod.persisted?.idRange?.hostId ?? ROOT_ID_MAP.hostId;
+    const dir = pod.paths.checkpoint;
+    await discardCheckpoint(dir);
+    await mkdir(dir, { mode: 0o750 });
+    await chown(dir, 0, to);
+    await chmod(dir, 0o750);
+    for (const name of await readdir(from)) {
+      if (USERNS_IMAGE.test(name)) await writeFile(join(dir, name), remapUsernsImage(await readFile(join(from, name)), fromHostId, to), { mode: 0o644 });
+      else await link(join(from, name), join(dir, name)).catch(() => copyFile(join(from, name), join(dir, name)));
+    }
   }
 
   /** The snapshot's image tree, pinned for this pod: it must still be in the cache (the snapshot pins it). */
@@ -730,10 +764,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   #canSaveMemory(pod: Pod, target: PodTarget, what: 'pause' | 'snapshot'): void {
     if (target.kind === 'runsc') return;
     const instead = what === 'pause' ? 'pause it without memory' : 'snapshot its files only';
-    if (what === 'snapshot') {
-      // A new pod has its own host id range, and CRIU restores the user namespace map recorded in the image.
-      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc: a snapshot's memory cannot be restored into a new runc pod yet (CRIU restores the user namespace map of the pod it was taken from, docs/criu.md); ${instead}, or run it with runtimeClassName gvisor`);
-    }
     if ('unavailable' in this.#criu) throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory is kept with CRIU, which this worker lacks (${this.#criu.unavailable}); it keeps running (${instead}, or run it with runtimeClassName gvisor)`);
     if (pod.persisted?.request.checkpointable !== true) {
       throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc in the user namespace its shim makes, which CRIU cannot checkpoint (docs/criu.md); it keeps running. To keep memory on runc, give its Sandbox suspensionStrategy: Hibernate (runc then makes its user namespace), or run it with runtimeClassName gvisor; else ${instead}`);
