@@ -104,6 +104,12 @@ export interface WorkerConfig {
    * it was pulled or last used (at 85% disk usage: 2 min). Default 3600000 (1 h)
    */
   readonly imageGcGraceMs: number;
+  /**
+   * ASB_CRIU / --criu: the CRIU binary runc runs to keep runc pods' memory (docs/criu.md). Default:
+   * the one `make criu` builds, .tools/criu/bin/criu (a worktree sharing another checkout's .tools
+   * points it at its own build: scripts/criu-build.sh with ASB_CRIU_DIR).
+   */
+  readonly criu: string | undefined;
 }
 
 const DEFAULTS = {
@@ -125,7 +131,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'egressProxyPort' | 'egressFloor';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'egressProxyPort' | 'egressFloor' | 'criu';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -157,6 +163,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   egressFloor: { env: 'ASB_EGRESS_FLOOR', flag: 'egress-floor' },
   imageGcIntervalMs: { env: 'ASB_IMAGE_GC_INTERVAL_MS', flag: 'image-gc-interval-ms' },
   imageGcGraceMs: { env: 'ASB_IMAGE_GC_GRACE_MS', flag: 'image-gc-grace-ms' },
+  criu: { env: 'ASB_CRIU', flag: 'criu' },
 };
 
 export class ConfigError extends Error {
@@ -277,6 +284,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     egressFloor,
     imageGcIntervalMs: int('imageGcIntervalMs', 0, 86_400_000),
     imageGcGraceMs: int('imageGcGraceMs', 0, 30 * 86_400_000),
+    criu: raw('criu') === undefined ? undefined : resolve(raw('criu') ?? ''),
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);

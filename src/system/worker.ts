@@ -229,6 +229,7 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     ...(config.egressProxyPort === undefined ? {} : { egressProxy: { port: config.egressProxyPort }, podDns: true }),
     egressFloor: config.egressFloor,
     ...(extraCaPath === undefined ? {} : { extraCaPath }),
+    ...(config.criu === undefined ? {} : { criu: config.criu }),
   });
   // After the runtime: its recovery pins the images of pods made before pins existed.
   const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics });
