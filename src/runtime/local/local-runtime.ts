@@ -766,7 +766,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const instead = what === 'pause' ? 'pause it without memory' : 'snapshot its files only';
     if ('unavailable' in this.#criu) throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory is kept with CRIU, which this worker lacks (${this.#criu.unavailable}); it keeps running (${instead}, or run it with runtimeClassName gvisor)`);
     if (pod.persisted?.request.checkpointable !== true) {
-      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc in the user namespace its shim makes, which CRIU cannot checkpoint (docs/criu.md); it keeps running. To keep memory on runc, give its Sandbox suspensionStrategy: Hibernate (runc then makes its user namespace), or run it with runtimeClassName gvisor; else ${instead}`);
+      // Decided when the pod started: a warm pool member claimed with Hibernate started without it.
+      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc in the user namespace its shim makes, which CRIU cannot checkpoint (docs/criu.md); it keeps running. To keep memory on runc, give its Sandbox suspensionStrategy: Hibernate before it starts (runc then makes its user namespace; a pod started without it, such as a warm pool member claimed with it, gets it at its next start), or run it with runtimeClassName gvisor; else ${instead}`);
     }
   }
 
@@ -839,6 +840,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const paused = runc ? await this.#runcOn(target, ['pause', target.id]) : await this.#runsc(target, steps.pause);
     if (paused.code !== 0) {
       void target.agent?.resume();
+      await discardCheckpoint(partial);
       throw failed(`${target.kind} pause: ${lastLine(paused.output)}`);
     }
     try {
