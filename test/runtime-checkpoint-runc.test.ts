@@ -8,14 +8,19 @@
 // NotImplemented saying how to get memory. Real runc pods: needs root, make runc and make criu.
 // Its own bridge and subnet (asbrm0, 10.236.0.0/18).
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
+import { promisify } from 'node:util';
 import { isAsbError } from '../src/errors.ts';
 import type { Container } from '../src/api/types.ts';
 import { CHECKPOINT_META, type CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
+import { createLocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
+import { silentLogger } from '../src/system/log.ts';
+import { testImageStore } from './support/test-images.ts';
 import { DEFAULT_CRIU_DIR, findCriuBinary } from '../src/runtime/oci/criu-binary.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { counterApp, httpGet, podSh, startedReady as startedReadyIn } from './support/counter-app.ts';
@@ -224,11 +229,8 @@ test('a save that would pass the runc pod\'s ephemeral-storage is refused: the p
 
 /** The host uid owning the user namespace of a host pid (ioctl NS_GET_OWNER_UID). */
 async function usernsOwner(pid: number): Promise<number> {
-  const { execFile } = await import('node:child_process');
-  const out = await new Promise<string>((resolve, reject) => {
-    execFile('python3', ['-c', `import fcntl, os, struct\nfd = os.open("/proc/${String(pid)}/ns/user", os.O_RDONLY)\nb = bytearray(4)\nfcntl.ioctl(fd, 0xb704, b)\nprint(struct.unpack("I", b)[0])`], (err, stdout) => (err === null ? resolve(stdout) : reject(err)));
-  });
-  return Number(out.trim());
+  const { stdout } = await promisify(execFile)('python3', ['-c', `import fcntl, os, struct\nfd = os.open("/proc/${String(pid)}/ns/user", os.O_RDONLY)\nb = bytearray(4)\nfcntl.ioctl(fd, 0xb704, b)\nprint(struct.unpack("I", b)[0])`]);
+  return Number(stdout.trim());
 }
 
 test('a runc pod in its shim\'s own user namespace refuses a stop with memory, saying how to get it, and keeps running; a checkpointable one runs in a namespace runc made', async () => {
@@ -253,9 +255,6 @@ test('a runc pod in its shim\'s own user namespace refuses a stop with memory, s
 test('a kept runc checkpoint outlives the worker: a new runtime on the same root restores it; remove() deletes it with the pod', async () => {
   const req = counterPod('ragain1');
   const { token } = await countedAndPaused(req);
-  const { createLocalRuntime } = await import('../src/runtime/local/local-runtime.ts');
-  const { silentLogger } = await import('../src/system/log.ts');
-  const { testImageStore } = await import('./support/test-images.ts');
   const rt2 = await createLocalRuntime({ root, log: silentLogger(), images: await testImageStore(), bridge: BRIDGE, subnet: SUBNET, pollIntervalMs: 100, criu: findCriuBinary(process.env.ASB_CRIU_DIR ?? DEFAULT_CRIU_DIR) });
   try {
     assert.deepEqual(rt2.state('ragain1').checkpoint, fixture.rt.state('ragain1').checkpoint);
