@@ -9,9 +9,10 @@
 // Its own bridge and subnet (asbrm0, 10.236.0.0/18).
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readdir, readFile, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
 import { isAsbError } from '../src/errors.ts';
@@ -271,4 +272,23 @@ test('a kept runc checkpoint outlives the worker: a new runtime on the same root
   } finally {
     await rt2.close();
   }
+});
+
+test('a checkpointable runc pod with a volume keeps its memory and the volume\'s files', async () => {
+  const rt = fixture.rt;
+  const req = counterPod('rvol1', { container: { volumeMounts: [{ name: 'data', mountPath: '/data' }] } });
+  req.spec.volumes = [{ name: 'data', emptyDir: {} }];
+  const before = await startedReady(req);
+  const first = await count(before);
+  await sh('rvol1', 'echo in-volume > /data/v.txt');
+  await rt.stop('rvol1', { memory: true });
+  const woken = await startedReady(req);
+  assert.equal(woken.restoreFailure, undefined);
+  assert.deepEqual(await count(woken), { token: first.token, n: 2 });
+  assert.equal(await sh('rvol1', 'cat /data/v.txt; echo more >> /data/v.txt; cat /data/v.txt | wc -l'), 'in-volume\n2\n');
+  // Its /etc files and the disk's bind for the volume lie under its mount dir: gone with it.
+  const mountDir = join('/run/asb/rootfs', createHash('sha256').update(resolve(root)).digest('hex').slice(0, 12), 'rvol1');
+  assert.equal(existsSync(join(mountDir, 'etc', 'hostname')), true);
+  await rt.remove('rvol1');
+  assert.equal(existsSync(mountDir), false);
 });
