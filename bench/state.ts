@@ -1,16 +1,20 @@
-// Sandbox state on gVisor, measured on the local runtime (make bench's `state` part): stop with
-// memory and the start that restores it, for a python3 pod holding 64 MiB and 1 GiB of touched
-// memory (seconds per GiB of its working set plus a fixed cost, fitted through the two); a
-// snapshot of a pod holding 256 MiB and ×1 and ×10 pods started from it until every one answers
-// (fork); the image's size against the working set. Each beside its floor, measured in the same
-// run: the raw `runsc checkpoint` / `runsc restore` our own calls ran (timed by a wrapper in front
-// of runsc), and a plain `runsc checkpoint` of a twin pod (no pause, no -leave-running).
+// Sandbox state on gVisor and on runc (CRIU), measured on the local runtime (make bench's `state`
+// part): stop with memory and the start that restores it, for a python3 pod holding 64 MiB and
+// 1 GiB of touched memory (seconds per GiB of its working set plus a fixed cost, fitted through the
+// two); a snapshot of a pod holding 256 MiB and ×1 and ×10 pods started from it until every one
+// answers (fork); the image's size against the working set. Each beside its floor, measured in the
+// same run: the raw `runsc checkpoint` / `runsc restore` (gVisor) or `runc checkpoint` / `runc
+// restore` (runc: CRIU's dump and restore) our own calls ran (timed by a wrapper in front of the
+// runtime's binary), and a plain checkpoint of a twin pod (gVisor: no pause, no -leave-running;
+// runc: no freeze first, the container killed by runc after the dump).
 import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { execFile } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { findRunscBinary } from '../src/runtime/oci/runsc-binary.ts';
+import { findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
+import { criuPath, DEFAULT_CRIU_DIR, findCriuBinary } from '../src/runtime/oci/criu-binary.ts';
 import { runscContainerId, runscFlags } from '../src/runtime/oci/runsc.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
 import { startTestRuntime, stopTestRuntime } from '../test/support/test-runtime.ts';
@@ -20,11 +24,15 @@ const run = promisify(execFile);
 
 const COUNTER = counterApp(8000, { hold: true });
 
-function pod(id: string, mib: number, from?: string): PodRequest {
+export type StateRuntime = 'gvisor' | 'runc';
+
+function pod(kind: StateRuntime, id: string, mib: number, from?: string): PodRequest {
   return {
     id, uid: `uid-${id}`, namespace: 'default', hostname: id,
     ...(from === undefined ? {} : { from: { snapshot: from } }),
-    spec: { runtimeClassName: 'gvisor', containers: [{ name: 'main', image: 'agent-sandbox/base', command: ['python3', '-c', COUNTER, String(mib)], resources: { limits: { memory: `${String(mib + 256)}Mi` } }, readinessProbe: { tcpSocket: { port: 8000 }, periodSeconds: 1 } }] },
+    // runc keeps memory only in a user namespace runc makes (PodRequest.checkpointable).
+    ...(kind === 'runc' ? { checkpointable: true } : {}),
+    spec: { ...(kind === 'gvisor' ? { runtimeClassName: 'gvisor' } : {}), containers: [{ name: 'main', image: 'agent-sandbox/base', command: ['python3', '-c', COUNTER, String(mib)], resources: { limits: { memory: `${String(mib + 256)}Mi` } }, readinessProbe: { tcpSocket: { port: 8000 }, periodSeconds: 1 } }] },
   };
 }
 
@@ -81,23 +89,30 @@ export interface StateFigures {
   snapshot: { workingSetBytes: number; memoryBytes: number; bytes: number };
 }
 
-export async function benchState(sizes: readonly number[] = [64, 1024], forkMiB = 256): Promise<StateFigures> {
-  const real = findRunscBinary();
+/**
+ * `criuDir`: runc's CRIU (default: make criu's). Each runtime class has its own bridge and subnet:
+ * gVisor asbstb0 10.248.0.0/16, runc asbrmb0 10.236.192.0/18.
+ */
+export async function benchState(kind: StateRuntime = 'gvisor', sizes: readonly number[] = [64, 1024], forkMiB = 256, criuDir: string = DEFAULT_CRIU_DIR): Promise<StateFigures> {
+  const real = kind === 'gvisor' ? findRunscBinary() : findRuncBinary();
+  const criu = kind === 'runc' ? findCriuBinary(criuDir) : undefined;
   const scratch = await mkdtemp(join(tmpdir(), 'asb-state-bench-'));
-  const times = join(scratch, 'runsc-times');
-  const wrapper = join(scratch, 'runsc');
+  const times = join(scratch, 'runtime-times');
+  const wrapper = join(scratch, kind === 'gvisor' ? 'runsc' : 'runc');
   await writeFile(wrapper, `#!/bin/sh\ncase " $* " in\n  *" checkpoint "*|*" restore "*)\n    s=$(date +%s%N); "${real}" "$@"; rc=$?; e=$(date +%s%N)\n    for a in "$@"; do case "$a" in checkpoint|restore) op=$a;; esac; done\n    echo "$op $(( (e - s) / 1000 ))" >> "${times}"; exit $rc;;\nesac\nexec "${real}" "$@"\n`);
   await chmod(wrapper, 0o755);
   await writeFile(times, '');
   const rawTimes = async (op: string): Promise<number[]> => (await readFile(times, 'utf8')).trim().split('\n').filter((l) => l.startsWith(`${op} `)).map((l) => Number(l.split(' ')[1]) / 1000);
-  const fixture = await startTestRuntime('asb-state-bench-', 'asbstb0', '10.248.0.0/16', { runsc: wrapper, probeIntervalMs: 50 });
+  const fixture = kind === 'gvisor'
+    ? await startTestRuntime('asb-state-bench-', 'asbstb0', '10.248.0.0/16', { runsc: wrapper, probeIntervalMs: 50 })
+    : await startTestRuntime('asb-state-bench-', 'asbrmb0', '10.236.192.0/18', { runc: wrapper, ...(criu === undefined ? {} : { criu }), probeIntervalMs: 50 });
   const { rt, root } = fixture;
   try {
     const pause: PauseFigures[] = [];
     for (const mib of sizes) {
       const rounds = mib <= 256 ? 5 : 3;
       const id = `p${String(mib)}`;
-      const req = pod(id, mib);
+      const req = pod(kind, id, mib);
       await answers((await rt.start(req)).ip ?? '');
       const workingSetBytes = (await rt.usage(id))?.memory?.workingSetBytes ?? 0;
       const stops: number[] = [];
@@ -120,10 +135,11 @@ export async function benchState(sizes: readonly number[] = [64, 1024], forkMiB 
       }
       // The floor of the save: a plain checkpoint of an identical twin pod (it ends that sandbox).
       const twin = `t${String(mib)}`;
-      await answers((await rt.start(pod(twin, mib))).ip ?? '');
+      await answers((await rt.start(pod(kind, twin, mib))).ip ?? '');
       const image = join(scratch, twin);
       const t = performance.now();
-      await run(real, [...runscFlags({}), '--root', join(root, 'runsc'), 'checkpoint', '-image-path', image, runscContainerId(twin)]);
+      if (kind === 'gvisor') await run(real, [...runscFlags({}), '--root', join(root, 'runsc'), 'checkpoint', '-image-path', image, runscContainerId(twin)]);
+      else await run(real, ['--root', join(root, 'runc'), 'checkpoint', '--image-path', image, '--work-path', image, twin], { env: { PATH: criuPath(criu ?? '') } });
       const plainCheckpointMs = performance.now() - t;
       await rm(image, { recursive: true, force: true });
       await rt.remove(twin);
@@ -145,7 +161,7 @@ export async function benchState(sizes: readonly number[] = [64, 1024], forkMiB 
     let snapshot = { workingSetBytes: 0, memoryBytes: 0, bytes: 0 };
     for (const count of [1, 10]) {
       const src = `fsrc${String(count)}`;
-      await answers((await rt.start(pod(src, forkMiB))).ip ?? '');
+      await answers((await rt.start(pod(kind, src, forkMiB))).ip ?? '');
       const workingSetBytes = (await rt.usage(src))?.memory?.workingSetBytes ?? 0;
       const before = (await rawTimes('restore')).length;
       const t0 = performance.now();
@@ -154,7 +170,7 @@ export async function benchState(sizes: readonly number[] = [64, 1024], forkMiB 
       const rawCheckpointMs = (await rawTimes('checkpoint')).at(-1) ?? NaN;
       const ids = Array.from({ length: count }, (_, i) => `fk${String(count)}-${String(i)}`);
       const outcomes = await Promise.allSettled(ids.map(async (id) => {
-        const state = await rt.start(pod(id, forkMiB, `snap-${src}`));
+        const state = await rt.start(pod(kind, id, forkMiB, `snap-${src}`));
         if (state.restoreFailure !== undefined) throw new Error(state.restoreFailure);
         const n = await answers(state.ip ?? '');
         if (n !== '2') throw new Error(`fork ${id} answered ${n}, not from the snapshot's memory`);

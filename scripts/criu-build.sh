@@ -12,8 +12,13 @@
 # what runs). The build dependencies are the C libraries of Debian's Build-Depends, from bookworm by
 # apt-get (its docs and python parts are not built).
 #
-# A stamp holds the version, the tarball's sha256 and this script's hash: a second run costs a few
-# ms, a change rebuilds. Cold on 2 cores: see the Makefile (`make criu`).
+# Our own patches (scripts/criu-patches/, applied in name order) fix what this CRIU gets wrong on the
+# machine's kernel: sockets-passcred-eopnotsupp.patch, because Linux 6.16 answers EOPNOTSUPP to
+# getsockopt(SO_PASSCRED / SO_PASSSEC) on TCP sockets and 4.1.1 then fails to dump any process with
+# one ("sockets: Can't get 1:16 opt: Operation not supported"): every pod's init listens on TCP.
+#
+# A stamp holds the version, the tarball's sha256 and the hashes of this script and the patches: a
+# second run costs a few ms, a change rebuilds. Cold on 2 cores: see the Makefile (`make criu`).
 # Usage: scripts/criu-build.sh   (make criu)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +34,8 @@ ORIG_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
 # packages are for the man pages and pycriu, which are not built), plus make and gcc.
 BUILD_DEPS=(libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev libnl-3-dev
   libprotobuf-c-dev libprotobuf-dev pkg-config protobuf-c-compiler protobuf-compiler uuid-dev make gcc)
-want="criu $VERSION $ORIG_SHA256 $(sha256sum "$0" | cut -c1-16)"
+PATCHES=("$ROOT"/scripts/criu-patches/*.patch)
+want="criu $VERSION $ORIG_SHA256 $(cat "$0" "${PATCHES[@]}" | sha256sum | cut -c1-16)"
 if [[ -x "$BIN" && -f "$OUT/.stamp" && "$(cat "$OUT/.stamp")" == "$want" ]]; then exit 0; fi
 mkdir -p "$OUT/bin"
 exec 9>"$OUT/.lock"
@@ -72,6 +78,9 @@ fi
 tree="$src/criu-$VERSION"
 rm -rf "$tree"
 tar -xJf "$src/$ORIG" -C "$src"
+for p in "${PATCHES[@]}"; do
+  patch -d "$tree" -p1 --quiet --forward <"$p" || { echo "criu-build: $p does not apply" >&2; exit 1; }
+done
 # Only the criu binary (not libcriu, plugins, crit or docs). Output quiet unless it fails.
 if ! make -C "$tree" -j"$(nproc)" criu >"$src/build.log" 2>&1; then
   tail -40 "$src/build.log" >&2

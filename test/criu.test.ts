@@ -133,11 +133,14 @@ async function podBundle(t: test.TestContext, userns: UserNamespace, helper: str
   const image = await (await testImageStore()).pull('agent-sandbox/base', { idMap: ROOT_ID_MAP });
   const [lower, upper, work, rootfs, etc, images] = ['lower', 'upper', 'work', 'rootfs', 'etc', 'images'].map((d) => join(dir, d)) as [string, string, string, string, string, string];
   for (const d of [lower, upper, work, rootfs, etc]) mkdirSync(d);
-  // The memory image is the sandbox's secrets: 0700. Owned by the pod's root, because CRIU reads
-  // the rest of the image from inside the pod's user namespace ("Unable to open tty-info.img:
-  // Permission denied" when root owns it); the directory above keeps everyone else out in the runtime.
-  mkdirSync(images, { mode: 0o700 });
-  chownSync(images, range.hostId, range.hostId);
+  // The memory image is the sandbox's secrets: root:<pod's root group> 0750, as the runtime makes
+  // it (local-runtime.ts #savePaused). CRIU reads the rest of the image from inside the pod's user
+  // namespace, before and after its tasks take root there ("Unable to open tty-info.img" with the
+  // directory root's 0700, "Unable to open timens-0.img", now and then, with it the pod root's
+  // 0700); the directory above keeps everyone else out in the runtime.
+  mkdirSync(images, { mode: 0o750 });
+  chownSync(images, 0, range.hostId);
+  chmodSync(images, 0o750);
   chownSync(upper, range.hostId, range.hostId);
   writeFileSync(join(etc, 'hostname'), 'sbx\n');
   writeFileSync(join(etc, 'hosts'), '127.0.0.1\tlocalhost\n');

@@ -241,11 +241,11 @@ test('remove() deletes a kept checkpoint with the pod', async () => {
   assert.equal(rt.state('rm1').phase, 'Absent');
 });
 
-test('a runc pod refuses a stop with memory (it needs CRIU) and keeps running; a stopped pod has no memory to keep', async () => {
+test('a runc pod in its shim\'s user namespace refuses a stop with memory (saying how to get it) and keeps running; a stopped pod has no memory to keep', async () => {
   const req = counterPod('runc1', { runtimeClassName: null });
   const before = await startedReady(req);
   assert.equal((await count(before)).n, 1);
-  await assert.rejects(rt.stop('runc1', { memory: true }), (err) => isAsbError(err, 'NotImplemented') && /needs CRIU/.test(err.message) && /keeps running/.test(err.message));
+  await assert.rejects(rt.stop('runc1', { memory: true }), (err) => isAsbError(err, 'NotImplemented') && /suspensionStrategy: Hibernate/.test(err.message) && /keeps running/.test(err.message));
   assert.equal(rt.state('runc1').phase, 'Running');
   assert.equal((await count(before)).n, 2, 'the same process answers');
   await rt.stop('runc1');

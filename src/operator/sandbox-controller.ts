@@ -20,7 +20,7 @@
 import { isDeepStrictEqual } from 'node:util';
 import type { Condition } from '../api/meta.ts';
 import { holderAmong, NAME_CONFLICT } from '../api/sandbox-identity.ts';
-import { ANNOTATION, SandboxSnapshotType, SandboxType, wantsRunning, type Sandbox, type SandboxSnapshot, type SandboxStatus } from '../api/types.ts';
+import { ANNOTATION, SandboxSnapshotType, SandboxType, suspensionStrategyOf, wantsRunning, type Sandbox, type SandboxSnapshot, type SandboxStatus } from '../api/types.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRequest, PodRuntime, PodState } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
@@ -71,6 +71,8 @@ export function podRequestFor(sandbox: Sandbox, snapshotUid?: string): PodReques
     // A headless Service on Kubernetes; the local runtime has no Services and ignores it.
     ...(sandbox.spec.service === true ? { service: true } : {}),
     labels: { ...sandbox.spec.podTemplate.metadata?.labels, ...sandbox.metadata.labels },
+    // A runc pod keeps its memory only in a user namespace CRIU can checkpoint (PodRequest.checkpointable).
+    ...(suspensionStrategyOf(sandbox.spec) === 'Hibernate' ? { checkpointable: true } : {}),
   };
 }
 

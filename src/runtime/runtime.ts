@@ -33,6 +33,14 @@ export interface PodRequest {
    * processes when the snapshot kept them. Ignored for a pod that exists already (a wake).
    */
   from?: { snapshot: string };
+  /**
+   * The pod may keep its memory (a stop or snapshot with memory) on runc too: runc makes its user
+   * namespace from the id maps, which CRIU can checkpoint and restore, instead of the namespace the
+   * shim makes owned by the pod's own host id (docs/criu.md): its per-user counts (inotify,
+   * message queues, pending signals) are then charged to host root, shared with every such pod.
+   * A gVisor pod keeps its memory either way. Set for Sandboxes whose suspensionStrategy is Hibernate.
+   */
+  checkpointable?: boolean;
 }
 
 /** What snapshot() made. */

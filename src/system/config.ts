@@ -119,6 +119,12 @@ export interface WorkerConfig {
    * snapshots take this much. Default 100
    */
   readonly snapshotGibPerTeam: number;
+  /**
+   * ASB_CRIU / --criu: the CRIU binary runc runs to keep runc pods' memory (docs/criu.md). Default:
+   * the one `make criu` builds, .tools/criu/bin/criu (a worktree sharing another checkout's .tools
+   * points it at its own build: scripts/criu-build.sh with ASB_CRIU_DIR).
+   */
+  readonly criu: string | undefined;
 }
 
 const DEFAULTS = {
@@ -142,7 +148,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'egressProxyPort' | 'egressFloor';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'egressProxyPort' | 'egressFloor' | 'criu';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -177,6 +183,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   imageGcGraceMs: { env: 'ASB_IMAGE_GC_GRACE_MS', flag: 'image-gc-grace-ms' },
   snapshotsPerTeam: { env: 'ASB_SNAPSHOTS_PER_TEAM', flag: 'snapshots-per-team' },
   snapshotGibPerTeam: { env: 'ASB_SNAPSHOT_GIB_PER_TEAM', flag: 'snapshot-gib-per-team' },
+  criu: { env: 'ASB_CRIU', flag: 'criu' },
 };
 
 export class ConfigError extends Error {
@@ -300,6 +307,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     imageGcGraceMs: int('imageGcGraceMs', 0, 30 * 86_400_000),
     snapshotsPerTeam: int('snapshotsPerTeam', 0, 100_000),
     snapshotGibPerTeam: int('snapshotGibPerTeam', 0, 1_000_000),
+    criu: raw('criu') === undefined ? undefined : resolve(raw('criu') ?? ''),
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);

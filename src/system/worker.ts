@@ -261,6 +261,7 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     ...(config.egressProxyPort === undefined ? {} : { egressProxy: { port: config.egressProxyPort }, podDns: true }),
     egressFloor: config.egressFloor,
     ...(extraCaPath === undefined ? {} : { extraCaPath }),
+    ...(config.criu === undefined ? {} : { criu: config.criu }),
   });
   // Template builds on this runtime, pushed to the registry its pods pull from (none without one).
   const buildRegistry = config.buildRegistry ?? loopbackMirror(registries);

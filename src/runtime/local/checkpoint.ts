@@ -1,5 +1,10 @@
-// A gVisor pod's memory checkpoint on disk: what stop(id, { memory: true }) keeps and the next
-// start restores (local-runtime.ts drives it, oci-shim.c -C restores it, runsc.ts has the commands).
+// A pod's memory checkpoint on disk: what stop(id, { memory: true }) keeps and the next start
+// restores (local-runtime.ts drives it, oci-shim.c -C restores it). gVisor's is runsc's image
+// (runsc.ts has the commands); runc's is CRIU's (`runc checkpoint`, docs/criu.md), whose directory
+// is root's with the pod's root group (its range's first host id), 0750: CRIU's restored tasks open
+// image files from inside the pod's user namespace, first as host root without capabilities there
+// (owner), then as the namespace's root (group); with the directory the pod's own (0700), 1 restore
+// in 2 failed "Unable to open timens-0.img: Permission denied". The pod dir above keeps everyone else out.
 //
 // Where it lives: <pod>/checkpoint/, in the pod's private state dir (0700), on the worker's disk,
 // NOT on the pod's own disk (<pod>/disk, the ext4 image of its ephemeral-storage). The pod disk is
@@ -27,8 +32,8 @@ import { open, readdir, readFile, rename, rm, stat, statfs, writeFile } from 'no
 import { dirname, join } from 'node:path';
 
 export const CHECKPOINT_META = 'asb-checkpoint.json';
-/** runsc's file of application memory: checked by size only (see the top). */
-const PAGES_FILE = 'pages.img';
+/** The files of application memory, runsc's and CRIU's (pages-<n>.img): checked by size only (see the top). */
+const PAGES_FILE = /^pages(-\d+)?\.img$/;
 /** Fewer free bytes than this after a save is a save that may have met ENOSPC (the shim's full-disk mark, oci-shim.c). */
 export const MIN_FREE_AFTER_SAVE_BYTES = 1 << 20;
 
@@ -39,8 +44,10 @@ export interface CheckpointFile {
 }
 
 export interface CheckpointMeta {
-  /** runsc refuses an image of another version (its own metadata, checked only once the restore runs). */
-  runscVersion: string;
+  /** gVisor's image: runsc refuses one of another version (its own metadata, checked only once the restore runs). */
+  runscVersion?: string;
+  /** runc's image: the CRIU version that made it (CRIU's image format changes between versions). */
+  criuVersion?: string;
   bytes: number;
   /** When the save finished (ISO 8601). */
   at: string;
@@ -49,16 +56,23 @@ export interface CheckpointMeta {
 
 export type CheckpointCheck = { ok: true; meta: CheckpointMeta } | { ok: false; reason: string };
 
+/** What made an image: runsc (gVisor pods) or CRIU (runc pods), and its version. */
+export type CheckpointMaker = { runsc: string } | { criu: string };
+
+function makerOf(maker: CheckpointMaker): Pick<CheckpointMeta, 'runscVersion' | 'criuVersion'> {
+  return 'runsc' in maker ? { runscVersion: maker.runsc } : { criuVersion: maker.criu };
+}
+
 /** Makes a written image durable and whole: every file fsync'd and described, then renamed to `dir` in one step. */
-export async function sealCheckpoint(partial: string, dir: string, runscVersion: string, at: string): Promise<CheckpointMeta> {
+export async function sealCheckpoint(partial: string, dir: string, maker: CheckpointMaker, at: string): Promise<CheckpointMeta> {
   const names = (await readdir(partial)).filter((name) => name !== CHECKPOINT_META).sort();
   const files = await Promise.all(names.map(async (name): Promise<CheckpointFile> => {
     const path = join(partial, name);
     await fsyncPath(path);
     const { size } = await stat(path);
-    return name === PAGES_FILE ? { name, bytes: size } : { name, bytes: size, sha256: await sha256(path) };
+    return PAGES_FILE.test(name) ? { name, bytes: size } : { name, bytes: size, sha256: await sha256(path) };
   }));
-  const meta: CheckpointMeta = { runscVersion, bytes: files.reduce((sum, f) => sum + f.bytes, 0), at, files };
+  const meta: CheckpointMeta = { ...makerOf(maker), bytes: files.reduce((sum, f) => sum + f.bytes, 0), at, files };
   await writeFile(join(partial, CHECKPOINT_META), JSON.stringify(meta), { mode: 0o600 });
   await fsyncPath(join(partial, CHECKPOINT_META));
   await fsyncPath(partial);
@@ -72,18 +86,22 @@ export async function sealCheckpoint(partial: string, dir: string, runscVersion:
 export async function readCheckpointMeta(dir: string): Promise<CheckpointMeta | undefined> {
   try {
     const meta = JSON.parse(await readFile(join(dir, CHECKPOINT_META), 'utf8')) as Partial<CheckpointMeta>;
-    if (typeof meta.runscVersion !== 'string' || typeof meta.bytes !== 'number' || typeof meta.at !== 'string' || !Array.isArray(meta.files)) return undefined;
+    if ((typeof meta.runscVersion !== 'string' && typeof meta.criuVersion !== 'string') || typeof meta.bytes !== 'number' || typeof meta.at !== 'string' || !Array.isArray(meta.files)) return undefined;
     return meta as CheckpointMeta;
   } catch {
     return undefined;
   }
 }
 
-/** Whether the image in `dir` can be given to `runsc restore` of version `runscVersion`; the reason when not. */
-export async function verifyCheckpoint(dir: string, runscVersion: string): Promise<CheckpointCheck> {
+/** Whether the image in `dir` can be given to `runsc restore` or (runc) CRIU of this version; the reason when not. */
+export async function verifyCheckpoint(dir: string, maker: CheckpointMaker): Promise<CheckpointCheck> {
   const meta = await readCheckpointMeta(dir);
   if (meta === undefined) return { ok: false, reason: 'the checkpoint has no readable metadata' };
-  if (meta.runscVersion !== runscVersion) return { ok: false, reason: `the checkpoint was made by runsc ${meta.runscVersion}, this worker runs ${runscVersion}` };
+  if ('runsc' in maker && meta.runscVersion !== undefined && meta.runscVersion !== maker.runsc) return { ok: false, reason: `the checkpoint was made by runsc ${meta.runscVersion}, this worker runs ${maker.runsc}` };
+  if ('criu' in maker && meta.criuVersion !== undefined && meta.criuVersion !== maker.criu) return { ok: false, reason: `the checkpoint was made by CRIU ${meta.criuVersion}, this worker runs CRIU ${maker.criu}` };
+  if ('runsc' in maker ? meta.runscVersion === undefined : meta.criuVersion === undefined) {
+    return { ok: false, reason: `the checkpoint was made ${meta.runscVersion === undefined ? 'by CRIU for runc' : 'by runsc for gVisor'}, and the pod now runs on ${'runsc' in maker ? 'gVisor' : 'runc'}` };
+  }
   for (const file of meta.files) {
     const path = join(dir, file.name);
     const size = await stat(path).then((s) => s.size, () => undefined);
@@ -151,15 +169,18 @@ export async function imageBytes(dir: string): Promise<number> {
   return sizes.reduce((sum, n) => sum + n, 0);
 }
 
-/** The shim's argv with a restore from `dir` (oci-shim.c -C), placed before the runtime's global flags (`--`). */
-export function withRestore(shimArgs: readonly string[], dir: string, otherPod = false): string[] {
+/**
+ * The shim's argv with a restore from `dir` (oci-shim.c -C), placed before the runtime's global
+ * flags (`--`); `criuDir` (runc) is put first on the PATH of runc's restore (-K).
+ */
+export function withRestore(shimArgs: readonly string[], dir: string, otherPod = false, criuDir?: string): string[] {
   const flags = shimArgs.indexOf('--');
   const own = flags < 0 ? [...shimArgs] : shimArgs.slice(0, flags);
   const global = flags < 0 ? [] : shimArgs.slice(flags + 1);
   // Another pod's image (a snapshot, a fork): its host id maps differ by design, and runsc's check
   // of them is relaxed to a warning; the runtime compared the rest first (snapshots.ts specDifference).
   if (otherPod) global.push('--restore-spec-validation=warning');
-  return [...own, '-C', dir, ...(global.length > 0 ? ['--', ...global] : [])];
+  return [...own, '-C', dir, ...(criuDir === undefined ? [] : ['-K', criuDir]), ...(global.length > 0 ? ['--', ...global] : [])];
 }
 
 /** What the shim wrote of a restore it tried (restore-status): undefined when it tried none. */
@@ -168,5 +189,5 @@ export async function readRestoreStatus(path: string): Promise<{ restored: true 
   if (text === undefined) return undefined;
   const line = text.trim();
   if (line === 'restored') return { restored: true };
-  return { restored: false, reason: line.replace(/^failed\s*/, '') || 'runsc gave no reason' };
+  return { restored: false, reason: line.replace(/^failed\s*/, '') || 'the runtime gave no reason' };
 }

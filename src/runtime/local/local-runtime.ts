@@ -12,11 +12,13 @@
 // runs a sandbox unisolated. A pod with runtimeClassName gvisor runs under gVisor's runsc instead
 // of runc (runtime-class.ts), through the same shim, exec and terminal code; such a pod can also
 // stop with its memory (stop(id, { memory: true }): a runsc checkpoint in its state dir,
-// checkpoint.ts) and its next start resumes every process where it was.
+// checkpoint.ts) and its next start resumes every process where it was. So can a runc pod started
+// checkpointable (PodRequest.checkpointable: runc makes its user namespace and its stdio is pipes),
+// through CRIU (`runc checkpoint` / `runc restore`, docs/criu.md).
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import { access, chmod, chown, copyFile, mkdir, readdir, readFile, rm, rmdir, stat } from 'node:fs/promises';
-import { join, posix, resolve } from 'node:path';
+import { access, chmod, chown, copyFile, link, mkdir, readdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
+import { dirname, join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
 import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
@@ -39,7 +41,8 @@ import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
 import { diskTool, evictionMessage, madeBeforeDisks, podDisk } from './disk.ts';
-import { checkpointRoom, discardCheckpoint, freeBytes, imageBytes, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMeta } from './checkpoint.ts';
+import { remapUsernsImage, USERNS_IMAGE } from './criu-userns.ts';
+import { checkpointRoom, discardCheckpoint, freeBytes, imageBytes, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMaker, type CheckpointMeta } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { listSnapshots, makePartial, readSnapshot, sealSnapshot, snapshotPaths, specDifference, type SnapshotMeta } from './snapshots.ts';
 import { startProbeLoop } from './probes.ts';
@@ -49,6 +52,7 @@ import { podPaths, processStartTime, readExitStatus, readPersisted, writePersist
 import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot, runscVersion } from '../oci/runsc-binary.ts';
+import { criuCheck, criuPath, findCriuBinary } from '../oci/criu-binary.ts';
 import { checkpointSequence, runscContainerId, runscFlags, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange, type OciSpec } from '../oci/spec.ts';
 import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
@@ -65,6 +69,8 @@ export interface LocalRuntimeOptions {
   runc?: string;
   /** gVisor's runsc for pods with runtimeClassName gvisor; default: the one `make runsc` builds (findRunscBinary). Without it such pods fail. */
   runsc?: string;
+  /** CRIU, for runc pods that keep their memory; default: the one `make criu` builds (findCriuBinary). Without it they refuse with NotImplemented. */
+  criu?: string;
   /** The image of a container that names none (`image:` empty, as kubernetes-sigs' getting-started example). */
   defaultImage?: string;
   clock?: Clock;
@@ -199,6 +205,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   readonly #unavailable: string | undefined;
   /** Why pods with runtimeClassName gvisor cannot run here (runsc not built); undefined: they can. */
   readonly #runscUnavailable: string | undefined;
+  /** CRIU for runc pods' memory, or why there is none. */
+  readonly #criu: { binary: string } | { unavailable: string };
   readonly #subnet: Subnet;
   readonly #bridge: string;
   readonly #ips: IpPool;
@@ -230,6 +238,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       runsc ??= findRunscBinary();
     } catch (err) {
       this.#runscUnavailable = err instanceof Error ? err.message : String(err);
+    }
+    try {
+      this.#criu = { binary: opts.criu ?? findCriuBinary() };
+    } catch (err) {
+      this.#criu = { unavailable: err instanceof Error ? err.message : String(err) };
     }
     this.#host = {
       runc: opts.runc ?? (unavailable === undefined ? findRuncBinary() : 'runc'),
@@ -448,7 +461,10 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const ip = kept !== undefined && !moved ? kept : this.#ips.allocate();
     // A request without a policy keeps the one the pod had (a wake), else the default.
     const egress = req.egress ?? pod.persisted?.request.egress ?? DEFAULT_EGRESS_POLICY;
-    req = { ...req, egress };
+    // A runc pod restored from memory (a snapshot's, or its own checkpoint) runs in the user
+    // namespace CRIU makes, as when it was saved: its bundle must be a checkpointable one.
+    const restoresMemory = snap === undefined ? pod.checkpoint?.criuVersion !== undefined && !discardMemory : snap.memory;
+    req = { ...req, egress, ...(restoresMemory && runtimeClass.kind === 'runc' ? { checkpointable: true } : {}) };
     let idRange: IdRange;
     try {
       idRange = await this.#idRange(pod);
@@ -484,7 +500,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // A pod stopped with memory wakes from its checkpoint when the image can still be restored, else from its files, saying why.
     const restore: { from?: string; shared?: boolean; failure?: string } = snap === undefined ? await this.#restorePlan(pod, runtimeClass.kind) : await this.#snapshotRestorePlan(pod, snap, runtimeClass.kind);
     if (pod.generation !== generation) return { ...pod.state };
-    if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true);
+    if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true, runtimeClass.kind === 'runc' && 'binary' in this.#criu ? dirname(this.#criu.binary) : undefined);
     pod.lostLauncher = false;
     const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
@@ -520,7 +536,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     let restoreFailure = restore.failure;
     if (restore.from !== undefined) {
       const status = await readRestoreStatus(pod.paths.restoreStatus);
-      if (status?.restored !== true) restoreFailure = `runsc could not restore the memory checkpoint, so the pod started from its files: ${status?.reason ?? 'the shim said nothing of the restore'}`;
+      if (status?.restored !== true) restoreFailure = `${runtimeClass.kind === 'runsc' ? 'runsc' : 'CRIU'} could not restore the memory checkpoint, so the pod started from its files: ${status?.reason ?? 'the shim said nothing of the restore'}`;
       // Its memory now lives in the running sandbox: a stale image must never be restored again
       // (a snapshot's is kept: it is the snapshot's, for every pod started from it).
       if (restore.shared !== true) await this.#dropCheckpoint(pod);
@@ -566,14 +582,10 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    */
   async #restorePlan(pod: Pod, kind: 'runc' | 'runsc'): Promise<{ from?: string; failure?: string }> {
     if (!(await exists(pod.paths.checkpoint))) return {};
-    let failure: string;
-    if (kind !== 'runsc') {
-      failure = 'the pod no longer runs on gVisor, which made its memory checkpoint';
-    } else {
-      const check = await this.#runscVersion().then((version) => verifyCheckpoint(pod.paths.checkpoint, version), (err: unknown): CheckpointCheck => ({ ok: false, reason: `runsc does not say its version: ${err instanceof Error ? err.message : String(err)}` }));
-      if (check.ok) return { from: pod.paths.checkpoint };
-      failure = check.reason;
-    }
+    const maker: Promise<CheckpointMaker> = kind === 'runsc' ? this.#runscVersion().then((runsc) => ({ runsc })) : this.#criuVersion().then((criu) => ({ criu }));
+    const check = await maker.then((m) => verifyCheckpoint(pod.paths.checkpoint, m), (err: unknown): CheckpointCheck => ({ ok: false, reason: `${kind === 'runsc' ? 'runsc does not say its version' : 'CRIU cannot run'}: ${err instanceof Error ? err.message : String(err)}` }));
+    if (check.ok) return { from: pod.paths.checkpoint };
+    const failure = check.reason;
     await this.#dropCheckpoint(pod);
     return { failure: `the memory checkpoint cannot be restored, so the pod started from its files: ${failure}` };
   }
@@ -588,15 +600,45 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const paths = snapshotPaths(this.#opts.root, snap.id);
     let failure: string;
     if (kind !== 'runsc') {
-      failure = 'the pod does not run on gVisor, which made the snapshot\'s memory image';
+      const check = await this.#criuVersion().then((criu) => verifyCheckpoint(paths.memory, { criu }), (err: unknown): CheckpointCheck => ({ ok: false, reason: `CRIU cannot run: ${err instanceof Error ? err.message : String(err)}` }));
+      if (check.ok) {
+        try {
+          await this.#ownCopyOfImage(pod, paths.memory, snap.idRange.hostId);
+          return { from: pod.paths.checkpoint };
+        } catch (err) {
+          await discardCheckpoint(pod.paths.checkpoint);
+          failure = err instanceof Error ? err.message : String(err);
+        }
+      } else {
+        failure = check.reason;
+      }
     } else {
-      const check = await this.#runscVersion().then((version) => verifyCheckpoint(paths.memory, version), (err: unknown): CheckpointCheck => ({ ok: false, reason: `runsc does not say its version: ${err instanceof Error ? err.message : String(err)}` }));
+      const check = await this.#runscVersion().then((runsc) => verifyCheckpoint(paths.memory, { runsc }), (err: unknown): CheckpointCheck => ({ ok: false, reason: `runsc does not say its version: ${err instanceof Error ? err.message : String(err)}` }));
       const [saved, fresh] = await Promise.all([readFile(paths.config, 'utf8'), readFile(join(pod.paths.dir, 'config.json'), 'utf8')]);
       const differs = specDifference(JSON.parse(saved) as OciSpec, JSON.parse(fresh) as OciSpec);
       if (check.ok && differs === undefined) return { from: paths.memory, shared: true };
       failure = check.ok ? `the pod's ${differs ?? ''} differs from the snapshot's` : check.reason;
     }
     return { failure: `the snapshot's memory cannot be restored, so the pod started from its files: ${failure}` };
+  }
+
+  /**
+   * A runc pod's own copy of a snapshot's CRIU image, as its checkpoint (deleted once restored):
+   * the files hard-linked (CRIU only reads them), except the user namespace's map, moved to the
+   * pod's own host id range (criu-userns.ts says why); the directory root:<pod's root group> 0750
+   * like a checkpoint of its own (#savePaused).
+   */
+  async #ownCopyOfImage(pod: Pod, from: string, fromHostId: number): Promise<void> {
+    const to = pod.persisted?.idRange?.hostId ?? ROOT_ID_MAP.hostId;
+    const dir = pod.paths.checkpoint;
+    await discardCheckpoint(dir);
+    await mkdir(dir, { mode: 0o750 });
+    await chown(dir, 0, to);
+    await chmod(dir, 0o750);
+    for (const name of await readdir(from)) {
+      if (USERNS_IMAGE.test(name)) await writeFile(join(dir, name), remapUsernsImage(await readFile(join(from, name)), fromHostId, to), { mode: 0o644 });
+      else await link(join(from, name), join(dir, name)).catch(() => copyFile(join(from, name), join(dir, name)));
+    }
   }
 
   /** The snapshot's image tree, pinned for this pod: it must still be in the cache (the snapshot pins it). */
@@ -673,7 +715,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
         }
         await this.#copySparse(disk.image, join(paths.partial, 'disk.img'));
       } else {
-        if (memory && target.kind !== 'runsc') throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory cannot be kept yet (it needs CRIU): snapshot its files only, or run it with runtimeClassName gvisor`);
+        if (memory) this.#canSaveMemory(pod, target, 'snapshot');
         const copyDisk = (): Promise<void> => this.#copyFrozen(disk.mount, disk.image, join(paths.partial, 'disk.img'));
         if (!memory) {
           await copyDisk();
@@ -734,6 +776,57 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
   }
 
+  /**
+   * Whether the pod's memory can be saved (a pause or a snapshot with memory): a gVisor pod always;
+   * a runc pod when CRIU is built and the pod runs in a user namespace runc made
+   * (PodRequest.checkpointable). NotImplemented saying how to get it otherwise.
+   */
+  #canSaveMemory(pod: Pod, target: PodTarget, what: 'pause' | 'snapshot'): void {
+    if (target.kind === 'runsc') return;
+    const instead = what === 'pause' ? 'pause it without memory' : 'snapshot its files only';
+    if ('unavailable' in this.#criu) throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory is kept with CRIU, which this worker lacks (${this.#criu.unavailable}); it keeps running (${instead}, or run it with runtimeClassName gvisor)`);
+    if (pod.persisted?.request.checkpointable !== true) {
+      // Decided when the pod started: a warm pool member claimed with Hibernate started without it.
+      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc in the user namespace its shim makes, which CRIU cannot checkpoint (docs/criu.md); it keeps running. To keep memory on runc, give its Sandbox suspensionStrategy: Hibernate before it starts (runc then makes its user namespace; a pod started without it, such as a warm pool member claimed with it, gets it at its next start), or run it with runtimeClassName gvisor; else ${instead}`);
+    }
+  }
+
+  /**
+   * Ends a runc pod #savePaused left frozen, without letting it run again: SIGKILL is queued to
+   * every process of its cgroup while frozen, and each dies on the thaw before it runs a single
+   * instruction (killing only the init would let the others run until the kernel reaps them).
+   */
+  async #killFrozen(pod: Pod, target: PodTarget): Promise<void> {
+    const cgroup = posix.join(this.#host.cgroupParent, pod.id);
+    const procs = await readFile(`/sys/fs/cgroup/freezer${cgroup}/cgroup.procs`, 'utf8').catch(() => readFile(`/sys/fs/cgroup${cgroup}/cgroup.procs`, 'utf8')).catch(() => '');
+    for (const pid of procs.split('\n').map(Number).filter((n) => n > 0)) signal(pid, 'SIGKILL');
+    signal(target.pid, 'SIGKILL');
+    const resumed = await this.#runcOn(target, ['resume', target.id]);
+    if (resumed.code !== 0) this.#log.warn({ id: pod.id, output: resumed.output }, 'a runc pod killed after its checkpoint could not be thawed');
+  }
+
+  /** One runc command on a runc pod, through the launcher; `criu`: with CRIU first on runc's PATH (checkpoint.ts). */
+  #runcOn(target: PodTarget, args: readonly string[], criu = false): Promise<{ code: number; output: string }> {
+    const argv = [target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...args];
+    return this.#launcher.run(criu && 'binary' in this.#criu ? ['env', `PATH=${criuPath(this.#criu.binary)}`, ...argv] : argv, '');
+  }
+
+  #criuVersionOnce: Promise<string> | undefined;
+
+  /** CRIU's version, once `criu check` passed on this worker (run once: ~0.1 s). */
+  #criuVersion(): Promise<string> {
+    const criu = this.#criu;
+    if ('unavailable' in criu) return Promise.reject(new AsbError('Unavailable', criu.unavailable));
+    this.#criuVersionOnce ??= criuCheck(criu.binary).then((check) => {
+      if (!check.ok) throw new AsbError('Unavailable', `criu check fails on this worker: ${check.reason ?? ''}`);
+      return check.version;
+    }).catch((err: unknown) => {
+      this.#criuVersionOnce = undefined;
+      throw err;
+    });
+    return this.#criuVersionOnce;
+  }
+
   /** One runsc command on a running gVisor pod, through the launcher. */
   #runsc(target: PodTarget, cmd: RunscCommand): Promise<{ code: number; output: string }> {
     return this.#launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
@@ -748,24 +841,36 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * (or a CheckpointFailed the check threw) is thrown.
    */
   async #savePaused(pod: Pod, target: PodTarget, partial: string, sealed: string, failed: (why: string) => AsbError, check?: () => Promise<void>): Promise<CheckpointMeta> {
-    const version = await this.#runscVersion().catch((err: unknown) => {
+    const runc = target.kind === 'runc';
+    const maker: CheckpointMaker = await (runc ? this.#criuVersion().then((criu) => ({ criu })) : this.#runscVersion().then((runsc) => ({ runsc }))).catch((err: unknown) => {
       throw failed(err instanceof Error ? err.message : String(err));
     });
     await discardCheckpoint(partial);
+    if (runc) {
+      // root:<pod's root group> 0750: CRIU reads part of the image from inside the pod's user
+      // namespace at restore, before and after its tasks take the namespace's root (checkpoint.ts);
+      // the pod dir (0700, root's) keeps everyone else out.
+      const root = pod.persisted?.idRange?.hostId ?? ROOT_ID_MAP.hostId;
+      await mkdir(partial, { mode: 0o750 }).then(() => chown(partial, 0, root)).then(() => chmod(partial, 0o750)).catch((err: unknown) => {
+        throw failed(`cannot make the image's directory: ${err instanceof Error ? err.message : String(err)}`);
+      });
+    }
     const steps = checkpointSequence(target.id, partial);
     target.agent?.suspend();
-    const paused = await this.#runsc(target, steps.pause);
+    const paused = runc ? await this.#runcOn(target, ['pause', target.id]) : await this.#runsc(target, steps.pause);
     if (paused.code !== 0) {
       void target.agent?.resume();
-      throw failed(`runsc pause: ${lastLine(paused.output)}`);
+      await discardCheckpoint(partial);
+      throw failed(`${target.kind} pause: ${lastLine(paused.output)}`);
     }
     try {
-      const saved = await this.#runsc(target, steps.checkpoint);
-      if (saved.code !== 0) throw failed(`runsc checkpoint: ${lastLine(saved.output)}`);
+      // runc: the cgroup is frozen already, and CRIU leaves it frozen after the dump (--leave-running).
+      const saved = runc ? await this.#runcOn(target, runcCheckpoint(target.id, partial), true) : await this.#runsc(target, steps.checkpoint);
+      if (saved.code !== 0) throw failed(`${target.kind} checkpoint: ${runc ? await criuDumpError(partial, saved.output) : lastLine(saved.output)}`);
       // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
       if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
       await check?.();
-      return await sealCheckpoint(partial, sealed, version, isoNow(this.#clock));
+      return await sealCheckpoint(partial, sealed, maker, isoNow(this.#clock));
     } catch (err) {
       await discardCheckpoint(partial);
       await this.#resumePaused(pod, target);
@@ -775,7 +880,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   /** Resumes a sandbox #savePaused left paused, and attaches its agent's processes again. */
   async #resumePaused(pod: Pod, target: PodTarget): Promise<void> {
-    const resumed = await this.#runsc(target, { op: 'resume', id: target.id });
+    const resumed = target.kind === 'runc' ? await this.#runcOn(target, ['resume', target.id]) : await this.#runsc(target, { op: 'resume', id: target.id });
     if (resumed.code !== 0) this.#log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
     void target.agent?.resume();
   }
@@ -986,9 +1091,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (pod.state.phase === 'Stopped' && pod.checkpoint !== undefined) return;
       throw new AsbError('SandboxNotRunning', `pod ${pod.id} is not running: there is no memory to keep`);
     }
-    if (target.kind !== 'runsc') {
-      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose pause with memory needs CRIU, which is not wired yet; it keeps running (pause it without memory, or run it with runtimeClassName gvisor)`);
-    }
+    this.#canSaveMemory(pod, target, 'pause');
     const request = pod.persisted?.request;
     if (request === undefined) throw new AsbError('Internal', `pod ${pod.id} runs without a recorded request`);
     const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved, it keeps running: ${why}`);
@@ -1018,7 +1121,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const keepAlive = setInterval(() => undefined, 60_000); // as in stop(): a shutdown awaiting this must not exit half-way
     try {
       // Paused, its memory saved: nothing in it may run again, so no SIGTERM and no grace.
-      signal(target.pid, 'SIGKILL');
+      if (target.kind === 'runc') await this.#killFrozen(pod, target);
+      else signal(target.pid, 'SIGKILL');
       if (!(await this.#within(exited, 10_000))) throw new AsbError('Timeout', `pod ${pod.id} did not end after its checkpoint`);
     } finally {
       clearInterval(keepAlive);
@@ -1052,13 +1156,15 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
     if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
     // The namespace files a killed shim left bound: the pod dir cannot be removed under them (EBUSY).
-    for (const ns of [pod.paths.userns, pod.paths.netns]) await this.#host.disk.unmount(ns);
     const mountDir = join(this.#host.mountRoot, id);
+    // And a checkpointable runc pod's disk bound for its volumes (oci-shim.c -V), before the disk goes.
+    for (const path of [pod.paths.userns, pod.paths.netns, join(mountDir, 'disk')]) await this.#host.disk.unmount(path);
     await Promise.all([
       rm(pod.paths.dir, { recursive: true, force: true }),
       rm(pod.paths.legacyVolumes, { recursive: true, force: true }),
       // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
-      rmdir(join(mountDir, 'rootfs')).catch(() => undefined).then(() => rmdir(mountDir)).catch(() => undefined),
+      // etc/ and disk/: a checkpointable runc pod's /etc files and its disk's bind point (oci-pod.ts).
+      Promise.all([rmdir(join(mountDir, 'rootfs')).catch(() => undefined), rmdir(join(mountDir, 'disk')).catch(() => undefined), rm(join(mountDir, 'etc'), { recursive: true, force: true })]).then(() => rmdir(mountDir)).catch(() => undefined),
     ]);
     // After its files are deleted, so a later pod given the range finds none of this one's.
     await releaseIdRange(this.#idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot release the pod\'s id range'));
@@ -1250,6 +1356,19 @@ async function exists(path: string): Promise<boolean> {
   } catch {
     return false;
   }
+}
+
+/** `runc checkpoint` of a frozen container into `dir`, CRIU's dump.log with it; the container is left as it was (frozen). */
+function runcCheckpoint(id: string, dir: string): string[] {
+  return ['checkpoint', '--leave-running', '--image-path', dir, '--work-path', dir, id];
+}
+
+/** Why `runc checkpoint` failed: CRIU's first error in its dump.log (runc says only "criu failed"), else runc's last line. */
+async function criuDumpError(dir: string, output: string): Promise<string> {
+  const log = await readFile(join(dir, 'dump.log'), 'utf8').catch(() => '');
+  // Every run logs "rlimit: Can't setup RLIMIT_NOFILE for self" (harmless, docs/criu.md): not the reason.
+  const first = log.split('\n').find((line) => line.includes('Error (') && !line.includes('RLIMIT_NOFILE for self'))?.trim();
+  return first === undefined ? lastLine(output) : `${lastLine(output)}: ${first}`;
 }
 
 /** The last non-empty line a command printed (runsc's error), for a message. */

@@ -125,6 +125,9 @@ export async function preparePod(host: OciHost, podDir: PodPaths, req: PodReques
 async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, image: Pick<CachedImage, 'rootfs' | 'config'>, net: PodNetwork | undefined, kind: RuntimeKind, idRange: IdRange): Promise<PreparedPod> {
   const runtime = ociRuntime(host, kind);
   const gvisor = kind === 'runsc';
+  // A runc pod that may keep its memory: runc makes its user namespace (CRIU cannot checkpoint the
+  // shim's, docs/criu.md) and its stdio is pipes (CRIU cannot dump the host's log file).
+  const checkpointable = !gvisor && req.checkpointable === true;
   const container = mainContainer(req.spec);
   const root = idRange.hostId;
   // The pod's range differs from the one the cached tree is owned by: the shim idmaps the tree.
@@ -136,39 +139,47 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   // A pod started before this layout had its rootfs at <id> itself: one left mounted by a shim
   // that was killed must go first, or rootfs/ and the mode below would land in its writable layer.
   await host.disk.unmount(mountDir);
-  await Promise.all([mkdir(paths.work, { recursive: true, mode: 0o700 }), mkdir(paths.etc, { recursive: true, mode: 0o700 }), mkdir(paths.exec, { recursive: true, mode: 0o700 }), mkdir(mountPoint, { recursive: true, mode: 0o755 })]);
+  // A checkpointable runc pod's /etc files lie under its mount dir, which its own root can walk:
+  // CRIU opens every bind mount's source from inside the pod's user namespace at restore
+  // ("mnt-v2: Failed to open_tree <pod>/etc/hostname: Permission denied" under the private pod dir).
+  const etcDir = checkpointable ? join(mountDir, 'etc') : paths.etc;
+  await Promise.all([mkdir(paths.work, { recursive: true, mode: 0o700 }), mkdir(etcDir, { recursive: true, mode: checkpointable ? 0o755 : 0o700 }), mkdir(paths.exec, { recursive: true, mode: 0o700 }), mkdir(mountPoint, { recursive: true, mode: 0o755 })]);
   await chown(mountDir, 0, root);
   await chmod(mountDir, 0o710);
   // The merged root takes the upper dir's owner and mode: the sandbox's root owns its `/`.
   if ((await mkdir(paths.upper, { recursive: true, mode: 0o755 })) !== undefined) await chown(paths.upper, root, root);
   const ip = net?.ip ?? '127.0.0.1';
   await Promise.all([
-    writeFile(join(paths.etc, 'hostname'), `${req.hostname}\n`, { mode: 0o644 }),
-    writeFile(join(paths.etc, 'hosts'), `127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n${ip}\t${req.hostname}\n`, { mode: 0o644 }),
+    writeFile(join(etcDir, 'hostname'), `${req.hostname}\n`, { mode: 0o644 }),
+    writeFile(join(etcDir, 'hosts'), `127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n${ip}\t${req.hostname}\n`, { mode: 0o644 }),
   ]);
   const { passwd, group } = await host.imageUsers(image.rootfs);
   // Volumes are owned by the sandbox's user as the host sees it (through the id map).
   const user = sandboxIdentity(container, image.config, { userNamespace: 'always', idMap: idRange, passwd, group }, req.spec);
   const owner = { uid: root + user.uid, gid: root + user.gid };
-  const volumes = await resolveMounts(req, container, paths, owner);
+  const resolved = await resolveMounts(req, container, paths, owner);
+  // A checkpointable runc pod's volumes are bound from its disk bound again under its mount dir
+  // (oci-shim.c -V), for the same reason as etcDir.
+  const diskBind = checkpointable && paths.disk !== undefined ? { from: paths.disk.mount, to: join(mountDir, 'disk') } : undefined;
+  const volumes = diskBind === undefined ? resolved : resolved.map((m) => (m.src.startsWith(`${diskBind.from}/`) ? { ...m, src: join(diskBind.to, m.src.slice(diskBind.from.length + 1)) } : m));
   // Like /etc/hosts, files the runtime owns, bind-mounted read-only over the image's: the
   // resolver on the gateway, and the image's CA bundle plus the cluster's extra CA (written at
   // every start, so a CA or image change reaches a woken pod).
   const etcMounts: BindMount[] = [];
   if (host.dnsOnGateway === true && net !== undefined) {
-    await writeFile(join(paths.etc, 'resolv.conf'), `nameserver ${net.gateway}\n`, { mode: 0o644 });
-    etcMounts.push({ destination: '/etc/resolv.conf', source: join(paths.etc, 'resolv.conf'), readOnly: true });
+    await writeFile(join(etcDir, 'resolv.conf'), `nameserver ${net.gateway}\n`, { mode: 0o644 });
+    etcMounts.push({ destination: '/etc/resolv.conf', source: join(etcDir, 'resolv.conf'), readOnly: true });
   }
   if (host.extraCaPem !== undefined) {
     // Read as the container sees it (image-file.ts): the image's links never reach a host file.
     const bundle = (await readImageFile(image.rootfs, `/${CA_BUNDLE}`)) ?? '';
-    await writeFile(join(paths.etc, 'ca-certificates.crt'), `${bundle}${bundle === '' || bundle.endsWith('\n') ? '' : '\n'}${host.extraCaPem}`, { mode: 0o644 });
-    etcMounts.push({ destination: `/${CA_BUNDLE}`, source: join(paths.etc, 'ca-certificates.crt'), readOnly: true });
+    await writeFile(join(etcDir, 'ca-certificates.crt'), `${bundle}${bundle === '' || bundle.endsWith('\n') ? '' : '\n'}${host.extraCaPem}`, { mode: 0o644 });
+    etcMounts.push({ destination: `/${CA_BUNDLE}`, source: join(etcDir, 'ca-certificates.crt'), readOnly: true });
   }
   const mounts: BindMount[] = [
     { destination: INIT_PATH, source: host.init, readOnly: true },
-    { destination: '/etc/hostname', source: join(paths.etc, 'hostname'), readOnly: true },
-    { destination: '/etc/hosts', source: join(paths.etc, 'hosts'), readOnly: true },
+    { destination: '/etc/hostname', source: join(etcDir, 'hostname'), readOnly: true },
+    { destination: '/etc/hosts', source: join(etcDir, 'hosts'), readOnly: true },
     ...etcMounts,
     ...volumes.map((m) => ({ destination: m.dst, source: m.src, readOnly: m.readOnly })),
   ];
@@ -185,7 +196,7 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
     userNamespace: 'always',
     idMap: idRange,
     // runsc makes its own namespace (gVisor's sentry keeps the per-user counts itself).
-    ...(ownRange && !gvisor ? { userNamespacePath: paths.userns } : {}),
+    ...(ownRange && !gvisor && !checkpointable ? { userNamespacePath: paths.userns } : {}),
     passwd,
     group,
     ...(gvisor ? { netnsPath: paths.netns } : {}),
@@ -200,6 +211,13 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   const token = (await readIdentity(paths))?.agent?.token ?? newAgentToken();
   if (!spec.process.env.some((e) => e.startsWith('HOME='))) spec.process.env.push(`HOME=${homeOf(passwd, spec.process.user.uid)}`);
   spec.process = initProcess(spec, INIT_PATH, { port: AGENT_PORT, token });
+  if (checkpointable) {
+    // Connections from outside are dropped by a pause with memory (as E2B documents): CRIU closes
+    // them instead of refusing to dump (tcp-close), and ignores connections not yet accepted.
+    const conf = join(paths.dir, 'criu.conf');
+    await writeFile(conf, 'tcp-close\nskip-in-flight\n', { mode: 0o600 });
+    spec.annotations = { 'org.criu.config': conf };
+  }
   await writeFile(join(paths.dir, 'config.json'), JSON.stringify(spec), { mode: 0o600 });
   const shimArgs = ['-d', paths.dir, '-r', runtime.binary, '-R', runtime.root, '-i', gvisor ? runscContainerId(req.id) : req.id, '-b', paths.dir, '-c', spec.linux.cgroupsPath, '-o', image.rootfs, paths.upper, paths.work, mountPoint];
   if (net !== undefined) shimArgs.push('-n', net.ip, String(net.prefix), net.gateway);
@@ -207,7 +225,9 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
   if (!gvisor) shimArgs.push('-l', String(POD_NOFILE));
   if (gvisor) shimArgs.push('-N', paths.netns);
   if (ownRange) shimArgs.push('-U', String(idRange.hostId), String(idRange.size), String(ROOT_ID_MAP.hostId));
-  if (ownRange && !gvisor) shimArgs.push('-u', paths.userns);
+  if (ownRange && !gvisor && !checkpointable) shimArgs.push('-u', paths.userns);
+  if (checkpointable) shimArgs.push('-P');
+  if (diskBind !== undefined) shimArgs.push('-V', diskBind.to);
   if (runtime.flags.length > 0) shimArgs.push('--', ...runtime.flags);
   return { shimArgs, identity: identityOf(spec), runtime };
 }

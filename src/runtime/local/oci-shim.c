@@ -6,7 +6,7 @@
 //   oci-shim -d <podDir> -r <runc> -R <runcRoot> -i <id> -b <bundle> [-c <cgroupsPath>]
 //            [-o <lowerdir> <upperdir> <workdir> <rootfs>] [-n <ip> <prefix> <gw>] [-D <disk>]
 //            [-N <netns file>] [-U <host id> <size> <tree id>] [-u <userns file>] [-l <nofile>]
-//            [-C <checkpoint dir>] [-- <runc global flags>...]
+//            [-C <checkpoint dir>] [-P] [-K <criu dir>] [-V <disk bind>] [-- <runc global flags>...]
 // Protocol on stdout, one line each (the same as the runtime's launcher expects): "pid <host pid of
 // the container's init>", then "ready" or "error <what>: <why>". With -n it reads "go\n" on stdin
 // once the runtime has moved the veth peer into the container's network namespace, then
@@ -27,6 +27,19 @@
 // configures eth0 again and starts the pod fresh with `run`: a pod never stays down because its
 // memory could not come back. Either way it writes <podDir>/restore-status before "init": "restored",
 // or "failed <runsc's reason>" for the runtime to report.
+// With -C and no -N the pod is a runc one whose memory CRIU saved (`runc checkpoint`): the overlay
+// is mounted as for a start, then `runc restore --detach` (CRIU, found first on the PATH -K names:
+// runc runs `criu swrk` from its PATH) re-makes the container and its user namespace from the image
+// into a new, empty network namespace, and "pid <restored init>" lets the runtime move the veth in
+// again before eth0 is configured, as after `runc create` (no `runc start`: it runs already). When
+// the restore fails the container is deleted and started fresh with `create`, as for runsc.
+// With -P (runc pods that may keep their memory) the container's stdio is pipes, not the log file:
+// CRIU cannot dump a host file outside the container's mounts, and runc hands back to a restored
+// container pipes only. stdin is a pipe nobody writes (EOF, as /dev/null was), stdout and stderr
+// one pipe a child of the shim copies into the log until every writer is gone.
+// With -V the pod's disk (-D) is also bind-mounted at <disk bind> (under the pod's mount dir, which
+// its own root can walk) for the volumes' sources: CRIU opens each bind mount's source from inside
+// the pod's user namespace at restore, and the pod dir, where the disk is mounted, is private.
 // The shim is PR_SET_CHILD_SUBREAPER, so when
 // runc exits the container's init is re-parented to it: it waits for that init, `runc delete`s the
 // container (its cgroups go), unmounts the rootfs, and then writes the init's exit code to
@@ -78,7 +91,12 @@ static const char *pod_dir, *runc, *runc_root, *id, *bundle;
 static const char *lower, *upper, *work, *rootfs;
 static const char *net_ip, *net_prefix, *net_gw;
 static const char *netns_file; // -N: the network namespace the shim makes before create (runsc)
-static const char *checkpoint_dir; // -C: restore the sandbox from this image (runsc, with -N)
+static const char *checkpoint_dir; // -C: restore the sandbox from this image (runsc with -N; runc with CRIU)
+static const char *criu_dir; // -K: the directory of the criu runc runs for restore
+static int stdio_pipes; // -P: the container's stdio is pipes copied into the log
+static const char *disk_bind; // -V: where the disk is bind-mounted for the volumes' sources
+static int io_in = -1, io_out = -1; // -P: the container's stdin (read end) and stdout/stderr (write end)
+static pid_t copier = -1; // -P: the child copying the container's output into the log
 static const char *userns_file; // -u: the user namespace the shim makes for runc to join
 static long id_host = -1, id_size, id_tree; // -U: the pod's host range and the tree's first id
 static char lower_mnt[PATH_MAX]; // -U: where the idmapped tree is mounted while the overlay is
@@ -102,8 +120,9 @@ static void fail(int created, const char *what) { fail_msg(created, what, strerr
 static int status_code(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
 
 // Runs `runc <global flags> --root R --log <podDir>/runc.log <args...>` to its end; its stdio goes
-// to the container log (runc create hands that stdio on to the container's process).
-static int run_runc(const char *const *args) {
+// to the container log, or with `container_io` (-P: create and restore) to the container's pipes
+// (runc hands that stdio on to the container's process). `criu`: CRIU's directory first on its PATH.
+static int run_runc_io(const char *const *args, int container_io, int criu) {
   char *argv[64];
   char log_path[PATH_MAX];
   int n = 0;
@@ -123,10 +142,13 @@ static int run_runc(const char *const *args) {
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL); // wait_init blocks SIGCHLD; runc delete must not inherit that
     int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-    dup2(null_fd, 0);
-    dup2(log_fd, 1);
-    dup2(log_fd, 2);
-    char *env[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+    int in = container_io && io_in >= 0 ? io_in : null_fd, out = container_io && io_out >= 0 ? io_out : log_fd;
+    dup2(in, 0);
+    dup2(out, 1);
+    dup2(out, 2);
+    static char path_env[PATH_MAX + 80];
+    snprintf(path_env, sizeof path_env, "PATH=%s%s/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", criu && criu_dir ? criu_dir : "", criu && criu_dir ? ":" : "");
+    char *env[] = {path_env, NULL};
     execve(runc, argv, env);
     _exit(127);
   }
@@ -135,6 +157,56 @@ static int run_runc(const char *const *args) {
     if (errno != EINTR) return -1;
   }
   return status_code(st);
+}
+
+static int run_runc(const char *const *args) { return run_runc_io(args, 0, 0); }
+
+// -P: the container's stdin (a pipe whose write end is closed at once: EOF, as /dev/null) and its
+// stdout and stderr (one pipe), and the child that copies that pipe into the log. The copier ends
+// when every writer is gone: the container's processes and the shim's own copy (closed once the
+// container runs, or in cleanup).
+static void make_stdio_pipes(void) {
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0) fail(0, "stdio pipes");
+  close(in[1]);
+  io_in = in[0];
+  io_out = out[1];
+  copier = fork();
+  if (copier < 0) fail(0, "fork log copier");
+  if (copier == 0) {
+    close(io_out);
+    close(io_in);
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    dup2(null_fd, 0);
+    dup2(null_fd, 1); // never the launcher's pipe: it must see EOF when the shim ends
+    dup2(null_fd, 2);
+    static char buf[65536];
+    for (;;) {
+      ssize_t n = read(out[0], buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) _exit(0);
+      for (ssize_t done = 0; done < n;) {
+        ssize_t w = write(log_fd, buf + done, (size_t)(n - done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break; // a full disk loses output, never blocks the container
+        done += w;
+      }
+    }
+  }
+  close(out[0]);
+}
+
+// The copier has written everything once the container is gone: waited for (at most 2 s) before
+// the log's disk is unmounted.
+static void end_copier(void) {
+  if (io_out >= 0) close(io_out);
+  if (io_in >= 0) close(io_in);
+  io_out = io_in = -1;
+  for (int i = 0; copier > 0 && i < 200; i++) {
+    pid_t p = waitpid(copier, NULL, WNOHANG);
+    if (p == copier || (p < 0 && errno != EINTR)) copier = -1;
+    else usleep(10000);
+  }
 }
 
 // The last line runc logged (its error), without runc's "time=... level=error msg=" prefix.
@@ -166,11 +238,40 @@ static const char *runc_error(void) {
   return line;
 }
 
+// CRIU's first error line in <podDir>/restore-work/restore.log (its first 256 KiB) (runc's own says only "criu failed"),
+// or NULL. The first: the later ones are CRIU unwinding.
+static const char *criu_error(void) {
+  static char buf[262144], line[512];
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/restore-work/restore.log", pod_dir);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return NULL;
+  buf[n] = 0;
+  // Every run logs "rlimit: Can't setup RLIMIT_NOFILE for self" (harmless, docs/criu.md): skipped.
+  char *err = strstr(buf, "Error (");
+  while (err) {
+    char *end = err + strcspn(err, "\n");
+    char *harmless = strstr(err, "RLIMIT_NOFILE for self");
+    if (!harmless || harmless > end) break;
+    err = strstr(end, "Error (");
+  }
+  if (!err) return NULL;
+  size_t len = strcspn(err, "\n");
+  if (len >= sizeof line) len = sizeof line - 1;
+  memcpy(line, err, len);
+  line[len] = 0;
+  return line;
+}
+
 static void cleanup(int created) {
   if (created) {
     const char *del[] = {"delete", "--force", id, NULL};
     run_runc(del);
   }
+  end_copier();
   if (rootfs) umount2(rootfs, MNT_DETACH);
   if (lower_mnt[0]) {
     umount2(lower_mnt, MNT_DETACH);
@@ -178,6 +279,7 @@ static void cleanup(int created) {
   }
   if (netns_file) umount2(netns_file, MNT_DETACH);
   if (userns_file) umount2(userns_file, MNT_DETACH);
+  if (disk_bind) umount2(disk_bind, MNT_DETACH);
   if (disk) {
     // The log is the last file open there; unmounted at once, or lazily when still busy.
     if (log_fd >= 0) close(log_fd);
@@ -351,6 +453,7 @@ static void parse_args(int argc, char **argv) {
     const char *a = argv[i];
     int left = argc - i - 1;
     if (!strcmp(a, "--")) { runc_flags = argv + i + 1; n_runc_flags = left; break; }
+    if (!strcmp(a, "-P")) { stdio_pipes = 1; continue; }
     if (left < 1) break;
     if (!strcmp(a, "-d")) pod_dir = argv[++i];
     else if (!strcmp(a, "-r")) runc = argv[++i];
@@ -362,6 +465,8 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(a, "-n") && left >= 3) { net_ip = argv[++i]; net_prefix = argv[++i]; net_gw = argv[++i]; }
     else if (!strcmp(a, "-N")) netns_file = argv[++i];
     else if (!strcmp(a, "-C")) checkpoint_dir = argv[++i];
+    else if (!strcmp(a, "-K")) criu_dir = argv[++i];
+    else if (!strcmp(a, "-V")) disk_bind = argv[++i];
     else if (!strcmp(a, "-D")) disk = argv[++i];
     else if (!strcmp(a, "-u")) userns_file = argv[++i];
     else if (!strcmp(a, "-l")) nofile_limit = atol(argv[++i]);
@@ -369,7 +474,7 @@ static void parse_args(int argc, char **argv) {
     else { dprintf(1, "error argument: %s\n", a); _exit(125); }
   }
   if (!pod_dir || !runc || !runc_root || !id || !bundle) { dprintf(1, "error usage: -d -r -R -i -b are required\n"); _exit(125); }
-  if (checkpoint_dir && !netns_file) { dprintf(1, "error usage: -C needs -N (only runsc restores)\n"); _exit(125); }
+  if (checkpoint_dir && !netns_file && !stdio_pipes) { dprintf(1, "error usage: -C needs -N (runsc) or -P (runc, whose restore hands back pipes only)\n"); _exit(125); }
   if ((id_host >= 0 || userns_file) && (id_host <= 0 || id_size <= 0 || id_tree < 0 || !rootfs)) { dprintf(1, "error usage: -U needs a host id, a size, a tree id and -o; -u needs -U\n"); _exit(125); }
 }
 
@@ -415,6 +520,7 @@ static int wait_init(pid_t init, int *evicted) {
     int st;
     pid_t p;
     while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+      if (p == copier) copier = -1;
       if (p == init) return st;
     }
     if (p < 0 && errno == ECHILD) return 137 << 8; // never ours (cannot happen once re-parented)
@@ -484,6 +590,11 @@ int main(int argc, char **argv) {
     }
   }
   if (userns_file) close(make_userns((uid_t)id_host, 0, id_host, id_size, userns_file));
+  if (disk_bind && disk) {
+    umount2(disk_bind, MNT_DETACH); // left by a shim that died; EINVAL when none
+    if (mkdir(disk_bind, 0700) < 0 && errno != EEXIST) fail(0, "disk bind point");
+    if (mount(disk, disk_bind, NULL, MS_BIND, NULL) < 0) fail(0, "bind the disk for the volumes");
+  }
 
   if (netns_file) {
     int release = -1;
@@ -506,21 +617,36 @@ int main(int argc, char **argv) {
   // `run --detach` (~120 ms for create + start here, ~35 ms less as one).
   const char *create[] = {"create", "--no-new-keyring", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
   const char *run[] = {"run", "--detach", "--bundle", bundle, "--pid-file", pid_path, id, NULL};
-  int code;
+  int code, restored = 0;
+  if (stdio_pipes) make_stdio_pipes();
   if (checkpoint_dir) {
-    const char *restore[] = {"restore", "--detach", "--background", "--bundle", bundle, "--pid-file", pid_path, "--image-path", checkpoint_dir, id, NULL};
-    code = run_runc(restore);
-    char status[1200];
+    const char *restore_runsc[] = {"restore", "--detach", "--background", "--bundle", bundle, "--pid-file", pid_path, "--image-path", checkpoint_dir, id, NULL};
+    // CRIU's own log goes beside the pod's runc.log, not into the image (deleted after the restore).
+    char work[PATH_MAX];
+    snprintf(work, sizeof work, "%s/restore-work", pod_dir);
+    mkdir(work, 0700);
+    char work_log[PATH_MAX + 16];
+    snprintf(work_log, sizeof work_log, "%s/restore.log", work);
+    unlink(work_log); // a previous restore's log must not be read as this one's
+    const char *restore_runc[] = {"restore", "--detach", "--bundle", bundle, "--pid-file", pid_path, "--image-path", checkpoint_dir, "--work-path", work, id, NULL};
+    code = netns_file ? run_runc(restore_runsc) : run_runc_io(restore_runc, 1, 1);
+    restored = code == 0;
+    char status[1600];
     if (code == 0) {
       snprintf(status, sizeof status, "restored\n");
     } else {
       // runsc destroys a container whose restore failed; a forced delete covers one it left.
-      snprintf(status, sizeof status, "failed %s\n", runc_error());
+      const char *criu = netns_file ? NULL : criu_error();
+      snprintf(status, sizeof status, "failed %s%s%s\n", runc_error(), criu ? ": " : "", criu ? criu : "");
       const char *del[] = {"delete", "--force", id, NULL};
       run_runc(del);
       unlink(pid_path);
-      if (net_ip) configure_net_in(netns_file, 0);
-      code = run_runc(run);
+      if (netns_file) {
+        if (net_ip) configure_net_in(netns_file, 0);
+        code = run_runc(run);
+      } else {
+        code = run_runc_io(create, 1, 0);
+      }
     }
     int fd = openat(dir_fd, "restore-status", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd >= 0) {
@@ -528,7 +654,7 @@ int main(int argc, char **argv) {
       close(fd);
     }
   } else {
-    code = run_runc(netns_file ? run : create);
+    code = run_runc_io(netns_file ? run : create, 1, 0);
   }
   if (code != 0) fail_msg(1, netns_file ? "runc run" : "runc create", runc_error());
   FILE *pf = fopen(pid_path, "re");
@@ -541,7 +667,7 @@ int main(int argc, char **argv) {
     dprintf(1, "pid %d\n", init);
     if (net_ip) setup_net((pid_t)init, 1);
     const char *start[] = {"start", id, NULL};
-    if (run_runc(start) != 0) fail_msg(1, "runc start", runc_error());
+    if (!restored && run_runc(start) != 0) fail_msg(1, "runc start", runc_error());
   }
   // Nobody read "ready" (the launcher or the worker died during the start): nobody will track this
   // pod, so end it rather than leave it running untracked.
@@ -553,6 +679,10 @@ int main(int argc, char **argv) {
   dup2(null_fd, 0);
   dup2(null_fd, 1);
   dup2(null_fd, 2);
+  // The container holds its pipes now: the copier ends when its processes do.
+  if (io_out >= 0) close(io_out);
+  if (io_in >= 0) close(io_in);
+  io_out = io_in = -1;
 
   int evicted = 0;
   int st = wait_init((pid_t)init, &evicted);

@@ -128,6 +128,8 @@ export interface OciSpec {
   };
   root: { path: string; readonly: boolean };
   hostname: string;
+  /** runc reads `org.criu.config` (a CRIU configuration file for its checkpoint and restore). */
+  annotations?: Record<string, string>;
   mounts: OciMount[];
   linux: {
     namespaces: { type: string; path?: string }[];

@@ -154,9 +154,10 @@ async function connect(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
 /**
  * Pause, answered once the pod has stopped and its memory, when kept, is saved (as E2B's, once
  * its snapshot is taken). `memory` (the SDK's mode):
- * - true ("full"): memory or nothing. Where the runtime cannot keep memory (runc pods until CRIU
- *   is wired, the Kubernetes tier) the answer is 400 naming mode="filesystem" and gVisor, and the
- *   sandbox keeps running; a save that fails is a 500 with its reason, and it keeps running too.
+ * - true ("full"): memory or nothing. Where the runtime cannot keep memory (runc pods of a
+ *   template without suspensionStrategy Hibernate, whose user namespace CRIU cannot checkpoint;
+ *   the Kubernetes tier) the answer is 400 naming mode="filesystem" and gVisor, and the sandbox
+ *   keeps running; a save that fails is a 500 with its reason, and it keeps running too.
  * - unset (the SDK's default, E2B's "full"): memory where the runtime can keep it, else the files,
  *   and the Suspended condition (getInfo's pauseMode "filesystem") says memory was not kept and
  *   why. A choice: refusing there would break every default pause on the default runc template,

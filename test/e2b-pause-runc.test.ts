@@ -1,0 +1,56 @@
+// Pause with memory on runc end to end, with the unmodified E2B JS SDK through the real data plane
+// (a worker, the router, a real Envoy): a runc template with suspensionStrategy Hibernate keeps a
+// background command's memory across pause and connect (CRIU), as E2B's full pause does; a sandbox
+// of a runc template without it keeps running and is told how to get memory. Bridge asbrmem,
+// subnet 10.236.0.0/16. ASB_CRIU_DIR points the worker at a CRIU build of its own (make criu).
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import * as e2b from 'e2b';
+import { baseTemplate } from '../src/api/builtin.ts';
+import type { SandboxTemplate } from '../src/api/types.ts';
+import { startTestSystem } from './support/local-system.ts';
+import { api } from './support/worker-process.ts';
+
+function template(name: string, hibernate: boolean): SandboxTemplate {
+  const t = baseTemplate();
+  t.metadata.name = name;
+  if (hibernate) t.spec.suspensionStrategy = 'Hibernate';
+  return t;
+}
+
+async function waitForFile(sbx: e2b.Sandbox, path: string): Promise<string> {
+  for (let i = 0; i < 100; i++) {
+    const out = await sbx.commands.run(`cat ${path} 2>/dev/null || true`);
+    if (out.stdout.trim() !== '') return out.stdout.trim();
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`${path} never appeared`);
+}
+
+test('E2B pause with memory on runc: a Hibernate template keeps a background command\'s memory across pause and connect; another runc template says how to get it', async (t) => {
+  const criuDir = process.env.ASB_CRIU_DIR;
+  const system = await startTestSystem('rmem', 236, 'local', 0, false, [], criuDir === undefined ? [] : ['--criu', join(criuDir, 'bin', 'criu')]);
+  t.after(() => system.cleanup());
+  const applied = await api(system, 'POST', '/v1/apply', { objects: [template('runchib', true), template('runcstop', false)] });
+  assert.equal(applied.status, 200, JSON.stringify(applied.body));
+  const opts = { apiUrl: system.edgeUrl, sandboxUrl: system.edgeUrl, apiKey: system.adminKey };
+
+  const sbx = await e2b.Sandbox.create('runchib', { ...opts, timeoutMs: 600_000 });
+  t.after(() => e2b.Sandbox.kill(sbx.sandboxId, opts).catch(() => false));
+  // A process whose only state is in memory: it writes what it was started with, again and again.
+  await sbx.commands.run('secret=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n"); echo "$secret" > /tmp/first; while true; do echo "$secret" > /tmp/now; sleep 0.2; done', { background: true });
+  const first = await waitForFile(sbx, '/tmp/first');
+  assert.equal(await sbx.pause({ keepMemory: true }), true);
+  assert.equal((await e2b.Sandbox.getInfo(sbx.sandboxId, opts)).state, 'paused');
+  const view = (await api<{ memory?: string }>(system, 'GET', `/v1/sandboxes/${sbx.sandboxId}`)).body;
+  assert.equal(view.memory, 'kept', JSON.stringify(view));
+  const again = await e2b.Sandbox.connect(sbx.sandboxId, opts);
+  await again.files.remove('/tmp/now');
+  assert.equal(await waitForFile(again, '/tmp/now'), first, 'the loop runs on with the secret it held in memory');
+
+  const plain = await e2b.Sandbox.create('runcstop', { ...opts, timeoutMs: 600_000 });
+  t.after(() => e2b.Sandbox.kill(plain.sandboxId, opts).catch(() => false));
+  await assert.rejects(plain.pause({ keepMemory: true }), (err: unknown) => err instanceof Error && /suspensionStrategy: Hibernate/.test(err.message));
+  assert.equal((await e2b.Sandbox.getInfo(plain.sandboxId, opts)).state, 'running');
+});
