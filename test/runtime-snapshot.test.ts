@@ -125,6 +125,26 @@ test('a snapshot of files only starts new pods fresh on the source\'s files; a p
   for (const id of ['snap-files', 'snap-paused']) await rt.deleteSnapshot(id);
 });
 
+// Before #oneSaveAtATime, the stop got the snapshot's own promise and returned with the pod still running.
+test('a stop with memory asked while a snapshot is taken waits for it, then stops with its memory; both are whole', async () => {
+  await startedReady(counterPod('snrace'));
+  const [token] = (await count(rt.state('snrace'))).split(' ');
+  const snapping = rt.snapshot('snrace', 'snap-race', { memory: true });
+  // Asked once the snapshot is under way (its save takes a few hundred ms).
+  await new Promise((r) => setTimeout(r, 50));
+  const stopping = rt.stop('snrace', { memory: true });
+  const [snap] = await Promise.all([snapping, stopping]);
+  assert.equal(snap.memory, true);
+  const stopped = rt.state('snrace');
+  assert.equal(stopped.phase, 'Stopped', 'the stop did stop the pod');
+  assert.ok(stopped.checkpoint !== undefined, 'with its memory kept');
+  // The snapshot holds the count after 1, the pause after 1 too: both go on to 2.
+  assert.equal(await count(await startedReady(counterPod('snrace2', 'snap-race'))), `${token ?? ''} 2`);
+  assert.equal(await count(await startedReady(counterPod('snrace'))), `${token ?? ''} 2`);
+  for (const id of ['snrace', 'snrace2']) await rt.remove(id);
+  await rt.deleteSnapshot('snap-race');
+});
+
 test('a fork whose spec differs from the snapshot\'s starts from the files and says why; a runc pod has no memory to snapshot', async () => {
   await startedReady(counterPod('sndf'));
   await rt.snapshot('sndf', 'snap-d', { memory: true });
