@@ -142,19 +142,25 @@ test('the E2B SDK through Envoy and the router: commands, pty, files, watch, sig
     assert.equal(await got.text(), 'uploaded by url');
   });
 
-  await t.test('pause hibernates; connect wakes it, and so does the next command (auto-resume), with files intact', async () => {
+  await t.test('pause hibernates; connect wakes it, and with auto_resume so does the next command, with files intact', async () => {
     await sbx.files.write('/home/user/kept.txt', 'survives pause');
     assert.equal(await sbx.pause(), true);
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId, opts)).state, 'paused');
+    // Created without auto_resume: as on E2B, a command does not wake it (502, "not running").
+    await assert.rejects(sbx.commands.run('true'));
     assert.equal((await Sandbox.getInfo(sbx.sandboxId, opts)).state, 'paused');
     const again = await Sandbox.connect(sbx.sandboxId, opts);
     assert.equal((await Sandbox.getInfo(sbx.sandboxId, opts)).state, 'running');
     assert.equal(await again.files.read('/home/user/kept.txt'), 'survives pause');
     assert.equal((await again.commands.run('cat /home/user/kept.txt')).stdout, 'survives pause');
-    // Auto-resume: paused again, the next envd call wakes it through the router's hold.
-    assert.equal(await again.pause(), true);
-    assert.equal((await Sandbox.getInfo(sbx.sandboxId, opts)).state, 'paused');
-    assert.equal((await again.commands.run('cat /home/user/kept.txt')).stdout, 'survives pause', 'the first call after a pause is held until the sandbox runs');
-    assert.equal((await Sandbox.getInfo(sbx.sandboxId, opts)).state, 'running');
+    // Auto-resume: a sandbox created with it, paused, is woken by the next envd call through the router's hold.
+    const auto = await Sandbox.create('base', { ...opts, lifecycle: { onTimeout: 'pause', autoResume: true } });
+    t.after(() => Sandbox.kill(auto.sandboxId, opts).catch(() => false));
+    await auto.files.write('/home/user/kept.txt', 'survives pause');
+    assert.equal(await auto.pause(), true);
+    assert.equal((await Sandbox.getInfo(auto.sandboxId, opts)).state, 'paused');
+    assert.equal((await auto.commands.run('cat /home/user/kept.txt')).stdout, 'survives pause', 'the first call after a pause is held until the sandbox runs');
+    assert.equal((await Sandbox.getInfo(auto.sandboxId, opts)).state, 'running');
   });
 
   await t.test('kill, then every call names the sandbox as not found', async () => {
