@@ -10,12 +10,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { LABEL, SandboxTemplateType, SandboxType, type Sandbox, type SandboxTemplate } from '../src/api/types.ts';
+import { startBuildPod } from '../src/builds/build-pod.ts';
 import { TeamFileStore } from '../src/builds/files.ts';
 import { INTERRUPTED, TemplateBuilds } from '../src/builds/service.ts';
 import { TEMPLATE_NAME_LABEL } from '../src/builds/template-object.ts';
 import { E2B_USER_STEP } from '../src/worker/e2b/templates.ts';
 import type { ObjectStore } from '../src/store/store.ts';
 import { systemClock } from '../src/system/clock.ts';
+import { parseBuildEgress } from '../src/system/config.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { RecordingEngine } from './support/recording-engine.ts';
 import { outcomes, runPytest, VENV_PYTHON } from './support/pytest.ts';
@@ -345,4 +347,24 @@ test('tags pin builds: name:v1 starts v1\'s build after v2 is built, name and na
   assert.equal((await call(fx, 'DELETE', `/templates/${v1.templateID}`, { key })).status, 204);
   const left = await fx.store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${TEMPLATE_NAME_LABEL}=tagged` });
   assert.deepEqual(left.items.map((i) => i.metadata.name), []);
+});
+
+test('the worker\'s build egress reaches the engine\'s request and the build sandbox\'s pod', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-builds-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const policy = parseBuildEgress('203.0.113.0/24', false, (p) => assert.fail(p));
+  const engine = new RecordingEngine();
+  const svc = new TemplateBuilds({ recordsDir: join(dir, 'records'), files: new TeamFileStore({ dir: join(dir, 'files'), now: () => Date.now() }), store: fx.store, engine, namespace: 'default', clusterTag: 'tst1', clock: systemClock, log: silentLogger(), egress: policy });
+  t.after(() => svc.close());
+  const { template, build } = svc.createTemplate('team-a', { name: 'walled' });
+  await svc.start('team-a', template.templateId, build.buildId, { from: { image: BASE_IMAGE }, steps: [{ type: 'RUN', args: ['true'] }] });
+  assert.deepEqual(engine.requests[0]?.egress, { internet: false, allow: ['203.0.113.0/24'], deny: [] });
+  for (let i = 0; i < 200 && svc.status('team-a', template.templateId, build.buildId)?.phase === 'building'; i++) await new Promise((r) => setTimeout(r, 10));
+  assert.equal(svc.status('team-a', template.templateId, build.buildId)?.phase, 'ready');
+  // The engine's build sandbox is started with it: the runtime enforces it before the first step runs.
+  const pod = await startBuildPod(fx.runtime, BASE_IMAGE, undefined, { cpu: 1, memoryBytes: 2 ** 28, diskBytes: 2 ** 30 }, policy);
+  assert.deepEqual(fx.runtime.egress.get(pod), policy);
+  const open = await startBuildPod(fx.runtime, BASE_IMAGE, undefined, { cpu: 1, memoryBytes: 2 ** 28, diskBytes: 2 ** 30 });
+  assert.equal(fx.runtime.egress.get(open), undefined, 'no policy given: the runtime\'s default');
 });

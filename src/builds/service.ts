@@ -23,6 +23,7 @@
 import { AsbError, isAsbError } from '../errors.ts';
 import { newSandboxId } from '../api/ids.ts';
 import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
+import type { EgressPolicy } from '../network/egress-policy.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -69,6 +70,8 @@ export interface TemplateBuildsOptions {
   limits?: Partial<BuildLimits>;
   /** The runtime class RUN steps run under (the worker's default when absent). */
   runtimeClassName?: string;
+  /** What the build sandbox may reach (the worker's --build-egress); absent: a sandbox's default. */
+  egress?: EgressPolicy;
   /** Called after a SandboxTemplate was written or deleted (the worker tells the hub). */
   onTemplatesChanged?: () => void;
 }
@@ -270,6 +273,7 @@ export class TemplateBuilds implements BuildService {
         noCache: spec.noCache === true,
         target: { repository: `templates/${rec.templateId}`, tag: build.buildId },
         ...(this.#o.runtimeClassName === undefined ? {} : { runtimeClassName: this.#o.runtimeClassName }),
+        ...(this.#o.egress === undefined ? {} : { egress: this.#o.egress }),
         limits: { cpu: build.cpuCount, memoryBytes: build.memoryMB * 1024 * 1024, diskBytes: limits.diskBytes, timeoutMs: limits.timeoutMs },
         files: this.files,
         log: (entry) => this.#log(build, entry),
