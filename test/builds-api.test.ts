@@ -277,7 +277,7 @@ test('uploaded files unused for their age are swept; a build using one keeps it'
 });
 
 test('tags pin builds: name:v1 starts v1\'s build after v2 is built, name and name:v2 start v2\'s; moving a tag moves what creates start; another team can use none of it', async (t) => {
-  const { fx, builds } = await fixture(t);
+  const { fx, builds, engine } = await fixture(t);
   const key = fx.keys.teamA;
   const built = async (name: string, marker: string): Promise<{ templateID: string; buildID: string; image: string }> => {
     const req = await requestBuild(fx, key, name);
@@ -312,6 +312,13 @@ test('tags pin builds: name:v1 starts v1\'s build after v2 is built, name and na
   assert.equal(await imageOf('tagged'), v2.image, 'the name alone is the newest build (default)');
   assert.equal(await imageOf('tagged:default'), v2.image);
   assert.equal(await imageOf(`${v1.templateID}:v1`), v1.image, 'the template id takes a tag too');
+  // A build from the template `tagged:v1` builds on v1's image, from `tagged` on the default's.
+  for (const [from, image] of [['tagged:v1', v1.image], ['tagged', v2.image]] as const) {
+    const child = await requestBuild(fx, key, 'child');
+    const res = await call(fx, 'POST', `/v2/templates/${child.templateID}/builds/${child.buildID}`, { key, json: { fromTemplate: from, steps: [] } });
+    assert.equal(res.status, 202, res.text);
+    assert.equal(engine.requests.at(-1)?.baseImage, image, from);
+  }
   const unknown = await call(fx, 'POST', '/v1/sandboxes', { key, json: { template: 'tagged:v9' } });
   assert.equal(unknown.status, 404);
   assert.match(unknown.text, /has the tag \\"v9\\"/);

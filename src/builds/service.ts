@@ -205,7 +205,10 @@ export class TemplateBuilds implements BuildService {
   async #fromTemplate(team: string, ref: string): Promise<string> {
     const rec = this.find(team, ref);
     if (rec !== undefined) {
-      const ready = rec.readyBuildId === undefined ? undefined : this.build(rec, rec.readyBuildId);
+      // `name:tag` builds on the build the tag names, `name` on the default one.
+      const { tag } = splitName(ref);
+      const buildId = tag === undefined || tag === 'default' ? rec.readyBuildId : rec.tags[tag];
+      const ready = buildId === undefined ? undefined : this.build(rec, buildId);
       if (ready?.image === undefined) throw new AsbError('BadRequest', `fromTemplate "${ref}" has no successful build yet to build on`);
       return ready.image;
     }
