@@ -26,7 +26,8 @@ function notFound(name: string, namespace: string): AsbError {
 
 /** The object name of the template `name` the principal may start, or NotFound. */
 export async function resolveTemplate(w: WorkerContext, p: Principal, namespace: string, name: string): Promise<string> {
-  const byName = w.operator.claimer.cachedTemplate(namespace, name) ?? (await w.store.tryGet<SandboxTemplate>(SandboxTemplateType, namespace, name));
+  // `name:tag` is no object name (a kube-apiserver would refuse the read).
+  const byName = name.includes(':') ? undefined : (w.operator.claimer.cachedTemplate(namespace, name) ?? (await w.store.tryGet<SandboxTemplate>(SandboxTemplateType, namespace, name)));
   if (byName !== undefined && usableBy(p, byName)) return name;
   const colon = name.indexOf(':');
   const alias = colon === -1 ? name : name.slice(0, colon);
