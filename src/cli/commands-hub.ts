@@ -213,7 +213,7 @@ Example:
 
 export const templateCommand: Command = {
   name: 'template',
-  summary: 'Build templates from a Dockerfile; apply and list templates at the hub (synced to every cluster)',
+  summary: 'Build templates from a Dockerfile; list your team\'s built templates; apply and list templates at the hub (synced to every cluster)',
   usage: 'asb template build NAME[:TAG] [-f Dockerfile] [--build-arg K=V]... [--no-cache] [CONTEXT] | apply -f <file.yaml|-> [-f ...] | ls [--json]',
   help: `Subcommands:
 ${BUILD_HELP}
@@ -224,8 +224,8 @@ ${BUILD_HELP}
                          template at the hub; each part when it is configured. --json prints
                          {"built": [...], "items": [hub templates]}
 
-build talks to the worker API (--url/--key, ASB_API_URL/ASB_API_KEY, .asb/env), as asb create does;
-apply and ls to the hub:
+build and ls talk to the worker API (--url/--key, ASB_API_URL/ASB_API_KEY, .asb/env), as asb create
+does; apply and ls to the hub:
 ${HUB_HELP}
 
 Examples:
