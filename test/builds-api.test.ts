@@ -9,13 +9,15 @@ import { existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'nod
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../src/api/types.ts';
+import { LABEL, SandboxTemplateType, SandboxType, type Sandbox, type SandboxTemplate } from '../src/api/types.ts';
+import { startBuildPod } from '../src/builds/build-pod.ts';
 import { TeamFileStore } from '../src/builds/files.ts';
 import { INTERRUPTED, TemplateBuilds } from '../src/builds/service.ts';
 import { TEMPLATE_NAME_LABEL } from '../src/builds/template-object.ts';
 import { E2B_USER_STEP } from '../src/worker/e2b/templates.ts';
 import type { ObjectStore } from '../src/store/store.ts';
 import { systemClock } from '../src/system/clock.ts';
+import { parseBuildEgress } from '../src/system/config.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { RecordingEngine } from './support/recording-engine.ts';
 import { outcomes, runPytest, VENV_PYTHON } from './support/pytest.ts';
@@ -79,8 +81,11 @@ test('the unmodified Python SDK builds a template; the team starts it by name, a
   assert.deepEqual(outcomes(run.output), { passed: 3 }, run.output);
 
   // The build of my-env: the image the engine made, the env, workdir, start and ready commands.
-  const mine = await fx.store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${TEMPLATE_NAME_LABEL}=my-env` });
+  const mine = await fx.store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${TEMPLATE_NAME_LABEL}=my-env,!asb.dev/template-pin` });
   assert.equal(mine.items.length, 1);
+  // The tag the SDK assigned ("stable") pins its build: a SandboxTemplate of that build alone.
+  const pins = await fx.store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${TEMPLATE_NAME_LABEL}=my-env,asb.dev/template-pin` });
+  assert.equal(pins.items.length, 1);
   const tpl = mine.items[0] ?? assert.fail();
   assert.equal(tpl.metadata.labels?.[LABEL.owner], 'team-a');
   const main = tpl.spec.podTemplate.spec.containers[0] ?? assert.fail();
@@ -269,4 +274,104 @@ test('uploaded files unused for their age are swept; a build using one keeps it'
   const small = new TeamFileStore({ dir: join(dir, 'small'), maxBytes: 1024, now: () => now });
   await assert.rejects(small.put('team-a', 'a'.repeat(64), Readable.from([Buffer.from(tarOf('x'.repeat(4096)))])), /larger than 1024 bytes/);
   assert.equal(small.has('team-a', 'a'.repeat(64)), false);
+});
+
+test('tags pin builds: name:v1 starts v1\'s build after v2 is built, name and name:v2 start v2\'s; moving a tag moves what creates start; another team can use none of it', async (t) => {
+  const { fx, builds, engine } = await fixture(t);
+  const key = fx.keys.teamA;
+  const built = async (name: string, marker: string): Promise<{ templateID: string; buildID: string; image: string }> => {
+    const req = await requestBuild(fx, key, name);
+    const res = await call(fx, 'POST', `/v2/templates/${req.templateID}/builds/${req.buildID}`, { key, json: { fromImage: BASE_IMAGE, steps: [{ type: 'RUN', args: [`echo ${marker} > /marker`] }] } });
+    assert.equal(res.status, 202, res.text);
+    // Bounded: 200 polls 10 ms apart (a build here writes two SandboxTemplates and a record).
+    for (let i = 0; i < 200 && builds().status('team-a', req.templateID, req.buildID)?.phase === 'building'; i++) await new Promise((r) => setTimeout(r, 10));
+    assert.equal(builds().status('team-a', req.templateID, req.buildID)?.phase, 'ready');
+    return { ...req, image: builds().status('team-a', req.templateID, req.buildID)?.image ?? assert.fail('no image') };
+  };
+  const v1 = await built('tagged:v1', 'one');
+  const v2 = await built('tagged:v2', 'two');
+  assert.equal(v1.templateID, v2.templateID, 'one template, two builds');
+  assert.notEqual(v1.image, v2.image);
+  /** The image of the sandbox a create of `template` starts, over our API and E2B's (undefined: the status when not 201). */
+  const imageOf = async (template: string, as = key): Promise<string | number> => {
+    const ours = await call(fx, 'POST', '/v1/sandboxes', { key: as, json: { template } });
+    const e2b = await call(fx, 'POST', '/sandboxes', { key: as, json: { templateID: template } });
+    if (ours.status !== 201 || e2b.status !== 201) {
+      assert.equal(ours.status, e2b.status, `${ours.text} / ${e2b.text}`);
+      return ours.status;
+    }
+    const images = await Promise.all([(ours.json as { id: string }).id, (e2b.json as { sandboxID: string }).sandboxID].map(async (id) => {
+      const sbx = await fx.store.get<Sandbox>(SandboxType, 'default', id);
+      return sbx.spec.podTemplate.spec.containers[0]?.image ?? '';
+    }));
+    assert.equal(images[0], images[1], `our API and E2B's start the same build of ${template}`);
+    return images[0] ?? '';
+  };
+  assert.equal(await imageOf('tagged:v1'), v1.image);
+  assert.equal(await imageOf('tagged:v2'), v2.image);
+  assert.equal(await imageOf('tagged'), v2.image, 'the name alone is the newest build (default)');
+  assert.equal(await imageOf('tagged:default'), v2.image);
+  assert.equal(await imageOf(`${v1.templateID}:v1`), v1.image, 'the template id takes a tag too');
+  // A build from the template `tagged:v1` builds on v1's image, from `tagged` on the default's.
+  for (const [from, image] of [['tagged:v1', v1.image], ['tagged', v2.image]] as const) {
+    const child = await requestBuild(fx, key, 'child');
+    const res = await call(fx, 'POST', `/v2/templates/${child.templateID}/builds/${child.buildID}`, { key, json: { fromTemplate: from, steps: [] } });
+    assert.equal(res.status, 202, res.text);
+    assert.equal(engine.requests.at(-1)?.baseImage, image, from);
+  }
+  const unknown = await call(fx, 'POST', '/v1/sandboxes', { key, json: { template: 'tagged:v9' } });
+  assert.equal(unknown.status, 404);
+  assert.match(unknown.text, /has the tag \\"v9\\"/);
+  assert.equal((await call(fx, 'POST', '/v1/sandboxes', { key, json: { template: 'tagged:bad tag' } })).status, 422);
+  // Another team: 404 by name:tag, by the pinned object's name, and it lists none of them.
+  const pin1 = `${v1.templateID}-${v1.buildID}`;
+  for (const template of ['tagged:v1', 'tagged:v2', pin1]) assert.equal(await imageOf(template, fx.keys.teamB), 404, template);
+  const listedB = await call(fx, 'GET', '/v1/templates', { key: fx.keys.teamB });
+  assert.deepEqual((listedB.json as { items: SandboxTemplate[] }).items.map((i) => i.metadata.name), ['base']);
+  assert.equal((await call(fx, 'POST', '/templates/tags', { key: fx.keys.teamB, json: { target: 'tagged:v2', tags: ['v1'] } })).status, 404);
+
+  // E2B's assign moves v1 to the v2 build: creates of tagged:v1 start v2's, and v1's pin goes.
+  const moved = await call(fx, 'POST', '/templates/tags', { key, json: { target: 'tagged:v2', tags: ['v1'] } });
+  assert.equal(moved.status, 201, moved.text);
+  assert.deepEqual(moved.json, { tags: ['v1'], buildID: v2.buildID });
+  assert.equal(await imageOf('tagged:v1'), v2.image);
+  assert.equal(await fx.store.tryGet(SandboxTemplateType, 'default', pin1), undefined, 'no tag names the v1 build: its SandboxTemplate is gone');
+  // `default` moves what the name starts (a rollback), and back.
+  const v3 = await built('tagged:v3', 'three');
+  assert.equal(await imageOf('tagged'), v3.image);
+  assert.equal((await call(fx, 'POST', '/templates/tags', { key, json: { target: 'tagged:v2', tags: ['default'] } })).status, 201);
+  assert.equal(await imageOf('tagged'), v2.image);
+  assert.equal(await imageOf('tagged:v3'), v3.image);
+  // Removing a tag: it starts nothing; default cannot be removed.
+  assert.equal((await call(fx, 'DELETE', '/templates/tags', { key, json: { name: 'tagged', tags: ['v3'] } })).status, 204);
+  assert.equal(await imageOf('tagged:v3'), 404);
+  assert.equal(await fx.store.tryGet(SandboxTemplateType, 'default', `${v3.templateID}-${v3.buildID}`), undefined);
+  assert.equal((await call(fx, 'DELETE', '/templates/tags', { key, json: { name: 'tagged', tags: ['default'] } })).status, 400);
+  const tags = await call(fx, 'GET', `/templates/${v1.templateID}/tags`, { key });
+  assert.deepEqual(Object.fromEntries((tags.json as { tag: string; buildID: string }[]).map((x) => [x.tag, x.buildID])), { default: v2.buildID, v1: v2.buildID, v2: v2.buildID });
+
+  // Deleting the template deletes its pins too.
+  assert.equal((await call(fx, 'DELETE', `/templates/${v1.templateID}`, { key })).status, 204);
+  const left = await fx.store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${TEMPLATE_NAME_LABEL}=tagged` });
+  assert.deepEqual(left.items.map((i) => i.metadata.name), []);
+});
+
+test('the worker\'s build egress reaches the engine\'s request and the build sandbox\'s pod', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-builds-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const policy = parseBuildEgress('203.0.113.0/24', false, (p) => assert.fail(p));
+  const engine = new RecordingEngine();
+  const svc = new TemplateBuilds({ recordsDir: join(dir, 'records'), files: new TeamFileStore({ dir: join(dir, 'files'), now: () => Date.now() }), store: fx.store, engine, namespace: 'default', clusterTag: 'tst1', clock: systemClock, log: silentLogger(), egress: policy });
+  t.after(() => svc.close());
+  const { template, build } = svc.createTemplate('team-a', { name: 'walled' });
+  await svc.start('team-a', template.templateId, build.buildId, { from: { image: BASE_IMAGE }, steps: [{ type: 'RUN', args: ['true'] }] });
+  assert.deepEqual(engine.requests[0]?.egress, { internet: false, allow: ['203.0.113.0/24'], deny: [] });
+  for (let i = 0; i < 200 && svc.status('team-a', template.templateId, build.buildId)?.phase === 'building'; i++) await new Promise((r) => setTimeout(r, 10));
+  assert.equal(svc.status('team-a', template.templateId, build.buildId)?.phase, 'ready');
+  // The engine's build sandbox is started with it: the runtime enforces it before the first step runs.
+  const pod = await startBuildPod(fx.runtime, BASE_IMAGE, undefined, { cpu: 1, memoryBytes: 2 ** 28, diskBytes: 2 ** 30 }, policy);
+  assert.deepEqual(fx.runtime.egress.get(pod), policy);
+  const open = await startBuildPod(fx.runtime, BASE_IMAGE, undefined, { cpu: 1, memoryBytes: 2 ** 28, diskBytes: 2 ** 30 });
+  assert.equal(fx.runtime.egress.get(open), undefined, 'no policy given: the runtime\'s default');
 });

@@ -54,6 +54,12 @@ test('place: the template is matched in its namespace', () => {
   assert.deepEqual(result.skipped, [{ cluster: 'a', reason: 'no template team/base' }]);
 });
 
+test('place: a built template\'s name:tag goes to a cluster that holds the name (its worker resolves the tag)', () => {
+  const result = place({ namespace: 'default', template: 'my-env:v1' }, [candidate('a'), candidate('b', { templates: { 'default/my-env': 0 } })]);
+  assert.deepEqual(result.order, ['b']);
+  assert.deepEqual(result.skipped, [{ cluster: 'a', reason: 'no template default/my-env' }]);
+});
+
 test('place: the preferred region comes first, even with fewer warm sandboxes; other regions are the failover', () => {
   const result = place({ ...BASE, region: 'west' }, [candidate('a', { templates: { 'default/base': 9 } }), candidate('b', { region: 'west' }), candidate('c', { region: 'west', templates: { 'default/base': 1 } })]);
   assert.deepEqual(result.order, ['c', 'b', 'a']);

@@ -7,6 +7,7 @@ import { createHash } from 'node:crypto';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import { SandboxType, type Sandbox } from '../src/api/types.ts';
 import { openContext, packSource } from '../src/builds/build-context.ts';
 import { TeamFileStore } from '../src/builds/files.ts';
 import { TemplateBuilds } from '../src/builds/service.ts';
@@ -198,4 +199,58 @@ test('a worker without a build service answers the build routes 501', async (t) 
   checker.check('POST', '/v1/templates/web/builds', res);
   assert.equal(res.status, 501);
   assert.match((res.json as { detail: string }).detail, /template builds are not enabled on this worker/);
+});
+
+test('asb template build NAME:TAG pins the build: create --template NAME:TAG starts it after a newer build, and template ls shows the team\'s built templates with their tags', async (t) => {
+  const f = await fixture(t);
+  const dir = emptyDir();
+  writeFileSync(join(dir, 'Dockerfile'), 'FROM agent-sandbox/base\nRUN echo one > /version\n');
+  const v1 = await f.asb(['template', 'build', 'tagged:v1', '.'], dir);
+  assert.equal(v1.code, 0, v1.stderr);
+  assert.match(v1.stderr, /asb create --template tagged:v1/);
+  writeFileSync(join(dir, 'Dockerfile'), 'FROM agent-sandbox/base\nRUN echo two > /version\n');
+  const v2 = await f.asb(['template', 'build', 'tagged:v2', '.'], dir);
+  assert.equal(v2.code, 0, v2.stderr);
+  const [id1, id2] = [v1, v2].map((r) => /=> build (\S+)/.exec(r.stderr)?.[1] ?? assert.fail(r.stderr));
+  const templateId = f.builds().find('team-a', 'tagged')?.templateId ?? assert.fail('no template');
+  const imageOf = (buildId: string): string => f.builds().status('team-a', templateId, buildId)?.image ?? assert.fail('no image');
+
+  /** The image of the sandbox `asb create --template T` starts. */
+  const created = async (template: string): Promise<string> => {
+    const r = await f.asb(['create', '--template', template, '--json'], dir);
+    assert.equal(r.code, 0, r.stderr);
+    const id = (JSON.parse(r.stdout) as { id: string }).id;
+    const res = await f.api('GET', `/v1/sandboxes/${id}`, { key: f.fx.keys.teamA });
+    assert.equal((res.json as { template: string }).template, f.builds().templateObjectFor('team-a', template));
+    const sbx = await f.fx.store.get<Sandbox>(SandboxType, 'default', id);
+    return sbx.spec.podTemplate.spec.containers[0]?.image ?? '';
+  };
+  assert.equal(await created('tagged:v1'), imageOf(id1 ?? ''));
+  assert.equal(await created('tagged:v2'), imageOf(id2 ?? ''));
+  assert.equal(await created('tagged'), imageOf(id2 ?? ''));
+  const missing = await f.asb(['create', '--template', 'tagged:v3'], dir);
+  assert.equal(missing.code, 1);
+  assert.match(missing.stderr, /no template of your team named "tagged" has the tag "v3"/);
+
+  // template ls: the team's built templates, each with its tags grouped by the build they name.
+  const ls = await f.asb(['template', 'ls'], dir);
+  assert.equal(ls.code, 0, ls.stderr);
+  const [header, row, more] = ls.stdout.trimEnd().split('\n');
+  assert.match(header ?? '', /^NAME\s+ID\s+TAGS\s+LATEST BUILD\s+STATUS\s+UPDATED$/);
+  assert.match(row ?? '', new RegExp(`^tagged\\s+${templateId}\\s+default,v2=${(id2 ?? '').slice(0, 8)} v1=${(id1 ?? '').slice(0, 8)}\\s+${(id2 ?? '').slice(0, 8)}\\s+ready\\s+\\d+s$`));
+  assert.equal(more, undefined, 'one template, and no hub configured: no hub part');
+  const json = await f.asb(['template', 'ls', '--json'], dir);
+  assert.equal(json.code, 0, json.stderr);
+  const body = JSON.parse(json.stdout) as { built: { name: string; templateId: string; tags: Record<string, string>; latestBuild: { buildId: string; phase: string }; status: string }[]; items?: unknown };
+  assert.equal(body.items, undefined);
+  assert.deepEqual(body.built.map((b) => [b.name, b.templateId, b.tags, b.latestBuild.buildId, b.latestBuild.phase, b.status]), [['tagged', templateId, { default: id2, v1: id1, v2: id2 }, id2, 'ready', 'ready']]);
+  const listed = await f.api('GET', '/v1/built-templates', { key: f.fx.keys.teamA });
+  assert.equal((listed.json as { items: unknown[] }).items.length, 1);
+  // Another team sees none of it.
+  const other = await f.asb(['template', 'ls'], dir, f.fx.keys.teamB);
+  assert.equal(other.code, 0, other.stderr);
+  assert.equal(other.stdout, 'No templates built by your team.\n');
+  assert.deepEqual((await f.api('GET', '/v1/built-templates', { key: f.fx.keys.teamB })).json, { items: [] });
+  const denied = await f.asb(['create', '--template', 'tagged:v1'], dir, f.fx.keys.teamB);
+  assert.equal(denied.code, 1);
 });

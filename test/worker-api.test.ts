@@ -429,6 +429,9 @@ test('template build routes on a worker without a build service: 501 saying so, 
     assert.equal(res.status, 501, `${method} ${path}: ${res.text}`);
     assert.match((res.json as { detail: string }).detail, /template builds are not enabled on this worker/);
   }
+  const built = await api('GET', '/v1/built-templates', { key });
+  assert.equal(built.status, 200, 'a worker that builds nothing has built nothing');
+  assert.deepEqual(built.json, { items: [] });
 });
 
 test('docs/openapi.yaml documents exactly the routes the server registers, and the tests exercised them all', () => {

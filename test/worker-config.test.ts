@@ -88,3 +88,15 @@ test('the egress floor: cloud metadata by default; --egress-floor / ASB_EGRESS_F
   assert.equal(parseWorkerConfig(['--egress-proxy-port=off'], { ASB_EGRESS_PROXY_PORT: '15001' }).egressProxyPort, undefined);
   assert.equal(parseWorkerConfig([], { ASB_EGRESS_PROXY_PORT: '15001' }).egressProxyPort, 15001);
 });
+
+test('--build-egress / ASB_BUILD_EGRESS: internet by default, none, or an allow-list of CIDRs and (with the egress proxy) domains; bad entries are named', () => {
+  assert.deepEqual(parseWorkerConfig([], {}).buildEgress, { internet: true, allow: [], deny: [] });
+  assert.deepEqual(parseWorkerConfig(['--build-egress=internet'], {}).buildEgress, { internet: true, allow: [], deny: [] });
+  assert.deepEqual(parseWorkerConfig([], { ASB_BUILD_EGRESS: 'none' }).buildEgress, { internet: false, allow: [], deny: [] });
+  assert.deepEqual(parseWorkerConfig(['--build-egress', '203.0.113.0/24, 198.51.100.7'], {}).buildEgress, { internet: false, allow: ['203.0.113.0/24', '198.51.100.7'], deny: [] });
+  assert.deepEqual(parseWorkerConfig(['--build-egress=pypi.org,*.debian.org'], { ASB_EGRESS_PROXY_PORT: '15001' }).buildEgress, { internet: false, allow: ['pypi.org', '*.debian.org'], deny: [] });
+  assert.deepEqual(problems(['--build-egress=pypi.org,10.0.0.0/8']), ['--build-egress (ASB_BUILD_EGRESS) names domains (pypi.org), which only the egress proxy can decide, and the proxy is off (--egress-proxy-port): use CIDRs, or turn the proxy on']);
+  const bad = problems(['--build-egress=10.0.0.0/33']);
+  assert.equal(bad.length, 1);
+  assert.match(bad[0] ?? '', /^--build-egress \(ASB_BUILD_EGRESS\) must be internet, none or comma-separated CIDRs, IPs and domains: "10\.0\.0\.0\/33" is not a CIDR/);
+});

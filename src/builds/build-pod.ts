@@ -1,7 +1,8 @@
 // The pod a build's RUN, COPY and WORKDIR steps run in: a sandbox like any other (the runtime's
 // user namespace of its own, seccomp, Docker's default capabilities within that namespace as a
 // template may ask for (BUILD_CAPABILITIES), the build's cpu, memory and disk limits as
-// its container's, the default egress policy), started on the template's runtime class. Nothing
+// its container's, the egress policy the worker sets for builds (--build-egress; else a sandbox's
+// default)), started on the template's runtime class. Nothing
 // of a step runs on the host: a COPY's tar is streamed into the pod (decompressed on the way) and
 // unpacked there by the image's own tar, as the step's user.
 import { randomBytes } from 'node:crypto';
@@ -10,6 +11,7 @@ import { open } from 'node:fs/promises';
 import { createGunzip } from 'node:zlib';
 import type { Readable } from 'node:stream';
 import { AsbError } from '../errors.ts';
+import type { EgressPolicy } from '../network/egress-policy.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import type { BuildConfig } from './steps.ts';
 
@@ -24,10 +26,11 @@ export const BUILD_CAPABILITIES: readonly string[] = ['CHOWN', 'DAC_OVERRIDE', '
 export interface BuildPodLimits { cpu: number; memoryBytes: number; diskBytes: number }
 
 /** Starts the pod on `image`; rejects (BuildFailed) when it does not run. */
-export async function startBuildPod(runtime: PodRuntime, image: string, runtimeClassName: string | undefined, limits: BuildPodLimits): Promise<string> {
+export async function startBuildPod(runtime: PodRuntime, image: string, runtimeClassName: string | undefined, limits: BuildPodLimits, egress?: EgressPolicy): Promise<string> {
   const id = `build-${randomBytes(6).toString('hex')}`;
   const state = await runtime.start({
     id, uid: `build-${randomBytes(8).toString('hex')}`, namespace: 'builds', hostname: 'build',
+    ...(egress === undefined ? {} : { egress }),
     spec: {
       ...(runtimeClassName === undefined ? {} : { runtimeClassName }),
       containers: [{

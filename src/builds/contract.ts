@@ -2,6 +2,8 @@
 // build service that owns builds (records, logs, the SandboxTemplate it makes) and the surfaces
 // that start them (E2B's build API, our REST API and `asb template build`).
 //
+import type { EgressPolicy } from '../network/egress-policy.ts';
+
 // A step is E2B's wire step (`TemplateStep` of the e2b SDK): its SDKs already reduce every
 // builder call (aptInstall, pipInstall, mkdir, symlink, remove, rename, gitClone, ...) and every
 // Dockerfile instruction to these five types, so the engine runs one language and the Dockerfile
@@ -93,6 +95,12 @@ export interface EngineRequest {
   target: { repository: string; tag: string };
   /** The runtime class the RUN steps run under (the template's); default the worker's default. */
   runtimeClassName?: string;
+  /**
+   * What the build sandbox's steps may reach (src/network/egress-policy.ts): the worker's
+   * --build-egress. Absent: a sandbox's default (the internet; no private range, other pod or
+   * the host). The egress floor applies whatever it allows.
+   */
+  egress?: EgressPolicy;
   /** Limits of the sandbox that runs the steps; a step that exceeds them fails the build. */
   limits: { cpu: number; memoryBytes: number; diskBytes: number; timeoutMs: number };
   files: FileStore;

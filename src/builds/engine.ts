@@ -139,7 +139,7 @@ export class LocalBuildEngine implements BuildEngine {
         if (step.type === 'RUN' || step.type === 'COPY' || step.type === 'WORKDIR') {
           if (pod === undefined) {
             const from = built.length === 0 ? req.baseImage : `${this.#opts.registry}/${req.target.repository}@${await push(built, config, '')}`;
-            pod = await startBuildPod(this.#opts.runtime, from, req.runtimeClassName, req.limits);
+            pod = await startBuildPod(this.#opts.runtime, from, req.runtimeClassName, req.limits, req.egress);
             upper = await this.#readUpper(pod, (state) => Promise.resolve(state));
           }
           await this.#runStep(req, pod, i, step, config, after, signal);

@@ -19,6 +19,8 @@ export interface BuildRecord {
   phase: BuildPhase;
   reason?: { message: string; step?: number };
   image?: string;
+  /** The image's config the engine reported, once ready: what a pinned build's SandboxTemplate is made from. */
+  config?: { env: string[]; workingDir?: string; user?: string };
   createdAt: string;
   updatedAt: string;
   finishedAt?: string;
@@ -40,13 +42,13 @@ export interface TemplateRecord {
   team: string;
   /** The team's name for it (E2B's alias), unique within the team. */
   name: string;
-  /** E2B tags assigned to builds of it: tag → buildId. */
+  /** E2B tags assigned to builds of it: tag → buildId. `default` names the build `name` starts (the newest ready one unless a tag assignment moved it). */
   tags: Record<string, string>;
   cpuCount: number;
   memoryMB: number;
   createdAt: string;
   updatedAt: string;
-  /** The build whose image the SandboxTemplate runs, once one succeeded. */
+  /** The build whose image the template's own SandboxTemplate runs (the one `default` names), once one succeeded. */
   readyBuildId?: string;
   builds: BuildRecord[];
 }

@@ -10,12 +10,20 @@
 // team's name to its id (src/worker/team-templates.ts), and another team's ids and names answer as
 // absent everywhere (status, logs, files, from_template, delete).
 //
+// Tags: `rec.tags` maps each tag to a build. `default` names the build the template's own
+// SandboxTemplate runs, what `name` starts: each successful build takes it (and the tags it was
+// requested with), and an assignment of `default` moves it back (a rollback). Every other tag
+// pins its build: that build has a SandboxTemplate of its own (template-object.ts,
+// pinnedTemplateName), made before the tag names it and deleted once no tag does, so `name:tag`
+// starts the build the tag names now, and a build a tag names is never trimmed from the record.
+//
 // Limits: a build runs at most timeoutMs (default 10 min) and diskBytes of written files (default
 // 10 GiB, the engine enforces it); past either the build ends as error, and a template whose first
 // build failed has no SandboxTemplate, so nothing can start from a partial result.
 import { AsbError, isAsbError } from '../errors.ts';
 import { newSandboxId } from '../api/ids.ts';
 import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
+import type { EgressPolicy } from '../network/egress-policy.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -23,7 +31,7 @@ import type { BuildEngine, BuildLogEntry, BuildService, BuildSpec, BuildStatus, 
 import type { TeamFileStore } from './files.ts';
 import { INTERRUPTED, MAX_BUILDS, MAX_LOG_ENTRIES, RecordFiles, type BuildRecord, type TemplateRecord } from './records.ts';
 import { checkSteps } from './wire-steps.ts';
-import { builtTemplateObject } from './template-object.ts';
+import { builtTemplateObject, pinnedTemplateName, TEMPLATE_ID_LABEL, TEMPLATE_PIN_LABEL } from './template-object.ts';
 
 export { INTERRUPTED };
 
@@ -62,6 +70,8 @@ export interface TemplateBuildsOptions {
   limits?: Partial<BuildLimits>;
   /** The runtime class RUN steps run under (the worker's default when absent). */
   runtimeClassName?: string;
+  /** What the build sandbox may reach (the worker's --build-egress); absent: a sandbox's default. */
+  egress?: EgressPolicy;
   /** Called after a SandboxTemplate was written or deleted (the worker tells the hub). */
   onTemplatesChanged?: () => void;
 }
@@ -183,8 +193,9 @@ export class TemplateBuilds implements BuildService {
   }
 
   #trimBuilds(rec: TemplateRecord): void {
+    const tagged = new Set(Object.values(rec.tags));
     while (rec.builds.length > MAX_BUILDS) {
-      const i = rec.builds.findIndex((b) => b.buildId !== rec.readyBuildId && b.phase !== 'building' && b.phase !== 'waiting');
+      const i = rec.builds.findIndex((b) => b.buildId !== rec.readyBuildId && !tagged.has(b.buildId) && b.phase !== 'building' && b.phase !== 'waiting');
       if (i === -1) return;
       rec.builds.splice(i, 1);
     }
@@ -194,7 +205,10 @@ export class TemplateBuilds implements BuildService {
   async #fromTemplate(team: string, ref: string): Promise<string> {
     const rec = this.find(team, ref);
     if (rec !== undefined) {
-      const ready = rec.readyBuildId === undefined ? undefined : this.build(rec, rec.readyBuildId);
+      // `name:tag` builds on the build the tag names, `name` on the default one.
+      const { tag } = splitName(ref);
+      const buildId = tag === undefined || tag === 'default' ? rec.readyBuildId : rec.tags[tag];
+      const ready = buildId === undefined ? undefined : this.build(rec, buildId);
       if (ready?.image === undefined) throw new AsbError('BadRequest', `fromTemplate "${ref}" has no successful build yet to build on`);
       return ready.image;
     }
@@ -262,31 +276,41 @@ export class TemplateBuilds implements BuildService {
         noCache: spec.noCache === true,
         target: { repository: `templates/${rec.templateId}`, tag: build.buildId },
         ...(this.#o.runtimeClassName === undefined ? {} : { runtimeClassName: this.#o.runtimeClassName }),
+        ...(this.#o.egress === undefined ? {} : { egress: this.#o.egress }),
         limits: { cpu: build.cpuCount, memoryBytes: build.memoryMB * 1024 * 1024, diskBytes: limits.diskBytes, timeoutMs: limits.timeoutMs },
         files: this.files,
         log: (entry) => this.#log(build, entry),
         signal: abort.signal,
       });
       if (abort.signal.aborted) throw abort.signal.reason;
-      await this.#writeTemplate(rec, build, result.image, result.config, spec);
-      this.#o.onTemplatesChanged?.();
+      build.image = result.image;
+      build.config = result.config;
       const pending = build.pendingTags ?? [];
+      // The pin first: a build whose objects cannot be written fails with the tags as they were.
+      if (pending.some((t) => t !== 'default')) await this.#writeObject(rec, build, true);
+      await this.#writeObject(rec, build, false);
       for (const t of pending) rec.tags[t] = build.buildId;
       rec.tags.default = build.buildId;
       rec.readyBuildId = build.buildId;
-      build.image = result.image;
       build.phase = 'ready';
+      // Pins a requested tag moved off an older build go.
+      await this.#collectPins(rec);
+      this.#o.onTemplatesChanged?.();
       this.#log(build, { level: 'info', message: `Build finished: ${String(result.cachedSteps)} of ${String(steps.length)} steps from the cache; image ${result.image}` });
     } catch (err) {
       // An aborted build says why it was stopped (time limit, restart, deletion), whatever the engine threw.
       const reason = abort.signal.aborted ? errorMessage(abort.signal.reason) : errorMessage(err);
       build.phase = 'error';
+      delete build.image;
+      delete build.config;
       const step = stepOf(err);
       const callers = callerStep(build, step);
       const message = callerMessage(build, reason);
       build.reason = callers === undefined ? { message } : { message, step: callers };
       this.#log(build, { level: 'error', message: `Build failed: ${reason}`, ...(step === undefined ? {} : { step }) });
       if (!isAsbError(err)) this.#o.log.error({ err, templateId: rec.templateId, buildId: build.buildId }, 'build failed unexpectedly');
+      // A pin written before the template's own object failed names no tag: it goes.
+      if (this.#templates.has(rec.templateId)) await this.#collectPins(rec);
     } finally {
       timer.cancel();
       const now = this.#isoNow();
@@ -298,7 +322,10 @@ export class TemplateBuilds implements BuildService {
     }
   }
 
-  async #writeTemplate(rec: TemplateRecord, build: BuildRecord, image: string, config: { env: string[]; workingDir?: string; user?: string }, spec: BuildSpec): Promise<void> {
+  /** Writes the template's own SandboxTemplate (pinned false) or the build's pin from the build's record. */
+  async #writeObject(rec: TemplateRecord, build: BuildRecord, pinned: boolean): Promise<void> {
+    const { image, config, spec } = build;
+    if (image === undefined || config === undefined) throw new AsbError('Conflict', `build ${build.buildId} of template "${rec.name}" has no recorded image config (it was built before tags pinned builds): build it again, then tag that build`);
     const obj = builtTemplateObject({
       namespace: this.#o.namespace,
       templateId: rec.templateId,
@@ -307,14 +334,15 @@ export class TemplateBuilds implements BuildService {
       buildId: build.buildId,
       image,
       config,
-      ...(spec.startCmd === undefined ? {} : { startCmd: spec.startCmd }),
-      ...(spec.readyCmd === undefined ? {} : { readyCmd: spec.readyCmd }),
+      ...(spec?.startCmd === undefined ? {} : { startCmd: spec.startCmd }),
+      ...(spec?.readyCmd === undefined ? {} : { readyCmd: spec.readyCmd }),
       cpuCount: build.cpuCount,
       memoryMB: build.memoryMB,
+      pinned,
     });
     const store = this.#o.store;
     for (let attempt = 0; ; attempt++) {
-      const existing = await store.tryGet<SandboxTemplate>(SandboxTemplateType, this.#o.namespace, rec.templateId);
+      const existing = await store.tryGet<SandboxTemplate>(SandboxTemplateType, this.#o.namespace, obj.metadata.name);
       try {
         if (existing === undefined) await store.create(SandboxTemplateType, obj);
         else await store.update(SandboxTemplateType, { ...obj, metadata: { ...existing.metadata, labels: obj.metadata.labels ?? {}, annotations: { ...existing.metadata.annotations, ...obj.metadata.annotations } } });
@@ -323,6 +351,62 @@ export class TemplateBuilds implements BuildService {
         if (attempt >= 3 || !(isAsbError(err, 'Conflict') || isAsbError(err, 'AlreadyExists'))) throw err;
       }
     }
+  }
+
+  /** The pinned builds' SandboxTemplates of a template (the team's only). */
+  async #pins(rec: TemplateRecord): Promise<SandboxTemplate[]> {
+    const page = await this.#o.store.list<SandboxTemplate>(SandboxTemplateType, { namespace: this.#o.namespace, labelSelector: `${LABEL.owner}=${rec.team},${TEMPLATE_ID_LABEL}=${rec.templateId},${TEMPLATE_PIN_LABEL}` });
+    return page.items;
+  }
+
+  /** The builds a tag other than `default` names: each has a pin. */
+  #pinned(rec: TemplateRecord): Set<string> {
+    return new Set(Object.entries(rec.tags).filter(([t]) => t !== 'default').map(([, buildId]) => buildId));
+  }
+
+  /** Makes the pin of each build in `buildIds` that has none; throws when one cannot be written. */
+  async #makePins(rec: TemplateRecord, buildIds: Iterable<string>): Promise<void> {
+    const have = new Set((await this.#pins(rec)).map((o) => o.metadata.labels?.[TEMPLATE_PIN_LABEL]));
+    for (const id of buildIds) {
+      if (have.has(id)) continue;
+      const build = this.build(rec, id);
+      if (build === undefined) throw new AsbError('NotFound', `build ${id} of template "${rec.name}" not found`);
+      await this.#writeObject(rec, build, true);
+    }
+  }
+
+  /** Deletes the pins no tag names any more; a failure is logged and left for the next change (the pin starts only by its object name meanwhile). */
+  async #collectPins(rec: TemplateRecord): Promise<void> {
+    try {
+      const wanted = this.#pinned(rec);
+      for (const o of await this.#pins(rec)) {
+        if (!wanted.has(o.metadata.labels?.[TEMPLATE_PIN_LABEL] ?? '')) await this.#deleteObject(o.metadata.name);
+      }
+    } catch (err) {
+      this.#o.log.warn({ err, templateId: rec.templateId }, 'cannot delete the SandboxTemplates of builds no tag names');
+    }
+  }
+
+  async #deleteObject(name: string): Promise<void> {
+    try {
+      await this.#o.store.delete(SandboxTemplateType, this.#o.namespace, name);
+    } catch (err) {
+      if (!isAsbError(err, 'NotFound')) throw err;
+    }
+  }
+
+  /**
+   * The SandboxTemplate a create of `ref` (`name`, `name:tag`, or the template id with either)
+   * starts for the team: the template's own for no tag or `default`, the pin of the build the tag
+   * names otherwise; undefined when the team has no such template, tag or ready build.
+   */
+  templateObjectFor(team: string, ref: string): string | undefined {
+    const { name, tag } = splitName(ref);
+    const rec = this.find(team, name);
+    if (rec === undefined) return undefined;
+    if (tag === undefined || tag === 'default') return rec.readyBuildId === undefined ? undefined : rec.templateId;
+    const buildId = rec.tags[tag];
+    return buildId === undefined ? undefined : pinnedTemplateName(rec.templateId, buildId);
   }
 
   status(team: string, templateId: string, buildId: string): BuildStatus | undefined {
@@ -349,34 +433,49 @@ export class TemplateBuilds implements BuildService {
       running?.abort.abort(new AsbError('Conflict', 'the template was deleted'));
       await running?.done;
     }
-    try {
-      await this.#o.store.delete(SandboxTemplateType, this.#o.namespace, rec.templateId);
-    } catch (err) {
-      if (!isAsbError(err, 'NotFound')) throw err;
-    }
+    await this.#deleteObject(rec.templateId);
+    for (const pin of await this.#pins(rec)) await this.#deleteObject(pin.metadata.name);
     this.#records.remove(rec.templateId);
     this.#o.onTemplatesChanged?.();
     if (this.list(team).length === 0) this.files.removeTeam(team);
     return true;
   }
 
-  /** Points tags at the build `target` names (`name:tag`, or `name` for its ready build). */
-  assignTags(team: string, target: string, tags: string[]): { buildId: string; tags: string[] } {
+  /**
+   * Points tags at the build `target` names (`name:tag`, or `name` for its default build): a
+   * create of `name:tag` starts that build from now on. `default` moves what `name` starts.
+   * The build's pin is written before any tag moves; a failure leaves every tag as it was.
+   */
+  async assignTags(team: string, target: string, tags: string[]): Promise<{ buildId: string; tags: string[] }> {
     const { tag } = splitName(target);
     const rec = this.find(team, target);
     const buildId = rec === undefined ? undefined : tag === undefined ? rec.readyBuildId : rec.tags[tag];
-    if (rec === undefined || buildId === undefined) throw new AsbError('NotFound', `template "${target}" not found or has no ready build`);
+    const build = rec === undefined || buildId === undefined ? undefined : this.build(rec, buildId);
+    if (rec === undefined || buildId === undefined || build?.phase !== 'ready') throw new AsbError('NotFound', `template "${target}" not found or has no ready build`);
     for (const t of tags) checkTemplateName(`x:${t}`, 'tags');
+    if (tags.some((t) => t !== 'default')) await this.#makePins(rec, [buildId]);
+    if (tags.includes('default')) {
+      await this.#writeObject(rec, build, false);
+      rec.readyBuildId = buildId;
+    }
     for (const t of tags) rec.tags[t] = buildId;
+    rec.updatedAt = this.#isoNow();
     this.#records.save(rec);
+    await this.#collectPins(rec);
+    this.#o.onTemplatesChanged?.();
     return { buildId, tags };
   }
 
-  removeTags(team: string, name: string, tags: string[]): void {
+  /** Removes tags of the template; a build no tag names any more loses its pin. `default` stays: it is what `name` starts. */
+  async removeTags(team: string, name: string, tags: string[]): Promise<void> {
     const rec = this.find(team, splitName(name).name);
     if (rec === undefined) throw new AsbError('NotFound', `template "${name}" not found`);
+    if (tags.includes('default')) throw new AsbError('BadRequest', `tag "default" cannot be removed: it names the build "${rec.name}" starts; assign it to another build instead`);
     rec.tags = Object.fromEntries(Object.entries(rec.tags).filter(([t]) => !tags.includes(t)));
+    rec.updatedAt = this.#isoNow();
     this.#records.save(rec);
+    await this.#collectPins(rec);
+    this.#o.onTemplatesChanged?.();
   }
 
   /** Stops every running build (each ends as error "interrupted by a worker restart") and waits. */

@@ -6,6 +6,15 @@
 // env, and the sandbox stays up and reachable when it exits (E2B's start commands are servers,
 // but a one-shot setup script is common too). Without one the container sleeps, as base does.
 // The ready command becomes an exec readiness probe (`sh -c`, each second): a create waits for it.
+//
+// Tags pin builds: besides the template's own object (named by its id, running the build its
+// `default` tag names: what `name` starts), each build another tag names (`name:v1`) has a
+// SandboxTemplate of its own, named `<template id>-<build id>` and labelled with the build
+// (TEMPLATE_PIN_LABEL). A create of `name:tag` starts that object; the build service makes it
+// when a tag first names the build and deletes it when no tag does (service.ts). One object per
+// pinned build, rather than one object whose image a claim replaces: a sandbox copies its
+// template's pod spec when it is made, so a pin is an ordinary template to the claimer, the
+// operator, kubectl and the hub, and a build's env, workdir, start and ready commands stay with it.
 import { apiVersionOf } from '../api/meta.ts';
 import { LABEL, SandboxTemplateType, type Container, type SandboxTemplate } from '../api/types.ts';
 
@@ -13,6 +22,15 @@ import { LABEL, SandboxTemplateType, type Container, type SandboxTemplate } from
 export const TEMPLATE_NAME_LABEL = 'asb.dev/template-name';
 /** The build whose image the template runs. */
 export const TEMPLATE_BUILD_ANNOTATION = 'asb.dev/template-build';
+/** The template id (the build service's) on every SandboxTemplate of a built template: its own and its pins. */
+export const TEMPLATE_ID_LABEL = 'asb.dev/template-id';
+/** On a pinned build's SandboxTemplate only: the build it runs. */
+export const TEMPLATE_PIN_LABEL = 'asb.dev/template-pin';
+
+/** The SandboxTemplate of a pinned build: 20 + 1 + 36 characters, a valid label value (sandboxes carry it). */
+export function pinnedTemplateName(templateId: string, buildId: string): string {
+  return `${templateId}-${buildId}`;
+}
 /** The envd port E2B SDKs connect to, declared as base declares it. */
 const ENVD_PORT = 49983;
 
@@ -28,6 +46,8 @@ export interface BuiltTemplate {
   readyCmd?: string;
   cpuCount: number;
   memoryMB: number;
+  /** The object of this build alone (a tag names it), not the template's own. */
+  pinned?: boolean;
 }
 
 /** The command that runs startCmd and then keeps the sandbox alive. */
@@ -55,9 +75,9 @@ export function builtTemplateObject(b: BuiltTemplate): SandboxTemplate {
     apiVersion: apiVersionOf(SandboxTemplateType),
     kind: SandboxTemplateType.kind,
     metadata: {
-      name: b.templateId,
+      name: b.pinned === true ? pinnedTemplateName(b.templateId, b.buildId) : b.templateId,
       namespace: b.namespace,
-      labels: { [LABEL.owner]: b.team, [TEMPLATE_NAME_LABEL]: b.name },
+      labels: { [LABEL.owner]: b.team, [TEMPLATE_NAME_LABEL]: b.name, [TEMPLATE_ID_LABEL]: b.templateId, ...(b.pinned === true ? { [TEMPLATE_PIN_LABEL]: b.buildId } : {}) },
       annotations: { [TEMPLATE_BUILD_ANNOTATION]: b.buildId },
     },
     spec: { podTemplate: { spec: { containers: [main] } } },

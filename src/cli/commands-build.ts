@@ -6,14 +6,15 @@
 // and the image and template at the end. Exit 1 with the failing step's error when it fails.
 import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import type { ApiClient, BuildLogEntry, BuildLogPage, BuildSpec } from '../client/api-client.ts';
+import type { ApiClient, BuildLogEntry, BuildLogPage, BuildSpec, BuiltTemplateView } from '../client/api-client.ts';
 import { AsbError } from '../errors.ts';
 import { openContext, packSource } from '../builds/build-context.ts';
 import { parseDockerfile, type ParsedDockerfile, type PlannedStep } from '../builds/dockerfile.ts';
 import { isStepsFile, parseStepsFile } from '../builds/steps-file.ts';
 import { parseDuration, stringList, stringOpt, UsageError, ValueError, type Parsed } from './args.ts';
 import { EXIT, readAll, type CommandContext } from './command.ts';
-import { formatDuration, writeJson } from './output.ts';
+import { ClientConfigError } from './env-file.ts';
+import { formatAge, formatDuration, formatTable, writeJson } from './output.ts';
 
 /** Polls of the log: quick while lines come, slower (to 1 s) while a step is quiet. */
 const POLL_MIN_MS = 200;
@@ -24,8 +25,10 @@ const DEFAULT_FOLLOW_MS = 60 * 60 * 1000;
 // `--no-cache` arrives as `cache: false`: parseArgs reads --no-X as the negation of X.
 export const BUILD_FLAGS = ['filename', 'build-arg', 'cache', 'timeout'] as const;
 
-export const BUILD_HELP = `  build NAME [CONTEXT]   build template NAME from a Dockerfile (default CONTEXT/Dockerfile;
-                         CONTEXT default .), following its log; exit 1 if a step fails
+export const BUILD_HELP = `  build NAME[:TAG] [CONTEXT]  build template NAME from a Dockerfile (default CONTEXT/Dockerfile;
+                         CONTEXT default .), following its log; exit 1 if a step fails. TAG
+                         names this build once it is ready: create --template NAME:TAG starts
+                         it after later builds too (NAME alone starts the newest)
     -f FILE              the Dockerfile (- reads stdin), or a steps file (.yaml/.json: from,
                          steps of RUN/COPY/ENV/WORKDIR/USER, startCmd, readyCmd)
     --build-arg K=V      an ARG value; K alone takes $K from your environment; repeatable
@@ -183,4 +186,30 @@ export async function runTemplateBuild(parsed: Parsed, args: readonly string[], 
   ctx.io.stderr.write(`=> image ${page.image ?? '(not reported)'}\n=> template ${name} built in ${elapsed}; start one with: asb create --template ${name}\n`);
   if (values.json !== true) ctx.io.stdout.write(`${name}\n`);
   return EXIT.ok;
+}
+
+/** The caller's team's built templates from the worker API; undefined when no worker is configured. */
+export async function listBuiltTemplates(parsed: Parsed, ctx: CommandContext): Promise<BuiltTemplateView[] | undefined> {
+  let client: ApiClient;
+  try {
+    client = ctx.client(parsed.global);
+  } catch (err) {
+    if (err instanceof ClientConfigError) return undefined;
+    throw err;
+  }
+  return (await client.listBuiltTemplates()).items;
+}
+
+/** The tags grouped by the build they name: `default,v2=1a2b3c4d v1=0f9e8d7c`, the default's build first. */
+function tagsText(t: BuiltTemplateView): string {
+  const byBuild = new Map<string, string[]>();
+  for (const [tag, buildId] of Object.entries(t.tags)) byBuild.set(buildId, [...(byBuild.get(buildId) ?? []), tag]);
+  const first = t.tags.default;
+  const order = [...byBuild.keys()].sort((a, b) => (a === first ? -1 : b === first ? 1 : a.localeCompare(b)));
+  return order.map((id) => `${(byBuild.get(id) ?? []).sort((a, b) => (a === 'default' ? -1 : b === 'default' ? 1 : a.localeCompare(b))).join(',')}=${id.slice(0, 8)}`).join(' ') || '-';
+}
+
+/** The built templates as `asb template ls` prints them. */
+export function builtTemplatesTable(items: readonly BuiltTemplateView[], nowMs: number): string {
+  return formatTable(['NAME', 'ID', 'TAGS', 'LATEST BUILD', 'STATUS', 'UPDATED'], items.map((t) => [t.name, t.templateId, tagsText(t), t.latestBuild?.buildId.slice(0, 8) ?? '-', t.status, formatAge(t.updatedAt, nowMs)]));
 }

@@ -9,7 +9,8 @@ import { hostPortProblem } from '../hub/clusters.ts';
 import { boolOpt, parseCommandArgs, parseKeyValues, stringList, stringOpt, UsageError, ValueError, type OptionValues, type Parsed } from './args.ts';
 import { parseOrExplain, readSource } from './commands-apply.ts';
 import { EXIT, readAll, type Command, type CommandContext } from './command.ts';
-import { BUILD_FLAGS, BUILD_HELP, runTemplateBuild } from './commands-build.ts';
+import { BUILD_FLAGS, BUILD_HELP, builtTemplatesTable, listBuiltTemplates, runTemplateBuild } from './commands-build.ts';
+import { ClientConfigError } from './env-file.ts';
 import { createHubClient, resolveHubClientConfig, type ClusterView, type HubClient } from './hub-client.ts';
 import { formatAge, formatTable, writeJson } from './output.ts';
 
@@ -212,16 +213,19 @@ Example:
 
 export const templateCommand: Command = {
   name: 'template',
-  summary: 'Build templates from a Dockerfile; apply and list templates at the hub (synced to every cluster)',
-  usage: 'asb template build NAME [-f Dockerfile] [--build-arg K=V]... [--no-cache] [CONTEXT] | apply -f <file.yaml|-> [-f ...] | ls',
+  summary: 'Build templates from a Dockerfile; list your team\'s built templates; apply and list templates at the hub (synced to every cluster)',
+  usage: 'asb template build NAME[:TAG] [-f Dockerfile] [--build-arg K=V]... [--no-cache] [CONTEXT] | apply -f <file.yaml|-> [-f ...] | ls [--json]',
   help: `Subcommands:
 ${BUILD_HELP}
   apply -f FILE          create or update the SandboxTemplates in FILE (- reads stdin; repeatable);
                          every object is checked first, and if any is invalid nothing is applied
-  ls                     every template at the hub
+  ls                     your team's built templates (name, id, tags and the builds they name,
+                         latest build, its status, updated), from the worker API, then every
+                         template at the hub; each part when it is configured. --json prints
+                         {"built": [...], "items": [hub templates]}
 
-build talks to the worker API (--url/--key, ASB_API_URL/ASB_API_KEY, .asb/env), as asb create does;
-apply and ls to the hub:
+build and ls talk to the worker API (--url/--key, ASB_API_URL/ASB_API_KEY, .asb/env), as asb create
+does; apply and ls to the hub:
 ${HUB_HELP}
 
 Examples:
@@ -241,11 +245,21 @@ Examples:
     if (sub === 'build') return runTemplateBuild(parsed, args, ctx, this.usage);
     noArgs(args, this.usage);
     if (sub === 'ls') {
-      const { items } = await hubOf(parsed, ctx).listTemplates();
-      if (values.json === true) writeJson(ctx.io.stdout, { items });
+      // Each source that is configured; an error from one that is configured fails the command.
+      const built = await listBuiltTemplates(parsed, ctx);
+      let hub: HubClient | undefined;
+      try {
+        hub = hubOf(parsed, ctx);
+      } catch (err) {
+        if (!(err instanceof ClientConfigError) || built === undefined) throw err;
+      }
+      const items = hub === undefined ? undefined : (await hub.listTemplates()).items;
+      if (values.json === true) writeJson(ctx.io.stdout, { ...(built === undefined ? {} : { built }), ...(items === undefined ? {} : { items }) });
       else {
         const now = ctx.clock.now();
-        ctx.io.stdout.write(formatTable(['NAMESPACE', 'NAME', 'AGE'], items.map((t) => [t.metadata.namespace ?? 'default', t.metadata.name, formatAge(t.metadata.creationTimestamp, now)])));
+        if (built !== undefined) ctx.io.stdout.write(built.length === 0 ? 'No templates built by your team.\n' : builtTemplatesTable(built, now));
+        if (built !== undefined && items !== undefined) ctx.io.stdout.write('\n');
+        if (items !== undefined) ctx.io.stdout.write(formatTable(['NAMESPACE', 'NAME', 'AGE'], items.map((t) => [t.metadata.namespace ?? 'default', t.metadata.name, formatAge(t.metadata.creationTimestamp, now)])));
       }
       return EXIT.ok;
     }

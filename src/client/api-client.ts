@@ -10,6 +10,7 @@ import type { SandboxClaim, SandboxPhase, SandboxTemplate, SandboxWarmPool } fro
 import type { FileEntry } from '../runtime/runtime.ts';
 import type { SandboxView } from '../worker/views.ts';
 import type { SnapshotView } from '../worker/routes-snapshots.ts';
+import type { BuiltTemplateView } from '../worker/routes-builds.ts';
 import type { BuildLogEntry, BuildPhase, BuildSpec, BuildStatus } from '../builds/contract.ts';
 
 export type { BuildLogEntry, BuildPhase, BuildSpec, BuildStatus };
@@ -24,7 +25,7 @@ export interface BuildLogPage {
   image?: string;
 }
 
-export type { SnapshotView };
+export type { SnapshotView, BuiltTemplateView };
 
 export type { FileEntry };
 
@@ -190,6 +191,8 @@ export interface ApiClient {
   startBuild(template: string, spec: BuildSpec): Promise<{ templateId: string; buildId: string; phase: BuildPhase }>;
   getBuild(template: string, buildId: string): Promise<BuildStatus>;
   buildLogs(template: string, buildId: string, offset: number): Promise<BuildLogPage>;
+  /** The caller's team's built templates (GET /v1/built-templates). */
+  listBuiltTemplates(): Promise<{ items: BuiltTemplateView[] }>;
 
   listClaims(): Promise<{ items: SandboxClaim[] }>;
   getClaim(name: string, namespace?: string): Promise<SandboxClaim>;
@@ -327,6 +330,7 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
     startBuild: (template, spec) => json({ method: 'POST', path: `/v1/templates/${enc(template)}/builds`, json: spec }),
     getBuild: (template, buildId) => json({ method: 'GET', path: `/v1/templates/${enc(template)}/builds/${enc(buildId)}` }),
     buildLogs: (template, buildId, offset) => json({ method: 'GET', path: `/v1/templates/${enc(template)}/builds/${enc(buildId)}/logs`, query: { offset } }),
+    listBuiltTemplates: () => json({ method: 'GET', path: '/v1/built-templates' }),
 
     listClaims: () => json({ method: 'GET', path: '/v1/claims' }),
     getClaim: (name, namespace) => json({ method: 'GET', path: `/v1/claims/${enc(name)}`, query: nsQuery(namespace) }),

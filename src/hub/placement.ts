@@ -15,6 +15,8 @@
 //           there takes milliseconds, a cold start about a second);
 //        c. more ready warm sandboxes first (spreads a burst over the pools that can take it);
 //        d. the cluster name, so equal candidates are always tried in the same order.
+// A built template's `name:tag` is held where `name` is (the cluster that built it reports the
+// name; its worker resolves the tag to the build the tag names).
 import type { PlacementCandidate, PlacementRequest, PlacementResult } from './contract.ts';
 
 interface Ranked {
@@ -31,7 +33,8 @@ function compare(a: Ranked, b: Ranked): number {
 }
 
 export function place(req: PlacementRequest, candidates: readonly PlacementCandidate[]): PlacementResult {
-  const key = `${req.namespace}/${req.template}`;
+  const colon = req.template.indexOf(':');
+  const key = `${req.namespace}/${colon === -1 ? req.template : req.template.slice(0, colon)}`;
   const ranked: Ranked[] = [];
   const skipped: PlacementResult['skipped'] = [];
   for (const c of candidates) {

@@ -2,7 +2,9 @@
 // listed at once, then frozen and passed down. Nothing else reads the environment.
 import { resolve } from 'node:path';
 import { isClusterTag } from '../api/ids.ts';
+import { AsbError } from '../errors.ts';
 import { DEFAULT_EGRESS_FLOOR, parseEgressFloor, type EgressFloor } from '../network/egress-floor.ts';
+import { DEFAULT_EGRESS_POLICY, parseCidr, parseEgressPolicy, type EgressPolicy } from '../network/egress-policy.ts';
 import { parseFlags } from './flags.ts';
 import { derivedNetwork } from './local-network.ts';
 
@@ -73,6 +75,15 @@ export interface WorkerConfig {
    * fd00:ec2::23); `none` for an empty floor.
    */
   readonly egressFloor: EgressFloor;
+  /**
+   * ASB_BUILD_EGRESS / --build-egress: what a template build's RUN steps may reach (the build
+   * sandbox's egress policy, src/network/egress-policy.ts). `internet` (the default): a sandbox's
+   * default, the internet but no private range, other pod or the host; `none`: nothing; else a
+   * comma-separated allow-list of CIDRs, IPs and domains (`pypi.org,*.debian.org,203.0.113.0/24`)
+   * and nothing else. Domains need the egress proxy (--egress-proxy-port), as sandboxes' do. The
+   * egress floor applies whatever this allows.
+   */
+  readonly buildEgress: EgressPolicy;
   /** ASB_RUNTIME / --runtime: what runs sandboxes: local (process trees on this machine) or kube (Pods, through the API server; needs --store=kube). Default local */
   readonly runtime: 'local' | 'kube';
   /**
@@ -148,7 +159,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'egressProxyPort' | 'egressFloor' | 'criu';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'buildEgress' | 'egressProxyPort' | 'egressFloor' | 'criu';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -177,6 +188,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   imageCache: { env: 'ASB_IMAGE_CACHE', flag: 'image-cache' },
   registriesFile: { env: 'ASB_REGISTRIES', flag: 'registries' },
   buildRegistry: { env: 'ASB_BUILD_REGISTRY', flag: 'build-registry' },
+  buildEgress: { env: 'ASB_BUILD_EGRESS', flag: 'build-egress' },
   egressProxyPort: { env: 'ASB_EGRESS_PROXY_PORT', flag: 'egress-proxy-port' },
   egressFloor: { env: 'ASB_EGRESS_FLOOR', flag: 'egress-floor' },
   imageGcIntervalMs: { env: 'ASB_IMAGE_GC_INTERVAL_MS', flag: 'image-gc-interval-ms' },
@@ -273,6 +285,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const floorEntries = floorText === undefined || floorText === '' ? DEFAULT_EGRESS_FLOOR : floorText === 'none' ? [] : floorText.split(',');
   const { floor: egressFloor, bad: badFloor } = parseEgressFloor(floorEntries);
   if (badFloor.length > 0) problems.push(`${describe('egressFloor')} must be comma-separated CIDRs or IPs (or none), got ${badFloor.map((b) => `"${b}"`).join(', ')}`);
+  const buildEgress = parseBuildEgress(raw('buildEgress'), egressProxyPort !== undefined, (problem) => problems.push(`${describe('buildEgress')} ${problem}`));
   const config: WorkerConfig = {
     dataDir,
     apiHost: str('apiHost'),
@@ -303,6 +316,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     buildRegistry: raw('buildRegistry'),
     egressProxyPort,
     egressFloor,
+    buildEgress,
     imageGcIntervalMs: int('imageGcIntervalMs', 0, 86_400_000),
     imageGcGraceMs: int('imageGcGraceMs', 0, 30 * 86_400_000),
     snapshotsPerTeam: int('snapshotsPerTeam', 0, 100_000),
@@ -311,6 +325,28 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);
+}
+
+/** `internet` (or unset), `none`, or an allow-list of CIDRs, IPs and domains; a domain needs the egress proxy. */
+export function parseBuildEgress(text: string | undefined, proxyOn: boolean, problem: (text: string) => void): EgressPolicy {
+  const value = text?.trim() ?? '';
+  if (value === '' || value === 'internet') return DEFAULT_EGRESS_POLICY;
+  if (value === 'none') return Object.freeze({ internet: false, allow: Object.freeze([]), deny: Object.freeze([]) });
+  const entries = value.split(',').map((e) => e.trim()).filter((e) => e !== '');
+  let policy: EgressPolicy;
+  try {
+    policy = parseEgressPolicy({ internet: false, allow: entries }, 'build egress');
+  } catch (err) {
+    const fields = err instanceof AsbError ? err.fields : [];
+    problem(`must be internet, none or comma-separated CIDRs, IPs and domains: ${fields.map((f) => f.message).join('; ')}`);
+    return DEFAULT_EGRESS_POLICY;
+  }
+  const domains = policy.allow.filter((e) => parseCidr(e) === undefined);
+  if (domains.length > 0 && !proxyOn) {
+    problem(`names domains (${domains.join(', ')}), which only the egress proxy can decide, and the proxy is off (--egress-proxy-port): use CIDRs, or turn the proxy on`);
+    return DEFAULT_EGRESS_POLICY;
+  }
+  return policy;
 }
 
 /** Whether a key has a default (DEFAULTS); the optional ones have none, so they may stay unset. */

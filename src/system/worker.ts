@@ -154,6 +154,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           engine: buildEngine,
           namespace: config.namespace,
           clusterTag: config.clusterTag,
+          egress: config.buildEgress,
           clock,
           log: log.child({ component: 'builds' }),
           onTemplatesChanged: () => tellHubTemplates(),

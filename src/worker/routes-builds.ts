@@ -8,7 +8,11 @@
 //                                                     201 stored, 200 already there; 400 when the
 //                                                     body's sha256 is another (nothing is stored)
 //   POST /v1/templates/{name}/builds                  a BuildSpec → 202 {templateId, buildId, phase};
-//                                                     the team's template of that name is made when new
+//                                                     the team's template of that name is made when new;
+//                                                     {name} may be name:tag: the tag names the build once
+//                                                     it is ready (and name:tag starts it)
+//   GET  /v1/built-templates                          200 {items}: the team's built templates, each with
+//                                                     its tags, newest build and status (asb template ls)
 //   GET  /v1/templates/{name}/builds/{buildId}        200 BuildStatus
 //   GET  /v1/templates/{name}/builds/{buildId}/logs?offset=N
 //                                                     200 {entries, offset, phase, reason?}: entries
@@ -21,7 +25,8 @@ import { checkBuildSpec, isSha256 } from '../builds/spec-check.ts';
 import type { BuildService, BuildStatus } from '../builds/contract.ts';
 import type { FileStore } from '../builds/contract.ts';
 import { MAX_FILE_BYTES } from '../builds/files.ts';
-import type { TemplateBuilds } from '../builds/service.ts';
+import type { TemplateRecord } from '../builds/records.ts';
+import { splitName, type TemplateBuilds } from '../builds/service.ts';
 import { putVerified } from '../builds/verified-upload.ts';
 import { isObjectName, principalOf } from './access.ts';
 import { readJson } from './body.ts';
@@ -30,6 +35,37 @@ import { queryInt } from './input.ts';
 import type { RequestContext, Route } from './router.ts';
 import { discardRest, uploadChunks } from './upload-body.ts';
 import type { UploadSlots } from './upload-slots.ts';
+
+/** One of the team's built templates as GET /v1/built-templates shows it (`asb template ls`). */
+export interface BuiltTemplateView {
+  name: string;
+  templateId: string;
+  /** tag → build id; `default` names the build `name` starts. */
+  tags: Record<string, string>;
+  /** The newest build requested, whatever its phase. */
+  latestBuild: { buildId: string; phase: BuildStatus['phase']; createdAt: string; finishedAt?: string; reason?: BuildStatus['reason'] } | undefined;
+  /** The latest build's phase, `none` before any build was requested. */
+  status: BuildStatus['phase'] | 'none';
+  cpuCount: number;
+  memoryMB: number;
+  createdAt: string;
+  updatedAt: string;
+}
+
+export function builtTemplateView(rec: TemplateRecord): BuiltTemplateView {
+  const latest = rec.builds.at(-1);
+  return {
+    name: rec.name,
+    templateId: rec.templateId,
+    tags: { ...rec.tags },
+    latestBuild: latest === undefined ? undefined : { buildId: latest.buildId, phase: latest.phase, createdAt: latest.createdAt, ...(latest.finishedAt === undefined ? {} : { finishedAt: latest.finishedAt }), ...(latest.reason === undefined ? {} : { reason: latest.reason }) },
+    status: latest?.phase ?? 'none',
+    cpuCount: rec.cpuCount,
+    memoryMB: rec.memoryMB,
+    createdAt: rec.createdAt,
+    updatedAt: rec.updatedAt,
+  };
+}
 
 /** What the build routes need: the service that runs builds, its template names, and the team's uploaded files. */
 export interface WorkerBuilds {
@@ -41,6 +77,8 @@ export interface WorkerBuilds {
   newBuild(team: string, name: string, resources: { cpuCount?: number; memoryMB?: number }): { templateId: string; buildId: string };
   /** The id of the team's template `name`; undefined when the team has none of that name (another team's included). */
   templateId(team: string, name: string): string | undefined;
+  /** The team's built templates, oldest first. */
+  list(team: string): BuiltTemplateView[];
 }
 
 /** The routes' view of the worker's build service. */
@@ -53,17 +91,22 @@ export function workerBuilds(b: TemplateBuilds): WorkerBuilds {
       const { template, build } = b.createTemplate(team, { name, ...resources });
       return { templateId: template.templateId, buildId: build.buildId };
     },
-    templateId: (team, name) => b.find(team, name)?.templateId,
+    // A build's routes name its template, with the tag the build was requested with, named or not yet.
+    templateId: (team, name) => b.find(team, splitName(name).name)?.templateId,
+    list: (team) => b.list(team).map(builtTemplateView),
   };
 }
 
 /** A build's log grows by a line per output line; 100k lines is far past any real build's. */
 const MAX_LOG_OFFSET = 10_000_000;
 
+/** `name:tag` (service.ts's names and tags): a build of `name` the tag names once it is ready. */
+const TAGGED_NAME = /^[a-z0-9][a-z0-9._-]{0,62}:[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+
 function templateName(ctx: RequestContext): string {
   const name = ctx.params.name ?? '';
-  if (!isObjectName(name)) {
-    throw new AsbError('BadRequest', `template name "${name.slice(0, 100)}" is not valid: lower-case letters, digits and '-', at most 253 characters, starting and ending alphanumeric`, { fields: [{ field: 'name', message: 'not a valid template name' }] });
+  if (!isObjectName(name) && !TAGGED_NAME.test(name)) {
+    throw new AsbError('BadRequest', `template name "${name.slice(0, 100)}" is not valid: lower-case letters, digits and '-', at most 253 characters, starting and ending alphanumeric, optionally :tag (letters, digits, '.', '_', '-')`, { fields: [{ field: 'name', message: 'not a valid template name' }] });
   }
   return name;
 }
@@ -95,6 +138,15 @@ export function buildRoutes(w: WorkerContext, uploads: UploadSlots, fileBytes = 
     return builds;
   };
   return [
+    {
+      method: 'GET',
+      pattern: '/v1/built-templates',
+      handler(ctx) {
+        // A worker that builds nothing has built nothing: an empty list, not an error.
+        const items = builds === undefined ? [] : builds.list(principalOf(ctx).team);
+        return Promise.resolve({ status: 200, json: { items } });
+      },
+    },
     {
       method: 'GET',
       pattern: '/v1/templates/{name}/files/{sha256}',

@@ -92,3 +92,30 @@ def test_failing_step_shows_its_output():
         Template.build(Template().from_image("debian:12").run_cmd("echo about-to-fail; exit 7"), "broken", api_key=KEY_A, on_build_logs=logs.append)
     assert "step 1" in str(err.value), str(err.value)
     assert "about-to-fail" in "\n".join(str(e) for e in logs)
+
+
+def test_tags_pin_builds():
+    def versioned(version):
+        return Template().from_image("debian:12").run_cmd(f"echo {version} > /version")
+
+    Template.build(versioned("one"), "tag-env:v1", api_key=KEY_A)
+    Template.build(versioned("two"), "tag-env:v2", api_key=KEY_A)
+
+    def version_of(name):
+        sbx = Sandbox.create(name, api_key=KEY_A)
+        try:
+            return sbx.commands.run("cat /version").stdout.strip()
+        finally:
+            sbx.kill()
+
+    # v1 still starts v1's build after v2 was built; the name alone is the newest.
+    assert version_of("tag-env:v1") == "one"
+    assert version_of("tag-env:v2") == "two"
+    assert version_of("tag-env") == "two"
+    # Moving v1 to v2's build moves what tag-env:v1 starts.
+    moved = Template.assign_tags("tag-env:v2", "v1", api_key=KEY_A)
+    assert moved.tags == ["v1"]
+    assert version_of("tag-env:v1") == "two"
+    with pytest.raises(Exception) as err:
+        Sandbox.create("tag-env:v1", api_key=KEY_B)
+    assert "not found" in str(err.value).lower()

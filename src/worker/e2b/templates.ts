@@ -300,7 +300,7 @@ async function assignTags(w: WorkerContext, ctx: AuthedContext): Promise<Reply> 
   const b = await body(w, ctx.req);
   const tags = stringList(b, 'tags');
   if (typeof b.target !== 'string' || tags === undefined || tags.length === 0) throw new AsbError('BadRequest', 'target (name:tag) and a non-empty tags array are required');
-  const out = builds(w).assignTags(ctx.principal.team, b.target, tags);
+  const out = await builds(w).assignTags(ctx.principal.team, b.target, tags);
   return { status: 201, json: { tags: out.tags, buildID: out.buildId } };
 }
 
@@ -308,7 +308,7 @@ async function removeTags(w: WorkerContext, ctx: AuthedContext): Promise<Reply> 
   const b = await body(w, ctx.req);
   const tags = stringList(b, 'tags');
   if (typeof b.name !== 'string' || tags === undefined) throw new AsbError('BadRequest', 'name and tags are required');
-  builds(w).removeTags(ctx.principal.team, b.name, tags);
+  await builds(w).removeTags(ctx.principal.team, b.name, tags);
   return { status: 204 };
 }
 
