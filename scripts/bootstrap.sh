@@ -50,10 +50,15 @@ apt_step() {
     command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
   done
   ((${#missing[@]})) || return 0
-  echo "bootstrap: apt-get install ${missing[*]}" >&2
-  local sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
-  $sudo apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # make test builds its tools in two lanes (Makefile): one apt-get at a time, waiting for the
+  # other lane's (apt-get itself fails at once on a held lock).
+  (
+    flock 9
+    echo "bootstrap: apt-get install ${missing[*]}" >&2
+    local sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  ) 9>"${TMPDIR:-/tmp}/asb-bootstrap-apt.lock"
 }
 
 step="${1:-deps}"; shift || true
