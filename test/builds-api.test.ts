@@ -15,29 +15,16 @@ import { TeamFileStore } from '../src/builds/files.ts';
 import { INTERRUPTED, TemplateBuilds } from '../src/builds/service.ts';
 import { TEMPLATE_NAME_LABEL } from '../src/builds/template-object.ts';
 import { E2B_USER_STEP } from '../src/worker/e2b/templates.ts';
-import type { ObjectStore } from '../src/store/store.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { parseBuildEgress } from '../src/system/config.ts';
 import { silentLogger } from '../src/system/log.ts';
-import { RecordingEngine } from './support/recording-engine.ts';
+import { RecordingEngine, testBuildService } from './support/recording-engine.ts';
 import { outcomes, runPytest, VENV_PYTHON } from './support/pytest.ts';
 import { call, startWorkerFixture, type WorkerFixture } from './support/worker-fixture.ts';
 
 const BASE_IMAGE = 'localhost:5000/agent-sandbox/base:latest';
 
-function service(store: ObjectStore, dir: string, engine: RecordingEngine, timeoutMs?: number): TemplateBuilds {
-  return new TemplateBuilds({
-    recordsDir: join(dir, 'builds', 'templates'),
-    files: new TeamFileStore({ dir: join(dir, 'builds', 'files'), now: () => Date.now() }),
-    store,
-    engine,
-    namespace: 'default',
-    clusterTag: 'tst1',
-    clock: systemClock,
-    log: silentLogger(),
-    ...(timeoutMs === undefined ? {} : { limits: { timeoutMs } }),
-  });
-}
+const service = testBuildService;
 
 async function fixture(t: { after: (fn: () => Promise<void>) => void }, engine = new RecordingEngine()): Promise<{ fx: WorkerFixture; engine: RecordingEngine; builds: () => TemplateBuilds }> {
   let made: TemplateBuilds | undefined;

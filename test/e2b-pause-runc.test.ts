@@ -11,6 +11,7 @@ import { baseTemplate } from '../src/api/builtin.ts';
 import type { SandboxTemplate } from '../src/api/types.ts';
 import { startTestSystem } from './support/local-system.ts';
 import { api } from './support/worker-process.ts';
+import { waitForFile } from './support/e2b-wait.ts';
 
 function template(name: string, hibernate: boolean): SandboxTemplate {
   const t = baseTemplate();
@@ -19,14 +20,6 @@ function template(name: string, hibernate: boolean): SandboxTemplate {
   return t;
 }
 
-async function waitForFile(sbx: e2b.Sandbox, path: string): Promise<string> {
-  for (let i = 0; i < 100; i++) {
-    const out = await sbx.commands.run(`cat ${path} 2>/dev/null || true`);
-    if (out.stdout.trim() !== '') return out.stdout.trim();
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`${path} never appeared`);
-}
 
 test('E2B pause with memory on runc: a Hibernate template keeps a background command\'s memory across pause and connect; another runc template says how to get it', async (t) => {
   const criuDir = process.env.ASB_CRIU_DIR;

@@ -14,6 +14,7 @@ import { startTestSystem } from './support/local-system.ts';
 import { outcomes, REPO_ROOT, runPytest, VENV_PYTHON } from './support/pytest.ts';
 import { edgeGet } from './support/web-sandbox.ts';
 import { api } from './support/worker-process.ts';
+import { waitForFile } from './support/e2b-wait.ts';
 
 const suite = join('test', 'python', 'test_e2b_pause.py');
 const PYTEST_TIMEOUT_MS = 280_000;
@@ -93,14 +94,6 @@ test('pause with memory through the E2B SDKs: gVisor keeps a background server\'
   });
 });
 
-async function waitForFile(sbx: e2b.Sandbox, path: string): Promise<string> {
-  for (let i = 0; i < 100; i++) {
-    const out = await sbx.commands.run(`cat ${path} 2>/dev/null || true`);
-    if (out.stdout.trim() !== '') return out.stdout.trim();
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`${path} never appeared`);
-}
 
 /** The sandbox's data-plane token, as E2B's API gives it (GET /sandboxes/{id}'s envdAccessToken). */
 async function accessToken(edgeUrl: string, apiKey: string, id: string): Promise<string> {

@@ -9,12 +9,9 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { SandboxType, type Sandbox } from '../src/api/types.ts';
 import { openContext, packSource } from '../src/builds/build-context.ts';
-import { TeamFileStore } from '../src/builds/files.ts';
 import { TemplateBuilds } from '../src/builds/service.ts';
-import { systemClock } from '../src/system/clock.ts';
-import { silentLogger } from '../src/system/log.ts';
 import { OpenApiChecker } from './support/openapi-check.ts';
-import { RecordingEngine } from './support/recording-engine.ts';
+import { RecordingEngine, testBuildService } from './support/recording-engine.ts';
 import { emptyDir, runAsb, type RunResult } from './support/run-asb.ts';
 import { call, startWorkerFixture, type ApiResponse, type CallOptions, type WorkerFixture } from './support/worker-fixture.ts';
 
@@ -32,16 +29,7 @@ async function fixture(t: { after: (fn: () => Promise<void>) => void }): Promise
   const engine = new RecordingEngine();
   let made: TemplateBuilds | undefined;
   const fx = await startWorkerFixture((fn) => t.after(fn), {}, {
-    builds: (store, dir) => (made = new TemplateBuilds({
-      recordsDir: join(dir, 'builds', 'templates'),
-      files: new TeamFileStore({ dir: join(dir, 'builds', 'files'), now: () => Date.now() }),
-      store,
-      engine,
-      namespace: 'default',
-      clusterTag: 'tst1',
-      clock: systemClock,
-      log: silentLogger(),
-    })),
+    builds: (store, dir) => (made = testBuildService(store, dir, engine)),
   });
   return {
     fx,

@@ -4,7 +4,13 @@
 // base image pinned to a digest of the steps, with the config the ENV, WORKDIR and USER steps
 // give. The real engine (src/builds/engine*.ts) is exercised by test/e2b-builds.test.ts.
 import { createHash } from 'node:crypto';
+import { join } from 'node:path';
 import type { BuildEngine, EngineRequest, EngineResult } from '../../src/builds/contract.ts';
+import { TeamFileStore } from '../../src/builds/files.ts';
+import { TemplateBuilds } from '../../src/builds/service.ts';
+import type { ObjectStore } from '../../src/store/store.ts';
+import { systemClock } from '../../src/system/clock.ts';
+import { silentLogger } from '../../src/system/log.ts';
 
 export class RecordingEngine implements BuildEngine {
   readonly requests: EngineRequest[] = [];
@@ -38,4 +44,19 @@ export class RecordingEngine implements BuildEngine {
       cachedSteps: 0,
     };
   }
+}
+
+/** The real build service over `engine`, its records and files under `dir`, as a worker makes it. */
+export function testBuildService(store: ObjectStore, dir: string, engine: BuildEngine, timeoutMs?: number): TemplateBuilds {
+  return new TemplateBuilds({
+    recordsDir: join(dir, 'builds', 'templates'),
+    files: new TeamFileStore({ dir: join(dir, 'builds', 'files'), now: () => Date.now() }),
+    store,
+    engine,
+    namespace: 'default',
+    clusterTag: 'tst1',
+    clock: systemClock,
+    log: silentLogger(),
+    ...(timeoutMs === undefined ? {} : { limits: { timeoutMs } }),
+  });
 }
