@@ -13,19 +13,18 @@
 // path outside the context (`..`, or through a symlinked directory) is refused. Symlinks are
 // packed as links, never followed: a link to /etc/passwd copies the link, not the host's file.
 //
-// The tar is written by hand (ustar, with a PAX header for paths over 100 bytes) instead of with
-// the `tar` package: ~60 lines, and every header field is ours to fix for determinism, with no
-// new dependency in the CLI.
+// The tar's headers are the image layers' own (tar-header.ts: ustar, a pax header where a field
+// does not fit), with every field fixed here for determinism; no tar dependency in the CLI.
 import { createHash, type Hash } from 'node:crypto';
 import { closeSync, existsSync, lstatSync, mkdtempSync, openSync, readFileSync, readSync, readdirSync, readlinkSync, realpathSync, rmSync, writeSync, type Stats } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative, sep } from 'node:path';
 import { AsbError } from '../errors.ts';
 import { cleanPath, globRegex, IgnoreMatcher, isGlob, parseDockerignore } from './context-ignore.ts';
+import { BLOCK, tarEnd, tarHeader } from './tar-header.ts';
 
 /** 2000-01-01T00:00:00Z. */
 export const FIXED_MTIME_S = 946_684_800;
-const BLOCK = 512;
 const READ_CHUNK = 1024 * 1024;
 /** The largest size a ustar header's 11 octal digits hold. */
 const MAX_FILE_BYTES = 0o77777777777;
@@ -151,37 +150,6 @@ function isLink(abs: string): boolean {
 
 // --- the tar ---
 
-function octal(value: number, width: number): string {
-  return value.toString(8).padStart(width - 1, '0') + '\0';
-}
-
-function header(name: string, type: string, mode: number, size: number, linkName: string): Buffer {
-  const h = Buffer.alloc(BLOCK);
-  h.write(name, 0, 100, 'utf8');
-  h.write(octal(mode, 8), 100, 'ascii');
-  h.write(octal(0, 8), 108, 'ascii');
-  h.write(octal(0, 8), 116, 'ascii');
-  h.write(octal(size, 12), 124, 'ascii');
-  h.write(octal(FIXED_MTIME_S, 12), 136, 'ascii');
-  h.write('        ', 148, 'ascii');
-  h.write(type, 156, 'ascii');
-  h.write(linkName, 157, 100, 'utf8');
-  h.write('ustar\0', 257, 'ascii');
-  h.write('00', 263, 'ascii');
-  let sum = 0;
-  for (const byte of h) sum += byte;
-  h.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 'ascii');
-  return h;
-}
-
-/** A PAX record "len key=value\n", whose length counts itself. */
-function paxRecord(key: string, value: string): string {
-  const body = ` ${key}=${value}\n`;
-  let len = Buffer.byteLength(body) + 1;
-  while (String(len).length + Buffer.byteLength(body) !== len) len++;
-  return `${len}${body}`;
-}
-
 class TarSink {
   readonly #fd: number;
   readonly #hash: Hash = createHash('sha256');
@@ -208,18 +176,8 @@ class TarSink {
 }
 
 function writeEntry(sink: TarSink, ctx: BuildContext, e: ContextEntry): void {
-  const name = e.kind === 'dir' ? `${e.path}/` : e.path;
-  const link = e.linkTarget ?? '';
-  const long = Buffer.byteLength(name) > 100 || Buffer.byteLength(link) > 100;
-  if (long) {
-    const pax = Buffer.from(paxRecord('path', name) + (link === '' ? '' : paxRecord('linkpath', link)), 'utf8');
-    sink.write(header('PaxHeader', 'x', 0o644, pax.length, ''));
-    sink.write(pax);
-    sink.pad();
-  }
-  const type = e.kind === 'dir' ? '5' : e.kind === 'symlink' ? '2' : '0';
-  const shortName = long ? Buffer.from(name).subarray(0, 100).toString('utf8').replace(/\uFFFD+$/, '') : name;
-  sink.write(header(shortName, type, e.mode, e.kind === 'file' ? e.size : 0, long ? '' : link));
+  const type = e.kind === 'dir' ? 'dir' : e.kind === 'symlink' ? 'symlink' : 'file';
+  sink.write(tarHeader({ path: e.path, type, mode: e.mode, uid: 0, gid: 0, size: e.kind === 'file' ? e.size : 0, mtime: FIXED_MTIME_S, ...(e.linkTarget === undefined ? {} : { linkname: e.linkTarget }) }));
   if (e.kind !== 'file') return;
   const fd = openSync(join(ctx.dir, e.path), 'r');
   try {
@@ -258,7 +216,7 @@ export function packSource(ctx: BuildContext, source: string): PackedFiles {
     const sink = new TarSink(fd);
     try {
       for (const e of entries) writeEntry(sink, ctx, e);
-      sink.write(Buffer.alloc(BLOCK * 2));
+      sink.write(tarEnd());
     } finally {
       closeSync(fd);
     }
