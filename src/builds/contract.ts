@@ -9,6 +9,11 @@ import type { EgressPolicy } from '../network/egress-policy.ts';
 // Dockerfile instruction to these five types, so the engine runs one language and the Dockerfile
 // front end of `asb` emits the same steps.
 
+/** The five step types, in the order messages list them. */
+export const STEP_TYPES = ['RUN', 'COPY', 'ENV', 'WORKDIR', 'USER'] as const;
+/** Steps in one build: E2B's SDK emits one per builder call, a Dockerfile one per instruction; a few hundred is already a lot. */
+export const MAX_STEPS = 500;
+
 /**
  * One build step.
  * - RUN      args: [command, user?]: `sh -c command`, as user (default: the current USER)
@@ -20,7 +25,7 @@ import type { EgressPolicy } from '../network/egress-policy.ts';
  * `force` rebuilds this step and every later one instead of using the cache (E2B's skipCache).
  */
 export interface BuildStep {
-  type: 'RUN' | 'COPY' | 'ENV' | 'WORKDIR' | 'USER';
+  type: (typeof STEP_TYPES)[number];
   args: string[];
   filesHash?: string;
   force?: boolean;

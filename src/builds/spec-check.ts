@@ -4,14 +4,11 @@
 import { AsbError, type FieldProblem } from '../errors.ts';
 import { isObjectName } from '../worker/access.ts';
 import { isPlainObject } from '../worker/input.ts';
-import type { BuildSpec, BuildStep } from './contract.ts';
+import { MAX_STEPS, STEP_TYPES, type BuildSpec, type BuildStep } from './contract.ts';
 
-/** Steps one build may have: a Dockerfile of a few hundred instructions is already unusual. */
-export const MAX_STEPS = 500;
 /** One argument (a RUN's script, an ENV value): Linux's MAX_ARG_STRLEN, the most `sh -c` takes. */
 export const MAX_ARG_BYTES = 32 * 4096 - 1;
 const SHA256 = /^[0-9a-f]{64}$/;
-const STEP_TYPES: readonly BuildStep['type'][] = ['RUN', 'COPY', 'ENV', 'WORKDIR', 'USER'];
 /** Arguments each type takes: [min, max]; ENV takes pairs. */
 const ARITY: Readonly<Record<BuildStep['type'], readonly [number, number]>> = {
   RUN: [1, 2],

@@ -4,7 +4,7 @@
 import { createHash } from 'node:crypto';
 import { posix } from 'node:path';
 import { AsbError, type FieldProblem } from '../errors.ts';
-import type { BuildStep, FileStore } from './contract.ts';
+import { STEP_TYPES, type BuildStep, type FileStore } from './contract.ts';
 
 /** The image config a step sees and leaves. */
 export interface BuildConfig {
@@ -14,7 +14,7 @@ export interface BuildConfig {
   user?: string;
 }
 
-const TYPES = new Set(['RUN', 'COPY', 'ENV', 'WORKDIR', 'USER']);
+const TYPES: ReadonlySet<string> = new Set(STEP_TYPES);
 const HASH = /^[a-f0-9]{64}$/;
 const MODE = /^0?[0-7]{3,4}$/;
 const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;

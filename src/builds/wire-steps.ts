@@ -1,11 +1,9 @@
 // A build's steps checked before anything runs: each problem names its step (1-based, as E2B's
 // status reports it), so a bad request is a 400 that leaves no build behind.
 import { AsbError } from '../errors.ts';
-import type { BuildStep, FileStore } from './contract.ts';
+import { MAX_STEPS, STEP_TYPES, type BuildStep, type FileStore } from './contract.ts';
 
-const TYPES: ReadonlySet<string> = new Set(['RUN', 'COPY', 'ENV', 'WORKDIR', 'USER']);
-/** Steps in one build: E2B's SDK emits one per builder call; a few hundred is already a lot. */
-export const MAX_STEPS = 500;
+const TYPES: ReadonlySet<string> = new Set(STEP_TYPES);
 const MAX_ARG_BYTES = 256 * 1024;
 
 function stepError(n: number, message: string): AsbError {
