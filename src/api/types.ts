@@ -379,6 +379,9 @@ export function sandboxLifecycle(spec: SandboxSpec): Lifecycle {
  * (~0.2-0.3 s on gVisor, more per GiB) is slower than today's wake of a small app from its files
  * (~80 ms on runc). Sandboxes that keep state in memory (a REPL, a kernel, a dev server) opt in.
  */
+/** The runtimeClassName that runs a pod under gVisor (as kubernetes-sigs/agent-sandbox's examples and GKE Sandbox name it). */
+export const GVISOR_RUNTIME_CLASS = 'gvisor';
+
 export function suspensionStrategyOf(spec: SandboxSpec): SuspensionStrategy {
   return spec.suspensionStrategy ?? 'Stop';
 }

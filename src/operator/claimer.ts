@@ -19,6 +19,7 @@ import { isReservedKey, RESERVED_PREFIXES } from '../api/names.ts';
 import { describeFailure, sandboxFailure } from '../api/sandbox-failure.ts';
 import {
   ANNOTATION,
+  GVISOR_RUNTIME_CLASS,
   LABEL,
   SandboxClaimType,
   SandboxTemplateType,
@@ -290,7 +291,7 @@ export class Claimer {
   async #claim(req: ClaimRequest): Promise<ClaimResult> {
     checkLabels(req);
     const { pool, template } = req.warm === false ? { pool: undefined, template: req.template } : this.#resolvePool(req);
-    if (pool !== undefined && !hasClaimChanges(req)) {
+    if (pool !== undefined && !hasClaimChanges(req) && this.#membersKeepWhatIsAsked(req, pool)) {
       const warm = await this.#claimWarm(req, `${req.namespace}/${pool.metadata.name}`);
       if (warm !== undefined) return { sandbox: warm, launch: 'warm' };
     }
@@ -298,6 +299,20 @@ export class Claimer {
       throw new AsbError('PoolExhausted', `no warm sandbox ready for ${pool === undefined ? `template "${template ?? ''}"` : `pool "${pool.metadata.name}"`} and cold start refused`);
     }
     return { sandbox: await this.#coldStart(req, template ?? ''), launch: 'cold' };
+  }
+
+  /**
+   * Whether a warm member of `pool` can give what `req` asks of suspension. A runc pod keeps its
+   * memory only when it was started checkpointable (PodRequest.checkpointable, for Hibernate), and
+   * a running pod cannot be made so: a claim asking Hibernate of a pool whose template does not
+   * say it starts cold instead, or its pause with memory would be refused. Every gVisor pod can
+   * keep its memory, so a gVisor pool serves it warm.
+   */
+  #membersKeepWhatIsAsked(req: ClaimRequest, pool: SandboxWarmPool): boolean {
+    if (req.suspensionStrategy !== 'Hibernate') return true;
+    const template = this.#deps.templates.getByName(req.namespace, pool.spec.sandboxTemplateRef.name);
+    if (template === undefined) return false;
+    return template.spec.suspensionStrategy === 'Hibernate' || template.spec.podTemplate.spec.runtimeClassName === GVISOR_RUNTIME_CLASS;
   }
 
   async #claimWarm(req: ClaimRequest, poolKey: string): Promise<Sandbox | undefined> {

@@ -787,7 +787,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if ('unavailable' in this.#criu) throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory is kept with CRIU, which this worker lacks (${this.#criu.unavailable}); it keeps running (${instead}, or run it with runtimeClassName gvisor)`);
     if (pod.persisted?.request.checkpointable !== true) {
       // Decided when the pod started: a warm pool member claimed with Hibernate started without it.
-      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc in the user namespace its shim makes, which CRIU cannot checkpoint (docs/criu.md); it keeps running. To keep memory on runc, give its Sandbox suspensionStrategy: Hibernate before it starts (runc then makes its user namespace; a pod started without it, such as a warm pool member claimed with it, gets it at its next start), or run it with runtimeClassName gvisor; else ${instead}`);
+      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc in the user namespace its shim makes, which CRIU cannot checkpoint (docs/criu.md); it keeps running. To keep memory on runc, give its Sandbox suspensionStrategy: Hibernate before it starts (runc then makes its user namespace; a pod already running without it gets it at its next start), or run it with runtimeClassName gvisor; else ${instead}`);
     }
   }
 

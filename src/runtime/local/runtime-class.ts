@@ -3,8 +3,7 @@
 // runtime: none means the default (runc here), `gvisor` means gVisor's runsc, and a name the node
 // has no handler for fails the pod instead of running it under a weaker runtime than it asked for.
 
-/** The runtimeClassName that runs a pod under gVisor (as kubernetes-sigs/agent-sandbox's examples and GKE Sandbox name it). */
-export const GVISOR_RUNTIME_CLASS = 'gvisor';
+import { GVISOR_RUNTIME_CLASS } from '../../api/types.ts';
 
 export type RuntimeKind = 'runc' | 'runsc';
 
