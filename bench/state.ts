@@ -7,7 +7,7 @@
 // restore` (runc: CRIU's dump and restore) our own calls ran (timed by a wrapper in front of the
 // runtime's binary), and a plain checkpoint of a twin pod (gVisor: no pause, no -leave-running;
 // runc: no freeze first, the container killed by runc after the dump).
-import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { access, chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { execFile } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -17,6 +17,8 @@ import { findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
 import { criuPath, DEFAULT_CRIU_DIR, findCriuBinary } from '../src/runtime/oci/criu-binary.ts';
 import { runscContainerId, runscFlags } from '../src/runtime/oci/runsc.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
+import { DURABLE_MARK } from '../src/runtime/local/checkpoint.ts';
+import { podPaths } from '../src/runtime/local/rootfs.ts';
 import { startTestRuntime, stopTestRuntime } from '../test/support/test-runtime.ts';
 import { counterApp, httpGet } from '../test/support/counter-app.ts';
 
@@ -50,6 +52,16 @@ async function answers(ip: string): Promise<string> {
   }
 }
 
+/** Ms from the stop's return (`stopMs` ago) until `mark` exists (bounded: 30 s). */
+async function untilDurable(mark: string, stopMs: number): Promise<number> {
+  const since = performance.now() - stopMs;
+  for (let i = 0; i < 30_000; i++) {
+    if (await access(mark).then(() => true, () => false)) return performance.now() - since - stopMs;
+    await new Promise((resolve) => setTimeout(resolve, 1));
+  }
+  throw new Error(`${mark} did not appear within 30 s`);
+}
+
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
 const round = (x: number): number => Math.round(x);
 
@@ -59,6 +71,8 @@ export interface PauseFigures {
   imageBytes: number;
   /** Medians over the rounds, ms. */
   stopMs: number;
+  /** From the stop's return until its image was on the disk (the durable mark), ms. */
+  durableMs: number;
   rawCheckpointMs: number;
   plainCheckpointMs: number;
   startMs: number;
@@ -116,6 +130,7 @@ export async function benchState(kind: StateRuntime = 'gvisor', sizes: readonly 
       await answers((await rt.start(req)).ip ?? '');
       const workingSetBytes = (await rt.usage(id))?.memory?.workingSetBytes ?? 0;
       const stops: number[] = [];
+      const durables: number[] = [];
       const starts: number[] = [];
       const rawCk: number[] = [];
       const rawRs: number[] = [];
@@ -126,6 +141,9 @@ export async function benchState(kind: StateRuntime = 'gvisor', sizes: readonly 
         stops.push(performance.now() - t);
         imageBytes = rt.state(id).checkpoint?.bytes ?? 0;
         rawCk.push((await rawTimes('checkpoint')).at(-1) ?? NaN);
+        // The image reaches the disk after the stop returns; the start is timed once it has (a
+        // start during that flush waits behind it in the filesystem's journal).
+        durables.push(await untilDurable(join(podPaths(root, id).checkpoint, DURABLE_MARK), stops.at(-1) ?? 0));
         t = performance.now();
         const woken = await rt.start(req);
         const n = await answers(woken.ip ?? '');
@@ -144,7 +162,7 @@ export async function benchState(kind: StateRuntime = 'gvisor', sizes: readonly 
       await rm(image, { recursive: true, force: true });
       await rt.remove(twin);
       await rt.remove(id);
-      pause.push({ heldMiB: mib, workingSetBytes, imageBytes, stopMs: round(median(stops)), rawCheckpointMs: round(median(rawCk)), plainCheckpointMs: round(plainCheckpointMs), startMs: round(median(starts)), rawRestoreMs: round(median(rawRs)), rounds });
+      pause.push({ heldMiB: mib, workingSetBytes, imageBytes, stopMs: round(median(stops)), durableMs: round(median(durables)), rawCheckpointMs: round(median(rawCk)), plainCheckpointMs: round(plainCheckpointMs), startMs: round(median(starts)), rawRestoreMs: round(median(rawRs)), rounds });
     }
     const [small, large] = [pause[0], pause.at(-1)];
     const slope = (f: (p: PauseFigures) => number): { perGiB: number; fixedMs: number } => {

@@ -24,7 +24,7 @@ function template(name: string, hibernate: boolean): SandboxTemplate {
 /** A process whose only state is in memory: it writes the secret it was started with, again and again. */
 const MEMORY_LOOP = 'secret=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n"); echo "$secret" > /tmp/first; while true; do echo "$secret" > /tmp/now; sleep 0.2; done';
 
-test('E2B pause with memory on runc: a Hibernate template keeps a background command\'s memory across pause and connect; another runc template says how to get it; an on_timeout pause claim of a warm runc pool starts a pod that keeps it', async (t) => {
+test('E2B pause with memory on runc: a Hibernate template keeps a background command\'s memory across pause and connect; another runc template says how to get it; a snapshot keeps it; an on_timeout pause claim of a warm runc pool starts a pod that keeps it', async (t) => {
   const criuDir = process.env.ASB_CRIU_DIR;
   const system = await startTestSystem('rmem', 236, 'local', 0, false, [], criuDir === undefined ? [] : ['--criu', join(criuDir, 'bin', 'criu')]);
   t.after(() => system.cleanup());
@@ -45,6 +45,13 @@ test('E2B pause with memory on runc: a Hibernate template keeps a background com
   const again = await e2b.Sandbox.connect(sbx.sandboxId, opts);
   await again.files.remove('/tmp/now');
   assert.equal(await waitForFile(again, '/tmp/now'), first, 'the loop runs on with the secret it held in memory');
+  // A snapshot with no mode keeps the memory of a sandbox that can keep it, as E2B's does.
+  const snap = await again.createSnapshot();
+  t.after(() => e2b.Sandbox.deleteSnapshot(snap.snapshotId, opts).catch(() => false));
+  const copy = await e2b.Sandbox.create(snap.snapshotId, { ...opts, timeoutMs: 600_000 });
+  t.after(() => e2b.Sandbox.kill(copy.sandboxId, opts).catch(() => false));
+  await copy.files.remove('/tmp/now');
+  assert.equal(await waitForFile(copy, '/tmp/now'), first, 'a sandbox from the snapshot runs the loop on with the secret');
 
   const plain = await e2b.Sandbox.create('runcstop', { ...opts, timeoutMs: 600_000 });
   t.after(() => e2b.Sandbox.kill(plain.sandboxId, opts).catch(() => false));

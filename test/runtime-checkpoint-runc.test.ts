@@ -136,7 +136,10 @@ test('processes started through the runtime (a background server, a terminal) su
   const reading = (async () => {
     for await (const chunk of pty.output) screen.push(Buffer.from(chunk).toString());
   })();
-  await pty.write('X=kept-in-memory\n');
+  // Stopped only once the shell has run it: input still on its way when the save drops the
+  // agent's connections is lost, as keystrokes typed into a terminal at a pause would be.
+  await pty.write('X=kept-in-memory; echo "set-$((40 + 2))"\n');
+  for (let i = 0; i < 100 && !screen.join('').includes('set-42'); i++) await new Promise((resolve) => setTimeout(resolve, 50));
 
   await rt.stop(id, { memory: true });
   assert.equal(rt.state(id).phase, 'Stopped');

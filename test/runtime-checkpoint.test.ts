@@ -8,18 +8,19 @@ import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
 import type { Container } from '../src/api/types.ts';
 import { isAsbError } from '../src/errors.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
-import { CHECKPOINT_META, type CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
+import { CHECKPOINT_META, DURABLE_MARK, type CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
+import { waitFor } from './support/wait.ts';
 import { counterApp, httpGet, podSh, startedReady as startedReadyIn } from './support/counter-app.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
@@ -211,15 +212,19 @@ test('a kept checkpoint outlives the worker: a new runtime on the same root says
   const req = counterPod('again1');
   const { token } = await countedAndPaused(req);
   const paths = podPaths(root, 'again1');
-  // What a worker killed in the middle of a save leaves.
+  // What a worker killed in the middle of a save leaves, and in the middle of deleting a restored image.
   await mkdir(paths.checkpointPartial);
   await writeFile(join(paths.checkpointPartial, 'checkpoint.img'), 'half');
+  const discarded = `${paths.checkpoint}.discarded-0a1b2c`;
+  await mkdir(discarded);
+  await writeFile(join(discarded, 'pages.img'), 'old memory');
   const rt2 = await createLocalRuntime({ root, log: silentLogger(), images: await testImageStore(), bridge: BRIDGE, subnet: SUBNET, pollIntervalMs: 100 });
   try {
     const kept = rt2.state('again1');
     assert.equal(kept.phase, 'Stopped');
     assert.deepEqual(kept.checkpoint, rt.state('again1').checkpoint);
     assert.equal(existsSync(paths.checkpointPartial), false);
+    assert.equal(existsSync(discarded), false, 'an image left half-deleted is deleted');
     const woken = await rt2.start(req);
     assert.equal(woken.phase, 'Running', JSON.stringify(woken));
     assert.equal(woken.restoreFailure, undefined);
@@ -228,6 +233,29 @@ test('a kept checkpoint outlives the worker: a new runtime on the same root says
   } finally {
     await rt2.close();
   }
+});
+
+test('a checkpoint reaches the disk after the stop returns; after a host restart one that had not is not restored, and one that had is', async () => {
+  const req = counterPod('dur1');
+  const { token } = await countedAndPaused(req);
+  const paths = podPaths(root, 'dur1');
+  const mark = join(paths.checkpoint, DURABLE_MARK);
+  await waitFor('the checkpoint\'s durable mark', () => Promise.resolve(existsSync(mark) ? true : undefined), 30_000);
+  // A host restart: another boot id. The mark says every byte was on the disk before it.
+  await writeMeta('dur1', { ...(await readMeta('dur1')), bootId: 'a-boot-before-this-one' });
+  const woken = await startedReady(req);
+  assert.equal(woken.restoreFailure, undefined);
+  assert.deepEqual(await count(woken), { token, n: 4 });
+
+  await rt.stop('dur1', { memory: true });
+  await waitFor('the second checkpoint\'s durable mark', () => Promise.resolve(existsSync(mark) ? true : undefined), 30_000);
+  // The host went down before the bytes reached the disk: no mark.
+  await rm(mark);
+  await writeMeta('dur1', { ...(await readMeta('dur1')), bootId: 'a-boot-before-this-one' });
+  const fresh = await startedReady(req);
+  assert.match(fresh.restoreFailure ?? '', /cannot be restored.*the host restarted before the checkpoint reached its disk/);
+  assert.equal((await count(fresh)).n, 1, 'it started from its files');
+  assert.equal(await sh('dur1', 'cat /home/user/kept.txt'), 'kept\n');
 });
 
 test('remove() deletes a kept checkpoint with the pod', async () => {
@@ -272,7 +300,10 @@ test('processes started through the runtime (a background server, a terminal) su
   const reading = (async () => {
     for await (const chunk of pty.output) screen.push(Buffer.from(chunk).toString());
   })();
-  await pty.write('X=kept-in-memory\n');
+  // Stopped only once the shell has run it: input still on its way when the save drops the
+  // agent's connections is lost, as keystrokes typed into a terminal at a pause would be.
+  await pty.write('X=kept-in-memory; echo "set-$((40 + 2))"\n');
+  for (let i = 0; i < 100 && !screen.join('').includes('set-42'); i++) await new Promise((resolve) => setTimeout(resolve, 50));
 
   await rt.stop(id, { memory: true });
   assert.equal(rt.state(id).phase, 'Stopped');

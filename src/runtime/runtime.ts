@@ -188,6 +188,11 @@ export interface PodRuntime {
    */
   readonly rootIsolation?: RootIsolation;
   /**
+   * Which pods can keep their memory (a stop or snapshot with memory): gVisor's (runtimeClassName
+   * gvisor), and runc's started checkpointable (PodRequest.checkpointable). Absent: none.
+   */
+  readonly canKeepMemory?: { gvisor: boolean; runc: boolean };
+  /**
    * Starts the pod if it is not running, reusing its writable filesystem and volumes when they
    * exist (wake after hibernation). Idempotent: resolves at once for a running pod.
    */

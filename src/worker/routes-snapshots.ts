@@ -8,7 +8,7 @@
 // `memory` absent means: kept when the sandbox can keep it (gVisor), else files only; the reply
 // says which. Asked for where it cannot be kept (runc until CRIU, the Kubernetes tier): 501, and the
 // sandbox runs on.
-import type { Sandbox, SandboxSnapshot } from '../api/types.ts';
+import { GVISOR_RUNTIME_CLASS, suspensionStrategyOf, type Sandbox, type SandboxSnapshot } from '../api/types.ts';
 import { findSandbox, principalOf } from './access.ts';
 import { readJson } from './body.ts';
 import { MAX_TIMEOUT_MS } from './create-body.ts';
@@ -58,9 +58,15 @@ export function snapshotView(snap: SandboxSnapshot): SnapshotView {
   };
 }
 
-/** Whether the sandbox can keep its memory here: gVisor pods on the local runtime. */
+/**
+ * Whether the sandbox can keep its memory here, so a snapshot keeps it unless told otherwise:
+ * gVisor pods, and runc pods of suspensionStrategy Hibernate (started so CRIU can save them).
+ */
 export function keepsMemory(w: WorkerContext, sandbox: Sandbox): boolean {
-  return w.runtime.snapshot !== undefined && w.runtime.rootIsolation?.gvisor === true && sandbox.spec.podTemplate.spec.runtimeClassName === 'gvisor';
+  const can = w.runtime.canKeepMemory;
+  if (w.runtime.snapshot === undefined || can === undefined) return false;
+  if (sandbox.spec.podTemplate.spec.runtimeClassName === GVISOR_RUNTIME_CLASS) return can.gvisor;
+  return can.runc && suspensionStrategyOf(sandbox.spec) === 'Hibernate';
 }
 
 async function take(w: WorkerContext, ctx: RequestContext): Promise<Reply> {

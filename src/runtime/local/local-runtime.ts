@@ -42,7 +42,7 @@ import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.
 import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
 import { diskTool, evictionMessage, madeBeforeDisks, podDisk } from './disk.ts';
 import { remapUsernsImage, USERNS_IMAGE } from './criu-userns.ts';
-import { checkpointRoom, discardCheckpoint, freeBytes, imageBytes, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMaker, type CheckpointMeta } from './checkpoint.ts';
+import { checkpointRoom, discardCheckpoint, discardCheckpointSoon, discardLeftovers, freeBytes, imageBytes, makeDurable, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMaker, type CheckpointMeta } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { listSnapshots, makePartial, readSnapshot, sealSnapshot, snapshotPaths, specDifference, type SnapshotMeta } from './snapshots.ts';
 import { startProbeLoop } from './probes.ts';
@@ -158,6 +158,8 @@ interface Pod {
   checkpoint?: CheckpointMeta | undefined;
   /** The last save of its memory (a stop with memory, a snapshot), settled: another waits for it, and so do stop and remove. */
   checkpointing?: Promise<void> | undefined;
+  /** Its checkpoint's bytes going to the disk after the stop returned (makeDurable): the next stop with memory waits for it. */
+  settling?: Promise<void> | undefined;
   /**
    * The agent link of a pod stopped with its memory: its processes' handles wait in it, and are
    * attached again when the checkpoint is restored, or end when it is not (agent.ts).
@@ -281,6 +283,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return { userNamespace: 'always', gvisor: this.#unavailable === undefined && this.#runscUnavailable === undefined };
   }
 
+  get canKeepMemory(): { gvisor: boolean; runc: boolean } {
+    const runs = this.#unavailable === undefined;
+    return { gvisor: runs && this.#runscUnavailable === undefined, runc: runs && 'binary' in this.#criu };
+  }
+
   /** The pid of the launcher process that starts pods, while it runs (diagnostics, tests). */
   get launcherPid(): number | undefined {
     return this.#launcher.pid;
@@ -345,6 +352,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       this.#pods.set(id, pod);
       // A save the worker died in the middle of is no checkpoint; a sealed one is kept for the next start.
       await discardCheckpoint(paths.checkpointPartial);
+      await discardLeftovers(paths.dir);
       pod.checkpoint = await readCheckpointMeta(paths.checkpoint);
       if (persisted === undefined) return;
       // Pods made before the cache kept pins (or whose pin was lost) are pinned now; a no-op otherwise.
@@ -738,6 +746,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       };
       await sealSnapshot(paths, meta);
       await this.#images.pin(paths.dir, { reference: persisted.image.reference, rootfs: persisted.image.rootfs });
+      // Its bytes reach the disk after it is acknowledged, as a stop's do (checkpoint.ts).
+      void (memory ? makeDurable(join(paths.dir, 'memory')) : Promise.resolve()).then(() => makeDurable(paths.dir));
       this.#log.info({ id: pod.id, snapshot: snapshotId, memory, bytes: meta.bytes }, 'snapshot taken');
       return meta;
     } catch (err) {
@@ -899,7 +909,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   async #dropCheckpoint(pod: Pod): Promise<void> {
     pod.checkpoint = undefined;
-    await discardCheckpoint(pod.paths.checkpoint);
+    await discardCheckpointSoon(pod.paths.checkpoint);
   }
 
   #runscVersionOnce: Promise<string> | undefined;
@@ -1092,6 +1102,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       throw new AsbError('SandboxNotRunning', `pod ${pod.id} is not running: there is no memory to keep`);
     }
     this.#canSaveMemory(pod, target, 'pause');
+    // The last checkpoint's mark must not land in this one (makeDurable writes it by path).
+    await pod.settling;
     const request = pod.persisted?.request;
     if (request === undefined) throw new AsbError('Internal', `pod ${pod.id} runs without a recorded request`);
     const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved, it keeps running: ${why}`);
@@ -1127,6 +1139,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     } finally {
       clearInterval(keepAlive);
     }
+    pod.settling = makeDurable(paths.checkpoint);
     this.#log.info({ id: pod.id, bytes: meta.bytes }, 'pod stopped with its memory');
   }
 
