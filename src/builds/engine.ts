@@ -120,7 +120,7 @@ export class LocalBuildEngine implements BuildEngine {
       for (const [i, step] of steps.entries()) {
         at(i);
         signal.throwIfAborted();
-        const key = stepKey(parent, step, config);
+        const key = stepKey(parent, step, config, req.egress);
         parent = key;
         const createdBy = describe(step);
         if (step.force === true) missed = true;
