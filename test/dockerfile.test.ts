@@ -15,6 +15,7 @@ import { parseDockerfile, type ParsedDockerfile } from '../src/builds/dockerfile
 import { TeamFileStore } from '../src/builds/files.ts';
 import { putVerified } from '../src/builds/verified-upload.ts';
 import { checkBuildSpec } from '../src/builds/spec-check.ts';
+import { nextConfig, validateSteps, type BuildConfig } from '../src/builds/steps.ts';
 import { isAsbError } from '../src/errors.ts';
 
 function parse(text: string, buildArgs: Record<string, string> = {}): ParsedDockerfile {
@@ -75,15 +76,53 @@ test('ARG: build-arg, then default; in scope after FROM only when declared there
   refused('FROM d\nARG 1BAD=x\n', 2, /not a valid variable name/);
 });
 
-test('ENV: both forms, quotes and substitution; variables the file does not set stay for the base image', () => {
-  assert.deepEqual(steps('FROM d\nENV A=1 B="two words" C=\'$lit\'\n'), [{ type: 'ENV', args: ['A', '1', 'B', 'two words', 'C', '$lit'] }]);
-  assert.deepEqual(steps('FROM d\nENV GREETING hello   big world\n'), [{ type: 'ENV', args: ['GREETING', 'hello   big world'] }], 'legacy form: the rest of the line is the value');
-  assert.deepEqual(steps('FROM d\nARG V=1.2\nENV APP_V=${V} PATH=/opt/app/bin:$PATH D=${UNSET:-fallback} E=${V:+set}\n')[0]?.args, ['APP_V', '1.2', 'PATH', '/opt/app/bin:${PATH}', 'D', 'fallback', 'E', 'set']);
-  assert.deepEqual(steps('FROM d\nENV A=x\nENV B=$A-y\n')[1]?.args, ['B', 'x-y'], 'an earlier ENV substitutes into a later one');
-  assert.deepEqual(steps('FROM d\nENV A=\\$HOME\n')[0]?.args, ['A', '$HOME'], 'an escaped $ is literal');
+/** The image config a Dockerfile's steps leave on a base image with `baseEnv`, as the engine computes it (steps.ts). */
+function configOf(text: string, baseEnv: string[] = ['PATH=/usr/bin:/bin', 'HOME=/root'], buildArgs: Record<string, string> = {}): BuildConfig {
+  let config: BuildConfig = { env: baseEnv };
+  for (const s of parse(text, buildArgs).steps) config = nextConfig(config, s.step);
+  return config;
+}
+
+function envOf(text: string, baseEnv?: string[]): Record<string, string> {
+  return Object.fromEntries(configOf(text, baseEnv).env.map((e) => [e.slice(0, e.indexOf('=')), e.slice(e.indexOf('=') + 1)]));
+}
+
+test('ENV: both forms, quotes and substitution; variables the file does not set come from the base image', () => {
+  assert.deepEqual(envOf('FROM d\nENV A=1 B="two words"\n'), { PATH: '/usr/bin:/bin', HOME: '/root', A: '1', B: 'two words' });
+  assert.equal(envOf('FROM d\nENV GREETING hello   big world\n').GREETING, 'hello   big world', 'legacy form: the rest of the line is the value');
+  const e = envOf('FROM d\nARG V=1.2\nENV APP_V=${V} PATH=/opt/app/bin:$PATH D=${UNSET:-fallback} E=${V:+set} F=${HOME:+home-set} G=${NOPE:-$HOME/x}\n');
+  assert.deepEqual([e.APP_V, e.PATH, e.D, e.E, e.F, e.G], ['1.2', '/opt/app/bin:/usr/bin:/bin', 'fallback', 'set', 'home-set', '/root/x'], 'the base image\'s PATH and HOME expand where the build runs');
+  assert.equal(envOf('FROM d\nENV A=x\nENV B=$A-y\n').B, 'x-y', 'an earlier ENV substitutes into a later one');
+  assert.equal(envOf('FROM d\nENV A=old\nENV A=new B=$A\n').B, 'old', 'one ENV\'s values read the variables as they were before it (Docker)');
   refused('FROM d\nENV A=1 B\n', 2, /ENV "B" has no "="/);
   refused('FROM d\nENV A=${B\n', 2, /ENV: missing "}"/);
-  refused('FROM d\nENV A="${B:?must be set}"\n', 2, /B: must be set/);
+  refused('FROM d\nARG B=\nENV A="${B:?must be set}"\n', 3, /B: must be set/);
+  assert.throws(() => configOf('FROM d\nENV A="${B:?must be set}"\n'), (err: unknown) => isAsbError(err, 'BuildFailed') && /ENV A: B: must be set/.test(err.message), 'a variable neither the file nor the base image sets fails the build');
+});
+
+test('a $ the Dockerfile quotes or escapes stays literal in the image: single quotes, \\$, and values holding $ or \\', () => {
+  const e = envOf(`FROM d\nENV A='$HOME' B=\\$HOME C="\\$HOME" D='\${PATH}' E='a\\b' F="it's $HOME"\nENV G=$A H=\${B}x\nARG P='$6$salt'\nENV I=$P\n`);
+  assert.deepEqual([e.A, e.B, e.C, e.D, e.E, e.F], ['$HOME', '$HOME', '$HOME', '${PATH}', 'a\\b', "it's /root"]);
+  assert.deepEqual([e.G, e.H, e.I], ['$HOME', '$HOMEx', '$6$salt'], 'a variable whose value holds a $ substitutes that value, which is not expanded again');
+  const escaped = envOf('# escape=`\nFROM d\nENV P=C:\\dir Q=`$HOME\n');
+  assert.deepEqual([escaped.P, escaped.Q], ['C:\\dir', '$HOME'], 'with escape=` a backslash is an ordinary character');
+  assert.equal(configOf(`FROM d\nWORKDIR '/srv/$app'\n`).workingDir, '/srv/$app');
+  const w = configOf('FROM d\nWORKDIR $HOME/work\nUSER $ME\n', ['HOME=/home/me', 'ME=me']);
+  assert.deepEqual([w.workingDir, w.user], ['/home/me/work', 'me'], 'WORKDIR and USER read the base image\'s env');
+});
+
+test('E2B steps: ENV, WORKDIR and USER values expand as E2B\'s build does ($VAR, ${VAR:-x}, \\$ literal, quotes literal); malformed references are refused before anything runs', () => {
+  const base: BuildConfig = { env: ['HOME=/home/user', 'PATH=/usr/bin'] };
+  const after = [
+    { type: 'ENV' as const, args: ['A', '$HOME/a', 'B', '\\$HOME', 'C', "'$HOME'", 'D', '${MISSING:-dflt}', 'E', 'say "hi"', 'F', '$(id)', 'G', 'p\\x'] },
+    { type: 'WORKDIR' as const, args: ['${HOME}/app'] },
+    { type: 'USER' as const, args: ['${NAME:-user}'] },
+  ].reduce(nextConfig, base);
+  const env = Object.fromEntries(after.env.map((kv): [string, string] => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
+  assert.deepEqual([env.A, env.B, env.C, env.D, env.E, env.F, env.G], ['/home/user/a', '$HOME', "'/home/user'", 'dflt', 'say "hi"', '$(id)', 'p\\x']);
+  assert.deepEqual([after.workingDir, after.user], ['/home/user/app', 'user']);
+  const files = { has: () => false, path: () => undefined };
+  assert.throws(() => validateSteps('t', [{ type: 'ENV', args: ['A', '${B'] }, { type: 'WORKDIR', args: ['/x/${'] }], files), (err: unknown) => isAsbError(err, 'BadRequest') && /step 1: ENV A: missing "}"/.test(err.message) && /step 2: WORKDIR: bad substitution/.test(err.message));
 });
 
 test('WORKDIR and USER: substituted, relative WORKDIRs joined onto the previous one', () => {
@@ -93,7 +132,8 @@ test('WORKDIR and USER: substituted, relative WORKDIRs joined onto the previous 
     { type: 'USER', args: ['srv:staff'] },
   ]);
   refused('FROM d\nWORKDIR /a /b\n', 2, /WORKDIR takes exactly one argument/);
-  refused('FROM d\nUSER $NOBODY\n', 2, /USER is empty/);
+  refused('FROM d\nUSER ""\n', 2, /USER is empty/);
+  assert.throws(() => configOf('FROM d\nUSER $NOBODY\n'), (err: unknown) => isAsbError(err, 'BuildFailed') && /USER "\$\{NOBODY\}" is ""/.test(err.message), 'a USER that expands to nothing fails its step');
 });
 
 test('COPY/ADD: one step per source, dest relative to WORKDIR, --chown and --chmod kept, root without --chown', () => {
@@ -160,7 +200,7 @@ test('refused instructions name their line: multi-stage, scratch, VOLUME, ONBUIL
 });
 
 test('parser directives: escape=` changes the escape and continuation character; comments and blank lines are skipped', () => {
-  assert.deepEqual(steps('# escape=`\nFROM d\nRUN echo a `\n  b\nENV P=C:\\dir\n'), [{ type: 'RUN', args: ['echo a   b'] }, { type: 'ENV', args: ['P', 'C:\\dir'] }]);
+  assert.deepEqual(steps('# escape=`\nFROM d\nRUN echo a `\n  b\nENV P=C:\\dir\n'), [{ type: 'RUN', args: ['echo a   b'] }, { type: 'ENV', args: ['P', 'C:\\\\dir'] }], 'a literal backslash is escaped for the engine');
   assert.deepEqual(steps('# syntax=docker/dockerfile:1\n\n# comment\nFROM d\n  # indented comment\nRUN true\n'), [{ type: 'RUN', args: ['true'] }]);
   assert.deepEqual(steps('# comment\n# escape=`\nFROM d\nRUN echo `\n'), [{ type: 'RUN', args: ['echo `'] }], 'a directive after a comment is a comment');
   refused('# escape=x\nFROM d\n', 1, /invalid escape directive/);

@@ -1,6 +1,7 @@
 // The OCI spec generator (src/runtime/oci/spec.ts), without runc: every field a sandbox's
 // isolation depends on, from a pod container, an image config and the runtime's facts.
 // test/oci-runc.test.ts runs the same output under the real runc.
+import { resolveExecUser } from '../src/runtime/oci/user-spec.ts';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { Container } from '../src/api/types.ts';
@@ -136,6 +137,27 @@ test('user: runAsUser (container over pod), else the image user (numeric or by n
   assert.deepEqual(refusedFields(() => spec({ securityContext: { runAsUser: 70_000 } })), ['securityContext.runAsUser']);
   assert.deepEqual(refusedFields(() => spec({ securityContext: { runAsUser: -1 } })), ['securityContext.runAsUser']);
   assert.deepEqual(refusedFields(() => spec({}, BUSYBOX, {}, { securityContext: { fsGroup: 100_000 } })), ['securityContext.fsGroup']);
+});
+
+test('the image user\'s groups as Docker gives them: a bare name gets the groups /etc/group lists it in, an explicit group none; runAsGroup drops them', () => {
+  const group = `${GROUP}devs:x:2001:app,user\nextra:x:2002:app\nnoone:x:2003:\n`;
+  const facts = { passwd: PASSWD, group };
+  assert.deepEqual(spec({}, { ...BUSYBOX, user: 'app' }, facts).process.user, { uid: 1500, gid: 1600, additionalGids: [2001, 2002] });
+  assert.deepEqual(spec({}, { ...BUSYBOX, user: '1500' }, facts).process.user, { uid: 1500, gid: 1600, additionalGids: [2001, 2002] }, 'a uid with a passwd entry: that entry\'s groups');
+  assert.deepEqual(spec({}, { ...BUSYBOX, user: 'app:devs' }, facts).process.user, { uid: 1500, gid: 2001, additionalGids: [] });
+  assert.deepEqual(spec({}, { ...BUSYBOX, user: 'app:2003' }, facts).process.user, { uid: 1500, gid: 2003, additionalGids: [] });
+  assert.deepEqual(spec({ securityContext: { runAsGroup: 7 } }, { ...BUSYBOX, user: 'app' }, facts).process.user, { uid: 1500, gid: 7, additionalGids: [] });
+  assert.deepEqual(spec({}, { ...BUSYBOX, user: 'app' }, facts, { securityContext: { fsGroup: 9 } }).process.user, { uid: 1500, gid: 1600, additionalGids: [2001, 2002, 9] });
+});
+
+test('resolveExecUser: USER values against passwd and group text, with a clear error for what the image lacks', () => {
+  const group = `${GROUP}devs:x:2001:app\n`;
+  assert.deepEqual(resolveExecUser('app', PASSWD, group), { uid: 1500, gid: 1600, groups: [2001], home: '/app' });
+  assert.deepEqual(resolveExecUser('root', '', ''), { uid: 0, gid: 0, groups: [], home: '/root' }, 'root without a passwd');
+  assert.deepEqual(resolveExecUser('4242:4343', '', ''), { uid: 4242, gid: 4343, groups: [] }, 'numbers need no entries');
+  assert.deepEqual(resolveExecUser('ghost', PASSWD, group), { error: 'no user "ghost" in the image\'s /etc/passwd' });
+  assert.deepEqual(resolveExecUser('app:ghosts', PASSWD, group), { error: 'no group "ghosts" in the image\'s /etc/group' });
+  assert.match((resolveExecUser('70000', PASSWD, group) as { error: string }).error, /uid 70000 is past 65535/);
 });
 
 test('a root pod gets a user namespace: uid 0 inside is an unprivileged host uid', () => {

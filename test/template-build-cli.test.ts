@@ -10,6 +10,8 @@ import { test } from 'node:test';
 import { SandboxType, type Sandbox } from '../src/api/types.ts';
 import { openContext, packSource } from '../src/builds/build-context.ts';
 import { TemplateBuilds } from '../src/builds/service.ts';
+import { parseEgressText } from '../src/builds/build-egress.ts';
+import type { EgressPolicy } from '../src/network/egress-policy.ts';
 import { OpenApiChecker } from './support/openapi-check.ts';
 import { RecordingEngine, testBuildService } from './support/recording-engine.ts';
 import { emptyDir, runAsb, type RunResult } from './support/run-asb.ts';
@@ -25,11 +27,11 @@ interface Fixture {
   asb: (args: string[], cwd: string, key?: string) => Promise<RunResult>;
 }
 
-async function fixture(t: { after: (fn: () => Promise<void>) => void }): Promise<Fixture> {
+async function fixture(t: { after: (fn: () => Promise<void>) => void }, buildEgress?: EgressPolicy): Promise<Fixture> {
   const engine = new RecordingEngine();
   let made: TemplateBuilds | undefined;
   const fx = await startWorkerFixture((fn) => t.after(fn), {}, {
-    builds: (store, dir) => (made = testBuildService(store, dir, engine)),
+    builds: (store, dir) => (made = testBuildService(store, dir, engine, undefined, buildEgress)),
   });
   return {
     fx,
@@ -241,4 +243,31 @@ test('asb template build NAME:TAG pins the build: create --template NAME:TAG sta
   assert.deepEqual((await f.api('GET', '/v1/built-templates', { key: f.fx.keys.teamB })).json, { items: [] });
   const denied = await f.asb(['create', '--template', 'tagged:v1'], dir, f.fx.keys.teamB);
   assert.equal(denied.code, 1);
+});
+
+test('a build carries its own egress allow-list within the worker\'s --build-egress (asb template build --egress, REST egress); one that would widen it is 403 naming the entry and the rule, and leaves no template', async (t) => {
+  const f = await fixture(t, parseEgressText('203.0.113.0/24,*.debian.org', 'build egress'));
+  const dir = emptyDir();
+  writeFileSync(join(dir, 'Dockerfile'), 'FROM agent-sandbox/base\nRUN apt-get update\n');
+  const narrow = await f.asb(['template', 'build', 'narrow', '--egress', '203.0.113.7,deb.debian.org', '.'], dir);
+  assert.equal(narrow.code, 0, narrow.stderr);
+  assert.deepEqual(f.engine.requests[0]?.egress, { internet: false, allow: ['203.0.113.7', 'deb.debian.org'], deny: [] }, 'the engine runs the build under the narrower policy');
+  const none = await f.asb(['template', 'build', 'offline', '--egress', 'none', '.'], dir);
+  assert.equal(none.code, 0, none.stderr);
+  assert.deepEqual(f.engine.requests[1]?.egress, { internet: false, allow: [], deny: [] });
+  const plain = await f.asb(['template', 'build', 'plain', '.'], dir);
+  assert.equal(plain.code, 0, plain.stderr);
+  assert.deepEqual(f.engine.requests[2]?.egress, { internet: false, allow: ['203.0.113.0/24', '*.debian.org'], deny: [] }, 'no --egress: the worker\'s');
+
+  const wide = await f.asb(['template', 'build', 'wide', '--egress', '198.51.100.0/24', '.'], dir);
+  assert.equal(wide.code, 1);
+  assert.match(wide.stderr, /"198\.51\.100\.0\/24" is not allowed by this worker's --build-egress \(rule default-no-internet\)/);
+  const open = await f.api('POST', '/v1/templates/open/builds', { key: f.fx.keys.teamA, json: { from: { image: 'agent-sandbox/base' }, steps: [{ type: 'RUN', args: ['true'] }], egress: { internet: true } } });
+  assert.equal(open.status, 403, open.text);
+  assert.match(open.text, /egress\.internet: the internet is closed to builds on this worker \(rule default-no-internet/);
+  const bad = await f.api('POST', '/v1/templates/bad/builds', { key: f.fx.keys.teamA, json: { from: { image: 'agent-sandbox/base' }, egress: 'not a host!' } });
+  assert.equal(bad.status, 422, bad.text);
+  assert.match(bad.text, /egress\.allow\[0\]/);
+  assert.equal(f.engine.requests.length, 3, 'a refused build runs nothing');
+  assert.deepEqual(f.builds().list('team-a').map((r) => r.name).sort(), ['narrow', 'offline', 'plain'], 'and leaves no template');
 });

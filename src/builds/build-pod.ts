@@ -12,6 +12,7 @@ import { createGunzip } from 'node:zlib';
 import type { Readable } from 'node:stream';
 import { AsbError } from '../errors.ts';
 import type { EgressPolicy } from '../network/egress-policy.ts';
+import { resolveExecUser, type ExecUser } from '../runtime/oci/user-spec.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import type { BuildConfig } from './steps.ts';
 
@@ -46,25 +47,23 @@ export async function startBuildPod(runtime: PodRuntime, image: string, runtimeC
   return id;
 }
 
-/** Who a USER value is: a number, or a name in the pod's /etc/passwd (read now: an earlier step may have added it), with its home there. */
-export async function resolveUser(runtime: PodRuntime, id: string, user: string | undefined): Promise<{ uid: number; gid: number; home?: string }> {
-  const [name = '', group] = (user ?? '').split(':');
-  let passwd = '';
-  try {
-    passwd = Buffer.from(await runtime.readFile(id, '/etc/passwd')).toString('utf8');
-  } catch {
-    // no /etc/passwd: only numbers and root can be found
-  }
-  const lines = passwd.split('\n').map((l) => l.split(':'));
-  const numeric = name === '' ? 0 : /^\d+$/.test(name) ? Number(name) : undefined;
-  const entry = lines.find((f) => (numeric === undefined ? f[0] === name : f[2] === String(numeric)) && /^\d+$/.test(f[2] ?? ''));
-  const home = entry?.[5] !== undefined && entry[5] !== '' ? { home: entry[5] } : {};
-  // The group: a number given with the user, else the user's own (passwd), else the uid's number, as Docker does.
-  const gidOf = (uid: number): number => (group !== undefined && /^\d+$/.test(group) ? Number(group) : entry !== undefined && /^\d+$/.test(entry[3] ?? '') ? Number(entry[3]) : uid);
-  if (numeric !== undefined) return { uid: numeric, gid: gidOf(numeric), ...home };
-  if (entry !== undefined) return { uid: Number(entry[2]), gid: gidOf(Number(entry[2])), ...home };
-  if (name === 'root') return { uid: 0, gid: gidOf(0), home: '/root' };
-  throw new AsbError('BuildFailed', `user "${name}" is not in the image's /etc/passwd`);
+/**
+ * Who a USER value is, read from the pod's /etc/passwd and /etc/group now (an earlier step may
+ * have added the user or group), as Docker reads it (user-spec.ts): `name:group` and `uid:gid` set
+ * the group, `name` alone gets the groups /etc/group lists it in. An unknown name fails the step.
+ */
+export async function resolveUser(runtime: PodRuntime, id: string, user: string | undefined): Promise<ExecUser> {
+  const read = async (path: string): Promise<string> => {
+    try {
+      return Buffer.from(await runtime.readFile(id, path)).toString('utf8');
+    } catch {
+      return ''; // no such file: only numbers and root can be found
+    }
+  };
+  const [passwd, group] = await Promise.all([read('/etc/passwd'), read('/etc/group')]);
+  const who = resolveExecUser(user ?? '', passwd, group);
+  if ('error' in who) throw new AsbError('BuildFailed', `USER "${user ?? ''}": ${who.error}`);
+  return who;
 }
 
 export function envRecord(config: BuildConfig): Record<string, string> {
@@ -86,13 +85,13 @@ export interface StepRun {
 const TAIL_LINES = 20;
 const MAX_LINE = 4096;
 
-/** Runs `sh -c script` as uid, each output line to `line` as it comes; a signal kills it. */
-export async function runInPod(runtime: PodRuntime, id: string, script: string, opts: { user: { uid: number; home?: string }; config: BuildConfig; env?: Record<string, string>; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
+/** Runs `sh -c script` as the user (uid, gid, supplementary groups), each output line to `line` as it comes; a signal kills it. */
+export async function runInPod(runtime: PodRuntime, id: string, script: string, opts: { user: { uid: number; gid?: number; groups?: readonly number[]; home?: string }; config: BuildConfig; env?: Record<string, string>; line: (text: string) => void; signal: AbortSignal }): Promise<StepRun> {
   const env = envRecord(opts.config);
   // HOME from /etc/passwd, as Docker sets it, unless an ENV step set one.
   if (env.HOME === undefined && opts.user.home !== undefined) env.HOME = opts.user.home;
   const proc = await runtime.spawn(id, {
-    command: ['sh', '-c', script], user: opts.user.uid, cwd: opts.config.workingDir ?? '/',
+    command: ['sh', '-c', script], user: opts.user.uid, group: opts.user.gid ?? opts.user.uid, groups: opts.user.groups ?? [], cwd: opts.config.workingDir ?? '/',
     env: { ...env, ...opts.env },
   });
   proc.stdin.end();

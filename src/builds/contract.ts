@@ -44,6 +44,12 @@ export interface BuildSpec {
   /** Resources of the sandbox that runs the steps, and of the template's sandboxes. */
   cpuCount?: number;
   memoryMB?: number;
+  /**
+   * What this build's RUN steps may reach, within the worker's --build-egress (build-egress.ts:
+   * a request that would widen it is refused, 403). Absent: the worker's. E2B's build API has no
+   * field for it, so E2B builds always get the worker's.
+   */
+  egress?: EgressPolicy;
 }
 
 /** Uploaded build files, by the sha256 the SDK names them with; one store per team. */
@@ -80,6 +86,11 @@ export interface BuildStatus {
  * cache; another team's ids answer as absent.
  */
 export interface BuildService {
+  /**
+   * The egress policy a build of `spec` runs its RUN steps under: the worker's, or spec.egress
+   * within it. Forbidden naming each entry and rule when spec.egress would widen the worker's.
+   */
+  buildEgress(spec: BuildSpec): EgressPolicy | undefined;
   /** Starts a build of the template (made or updated as a SandboxTemplate when it succeeds). */
   start(team: string, templateId: string, buildId: string, spec: BuildSpec): Promise<void>;
   status(team: string, templateId: string, buildId: string): BuildStatus | undefined;
@@ -102,7 +113,8 @@ export interface EngineRequest {
   runtimeClassName?: string;
   /**
    * What the build sandbox's steps may reach (src/network/egress-policy.ts): the worker's
-   * --build-egress. Absent: a sandbox's default (the internet; no private range, other pod or
+   * --build-egress, or the build's own within it (BuildSpec.egress). In each RUN step's cache
+   * key. Absent: a sandbox's default (the internet; no private range, other pod or
    * the host). The egress floor applies whatever it allows.
    */
   egress?: EgressPolicy;

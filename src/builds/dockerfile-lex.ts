@@ -173,10 +173,28 @@ export type Lookup = (name: string) => string | undefined;
 
 export interface SubstituteOptions {
   /**
-   * Unset variables named here are kept as `${NAME}` instead of becoming empty: the base image's
-   * environment (PATH, HOME) is known only where the build runs, which expands them there.
+   * Unset variables named here are kept as references (`${NAME}`, `${NAME:-word}`) instead of
+   * becoming empty: the base image's environment (PATH, HOME) is known only where the build runs,
+   * which expands them there. Use with `forEngine`, so the rest of the output is literal there.
    */
   keepUnset?: (name: string) => boolean;
+  /**
+   * The output is a build step's value (ENV, WORKDIR, USER), which the engine expands once more
+   * (steps.ts, expandStepValue): every literal `\` and `$` is escaped, so only the references
+   * kept by keepUnset expand there.
+   */
+  forEngine?: boolean;
+  /**
+   * With forEngine: a variable's value as a step value already (escaped, references the engine
+   * expands kept), put in as it is; `lookup` is not asked then.
+   */
+  engineLookup?: Lookup;
+  /**
+   * The word is a build step's value as the engine reads it (E2B's rule: the value of a shell
+   * word in double quotes): `\` escapes only `$`, `"`, `` ` `` and itself, quotes are literal
+   * characters, and `$NAME`, `${NAME}` and the modifiers expand.
+   */
+  stepValue?: boolean;
 }
 
 /**
@@ -198,22 +216,31 @@ export function substitute(word: string, escape: string, lookup: Lookup, opts: S
     return m[0];
   };
 
-  const unset = (n: string): string => (opts.keepUnset?.(n) === true ? `\${${n}}` : '');
+  const keep = (n: string): boolean => opts.keepUnset?.(n) === true;
+  /** A variable's value as it goes into the output, or undefined when it is not set. */
+  const resolve = (n: string): string | undefined => {
+    if (opts.forEngine === true && opts.engineLookup !== undefined) return opts.engineLookup(n);
+    const value = lookup(n);
+    return value === undefined ? undefined : lit(value);
+  };
+  /** Text that is literal where the value ends up: escaped for the engine's expansion when the output goes there. */
+  const lit = (text: string): string => (opts.forEngine === true ? text.replace(/[\\$]/g, (c) => `\\${c}`) : text);
 
   const variable = (): string => {
     // pos is just past '$'
     if (word[pos] !== '{') {
       const n = name();
-      if (n === '') return '$';
-      return lookup(n) ?? unset(n);
+      if (n === '') return lit('$');
+      const value = resolve(n);
+      return value !== undefined ? value : keep(n) ? `\${${n}}` : '';
     }
     pos++;
     const n = name();
     if (n === '') fail(`bad substitution in "${word}": expected a variable name after \${`);
-    const value = lookup(n);
+    const value = resolve(n);
     if (word[pos] === '}') {
       pos++;
-      return value ?? unset(n);
+      return value !== undefined ? value : keep(n) ? `\${${n}}` : '';
     }
     if (pos >= word.length) fail(`missing "}" in "${word}"`);
     let colon = false;
@@ -224,7 +251,9 @@ export function substitute(word: string, escape: string, lookup: Lookup, opts: S
     const op = word[pos];
     if (op !== '-' && op !== '+' && op !== '?') fail(`unsupported modifier "${colon ? ':' : ''}${op ?? ''}" in "${word}": Docker takes :- :+ :? - + ?`);
     pos++;
-    const operand = scan('}');
+    const operand = opts.stepValue === true ? quotedUntil('}') : scan('}');
+    // Unknown here, known where the build runs: the reference goes there whole, its operand escaped as the rest.
+    if (value === undefined && keep(n)) return `\${${n}${colon ? ':' : ''}${op}${operand}}`;
     const isSet = value !== undefined && (!colon || value !== '');
     if (op === '-') return isSet ? value : operand;
     if (op === '+') return isSet ? operand : '';
@@ -242,48 +271,52 @@ export function substitute(word: string, escape: string, lookup: Lookup, opts: S
       }
       pos++;
       if (ch === escape) {
-        if (pos < word.length) out += word.charAt(pos++);
+        if (pos < word.length) out += lit(word.charAt(pos++));
       } else if (ch === "'") {
         const end = word.indexOf("'", pos);
         if (end === -1) fail(`unterminated single quote in "${word}"`);
-        out += word.slice(pos, end);
+        out += lit(word.slice(pos, end));
         pos = end + 1;
       } else if (ch === '"') {
-        out += doubleQuoted();
+        out += quotedUntil('"');
       } else if (ch === '$') {
         out += variable();
       } else {
-        out += ch;
+        out += lit(ch);
       }
     }
     if (stop !== undefined) fail(`missing "${stop}" in "${word}"`);
     return out;
   };
 
-  const doubleQuoted = (): string => {
+  /** Inside double quotes up to `stop` (a closing quote; `}` of a step value's modifier; the end of a step value). */
+  const quotedUntil = (stop: '"' | '}' | undefined): string => {
+    // Inside double quotes the escape keeps its meaning only before " $ and itself (POSIX); a
+    // step value's also before ` (what a shell's double quotes do, as E2B's build reads them).
+    const special = opts.stepValue === true ? ['"', '$', escape, '`'] : ['"', '$', escape];
     let out = '';
     while (pos < word.length) {
       const ch = word.charAt(pos++);
-      if (ch === '"') return out;
+      if (ch === stop) return out;
       if (ch === escape && pos < word.length) {
         const next = word.charAt(pos);
-        // Inside double quotes the escape keeps its meaning only before " $ and itself (POSIX).
-        if (next === '"' || next === '$' || next === escape) {
-          out += next;
+        if (special.includes(next)) {
+          out += lit(next);
           pos++;
         } else {
-          out += ch;
+          out += lit(ch);
         }
       } else if (ch === '$') {
         out += variable();
       } else {
-        out += ch;
+        out += lit(ch);
       }
     }
-    return fail(`unterminated double quote in "${word}"`);
+    if (stop === undefined) return out;
+    return fail(stop === '"' ? `unterminated double quote in "${word}"` : `missing "}" in "${word}"`);
   };
 
-  return scan(undefined);
+  return opts.stepValue === true ? quotedUntil(undefined) : scan(undefined);
 }
 
 /** A word for `sh -c`: bare when it holds only safe characters, else in single quotes. */

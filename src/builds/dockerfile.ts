@@ -96,11 +96,13 @@ class Converter {
   readonly #globalArgs = new Map<string, string | undefined>();
   /** ARGs in scope after FROM, with their values (undefined: declared without a value). */
   readonly #args = new Map<string, string | undefined>();
-  readonly #env = new Map<string, string>();
+  /** ENV set by this file: the value as later instructions of this file read it, and as its step carries it (stepValue). */
+  readonly #env = new Map<string, { value: string; step: string }>();
   readonly steps: PlannedStep[] = [];
   readonly warnings: ParsedDockerfile['warnings'] = [];
   from: string | undefined;
-  #workdir: string | undefined;
+  /** The current WORKDIR when this file set an absolute one: as meant, and as its step carries it. */
+  #workdir: { value: string; step: string } | undefined;
   #cmd: { exec: boolean; words: string[] } | undefined;
   #entrypoint: { exec: boolean; words: string[] } | undefined;
   readyCmd: string | undefined;
@@ -112,12 +114,36 @@ class Converter {
 
   #lookup(name: string): string | undefined {
     // ENV wins over ARG of the same name (Docker's rule).
-    return this.#env.get(name) ?? this.#args.get(name);
+    return this.#env.get(name)?.value ?? this.#args.get(name);
   }
 
+  /** A word as this file means it: quotes and escapes applied, the file's ARG and ENV substituted. */
   #word(ins: RawInstruction, word: string, keepUnset = false): string {
     try {
       return substitute(word, this.#escape, (n) => (this.from === undefined ? this.#globalArgs.get(n) : this.#lookup(n)), keepUnset ? { keepUnset: () => true } : {});
+    } catch (err) {
+      throw dockerfileError(ins.line, `${ins.keyword}: ${(err as Error).message}`);
+    }
+  }
+
+  /**
+   * A word as an ENV, WORKDIR or USER step carries it: what this file means literally is escaped
+   * (`\$`, `\\`), and a variable this file does not set (the base image's PATH, HOME) stays a
+   * reference, which the engine expands from the image's environment (steps.ts, stepValue).
+   */
+  #stepWord(ins: RawInstruction, word: string): string {
+    const escapeLiteral = (v: string): string => v.replace(/[\\$]/g, (c) => `\\${c}`);
+    try {
+      return substitute(word, this.#escape, (n) => this.#lookup(n), {
+        keepUnset: () => true,
+        forEngine: true,
+        engineLookup: (n) => {
+          const env = this.#env.get(n);
+          if (env !== undefined) return env.step;
+          const arg = this.#args.get(n);
+          return arg === undefined ? undefined : escapeLiteral(arg);
+        },
+      });
     } catch (err) {
       throw dockerfileError(ins.line, `${ins.keyword}: ${(err as Error).message}`);
     }
@@ -259,7 +285,7 @@ class Converter {
     if (sources.length > 1 && !rawDest.endsWith('/')) throw dockerfileError(ins.line, `${k} with more than one source needs a destination directory ending in / (got "${rawDest}")`);
     // `.`, `./` and anything ending in `/` or `/.` name a directory (Docker copies into it).
     const isDir = rawDest.endsWith('/') || rawDest === '.' || rawDest.endsWith('/.');
-    const joined = this.#workdir === undefined || rawDest.startsWith('/') ? rawDest : posix.join(this.#workdir, rawDest);
+    const joined = this.#workdir === undefined || rawDest.startsWith('/') ? rawDest : posix.join(this.#workdir.value, rawDest);
     const dest = isDir && !joined.endsWith('/') ? `${joined.replace(/\/\.$|^\.$/, '') || '.'}/` : joined;
     for (const src of sources) {
       if (k === 'ADD' && REMOTE.test(src)) throw dockerfileError(ins.line, `ADD of a URL or git repository (${src}) is not supported: download it in a RUN step`);
@@ -279,43 +305,46 @@ class Converter {
     if (!(words[0] ?? '').includes('=')) {
       // Legacy form: ENV NAME the rest of the line is the value.
       const name = words[0] ?? '';
-      const value = text.trimStart().slice(name.length).trim();
-      pairs.push([this.#word(ins, name), this.#word(ins, value, true)]);
+      pairs.push([name, text.trimStart().slice(name.length).trim()]);
     } else {
       for (const w of words) {
         const eq = w.indexOf('=');
         if (eq === -1) throw dockerfileError(ins.line, `ENV "${w}" has no "=": write NAME=value for each variable`);
-        pairs.push([this.#word(ins, w.slice(0, eq)), this.#word(ins, w.slice(eq + 1), true)]);
+        pairs.push([w.slice(0, eq), w.slice(eq + 1)]);
       }
     }
+    // Every value reads the variables as they were before this instruction (Docker's rule: ENV A=1 B=$A sees the old A).
+    const values = pairs.map(([rawName, raw]) => ({ name: this.#word(ins, rawName), value: this.#word(ins, raw, true), step: this.#stepWord(ins, raw) }));
     const args: string[] = [];
-    for (const [name, value] of pairs) {
+    for (const { name, value, step } of values) {
       if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw dockerfileError(ins.line, `ENV name "${name}" is not a valid variable name`);
-      this.#env.set(name, value);
-      args.push(name, value);
+      this.#env.set(name, { value, step });
+      args.push(name, step);
     }
     this.#push(ins, { type: 'ENV', args });
   }
 
-  #single(ins: RawInstruction, keepUnset: boolean): string {
+  /** The one argument of WORKDIR or USER: as this file means it, and as its step carries it. */
+  #single(ins: RawInstruction): { value: string; step: string } {
     const { flags, text } = takeFlags(ins.rest);
     this.#noFlags(ins, flags);
     const words = splitWords(text, this.#escape);
     if (words.length !== 1) throw dockerfileError(ins.line, `${ins.keyword} takes exactly one argument, got ${words.length}`);
-    const value = this.#word(ins, words[0] ?? '', keepUnset);
+    const value = this.#word(ins, words[0] ?? '', true);
     if (value === '') throw dockerfileError(ins.line, `${ins.keyword} is empty ("${words[0] ?? ''}" after substitution)`);
-    return value;
+    return { value, step: this.#stepWord(ins, words[0] ?? '') };
   }
 
   #workdirInstruction(ins: RawInstruction): void {
-    const raw = this.#single(ins, true);
-    const dir = raw.startsWith('/') || this.#workdir === undefined ? raw : posix.join(this.#workdir, raw);
-    if (dir.startsWith('/')) this.#workdir = posix.normalize(dir);
-    this.#push(ins, { type: 'WORKDIR', args: [dir] });
+    const { value, step } = this.#single(ins);
+    // A relative WORKDIR is joined onto the previous one here, where this file's own directory is known.
+    const joined = value.startsWith('/') || this.#workdir === undefined ? step : posix.join(this.#workdir.step, step);
+    if (value.startsWith('/') || this.#workdir !== undefined) this.#workdir = { value: posix.normalize(value.startsWith('/') ? value : posix.join(this.#workdir?.value ?? '/', value)), step: posix.normalize(joined) };
+    this.#push(ins, { type: 'WORKDIR', args: [joined] });
   }
 
   #user(ins: RawInstruction): void {
-    this.#push(ins, { type: 'USER', args: [this.#single(ins, false)] });
+    this.#push(ins, { type: 'USER', args: [this.#single(ins).step] });
   }
 
   #startCommand(ins: RawInstruction): void {

@@ -1,10 +1,12 @@
 // The template build engine on the local runtime (contract.ts's BuildEngine): steps → an image in
 // the registry the worker's pods pull from.
 // - Isolation: RUN, COPY and WORKDIR run in a build sandbox (build-pod.ts) with a sandbox's own
-//   isolation, never on the host. The host only reads the sandbox's writable layer, while its disk
+//   isolation, never on the host; a USER step is checked there against the image's passwd and
+//   group files (build-pod.ts resolveUser), so an unknown name fails that step. The host only reads the sandbox's writable layer, while its disk
 //   is frozen, without following a link (layer-diff.ts, layer-writer.ts).
-// - Layers: after each such step, what it changed in the pod's overlay upper dir becomes an OCI
-//   layer (a step that changed nothing makes none). ENV, WORKDIR and USER change the config.
+// - Layers: after each such step, what it changed in the pod's overlay upper dir (and in the
+//   directories the runtime binds over the image's: gVisor's /tmp) becomes an OCI layer (a step
+//   that changed nothing makes none). ENV, WORKDIR and USER change the config.
 // - Cache (layer-cache.ts): each step's key names its parent, itself, its files and the config it
 //   runs with (steps.ts); the first steps found in the team's cache run nothing. When every step
 //   is found no sandbox starts; when the first k are, the sandbox starts from their image (pushed
@@ -29,7 +31,7 @@ import { copyInPod, resolveUser, runInPod, startBuildPod, type StepRun } from '.
 import type { BuildEngine, BuildStep, EngineRequest, EngineResult } from './contract.ts';
 import { assembleImage, type BaseImage, type BuiltStep } from './image-assembly.ts';
 import { LayerCache } from './layer-cache.ts';
-import { diffUpper, opaqueReader, walkUpper, type UpperNode, type UpperState } from './layer-diff.ts';
+import { diffUpper, opaqueReader, walkUpper, type LayerFiles, type UpperNode, type UpperState } from './layer-diff.ts';
 import { writeLayer, type LayerBlob } from './layer-writer.ts';
 import { pushImage, type PushBlob } from './registry-push.ts';
 import { nextConfig, stepKey, stepName, validateSteps, type BuildConfig } from './steps.ts';
@@ -120,7 +122,7 @@ export class LocalBuildEngine implements BuildEngine {
       for (const [i, step] of steps.entries()) {
         at(i);
         signal.throwIfAborted();
-        const key = stepKey(parent, step, config);
+        const key = stepKey(parent, step, config, req.egress);
         parent = key;
         const createdBy = describe(step);
         if (step.force === true) missed = true;
@@ -136,23 +138,28 @@ export class LocalBuildEngine implements BuildEngine {
         req.log({ level: 'info', step: i + 1, message: createdBy });
         let layer: LayerBlob | undefined;
         const after = nextConfig(config, step);
-        if (step.type === 'RUN' || step.type === 'COPY' || step.type === 'WORKDIR') {
+        if (step.type !== 'ENV') {
           if (pod === undefined) {
             const from = built.length === 0 ? req.baseImage : `${this.#opts.registry}/${req.target.repository}@${await push(built, config, '')}`;
             pod = await startBuildPod(this.#opts.runtime, from, req.runtimeClassName, req.limits, req.egress);
             upper = await this.#readUpper(pod, (state) => Promise.resolve(state));
           }
-          await this.#runStep(req, pod, i, step, config, after, signal);
-          const ended = this.#opts.runtime.state(pod);
-          // A step that killed the sandbox's own process (`kill -9 -1` as root) ended the sandbox: its layer is gone with it.
-          if (ended.phase !== 'Running') throw new AsbError('BuildFailed', `${stepName(i, step)} ended the build sandbox (${ended.phase}${ended.reason === undefined ? '' : `, ${ended.reason}`}): a step must leave the sandbox's own processes running`);
-          const before: UpperState = upper ?? new Map<string, UpperNode>();
-          const result = await this.#readUpper(pod, async (state, dir, ids) => {
-            const changes = diffUpper(before, state);
-            return { state, layer: changes.length === 0 ? undefined : await writeLayer(changes, dir, ids, blobsDir, signal) };
-          });
-          upper = result.state;
-          layer = result.layer;
+          if (step.type === 'USER') {
+            // Checked against the image as it is now: a name or group it lacks fails this step, not a later one or the sandbox's start.
+            await resolveUser(this.#opts.runtime, pod, after.user);
+          } else {
+            await this.#runStep(req, pod, i, step, config, after, signal);
+            const ended = this.#opts.runtime.state(pod);
+            // A step that killed the sandbox's own process (`kill -9 -1` as root) ended the sandbox: its layer is gone with it.
+            if (ended.phase !== 'Running') throw new AsbError('BuildFailed', `${stepName(i, step)} ended the build sandbox (${ended.phase}${ended.reason === undefined ? '' : `, ${ended.reason}`}): a step must leave the sandbox's own processes running`);
+            const before: UpperState = upper ?? new Map<string, UpperNode>();
+            const result = await this.#readUpper(pod, async (state, dir, ids) => {
+              const changes = diffUpper(before, state);
+              return { state, layer: changes.length === 0 ? undefined : await writeLayer(changes, dir, ids, blobsDir, signal) };
+            });
+            upper = result.state;
+            layer = result.layer;
+          }
         }
         config = after;
         await this.cache.put(team, key, { ...(layer === undefined ? {} : { layer }), config });
@@ -212,12 +219,12 @@ export class LocalBuildEngine implements BuildEngine {
   }
 
   /** The pod's upper dir walked while frozen; `then` runs still frozen, on that walk. */
-  async #readUpper<T>(pod: string, then: (state: UpperState, dir: string, ids: { hostId: number; size: number }) => Promise<T>): Promise<T> {
+  async #readUpper<T>(pod: string, then: (state: UpperState, files: LayerFiles, ids: { hostId: number; size: number }) => Promise<T>): Promise<T> {
     const runtime = this.#opts.runtime;
     if (runtime.readWritableLayer === undefined) throw new AsbError('NotImplemented', 'this runtime cannot read a sandbox\'s writable layer: it cannot build templates');
     const helper = await ensureCBinary(this.#opts.stateDir, new URL('./overlay-opaque.c', import.meta.url));
     try {
-      return await runtime.readWritableLayer(pod, async (layer) => then(await walkUpper(layer.dir, opaqueReader(helper, layer.dir)), layer.dir, layer.idRange));
+      return await runtime.readWritableLayer(pod, async (layer) => then(await walkUpper(layer, opaqueReader(helper, layer.dir)), layer, layer.idRange));
     } catch (err) {
       if (isAsbError(err, 'SandboxNotRunning')) throw new AsbError('BuildFailed', 'the build sandbox ended during the step: a step must leave the sandbox\'s own processes running', { cause: err });
       throw err;

@@ -43,37 +43,75 @@ const RESERVED = '.wh.';
 /** One walk's bound: a step that made more entries than this fails rather than exhaust memory. */
 const MAX_ENTRIES = 2_000_000;
 
-/** Walks the upper dir (frozen by the caller); `opaque` answers which of its dirs are opaque. */
-export async function walkUpper(upper: string, opaque: (dirs: string[]) => Promise<boolean[]>): Promise<UpperState> {
+/**
+ * Where a pod's writable filesystem is on the host: the overlay upper dir, and directories bound
+ * over the image's at `path` (WritableLayer.mounts: gVisor's /tmp), whose content is the layer's
+ * at that path instead of the upper dir's.
+ */
+export interface LayerFiles {
+  dir: string;
+  mounts?: readonly { path: string; dir: string }[];
+}
+
+/** The host path of a layer path (relative, no leading `/`). */
+export function hostPath(files: string | LayerFiles, path: string): string {
+  const { dir, mounts = [] } = typeof files === 'string' ? { dir: files } : files;
+  for (const m of mounts) {
+    if (path === m.path) return m.dir;
+    if (path.startsWith(`${m.path}/`)) return join(m.dir, path.slice(m.path.length + 1));
+  }
+  return join(dir, path);
+}
+
+/**
+ * Walks the upper dir and its mounts (frozen by the caller); `opaque` answers which of the upper
+ * dir's dirs are opaque (a mount is a plain directory: none of its are). A mount's directory
+ * itself is the entry at its path, whatever the upper dir has there.
+ */
+export async function walkUpper(files: string | LayerFiles, opaque: (dirs: string[]) => Promise<boolean[]>): Promise<UpperState> {
+  const { dir: upper, mounts = [] } = typeof files === 'string' ? { dir: files } : files;
   const state: UpperState = new Map();
   const dirs: string[] = [];
-  const visit = async (rel: string): Promise<void> => {
-    const names = (await readdir(rel === '' ? upper : join(upper, rel))).sort();
+  const under = (path: string, m: { path: string }): boolean => path === m.path || path.startsWith(`${m.path}/`);
+  const statNode = async (hostFile: string, path: string): Promise<UpperNode | undefined> => {
+    const st = await lstat(hostFile, { bigint: true });
+    let type: NodeType;
+    if (st.isFile()) type = 'file';
+    else if (st.isDirectory()) type = 'dir';
+    else if (st.isSymbolicLink()) type = 'symlink';
+    else if (st.isFIFO()) type = 'fifo';
+    else if (st.isCharacterDevice() && st.rdev === 0n && !mounts.some((m) => under(path, m))) type = 'whiteout';
+    else return undefined; // sockets (as Docker), and devices, which a sandbox cannot make
+    return {
+      type, ino: Number(st.ino), nlink: Number(st.nlink), uid: Number(st.uid), gid: Number(st.gid), mode: Number(st.mode) & 0o7777,
+      size: type === 'file' ? Number(st.size) : 0, mtime: Number(st.mtimeMs / 1000n),
+      sig: `${type}:${String(st.ino)}:${String(st.ctimeNs)}`, opaque: false,
+    };
+  };
+  const visit = async (base: string, rel: string, prefix: string): Promise<void> => {
+    const names = (await readdir(rel === '' ? base : join(base, rel))).sort();
     for (const name of names) {
-      const path = rel === '' ? name : `${rel}/${name}`;
+      const own = rel === '' ? name : `${rel}/${name}`;
+      const path = prefix === '' ? own : `${prefix}/${own}`;
+      if (prefix === '' && mounts.some((m) => under(path, m))) continue; // the mount's content is the layer's there
       if (name.startsWith(RESERVED)) throw new AsbError('BuildFailed', `the step made /${path}: names beginning with ${RESERVED} are reserved in image layers`);
-      const st = await lstat(join(upper, path), { bigint: true });
-      let type: NodeType;
-      if (st.isFile()) type = 'file';
-      else if (st.isDirectory()) type = 'dir';
-      else if (st.isSymbolicLink()) type = 'symlink';
-      else if (st.isFIFO()) type = 'fifo';
-      else if (st.isCharacterDevice() && st.rdev === 0n) type = 'whiteout';
-      else continue; // sockets (as Docker), and devices, which a sandbox cannot make
-      const node: UpperNode = {
-        type, ino: Number(st.ino), nlink: Number(st.nlink), uid: Number(st.uid), gid: Number(st.gid), mode: Number(st.mode) & 0o7777,
-        size: type === 'file' ? Number(st.size) : 0, mtime: Number(st.mtimeMs / 1000n),
-        sig: `${type}:${String(st.ino)}:${String(st.ctimeNs)}`, opaque: false,
-      };
+      const node = await statNode(join(base, own), path);
+      if (node === undefined) continue;
       state.set(path, node);
       if (state.size > MAX_ENTRIES) throw new AsbError('BuildFailed', `the step left more than ${String(MAX_ENTRIES)} changed files`);
-      if (type === 'dir') {
-        dirs.push(path);
-        await visit(path);
+      if (node.type === 'dir') {
+        if (prefix === '') dirs.push(path);
+        await visit(base, own, prefix);
       }
     }
   };
-  await visit('');
+  await visit(upper, '', '');
+  for (const m of mounts) {
+    const node = await statNode(m.dir, m.path);
+    if (node?.type !== 'dir') continue;
+    state.set(m.path, node);
+    await visit(m.dir, '', m.path);
+  }
   const flags = dirs.length === 0 ? [] : await opaque(dirs);
   for (const [i, dir] of dirs.entries()) {
     const node = state.get(dir);

@@ -15,7 +15,7 @@ import { once } from 'node:events';
 import { createGzip, constants as zlib } from 'node:zlib';
 import { readlink } from 'node:fs/promises';
 import { AsbError } from '../errors.ts';
-import type { Change, UpperNode } from './layer-diff.ts';
+import { hostPath, type Change, type LayerFiles, type UpperNode } from './layer-diff.ts';
 import { padding, tarEnd, tarHeader, type TarEntry } from './tar-header.ts';
 
 export interface LayerBlob {
@@ -31,7 +31,7 @@ export interface IdRangeOf { hostId: number; size: number }
 const CHUNK = 1 << 20;
 
 /** Writes the layer into `blobsDir` (its file named by the digest's hex); the caller's signal stops it. */
-export async function writeLayer(changes: readonly Change[], upper: string, ids: IdRangeOf, blobsDir: string, signal: AbortSignal): Promise<LayerBlob> {
+export async function writeLayer(changes: readonly Change[], upper: string | LayerFiles, ids: IdRangeOf, blobsDir: string, signal: AbortSignal): Promise<LayerBlob> {
   await mkdir(blobsDir, { recursive: true, mode: 0o700 });
   const tmp = join(blobsDir, `.layer-${randomBytes(8).toString('hex')}.tmp`);
   const tarHash = createHash('sha256');
@@ -68,7 +68,7 @@ export async function writeLayer(changes: readonly Change[], upper: string, ids:
       if (node.type === 'dir' || node.type === 'fifo') {
         await write(tarHeader({ ...base, type: node.type }));
       } else if (node.type === 'symlink') {
-        await write(tarHeader({ ...base, type: 'symlink', linkname: await readlink(join(upper, path)) }));
+        await write(tarHeader({ ...base, type: 'symlink', linkname: await readlink(hostPath(upper, path)) }));
       } else if (node.type === 'file') {
         const first = node.nlink > 1 ? linked.get(node.ino) : undefined;
         if (first !== undefined) {
@@ -76,7 +76,7 @@ export async function writeLayer(changes: readonly Change[], upper: string, ids:
           continue;
         }
         if (node.nlink > 1) linked.set(node.ino, path);
-        await writeFileEntry({ ...base, type: 'file', size: node.size }, join(upper, path), node, write);
+        await writeFileEntry({ ...base, type: 'file', size: node.size }, hostPath(upper, path), node, write);
       }
     }
     await write(tarEnd());

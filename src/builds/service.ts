@@ -23,7 +23,8 @@
 import { AsbError, isAsbError } from '../errors.ts';
 import { newSandboxId } from '../api/ids.ts';
 import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
-import type { EgressPolicy } from '../network/egress-policy.ts';
+import { DEFAULT_EGRESS_POLICY, type EgressPolicy } from '../network/egress-policy.ts';
+import { narrowEgress } from './build-egress.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -219,6 +220,10 @@ export class TemplateBuilds implements BuildService {
     return image;
   }
 
+  buildEgress(spec: BuildSpec): EgressPolicy | undefined {
+    return spec.egress === undefined ? this.#o.egress : narrowEgress(spec.egress, this.#o.egress ?? DEFAULT_EGRESS_POLICY, 'egress');
+  }
+
   /**
    * `prelude`: steps run before the caller's (E2B's build API makes its `user`), numbered as the
    * base: logs and failures name the caller's steps by the caller's numbers.
@@ -236,6 +241,7 @@ export class TemplateBuilds implements BuildService {
     const baseImage = 'image' in spec.from ? checkImage(spec.from.image) : await this.#fromTemplate(team, spec.from.template);
     if (spec.startCmd !== undefined && spec.startCmd.includes('\0')) throw new AsbError('BadRequest', 'startCmd may not contain NUL bytes');
     if (spec.readyCmd !== undefined && spec.readyCmd.includes('\0')) throw new AsbError('BadRequest', 'readyCmd may not contain NUL bytes');
+    const egress = this.buildEgress(spec);
     // Another start may have won while this one awaited fromTemplate's read.
     if (phaseOf(build) !== 'waiting') throw new AsbError('Conflict', `build ${buildId} was already started`);
     const now = this.#isoNow();
@@ -246,7 +252,7 @@ export class TemplateBuilds implements BuildService {
     this.#records.save(rec);
     const abort = new AbortController();
     const key = `${rec.templateId}/${buildId}`;
-    const done = this.#run(engine, rec, build, baseImage, [...prelude, ...steps], spec, abort).finally(() => this.#running.delete(key));
+    const done = this.#run(engine, rec, build, baseImage, [...prelude, ...steps], spec, egress, abort).finally(() => this.#running.delete(key));
     this.#running.set(key, { abort, done });
   }
 
@@ -261,7 +267,7 @@ export class TemplateBuilds implements BuildService {
     }
   }
 
-  async #run(engine: BuildEngine, rec: TemplateRecord, build: BuildRecord, baseImage: string, steps: BuildSpec['steps'], spec: BuildSpec, abort: AbortController): Promise<void> {
+  async #run(engine: BuildEngine, rec: TemplateRecord, build: BuildRecord, baseImage: string, steps: BuildSpec['steps'], spec: BuildSpec, egress: EgressPolicy | undefined, abort: AbortController): Promise<void> {
     const limits = this.limits;
     const timer = this.#o.clock.after(limits.timeoutMs, () => {
       abort.abort(new AsbError('Timeout', `the build exceeded its time limit of ${String(Math.round(limits.timeoutMs / 1000))} s`));
@@ -276,7 +282,7 @@ export class TemplateBuilds implements BuildService {
         noCache: spec.noCache === true,
         target: { repository: `templates/${rec.templateId}`, tag: build.buildId },
         ...(this.#o.runtimeClassName === undefined ? {} : { runtimeClassName: this.#o.runtimeClassName }),
-        ...(this.#o.egress === undefined ? {} : { egress: this.#o.egress }),
+        ...(egress === undefined ? {} : { egress }),
         limits: { cpu: build.cpuCount, memoryBytes: build.memoryMB * 1024 * 1024, diskBytes: limits.diskBytes, timeoutMs: limits.timeoutMs },
         files: this.files,
         log: (entry) => this.#log(build, entry),

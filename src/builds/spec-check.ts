@@ -1,7 +1,8 @@
 // A BuildSpec from a request body, checked before anything runs: every problem (an unknown step
 // type, the wrong number of arguments, a COPY whose files were never uploaded, an unknown field)
 // is collected and reported at once as 422 Invalid, each naming its field (`steps[3].filesHash`).
-import { AsbError, type FieldProblem } from '../errors.ts';
+import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
+import { parseBuildEgressInput } from './build-egress.ts';
 import { isObjectName } from '../worker/access.ts';
 import { isPlainObject } from '../worker/input.ts';
 import { MAX_STEPS, STEP_TYPES, type BuildSpec, type BuildStep } from './contract.ts';
@@ -17,7 +18,7 @@ const ARITY: Readonly<Record<BuildStep['type'], readonly [number, number]>> = {
   WORKDIR: [1, 1],
   USER: [1, 1],
 };
-const SPEC_FIELDS = ['from', 'steps', 'startCmd', 'readyCmd', 'noCache', 'cpuCount', 'memoryMB'];
+const SPEC_FIELDS = ['from', 'steps', 'startCmd', 'readyCmd', 'noCache', 'cpuCount', 'memoryMB', 'egress'];
 const STEP_FIELDS = ['type', 'args', 'filesHash', 'force'];
 
 export function isSha256(value: string): boolean {
@@ -75,7 +76,7 @@ function checkStep(raw: unknown, at: string, hasFile: (hash: string) => boolean,
 
 /** The spec, or 422 naming every bad field. `hasFile` tells whether the caller's team uploaded a tar. */
 export function checkBuildSpec(raw: unknown, hasFile: (hash: string) => boolean): BuildSpec {
-  if (!isPlainObject(raw)) throw new AsbError('BadRequest', `request body must be a JSON object {from, steps, startCmd?, readyCmd?, noCache?, cpuCount?, memoryMB?}, got ${typeName(raw)}`);
+  if (!isPlainObject(raw)) throw new AsbError('BadRequest', `request body must be a JSON object {from, steps, startCmd?, readyCmd?, noCache?, cpuCount?, memoryMB?, egress?}, got ${typeName(raw)}`);
   const problems: FieldProblem[] = [];
   for (const k of Object.keys(raw)) if (!SPEC_FIELDS.includes(k)) problems.push({ field: k, message: `unknown field; allowed fields are ${SPEC_FIELDS.join(', ')}` });
   let from: BuildSpec['from'] | undefined;
@@ -117,6 +118,14 @@ export function checkBuildSpec(raw: unknown, hasFile: (hash: string) => boolean)
   };
   int('cpuCount', 1, 64);
   int('memoryMB', 128, 262_144);
+  if (raw.egress !== undefined) {
+    try {
+      spec.egress = parseBuildEgressInput(raw.egress, 'egress');
+    } catch (err) {
+      if (!isAsbError(err)) throw err;
+      problems.push(...(err.fields.length > 0 ? err.fields : [{ field: 'egress', message: err.message }]));
+    }
+  }
   if (problems.length > 0) throw new AsbError('Invalid', `build is invalid: ${problems.map((p) => `${p.field}: ${p.message}`).join('; ')}`, { fields: problems });
   return spec;
 }

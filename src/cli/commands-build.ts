@@ -1,4 +1,4 @@
-// `asb template build NAME [-f Dockerfile] [--build-arg K=V]... [--no-cache] [CONTEXT]`: the
+// `asb template build NAME [-f Dockerfile] [--build-arg K=V]... [--no-cache] [--egress P] [CONTEXT]`: the
 // Dockerfile becomes build steps here (src/builds/dockerfile.ts), so a refused instruction fails
 // before anything is uploaded or run; each COPY's files are packed from the context and uploaded
 // only when the worker lacks them; then the build is started and its log followed the way
@@ -9,6 +9,7 @@ import { join, resolve } from 'node:path';
 import type { ApiClient, BuildLogEntry, BuildLogPage, BuildSpec, BuiltTemplateView } from '../client/api-client.ts';
 import { AsbError } from '../errors.ts';
 import { openContext, packSource } from '../builds/build-context.ts';
+import { parseEgressText } from '../builds/build-egress.ts';
 import { parseDockerfile, type ParsedDockerfile, type PlannedStep } from '../builds/dockerfile.ts';
 import { isStepsFile, parseStepsFile } from '../builds/steps-file.ts';
 import { parseDuration, stringList, stringOpt, UsageError, ValueError, type Parsed } from './args.ts';
@@ -23,7 +24,7 @@ const POLL_MAX_MS = 1000;
 const DEFAULT_FOLLOW_MS = 60 * 60 * 1000;
 
 // `--no-cache` arrives as `cache: false`: parseArgs reads --no-X as the negation of X.
-export const BUILD_FLAGS = ['filename', 'build-arg', 'cache', 'timeout'] as const;
+export const BUILD_FLAGS = ['filename', 'build-arg', 'cache', 'timeout', 'egress'] as const;
 
 export const BUILD_HELP = `  build NAME[:TAG] [CONTEXT]  build template NAME from a Dockerfile (default CONTEXT/Dockerfile;
                          CONTEXT default .), following its log; exit 1 if a step fails. TAG
@@ -33,6 +34,9 @@ export const BUILD_HELP = `  build NAME[:TAG] [CONTEXT]  build template NAME fro
                          steps of RUN/COPY/ENV/WORKDIR/USER, startCmd, readyCmd)
     --build-arg K=V      an ARG value; K alone takes $K from your environment; repeatable
     --no-cache           run every step, using no cached layer
+    --egress POLICY      what RUN steps may reach: none, internet, or a comma-separated
+                         allow-list (pypi.org,*.debian.org,203.0.113.0/24); within the
+                         worker's --build-egress, which it may narrow but never widen
     --timeout DUR        stop following after DUR (default 1h); the build goes on
     --json               print the final status as JSON
   Supported: FROM (one stage), RUN (shell, exec, heredoc), COPY/ADD of the context (--chown,
@@ -124,6 +128,13 @@ export async function runTemplateBuild(parsed: Parsed, args: readonly string[], 
   } catch (err) {
     throw new AsbError('BadRequest', `cannot read the Dockerfile ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
   }
+  const egressText = stringOpt(values, 'egress');
+  let egress: BuildSpec['egress'];
+  try {
+    egress = egressText === undefined ? undefined : parseEgressText(egressText, '--egress');
+  } catch (err) {
+    throw new ValueError(`--egress: expected none, internet or a comma-separated list of CIDRs, IPs and domains: ${err instanceof AsbError ? err.fields.map((f) => f.message).join('; ') : String(err)}`);
+  }
   const timeout = stringOpt(values, 'timeout');
   const followMs = timeout === undefined ? DEFAULT_FOLLOW_MS : parseDuration(timeout, '--timeout');
 
@@ -152,6 +163,7 @@ export async function runTemplateBuild(parsed: Parsed, args: readonly string[], 
     ...(parsedFile.readyCmd === undefined ? {} : { readyCmd: parsedFile.readyCmd }),
     ...extra,
     ...(values.cache === false ? { noCache: true } : {}),
+    ...(egress === undefined ? {} : { egress }),
   };
   const { buildId } = await client.startBuild(name, spec);
   ctx.io.stderr.write(`=> build ${buildId}\n`);

@@ -230,6 +230,7 @@ ${HUB_HELP}
 
 Examples:
   asb template build myapp -f Dockerfile --build-arg VERSION=1.2 .
+  asb template build myapp --egress pypi.org,files.pythonhosted.org .
   asb template apply -f examples/python-template.yaml`,
   options: {
     ...HUB_OPTIONS,
@@ -237,6 +238,7 @@ Examples:
     'build-arg': { type: 'string', multiple: true },
     cache: { type: 'boolean' },
     timeout: { type: 'string' },
+    egress: { type: 'string' },
   },
   async run(argv, ctx) {
     const parsed = parseCommandArgs(argv, this.options, this.usage);

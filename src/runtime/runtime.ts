@@ -115,6 +115,13 @@ export interface ExecRequest {
   cwd?: string;
   /** Run as this uid inside the sandbox; default: the pod's user. */
   user?: number;
+  /**
+   * With `user`: its primary group and supplementary groups (a build's `USER name:group`, or the
+   * groups /etc/group gives the name). Default: the pod's when `user` is the pod's uid, else the
+   * uid as gid and none. The local runtime honours them; the Kubernetes runtime's exec does not.
+   */
+  group?: number;
+  groups?: readonly number[];
   /** Kill the process group after this long; the result says timedOut. */
   timeoutMs?: number;
   /** Cap on captured bytes per stream; beyond it output is truncated and `truncated` set. */
@@ -168,6 +175,9 @@ export interface SpawnRequest {
   cwd?: string;
   /** Run as this uid inside the sandbox; default: the pod's user. */
   user?: number;
+  /** As ExecRequest's. */
+  group?: number;
+  groups?: readonly number[];
 }
 
 /** A process inside a sandbox with its pipes, for callers that stream (envd's process.Start). */
@@ -268,6 +278,12 @@ export interface WritableLayer {
   dir: string;
   /** The host ids the pod's ids 0..size-1 are: a file's container uid is its host uid - hostId. */
   idRange: { hostId: number; size: number };
+  /**
+   * Directories of the pod's disk the runtime binds over the image's, which hold what the
+   * sandbox writes there instead of `dir` (gVisor's /tmp: `path` "tmp"). Plain directories (no
+   * whiteouts); as the pod controls every name in them, read them without following a link too.
+   */
+  mounts?: readonly { path: string; dir: string }[];
 }
 
 export interface DiskUsage {

@@ -190,6 +190,8 @@ export function buildRoutes(w: WorkerContext, uploads: UploadSlots, fileBytes = 
         const team = principalOf(ctx).team;
         const raw = await readJson(ctx.req, w.limits.jsonBytes);
         const spec = checkBuildSpec(raw, (hash) => b.files.has(team, hash));
+        // Before the build is made: a policy the worker refuses leaves no template or build behind.
+        b.service.buildEgress(spec);
         const { templateId, buildId } = b.newBuild(team, name, {
           ...(spec.cpuCount === undefined ? {} : { cpuCount: spec.cpuCount }),
           ...(spec.memoryMB === undefined ? {} : { memoryMB: spec.memoryMB }),

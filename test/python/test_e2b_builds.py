@@ -28,7 +28,8 @@ def app_template():
         .from_image("debian:12")
         .copy("hello.txt", "/app/hello.txt")
         .run_cmd("cat /app/hello.txt > /app/copy.txt && echo built-ok")
-        .set_envs({"GREETING": "hi there"})
+        # As E2B's build reads a value: $VAR and ${VAR:-x} expand from the image's env, \$ is a literal $.
+        .set_envs({"GREETING": "hi there", "MORE_PATH": "$PATH:/extra", "LITERAL": "\\$PATH ${NOPE:-dflt}"})
         .set_workdir("/app")
         .set_user("nobody")
         .set_start_cmd(START, "test -s /tmp/alive")
@@ -46,6 +47,8 @@ def test_build_then_start_by_name():
         assert sbx.commands.run("cat /app/hello.txt").stdout == "hello from the build context\n"
         assert sbx.commands.run("cat /app/copy.txt").stdout == "hello from the build context\n"
         assert sbx.commands.run('echo "$GREETING"').stdout.strip() == "hi there"
+        assert sbx.commands.run('echo "$MORE_PATH"').stdout.strip() == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/extra"
+        assert sbx.commands.run('echo "$LITERAL"').stdout.strip() == "$PATH dflt"
         assert sbx.commands.run("id -un").stdout.strip() == "nobody"
         # The start command ran in the workdir, as the user, with the env, and runs on.
         assert sbx.commands.run("cat /tmp/started").stdout.split("\n")[:3] == ["/app", "nobody", "hi there"]

@@ -9,6 +9,7 @@ import { dirname, join } from 'node:path';
 import type { BuildLogEntry, BuildStep, EngineRequest, FileStore } from '../../src/builds/contract.ts';
 import { createLocalBuildEngine, type LocalBuildEngine } from '../../src/builds/engine.ts';
 import type { ImageStore } from '../../src/images/image-store.ts';
+import type { EgressPolicy } from '../../src/network/egress-policy.ts';
 import { RegistryProcess } from '../../src/images/registry-process.ts';
 import type { PodRuntime } from '../../src/runtime/runtime.ts';
 import { silentLogger } from '../../src/system/log.ts';
@@ -93,7 +94,7 @@ export async function startBuildFixture(prefix: string, bridge: string, subnet: 
 }
 
 /** A request with the tests' defaults; its log lines land in `log`. */
-export function request(f: BuildFixture, fields: { team?: string; baseImage?: string; steps: BuildStep[]; tag?: string; repository?: string; noCache?: boolean; runtimeClassName?: string; limits?: Partial<EngineRequest['limits']>; signal?: AbortSignal }, log: Omit<BuildLogEntry, 'timestamp'>[] = []): EngineRequest {
+export function request(f: BuildFixture, fields: { team?: string; baseImage?: string; steps: BuildStep[]; tag?: string; repository?: string; noCache?: boolean; runtimeClassName?: string; egress?: EgressPolicy; limits?: Partial<EngineRequest['limits']>; signal?: AbortSignal }, log: Omit<BuildLogEntry, 'timestamp'>[] = []): EngineRequest {
   return {
     team: fields.team ?? 'team-a',
     baseImage: fields.baseImage ?? 'debian:12',
@@ -101,6 +102,7 @@ export function request(f: BuildFixture, fields: { team?: string; baseImage?: st
     noCache: fields.noCache ?? false,
     target: { repository: fields.repository ?? 'builds/team-a/app', tag: fields.tag ?? 'v1' },
     ...(fields.runtimeClassName === undefined ? {} : { runtimeClassName: fields.runtimeClassName }),
+    ...(fields.egress === undefined ? {} : { egress: fields.egress }),
     limits: { cpu: 1, memoryBytes: 1024 * 2 ** 20, diskBytes: 2 * 2 ** 30, timeoutMs: 240_000, ...fields.limits },
     files: f.files,
     log: (entry) => log.push(entry),

@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import type { BuildEngine, EngineRequest, EngineResult } from '../../src/builds/contract.ts';
 import { TeamFileStore } from '../../src/builds/files.ts';
 import { TemplateBuilds } from '../../src/builds/service.ts';
+import type { EgressPolicy } from '../../src/network/egress-policy.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
 import { systemClock } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
@@ -46,8 +47,8 @@ export class RecordingEngine implements BuildEngine {
   }
 }
 
-/** The real build service over `engine`, its records and files under `dir`, as a worker makes it. */
-export function testBuildService(store: ObjectStore, dir: string, engine: BuildEngine, timeoutMs?: number): TemplateBuilds {
+/** The real build service over `engine`, its records and files under `dir`, as a worker makes it (with `egress` as its --build-egress). */
+export function testBuildService(store: ObjectStore, dir: string, engine: BuildEngine, timeoutMs?: number, egress?: EgressPolicy): TemplateBuilds {
   return new TemplateBuilds({
     recordsDir: join(dir, 'builds', 'templates'),
     files: new TeamFileStore({ dir: join(dir, 'builds', 'files'), now: () => Date.now() }),
@@ -58,5 +59,6 @@ export function testBuildService(store: ObjectStore, dir: string, engine: BuildE
     clock: systemClock,
     log: silentLogger(),
     ...(timeoutMs === undefined ? {} : { limits: { timeoutMs } }),
+    ...(egress === undefined ? {} : { egress }),
   });
 }

@@ -106,16 +106,19 @@ export function homeOf(passwd: string, uid: number): string {
 }
 
 /** What asb-init's command line and environment say (a pod's config.json read back after a restart). */
-export function readInitProcess(process: OciSpec['process'], init: string): { uid: number; gid: number; env: string[]; agent?: { port: number; token: string } } | undefined {
+export function readInitProcess(process: OciSpec['process'], init: string): { uid: number; gid: number; groups: number[]; env: string[]; agent?: { port: number; token: string } } | undefined {
   const [binary, flag, user] = process.args;
   if (binary !== init || flag !== '--user' || user === undefined) return undefined;
-  const [uid, gid] = user.split(':').map(Number);
+  const [uidText, gidText, groupsText = ''] = user.split(':');
+  const uid = Number(uidText);
+  const gid = Number(gidText);
   if (!Number.isInteger(uid) || !Number.isInteger(gid)) return undefined;
+  const groups = groupsText === '' ? [] : groupsText.split(',').map(Number).filter((g) => Number.isInteger(g));
   const env = process.env.filter((e) => !e.startsWith(`${AGENT_ENV}=`));
   const value = process.env.find((e) => e.startsWith(`${AGENT_ENV}=`))?.slice(AGENT_ENV.length + 1);
   const colon = value?.indexOf(':') ?? -1;
   const agent = value === undefined || colon < 0 ? undefined : { port: Number(value.slice(0, colon)), token: value.slice(colon + 1) };
-  return { uid: uid ?? 0, gid: gid ?? 0, env, ...(agent === undefined ? {} : { agent }) };
+  return { uid, gid, groups, env, ...(agent === undefined ? {} : { agent }) };
 }
 
 // ---- the wire
@@ -131,6 +134,8 @@ function frame(type: string, payload: Uint8Array = new Uint8Array(0)): Buffer {
 export interface AgentRequest {
   uid: number;
   gid: number;
+  /** Supplementary groups; none when absent. */
+  groups?: readonly number[];
   cwd: string;
   command: readonly string[];
   env: readonly string[];
@@ -140,7 +145,7 @@ export interface AgentRequest {
 function requestFrame(token: string, req: AgentRequest | { attach: number }): Buffer {
   const fields = 'attach' in req
     ? [token, 'attach', String(req.attach)]
-    : [token, req.pty === undefined ? 'exec' : 'pty', String(req.uid), String(req.gid), '', req.cwd, String(req.pty?.cols ?? 0), String(req.pty?.rows ?? 0), String(req.command.length), ...req.command, String(req.env.length), ...req.env];
+    : [token, req.pty === undefined ? 'exec' : 'pty', String(req.uid), String(req.gid), (req.groups ?? []).join(','), req.cwd, String(req.pty?.cols ?? 0), String(req.pty?.rows ?? 0), String(req.command.length), ...req.command, String(req.env.length), ...req.env];
   for (const f of fields) if (f.includes('\0')) throw new AsbError('BadRequest', `a command, argument, environment variable or path must not contain a NUL byte: ${JSON.stringify(f.slice(0, 80))}`);
   return frame('Q', Buffer.from(fields.map((f) => `${f}\0`).join(''), 'utf8'));
 }
@@ -553,16 +558,33 @@ export function agentPty(link: AgentLink, req: AgentRequest & { pty: { cols: num
 }
 
 /** The request for a PodProcess-style call: who runs it (the pod's user unless `user`), where and with what. */
-export function agentRequest(target: { uid: number; gid: number; env: Record<string, string>; cwd: string }, req: SpawnRequest | PtyOptions, pty?: { cols: number; rows: number }): AgentRequest {
-  const uid = req.user ?? target.uid;
-  const gid = req.user === undefined || req.user === target.uid ? target.gid : uid;
+export function agentRequest(target: ProcessOwner & { env: Record<string, string>; cwd: string }, req: SpawnRequest | PtyOptions, pty?: { cols: number; rows: number }): AgentRequest {
+  const { uid, gid, groups } = processUser(target, req);
   const env: Record<string, string> = { ...target.env, ...req.env };
   // A user other than the pod's gets its own HOME unless the caller set one (as runc exec did).
   if (uid !== target.uid && req.env?.HOME === undefined) env.HOME = uid === 0 ? '/root' : '/';
   return {
-    uid, gid, cwd: req.cwd ?? target.cwd,
+    uid, gid, ...(groups.length === 0 ? {} : { groups }), cwd: req.cwd ?? target.cwd,
     command: req.command ?? [],
     env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
     ...(pty === undefined ? {} : { pty }),
   };
+}
+
+/** The pod's own user: who its processes are unless a request names another. */
+export interface ProcessOwner {
+  uid: number;
+  gid: number;
+  /** The pod's supplementary groups (its image user's, from /etc/group). */
+  groups?: readonly number[];
+}
+
+/**
+ * Who a started process is: the request's uid, group and groups; the pod's group and groups for the
+ * pod's own uid when the request names none; else the uid as its gid and no groups.
+ */
+export function processUser(owner: ProcessOwner, req: { user?: number; group?: number; groups?: readonly number[] }): { uid: number; gid: number; groups: readonly number[] } {
+  const uid = req.user ?? owner.uid;
+  const own = uid === owner.uid && req.group === undefined;
+  return { uid, gid: req.group ?? (own ? owner.gid : uid), groups: req.groups ?? (own ? owner.groups ?? [] : []) };
 }

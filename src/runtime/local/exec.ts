@@ -20,7 +20,7 @@ import { HOST_ENV, killGroup, noCapabilities, type UnprivilegedProcess } from '.
 import { runscFailure } from '../oci/runsc.ts';
 import { withPodRlimits } from '../oci/inherited-rlimits.ts';
 import type { RuntimeKind } from './runtime-class.ts';
-import { agentExec, agentRequest, type AgentLink } from './agent.ts';
+import { agentExec, agentRequest, processUser, type AgentLink } from './agent.ts';
 
 /** How to reach one running container and who its processes are by default. */
 export interface PodTarget {
@@ -36,6 +36,8 @@ export interface PodTarget {
   pid: number;
   uid: number;
   gid: number;
+  /** The pod's user's supplementary groups. */
+  groups?: readonly number[];
   /** The container's environment (what runc exec gives a process before --env). */
   env: Record<string, string>;
   cwd: string;
@@ -50,33 +52,35 @@ export interface PodTarget {
 
 export interface SpawnInPodOptions {
   user?: number;
+  group?: number;
+  groups?: readonly number[];
   cwd?: string;
   env?: Record<string, string>;
 }
 
 
 /** Who runs an exec'd process, and the environment it gets beyond the container's. */
-function execUser(target: PodTarget, opts: SpawnInPodOptions): { uid: number; gid: number; env: Record<string, string> } {
-  const uid = opts.user ?? target.uid;
-  const gid = opts.user === undefined || opts.user === target.uid ? target.gid : uid;
+function execUser(target: PodTarget, opts: SpawnInPodOptions): { uid: number; gid: number; groups: readonly number[]; env: Record<string, string> } {
+  const { uid, gid, groups } = processUser(target, opts);
   const env = { ...opts.env };
   // A user other than the pod's gets its own HOME unless the caller set one (runc only fills in HOME when unset).
   if (uid !== target.uid && opts.env?.HOME === undefined) env.HOME = uid === 0 ? '/root' : '/';
-  return { uid, gid, env };
+  return { uid, gid, groups, env };
 }
 
 export function runcExecArgv(target: PodTarget, command: readonly string[], opts: SpawnInPodOptions, pidFile: string): string[] {
-  const { uid, gid, env } = execUser(target, opts);
+  const { uid, gid, groups, env } = execUser(target, opts);
   const envArgs = Object.entries(env).flatMap(([k, v]) => ['--env', `${k}=${v}`]);
-  return [...target.runtimeFlags, '--root', target.runcRoot, 'exec', '--pid-file', pidFile, '--user', `${String(uid)}:${String(gid)}`, '--cwd', opts.cwd ?? target.cwd, ...envArgs, '--', target.id, ...command];
+  const groupArgs = groups.flatMap((g) => ['--additional-gids', String(g)]);
+  return [...target.runtimeFlags, '--root', target.runcRoot, 'exec', '--pid-file', pidFile, '--user', `${String(uid)}:${String(gid)}`, ...groupArgs, '--cwd', opts.cwd ?? target.cwd, ...envArgs, '--', target.id, ...command];
 }
 
 /** runtime-spec's process for `runsc exec -process`: the container's environment plus opts.env, as runc exec gives it. */
 export function runscExecProcess(target: PodTarget, command: readonly string[], opts: SpawnInPodOptions): UnprivilegedProcess {
-  const { uid, gid, env } = execUser(target, opts);
+  const { uid, gid, groups, env } = execUser(target, opts);
   const vars = { ...target.env, ...env };
   return {
-    user: { uid, gid, additionalGids: [] },
+    user: { uid, gid, additionalGids: [...groups] },
     args: [...command],
     env: Object.entries(vars).map(([k, v]) => `${k}=${v}`),
     cwd: opts.cwd ?? target.cwd,

@@ -770,7 +770,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     await this.#host.disk.freeze(disk.mount);
     try {
-      return await read({ dir: pod.paths.upper, idRange: { hostId: idRange.hostId, size: idRange.size } });
+      // gVisor's /tmp is disk/tmp, bound over the image's (runscSpec's tmpDir), not in the upper dir.
+      const mounts = pod.target.kind === 'runsc' ? [{ path: 'tmp', dir: pod.paths.tmp }] : [];
+      return await read({ dir: pod.paths.upper, idRange: { hostId: idRange.hostId, size: idRange.size }, mounts });
     } finally {
       await this.#host.disk.thaw(disk.mount);
     }

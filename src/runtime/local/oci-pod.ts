@@ -30,6 +30,7 @@ import { POD_NOFILE } from '../oci/inherited-rlimits.ts';
 import { runscContainerId, runscSpec } from '../oci/runsc.ts';
 import { readImageFile } from './image-file.ts';
 import { AGENT_PORT, homeOf, initProcess, newAgentToken, readInitProcess } from './agent.ts';
+import { seedTmpFromImage } from './image-tmp.ts';
 import { legacyLayout, type PodPaths } from './rootfs.ts';
 import { madeBeforeDisks, podDisk, type DiskTool } from './disk.ts';
 import { mainContainer, resolveMounts } from './pod-process.ts';
@@ -89,6 +90,8 @@ export interface PodNetwork {
 export interface PodIdentity {
   uid: number;
   gid: number;
+  /** Supplementary groups of the pod's user (an exec as that user gets them too). */
+  groups?: number[];
   env: Record<string, string>;
   cwd: string;
   /** The port and token of the pod's init's agent; absent for a pod started with tini (before asb-init). */
@@ -187,6 +190,8 @@ async function writeBundle(host: OciHost, paths: PodPaths, req: PodRequest, imag
     // Owned by the sandbox's root, sticky and world-writable like any /tmp (mkdir's mode passes the umask).
     await chown(paths.tmp, root, root);
     await chmod(paths.tmp, 0o1777);
+    // Then what the image has there, with its mode and owner: the bind hides the image's /tmp (image-tmp.ts).
+    await seedTmpFromImage(image.rootfs, paths.tmp, ROOT_ID_MAP, idRange);
   }
   const generic: OciSpec = containerSpec(container, image.config, {
     rootfs: mountPoint,
@@ -275,8 +280,9 @@ export function identityOf(spec: OciSpec): PodIdentity {
     const eq = entry.indexOf('=');
     if (eq > 0) env[entry.slice(0, eq)] = entry.slice(eq + 1);
   }
+  const groups = init?.groups ?? spec.process.user.additionalGids ?? [];
   const user = init ?? spec.process.user;
-  return { uid: user.uid, gid: user.gid, env, cwd: spec.process.cwd, ...(init?.agent === undefined ? {} : { agent: init.agent }) };
+  return { uid: user.uid, gid: user.gid, ...(groups.length === 0 ? {} : { groups: [...groups] }), env, cwd: spec.process.cwd, ...(init?.agent === undefined ? {} : { agent: init.agent }) };
 }
 
 /** The identity recorded in a pod's config.json (an adopted pod, after a worker restart). */

@@ -12,6 +12,7 @@
 // - /dev/shm sized (tmpfs pages are charged to the memory cgroup, but the size caps it first).
 import { AsbError, type FieldProblem } from '../../errors.ts';
 import type { Container } from '../../api/types.ts';
+import { resolveExecUser } from './user-spec.ts';
 import type { ImageConfig } from '../../images/image-store.ts';
 import { parseQuantity } from '../../api/quantity.ts';
 import { runtimeDefaultProfile, type SeccompProfile } from './seccomp-profile.ts';
@@ -265,21 +266,28 @@ function resolveIdentity(container: Container, image: ImageConfig, facts: IdFact
 
 interface User { uid: number; gid: number; additionalGids: number[] }
 
-/** runAsUser (container, then pod), else the image's user, else DEFAULT_UID; runAsGroup likewise, else the passwd entry's group, else the uid. */
+/**
+ * runAsUser (container, then pod), else the image's user, else DEFAULT_UID; runAsGroup likewise,
+ * else the passwd entry's group, else the uid. The image's user is read as Docker reads it
+ * (user-spec.ts): `name:group` sets the group, `name` alone adds the groups /etc/group lists it in.
+ */
 function resolveUser(c: Container, pod: PodLevel, image: ImageConfig, facts: IdFacts, refuse: Refuse): User {
   const ctx = c.securityContext ?? {};
   const podCtx = pod.securityContext ?? {};
   const passwd = parseIdFile(facts.passwd ?? '', 2, 3);
-  const groups = parseIdFile(facts.group ?? '', 2, 2);
   let uid = ctx.runAsUser ?? podCtx.runAsUser;
   let gid = ctx.runAsGroup ?? podCtx.runAsGroup;
+  let imageGroups: number[] = [];
   if (uid === undefined && image.user !== undefined && image.user !== '') {
-    const [u = '', g] = image.user.split(':', 2);
-    uid = /^\d+$/.test(u) ? Number(u) : passwd.get(u)?.id;
-    if (uid === undefined) refuse('image.user', `${JSON.stringify(image.user)}: no user ${JSON.stringify(u)} in the image's /etc/passwd`);
-    if (g !== undefined && gid === undefined) {
-      gid = /^\d+$/.test(g) ? Number(g) : groups.get(g)?.id;
-      if (gid === undefined) refuse('image.user', `${JSON.stringify(image.user)}: no group ${JSON.stringify(g)} in the image's /etc/group`);
+    const who = resolveExecUser(image.user, facts.passwd ?? '', facts.group ?? '');
+    if ('error' in who) refuse('image.user', `${JSON.stringify(image.user)}: ${who.error}`);
+    else {
+      uid = who.uid;
+      // runAsGroup, when set, wins over the image's group (and then its supplementary groups go too).
+      if (gid === undefined) {
+        gid = who.gid;
+        imageGroups = who.groups;
+      }
     }
   }
   uid ??= DEFAULT_UID;
@@ -295,7 +303,9 @@ function resolveUser(c: Container, pod: PodLevel, image: ImageConfig, facts: IdF
   if (uid === 0 && (ctx.runAsNonRoot === true || (ctx.runAsNonRoot === undefined && podCtx.runAsNonRoot === true))) {
     refuse('securityContext.runAsNonRoot', 'is true, but the container would run as uid 0');
   }
-  return { uid, gid, additionalGids: fsGroup === undefined || fsGroup === gid ? [] : [fsGroup] };
+  const additionalGids = imageGroups.filter((g) => g !== gid);
+  if (fsGroup !== undefined && fsGroup !== gid && !additionalGids.includes(fsGroup)) additionalGids.push(fsGroup);
+  return { uid, gid, additionalGids };
 }
 
 /** name → id (and the passwd group) from /etc/passwd or /etc/group text. */
