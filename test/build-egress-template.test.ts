@@ -3,8 +3,8 @@
 // engine, Envoy, router) whose --build-egress is the default (the internet), and a stand-in
 // internet in a network namespace this file makes (test/support/egress-world.ts: 203.0.113.10 and
 // 198.51.100.10 answer HTTP). A build that narrows to one address reaches that one only.
-// Its own system: tag bg02, bridge asbbg02, subnet 10.242.0.0/16 (world link 10.242.254.0/30,
-// routing table 2422).
+// Its own system: tag bg02, bridge asbbg02, subnet 10.205.0.0/16 (world link 10.205.254.0/30,
+// routing table 2052).
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -21,9 +21,9 @@ function probe(output: string, address: string): string | undefined {
 }
 
 test('asb template build --egress ADDRESS: the build\'s RUN steps reach that address and nothing else, on a worker whose own --build-egress allows the internet', async (t) => {
-  const system = await startTestSystem(TAG, 242, 'local', 0, false, ['team-a']);
+  const system = await startTestSystem(TAG, 205, 'local', 0, false, ['team-a']);
   t.after(() => system.cleanup());
-  const world = await startWorld({ bridge: `asb${TAG}`, netns: 'asbbg-world', veth: 'asbbgw2', table: 2422, link: '10.242.254.0/30' });
+  const world = await startWorld({ bridge: `asb${TAG}`, netns: 'asbbg-world', veth: 'asbbgw2', table: 2052, link: '10.205.254.0/30' });
   t.after(() => world.close());
   const dir = emptyDir();
   writeFileSync(join(dir, 'Dockerfile'), [

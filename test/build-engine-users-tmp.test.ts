@@ -6,7 +6,7 @@
 // - /tmp: what a RUN step leaves there is in the image under gVisor as under runc (gVisor binds a
 //   directory of the pod's disk over /tmp; the layer reads it).
 // - The egress policy a RUN step ran under is in its cache key.
-// Its own bridge and subnet: asbbg0, 10.242.0.0/16.
+// Its own bridge and subnet: asbbg0, 10.208.0.0/16.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { gunzipSync } from 'node:zlib';
@@ -19,7 +19,7 @@ import { request, startBuildFixture, type BuildFixture } from './support/build-f
 let f: BuildFixture;
 
 before(async () => {
-  f = await startBuildFixture('asb-bg-', 'asbbg0', '10.242.0.0/16');
+  f = await startBuildFixture('asb-bg-', 'asbbg0', '10.208.0.0/16');
 });
 
 after(() => f.close());
