@@ -109,9 +109,17 @@ export interface WorkerConfig {
    * ASB_BUILD_REGISTRY / --build-registry: host:port of the registry template builds push to
    * (plain HTTP; this worker's pods pull the built images from it). Default: the first endpoint of
    * docker.io's mirror in --registries when it is a loopback registry (`make up`'s). Unset and no
-   * such mirror: this worker builds no templates (the build API answers 503).
+   * such mirror: this worker builds no templates (the build API answers 503). With
+   * --runtime=kube there is no default: the registry the cluster's nodes pull from must be named.
    */
   readonly buildRegistry: string | undefined;
+  /**
+   * ASB_BUILD_REGISTRY_PULL / --build-registry-pull: the same registry as the cluster's nodes
+   * name it in a Pod's image (host[:port]), when they reach it by another name than this worker
+   * pushes to (a registry Service the worker reaches, the nodes by a node port or a mirror
+   * name). Default: --build-registry. Built templates' images are `<this>/templates/<id>@sha256:…`.
+   */
+  readonly buildRegistryPull: string | undefined;
   /**
    * ASB_IMAGE_GC_INTERVAL_MS / --image-gc-interval-ms: how often the local runtime collects
    * images no sandbox uses (src/images/gc-loop.ts); 0: only under disk pressure. Default 600000 (10 min)
@@ -159,7 +167,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'buildEgress' | 'egressProxyPort' | 'egressFloor' | 'criu';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'buildRegistryPull' | 'buildEgress' | 'egressProxyPort' | 'egressFloor' | 'criu';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -188,6 +196,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   imageCache: { env: 'ASB_IMAGE_CACHE', flag: 'image-cache' },
   registriesFile: { env: 'ASB_REGISTRIES', flag: 'registries' },
   buildRegistry: { env: 'ASB_BUILD_REGISTRY', flag: 'build-registry' },
+  buildRegistryPull: { env: 'ASB_BUILD_REGISTRY_PULL', flag: 'build-registry-pull' },
   buildEgress: { env: 'ASB_BUILD_EGRESS', flag: 'build-egress' },
   egressProxyPort: { env: 'ASB_EGRESS_PROXY_PORT', flag: 'egress-proxy-port' },
   egressFloor: { env: 'ASB_EGRESS_FLOOR', flag: 'egress-floor' },
@@ -314,6 +323,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     imageCache: resolve(raw('imageCache') ?? resolve(dataDir, 'images')),
     registriesFile: raw('registriesFile') === undefined ? undefined : resolve(raw('registriesFile') ?? ''),
     buildRegistry: raw('buildRegistry'),
+    buildRegistryPull: raw('buildRegistryPull'),
     egressProxyPort,
     egressFloor,
     buildEgress,

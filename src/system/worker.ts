@@ -6,7 +6,7 @@ import { listen, packageVersion } from './http-server.ts';
 import { readFileSync } from 'node:fs';
 import { TemplateBuilds } from '../builds/service.ts';
 import { TeamFileStore } from '../builds/files.ts';
-import { createLocalBuildEngine } from '../builds/engine.ts';
+import { createKubeBuildEngine, createLocalBuildEngine } from '../builds/engine.ts';
 import type { BuildEngine } from '../builds/contract.ts';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -149,8 +149,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           recordsDir: join(config.dataDir, 'builds', 'templates'),
           files: new TeamFileStore({ dir: join(config.dataDir, 'builds', 'files'), now: () => clock.now() }),
           store,
-          // The local runtime's engine; none on the Kubernetes runtime yet (its nodes pull from
-          // a registry this process may not reach): builds there answer 503.
+          // The runtime's engine: none without a registry to push to (builds then answer 503).
           engine: buildEngine,
           namespace: config.namespace,
           clusterTag: config.clusterTag,
@@ -244,13 +243,16 @@ function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPoli
 }
 
 async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop; buildEngine?: BuildEngine }> {
+  const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
     // Images there are the kubelet's, and so is their GC.
-    return { runtime: await (await import('./worker-kube.ts')).createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) }) };
+    const runtime = await (await import('./worker-kube.ts')).createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) });
+    // Builds run in Pods of the cluster and push to the registry its nodes pull from (named: no default here).
+    const buildEngine = config.buildRegistry === undefined ? undefined : createKubeBuildEngine({ runtime, registries, registry: config.buildRegistry, ...(config.buildRegistryPull === undefined ? {} : { pullRegistry: config.buildRegistryPull }), stateDir: join(config.dataDir, 'builds', 'engine') });
+    return { runtime, ...(buildEngine === undefined ? {} : { buildEngine }) };
   }
-  const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
   const images = new ImageStore({ root: config.imageCache, registries, logger: log, clock });
   const runtime = await createLocalRuntime({
     root: join(config.dataDir, 'runtime'),
