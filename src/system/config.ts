@@ -20,7 +20,7 @@ export interface WorkerConfig {
   /** ASB_CLUSTER_TAG / --cluster-tag: 4 chars [a-z0-9] prefixed to every sandbox id. Default loc1 */
   readonly clusterTag: string;
   /**
-   * ASB_SUBNET / --subnet: pod addresses (a /16); the bridge takes .0.1. Default: derived from
+   * ASB_SUBNET / --subnet: pod addresses (a /16 to /24 network); the bridge takes its first address. Default: derived from
    * --data-dir, one of 10.64-10.191.0.0/16 (local-network.ts), so two checkouts differ.
    */
   readonly subnet: string;
@@ -247,8 +247,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   // Per data dir, so a second checkout's worker does not take this one's bridge and addresses.
   const derived = derivedNetwork(dataDir);
   const subnet = raw('subnet') ?? derived.subnet;
-  const subnetOctets = /^(\d{1,3})\.(\d{1,3})\.0\.0\/16$/.exec(subnet);
-  if (subnetOctets === null || Number(subnetOctets[1]) > 255 || Number(subnetOctets[2]) > 255) problems.push(`${describe('subnet')} must be a /16 like 10.213.0.0/16, got "${subnet}"`);
+  if (!isPodSubnet(subnet)) problems.push(`${describe('subnet')} must be an IPv4 network from /16 to /24 like 10.213.0.0/16 or 10.213.128.0/17, got "${subnet}"`);
   const bridge = raw('bridge') ?? derived.bridge;
   if (!/^[a-z][a-z0-9]{0,11}$/.test(bridge)) problems.push(`${describe('bridge')} must be 1-12 characters [a-z0-9] starting with a letter, got "${bridge}"`);
 
@@ -375,4 +374,18 @@ function isEdgeUrl(text: string): boolean {
 
 function describe(key: Key): string {
   return `--${SOURCES[key].flag} (${SOURCES[key].env})`;
+}
+
+/**
+ * A pod subnet: an IPv4 network address with a prefix from /16 (65,534 pods) to /24 (253), so two
+ * systems can split one /16 (the local runtime allocates in any prefix; network.ts).
+ */
+function isPodSubnet(cidr: string): boolean {
+  const m = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{2})$/.exec(cidr);
+  if (m === null) return false;
+  const octets = m.slice(1, 5).map(Number);
+  const prefix = Number(m[5]);
+  if (octets.some((o) => o > 255) || prefix < 16 || prefix > 24) return false;
+  const address = octets.reduce((a, o) => a * 256 + o, 0);
+  return address % 2 ** (32 - prefix) === 0;
 }

@@ -79,7 +79,7 @@ export async function startLedControllers(opts: LedControllersOptions): Promise<
     async onStartedLeading() {
       operator = await startOperator({ store: kube.store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag });
       if (config.hubUrl !== undefined && opts.hubCredential !== undefined) {
-        sync = startSyncAgent({ hubUrl: config.hubUrl, credential: opts.hubCredential, cluster: config.clusterName, store: kube.store, log, clock });
+        sync = startSyncAgent({ hubUrl: config.hubUrl, credential: opts.hubCredential, cluster: config.clusterName, clusterTag: config.clusterTag, store: kube.store, log, clock });
       }
     },
     async onStoppedLeading() {

@@ -105,7 +105,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const sync: SyncAgent | undefined =
     operator === undefined || config.hubUrl === undefined || hubCredential === undefined
       ? undefined
-      : startSyncAgent({ hubUrl: config.hubUrl, credential: hubCredential, cluster: config.clusterName, store, log, clock });
+      : startSyncAgent({ hubUrl: config.hubUrl, credential: hubCredential, cluster: config.clusterName, clusterTag: config.clusterTag, store, log, clock });
   // On the kube store the agent runs in whichever process holds the Lease (maybe another Pod):
   // every API process reads the link it records in the SyncState.
   const hubLink = sync === undefined && front !== undefined && config.hubUrl !== undefined ? await watchHubLink(store, clock, log) : undefined;

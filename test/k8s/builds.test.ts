@@ -93,7 +93,7 @@ async function pods(): Promise<{ metadata: { name: string }; spec: { nodeName?: 
 test('a template built on the Kubernetes tier (a RUN and a COPY in build Pods) runs on the node as a Pod of the built image, with the built files', { timeout: 600_000 }, async (t) => {
   let at = Date.now();
   const built = await build('kube-env', (hash) => [
-    { type: 'RUN', args: ['echo "built in a Pod as $(id -u)" > /built.txt && rm -f /etc/debian_version', 'root'] },
+    { type: 'RUN', args: ['echo "built in a Pod as $(id -u)" > /built.txt && cat /proc/self/uid_map > /build-uid-map && rm -f /etc/debian_version', 'root'] },
     { type: 'COPY', args: ['hello.txt', '/data/'], filesHash: hash },
   ]);
   t.diagnostic(`first build: ${String(Date.now() - at)} ms`);
@@ -111,12 +111,16 @@ test('a template built on the Kubernetes tier (a RUN and a COPY in build Pods) r
   const read = await api<ExecOut>(worker, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['sh', '-c', 'cat /built.txt /data/hello.txt; test -e /etc/debian_version && echo still-there || echo removed'] });
   assert.equal(read.status, 200, JSON.stringify(read.body));
   assert.equal(read.body.stdout, 'built in a Pod as 0\ncopied into a kube build\nremoved\n');
+  // The step's root was root of a user namespace of its own, never the node's root (as in every sandbox Pod there).
+  const map = await api<ExecOut>(worker, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['cat', '/build-uid-map'] });
+  const [inside, outside] = map.body.stdout.trim().split(/\s+/).map(Number);
+  assert.ok(inside === 0 && outside !== undefined && outside > 0, `the build step's uid 0 is a user namespace's: ${map.body.stdout}`);
   assert.ok([200, 202].includes((await api(worker, 'DELETE', `/v1/sandboxes/${id}`)).status));
 
   // The same steps again: every one from the team's layer cache, no build Pod, the same image.
   at = Date.now();
   const again = await build('kube-env', (hash) => [
-    { type: 'RUN', args: ['echo "built in a Pod as $(id -u)" > /built.txt && rm -f /etc/debian_version', 'root'] },
+    { type: 'RUN', args: ['echo "built in a Pod as $(id -u)" > /built.txt && cat /proc/self/uid_map > /build-uid-map && rm -f /etc/debian_version', 'root'] },
     { type: 'COPY', args: ['hello.txt', '/data/'], filesHash: hash },
   ]);
   t.diagnostic(`cached rebuild: ${String(Date.now() - at)} ms`);
