@@ -32,11 +32,11 @@ const CHUNK = 1 << 20;
 
 /** A layer being written: tar bytes in, a gzip'ed blob in `blobsDir` (named by its digest) out. */
 export interface LayerOutput {
-  write(b: Buffer): Promise<void>;
+  readonly write: (b: Buffer) => Promise<void>;
   /** Ends the archive (its two zero blocks) and names the blob by its digest. */
-  finish(): Promise<LayerBlob>;
+  readonly finish: () => Promise<LayerBlob>;
   /** Drops what was written. */
-  abort(): Promise<void>;
+  readonly abort: () => Promise<void>;
 }
 
 export async function openLayerOutput(blobsDir: string): Promise<LayerOutput> {
@@ -60,7 +60,7 @@ export async function openLayerOutput(blobsDir: string): Promise<LayerOutput> {
   };
   return {
     write,
-    async finish() {
+    finish: async () => {
       await write(tarEnd());
       gzip.end();
       await closed;
@@ -68,7 +68,7 @@ export async function openLayerOutput(blobsDir: string): Promise<LayerOutput> {
       await rename(tmp, join(blobsDir, hex));
       return { digest: `sha256:${hex}`, diffId: `sha256:${tarHash.digest('hex')}`, size };
     },
-    async abort() {
+    abort: async () => {
       gzip.destroy();
       out.destroy();
       await rm(tmp, { force: true });

@@ -55,9 +55,9 @@ async function output(runtime: PodRuntime, pod: string, script: string, input: s
   });
   try {
     proc.stdin.end(input ?? '');
-    let failure: unknown;
+    let failure: Error | undefined;
     await onStdout(proc.stdout as AsyncIterable<Buffer>).catch((err: unknown) => {
-      failure = err;
+      failure = err instanceof Error ? err : new AsbError('Internal', 'reading the build sandbox\'s output failed');
       kill();
       proc.stdout.resume();
     });

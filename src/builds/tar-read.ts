@@ -143,13 +143,13 @@ export async function readTar(source: AsyncIterable<Buffer | string>, onEntry: (
     pax = new Map();
     longName = undefined;
     longLink = undefined;
-    let consumed = false;
+    const content = { read: false };
     await onEntry(entry, async (sink) => {
-      if (consumed) throw new AsbError('Internal', 'tar entry content read twice');
-      consumed = true;
+      if (content.read) throw new AsbError('Internal', 'tar entry content read twice');
+      content.read = true;
       await r.copy(entry.size, sink);
     });
-    if (!consumed) await r.copy(entry.size, () => Promise.resolve());
+    if (!content.read) await r.copy(entry.size, () => Promise.resolve());
     // A hardlink or a symlink carries no content, whatever its size field says (the ustar rule).
     await r.take(pad(entry.size));
   }

@@ -142,7 +142,8 @@ export function e2bHubRoutes(h: HubContext, auth: Authenticator, placer: Placer,
     if (result.kind === 'refused') return result.reply;
     const seen = new Map<string, Record<string, unknown>>();
     for (const { page } of result.pages) for (const t of page) if (!seen.has(t.templateID)) seen.set(t.templateID, t.item);
-    const items = [...seen.values()].sort((a, b) => String(a.createdAt ?? '').localeCompare(String(b.createdAt ?? '')));
+    const createdAt = (t: Record<string, unknown>): string => (typeof t.createdAt === 'string' ? t.createdAt : '');
+    const items = [...seen.values()].sort((a, b) => createdAt(a).localeCompare(createdAt(b)));
     const headers: Record<string, string> = {};
     if (result.unreachable.length > 0) {
       headers['x-asb-unreachable'] = result.unreachable.map((u) => u.cluster).join(',');

@@ -26,10 +26,14 @@ let kube: KubeApiServer;
 let node: KubeNode;
 let worker: WorkerProcess;
 let pullRegistry: string;
+/** What before() started, stopped in reverse order. */
+const stops: (() => Promise<void>)[] = [];
 
 before(async () => {
   kube = await startKubeApiServer({ etcdUnsafeNoFsync: true });
+  stops.push(() => kube.stop());
   node = await startKubeNode(kube);
+  stops.push(() => node.stop());
   await installCrds(kube.kubeconfigPath);
   await kube.kubectl(['create', 'namespace', NAMESPACE]);
   const registry = (await testImages()).address;
@@ -40,13 +44,14 @@ before(async () => {
     basePool: 0,
     extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', kube.kubeconfigPath, '--namespace', NAMESPACE, '--build-registry', registry, '--build-registry-pull', pullRegistry, '--log-level', 'info'],
   });
+  stops.push(async () => {
+    await worker.stop();
+    removeDataDir(worker.dataDir);
+  });
 });
 
 after(async () => {
-  await worker?.stop();
-  if (worker !== undefined) removeDataDir(worker.dataDir);
-  await node?.stop();
-  await kube?.stop();
+  for (const stop of stops.reverse()) await stop();
 });
 
 function tarOf(files: Record<string, string>): Buffer {
@@ -146,4 +151,12 @@ test('a sandbox of a template whose image the node cannot pull stays Pending wit
   assert.equal(condition.status, 'False');
   assert.ok(condition.message?.includes(image), `the condition names the image: ${condition.message ?? ''}`);
   await api(worker, 'DELETE', `/v1/sandboxes/${id}`);
+});
+
+test('a build from a base image no registry has fails, naming the image', { timeout: 120_000 }, async () => {
+  const missing = `${pullRegistry}/never/pushed:1`;
+  const failed = await build('kube-missing-base', () => [{ type: 'RUN', args: ['true'] }], missing);
+  assert.equal(failed.status.status, 'error');
+  assert.ok(failed.status.reason?.message.includes(missing), JSON.stringify(failed.status.reason));
+  assert.deepEqual((await pods()).map((p) => p.metadata.name).filter((n) => n.startsWith('build-')), [], 'no build Pod was left');
 });
