@@ -105,4 +105,13 @@ test('with two clusters, a template built at one edge starts on the other cluste
     }
     assert.deepEqual((await e2bGet(edge, '/templates', keyB)).body, [], 'another team lists none of them');
   }
+  // The hub holds the built templates for the team that built them; to another team they are absent.
+  const names = async (url: string, key: string): Promise<string[]> => {
+    const res = await fetch(url, { headers: { authorization: `Bearer ${key}` } });
+    assert.equal(res.status, 200);
+    return ((await res.json()) as { items: { metadata: { name: string } }[] }).items.map((i) => i.metadata.name);
+  };
+  assert.ok((await names(`${fed.hubUrl}/v1/templates`, keyA)).includes(built.templateId));
+  for (const url of [`${fed.hubUrl}/v1/templates`, `${west.apiUrl}/v1/templates`]) assert.ok(!(await names(url, keyB)).includes(built.templateId), url);
+  assert.equal((await fetch(`${fed.hubUrl}/v1/templates/${built.templateId}`, { headers: { authorization: `Bearer ${keyB}` } })).status, 404);
 });
