@@ -104,6 +104,11 @@ test('with two clusters, a template built at one edge starts on the other cluste
       assert.equal((got.body as { templateID: string }).templateID, tpl.templateId);
     }
     assert.deepEqual((await e2bGet(edge, '/templates', keyB)).body, [], 'another team lists none of them');
+    // The SDK's exists (GET /templates/aliases/{name}) at either edge, for the team only.
+    for (const name of ['east-env', 'west-env']) {
+      assert.equal(await Template.exists(name, { apiUrl: edge, apiKey: keyA }), true, `${name} at ${edge}`);
+      assert.equal(await Template.exists(name, { apiUrl: edge, apiKey: keyB }), false, `${name} at ${edge} for another team`);
+    }
   }
   // The hub holds the built templates for the team that built them; to another team they are absent.
   const names = async (url: string, key: string): Promise<string[]> => {
