@@ -183,6 +183,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
         socket.terminate();
         return;
       }
+      void reportBuilt(socket, true);
       sendHeartbeat(socket);
       beat(socket);
     });
@@ -195,17 +196,28 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
     );
   };
 
-  /** Every SandboxTemplate this cluster's builds made, to the hub (src/hub/built-templates.ts). */
-  const sendBuilt = async (socket: WebSocket): Promise<void> => {
+  /**
+   * Every SandboxTemplate this cluster's builds made, to the hub (src/hub/built-templates.ts):
+   * when connected, after a local change (reportNow), and at each heartbeat when the set differs
+   * from what this socket last sent (a build in another process of the cluster: the API
+   * Deployment on Kubernetes, whose changes this process sees only in the store).
+   */
+  let lastBuilt: { socket: WebSocket; text: string } | undefined;
+  const sendBuilt = async (socket: WebSocket, onlyIfChanged: boolean): Promise<void> => {
     const tag = opts.clusterTag;
     if (tag === undefined) return;
     const held = await store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: TEMPLATE_ID_LABEL });
     const items = held.items
       .filter((t) => clusterTagOf(t.metadata.labels?.[TEMPLATE_ID_LABEL] ?? '') === tag && t.metadata.deletionTimestamp === undefined)
-      .map((t) => ({ apiVersion: t.apiVersion, kind: t.kind, metadata: { name: t.metadata.name, namespace: t.metadata.namespace ?? 'default', labels: t.metadata.labels ?? {}, annotations: t.metadata.annotations ?? {} }, spec: t.spec }));
-    sendTo(socket, { type: 'built', items });
+      .map((t) => ({ apiVersion: t.apiVersion, kind: t.kind, metadata: { name: t.metadata.name, namespace: t.metadata.namespace ?? 'default', labels: t.metadata.labels ?? {}, annotations: t.metadata.annotations ?? {} }, spec: t.spec }))
+      .sort((a, b) => a.metadata.name.localeCompare(b.metadata.name));
+    const msg: WorkerToHub = { type: 'built', items };
+    const text = JSON.stringify(msg);
+    if (onlyIfChanged && lastBuilt?.socket === socket && lastBuilt.text === text) return;
+    lastBuilt = { socket, text };
+    if (socket.readyState === socket.OPEN) socket.send(text);
   };
-  const reportBuilt = (socket: WebSocket): Promise<void> => sendBuilt(socket).catch((err: unknown) => log.warn({ err }, 'could not send the built templates to the hub'));
+  const reportBuilt = (socket: WebSocket, onlyIfChanged = false): Promise<void> => sendBuilt(socket, onlyIfChanged).catch((err: unknown) => log.warn({ err }, 'could not send the built templates to the hub'));
 
   const connect = (): void => {
     if (closed) return;
@@ -222,6 +234,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
       sendTo(socket, { type: 'hello', cluster: opts.cluster, lastVersion: applied });
       log.info({ lastVersion: applied }, 'connected to the hub');
       void reportBuilt(socket);
+      void reportBuilt(socket, true);
       sendHeartbeat(socket);
       beat(socket);
     });
