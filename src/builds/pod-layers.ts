@@ -21,8 +21,8 @@ import { openLayerOutput, whiteoutHeader, type LayerBlob } from './layer-writer.
 import { padding, tarHeader, type TarType } from './tar-header.ts';
 import { readTar } from './tar-read.ts';
 
-/** The bytes of one listing at most: ~100 bytes an entry, so ~5 million entries. */
-const LISTING_MAX = 512 * 2 ** 20;
+/** The bytes of one listing at most: ~100 bytes an entry, so ~1 million entries (a full Debian with build tools has ~60,000), held as a map here. */
+const LISTING_MAX = 128 * 2 ** 20;
 
 /** Paths the kubelet and the kernel mount into every container: never the image's. */
 const PRUNED = ['/proc', '/sys', '/dev', '/etc/hosts', '/etc/hostname', '/etc/resolv.conf', '/run/secrets', '/var/run/secrets'];

@@ -60,6 +60,14 @@ export interface WorkerConfig {
    */
   readonly podNamespace: string;
   /**
+   * ASB_BUILD_POD_NAMESPACE / --build-pod-namespace: where the kube runtime makes template build
+   * Pods. They run as root in a user namespace with Docker's default capabilities (what `apt-get
+   * install` and `useradd` need), which Pod Security `restricted` refuses: label this namespace
+   * `baseline` and keep the sandboxes' `restricted` (clusters/base/build-namespace.yaml).
+   * Default: --pod-namespace
+   */
+  readonly buildPodNamespace: string;
+  /**
    * ASB_EGRESS_PROXY_PORT / --egress-proxy-port: route sandboxes' outbound TCP through the egress
    * proxy: the local runtime DNATs it to <bridge gateway>:PORT (where the cluster Envoy's `egress`
    * listener must listen), and the worker runs the egress decision service and the sandboxes' DNS
@@ -167,7 +175,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'buildRegistryPull' | 'buildEgress' | 'egressProxyPort' | 'egressFloor' | 'criu';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'buildPodNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'buildRegistryPull' | 'buildEgress' | 'egressProxyPort' | 'egressFloor' | 'criu';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -191,6 +199,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   kubeconfig: { env: 'ASB_KUBECONFIG', flag: 'kubeconfig' },
   namespace: { env: 'ASB_NAMESPACE', flag: 'namespace' },
   podNamespace: { env: 'ASB_POD_NAMESPACE', flag: 'pod-namespace' },
+  buildPodNamespace: { env: 'ASB_BUILD_POD_NAMESPACE', flag: 'build-pod-namespace' },
   runtime: { env: 'ASB_RUNTIME', flag: 'runtime' },
   role: { env: 'ASB_ROLE', flag: 'role' },
   imageCache: { env: 'ASB_IMAGE_CACHE', flag: 'image-cache' },
@@ -270,7 +279,8 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const role = oneOf('role', ['all', 'operator', 'api'] as const);
   const namespace = str('namespace');
   const podNamespace = raw('podNamespace');
-  const namespaces = podNamespace === undefined ? [['namespace', namespace] as const] : [['namespace', namespace] as const, ['podNamespace', podNamespace] as const];
+  const buildPodNamespace = raw('buildPodNamespace');
+  const namespaces = [['namespace', namespace] as const, ...(podNamespace === undefined ? [] : [['podNamespace', podNamespace] as const]), ...(buildPodNamespace === undefined ? [] : [['buildPodNamespace', buildPodNamespace] as const])];
   for (const [key, value] of namespaces) {
     if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(value)) problems.push(`${describe(key)} must be a namespace name (lower-case letters, digits and '-', at most 63), got "${value}"`);
   }
@@ -317,6 +327,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     kubeconfig: kubeconfig === undefined || kubeconfig === '' ? undefined : resolve(kubeconfig),
     namespace,
     podNamespace: podNamespace ?? namespace,
+    buildPodNamespace: buildPodNamespace ?? podNamespace ?? namespace,
     runtime,
     role,
     imageCache: resolve(raw('imageCache') ?? resolve(dataDir, 'images')),

@@ -38,8 +38,8 @@ export async function connectKube(config: WorkerConfig, opts: { clock: Clock; me
  * the worker and holds its Secrets; clusters/base runs sandboxes in `agent-sandboxes`, which
  * enforces Pod Security `restricted`.
  */
-export function createKubePodRuntime(config: WorkerConfig, kube: KubeConnection, opts: { clock: Clock; log: Logger }): Promise<PodRuntime> {
-  return createKubeRuntime({ kubeconfig: kube.kubeconfig, store: kube.store, namespace: config.podNamespace, log: opts.log, clock: opts.clock, egressFloor: config.egressFloor });
+export function createKubePodRuntime(config: WorkerConfig, kube: KubeConnection, opts: { clock: Clock; log: Logger; namespace?: string }): Promise<PodRuntime> {
+  return createKubeRuntime({ kubeconfig: kube.kubeconfig, store: kube.store, namespace: opts.namespace ?? config.podNamespace, log: opts.log, clock: opts.clock, egressFloor: config.egressFloor });
 }
 
 export interface LedControllers {

@@ -22,6 +22,8 @@ import { waitFor } from '../support/wait.ts';
 import { api, removeDataDir, startWorkerProcess, type ExecOut, type View, type WorkerProcess } from '../support/worker-process.ts';
 
 const NAMESPACE = 'kube-builds';
+/** Where build Pods run (--build-pod-namespace): Pod Security `baseline` enforced, as clusters/base/build-namespace.yaml has it. */
+const BUILD_NAMESPACE = 'kube-builds-steps';
 let kube: KubeApiServer;
 let node: KubeNode;
 let worker: WorkerProcess;
@@ -36,13 +38,14 @@ before(async () => {
   stops.push(() => node.stop());
   await installCrds(kube.kubeconfigPath);
   await kube.kubectl(['create', 'namespace', NAMESPACE]);
+  await kube.kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'Namespace', metadata: { name: BUILD_NAMESPACE, labels: { 'pod-security.kubernetes.io/enforce': 'baseline' } } }));
   const registry = (await testImages()).address;
   pullRegistry = registry.replace(/^127\.0\.0\.1:/, 'localhost:');
   worker = await startWorkerProcess({
     clusterTag: 'kb01',
     subnetOctet: 249,
     basePool: 0,
-    extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', kube.kubeconfigPath, '--namespace', NAMESPACE, '--build-registry', registry, '--build-registry-pull', pullRegistry, '--log-level', 'info'],
+    extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', kube.kubeconfigPath, '--namespace', NAMESPACE, '--build-registry', registry, '--build-registry-pull', pullRegistry, '--build-pod-namespace', BUILD_NAMESPACE, '--log-level', 'info'],
   });
   stops.push(async () => {
     await worker.stop();
@@ -91,8 +94,13 @@ async function build(name: string, steps: (files: string) => unknown[], fromImag
   return { templateID, status, logs };
 }
 
-async function pods(): Promise<{ metadata: { name: string }; spec: { nodeName?: string; containers: { image: string }[] } }[]> {
-  return (JSON.parse(await kube.kubectl(['get', 'pods', '-n', NAMESPACE, '-o', 'json'])) as { items: [] }).items;
+async function pods(namespace = NAMESPACE): Promise<{ metadata: { name: string }; spec: { nodeName?: string; containers: { image: string }[] } }[]> {
+  return (JSON.parse(await kube.kubectl(['get', 'pods', '-n', namespace, '-o', 'json'])) as { items: [] }).items;
+}
+
+/** Build Pods left in either namespace. */
+async function buildPods(): Promise<string[]> {
+  return [...await pods(NAMESPACE), ...await pods(BUILD_NAMESPACE)].map((p) => p.metadata.name).filter((n) => n.startsWith('build-'));
 }
 
 test('a template built on the Kubernetes tier (a RUN and a COPY in build Pods) runs on the node as a Pod of the built image, with the built files', { timeout: 600_000 }, async (t) => {
@@ -103,8 +111,10 @@ test('a template built on the Kubernetes tier (a RUN and a COPY in build Pods) r
   ]);
   t.diagnostic(`first build: ${String(Date.now() - at)} ms`);
   assert.equal(built.status.status, 'ready', `${JSON.stringify(built.status.reason)}\n${built.logs.join('\n')}`);
-  // No build Pod stays on the cluster.
-  assert.deepEqual((await pods()).map((p) => p.metadata.name).filter((n) => n.startsWith('build-')), []);
+  // The steps ran in build Pods of the build namespace, scheduled on the node; none stays.
+  const events = (JSON.parse(await kube.kubectl(['get', 'events', '-n', BUILD_NAMESPACE, '-o', 'json'])) as { items: { involvedObject: { kind: string; name: string }; reason: string }[] }).items;
+  assert.ok(events.some((e) => e.involvedObject.kind === 'Pod' && e.involvedObject.name.startsWith('build-') && e.reason === 'Scheduled'), 'a build Pod was scheduled in the build namespace');
+  assert.deepEqual(await buildPods(), []);
 
   const res = await api<View>(worker, 'POST', '/v1/sandboxes', { template: 'kube-env' });
   assert.equal(res.status, 201, JSON.stringify(res.body));
@@ -158,5 +168,5 @@ test('a build from a base image no registry has fails, naming the image', { time
   const failed = await build('kube-missing-base', () => [{ type: 'RUN', args: ['true'] }], missing);
   assert.equal(failed.status.status, 'error');
   assert.ok(failed.status.reason?.message.includes(missing), JSON.stringify(failed.status.reason));
-  assert.deepEqual((await pods()).map((p) => p.metadata.name).filter((n) => n.startsWith('build-')), [], 'no build Pod was left');
+  assert.deepEqual(await buildPods(), [], 'no build Pod was left');
 });
