@@ -25,6 +25,7 @@ import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { ImageStore } from '../images/image-store.ts';
+import { parseImageReference } from '../images/reference.ts';
 import type { RegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { ensureCBinary } from '../system/c-binary.ts';
@@ -179,7 +180,10 @@ export class SandboxBuildEngine implements BuildEngine {
         const after = nextConfig(config, step);
         if (step.type === 'RUN' || step.type === 'COPY' || step.type === 'WORKDIR') {
           if (pod === undefined) {
-            const from = built.length === 0 ? req.baseImage : pullName(await push(built, config, ''));
+            // On Kubernetes the node pulls the base by the digest this process read, never a tag
+            // that may have moved since (its layers are the ones the new layers go on).
+            const baseAsPulled = this.#opts.layers === 'in-pod' ? byDigest(req.baseImage, resolved.manifestDigest) : req.baseImage;
+            const from = built.length === 0 ? baseAsPulled : pullName(await push(built, config, ''));
             pod = await startBuildPod(this.#opts.runtime, from, req.runtimeClassName, req.limits, req.egress, signal);
             if (this.#opts.layers === 'upper-dir') upper = await this.#readUpper(pod, (state) => Promise.resolve(state));
             else podLayers = await openPodLayers(this.#opts.runtime, pod, signal);
@@ -269,6 +273,12 @@ export class SandboxBuildEngine implements BuildEngine {
       throw err;
     }
   }
+}
+
+/** `image` pinned to `digest` (a tag it had is dropped: the digest names the image). */
+function byDigest(image: string, digest: string): string {
+  const ref = parseImageReference(image);
+  return `${ref.registry}/${ref.repository}@${digest}`;
 }
 
 /** The request's own fields, checked before anything runs (the steps too). */
