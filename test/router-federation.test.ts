@@ -218,8 +218,15 @@ test('creates and lists, ours and E2B\'s, go to the hub only with --hub-upstream
     assert.equal(upstream(on.ctx, '/sandboxes', 'POST', 'edge', h), 'hub', `E2B 2.50 create at ${h}`);
     assert.equal(upstream(on.ctx, '/v2/sandboxes?state=running&limit=2&nextToken=abc', 'GET', 'edge', h), 'hub', `E2B list at ${h}`);
     assert.equal(upstream(on.ctx, '/sandboxes?metadata=a%3Db', 'GET', 'edge', h), 'hub', `E2B 2.50 list at ${h}`);
+    // E2B's template list: the team's templates of every cluster.
+    assert.equal(upstream(on.ctx, '/templates', 'GET', 'edge', h), 'hub', `E2B template list at ${h}`);
+    assert.equal(upstream(on.ctx, '/v2/templates?teamID=x', 'GET', 'edge', h), 'hub', `E2B 2.51 template list at ${h}`);
   }
   for (const [path, method] of [
+    // A POST /templates is a build: this edge's cluster runs it.
+    ['/templates', 'POST'],
+    ['/v3/templates', 'POST'],
+    ['/templates/', 'GET'],
     ['/v1/sandboxes/', 'GET'],
     ['/v1/sandboxes', 'DELETE'],
     ['/v1/templates', 'GET'],

@@ -13,7 +13,7 @@ import type { Readable } from 'node:stream';
 import { AsbError } from '../errors.ts';
 import type { EgressPolicy } from '../network/egress-policy.ts';
 import { resolveExecUser, type ExecUser } from '../runtime/oci/user-spec.ts';
-import type { PodRuntime } from '../runtime/runtime.ts';
+import type { PodRuntime, PodState } from '../runtime/runtime.ts';
 import type { BuildConfig } from './steps.ts';
 
 /**
@@ -26,10 +26,40 @@ export const BUILD_CAPABILITIES: readonly string[] = ['CHOWN', 'DAC_OVERRIDE', '
 
 export interface BuildPodLimits { cpu: number; memoryBytes: number; diskBytes: number }
 
+/** A build pod that has not run after this long (no node has room, its image does not come) fails the build. */
+const START_TIMEOUT_MS = 5 * 60_000;
+
+/** The kubelet's reasons for an image it will not get (the waiting reason starts the pod state's message). */
+const IMAGE_FAILURE = /^(ErrImagePull|ImagePullBackOff|InvalidImageName|ErrImageNeverPull)\b/;
+
+/**
+ * The pod's state once it runs, or once it will not: the local runtime answers start() with a
+ * running pod; on Kubernetes the Pod is still Pending then, and runs once the kubelet pulled its
+ * image (an image the node cannot pull ends the wait at once, named in the message).
+ */
+async function running(runtime: PodRuntime, id: string, first: PodState, signal: AbortSignal | undefined): Promise<PodState> {
+  const settled = (s: PodState): boolean => s.phase !== 'Pending' || IMAGE_FAILURE.test(s.message ?? '');
+  if (settled(first)) return first;
+  const limit = AbortSignal.timeout(START_TIMEOUT_MS);
+  const stop = signal === undefined ? limit : AbortSignal.any([signal, limit]);
+  return await new Promise<PodState>((resolve) => {
+    const done = (): void => {
+      off();
+      stop.removeEventListener('abort', done);
+      resolve(runtime.state(id));
+    };
+    const off = runtime.onChange((changed) => {
+      if (changed === id && settled(runtime.state(id))) done();
+    });
+    stop.addEventListener('abort', done, { once: true });
+    if (settled(runtime.state(id))) done();
+  });
+}
+
 /** Starts the pod on `image`; rejects (BuildFailed) when it does not run. */
-export async function startBuildPod(runtime: PodRuntime, image: string, runtimeClassName: string | undefined, limits: BuildPodLimits, egress?: EgressPolicy): Promise<string> {
+export async function startBuildPod(runtime: PodRuntime, image: string, runtimeClassName: string | undefined, limits: BuildPodLimits, egress?: EgressPolicy, signal?: AbortSignal): Promise<string> {
   const id = `build-${randomBytes(6).toString('hex')}`;
-  const state = await runtime.start({
+  const started = await runtime.start({
     id, uid: `build-${randomBytes(8).toString('hex')}`, namespace: 'builds', hostname: 'build',
     ...(egress === undefined ? {} : { egress }),
     spec: {
@@ -40,8 +70,10 @@ export async function startBuildPod(runtime: PodRuntime, image: string, runtimeC
       }],
     },
   });
+  const state = await running(runtime, id, started, signal);
   if (state.phase !== 'Running') {
     await runtime.remove(id).catch(() => undefined);
+    signal?.throwIfAborted();
     throw new AsbError('BuildFailed', `the build sandbox did not start from ${image}: ${state.reason ?? state.phase}: ${state.message ?? ''}`.trim());
   }
   return id;

@@ -1,12 +1,17 @@
-// The template build engine on the local runtime (contract.ts's BuildEngine): steps → an image in
-// the registry the worker's pods pull from.
-// - Isolation: RUN, COPY and WORKDIR run in a build sandbox (build-pod.ts) with a sandbox's own
-//   isolation, never on the host; a USER step is checked there against the image's passwd and
-//   group files (build-pod.ts resolveUser), so an unknown name fails that step. The host only reads the sandbox's writable layer, while its disk
-//   is frozen, without following a link (layer-diff.ts, layer-writer.ts).
-// - Layers: after each such step, what it changed in the pod's overlay upper dir (and in the
-//   directories the runtime binds over the image's: gVisor's /tmp) becomes an OCI layer (a step
-//   that changed nothing makes none). ENV, WORKDIR and USER change the config.
+// The template build engine (contract.ts's BuildEngine): steps → an image in the registry the
+// worker's pods pull from. One engine for both runtimes; what differs is how a step's changes are
+// read and where the base image comes from:
+// - Isolation: RUN, COPY and WORKDIR run in a build sandbox (build-pod.ts), a pod of the worker's
+//   own runtime with a sandbox's own isolation, never on the host; a USER step is checked there
+//   against the image's passwd and group files (build-pod.ts resolveUser), so an unknown name
+//   fails that step. On the local runtime the host reads the sandbox's writable layer, while its
+//   disk is frozen, without following a link (layer-diff.ts, layer-writer.ts); on Kubernetes the
+//   Pod's disk is a node's, so the Pod lists and archives its own changes and this process reads
+//   that archive as hostile input (pod-layers.ts). The base image: the local runtime's image
+//   cache, or the registry's HTTP API (base-image.ts).
+// - Layers: after each such step, what it changed in the pod's overlay upper dir (and, locally,
+//   in the directories the runtime binds over the image's: gVisor's /tmp) becomes an OCI layer (a
+//   step that changed nothing makes none). ENV, WORKDIR and USER change the config.
 // - Cache (layer-cache.ts): each step's key names its parent, itself, its files and the config it
 //   runs with (steps.ts); the first steps found in the team's cache run nothing. When every step
 //   is found no sandbox starts; when the first k are, the sandbox starts from their image (pushed
@@ -18,21 +23,23 @@
 // here the same runtime runs both, so a build step escapes no more than a sandbox does.
 import { randomBytes } from 'node:crypto';
 import { rmSync } from 'node:fs';
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { ImageStore } from '../images/image-store.ts';
 import { parseImageReference } from '../images/reference.ts';
-import { ROOT_ID_MAP } from '../runtime/oci/spec.ts';
+import type { RegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { ensureCBinary } from '../system/c-binary.ts';
 import { privateDir } from '../system/private-files.ts';
 import { copyInPod, resolveUser, runInPod, startBuildPod, type StepRun } from './build-pod.ts';
 import type { BuildEngine, BuildStep, EngineRequest, EngineResult } from './contract.ts';
-import { assembleImage, type BaseImage, type BuiltStep } from './image-assembly.ts';
+import { cachedBase, registryBase, type BaseImages } from './base-image.ts';
+import { assembleImage, type BuiltStep } from './image-assembly.ts';
 import { LayerCache } from './layer-cache.ts';
 import { diffUpper, opaqueReader, walkUpper, type LayerFiles, type UpperNode, type UpperState } from './layer-diff.ts';
 import { writeLayer, type LayerBlob } from './layer-writer.ts';
+import { openPodLayers, type PodLayers } from './pod-layers.ts';
 import { pushImage, type PushBlob } from './registry-push.ts';
 import { nextConfig, stepKey, stepName, validateSteps, type BuildConfig } from './steps.ts';
 
@@ -46,18 +53,54 @@ export interface LocalBuildEngineOptions {
   stateDir: string;
 }
 
+export interface KubeBuildEngineOptions {
+  /** The Kubernetes runtime: build sandboxes are Pods of the cluster, like any sandbox. */
+  runtime: PodRuntime;
+  /** Where base images are read (the worker's --registries: mirrors, plain-HTTP hosts). */
+  registries: RegistriesConfig;
+  /** host:port images are pushed to (--build-registry). */
+  registry: string;
+  /** The registry as the cluster's nodes name it in a Pod's image (--build-registry-pull); default `registry`. */
+  pullRegistry?: string;
+  /** Push over HTTPS; default plain HTTP (a registry in the cluster's own network). */
+  https?: boolean;
+  stateDir: string;
+}
+
+interface EngineOptions {
+  runtime: PodRuntime;
+  base: BaseImages;
+  registry: string;
+  pullRegistry: string;
+  https: boolean;
+  stateDir: string;
+  /** How a step's changes are read: the pod's upper dir on this host, or the pod's own listing and archive. */
+  layers: 'upper-dir' | 'in-pod';
+}
+
 const TAG = /^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$/;
 const REPOSITORY = /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$/;
 
-export function createLocalBuildEngine(opts: LocalBuildEngineOptions): LocalBuildEngine {
-  return new LocalBuildEngine(opts);
+export function createLocalBuildEngine(opts: LocalBuildEngineOptions): SandboxBuildEngine {
+  return new SandboxBuildEngine({ runtime: opts.runtime, base: cachedBase(opts.images, opts.registry), registry: opts.registry, pullRegistry: opts.registry, https: false, stateDir: opts.stateDir, layers: 'upper-dir' });
 }
 
-export class LocalBuildEngine implements BuildEngine {
-  readonly #opts: LocalBuildEngineOptions;
+/**
+ * On the Kubernetes runtime: build sandboxes are Pods on the cluster (its RuntimeClass, user
+ * namespace, seccomp, limits and NetworkPolicy egress, as every sandbox there), their layers read
+ * from inside them, the image pushed to --build-registry and named as the nodes pull it.
+ */
+export function createKubeBuildEngine(opts: KubeBuildEngineOptions): SandboxBuildEngine {
+  return new SandboxBuildEngine({ runtime: opts.runtime, base: registryBase(opts.registries, opts.registry), registry: opts.registry, pullRegistry: opts.pullRegistry ?? opts.registry, https: opts.https ?? false, stateDir: opts.stateDir, layers: 'in-pod' });
+}
+
+export type LocalBuildEngine = SandboxBuildEngine;
+
+export class SandboxBuildEngine implements BuildEngine {
+  readonly #opts: EngineOptions;
   readonly cache: LayerCache;
 
-  constructor(opts: LocalBuildEngineOptions) {
+  constructor(opts: EngineOptions) {
     this.#opts = opts;
     privateDir(opts.stateDir);
     privateDir(join(opts.stateDir, 'layer-cache'));
@@ -88,10 +131,8 @@ export class LocalBuildEngine implements BuildEngine {
     await mkdir(work, { recursive: true, mode: 0o700 });
     let pod: string | undefined;
     try {
-      // Pinned for the build: the image GC keeps the base's blobs while they are pushed.
-      await this.#opts.images.pin(work, { reference: req.baseImage });
-      const pulled = await this.#opts.images.pull(req.baseImage, { idMap: ROOT_ID_MAP });
-      const base = await this.#readBase(pulled.manifestDigest, pulled.configDigest);
+      const resolved = await this.#opts.base.resolve(req.baseImage, work, signal);
+      const base = resolved.base;
       const baseConfig = (base.config.config ?? {}) as { Env?: string[] | null; WorkingDir?: string; User?: string };
       let config: BuildConfig = {
         env: baseConfig.Env ?? [],
@@ -99,26 +140,27 @@ export class LocalBuildEngine implements BuildEngine {
         ...(baseConfig.User === undefined || baseConfig.User === '' ? {} : { user: baseConfig.User }),
       };
       const blobsDir = await this.cache.blobsDir(team);
-      const baseRepo = parseImageReference(req.baseImage);
-      const mountFrom = baseRepo.registry === this.#opts.registry || baseRepo.registry === 'docker.io' ? baseRepo.repository : undefined;
       const push = async (built: BuiltStep[], final: BuildConfig, reference: string): Promise<string> => {
         const image = assembleImage(base, built, final);
         const configPath = join(blobsDir, image.configDigest.replace('sha256:', ''));
         await writeFile(configPath, image.config, { mode: 0o600 });
         const blobs: PushBlob[] = [
-          ...base.manifest.layers.map((l) => ({ digest: l.digest, size: l.size, path: this.#opts.images.blobPath(l.digest), ...(mountFrom === undefined ? {} : { mountFrom }) })),
+          ...resolved.layers,
           ...image.layers.map((l) => ({ digest: l.digest, size: l.size, path: this.cache.blobPath(team, l.digest) })),
           { digest: image.configDigest, size: image.config.length, path: configPath },
         ];
-        await pushImage({ registry: this.#opts.registry, repository: req.target.repository, tag: reference === '' ? image.manifestDigest : reference }, blobs, image.manifest, image.manifestDigest, signal);
+        await pushImage({ registry: this.#opts.registry, https: this.#opts.https, repository: req.target.repository, tag: reference === '' ? image.manifestDigest : reference }, blobs, image.manifest, image.manifestDigest, signal);
         return image.manifestDigest;
       };
+      /** The image as the runtime's pods pull it. */
+      const pullName = (digest: string): string => `${this.#opts.pullRegistry}/${req.target.repository}@${digest}`;
 
       const built: BuiltStep[] = [];
-      let parent = pulled.manifestDigest;
+      let parent = resolved.manifestDigest;
       let cached = 0;
       let missed = req.noCache;
       let upper: UpperState | undefined;
+      let podLayers: PodLayers | undefined;
       for (const [i, step] of steps.entries()) {
         at(i);
         signal.throwIfAborted();
@@ -140,9 +182,13 @@ export class LocalBuildEngine implements BuildEngine {
         const after = nextConfig(config, step);
         if (step.type !== 'ENV') {
           if (pod === undefined) {
-            const from = built.length === 0 ? req.baseImage : `${this.#opts.registry}/${req.target.repository}@${await push(built, config, '')}`;
-            pod = await startBuildPod(this.#opts.runtime, from, req.runtimeClassName, req.limits, req.egress);
-            upper = await this.#readUpper(pod, (state) => Promise.resolve(state));
+            // On Kubernetes the node pulls the base by the digest this process read, never a tag
+            // that may have moved since (its layers are the ones the new layers go on).
+            const baseAsPulled = this.#opts.layers === 'in-pod' ? byDigest(req.baseImage, resolved.manifestDigest) : req.baseImage;
+            const from = built.length === 0 ? baseAsPulled : pullName(await push(built, config, ''));
+            pod = await startBuildPod(this.#opts.runtime, from, req.runtimeClassName, req.limits, req.egress, signal);
+            if (this.#opts.layers === 'upper-dir') upper = await this.#readUpper(pod, (state) => Promise.resolve(state));
+            else podLayers = await openPodLayers(this.#opts.runtime, pod, signal);
           }
           if (step.type === 'USER') {
             // Checked against the image as it is now: a name or group it lacks fails this step, not a later one or the sandbox's start.
@@ -152,13 +198,17 @@ export class LocalBuildEngine implements BuildEngine {
             const ended = this.#opts.runtime.state(pod);
             // A step that killed the sandbox's own process (`kill -9 -1` as root) ended the sandbox: its layer is gone with it.
             if (ended.phase !== 'Running') throw new AsbError('BuildFailed', `${stepName(i, step)} ended the build sandbox (${ended.phase}${ended.reason === undefined ? '' : `, ${ended.reason}`}): a step must leave the sandbox's own processes running`);
-            const before: UpperState = upper ?? new Map<string, UpperNode>();
-            const result = await this.#readUpper(pod, async (state, dir, ids) => {
-              const changes = diffUpper(before, state);
-              return { state, layer: changes.length === 0 ? undefined : await writeLayer(changes, dir, ids, blobsDir, signal) };
-            });
-            upper = result.state;
-            layer = result.layer;
+            if (podLayers !== undefined) {
+              layer = await podLayers.next(blobsDir, req.limits.diskBytes, signal);
+            } else {
+              const before: UpperState = upper ?? new Map<string, UpperNode>();
+              const result = await this.#readUpper(pod, async (state, dir, ids) => {
+                const changes = diffUpper(before, state);
+                return { state, layer: changes.length === 0 ? undefined : await writeLayer(changes, dir, ids, blobsDir, signal) };
+              });
+              upper = result.state;
+              layer = result.layer;
+            }
           }
         }
         config = after;
@@ -172,13 +222,13 @@ export class LocalBuildEngine implements BuildEngine {
       }
       const digest = await push(built, config, req.target.tag);
       return {
-        image: `${this.#opts.registry}/${req.target.repository}@${digest}`,
+        image: pullName(digest),
         config: { env: config.env, ...(config.workingDir === undefined ? {} : { workingDir: config.workingDir }), ...(config.user === undefined ? {} : { user: config.user }) },
         cachedSteps: cached,
       };
     } finally {
       if (pod !== undefined) await this.#opts.runtime.remove(pod).catch(() => undefined);
-      await this.#opts.images.unpin(work).catch(() => undefined);
+      await this.#opts.base.release(work).catch(() => undefined);
       await rm(work, { recursive: true, force: true });
     }
   }
@@ -230,13 +280,12 @@ export class LocalBuildEngine implements BuildEngine {
       throw err;
     }
   }
+}
 
-  async #readBase(manifestDigest: string, configDigest: string): Promise<BaseImage> {
-    const images = this.#opts.images;
-    const manifest = JSON.parse(await readFile(images.blobPath(manifestDigest), 'utf8')) as BaseImage['manifest'];
-    const config = JSON.parse(await readFile(images.blobPath(configDigest), 'utf8')) as Record<string, unknown>;
-    return { manifest, config };
-  }
+/** `image` pinned to `digest` (a tag it had is dropped: the digest names the image). */
+function byDigest(image: string, digest: string): string {
+  const ref = parseImageReference(image);
+  return `${ref.registry}/${ref.repository}@${digest}`;
 }
 
 /** The request's own fields, checked before anything runs (the steps too). */

@@ -30,8 +30,16 @@ export interface IdRangeOf { hostId: number; size: number }
 
 const CHUNK = 1 << 20;
 
-/** Writes the layer into `blobsDir` (its file named by the digest's hex); the caller's signal stops it. */
-export async function writeLayer(changes: readonly Change[], upper: string | LayerFiles, ids: IdRangeOf, blobsDir: string, signal: AbortSignal): Promise<LayerBlob> {
+/** A layer being written: tar bytes in, a gzip'ed blob in `blobsDir` (named by its digest) out. */
+export interface LayerOutput {
+  readonly write: (b: Buffer) => Promise<void>;
+  /** Ends the archive (its two zero blocks) and names the blob by its digest. */
+  readonly finish: () => Promise<LayerBlob>;
+  /** Drops what was written. */
+  readonly abort: () => Promise<void>;
+}
+
+export async function openLayerOutput(blobsDir: string): Promise<LayerOutput> {
   await mkdir(blobsDir, { recursive: true, mode: 0o700 });
   const tmp = join(blobsDir, `.layer-${randomBytes(8).toString('hex')}.tmp`);
   const tarHash = createHash('sha256');
@@ -50,12 +58,34 @@ export async function writeLayer(changes: readonly Change[], upper: string | Lay
     tarHash.update(b);
     if (!gzip.write(b)) await once(gzip, 'drain');
   };
+  return {
+    write,
+    finish: async () => {
+      await write(tarEnd());
+      gzip.end();
+      await closed;
+      const hex = gzHash.digest('hex');
+      await rename(tmp, join(blobsDir, hex));
+      return { digest: `sha256:${hex}`, diffId: `sha256:${tarHash.digest('hex')}`, size };
+    },
+    abort: async () => {
+      gzip.destroy();
+      out.destroy();
+      await rm(tmp, { force: true });
+    },
+  };
+}
+
+/** Writes the layer into `blobsDir` (its file named by the digest's hex); the caller's signal stops it. */
+export async function writeLayer(changes: readonly Change[], upper: string | LayerFiles, ids: IdRangeOf, blobsDir: string, signal: AbortSignal): Promise<LayerBlob> {
+  const output = await openLayerOutput(blobsDir);
+  const write = output.write;
   try {
     const linked = new Map<number, string>();
     for (const change of changes) {
       signal.throwIfAborted();
       if (change.kind === 'whiteout') {
-        await write(tarHeader({ path: posix.join(posix.dirname(change.path), `.wh.${posix.basename(change.path)}`), type: 'file', mode: 0o644, uid: 0, gid: 0, size: 0, mtime: 0 }));
+        await write(whiteoutHeader(change.path));
         continue;
       }
       if (change.kind === 'opaque') {
@@ -79,18 +109,16 @@ export async function writeLayer(changes: readonly Change[], upper: string | Lay
         await writeFileEntry({ ...base, type: 'file', size: node.size }, hostPath(upper, path), node, write);
       }
     }
-    await write(tarEnd());
-    gzip.end();
-    await closed;
+    return await output.finish();
   } catch (err) {
-    gzip.destroy();
-    out.destroy();
-    await rm(tmp, { force: true });
+    await output.abort();
     throw err;
   }
-  const hex = gzHash.digest('hex');
-  await rename(tmp, join(blobsDir, hex));
-  return { digest: `sha256:${hex}`, diffId: `sha256:${tarHash.digest('hex')}`, size };
+}
+
+/** The OCI whiteout entry that deletes `path` (relative) from the layers below. */
+export function whiteoutHeader(path: string): Buffer {
+  return tarHeader({ path: posix.join(posix.dirname(path), `.wh.${posix.basename(path)}`), type: 'file', mode: 0o644, uid: 0, gid: 0, size: 0, mtime: 0 });
 }
 
 /** Container ids from host ids; outside the pod's range: root's, without setuid/setgid. */

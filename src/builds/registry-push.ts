@@ -10,8 +10,9 @@ import { AsbError } from '../errors.ts';
 export interface PushBlob {
   digest: string;
   size: number;
-  /** The blob's file here, for an upload. */
-  path: string;
+  /** The blob's file here, for an upload; or `url`, where it is read from for one (another registry's blob). */
+  path?: string;
+  url?: string;
   /** A repository of the same registry that may hold it already (cross-repository mount). */
   mountFrom?: string;
 }
@@ -52,7 +53,7 @@ export async function pushImage(target: PushTarget, blobs: readonly PushBlob[], 
     const init: RequestInit & { duplex: 'half' } = {
       method: 'PUT', signal, duplex: 'half',
       headers: { 'content-type': 'application/octet-stream', 'content-length': String(blob.size) },
-      body: Readable.toWeb(createReadStream(blob.path)) as ReadableStream<Uint8Array>,
+      body: await blobBody(blob, signal),
     };
     const put = await fetch(url, init);
     if (put.status !== 201) throw await registryError(`upload blob ${blob.digest} to ${target.repository}`, put);
@@ -63,6 +64,15 @@ export async function pushImage(target: PushTarget, blobs: readonly PushBlob[], 
   await put.body?.cancel();
   const said = put.headers.get('docker-content-digest');
   if (said !== null && said !== manifestDigest) throw new AsbError('Internal', `the registry stored the manifest as ${said}, not ${manifestDigest}`);
+}
+
+/** The blob's bytes: its file, or a GET of the registry that has it. */
+async function blobBody(blob: PushBlob, signal: AbortSignal): Promise<ReadableStream<Uint8Array>> {
+  if (blob.path !== undefined) return Readable.toWeb(createReadStream(blob.path)) as ReadableStream<Uint8Array>;
+  if (blob.url === undefined) throw new AsbError('Internal', `blob ${blob.digest} has neither a file nor a source`);
+  const got = await fetch(blob.url, { signal });
+  if (!got.ok || got.body === null) throw await registryError(`give blob ${blob.digest} (${blob.url})`, got);
+  return got.body;
 }
 
 async function registryError(what: string, res: Response): Promise<AsbError> {

@@ -67,6 +67,9 @@ export interface SyncItem {
  *   ack        after applying (and persisting) everything up to `version`
  *   heartbeat  every few seconds: liveness and what placement needs; with a seq, also at once
  *              after a local template or pool write, and the hub answers with that seq
+ *   built      the SandboxTemplates this cluster's template builds made (names starting with its
+ *              tag), all of them, when it connects and after each change: the hub holds them and
+ *              syncs them to every cluster (src/hub/built-templates.ts)
  * hub → worker
  *   snapshot   everything, at `version` — when the worker's lastVersion is 0 or older than the
  *              hub retains; the worker replaces its synced copy (deleting what is absent)
@@ -77,6 +80,7 @@ export interface SyncItem {
 export type WorkerToHub =
   | { type: 'hello'; cluster: string; lastVersion: number }
   | { type: 'ack'; version: number }
+  | { type: 'built'; items: KubeObject[] }
   | {
       type: 'heartbeat';
       /** `<namespace>/<pool>` → ready members of that warm pool. */

@@ -7,6 +7,9 @@
 //                                    A templateID that is a snapshot's id (a registered cluster's tag
 //                                    first) goes to that cluster only: the snapshot is there
 //   GET  /sandboxes, /v2/sandboxes   every connected cluster's page, merged in the list's order
+//   GET  /templates, /v2/templates   the team's built templates of every connected cluster (each
+//                                    worker lists the builds it ran), one list, oldest first; a
+//                                    template is listed once even where two clusters name it
 //
 // A list page holds at most `limit` items whatever the number of clusters: each cluster is asked
 // for `limit`, the pages are merged by (startedAt, id) in the asked order, the first `limit` are
@@ -59,6 +62,23 @@ function parseE2bPage(answer: WorkerAnswer): E2bPage | undefined {
   }
   const next = answer.headers['x-next-token'];
   return { items, next: typeof next === 'string' && next !== '' ? next : undefined };
+}
+
+/** A worker's E2B template list: a JSON array of templates, each with its templateID. */
+function parseTemplates(answer: WorkerAnswer): { templateID: string; item: Record<string, unknown> }[] | undefined {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(answer.body.toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  if (!Array.isArray(parsed)) return undefined;
+  const out: { templateID: string; item: Record<string, unknown> }[] = [];
+  for (const item of parsed as unknown[]) {
+    if (!isPlainObject(item) || typeof item.templateID !== 'string') return undefined;
+    out.push({ templateID: item.templateID, item });
+  }
+  return out;
 }
 
 export function e2bHubRoutes(h: HubContext, auth: Authenticator, placer: Placer, fanOut: FanOut): Route[] {
@@ -117,7 +137,23 @@ export function e2bHubRoutes(h: HubContext, auth: Authenticator, placer: Placer,
     return { status: 200, json: answered.map((a) => a.listed.item), headers };
   }
 
+  async function listTemplates(ctx: AuthedContext, path: string): Promise<Reply> {
+    const result = await fanOut(ctx, { path, query: new URLSearchParams(ctx.query), tokenParam: 'nextToken', resume: undefined, parse: parseTemplates });
+    if (result.kind === 'refused') return result.reply;
+    const seen = new Map<string, Record<string, unknown>>();
+    for (const { page } of result.pages) for (const t of page) if (!seen.has(t.templateID)) seen.set(t.templateID, t.item);
+    const createdAt = (t: Record<string, unknown>): string => (typeof t.createdAt === 'string' ? t.createdAt : '');
+    const items = [...seen.values()].sort((a, b) => createdAt(a).localeCompare(createdAt(b)));
+    const headers: Record<string, string> = {};
+    if (result.unreachable.length > 0) {
+      headers['x-asb-unreachable'] = result.unreachable.map((u) => u.cluster).join(',');
+      ctx.log.warn({ unreachable: result.unreachable }, 'E2B template list: clusters left out');
+    }
+    return { status: 200, json: items, headers };
+  }
+
   const routes: Route[] = [];
+  for (const path of ['/templates', '/v2/templates']) routes.push(e2bRoute(auth, 'GET', path, (ctx) => listTemplates(ctx, path), 'hub'));
   for (const path of ['/sandboxes', '/v2/sandboxes']) {
     routes.push(
       e2bRoute(auth, 'POST', path, (ctx) => create(ctx, path), 'hub'),

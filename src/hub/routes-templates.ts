@@ -1,12 +1,14 @@
 // Sandbox templates, held by the hub and synced to every cluster: any key reads them, admin keys
-// write them. Every object passes the same validation as on a worker (src/api/validate.ts), so
+// write them. A team's built template (owned: LABEL.owner, taken in from the cluster that built it,
+// src/hub/built-templates.ts) is read by that team and admins only; to another team it is absent. Every object passes the same validation as on a worker (src/api/validate.ts), so
 // what the hub accepts every cluster accepts. /v1/apply takes SandboxTemplates only (pools,
 // sandboxes and claims belong to a cluster) and validates every object before writing any.
 import { applyObject, type ApplyAction } from '../store/apply.ts';
 import { SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
 import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
-import { isObjectName, requireAdmin } from '../worker/access.ts';
+import { isObjectName, principalOf, requireAdmin } from '../worker/access.ts';
+import { usableBy } from '../worker/team-templates.ts';
 import { readJson } from '../worker/body.ts';
 import { applyList, isPlainObject, namespaceQuery } from '../worker/input.ts';
 import type { RequestContext, Route } from '../worker/router.ts';
@@ -100,7 +102,8 @@ export function templateRoutes(h: HubContext): Route[] {
       async handler(ctx) {
         const ns = ctx.query.get('namespace');
         const listed = await h.store.list<SandboxTemplate>(SandboxTemplateType, ns === null || ns === '' ? {} : { namespace: namespaceQuery(ctx.query, h.defaultNamespace) });
-        return { status: 200, json: { items: listed.items } };
+        const p = principalOf(ctx);
+        return { status: 200, json: { items: p.admin ? listed.items : listed.items.filter((t) => usableBy(p, t)) } };
       },
     },
     {
@@ -110,7 +113,8 @@ export function templateRoutes(h: HubContext): Route[] {
         const ns = namespaceQuery(ctx.query, h.defaultNamespace);
         const name = ctx.params.name ?? '';
         const obj = isObjectName(name) ? await h.store.tryGet<SandboxTemplate>(SandboxTemplateType, ns, name) : undefined;
-        if (obj === undefined) throw notFound(ns, name);
+        const p = principalOf(ctx);
+        if (obj === undefined || !(p.admin || usableBy(p, obj))) throw notFound(ns, name);
         return { status: 200, json: obj };
       },
     },

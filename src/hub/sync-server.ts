@@ -24,13 +24,15 @@ import { credentialMatches } from './cluster-credential.ts';
 import { ClusterStatusWriter } from './cluster-status.ts';
 import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type WorkerToHub } from './contract.ts';
 import { LiveClusters, NO_LIVE_CLUSTERS, type LiveCluster } from './live-clusters.ts';
+import { acceptBuiltTemplates } from './built-templates.ts';
+import type { KubeObject } from '../api/meta.ts';
 import { SyncFeed, type SyncDelta } from './sync-feed.ts';
 
 export const SYNC_PATH = '/v1/sync';
 const DEFAULT_MAX_BUFFERED_BYTES = 16 * 1024 * 1024;
-// Workers send hello, acks and heartbeats with pool and template count maps: 64 KiB holds
-// ~1,000 of each.
-const MAX_INBOUND_FRAME_BYTES = 64 * 1024;
+// Workers send hello, acks and heartbeats with pool and template count maps (64 KiB holds ~1,000
+// of each), and their built templates (~1.5 KB each: MAX_BUILT_TEMPLATES of them in 1 MiB).
+const MAX_INBOUND_FRAME_BYTES = 1024 * 1024;
 const SILENT_INTERVALS = 3;
 /** 1001 hub going away, 1008 policy (dropped: silent, backlog, bad frame, replaced), 1012 resync. */
 const CLOSE = { shutdown: 1001, policy: 1008, resync: 1012 } as const;
@@ -103,6 +105,8 @@ interface Session {
   allowance: number;
   timer: Timer | undefined;
   unsubscribe: (() => void) | undefined;
+  /** The cluster's built templates being taken in: each set after the one before. */
+  built: Promise<void>;
 }
 
 /**
@@ -271,6 +275,16 @@ function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed, ackListener
         return;
       }
       hello(s, msg.lastVersion);
+    } else if (msg.type === 'built') {
+      // The session's cluster is its credential's (checked at the upgrade); a replaced one is ignored.
+      if (sessions.get(s.cluster) !== s) return;
+      // One cluster's sets in the order sent: each replaces the one before.
+      s.built = s.built.then(() => acceptBuiltTemplates(opts.store, s.cluster, msg.items, log)).then(
+        (changed) => {
+          if (changed > 0) log.info({ cluster: s.cluster, changed }, 'built templates of the cluster taken in');
+        },
+        (err: unknown) => log.warn({ err, cluster: s.cluster }, 'could not take in the cluster\'s built templates'),
+      );
     } else if (msg.type === 'ack') {
       // An ack past what the hub sent can only be a confused worker; record no more than the truth.
       s.appliedVersion = Math.min(msg.version, feed.version);
@@ -287,13 +301,15 @@ function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed, ackListener
       // Before hello a session is not yet the cluster's (a replaced one may still be talking).
       if (s.live && sessions.get(s.cluster) === s) {
         live.report(s.cluster, msg.healthy, msg.templates ?? {}, s.lastHeard, msg.pools ?? {});
-        if (msg.seq !== undefined) send(s, JSON.stringify({ type: 'heartbeat', version: feed.version, seq: msg.seq } satisfies HubToWorker), 'heartbeat');
+        // Answered once the built templates sent before it are in the hub's store too.
+        const seq = msg.seq;
+        if (seq !== undefined) void s.built.then(() => send(s, JSON.stringify({ type: 'heartbeat', version: feed.version, seq } satisfies HubToWorker), 'heartbeat'));
       }
     }
   };
 
   const attach = (ws: WebSocket, cluster: string): void => {
-    const s: Session = { ws, cluster, live: false, appliedVersion: 0, lastHeard: clock.now(), allowance: maxBuffered, timer: undefined, unsubscribe: undefined };
+    const s: Session = { ws, cluster, live: false, appliedVersion: 0, lastHeard: clock.now(), allowance: maxBuffered, timer: undefined, unsubscribe: undefined, built: Promise.resolve() };
     const previous = sessions.get(cluster);
     if (previous !== undefined) {
       log.info({ cluster }, 'cluster reconnected; replacing its previous sync connection');
@@ -371,6 +387,9 @@ function parseMessage(data: RawData): WorkerToHub {
       return { type: 'hello', cluster: m.cluster, lastVersion: version(m.lastVersion) };
     case 'ack':
       return { type: 'ack', version: version(m.version) };
+    case 'built':
+      if (!Array.isArray(m.items) || !m.items.every((i) => typeof i === 'object' && i !== null)) throw new Error('built needs an array of objects');
+      return { type: 'built', items: m.items as KubeObject[] };
     case 'heartbeat': {
       const heartbeat: Extract<WorkerToHub, { type: 'heartbeat' }> = { type: 'heartbeat', warm: counts(m.warm), healthy: m.healthy === true };
       // Absent from an older worker: then it offers no template for placement.

@@ -86,6 +86,15 @@ export function podRequestFor(sandbox: Sandbox, snapshotUid?: string): PodReques
  */
 const FIRST_STATUS_GRACE_MS = 1_000;
 
+/** The kubelet's waiting reasons for an image it cannot get, at the start of a Pending pod's message (kube runtime). */
+const IMAGE_PULL_FAILURE = /^(ErrImagePull|ImagePullBackOff|InvalidImageName|ErrImageNeverPull)\b/;
+
+/** The condition's message: the pod's image first (the kubelet's own words name it too, but not always first). */
+function imagePullMessage(sandbox: Sandbox, said: string): string {
+  const image = sandbox.spec.podTemplate.spec.containers[0]?.image ?? '';
+  return `image "${image}" cannot be pulled by the node: ${said}`;
+}
+
 export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler {
   const { store, runtime, sandboxes, activity, clock, metrics } = deps;
   /** Sandboxes waking from hibernation: name → time the wake began, for asb_wake_seconds. */
@@ -134,9 +143,15 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
         readyTime: wasReady && sandbox.status?.readyTime !== undefined ? sandbox.status.readyTime : isoNow(clock),
       };
     }
+    // An image the node cannot pull (the kubelet's waiting reason starts the message, which names
+    // the image): said as it is, not as a plain "pending", so a user sees which image and why.
+    const pull = state.phase === 'Pending' ? IMAGE_PULL_FAILURE.exec(state.message ?? '') : null;
     return {
       phase: wakes.has(name) ? 'Waking' : 'Pending',
-      conditions: [condition(sandbox, 'Ready', 'False', 'DependenciesNotReady', `pod is ${state.phase}`), ...memoryConditions(sandbox, state)],
+      conditions: [
+        pull === null ? condition(sandbox, 'Ready', 'False', 'DependenciesNotReady', `pod is ${state.phase}`) : condition(sandbox, 'Ready', 'False', pull[1] ?? 'ErrImagePull', imagePullMessage(sandbox, state.message ?? '')),
+        ...memoryConditions(sandbox, state),
+      ],
       ...(state.ip === undefined ? {} : { podIPs: [state.ip] }),
     };
   };

@@ -13,7 +13,7 @@
 // - The same asked on the ingress listener is refused (404), never forwarded again: whatever the
 //   registries say, a request crosses at most one edge → ingress hop, so it cannot loop.
 // - Creates and lists (`POST`/`GET` on `/v1/sandboxes`, and E2B's `/sandboxes` and
-//   `/v2/sandboxes`) on the edge listener go to the hub when the router runs with --hub-upstream
+//   `/v2/sandboxes`; `GET` of E2B's `/templates` and `/v2/templates`) on the edge listener go to the hub when the router runs with --hub-upstream
 //   on and a worker reports its hub link up (or reported it before it went down), so placement
 //   picks the cluster and a list covers every cluster; otherwise, and for every other path, to
 //   the default cluster's worker API.
@@ -315,11 +315,16 @@ function viaHub(ctx: DecideContext): boolean {
 /** Ours, E2B SDK ≤ 2.50's and E2B SDK 2.51's create and list paths: exact, never a sandbox's own path. */
 const HUB_PATHS: ReadonlySet<string> = new Set(['/v1/sandboxes', '/sandboxes', '/v2/sandboxes']);
 
-/** `POST` (create, placed by the hub) or `GET` (list across clusters) on a HUB_PATHS path, any query string. */
+/** E2B's template lists: `GET` only (a `POST /templates` is a build, run by this edge's cluster). */
+const HUB_LIST_PATHS: ReadonlySet<string> = new Set(['/templates', '/v2/templates']);
+
+/** `POST` (create, placed by the hub) or `GET` (list across clusters) on a HUB_PATHS path, or a `GET` of HUB_LIST_PATHS; any query string. */
 function isHubRequest(headers: RequestHeaders): boolean {
   const method = headers.get(':method');
+  const pathname = pathnameOf(headers.get(':path') ?? '');
+  if (method === 'GET' && HUB_LIST_PATHS.has(pathname)) return true;
   if (method !== 'POST' && method !== 'GET') return false;
-  return HUB_PATHS.has(pathnameOf(headers.get(':path') ?? ''));
+  return HUB_PATHS.has(pathname);
 }
 
 /**

@@ -20,7 +20,7 @@ export interface WorkerConfig {
   /** ASB_CLUSTER_TAG / --cluster-tag: 4 chars [a-z0-9] prefixed to every sandbox id. Default loc1 */
   readonly clusterTag: string;
   /**
-   * ASB_SUBNET / --subnet: pod addresses (a /16); the bridge takes .0.1. Default: derived from
+   * ASB_SUBNET / --subnet: pod addresses (a /16 to /24 network); the bridge takes its first address. Default: derived from
    * --data-dir, one of 10.64-10.191.0.0/16 (local-network.ts), so two checkouts differ.
    */
   readonly subnet: string;
@@ -59,6 +59,14 @@ export interface WorkerConfig {
    * (clusters/base/sandbox-namespace.yaml). Default: --namespace
    */
   readonly podNamespace: string;
+  /**
+   * ASB_BUILD_POD_NAMESPACE / --build-pod-namespace: where the kube runtime makes template build
+   * Pods. They run as root in a user namespace with Docker's default capabilities (what `apt-get
+   * install` and `useradd` need), which Pod Security `restricted` refuses: label this namespace
+   * `baseline` and keep the sandboxes' `restricted` (clusters/base/build-namespace.yaml).
+   * Default: --pod-namespace
+   */
+  readonly buildPodNamespace: string;
   /**
    * ASB_EGRESS_PROXY_PORT / --egress-proxy-port: route sandboxes' outbound TCP through the egress
    * proxy: the local runtime DNATs it to <bridge gateway>:PORT (where the cluster Envoy's `egress`
@@ -109,9 +117,17 @@ export interface WorkerConfig {
    * ASB_BUILD_REGISTRY / --build-registry: host:port of the registry template builds push to
    * (plain HTTP; this worker's pods pull the built images from it). Default: the first endpoint of
    * docker.io's mirror in --registries when it is a loopback registry (`make up`'s). Unset and no
-   * such mirror: this worker builds no templates (the build API answers 503).
+   * such mirror: this worker builds no templates (the build API answers 503). With
+   * --runtime=kube there is no default: the registry the cluster's nodes pull from must be named.
    */
   readonly buildRegistry: string | undefined;
+  /**
+   * ASB_BUILD_REGISTRY_PULL / --build-registry-pull: the same registry as the cluster's nodes
+   * name it in a Pod's image (host[:port]), when they reach it by another name than this worker
+   * pushes to (a registry Service the worker reaches, the nodes by a node port or a mirror
+   * name). Default: --build-registry. Built templates' images are `<this>/templates/<id>@sha256:…`.
+   */
+  readonly buildRegistryPull: string | undefined;
   /**
    * ASB_IMAGE_GC_INTERVAL_MS / --image-gc-interval-ms: how often the local runtime collects
    * images no sandbox uses (src/images/gc-loop.ts); 0: only under disk pressure. Default 600000 (10 min)
@@ -159,7 +175,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'buildEgress' | 'egressProxyPort' | 'egressFloor' | 'criu';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'buildPodNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'buildRegistryPull' | 'buildEgress' | 'egressProxyPort' | 'egressFloor' | 'criu';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -183,11 +199,13 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   kubeconfig: { env: 'ASB_KUBECONFIG', flag: 'kubeconfig' },
   namespace: { env: 'ASB_NAMESPACE', flag: 'namespace' },
   podNamespace: { env: 'ASB_POD_NAMESPACE', flag: 'pod-namespace' },
+  buildPodNamespace: { env: 'ASB_BUILD_POD_NAMESPACE', flag: 'build-pod-namespace' },
   runtime: { env: 'ASB_RUNTIME', flag: 'runtime' },
   role: { env: 'ASB_ROLE', flag: 'role' },
   imageCache: { env: 'ASB_IMAGE_CACHE', flag: 'image-cache' },
   registriesFile: { env: 'ASB_REGISTRIES', flag: 'registries' },
   buildRegistry: { env: 'ASB_BUILD_REGISTRY', flag: 'build-registry' },
+  buildRegistryPull: { env: 'ASB_BUILD_REGISTRY_PULL', flag: 'build-registry-pull' },
   buildEgress: { env: 'ASB_BUILD_EGRESS', flag: 'build-egress' },
   egressProxyPort: { env: 'ASB_EGRESS_PROXY_PORT', flag: 'egress-proxy-port' },
   egressFloor: { env: 'ASB_EGRESS_FLOOR', flag: 'egress-floor' },
@@ -238,8 +256,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   // Per data dir, so a second checkout's worker does not take this one's bridge and addresses.
   const derived = derivedNetwork(dataDir);
   const subnet = raw('subnet') ?? derived.subnet;
-  const subnetOctets = /^(\d{1,3})\.(\d{1,3})\.0\.0\/16$/.exec(subnet);
-  if (subnetOctets === null || Number(subnetOctets[1]) > 255 || Number(subnetOctets[2]) > 255) problems.push(`${describe('subnet')} must be a /16 like 10.213.0.0/16, got "${subnet}"`);
+  if (!isPodSubnet(subnet)) problems.push(`${describe('subnet')} must be an IPv4 network from /16 to /24 like 10.213.0.0/16 or 10.213.128.0/17, got "${subnet}"`);
   const bridge = raw('bridge') ?? derived.bridge;
   if (!/^[a-z][a-z0-9]{0,11}$/.test(bridge)) problems.push(`${describe('bridge')} must be 1-12 characters [a-z0-9] starting with a letter, got "${bridge}"`);
 
@@ -262,7 +279,8 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const role = oneOf('role', ['all', 'operator', 'api'] as const);
   const namespace = str('namespace');
   const podNamespace = raw('podNamespace');
-  const namespaces = podNamespace === undefined ? [['namespace', namespace] as const] : [['namespace', namespace] as const, ['podNamespace', podNamespace] as const];
+  const buildPodNamespace = raw('buildPodNamespace');
+  const namespaces = [['namespace', namespace] as const, ...(podNamespace === undefined ? [] : [['podNamespace', podNamespace] as const]), ...(buildPodNamespace === undefined ? [] : [['buildPodNamespace', buildPodNamespace] as const])];
   for (const [key, value] of namespaces) {
     if (!/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/.test(value)) problems.push(`${describe(key)} must be a namespace name (lower-case letters, digits and '-', at most 63), got "${value}"`);
   }
@@ -309,11 +327,13 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     kubeconfig: kubeconfig === undefined || kubeconfig === '' ? undefined : resolve(kubeconfig),
     namespace,
     podNamespace: podNamespace ?? namespace,
+    buildPodNamespace: buildPodNamespace ?? podNamespace ?? namespace,
     runtime,
     role,
     imageCache: resolve(raw('imageCache') ?? resolve(dataDir, 'images')),
     registriesFile: raw('registriesFile') === undefined ? undefined : resolve(raw('registriesFile') ?? ''),
     buildRegistry: raw('buildRegistry'),
+    buildRegistryPull: raw('buildRegistryPull'),
     egressProxyPort,
     egressFloor,
     buildEgress,
@@ -365,4 +385,18 @@ function isEdgeUrl(text: string): boolean {
 
 function describe(key: Key): string {
   return `--${SOURCES[key].flag} (${SOURCES[key].env})`;
+}
+
+/**
+ * A pod subnet: an IPv4 network address with a prefix from /16 (65,534 pods) to /24 (253), so two
+ * systems can split one /16 (the local runtime allocates in any prefix; network.ts).
+ */
+function isPodSubnet(cidr: string): boolean {
+  const m = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{2})$/.exec(cidr);
+  if (m === null) return false;
+  const octets = m.slice(1, 5).map(Number);
+  const prefix = Number(m[5]);
+  if (octets.some((o) => o > 255) || prefix < 16 || prefix > 24) return false;
+  const address = octets.reduce((a, o) => a * 256 + o, 0);
+  return address % 2 ** (32 - prefix) === 0;
 }

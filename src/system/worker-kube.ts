@@ -38,8 +38,8 @@ export async function connectKube(config: WorkerConfig, opts: { clock: Clock; me
  * the worker and holds its Secrets; clusters/base runs sandboxes in `agent-sandboxes`, which
  * enforces Pod Security `restricted`.
  */
-export function createKubePodRuntime(config: WorkerConfig, kube: KubeConnection, opts: { clock: Clock; log: Logger }): Promise<PodRuntime> {
-  return createKubeRuntime({ kubeconfig: kube.kubeconfig, store: kube.store, namespace: config.podNamespace, log: opts.log, clock: opts.clock, egressFloor: config.egressFloor });
+export function createKubePodRuntime(config: WorkerConfig, kube: KubeConnection, opts: { clock: Clock; log: Logger; namespace?: string }): Promise<PodRuntime> {
+  return createKubeRuntime({ kubeconfig: kube.kubeconfig, store: kube.store, namespace: opts.namespace ?? config.podNamespace, log: opts.log, clock: opts.clock, egressFloor: config.egressFloor });
 }
 
 export interface LedControllers {
@@ -79,7 +79,7 @@ export async function startLedControllers(opts: LedControllersOptions): Promise<
     async onStartedLeading() {
       operator = await startOperator({ store: kube.store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag });
       if (config.hubUrl !== undefined && opts.hubCredential !== undefined) {
-        sync = startSyncAgent({ hubUrl: config.hubUrl, credential: opts.hubCredential, cluster: config.clusterName, store: kube.store, log, clock });
+        sync = startSyncAgent({ hubUrl: config.hubUrl, credential: opts.hubCredential, cluster: config.clusterName, clusterTag: config.clusterTag, store: kube.store, log, clock });
       }
     },
     async onStoppedLeading() {

@@ -6,7 +6,7 @@ import { listen, packageVersion } from './http-server.ts';
 import { readFileSync } from 'node:fs';
 import { TemplateBuilds } from '../builds/service.ts';
 import { TeamFileStore } from '../builds/files.ts';
-import { createLocalBuildEngine } from '../builds/engine.ts';
+import { createKubeBuildEngine, createLocalBuildEngine } from '../builds/engine.ts';
 import type { BuildEngine } from '../builds/contract.ts';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -81,7 +81,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
   // With the egress proxy, every pod trusts the cluster's egress CA (credential-injection hosts).
   const egressCa = config.egressProxyPort === undefined ? undefined : await ensureEgressCa(join(config.dataDir, 'egress', 'ca'));
-  const { runtime, imageGc, buildEngine } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined, buildEngine: undefined };
+  const { runtime, imageGc, buildEngine, closeAlso } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined, buildEngine: undefined, closeAlso: undefined };
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   // The built-ins are the operator's to make; an API-only process finds them made.
@@ -105,7 +105,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const sync: SyncAgent | undefined =
     operator === undefined || config.hubUrl === undefined || hubCredential === undefined
       ? undefined
-      : startSyncAgent({ hubUrl: config.hubUrl, credential: hubCredential, cluster: config.clusterName, store, log, clock });
+      : startSyncAgent({ hubUrl: config.hubUrl, credential: hubCredential, cluster: config.clusterName, clusterTag: config.clusterTag, store, log, clock });
   // On the kube store the agent runs in whichever process holds the Lease (maybe another Pod):
   // every API process reads the link it records in the SyncState.
   const hubLink = sync === undefined && front !== undefined && config.hubUrl !== undefined ? await watchHubLink(store, clock, log) : undefined;
@@ -149,8 +149,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           recordsDir: join(config.dataDir, 'builds', 'templates'),
           files: new TeamFileStore({ dir: join(config.dataDir, 'builds', 'files'), now: () => clock.now() }),
           store,
-          // The local runtime's engine; none on the Kubernetes runtime yet (its nodes pull from
-          // a registry this process may not reach): builds there answer 503.
+          // The runtime's engine: none without a registry to push to (builds then answer 503).
           engine: buildEngine,
           namespace: config.namespace,
           clusterTag: config.clusterTag,
@@ -231,6 +230,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           await Promise.all(runtime.list().map((id) => runtime.stop(id)));
         }
         await imageGc?.close();
+        // The build Pods' runtime (--build-pod-namespace), after the builds it served.
+        await closeAlso?.();
         await runtime.close();
         await store.close();
       })();
@@ -243,14 +244,20 @@ function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPoli
   return typeof (runtime as Partial<EgressPolicySource>).policyForPodIp === 'function';
 }
 
-async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop; buildEngine?: BuildEngine }> {
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop; buildEngine?: BuildEngine; closeAlso?: () => Promise<void> }> {
+  const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
     if (kube === undefined) throw new AsbError('Internal', '--runtime=kube without a kube store');
     // Images there are the kubelet's, and so is their GC.
-    return { runtime: await (await import('./worker-kube.ts')).createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) }) };
+    const kubeParts = await import('./worker-kube.ts');
+    const runtime = await kubeParts.createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'runtime' }) });
+    // Builds run in Pods of the cluster and push to the registry its nodes pull from (named: no
+    // default here), in --build-pod-namespace (a runtime of its own when it is not the sandboxes').
+    const buildRuntime = config.buildRegistry === undefined || config.buildPodNamespace === config.podNamespace ? runtime : await kubeParts.createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'build-runtime' }), namespace: config.buildPodNamespace });
+    const buildEngine = config.buildRegistry === undefined ? undefined : createKubeBuildEngine({ runtime: buildRuntime, registries, registry: config.buildRegistry, ...(config.buildRegistryPull === undefined ? {} : { pullRegistry: config.buildRegistryPull }), stateDir: join(config.dataDir, 'builds', 'engine') });
+    return { runtime, ...(buildEngine === undefined ? {} : { buildEngine }), ...(buildRuntime === runtime ? {} : { closeAlso: () => buildRuntime.close() }) };
   }
-  const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
   const images = new ImageStore({ root: config.imageCache, registries, logger: log, clock });
   const runtime = await createLocalRuntime({
     root: join(config.dataDir, 'runtime'),

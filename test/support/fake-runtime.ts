@@ -3,7 +3,7 @@
 // its volumes and IP across stop (hibernation) like the real runtime, and loses them on remove.
 // The real runtime lives in src/runtime/local/; end-to-end tests use that one.
 import { AsbError } from '../../src/errors.ts';
-import type { ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession, StartOptions, StopOptions } from '../../src/runtime/runtime.ts';
+import type { ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession, SpawnRequest, StartOptions, StopOptions } from '../../src/runtime/runtime.ts';
 
 interface FakePod {
   request: PodRequest;
@@ -152,7 +152,8 @@ export class FakeRuntime implements PodRuntime {
   openPty(): Promise<PtySession> {
     return Promise.reject(new Error('fake runtime: openPty not supported'));
   }
-  spawn(): Promise<PodProcess> {
+  /** Not supported; a test double of its own overrides it (test/pod-layers.test.ts). */
+  spawn(_id: string, _req: SpawnRequest): Promise<PodProcess> {
     return Promise.reject(new Error('fake runtime: spawn not supported'));
   }
   close(): Promise<void> {

@@ -14,9 +14,9 @@ export interface TestFederation extends Federation {
   cleanup(): Promise<void>;
 }
 
-/** Each cluster: [name, 4-char tag (bridge asb<tag>), second octet of its 10.x.0.0/16 subnet]. */
+/** Each cluster: [name, 4-char tag (bridge asb<tag>), second octet of its 10.x.0.0/16 subnet, or its subnet in CIDR]. */
 /** `supervise`: restart crashed processes as make up does, with this policy (the clock is real time). */
-export async function startTestFederation(clusters: readonly (readonly [string, string, number])[], basePool = 0, supervise?: Omit<SupervisorOptions, 'clock'>): Promise<TestFederation> {
+export async function startTestFederation(clusters: readonly (readonly [string, string, number | string])[], basePool = 0, supervise?: Omit<SupervisorOptions, 'clock'>): Promise<TestFederation> {
   const stateDir = tempDataDir('fed');
   const images = await testImages();
   const options: FederatedClusterOptions[] = clusters.map(([name, tag, octet]) => ({
@@ -29,7 +29,7 @@ export async function startTestFederation(clusters: readonly (readonly [string, 
     routerPort: 0,
     envoyAdminPort: 0,
     bridge: `asb${tag}`,
-    subnet: `10.${octet}.0.0/16`,
+    subnet: typeof octet === 'string' ? octet : `10.${String(octet)}.0.0/16`,
     workerArgs: [...images.workerArgs, '--base-pool', String(basePool), '--log-level', 'warn'],
   }));
   const removeBridges = (): void => {

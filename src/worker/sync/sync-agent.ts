@@ -16,7 +16,8 @@
 import { WebSocket, type RawData } from 'ws';
 import type { SandboxTemplate, SandboxWarmPool } from '../../api/types.ts';
 import { SandboxTemplateType, SandboxWarmPoolType } from '../../api/types.ts';
-import { TEMPLATE_NAME_LABEL } from '../../builds/template-object.ts';
+import { TEMPLATE_ID_LABEL, TEMPLATE_NAME_LABEL } from '../../builds/template-object.ts';
+import { clusterTagOf } from '../../api/ids.ts';
 import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type SyncItem, type WorkerToHub } from '../../hub/contract.ts';
 import type { ObjectStore } from '../../store/store.ts';
 import type { Clock, Timer } from '../../system/clock.ts';
@@ -35,6 +36,11 @@ export interface SyncAgentOptions {
   credential: string;
   /** This worker cluster's name, as registered at the hub. */
   cluster: string;
+  /**
+   * This cluster's tag: the SandboxTemplates its builds made (named by ids starting with it) are
+   * sent to the hub, which syncs them to every cluster. Absent: none are sent.
+   */
+  clusterTag?: string;
   /** The worker's own store. */
   store: ObjectStore;
   log: Logger;
@@ -177,6 +183,7 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
         socket.terminate();
         return;
       }
+      void reportBuilt(socket, true);
       sendHeartbeat(socket);
       beat(socket);
     });
@@ -188,6 +195,29 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
       (err: unknown) => log.warn({ err }, 'could not count warm sandboxes for the heartbeat'),
     );
   };
+
+  /**
+   * Every SandboxTemplate this cluster's builds made, to the hub (src/hub/built-templates.ts):
+   * when connected, after a local change (reportNow), and at each heartbeat when the set differs
+   * from what this socket last sent (a build in another process of the cluster: the API
+   * Deployment on Kubernetes, whose changes this process sees only in the store).
+   */
+  let lastBuilt: { socket: WebSocket; text: string } | undefined;
+  const sendBuilt = async (socket: WebSocket, onlyIfChanged: boolean): Promise<void> => {
+    const tag = opts.clusterTag;
+    if (tag === undefined) return;
+    const held = await store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: TEMPLATE_ID_LABEL });
+    const items = held.items
+      .filter((t) => clusterTagOf(t.metadata.labels?.[TEMPLATE_ID_LABEL] ?? '') === tag && t.metadata.deletionTimestamp === undefined)
+      .map((t) => ({ apiVersion: t.apiVersion, kind: t.kind, metadata: { name: t.metadata.name, namespace: t.metadata.namespace ?? 'default', labels: t.metadata.labels ?? {}, annotations: t.metadata.annotations ?? {} }, spec: t.spec }))
+      .sort((a, b) => a.metadata.name.localeCompare(b.metadata.name));
+    const msg: WorkerToHub = { type: 'built', items };
+    const text = JSON.stringify(msg);
+    if (onlyIfChanged && lastBuilt?.socket === socket && lastBuilt.text === text) return;
+    lastBuilt = { socket, text };
+    if (socket.readyState === socket.OPEN) socket.send(text);
+  };
+  const reportBuilt = (socket: WebSocket, onlyIfChanged = false): Promise<void> => sendBuilt(socket, onlyIfChanged).catch((err: unknown) => log.warn({ err }, 'could not send the built templates to the hub'));
 
   const connect = (): void => {
     if (closed) return;
@@ -203,6 +233,8 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
       lastHeard = clock.now();
       sendTo(socket, { type: 'hello', cluster: opts.cluster, lastVersion: applied });
       log.info({ lastVersion: applied }, 'connected to the hub');
+      void reportBuilt(socket);
+      void reportBuilt(socket, true);
       sendHeartbeat(socket);
       beat(socket);
     });
@@ -266,7 +298,8 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
           timer.cancel();
           resolve(taken);
         });
-        sendHeartbeat(socket, seq);
+        // The built templates first: the hub answers the heartbeat once it holds them.
+        void reportBuilt(socket).then(() => sendHeartbeat(socket, seq));
       });
     },
     close() {
