@@ -16,15 +16,15 @@ import { join, resolve } from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
 import { isAsbError } from '../src/errors.ts';
-import type { Container } from '../src/api/types.ts';
-import { CHECKPOINT_META, type CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
+import type { CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
 import { createLocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { DEFAULT_CRIU_DIR, findCriuBinary } from '../src/runtime/oci/criu-binary.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
-import { counterApp, httpGet, podSh, startedReady as startedReadyIn } from './support/counter-app.ts';
+import { podSh, startedReady as startedReadyIn } from './support/counter-app.ts';
+import { count, countedAndPaused as countedAndPausedIn, counterPod as counterPodOf, handlesSurviveAStop, readMeta as readMetaIn, saveOverItsDiskIsRefused, writeMeta as writeMetaIn, type CounterPodOptions } from './support/state-pods.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
 const BRIDGE = 'asbrm0';
@@ -39,48 +39,12 @@ before(async () => {
 
 after(() => stopTestRuntime(fixture));
 
-const COUNTER = counterApp(8000, { hold: true });
-
-function counterPod(id: string, opts: { holdMiB?: number; checkpointable?: boolean; container?: Partial<Container> } = {}): PodRequest {
-  return {
-    id, uid: `uid-${id}`, namespace: 'default', hostname: `${id}-host`,
-    ...(opts.checkpointable === false ? {} : { checkpointable: true }),
-    spec: {
-      containers: [{
-        name: 'main', image: 'agent-sandbox/base', command: ['python3', '-c', COUNTER, String(opts.holdMiB ?? 0)],
-        readinessProbe: { tcpSocket: { port: 8000 }, periodSeconds: 1 },
-        ...opts.container,
-      }],
-    },
-  };
-}
-
-async function count(state: PodState): Promise<{ token: string; n: number }> {
-  const [token = '', n = ''] = (await httpGet(`http://${state.ip ?? ''}:8000/`)).split(' ');
-  return { token, n: Number(n) };
-}
-
+const counterPod = (id: string, opts: CounterPodOptions = {}): PodRequest => counterPodOf('runc', id, opts);
 const startedReady = (req: PodRequest): Promise<PodState> => startedReadyIn(fixture.rt, req);
 const sh = (id: string, script: string): Promise<string> => podSh(fixture.rt, id, script);
-
-async function readMeta(id: string): Promise<CheckpointMeta> {
-  return JSON.parse(await readFile(join(podPaths(root, id).checkpoint, CHECKPOINT_META), 'utf8')) as CheckpointMeta;
-}
-
-async function writeMeta(id: string, meta: CheckpointMeta): Promise<void> {
-  await writeFile(join(podPaths(root, id).checkpoint, CHECKPOINT_META), JSON.stringify(meta));
-}
-
-/** Runs the counter to 3, writes a file in its writable layer, and stops it with memory. */
-async function countedAndPaused(req: PodRequest): Promise<{ before: PodState; token: string }> {
-  const before = await startedReady(req);
-  let last = { token: '', n: 0 };
-  for (let i = 0; i < 3; i++) last = await count(before);
-  assert.equal(last.n, 3);
-  await sh(req.id, 'echo kept > /home/user/kept.txt');
-  await fixture.rt.stop(req.id, { memory: true });
-  return { before, token: last.token };
-}
+const readMeta = (id: string): Promise<CheckpointMeta> => readMetaIn(root, id);
+const writeMeta = (id: string, meta: CheckpointMeta): Promise<void> => writeMetaIn(root, id, meta);
+const countedAndPaused = (req: PodRequest): Promise<{ before: PodState; token: string }> => countedAndPausedIn(fixture.rt, req);
 
 test('a checkpointable runc pod stopped with memory goes on where it was: its in-memory counter, its listening socket, its address and its files', async () => {
   const rt = fixture.rt;
@@ -118,45 +82,7 @@ test('a checkpointable runc pod stopped with memory goes on where it was: its in
   await rt.remove('rmem1');
 });
 
-test('processes started through the runtime (a background server, a terminal) survive a stop with memory on runc: their handles attach to them again', async () => {
-  const rt = fixture.rt;
-  const id = 'rckagent';
-  const req = counterPod(id);
-  const first = await startedReady(req);
-  const server = await rt.spawn(id, { command: ['python3', '-c', counterApp(8001, { hold: true }), '0'] });
-  let serverEnded = false;
-  void server.exited.then(() => (serverEnded = true));
-  const url = `http://${first.ip ?? ''}:8001/`;
-  let before = '';
-  for (let i = 0; i < 100 && before === ''; i++) before = await httpGet(url).catch(() => new Promise<string>((resolve) => setTimeout(() => resolve(''), 50)));
-  const [token] = before.split(' ');
-  assert.equal(await httpGet(url), `${token ?? ''} 2`);
-  const pty = await rt.openPty(id, { cols: 80, rows: 24, command: ['sh'] });
-  const screen: string[] = [];
-  const reading = (async () => {
-    for await (const chunk of pty.output) screen.push(Buffer.from(chunk).toString());
-  })();
-  // Stopped only once the shell has run it: input still on its way when the save drops the
-  // agent's connections is lost, as keystrokes typed into a terminal at a pause would be.
-  await pty.write('X=kept-in-memory; echo "set-$((40 + 2))"\n');
-  for (let i = 0; i < 100 && !screen.join('').includes('set-42'); i++) await new Promise((resolve) => setTimeout(resolve, 50));
-
-  await rt.stop(id, { memory: true });
-  assert.equal(rt.state(id).phase, 'Stopped');
-  assert.equal(serverEnded, false, 'the handle of a process kept in the checkpoint does not end');
-  const woken = await startedReady(req);
-  assert.equal(woken.restoreFailure, undefined);
-  assert.equal(await httpGet(url), `${token ?? ''} 3`, 'the spawned server answers from its memory');
-  await pty.write('echo "[$X]"\n');
-  for (let i = 0; i < 100 && !screen.join('').includes('[kept-in-memory]'); i++) await new Promise((resolve) => setTimeout(resolve, 50));
-  assert.match(screen.join(''), /\[kept-in-memory\]/, 'the terminal\'s shell kept its variable');
-  server.kill('SIGTERM');
-  assert.equal((await server.exited).signal, 'SIGTERM');
-  pty.close();
-  await pty.exited;
-  await reading;
-  await rt.remove(id);
-});
+test('processes started through the runtime (a background server, a terminal) survive a stop with memory on runc: their handles attach to them again', () => handlesSurviveAStop(fixture.rt, counterPod('rckagent')));
 
 test('a damaged runc checkpoint is not restored: the pod starts fresh from its files and says why', async () => {
   const rt = fixture.rt;
@@ -218,18 +144,7 @@ test('a save CRIU refuses (a process holds a file lock) leaves the runc pod runn
   await rt.remove('rlock1');
 });
 
-test('a save that would pass the runc pod\'s ephemeral-storage is refused: the pod keeps running and nothing of the image is left', async () => {
-  const rt = fixture.rt;
-  const req = counterPod('rfull1', { holdMiB: 96, container: { resources: { limits: { 'ephemeral-storage': '64Mi', memory: '512Mi' } } } });
-  const before = await startedReady(req);
-  assert.equal((await count(before)).n, 1);
-  await assert.rejects(rt.stop('rfull1', { memory: true }), (err) => isAsbError(err, 'CheckpointFailed') && /would pass its ephemeral-storage limit of 64\.0 MiB/.test(err.message));
-  assert.equal(rt.state('rfull1').phase, 'Running');
-  assert.equal((await count(before)).n, 2);
-  const paths = podPaths(root, 'rfull1');
-  assert.equal(existsSync(paths.checkpoint) || existsSync(paths.checkpointPartial), false);
-  await rt.remove('rfull1');
-});
+test('a save that would pass the runc pod\'s ephemeral-storage is refused: the pod keeps running and nothing of the image is left', () => saveOverItsDiskIsRefused(fixture.rt, root, 'runc', 'rfull1'));
 
 /** The host uid owning the user namespace of a host pid (ioctl NS_GET_OWNER_UID). */
 async function usernsOwner(pid: number): Promise<number> {

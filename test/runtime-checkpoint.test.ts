@@ -12,7 +12,6 @@ import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
-import type { Container } from '../src/api/types.ts';
 import { isAsbError } from '../src/errors.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { CHECKPOINT_META, DURABLE_MARK, type CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
@@ -21,7 +20,8 @@ import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { waitFor } from './support/wait.ts';
-import { counterApp, httpGet, podSh, startedReady as startedReadyIn } from './support/counter-app.ts';
+import { podSh, startedReady as startedReadyIn } from './support/counter-app.ts';
+import { count, countedAndPaused as countedAndPausedIn, counterPod as counterPodOf, handlesSurviveAStop, readMeta as readMetaIn, saveOverItsDiskIsRefused, writeMeta as writeMetaIn, type CounterPodOptions } from './support/state-pods.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
 const execFileAsync = promisify(execFile);
@@ -38,56 +38,16 @@ before(async () => {
 
 after(() => stopTestRuntime(fixture));
 
-const COUNTER = counterApp(8000, { hold: true });
-
-function counterPod(id: string, opts: { holdMiB?: number; runtimeClassName?: string | null; container?: Partial<Container> } = {}): PodRequest {
-  const runtimeClassName = opts.runtimeClassName === undefined ? 'gvisor' : opts.runtimeClassName;
-  return {
-    id, uid: `uid-${id}`, namespace: 'default', hostname: `${id}-host`,
-    spec: {
-      ...(runtimeClassName === null ? {} : { runtimeClassName }),
-      containers: [{
-        name: 'main', image: 'agent-sandbox/base', command: ['python3', '-c', COUNTER, String(opts.holdMiB ?? 0)],
-        readinessProbe: { tcpSocket: { port: 8000 }, periodSeconds: 1 },
-        ...opts.container,
-      }],
-    },
-  };
+/** The counter pod on gVisor, or on runc with `runtimeClassName: null`. */
+function counterPod(id: string, opts: CounterPodOptions & { runtimeClassName?: null } = {}): PodRequest {
+  return counterPodOf(opts.runtimeClassName === null ? 'runc' : 'gvisor', id, { ...opts, checkpointable: false });
 }
 
-
-/** The counter's token and count, asked over the pod's own address from the host. */
-async function count(state: PodState): Promise<{ token: string; n: number }> {
-  const [token = '', n = ''] = (await httpGet(`http://${state.ip ?? ''}:8000/`)).split(' ');
-  return { token, n: Number(n) };
-}
-
-function startedReady(req: PodRequest): Promise<PodState> {
-  return startedReadyIn(rt, req);
-}
-
-function sh(id: string, script: string): Promise<string> {
-  return podSh(rt, id, script);
-}
-
-async function readMeta(id: string): Promise<CheckpointMeta> {
-  return JSON.parse(await readFile(join(podPaths(root, id).checkpoint, CHECKPOINT_META), 'utf8')) as CheckpointMeta;
-}
-
-async function writeMeta(id: string, meta: CheckpointMeta): Promise<void> {
-  await writeFile(join(podPaths(root, id).checkpoint, CHECKPOINT_META), JSON.stringify(meta));
-}
-
-/** Runs the counter to 3, writes a file in its writable layer and /tmp, and stops it with memory. */
-async function countedAndPaused(req: PodRequest): Promise<{ before: PodState; token: string }> {
-  const before = await startedReady(req);
-  let last = { token: '', n: 0 };
-  for (let i = 0; i < 3; i++) last = await count(before);
-  assert.equal(last.n, 3);
-  await sh(req.id, 'echo kept > /home/user/kept.txt; echo tmp-kept > /tmp/kept.txt');
-  await rt.stop(req.id, { memory: true });
-  return { before, token: last.token };
-}
+const startedReady = (req: PodRequest): Promise<PodState> => startedReadyIn(rt, req);
+const sh = (id: string, script: string): Promise<string> => podSh(rt, id, script);
+const readMeta = (id: string): Promise<CheckpointMeta> => readMetaIn(root, id);
+const writeMeta = (id: string, meta: CheckpointMeta): Promise<void> => writeMetaIn(root, id, meta);
+const countedAndPaused = (req: PodRequest): Promise<{ before: PodState; token: string }> => countedAndPausedIn(rt, req);
 
 test('a gVisor pod stopped with memory goes on where it was: its in-memory counter, its listening socket, its address and its files', async () => {
   const req = counterPod('mem1');
@@ -176,18 +136,7 @@ test('an image runsc itself refuses to restore: the shim starts the pod fresh, w
   assert.equal(existsSync(dir), false);
 });
 
-test('a save that would pass the pod\'s ephemeral-storage is refused: the pod keeps running and nothing of the image is left', async () => {
-  // 96 MiB of memory against a 64 MiB disk: the image cannot fit.
-  const req = counterPod('full1', { holdMiB: 96, container: { resources: { limits: { 'ephemeral-storage': '64Mi', memory: '512Mi' } } } });
-  const before = await startedReady(req);
-  assert.equal((await count(before)).n, 1);
-  await assert.rejects(rt.stop('full1', { memory: true }), (err) => isAsbError(err, 'CheckpointFailed') && /would pass its ephemeral-storage limit of 64\.0 MiB/.test(err.message) && /keeps running/.test(err.message));
-  const after = rt.state('full1');
-  assert.equal(after.phase, 'Running');
-  assert.equal((await count(after)).n, 2, 'the same process answers');
-  const paths = podPaths(root, 'full1');
-  assert.equal(existsSync(paths.checkpoint) || existsSync(paths.checkpointPartial), false);
-});
+test('a save that would pass the pod\'s ephemeral-storage is refused: the pod keeps running and nothing of the image is left', () => saveOverItsDiskIsRefused(rt, root, 'gvisor', 'full1'));
 
 test('a save runsc fails leaves the sandbox running, resumed, with no image left', async (t) => {
   const req = counterPod('rsfail1');
@@ -281,51 +230,7 @@ test('a runc pod in its shim\'s user namespace refuses a stop with memory (sayin
   await assert.rejects(rt.stop('nosuchpod', { memory: true }), (err) => isAsbError(err, 'NotFound'));
 });
 
-test('processes started through the runtime (a background server, a terminal) survive a stop with memory: their handles attach to them again', async () => {
-  const id = 'ckagent';
-  const req = counterPod(id);
-  const first = await startedReady(req);
-  // A second counter, started as E2B's background commands are (spawn), on port 8001.
-  const server = await rt.spawn(id, { command: ['python3', '-c', counterApp(8001, { hold: true }), '0'] });
-  let serverEnded = false;
-  void server.exited.then(() => (serverEnded = true));
-  const url = `http://${first.ip ?? ''}:8001/`;
-  let before = '';
-  for (let i = 0; i < 100 && before === ''; i++) before = await httpGet(url).catch(() => new Promise<string>((resolve) => setTimeout(() => resolve(''), 50)));
-  const [token] = before.split(' ');
-  assert.equal(await httpGet(url), `${token ?? ''} 2`);
-  // A terminal whose shell keeps a variable in memory.
-  const pty = await rt.openPty(id, { cols: 80, rows: 24, command: ['sh'] });
-  const screen: string[] = [];
-  const reading = (async () => {
-    for await (const chunk of pty.output) screen.push(Buffer.from(chunk).toString());
-  })();
-  // Stopped only once the shell has run it: input still on its way when the save drops the
-  // agent's connections is lost, as keystrokes typed into a terminal at a pause would be.
-  await pty.write('X=kept-in-memory; echo "set-$((40 + 2))"\n');
-  for (let i = 0; i < 100 && !screen.join('').includes('set-42'); i++) await new Promise((resolve) => setTimeout(resolve, 50));
-
-  await rt.stop(id, { memory: true });
-  assert.equal(rt.state(id).phase, 'Stopped');
-  assert.equal(serverEnded, false, 'the handle of a process kept in the checkpoint does not end');
-  await startedReady(req);
-  assert.equal(await httpGet(url), `${token ?? ''} 3`, 'the spawned server answers from its memory');
-  await pty.write('echo "[$X]"\n');
-  for (let i = 0; i < 100 && !screen.join('').includes('[kept-in-memory]'); i++) await new Promise((resolve) => setTimeout(resolve, 50));
-  assert.match(screen.join(''), /\[kept-in-memory\]/, 'the terminal\'s shell kept its variable');
-  // The handles still act on their processes.
-  server.kill('SIGTERM');
-  assert.equal((await server.exited).signal, 'SIGTERM');
-  pty.close();
-  await pty.exited;
-  await reading;
-
-  // Stopped without memory, the processes end with the pod, and their handles say so.
-  const again = await rt.spawn(id, { command: ['sleep', '1000'] });
-  await rt.stop(id);
-  assert.deepEqual(await again.exited, { exitCode: 137, signal: 'SIGKILL' });
-  await rt.remove(id);
-});
+test('processes started through the runtime (a background server, a terminal) survive a stop with memory: their handles attach to them again', () => handlesSurviveAStop(rt, counterPod('ckagent')));
 
 test('a start that discards the memory (E2B\'s on_resume "reboot") deletes the checkpoint and starts from the files', async () => {
   const id = 'ckreboot';
