@@ -1196,7 +1196,16 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const persisted = pod.persisted;
     persisted.request = { ...persisted.request, egress: policy };
     await this.#persist(pod);
-    if (pod.state.phase === 'Running' || pod.state.phase === 'Pending') await this.#firewall.apply(this.#podNet(id, persisted.ip, policy));
+    if (pod.state.phase !== 'Running' && pod.state.phase !== 'Pending') return;
+    const net = this.#podNet(id, persisted.ip, policy);
+    await this.#firewall.apply(net);
+    // The rules above decide new connections only: open ones the policy now forbids are cut here,
+    // before the change is acknowledged (runc's and gVisor's flows alike leave through the bridge).
+    const cut = await this.#firewall.cutForbidden(net).catch((err: unknown) => {
+      this.#log.error({ err, id }, 'cannot cut the open connections the new egress policy forbids: they keep running until they end');
+      return [];
+    });
+    if (cut.length > 0) this.#log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
   }
 
   /**
