@@ -52,7 +52,7 @@ export interface ForwardContext {
  */
 export function forwardAllowed(policy: EgressPolicy, ip: string, ctx: ForwardContext): boolean {
   if (floorEntry(ctx.floor, ip) !== undefined) return false;
-  const verdict = decideEgress(policy, { ip });
+  const verdict = decideEgress(policy, { ip, port: 0 }); // ports decide nothing in a policy
   if (!verdict.allowed) return false;
   if (verdict.rule === DEFAULT_RULES.internet && !ctx.proxy && compileEgressPolicy(policy).denyDomains.length > 0) return false;
   return true;
