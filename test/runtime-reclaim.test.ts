@@ -147,3 +147,23 @@ test('a runtime that closes with no pod running leaves no bridge, no claim on it
   await worker.exited;
   await assertBackTo(fresh, 'the last pod\'s removal and a clean shutdown');
 });
+
+test('gVisor pods started at once on a fresh worker leave one null-netns mount, not one per start', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-reclaim-nn-'));
+  const own: RuntimeProcessOptions = { root: join(dir, 'runtime'), bridge: 'asbrcrc1', subnet: '10.250.3.0/24', claimsDir: join(dir, 'claims'), idRangesDir: join(dir, 'id-ranges') };
+  const w = new RuntimeProcess(own);
+  const ids = ['nn1', 'nn2', 'nn3', 'nn4'];
+  try {
+    await w.ready;
+    // runsc pins the namespace once per cold start that finds none pinned: concurrent ones stack.
+    await Promise.all(ids.map((id) => w.send({ op: 'start', id, gvisor: true })));
+    const stacked = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.split(' ')[4] === join(own.root, 'runsc', 'null-netns')).length;
+    assert.equal(stacked, 1);
+  } finally {
+    for (const id of ids) await w.send({ op: 'remove', id }).catch(() => undefined);
+    await w.send({ op: 'close' }).catch(() => undefined);
+    await w.exited;
+    await deleteBridge('asbrcrc1');
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

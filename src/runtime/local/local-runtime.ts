@@ -35,7 +35,7 @@ import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
 import { Launcher, type Launched } from './launcher.ts';
 import { bridgeExists, createIpPool, createVethBatcher, deleteBridge, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
-import { carryOut, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, shimsOf, straySaves, type ReclaimScope } from './reclaim.ts';
+import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, shimsOf, straySaves, type ReclaimScope } from './reclaim.ts';
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
@@ -343,6 +343,27 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (swept > 0) this.#log.info({ swept, dir: this.#idRangesDir }, 'took back the id ranges of pods that are gone');
   }
 
+  #unstacking: Promise<void> = Promise.resolve();
+
+  /**
+   * Leaves one of the null-netns mounts concurrent first gVisor starts stack in the runsc root (runsc
+   * pins one per cold start that found none; 1 → 5 over one run before this): the others pin the
+   * same kind of empty namespace, and each gofer joins the top one when it starts, so taking the
+   * extra ones away changes nothing for a running sandbox. One at a time.
+   */
+  #unstackNullNetns(): Promise<void> {
+    const root = this.#host.runsc?.root;
+    if (root === undefined) return Promise.resolve();
+    const path = join(root, 'null-netns');
+    this.#unstacking = this.#unstacking.then(async () => {
+      for (let n = await mountsAt(path); n > 1; n--) {
+        const r = await this.#launcher.run(['umount', '--lazy', path], '');
+        if (r.code !== 0) throw new Error(`umount ${path}: ${lastLine(r.output)}`);
+      }
+    }).catch((err: unknown) => this.#log.warn({ err }, 'cannot unmount the null-netns mounts runsc stacked'));
+    return this.#unstacking;
+  }
+
   /** What reclaim.ts may touch: this runtime's own roots, mount root, cgroup parent and bridge. */
   #reclaimScope(): ReclaimScope {
     return {
@@ -643,6 +664,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (restore.from !== undefined && restore.shared !== true && (await readRestoreStatus(pod.paths.restoreStatus)) !== undefined) await this.#dropCheckpoint(pod);
       return fail(outcome.message);
     }
+    if (runtimeClass.kind === 'runsc') await this.#unstackNullNetns();
     let restoreFailure = restore.failure;
     if (restore.from !== undefined) {
       const status = await readRestoreStatus(pod.paths.restoreStatus);

@@ -191,14 +191,13 @@ export function shimsOf(procs: readonly HostProcess[], root: string): { pid: num
   return out;
 }
 
-/** Whether a gVisor container is paused, from runsc's own state file (runsc saves its status there at pause and resume). */
+/**
+ * Whether a gVisor container is paused, from runsc's own state file (runsc saves its status there
+ * at pause and resume): `<sandbox>_sandbox:<container>.state`, one sandbox per pod, so both ids are the container's.
+ */
 export async function runscPaused(runscRoot: string, containerId: string): Promise<boolean> {
-  for (const name of await names(runscRoot)) {
-    if (!name.endsWith(`_sandbox:${containerId}.state`)) continue;
-    const state = JSON.parse(await readFile(join(runscRoot, name), 'utf8').catch(() => '{}')) as { status?: unknown };
-    return state.status === 'paused';
-  }
-  return false;
+  const text = await readFile(join(runscRoot, `${containerId}_sandbox:${containerId}.state`), 'utf8').catch(() => '{}');
+  return (JSON.parse(text) as { status?: unknown }).status === 'paused';
 }
 
 /** Whether a runc container's cgroup is frozen (runc pause: the v1 freezer, or v2's cgroup.freeze). */
@@ -272,4 +271,10 @@ export async function removeMountDir(mountRoot: string, id: string): Promise<voi
 
 function ignoreMissing(err: unknown): void {
   if ((err as { code?: unknown }).code !== 'ENOENT') throw err;
+}
+
+/** How many mounts are stacked at `path` (0: none). */
+export async function mountsAt(path: string): Promise<number> {
+  const mountinfo = await readFile('/proc/self/mountinfo', 'utf8');
+  return mountinfo.split('\n').filter((line) => unescapeMount(line.split(' ')[4] ?? '') === path).length;
 }
