@@ -179,9 +179,10 @@ export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<Loc
   // with the holder's name, instead of its pods taking that instance's addresses later.
   await runtime.hasPodNetwork();
   await runtime.limitPids();
-  await runtime.endStraySaves();
+  // What a killed worker left never stops this one from starting: logged, and tried again next start.
+  await runtime.endStraySaves().catch((err: unknown) => opts.log.error({ err }, 'cannot end the saves a previous worker left running'));
   await runtime.recover();
-  await runtime.reclaim();
+  await runtime.reclaim().catch((err: unknown) => opts.log.error({ err }, 'cannot reclaim what a previous worker left'));
   await runtime.sweepIdRanges();
   return runtime;
 }
