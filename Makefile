@@ -5,7 +5,7 @@ SHELL := /bin/bash
 export PATH := $(CURDIR)/.tools/node/bin:$(PATH)
 NODE := $(CURDIR)/.tools/node/bin/node
 # Debian packages as package:command pairs; the command proves the package is installed.
-APT_RUNTIME := iproute2:ip nftables:nft util-linux:unshare util-linux:nsenter procps:ps gcc:cc openssl:openssl e2fsprogs:mkfs.ext4
+APT_RUNTIME := iproute2:ip nftables:nft util-linux:unshare util-linux:nsenter procps:ps gcc:cc openssl:openssl e2fsprogs:mkfs.ext4 conntrack:conntrack
 APT_TEST := prometheus:promtool chromium:chromium
 # Images (issue 16): the loopback registry, pull and unpack, and the tools that build the seed
 # images from Debian packages (scripts/build-images.sh).

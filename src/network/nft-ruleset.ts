@@ -8,7 +8,7 @@
 // - bridge table, prerouting of each pod port (s_<veth>): frames must carry the pod's own MAC, and
 //   IPv4/ARP the pod's own address, else they are dropped. IPv6 and other ethertypes are dropped:
 //   pods have IPv4 only. This makes the source address trustworthy for the inet rules below. A
-//   port in the `ports` set whose chain was emptied (pod removed) is dropped whole. (`meta
+//   port in the `ports` set without a chain's rules is dropped whole. (`meta
 //   ibrname` would name the bridge instead of a set of ports: this kernel answers "Operation not
 //   supported".)
 // - bridge table, forward: every frame from a pod's port to another port is dropped, so pod↔pod
@@ -230,16 +230,24 @@ export function podScript(net: BridgeNet, pod: PodNet): string {
 }
 
 /**
- * Empties one pod's chains (the pod ended, was removed, or its address was freed): an empty
- * chain returns to the base chain, whose next rule rejects (inet) or drops (bridge) everything
- * from that address or port, until podScript fills them again.
+ * Deletes one pod's chains and map entries (the pod was removed): its address then matches no
+ * entry of the maps, so the base chains' "unknown-source" rule rejects everything from it until
+ * podScript adds it again. Each chain and entry is added first in the same transaction, so the
+ * script deletes what is there whether or not it was (a pod not running since the worker started
+ * has none: the table was rebuilt), and nothing of a removed pod stays in the table under churn.
  */
 export function podRemoveScript(net: BridgeNet, pod: { ip: string; veth: string }): string {
   const t = tableName(net.bridge);
   const k = addressKey(pod.ip);
   const lines: string[] = [];
-  for (const name of ['i', 'f', 'n']) lines.push(`add chain inet ${t} ${name}_${k}`, `flush chain inet ${t} ${name}_${k}`);
+  for (const [map, name] of [['m_in', 'i'], ['m_out', 'f'], ['m_nat', 'n']] as const) {
+    lines.push(`add chain inet ${t} ${name}_${k}`, `flush chain inet ${t} ${name}_${k}`);
+    lines.push(`add element inet ${t} ${map} { ${pod.ip} : jump ${name}_${k} }`, `delete element inet ${t} ${map} { ${pod.ip} }`, `delete chain inet ${t} ${name}_${k}`);
+  }
+  const port = quote(pod.veth);
   lines.push(`add chain bridge ${t} s_${pod.veth}`, `flush chain bridge ${t} s_${pod.veth}`);
+  lines.push(`add element bridge ${t} ports { ${port} }`, `add element bridge ${t} m_ports { ${port} : jump s_${pod.veth} }`);
+  lines.push(`delete element bridge ${t} m_ports { ${port} }`, `delete element bridge ${t} ports { ${port} }`, `delete chain bridge ${t} s_${pod.veth}`);
   return lines.join('\n') + '\n';
 }
 

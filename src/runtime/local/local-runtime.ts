@@ -33,8 +33,9 @@ import { ensureInitBinary, ensureLauncherBinary, ensureShimBinary } from './init
 import { agentPty, agentRequest, AgentLink } from './agent.ts';
 import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
 import { Launcher, type Launched } from './launcher.ts';
-import { createIpPool, createVethBatcher, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
+import { bridgeExists, createIpPool, createVethBatcher, deleteBridge, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
+import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, shimsOf, straySaves, type ReclaimScope } from './reclaim.ts';
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
@@ -180,7 +181,10 @@ export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<Loc
   // with the holder's name, instead of its pods taking that instance's addresses later.
   await runtime.hasPodNetwork();
   await runtime.limitPids();
+  // What a killed worker left never stops this one from starting: logged, and tried again next start.
+  await runtime.endStraySaves().catch((err: unknown) => opts.log.error({ err }, 'cannot end the saves a previous worker left running'));
   await runtime.recover();
+  await runtime.reclaim().catch((err: unknown) => opts.log.error({ err }, 'cannot reclaim what a previous worker left'));
   await runtime.sweepIdRanges();
   return runtime;
 }
@@ -310,6 +314,18 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return this.#network;
   }
 
+  /**
+   * The pod network for a start: set up again when the bridge is gone, which another runtime on the
+   * same state dir deletes when it closes with no pod running (close()).
+   */
+  async #podNetwork(): Promise<boolean> {
+    const net = await this.hasPodNetwork();
+    if (!net || (await bridgeExists(this.#bridge))) return net;
+    this.#log.warn({ bridge: this.#bridge }, 'the pod bridge was gone: setting it up again');
+    this.#network = undefined;
+    return this.hasPodNetwork();
+  }
+
   /** Rejects (AsbError Unavailable, naming the holder) when another instance holds the bridge or subnet. */
   async #setUpNetwork(): Promise<boolean> {
     if (this.#unavailable !== undefined) return false;
@@ -333,6 +349,122 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   async sweepIdRanges(): Promise<void> {
     const swept = await sweepStaleIdRanges(this.#idRangesDir);
     if (swept > 0) this.#log.info({ swept, dir: this.#idRangesDir }, 'took back the id ranges of pods that are gone');
+  }
+
+  #unstacking: Promise<void> = Promise.resolve();
+
+  /**
+   * Leaves one of the null-netns mounts concurrent first gVisor starts stack in the runsc root (runsc
+   * pins one per cold start that found none; 1 → 5 over one run before this): the others pin the
+   * same kind of empty namespace, and each gofer joins the top one when it starts, so taking the
+   * extra ones away changes nothing for a running sandbox. One at a time.
+   */
+  #unstackNullNetns(): Promise<void> {
+    const root = this.#host.runsc?.root;
+    if (root === undefined) return Promise.resolve();
+    const path = join(root, 'null-netns');
+    this.#unstacking = this.#unstacking.then(async () => {
+      for (let n = await mountsAt(path); n > 1; n--) {
+        const r = await this.#launcher.run(['umount', '--lazy', path], '');
+        if (r.code !== 0) throw new Error(`umount ${path}: ${lastLine(r.output)}`);
+      }
+    }).catch((err: unknown) => this.#log.warn({ err }, 'cannot unmount the null-netns mounts runsc stacked'));
+    return this.#unstacking;
+  }
+
+  /** What reclaim.ts may touch: this runtime's own roots, mount root, cgroup parent and bridge. */
+  #reclaimScope(): ReclaimScope {
+    return {
+      root: resolve(this.#opts.root),
+      runcRoot: this.#host.runcRoot,
+      ...(this.#host.runsc === undefined ? {} : { runscRoot: this.#host.runsc.root }),
+      mountRoot: this.#host.mountRoot,
+      cgroupParent: this.#host.cgroupParent,
+      bridge: this.#bridge,
+    };
+  }
+
+  /**
+   * Ends the memory saves (runc/runsc pause and checkpoint) a killed worker left running on this
+   * state dir: nobody will finish them. Before recover, which deletes their half-written images;
+   * reclaim then resumes the sandboxes they paused.
+   */
+  async endStraySaves(): Promise<void> {
+    if (this.#unavailable !== undefined) return;
+    const scope = this.#reclaimScope();
+    const pids = straySaves(await readProcesses(), [scope.runcRoot, ...(scope.runscRoot === undefined ? [] : [scope.runscRoot])]);
+    if (pids.length === 0) return;
+    for (const pid of pids) signal(pid, 'SIGKILL');
+    await this.#gone(pids, 5_000);
+    this.#log.warn({ pids }, 'ended the memory saves a previous worker left running');
+  }
+
+  /** Waits (polling every 20 ms, at most `ms`) until none of `pids` runs; whether they all ended. */
+  async #gone(pids: readonly number[], ms: number): Promise<boolean> {
+    const starts = await Promise.all(pids.map((pid) => processStartTime(pid)));
+    const until = this.#clock.now() + ms;
+    for (;;) {
+      const left = await Promise.all(pids.map(async (pid, i) => starts[i] !== undefined && (await processStartTime(pid)) === starts[i]));
+      if (!left.includes(true)) return true;
+      if (this.#clock.now() >= until) return false;
+      await new Promise<void>((done) => this.#clock.after(20, done));
+    }
+  }
+
+  /**
+   * The sweep at start, after recover (reclaim.ts): the adopted pods a killed save left paused
+   * run again, then everything of this state dir that belongs to no running pod goes: shims,
+   * runc and gVisor containers, mounts (gVisor's stacked null-netns among them), veths, cgroups
+   * and mount-point directories. The firewall table was rebuilt at start with the adopted pods'
+   * chains only; half-written checkpoints and snapshots went in recover; id ranges go next
+   * (sweepIdRanges). A failure is logged and the next start tries again: a worker never fails to
+   * start because of what an earlier one left.
+   */
+  async reclaim(): Promise<void> {
+    if (this.#unavailable !== undefined) return;
+    const live = [...this.#pods.values()].filter((pod) => pod.target !== undefined);
+    for (const pod of live) await this.#unpause(pod).catch((err: unknown) => this.#log.error({ err, id: pod.id }, 'cannot resume an adopted pod a killed save left paused'));
+    const scope = this.#reclaimScope();
+    const ids = new Set(live.map((pod) => pod.id));
+    // A shim of a pod that no longer runs is cleaning up after it (a stop the last worker began)
+    // or waits for a "go" that will never come: it gets the time a shim needs, then ends.
+    const shims = shimsOf(await readProcesses(), scope.root).filter((shim) => !ids.has(shim.id)).map((shim) => shim.pid);
+    if (shims.length > 0 && !(await this.#gone(shims, EXIT_STATUS_WAIT_MS))) {
+      for (const pid of shims) signal(pid, 'SIGKILL');
+      await this.#gone(shims, 5_000);
+    }
+    const plan = reclaimPlan(scope, await readHostFacts(scope), {
+      ids,
+      veths: new Set(live.map((pod) => vethName(this.#bridge, pod.id))),
+      gvisor: live.some((pod) => pod.target?.kind === 'runsc'),
+    });
+    if (plan.length === 0) return;
+    const runsc = this.#host.runsc;
+    const failed = await carryOut(scope, plan, {
+      run: (argv) => this.#launcher.run(argv, ''),
+      runc: { binary: this.#host.runc, flags: this.#host.runtimeFlags ?? [] },
+      ...(runsc === undefined ? {} : { runsc: { binary: runsc.binary, flags: runsc.flags } }),
+    });
+    this.#log.info({ removed: planSummary(plan), shimsEnded: shims.length }, 'reclaimed what a previous worker left of pods that no longer run');
+    if (failed.length > 0) this.#log.error({ failed }, 'could not reclaim everything a previous worker left; the next start tries again');
+  }
+
+  /**
+   * An adopted pod as a killed worker may have left it in the middle of a save: paused (a stop with
+   * memory, a snapshot) or its disk frozen (a snapshot's copy, a template build's read). It runs
+   * again; a sealed checkpoint of a pod that runs on is stale (its memory moved on) and goes.
+   */
+  async #unpause(pod: Pod): Promise<void> {
+    const target = pod.target;
+    if (target === undefined) return;
+    if (target.kind === 'runsc' ? await runscPaused(target.runcRoot, target.id) : await runcFrozen(posix.join(this.#host.cgroupParent, pod.id))) {
+      const resumed = target.kind === 'runc' ? await this.#runcOn(target, ['resume', target.id]) : await this.#runsc(target, { op: 'resume', id: target.id });
+      if (resumed.code !== 0) throw new Error(`${target.kind} resume: ${lastLine(resumed.output)}`);
+      this.#log.warn({ id: pod.id }, 'resumed a pod the last worker paused for a save it never finished');
+    }
+    if (pod.checkpoint !== undefined) await this.#dropCheckpoint(pod);
+    const disk = pod.paths.disk;
+    if (disk !== undefined && !(await madeBeforeDisks(pod.paths.dir))) await this.#host.disk.thaw(disk.mount);
   }
 
   /** Loads every pod dir: pods whose init still runs are adopted, the others are Stopped. */
@@ -459,7 +591,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       return fail(err instanceof Error ? err.message : String(err), snap === undefined ? 'ErrImagePull' : 'SnapshotUnavailable');
     }
     if (pod.generation !== generation) return { ...pod.state };
-    const net = await this.hasPodNetwork();
+    const net = await this.#podNetwork();
     const kept = pod.persisted?.ip;
     // Kept across hibernation, unless it lies outside this bridge's subnet (hibernated before the
     // subnet changed: state from before subnets were per state dir, or another ASB_SUBNET). It
@@ -541,6 +673,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (restore.from !== undefined && restore.shared !== true && (await readRestoreStatus(pod.paths.restoreStatus)) !== undefined) await this.#dropCheckpoint(pod);
       return fail(outcome.message);
     }
+    if (runtimeClass.kind === 'runsc') await this.#unstackNullNetns();
     let restoreFailure = restore.failure;
     if (restore.from !== undefined) {
       const status = await readRestoreStatus(pod.paths.restoreStatus);
@@ -1211,7 +1344,16 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const persisted = pod.persisted;
     persisted.request = { ...persisted.request, egress: policy };
     await this.#persist(pod);
-    if (pod.state.phase === 'Running' || pod.state.phase === 'Pending') await this.#firewall.apply(this.#podNet(id, persisted.ip, policy));
+    if (pod.state.phase !== 'Running' && pod.state.phase !== 'Pending') return;
+    const net = this.#podNet(id, persisted.ip, policy);
+    await this.#firewall.apply(net);
+    // The rules above decide new connections only: open ones the policy now forbids are cut here,
+    // before the change is acknowledged (runc's and gVisor's flows alike leave through the bridge).
+    const cut = await this.#firewall.cutForbidden(net).catch((err: unknown) => {
+      this.#log.error({ err, id }, 'cannot cut the open connections the new egress policy forbids: they keep running until they end');
+      return [];
+    });
+    if (cut.length > 0) this.#log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
   }
 
   /**
@@ -1346,13 +1488,25 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // A running pod keeps its rules (the next runtime re-adopts it); with none left the tables go.
     const anyRuns = [...this.#pods.values()].some((pod) => pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined);
     const network = this.#network;
-    const dropTables = async (): Promise<void> => {
+    // With none, the bridge and the claim on it go too: `make up` stopped left both behind.
+    const dropNetwork = async (): Promise<void> => {
       if (anyRuns || network === undefined || !(await network.catch(() => false))) return;
       await this.#firewall.destroy().catch((err: unknown) => this.#log.warn({ err }, 'cannot delete the firewall tables'));
+      // Not while another runtime's pods hang off it (two runtimes on one state dir, in tests).
+      const ports = await readdir(`/sys/class/net/${this.#bridge}/brif`).catch(() => []);
+      if (ports.length === 0) await deleteBridge(this.#bridge).catch((err: unknown) => this.#log.warn({ err }, 'cannot delete the pod bridge'));
+      await releaseNetwork(this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR, this.#bridge, resolve(this.#opts.root)).catch((err: unknown) => this.#log.warn({ err }, 'cannot release the claim on the pod bridge'));
+    };
+    // The empty mount-point directories of pods that do not run (a stopped pod's shim unmounted them).
+    const running = new Set([...this.#pods.values()].filter((pod) => pod.target !== undefined || pod.starting !== undefined).map((pod) => pod.id));
+    const dropMountDirs = async (): Promise<void> => {
+      const names = await readdir(this.#host.mountRoot).catch(() => []);
+      for (const id of names) if (!running.has(id)) await removeMountDir(this.#host.mountRoot, id).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot remove the pod\'s mount-point directory'));
+      await rmdir(this.#host.mountRoot).catch(() => undefined);
     };
     return Promise.all([
-      dropTables().then(() => this.#launcher.close()),
-      rmdir(this.#host.mountRoot).catch(() => undefined),
+      dropNetwork().then(() => this.#launcher.close()),
+      dropMountDirs(),
       removeParent(this.#host.cgroupParent),
       runscRoot === undefined || gvisorRuns ? undefined : releaseRunscRoot(runscRoot).catch((err: unknown) => this.#log.warn({ err }, 'cannot release runsc state')),
     ]).then(() => undefined);

@@ -11,6 +11,8 @@
 // isolation until the worker restarted.
 import { writeFile } from 'node:fs/promises';
 import type { Logger } from '../../system/log.ts';
+import { cutDestinations, parseConntrackFlows } from '../../network/conntrack-cut.ts';
+import { DEFAULT_FLOOR } from '../../network/egress-floor.ts';
 import { baseScript, deleteScript, parseCounters, podRemoveScript, podScript, tableName, type BridgeNet, type PodNet, type RuleCount } from '../../network/nft-ruleset.ts';
 
 /** Runs argv with input on stdin: exit code and what it printed. */
@@ -61,6 +63,22 @@ export class PodFirewall {
   /** Installs (or replaces) a pod's rules; rejects when nft refused them: the pod must not start. */
   apply(pod: PodNet): Promise<void> {
     return this.#queue(podScript(this.#net, pod));
+  }
+
+  /**
+   * Ends the pod's open forwarded flows its policy now forbids (conntrack-cut.ts says why the rules
+   * alone do not): run after apply() of a policy change. The destinations cut, for the log.
+   */
+  async cutForbidden(pod: PodNet): Promise<string[]> {
+    const listed = await this.#run(['conntrack', '-L', '-f', 'ipv4', '-s', pod.ip], '');
+    if (listed.code !== 0) throw new Error(`conntrack -L -s ${pod.ip}: ${listed.output.trim().slice(0, 500)}`);
+    const cut = cutDestinations(parseConntrackFlows(listed.output), pod.ip, pod.policy, { floor: this.#net.floor ?? DEFAULT_FLOOR, proxy: this.#net.egressProxyPort !== undefined });
+    for (const dst of cut) {
+      // Exit 1 with "0 flow entries" when the flow ended meanwhile: nothing left to cut.
+      const deleted = await this.#run(['conntrack', '-D', '-f', 'ipv4', '-s', pod.ip, '-d', dst], '');
+      if (deleted.code !== 0 && !deleted.output.includes('0 flow entries')) throw new Error(`conntrack -D -s ${pod.ip} -d ${dst}: ${deleted.output.trim().slice(0, 500)}`);
+    }
+    return cut;
   }
 
   /** Empties a pod's chains: its address and port then have no way through. */
