@@ -8,7 +8,8 @@
 // - `wakegvisor`: `wakeready` with `runtimeClassName: gvisor`, gVisor's figure beside runc's
 //   (issue 16 point 6); absent when this machine cannot run runsc;
 // - `wakememory`: a gVisor app holding 64 MiB, paused with its memory (pause {memory: true}) and
-//   woken by restoring it: the server answers from where it was, no start-up of its own.
+//   woken by restoring it: the server answers from where it was, no start-up of its own;
+// - `wakememrunc`: the same app on runc (suspensionStrategy Hibernate, CRIU's restore).
 // The client behaves as a user pressing reload: after a non-200 it asks again 100 ms later, up
 // to 30 s; the time is from the first request to the first 200, and every non-200 is counted.
 import { request } from 'node:http';
@@ -38,6 +39,8 @@ export interface WakeResults {
   gvisor?: WakeFigures;
   /** gVisor, paused with memory, an app holding MEMORY_APP_MIB. */
   memory?: WakeFigures & { heldMiB: number };
+  /** runc (CRIU), the same. */
+  memoryRunc: WakeFigures & { heldMiB: number };
 }
 
 /** What the memory-kept wake's app holds. */
@@ -49,10 +52,11 @@ export async function benchWake(): Promise<WakeResults> {
     const target: Target = { apiUrl: system.apiUrl, adminKey: system.adminKey };
     const ready = await wakes(system.edgeUrl, system.domain, target, 'wakeready', ['python3', '-m', 'http.server', '8080', '--directory', '/tmp'], true);
     const slow = await wakes(system.edgeUrl, system.domain, target, 'wakeslow', ['sh', '-c', `sleep ${LISTEN_DELAY_S} && exec python3 -m http.server 8080 --directory /tmp`], false);
-    const results: WakeResults = { ready, slowListen: { ...slow, listenDelayS: LISTEN_DELAY_S } };
+    const app = `hold = b"\\x01" * (${String(MEMORY_APP_MIB)} << 20)\nimport http.server\nhttp.server.HTTPServer(("0.0.0.0", 8080), http.server.SimpleHTTPRequestHandler).serve_forever()`;
+    const memoryRunc = { ...await wakes(system.edgeUrl, system.domain, target, 'wakememrunc', ['python3', '-c', app], true, undefined, true), heldMiB: MEMORY_APP_MIB };
+    const results: WakeResults = { ready, slowListen: { ...slow, listenDelayS: LISTEN_DELAY_S }, memoryRunc };
     if (canRunGvisor()) {
       results.gvisor = await wakes(system.edgeUrl, system.domain, target, 'wakegvisor', ['python3', '-m', 'http.server', '8080', '--directory', '/tmp'], true, 'gvisor');
-      const app = `hold = b"\\x01" * (${String(MEMORY_APP_MIB)} << 20)\nimport http.server\nhttp.server.HTTPServer(("0.0.0.0", 8080), http.server.SimpleHTTPRequestHandler).serve_forever()`;
       results.memory = { ...await wakes(system.edgeUrl, system.domain, target, 'wakememory', ['python3', '-c', app], true, 'gvisor', true), heldMiB: MEMORY_APP_MIB };
     }
     return results;
@@ -72,8 +76,10 @@ function canRunGvisor(): boolean {
 }
 
 async function wakes(edgeUrl: string, domain: string, target: Target, name: string, command: string[], probe: boolean, runtimeClassName?: string, memory = false): Promise<WakeFigures> {
-  const [template, pool] = poolObjects(name, 1) as [{ spec: { podTemplate: { spec: { containers: Record<string, unknown>[]; runtimeClassName?: string } } } }, unknown];
+  const [template, pool] = poolObjects(name, 1) as [{ spec: { podTemplate: { spec: { containers: Record<string, unknown>[]; runtimeClassName?: string } }; suspensionStrategy?: string } }, unknown];
   if (runtimeClassName !== undefined) template.spec.podTemplate.spec.runtimeClassName = runtimeClassName;
+  // A runc pod keeps its memory only when started for it (PodRequest.checkpointable).
+  if (memory && runtimeClassName === undefined) template.spec.suspensionStrategy = 'Hibernate';
   template.spec.podTemplate.spec.containers = [
     {
       name: 'main',
