@@ -22,9 +22,15 @@ const facts: HostFacts = {
   cgroups: ['/sys/fs/cgroup/pids/asb-aaaa/live', '/sys/fs/cgroup/pids/asb-aaaa/dead', '/sys/fs/cgroup/memory/asb-aaaa/dead'],
   bridgePorts: ['vxlive', 'vxdead'],
   mountDirs: ['live', 'dead', 'gone'],
+  loops: [
+    { device: '/dev/loop3', backingFile: '/s/rt/pods/live/disk.img' },
+    // attached, never mounted: the worker died between the two
+    { device: '/dev/loop4', backingFile: '/s/rt/pods/half/disk.img' },
+    { device: '/dev/loop5', backingFile: '/s/other/pods/half/disk.img' },
+  ],
 };
 
-test('reclaim removes what belongs to no live pod, deepest mounts first, and keeps one null-netns layer for a live gVisor pod', () => {
+test('reclaim removes what belongs to no live pod, deepest mounts first, detaches a dead pod\'s disk attached but never mounted, and keeps one null-netns layer for a live gVisor pod', () => {
   const plan = reclaimPlan(scope, facts, { ids: new Set(['live']), veths: new Set(['vxlive']), gvisor: true });
   assert.deepEqual(plan, [
     { kind: 'delete-container', runtime: 'runc', id: 'dead' },
@@ -35,6 +41,7 @@ test('reclaim removes what belongs to no live pod, deepest mounts first, and kee
     { kind: 'unmount', path: '/s/rt/pods/dead/netns' },
     { kind: 'unmount', path: '/s/rt/runsc/null-netns' },
     { kind: 'unmount', path: '/s/rt/runsc/null-netns' },
+    { kind: 'detach-loop', device: '/dev/loop4' },
     { kind: 'delete-veth', name: 'vxdead' },
     { kind: 'remove-cgroup', path: '/sys/fs/cgroup/pids/asb-aaaa/dead' },
     { kind: 'remove-cgroup', path: '/sys/fs/cgroup/memory/asb-aaaa/dead' },

@@ -40,6 +40,8 @@ export interface HostFacts {
   bridgePorts: string[];
   /** Entries of the mount root (one per pod that had a mount point). */
   mountDirs: string[];
+  /** Attached loop devices and the files behind them (a pod's disk image lies in <root>/pods/<id>/). */
+  loops: { device: string; backingFile: string }[];
 }
 
 /** The pods that run (adopted), which keep everything of theirs. */
@@ -56,6 +58,7 @@ export type ReclaimAction =
   | { kind: 'unmount'; path: string }
   | { kind: 'delete-veth'; name: string }
   | { kind: 'remove-cgroup'; path: string }
+  | { kind: 'detach-loop'; device: string }
   | { kind: 'remove-mount-dir'; id: string };
 
 /** The pod a path of its belongs to (under pods/<id>/ or the mount root's <id>/), or undefined. */
@@ -74,7 +77,7 @@ export function runscPod(containerId: string): string {
 /**
  * What to remove, in an order that works: containers first (their deletion kills what still runs
  * and frees their cgroups), then mounts deepest first (a mount inside another goes before it), the
- * bridge ports, the cgroups (only empty ones can go: a cgroup with a process is never forced), and
+ * loop devices of dead pods' disks, the bridge ports, the cgroups (only empty ones can go: a cgroup with a process is never forced), and
  * the mount-point directories last.
  */
 export function reclaimPlan(scope: ReclaimScope, facts: HostFacts, live: LivePods): ReclaimAction[] {
@@ -92,6 +95,9 @@ export function reclaimPlan(scope: ReclaimScope, facts: HostFacts, live: LivePod
   }
   unmount.sort((a, b) => b.split('/').length - a.split('/').length);
   for (const path of unmount) actions.push({ kind: 'unmount', path });
+  // A disk attached but never mounted (a worker killed between the two) is no mount to undo, and
+  // one lazily unmounted above goes once released: detaching marks either to go when unused.
+  for (const loop of facts.loops) if (dead(podOf(scope, loop.backingFile))) actions.push({ kind: 'detach-loop', device: loop.device });
   for (const name of facts.bridgePorts) if (!live.veths.has(name)) actions.push({ kind: 'delete-veth', name });
   for (const path of facts.cgroups) if (dead(path.split('/').pop())) actions.push({ kind: 'remove-cgroup', path });
   for (const id of facts.mountDirs) if (dead(id)) actions.push({ kind: 'remove-mount-dir', id });
@@ -137,7 +143,18 @@ export async function readHostFacts(scope: ReclaimScope): Promise<HostFacts> {
     cgroups,
     bridgePorts: await names(`/sys/class/net/${scope.bridge}/brif`),
     mountDirs: await names(scope.mountRoot),
+    loops: await attachedLoops(),
   };
+}
+
+/** Loop devices with a file behind them (/sys/block/loopN/loop/backing_file). */
+async function attachedLoops(): Promise<{ device: string; backingFile: string }[]> {
+  const loops: { device: string; backingFile: string }[] = [];
+  for (const name of (await names('/sys/block')).filter((n) => /^loop\d+$/.test(n))) {
+    const backing = (await readFile(`/sys/block/${name}/loop/backing_file`, 'utf8').catch(() => '')).trim();
+    if (backing !== '') loops.push({ device: `/dev/${name}`, backingFile: backing });
+  }
+  return loops;
 }
 
 /** Counts of a plan's actions by kind, for the log. */
@@ -242,6 +259,9 @@ export async function carryOut(scope: ReclaimScope, actions: readonly ReclaimAct
       }
       case 'unmount':
         await must(`unmount ${a.path}`, ['umount', '--lazy', a.path]);
+        break;
+      case 'detach-loop':
+        await must(`detach ${a.device}`, ['losetup', '--detach', a.device]);
         break;
       case 'delete-veth':
         await must(`delete ${a.name}`, ['ip', 'link', 'del', a.name]);
