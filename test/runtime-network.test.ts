@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { test, type TestContext } from 'node:test';
 import { isAsbError } from '../src/errors.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
-import { bridgeExists, deleteBridge } from '../src/runtime/local/network.ts';
+import { bridgeExists, deleteBridge, ensureBridge, ipBatch, parseSubnet } from '../src/runtime/local/network.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
 import { claimNetwork, networkConflict, overlaps, parseCidr, type HostNetwork, type NetworkClaim } from '../src/runtime/local/network-claim.ts';
 import { processStartTime } from '../src/runtime/local/rootfs.ts';
@@ -218,4 +218,32 @@ test('a second worker process on another data dir whose subnet the first holds e
     return true;
   });
   assert.equal(await bridgeExists('asbncwb'), false, 'the refused worker made no bridge');
+});
+
+test("a port joining or leaving the pod bridge leaves the bridge's MAC address, the gateway every pod has cached, as it was (regression: 200 terminals opened while the warm pool refilled all waited ~53 s for their connections)", async (t) => {
+  // Own bridge (asbttmac), ports (asbttmac0/1) and subnet (10.254/16): no other test uses them.
+  const [bridge, port, peer] = ['asbttmac', 'asbttmac0', 'asbttmac1'];
+  const subnet = parseSubnet('10.254.0.0/16');
+  const mac = async (): Promise<string> => (await readFile(`/sys/class/net/${bridge}/address`, 'utf8')).trim();
+  // A port whose address is below any the kernel draws at random: a bridge whose own address was
+  // never set takes the lowest of its ports' (that is what moved the gateway under the pods).
+  const joinPort = (): Promise<string> => ipBatch([`link add ${port} address 02:00:00:00:00:00 type veth peer name ${peer}`, `link set ${port} master ${bridge} up`]);
+  const leavePort = (): Promise<string> => ipBatch([`link del ${port}`]);
+  t.after(async () => {
+    await leavePort();
+    await deleteBridge(bridge);
+  });
+  await leavePort();
+  await deleteBridge(bridge);
+  await ensureBridge(bridge, subnet);
+  const first = await mac();
+  assert.equal(await joinPort(), '');
+  assert.equal(await mac(), first, 'a pod joining');
+  assert.equal(await leavePort(), '');
+  assert.equal(await mac(), first, 'a pod leaving');
+  // A worker starting again finds the bridge there: it keeps the address its pods have cached.
+  await ensureBridge(bridge, subnet);
+  assert.equal(await mac(), first, 'a worker restart');
+  assert.equal(await joinPort(), '');
+  assert.equal(await mac(), first, 'a pod joining after the restart');
 });

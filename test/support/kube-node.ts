@@ -25,6 +25,7 @@ import { basename, join, resolve } from 'node:path';
 import { stringify } from 'yaml';
 import { AsbError } from '../../src/errors.ts';
 import { acquireOwnerLockWaiting, type OwnerLock } from '../../src/store/owner-lock.ts';
+import { podMac } from '../../src/runtime/local/network.ts';
 import { freePort } from '../../src/system/local-system.ts';
 import { diesWithTest, KUBE_NODE_IP, KUBE_NODE_NAME, KUBERNETES_SERVICE_IP, logTail, startKubeApiServer, type KubeApiServer } from './kube-apiserver.ts';
 import { cgroupHierarchies, forwardTableOf, isDir, recordHost, releaseNodeHost, type NodeHostState } from './node-host.ts';
@@ -237,9 +238,14 @@ async function reserveHost(slot: NodeSlot): Promise<HostReservation> {
       // The namespace is a router between its Pods and the host, as a machine on a network is.
       await ipLink(['netns', 'exec', ns.name, 'sysctl', '-q', '-w', 'net.ipv4.ip_forward=1']);
     }
-    // The pod bridge, in the node's network.
+    // The pod bridge, in the node's network, with its MAC address set: one never set takes the
+    // lowest of its ports', so Pods' veths joining and leaving moved the node's address under the
+    // Pods on it (5 times in e2e.test.ts's restart test), whose packets to the node (probe
+    // answers, calls to the API server) then went nowhere until their ARP entry was resolved
+    // again (src/runtime/local/network.ts says more). The CNI bridge plugin sets it only with
+    // isGateway, which is off here.
     const inNode = (args: string[]): Promise<void> => ipLink(ns === undefined ? args : ['-n', ns.name, ...args]);
-    await inNode(['link', 'add', slot.bridge, 'type', 'bridge']);
+    await inNode(['link', 'add', slot.bridge, 'address', podMac(slot.nodeIp), 'type', 'bridge']);
     await inNode(['addr', 'add', `${slot.nodeIp}/${bitsOf(slot.podCidr)}`, 'dev', slot.bridge]);
     await inNode(['link', 'set', slot.bridge, 'up']);
     return reservation;

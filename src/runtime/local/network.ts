@@ -8,7 +8,7 @@
 // here). The runtime runs them through its launcher, so the worker itself never forks for them.
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { access, readlink } from 'node:fs/promises';
+import { access, readFile, readlink } from 'node:fs/promises';
 import { basename } from 'node:path';
 import type { Logger } from '../../system/log.ts';
 
@@ -102,10 +102,24 @@ export async function bridgeExists(bridge: string): Promise<boolean> {
   }
 }
 
-/** Creates (or re-addresses) the bridge; throws with ip's message when that is impossible. */
+/**
+ * Creates (or re-addresses) the bridge, with its MAC address set; throws with ip's message when
+ * that is impossible.
+ *
+ * The MAC is set because the kernel gives a bridge whose address was never set the lowest of its
+ * ports' addresses, again each time a port joins or leaves: a pod starting (the warm pool
+ * refilling) or ending changed the gateway's MAC under every other pod. Their ARP entries then
+ * named an address no port answers (the ports are isolated), so what the pods sent to the host
+ * was dropped until each entry was resolved again: 200 terminals opened while a new pod joined
+ * all waited ~53 s for their connection to the pod's agent, its SYN-ACKs lost and the host's SYN
+ * retransmitted (test/runtime-network.test.ts pins it). A new bridge takes podMac of the gateway
+ * (no pod has that address); an existing one keeps the address its pods have cached, now set.
+ */
 export async function ensureBridge(bridge: string, subnet: Subnet): Promise<void> {
-  const lines = (await bridgeExists(bridge)) ? [] : [`link add ${bridge} type bridge`];
-  lines.push(`addr replace ${subnet.gateway}/${subnet.prefix} dev ${bridge}`, `link set ${bridge} up`);
+  const exists = await bridgeExists(bridge);
+  const mac = exists ? (await readFile(`/sys/class/net/${bridge}/address`, 'utf8')).trim() : podMac(subnet.gateway);
+  const lines = exists ? [] : [`link add ${bridge} type bridge`];
+  lines.push(`link set ${bridge} address ${mac}`, `addr replace ${subnet.gateway}/${subnet.prefix} dev ${bridge}`, `link set ${bridge} up`);
   const stderr = await ipBatch(lines);
   if (!(await bridgeExists(bridge)) || stderr.includes('rror')) throw new Error(`cannot set up bridge ${bridge}: ${stderr.trim()}`);
 }
