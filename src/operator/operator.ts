@@ -29,7 +29,7 @@ import { CLAIM_INDEX, CLAIM_NEEDS_INDEX, claimIndexValues, claimNeedsIndexValues
 import { Claimer, POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues } from './claimer.ts';
 import { Controller } from './controller.ts';
 import { Informer, objectKey } from './informer.ts';
-import { createSandboxReconciler, NAME_INDEX, nameIndexValues } from './sandbox-controller.ts';
+import { createSandboxReconciler, isTeardown, NAME_INDEX, nameIndexValues } from './sandbox-controller.ts';
 import { createSnapshotReconciler } from './snapshot-controller.ts';
 import { POOL_INDEX, createWarmPoolController, poolIndexValues } from './warmpool-controller.ts';
 
@@ -104,6 +104,8 @@ export function startOperator(opts: OperatorOptions): Promise<Operator> {
     log,
     metrics,
     workers: opts.workers ?? SANDBOX_WORKERS,
+    // A deleted sandbox's teardown is work nobody waits on: it must never hold up a start.
+    background: (key) => isTeardown(sandboxes.get(key)),
   });
   const poolController = new Controller({ name: 'warmpool', reconcile: warmPool.reconcile, clock, log, metrics, workers: POOL_WORKERS });
   const claimController = new Controller({
