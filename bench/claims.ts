@@ -147,3 +147,30 @@ export function poolObjects(name: string, replicas: number): unknown[] {
     },
   ];
 }
+
+/**
+ * `count` cold creates of `template` (a template with no warm members), one at a time, each until
+ * ready and then deleted: the time of each create, in ms.
+ */
+export async function coldCreates(target: Target, template: string, count: number): Promise<number[]> {
+  const samples: number[] = [];
+  for (let i = 0; i < count; i++) {
+    const start = performance.now();
+    const res = await call<{ id: string; ready: boolean; launchType: string }>(target, 'POST', '/v1/sandboxes', { template, wait: true });
+    if (res.status !== 201 || !res.body.ready || res.body.launchType !== 'cold') throw new Error(`cold create failed: ${JSON.stringify(res.body)}`);
+    samples.push(performance.now() - start);
+    await call(target, 'DELETE', `/v1/sandboxes/${res.body.id}`);
+  }
+  return samples;
+}
+
+/** Waits until no sandbox of `template` is left (deleted ones included, until torn down); the wait in ms. */
+export async function waitGone(target: Target, template: string, timeoutMs: number): Promise<number> {
+  const start = performance.now();
+  for (;;) {
+    const res = await call<{ items?: unknown[] }>(target, 'GET', `/v1/sandboxes?template=${template}`);
+    if (res.status === 200 && (res.body.items ?? []).length === 0) return performance.now() - start;
+    if (performance.now() - start > timeoutMs) throw new Error(`sandboxes of ${template} still there after ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}

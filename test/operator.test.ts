@@ -62,6 +62,60 @@ test('the work queue retries errors with backoff and does not retry Invalid', as
   assert.equal(attempts.get('bad'), 1, 'a terminal error is not retried');
 });
 
+test('the work queue runs a key ahead of a backlog of background keys, which never take more than their workers', async (t) => {
+  const started: string[] = [];
+  let release: () => void = () => undefined;
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  const c = new Controller({
+    name: 'test',
+    reconcile: async (key) => {
+      started.push(key);
+      if (key.startsWith('teardown-')) await gate;
+      return undefined;
+    },
+    clock: systemClock,
+    log: silentLogger(),
+    metrics: createMetrics(new Registry()),
+    workers: 8,
+    background: (key) => key.startsWith('teardown-'),
+    backgroundWorkers: 2,
+  });
+  t.after(() => {
+    release();
+    return c.close();
+  });
+  for (let i = 0; i < 50; i++) c.enqueue(`teardown-${i}`);
+  c.enqueue('create');
+  await eventually('the create ran', () => started.includes('create'));
+  assert.deepEqual(started.filter((k) => k.startsWith('teardown-')), ['teardown-0', 'teardown-1'], 'two background workers, busy; the other 48 teardowns wait');
+  release();
+  await eventually('the backlog drained', () => c.depth === 0);
+  assert.equal(started.length, 51, 'every teardown ran once');
+});
+
+// ---- teardowns and starts
+
+test('a create starts while a bulk delete\'s teardowns are still running (a cold create never waits behind them)', async (t) => {
+  const h = await startHarness(t);
+  await h.store.create(SandboxTemplateType, template('py', h.ns));
+  const doomed: string[] = [];
+  for (let i = 0; i < 100; i++) doomed.push((await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'team' })).sandbox.metadata.name);
+  await eventually('100 sandboxes ran', () => doomed.every((id) => h.runtime.state(id).phase === 'Running'));
+  let release: () => void = () => undefined;
+  h.runtime.removeGate = new Promise<void>((resolve) => (release = resolve));
+  t.after(() => release());
+  for (const id of doomed) await h.store.delete(SandboxType, h.ns, id);
+  await eventually('teardowns under way', () => h.runtime.calls.some((c) => c.startsWith('remove ')));
+  const created = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'team' })).sandbox.metadata.name;
+  // Every teardown is stuck in remove(): on one FIFO queue the create would wait for all of them.
+  const ready = await within('the new sandbox to be ready', h.op.claimer.waitReady(h.ns, created, 60_000), 5_000);
+  assert.equal(ready.status?.phase, 'Running');
+  const removing = h.runtime.calls.filter((c) => c.startsWith('remove ')).length;
+  assert.ok(removing < doomed.length, `teardowns still wait (${removing} of ${doomed.length} began)`);
+  release();
+  await eventually('every deleted sandbox is gone', async () => (await h.store.list<Sandbox>(SandboxType, { namespace: h.ns })).items.length === 1);
+});
+
 // ---- waiting on a sandbox that failed
 
 test('a wait for a sandbox that has already failed rejects at once, naming the reason and message', async (t) => {

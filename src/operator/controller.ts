@@ -6,6 +6,11 @@
 // - Errors requeue with per-key exponential backoff (5 ms doubling to a 10 s cap); an AsbError
 //   with code Invalid is terminal: counted and logged, not retried (retrying cannot fix input).
 // - `{ requeueAfterMs }` schedules a recheck (expiry, idle timeout, not-ready replacement).
+// - Background keys (`background(key)`: a deleted sandbox's teardown) wait in their own queue:
+//   a key of the other queue always runs first, and background keys never take more than
+//   `backgroundWorkers` workers, so the rest stay free. In one FIFO, a cold create enqueued after
+//   a bulk delete of 320 sandboxes waited 3.7 s of its 4.1 s for the teardowns ahead of it, each
+//   a runtime.remove() (a stop, unmounts, runc delete), and `make bench`'s, after ~700, 5-7 s.
 import { randomString } from '../api/ids.ts';
 import { isAsbError } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
@@ -31,6 +36,10 @@ export interface ControllerOptions {
   metrics: Metrics;
   /** Reconciles running at once (different keys). Default 16. */
   workers?: number;
+  /** Whether the key's work is background work (a teardown nobody waits on); read at each enqueue. */
+  background?: (key: string) => boolean;
+  /** Background reconciles running at once, at most; default a quarter of workers (at least 1). */
+  backgroundWorkers?: number;
   baseBackoffMs?: number;
   maxBackoffMs?: number;
 }
@@ -53,7 +62,12 @@ export class Controller {
   #maxBackoffMs: number;
   /** Keys waiting for a worker, in arrival order (a Set keeps order and dedups). */
   #pending = new Set<string>();
+  /** Background keys waiting: they run only when #pending is empty. */
+  #pendingBackground = new Set<string>();
   #running = new Set<string>();
+  #runningBackground = new Set<string>();
+  #background: ((key: string) => boolean) | undefined;
+  #backgroundWorkers: number;
   /** Keys enqueued while they were running: they run again when the current run ends. */
   #dirty = new Set<string>();
   #failures = new Map<string, number>();
@@ -76,6 +90,8 @@ export class Controller {
     this.#log = opts.log.child({ controller: opts.name });
     this.#metrics = opts.metrics;
     this.#workers = opts.workers ?? DEFAULT_WORKERS;
+    this.#background = opts.background;
+    this.#backgroundWorkers = Math.max(1, Math.min(this.#workers, opts.backgroundWorkers ?? Math.floor(this.#workers / 4)));
     this.#baseBackoffMs = opts.baseBackoffMs ?? BASE_BACKOFF_MS;
     this.#maxBackoffMs = opts.maxBackoffMs ?? MAX_BACKOFF_MS;
   }
@@ -86,8 +102,15 @@ export class Controller {
       this.#dirty.add(key);
       return;
     }
-    this.#pending.add(key);
+    this.#queue(key);
     this.#pump();
+  }
+
+  /** Files a key in its queue, moving it when its kind changed (a name deleted and created again). */
+  #queue(key: string): void {
+    const background = this.#background?.(key) === true;
+    (background ? this.#pending : this.#pendingBackground).delete(key);
+    (background ? this.#pendingBackground : this.#pending).add(key);
   }
 
   /**
@@ -101,7 +124,7 @@ export class Controller {
       this.#dirty.add(key);
       return;
     }
-    this.#pending.add(key);
+    this.#queue(key);
     this.#schedulePump();
   }
 
@@ -137,7 +160,7 @@ export class Controller {
 
   /** Keys queued or running: tests and health checks use it to tell a settled controller. */
   get depth(): number {
-    return this.#pending.size + this.#running.size;
+    return this.#pending.size + this.#pendingBackground.size + this.#running.size;
   }
 
   /** Stops taking keys, cancels rechecks and waits (up to deadlineMs) for running reconciles. */
@@ -145,6 +168,7 @@ export class Controller {
     if (!this.#closed) {
       this.#closed = true;
       this.#pending.clear();
+      this.#pendingBackground.clear();
       this.#dirty.clear();
       for (const { timer } of this.#timers.values()) timer.cancel();
       this.#timers.clear();
@@ -163,14 +187,27 @@ export class Controller {
   }
 
   #pump(): void {
-    while (this.#running.size < this.#workers && this.#pending.size > 0) {
-      const next = this.#pending.values().next();
-      if (next.done === true) return;
-      const key = next.value;
-      this.#pending.delete(key);
+    while (this.#running.size < this.#workers) {
+      const key = this.#next();
+      if (key === undefined) return;
       this.#running.add(key);
       void this.#run(key);
     }
+  }
+
+  /** The next key to run, taken off its queue: the other queue's first, else a background one while background workers are free. */
+  #next(): string | undefined {
+    for (const key of this.#pending) {
+      this.#pending.delete(key);
+      return key;
+    }
+    if (this.#runningBackground.size >= this.#backgroundWorkers) return undefined;
+    for (const key of this.#pendingBackground) {
+      this.#pendingBackground.delete(key);
+      this.#runningBackground.add(key);
+      return key;
+    }
+    return undefined;
   }
 
   async #run(key: string): Promise<void> {
@@ -210,6 +247,7 @@ export class Controller {
       }
     } finally {
       this.#running.delete(key);
+      this.#runningBackground.delete(key);
       if (this.#dirty.delete(key)) this.enqueue(key);
       this.#pump();
       if (this.#running.size === 0) for (const done of this.#idle.splice(0)) done();

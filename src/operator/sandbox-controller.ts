@@ -56,6 +56,11 @@ export function holderOfId(sandboxes: Informer<Sandbox>, id: string, podUid?: st
   return holderAmong(sandboxes.byIndex(NAME_INDEX, id), podUid);
 }
 
+/** A sandbox being deleted, or gone: its reconcile only tears its pod down, and nobody waits on it. */
+export function isTeardown(sandbox: Sandbox | undefined): boolean {
+  return sandbox === undefined || sandbox.metadata.deletionTimestamp !== undefined;
+}
+
 export function podRequestFor(sandbox: Sandbox, snapshotUid?: string): PodRequest {
   const { name, uid } = sandbox.metadata;
   return {

@@ -79,12 +79,15 @@ export class FakeRuntime implements PodRuntime {
     return Promise.resolve();
   }
 
-  remove(id: string): Promise<void> {
+  /** When set, every remove() waits for it before it removes anything (a slow teardown: stop, unmounts, runc delete). */
+  removeGate: Promise<void> | undefined;
+
+  async remove(id: string): Promise<void> {
     this.calls.push(`remove ${id}`);
+    if (this.removeGate !== undefined) await this.removeGate;
     this.#checkpoints.delete(id);
     this.#volumes.delete(id);
     if (this.#pods.delete(id)) this.#emit(id);
-    return Promise.resolve();
   }
 
   state(id: string): PodState {
