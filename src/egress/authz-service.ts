@@ -12,7 +12,7 @@
 import { Counter, type Registry } from 'prom-client';
 import { GRPC_STATUS, GrpcServer, type GrpcMethod } from '../router/grpc-server.ts';
 import type { Logger } from '../system/log.ts';
-import { decodeCheckRequest, encodeCheckResponse } from './authz-codec.ts';
+import { decodeCheckRequest, encodeCheckResponse, type CheckAttributes } from './authz-codec.ts';
 import { decideConnection, type DecisionInputs, type EgressDecision } from './egress-decision.ts';
 
 export const AUTHZ_CHECK_PATH = '/envoy.service.auth.v3.Authorization/Check';
@@ -36,6 +36,8 @@ export function createEgressMetrics(registry: Registry): EgressMetrics {
 export interface EgressAuthzOptions extends DecisionInputs {
   metrics: EgressMetrics;
   log: Logger;
+  /** Every allowed Check, before the answer goes (proxy-cut.ts remembers it for a later policy change). */
+  onAllowed?: (check: CheckAttributes) => void;
 }
 
 /** The Check method, for any GrpcServer (the worker's or a test's). */
@@ -44,8 +46,10 @@ export function egressAuthzMethod(opts: EgressAuthzOptions): GrpcMethod<undefine
     open: () => undefined,
     message: (call, bytes) => {
       let decision: EgressDecision;
+      let check: CheckAttributes;
       try {
-        decision = decideConnection(decodeCheckRequest(bytes), opts);
+        check = decodeCheckRequest(bytes);
+        decision = decideConnection(check, opts);
       } catch (err) {
         // Envoy's filters fail closed (failure_mode_allow: false): an error denies.
         opts.log.warn({ err }, 'egress check failed');
@@ -53,7 +57,8 @@ export function egressAuthzMethod(opts: EgressAuthzOptions): GrpcMethod<undefine
         return;
       }
       opts.metrics.decisionsTotal.inc({ sandbox: decision.sandbox, rule: decision.rule, verdict: decision.allowed ? 'allowed' : 'denied', protocol: decision.protocol });
-      if (!decision.allowed) opts.log.debug({ sandbox: decision.sandbox, rule: decision.rule, domain: decision.domain }, 'egress denied');
+      if (decision.allowed) opts.onAllowed?.(check);
+      else opts.log.debug({ sandbox: decision.sandbox, rule: decision.rule, domain: decision.domain }, 'egress denied');
       const target = decision.domain ?? 'this address';
       call.write(
         encodeCheckResponse(

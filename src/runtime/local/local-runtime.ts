@@ -220,6 +220,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   readonly #firewall: PodFirewall;
   readonly #pods = new Map<string, Pod>();
   readonly #listeners = new Set<(id: string) => void>();
+  readonly #policyListeners = new Set<(podIp: string) => Promise<void>>();
   #network: Promise<boolean> | undefined;
   #mountRootReady: Promise<void> | undefined;
   readonly #idRangesDir: string;
@@ -1354,6 +1355,19 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       return [];
     });
     if (cut.length > 0) this.#log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
+    // The proxied ones are not the kernel's: the egress proxy's own (onPolicyChange), also before the acknowledgement.
+    await Promise.all(
+      [...this.#policyListeners].map((listener) =>
+        listener(persisted.ip).catch((err: unknown) => this.#log.error({ err, id }, 'cannot close the proxied connections the new egress policy forbids: they keep running until they end')),
+      ),
+    );
+  }
+
+  onPolicyChange(listener: (podIp: string) => Promise<void>): () => void {
+    this.#policyListeners.add(listener);
+    return () => {
+      this.#policyListeners.delete(listener);
+    };
   }
 
   /**
