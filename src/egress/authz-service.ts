@@ -8,7 +8,9 @@
 // answer carries the headers to set (credential injection). Why no decision cached in Envoy: a
 // passthrough connection costs one Check for its whole life (bulk transfers pay nothing per
 // byte), and a cache would keep a policy replaced while the sandbox runs (PUT .../network) alive
-// past the update; the Check is a decode, a map lookup and decideEgress (tens of µs).
+// past the update; the Check is a decode, a map lookup and decideEgress (tens of µs). A connection
+// already open when the policy changes was judged under the old one: each allowed Check is handed
+// to onAllowed, and proxy-cut.ts re-decides and closes them on the change.
 import { Counter, type Registry } from 'prom-client';
 import { GRPC_STATUS, GrpcServer, type GrpcMethod } from '../router/grpc-server.ts';
 import type { Logger } from '../system/log.ts';

@@ -1,7 +1,8 @@
 // The worker's half of the egress proxy, composed: the decision service (ext_authz, for the
 // cluster Envoy's `egress` listener), the sandboxes' DNS resolver on the bridge gateway, the
-// memory of what it answered, and the egress CA with a certificate per credential host. Closed
-// in the reverse order: resolver, then decision service (Envoy fails closed meanwhile).
+// memory of what it answered, the memory of the connections it allowed (closed when a policy
+// change forbids them: proxy-cut.ts), and the egress CA with a certificate per credential host.
+// Closed in the reverse order: resolver, then decision service (Envoy fails closed meanwhile).
 import type { Registry } from 'prom-client';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
