@@ -94,9 +94,9 @@ test('ss output → the pod\'s source ports; another pod whose address starts th
   assert.deepEqual([...parseSourcePorts(text, POD)], [40001, 40002]);
 });
 
-test('the cut destroys exactly the denied connections\' sockets, by both ends, after pruning closed ones', async () => {
+test('the cut destroys exactly the denied connections\' sockets, by both ends, after pruning closed ones; a removed pod\'s are all closed and forgotten', async () => {
   const calls: string[][] = [];
-  let policy: EgressPolicy = { internet: true, allow: [], deny: [] };
+  let policy: EgressPolicy | undefined = { internet: true, allow: [], deny: [] };
   const cut = new ProxyCut({
     gateway: '10.219.0.1',
     proxyPort: 15001,
@@ -122,4 +122,10 @@ test('the cut destroys exactly the denied connections\' sockets, by both ends, a
   calls.length = 0;
   assert.deepEqual(await cut.cut(POD), [], 'a closed connection is not cut twice');
   assert.deepEqual(calls.filter((c) => c.includes('-K')), []);
+  // The pod removed (no policy): whatever Envoy still holds of it is closed, and nothing is kept.
+  calls.length = 0;
+  policy = undefined;
+  assert.deepEqual(await cut.cut(POD), [40032]);
+  assert.deepEqual(await cut.cut(POD), []);
+  assert.equal(calls.length, 2, 'one listing and one ss -K, then nothing left to list');
 });

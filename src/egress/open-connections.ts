@@ -74,8 +74,9 @@ export class OpenConnections {
   }
 
   forget(podIp: string, port?: number): void {
-    if (port === undefined) this.#pods.delete(podIp);
-    else this.#pods.get(podIp)?.delete(port);
+    const ports = this.#pods.get(podIp);
+    if (port !== undefined) ports?.delete(port);
+    if (port === undefined || ports?.size === 0) this.#pods.delete(podIp);
   }
 }
 

@@ -56,7 +56,9 @@ export interface EgressPolicySource {
   /**
    * Calls `listener` with the pod's address each time a running pod's policy changed, once
    * policyForPodIp answers the new one, and waits for it before the change is acknowledged (the
-   * egress proxy closes what the new policy forbids: src/egress/proxy-cut.ts). The unsubscribe.
+   * egress proxy closes what the new policy forbids: src/egress/proxy-cut.ts); and when the pod
+   * is removed, before its address can go to another (policyForPodIp then answers undefined,
+   * which denies everything). The unsubscribe.
    */
   onPolicyChange?(listener: (podIp: string) => Promise<void>): () => void;
 }

@@ -1300,6 +1300,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod.persisted !== undefined) {
       // Before the address can go to another pod: an emptied chain lets nothing through.
       await this.#firewall.remove({ ip: pod.persisted.ip, veth: vethName(this.#bridge, id) }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
+      // A pod gone has no policy (policyForPodIp answers undefined): the egress proxy forgets its
+      // connections before the address can go to another pod, whose own must not be judged by them.
+      await this.#policyChanged(id, pod.persisted.ip);
       this.#ips.release(pod.persisted.ip);
     }
     // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
@@ -1356,11 +1359,15 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     });
     if (cut.length > 0) this.#log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
     // The proxied ones are not the kernel's: the egress proxy's own (onPolicyChange), also before the acknowledgement.
-    await Promise.all(
+    await this.#policyChanged(id, persisted.ip);
+  }
+
+  #policyChanged(id: string, ip: string): Promise<void> {
+    return Promise.all(
       [...this.#policyListeners].map((listener) =>
-        listener(persisted.ip).catch((err: unknown) => this.#log.error({ err, id }, 'cannot close the proxied connections the new egress policy forbids: they keep running until they end')),
+        listener(ip).catch((err: unknown) => this.#log.error({ err, id }, 'cannot close the proxied connections the new egress policy forbids: they keep running until they end')),
       ),
-    );
+    ).then(() => undefined);
   }
 
   onPolicyChange(listener: (podIp: string) => Promise<void>): () => void {
