@@ -33,7 +33,7 @@ test('CheckRequest: source, original destination, SNI and the HTTP request are r
     .message(12, new WireWriter().string(1, 'api.example.com'))
     .string(99, 'future field');
   const got = decodeCheckRequest(new WireWriter().message(1, attrs).finish());
-  assert.deepEqual(got, { sourceIp: '10.213.0.7', destinationIp: '192.0.2.5', destinationPort: 443, sni: 'api.example.com', http: { method: 'GET', path: '/v1/x', host: 'api.example.com:443' } });
+  assert.deepEqual(got, { sourceIp: '10.213.0.7', sourcePort: 40000, destinationIp: '192.0.2.5', destinationPort: 443, sni: 'api.example.com', http: { method: 'GET', path: '/v1/x', host: 'api.example.com:443' } });
   assert.throws(() => decodeCheckRequest(Buffer.from([0x0a, 0x05, 0x0a])), /malformed protobuf/);
 });
 

@@ -10,6 +10,8 @@ import { readLen, reader, readVarint, skipField, WIRE, WireWriter, type WireRead
 export interface CheckAttributes {
   /** The downstream peer: the sandbox's pod address. */
   sourceIp: string;
+  /** The pod's source port: with sourceIp, Envoy's downstream socket (open-connections.ts); absent when Envoy sent none. */
+  sourcePort?: number;
   /** The connection's local address: the original destination, restored by the original_dst listener filter. */
   destinationIp: string;
   destinationPort: number;
@@ -111,6 +113,7 @@ export function decodeCheckRequest(buf: Buffer): CheckAttributes {
   });
   return {
     sourceIp: source.ip,
+    ...(source.port === 0 ? {} : { sourcePort: source.port }),
     destinationIp: destination.ip,
     destinationPort: destination.port,
     ...(sni === undefined ? {} : { sni }),

@@ -8,11 +8,13 @@
 // answer carries the headers to set (credential injection). Why no decision cached in Envoy: a
 // passthrough connection costs one Check for its whole life (bulk transfers pay nothing per
 // byte), and a cache would keep a policy replaced while the sandbox runs (PUT .../network) alive
-// past the update; the Check is a decode, a map lookup and decideEgress (tens of µs).
+// past the update; the Check is a decode, a map lookup and decideEgress (tens of µs). A connection
+// already open when the policy changes was judged under the old one: each allowed Check is handed
+// to onAllowed, and proxy-cut.ts re-decides and closes them on the change.
 import { Counter, type Registry } from 'prom-client';
 import { GRPC_STATUS, GrpcServer, type GrpcMethod } from '../router/grpc-server.ts';
 import type { Logger } from '../system/log.ts';
-import { decodeCheckRequest, encodeCheckResponse } from './authz-codec.ts';
+import { decodeCheckRequest, encodeCheckResponse, type CheckAttributes } from './authz-codec.ts';
 import { decideConnection, type DecisionInputs, type EgressDecision } from './egress-decision.ts';
 
 export const AUTHZ_CHECK_PATH = '/envoy.service.auth.v3.Authorization/Check';
@@ -36,6 +38,8 @@ export function createEgressMetrics(registry: Registry): EgressMetrics {
 export interface EgressAuthzOptions extends DecisionInputs {
   metrics: EgressMetrics;
   log: Logger;
+  /** Every allowed Check, before the answer goes (proxy-cut.ts remembers it for a later policy change). */
+  onAllowed?: (check: CheckAttributes) => void;
 }
 
 /** The Check method, for any GrpcServer (the worker's or a test's). */
@@ -44,8 +48,10 @@ export function egressAuthzMethod(opts: EgressAuthzOptions): GrpcMethod<undefine
     open: () => undefined,
     message: (call, bytes) => {
       let decision: EgressDecision;
+      let check: CheckAttributes;
       try {
-        decision = decideConnection(decodeCheckRequest(bytes), opts);
+        check = decodeCheckRequest(bytes);
+        decision = decideConnection(check, opts);
       } catch (err) {
         // Envoy's filters fail closed (failure_mode_allow: false): an error denies.
         opts.log.warn({ err }, 'egress check failed');
@@ -53,7 +59,8 @@ export function egressAuthzMethod(opts: EgressAuthzOptions): GrpcMethod<undefine
         return;
       }
       opts.metrics.decisionsTotal.inc({ sandbox: decision.sandbox, rule: decision.rule, verdict: decision.allowed ? 'allowed' : 'denied', protocol: decision.protocol });
-      if (!decision.allowed) opts.log.debug({ sandbox: decision.sandbox, rule: decision.rule, domain: decision.domain }, 'egress denied');
+      if (decision.allowed) opts.onAllowed?.(check);
+      else opts.log.debug({ sandbox: decision.sandbox, rule: decision.rule, domain: decision.domain }, 'egress denied');
       const target = decision.domain ?? 'this address';
       call.write(
         encodeCheckResponse(

@@ -1,7 +1,8 @@
 // The worker's half of the egress proxy, composed: the decision service (ext_authz, for the
 // cluster Envoy's `egress` listener), the sandboxes' DNS resolver on the bridge gateway, the
-// memory of what it answered, and the egress CA with a certificate per credential host. Closed
-// in the reverse order: resolver, then decision service (Envoy fails closed meanwhile).
+// memory of what it answered, the memory of the connections it allowed (closed when a policy
+// change forbids them: proxy-cut.ts), and the egress CA with a certificate per credential host.
+// Closed in the reverse order: resolver, then decision service (Envoy fails closed meanwhile).
 import type { Registry } from 'prom-client';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -15,6 +16,8 @@ import { privateDir } from '../system/private-files.ts';
 import { dirname } from 'node:path';
 import type { EgressPolicySource } from './egress-decision.ts';
 import { ResolvedAddresses } from './resolved-addresses.ts';
+import { ProxyCut } from './proxy-cut.ts';
+import type { CheckAttributes } from './authz-codec.ts';
 import type { EgressFloor } from '../network/egress-floor.ts';
 
 export interface EgressServicesOptions {
@@ -41,6 +44,12 @@ export interface EgressServicesOptions {
    * changes, so a rule for a new host intercepts the next connection with no Envoy restart.
    */
   lds?: { path: string; listenPort: number };
+  /**
+   * The egress listener's port on the gateway (default lds.listenPort): when known, a policy
+   * change the source reports (onPolicyChange) closes the pod's proxied connections the new
+   * policy denies (proxy-cut.ts).
+   */
+  proxyPort?: number;
 }
 
 export interface EgressServices {
@@ -59,16 +68,30 @@ export async function startEgressServices(o: EgressServicesOptions): Promise<Egr
   const resolved = new ResolvedAddresses(o.clock);
   const ca = await ensureEgressCa(o.caDir);
   const intercept = await Promise.all(interceptedHosts(o.credentials.listRules()).map((h) => ensureHostCertificate(ca, h)));
+  const inputs = {
+    source: o.source,
+    credentials: o.credentials,
+    resolved: (pod: string, name: string, ip: string) => resolved.has(pod, name, ip),
+    ...(o.floor === undefined ? {} : { floor: o.floor }),
+  };
+  const proxyPort = o.proxyPort ?? o.lds?.listenPort;
+  const log = o.log.child({ component: 'egress-authz' });
+  const proxyCut = proxyPort === undefined ? undefined : new ProxyCut({ gateway: o.gateway, proxyPort, inputs, log });
   const authz = await EgressAuthzServer.start({
     host: '127.0.0.1',
     port: o.authzPort ?? 0,
-    source: o.source,
-    credentials: o.credentials,
-    resolved: (pod, name, ip) => resolved.has(pod, name, ip),
-    ...(o.floor === undefined ? {} : { floor: o.floor }),
+    ...inputs,
     metrics: createEgressMetrics(o.registry),
-    log: o.log.child({ component: 'egress-authz' }),
+    log,
+    ...(proxyCut === undefined ? {} : { onAllowed: (check: CheckAttributes) => proxyCut.allowed(check) }),
   });
+  const stopCutting =
+    proxyCut === undefined || o.source.onPolicyChange === undefined
+      ? () => undefined
+      : o.source.onPolicyChange(async (podIp) => {
+          const ports = await proxyCut.cut(podIp);
+          if (ports.length > 0) log.info({ podIp, sourcePorts: ports }, 'closed proxied connections the new egress policy forbids');
+        });
   const dns = new DnsResolver({
     source: o.source,
     upstream: o.upstream ?? systemUpstream(),
@@ -103,6 +126,7 @@ export async function startEgressServices(o: EgressServicesOptions): Promise<Egr
     caCertPath: ca.caCertPath,
     ldsPath: lds?.path,
     async close() {
+      stopCutting();
       unsubscribe();
       await writing;
       await dns.close();

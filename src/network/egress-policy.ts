@@ -53,6 +53,14 @@ export interface EgressVerdict {
 /** Maps a sandbox's pod IP to its policy (the worker implements it, the egress proxy and DNS resolver consume it). */
 export interface EgressPolicySource {
   policyForPodIp(ip: string): EgressPolicy | undefined;
+  /**
+   * Calls `listener` with the pod's address each time a running pod's policy changed, once
+   * policyForPodIp answers the new one, and waits for it before the change is acknowledged (the
+   * egress proxy closes what the new policy forbids: src/egress/proxy-cut.ts); and when the pod
+   * is removed, before its address can go to another (policyForPodIp then answers undefined,
+   * which denies everything). The unsubscribe.
+   */
+  onPolicyChange?(listener: (podIp: string) => Promise<void>): () => void;
 }
 
 export const DEFAULT_RULES = {

@@ -220,6 +220,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   readonly #firewall: PodFirewall;
   readonly #pods = new Map<string, Pod>();
   readonly #listeners = new Set<(id: string) => void>();
+  readonly #policyListeners = new Set<(podIp: string) => Promise<void>>();
   #network: Promise<boolean> | undefined;
   #mountRootReady: Promise<void> | undefined;
   readonly #idRangesDir: string;
@@ -1299,6 +1300,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod.persisted !== undefined) {
       // Before the address can go to another pod: an emptied chain lets nothing through.
       await this.#firewall.remove({ ip: pod.persisted.ip, veth: vethName(this.#bridge, id) }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
+      // A pod gone has no policy (policyForPodIp answers undefined): the egress proxy forgets its
+      // connections before the address can go to another pod, whose own must not be judged by them.
+      await this.#policyChanged(id, pod.persisted.ip);
       this.#ips.release(pod.persisted.ip);
     }
     // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
@@ -1354,6 +1358,23 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       return [];
     });
     if (cut.length > 0) this.#log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
+    // The proxied ones are not the kernel's: the egress proxy's own (onPolicyChange), also before the acknowledgement.
+    await this.#policyChanged(id, persisted.ip);
+  }
+
+  #policyChanged(id: string, ip: string): Promise<void> {
+    return Promise.all(
+      [...this.#policyListeners].map((listener) =>
+        listener(ip).catch((err: unknown) => this.#log.error({ err, id }, 'cannot close the proxied connections the new egress policy forbids: they keep running until they end')),
+      ),
+    ).then(() => undefined);
+  }
+
+  onPolicyChange(listener: (podIp: string) => Promise<void>): () => void {
+    this.#policyListeners.add(listener);
+    return () => {
+      this.#policyListeners.delete(listener);
+    };
   }
 
   /**
