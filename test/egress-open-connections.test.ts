@@ -10,8 +10,8 @@ import { parseSourcePorts, ProxyCut } from '../src/egress/proxy-cut.ts';
 import type { EgressPolicy } from '../src/network/egress-policy.ts';
 import { silentLogger } from '../src/system/log.ts';
 
-const POD = '10.219.0.5';
-const OTHER = '10.219.0.6';
+const POD = '10.224.0.5';
+const OTHER = '10.224.0.6';
 
 function inputs(policy: EgressPolicy, resolved?: DecisionInputs['resolved']): DecisionInputs {
   return { source: { policyForPodIp: (ip) => (ip === POD || ip === OTHER ? policy : undefined) }, ...(resolved === undefined ? {} : { resolved }) };
@@ -86,9 +86,9 @@ test('what is remembered is bounded per pod: closed connections are pruned by th
 
 test('ss output → the pod\'s source ports; another pod whose address starts the same is not read', () => {
   const text = [
-    'ESTAB 0 0 10.219.0.1:15001 10.219.0.5:40001',
-    'CLOSE-WAIT 1 0 10.219.0.1:15001 10.219.0.5:40002 ',
-    '0 0 10.219.0.1:15001 10.219.0.50:40003',
+    'ESTAB 0 0 10.224.0.1:15001 10.224.0.5:40001',
+    'CLOSE-WAIT 1 0 10.224.0.1:15001 10.224.0.5:40002 ',
+    '0 0 10.224.0.1:15001 10.224.0.50:40003',
     '',
   ].join('\n');
   assert.deepEqual([...parseSourcePorts(text, POD)], [40001, 40002]);
@@ -98,14 +98,14 @@ test('the cut destroys exactly the denied connections\' sockets, by both ends, a
   const calls: string[][] = [];
   let policy: EgressPolicy | undefined = { internet: true, allow: [], deny: [] };
   const cut = new ProxyCut({
-    gateway: '10.219.0.1',
+    gateway: '10.224.0.1',
     proxyPort: 15001,
     inputs: { source: { policyForPodIp: (ip) => (ip === POD ? policy : undefined) } },
     log: silentLogger(),
     run: (argv) => {
       calls.push([...argv]);
       // Envoy holds 40031 and 40032; 40033 closed since.
-      return Promise.resolve({ code: 0, output: argv.includes('-K') ? '' : 'ESTAB 0 0 10.219.0.1:15001 10.219.0.5:40031\nESTAB 0 0 10.219.0.1:15001 10.219.0.5:40032\n' });
+      return Promise.resolve({ code: 0, output: argv.includes('-K') ? '' : 'ESTAB 0 0 10.224.0.1:15001 10.224.0.5:40031\nESTAB 0 0 10.224.0.1:15001 10.224.0.5:40032\n' });
     },
   });
   assert.deepEqual(await cut.cut(POD), [], 'nothing recorded: no command runs');
@@ -116,8 +116,8 @@ test('the cut destroys exactly the denied connections\' sockets, by both ends, a
   policy = { internet: true, allow: [], deny: ['198.51.100.0/24'] };
   assert.deepEqual(await cut.cut(POD), [40031]);
   assert.deepEqual(calls, [
-    ['ss', '-t', '-n', '-H', 'state', 'connected', 'src', '10.219.0.1:15001', 'dst', POD],
-    ['ss', '-K', '-t', '-n', '-H', 'src', '10.219.0.1:15001', 'and', '(', 'dst', `${POD}:40031`, ')'],
+    ['ss', '-t', '-n', '-H', 'state', 'connected', 'src', '10.224.0.1:15001', 'dst', POD],
+    ['ss', '-K', '-t', '-n', '-H', 'src', '10.224.0.1:15001', 'and', '(', 'dst', `${POD}:40031`, ')'],
   ]);
   calls.length = 0;
   assert.deepEqual(await cut.cut(POD), [], 'a closed connection is not cut twice');

@@ -5,7 +5,7 @@
 // worker's own composition (startEgressServices: decision service, resolver, LDS file) behind a
 // real Envoy from envoy/edge.yaml; real pods whose TCP the kernel sends to it; two "public"
 // servers (198.51.100.219, 203.0.113.219) in a namespace this file makes, reached from the host.
-// Its own subnets (10.219.0.0/24 for the pods, 10.219.200.0/30 for the servers' link) and bridge
+// Its own subnets (10.224.0.0/24 for the pods, 10.224.200.0/30 for the servers' link) and bridge
 // names (asbpc...).
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -28,10 +28,10 @@ import { freePortOn } from './support/egress-proxy-fixture.ts';
 import { startTestRuntime, stopTestRuntime } from './support/test-runtime.ts';
 
 const BRIDGE = 'asbpc0';
-const SUBNET = '10.219.0.0/24';
-const GATEWAY = '10.219.0.1';
-const LINK_HOST = '10.219.200.1';
-const LINK_NS = '10.219.200.2';
+const SUBNET = '10.224.0.0/24';
+const GATEWAY = '10.224.0.1';
+const LINK_HOST = '10.224.200.1';
+const LINK_NS = '10.224.200.2';
 const SERVER_A = '198.51.100.219';
 const SERVER_B = '203.0.113.219';
 const PORT = 7000;
