@@ -13,8 +13,9 @@ import { test, type TestContext } from 'node:test';
 import { cutDestinations, parseConntrackFlows } from '../src/network/conntrack-cut.ts';
 import { DEFAULT_FLOOR } from '../src/network/egress-floor.ts';
 import { DEFAULT_CLAIMS_DIR, releaseNetwork } from '../src/runtime/local/network-claim.ts';
-import type { PodProcess, PodRequest } from '../src/runtime/runtime.ts';
+import type { PodRequest } from '../src/runtime/runtime.ts';
 import { run } from './support/egress-net.ts';
+import { lines } from './support/pod-lines.ts';
 import { startTestRuntime, stopTestRuntime } from './support/test-runtime.ts';
 
 const BRIDGE = 'asbrcec0';
@@ -68,32 +69,6 @@ for line in sys.stdin:
         except OSError as e:
             print(name, "cut", type(e).__name__, flush=True)
 `;
-
-/** The pod process's stdout, line by line, each awaited with a bound. */
-function lines(proc: PodProcess): (n: number) => Promise<string[]> {
-  const seen: string[] = [];
-  let buffered = '';
-  let wake: (() => void) | undefined;
-  proc.stdout.setEncoding('utf8');
-  proc.stdout.on('data', (chunk: string) => {
-    buffered += chunk;
-    const parts = buffered.split('\n');
-    buffered = parts.pop() ?? '';
-    seen.push(...parts);
-    wake?.();
-  });
-  return async (n) => {
-    const deadline = Date.now() + 30_000;
-    while (seen.length < n && Date.now() < deadline) {
-      await new Promise<void>((resolve) => {
-        wake = resolve;
-        setTimeout(resolve, 1000);
-      });
-    }
-    assert.ok(seen.length >= n, `the pod's client printed ${String(seen.length)} of ${String(n)} lines: ${seen.join(' | ')}`);
-    return seen.splice(0, n);
-  };
-}
 
 test('which open flows a new policy forbids: forwarded ones to what it denies; proxied and host ones are not the kernel\'s to cut', () => {
   const pod = '10.250.1.5';

@@ -20,10 +20,11 @@ import { CredentialStore } from '../src/egress/credential-store.ts';
 import { startEgressServices } from '../src/egress/egress-services.ts';
 import { ensureBridge, parseSubnet } from '../src/runtime/local/network.ts';
 import { DEFAULT_CLAIMS_DIR, releaseNetwork } from '../src/runtime/local/network-claim.ts';
-import type { PodProcess, PodRequest } from '../src/runtime/runtime.ts';
+import type { PodRequest } from '../src/runtime/runtime.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { run } from './support/egress-net.ts';
+import { lines } from './support/pod-lines.ts';
 import { freePortOn } from './support/egress-proxy-fixture.ts';
 import { startTestRuntime, stopTestRuntime } from './support/test-runtime.ts';
 
@@ -111,32 +112,6 @@ for line in sys.stdin:
         except OSError as e:
             print(name, "cut", type(e).__name__, flush=True)
 `;
-
-/** The pod process's stdout, line by line, each awaited with a bound. */
-function lines(proc: PodProcess): (n: number) => Promise<string[]> {
-  const seen: string[] = [];
-  let buffered = '';
-  let wake: (() => void) | undefined;
-  proc.stdout.setEncoding('utf8');
-  proc.stdout.on('data', (chunk: string) => {
-    buffered += chunk;
-    const parts = buffered.split('\n');
-    buffered = parts.pop() ?? '';
-    seen.push(...parts);
-    wake?.();
-  });
-  return async (n) => {
-    const deadline = Date.now() + 30_000;
-    while (seen.length < n && Date.now() < deadline) {
-      await new Promise<void>((resolve) => {
-        wake = resolve;
-        setTimeout(resolve, 1000);
-      });
-    }
-    assert.ok(seen.length >= n, `the pod's client printed ${String(seen.length)} of ${String(n)} lines: ${seen.join(' | ')}`);
-    return seen.splice(0, n);
-  };
-}
 
 async function allowedTcp(registry: Registry, sandbox: string): Promise<number> {
   const metric = await registry.getSingleMetric('asb_egress_decisions_total')?.get();

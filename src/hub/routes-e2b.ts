@@ -46,17 +46,22 @@ interface E2bPage {
   next: string | undefined;
 }
 
-/** A worker's E2B list answer: a JSON array of ListedSandbox, each with its sandboxID and startedAt. */
-function parseE2bPage(answer: WorkerAnswer): E2bPage | undefined {
-  let parsed: unknown;
+/** A worker's answer body as a JSON array, or undefined when it is not one. */
+function jsonArray(answer: WorkerAnswer): unknown[] | undefined {
   try {
-    parsed = JSON.parse(answer.body.toString('utf8'));
+    const parsed: unknown = JSON.parse(answer.body.toString('utf8'));
+    return Array.isArray(parsed) ? (parsed as unknown[]) : undefined;
   } catch {
     return undefined;
   }
-  if (!Array.isArray(parsed)) return undefined;
+}
+
+/** A worker's E2B list answer: a JSON array of ListedSandbox, each with its sandboxID and startedAt. */
+function parseE2bPage(answer: WorkerAnswer): E2bPage | undefined {
+  const parsed = jsonArray(answer);
+  if (parsed === undefined) return undefined;
   const items: Listed[] = [];
-  for (const item of parsed as unknown[]) {
+  for (const item of parsed) {
     if (!isPlainObject(item) || typeof item.sandboxID !== 'string' || typeof item.startedAt !== 'string') return undefined;
     items.push({ item, key: { startedAt: item.startedAt, id: item.sandboxID } });
   }
@@ -66,15 +71,10 @@ function parseE2bPage(answer: WorkerAnswer): E2bPage | undefined {
 
 /** A worker's E2B template list: a JSON array of templates, each with its templateID. */
 function parseTemplates(answer: WorkerAnswer): { templateID: string; item: Record<string, unknown> }[] | undefined {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(answer.body.toString('utf8'));
-  } catch {
-    return undefined;
-  }
-  if (!Array.isArray(parsed)) return undefined;
+  const parsed = jsonArray(answer);
+  if (parsed === undefined) return undefined;
   const out: { templateID: string; item: Record<string, unknown> }[] = [];
-  for (const item of parsed as unknown[]) {
+  for (const item of parsed) {
     if (!isPlainObject(item) || typeof item.templateID !== 'string') return undefined;
     out.push({ templateID: item.templateID, item });
   }
