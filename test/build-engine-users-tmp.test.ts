@@ -14,7 +14,7 @@ import { after, before, test } from 'node:test';
 import { NO_EGRESS } from '../src/builds/build-egress.ts';
 import type { BuildLogEntry, BuildStep, EngineResult } from '../src/builds/contract.ts';
 import { isAsbError } from '../src/errors.ts';
-import { request, startBuildFixture, type BuildFixture } from './support/build-fixture.ts';
+import { request, startBuildFixture, type BuildFixture, inSandbox as inSandboxOf } from './support/build-fixture.ts';
 
 let f: BuildFixture;
 
@@ -26,20 +26,7 @@ after(() => f.close());
 
 type Log = Omit<BuildLogEntry, 'timestamp'>[];
 
-let pods = 0;
-/** Starts a sandbox of the image (as a template's pod would be), runs the script as its default user, removes it. */
-async function inSandbox(image: string, script: string, runtimeClassName?: string): Promise<string> {
-  const id = `bg${String(++pods)}`;
-  const rt = f.runtime.rt;
-  try {
-    const state = await rt.start({ id, uid: `u-${id}`, namespace: 'd', hostname: id, spec: { ...(runtimeClassName === undefined ? {} : { runtimeClassName }), containers: [{ name: 'main', image, command: ['sleep', 'infinity'] }] } });
-    assert.equal(state.phase, 'Running', JSON.stringify(state));
-    const r = await rt.exec(id, { command: ['sh', '-c', script] });
-    return Buffer.from(r.stdout).toString() + Buffer.from(r.stderr).toString();
-  } finally {
-    await rt.remove(id);
-  }
-}
+const inSandbox = (image: string, script: string, runtimeClassName?: string): Promise<string> => inSandboxOf(f, image, script, runtimeClassName);
 
 /** What a step printed, one line per log entry. */
 function output(log: Log, step: number): string[] {

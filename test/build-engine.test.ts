@@ -10,7 +10,7 @@ import { gunzipSync } from 'node:zlib';
 import { after, before, test } from 'node:test';
 import type { BuildLogEntry, BuildStep, EngineResult } from '../src/builds/contract.ts';
 import { isAsbError } from '../src/errors.ts';
-import { request, startBuildFixture, type BuildFixture } from './support/build-fixture.ts';
+import { request, startBuildFixture, type BuildFixture, inSandbox as inSandboxOf } from './support/build-fixture.ts';
 
 let f: BuildFixture;
 let hash: string;
@@ -40,20 +40,7 @@ function mainSteps(filesHash: string): BuildStep[] {
   ];
 }
 
-let pods = 0;
-/** Starts a sandbox of the image (as a template's pod would be), runs the script in it, removes it. */
-async function inSandbox(image: string, script: string, runtimeClassName?: string): Promise<string> {
-  const id = `check${String(++pods)}`;
-  const rt = f.runtime.rt;
-  try {
-    const state = await rt.start({ id, uid: `u-${id}`, namespace: 'd', hostname: id, spec: { ...(runtimeClassName === undefined ? {} : { runtimeClassName }), containers: [{ name: 'main', image, command: ['sleep', 'infinity'] }] } });
-    assert.equal(state.phase, 'Running', JSON.stringify(state));
-    const r = await rt.exec(id, { command: ['sh', '-c', script] });
-    return Buffer.from(r.stdout).toString() + Buffer.from(r.stderr).toString();
-  } finally {
-    await rt.remove(id);
-  }
-}
+const inSandbox = (image: string, script: string, runtimeClassName?: string): Promise<string> => inSandboxOf(f, image, script, runtimeClassName);
 
 function buildPods(): string[] {
   return f.runtime.rt.list().filter((id) => id.startsWith('build-'));

@@ -1,6 +1,7 @@
 // What the build engine's tests share: a real local runtime (its own bridge and subnet), the
 // tests' registry for base images, a registry of their own the built images are pushed to, the
 // engine, a FileStore of tars made here, and a runtime wrapper that counts pod starts.
+import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -108,4 +109,20 @@ export function request(f: BuildFixture, fields: { team?: string; baseImage?: st
     log: (entry) => log.push(entry),
     signal: fields.signal ?? new AbortController().signal,
   };
+}
+
+let checks = 0;
+
+/** Starts a sandbox of the image (as a template's pod would be), runs the script as its default user, removes it: stdout and stderr. */
+export async function inSandbox(f: BuildFixture, image: string, script: string, runtimeClassName?: string): Promise<string> {
+  const id = `check${String(++checks)}`;
+  const rt = f.runtime.rt;
+  try {
+    const state = await rt.start({ id, uid: `u-${id}`, namespace: 'd', hostname: id, spec: { ...(runtimeClassName === undefined ? {} : { runtimeClassName }), containers: [{ name: 'main', image, command: ['sleep', 'infinity'] }] } });
+    assert.equal(state.phase, 'Running', JSON.stringify(state));
+    const r = await rt.exec(id, { command: ['sh', '-c', script] });
+    return Buffer.from(r.stdout).toString() + Buffer.from(r.stderr).toString();
+  } finally {
+    await rt.remove(id);
+  }
 }
