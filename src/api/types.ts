@@ -382,6 +382,15 @@ export function sandboxLifecycle(spec: SandboxSpec): Lifecycle {
 /** The runtimeClassName that runs a pod under gVisor (as kubernetes-sigs/agent-sandbox's examples and GKE Sandbox name it). */
 export const GVISOR_RUNTIME_CLASS = 'gvisor';
 
-export function suspensionStrategyOf(spec: SandboxSpec): SuspensionStrategy {
+/**
+ * Whether a pod of this Sandbox or template can keep its memory, on a runtime that keeps any:
+ * gVisor's always; runc's only when started for Hibernate (PodRequest.checkpointable: CRIU cannot
+ * save the user namespace other runc pods run in, docs/criu.md).
+ */
+export function podKeepsMemory(spec: Pick<SandboxSpec, 'podTemplate' | 'suspensionStrategy'>): boolean {
+  return spec.podTemplate.spec.runtimeClassName === GVISOR_RUNTIME_CLASS || suspensionStrategyOf(spec) === 'Hibernate';
+}
+
+export function suspensionStrategyOf(spec: Pick<SandboxSpec, 'suspensionStrategy'>): SuspensionStrategy {
   return spec.suspensionStrategy ?? 'Stop';
 }

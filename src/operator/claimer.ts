@@ -19,8 +19,8 @@ import { isReservedKey, RESERVED_PREFIXES } from '../api/names.ts';
 import { describeFailure, sandboxFailure } from '../api/sandbox-failure.ts';
 import {
   ANNOTATION,
-  GVISOR_RUNTIME_CLASS,
   LABEL,
+  podKeepsMemory,
   SandboxClaimType,
   SandboxTemplateType,
   SandboxType,
@@ -302,17 +302,14 @@ export class Claimer {
   }
 
   /**
-   * Whether a warm member of `pool` can give what `req` asks of suspension. A runc pod keeps its
-   * memory only when it was started checkpointable (PodRequest.checkpointable, for Hibernate), and
-   * a running pod cannot be made so: a claim asking Hibernate of a pool whose template does not
-   * say it starts cold instead, or its pause with memory would be refused. Every gVisor pod can
-   * keep its memory, so a gVisor pool serves it warm.
+   * Whether a warm member of `pool` can give what `req` asks of suspension: a claim asking
+   * Hibernate needs a pod that can keep its memory (podKeepsMemory), and a running runc pod cannot
+   * be made so. Else it starts cold, or its pause with memory would be refused.
    */
   #membersKeepWhatIsAsked(req: ClaimRequest, pool: SandboxWarmPool): boolean {
     if (req.suspensionStrategy !== 'Hibernate') return true;
     const template = this.#deps.templates.getByName(req.namespace, pool.spec.sandboxTemplateRef.name);
-    if (template === undefined) return false;
-    return template.spec.suspensionStrategy === 'Hibernate' || template.spec.podTemplate.spec.runtimeClassName === GVISOR_RUNTIME_CLASS;
+    return template !== undefined && podKeepsMemory(template.spec);
   }
 
   async #claimWarm(req: ClaimRequest, poolKey: string): Promise<Sandbox | undefined> {

@@ -5,10 +5,10 @@
 //   DELETE /v1/snapshots/{id}                                202
 //   POST   /v1/snapshots/{id}/sandboxes   {timeoutMs?, labels?, wait?}  201 a sandbox started from it
 //   POST   /v1/sandboxes/{id}/fork        {count?, timeoutMs?}          200 {forks: [{sandbox} | {error}]}
-// `memory` absent means: kept when the sandbox can keep it (gVisor), else files only; the reply
-// says which. Asked for where it cannot be kept (runc until CRIU, the Kubernetes tier): 501, and the
-// sandbox runs on.
-import { GVISOR_RUNTIME_CLASS, suspensionStrategyOf, type Sandbox, type SandboxSnapshot } from '../api/types.ts';
+// `memory` absent means: kept when the sandbox can keep it (gVisor; runc with suspensionStrategy
+// Hibernate), else files only; the reply says which. Asked for where it cannot be kept (other runc
+// pods, the Kubernetes tier): 501, and the sandbox runs on.
+import { GVISOR_RUNTIME_CLASS, podKeepsMemory, type Sandbox, type SandboxSnapshot } from '../api/types.ts';
 import { findSandbox, principalOf } from './access.ts';
 import { readJson } from './body.ts';
 import { MAX_TIMEOUT_MS } from './create-body.ts';
@@ -64,9 +64,8 @@ export function snapshotView(snap: SandboxSnapshot): SnapshotView {
  */
 export function keepsMemory(w: WorkerContext, sandbox: Sandbox): boolean {
   const can = w.runtime.canKeepMemory;
-  if (w.runtime.snapshot === undefined || can === undefined) return false;
-  if (sandbox.spec.podTemplate.spec.runtimeClassName === GVISOR_RUNTIME_CLASS) return can.gvisor;
-  return can.runc && suspensionStrategyOf(sandbox.spec) === 'Hibernate';
+  if (w.runtime.snapshot === undefined || can === undefined || !podKeepsMemory(sandbox.spec)) return false;
+  return sandbox.spec.podTemplate.spec.runtimeClassName === GVISOR_RUNTIME_CLASS ? can.gvisor : can.runc;
 }
 
 async function take(w: WorkerContext, ctx: RequestContext): Promise<Reply> {

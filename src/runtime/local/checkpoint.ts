@@ -25,9 +25,9 @@
 // the durable mark): fsync of a 1 GiB CRIU image took ~0.4 s here, as long as CRIU's dump itself.
 // Nothing is lost to a kill -9 of any process of ours meanwhile (the bytes are in the page cache);
 // only a host crash in that second can lose them, and then the boot id differs and the mark is
-// missing, so verifyCheckpoint refuses the image and the pod starts from its files, saying why. A truncated image (gvisor#14229: near ENOSPC
-// runsc truncated the pages file and still exited 0) is refused at the save by the free space left
-// after it, and at a restore by the size list. The pages file (the application's memory, ~all of
+// missing, so verifyCheckpoint refuses the image and the pod starts from its files, saying why.
+// A truncated image (gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0)
+// is refused at the save by the free space left after it, and at a restore by the size list. The pages file (the application's memory, ~all of
 // the bytes) is checked by size only: sha256 runs at 1.6 GB/s here, so hashing it would add
 // ~0.65 s per GiB to each of the save and the restore, more than the save itself; the kernel's
 // state and the pages' index, where damage panics a restore, are hashed.
