@@ -83,6 +83,12 @@ const NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
 const OBJECT_NAME = /^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$/;
 const TAG = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 
+/** `name:tag` with a valid name and tag: a build of `name` that the tag names once it is ready. */
+export function isTaggedName(full: string): boolean {
+  const { name, tag } = splitName(full);
+  return tag !== undefined && NAME.test(name) && TAG.test(tag);
+}
+
 export function splitName(full: string): { name: string; tag: string | undefined } {
   const colon = full.indexOf(':');
   return colon === -1 ? { name: full, tag: undefined } : { name: full.slice(0, colon), tag: full.slice(colon + 1) };

@@ -75,11 +75,6 @@ export class ProxyCut {
     return ports;
   }
 
-  /** The pod is gone: nothing of it is kept. */
-  forget(podIp: string): void {
-    this.#open.forget(podIp);
-  }
-
   #local(): string {
     return `${this.#o.gateway}:${String(this.#o.proxyPort)}`;
   }

@@ -63,8 +63,9 @@ export async function acceptBuiltTemplates(store: ObjectStore, cluster: string, 
   }
   let changed = 0;
   const held = await store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${BUILT_ON_LABEL}=${cluster}` });
-  for (const obj of held.items) {
-    if (wanted.has(`${obj.metadata.namespace ?? 'default'}/${obj.metadata.name}`)) continue;
+  const heldByKey = new Map(held.items.map((obj) => [`${obj.metadata.namespace ?? 'default'}/${obj.metadata.name}`, obj]));
+  for (const [key, obj] of heldByKey) {
+    if (wanted.has(key)) continue;
     try {
       await store.delete(SandboxTemplateType, obj.metadata.namespace ?? 'default', obj.metadata.name);
       changed++;
@@ -72,8 +73,9 @@ export async function acceptBuiltTemplates(store: ObjectStore, cluster: string, 
       if (!isAsbError(err, 'NotFound')) throw err;
     }
   }
-  for (const obj of wanted.values()) {
-    const existing = await store.tryGet<SandboxTemplate>(SandboxTemplateType, obj.metadata.namespace ?? 'default', obj.metadata.name);
+  for (const [key, obj] of wanted) {
+    // Read again only for a name this cluster does not hold yet: it may be an admin's.
+    const existing = heldByKey.get(key) ?? (await store.tryGet<SandboxTemplate>(SandboxTemplateType, obj.metadata.namespace ?? 'default', obj.metadata.name));
     // An admin's template of that name is the admin's: a cluster never replaces it.
     if (existing !== undefined && existing.metadata.labels?.[BUILT_ON_LABEL] !== cluster) continue;
     const { action } = await applyObject(store, SandboxTemplateType, obj, existing);

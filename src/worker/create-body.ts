@@ -6,6 +6,7 @@ import { AsbError } from '../errors.ts';
 import { isObjectName } from './access.ts';
 import { checkBody, type BodyOf } from './input.ts';
 import { userLabelProblems } from './labels.ts';
+import { isTaggedName } from '../builds/service.ts';
 
 // A year: anything longer is a typo, and shutdownTime must stay a valid ISO date.
 export const MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000;
@@ -28,15 +29,12 @@ export const CREATE_BODY = {
 
 export type CreateBody = BodyOf<typeof CREATE_BODY>;
 
-/** A built template's `name:tag` (src/builds/service.ts's names and tags): the build that tag names. */
-const TAGGED_TEMPLATE = /^[a-z0-9][a-z0-9._-]{0,62}:[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
-
 /** The body with every field checked (names, labels, types, ranges), or 422 naming each bad one. */
 export function checkCreateBody(raw: unknown): CreateBody {
   const body = checkBody(raw, CREATE_BODY);
   const problems = userLabelProblems(body.labels ?? {}, 'labels');
   if (body.namespace !== undefined && !isObjectName(body.namespace)) problems.push({ field: 'namespace', message: 'must be a DNS label: lower-case letters, digits and -' });
-  if (body.template !== undefined && !isObjectName(body.template) && !TAGGED_TEMPLATE.test(body.template)) problems.push({ field: 'template', message: 'must be a template name (a lower-case DNS name), or a built template\'s name:tag' });
+  if (body.template !== undefined && !isObjectName(body.template) && !isTaggedName(body.template)) problems.push({ field: 'template', message: 'must be a template name (a lower-case DNS name), or a built template\'s name:tag' });
   for (const field of ['region', 'cluster'] as const) {
     const value = body[field];
     const problem = value === undefined ? undefined : dnsLabelProblem(value);

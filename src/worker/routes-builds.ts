@@ -26,7 +26,7 @@ import type { BuildService, BuildStatus } from '../builds/contract.ts';
 import type { FileStore } from '../builds/contract.ts';
 import { MAX_FILE_BYTES } from '../builds/files.ts';
 import type { TemplateRecord } from '../builds/records.ts';
-import { splitName, type TemplateBuilds } from '../builds/service.ts';
+import { isTaggedName, splitName, type TemplateBuilds } from '../builds/service.ts';
 import { putVerified } from '../builds/verified-upload.ts';
 import { isObjectName, principalOf } from './access.ts';
 import { readJson } from './body.ts';
@@ -100,12 +100,9 @@ export function workerBuilds(b: TemplateBuilds): WorkerBuilds {
 /** A build's log grows by a line per output line; 100k lines is far past any real build's. */
 const MAX_LOG_OFFSET = 10_000_000;
 
-/** `name:tag` (service.ts's names and tags): a build of `name` the tag names once it is ready. */
-const TAGGED_NAME = /^[a-z0-9][a-z0-9._-]{0,62}:[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
-
 function templateName(ctx: RequestContext): string {
   const name = ctx.params.name ?? '';
-  if (!isObjectName(name) && !TAGGED_NAME.test(name)) {
+  if (!isObjectName(name) && !isTaggedName(name)) {
     throw new AsbError('BadRequest', `template name "${name.slice(0, 100)}" is not valid: lower-case letters, digits and '-', at most 253 characters, starting and ending alphanumeric, optionally :tag (letters, digits, '.', '_', '-')`, { fields: [{ field: 'name', message: 'not a valid template name' }] });
   }
   return name;

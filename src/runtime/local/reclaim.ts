@@ -119,8 +119,7 @@ function unescapeMount(path: string): string {
 
 /** Reads the facts reclaimPlan needs, for this scope only. */
 export async function readHostFacts(scope: ReclaimScope): Promise<HostFacts> {
-  const mountinfo = await readFile('/proc/self/mountinfo', 'utf8');
-  const mountPoints = mountinfo.split('\n').map((line) => line.split(' ')[4]).filter((p): p is string => p !== undefined && p !== '').map(unescapeMount);
+  const mountPoints = await readMountPoints();
   const runscContainers: string[] = [];
   if (scope.runscRoot !== undefined) {
     for (const name of await names(scope.runscRoot)) {
@@ -295,6 +294,11 @@ function ignoreMissing(err: unknown): void {
 
 /** How many mounts are stacked at `path` (0: none). */
 export async function mountsAt(path: string): Promise<number> {
+  return (await readMountPoints()).filter((p) => p === path).length;
+}
+
+/** Every mount point of the host, in mount order (mountinfo's fifth field, its escapes undone). */
+async function readMountPoints(): Promise<string[]> {
   const mountinfo = await readFile('/proc/self/mountinfo', 'utf8');
-  return mountinfo.split('\n').filter((line) => unescapeMount(line.split(' ')[4] ?? '') === path).length;
+  return mountinfo.split('\n').map((line) => line.split(' ')[4]).filter((p): p is string => p !== undefined && p !== '').map(unescapeMount);
 }

@@ -234,7 +234,6 @@ export function startSyncAgent(opts: SyncAgentOptions): SyncAgent {
       sendTo(socket, { type: 'hello', cluster: opts.cluster, lastVersion: applied });
       log.info({ lastVersion: applied }, 'connected to the hub');
       void reportBuilt(socket);
-      void reportBuilt(socket, true);
       sendHeartbeat(socket);
       beat(socket);
     });
