@@ -353,22 +353,28 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   #unstacking: Promise<void> = Promise.resolve();
+  /** A check found exactly one null-netns mount: runsc pins one only where it finds none, so a start launched after that stacks none. */
+  #nullNetnsSingle = false;
 
   /**
    * Leaves one of the null-netns mounts concurrent first gVisor starts stack in the runsc root (runsc
    * pins one per cold start that found none; 1 → 5 over one run before this): the others pin the
    * same kind of empty namespace, and each gofer joins the top one when it starts, so taking the
-   * extra ones away changes nothing for a running sandbox. One at a time.
+   * extra ones away changes nothing for a running sandbox. One at a time; not for a start launched
+   * once one was all there was (`settled`): mountinfo grows with every pod, and that start found the
+   * pin and made none.
    */
-  #unstackNullNetns(): Promise<void> {
+  #unstackNullNetns(settled: boolean): Promise<void> {
     const root = this.#host.runsc?.root;
-    if (root === undefined) return Promise.resolve();
+    if (root === undefined || settled) return Promise.resolve();
     const path = join(root, 'null-netns');
     this.#unstacking = this.#unstacking.then(async () => {
-      for (let n = await mountsAt(path); n > 1; n--) {
+      let n = await mountsAt(path);
+      for (; n > 1; n--) {
         const r = await this.#launcher.run(['umount', '--lazy', path], '');
         if (r.code !== 0) throw new Error(`umount ${path}: ${lastLine(r.output)}`);
       }
+      this.#nullNetnsSingle = n === 1;
     }).catch((err: unknown) => this.#log.warn({ err }, 'cannot unmount the null-netns mounts runsc stacked'));
     return this.#unstacking;
   }
@@ -643,6 +649,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod.generation !== generation) return { ...pod.state };
     if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true, runtimeClass.kind === 'runc' && 'binary' in this.#criu ? dirname(this.#criu.binary) : undefined);
     pod.lostLauncher = false;
+    const nullNetnsSettled = this.#nullNetnsSingle; // before runsc looks for its pin (#unstackNullNetns)
     const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
     const launch = launchPodInit(this.#launcher, this.#shim, shimArgs, {
@@ -674,7 +681,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (restore.from !== undefined && restore.shared !== true && (await readRestoreStatus(pod.paths.restoreStatus)) !== undefined) await this.#dropCheckpoint(pod);
       return fail(outcome.message);
     }
-    if (runtimeClass.kind === 'runsc') await this.#unstackNullNetns();
+    if (runtimeClass.kind === 'runsc') await this.#unstackNullNetns(nullNetnsSettled);
     let restoreFailure = restore.failure;
     if (restore.from !== undefined) {
       const status = await readRestoreStatus(pod.paths.restoreStatus);
