@@ -619,6 +619,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       return fail(err instanceof Error ? err.message : String(err), isAsbError(err, 'Conflict') ? 'CreateContainerConfigError' : 'RuntimeUnavailable');
     }
     pod.persisted = { request: req, ip, image, idRange };
+    // A runc fork's own copy of the snapshot's memory image is made while its disk is (they share nothing).
+    const forkPlan = snap !== undefined && runtimeClass.kind === 'runc' ? this.#snapshotRestorePlan(pod, snap, 'runc') : undefined;
     let shimArgs: string[];
     try {
       await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
@@ -635,6 +637,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       await this.#persist(pod);
     } catch (err) {
       this.#log.warn({ err, id: pod.id }, 'cannot prepare pod');
+      if (forkPlan !== undefined) await forkPlan.then(() => discardCheckpoint(pod.paths.checkpoint));
       const invalid = err instanceof AsbError && err.code === 'Invalid';
       return fail(`cannot prepare pod: ${err instanceof Error ? err.message : String(err)}`, invalid ? 'CreateContainerConfigError' : undefined);
     }
@@ -645,7 +648,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       pod.keptAgent = undefined;
     }
     // A pod stopped with memory wakes from its checkpoint when the image can still be restored, else from its files, saying why.
-    const restore: { from?: string; shared?: boolean; failure?: string } = snap === undefined ? await this.#restorePlan(pod, runtimeClass.kind) : await this.#snapshotRestorePlan(pod, snap, runtimeClass.kind);
+    const restore: { from?: string; shared?: boolean; failure?: string } = await (forkPlan ?? (snap === undefined ? this.#restorePlan(pod, runtimeClass.kind) : this.#snapshotRestorePlan(pod, snap, runtimeClass.kind)));
     if (pod.generation !== generation) return { ...pod.state };
     if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true, runtimeClass.kind === 'runc' && 'binary' in this.#criu ? dirname(this.#criu.binary) : undefined);
     pod.lostLauncher = false;
@@ -731,8 +734,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    */
   async #restorePlan(pod: Pod, kind: 'runc' | 'runsc'): Promise<{ from?: string; failure?: string }> {
     if (!(await exists(pod.paths.checkpoint))) return {};
-    const maker: Promise<CheckpointMaker> = kind === 'runsc' ? this.#runscVersion().then((runsc) => ({ runsc })) : this.#criuVersion().then((criu) => ({ criu }));
-    const check = await maker.then((m) => verifyCheckpoint(pod.paths.checkpoint, m), (err: unknown): CheckpointCheck => ({ ok: false, reason: `${kind === 'runsc' ? 'runsc does not say its version' : 'CRIU cannot run'}: ${err instanceof Error ? err.message : String(err)}` }));
+    const check = await this.#checkImage(pod.paths.checkpoint, kind);
     if (check.ok) return { from: pod.paths.checkpoint };
     const failure = check.reason;
     await this.#dropCheckpoint(pod);
@@ -749,7 +751,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const paths = snapshotPaths(this.#opts.root, snap.id);
     let failure: string;
     if (kind !== 'runsc') {
-      const check = await this.#criuVersion().then((criu) => verifyCheckpoint(paths.memory, { criu }), (err: unknown): CheckpointCheck => ({ ok: false, reason: `CRIU cannot run: ${err instanceof Error ? err.message : String(err)}` }));
+      const check = await this.#snapshotMemoryCheck(snap, 'runc');
       if (check.ok) {
         try {
           await this.#ownCopyOfImage(pod, paths.memory, snap.idRange.hostId);
@@ -762,13 +764,39 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
         failure = check.reason;
       }
     } else {
-      const check = await this.#runscVersion().then((runsc) => verifyCheckpoint(paths.memory, { runsc }), (err: unknown): CheckpointCheck => ({ ok: false, reason: `runsc does not say its version: ${err instanceof Error ? err.message : String(err)}` }));
+      const check = await this.#snapshotMemoryCheck(snap, 'runsc');
       const [saved, fresh] = await Promise.all([readFile(paths.config, 'utf8'), readFile(join(pod.paths.dir, 'config.json'), 'utf8')]);
       const differs = specDifference(JSON.parse(saved) as OciSpec, JSON.parse(fresh) as OciSpec);
       if (check.ok && differs === undefined) return { from: paths.memory, shared: true };
       failure = check.ok ? `the pod's ${differs ?? ''} differs from the snapshot's` : check.reason;
     }
     return { failure: `the snapshot's memory cannot be restored, so the pod started from its files: ${failure}` };
+  }
+
+  /** verifyCheckpoint of the image in `dir` against this worker's runsc (gVisor) or CRIU (runc). */
+  #checkImage(dir: string, kind: 'runc' | 'runsc'): Promise<CheckpointCheck> {
+    const maker: Promise<CheckpointMaker> = kind === 'runsc' ? this.#runscVersion().then((runsc) => ({ runsc })) : this.#criuVersion().then((criu) => ({ criu }));
+    return maker.then((m) => verifyCheckpoint(dir, m), (err: unknown): CheckpointCheck => ({ ok: false, reason: `${kind === 'runsc' ? 'runsc does not say its version' : 'CRIU cannot run'}: ${err instanceof Error ? err.message : String(err)}` }));
+  }
+
+  /** The snapshot id and time → the check of its CRIU image, passed: forks of one snapshot check it once, not each. */
+  #snapshotsChecked = new Map<string, Promise<CheckpointCheck>>();
+
+  /**
+   * verifyCheckpoint of a snapshot's memory image, run once per snapshot while it passes: its files
+   * never change once sealed (root's, in the runtime's 0700 state dir), and hashing them for each of
+   * ten forks at once cost ~0.1 s of each fork's start. A failed check is not kept (the tool may run later).
+   */
+  #snapshotMemoryCheck(snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<CheckpointCheck> {
+    const key = `${snap.id}@${snap.at}`;
+    const kept = this.#snapshotsChecked.get(key);
+    if (kept !== undefined) return kept;
+    const check = this.#checkImage(snapshotPaths(this.#opts.root, snap.id).memory, kind);
+    this.#snapshotsChecked.set(key, check);
+    void check.then((c) => {
+      if (!c.ok && this.#snapshotsChecked.get(key) === check) this.#snapshotsChecked.delete(key);
+    });
+    return check;
   }
 
   /**
@@ -869,11 +897,14 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
         if (!memory) {
           await copyDisk();
         } else {
-          // The disk is copied while the sandbox is still paused: its files match its memory.
+          // The disk is copied while the sandbox is paused, so its files match its memory: on runc
+          // while CRIU dumps (CRIU writes nothing to the pod's disk; that saved ~50 ms of a fork);
+          // on gVisor after runsc's save, which may write the sentry's cached file data back first.
           const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved for its snapshot, it keeps running: ${why}`);
-          memoryBytes = (await this.#savePaused(pod, target, paths.memoryPartial, join(paths.partial, 'memory'), failed)).bytes;
+          const runc = target.kind === 'runc';
+          memoryBytes = (await this.#savePaused(pod, target, paths.memoryPartial, join(paths.partial, 'memory'), failed, undefined, runc ? copyDisk : undefined)).bytes;
           try {
-            await copyDisk();
+            if (!runc) await copyDisk();
           } finally {
             await this.#resumePaused(pod, target);
           }
@@ -993,7 +1024,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * (#resumePaused). On any failure the image is deleted, the sandbox resumed, and `failed(why)`
    * (or a CheckpointFailed the check threw) is thrown.
    */
-  async #savePaused(pod: Pod, target: PodTarget, partial: string, sealed: string, failed: (why: string) => AsbError, check?: () => Promise<void>): Promise<CheckpointMeta> {
+  async #savePaused(pod: Pod, target: PodTarget, partial: string, sealed: string, failed: (why: string) => AsbError, check?: () => Promise<void>, beside?: () => Promise<void>): Promise<CheckpointMeta> {
     const runc = target.kind === 'runc';
     const maker: CheckpointMaker = await (runc ? this.#criuVersion().then((criu) => ({ criu })) : this.#runscVersion().then((runsc) => ({ runsc }))).catch((err: unknown) => {
       throw failed(err instanceof Error ? err.message : String(err));
@@ -1018,7 +1049,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     try {
       // runc: the cgroup is frozen already, and CRIU leaves it frozen after the dump (--leave-running).
-      const saved = runc ? await this.#runcOn(target, runcCheckpoint(target.id, partial), true) : await this.#runsc(target, steps.checkpoint);
+      const besides = beside?.();
+      const saved = await (runc ? this.#runcOn(target, runcCheckpoint(target.id, partial), true) : this.#runsc(target, steps.checkpoint)).finally(() => besides?.catch(() => undefined));
+      await besides;
       if (saved.code !== 0) throw failed(`${target.kind} checkpoint: ${runc ? await criuDumpError(partial, saved.output) : lastLine(saved.output)}`);
       // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
       if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
@@ -1041,6 +1074,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   /** Deletes a snapshot and its pin on the image; idempotent. */
   async deleteSnapshot(snapshotId: string): Promise<void> {
     const paths = snapshotPaths(this.#opts.root, snapshotId);
+    for (const key of this.#snapshotsChecked.keys()) if (key.startsWith(`${snapshotId}@`)) this.#snapshotsChecked.delete(key);
     await rm(paths.dir, { recursive: true, force: true });
     await this.#images.unpin(paths.dir);
   }
