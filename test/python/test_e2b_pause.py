@@ -147,13 +147,16 @@ def test_filesystem_pause_keeps_files_and_drops_processes(made: List[Sandbox]) -
 
 
 def test_on_timeout_pause_with_auto_resume_wakes_on_a_request_to_its_port(made: List[Sandbox]) -> None:
-    sbx = Sandbox.create(GVISOR, timeout=4, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    sbx = Sandbox.create(GVISOR, timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
     made.append(sbx)
     info = Sandbox.get_info(sbx.sandbox_id)
     assert (info.lifecycle or {}).get("on_timeout") == "pause"
     assert (info.lifecycle or {}).get("auto_resume") is True
     start_counter(sbx)
     assert ask(sbx) == 2
+    # The timeout is made short only now: under load, a 4-second one from the create could pause
+    # the sandbox in the middle of start_counter's requests.
+    sbx.set_timeout(4)
 
     wait_for("the pause at the timeout", lambda: Sandbox.get_info(sbx.sandbox_id).state.value == "paused" or None, 30)
     # pauseMode is there once the pause has finished (E2B omits it while a sandbox is still pausing).
