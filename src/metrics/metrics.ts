@@ -21,6 +21,14 @@ export interface Metrics {
   imageGcRunsTotal: Counter<'result'>;
   imageGcRemovedTotal: Counter<'kind'>;
   imageGcFreedBytesTotal: Counter;
+  /** API answers that were errors, by catalogue code (src/errors.ts): the "errors by reason" an operator reads. */
+  apiErrorsTotal: Counter<'code'>;
+  /** Sandboxes that entered a failure, by the reason their Ready condition gives. */
+  sandboxFailuresTotal: Counter<'reason'>;
+  /** Wakes of a sandbox that had a memory checkpoint, by result (restored, failed, discarded). */
+  memoryRestoresTotal: Counter<'result'>;
+  /** Pauses that asked for memory, by result (saved, fell_back, failed). */
+  checkpointsTotal: Counter<'result'>;
 }
 
 export function createMetrics(registry: Registry): Metrics {
@@ -103,6 +111,30 @@ export function createMetrics(registry: Registry): Metrics {
     imageGcFreedBytesTotal: new Counter({
       name: 'asb_image_gc_freed_bytes_total',
       help: 'Disk space image GC gave back: blobs and unpacked trees, in allocated bytes.',
+      registers,
+    }),
+    apiErrorsTotal: new Counter({
+      name: 'asb_api_errors_total',
+      help: 'Worker API requests answered with an error, by error code (docs/errors.md: NotFound, Unauthorized, PoolExhausted, Internal, ...).',
+      labelNames: ['code'],
+      registers,
+    }),
+    sandboxFailuresTotal: new Counter({
+      name: 'asb_sandbox_failures_total',
+      help: 'Sandboxes that entered a failure, by the reason of their Ready condition (PodStartFailed, ErrImagePull, Evicted, OOMKilled, PodFailed, SnapshotNotReady, NameConflict, ...).',
+      labelNames: ['reason'],
+      registers,
+    }),
+    memoryRestoresTotal: new Counter({
+      name: 'asb_memory_restores_total',
+      help: 'Starts of a sandbox that had a memory checkpoint, by result: restored, failed (started from its files instead), discarded (as asked).',
+      labelNames: ['result'],
+      registers,
+    }),
+    checkpointsTotal: new Counter({
+      name: 'asb_checkpoints_total',
+      help: 'Pauses that asked to keep memory, by result: saved, fell_back (files kept, the pause allowed it), failed (not paused, the sandbox keeps running).',
+      labelNames: ['result'],
       registers,
     }),
   };
