@@ -1,6 +1,7 @@
 // Every metric the worker exposes, created against an injected prom-client Registry (no
 // global registry), so tests and several workers in one process never collide.
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import { ERRORS } from '../errors.ts';
 
 // Claims are sub-millisecond to seconds (cold start): buckets from 0.25 ms to 30 s.
 const LATENCY_BUCKETS = [0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
@@ -31,7 +32,27 @@ export interface Metrics {
   checkpointsTotal: Counter<'result'>;
 }
 
+/**
+ * Reasons a sandbox fails that we know of, exported at 0 from the start: Prometheus's increase()
+ * sees no rise in a series that first appears at 1, so an alert on the first failure needs the 0.
+ */
+const FAILURE_REASONS = ['PodStartFailed', 'ErrImagePull', 'ImagePullBackOff', 'InvalidImageName', 'ErrImageNeverPull', 'Evicted', 'OOMKilled', 'PodFailed', 'SnapshotNotReady', 'NameConflict'];
+
 export function createMetrics(registry: Registry): Metrics {
+  const metrics = createSeries(registry);
+  // Known label values at 0 (see FAILURE_REASONS): the first failure is then a rise an alert sees.
+  for (const code of Object.keys(ERRORS)) metrics.apiErrorsTotal.inc({ code }, 0);
+  for (const reason of FAILURE_REASONS) metrics.sandboxFailuresTotal.inc({ reason }, 0);
+  for (const result of ['restored', 'failed', 'discarded']) metrics.memoryRestoresTotal.inc({ result }, 0);
+  for (const result of ['saved', 'fell_back', 'failed']) metrics.checkpointsTotal.inc({ result }, 0);
+  for (const launch of ['warm', 'cold']) metrics.claimsTotal.inc({ launch, result: 'bound' }, 0);
+  metrics.claimsTotal.inc({ launch: 'none', result: 'failed' }, 0);
+  // Histograms too: a rate() of buckets that first appear with the first claim stays 0.
+  for (const launch of ['warm', 'cold']) metrics.claimSeconds.zero({ launch });
+  return metrics;
+}
+
+function createSeries(registry: Registry): Metrics {
   const registers = [registry];
   return {
     claimSeconds: new Histogram({

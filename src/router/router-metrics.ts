@@ -38,7 +38,7 @@ export function createRouterMetrics(registry: Registry, table: RouteTable): Rout
       this.inc(table.knownMissingHits);
     },
   });
-  return {
+  const metrics: RouterMetrics = {
     requestsTotal: new Counter({ name: 'asb_router_requests_total', help: 'Requests decided, by result (route or the status answered).', labelNames: ['result'], registers }),
     // A wake on the local runtime is ~0.1-2 s; the hold limit is 25 s.
     holdSeconds: new Histogram({ name: 'asb_router_hold_seconds', help: 'Time requests were held for a wake or lookup, by result.', labelNames: ['result'], buckets: [0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 25], registers }),
@@ -55,4 +55,9 @@ export function createRouterMetrics(registry: Registry, table: RouteTable): Rout
     }),
     ingressResolveErrorsTotal: new Counter({ name: 'asb_router_ingress_resolve_errors_total', help: "Failed DNS lookups of other clusters' ingress addresses (the last good address is kept).", registers }),
   };
+  // At 0 from the start, so the first failed wake is a rise Prometheus's increase() sees.
+  for (const result of ['ok', 'failed']) metrics.wakesTotal.inc({ result }, 0);
+  // And the hold that ends in a route, so the first held request is a rise in its buckets too.
+  metrics.holdSeconds.zero({ result: 'route' });
+  return metrics;
 }

@@ -82,7 +82,7 @@ export function createPipeline(opts: PipelineOptions): (req: IncomingMessage, re
         },
       });
       writeReply(res, reply);
-      if ('errorCode' in reply && reply.errorCode !== undefined) errors?.inc({ code: reply.errorCode });
+      if ('errorCode' in reply) errors?.inc({ code: reply.errorCode });
       return label;
     } catch (err) {
       const problem = toAsbError(err);
