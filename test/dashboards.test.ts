@@ -6,7 +6,8 @@
 // evaluates, and the alert for a sandbox that cannot start fires.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { test } from 'node:test';
 import { promisify } from 'node:util';
@@ -140,7 +141,46 @@ test('every dashboard panel and every alert expression answers from a real Prome
       assert.ok(finite > 0, `${where}: every value is NaN`);
     }
   }
+
+  // The README's picture (Grafana is not in Debian): ASB_DASHBOARD_PNG=<file> drives half a
+  // minute more traffic, then Chromium photographs two panels' queries in Prometheus's own graph page.
+  const picture = process.env.ASB_DASHBOARD_PNG;
+  if (picture !== undefined) {
+    for (let i = 0; i < 20; i++) {
+      const claimed = await api<View>(cluster, 'POST', '/v1/sandboxes', { template: 'web' });
+      await edgeGet(cluster.edgeUrl, host, { headers: { 'x-access-token': web.accessToken } });
+      await edgeGet(cluster.edgeUrl, i % 3 === 0 ? host : '8080-dashnosuchsandbox0000.asb.localhost');
+      if (claimed.status === 201) await api(cluster, 'DELETE', `/v1/sandboxes/${claimed.body.id}`);
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+    }
+    await photograph(prom.url, picture, Math.ceil((Date.now() - loadStarted) / 1000), [panelExpr('fleet.json', 'Claims by cluster'), panelExpr('data-plane.json', 'Router decisions')]);
+  }
 });
+
+/** The first query of a panel, as the picture shows it (20 s rate window, this test's cluster). */
+function panelExpr(file: string, title: string): string {
+  const dashboard = JSON.parse(renderDashboards().get(file) ?? '{}') as Dashboard;
+  const expr = dashboard.panels.find((p) => p.title === title)?.targets[0]?.expr;
+  assert.ok(expr !== undefined, `${file}: no panel "${title}"`);
+  return expr.replaceAll('$__rate_interval', '20s').replaceAll('$cluster', CLUSTER);
+}
+
+/** A headless Chromium screenshot of Prometheus's graph page showing `exprs` over the last `seconds`. */
+async function photograph(prometheusUrl: string, file: string, seconds: number, exprs: string[]): Promise<void> {
+  const params = exprs.flatMap((expr, i) => [`g${String(i)}.expr=${encodeURIComponent(expr)}`, `g${String(i)}.tab=0`, `g${String(i)}.range_input=${String(seconds)}s`]);
+  const profile = mkdtempSync(join(tmpdir(), 'asb-chromium-'));
+  try {
+    await run('chromium', [
+      '--headless=new', '--disable-gpu', '--hide-scrollbars', `--user-data-dir=${profile}`,
+      // Root cannot run Chromium's own sandbox; the page is our loopback Prometheus.
+      ...(process.getuid?.() === 0 ? ['--no-sandbox'] : []),
+      '--window-size=1200,1640', '--virtual-time-budget=8000', `--screenshot=${resolve(file)}`,
+      `${prometheusUrl}/classic/graph?${params.join('&')}`,
+    ]);
+  } finally {
+    rmSync(profile, { recursive: true, force: true });
+  }
+}
 
 interface Alert { state: string; labels: Record<string, string | undefined>; annotations: Record<string, string | undefined> }
 
