@@ -53,10 +53,10 @@ async function hibernated(h: Harness, name: string): Promise<Sandbox> {
   });
 }
 
-/** The counter's samples as "label=value,... → count", for the ones counted (an operator's view of /metrics). */
+/** The counter's non-zero samples, by label values (an operator's view of /metrics; known values start at 0). */
 async function counted(counter: Counter): Promise<Record<string, number>> {
   const out: Record<string, number> = {};
-  for (const v of (await counter.get()).values) out[Object.values(v.labels).join(',')] = v.value;
+  for (const v of (await counter.get()).values) if (v.value > 0) out[Object.values(v.labels).join(',')] = v.value;
   return out;
 }
 
