@@ -5,6 +5,7 @@
 // what a wake restored. The same behaviour on real gVisor and runc pods: test/e2b-pause.test.ts.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import type { Counter } from 'prom-client';
 import type { Condition } from '../src/api/meta.ts';
 import { ANNOTATION, SandboxSnapshotType, SandboxTemplateType, SandboxType, type Sandbox, type SandboxSnapshot, type SuspendMemory } from '../src/api/types.ts';
 import { validateObject } from '../src/api/validate.ts';
@@ -52,6 +53,13 @@ async function hibernated(h: Harness, name: string): Promise<Sandbox> {
   });
 }
 
+/** The counter's non-zero samples, by label values (an operator's view of /metrics; known values start at 0). */
+async function counted(counter: Counter): Promise<Record<string, number>> {
+  const out: Record<string, number> = {};
+  for (const v of (await counter.get()).values) if (v.value > 0) out[Object.values(v.labels).join(',')] = v.value;
+  return out;
+}
+
 async function claimReady(h: Harness, tpl: string, extra: Partial<Parameters<Harness['op']['claimer']['claim']>[0]> = {}): Promise<string> {
   const name = (await h.op.claimer.claim({ namespace: h.ns, template: tpl, owner: 'team-a', ...extra })).sandbox.metadata.name;
   await h.op.claimer.waitReady(h.ns, name, 5_000);
@@ -80,6 +88,8 @@ test('suspensionStrategy Hibernate, inherited from the template: memory kept (th
   });
   assert.deepEqual([cond(woke, 'MemoryRestored')?.status, cond(woke, 'MemoryRestored')?.reason], ['True', 'Restored']);
   assert.equal(cond(woke, 'Suspended'), undefined, 'a successful suspension leaves no Suspended condition on the running sandbox');
+  assert.deepEqual(await counted(h.metrics.checkpointsTotal), { saved: 1 }, 'asb_checkpoints_total');
+  assert.deepEqual(await counted(h.metrics.memoryRestoresTotal), { restored: 1 }, 'asb_memory_restores_total');
 });
 
 test('a restore that fails starts the pod from its files, and MemoryRestored False says why in the runtime\'s words', async (t) => {
@@ -98,6 +108,7 @@ test('a restore that fails starts the pod from its files, and MemoryRestored Fal
   const restored = cond(woke, 'MemoryRestored');
   assert.deepEqual([restored?.status, restored?.reason], ['False', 'RestoreFailed']);
   assert.match(restored?.message ?? '', /made by another runsc/);
+  assert.deepEqual(await counted(h.metrics.memoryRestoresTotal), { failed: 1 }, 'the failed restore is counted once, for an alert to page on');
 });
 
 test('discardMemory on resume starts the pod from its files (E2B\'s on_resume "reboot")', async (t) => {
@@ -114,6 +125,7 @@ test('discardMemory on resume starts the pod from its files (E2B\'s on_resume "r
   });
   assert.ok(h.runtime.calls.includes(`start ${name} from-files`));
   assert.deepEqual([cond(woke, 'MemoryRestored')?.status, cond(woke, 'MemoryRestored')?.reason], ['False', 'Discarded']);
+  assert.deepEqual(await counted(h.metrics.memoryRestoresTotal), { discarded: 1 });
 });
 
 test('Hibernate where the runtime cannot keep memory: never a silent files-only stop; the sandbox goes back to Running and says why', async (t) => {
@@ -175,6 +187,7 @@ test('a save that fails: a required pause is refused (CheckpointFailed, still ru
   const stopped = await hibernated(h, c);
   assert.equal(cond(stopped, 'Suspended')?.reason, 'FilesKept');
   assert.deepEqual(h.runtime.calls.filter((x) => x.startsWith(`stop ${c}`)), [`stop ${c}`]);
+  assert.deepEqual(await counted(h.metrics.checkpointsTotal), { failed: 2 }, 'two refused pauses; the default Stop asked for no memory');
 });
 
 test('the operator\'s own suspensions fall back to files when the save fails: an idle Hibernate sandbox still suspends, saying why', async (t) => {
@@ -188,6 +201,7 @@ test('the operator\'s own suspensions fall back to files when the save fails: an
   assert.equal(paused.metadata.annotations?.[ANNOTATION.suspendMemory], 'fallback');
   assert.deepEqual([cond(paused, 'Suspended')?.reason, h.runtime.state(name).phase], ['MemoryNotKept', 'Stopped']);
   assert.match(cond(paused, 'Suspended')?.message ?? '', /the disk is full/);
+  assert.deepEqual(await counted(h.metrics.checkpointsTotal), { fell_back: 1 });
 });
 
 test('an idle suspension is marked so traffic wakes it even when E2B\'s auto_resume is off; a suspension at the shutdown time is not', async (t) => {

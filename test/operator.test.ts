@@ -7,12 +7,13 @@ import { Registry } from 'prom-client';
 import { AsbError, isAsbError } from '../src/errors.ts';
 import { createMetrics } from '../src/metrics/metrics.ts';
 import { Controller, type Reconciler } from '../src/operator/controller.ts';
+import { failureEntered } from '../src/operator/sandbox-controller.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { operatorSuite } from './support/controller-suite.ts';
 import { eventually, sqliteHarnessStore, startHarness, template, writeRival } from './support/operator-harness.ts';
 import { holderAmong, NAME_CONFLICT } from '../src/api/sandbox-identity.ts';
-import { SandboxTemplateType, SandboxType, type Sandbox } from '../src/api/types.ts';
+import { SandboxTemplateType, SandboxType, type Sandbox, type SandboxPhase, type SandboxStatus } from '../src/api/types.ts';
 import { within } from './support/wait.ts';
 
 operatorSuite(sqliteHarnessStore);
@@ -167,4 +168,26 @@ test('the holder of an id: the pod\'s object first, then one not marked NameConf
   assert.equal(holderAmong([early, tie], 'b')?.metadata.uid, 'b', 'the object whose pod the runtime has, whatever the rest says');
   assert.equal(holderAmong([at('b', '2026-11-24T10:00:00Z'), at('a', '2026-11-24T10:00:00Z', true)])?.metadata.uid, 'b', 'one its controller marked NameConflict holds nothing');
   assert.equal(holderAmong([]), undefined);
+});
+
+// ---- what an operator pages on: sandboxes entering a failure, counted once by reason
+
+test('a sandbox entering a failure is counted once by its reason (asb_sandbox_failures_total); waits and pauses are not failures', async (t) => {
+  const h = await startHarness(t, { autoReady: false });
+  await h.store.create(SandboxTemplateType, template('py', h.ns));
+  const failing = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'team' })).sandbox.metadata.name;
+  await eventually('the pod started', () => h.runtime.state(failing).phase === 'Pending');
+  h.runtime.fail(failing, 'the container exited with code 1');
+  await eventually('the sandbox Failed', async () => (await h.store.get<Sandbox>(SandboxType, h.ns, failing)).status?.phase === 'Failed');
+  const pending = (await h.op.claimer.claim({ namespace: h.ns, template: 'py', owner: 'team' })).sandbox.metadata.name;
+  await eventually('the second pod started', () => h.runtime.state(pending).phase === 'Pending');
+  const failures = async (): Promise<Record<string, number>> => Object.fromEntries((await h.metrics.sandboxFailuresTotal.get()).values.filter((v) => v.value > 0).map((v) => [String(v.labels.reason), v.value]));
+  assert.deepEqual(await failures(), { PodFailed: 1 }, 'the failed pod once; the one still starting is no failure');
+
+  const ready = (reason: string, phase: SandboxPhase): SandboxStatus => ({ phase, conditions: [{ type: 'Ready', status: 'False', reason, lastTransitionTime: '2026-11-29T00:00:00Z' }] });
+  assert.equal(failureEntered(ready('DependenciesNotReady', 'Pending'), ready('PodStartFailed', 'Pending')), 'PodStartFailed');
+  assert.equal(failureEntered(ready('PodStartFailed', 'Pending'), ready('PodStartFailed', 'Pending')), undefined, 'a retry that fails the same way is the same failure');
+  assert.equal(failureEntered(undefined, ready('SnapshotNotReady', 'Pending')), undefined, 'a snapshot still being taken is a wait');
+  assert.equal(failureEntered(undefined, ready('SnapshotNotReady', 'Failed')), 'SnapshotNotReady');
+  for (const wait of ['SandboxSuspended', 'SandboxExpired', 'DependenciesNotReady']) assert.equal(failureEntered(undefined, ready(wait, 'Pending')), undefined, wait);
 });

@@ -10,11 +10,12 @@ import { createServer, connect, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import { Registry } from 'prom-client';
 import { WebSocket } from 'ws';
 import { createApiKey } from '../src/auth/keys.ts';
 import { generateClusterCredential } from '../src/hub/cluster-credential.ts';
 import { ClusterType, HEARTBEAT_MS, type Cluster } from '../src/hub/contract.ts';
-import { createSyncServer } from '../src/hub/sync-server.ts';
+import { createSyncMetrics, createSyncServer } from '../src/hub/sync-server.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { waitFor } from './support/wait.ts';
@@ -306,4 +307,20 @@ test('sync server: credential checked before upgrade, snapshot then deltas, resu
   assert.deepEqual(resumed.frames.filter((m) => m.type !== 'heartbeat').map((m) => [m.type, m.version]), [['delta', delta.version]]);
   assert.equal(beat.version, delta.version, 'the heartbeat tells the worker the version it is current at');
   assert.deepEqual(sync.connections().map((c) => c.cluster), ['c1'], 'one connection per cluster');
+});
+
+test('the hub tells Prometheus which clusters are linked: asb_hub_cluster_connected is 0 before hello, 1 while linked, 0 once the link ends', async (t) => {
+  const { store, credential } = await hubStoreWithCluster(t);
+  const registry = new Registry();
+  const sync = createSyncServer({ store, log: silentLogger(), clock: systemClock, statusFlushMs: 10, metrics: createSyncMetrics(registry) });
+  const url = `ws://127.0.0.1:${await serveUpgrades(t, sync)}/v1/sync`;
+  const linked = async (): Promise<string | undefined> => /^asb_hub_cluster_connected\{cluster="c1"\} (\d)$/m.exec(await registry.metrics())?.[1];
+  await until('c1 known to the hub and reported down', 5000, async () => (await linked()) === '0');
+
+  const ws = new WebSocket(url, { headers: { authorization: `Bearer ${credential}` } });
+  t.after(() => ws.terminate());
+  ws.on('open', () => ws.send(JSON.stringify({ type: 'hello', cluster: 'c1', lastVersion: 0 })));
+  await until('c1 reported linked after its hello', 5000, async () => (await linked()) === '1');
+  ws.close();
+  await until('c1 reported down once its link closed', 5000, async () => (await linked()) === '0');
 });

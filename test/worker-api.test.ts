@@ -189,6 +189,13 @@ test('/healthz needs no key, /metrics is Prometheus text that promtool accepts',
   const metrics = await api('GET', '/metrics', { key: fx.keys.admin });
   assert.equal(metrics.status, 200);
   assert.match(metrics.text, /asb_http_requests_total\{route="\/v1\/sandboxes",code="200"\} 1/, 'requests are counted by route pattern');
+  // Errors by their code, on our API and on E2B's (which answers in its own shape).
+  assert.equal((await call(fx, 'GET', '/v1/sandboxes')).status, 401);
+  assert.equal((await call(fx, 'GET', '/v1/sandboxes/nosuchsandbox', { key: fx.keys.teamA })).status, 404);
+  assert.equal((await call(fx, 'GET', '/sandboxes/nosuchsandbox', { key: fx.keys.teamA })).status, 404);
+  const errors = (await api('GET', '/metrics', { key: fx.keys.admin })).text;
+  assert.match(errors, /^asb_api_errors_total\{code="Unauthorized"\} 1$/m);
+  assert.match(errors, /^asb_api_errors_total\{code="NotFound"\} 2$/m);
   const check = await promtool(metrics.text);
   assert.equal(check.code, 0, `promtool check metrics: ${check.output}`);
 });

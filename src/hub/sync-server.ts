@@ -41,10 +41,14 @@ export interface SyncMetrics {
   connections: Gauge;
   messages: Counter<'type'>;
   drops: Counter<'reason'>;
+  /** asb_hub_cluster_connected{cluster}: read at each scrape from clusterLinks. */
+  clusterConnected: Gauge<'cluster'>;
+  /** Set by the running sync server: every cluster the hub knows and whether it is connected now. */
+  clusterLinks?: () => Iterable<readonly [string, boolean]>;
 }
 
 export function createSyncMetrics(registry: Registry): SyncMetrics {
-  return {
+  const metrics: SyncMetrics = {
     connections: new Gauge({ name: 'asb_hub_sync_connections', help: 'Worker clusters connected to the hub for sync.', registers: [registry] }),
     messages: new Counter({ name: 'asb_hub_sync_messages_total', help: 'Sync messages sent to workers, by type.', labelNames: ['type'], registers: [registry] }),
     drops: new Counter({
@@ -53,7 +57,18 @@ export function createSyncMetrics(registry: Registry): SyncMetrics {
       labelNames: ['reason'],
       registers: [registry],
     }),
+    clusterConnected: new Gauge({
+      name: 'asb_hub_cluster_connected',
+      help: 'Each worker cluster the hub knows: 1 while its sync link is up (hello done), 0 while it is not (down, unreachable, or never connected).',
+      labelNames: ['cluster'],
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const [cluster, up] of metrics.clusterLinks?.() ?? []) this.set({ cluster }, up ? 1 : 0);
+      },
+    }),
   };
+  return metrics;
 }
 
 export interface SyncServerOptions {
@@ -186,6 +201,7 @@ function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed, ackListener
   for (const c of feed.clusters()) if (c.status?.connected === true) status.report(c.metadata.name, { connected: false });
 
   const countSessions = (): void => metrics?.connections.set(sessions.size);
+  if (metrics !== undefined) metrics.clusterLinks = () => feed.clusters().map((c) => [c.metadata.name, sessions.get(c.metadata.name)?.live === true] as const);
 
   const send = (s: Session, text: string, type: HubToWorker['type']): void => {
     if (s.ws.readyState !== s.ws.OPEN) return;

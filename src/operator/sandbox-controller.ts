@@ -100,6 +100,23 @@ function imagePullMessage(sandbox: Sandbox, said: string): string {
   return `image "${image}" cannot be pulled by the node: ${said}`;
 }
 
+/** Ready reasons that are a wait or a choice, not a failure: a sandbox starting, paused or past its time. */
+const NOT_FAILURES = new Set(['DependenciesReady', 'DependenciesNotReady', 'SandboxSuspended', 'SandboxExpired']);
+
+/**
+ * The reason of a failure this status write enters (asb_sandbox_failures_total), or undefined: the
+ * Ready condition turned False with a reason it did not have before. A snapshot still being taken
+ * is a wait (phase Pending), a missing or failed one a failure (phase Failed).
+ */
+export function failureEntered(before: SandboxStatus | undefined, after: SandboxStatus): string | undefined {
+  const ready = after.conditions?.find((c) => c.type === 'Ready');
+  if (ready === undefined || ready.status !== 'False' || NOT_FAILURES.has(ready.reason)) return undefined;
+  if (ready.reason === 'SnapshotNotReady' && after.phase !== 'Failed') return undefined;
+  const was = before?.conditions?.find((c) => c.type === 'Ready');
+  if (was?.status === 'False' && was.reason === ready.reason && before?.phase === after.phase) return undefined;
+  return ready.reason;
+}
+
 export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler {
   const { store, runtime, sandboxes, activity, clock, metrics } = deps;
   /** Sandboxes waking from hibernation: name → time the wake began, for asb_wake_seconds. */
@@ -116,6 +133,8 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
   const writeStatus = async (sandbox: Sandbox, status: SandboxStatus): Promise<void> => {
     if (isDeepStrictEqual(sandbox.status ?? {}, status)) return;
     await store.updateStatus<Sandbox>(SandboxType, { ...sandbox, status });
+    const failure = failureEntered(sandbox.status, status);
+    if (failure !== undefined) metrics.sandboxFailuresTotal.inc({ reason: failure });
   };
 
   const condition = (sandbox: Sandbox, type: string, status: Condition['status'], reason: string, message?: string): Condition => {
@@ -227,10 +246,12 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
     }
     try {
       await runtime.stop(name, { memory: true });
+      metrics.checkpointsTotal.inc({ result: 'saved' });
       return true;
     } catch (err) {
       const decision = decideStopFailure(memory, err);
       if (decision === undefined) throw err;
+      metrics.checkpointsTotal.inc({ result: decision.outcome === 'fail' ? 'failed' : 'fell_back' });
       if (decision.outcome === 'fail') {
         await revertSuspension(sandbox, decision.reason, decision.why);
         return false;
@@ -364,7 +385,8 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
     if (state.phase === 'Absent' || state.phase === 'Stopped') {
       if (state.phase === 'Stopped' && !wakes.has(name)) wakes.set(name, now);
       const discard = sandbox.metadata.annotations?.[ANNOTATION.discardMemory] === 'true';
-      if (state.checkpoint !== undefined) restored.set(name, !discard);
+      const fromCheckpoint = state.checkpoint !== undefined;
+      if (fromCheckpoint) restored.set(name, !discard);
       try {
         // A new pod from a snapshot: the snapshot must be there and taken (a wake needs it no more).
         let snapshotUid: string | undefined;
@@ -388,6 +410,7 @@ export function createSandboxReconciler(deps: SandboxControllerDeps): Reconciler
       }
       // start() may return before the runtime's own state settles; the in-memory read is current.
       state = runtime.state(name);
+      if (fromCheckpoint) metrics.memoryRestoresTotal.inc({ result: state.restoreFailure !== undefined ? 'failed' : discard ? 'discarded' : 'restored' });
       applied.set(name, JSON.stringify(egressPolicyOf(sandbox.spec.network)));
     } else if (runtime.setEgressPolicy !== undefined && (state.phase === 'Running' || state.phase === 'Pending')) {
       // spec.network changed while the pod runs (PUT .../network, kubectl edit, a warm claim), or

@@ -228,6 +228,8 @@ export class ExtProcServer {
     // One override_message_timeout, then the real answer once the sandbox is ready.
     this.#write(call, state, { override_message_timeout: this.#holdTimeout });
     const started = performance.now();
+    const held = this.#opts.metrics?.held;
+    held?.inc();
     state.abort = new AbortController();
     const signal = state.abort.signal;
     const waker = this.#opts.waker;
@@ -236,10 +238,12 @@ export class ExtProcServer {
       () => this.#release(headers, state.listener, signal, waker.holdLimitMs - (performance.now() - started)),
     ).then(
       (again) => {
+        held?.dec();
         this.#opts.metrics?.holdSeconds.observe({ result: again.kind }, (performance.now() - started) / 1000);
         this.#answer(call, state, again);
       },
       (err: unknown) => {
+        held?.dec();
         if (signal.aborted) return;
         const error = isAsbError(err) ? err : unavailable('internal error while holding the request');
         if (!isAsbError(err)) this.#log.error({ err }, 'hold failed');

@@ -20,6 +20,9 @@
 //   --lookup-rate / ASB_ROUTER_LOOKUP_RATE     lookups per second a client address regains. Default 5
 //                                          (lookup-limiter.ts says why; the address is the one
 //                                          Envoy saw, client-address.ts)
+//   --metrics-listen / ASB_ROUTER_METRICS_LISTEN   host:port of an HTTP listener serving GET
+//                                          /metrics (Prometheus text of the asb_router_* series) to
+//                                          the worker key as a bearer token. Default: none (off)
 //   --log-level / ASB_LOG_LEVEL            Default info
 import { parseFlags } from '../system/flags.ts';
 import { readFileSync } from 'node:fs';
@@ -38,10 +41,12 @@ export interface RouterConfig {
   /** --lookup-burst, --lookup-rate: each client address's budget of worker lookups. */
   readonly lookupBurst: number;
   readonly lookupRatePerS: number;
+  /** --metrics-listen: where GET /metrics is served; undefined: not served. */
+  readonly metricsListen: string | undefined;
   readonly logLevel: string;
 }
 
-const FLAGS = ['listen', 'domain', 'worker', 'worker-key', 'worker-key-file', 'hold-limit-ms', 'hub-upstream', 'lookup-burst', 'lookup-rate', 'log-level'] as const;
+const FLAGS = ['listen', 'domain', 'worker', 'worker-key', 'worker-key-file', 'hold-limit-ms', 'hub-upstream', 'lookup-burst', 'lookup-rate', 'metrics-listen', 'log-level'] as const;
 type Flag = (typeof FLAGS)[number];
 const ENV: Record<Flag, string> = {
   listen: 'ASB_ROUTER_LISTEN',
@@ -53,6 +58,7 @@ const ENV: Record<Flag, string> = {
   'hub-upstream': 'ASB_ROUTER_HUB_UPSTREAM',
   'lookup-burst': 'ASB_ROUTER_LOOKUP_BURST',
   'lookup-rate': 'ASB_ROUTER_LOOKUP_RATE',
+  'metrics-listen': 'ASB_ROUTER_METRICS_LISTEN',
   'log-level': 'ASB_LOG_LEVEL',
 };
 const NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
@@ -65,8 +71,9 @@ export function parseRouterConfig(argv: readonly string[], env: Readonly<Record<
   const one = (flag: Flag): string | undefined => flags.get(flag)?.at(-1) ?? env[ENV[flag]];
 
   const listen = one('listen') ?? '127.0.0.1:9002';
-  const port = Number(listen.slice(listen.lastIndexOf(':') + 1));
-  if (!listen.includes(':') || !Number.isInteger(port) || port < 0 || port > 65535) problems.push(`--listen (ASB_ROUTER_LISTEN) must be host:port, got "${listen}"`);
+  if (!isHostPort(listen)) problems.push(`--listen (ASB_ROUTER_LISTEN) must be host:port, got "${listen}"`);
+  const metricsListen = one('metrics-listen');
+  if (metricsListen !== undefined && !isHostPort(metricsListen)) problems.push(`--metrics-listen (ASB_ROUTER_METRICS_LISTEN) must be host:port, got "${metricsListen}"`);
   const domain = (one('domain') ?? 'asb.localhost').toLowerCase();
   if (!DOMAIN.test(domain)) problems.push(`--domain (ASB_DOMAIN) must be a DNS name, got "${domain}"`);
   const holdText = one('hold-limit-ms') ?? String(DEFAULT_HOLD_LIMIT_MS);
@@ -111,5 +118,11 @@ export function parseRouterConfig(argv: readonly string[], env: Readonly<Record<
   if (key === undefined || key === '') problems.push('--worker-key (ASB_ROUTER_WORKER_KEY) or --worker-key-file is required: the route feed needs an admin key');
 
   if (problems.length > 0) throw new ConfigError(problems);
-  return Object.freeze({ listen, domain, workers: Object.freeze(workers), holdLimitMs, hubUpstream: hubText === 'on', lookupBurst, lookupRatePerS, logLevel: one('log-level') ?? 'info' });
+  return Object.freeze({ listen, domain, workers: Object.freeze(workers), holdLimitMs, hubUpstream: hubText === 'on', lookupBurst, lookupRatePerS, metricsListen, logLevel: one('log-level') ?? 'info' });
+}
+
+function isHostPort(text: string): boolean {
+  const sep = text.lastIndexOf(':');
+  const port = Number(text.slice(sep + 1));
+  return sep > 0 && text.slice(sep + 1) !== '' && Number.isInteger(port) && port >= 0 && port <= 65535;
 }

@@ -6,6 +6,8 @@ export interface RouterMetrics {
   /** result: route, or the HTTP status we answered ourselves. */
   requestsTotal: Counter<'result'>;
   holdSeconds: Histogram<'result'>;
+  /** Requests held right now, waiting for a wake or a lookup. */
+  held: Gauge;
   wakesTotal: Counter<'result'>;
   feedMessagesTotal: Counter<'type' | 'result'>;
   streamErrorsTotal: Counter<'kind'>;
@@ -36,10 +38,11 @@ export function createRouterMetrics(registry: Registry, table: RouteTable): Rout
       this.inc(table.knownMissingHits);
     },
   });
-  return {
+  const metrics: RouterMetrics = {
     requestsTotal: new Counter({ name: 'asb_router_requests_total', help: 'Requests decided, by result (route or the status answered).', labelNames: ['result'], registers }),
     // A wake on the local runtime is ~0.1-2 s; the hold limit is 25 s.
     holdSeconds: new Histogram({ name: 'asb_router_hold_seconds', help: 'Time requests were held for a wake or lookup, by result.', labelNames: ['result'], buckets: [0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 25], registers }),
+    held: new Gauge({ name: 'asb_router_held_requests', help: 'Requests held right now while their sandbox wakes or its id is looked up.', registers }),
     wakesTotal: new Counter({ name: 'asb_router_wakes_total', help: 'Resume calls made to wake a sandbox on first connection, by result.', labelNames: ['result'], registers }),
     feedMessagesTotal: new Counter({ name: 'asb_router_feed_messages_total', help: 'Route feed messages, by type and result (applied, stale, unsynced, foreign, invalid).', labelNames: ['type', 'result'], registers }),
     streamErrorsTotal: new Counter({ name: 'asb_router_stream_errors_total', help: 'ext_proc stream problems, by kind (unexpected message, write after end, handler error).', labelNames: ['kind'], registers }),
@@ -52,4 +55,9 @@ export function createRouterMetrics(registry: Registry, table: RouteTable): Rout
     }),
     ingressResolveErrorsTotal: new Counter({ name: 'asb_router_ingress_resolve_errors_total', help: "Failed DNS lookups of other clusters' ingress addresses (the last good address is kept).", registers }),
   };
+  // At 0 from the start, so the first failed wake is a rise Prometheus's increase() sees.
+  for (const result of ['ok', 'failed']) metrics.wakesTotal.inc({ result }, 0);
+  // And the hold that ends in a route, so the first held request is a rise in its buckets too.
+  metrics.holdSeconds.zero({ result: 'route' });
+  return metrics;
 }

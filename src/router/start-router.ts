@@ -1,6 +1,7 @@
 // The router's composition root: route table and cluster registry → feeds (one per worker) →
 // waker and activity → ext_proc server. Closed in the reverse order: stop taking streams, flush
-// activity, drop feeds, stop the registry's DNS refreshes.
+// activity, drop feeds, stop the registry's DNS refreshes. The metrics listener (--metrics-listen)
+// starts after the ext_proc server and closes right after it.
 import { Registry } from 'prom-client';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -10,6 +11,7 @@ import { FeedClient, type FeedStatus } from './feed-client.ts';
 import type { RouterConfig } from './router-config.ts';
 import { ClusterRegistry } from './registry.ts';
 import { LookupLimiter } from './lookup-limiter.ts';
+import { startMetricsServer, type MetricsServer } from './metrics-server.ts';
 import { createRouterMetrics } from './router-metrics.ts';
 import { RouteTable } from './route-table.ts';
 import { Waker } from './waker.ts';
@@ -31,6 +33,8 @@ export interface RunningRouter {
   readonly federation: ClusterRegistry;
   readonly server: ExtProcServer;
   readonly registry: Registry;
+  /** host:port of GET /metrics (--metrics-listen), undefined when not served. */
+  readonly metricsAddress: string | undefined;
   feeds(): FeedStatus[];
   /** Resolves once every worker's feed delivered its first snapshot. */
   synced(): Promise<void>;
@@ -92,7 +96,19 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
     await activity.close();
     throw err;
   }
-  log.info({ address: server.address, domain: config.domain, hubUpstream: config.hubUpstream, workers: config.workers.map((w) => `${w.cluster}=${w.url}`) }, 'router listening');
+  let metricsServer: MetricsServer | undefined;
+  if (config.metricsListen !== undefined) {
+    try {
+      metricsServer = await startMetricsServer({ listen: config.metricsListen, registry, key: first.key, log: log.child({ component: 'metrics' }) });
+    } catch (err) {
+      await server.close();
+      for (const f of feeds) f.close();
+      federation.close();
+      await activity.close();
+      throw err;
+    }
+  }
+  log.info({ address: server.address, metrics: metricsServer?.address, domain: config.domain, hubUpstream: config.hubUpstream, workers: config.workers.map((w) => `${w.cluster}=${w.url}`) }, 'router listening');
 
   let closing: Promise<void> | undefined;
   return {
@@ -101,6 +117,7 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
     federation,
     server,
     registry,
+    metricsAddress: metricsServer?.address,
     feeds: () => feeds.map((f) => f.status()),
     synced: async () => {
       await Promise.all(feeds.map((f) => f.synced()));
@@ -108,6 +125,7 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
     close() {
       closing ??= (async () => {
         await server.close();
+        await metricsServer?.close();
         await activity.close();
         for (const f of feeds) f.close();
         federation.close();

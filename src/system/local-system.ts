@@ -76,6 +76,8 @@ interface WorkerReady {
 interface RouterReady {
   ready: true;
   listen: string;
+  /** host:port of the router's GET /metrics (the admin key as bearer). */
+  metrics?: string;
 }
 
 /** A free loopback port right now (for Envoy, whose port the worker must know first). */
@@ -126,6 +128,7 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
   // A restart must come back where the others expect it: fix ports asked as 0 now.
   const apiPort = opts.apiPort === 0 && policy !== undefined ? await freePort() : opts.apiPort;
   const routerPort = opts.routerPort === 0 && policy !== undefined ? await freePort() : opts.routerPort;
+  const routerMetricsPort = policy !== undefined ? await freePort() : 0;
   const edgePort = opts.edgePort === 0 ? await freePort() : opts.edgePort;
   const edgeUrl = `http://127.0.0.1:${edgePort}`;
   const tlsPort = opts.edgeTls === undefined ? undefined : opts.edgeTls.port === 0 ? await freePort() : opts.edgeTls.port;
@@ -168,6 +171,8 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
         '--domain', opts.domain,
         '--worker', `${opts.clusterName}=${firstWorker.apiUrl}`,
         '--worker-key-file', keyFile,
+        // Prometheus scrapes it (README, "Dashboards and alerts"); the ready line says its port.
+        '--metrics-listen', `127.0.0.1:${routerMetricsPort}`,
         ...(opts.routerArgs ?? []),
       ],
       logPath: join(logs, 'router.log'),

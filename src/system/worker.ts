@@ -20,6 +20,7 @@ import { ensureAdminKey } from '../auth/admin-key.ts';
 import { KeyRing } from '../auth/keyring.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import { createMetrics, type Metrics } from '../metrics/metrics.ts';
+import { registerDiskMetrics } from '../metrics/disk-metrics.ts';
 import { startClaimFront } from '../operator/claim-front.ts';
 import { startOperator } from '../operator/operator.ts';
 import { createLocalRuntime } from '../runtime/local/local-runtime.ts';
@@ -84,6 +85,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const { runtime, imageGc, buildEngine, closeAlso } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined, buildEngine: undefined, closeAlso: undefined };
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
+  registerDiskMetrics(registry, config.dataDir, (err: unknown) => log.warn({ err }, 'cannot read the data disk\'s free space'));
   // The built-ins are the operator's to make; an API-only process finds them made.
   if (config.role !== 'api') await ensureBuiltins(store, config);
   const adminKey = config.adminKeyFile === undefined ? undefined : await ensureAdminKey(store, config.adminKeyFile, 'local admin key created by make up');

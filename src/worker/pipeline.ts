@@ -1,6 +1,6 @@
 // The request pipeline both REST servers (the worker API and the hub's admin API) run:
 // authenticate → route → handler → reply, every error converted once into
-// application/problem+json, every request counted by route pattern and status.
+// application/problem+json, every request counted by route pattern and status, every error by code.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { randomUUID } from 'node:crypto';
 import type { Counter } from 'prom-client';
@@ -16,6 +16,8 @@ export interface PipelineOptions {
   auth: { verify(presented: string): Principal | undefined };
   log: Logger;
   requests: Counter<'route' | 'code'>;
+  /** Error answers by catalogue code (asb_api_errors_total), when this server counts them. */
+  errors?: Counter<'code'>;
   /** Named in messages: "the worker", "the hub". */
   server: string;
   /** WWW-Authenticate realm. */
@@ -40,7 +42,7 @@ export function writeReply(res: ServerResponse, reply: Reply): void {
 
 /** A node:http request listener that runs the pipeline. */
 export function createPipeline(opts: PipelineOptions): (req: IncomingMessage, res: ServerResponse) => void {
-  const { router, auth, log, requests } = opts;
+  const { router, auth, log, requests, errors } = opts;
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<string> {
     // The request's logger is made when something logs: a child logger and its id per request
@@ -80,9 +82,11 @@ export function createPipeline(opts: PipelineOptions): (req: IncomingMessage, re
         },
       });
       writeReply(res, reply);
+      if ('errorCode' in reply) errors?.inc({ code: reply.errorCode });
       return label;
     } catch (err) {
       const problem = toAsbError(err);
+      errors?.inc({ code: problem.code });
       if (problem.code === 'Internal') reqLog().error({ err, method: req.method, url: req.url }, 'request failed');
       else if (log.isLevelEnabled('debug')) reqLog().debug({ code: problem.code, detail: problem.message }, 'request rejected');
       const headers: Record<string, string> = problem.code === 'Unauthorized' ? { 'www-authenticate': `Bearer realm="${opts.realm}"` } : {};

@@ -2,7 +2,7 @@
 // The pattern (not the raw path) labels metrics, so a million sandbox ids stay one series.
 import type { IncomingMessage } from 'node:http';
 import type { Principal } from '../auth/keyring.ts';
-import { AsbError } from '../errors.ts';
+import { AsbError, type ErrorCode } from '../errors.ts';
 import type { Logger } from '../system/log.ts';
 
 export type Method = 'GET' | 'PUT' | 'POST' | 'DELETE' | 'PATCH';
@@ -17,7 +17,8 @@ export interface RequestContext {
 }
 
 export type Reply =
-  | { status: number; json: unknown; headers?: Record<string, string> }
+  /** errorCode: the failure this JSON answers, for routes that answer errors in their own shape (E2B's), counted as the pipeline counts its own. */
+  | { status: number; json: unknown; headers?: Record<string, string>; errorCode?: ErrorCode }
   | { status: number; bytes: Uint8Array; contentType: string; headers?: Record<string, string> }
   | { status: 204 };
 

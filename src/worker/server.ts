@@ -177,6 +177,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     auth: deps.auth,
     log,
     requests,
+    errors: deps.metrics.apiErrorsTotal,
     server: 'the worker',
     realm: 'asb',
     routesHint: '; the routes are listed in docs/openapi.yaml',

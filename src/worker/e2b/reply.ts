@@ -28,7 +28,7 @@ function e2bStatus(err: AsbError): number {
 export function e2bErrorReply(err: AsbError): Reply {
   const status = e2bStatus(err);
   const body: E2bError = { code: status, message: err.message };
-  return { status, json: body, ...(status === 401 ? { headers: { 'www-authenticate': 'Bearer realm="e2b"' } } : {}) };
+  return { status, json: body, errorCode: err.code, ...(status === 401 ? { headers: { 'www-authenticate': 'Bearer realm="e2b"' } } : {}) };
 }
 
 /** A request context whose principal is set: what E2B handlers get. */
