@@ -50,11 +50,11 @@ function restHintsOut(detail: string): string {
 
 function hintFor(code: string, detail: string): string | undefined {
   if (code === 'NotFound') {
+    if (/no such route/i.test(detail)) return 'This server does not offer that operation (snapshots are listed and started at a worker, not at the hub).';
     if (/^template\b/i.test(detail)) return 'Call list_templates to see the templates you can create sandboxes from.';
     if (/^sandbox\b/i.test(detail)) return 'Call list_sandboxes to see the ids of your sandboxes.';
     if (/snapshot/i.test(detail)) return 'Call list_snapshots to see your snapshots.';
     if (/no such file or directory/i.test(detail)) return 'Call list_files on the parent directory to see what is there.';
-    if (/no such route/i.test(detail)) return 'This server does not offer that operation (snapshots are listed and started at a worker, not at the hub).';
     return undefined;
   }
   if (code === 'SandboxNotRunning') return 'Call resume_sandbox first if it is paused, or get_sandbox to see its phase.';
