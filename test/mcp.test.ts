@@ -152,6 +152,10 @@ test('bad input is a tool error a model can act on, naming the argument to chang
     assert.match(r.text, pattern, `${tool} ${JSON.stringify(args)}: ${r.text}`);
   }
   assert.deepEqual((await c.ok('list_sandboxes', { label_selector: 'bad=input' })).sandboxes, [], 'no bad create left a sandbox behind');
+  // The REST create's env (what create_sandbox sends) is checked as an exec's: 422 naming the variable.
+  const rest = await api<{ code: string; fields: { field: string }[] }>(system, 'POST', '/v1/sandboxes', { env: { 'A=B': 'x' }, labels: BAD }, keyA);
+  assert.equal(rest.status, 422);
+  assert.deepEqual(rest.body.fields.map((f) => f.field), ['env.A=B']);
 });
 
 test('an agent loop: create, write code, run it, serve it in the background, reach it through the edge, snapshot, pause and resume, fork, kill', async (t) => {
