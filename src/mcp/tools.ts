@@ -79,11 +79,13 @@ export function createMcpServer(opts: ToolOptions): McpServer {
     description: 'List the templates sandboxes can be created from (names to pass as create_sandbox\'s template).',
     annotations: readOnly,
   }, () => attempt(async () => {
-    const [templates, built] = await Promise.all([client.listTemplates(), client.listBuiltTemplates().catch(() => ({ items: [] }))]);
-    return ok({
-      templates: templates.items.map((t) => t.metadata.name),
-      built: built.items.map((b) => b),
-    });
+    const templates = await client.listTemplates();
+    // Built templates are a worker's (the hub has no such route): where they cannot be listed, say so.
+    const built = await client.listBuiltTemplates().then(
+      ({ items }) => ({ built: items.map((b) => ({ name: b.name, tags: Object.keys(b.tags), status: b.status })) }),
+      (err: unknown) => ({ built_unavailable: err instanceof Error ? err.message : String(err) }),
+    );
+    return ok({ templates: templates.items.map((t) => t.metadata.name), ...built, note: 'pass a template name, or a built template as name:tag, to create_sandbox' });
   }));
 
   server.registerTool('create_sandbox', {
