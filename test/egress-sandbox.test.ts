@@ -167,7 +167,7 @@ test('the local system with --egress-proxy-port: the worker runs the decision se
   const system = await startTestSystem('egst', 243, 'local', 0, false, [], ['--egress-proxy-port', String(await freePort())]);
   t.after(() => system.cleanup());
   const api = createApiClient({ url: system.apiUrl, key: system.adminKey });
-  const sbx = await api.createSandbox({ template: 'base', network: { internet: true, allow: [], deny: [EVIL] } } as Parameters<typeof api.createSandbox>[0]);
+  const sbx = await api.createSandbox({ template: 'base', network: { internet: true, allow: [], deny: [EVIL] } });
   await api.writeFile(sbx.id, '/tmp/ca.pem', readFileSync(publicCa.caCertPath));
   const run = async (cmd: string): Promise<string> => {
     const r = await api.exec(sbx.id, { command: cmd, timeoutMs: 30_000 });

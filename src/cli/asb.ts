@@ -11,6 +11,7 @@ import { EXIT, type CliIo, type Command, type CommandContext } from './command.t
 import { applyCommand } from './commands-apply.ts';
 import { egressCommand } from './commands-egress.ts';
 import { execCommand, filesCommand } from './commands-exec.ts';
+import { mcpCommand } from './commands-mcp.ts';
 import { shellCommand } from './commands-shell.ts';
 import { clusterCommand, keyCommand, templateCommand } from './commands-hub.ts';
 import { createCommand, getCommand, lsCommand, pauseCommand, resumeCommand, rmCommand, urlCommand } from './commands-sandbox.ts';
@@ -39,6 +40,7 @@ export const COMMANDS: readonly Command[] = [
   keyCommand,
   templateCommand,
   egressCommand,
+  mcpCommand,
 ];
 
 const USAGE = 'asb <command> [flags]';

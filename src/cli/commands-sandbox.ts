@@ -1,5 +1,5 @@
 // Sandbox lifecycle commands: create, ls, get, url, pause, resume, rm.
-import { ApiUnreachableError, type ApiClient, type SandboxView } from '../client/api-client.ts';
+import { ApiUnreachableError, sandboxUrlFor, type ApiClient, type SandboxView } from '../client/api-client.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import { boolOpt, parseCommandArgs, parseDuration, parseKeyValues, stringList, stringOpt, UsageError } from './args.ts';
 import { EXIT, type Command, type CommandContext } from './command.ts';
@@ -182,11 +182,6 @@ Example:
     return EXIT.ok;
   },
 };
-
-/** The worker's URL is <scheme>://<defaultPort>-<id>.<domain>[:<edge port>]; another port swaps the leading label's port. */
-export function sandboxUrlFor(defaultUrl: string, defaultPort: number, port: number): string {
-  return defaultUrl.replace(`//${defaultPort}-`, `//${port}-`);
-}
 
 export function describeSandbox(sb: SandboxView, nowMs: number): string {
   const labels = Object.entries(sb.labels).map(([k, v]) => `${k}=${v}`).join(',');

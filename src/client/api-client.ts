@@ -60,6 +60,10 @@ export interface CreateSandboxRequest {
   region?: string;
   /** At the hub or an edge: the only cluster to try. */
   cluster?: string;
+  /** Environment for every command run in the sandbox. */
+  env?: Record<string, string>;
+  /** Replaces the template's egress policy (src/network/egress-policy.ts). */
+  network?: { internet?: boolean | undefined; allow?: string[] | undefined; deny?: string[] | undefined };
 }
 
 export interface ListSandboxesQuery {
@@ -336,6 +340,11 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
     getClaim: (name, namespace) => json({ method: 'GET', path: `/v1/claims/${enc(name)}`, query: nsQuery(namespace) }),
     deleteClaim: (name, namespace) => json({ method: 'DELETE', path: `/v1/claims/${enc(name)}`, query: nsQuery(namespace) }),
   };
+}
+
+/** The worker's URL is <scheme>://<defaultPort>-<id>.<domain>[:<edge port>]; another port swaps the leading label's port. */
+export function sandboxUrlFor(defaultUrl: string, defaultPort: number, port: number): string {
+  return defaultUrl.replace(`//${defaultPort}-`, `//${port}-`);
 }
 
 /** Reads an error response: problem+json when the server sent it, else the status and body text. */

@@ -29,6 +29,7 @@ import type { PlacementOptions } from './forward.ts';
 import { sandboxHubRoutes } from './routes-sandboxes.ts';
 import { hubSystemRoutes } from './routes-system.ts';
 import { createSandboxProxy, proxiedSandboxId } from './sandbox-proxy.ts';
+import { createMcpEndpoint, MCP_PATH } from '../mcp/http-endpoint.ts';
 import { templateRoutes } from './routes-templates.ts';
 
 export interface HubApiDeps {
@@ -73,11 +74,14 @@ export function createHubApi(deps: HubApiDeps): HubApi {
   const pipeline = createPipeline({ router, auth: deps.auth, log, requests, server: 'the hub', realm: 'asb-hub' });
   const proxy = createSandboxProxy({ store: h.store, sync: h.sync, auth: deps.auth, log, clock: h.clock, requests, ...(deps.placement?.connectTimeoutMs === undefined ? {} : { connectTimeoutMs: deps.placement.connectTimeoutMs }) });
   const consoleFiles = loadConsoleFiles();
+  // MCP (streamable HTTP): its tools call the hub's own REST routes (and, through its proxy, the workers') with the caller's key.
+  const mcp = createMcpEndpoint({ auth: deps.auth, log, requests, server: 'the hub', realm: 'asb-hub', version: h.version });
 
   return {
     handler: (req, res) => {
       const path = new URL(req.url ?? '/', 'http://hub.invalid').pathname;
       if (proxiedSandboxId(path) !== undefined) proxy.handle(req, res);
+      else if (path === MCP_PATH) mcp(req, res);
       else if (isConsolePath(path)) consoleFiles.handle(req, res);
       else pipeline(req, res);
     },

@@ -4,7 +4,7 @@
 import { dnsLabelProblem } from '../api/names.ts';
 import { AsbError } from '../errors.ts';
 import { isObjectName } from './access.ts';
-import { checkBody, type BodyOf } from './input.ts';
+import { checkBody, spawnProblems, type BodyOf } from './input.ts';
 import { userLabelProblems } from './labels.ts';
 import { isTaggedName } from '../builds/service.ts';
 
@@ -25,6 +25,8 @@ export const CREATE_BODY = {
   cluster: { kind: 'string', min: 1, max: 63 },
   /** Replaces the template's egress policy: {internet?, allow?, deny?} (src/network/egress-policy.ts). */
   network: { kind: 'egress' },
+  /** Environment for every command the API runs in the sandbox (exec, E2B's processes); an exec's own env wins. */
+  env: { kind: 'stringMap' },
 } as const;
 
 export type CreateBody = BodyOf<typeof CREATE_BODY>;
@@ -40,6 +42,7 @@ export function checkCreateBody(raw: unknown): CreateBody {
     const problem = value === undefined ? undefined : dnsLabelProblem(value);
     if (problem !== undefined) problems.push({ field, message: problem });
   }
+  if (body.env !== undefined) problems.push(...spawnProblems({ env: { field: 'env', vars: body.env } }));
   if (problems.length > 0) throw new AsbError('Invalid', `request body is invalid: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
   return body;
 }

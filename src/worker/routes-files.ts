@@ -4,6 +4,7 @@ import type { Sandbox } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
 import type { ExecRequest } from '../runtime/runtime.ts';
 import { findSandbox } from './access.ts';
+import { envVarsOf } from './e2b/shape.ts';
 import { readJson } from './body.ts';
 import { discardRest, uploadChunks } from './upload-body.ts';
 import type { UploadSlots } from './upload-slots.ts';
@@ -85,7 +86,9 @@ async function exec(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     maxOutputBytes: w.limits.execOutputBytes,
   };
   if (body.stdin !== undefined) req.stdin = body.stdin;
-  if (body.env !== undefined) req.env = body.env;
+  // The sandbox's env from its create (env, or E2B's envVars), under the exec's own.
+  const env = { ...envVarsOf(sandbox), ...body.env };
+  if (Object.keys(env).length > 0) req.env = env;
   if (body.cwd !== undefined) req.cwd = body.cwd;
   if (body.timeoutMs !== undefined) req.timeoutMs = body.timeoutMs;
   const result = await w.runtime.exec(id, req).catch((err: unknown) => {

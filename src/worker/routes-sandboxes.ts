@@ -18,6 +18,7 @@ import { checkSelector } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
 import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, rotateAccessToken, setNetwork, setShutdownIn } from './sandbox-lifecycle.ts';
 import { reachableView, sandboxView, type SandboxView } from './views.ts';
+import { E2B_ANNOTATION } from './e2b/shape.ts';
 
 const PHASES: readonly SandboxPhase[] = ['Pending', 'Running', 'Hibernating', 'Hibernated', 'Waking', 'Failed', 'Expired', 'Terminating'];
 const RESUME_BODY = { wait: { kind: 'boolean' } } as const;
@@ -62,6 +63,8 @@ async function create(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
     ...(body.timeoutMs === undefined ? {} : { shutdownTime: new Date(w.clock.now() + body.timeoutMs).toISOString() }),
     ...(body.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: body.idleTimeoutMs }),
     ...(network === undefined ? {} : { network }),
+    // The same annotation E2B's envVars use: every command the API runs in the sandbox gets it.
+    ...(body.env === undefined ? {} : { annotations: { [E2B_ANNOTATION.envVars]: JSON.stringify(body.env) } }),
     coldStart: body.coldStart ?? true,
     wait: body.wait ?? true,
   });

@@ -46,6 +46,7 @@ import { SandboxRouterProxy } from './sandbox-router/proxy.ts';
 import { isSigsRequest } from './sandbox-router/request.ts';
 import { boundSandboxCalls } from './sandbox-calls.ts';
 import { DEFAULT_UPLOADS_PER_KEY, DEFAULT_UPLOADS_TOTAL, UploadSlots } from './upload-slots.ts';
+import { createMcpEndpoint, isMcpPath } from '../mcp/http-endpoint.ts';
 
 export interface WorkerServer {
   /** The node:http request listener, for callers that own their server. */
@@ -182,6 +183,8 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     realm: 'asb',
     routesHint: '; the routes are listed in docs/openapi.yaml',
   });
+  // MCP (streamable HTTP) beside the REST pipeline: its tools call the REST routes with the caller's key.
+  const mcp = createMcpEndpoint({ auth: deps.auth, log, requests, server: 'the worker', realm: 'asb', version: w.version });
   // envd (the E2B SDK's in-sandbox API) for requests the router sent for a sandbox's port 49983:
   // kept apart from our API, with its own auth (the sandbox's access token) and error format.
   // Requests the router sent by the kubernetes-sigs X-Sandbox-* headers (any path, any port):
@@ -196,6 +199,8 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
       envd.handle(req, res);
     } else if (isKubeApiPath(pathOf(req.url))) {
       kubeApi.handle(req, res);
+    } else if (isMcpPath(req.url)) {
+      mcp(req, res);
     } else {
       api(req, res);
     }

@@ -1,0 +1,81 @@
+// POST /mcp on the worker and the hub: the MCP tools (tools.ts) over streamable HTTP, for agents
+// that take a URL and a bearer token instead of a command to spawn.
+//
+// Stateless: each POST gets its own MCP server and transport (the SDK's stateless mode, JSON
+// answers), so nothing is kept between requests and any worker or hub behind a balancer can
+// answer any of them. The caller's API key is checked first, exactly as the REST pipeline does,
+// and 401 is a problem+json answer like every other route's. The tools then call this same
+// server's REST API over loopback (the address the request came in on) with that same key: the
+// REST routes check it again and scope to its team, so MCP can see and do exactly what the key can
+// through REST, by construction, and no tool reimplements a route. The hop costs a loopback
+// request per tool call, small beside the exec or create it carries.
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import type { Counter } from 'prom-client';
+import type { Principal } from '../auth/keyring.ts';
+import { createApiClient } from '../client/api-client.ts';
+import { AsbError } from '../errors.ts';
+import type { Logger } from '../system/log.ts';
+import { AUTH_HINT, presentedKey } from '../worker/presented-key.ts';
+import { toAsbError, writeProblem } from '../worker/problem.ts';
+import { createMcpServer } from './tools.ts';
+
+export const MCP_PATH = '/mcp';
+
+export interface McpEndpointOptions {
+  auth: { verify(presented: string): Principal | undefined };
+  log: Logger;
+  requests: Counter<'route' | 'code'>;
+  /** Named in messages: "the worker", "the hub". */
+  server: string;
+  /** WWW-Authenticate realm, as the REST pipeline's. */
+  realm: string;
+  version: string;
+}
+
+/** Whether a request's path (query ignored) is the MCP endpoint. */
+export function isMcpPath(url: string | undefined): boolean {
+  const target = url ?? '/';
+  const q = target.indexOf('?');
+  return (q === -1 ? target : target.slice(0, q)) === MCP_PATH;
+}
+
+/** This server's own base URL, as the request reached it. */
+function selfUrl(req: IncomingMessage): string {
+  const address = req.socket.localAddress ?? '127.0.0.1';
+  const host = address.includes(':') ? `[${address}]` : address;
+  return `http://${host}:${String(req.socket.localPort ?? 0)}`;
+}
+
+export function createMcpEndpoint(opts: McpEndpointOptions): (req: IncomingMessage, res: ServerResponse) => void {
+  const log = opts.log.child({ component: 'mcp' });
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const key = presentedKey(req);
+    if (key === undefined) throw new AsbError('Unauthorized', `no API key: ${AUTH_HINT}`);
+    if (opts.auth.verify(key) === undefined) throw new AsbError('Unauthorized', `the API key is unknown to ${opts.server} or revoked (or not of the form asb_<8 chars>_<32 chars>); ${AUTH_HINT}`);
+    if (req.method !== 'POST') {
+      res.setHeader('allow', 'POST');
+      throw new AsbError('MethodNotAllowed', `${req.method ?? ''} is not allowed on ${MCP_PATH}: this MCP endpoint is stateless and answers POST only (no SSE stream, no session)`);
+    }
+    // No sessionIdGenerator: the SDK's stateless mode.
+    const server = createMcpServer({ client: createApiClient({ url: selfUrl(req), key }), version: opts.version });
+    const transport = new StreamableHTTPServerTransport({ enableJsonResponse: true });
+    res.once('close', () => {
+      void transport.close();
+      void server.close();
+    });
+    await server.connect(transport);
+    await transport.handleRequest(req, res);
+  }
+
+  return (req, res) => {
+    res.once('close', () => opts.requests.inc({ route: MCP_PATH, code: String(res.statusCode) }));
+    handle(req, res).catch((err: unknown) => {
+      const problem = toAsbError(err);
+      if (problem.code === 'Internal') log.error({ err }, 'MCP request failed');
+      if (res.headersSent) res.destroy();
+      else writeProblem(res, problem, problem.code === 'Unauthorized' ? { 'www-authenticate': `Bearer realm="${opts.realm}"` } : {});
+    });
+  };
+}
