@@ -147,6 +147,19 @@ export class TemplateBuilds implements BuildService {
     return this.#o.namespace;
   }
 
+  /**
+   * The layer cache keys of every build a tag names (`default` included): the steps a live
+   * template is made of, which the cache's collection keeps (layer-cache.ts).
+   */
+  liveCacheKeys(): Set<string> {
+    const keys = new Set<string>();
+    for (const rec of this.#templates.values()) {
+      const live = new Set(Object.values(rec.tags));
+      for (const b of rec.builds) if (live.has(b.buildId)) for (const k of b.cacheKeys ?? []) keys.add(k);
+    }
+    return keys;
+  }
+
   /** The team's template by id, name or name:tag; another team's is undefined. */
   find(team: string, idOrName: string): TemplateRecord | undefined {
     const byId = this.#templates.get(idOrName);
@@ -299,6 +312,7 @@ export class TemplateBuilds implements BuildService {
       if (abort.signal.aborted) throw abort.signal.reason;
       build.image = result.image;
       build.config = result.config;
+      if (result.cacheKeys !== undefined) build.cacheKeys = result.cacheKeys;
       const pending = build.pendingTags ?? [];
       // The pin first: a build whose objects cannot be written fails with the tags as they were.
       if (pending.some((t) => t !== 'default')) await this.#writeObject(rec, build, true, pending.filter((t) => t !== 'default'));
@@ -317,6 +331,7 @@ export class TemplateBuilds implements BuildService {
       build.phase = 'error';
       delete build.image;
       delete build.config;
+      delete build.cacheKeys;
       const step = stepOf(err);
       const callers = callerStep(build, step);
       const message = callerMessage(build, reason);
