@@ -28,7 +28,7 @@ import { join } from 'node:path';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { ImageStore } from '../images/image-store.ts';
 import { parseImageReference } from '../images/reference.ts';
-import type { RegistriesConfig } from '../images/registries.ts';
+import { authForHost, basicAuthorization, type RegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { ensureCBinary } from '../system/c-binary.ts';
 import { privateDir } from '../system/private-files.ts';
@@ -58,7 +58,7 @@ export interface LocalBuildEngineOptions {
 export interface KubeBuildEngineOptions {
   /** The Kubernetes runtime: build sandboxes are Pods of the cluster, like any sandbox. */
   runtime: PodRuntime;
-  /** Where base images are read (the worker's --registries: mirrors, plain-HTTP hosts). */
+  /** Where base images are read (the worker's --registries: mirrors, plain-HTTP hosts), and the credentials of those and of `registry` (its `auths`). */
   registries: RegistriesConfig;
   /** host:port images are pushed to (--build-registry). */
   registry: string;
@@ -77,6 +77,8 @@ interface EngineOptions {
   registry: string;
   pullRegistry: string;
   https: boolean;
+  /** The `Authorization` header of the push registry (its credentials in the worker's --registries), if any. */
+  pushAuthorization?: string;
   stateDir: string;
   /** How a step's changes are read: the pod's upper dir on this host, or the pod's own listing and archive. */
   layers: 'upper-dir' | 'in-pod';
@@ -96,7 +98,8 @@ export function createLocalBuildEngine(opts: LocalBuildEngineOptions): SandboxBu
  * from inside them, the image pushed to --build-registry and named as the nodes pull it.
  */
 export function createKubeBuildEngine(opts: KubeBuildEngineOptions): SandboxBuildEngine {
-  return new SandboxBuildEngine({ runtime: opts.runtime, base: registryBase(opts.registries, opts.registry), registry: opts.registry, pullRegistry: opts.pullRegistry ?? opts.registry, https: opts.https ?? false, stateDir: opts.stateDir, layers: 'in-pod', ...(opts.keepCached === undefined ? {} : { keepCached: opts.keepCached }) });
+  const pushAuthorization = basicAuthorization(authForHost(opts.registry, opts.registries));
+  return new SandboxBuildEngine({ runtime: opts.runtime, base: registryBase(opts.registries, opts.registry), registry: opts.registry, pullRegistry: opts.pullRegistry ?? opts.registry, https: opts.https ?? false, ...(pushAuthorization === undefined ? {} : { pushAuthorization }), stateDir: opts.stateDir, layers: 'in-pod', ...(opts.keepCached === undefined ? {} : { keepCached: opts.keepCached }) });
 }
 
 export type LocalBuildEngine = SandboxBuildEngine;
@@ -154,7 +157,7 @@ export class SandboxBuildEngine implements BuildEngine {
           ...image.layers.map((l) => ({ digest: l.digest, size: l.size, path: this.cache.blobPath(team, l.digest) })),
           { digest: image.configDigest, size: image.config.length, path: configPath },
         ];
-        await pushImage({ registry: this.#opts.registry, https: this.#opts.https, repository: req.target.repository, tag: reference === '' ? image.manifestDigest : reference }, blobs, image.manifest, image.manifestDigest, signal);
+        await pushImage({ registry: this.#opts.registry, https: this.#opts.https, repository: req.target.repository, tag: reference === '' ? image.manifestDigest : reference, ...(this.#opts.pushAuthorization === undefined ? {} : { authorization: this.#opts.pushAuthorization }) }, blobs, image.manifest, image.manifestDigest, signal);
         return image.manifestDigest;
       };
       /** The image as the runtime's pods pull it. */
