@@ -13,7 +13,7 @@ import { LABEL, SandboxTemplateType, SandboxType, type Sandbox, type SandboxTemp
 import { startBuildPod } from '../src/builds/build-pod.ts';
 import { TeamFileStore } from '../src/builds/files.ts';
 import { INTERRUPTED, TemplateBuilds } from '../src/builds/service.ts';
-import { pinTags, TEMPLATE_NAME_LABEL } from '../src/builds/template-object.ts';
+import { pinTags, TEMPLATE_NAME_LABEL, TEMPLATE_TAGS_ANNOTATION } from '../src/builds/template-object.ts';
 import { E2B_USER_STEP } from '../src/worker/e2b/templates.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { parseBuildEgress } from '../src/system/config.ts';
@@ -411,4 +411,25 @@ test('each pinned build names its tags through every build, assign and remove, a
   // Removing the last tag of a build removes its pin; the pins left name only their tags.
   assert.equal((await call(fx, 'DELETE', '/templates/tags', { key, json: { name: 'carried', tags: ['stable', 'v2'] } })).status, 204);
   assert.deepEqual(await pinned(), { [pin2]: ['v1'] });
+});
+
+test('pins made before they named their tags name them after a restart, so their tags travel too', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-builds-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const first = service(fx.store, dir, new RecordingEngine());
+  const made = first.createTemplate('team-a', { name: 'older:v1' });
+  await first.start('team-a', made.template.templateId, made.build.buildId, { from: { image: BASE_IMAGE }, steps: [{ type: 'RUN', args: ['true'] }] });
+  for (let i = 0; i < 100 && first.status('team-a', made.template.templateId, made.build.buildId)?.phase !== 'ready'; i++) await new Promise((r) => setImmediate(r));
+  await first.close();
+  // The pin as an earlier version wrote it: no tags on it.
+  const name = `${made.template.templateId}-${made.build.buildId}`;
+  const pin = await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name);
+  const { [TEMPLATE_TAGS_ANNOTATION]: _tags, ...rest } = pin.metadata.annotations ?? {};
+  await fx.store.update(SandboxTemplateType, { ...pin, metadata: { ...pin.metadata, annotations: rest } });
+  assert.deepEqual(pinTags(await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name)), []);
+
+  const second = service(fx.store, dir, new RecordingEngine());
+  await second.close();
+  assert.deepEqual(pinTags(await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name)), ['v1']);
 });

@@ -117,6 +117,7 @@ export class TemplateBuilds implements BuildService {
   readonly #running = new Map<string, Running>();
   #closed = false;
   #sweep: Timer | undefined;
+  #pinsSynced: Promise<void>;
 
   constructor(opts: TemplateBuildsOptions) {
     this.#o = opts;
@@ -125,6 +126,11 @@ export class TemplateBuilds implements BuildService {
     this.#records = new RecordFiles(opts.recordsDir);
     for (const rec of this.#records.load(this.#isoNow())) this.#templates.set(rec.templateId, rec);
     this.#sweepFiles();
+    // Pins made before they carried their tags get them (and the hub with its next `built` set).
+    const tagged = [...this.#templates.values()].filter((rec) => Object.keys(rec.tags).some((t) => t !== 'default'));
+    this.#pinsSynced = Promise.all(tagged.map((rec) => this.#syncPins(rec))).then(() => {
+      if (tagged.length > 0) this.#o.onTemplatesChanged?.();
+    });
   }
 
   /** Uploaded files unused past their age go now and every FILE_SWEEP_MS after. */
@@ -535,6 +541,7 @@ export class TemplateBuilds implements BuildService {
   async close(): Promise<void> {
     this.#closed = true;
     this.#sweep?.cancel();
+    await this.#pinsSynced;
     const running = [...this.#running.values()];
     for (const r of running) r.abort.abort(new AsbError('Unavailable', INTERRUPTED));
     await Promise.allSettled(running.map((r) => r.done));
