@@ -405,6 +405,7 @@ test('each pinned build names its tags through every build, assign and remove, a
   assert.equal(await imageOn('carried:v1'), imageOfPin(pin2));
   assert.equal(await imageOn('carried:v2'), imageOfPin(pin2));
   assert.equal(await imageOn('carried:stable'), imageOfPin(pin1));
+  assert.equal(await imageOn(`${v1.templateID}:stable`), imageOfPin(pin1), 'the template id takes a tag there too');
   assert.equal(await imageOn('carried:v9'), 404);
   assert.equal(await imageOn('carried:v1', other.keys.teamB), 404, 'another team');
 

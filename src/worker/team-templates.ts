@@ -11,7 +11,7 @@
 // template wins over it, and a team's names cost one labelled list per create.
 import type { Principal } from '../auth/keyring.ts';
 import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
-import { pinTags, TEMPLATE_NAME_LABEL, TEMPLATE_PIN_LABEL } from '../builds/template-object.ts';
+import { pinTags, TEMPLATE_ID_LABEL, TEMPLATE_NAME_LABEL, TEMPLATE_PIN_LABEL } from '../builds/template-object.ts';
 import { AsbError } from '../errors.ts';
 import type { WorkerContext } from './deps.ts';
 
@@ -39,9 +39,12 @@ export async function resolveTemplate(w: WorkerContext, p: Principal, namespace:
     const obj = pinned === undefined ? undefined : await w.store.tryGet<SandboxTemplate>(SandboxTemplateType, namespace, pinned);
     if (pinned !== undefined && obj !== undefined && usableBy(p, obj) && obj.metadata.deletionTimestamp === undefined) return pinned;
     if (pinned === undefined && LABEL_VALUE.test(alias) && LABEL_VALUE.test(p.team)) {
-      const pins = await w.store.list<SandboxTemplate>(SandboxTemplateType, { namespace, labelSelector: `${LABEL.owner}=${p.team},${TEMPLATE_NAME_LABEL}=${alias},${TEMPLATE_PIN_LABEL}` });
-      const found = pins.items.find((t) => t.metadata.deletionTimestamp === undefined && pinTags(t).includes(tag));
-      if (found !== undefined) return found.metadata.name;
+      // By the template's name, else by its id (`<id>:tag`).
+      for (const label of [TEMPLATE_NAME_LABEL, TEMPLATE_ID_LABEL]) {
+        const pins = await w.store.list<SandboxTemplate>(SandboxTemplateType, { namespace, labelSelector: `${LABEL.owner}=${p.team},${label}=${alias},${TEMPLATE_PIN_LABEL}` });
+        const found = pins.items.find((t) => t.metadata.deletionTimestamp === undefined && pinTags(t).includes(tag));
+        if (found !== undefined) return found.metadata.name;
+      }
     }
     throw new AsbError('NotFound', `template "${name}" not found in namespace "${namespace}": no template of your team named "${alias}" has the tag "${tag}"; list your templates with asb template ls`);
   }
