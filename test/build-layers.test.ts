@@ -11,11 +11,13 @@ import { diffUpper, opaqueReader, walkUpper, type UpperNode, type UpperState } f
 import { writeLayer } from '../src/builds/layer-writer.ts';
 import { ensureCBinary } from '../src/system/c-binary.ts';
 import { LayerCache } from '../src/builds/layer-cache.ts';
+import { startLayerCacheGc } from '../src/builds/layer-cache-gc.ts';
 import { startImageGc } from '../src/images/gc-loop.ts';
 import { ImageStore } from '../src/images/image-store.ts';
 import { EMPTY_REGISTRIES } from '../src/images/registries.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { padding, tarEnd, tarHeader } from '../src/builds/tar-header.ts';
+import { ManualClock } from './support/operator-harness.ts';
 
 function node(type: UpperNode['type'], ino: number, ctime = 1, opaque = false): UpperNode {
   return { type, ino, nlink: 1, uid: 0, gid: 0, mode: 0o755, size: 0, mtime: 0, sig: `${type}:${String(ino)}:${String(ctime)}`, opaque };
@@ -157,6 +159,50 @@ test('each pass of the image GC loop collects the layer cache too, with the shor
     await loop.close();
     assert.equal(existsSync(join(blobs, '..', 'entries', 'twohours.json')), false, 'collected under pressure');
     assert.equal(existsSync(join(blobs, 'c'.repeat(64))), false);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
+});
+
+test('where no image cache runs (Kubernetes) the layer cache is collected by a loop of its own on the image cache\'s policy, and an entry a live template was built from is never collected', async () => {
+  const root = mkdtempSync(join(tmpdir(), 'asb-lckube-'));
+  try {
+    let live: ReadonlySet<string> = new Set(['live']);
+    const cache = new LayerCache(join(root, 'layers'), () => live);
+    const blobs = await cache.blobsDir('t');
+    const entry = (name: string): string => join(blobs, '..', 'entries', `${name}.json`);
+    const put = async (name: string, hex: string, ageMs: number): Promise<void> => {
+      writeFileSync(join(blobs, hex.repeat(64)), hex);
+      await cache.put('t', name, { layer: { digest: `sha256:${hex.repeat(64)}`, diffId: 'sha256:x', size: 1 }, config: { env: [] } });
+      const then = new Date(Date.now() - ageMs);
+      utimesSync(entry(name), then, then);
+      utimesSync(join(blobs, hex.repeat(64)), then, then);
+    };
+    await put('live', 'd', 30 * 24 * 3600_000);
+    await put('unused', 'e', 30 * 24 * 3600_000);
+    await put('recent', 'f', 2 * 3600_000);
+    let usage = 10;
+    const clock = new ManualClock();
+    const loop = startLayerCacheGc({ cache, log: silentLogger(), clock, intervalMs: 600_000, diskUsage: () => Promise.resolve(usage) });
+    // Nothing before the first interval; then a pass by the timer.
+    clock.advance(600_000);
+    await loop.runNow();
+    assert.equal(existsSync(entry('unused')), false, 'a month unused: collected');
+    assert.equal(existsSync(join(blobs, 'e'.repeat(64))), false, 'and its blob');
+    assert.equal(existsSync(entry('live')), true, 'a month unused but a live template\'s step: kept');
+    assert.equal(existsSync(join(blobs, 'd'.repeat(64))), true);
+    assert.equal(existsSync(entry('recent')), true, 'two hours unused: kept while the disk has room');
+    usage = 95;
+    assert.deepEqual(await loop.runNow(), { entries: 1, blobs: 1, pressure: true });
+    assert.equal(existsSync(entry('recent')), false, 'collected under pressure');
+    assert.equal(existsSync(entry('live')), true, 'a live template\'s step stays under pressure too');
+    // The template is gone (deleted or retagged): its steps age out as any other.
+    live = new Set();
+    assert.deepEqual(await loop.runNow(), { entries: 1, blobs: 1, pressure: true });
+    assert.equal(existsSync(join(blobs, 'd'.repeat(64))), false);
+    await loop.close();
+    await loop.close();
+    assert.equal(await loop.runNow(), undefined, 'closed: no pass');
   } finally {
     rmSync(root, { recursive: true, force: true });
   }

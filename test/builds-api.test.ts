@@ -13,7 +13,7 @@ import { LABEL, SandboxTemplateType, SandboxType, type Sandbox, type SandboxTemp
 import { startBuildPod } from '../src/builds/build-pod.ts';
 import { TeamFileStore } from '../src/builds/files.ts';
 import { INTERRUPTED, TemplateBuilds } from '../src/builds/service.ts';
-import { TEMPLATE_NAME_LABEL } from '../src/builds/template-object.ts';
+import { pinTags, TEMPLATE_NAME_LABEL, TEMPLATE_TAGS_ANNOTATION } from '../src/builds/template-object.ts';
 import { E2B_USER_STEP } from '../src/worker/e2b/templates.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { parseBuildEgress } from '../src/system/config.ts';
@@ -361,4 +361,76 @@ test('the worker\'s build egress reaches the engine\'s request and the build san
   assert.deepEqual(fx.runtime.egress.get(pod), policy);
   const open = await startBuildPod(fx.runtime, BASE_IMAGE, undefined, { cpu: 1, memoryBytes: 2 ** 28, diskBytes: 2 ** 30 });
   assert.equal(fx.runtime.egress.get(open), undefined, 'no policy given: the runtime\'s default');
+});
+
+test('each pinned build names its tags through every build, assign and remove, and a cluster that did not build the template starts name:tag from the synced pins', async (t) => {
+  const { fx, builds } = await fixture(t);
+  const key = fx.keys.teamA;
+  const built = async (name: string, marker: string): Promise<{ templateID: string; buildID: string }> => {
+    const req = await requestBuild(fx, key, name);
+    const res = await call(fx, 'POST', `/v2/templates/${req.templateID}/builds/${req.buildID}`, { key, json: { fromImage: BASE_IMAGE, steps: [{ type: 'RUN', args: [`echo ${marker} > /marker`] }] } });
+    assert.equal(res.status, 202, res.text);
+    for (let i = 0; i < 200 && builds().status('team-a', req.templateID, req.buildID)?.phase === 'building'; i++) await new Promise((r) => setTimeout(r, 10));
+    assert.equal(builds().status('team-a', req.templateID, req.buildID)?.phase, 'ready');
+    return req;
+  };
+  /** Pin object name → the tags it carries. */
+  const pinned = async (): Promise<Record<string, string[]>> => {
+    const pins = await fx.store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${TEMPLATE_NAME_LABEL}=carried,asb.dev/template-pin` });
+    return Object.fromEntries(pins.items.map((p) => [p.metadata.name, pinTags(p)]));
+  };
+  const v1 = await built('carried:v1', 'one');
+  const pin1 = `${v1.templateID}-${v1.buildID}`;
+  assert.deepEqual(await pinned(), { [pin1]: ['v1'] });
+  assert.equal((await call(fx, 'POST', '/templates/tags', { key, json: { target: 'carried:v1', tags: ['stable'] } })).status, 201);
+  assert.deepEqual(await pinned(), { [pin1]: ['stable', 'v1'] });
+  const v2 = await built('carried:v2', 'two');
+  const pin2 = `${v2.templateID}-${v2.buildID}`;
+  assert.equal((await call(fx, 'POST', '/templates/tags', { key, json: { target: 'carried:v2', tags: ['v1'] } })).status, 201);
+  assert.deepEqual(await pinned(), { [pin1]: ['stable'], [pin2]: ['v1', 'v2'] }, 'v1 moved: the old pin no longer names it');
+
+  // Another cluster's worker: no build records of this template, only the objects the hub synced.
+  const other = await startWorkerFixture((fn) => t.after(fn));
+  const synced = await fx.store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${TEMPLATE_NAME_LABEL}=carried` });
+  for (const obj of synced.items) {
+    await other.store.create(SandboxTemplateType, { apiVersion: obj.apiVersion, kind: obj.kind, metadata: { name: obj.metadata.name, namespace: 'default', labels: obj.metadata.labels ?? {}, annotations: obj.metadata.annotations ?? {} }, spec: obj.spec });
+  }
+  const imageOfPin = (name: string): string => String(synced.items.find((o) => o.metadata.name === name)?.spec.podTemplate.spec.containers[0]?.image);
+  const imageOn = async (template: string, as = other.keys.teamA): Promise<string | number> => {
+    const res = await call(other, 'POST', '/v1/sandboxes', { key: as, json: { template } });
+    if (res.status !== 201) return res.status;
+    const sbx = await other.store.get<Sandbox>(SandboxType, 'default', (res.json as { id: string }).id);
+    return sbx.spec.podTemplate.spec.containers[0]?.image ?? '';
+  };
+  assert.equal(await imageOn('carried:v1'), imageOfPin(pin2));
+  assert.equal(await imageOn('carried:v2'), imageOfPin(pin2));
+  assert.equal(await imageOn('carried:stable'), imageOfPin(pin1));
+  assert.equal(await imageOn(`${v1.templateID}:stable`), imageOfPin(pin1), 'the template id takes a tag there too');
+  assert.equal(await imageOn('carried:v9'), 404);
+  assert.equal(await imageOn('carried:v1', other.keys.teamB), 404, 'another team');
+
+  // Removing the last tag of a build removes its pin; the pins left name only their tags.
+  assert.equal((await call(fx, 'DELETE', '/templates/tags', { key, json: { name: 'carried', tags: ['stable', 'v2'] } })).status, 204);
+  assert.deepEqual(await pinned(), { [pin2]: ['v1'] });
+});
+
+test('pins made before they named their tags name them after a restart, so their tags travel too', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'asb-builds-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const first = service(fx.store, dir, new RecordingEngine());
+  const made = first.createTemplate('team-a', { name: 'older:v1' });
+  await first.start('team-a', made.template.templateId, made.build.buildId, { from: { image: BASE_IMAGE }, steps: [{ type: 'RUN', args: ['true'] }] });
+  for (let i = 0; i < 100 && first.status('team-a', made.template.templateId, made.build.buildId)?.phase !== 'ready'; i++) await new Promise((r) => setImmediate(r));
+  await first.close();
+  // The pin as an earlier version wrote it: no tags on it.
+  const name = `${made.template.templateId}-${made.build.buildId}`;
+  const pin = await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name);
+  const { [TEMPLATE_TAGS_ANNOTATION]: _tags, ...rest } = pin.metadata.annotations ?? {};
+  await fx.store.update(SandboxTemplateType, { ...pin, metadata: { ...pin.metadata, annotations: rest } });
+  assert.deepEqual(pinTags(await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name)), []);
+
+  const second = service(fx.store, dir, new RecordingEngine());
+  await second.close();
+  assert.deepEqual(pinTags(await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name)), ['v1']);
 });

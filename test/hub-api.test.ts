@@ -9,6 +9,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { SandboxTemplateType } from '../src/api/types.ts';
+import { builtTemplateObject } from '../src/builds/template-object.ts';
+import { acceptBuiltTemplates } from '../src/hub/built-templates.ts';
 import { WebSocket } from 'ws';
 import type { ClusterView } from '../src/hub/clusters.ts';
 import { ClusterType, type Cluster, type HubToWorker } from '../src/hub/contract.ts';
@@ -151,7 +153,17 @@ test('hub admin API', async (t) => {
 
     const gone = await call(hub, 'PUT', '/v1/clusters/temp', { key: admin, json: { region: 'r', ingressAddress: '[::1]:10003', tag: 'tmp1' } });
     assert.equal(gone.status, 201, gone.text);
+    // What the cluster's builds made is at the hub (its `built` sync message), beside an admin's template.
+    const builtThere = builtTemplateObject({ namespace: 'default', templateId: 'tmp10000000000000001', team: 'team-t', name: 'env', buildId: 'b1', image: 'reg:5000/templates/x@sha256:' + '0'.repeat(64), config: { env: [] }, cpuCount: 1, memoryMB: 512 });
+    const pinThere = builtTemplateObject({ namespace: 'default', templateId: 'tmp10000000000000001', team: 'team-t', name: 'env', buildId: 'b1', image: 'reg:5000/templates/x@sha256:' + '0'.repeat(64), config: { env: [] }, cpuCount: 1, memoryMB: 512, pinned: true, tags: ['v1'] });
+    assert.equal(await acceptBuiltTemplates(hub.store, 'temp', [builtThere, pinThere], silentLogger()), 2);
+    assert.equal((await call(hub, 'POST', '/v1/apply', { key: admin, json: { objects: [{ ...TEMPLATE, metadata: { name: 'admins-own' } }] } })).status, 200);
     assert.equal((await call(hub, 'DELETE', '/v1/clusters/temp', { key: admin })).status, 200);
+    const left = (await hub.store.list(SandboxTemplateType)).items.map((o) => o.metadata.name);
+    assert.ok(!left.some((n) => n.startsWith('tmp1')), `the removed cluster's built templates are gone from the hub: ${left.join(', ')}`);
+    assert.ok(left.includes('admins-own'), 'an admin\'s template stays');
+    assert.equal(await acceptBuiltTemplates(hub.store, 'temp', [builtThere], silentLogger()), 0, 'a removed cluster\'s next set is ignored');
+    assert.equal((await call(hub, 'DELETE', '/v1/templates/admins-own', { key: admin })).status < 300, true);
     assert.equal((await call(hub, 'DELETE', '/v1/clusters/temp', { key: admin })).status, 404);
     assert.equal((await call(hub, 'POST', '/v1/clusters/temp/credential', { key: admin })).status, 404);
   });

@@ -5,14 +5,16 @@
 // - registryBase: the registry's HTTP API only, for a worker whose pods' images are a node's
 //   (Kubernetes): the manifest and config are read from the first source that has them (the
 //   worker's --registries mirrors, as the local runtime's pulls use), and each layer is mounted
-//   from that repository when it is the push registry, else copied through this process. Only
-//   registries that serve anonymous pulls are read this way (no token or credential exchange).
+//   from that repository when it is the push registry, else copied through this process. A
+//   registry is read with the credentials the worker has for it (--registries `auths`, the
+//   `auths` of a pull secret's .dockerconfigjson as is), as basic auth; a registry that wants a
+//   token exchange (an identity token, or anonymous tokens as Docker Hub's) is not read this way.
 import { createHash } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { AsbError } from '../errors.ts';
 import type { ImageStore } from '../images/image-store.ts';
 import { parseImageReference, manifestSelector } from '../images/reference.ts';
-import { pullSources, type RegistriesConfig } from '../images/registries.ts';
+import { basicAuthorization, pullSources, type RegistriesConfig } from '../images/registries.ts';
 import { ROOT_ID_MAP } from '../runtime/oci/spec.ts';
 import type { BaseImage } from './image-assembly.ts';
 import type { PushBlob } from './registry-push.ts';
@@ -71,8 +73,8 @@ function goArch(): string {
   return ({ x64: 'amd64', arm64: 'arm64', arm: 'arm', ppc64: 'ppc64le', s390x: 's390x' } as Record<string, string>)[process.arch] ?? process.arch;
 }
 
-async function getJson(url: string, accept: string, signal: AbortSignal): Promise<{ bytes: Buffer; json: unknown }> {
-  const res = await fetch(url, { headers: { accept }, signal });
+async function getJson(url: string, accept: string, signal: AbortSignal, authorization: string | undefined): Promise<{ bytes: Buffer; json: unknown }> {
+  const res = await fetch(url, { headers: { accept, ...(authorization === undefined ? {} : { authorization }) }, signal });
   if (!res.ok) {
     await res.body?.cancel();
     throw new AsbError(res.status === 404 ? 'NotFound' : res.status === 401 || res.status === 403 ? 'Forbidden' : 'Unavailable', `HTTP ${String(res.status)}`);
@@ -94,25 +96,26 @@ export function registryBase(registries: RegistriesConfig, registry: string): Ba
       const answers: string[] = [];
       for (const source of pullSources(ref, registries)) {
         const base = `${source.insecure ? 'http' : 'https'}://${source.host}/v2/${source.repository}`;
+        const authorization = basicAuthorization(source.auth);
         try {
-          let got = await getJson(`${base}/manifests/${manifestSelector(ref)}`, MANIFEST_ACCEPT, signal);
+          let got = await getJson(`${base}/manifests/${manifestSelector(ref)}`, MANIFEST_ACCEPT, signal, authorization);
           const index = got.json as IndexJson;
           if (Array.isArray(index.manifests)) {
             const arch = goArch();
             const pick = index.manifests.find((m) => m.platform?.os === 'linux' && m.platform.architecture === arch);
             if (pick === undefined) throw new AsbError('NotFound', `no linux/${arch} image in its index`);
-            got = await getJson(`${base}/manifests/${pick.digest}`, MANIFEST_ACCEPT, signal);
+            got = await getJson(`${base}/manifests/${pick.digest}`, MANIFEST_ACCEPT, signal, authorization);
           }
           const manifest = got.json as BaseImage['manifest'] & { config?: { digest?: string } };
           const configDigest = manifest.config?.digest;
           if (!Array.isArray(manifest.layers) || typeof configDigest !== 'string') throw new AsbError('Unavailable', 'its manifest has no config or layers');
-          const config = await getJson(`${base}/blobs/${configDigest}`, '*/*', signal);
+          const config = await getJson(`${base}/blobs/${configDigest}`, '*/*', signal, authorization);
           if (sha256(config.bytes) !== configDigest) throw new AsbError('Unavailable', `its config is not ${configDigest}`);
           const mountFrom = source.host === registry ? source.repository : undefined;
           return {
             base: { manifest: { layers: manifest.layers }, config: config.json as Record<string, unknown> },
             manifestDigest: sha256(got.bytes),
-            layers: manifest.layers.map((l) => ({ digest: l.digest, size: l.size, url: `${base}/blobs/${l.digest}`, ...(mountFrom === undefined ? {} : { mountFrom }) })),
+            layers: manifest.layers.map((l) => ({ digest: l.digest, size: l.size, url: `${base}/blobs/${l.digest}`, ...(mountFrom === undefined ? {} : { mountFrom }), ...(authorization === undefined ? {} : { urlAuthorization: authorization }) })),
           };
         } catch (err) {
           signal.throwIfAborted();

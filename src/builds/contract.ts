@@ -132,6 +132,8 @@ export interface EngineResult {
   config: { env: string[]; workingDir?: string; user?: string };
   /** How many steps were served from the cache (the first ones; a miss runs every later step). */
   cachedSteps: number;
+  /** Each step's layer cache key, in order: what the cache keeps while a tag names the build. */
+  cacheKeys?: string[];
 }
 
 export interface BuildEngine {

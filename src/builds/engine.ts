@@ -28,7 +28,7 @@ import { join } from 'node:path';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { ImageStore } from '../images/image-store.ts';
 import { parseImageReference } from '../images/reference.ts';
-import type { RegistriesConfig } from '../images/registries.ts';
+import { authForHost, basicAuthorization, type RegistriesConfig } from '../images/registries.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { ensureCBinary } from '../system/c-binary.ts';
 import { privateDir } from '../system/private-files.ts';
@@ -51,12 +51,14 @@ export interface LocalBuildEngineOptions {
   registry: string;
   /** The engine's own 0700 directory under the worker's state dir: the layer cache and its helper live here. */
   stateDir: string;
+  /** The layer cache entries no collection removes (LayerCache's `keep`). */
+  keepCached?: () => ReadonlySet<string>;
 }
 
 export interface KubeBuildEngineOptions {
   /** The Kubernetes runtime: build sandboxes are Pods of the cluster, like any sandbox. */
   runtime: PodRuntime;
-  /** Where base images are read (the worker's --registries: mirrors, plain-HTTP hosts). */
+  /** Where base images are read (the worker's --registries: mirrors, plain-HTTP hosts), and the credentials of those and of `registry` (its `auths`). */
   registries: RegistriesConfig;
   /** host:port images are pushed to (--build-registry). */
   registry: string;
@@ -65,6 +67,8 @@ export interface KubeBuildEngineOptions {
   /** Push over HTTPS; default plain HTTP (a registry in the cluster's own network). */
   https?: boolean;
   stateDir: string;
+  /** The layer cache entries no collection removes (LayerCache's `keep`). */
+  keepCached?: () => ReadonlySet<string>;
 }
 
 interface EngineOptions {
@@ -73,16 +77,19 @@ interface EngineOptions {
   registry: string;
   pullRegistry: string;
   https: boolean;
+  /** The `Authorization` header of the push registry (its credentials in the worker's --registries), if any. */
+  pushAuthorization?: string;
   stateDir: string;
   /** How a step's changes are read: the pod's upper dir on this host, or the pod's own listing and archive. */
   layers: 'upper-dir' | 'in-pod';
+  keepCached?: () => ReadonlySet<string>;
 }
 
 const TAG = /^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$/;
 const REPOSITORY = /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$/;
 
 export function createLocalBuildEngine(opts: LocalBuildEngineOptions): SandboxBuildEngine {
-  return new SandboxBuildEngine({ runtime: opts.runtime, base: cachedBase(opts.images, opts.registry), registry: opts.registry, pullRegistry: opts.registry, https: false, stateDir: opts.stateDir, layers: 'upper-dir' });
+  return new SandboxBuildEngine({ runtime: opts.runtime, base: cachedBase(opts.images, opts.registry), registry: opts.registry, pullRegistry: opts.registry, https: false, stateDir: opts.stateDir, layers: 'upper-dir', ...(opts.keepCached === undefined ? {} : { keepCached: opts.keepCached }) });
 }
 
 /**
@@ -91,7 +98,8 @@ export function createLocalBuildEngine(opts: LocalBuildEngineOptions): SandboxBu
  * from inside them, the image pushed to --build-registry and named as the nodes pull it.
  */
 export function createKubeBuildEngine(opts: KubeBuildEngineOptions): SandboxBuildEngine {
-  return new SandboxBuildEngine({ runtime: opts.runtime, base: registryBase(opts.registries, opts.registry), registry: opts.registry, pullRegistry: opts.pullRegistry ?? opts.registry, https: opts.https ?? false, stateDir: opts.stateDir, layers: 'in-pod' });
+  const pushAuthorization = basicAuthorization(authForHost(opts.registry, opts.registries));
+  return new SandboxBuildEngine({ runtime: opts.runtime, base: registryBase(opts.registries, opts.registry), registry: opts.registry, pullRegistry: opts.pullRegistry ?? opts.registry, https: opts.https ?? false, ...(pushAuthorization === undefined ? {} : { pushAuthorization }), stateDir: opts.stateDir, layers: 'in-pod', ...(opts.keepCached === undefined ? {} : { keepCached: opts.keepCached }) });
 }
 
 export type LocalBuildEngine = SandboxBuildEngine;
@@ -106,7 +114,7 @@ export class SandboxBuildEngine implements BuildEngine {
     privateDir(join(opts.stateDir, 'layer-cache'));
     // A worker that died mid-build left its work dirs, and their pins would keep base images for ever.
     rmSync(join(opts.stateDir, 'work'), { recursive: true, force: true });
-    this.cache = new LayerCache(join(opts.stateDir, 'layer-cache'));
+    this.cache = new LayerCache(join(opts.stateDir, 'layer-cache'), opts.keepCached);
   }
 
   async build(req: EngineRequest): Promise<EngineResult> {
@@ -149,7 +157,7 @@ export class SandboxBuildEngine implements BuildEngine {
           ...image.layers.map((l) => ({ digest: l.digest, size: l.size, path: this.cache.blobPath(team, l.digest) })),
           { digest: image.configDigest, size: image.config.length, path: configPath },
         ];
-        await pushImage({ registry: this.#opts.registry, https: this.#opts.https, repository: req.target.repository, tag: reference === '' ? image.manifestDigest : reference }, blobs, image.manifest, image.manifestDigest, signal);
+        await pushImage({ registry: this.#opts.registry, https: this.#opts.https, repository: req.target.repository, tag: reference === '' ? image.manifestDigest : reference, ...(this.#opts.pushAuthorization === undefined ? {} : { authorization: this.#opts.pushAuthorization }) }, blobs, image.manifest, image.manifestDigest, signal);
         return image.manifestDigest;
       };
       /** The image as the runtime's pods pull it. */
@@ -158,6 +166,7 @@ export class SandboxBuildEngine implements BuildEngine {
       const built: BuiltStep[] = [];
       let parent = resolved.manifestDigest;
       let cached = 0;
+      const keys: string[] = [];
       let missed = req.noCache;
       let upper: UpperState | undefined;
       let podLayers: PodLayers | undefined;
@@ -165,6 +174,7 @@ export class SandboxBuildEngine implements BuildEngine {
         at(i);
         signal.throwIfAborted();
         const key = stepKey(parent, step, config, req.egress);
+        keys.push(key);
         parent = key;
         const createdBy = describe(step);
         if (step.force === true) missed = true;
@@ -225,6 +235,7 @@ export class SandboxBuildEngine implements BuildEngine {
         image: pullName(digest),
         config: { env: config.env, ...(config.workingDir === undefined ? {} : { workingDir: config.workingDir }), ...(config.user === undefined ? {} : { user: config.user }) },
         cachedSteps: cached,
+        cacheKeys: keys,
       };
     } finally {
       if (pod !== undefined) await this.#opts.runtime.remove(pod).catch(() => undefined);

@@ -4,8 +4,12 @@
 //   <root>/<team hash>/blobs/<hex>         the layers, gzip'ed tars named by their digest
 // The cache owns its blobs (the image cache's GC never sees them), so they are never collected
 // while an entry names them; gc() removes the entries unused for longer than an age bound (a hit
-// refreshes an entry's mtime), then the blobs no entry names. The worker's image GC loop runs it
-// in each of its passes (gc-loop.ts alsoCollect), with a shorter bound when the disk is full.
+// refreshes an entry's mtime), then the blobs no entry names. An entry a live template's build
+// was made of (`keep`: the build service's liveCacheKeys, the steps of every build a tag names)
+// is never collected, whatever its age, as the image cache never collects a pinned image: a
+// rebuild of a template in use stays cached. The worker's image GC loop runs it in each of its
+// passes (gc-loop.ts alsoCollect), with a shorter bound when the disk is full; a worker with no
+// image cache (Kubernetes) runs the same policy in a loop of its own (layer-cache-gc.ts).
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, readdir, readFile, rename, rm, stat, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -27,9 +31,17 @@ export interface CacheEntry {
 
 export class LayerCache {
   readonly #root: string;
+  readonly #keep: () => ReadonlySet<string>;
 
-  constructor(root: string) {
+  /** `keep`: the entry keys no pass collects (the live templates' steps). */
+  constructor(root: string, keep: () => ReadonlySet<string> = () => new Set()) {
     this.#root = root;
+    this.#keep = keep;
+  }
+
+  /** The directory the cache lives in (the filesystem whose usage is its pressure). */
+  get root(): string {
+    return this.#root;
   }
 
   /** The team's directory of blobs (made 0700 on first use). */
@@ -73,8 +85,9 @@ export class LayerCache {
     return this.gc(pressure ? PRESSURE_LAYER_CACHE_AGE_MS : DEFAULT_LAYER_CACHE_AGE_MS);
   }
 
-  /** Removes entries unused for `maxAgeMs`, then blobs no entry names; returns how many of each. */
+  /** Removes entries unused for `maxAgeMs` (but those `keep` names), then blobs no entry names; returns how many of each. */
   async gc(maxAgeMs = DEFAULT_LAYER_CACHE_AGE_MS, now = Date.now()): Promise<{ entries: number; blobs: number }> {
+    const keep = this.#keep();
     let entries = 0;
     let blobs = 0;
     for (const team of await list(this.#root)) {
@@ -84,7 +97,7 @@ export class LayerCache {
         const path = join(entriesDir, name);
         const st = await stat(path).catch(() => undefined);
         if (st === undefined) continue;
-        if (now - st.mtimeMs > maxAgeMs) {
+        if (now - st.mtimeMs > maxAgeMs && !keep.has(name.slice(0, -'.json'.length))) {
           await rm(path, { force: true });
           entries++;
           continue;

@@ -19,6 +19,8 @@ export interface BuildRecord {
   phase: BuildPhase;
   reason?: { message: string; step?: number };
   image?: string;
+  /** Its steps' layer cache keys, once ready: kept in the cache while a tag names the build (liveCacheKeys). */
+  cacheKeys?: string[];
   /** The image's config the engine reported, once ready: what a pinned build's SandboxTemplate is made from. */
   config?: { env: string[]; workingDir?: string; user?: string };
   createdAt: string;

@@ -16,6 +16,8 @@
 // pins its build: that build has a SandboxTemplate of its own (template-object.ts,
 // pinnedTemplateName), made before the tag names it and deleted once no tag does, so `name:tag`
 // starts the build the tag names now, and a build a tag names is never trimmed from the record.
+// Each pin carries the tags that name its build (TEMPLATE_TAGS_ANNOTATION), kept in step with the
+// record after every change: the pins sync through the hub, so `name:tag` starts on every cluster.
 //
 // Limits: a build runs at most timeoutMs (default 10 min) and diskBytes of written files (default
 // 10 GiB, the engine enforces it); past either the build ends as error, and a template whose first
@@ -32,7 +34,7 @@ import type { BuildEngine, BuildLogEntry, BuildService, BuildSpec, BuildStatus, 
 import type { TeamFileStore } from './files.ts';
 import { INTERRUPTED, MAX_BUILDS, MAX_LOG_ENTRIES, RecordFiles, type BuildRecord, type TemplateRecord } from './records.ts';
 import { checkSteps } from './wire-steps.ts';
-import { builtTemplateObject, pinnedTemplateName, TEMPLATE_ID_LABEL, TEMPLATE_PIN_LABEL } from './template-object.ts';
+import { builtTemplateObject, pinnedTemplateName, tagsAnnotation, TEMPLATE_ID_LABEL, TEMPLATE_PIN_LABEL, TEMPLATE_TAGS_ANNOTATION } from './template-object.ts';
 
 export { INTERRUPTED };
 
@@ -115,6 +117,7 @@ export class TemplateBuilds implements BuildService {
   readonly #running = new Map<string, Running>();
   #closed = false;
   #sweep: Timer | undefined;
+  #pinsSynced: Promise<void>;
 
   constructor(opts: TemplateBuildsOptions) {
     this.#o = opts;
@@ -123,6 +126,11 @@ export class TemplateBuilds implements BuildService {
     this.#records = new RecordFiles(opts.recordsDir);
     for (const rec of this.#records.load(this.#isoNow())) this.#templates.set(rec.templateId, rec);
     this.#sweepFiles();
+    // Pins made before they carried their tags get them (and the hub with its next `built` set).
+    const tagged = [...this.#templates.values()].filter((rec) => Object.keys(rec.tags).some((t) => t !== 'default'));
+    this.#pinsSynced = Promise.all(tagged.map((rec) => this.#syncPins(rec))).then(() => {
+      if (tagged.length > 0) this.#o.onTemplatesChanged?.();
+    });
   }
 
   /** Uploaded files unused past their age go now and every FILE_SWEEP_MS after. */
@@ -143,6 +151,19 @@ export class TemplateBuilds implements BuildService {
 
   get namespace(): string {
     return this.#o.namespace;
+  }
+
+  /**
+   * The layer cache keys of every build a tag names (`default` included): the steps a live
+   * template is made of, which the cache's collection keeps (layer-cache.ts).
+   */
+  liveCacheKeys(): Set<string> {
+    const keys = new Set<string>();
+    for (const rec of this.#templates.values()) {
+      const live = new Set(Object.values(rec.tags));
+      for (const b of rec.builds) if (live.has(b.buildId)) for (const k of b.cacheKeys ?? []) keys.add(k);
+    }
+    return keys;
   }
 
   /** The team's template by id, name or name:tag; another team's is undefined. */
@@ -297,16 +318,17 @@ export class TemplateBuilds implements BuildService {
       if (abort.signal.aborted) throw abort.signal.reason;
       build.image = result.image;
       build.config = result.config;
+      if (result.cacheKeys !== undefined) build.cacheKeys = result.cacheKeys;
       const pending = build.pendingTags ?? [];
       // The pin first: a build whose objects cannot be written fails with the tags as they were.
-      if (pending.some((t) => t !== 'default')) await this.#writeObject(rec, build, true);
+      if (pending.some((t) => t !== 'default')) await this.#writeObject(rec, build, true, pending.filter((t) => t !== 'default'));
       await this.#writeObject(rec, build, false);
       for (const t of pending) rec.tags[t] = build.buildId;
       rec.tags.default = build.buildId;
       rec.readyBuildId = build.buildId;
       build.phase = 'ready';
-      // Pins a requested tag moved off an older build go.
-      await this.#collectPins(rec);
+      // Pins a requested tag moved off an older build lose it (and go when no tag is left).
+      await this.#syncPins(rec);
       this.#o.onTemplatesChanged?.();
       this.#log(build, { level: 'info', message: `Build finished: ${String(result.cachedSteps)} of ${String(steps.length)} steps from the cache; image ${result.image}` });
     } catch (err) {
@@ -315,6 +337,7 @@ export class TemplateBuilds implements BuildService {
       build.phase = 'error';
       delete build.image;
       delete build.config;
+      delete build.cacheKeys;
       const step = stepOf(err);
       const callers = callerStep(build, step);
       const message = callerMessage(build, reason);
@@ -322,7 +345,7 @@ export class TemplateBuilds implements BuildService {
       this.#log(build, { level: 'error', message: `Build failed: ${reason}`, ...(step === undefined ? {} : { step }) });
       if (!isAsbError(err)) this.#o.log.error({ err, templateId: rec.templateId, buildId: build.buildId }, 'build failed unexpectedly');
       // A pin written before the template's own object failed names no tag: it goes.
-      if (this.#templates.has(rec.templateId)) await this.#collectPins(rec);
+      if (this.#templates.has(rec.templateId)) await this.#syncPins(rec);
     } finally {
       timer.cancel();
       const now = this.#isoNow();
@@ -334,8 +357,8 @@ export class TemplateBuilds implements BuildService {
     }
   }
 
-  /** Writes the template's own SandboxTemplate (pinned false) or the build's pin from the build's record. */
-  async #writeObject(rec: TemplateRecord, build: BuildRecord, pinned: boolean): Promise<void> {
+  /** Writes the template's own SandboxTemplate (pinned false) or the build's pin, naming `tags`, from the build's record. */
+  async #writeObject(rec: TemplateRecord, build: BuildRecord, pinned: boolean, tags: readonly string[] = []): Promise<void> {
     const { image, config, spec } = build;
     if (image === undefined || config === undefined) throw new AsbError('Conflict', `build ${build.buildId} of template "${rec.name}" has no recorded image config (it was built before tags pinned builds): build it again, then tag that build`);
     const obj = builtTemplateObject({
@@ -351,6 +374,7 @@ export class TemplateBuilds implements BuildService {
       cpuCount: build.cpuCount,
       memoryMB: build.memoryMB,
       pinned,
+      ...(pinned ? { tags } : {}),
     });
     const store = this.#o.store;
     for (let attempt = 0; ; attempt++) {
@@ -371,31 +395,54 @@ export class TemplateBuilds implements BuildService {
     return page.items;
   }
 
-  /** The builds a tag other than `default` names: each has a pin. */
-  #pinned(rec: TemplateRecord): Set<string> {
-    return new Set(Object.entries(rec.tags).filter(([t]) => t !== 'default').map(([, buildId]) => buildId));
+  /** The tags other than `default` that name `buildId`: what its pin carries. */
+  #tagsOf(rec: TemplateRecord, buildId: string): string[] {
+    return Object.entries(rec.tags).filter(([t, id]) => t !== 'default' && id === buildId).map(([t]) => t);
   }
 
-  /** Makes the pin of each build in `buildIds` that has none; throws when one cannot be written. */
-  async #makePins(rec: TemplateRecord, buildIds: Iterable<string>): Promise<void> {
-    const have = new Set((await this.#pins(rec)).map((o) => o.metadata.labels?.[TEMPLATE_PIN_LABEL]));
-    for (const id of buildIds) {
-      if (have.has(id)) continue;
-      const build = this.build(rec, id);
-      if (build === undefined) throw new AsbError('NotFound', `build ${id} of template "${rec.name}" not found`);
-      await this.#writeObject(rec, build, true);
+  /**
+   * Makes the pin of `buildId`, naming its tags and `more` (the tags about to name it), or adds
+   * `more` to the pin it has; throws when it cannot be written.
+   */
+  async #makePin(rec: TemplateRecord, buildId: string, more: readonly string[]): Promise<void> {
+    const tags = [...this.#tagsOf(rec, buildId), ...more];
+    const pin = (await this.#pins(rec)).find((o) => o.metadata.labels?.[TEMPLATE_PIN_LABEL] === buildId);
+    if (pin !== undefined) return this.#setPinTags(pin, tags);
+    const build = this.build(rec, buildId);
+    if (build === undefined) throw new AsbError('NotFound', `build ${buildId} of template "${rec.name}" not found`);
+    await this.#writeObject(rec, build, true, tags);
+  }
+
+  /** Writes `tags` into the pin's annotation when they differ (read again on a conflict). */
+  async #setPinTags(pin: SandboxTemplate, tags: readonly string[]): Promise<void> {
+    const value = tagsAnnotation(tags);
+    const store = this.#o.store;
+    let obj: SandboxTemplate | undefined = pin;
+    for (let attempt = 0; obj !== undefined && obj.metadata.annotations?.[TEMPLATE_TAGS_ANNOTATION] !== value; attempt++) {
+      try {
+        await store.update(SandboxTemplateType, { ...obj, metadata: { ...obj.metadata, annotations: { ...obj.metadata.annotations, [TEMPLATE_TAGS_ANNOTATION]: value } } });
+        return;
+      } catch (err) {
+        if (attempt >= 3 || !isAsbError(err, 'Conflict')) throw err;
+        obj = await store.tryGet<SandboxTemplate>(SandboxTemplateType, this.#o.namespace, pin.metadata.name);
+      }
     }
   }
 
-  /** Deletes the pins no tag names any more; a failure is logged and left for the next change (the pin starts only by its object name meanwhile). */
-  async #collectPins(rec: TemplateRecord): Promise<void> {
+  /**
+   * Brings the pins in step with the record: a pin no tag names goes, the others name exactly
+   * their build's tags. A failure is logged and left for the next change (meanwhile a pin may
+   * start by a tag that moved, on the clusters that resolve tags from pins).
+   */
+  async #syncPins(rec: TemplateRecord): Promise<void> {
     try {
-      const wanted = this.#pinned(rec);
       for (const o of await this.#pins(rec)) {
-        if (!wanted.has(o.metadata.labels?.[TEMPLATE_PIN_LABEL] ?? '')) await this.#deleteObject(o.metadata.name);
+        const tags = this.#tagsOf(rec, o.metadata.labels?.[TEMPLATE_PIN_LABEL] ?? '');
+        if (tags.length === 0) await this.#deleteObject(o.metadata.name);
+        else await this.#setPinTags(o, tags);
       }
     } catch (err) {
-      this.#o.log.warn({ err, templateId: rec.templateId }, 'cannot delete the SandboxTemplates of builds no tag names');
+      this.#o.log.warn({ err, templateId: rec.templateId }, 'cannot bring the SandboxTemplates of tagged builds in step with their tags');
     }
   }
 
@@ -465,7 +512,7 @@ export class TemplateBuilds implements BuildService {
     const build = rec === undefined || buildId === undefined ? undefined : this.build(rec, buildId);
     if (rec === undefined || buildId === undefined || build?.phase !== 'ready') throw new AsbError('NotFound', `template "${target}" not found or has no ready build`);
     for (const t of tags) checkTemplateName(`x:${t}`, 'tags');
-    if (tags.some((t) => t !== 'default')) await this.#makePins(rec, [buildId]);
+    if (tags.some((t) => t !== 'default')) await this.#makePin(rec, buildId, tags.filter((t) => t !== 'default'));
     if (tags.includes('default')) {
       await this.#writeObject(rec, build, false);
       rec.readyBuildId = buildId;
@@ -473,7 +520,7 @@ export class TemplateBuilds implements BuildService {
     for (const t of tags) rec.tags[t] = buildId;
     rec.updatedAt = this.#isoNow();
     this.#records.save(rec);
-    await this.#collectPins(rec);
+    await this.#syncPins(rec);
     this.#o.onTemplatesChanged?.();
     return { buildId, tags };
   }
@@ -486,7 +533,7 @@ export class TemplateBuilds implements BuildService {
     rec.tags = Object.fromEntries(Object.entries(rec.tags).filter(([t]) => !tags.includes(t)));
     rec.updatedAt = this.#isoNow();
     this.#records.save(rec);
-    await this.#collectPins(rec);
+    await this.#syncPins(rec);
     this.#o.onTemplatesChanged?.();
   }
 
@@ -494,6 +541,7 @@ export class TemplateBuilds implements BuildService {
   async close(): Promise<void> {
     this.#closed = true;
     this.#sweep?.cancel();
+    await this.#pinsSynced;
     const running = [...this.#running.values()];
     for (const r of running) r.abort.abort(new AsbError('Unavailable', INTERRUPTED));
     await Promise.allSettled(running.map((r) => r.done));

@@ -15,6 +15,9 @@
 // pinned build, rather than one object whose image a claim replaces: a sandbox copies its
 // template's pod spec when it is made, so a pin is an ordinary template to the claimer, the
 // operator, kubectl and the hub, and a build's env, workdir, start and ready commands stay with it.
+// A pin also carries the tags that name its build (TEMPLATE_TAGS_ANNOTATION): the build records
+// that hold the tags are the building worker's, but the pins travel through the hub to every
+// cluster, where a create of `name:tag` finds the pin by its tags (src/worker/team-templates.ts).
 import { apiVersionOf } from '../api/meta.ts';
 import { LABEL, SandboxTemplateType, type Container, type SandboxTemplate } from '../api/types.ts';
 
@@ -26,6 +29,20 @@ export const TEMPLATE_BUILD_ANNOTATION = 'asb.dev/template-build';
 export const TEMPLATE_ID_LABEL = 'asb.dev/template-id';
 /** On a pinned build's SandboxTemplate only: the build it runs. */
 export const TEMPLATE_PIN_LABEL = 'asb.dev/template-pin';
+
+/** On a pinned build's SandboxTemplate: the tags that name its build, comma-separated (a tag has no comma). */
+export const TEMPLATE_TAGS_ANNOTATION = 'asb.dev/template-tags';
+
+/** The tags a pin's annotation names (none when it has no annotation). */
+export function pinTags(t: { metadata: { annotations?: Record<string, string> } }): string[] {
+  const value = t.metadata.annotations?.[TEMPLATE_TAGS_ANNOTATION] ?? '';
+  return value === '' ? [] : value.split(',');
+}
+
+/** The annotation value of `tags`: sorted, so the same set is the same text (and no write). */
+export function tagsAnnotation(tags: Iterable<string>): string {
+  return [...new Set(tags)].sort().join(',');
+}
 
 /** The SandboxTemplate of a pinned build: 20 + 1 + 36 characters, a valid label value (sandboxes carry it). */
 export function pinnedTemplateName(templateId: string, buildId: string): string {
@@ -48,6 +65,8 @@ export interface BuiltTemplate {
   memoryMB: number;
   /** The object of this build alone (a tag names it), not the template's own. */
   pinned?: boolean;
+  /** A pin's tags: those that name its build (TEMPLATE_TAGS_ANNOTATION). */
+  tags?: readonly string[];
 }
 
 /** The command that runs startCmd and then keeps the sandbox alive. */
@@ -78,7 +97,7 @@ export function builtTemplateObject(b: BuiltTemplate): SandboxTemplate {
       name: b.pinned === true ? pinnedTemplateName(b.templateId, b.buildId) : b.templateId,
       namespace: b.namespace,
       labels: { [LABEL.owner]: b.team, [TEMPLATE_NAME_LABEL]: b.name, [TEMPLATE_ID_LABEL]: b.templateId, ...(b.pinned === true ? { [TEMPLATE_PIN_LABEL]: b.buildId } : {}) },
-      annotations: { [TEMPLATE_BUILD_ANNOTATION]: b.buildId },
+      annotations: { [TEMPLATE_BUILD_ANNOTATION]: b.buildId, ...(b.pinned === true ? { [TEMPLATE_TAGS_ANNOTATION]: tagsAnnotation(b.tags ?? []) } : {}) },
     },
     spec: { podTemplate: { spec: { containers: [main] } } },
   };

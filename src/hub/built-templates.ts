@@ -9,6 +9,10 @@
 //   build's name starts with its template's id), and it is owned by a team (LABEL.owner);
 // - each object is labelled BUILT_ON with the cluster it came from, and only objects with that
 //   label naming this cluster are replaced or deleted: an admin's template is never touched.
+// A cluster removed at the hub takes its built templates with it (forgetBuiltTemplates): their
+// records (builds, tags, logs, and the only way to rebuild or delete them) lived in that cluster's
+// worker, so the hub cannot re-home them, and a template no cluster can manage would start for
+// ever from an image nobody collects. The team builds it again on a cluster that is still there.
 import type { KubeObject } from '../api/meta.ts';
 import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
@@ -81,5 +85,22 @@ export async function acceptBuiltTemplates(store: ObjectStore, cluster: string, 
     const { action } = await applyObject(store, SandboxTemplateType, obj, existing);
     if (action !== 'unchanged') changed++;
   }
+  // Removed while this set was written: what it wrote goes with the rest.
+  if (changed > 0 && (await store.tryGet<Cluster>(ClusterType, '', cluster)) === undefined) await forgetBuiltTemplates(store, cluster);
   return changed;
+}
+
+/** Deletes every built template `cluster` sent (a removed cluster's); returns how many went. */
+export async function forgetBuiltTemplates(store: ObjectStore, cluster: string): Promise<number> {
+  const held = await store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${BUILT_ON_LABEL}=${cluster}` });
+  let removed = 0;
+  for (const obj of held.items) {
+    try {
+      await store.delete(SandboxTemplateType, obj.metadata.namespace ?? 'default', obj.metadata.name);
+      removed++;
+    } catch (err) {
+      if (!isAsbError(err, 'NotFound')) throw err;
+    }
+  }
+  return removed;
 }

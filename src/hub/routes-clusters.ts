@@ -1,6 +1,6 @@
 // The cluster registry over REST, admin keys only. A cluster's sync credential leaves the hub
 // exactly twice: in the answer to its registration and to a rotation. Listings never carry it
-// or its hash.
+// or its hash. Removing a cluster removes the templates its builds made (built-templates.ts).
 import type { Cluster } from './contract.ts';
 import { ClusterType } from './contract.ts';
 import { isAsbError } from '../errors.ts';
@@ -9,6 +9,7 @@ import { requireAdmin } from '../worker/access.ts';
 import { readJson } from '../worker/body.ts';
 import { checkBody } from '../worker/input.ts';
 import type { RequestContext, Route } from '../worker/router.ts';
+import { forgetBuiltTemplates } from './built-templates.ts';
 import { clusterNotFound, clusterView, registerCluster, rotateClusterCredential } from './clusters.ts';
 import type { HubContext } from './hub-context.ts';
 
@@ -73,7 +74,9 @@ export function clusterRoutes(h: HubContext): Route[] {
         requireAdmin(ctx, 'removing a cluster');
         try {
           const removed = await h.store.delete<Cluster>(ClusterType, CLUSTER_SCOPE, nameOf(ctx));
-          ctx.log.info({ cluster: nameOf(ctx) }, 'cluster removed');
+          // After the Cluster: a `built` message it sends from now on is ignored (acceptBuiltTemplates).
+          const templates = await forgetBuiltTemplates(h.store, nameOf(ctx));
+          ctx.log.info({ cluster: nameOf(ctx), builtTemplatesRemoved: templates }, 'cluster removed');
           return { status: 200, json: clusterView(removed, h.sync) };
         } catch (err) {
           if (isAsbError(err, 'NotFound')) throw clusterNotFound(nameOf(ctx));

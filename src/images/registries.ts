@@ -71,6 +71,21 @@ export function isInsecure(host: string, config: RegistriesConfig): boolean {
   return isLoopbackHost(host) || config.insecure.includes(host) || config.insecure.includes(hostWithoutPort(host));
 }
 
+/** The worker's credentials for `host` (a registry it pushes to), as pullSources finds them. */
+export function authForHost(host: string, config: RegistriesConfig): RegistryAuth | undefined {
+  return authFor(host, host, config, []);
+}
+
+/**
+ * The `Authorization` header of basic credentials, sent with the first request (what a
+ * registry with htpasswd or a cloud registry's password login asks for); undefined for none, or
+ * for an identity token alone (it is exchanged by a token flow, which only skopeo's pulls do).
+ */
+export function basicAuthorization(auth: RegistryAuth | undefined): string | undefined {
+  const basic = auth?.auth ?? (auth?.username === undefined ? undefined : Buffer.from(`${auth.username}:${auth.password ?? ''}`).toString('base64'));
+  return basic === undefined ? undefined : `Basic ${basic}`;
+}
+
 function authFor(host: string, registry: string, config: RegistriesConfig, podAuths: readonly Readonly<Record<string, RegistryAuth>>[]): RegistryAuth | undefined {
   // Docker Hub credentials are stored under several names; the host contacted comes first.
   const names = host === 'registry-1.docker.io' ? [host, registry, 'index.docker.io', 'https://index.docker.io/v1/'] : [host, `https://${host}`, `http://${host}`];

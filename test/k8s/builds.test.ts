@@ -10,7 +10,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
@@ -45,7 +45,7 @@ before(async () => {
     clusterTag: 'kb01',
     subnetOctet: 206,
     basePool: 0,
-    extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', kube.kubeconfigPath, '--namespace', NAMESPACE, '--build-registry', registry, '--build-registry-pull', pullRegistry, '--build-pod-namespace', BUILD_NAMESPACE, '--log-level', 'info'],
+    extraArgs: ['--store=kube', '--runtime=kube', '--kubeconfig', kube.kubeconfigPath, '--namespace', NAMESPACE, '--build-registry', registry, '--build-registry-pull', pullRegistry, '--build-pod-namespace', BUILD_NAMESPACE, '--image-gc-interval-ms', '1000', '--log-level', 'info'],
   });
   stops.push(async () => {
     await worker.stop();
@@ -169,4 +169,40 @@ test('a build from a base image no registry has fails, naming the image', { time
   assert.equal(failed.status.status, 'error');
   assert.ok(failed.status.reason?.message.includes(missing), JSON.stringify(failed.status.reason));
   assert.deepEqual(await buildPods(), [], 'no build Pod was left');
+});
+
+test('the build layer cache on the Kubernetes tier is collected on the image cache\'s policy: entries unused past the age bound go, the steps of a template in use stay', { timeout: 300_000 }, async () => {
+  const live = await build('kube-gc-live', () => [{ type: 'ENV', args: ['WHICH', 'live'] }]);
+  assert.equal(live.status.status, 'ready', live.logs.join('\n'));
+  const gone = await build('kube-gc-gone', () => [{ type: 'ENV', args: ['WHICH', 'gone'] }]);
+  assert.equal(gone.status.status, 'ready', gone.logs.join('\n'));
+  assert.equal((await api(worker, 'DELETE', `/templates/${gone.templateID}`)).status, 204);
+  // The worker's state: its cache's entries, and the steps of the builds its templates' tags name.
+  const cacheRoot = join(worker.dataDir, 'data', 'builds', 'engine', 'layer-cache');
+  const entries = (): string[] => readdirSync(cacheRoot).flatMap((team) => {
+    const dir = join(cacheRoot, team, 'entries');
+    return existsSync(dir) ? readdirSync(dir).filter((n) => n.endsWith('.json')).map((n) => join(dir, n)) : [];
+  });
+  const recordsDir = join(worker.dataDir, 'data', 'builds', 'templates');
+  const inUse = new Set(readdirSync(recordsDir).filter((n) => n.endsWith('.json')).flatMap((n) => {
+    const rec = JSON.parse(readFileSync(join(recordsDir, n), 'utf8')) as { tags: Record<string, string>; builds: { buildId: string; cacheKeys?: string[] }[] };
+    const tagged = new Set(Object.values(rec.tags));
+    return rec.builds.filter((b) => tagged.has(b.buildId)).flatMap((b) => b.cacheKeys ?? []);
+  }));
+  const keyOf = (path: string): string => path.slice(path.lastIndexOf('/') + 1, -'.json'.length);
+  const before = entries();
+  const unused = before.filter((p) => !inUse.has(keyOf(p)));
+  const kept = before.filter((p) => inUse.has(keyOf(p)));
+  assert.ok(unused.length > 0, 'the deleted template\'s ENV step is an entry no live template uses');
+  assert.ok(kept.length > 0, `the live template's steps are entries: ${[...inUse].join(', ')}`);
+  // A month unused, all of them: the next pass (every second here) collects what no template uses.
+  const month = new Date(Date.now() - 30 * 24 * 3600_000);
+  for (const p of before) utimesSync(p, month, month);
+  await waitFor('the unused entries collected', () => Promise.resolve(unused.every((p) => !existsSync(p)) ? true : undefined), 30_000, 500);
+  assert.deepEqual(kept.filter((p) => !existsSync(p)), [], 'no step of a template in use was collected');
+  // And the live template still rebuilds from the cache alone.
+  const again = await build('kube-gc-live', () => [{ type: 'ENV', args: ['WHICH', 'live'] }]);
+  assert.equal(again.status.status, 'ready', again.logs.join('\n'));
+  assert.ok(again.logs.filter((l) => l.startsWith('CACHED ')).length >= 1, again.logs.join('\n'));
+  assert.deepEqual(await buildPods(), []);
 });
