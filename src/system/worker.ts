@@ -41,6 +41,7 @@ import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
 import type { Logger } from './log.ts';
 import { CredentialStore } from '../egress/credential-store.ts';
+import { startLifecycleEvents } from '../events/lifecycle-events.ts';
 import { ensureEgressCa, type HostCertificate } from '../egress/egress-ca.ts';
 import type { EgressPolicySource } from '../egress/egress-decision.ts';
 import { startEgressServices } from '../egress/egress-services.ts';
@@ -158,6 +159,13 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           log: log.child({ component: 'builds' }),
           onTemplatesChanged: () => tellHubTemplates(),
         });
+  // Lifecycle events (Kubernetes Events, the events API, webhooks) where the API and the store's
+  // one writer meet: an embedded worker, or a kube worker that runs the API (one per cluster: a
+  // second would count each Kubernetes Event twice and keep a log of its own).
+  const lifecycle =
+    apiOperator === undefined || config.role === 'api'
+      ? undefined
+      : await startLifecycleEvents({ store, log, clock, dir: join(config.dataDir, 'events'), instance: config.clusterTag, retentionMs: config.eventRetentionDays * 86_400_000 });
   const api =
     apiOperator === undefined
       ? undefined
@@ -181,6 +189,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
           ...(builds === undefined ? {} : { builds }),
+          ...(lifecycle === undefined ? {} : { events: lifecycle.log }),
         });
   if (sync !== undefined) {
     tellHubTemplates = () => {
@@ -215,6 +224,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         await new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeAllConnections();
         await api?.close();
+        await lifecycle?.close();
         // Running builds end as "interrupted by a worker restart" before the store closes.
         await builds?.close();
         keyRing.close();
