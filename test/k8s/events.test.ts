@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { SandboxType, type Sandbox } from '../../src/api/types.ts';
+import { EventLog } from '../../src/events/event-log.ts';
 import { startLifecycleEvents } from '../../src/events/lifecycle-events.ts';
 import { systemClock } from '../../src/system/clock.ts';
 import { silentLogger } from '../../src/system/log.ts';
@@ -18,9 +19,11 @@ const tier = kubeStoreTier();
 test('Events of a sandbox\'s life are written to the API server: kubectl describe and get events show them', async (t) => {
   const h = await startHarness(t, {}, (clock) => tier.fx.harnessStore(clock));
   const dir = await mkdtemp(join(tmpdir(), 'asb-k8s-events-'));
-  const events = await startLifecycleEvents({ store: h.store, log: silentLogger(), clock: systemClock, dir, instance: 'tst1' });
+  const log = new EventLog({ dir });
+  const events = await startLifecycleEvents({ store: h.store, log: silentLogger(), clock: systemClock, events: log, instance: 'tst1' });
   t.after(async () => {
     await events.close();
+    log.close();
     await rm(dir, { recursive: true, force: true });
   });
   const sandbox: Sandbox = {
