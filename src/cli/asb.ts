@@ -10,6 +10,7 @@ import { GLOBAL_OPTIONS, UsageError, ValueError } from './args.ts';
 import { EXIT, type CliIo, type Command, type CommandContext } from './command.ts';
 import { applyCommand } from './commands-apply.ts';
 import { egressCommand } from './commands-egress.ts';
+import { eventsCommand, webhookCommand } from './commands-events.ts';
 import { execCommand, filesCommand } from './commands-exec.ts';
 import { shellCommand } from './commands-shell.ts';
 import { clusterCommand, keyCommand, templateCommand } from './commands-hub.ts';
@@ -39,6 +40,8 @@ export const COMMANDS: readonly Command[] = [
   keyCommand,
   templateCommand,
   egressCommand,
+  eventsCommand,
+  webhookCommand,
 ];
 
 const USAGE = 'asb <command> [flags]';

@@ -23,7 +23,7 @@ export interface WebhookSenderOptions {
   backoffBaseMs?: number;
   /** Longest retry delay; default 10 min. */
   backoffMaxMs?: number;
-  /** Attempts before a delivery is failed for good; default 12 (about 45 minutes of retries). */
+  /** Attempts before a delivery is failed for good; default 12 (about 27 minutes of retries: 1+2+…+512 s, then 600 s). */
   maxAttempts?: number;
   /** Per-request timeout; default 10 s. */
   timeoutMs?: number;
