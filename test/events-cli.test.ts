@@ -26,7 +26,7 @@ test('asb webhook add/ls/deliveries/rm and asb events; the secret is read from s
 
   const created = await call(fx, 'POST', '/v1/sandboxes', { key: fx.keys.teamA, json: {} });
   const sandbox = (created.json as { id: string }).id;
-  assert.equal((await call(fx, 'DELETE', `/v1/sandboxes/${sandbox}`, { key: fx.keys.teamA })).status, 200);
+  assert.equal((await call(fx, 'DELETE', `/v1/sandboxes/${sandbox}`, { key: fx.keys.teamA })).status, 202);
   const events = await waitFor('killed', async () => {
     const out = await asb(['events', sandbox]);
     return out.stdout.includes('sandbox.lifecycle.killed') ? out : undefined;
