@@ -20,10 +20,14 @@ export const eventsCommand: Command = {
     const types = stringOpt(parsed.values, 'types');
     const events = await ctx.client(parsed.global).sandboxEvents(id, types === undefined ? {} : { types });
     if (parsed.values.json === true) writeJson(ctx.io.stdout, events);
-    else ctx.io.stdout.write(formatTable(['TIME', 'TYPE', 'REASON', 'MESSAGE'], events.map((e) => [e.timestamp, e.type, String(e.eventData?.reason ?? ''), String(e.eventData?.message ?? '')])));
+    else ctx.io.stdout.write(formatTable(['TIME', 'TYPE', 'REASON', 'MESSAGE'], events.map((e) => [e.timestamp, e.type, text(e.eventData?.reason), text(e.eventData?.message)])));
     return EXIT.ok;
   },
 };
+
+function text(v: unknown): string {
+  return typeof v === 'string' ? v : '';
+}
 
 export const webhookCommand: Command = {
   name: 'webhook',

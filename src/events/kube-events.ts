@@ -43,7 +43,7 @@ export class KubeEventWriter {
     const now = isoNow(clock);
     const existing = await store.tryGet<KubeEvent>(EventType, involved.namespace, name);
     if (existing !== undefined) {
-      await store.update<KubeEvent>(EventType, { ...existing, count: (existing.count ?? 1) + 1, lastTimestamp: now });
+      await store.update<KubeEvent>(EventType, { ...existing, count: existing.count + 1, lastTimestamp: now });
     } else {
       const event: KubeEvent = {
         apiVersion: 'v1',
