@@ -1,7 +1,7 @@
 // Lifecycle events from real sandboxes: a worker process with the SQLite store and the local
 // runtime running real runc containers (bridge asbvev1, subnet 10.145.0.0/16). A warm claim, a
-// pause and a resume, a delete; a pod the kernel's OOM killer ends; an image the registry does not
-// have; each told on the events API and as a Kubernetes Event, and the worker killed with -9 and
+// pause and a resume, a delete; a pod the kernel's OOM killer ends; a pod evicted for its disk; an
+// image the registry does not have; each told on the events API and as a Kubernetes Event, and the worker killed with -9 and
 // started again on its data directory keeps every event and tells nothing twice.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -37,7 +37,7 @@ async function kubeEvents(w: WorkerProcess, id: string): Promise<KubeEvent[]> {
   return ((await res.json()) as { items: KubeEvent[] }).items;
 }
 
-test('real sandboxes: a warm claim\'s life, an OOM kill and a failed pull are told on the events API and as Kubernetes Events, and survive kill -9 of the worker', { timeout: 600_000 }, async (t) => {
+test('real sandboxes: a warm claim\'s life, an OOM kill, an eviction for disk and a failed pull are told on the events API and as Kubernetes Events, and survive kill -9 of the worker', { timeout: 600_000 }, async (t) => {
   let w = await startWorkerProcess({ clusterTag: 'vev1', subnetOctet: 145, basePool: 1 });
   const dataDir = w.dataDir;
   t.after(async () => {
@@ -52,6 +52,13 @@ test('real sandboxes: a warm claim\'s life, an OOM kill and a failed pull are to
         if (main === undefined) throw new Error('base template has no container');
         main.command = ['sh', '-c', 'x=aaaaaaaaaaaaaaaa; while true; do x="$x$x"; done'];
         main.resources = { limits: { memory: '24Mi' } };
+      }),
+      // The main process prints without end: the log fills its 32 MiB of ephemeral storage and the pod is evicted.
+      template('filler', (tt) => {
+        const main = tt.spec.podTemplate.spec.containers[0];
+        if (main === undefined) throw new Error('base template has no container');
+        main.command = ['sh', '-c', 'head -c 200000000 /dev/zero; sleep infinity'];
+        main.resources = { limits: { 'ephemeral-storage': '32Mi' } };
       }),
       // An image the registry does not have.
       template('nopull', (tt) => {
@@ -82,7 +89,11 @@ test('real sandboxes: a warm claim\'s life, an OOM kill and a failed pull are to
   assert.equal(oom.status, 201, JSON.stringify(oom.body));
   const bad = await api<View>(w, 'POST', '/v1/sandboxes', { template: 'nopull', wait: false });
   assert.equal(bad.status, 201, JSON.stringify(bad.body));
+  const full = await api<View>(w, 'POST', '/v1/sandboxes', { template: 'filler', wait: false });
+  assert.equal(full.status, 201, JSON.stringify(full.body));
   const oomEvents = await waitForType(w, oom.body.id, 'sandbox.lifecycle.oom_killed');
+  const evicted = await waitForType(w, full.body.id, 'sandbox.lifecycle.evicted');
+  assert.equal(evicted.find((e) => e.type === 'sandbox.lifecycle.evicted')?.eventData?.message, 'Pod ephemeral local storage usage exceeds the total limit of containers 32Mi.');
   const pullEvents = await waitForType(w, bad.body.id, 'sandbox.lifecycle.pull_failed');
   assert.match(String(pullEvents.find((e) => e.type === 'sandbox.lifecycle.pull_failed')?.eventData?.message), /python:3\.12/);
 
