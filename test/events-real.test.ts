@@ -1,6 +1,6 @@
 // Lifecycle events from real sandboxes: a worker process with the SQLite store and the local
 // runtime running real runc containers (bridge asbvev1, subnet 10.145.0.0/16). A warm claim, a
-// pause and a resume, a delete; a pod the kernel's OOM killer ends; a pod evicted for its disk; an
+// pause and a resume, a snapshot and a sandbox started from it, a delete; a pod the kernel's OOM killer ends; a pod evicted for its disk; an
 // image the registry does not have; each told on the events API and as a Kubernetes Event, and the worker killed with -9 and
 // started again on its data directory keeps every event and tells nothing twice.
 import assert from 'node:assert/strict';
@@ -37,7 +37,7 @@ async function kubeEvents(w: WorkerProcess, id: string): Promise<KubeEvent[]> {
   return ((await res.json()) as { items: KubeEvent[] }).items;
 }
 
-test('real sandboxes: a warm claim\'s life, an OOM kill, an eviction for disk and a failed pull are told on the events API and as Kubernetes Events, and survive kill -9 of the worker', { timeout: 600_000 }, async (t) => {
+test('real sandboxes: a warm claim\'s life with a snapshot and a sandbox started from it, an OOM kill, an eviction for disk and a failed pull are told on the events API and as Kubernetes Events, and survive kill -9 of the worker', { timeout: 600_000 }, async (t) => {
   let w = await startWorkerProcess({ clusterTag: 'vev1', subnetOctet: 145, basePool: 1 });
   const dataDir = w.dataDir;
   t.after(async () => {
@@ -84,6 +84,16 @@ test('real sandboxes: a warm claim\'s life, an OOM kill, an eviction for disk an
   await waitForType(w, id, 'sandbox.lifecycle.paused');
   assert.equal((await api(w, 'POST', `/v1/sandboxes/${id}/resume`, { wait: true })).status, 200);
   await waitForType(w, id, 'sandbox.lifecycle.ready');
+  // A snapshot (files only: this runc sandbox keeps no memory, so fork ×N, which needs memory,
+  // is refused), then a sandbox started from it.
+  const snap = await api<{ id: string }>(w, 'POST', `/v1/sandboxes/${id}/snapshots`, { name: 'keep1', memory: false });
+  assert.equal(snap.status, 201, JSON.stringify(snap.body));
+  const started = await api<View>(w, 'POST', `/v1/snapshots/${snap.body.id}/sandboxes`, { wait: false });
+  assert.equal(started.status, 201, JSON.stringify(started.body));
+  const forkId = started.body.id;
+  const forkEvents = await waitForType(w, forkId, 'sandbox.lifecycle.ready');
+  assert.deepEqual(forkEvents.map((e) => e.type), ['sandbox.lifecycle.created', 'sandbox.lifecycle.forked', 'sandbox.lifecycle.ready']);
+  assert.equal(forkEvents[1]?.eventData?.snapshot, snap.body.id);
 
   const oom = await api<View>(w, 'POST', '/v1/sandboxes', { template: 'oomer', wait: false });
   assert.equal(oom.status, 201, JSON.stringify(oom.body));
@@ -105,7 +115,9 @@ test('real sandboxes: a warm claim\'s life, an OOM kill, an eviction for disk an
   assert.deepEqual((await eventsOf(w, id)).map((e) => e.id), before.map((e) => e.id));
   assert.equal((await api(w, 'DELETE', `/v1/sandboxes/${id}`)).status, 202);
   const life = await waitForType(w, id, 'sandbox.lifecycle.killed');
-  assert.deepEqual(life.map((e) => e.type), ['sandbox.lifecycle.created', 'sandbox.lifecycle.paused', 'sandbox.lifecycle.resumed', 'sandbox.lifecycle.ready', 'sandbox.lifecycle.killed']);
+  assert.deepEqual(life.map((e) => e.type), ['sandbox.lifecycle.created', 'sandbox.lifecycle.paused', 'sandbox.lifecycle.resumed', 'sandbox.lifecycle.ready', 'sandbox.lifecycle.checkpointed', 'sandbox.lifecycle.killed']);
+  assert.equal(life[4]?.eventData?.memory, false);
+  assert.equal(life[4]?.eventData?.snapshot, snap.body.id);
   assert.equal(life[0]?.eventData?.launchType, 'warm');
   assert.equal(life[1]?.eventData?.memory, false);
   assert.deepEqual((await eventsOf(w, oom.body.id)).map((e) => e.id), oomEvents.map((e) => e.id));
@@ -116,5 +128,5 @@ test('real sandboxes: a warm claim\'s life, an OOM kill, an eviction for disk an
   const pullKube = await kubeEvents(w, bad.body.id);
   assert.ok(pullKube.some((e) => e.type === 'Warning' && e.reason === 'ImagePullFailed' && e.message.includes('python:3.12')), JSON.stringify(pullKube));
   const lifeKube = (await kubeEvents(w, id)).map((e) => e.reason);
-  for (const reason of ['SandboxClaimed', 'SandboxSuspended', 'SandboxResumed', 'SandboxReady', 'SandboxDeleted']) assert.ok(lifeKube.includes(reason), `${reason} in ${lifeKube.join(', ')}`);
+  for (const reason of ['SandboxClaimed', 'SandboxSuspended', 'SandboxResumed', 'SandboxReady', 'SandboxSnapshotted', 'SandboxDeleted']) assert.ok(lifeKube.includes(reason), `${reason} in ${lifeKube.join(', ')}`);
 });
