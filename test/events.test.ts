@@ -245,3 +245,23 @@ test('bad webhook input is a 422 naming the field, and registers nothing', async
   assert.equal(badQuery.status, 400);
   assert.match(badQuery.text, /limit/);
 });
+
+test('kubectl describe shows Events on SandboxClaims and SandboxWarmPools too: a claim bound, a pool\'s members made', async (t) => {
+  const { fx } = await setup(t);
+  const tls = await serveTls(fx.server.handler, (fn) => t.after(fn));
+  const kubectl = kubectlFor(tls.url, tls.caPath, fx.keys.admin, (fn) => t.after(fn));
+  const seed = (name: string): string => new URL(`./fixtures/seeds/${name}`, import.meta.url).pathname;
+  await kubectl.run(['apply', '-f', seed('sandboxtemplate.yaml'), '-f', seed('sandboxwarmpool.yaml')]);
+  await kubectl.run(['apply', '-f', seed('sandboxclaim-v1beta1.yaml')]);
+  await kubectl.run(['wait', '--for=condition=Ready', '--timeout=60s', 'sandboxclaim/my-secure-sandbox']);
+  const claim = await waitFor('the claim\'s Event', async () => {
+    const out = await kubectl.run(['describe', 'sandboxclaim', 'my-secure-sandbox']);
+    return /SandboxClaimed/.test(out) ? out : undefined;
+  }, 20_000);
+  assert.match(claim.slice(claim.indexOf('Events:')), /Normal\s+SandboxClaimed\s+\S+\s+agent-sandbox-controller\s+bound sandbox \S+ \((warm|cold) start\)/);
+  const pool = await waitFor('the pool\'s Events', async () => {
+    const out = await kubectl.run(['describe', 'swp', 'sandboxwarmpool-example']);
+    return /SandboxCreated/.test(out) ? out : undefined;
+  }, 20_000);
+  assert.match(pool.slice(pool.indexOf('Events:')), /Normal\s+SandboxCreated\s+\S+\s+agent-sandbox-controller\s+created warm sandbox \S+/);
+});

@@ -230,7 +230,8 @@ function sandboxFacts(s: Subject, before: Summary | undefined, after: Summary | 
 
 function claimFacts(s: Subject, before: Summary | undefined, after: Summary | undefined): Fact[] {
   if (after?.sandbox === undefined || after.sandbox === before?.sandbox) return [];
-  return [{ involved: involvedOf('SandboxClaim', s, after), reason: 'SandboxClaimed', type: 'Normal', message: `bound sandbox ${after.sandbox} (${after.launchType ?? 'warm'} start)` }];
+  // The team's own claim: its Event carries the team (kubectl shows it to that team), but the team's log has the sandbox's fact.
+  return [{ involved: involvedOf('SandboxClaim', s, after), reason: 'SandboxClaimed', type: 'Normal', message: `bound sandbox ${after.sandbox} (${after.launchType ?? 'warm'} start)`, ...(after.owner === undefined ? {} : { team: after.owner }) }];
 }
 
 function snapshotFacts(s: Subject, before: Summary | undefined, after: Summary | undefined, sandbox: (name: string) => Summary | undefined): Fact[] {
