@@ -1,7 +1,7 @@
 // Lifecycle events survive the process that recorded them: every event a kill -9'd writer had
 // acknowledged is in the log when it opens again, with its delivery queued, and goes out to the
 // webhook then; and a recorder that was down while objects changed reports where each ended up,
-// once, and nothing twice.
+// once, and nothing twice, on the log and as Kubernetes Events.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { test } from 'node:test';
+import { EventType, type KubeEvent } from '../src/api/event.ts';
 import { SandboxType, type Sandbox } from '../src/api/types.ts';
 import { EventLog } from '../src/events/event-log.ts';
 import { KubeEventWriter } from '../src/events/kube-events.ts';
@@ -133,6 +134,10 @@ test('a recorder that was down reports where each object ended up, once; a resta
   const types = (id: string): string[] => (log.sandboxEvents('team-a', id, ONE) ?? []).map((e) => e.type);
   assert.deepEqual(types('sb1'), ['sandbox.lifecycle.created', 'sandbox.lifecycle.ready']);
   assert.deepEqual(types('sb2'), ['sandbox.lifecycle.created', 'sandbox.lifecycle.killed']);
+  // Every fact is a Kubernetes Event too, once, including those whose write the first run never
+  // made (it closed before its Events were due): they waited in the log's outbox.
+  const kube = (await store.list<KubeEvent>(EventType)).items.map((e) => `${e.involvedObject.name} ${e.reason} ${String(e.count)}`).sort();
+  assert.deepEqual(kube, ['sb1 SandboxCreated 1', 'sb1 SandboxReady 1', 'sb2 SandboxCreated 1', 'sb2 SandboxDeleted 1']);
   await recorder.close();
   log.close();
 

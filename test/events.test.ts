@@ -122,7 +122,11 @@ test('one sandbox\'s life reads the same on the events API, a signed webhook and
   // kubectl, while the sandbox is there: describe shows its Events, get events lists them.
   const tls = await serveTls(fx.server.handler, (fn) => t.after(fn));
   const kubectl = kubectlFor(tls.url, tls.caPath, fx.keys.teamA, (fn) => t.after(fn));
-  const described = await kubectl.run(['describe', 'sandbox', id]);
+  // Kubernetes Events are written a moment after the change (not inside a burst of claims).
+  const described = await waitFor('the Events in describe', async () => {
+    const out = await kubectl.run(['describe', 'sandbox', id]);
+    return /SandboxReady\s+\S+ \(x3 over \S+\)/.test(out) && /SandboxResumed\s+.*woken by a request/.test(out) ? out : undefined;
+  }, 20_000);
   const eventLines = described.slice(described.indexOf('Events:'));
   for (const reason of ['SandboxCreated', 'SandboxReady', 'SandboxSuspended', 'SandboxResumed']) assert.match(eventLines, new RegExp(`Normal\\s+${reason}\\s`), described);
   assert.match(eventLines, new RegExp(`SandboxResumed\\s+.*woken by a request to 8080-${id}\\.asb\\.localhost/api/run`));

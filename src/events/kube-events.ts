@@ -3,9 +3,9 @@
 // kubectl reads them as it reads the kubelet's.
 //
 // Aggregated as client-go's recorder aggregates: one Event per (object, reason, message), named
-// from that key, whose count and lastTimestamp go up each time the fact recurs. Bounded: past
-// `max` Events this writer drops the oldest (by lastTimestamp), as the apiserver's TTL would;
-// a warm pool that churns must not grow the store without end.
+// from that key, whose count and lastTimestamp go up each time the fact recurs. Bounded: once
+// `max` Events are passed by a tenth, this writer drops the oldest (by lastTimestamp) down to
+// `max`, as the apiserver's TTL would; a warm pool that churns must not grow the store without end.
 import { createHash } from 'node:crypto';
 import { EventType, type KubeEvent } from '../api/event.ts';
 import { isAsbError } from '../errors.ts';
@@ -91,7 +91,8 @@ export class KubeEventWriter {
   }
 
   async #trim(known: Map<string, { namespace: string; name: string; last: string }>): Promise<void> {
-    if (known.size <= this.#max) return;
+    // Past the bound by a tenth, down to the bound: one sort per hundred writes, not one per write.
+    if (known.size <= this.#max + Math.ceil(this.#max / 10)) return;
     const oldest = [...known.entries()].sort((a, b) => (a[1].last < b[1].last ? -1 : a[1].last > b[1].last ? 1 : 0)).slice(0, known.size - this.#max);
     for (const [key, e] of oldest) {
       known.delete(key);

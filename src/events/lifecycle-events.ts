@@ -39,7 +39,7 @@ export async function startLifecycleEvents(opts: LifecycleEventsOptions): Promis
   const sender = new WebhookSender({ events, log, now: () => opts.clock.now(), ...opts.webhooks });
   const kube = new KubeEventWriter({ store: opts.store, clock: opts.clock, instance: opts.instance, ...(opts.maxKubeEvents === undefined ? {} : { max: opts.maxKubeEvents }) });
   events.prune();
-  const recorder = await EventRecorder.start({ store: opts.store, log, clock: opts.clock, events, kube, onRecorded: () => sender.kick() });
+  const recorder = await EventRecorder.start({ store: opts.store, log, clock: opts.clock, events, kube, onRecorded: () => sender.soon() });
   // Deliveries left pending by the last run go out now.
   sender.kick();
   const prune = setInterval(() => {

@@ -6,7 +6,8 @@
 // Level-based: on start, and after any watch ends, it lists every kind and compares each object
 // with the summary it persisted, so writes made while it was down (or a kill -9 between the
 // store's write and ours) still produce their facts, once. Changes are handled one at a time, in
-// the order the store delivered them.
+// the order the store delivered them, in batches: every change the store delivered by the time a
+// batch starts is persisted in one transaction (one fsync for a burst of claims).
 //
 // Shutdown (close): stop the watches, then wait for the change in hand.
 import { isDeepStrictEqual } from 'node:util';
@@ -27,6 +28,10 @@ const WATCHED: readonly { kind: WatchedKind; rt: ResourceType }[] = [
 /** A relist after a watch ended waits this long, doubling to the cap, so a sick store is not hammered. */
 const RELIST_BASE_MS = 200;
 const RELIST_MAX_MS = 10_000;
+/** How long Kubernetes Event writes wait after the change that made them, so they join no claim burst's commits. */
+const KUBE_WRITE_DELAY_MS = 100;
+/** Kubernetes Event writes per round: a burst's in one group commit, and an API server not flooded. */
+const KUBE_WRITES_AT_ONCE = 64;
 
 export interface RecorderOptions {
   store: ObjectStore;
@@ -46,7 +51,11 @@ export class EventRecorder {
   readonly #o: RecorderOptions;
   readonly #summaries: Map<string, Summary>;
   readonly #watches: Watch[] = [];
-  #queue: Promise<void> = Promise.resolve();
+  #pending: { kind: WatchedKind; key: string; obj: KubeObject | undefined }[] = [];
+  #draining: Promise<void> | undefined;
+  /** Kubernetes Event writes, in order, apart from the log's batches: a slow API server never holds the log back. */
+  #kubeQueue: Promise<void> = Promise.resolve();
+  #kubeArmed = false;
   #closed = false;
   #relistDelay = RELIST_BASE_MS;
   #relistTimer: ReturnType<typeof setTimeout> | undefined;
@@ -61,19 +70,22 @@ export class EventRecorder {
   static async start(opts: RecorderOptions): Promise<EventRecorder> {
     const r = new EventRecorder(opts);
     await r.#sync();
+    // Facts a kill -9 left unwritten as Kubernetes Events.
+    r.#flushKube();
     return r;
   }
 
   /** Resolves once every change delivered so far has been handled (tests, shutdown). */
-  settled(): Promise<void> {
-    return this.#queue;
+  async settled(): Promise<void> {
+    while (this.#draining !== undefined) await this.#draining;
+    await this.#kubeQueue;
   }
 
   async close(): Promise<void> {
     this.#closed = true;
     if (this.#relistTimer !== undefined) clearTimeout(this.#relistTimer);
     for (const w of this.#watches.splice(0)) w.close();
-    await this.#queue;
+    await this.settled();
   }
 
   /** Lists every kind, reconciles it against the summaries, and watches from the list. */
@@ -97,7 +109,7 @@ export class EventRecorder {
         onError: (err) => this.#relist(err),
       }));
     }
-    await this.#queue;
+    await this.settled();
     this.#relistDelay = RELIST_BASE_MS;
   }
 
@@ -114,28 +126,96 @@ export class EventRecorder {
   }
 
   #enqueue(kind: WatchedKind, key: string, obj: KubeObject | undefined): void {
-    this.#queue = this.#queue.then(() => this.#handle(kind, key, obj)).catch((err: unknown) => {
-      this.#o.log.error({ err, key }, 'events: a change could not be recorded');
+    this.#pending.push({ kind, key, obj });
+    this.#schedule();
+  }
+
+  /** Drains after this turn: a store flush delivers a burst's changes in one go, and one batch takes them all. */
+  #schedule(): void {
+    if (this.#draining !== undefined || this.#closed) return;
+    this.#draining = new Promise<void>((resolve) => setImmediate(resolve)).then(() => {
+      this.#drain();
+    }).finally(() => {
+      this.#draining = undefined;
+      if (this.#pending.length > 0) this.#schedule();
     });
   }
 
-  async #handle(kind: WatchedKind, key: string, obj: KubeObject | undefined): Promise<void> {
-    if (this.#closed) return;
-    const before = this.#summaries.get(key);
-    const after = obj === undefined ? undefined : summarize(kind, obj);
-    if (isDeepStrictEqual(before, after)) return;
-    const [, namespace = '', name = ''] = key.split('/');
-    const subject = { kind, namespace, name };
-    const lookup = (n: string): Summary | undefined => this.#summaries.get(`Sandbox/${namespace}/${n}`);
-    // A new object under an old name (deleted and made again while we were away): the old one is gone first.
-    const facts: Fact[] = before !== undefined && after !== undefined && before.uid !== after.uid
-      ? [...factsOf(subject, before, undefined, lookup), ...factsOf(subject, undefined, after, lookup)]
-      : factsOf(subject, before, after, lookup);
-    const written = this.#o.events.record(key, after, facts);
-    if (after === undefined) this.#summaries.delete(key);
-    else this.#summaries.set(key, after);
-    for (const fact of facts) await this.#kubeEvent(fact);
+  #drain(): void {
+    while (this.#pending.length > 0 && !this.#closed) {
+      const batch = this.#pending.splice(0);
+      try {
+        this.#handle(batch);
+      } catch (err) {
+        // Nothing of the batch was persisted (one transaction) and the summaries are as they
+        // were: a relist compares every object again and tells what this batch would have.
+        this.#o.log.error({ err, changes: batch.length }, 'events: changes could not be recorded');
+        this.#relist(err instanceof Error ? err : new Error(String(err)));
+        return;
+      }
+    }
+  }
+
+  #handle(batch: readonly { kind: WatchedKind; key: string; obj: KubeObject | undefined }[]): void {
+    const changes: { key: string; summary: Summary | undefined; facts: Fact[] }[] = [];
+    const next = new Map<string, Summary | undefined>();
+    const current = (key: string): Summary | undefined => (next.has(key) ? next.get(key) : this.#summaries.get(key));
+    for (const { kind, key, obj } of batch) {
+      const before = current(key);
+      const after = obj === undefined ? undefined : summarize(kind, obj);
+      if (isDeepStrictEqual(before, after)) continue;
+      const [, namespace = '', name = ''] = key.split('/');
+      const subject = { kind, namespace, name };
+      const lookup = (n: string): Summary | undefined => current(`Sandbox/${namespace}/${n}`);
+      // A new object under an old name (deleted and made again while we were away): the old one is gone first.
+      const facts: Fact[] = before !== undefined && after !== undefined && before.uid !== after.uid
+        ? [...factsOf(subject, before, undefined, lookup), ...factsOf(subject, undefined, after, lookup)]
+        : factsOf(subject, before, after, lookup);
+      changes.push({ key, summary: after, facts });
+      next.set(key, after);
+    }
+    if (changes.length === 0) return;
+    // Persisted before anything is told: a kill -9 from here on loses nothing acknowledged.
+    const written = this.#o.events.recordAll(changes);
+    for (const [key, summary] of next) {
+      if (summary === undefined) this.#summaries.delete(key);
+      else this.#summaries.set(key, summary);
+    }
     if (written.length > 0) this.#o.onRecorded?.(written);
+    this.#flushKube();
+  }
+
+  /**
+   * Writes the facts waiting in the log's outbox as Kubernetes Events, a moment after the change
+   * that made them (Events are for people; this keeps them out of a burst of claims' commits).
+   * A batch is written together, so the embedded store commits it in one group commit; facts that
+   * land on one Event (same object, reason and message) are written one after another, as they
+   * aggregate. A write that fails is counted and given up on: Events are best-effort, as in
+   * Kubernetes; the log and the webhooks have the fact.
+   */
+  #flushKube(): void {
+    // A flush that has not started yet takes these facts too.
+    if (this.#kubeArmed) return;
+    this.#kubeArmed = true;
+    this.#kubeQueue = this.#kubeQueue.then(async () => {
+      await new Promise((resolve) => setTimeout(resolve, KUBE_WRITE_DELAY_MS));
+      this.#kubeArmed = false;
+      for (let round = 0; round < 1000 && !this.#closed; round++) {
+        const pending = this.#o.events.kubePending(KUBE_WRITES_AT_ONCE);
+        if (pending.length === 0) return;
+        const groups = new Map<string, Fact[]>();
+        for (const { fact } of pending) {
+          const key = `${fact.involved.kind}/${fact.involved.namespace}/${fact.involved.name}/${fact.reason}/${fact.message}`;
+          groups.set(key, [...(groups.get(key) ?? []), fact]);
+        }
+        await Promise.all([...groups.values()].map(async (group) => {
+          for (const fact of group) await this.#kubeEvent(fact);
+        }));
+        this.#o.events.kubeDone(pending.map((p) => p.seq));
+      }
+    }).catch((err: unknown) => {
+      this.#o.log.error({ err }, 'events: the Kubernetes Event outbox could not be read');
+    });
   }
 
   async #kubeEvent(fact: Fact): Promise<void> {
