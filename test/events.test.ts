@@ -76,7 +76,10 @@ async function eventsOf(fx: WorkerFixture, id: string, key: string): Promise<Lif
 
 async function waitForType(fx: WorkerFixture, id: string, type: string, count = 1): Promise<LifecycleEvent[]> {
   return waitFor(`${String(count)} ${type} event(s) of ${id}`, async () => {
-    const events = await eventsOf(fx, id, fx.keys.teamA);
+    // Events are recorded a moment after the change (with the rest of its burst): until the first is, the sandbox has none (404).
+    const res = await call(fx, 'GET', `/v1/events/sandboxes/${id}?orderAsc=true&limit=100`, { key: fx.keys.teamA });
+    if (res.status === 404) return undefined;
+    const events = res.json as LifecycleEvent[];
     return events.filter((e) => e.type === type).length >= count ? events : undefined;
   }, 20_000);
 }

@@ -28,6 +28,8 @@ const WATCHED: readonly { kind: WatchedKind; rt: ResourceType }[] = [
 /** A relist after a watch ended waits this long, doubling to the cap, so a sick store is not hammered. */
 const RELIST_BASE_MS = 200;
 const RELIST_MAX_MS = 10_000;
+/** How long a change waits to be recorded with the others of its burst. */
+const RECORD_DELAY_MS = 20;
 /** How long Kubernetes Event writes wait after the change that made them, so they join no claim burst's commits. */
 const KUBE_WRITE_DELAY_MS = 100;
 /** Kubernetes Event writes per round: a burst's in one group commit, and an API server not flooded. */
@@ -130,10 +132,13 @@ export class EventRecorder {
     this.#schedule();
   }
 
-  /** Drains after this turn: a store flush delivers a burst's changes in one go, and one batch takes them all. */
+  /**
+   * Drains a moment later: a burst's store flushes (several, each with many changes) become one
+   * batch and one transaction, written after the burst's own work rather than between its claims.
+   */
   #schedule(): void {
     if (this.#draining !== undefined || this.#closed) return;
-    this.#draining = new Promise<void>((resolve) => setImmediate(resolve)).then(() => {
+    this.#draining = new Promise<void>((resolve) => setTimeout(resolve, RECORD_DELAY_MS)).then(() => {
       this.#drain();
     }).finally(() => {
       this.#draining = undefined;
