@@ -147,3 +147,26 @@ test('a recorder that was down reports where each object ended up, once; a resta
   await recorder.close();
   log.close();
 });
+
+test('events are kept for the retention (7 days by default, or as configured), then dropped with their deliveries', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'asb-events-'));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  let now = Date.parse('2026-11-01T00:00:00Z');
+  const fact = (id: string) => ({ involved: { kind: 'Sandbox', apiVersion: 'agents.x-k8s.io/v1alpha1', name: id, namespace: 'default', uid: id }, reason: 'SandboxCreated', type: 'Normal' as const, message: 'sandbox created', event: 'sandbox.lifecycle.created', team: 'team-a', sandboxId: id });
+  for (const [retentionMs, keptAfter8Days] of [[undefined, false], [30 * 86_400_000, true]] as const) {
+    const log = new EventLog({ dir: join(dir, String(retentionMs)), now: () => now, ...(retentionMs === undefined ? {} : { retentionMs }) });
+    log.addWebhook('team-a', { name: 'r', url: 'http://127.0.0.1:9/', secret: SECRET, events: [], enabled: true });
+    const hook = log.webhooks('team-a')[0]?.id ?? '';
+    now = Date.parse('2026-11-01T00:00:00Z');
+    log.record('Sandbox/default/old', { uid: 'old', apiVersion: 'v' }, [fact('old')]);
+    now += 6 * 86_400_000;
+    log.record('Sandbox/default/new', { uid: 'new', apiVersion: 'v' }, [fact('new')]);
+    assert.deepEqual(log.prune(), { events: 0 }, 'six days old: kept');
+    now += 2 * 86_400_000;
+    log.prune();
+    assert.equal(log.sandboxEvents('team-a', 'old', ONE) !== undefined, keptAfter8Days);
+    assert.equal(log.sandboxEvents('team-a', 'new', ONE)?.length, 1);
+    assert.equal(log.deliveries('team-a', hook, { offset: 0, limit: 10 })?.length, keptAfter8Days ? 2 : 1);
+    log.close();
+  }
+});
