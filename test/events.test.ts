@@ -221,8 +221,13 @@ test('a receiver killed mid-stream and brought back gets every event; the failed
     assert.equal(d.attempts.at(-1)?.status, 204);
     assert.match(d.attempts[0]?.error ?? '', /fetch failed|ECONNREFUSED/);
   }
-  // The retry header counts attempts.
+  // The retry header counts attempts; /metrics counts them by outcome.
   assert.ok(receiver.received.some((r) => Number(r.headers['asb-delivery-attempt']) > 1));
+  const metrics = (await call(fx, 'GET', '/metrics', { key: fx.keys.admin })).text;
+  assert.match(metrics, /asb_webhook_attempts_total\{outcome="retried"\} [1-9]/);
+  assert.match(metrics, /asb_webhook_attempts_total\{outcome="delivered"\} [1-9]/);
+  assert.match(metrics, /asb_lifecycle_events_total\{type="sandbox\.lifecycle\.paused"\} 1\n/);
+  assert.match(metrics, /asb_kube_events_total\{result="ok"\} [1-9]/);
   // Another team cannot see the webhook or its deliveries.
   assert.equal((await call(fx, 'GET', `/v1/events/webhooks/${hook}/deliveries`, { key: fx.keys.teamB })).status, 404);
   assert.equal((await call(fx, 'GET', `/v1/events/webhooks/${hook}`, { key: fx.keys.teamB })).status, 404);

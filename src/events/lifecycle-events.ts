@@ -4,6 +4,7 @@
 //
 // Shutdown order (close): the prune timer, the recorder (no new events), then the sender
 // (requests in flight abort and stay queued). The log's database is the caller's to close.
+import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -24,7 +25,8 @@ export interface LifecycleEventsOptions {
   instance: string;
   /** Most Kubernetes Events kept; default 1000. */
   maxKubeEvents?: number;
-  webhooks?: Omit<WebhookSenderOptions, 'events' | 'log'>;
+  webhooks?: Omit<WebhookSenderOptions, 'events' | 'log' | 'metrics'>;
+  metrics?: Pick<Metrics, 'lifecycleEventsTotal' | 'kubeEventsTotal' | 'webhookAttemptsTotal'>;
 }
 
 export interface LifecycleEvents {
@@ -36,10 +38,18 @@ export interface LifecycleEvents {
 export async function startLifecycleEvents(opts: LifecycleEventsOptions): Promise<LifecycleEvents> {
   const log = opts.log.child({ component: 'events' });
   const events = opts.events;
-  const sender = new WebhookSender({ events, log, now: () => opts.clock.now(), ...opts.webhooks });
+  const sender = new WebhookSender({ events, log, now: () => opts.clock.now(), ...opts.webhooks, ...(opts.metrics === undefined ? {} : { metrics: opts.metrics }) });
   const kube = new KubeEventWriter({ store: opts.store, clock: opts.clock, instance: opts.instance, ...(opts.maxKubeEvents === undefined ? {} : { max: opts.maxKubeEvents }) });
   events.prune();
-  const recorder = await EventRecorder.start({ store: opts.store, log, clock: opts.clock, events, kube, onRecorded: () => sender.soon() });
+  const metrics = opts.metrics;
+  const recorder = await EventRecorder.start({
+    store: opts.store, log, clock: opts.clock, events, kube,
+    onRecorded: (written) => {
+      for (const e of written) metrics?.lifecycleEventsTotal.inc({ type: e.type });
+      sender.soon();
+    },
+    ...(metrics === undefined ? {} : { onKubeEvent: (ok: boolean) => metrics.kubeEventsTotal.inc({ result: ok ? 'ok' : 'error' }) }),
+  });
   // Deliveries left pending by the last run go out now.
   sender.kick();
   const prune = setInterval(() => {

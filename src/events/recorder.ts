@@ -43,6 +43,8 @@ export interface RecorderOptions {
   kube: KubeEventWriter;
   /** Called after team events were persisted (the webhook sender's kick). */
   onRecorded?: (events: readonly LifecycleEvent[]) => void;
+  /** Called after each Kubernetes Event write, with whether it was written. */
+  onKubeEvent?: (ok: boolean) => void;
 }
 
 function keyOf(kind: WatchedKind, obj: KubeObject): string {
@@ -231,8 +233,10 @@ export class EventRecorder {
         f = { ...f, involved: { ...f.involved, uid: pool?.metadata.uid ?? '', apiVersion: pool?.apiVersion ?? f.involved.apiVersion } };
       }
       await this.#o.kube.write(f);
+      this.#o.onKubeEvent?.(true);
     } catch (err) {
       this.kubeWriteFailures++;
+      this.#o.onKubeEvent?.(false);
       this.#o.log.warn({ err, reason: fact.reason, object: fact.involved.name }, 'events: a Kubernetes Event could not be written');
     }
   }

@@ -11,6 +11,7 @@
 // it was recorded, is sent again; receivers deduplicate on the asb-event-id header / event id).
 //
 // Shutdown (close): no new attempts; requests in flight are aborted and stay pending.
+import type { Metrics } from '../metrics/metrics.ts';
 import type { Logger } from '../system/log.ts';
 import type { AttemptOutcome, DeliveryAttempt, DueDelivery, EventLog } from './event-log.ts';
 import { sign, SIGNATURE_HEADER, TIMESTAMP_HEADER } from './signature.ts';
@@ -31,10 +32,11 @@ export interface WebhookSenderOptions {
   concurrency?: number;
   /** How long after new events their deliveries start (soon()); default 50 ms. */
   batchDelayMs?: number;
+  metrics?: Pick<Metrics, 'webhookAttemptsTotal'>;
 }
 
 export class WebhookSender {
-  readonly #o: Required<Omit<WebhookSenderOptions, 'events' | 'log'>> & Pick<WebhookSenderOptions, 'events' | 'log'>;
+  readonly #o: Required<Omit<WebhookSenderOptions, 'events' | 'log' | 'metrics'>> & Pick<WebhookSenderOptions, 'events' | 'log' | 'metrics'>;
   readonly #inflight = new Map<string, AbortController>();
   #timer: ReturnType<typeof setTimeout> | undefined;
   /** When #timer fires (ms, the injected clock). */
@@ -49,6 +51,7 @@ export class WebhookSender {
     this.#o = {
       events: opts.events,
       log: opts.log,
+      ...(opts.metrics === undefined ? {} : { metrics: opts.metrics }),
       now: opts.now ?? Date.now,
       backoffBaseMs: opts.backoffBaseMs ?? 1000,
       backoffMaxMs: opts.backoffMaxMs ?? 600_000,
@@ -133,11 +136,14 @@ export class WebhookSender {
         const ok = 'status' in r && r.status >= 200 && r.status < 300;
         const attempt: DeliveryAttempt = 'status' in r ? { at, status: r.status } : { at, error: r.error };
         let outcome: AttemptOutcome = { ok: true };
-        if (ok) this.counts.delivered++;
-        else {
+        if (ok) {
+          this.counts.delivered++;
+          this.#o.metrics?.webhookAttemptsTotal.inc({ outcome: 'delivered' });
+        } else {
           const retryAt = d.attempt >= this.#o.maxAttempts ? undefined : this.#o.now() + Math.min(this.#o.backoffBaseMs * 2 ** (d.attempt - 1), this.#o.backoffMaxMs);
           if (retryAt === undefined) this.counts.failed++;
           else this.counts.retried++;
+          this.#o.metrics?.webhookAttemptsTotal.inc({ outcome: retryAt === undefined ? 'failed' : 'retried' });
           outcome = { ok: false, retryAt };
           this.#o.log.info({ delivery: d.id, webhook: d.webhook.id, attempt: d.attempt, ...attempt, retryAt }, 'webhooks: delivery not accepted');
         }

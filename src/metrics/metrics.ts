@@ -21,6 +21,9 @@ export interface Metrics {
   imageGcRunsTotal: Counter<'result'>;
   imageGcRemovedTotal: Counter<'kind'>;
   imageGcFreedBytesTotal: Counter;
+  lifecycleEventsTotal: Counter<'type'>;
+  kubeEventsTotal: Counter<'result'>;
+  webhookAttemptsTotal: Counter<'outcome'>;
 }
 
 export function createMetrics(registry: Registry): Metrics {
@@ -103,6 +106,24 @@ export function createMetrics(registry: Registry): Metrics {
     imageGcFreedBytesTotal: new Counter({
       name: 'asb_image_gc_freed_bytes_total',
       help: 'Disk space image GC gave back: blobs and unpacked trees, in allocated bytes.',
+      registers,
+    }),
+    lifecycleEventsTotal: new Counter({
+      name: 'asb_lifecycle_events_total',
+      help: 'Lifecycle events recorded for teams (events API, webhooks), by type.',
+      labelNames: ['type'],
+      registers,
+    }),
+    kubeEventsTotal: new Counter({
+      name: 'asb_kube_events_total',
+      help: 'Facts written as Kubernetes Events, by result (ok, error: given up, Events are best-effort).',
+      labelNames: ['result'],
+      registers,
+    }),
+    webhookAttemptsTotal: new Counter({
+      name: 'asb_webhook_attempts_total',
+      help: 'Webhook delivery attempts, by outcome (delivered, retried, failed: out of attempts).',
+      labelNames: ['outcome'],
       registers,
     }),
   };

@@ -98,7 +98,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   // while this process holds the Lease, so one process per cluster counts each Event. An API-only
   // process (--role=api) keeps no log: its events API answers 404.
   const eventLog = config.role === 'api' ? undefined : new EventLog({ dir: join(config.dataDir, 'events'), now: () => clock.now(), retentionMs: config.eventRetentionDays * 86_400_000 });
-  const lifecycle = operator === undefined || eventLog === undefined ? undefined : await startLifecycleEvents({ store, log, clock, events: eventLog, instance: config.clusterTag });
+  const lifecycle = operator === undefined || eventLog === undefined ? undefined : await startLifecycleEvents({ store, log, clock, events: eventLog, instance: config.clusterTag, metrics });
   const led =
     kube !== undefined && config.role !== 'api'
       ? await (await import('./worker-kube.ts')).startLedControllers({ config, kube, runtime, hubCredential, log, metrics, registry, clock, ...(eventLog === undefined ? {} : { eventLog }) })
