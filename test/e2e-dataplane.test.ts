@@ -104,6 +104,15 @@ test('wake on first connection: a request to a hibernated sandbox wakes it and g
   for (const answer of answers) assert.equal(answer.status, 200, answer.body);
   const after = await api<View>(system, 'GET', `/v1/sandboxes/${sb.id}`);
   assert.equal(after.body.phase, 'Running');
+  // The sandbox's lifecycle event says what woke it: the request's host and path.
+  const events = await waitFor('the wake\'s event', async () => {
+    const got = await api<{ type: string; eventData: Record<string, unknown> | null }[]>(system, 'GET', `/v1/events/sandboxes/${sb.id}?types=sandbox.lifecycle.resumed`);
+    return got.status === 200 && got.body.length > 0 ? got.body : undefined;
+  });
+  assert.equal(events.length, 1, 'three requests, one wake');
+  const { trigger, host: wokenBy, path } = events[0]?.eventData ?? {};
+  assert.deepEqual([trigger, path], ['request', '/']);
+  assert.match(String(wokenBy), new RegExp(`^8080-${sb.id}\\.asb\\.localhost(:\\d+)?$`));
 });
 
 // Issue 15: the router released held requests as soon as the woken pod ran, before its server

@@ -60,7 +60,8 @@ test('discovery answers the legacy and the aggregated forms, /version and OpenAP
     ]);
   }
   const coreAgg = await call(fx, 'GET', '/api', { key, headers: { accept: AGG_ACCEPT } });
-  assert.deepEqual((coreAgg.json as { items: unknown[] }).items, [{ metadata: {}, versions: [{ version: 'v1', resources: [], freshness: 'Current' }] }]);
+  // The core group serves Events only, read-only: what kubectl get events and describe read.
+  assert.deepEqual((coreAgg.json as { items: unknown[] }).items, [{ metadata: {}, versions: [{ version: 'v1', resources: [{ resource: 'events', responseKind: { group: '', version: 'v1', kind: 'Event' }, scope: 'Namespaced', singularResource: 'event', verbs: ['get', 'list'], shortNames: ['ev'] }], freshness: 'Current' }] }]);
 
   const version = (await call(fx, 'GET', '/version', { key })).json as { major: string; minor: string; gitVersion: string };
   assert.deepEqual([version.major, version.minor], ['1', '37']);

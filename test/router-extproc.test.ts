@@ -271,9 +271,13 @@ test('concurrent first requests to a hibernated sandbox cause exactly one wake a
   // The wake is forgotten once running: a later hibernation wakes again.
   r.upsert(sleeping);
   r.worker.onResume = (id) => setTimeout(() => r.upsert(entry(id)), 10);
-  const again = await exchange(client, get(HOST(8080), '/', { 'x-access-token': TOKEN }));
+  const again = await exchange(client, get(HOST(8080), '/app?session=s3cr3t', { 'x-access-token': TOKEN }));
   assertRouteReply(again.answer);
   assert.equal(r.worker.resumes.get(ID), 2);
+  // Each wake tells the worker which request caused it (for the sandbox's lifecycle event), without the query.
+  const [first, second] = r.worker.resumeBodies.get(ID) ?? [];
+  assert.match(JSON.stringify(first), new RegExp(`^\\{"wait":false,"cause":\\{"host":"${HOST(8080).replaceAll('.', '\\.')}","path":"/\\d+"\\}\\}$`));
+  assert.deepEqual(second, { wait: false, cause: { host: HOST(8080), path: '/app' } });
 });
 
 test('a request without the token cannot wake a sandbox', async (t) => {

@@ -25,6 +25,10 @@ test('resolves every host form to a target', () => {
     [line('127.0.0.1:10000', '/v2/templates/loc1abc/builds/b-1'), { kind: 'api', id: 'loc1abc' }],
     [line('127.0.0.1:10000', '/templates/loc1abc/builds/b-1/status?logsOffset=0'), { kind: 'api', id: 'loc1abc' }],
     [line('127.0.0.1:10000', '/v3/templates'), { kind: 'api', id: undefined }],
+    // A sandbox's lifecycle events are kept by its worker: the path names the owner.
+    [line('127.0.0.1:10000', '/events/sandboxes/loc1abc?limit=5'), { kind: 'api', id: 'loc1abc' }],
+    [line(`api.${D}`, '/v1/events/sandboxes/loc1abc'), { kind: 'api', id: 'loc1abc' }],
+    [line(`api.${D}`, '/events/webhooks'), { kind: 'api', id: undefined }],
     [line('127.0.0.1', '/files', { id: 'loc1abc', port: '49983' }), { kind: 'sandbox', id: 'loc1abc', port: 49983, e2bHeaders: true }],
     [line('[::1]:10000', '/', { id: 'loc1abc' }), { kind: 'sandbox', id: 'loc1abc', port: undefined, e2bHeaders: true }],
     [line(`sandbox.${D}`, '/', { id: 'loc1abc', port: '8080' }), { kind: 'sandbox', id: 'loc1abc', port: 8080, e2bHeaders: true }],

@@ -33,6 +33,7 @@ function client(fx: WorkerFixture) {
 async function start(t: { after: (fn: () => Promise<void>) => void }): Promise<WorkerFixture> {
   // Builds with the test engine (runs nothing): the build API's routes answer in their shapes.
   const fx = await startWorkerFixture((fn) => t.after(fn), {}, {
+    events: {},
     builds: (store, dir) => new TemplateBuilds({ recordsDir: join(dir, 'builds'), files: new TeamFileStore({ dir: join(dir, 'build-files'), now: () => Date.now() }), store, engine: new RecordingEngine(), namespace: 'default', clusterTag: 'tst1', clock: systemClock, log: silentLogger() }),
   });
   registered = fx.server.routes.map((r) => `${r.method} ${r.pattern}`).sort();
@@ -439,6 +440,30 @@ test('template build routes on a worker without a build service: 501 saying so, 
   const built = await api('GET', '/v1/built-templates', { key });
   assert.equal(built.status, 200, 'a worker that builds nothing has built nothing');
   assert.deepEqual(built.json, { items: [] });
+});
+
+test('the events API and webhooks answer in their documented shapes, ours and E2B\'s', async (t) => {
+  const fx = await start(t);
+  const api = client(fx);
+  const key = fx.keys.teamA;
+  const created = await api('POST', '/v1/sandboxes', { key, json: {} });
+  const id = (created.json as View).id;
+  await waitFor(async () => ((await call(fx, 'GET', `/v1/events/sandboxes/${id}`, { key })).json as unknown[] | undefined)?.length === 2);
+  for (const [prefix, auth] of [['/v1', { key }], ['', { headers: { 'x-api-key': key } }]] as const) {
+    const events = await api('GET', `${prefix}/events/sandboxes/${id}?orderAsc=true&types=sandbox.lifecycle.created&types=sandbox.lifecycle.ready`, auth);
+    assert.deepEqual((events.json as { type: string }[]).map((e) => e.type), ['sandbox.lifecycle.created', 'sandbox.lifecycle.ready']);
+    assert.equal(((await api('GET', `${prefix}/events/sandboxes?limit=1`, auth)).json as unknown[]).length, 1);
+    assert.equal((await api('GET', `${prefix}/events/sandboxes/nope`, auth)).status, 404);
+    const hook = await api('POST', `${prefix}/events/webhooks`, { ...auth, json: { url: 'http://127.0.0.1:9/hook', signatureSecret: 'a-secret-of-16-chars', events: ['sandbox.lifecycle.killed'], enabled: false } });
+    assert.equal(hook.status, 201, hook.text);
+    const hookId = (hook.json as { id: string }).id;
+    assert.equal(((await api('GET', `${prefix}/events/webhooks`, auth)).json as unknown[]).length, 1);
+    assert.equal(((await api('GET', `${prefix}/events/webhooks/${hookId}`, auth)).json as { enabled: boolean }).enabled, false);
+    assert.equal(((await api('PATCH', `${prefix}/events/webhooks/${hookId}`, { ...auth, json: { enabled: true } })).json as { enabled: boolean }).enabled, true);
+    assert.deepEqual((await api('GET', `${prefix}/events/webhooks/${hookId}/deliveries`, auth)).json, []);
+    assert.equal((await api('DELETE', `${prefix}/events/webhooks/${hookId}`, auth)).status, 204);
+    assert.equal((await api('GET', `${prefix}/events/webhooks/${hookId}`, auth)).status, 404);
+  }
 });
 
 test('docs/openapi.yaml documents exactly the routes the server registers, and the tests exercised them all', () => {

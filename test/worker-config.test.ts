@@ -33,6 +33,13 @@ test('image GC: every 10 min with a 1 h grace by default; flags and variables se
   assert.deepEqual(problems(['--image-gc-interval-ms=-1']), ['--image-gc-interval-ms (ASB_IMAGE_GC_INTERVAL_MS) must be an integer from 0 to 86400000, got "-1"']);
 });
 
+test('lifecycle events are kept 7 days by default; --event-retention-days (ASB_EVENT_RETENTION_DAYS) sets 1 to 365', () => {
+  assert.equal(parseWorkerConfig([], {}).eventRetentionDays, 7);
+  assert.equal(parseWorkerConfig(['--event-retention-days=30'], {}).eventRetentionDays, 30);
+  assert.equal(parseWorkerConfig([], { ASB_EVENT_RETENTION_DAYS: '365' }).eventRetentionDays, 365);
+  assert.deepEqual(problems(['--event-retention-days=0']), ['--event-retention-days (ASB_EVENT_RETENTION_DAYS) must be an integer from 1 to 365, got "0"']);
+});
+
 test('--pod-namespace (ASB_POD_NAMESPACE) puts sandbox Pods in a namespace of their own', () => {
   assert.equal(parseWorkerConfig(['--store=kube', '--runtime=kube', '--namespace=sandboxes'], {}).podNamespace, 'sandboxes');
   assert.equal(parseWorkerConfig(['--store=kube', '--runtime=kube'], { ASB_POD_NAMESPACE: 'agent-sandboxes' }).podNamespace, 'agent-sandboxes');

@@ -62,6 +62,11 @@ export const ANNOTATION = {
    * whose owner asked that traffic not resume its pauses (E2B's auto_resume off).
    */
   suspendedIdle: 'asb.dev/suspended-idle',
+  /**
+   * On a Sandbox, written with operatingMode Running by a resume that a request caused (the
+   * router's wake): JSON {host, path} of that request, so the lifecycle event says what woke it.
+   */
+  wakeCause: 'asb.dev/wake-cause',
 } as const;
 
 /**

@@ -10,6 +10,7 @@ import { GLOBAL_OPTIONS, UsageError, ValueError } from './args.ts';
 import { EXIT, type CliIo, type Command, type CommandContext } from './command.ts';
 import { applyCommand } from './commands-apply.ts';
 import { egressCommand } from './commands-egress.ts';
+import { eventsCommand, webhookCommand } from './commands-events.ts';
 import { execCommand, filesCommand } from './commands-exec.ts';
 import { mcpCommand } from './commands-mcp.ts';
 import { shellCommand } from './commands-shell.ts';
@@ -41,6 +42,8 @@ export const COMMANDS: readonly Command[] = [
   templateCommand,
   egressCommand,
   mcpCommand,
+  eventsCommand,
+  webhookCommand,
 ];
 
 const USAGE = 'asb <command> [flags]';

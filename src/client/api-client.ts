@@ -2,6 +2,7 @@
 // failure is converted here, once, into an AsbError subclass: ApiError when the server answered
 // with a problem (its code, detail and field list kept as sent), ApiUnreachableError when no
 // answer came at all. Callers switch on the class and `code`, never on messages.
+import type { Delivery, LifecycleEvent, Webhook } from '../events/event-log.ts';
 import { createReadStream, statSync } from 'node:fs';
 import { Readable } from 'node:stream';
 import { AsbError, ERRORS, type ErrorCode, type FieldProblem } from '../errors.ts';
@@ -180,6 +181,13 @@ export interface ApiClient {
   startFromSnapshot(id: string, req: { timeoutMs?: number; labels?: Record<string, string>; wait?: boolean }): Promise<SandboxView>;
   fork(id: string, req: { count?: number; timeoutMs?: number }): Promise<{ forks: ForkView[] }>;
 
+  /** The team's lifecycle events of one sandbox (oldest first) and its webhooks; a webhook's secret goes in and never comes back. */
+  sandboxEvents(id: string, query?: { limit?: number; types?: string }): Promise<LifecycleEvent[]>;
+  listWebhooks(): Promise<Webhook[]>;
+  createWebhook(req: { url: string; signatureSecret: string; name?: string; events?: string[] }): Promise<Webhook>;
+  deleteWebhook(id: string): Promise<void>;
+  webhookDeliveries(id: string): Promise<Delivery[]>;
+
   /** Egress secrets (admin): names and times only; a value goes in and never comes back. */
   listEgressSecrets(): Promise<{ items: { name: string; updatedAt: string }[] }>;
   putEgressSecret(name: string, value: string): Promise<{ name: string; updatedAt: string }>;
@@ -310,6 +318,13 @@ export function createApiClient(opts: ApiClientOptions): ApiClient {
     startFromSnapshot: (id, req) => json({ method: 'POST', path: `/v1/snapshots/${enc(id)}/sandboxes`, json: req }),
     fork: (id, req) => json({ method: 'POST', path: `/v1/sandboxes/${enc(id)}/fork`, json: req }),
 
+    sandboxEvents: (id, q) => json({ method: 'GET', path: `/v1/events/sandboxes/${enc(id)}`, query: { orderAsc: 'true', limit: q?.limit ?? 100, ...(q?.types === undefined ? {} : { types: q.types }) } }),
+    listWebhooks: () => json({ method: 'GET', path: '/v1/events/webhooks' }),
+    createWebhook: (req) => json({ method: 'POST', path: '/v1/events/webhooks', json: req }),
+    deleteWebhook: async (id) => {
+      await (await send({ method: 'DELETE', path: `/v1/events/webhooks/${enc(id)}` })).body?.cancel();
+    },
+    webhookDeliveries: (id) => json({ method: 'GET', path: `/v1/events/webhooks/${enc(id)}/deliveries` }),
     listEgressSecrets: () => json({ method: 'GET', path: '/v1/egress/secrets' }),
     putEgressSecret: (name, value) => json({ method: 'PUT', path: `/v1/egress/secrets/${enc(name)}`, json: { value } }),
     deleteEgressSecret: async (name) => {

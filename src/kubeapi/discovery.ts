@@ -3,9 +3,10 @@
 //   (Accept: application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList, then v2beta1,
 //   then plain JSON) and reads every group's resources from that one answer; older clients read
 //   the legacy APIVersions/APIGroupList and then /apis/<group>/<version> per group.
-// - The core group ("" /api/v1) serves no resources here, but is listed (empty) because clients
-//   treat a server without /api v1 as broken.
+// - The core group ("" /api/v1) serves one resource here, Events (read-only: events.ts), which
+//   `kubectl get events` and `kubectl describe` read.
 // Shapes copied from kube-apiserver 1.37's answers for the same CRDs (src/api/crd.ts).
+import { EVENTS_DISCOVERY, EVENTS_RESOURCE } from './events.ts';
 import { groupVersions, resourcesOf, scaleSubresource, SERVED_GROUPS, type ServedResource } from './resources.ts';
 
 export const AGGREGATED_V2 = 'application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList';
@@ -36,7 +37,7 @@ export function apiVersions(serverAddress: string): unknown {
 }
 
 export function coreResourceList(): unknown {
-  return { kind: 'APIResourceList', groupVersion: 'v1', resources: [] };
+  return { kind: 'APIResourceList', groupVersion: 'v1', resources: [EVENTS_RESOURCE] };
 }
 
 function groupEntry(group: string): { name: string; versions: { groupVersion: string; version: string }[]; preferredVersion: { groupVersion: string; version: string } } {
@@ -84,7 +85,7 @@ function discoveryResource(s: ServedResource, version: string): unknown {
 /** The aggregated document for /apis (our groups) or /api (the empty core group). */
 export function aggregatedDiscovery(path: '/api' | '/apis', version: 'v2' | 'v2beta1'): unknown {
   const items = path === '/api'
-    ? [{ metadata: {}, versions: [{ version: 'v1', resources: [], freshness: 'Current' }] }]
+    ? [{ metadata: {}, versions: [{ version: 'v1', resources: [EVENTS_DISCOVERY], freshness: 'Current' }] }]
     : SERVED_GROUPS.map((group) => ({
       metadata: { name: group },
       versions: groupVersions(group).map((v) => ({ version: v, resources: resourcesOf(group, v).map((s) => discoveryResource(s, v)), freshness: 'Current' })),

@@ -21,6 +21,8 @@ import { toAsbError } from '../worker/problem.ts';
 import { aggregatedDiscovery, aggregatedVersion, AGGREGATED_V2, AGGREGATED_V2BETA1, apiGroup, apiGroupList, apiVersions, coreResourceList, resourceList, versionInfo } from './discovery.ts';
 import { createObject, deleteCollection, deleteObject, getObject, listObjects, patchObject, patchTypeOf, updateObject, type Answer } from './objects.ts';
 import { buildOpenApi, type OpenApiDocs } from './openapi.ts';
+import { getEvents, parseEventsPath } from './events.ts';
+import { EventType } from '../api/event.ts';
 import { boolParam, parseResourcePath, type ResourcePath } from './request.ts';
 import { groupVersions, qualifiedResource, SERVED_GROUPS } from './resources.ts';
 import { getScale, patchScale, scaleSpecOf, updateScale } from './scale.ts';
@@ -92,6 +94,15 @@ export class KubeApi {
     const run = async (): Promise<void> => {
       const url = new URL(req.url ?? '/', 'http://worker.invalid');
       const principal = this.#authenticate(req);
+      const ep = parseEventsPath(url.pathname);
+      if (ep !== undefined) {
+        route = 'kubeapi:events';
+        subject = { rt: EventType, ...(ep.name === undefined ? {} : { name: ep.name }) };
+        if (req.method !== 'GET' || boolParam(url.searchParams, 'watch')) throw new AsbError('MethodNotAllowed', 'Events are read-only here and cannot be watched: get or list them');
+        const answer = await getEvents(this.#w, principal, ep, url.searchParams, wantsTable(req.headers.accept));
+        send(res, answer);
+        return;
+      }
       const rp = parseResourcePath(url.pathname);
       if (rp !== undefined) {
         route = rp.name === undefined ? 'kubeapi:collection' : 'kubeapi:object';

@@ -30,6 +30,9 @@ export interface Metrics {
   memoryRestoresTotal: Counter<'result'>;
   /** Pauses that asked for memory, by result (saved, fell_back, failed). */
   checkpointsTotal: Counter<'result'>;
+  lifecycleEventsTotal: Counter<'type'>;
+  kubeEventsTotal: Counter<'result'>;
+  webhookAttemptsTotal: Counter<'outcome'>;
 }
 
 /**
@@ -156,6 +159,24 @@ function createSeries(registry: Registry): Metrics {
       name: 'asb_checkpoints_total',
       help: 'Pauses that asked to keep memory, by result: saved, fell_back (files kept, the pause allowed it), failed (not paused, the sandbox keeps running).',
       labelNames: ['result'],
+      registers,
+    }),
+    lifecycleEventsTotal: new Counter({
+      name: 'asb_lifecycle_events_total',
+      help: 'Lifecycle events recorded for teams (events API, webhooks), by type.',
+      labelNames: ['type'],
+      registers,
+    }),
+    kubeEventsTotal: new Counter({
+      name: 'asb_kube_events_total',
+      help: 'Facts written as Kubernetes Events, by result (ok, error: given up, Events are best-effort).',
+      labelNames: ['result'],
+      registers,
+    }),
+    webhookAttemptsTotal: new Counter({
+      name: 'asb_webhook_attempts_total',
+      help: 'Webhook delivery attempts, by outcome (delivered, retried, failed: out of attempts).',
+      labelNames: ['outcome'],
       registers,
     }),
   };

@@ -233,7 +233,7 @@ export class ExtProcServer {
     state.abort = new AbortController();
     const signal = state.abort.signal;
     const waker = this.#opts.waker;
-    const wait = decision.kind === 'hold' ? waker.holdUntilRunning(decision.entry, decision.wake, signal) : waker.lookup(decision.id, decision.cluster, signal);
+    const wait = decision.kind === 'hold' ? waker.holdUntilRunning(decision.entry, decision.wake, signal, wakeCauseOf(headers)) : waker.lookup(decision.id, decision.cluster, signal);
     wait.then(
       () => this.#release(headers, state.listener, signal, waker.holdLimitMs - (performance.now() - started)),
     ).then(
@@ -373,4 +373,11 @@ function e2bNotFound(id: string): NonNullable<ProcessingResponse['immediate_resp
 
 function unavailable(message: string): AsbError {
   return new AsbError('Unavailable', message);
+}
+
+/** The request that wakes a sandbox, as its lifecycle event tells it: host and path, the query left out (it may carry tokens). */
+function wakeCauseOf(headers: RequestHeaders): { host: string; path: string } {
+  const path = headers.get(':path') ?? '/';
+  const q = path.indexOf('?');
+  return { host: (headers.get(':authority') ?? '').slice(0, 253), path: (q === -1 ? path : path.slice(0, q)).slice(0, 512) };
 }

@@ -66,6 +66,11 @@ const API_SANDBOX_PATH = /^\/(?:v[12]\/)?sandboxes(?:\/([^/?#]*))?(?:[/?#]|$)/;
 // template's id starts with its cluster's tag too.
 const API_TEMPLATE_PATH = /^\/(?:v[23]\/)?(?:snapshots|templates)(?:\/([^/?#]*))?(?:[/?#]|$)/;
 
+// A sandbox's lifecycle events (E2B's /events/sandboxes/<id>, ours under /v1): kept by its worker.
+const API_EVENTS_PATH = /^\/(?:v1\/)?events\/sandboxes\/([^/?#]*)(?:[/?#]|$)/;
+// The rest of E2B's events API (the team's events, its webhooks): the worker behind this edge.
+const API_EVENTS_ANY = /^\/events\/(?:sandboxes|webhooks)(?:[/?#]|$)/;
+
 // The worker's Kubernetes API (src/kubeapi/): discovery, /version, OpenAPI v3 and /apis/… objects.
 const KUBE_API_PATH = /^\/(?:api|apis|version|openapi\/v3)(?:[/?#]|$)/;
 // A Sandbox object's path names the sandbox whose worker owns it, like /v1/sandboxes/<id>.
@@ -118,7 +123,7 @@ function bareTarget(line: RequestLine, sandboxHost: boolean): Target {
     return { kind: 'sandbox', id, port, e2bHeaders: true };
   }
   if (line.e2bSandboxPort !== undefined) throw new AsbError('BadRequest', 'E2b-Sandbox-Port header without E2b-Sandbox-Id');
-  if (line.path.startsWith('/v1/') || API_SANDBOX_PATH.test(line.path) || API_TEMPLATE_PATH.test(line.path) || KUBE_API_PATH.test(line.path)) return { kind: 'api', id: apiSandboxId(line.path) };
+  if (line.path.startsWith('/v1/') || API_SANDBOX_PATH.test(line.path) || API_TEMPLATE_PATH.test(line.path) || API_EVENTS_ANY.test(line.path) || KUBE_API_PATH.test(line.path)) return { kind: 'api', id: apiSandboxId(line.path) };
   if (sandboxHost) throw new AsbError('BadRequest', 'requests to sandbox.<domain> need the E2b-Sandbox-Id header');
   throw new AsbError('NotFound', 'no sandbox named: use <port>-<sandboxId>.<domain>, the E2b-Sandbox-Id header, or an API path');
 }
@@ -141,9 +146,9 @@ function seconds(text: string): number {
   return Math.min(value, SIGS_MAX_TIMEOUT_S);
 }
 
-/** The sandbox id an API path names, if any: `/sandboxes/<id>…`, `/v2/sandboxes/<id>…`, `/v1/sandboxes/<id>…`, `/apis/agents.x-k8s.io/<v>/namespaces/<ns>/sandboxes/<id>…`. */
+/** The sandbox id an API path names, if any: `/sandboxes/<id>…`, `/v2/sandboxes/<id>…`, `/v1/sandboxes/<id>…`, `/apis/agents.x-k8s.io/<v>/namespaces/<ns>/sandboxes/<id>…`, `[/v1]/events/sandboxes/<id>`. */
 export function apiSandboxId(path: string): string | undefined {
-  const m = API_SANDBOX_PATH.exec(path) ?? KUBE_SANDBOX_PATH.exec(path) ?? API_TEMPLATE_PATH.exec(path);
+  const m = API_SANDBOX_PATH.exec(path) ?? KUBE_SANDBOX_PATH.exec(path) ?? API_TEMPLATE_PATH.exec(path) ?? API_EVENTS_PATH.exec(path);
   const id = m?.[1];
   return id !== undefined && ID.test(id) ? id : undefined;
 }

@@ -15,6 +15,12 @@ import { PortWaiter } from './port-wait.ts';
 import type { RouteTable } from './route-table.ts';
 import { resumeSandbox, sandboxExists, type WorkerEndpoint } from './worker-api.ts';
 
+/** The request that caused a wake (host and path), told to the worker for the lifecycle event. */
+export interface WakeCause {
+  host: string;
+  path: string;
+}
+
 export interface WakerOptions {
   table: RouteTable;
   workers: ReadonlyMap<string, WorkerEndpoint>;
@@ -71,8 +77,8 @@ export class Waker {
    * Unavailable (wake failed, hold limit, sandbox failed) or NotFound (deleted meanwhile), or
    * with the signal's reason when the request goes away first.
    */
-  async holdUntilRunning(entry: RouteEntry, wake: boolean, signal: AbortSignal): Promise<RouteEntry> {
-    const wakeCall = wake ? this.#wake(entry) : undefined;
+  async holdUntilRunning(entry: RouteEntry, wake: boolean, signal: AbortSignal, cause?: WakeCause): Promise<RouteEntry> {
+    const wakeCall = wake ? this.#wake(entry, cause) : undefined;
     return this.#waitFor(entry.id, this.#holdLimitMs, signal, wakeCall, (e) => {
       if (e === undefined) throw new AsbError('NotFound', `sandbox ${entry.id} was deleted while waking`);
       if (e.state === 'failed' || e.state === 'expired') throw new AsbError('Unavailable', `sandbox ${entry.id} is ${e.state}`);
@@ -122,12 +128,12 @@ export class Waker {
     return waiting;
   }
 
-  #wake(entry: RouteEntry): Promise<void> {
+  #wake(entry: RouteEntry, cause: WakeCause | undefined): Promise<void> {
     const known = this.#wakes.get(entry.id);
     if (known !== undefined) return known;
     const worker = this.#opts.workers.get(entry.cluster);
     const log = this.#opts.log;
-    const call = worker === undefined ? Promise.reject(new AsbError('Unavailable', `no worker for cluster ${entry.cluster}`)) : resumeSandbox(worker, entry.id);
+    const call = worker === undefined ? Promise.reject(new AsbError('Unavailable', `no worker for cluster ${entry.cluster}`)) : resumeSandbox(worker, entry.id, cause);
     const wake = call.then(
       () => {
         this.#opts.onWake?.(entry.id, 'ok');

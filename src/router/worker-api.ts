@@ -15,9 +15,9 @@ export interface WorkerEndpoint {
 /** A resume or lookup that takes longer than this is treated as a failure (the worker is sick). */
 const CALL_TIMEOUT_MS = 5_000;
 
-/** POST /v1/sandboxes/{id}/resume {wait:false}: the router waits on the route feed, not the call. */
-export async function resumeSandbox(worker: WorkerEndpoint, id: string): Promise<void> {
-  const res = await call(worker, 'POST', `/v1/sandboxes/${encodeURIComponent(id)}/resume`, { wait: false });
+/** POST /v1/sandboxes/{id}/resume {wait:false, cause?:{host,path}} (the request that woke it, for its lifecycle event): the router waits on the route feed, not the call. */
+export async function resumeSandbox(worker: WorkerEndpoint, id: string, cause?: { host: string; path: string }): Promise<void> {
+  const res = await call(worker, 'POST', `/v1/sandboxes/${encodeURIComponent(id)}/resume`, { wait: false, ...(cause === undefined ? {} : { cause }) });
   if (res.status === 404) throw new AsbError('NotFound', `sandbox ${id} not found`);
   if (res.status !== 200) throw new AsbError('Unavailable', `worker ${worker.cluster} refused to wake sandbox ${id}: HTTP ${res.status} ${await brief(res)}`);
   await res.body?.cancel();

@@ -140,6 +140,8 @@ export interface WorkerConfig {
   readonly imageGcGraceMs: number;
   /** ASB_SNAPSHOTS_PER_TEAM / --snapshots-per-team: how many snapshots one team may keep on this worker. Default 100 */
   readonly snapshotsPerTeam: number;
+  /** ASB_EVENT_RETENTION_DAYS / --event-retention-days: how long lifecycle events (events API, webhook deliveries) are kept. Default 7 (E2B's) */
+  readonly eventRetentionDays: number;
   /**
    * ASB_SNAPSHOT_GIB_PER_TEAM / --snapshot-gib-per-team: the bytes one team's snapshots may take on
    * this worker's disk, in GiB (files and memory images). A snapshot is refused once the team's
@@ -168,6 +170,7 @@ const DEFAULTS = {
   imageGcIntervalMs: '600000',
   imageGcGraceMs: '3600000',
   snapshotsPerTeam: '100',
+  eventRetentionDays: '7',
   snapshotGibPerTeam: '100',
   store: 'sqlite',
   namespace: 'default',
@@ -212,6 +215,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   imageGcIntervalMs: { env: 'ASB_IMAGE_GC_INTERVAL_MS', flag: 'image-gc-interval-ms' },
   imageGcGraceMs: { env: 'ASB_IMAGE_GC_GRACE_MS', flag: 'image-gc-grace-ms' },
   snapshotsPerTeam: { env: 'ASB_SNAPSHOTS_PER_TEAM', flag: 'snapshots-per-team' },
+  eventRetentionDays: { env: 'ASB_EVENT_RETENTION_DAYS', flag: 'event-retention-days' },
   snapshotGibPerTeam: { env: 'ASB_SNAPSHOT_GIB_PER_TEAM', flag: 'snapshot-gib-per-team' },
   criu: { env: 'ASB_CRIU', flag: 'criu' },
 };
@@ -231,7 +235,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   const flags = new Map([...parseFlags(argv, problems)].map(([name, values]) => [name, values.at(-1) ?? '']));
   const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (hasDefault(key) ? DEFAULTS[key] : undefined);
   const str = (key: Exclude<Key, OptionalKey>): string => raw(key) ?? DEFAULTS[key];
-  const int = (key: 'apiPort' | 'basePoolReplicas' | 'terminalIdleMs' | 'imageGcIntervalMs' | 'imageGcGraceMs' | 'snapshotsPerTeam' | 'snapshotGibPerTeam', min: number, max: number): number => {
+  const int = (key: 'apiPort' | 'basePoolReplicas' | 'terminalIdleMs' | 'imageGcIntervalMs' | 'imageGcGraceMs' | 'snapshotsPerTeam' | 'snapshotGibPerTeam' | 'eventRetentionDays', min: number, max: number): number => {
     const text = str(key);
     const value = Number(text);
     if (!Number.isInteger(value) || value < min || value > max) {
@@ -340,6 +344,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     imageGcIntervalMs: int('imageGcIntervalMs', 0, 86_400_000),
     imageGcGraceMs: int('imageGcGraceMs', 0, 30 * 86_400_000),
     snapshotsPerTeam: int('snapshotsPerTeam', 0, 100_000),
+    eventRetentionDays: int('eventRetentionDays', 1, 365),
     snapshotGibPerTeam: int('snapshotGibPerTeam', 0, 1_000_000),
     criu: raw('criu') === undefined ? undefined : resolve(raw('criu') ?? ''),
   };

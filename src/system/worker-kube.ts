@@ -1,13 +1,15 @@
 // The worker's Kubernetes parts, loaded only with --store=kube (dynamic import from worker.ts:
 // @kubernetes/client-node costs ~0.4 s to load, which the SQLite default never pays):
 // - the kube store;
-// - the controllers under the Lease: the operator (and the hub sync agent, which writes what the
+// - the controllers under the Lease: the operator, the lifecycle event recorder (and the hub sync agent, which writes what the
 //   hub sends, and its link's state for the API processes: hub-link.ts) start when this process
 //   takes the Lease and stop when it loses it. The Lease has a connection of its own, so a
 //   renewal never queues behind a claim burst on the store's sockets; only a process that
 //   campaigns opens it (--role=api never does).
 import type { Metrics } from '../metrics/metrics.ts';
 import { startOperator, type Operator } from '../operator/operator.ts';
+import type { EventLog } from '../events/event-log.ts';
+import { startLifecycleEvents, type LifecycleEvents } from '../events/lifecycle-events.ts';
 import { LeaderElector } from '../operator/leader.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import { openKubeStore, type KubeStore } from '../store/kube.ts';
@@ -59,6 +61,8 @@ export interface LedControllersOptions {
   metrics: Metrics;
   registry: Registry;
   clock: Clock;
+  /** Lifecycle events are recorded into this log (and written as Kubernetes Events) while this process leads. */
+  eventLog?: EventLog;
 }
 
 /** The operator (and the hub sync agent) run only while this process holds the operator Lease. */
@@ -67,6 +71,7 @@ export async function startLedControllers(opts: LedControllersOptions): Promise<
   const http = await KubeHttp.open(kube.kubeconfig);
   let operator: Operator | undefined;
   let sync: SyncAgent | undefined;
+  let lifecycle: LifecycleEvents | undefined;
   const elector = new LeaderElector({
     http,
     // The kubeconfig context's namespace (in a Pod: the Pod's), else --namespace.
@@ -78,14 +83,17 @@ export async function startLedControllers(opts: LedControllersOptions): Promise<
     registry: opts.registry,
     async onStartedLeading() {
       operator = await startOperator({ store: kube.store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag });
+      if (opts.eventLog !== undefined) lifecycle = await startLifecycleEvents({ store: kube.store, log, clock, events: opts.eventLog, instance: config.clusterTag, metrics });
       if (config.hubUrl !== undefined && opts.hubCredential !== undefined) {
         sync = startSyncAgent({ hubUrl: config.hubUrl, credential: opts.hubCredential, cluster: config.clusterName, clusterTag: config.clusterTag, store: kube.store, log, clock });
       }
     },
     async onStoppedLeading() {
-      const [o, s] = [operator, sync];
+      const [o, s, l] = [operator, sync, lifecycle];
       operator = undefined;
       sync = undefined;
+      lifecycle = undefined;
+      await l?.close();
       await s?.close();
       await o?.close();
     },

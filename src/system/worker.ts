@@ -43,6 +43,8 @@ import { systemClock, type Clock } from './clock.ts';
 import type { WorkerConfig } from './config.ts';
 import type { Logger } from './log.ts';
 import { CredentialStore } from '../egress/credential-store.ts';
+import { EventLog } from '../events/event-log.ts';
+import { startLifecycleEvents } from '../events/lifecycle-events.ts';
 import { ensureEgressCa, type HostCertificate } from '../egress/egress-ca.ts';
 import type { EgressPolicySource } from '../egress/egress-decision.ts';
 import { startEgressServices } from '../egress/egress-services.ts';
@@ -96,9 +98,15 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   // The controllers. SQLite: one process owns the store, so they simply run. Kube: only under
   // the operator Lease, so two processes (a rollout, a second replica) never both reconcile.
   const operator = config.store === 'sqlite' ? await startOperator({ store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag }) : undefined;
+  // Lifecycle events run with the controllers: the recorder fills this process's event log
+  // (events.db under the data directory) and writes Kubernetes Events; on the kube store only
+  // while this process holds the Lease, so one process per cluster counts each Event. An API-only
+  // process (--role=api) keeps no log: its events API answers 404.
+  const eventLog = config.role === 'api' ? undefined : new EventLog({ dir: join(config.dataDir, 'events'), now: () => clock.now(), retentionMs: config.eventRetentionDays * 86_400_000 });
+  const lifecycle = operator === undefined || eventLog === undefined ? undefined : await startLifecycleEvents({ store, log, clock, events: eventLog, instance: config.clusterTag, metrics });
   const led =
     kube !== undefined && config.role !== 'api'
-      ? await (await import('./worker-kube.ts')).startLedControllers({ config, kube, runtime, hubCredential, log, metrics, registry, clock })
+      ? await (await import('./worker-kube.ts')).startLedControllers({ config, kube, runtime, hubCredential, log, metrics, registry, clock, ...(eventLog === undefined ? {} : { eventLog }) })
       : undefined;
   // Claims on the kube store come from a claim front of this process's own, which claims whether
   // or not this process leads.
@@ -187,6 +195,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
           ...(builds === undefined ? {} : { builds }),
+          ...(eventLog === undefined ? {} : { events: eventLog }),
         });
   if (sync !== undefined) {
     tellHubTemplates = () => {
@@ -228,7 +237,9 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
         hubLink?.close();
         // Controllers before the Lease is released, so the next leader never overlaps them.
         await led?.close();
+        await lifecycle?.close();
         await operator?.close();
+        eventLog?.close();
         await egressServices?.close();
         // Pods of the kube runtime belong to Kubernetes and outlive this process (a rollout
         // must not hibernate every sandbox); only local pods are this process's to stop.

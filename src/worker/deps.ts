@@ -9,6 +9,7 @@ import type { PodRuntime } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { TemplateBuilds } from '../builds/service.ts';
 import type { CredentialStore } from '../egress/credential-store.ts';
+import type { EventLog } from '../events/event-log.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { AccessTokens } from './access-token.ts';
@@ -111,6 +112,8 @@ export interface WorkerDeps {
   egressProxy?: boolean;
   /** Template builds (src/builds/service.ts); absent: E2B's build API answers 501. Owned by the caller, which closes it. */
   builds?: TemplateBuilds;
+  /** The lifecycle event log (events API, webhooks); absent: those routes answer 404. Owned by the caller. */
+  events?: EventLog;
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
@@ -132,4 +135,5 @@ export interface WorkerContext {
   egressCredentials: CredentialStore | undefined;
   egressProxy: boolean;
   builds: TemplateBuilds | undefined;
+  events: EventLog | undefined;
 }

@@ -13,7 +13,7 @@ import { findSandbox, isObjectName, principalOf, visibilitySelector } from './ac
 import { readJson } from './body.ts';
 import { checkCreateBody, MAX_TIMEOUT_MS, type CreateBody } from './create-body.ts';
 import type { WorkerContext } from './deps.ts';
-import { checkBody, queryInt } from './input.ts';
+import { checkBody, isPlainObject, queryInt } from './input.ts';
 import { checkSelector } from './labels.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
 import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, rotateAccessToken, setNetwork, setShutdownIn } from './sandbox-lifecycle.ts';
@@ -133,8 +133,12 @@ async function pause(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
 
 async function resume(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
   const sandbox = await findSandbox(w, ctx, ctx.params.id ?? '');
-  const body = checkBody(await readJson(ctx.req, w.limits.jsonBytes), RESUME_BODY);
-  return viewReply(w, 200, await resumeSandbox(w, sandbox, body.wait ?? true));
+  const raw = await readJson(ctx.req, w.limits.jsonBytes);
+  // cause: the request that woke the sandbox, which the router tells (admin key) for the lifecycle event.
+  const { cause, ...rest }: Record<string, unknown> = isPlainObject(raw) ? raw : {};
+  const body = checkBody(isPlainObject(raw) ? rest : raw, RESUME_BODY);
+  const wakeCause = cause === undefined ? undefined : parseWakeCause(cause);
+  return viewReply(w, 200, await resumeSandbox(w, sandbox, body.wait ?? true, wakeCause === undefined ? {} : { wakeCause }));
 }
 
 async function timeout(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
@@ -170,4 +174,12 @@ export function sandboxRoutes(w: WorkerContext): Route[] {
     { method: 'POST', pattern: '/v1/sandboxes/{id}/access-token', handler: (ctx) => rotateToken(w, ctx) },
     { method: 'PUT', pattern: '/v1/sandboxes/{id}/network', handler: (ctx) => network(w, ctx) },
   ];
+}
+
+function parseWakeCause(cause: unknown): { host: string; path: string } {
+  if (isPlainObject(cause) && Object.keys(cause).length === 2) {
+    const { host, path } = cause;
+    if (typeof host === 'string' && typeof path === 'string' && host.length <= 253 && path.length <= 512) return { host, path };
+  }
+  throw new AsbError('Invalid', 'request body is invalid: cause: must be {host, path}, strings of at most 253 and 512 characters', { fields: [{ field: 'cause', message: 'must be {host, path}' }] });
 }

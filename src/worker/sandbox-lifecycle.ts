@@ -188,12 +188,16 @@ function pauseRefused(name: string, reason: string, message: string): AsbError {
  * operator has not carried out yet still shows Ready from before it, so a waiting resume first
  * lets that pause settle: otherwise it would answer at once while the pod goes on to stop.
  */
-export async function resumeSandbox(w: WorkerContext, sandbox: Sandbox, wait: boolean, opts: { discardMemory?: boolean } = {}): Promise<Sandbox> {
+export async function resumeSandbox(w: WorkerContext, sandbox: Sandbox, wait: boolean, opts: { discardMemory?: boolean; wakeCause?: { host: string; path: string } } = {}): Promise<Sandbox> {
   if (wait) sandbox = await waitUntil(w, sandbox, isPauseSettled, 'paused');
   const now = w.clock.now();
   const updated = await mutateSandbox(w, sandbox, (s) => ({
     ...s,
-    metadata: withAnnotations(s, [ANNOTATION.suspendMemory, ANNOTATION.discardMemory, ANNOTATION.suspendedIdle], opts.discardMemory === true ? { [ANNOTATION.discardMemory]: 'true' } : {}),
+    metadata: withAnnotations(s, [ANNOTATION.suspendMemory, ANNOTATION.discardMemory, ANNOTATION.suspendedIdle, ANNOTATION.wakeCause], {
+      ...(opts.discardMemory === true ? { [ANNOTATION.discardMemory]: 'true' } : {}),
+      // Said only on the resume it caused: a later resume through the API carries none.
+      ...(opts.wakeCause === undefined ? {} : { [ANNOTATION.wakeCause]: JSON.stringify(opts.wakeCause) }),
+    }),
     spec: { ...s.spec, operatingMode: 'Running', replicas: 1, ...nextRun(s, now) },
   }));
   w.operator.activity.touch(updated.metadata.name);

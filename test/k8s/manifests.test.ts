@@ -78,6 +78,9 @@ test('RBAC grants each component what it needs and nothing more', async () => {
     ['operator', 'update', 'sandboxes.agents.x-k8s.io/status', true],
     ['operator', 'update', 'sandboxwarmpools.extensions.agents.x-k8s.io/finalizers', true],
     ['operator', 'create', 'events', true],
+    // Lifecycle Events are aggregated in place and the oldest dropped past the bound.
+    ['operator', 'update', 'events', true],
+    ['operator', 'delete', 'events', true],
     ['operator', 'update', 'leases.coordination.k8s.io', true, NAMESPACE],
     ['operator', 'update', 'leases.coordination.k8s.io', false],
     ['operator', 'create', 'pods/exec', false],

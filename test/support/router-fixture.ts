@@ -61,6 +61,8 @@ export class ManualClock implements Clock {
 export interface FakeWorker {
   url: string;
   resumes: Map<string, number>;
+  /** Each resume's JSON body, per id, in order. */
+  resumeBodies: Map<string, unknown[]>;
   lookups: Map<string, number>;
   activity: string[][];
   /** Ids GET /v1/sandboxes/{id} answers 200 for. */
@@ -73,7 +75,7 @@ export interface FakeWorker {
 }
 
 export async function startFakeWorker(t: TestContext): Promise<FakeWorker> {
-  const fake: FakeWorker = { url: '', resumes: new Map(), lookups: new Map(), activity: [], existing: new Set(), holdLookups: undefined, resumeStatus: 200, onResume: () => undefined };
+  const fake: FakeWorker = { url: '', resumes: new Map(), resumeBodies: new Map(), lookups: new Map(), activity: [], existing: new Set(), holdLookups: undefined, resumeStatus: 200, onResume: () => undefined };
   const server: Server = createServer((req: IncomingMessage, res: ServerResponse) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -85,6 +87,7 @@ export async function startFakeWorker(t: TestContext): Promise<FakeWorker> {
       if (req.method === 'POST' && resume?.[1] !== undefined) {
         const id = resume[1];
         fake.resumes.set(id, (fake.resumes.get(id) ?? 0) + 1);
+        fake.resumeBodies.set(id, [...(fake.resumeBodies.get(id) ?? []), JSON.parse(Buffer.concat(chunks).toString('utf8') || 'null') as unknown]);
         send(res, fake.resumeStatus, { id });
         if (fake.resumeStatus === 200) fake.onResume(id);
         return;

@@ -13,6 +13,8 @@ import { KeyRing } from '../../src/auth/keyring.ts';
 import { createMetrics } from '../../src/metrics/metrics.ts';
 import type { EgressPolicy } from '../../src/network/egress-policy.ts';
 import { startOperator } from '../../src/operator/operator.ts';
+import { startLifecycleEvents, type LifecycleEvents, type LifecycleEventsOptions } from '../../src/events/lifecycle-events.ts';
+import { EventLog } from '../../src/events/event-log.ts';
 import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodProcess, PodState, PtySession } from '../../src/runtime/runtime.ts';
 import { openSqliteStore } from '../../src/store/sqlite.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
@@ -138,12 +140,15 @@ export interface WorkerFixture {
   registry: Registry;
   runtime: MemoryRuntime;
   server: WorkerServer;
+  /** With opts.events: the lifecycle events (recorder, webhook sender) and their log. */
+  events?: LifecycleEvents;
+  eventLog?: EventLog;
   keys: { admin: string; teamA: string; teamB: string };
 }
 
 /** Starts everything; registers cleanup with `after` (the test's t.after). */
 /** `opts.eventRetention`: how many changes the store keeps for watches (older versions are Gone); `opts.clock`: the worker API's clock; `opts.sandboxCallLimits`: processes and terminals per sandbox. */
-export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}, opts: { eventRetention?: number; clock?: Clock; egressProxy?: boolean; sandboxCallLimits?: SandboxCallLimits; builds?: (store: ObjectStore, dir: string) => TemplateBuilds } = {}): Promise<WorkerFixture> {
+export async function startWorkerFixture(after: (fn: () => Promise<void>) => void, limits: Partial<WorkerLimits> = {}, opts: { eventRetention?: number; clock?: Clock; egressProxy?: boolean; sandboxCallLimits?: SandboxCallLimits; builds?: (store: ObjectStore, dir: string) => TemplateBuilds; events?: Omit<LifecycleEventsOptions, 'store' | 'log' | 'clock' | 'events' | 'instance'> & { retentionMs?: number } } = {}): Promise<WorkerFixture> {
   const dir = await mkdtemp(join(tmpdir(), 'asb-worker-'));
   const log = silentLogger();
   const registry = new Registry();
@@ -158,10 +163,14 @@ export async function startWorkerFixture(after: (fn: () => Promise<void>) => voi
   const auth = await KeyRing.open({ store, log });
   const egressCredentials = new CredentialStore(join(dir, 'egress'), opts.clock ?? systemClock);
   const builds = opts.builds?.(store, dir);
-  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, egressCredentials, egressProxy: opts.egressProxy ?? true, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(builds === undefined ? {} : { builds }), ...(opts.clock === undefined ? {} : { clock: opts.clock }), ...(opts.sandboxCallLimits === undefined ? {} : { sandboxCallLimits: opts.sandboxCallLimits }) });
+  const eventLog = opts.events === undefined ? undefined : new EventLog({ dir: join(dir, 'events'), now: () => (opts.clock ?? systemClock).now(), ...(opts.events.retentionMs === undefined ? {} : { retentionMs: opts.events.retentionMs }) });
+  const events = opts.events === undefined || eventLog === undefined ? undefined : await startLifecycleEvents({ store, log, clock: opts.clock ?? systemClock, events: eventLog, instance: 'tst1', metrics, ...(opts.events.webhooks === undefined ? {} : { webhooks: opts.events.webhooks }) });
+  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, egressCredentials, egressProxy: opts.egressProxy ?? true, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(eventLog === undefined ? {} : { events: eventLog }), ...(builds === undefined ? {} : { builds }), ...(opts.clock === undefined ? {} : { clock: opts.clock }), ...(opts.sandboxCallLimits === undefined ? {} : { sandboxCallLimits: opts.sandboxCallLimits }) });
   const address = await server.listen(0, '127.0.0.1');
   after(async () => {
     await server.close();
+    await events?.close();
+    eventLog?.close();
     await builds?.close();
     auth.close();
     await operator.close();
@@ -169,7 +178,7 @@ export async function startWorkerFixture(after: (fn: () => Promise<void>) => voi
     await store.close();
     await rm(dir, { recursive: true, force: true });
   });
-  return { url: `http://127.0.0.1:${address.port}`, store, registry, runtime, server, keys: { admin: admin.key, teamA: teamA.key, teamB: teamB.key } };
+  return { url: `http://127.0.0.1:${address.port}`, store, registry, runtime, server, ...(events === undefined ? {} : { events }), ...(eventLog === undefined ? {} : { eventLog }), keys: { admin: admin.key, teamA: teamA.key, teamB: teamB.key } };
 }
 
 export interface ApiResponse {
