@@ -13,7 +13,7 @@
 // it was recorded, is sent again; receivers deduplicate on the asb-event-id header / event id).
 //
 // Shutdown (close): no new attempts; requests in flight are aborted and stay pending.
-import { Agent as HttpAgent, request as httpRequest } from 'node:http';
+import { Agent as HttpAgent, request as httpRequest, type ClientRequest } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { Logger } from '../system/log.ts';
@@ -179,13 +179,21 @@ export class WebhookSender {
     }
     const https = url.protocol === 'https:';
     return new Promise((resolve) => {
-      const req = (https ? httpsRequest : httpRequest)(url, {
-        method: 'POST',
-        agent: https ? this.#httpsAgent : this.#httpAgent,
-        signal,
-        headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) },
-        ...(this.#o.allowPrivate ? {} : { lookup: this.#lookup }),
-      });
+      let req: ClientRequest;
+      try {
+        req = (https ? httpsRequest : httpRequest)(url, {
+          method: 'POST',
+          agent: https ? this.#httpsAgent : this.#httpAgent,
+          signal,
+          headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) },
+          ...(this.#o.allowPrivate ? {} : { lookup: this.#lookup }),
+        });
+      } catch (err) {
+        // A URL node:http will not send to (registration checked it; an older row might not be): a failed attempt like any other.
+        finished();
+        resolve({ error: err instanceof Error ? describeError(err) : String(err) });
+        return;
+      }
       req.on('response', (res) => {
         resolve({ status: res.statusCode ?? 0 });
         // The body cut short after its status (the timeout, close()): the status is the outcome, already taken.
