@@ -46,7 +46,8 @@ async function run(events: boolean): Promise<{ p50Ms: number; p99Ms: number; loo
       else received.add(line);
     });
   });
-  const fx = await startWorkerFixture((fn) => cleanups.push(fn), {}, events ? { events: {} } : {});
+  // The receiver is on loopback: the worker runs with --webhook-allow-private (allowPrivate).
+  const fx = await startWorkerFixture((fn) => cleanups.push(fn), {}, events ? { events: { webhooks: { allowPrivate: true } } } : {});
   try {
     if (events && process.env.BENCH_NO_HOOK === undefined) {
       const url = `http://127.0.0.1:${String(port)}/`;

@@ -8,7 +8,9 @@ import { call, startWorkerFixture } from './support/worker-fixture.ts';
 import { waitFor } from './support/wait.ts';
 
 test('asb webhook add/ls/deliveries/rm and asb events; the secret is read from stdin and never printed', async (t) => {
-  const fx = await startWorkerFixture((fn) => t.after(fn), {}, { events: {} });
+  // The webhook names loopback (a closed port: its one delivery is attempted and fails), so the
+  // worker runs with --webhook-allow-private (allowPrivate).
+  const fx = await startWorkerFixture((fn) => t.after(fn), {}, { events: { webhooks: { allowPrivate: true } } });
   const env = { ASB_API_URL: fx.url, ASB_API_KEY: fx.keys.teamA };
   const asb = (args: string[], input?: string) => runAsb(args, { env, ...(input === undefined ? {} : { input }) });
   const secret = 'cli-secret-7a7a7a7a7a7a';

@@ -85,7 +85,9 @@ async function waitForType(fx: WorkerFixture, id: string, type: string, count = 
 }
 
 async function setup(t: { after: (fn: () => Promise<void> | void) => void }) {
-  const fx = await startWorkerFixture((fn) => t.after(fn), {}, { events: { webhooks: { backoffBaseMs: 50, backoffMaxMs: 400, timeoutMs: 2000 } } });
+  // The receiver is on loopback, so the worker runs with --webhook-allow-private (allowPrivate);
+  // without it such a URL is refused (events-webhook-private.test.ts).
+  const fx = await startWorkerFixture((fn) => t.after(fn), {}, { events: { webhooks: { backoffBaseMs: 50, backoffMaxMs: 400, timeoutMs: 2000, allowPrivate: true } } });
   const receiver = new Receiver();
   await receiver.start();
   t.after(() => receiver.stop());

@@ -454,7 +454,8 @@ test('the events API and webhooks answer in their documented shapes, ours and E2
     assert.deepEqual((events.json as { type: string }[]).map((e) => e.type), ['sandbox.lifecycle.created', 'sandbox.lifecycle.ready']);
     assert.equal(((await api('GET', `${prefix}/events/sandboxes?limit=1`, auth)).json as unknown[]).length, 1);
     assert.equal((await api('GET', `${prefix}/events/sandboxes/nope`, auth)).status, 404);
-    const hook = await api('POST', `${prefix}/events/webhooks`, { ...auth, json: { url: 'http://127.0.0.1:9/hook', signatureSecret: 'a-secret-of-16-chars', events: ['sandbox.lifecycle.killed'], enabled: false } });
+    // A public name (this worker refuses private ones): never delivered to, as the webhook wants killed events only and is deleted before any.
+    const hook = await api('POST', `${prefix}/events/webhooks`, { ...auth, json: { url: 'https://hooks.example.com/hook', signatureSecret: 'a-secret-of-16-chars', events: ['sandbox.lifecycle.killed'], enabled: false } });
     assert.equal(hook.status, 201, hook.text);
     const hookId = (hook.json as { id: string }).id;
     assert.equal(((await api('GET', `${prefix}/events/webhooks`, auth)).json as unknown[]).length, 1);

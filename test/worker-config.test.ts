@@ -40,6 +40,16 @@ test('lifecycle events are kept 7 days by default; --event-retention-days (ASB_E
   assert.deepEqual(problems(['--event-retention-days=0']), ['--event-retention-days (ASB_EVENT_RETENTION_DAYS) must be an integer from 1 to 365, got "0"']);
 });
 
+test('webhooks reach only public addresses by default; --webhook-allow-private (ASB_WEBHOOK_ALLOW_PRIVATE) is a switch that allows private ones', () => {
+  assert.equal(parseWorkerConfig([], {}).webhookAllowPrivate, false);
+  // Alone it takes no value: the next flag is still a flag.
+  const on = parseWorkerConfig(['--webhook-allow-private', '--port', '0'], {});
+  assert.deepEqual([on.webhookAllowPrivate, on.apiPort], [true, 0]);
+  assert.equal(parseWorkerConfig(['--webhook-allow-private=false'], { ASB_WEBHOOK_ALLOW_PRIVATE: 'true' }).webhookAllowPrivate, false, 'the flag wins over the variable');
+  assert.equal(parseWorkerConfig([], { ASB_WEBHOOK_ALLOW_PRIVATE: '1' }).webhookAllowPrivate, true);
+  assert.deepEqual(problems([], { ASB_WEBHOOK_ALLOW_PRIVATE: 'yes please' }), ['--webhook-allow-private (ASB_WEBHOOK_ALLOW_PRIVATE) must be true or false (1 or 0), got "yes please"']);
+});
+
 test('--pod-namespace (ASB_POD_NAMESPACE) puts sandbox Pods in a namespace of their own', () => {
   assert.equal(parseWorkerConfig(['--store=kube', '--runtime=kube', '--namespace=sandboxes'], {}).podNamespace, 'sandboxes');
   assert.equal(parseWorkerConfig(['--store=kube', '--runtime=kube'], { ASB_POD_NAMESPACE: 'agent-sandboxes' }).podNamespace, 'agent-sandboxes');

@@ -143,6 +143,15 @@ export interface WorkerConfig {
   /** ASB_EVENT_RETENTION_DAYS / --event-retention-days: how long lifecycle events (events API, webhook deliveries) are kept. Default 7 (E2B's) */
   readonly eventRetentionDays: number;
   /**
+   * ASB_WEBHOOK_ALLOW_PRIVATE / --webhook-allow-private (a switch; `=true|false`, the variable
+   * true/false/1/0): webhooks may be registered for, and delivered to, private, loopback and
+   * link-local addresses and localhost. Default false: a team's webhook reaches only public
+   * addresses, so it cannot make the worker call its own admin API, the cloud metadata endpoint
+   * or the operator's network (src/events/webhook-target.ts). For a receiver on the operator's
+   * own network, or tests.
+   */
+  readonly webhookAllowPrivate: boolean;
+  /**
    * ASB_SNAPSHOT_GIB_PER_TEAM / --snapshot-gib-per-team: the bytes one team's snapshots may take on
    * this worker's disk, in GiB (files and memory images). A snapshot is refused once the team's
    * snapshots take this much. Default 100
@@ -171,6 +180,7 @@ const DEFAULTS = {
   imageGcGraceMs: '3600000',
   snapshotsPerTeam: '100',
   eventRetentionDays: '7',
+  webhookAllowPrivate: 'false',
   snapshotGibPerTeam: '100',
   store: 'sqlite',
   namespace: 'default',
@@ -216,6 +226,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   imageGcGraceMs: { env: 'ASB_IMAGE_GC_GRACE_MS', flag: 'image-gc-grace-ms' },
   snapshotsPerTeam: { env: 'ASB_SNAPSHOTS_PER_TEAM', flag: 'snapshots-per-team' },
   eventRetentionDays: { env: 'ASB_EVENT_RETENTION_DAYS', flag: 'event-retention-days' },
+  webhookAllowPrivate: { env: 'ASB_WEBHOOK_ALLOW_PRIVATE', flag: 'webhook-allow-private' },
   snapshotGibPerTeam: { env: 'ASB_SNAPSHOT_GIB_PER_TEAM', flag: 'snapshot-gib-per-team' },
   criu: { env: 'ASB_CRIU', flag: 'criu' },
 };
@@ -232,7 +243,7 @@ export class ConfigError extends Error {
 /** Flags (`--name value` or `--name=value`) win over environment variables, which win over defaults. */
 export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): WorkerConfig {
   const problems: string[] = [];
-  const flags = new Map([...parseFlags(argv, problems)].map(([name, values]) => [name, values.at(-1) ?? '']));
+  const flags = new Map([...parseFlags(argv, problems, new Set([SOURCES.webhookAllowPrivate.flag]))].map(([name, values]) => [name, values.at(-1) ?? '']));
   const raw = (key: Key): string | undefined => flags.get(SOURCES[key].flag) ?? env[SOURCES[key].env] ?? (hasDefault(key) ? DEFAULTS[key] : undefined);
   const str = (key: Exclude<Key, OptionalKey>): string => raw(key) ?? DEFAULTS[key];
   const int = (key: 'apiPort' | 'basePoolReplicas' | 'terminalIdleMs' | 'imageGcIntervalMs' | 'imageGcGraceMs' | 'snapshotsPerTeam' | 'snapshotGibPerTeam' | 'eventRetentionDays', min: number, max: number): number => {
@@ -243,6 +254,13 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
       return Number(DEFAULTS[key]);
     }
     return value;
+  };
+  const bool = (key: 'webhookAllowPrivate'): boolean => {
+    const text = str(key);
+    if (text === 'true' || text === '1') return true;
+    if (text === 'false' || text === '0') return false;
+    problems.push(`${describe(key)} must be true or false (1 or 0), got "${text}"`);
+    return false;
   };
   const oneOf = <const V extends string>(key: 'store' | 'runtime' | 'role', allowed: readonly V[]): V => {
     const text = str(key);
@@ -345,6 +363,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     imageGcGraceMs: int('imageGcGraceMs', 0, 30 * 86_400_000),
     snapshotsPerTeam: int('snapshotsPerTeam', 0, 100_000),
     eventRetentionDays: int('eventRetentionDays', 1, 365),
+    webhookAllowPrivate: bool('webhookAllowPrivate'),
     snapshotGibPerTeam: int('snapshotGibPerTeam', 0, 1_000_000),
     criu: raw('criu') === undefined ? undefined : resolve(raw('criu') ?? ''),
   };

@@ -83,7 +83,7 @@ export async function startLedControllers(opts: LedControllersOptions): Promise<
     registry: opts.registry,
     async onStartedLeading() {
       operator = await startOperator({ store: kube.store, runtime, log: log.child({ component: 'operator' }), metrics, clock, clusterTag: config.clusterTag });
-      if (opts.eventLog !== undefined) lifecycle = await startLifecycleEvents({ store: kube.store, log, clock, events: opts.eventLog, instance: config.clusterTag, metrics });
+      if (opts.eventLog !== undefined) lifecycle = await startLifecycleEvents({ store: kube.store, log, clock, events: opts.eventLog, instance: config.clusterTag, metrics, webhooks: { allowPrivate: config.webhookAllowPrivate } });
       if (config.hubUrl !== undefined && opts.hubCredential !== undefined) {
         sync = startSyncAgent({ hubUrl: config.hubUrl, credential: opts.hubCredential, cluster: config.clusterName, clusterTag: config.clusterTag, store: kube.store, log, clock });
       }

@@ -103,7 +103,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   // while this process holds the Lease, so one process per cluster counts each Event. An API-only
   // process (--role=api) keeps no log: its events API answers 404.
   const eventLog = config.role === 'api' ? undefined : new EventLog({ dir: join(config.dataDir, 'events'), now: () => clock.now(), retentionMs: config.eventRetentionDays * 86_400_000 });
-  const lifecycle = operator === undefined || eventLog === undefined ? undefined : await startLifecycleEvents({ store, log, clock, events: eventLog, instance: config.clusterTag, metrics });
+  const lifecycle = operator === undefined || eventLog === undefined ? undefined : await startLifecycleEvents({ store, log, clock, events: eventLog, instance: config.clusterTag, metrics, webhooks: { allowPrivate: config.webhookAllowPrivate } });
   const led =
     kube !== undefined && config.role !== 'api'
       ? await (await import('./worker-kube.ts')).startLedControllers({ config, kube, runtime, hubCredential, log, metrics, registry, clock, ...(eventLog === undefined ? {} : { eventLog }) })
@@ -196,6 +196,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
           ...(builds === undefined ? {} : { builds }),
           ...(eventLog === undefined ? {} : { events: eventLog }),
+          webhookAllowPrivate: config.webhookAllowPrivate,
         });
   if (sync !== undefined) {
     tellHubTemplates = () => {

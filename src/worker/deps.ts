@@ -114,6 +114,8 @@ export interface WorkerDeps {
   builds?: TemplateBuilds;
   /** The lifecycle event log (events API, webhooks); absent: those routes answer 404. Owned by the caller. */
   events?: EventLog;
+  /** --webhook-allow-private: webhooks may name private addresses and localhost; default false: such a URL is a 422. */
+  webhookAllowPrivate?: boolean;
 }
 
 /** Everything a route handler may use, resolved once at start-up. */
@@ -136,4 +138,5 @@ export interface WorkerContext {
   egressProxy: boolean;
   builds: TemplateBuilds | undefined;
   events: EventLog | undefined;
+  webhookAllowPrivate: boolean;
 }

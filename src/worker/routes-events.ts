@@ -12,9 +12,12 @@
 //   GET    /events/webhooks/{id}/deliveries        every delivery and its attempts (?offset, ?limit up to 1000)
 //
 // Everything is the caller's team's: another team's sandbox or webhook is a 404, as if absent.
+// A webhook URL naming a private address or localhost is refused unless the worker runs with
+// --webhook-allow-private (src/events/webhook-target.ts; deliveries check the address again).
 import { AsbError, type FieldProblem } from '../errors.ts';
 import type { EventLog, ListQuery } from '../events/event-log.ts';
 import { EVENT_TYPES } from '../events/facts.ts';
+import { privateHostProblem } from '../events/webhook-target.ts';
 import { principalOf } from './access.ts';
 import { readJson } from './body.ts';
 import type { Authenticator, WorkerContext } from './deps.ts';
@@ -44,8 +47,12 @@ function listQuery(query: URLSearchParams): ListQuery {
 
 interface WebhookInput { name?: string; url?: string; secret?: string; events?: string[]; enabled?: boolean }
 
-/** The webhook fields of a body, or 422 naming every bad one. `create`: url and signatureSecret are required. */
-export function parseWebhookBody(raw: unknown, create: boolean): WebhookInput {
+/**
+ * The webhook fields of a body, or 422 naming every bad one. `create`: url and signatureSecret
+ * are required. `allowPrivate` (--webhook-allow-private): a URL may name a private address or
+ * localhost; without it such a URL is refused here, and any other is still checked at delivery.
+ */
+export function parseWebhookBody(raw: unknown, create: boolean, allowPrivate: boolean): WebhookInput {
   if (!isPlainObject(raw)) throw new AsbError('BadRequest', 'request body must be a JSON object with url and signatureSecret');
   const problems: FieldProblem[] = [];
   const out: WebhookInput = {};
@@ -59,7 +66,7 @@ export function parseWebhookBody(raw: unknown, create: boolean): WebhookInput {
   if (url === undefined) {
     if (create) problems.push({ field: 'url', message: 'is required: the http(s) URL each event is POSTed to' });
   } else {
-    const why = urlProblem(url);
+    const why = urlProblem(url, allowPrivate);
     if (why !== undefined) problems.push({ field: 'url', message: why });
     else out.url = url as string;
   }
@@ -84,7 +91,7 @@ export function parseWebhookBody(raw: unknown, create: boolean): WebhookInput {
   return out;
 }
 
-function urlProblem(url: unknown): string | undefined {
+function urlProblem(url: unknown, allowPrivate: boolean): string | undefined {
   if (typeof url !== 'string' || url.length === 0) return 'must be a string: an absolute http:// or https:// URL';
   if (url.length > MAX_URL) return `must be at most ${String(MAX_URL)} characters`;
   let parsed: URL;
@@ -95,7 +102,7 @@ function urlProblem(url: unknown): string | undefined {
   }
   if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') return `scheme ${parsed.protocol} is not supported: use http:// or https://`;
   if (parsed.username !== '' || parsed.password !== '') return 'must not carry credentials: the signature authenticates deliveries';
-  return undefined;
+  return allowPrivate ? undefined : privateHostProblem(parsed);
 }
 
 type Handler = (w: WorkerContext, ctx: RequestContext) => Promise<Reply>;
@@ -110,7 +117,7 @@ const handlers: Record<string, Handler> = {
   teamEvents: (w, ctx) => Promise.resolve({ status: 200, json: logOf(w).teamEvents(principalOf(ctx).team, listQuery(ctx.query)) }),
   createWebhook: async (w, ctx) => {
     const log = logOf(w);
-    const input = parseWebhookBody(await readJson(ctx.req, w.limits.jsonBytes), true);
+    const input = parseWebhookBody(await readJson(ctx.req, w.limits.jsonBytes), true, w.webhookAllowPrivate);
     const hook = log.addWebhook(principalOf(ctx).team, { name: input.name ?? 'webhook', url: input.url ?? '', secret: input.secret ?? '', events: input.events ?? [], enabled: input.enabled ?? true });
     return { status: 201, json: hook };
   },
@@ -120,7 +127,7 @@ const handlers: Record<string, Handler> = {
     const log = logOf(w);
     const team = principalOf(ctx).team;
     ownWebhook(w, ctx);
-    const input = parseWebhookBody(await readJson(ctx.req, w.limits.jsonBytes), false);
+    const input = parseWebhookBody(await readJson(ctx.req, w.limits.jsonBytes), false, w.webhookAllowPrivate);
     log.updateWebhook(team, ctx.params.id ?? '', input);
     return { status: 200, json: ownWebhook(w, ctx) };
   },

@@ -136,6 +136,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     egressProxy: deps.egressProxy ?? false,
     builds: deps.builds,
     events: deps.events,
+    webhookAllowPrivate: deps.webhookAllowPrivate ?? false,
   });
   const terminalEndpoint = new TerminalEndpoint({ w, auth: deps.auth, tokens: terminalTokens, idleMs: deps.terminal?.idleMs ?? DEFAULT_TERMINAL_IDLE_MS, registry: deps.registry });
   const uploads = new UploadSlots({ perKey: w.limits.uploadsPerKey, total: w.limits.uploadsTotal });

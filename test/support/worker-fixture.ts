@@ -140,7 +140,7 @@ export interface WorkerFixture {
   registry: Registry;
   runtime: MemoryRuntime;
   server: WorkerServer;
-  /** With opts.events: the lifecycle events (recorder, webhook sender) and their log. */
+  /** With opts.events: the lifecycle events (recorder, webhook sender) and their log. opts.events.webhooks.allowPrivate is the worker's --webhook-allow-private, for both the sender and registration. */
   events?: LifecycleEvents;
   eventLog?: EventLog;
   keys: { admin: string; teamA: string; teamB: string };
@@ -165,7 +165,7 @@ export async function startWorkerFixture(after: (fn: () => Promise<void>) => voi
   const builds = opts.builds?.(store, dir);
   const eventLog = opts.events === undefined ? undefined : new EventLog({ dir: join(dir, 'events'), now: () => (opts.clock ?? systemClock).now(), ...(opts.events.retentionMs === undefined ? {} : { retentionMs: opts.events.retentionMs }) });
   const events = opts.events === undefined || eventLog === undefined ? undefined : await startLifecycleEvents({ store, log, clock: opts.clock ?? systemClock, events: eventLog, instance: 'tst1', metrics, ...(opts.events.webhooks === undefined ? {} : { webhooks: opts.events.webhooks }) });
-  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, egressCredentials, egressProxy: opts.egressProxy ?? true, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(eventLog === undefined ? {} : { events: eventLog }), ...(builds === undefined ? {} : { builds }), ...(opts.clock === undefined ? {} : { clock: opts.clock }), ...(opts.sandboxCallLimits === undefined ? {} : { sandboxCallLimits: opts.sandboxCallLimits }) });
+  const server = await createWorkerServer({ store, runtime, operator, auth, registry, metrics, log, egressCredentials, egressProxy: opts.egressProxy ?? true, cluster: { name: 'test', tag: 'tst1' }, version: '0.1.0-test', limits, ...(eventLog === undefined ? {} : { events: eventLog }), webhookAllowPrivate: opts.events?.webhooks?.allowPrivate ?? false, ...(builds === undefined ? {} : { builds }), ...(opts.clock === undefined ? {} : { clock: opts.clock }), ...(opts.sandboxCallLimits === undefined ? {} : { sandboxCallLimits: opts.sandboxCallLimits }) });
   const address = await server.listen(0, '127.0.0.1');
   after(async () => {
     await server.close();
