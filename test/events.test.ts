@@ -140,6 +140,10 @@ test('one sandbox\'s life reads the same on the events API, a signed webhook and
   const listed = await kubectl.run(['get', 'events']);
   assert.match(listed, /^LAST SEEN\s+TYPE\s+REASON\s+OBJECT\s+MESSAGE\n/);
   assert.match(listed, new RegExp(`Normal\\s+SandboxSuspended\\s+sandbox/${id}\\s+`));
+  // --sort-by sorts the whole Events the table carries (includeObject=Object), oldest first.
+  const sorted = (await kubectl.run(['get', 'events', '--sort-by=.lastTimestamp'])).split('\n').filter((l) => l.includes(`sandbox/${id}`));
+  assert.ok(sorted.length >= 4, `kubectl get events --sort-by lists the sandbox's Events:\n${sorted.join('\n')}`);
+  assert.match(sorted[0] ?? '', /SandboxCreated/);
   const otherKubectl = kubectlFor(tls.url, tls.caPath, fx.keys.teamB, (fn) => t.after(fn));
   assert.doesNotMatch(await otherKubectl.run(['get', 'events', '-A']), new RegExp(id));
 

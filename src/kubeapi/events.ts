@@ -13,7 +13,7 @@ import type { Principal } from '../auth/keyring.ts';
 import { AsbError } from '../errors.ts';
 import type { WorkerContext } from '../worker/deps.ts';
 import { intParam } from './request.ts';
-import { humanDuration } from './table.ts';
+import { humanDuration, includeObjectOf, type IncludeObject } from './table.ts';
 
 export interface EventsPath {
   namespace: string | undefined;
@@ -80,7 +80,7 @@ export async function getEvents(w: WorkerContext, p: Principal, path: EventsPath
   if (path.name !== undefined) {
     const e = await w.store.tryGet<KubeEvent>(EventType, path.namespace ?? '', path.name);
     if (e === undefined || !visibleTo(p, e)) throw notFound(path.name);
-    return { status: 200, body: table ? eventTable([e], w.clock.now()) : e };
+    return { status: 200, body: table ? eventTable([e], w.clock.now(), includeObjectOf(query.get('includeObject'))) : e };
   }
   const match = eventFieldFilter(query.get('fieldSelector'));
   const listed = await w.store.list<KubeEvent>(EventType, path.namespace === undefined ? {} : { namespace: path.namespace });
@@ -88,7 +88,7 @@ export async function getEvents(w: WorkerContext, p: Principal, path: EventsPath
   const items = listed.items.filter((e) => visibleTo(p, e) && match(e))
     .sort((a, b) => (a.lastTimestamp < b.lastTimestamp ? -1 : a.lastTimestamp > b.lastTimestamp ? 1 : 0))
     .slice(0, limit === undefined || limit === 0 ? undefined : limit);
-  if (table) return { status: 200, body: eventTable(items, w.clock.now(), listed.resourceVersion) };
+  if (table) return { status: 200, body: eventTable(items, w.clock.now(), includeObjectOf(query.get('includeObject')), listed.resourceVersion) };
   return { status: 200, body: { apiVersion: 'v1', kind: 'EventList', metadata: { resourceVersion: listed.resourceVersion }, items } };
 }
 
@@ -103,12 +103,15 @@ const COLUMNS = [
   { name: 'Name', type: 'string', priority: 1 },
 ];
 
-/** The apiserver's Event table (its printers' columns, in its order). */
-export function eventTable(events: readonly KubeEvent[], now: number, resourceVersion?: string): unknown {
+/**
+ * The apiserver's Event table (its printers' columns, in its order), each row with the Event's
+ * metadata, the whole Event (`includeObject=Object`: kubectl's --sort-by sorts on it) or nothing.
+ */
+export function eventTable(events: readonly KubeEvent[], now: number, include: IncludeObject, resourceVersion?: string): unknown {
   const age = (t: string): string => humanDuration(now - Date.parse(t));
   const rows = events.map((e) => ({
     cells: [age(e.lastTimestamp), e.type, e.reason, `${e.involvedObject.kind.toLowerCase()}/${e.involvedObject.name}`, e.message, age(e.firstTimestamp), e.count, e.metadata.name],
-    object: { kind: 'PartialObjectMetadata', apiVersion: 'meta.k8s.io/v1', metadata: e.metadata },
+    ...(include === 'None' ? {} : { object: include === 'Object' ? e : { kind: 'PartialObjectMetadata', apiVersion: 'meta.k8s.io/v1', metadata: e.metadata } }),
   }));
   return {
     kind: 'Table', apiVersion: 'meta.k8s.io/v1', metadata: resourceVersion === undefined ? {} : { resourceVersion },
