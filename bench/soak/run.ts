@@ -174,6 +174,7 @@ async function main(): Promise<void> {
       }
     }
     if (rec.recoveredS === undefined) w.findings.push(`not recovered within 120 s of ${rec.what}`);
+    if (kind === 'shim' || kind === 'sentry') rec.what += `: ${await podFate(w, podOf(victim.argv))}`;
     faultUntil = w.now() + 10_000;
   };
 
@@ -214,7 +215,8 @@ async function main(): Promise<void> {
       const made = await operation(w, step++);
       if (made !== undefined && inject === 'leak') leakMount();
       if (inject === 'lost-write' && !injected.lostWrite && w.now() - start > 60_000) {
-        const sb = w.mine.find((s) => !s.paused && s.files.length > 0 && !s.template.startsWith('soakgv'));
+        // The newest such sandbox: the oldest are the ones the workload deletes first.
+        const sb = [...w.mine].reverse().find((s) => !s.paused && s.files.length > 0 && !s.template.startsWith('soakgv'));
         const path = sb?.files[0];
         if (sb !== undefined && path !== undefined) {
           await w.exec(sb, `rm -f ${path}`).then(() => {
@@ -242,6 +244,17 @@ async function main(): Promise<void> {
       await sleep(2000);
     }
     if (!left.every((n) => n === 0)) w.findings.push(`drain: sandboxes still listed by region-a, region-b 180 s after every delete: ${left.join(', ')}`);
+    // An object is gone before its pod is torn down: the drain is over when no pod dir is left
+    // either (a stop before that leaves them to the next start's reclaim). Bounded: what is left
+    // after 120 s is residue.
+    const drained = Date.now();
+    let pods = -1;
+    while (Date.now() - drained < 120_000) {
+      pods = (await residue(stateDir)).podDirs ?? 0;
+      if (pods === 0) break;
+      await sleep(2000);
+    }
+    say(`drain: objects gone; ${pods === 0 ? `every pod torn down ${String(Math.round((Date.now() - drained) / 1000))} s later` : `${String(pods)} pod dirs still there after 120 s`}`);
     await checkpoint(true);
   } catch (err) {
     w.findings.push(`soak aborted: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}`);
@@ -326,6 +339,36 @@ async function main(): Promise<void> {
     if (process.env.SOAK_STATE_DIR === undefined) rmSync(stateDir, { recursive: true, force: true });
   }
   process.exit(exitCode);
+}
+
+/**
+ * What became of a sandbox whose shim or sentry was killed: its object must tell the truth within
+ * 60 s (Running and answering, or not Running); it then leaves the ledger and is deleted, since
+ * what it keeps after such a death is the product's choice (today: phase Failed, for good).
+ */
+async function podFate(w: Workload, id: string): Promise<string> {
+  const sb = w.mine.find((s) => s.id === id);
+  let fate = 'no answer';
+  for (let i = 0; i < 30; i++) {
+    const r = await w.call('GET', `/v1/sandboxes/${id}`, undefined, 10_000).catch(() => undefined);
+    const phase = typeof r?.body.phase === 'string' ? r.body.phase : `HTTP ${String(r?.status ?? 'none')}`;
+    const why = (r?.body.conditions as { message?: string }[] | undefined)?.[0]?.message ?? '';
+    if (phase === 'Running' && sb !== undefined) {
+      const alive = await w.exec(sb, 'true').then(() => true, () => false);
+      fate = alive ? 'phase Running, answering' : 'phase Running but exec fails';
+      if (alive) break;
+    } else {
+      fate = `phase ${phase}${why === '' ? '' : ` (${why.slice(0, 120)})`}`;
+      if (phase !== 'Pending' && phase !== 'Waking') break;
+    }
+    await sleep(2000);
+  }
+  if (fate === 'phase Running but exec fails') w.findings.push(`sandbox ${id} says Running 60 s after its pod was killed, but does not answer`);
+  if (sb !== undefined) {
+    w.ledger.push({ kind: 'forfeit', id, atMs: w.now() });
+    await w.remove(sb);
+  }
+  return fate;
 }
 
 /** One operation of the mix, chosen by step; returns a sandbox it created, if any. */
