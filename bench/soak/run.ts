@@ -10,6 +10,8 @@
 //   SOAK_INJECT      test only (make soak-selftest): `lost-write` removes one acknowledged file
 //                    behind the soak's back; `leak` leaves a tmpfs mount under a worker's runtime
 //                    root per create, as a runtime bug would. Nothing in the product reads it.
+//   SOAK_FAULTS      the fault kinds, in turn (default all: worker,router,envoy,hub,shim,launcher,
+//                    registry,sentry,disk,memory); a run with fewer says so in its table
 //   SOAK_STATE_DIR   its state dir (default a fresh one under /tmp, removed after a passing run)
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -44,7 +46,13 @@ const CHECK_EVERY_MS = 120_000;
 /** A sandbox must reach what it was asked (running, paused, gone) within this. */
 const CONVERGE_MS = 90_000;
 const TICK_MS = 1500;
-const FAULTS: readonly (Kind | 'disk' | 'memory')[] = ['worker', 'router', 'envoy', 'hub', 'shim', 'launcher', 'registry', 'sentry', 'disk', 'memory'];
+const ALL_FAULTS: readonly (Kind | 'disk' | 'memory')[] = ['worker', 'router', 'envoy', 'hub', 'shim', 'launcher', 'registry', 'sentry', 'disk', 'memory'];
+const FAULTS = (process.env.SOAK_FAULTS ?? ALL_FAULTS.join(',')).split(',').filter((f) => f !== '') as (Kind | 'disk' | 'memory')[];
+const unknownFaults = FAULTS.filter((f) => !ALL_FAULTS.includes(f));
+if (unknownFaults.length > 0) {
+  console.error(`SOAK_FAULTS names faults the soak does not know: ${unknownFaults.join(', ')} (known: ${ALL_FAULTS.join(', ')})`);
+  process.exit(2);
+}
 const GROWTH = { rss: { absPerHour: 64 * 2 ** 20, fractionPerHour: 0.5 }, heap: { absPerHour: 64 * 2 ** 20, fractionPerHour: 0.5 }, fds: { absPerHour: 40, fractionPerHour: 0.5 } };
 const FLAT = { factor: 4, slackMs: 250, minCount: 5 };
 
@@ -293,7 +301,7 @@ async function main(): Promise<void> {
 
   // The table.
   const lines: string[] = [];
-  lines.push(`Soak: ${String(minutes)} min, federation of 2 clusters (runc + gVisor), ${String(faults.length)} faults, machine: ${String(cpus().length)} cores (${cpus()[0]?.model ?? '?'}), ${String(Math.round(totalmem() / 2 ** 30))} GiB`);
+  lines.push(`Soak: ${String(minutes)} min, federation of 2 clusters (runc + gVisor), ${String(faults.length)} faults${FAULTS.length === ALL_FAULTS.length ? '' : ` (only ${FAULTS.join(', ')})`}, machine: ${String(cpus().length)} cores (${cpus()[0]?.model ?? '?'}), ${String(Math.round(totalmem() / 2 ** 30))} GiB`);
   lines.push('', '| check | result |', '|---|---|');
   for (const c of checks) lines.push(`| ${c.name} | ${c.failures.length === 0 ? 'pass' : `**FAIL** (${String(c.failures.length)}): ${esc(c.failures.slice(0, 3).join('; '))}`} |`);
   lines.push('', '| operation | acknowledged | failed after 3 tries |', '|---|---|---|');
@@ -325,7 +333,7 @@ async function main(): Promise<void> {
     const a = text.indexOf(startMark);
     const b = text.indexOf(endMark);
     if (a !== -1 && b > a) {
-      const when = `Measured ${new Date().toISOString().slice(0, 10)} by \`SOAK_MINUTES=${String(minutes)} make soak\` (${failed.length === 0 ? 'passed' : `FAILED: ${failed.map((c) => c.name).join('; ')}`}).`;
+      const when = `Measured ${new Date().toISOString().slice(0, 10)} by \`SOAK_MINUTES=${String(minutes)}${FAULTS.length === ALL_FAULTS.length ? '' : ` SOAK_FAULTS=${FAULTS.join(',')}`} make soak\` (${failed.length === 0 ? 'passed' : `FAILED: ${failed.map((c) => c.name).join('; ')}`}).`;
       writeFileSync(readme, `${text.slice(0, a + startMark.length)}\n${when}\n${lines.join('\n')}\n${text.slice(b)}`);
     }
   }
