@@ -18,7 +18,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'nod
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { expectedState, flatnessFailures, growthVerdicts, latencyWindows, residueRows, verifyLedger, type Observed, type Sample } from './checks.ts';
-import { envoyAdminPort, envoyHeap, processes, residue, startUp, stopUp, usage, type Kind } from './system.ts';
+import { CLUSTERS, envoyAdminPort, envoyHeap, processes, residue, startUp, stopUp, usage, type Kind } from './system.ts';
 import { MAX_LIVE, soakObjects, Workload, type Mine } from './workload.ts';
 
 const REPO = resolve(import.meta.dirname, '../..');
@@ -261,6 +261,19 @@ async function main(): Promise<void> {
       pods = (await residue(stateDir)).podDirs ?? 0;
       if (pods === 0) break;
       await sleep(2000);
+    }
+    if (pods !== 0) {
+      // What each cluster's pools say then: a pool still above 0 there never got the drain's apply.
+      const pools = await Promise.all(workers.map(async (api, i) => {
+        try {
+          const res = await fetch(`${api}/v1/pools`, { headers: { authorization: `Bearer ${up.env.ASB_API_KEY ?? ''}` }, signal: AbortSignal.timeout(10_000) });
+          const body = (await res.json()) as { items?: { metadata: { name: string }; spec: { replicas?: number }; status?: { replicas?: number } }[] };
+          return `${CLUSTERS[i] ?? ''}: ${(body.items ?? []).map((p) => `${p.metadata.name} ${String(p.spec.replicas)}/${String(p.status?.replicas ?? '?')}`).join(', ')}`;
+        } catch (err) {
+          return `${CLUSTERS[i] ?? ''}: ${err instanceof Error ? err.message : String(err)}`;
+        }
+      }));
+      w.findings.push(`drain: ${String(pods)} pod dirs still there 120 s after the pools went to 0 and every sandbox was deleted; pools (spec/status replicas) ${pools.join('; ')}`);
     }
     say(`drain: objects gone; ${pods === 0 ? `every pod torn down ${String(Math.round((Date.now() - drained) / 1000))} s later` : `${String(pods)} pod dirs still there after 120 s`}`);
     await checkpoint(true);

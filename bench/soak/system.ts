@@ -6,6 +6,7 @@
 // it leaves on the host (test/support/runtime-residue.ts per cluster, plus the state dir's pod
 // dirs, image pins, network claims and processes).
 import { spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { countResidue } from '../../test/support/runtime-residue.ts';
@@ -161,6 +162,18 @@ const count = (dir: string): number => {
   }
 };
 
+/** Processes in a cgroup and every cgroup below it. */
+function cgroupProcesses(dir: string): number {
+  let n = 0;
+  try {
+    n = readFileSync(join(dir, 'cgroup.procs'), 'utf8').split('\n').filter((l) => l !== '').length;
+    for (const e of readdirSync(dir, { withFileTypes: true })) if (e.isDirectory()) n += cgroupProcesses(join(dir, e.name));
+  } catch {
+    // no such cgroup
+  }
+  return n;
+}
+
 /** What this system has on the host, summed over both clusters, per kind. */
 export async function residue(stateDir: string): Promise<Record<string, number>> {
   const total: Record<string, number> = {};
@@ -176,6 +189,9 @@ export async function residue(stateDir: string): Promise<Record<string, number>>
     delete r.bridges;
     for (const [k, v] of Object.entries(r)) add(k, v);
     add('podDirs', count(join(root, 'pods')));
+    // Processes inside the runtime's pod cgroups: a container whose shim died keeps running there,
+    // reparented to init, with nothing in its argv naming the state dir.
+    add('cgroupProcesses', cgroupProcesses(`/sys/fs/cgroup/pids/asb-${createHash('sha256').update(resolve(root)).digest('hex').slice(0, 12)}`));
     add('networkClaims', existsSync(`/run/asb/networks/${bridge}.json`) ? 1 : 0);
     let bridgeUp = 0;
     try {
