@@ -196,7 +196,7 @@ async function main(): Promise<void> {
   let exitCode = 0;
   try {
     say('applying the soak templates and pools (runc, gVisor, runc Hibernate, web, cold, fill)');
-    await w.apply(soakObjects(2));
+    await w.apply(soakObjects(2), true);
     await sleep(15_000);
     await sample();
     const start = w.now();
@@ -242,7 +242,7 @@ async function main(): Promise<void> {
     await checkpoint(true);
 
     say('drain: pools to 0, every sandbox deleted');
-    await w.apply(soakObjects(0).map((o) => (o as { kind: string }).kind === 'SandboxWarmPool' ? { ...(o as object), spec: { ...(o as { spec: object }).spec, replicas: 0 } } : o)).catch((err: unknown) => w.findings.push(`drain apply: ${String(err)}`));
+    await w.apply(soakObjects(0).map((o) => (o as { kind: string }).kind === 'SandboxWarmPool' ? { ...(o as object), spec: { ...(o as { spec: object }).spec, replicas: 0 } } : o), true).catch((err: unknown) => w.findings.push(`drain apply: ${String(err)}`));
     for (const sb of [...w.mine]) await w.remove(sb);
     const drainDeadline = Date.now() + 180_000;
     let left: number[] = [];

@@ -160,9 +160,15 @@ export class Workload {
     }));
   }
 
-  async apply(objects: unknown[]): Promise<void> {
-    const r = await this.call('POST', '/v1/apply', { objects });
-    if (r.status !== 200) throw new Error(`apply: ${String(r.status)} ${r.text.slice(0, 200)}`);
+  /**
+   * /v1/apply at an edge goes to that edge's cluster only (each cluster holds its own pools), so
+   * the edges take turns; `everywhere` applies at every cluster (the drain: all pools to 0).
+   */
+  async apply(objects: unknown[], everywhere = false): Promise<void> {
+    for (let i = 0; i < (everywhere ? this.#t.edges.length : 1); i++) {
+      const r = await this.call('POST', '/v1/apply', { objects });
+      if (r.status !== 200) throw new Error(`apply: ${String(r.status)} ${r.text.slice(0, 200)}`);
+    }
   }
 
   /** A create through REST: warm when the template has a pool, cold otherwise; `timeoutMs` makes it expire. */
