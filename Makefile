@@ -13,7 +13,7 @@ APT_IMAGES := docker-registry:docker-registry skopeo:skopeo umoci:umoci mmdebstr
 # The project's own image (Dockerfile) is built with Debian's buildah (scripts/build-own-image.sh).
 APT_OWN_IMAGE := buildah:buildah
 
-.PHONY: up test test-tools test-unit lint typecheck bench deps clean .venv kube-tools kube-node bench-tools test-k8s images own-image runc runsc criu
+.PHONY: up test test-tools test-unit lint typecheck bench deps clean .venv kube-tools kube-node bench-tools test-k8s images own-image runc runsc criu soak soak-selftest
 
 deps: .venv
 	@scripts/bootstrap.sh deps
@@ -146,6 +146,19 @@ lint: deps
 # Every sandbox of the bench runs under runc from the seed images, as under make up and make test.
 bench: deps kube-tools kube-node bench-tools images runc runsc
 	@$(NODE) bench/run.ts
+
+# The soak (bench/soak/run.ts, README "Soak"): make up's whole federation on runc and gVisor under a
+# mixed workload with a kill -9 of each process kind in turn, for SOAK_MINUTES (default 30), then
+# checked (nothing acknowledged lost, nothing left, no growth, latency flat); exit 1 names what
+# failed. Not part of make test, which runs its checks' unit test (test/soak-checks.test.ts).
+SOAK_DEPS := deps images runc runsc criu $(K8S_SIGS_PY_STAMP)
+soak: $(SOAK_DEPS)
+	@$(NODE) bench/soak/run.ts
+
+# Shows the soak's checks fail: two short soaks, one with an acknowledged write removed behind its
+# back, one leaving a mount per create, each of which must fail naming its check (bench/soak/selftest.ts).
+soak-selftest: $(SOAK_DEPS)
+	@$(NODE) bench/soak/selftest.ts
 
 clean:
 	rm -rf .asb node_modules .tools

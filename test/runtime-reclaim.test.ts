@@ -2,6 +2,7 @@
 // memory or a delete leaves the host as it was once a new one has started on the same state dir:
 // that start removes what belongs to no live pod and adopts what does, and the live pods keep
 // working. Each kind of residue is counted against a fresh baseline (support/runtime-residue.ts).
+// A pod whose shim alone is killed ends with it, and its removal leaves nothing either.
 // And a runtime that closes with no pod running leaves nothing behind: no bridge, no claim on
 // it, no mount-point directory. Own subnet 10.250.2.0/24 and bridge asbrcrc0; own claim and
 // id-range dirs, so nothing here touches another test's state.
@@ -138,6 +139,37 @@ test('a worker killed in the middle of a delete: the next one leaves the half-de
   await liveWork(LIVE.map((p) => p.id));
   await assertBackTo(withLive, 'a restart', ['idRanges']);
   await worker.send({ op: 'remove', id });
+  await assertBackTo(withLive, 'the pod\'s removal');
+});
+
+/** The pid of the pod's oci-shim. */
+function shimOf(id: string): number {
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      const argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+      if ((argv[0] ?? '').includes('/bin/oci-shim-') && argv.includes(podDir(id))) return Number(pid);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  throw new Error(`no shim of ${id}`);
+}
+
+test('a pod whose shim is killed with -9 ends with it: its init and processes are gone, it says Failed, and its removal leaves the host as before', async () => {
+  const id = 'shim-rc';
+  await worker.send({ op: 'start', id });
+  const pid = await initPid(id);
+  process.kill(shimOf(id), 'SIGKILL');
+  let phase = '';
+  for (let i = 0; i < 300 && phase !== 'Failed'; i++) {
+    phase = ((await worker.send({ op: 'state', id })).state as { phase: string }).phase;
+    if (phase !== 'Failed') await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  assert.equal(phase, 'Failed', 'the pod says it ended');
+  // It used to run on, reparented to the host's init, and its mounts made the removal fail (EBUSY).
+  assert.equal(await processStartTime(pid), undefined, 'the pod\'s init ended with its shim');
+  await worker.send({ op: 'remove', id });
+  await liveWork(LIVE.map((p) => p.id));
   await assertBackTo(withLive, 'the pod\'s removal');
 });
 

@@ -45,7 +45,7 @@ import { writeKubeconfig, type KubeCluster } from './kubeconfig.ts';
 import { systemClock } from './clock.ts';
 import { startLocalRegistry, type LocalRegistry } from '../images/local-registry.ts';
 import { defaultSeedDir } from '../images/seed.ts';
-import type { SupervisorOptions } from './supervisor.ts';
+import { restartDelay, type SupervisorOptions } from './supervisor.ts';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 
@@ -87,6 +87,10 @@ interface Running {
   kill(): Promise<void>;
   stop(): Promise<void>;
 }
+
+/** As supervisor.ts gives up on a process: this many crashes within the window. */
+const REGISTRY_CRASH_LIMIT = 5;
+const REGISTRY_CRASH_WINDOW_MS = 60_000;
 
 /** A signal this soon after the first is its echo (make forwarding it), not a second Ctrl-C. */
 const ECHO_WINDOW_MS = 1000;
@@ -136,11 +140,32 @@ async function main(): Promise<void> {
       log: createLogger({ level: env.ASB_LOG_LEVEL ?? 'warn' }),
       port: port(env, 'ASB_REGISTRY_PORT', 5050),
       ownGroup: true,
-      onUnexpectedExit: (code, sig) => console.error(`the image registry exited (${sig ?? `code ${String(code)}`}): sandboxes whose image is not cached cannot start; see ${join(stateDir, 'registry', 'registry.log')}`),
+      // Restarted like the other processes (supervisor.ts's backoff and crash limit): a registry
+      // that stayed down failed every later start of an image named by tag (pull policy Always,
+      // as the built-in templates have) until make up was restarted.
+      onUnexpectedExit: (code, sig) => restartRegistry(sig ?? `code ${String(code)}`),
     });
   } catch (err) {
     console.error(`make up failed: the image registry: ${err instanceof Error ? err.message : String(err)}`);
     process.exit(1);
+  }
+  const registryLog = join(stateDir, 'registry', 'registry.log');
+  const crashes: number[] = [];
+  function restartRegistry(how: string): void {
+    const now = Date.now();
+    crashes.splice(0, crashes.length, ...crashes.filter((t) => now - t < REGISTRY_CRASH_WINDOW_MS), now);
+    if (crashes.length >= REGISTRY_CRASH_LIMIT) {
+      console.error(`supervisor: the image registry exited (${how}) ${String(crashes.length)} times within a minute; giving up on it: sandboxes whose image is not cached cannot start; see ${registryLog}`);
+      return;
+    }
+    const delay = restartDelay(crashes.length, 500, 10_000);
+    console.error(`supervisor: the image registry exited (${how}); restarting it in ${String(delay)} ms (its log is ${registryLog})`);
+    setTimeout(() => {
+      registry.process.restart().then(
+        (address) => console.error(`supervisor: the image registry is back on ${address}`),
+        (err: unknown) => console.error(`supervisor: the image registry did not restart: ${err instanceof Error ? err.message : String(err)}`),
+      );
+    }, delay);
   }
   const imageArgs = ['--registries', registry.registriesFile, '--image-cache', join(stateDir, 'images')];
   try {

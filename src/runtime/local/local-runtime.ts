@@ -35,7 +35,7 @@ import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
 import { Launcher, type Launched } from './launcher.ts';
 import { bridgeExists, createIpPool, createVethBatcher, deleteBridge, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
-import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, shimsOf, straySaves, type ReclaimScope } from './reclaim.ts';
+import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, runscPod, shimsOf, straySaves, type ReclaimScope } from './reclaim.ts';
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
@@ -139,6 +139,8 @@ interface Pod {
   target?: PodTarget;
   identity?: PodIdentity;
   shim?: Launched;
+  /** Its shim died before its init (a kill -9): what the shim undoes at a pod's end, remove() does. */
+  shimLost?: boolean;
   /** Bumped on every start so events of an old process never touch a new one. */
   generation: number;
   stopping: boolean;
@@ -457,6 +459,38 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   /**
+   * What a killed shim left of one removed pod (its runc container, rootfs mount, loop device,
+   * veth, cgroups, mount dir): the start-up sweep's plan (reclaim.ts), kept to this pod's own
+   * items, so pods starting or being removed meanwhile are never touched.
+   */
+  async #reclaimPod(id: string): Promise<void> {
+    const scope = this.#reclaimScope();
+    const facts = await readHostFacts(scope);
+    const others = new Set([...this.#pods.keys()].filter((other) => other !== id));
+    const within = (path: string): boolean => [join(scope.root, 'pods', id), join(scope.mountRoot, id)].some((dir) => path === dir || path.startsWith(`${dir}/`));
+    const loops = new Set(facts.loops.filter((l) => within(l.backingFile)).map((l) => l.device));
+    const plan = reclaimPlan(scope, facts, { ids: others, veths: new Set([...others].map((o) => vethName(this.#bridge, o))), gvisor: true }).filter((a) => {
+      switch (a.kind) {
+        case 'delete-container': return (a.runtime === 'runc' ? a.id : runscPod(a.id)) === id;
+        case 'unmount': return within(a.path);
+        case 'detach-loop': return loops.has(a.device);
+        case 'delete-veth': return a.name === vethName(this.#bridge, id);
+        case 'remove-cgroup': return a.path.split('/').pop() === id;
+        case 'remove-mount-dir': return a.id === id;
+      }
+    });
+    if (plan.length === 0) return;
+    const runsc = this.#host.runsc;
+    const failed = await carryOut(scope, plan, {
+      run: (argv) => this.#launcher.run(argv, ''),
+      runc: { binary: this.#host.runc, flags: this.#host.runtimeFlags ?? [] },
+      ...(runsc === undefined ? {} : { runsc: { binary: runsc.binary, flags: runsc.flags } }),
+    });
+    this.#log.info({ id, removed: planSummary(plan) }, 'removed what the pod\'s killed shim left');
+    if (failed.length > 0) this.#log.error({ id, failed }, 'could not remove everything the pod\'s killed shim left; the next start tries again');
+  }
+
+  /**
    * An adopted pod as a killed worker may have left it in the middle of a save: paused (a stop with
    * memory, a snapshot) or its disk frozen (a snapshot's copy, a template build's read). It runs
    * again; a sealed checkpoint of a pod that runs on is stale (its memory moved on) and goes.
@@ -659,10 +693,16 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       ...(net ? { attach: (pid: number) => Promise.all([this.#firewall.apply(this.#podNet(pod.id, ip, egress)), this.#attachVeth(pid, vethName(this.#bridge, pod.id), ip)]).then(() => undefined) } : {}),
       exited: (code) => {
         if (pod.generation !== generation) return;
-        // The shim wrote the status before it exited: it also says whether the OOM killer struck.
-        void readExitStatus(pod.paths).then((status) => {
-          if (pod.generation === generation) this.#exited(pod, code, status?.reason);
-        });
+        // A shim exits after the pod's init, unless it was killed: then the init runs on,
+        // reparented to the host's init, with nobody to end it or report it, and its mounts keep
+        // the pod's teardown from finishing (found by make soak's kill -9 of a shim). It ends with
+        // its shim: SIGKILL to the pod's pid 1, so the kernel ends the rest of its namespace.
+        void this.#endOrphanedInit(pod)
+          .then(() => readExitStatus(pod.paths))
+          .then((status) => {
+            // The shim wrote the status before it exited: it also says whether the OOM killer struck.
+            if (pod.generation === generation) this.#exited(pod, code, status?.reason);
+          });
       },
       lost: () => {
         if (pod.generation === generation) this.#launcherLost(pod);
@@ -1195,6 +1235,15 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     pod.poll = this.#clock.after(this.#opts.pollIntervalMs ?? 500, check);
   }
 
+  /** SIGKILL to the pod's init if it still runs (the same process: its start time matches). */
+  async #endOrphanedInit(pod: Pod): Promise<void> {
+    const { pid, pidStart } = pod.persisted ?? {};
+    if (pid === undefined || pidStart === undefined || (await processStartTime(pid)) !== pidStart) return;
+    this.#log.warn({ id: pod.id, pid }, 'the pod\'s shim died before its init: ending the init');
+    pod.shimLost = true;
+    signal(pid, 'SIGKILL');
+  }
+
   #exited(pod: Pod, code: number, reason?: string): void {
     pod.probe?.cancel();
     pod.poll?.cancel();
@@ -1359,6 +1408,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // etc/ and disk/: a checkpointable runc pod's /etc files and its disk's bind point (oci-pod.ts).
       Promise.all([rmdir(join(mountDir, 'rootfs')).catch(() => undefined), rmdir(join(mountDir, 'disk')).catch(() => undefined), rm(join(mountDir, 'etc'), { recursive: true, force: true })]).then(() => rmdir(mountDir)).catch(() => undefined),
     ]);
+    if (pod.shimLost === true) await this.#reclaimPod(id);
     // After its files are deleted, so a later pod given the range finds none of this one's.
     await releaseIdRange(this.#idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot release the pod\'s id range'));
     // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.

@@ -54,11 +54,18 @@ static int fail(const char *what, const char *why) {
 }
 
 // Whether a filesystem other than its parent's is mounted at dir (a mount point has its own st_dev).
-static int mounted(const char *dir) {
+// Whether something is mounted at path: a directory or a file (a pod's userns and netns are
+// namespace files bound onto files). The parent is path without its last component: "<path>/.."
+// fails with ENOTDIR for a file, which read as "nothing mounted", so the namespace a killed shim
+// left bound stayed, and the pod dir could not be removed under it (EBUSY; found by make soak).
+static int mounted(const char *path) {
   char parent[PATH_MAX];
   struct stat a, b;
-  if (snprintf(parent, sizeof parent, "%s/..", dir) >= (int)sizeof parent) return 0;
-  if (stat(dir, &a) < 0 || stat(parent, &b) < 0) return 0;
+  if (snprintf(parent, sizeof parent, "%s", path) >= (int)sizeof parent) return 0;
+  char *slash = strrchr(parent, '/');
+  if (slash == NULL) return 0;
+  slash[slash == parent ? 1 : 0] = '\0';
+  if (stat(path, &a) < 0 || stat(parent, &b) < 0) return 0;
   return a.st_dev != b.st_dev;
 }
 
