@@ -9,15 +9,16 @@
 // test-artifacts/lanes/<lane>.log; at the end, one summary line per lane and the failing tests of
 // each lane that failed. Exit status 1 when a lane fails (the summary names it).
 //
-// Usage: node scripts/test-lanes.ts <file or glob>...  (make test passes TEST_FILES: globs are
-// expanded here, so TEST_FILES=test/store.test.ts runs that file alone, in its lane).
+// Usage: node scripts/test-lanes.ts [--logs <dir>] <file or glob>...  (make test passes
+// TEST_FILES: globs are expanded here, so TEST_FILES=test/store.test.ts runs that file alone, in
+// its lane; --logs puts the lane logs elsewhere, as test/test-lanes.test.ts does).
 import { spawn } from 'node:child_process';
 import { createWriteStream, globSync, mkdirSync, readFileSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 
 const repoRoot = resolve(import.meta.dirname, '..');
-const LOG_DIR = join(repoRoot, 'test-artifacts', 'lanes');
+const DEFAULT_LOG_DIR = join(repoRoot, 'test-artifacts', 'lanes');
 /** The test runner's own flags, the same in both lanes: one file at a time, 5 min per test. */
 const TEST_FLAGS = ['--test', '--test-concurrency=1', '--test-timeout=300000', '--test-reporter=spec'];
 
@@ -51,8 +52,8 @@ export function splitLanes(patterns: readonly string[]): Lane[] {
 
 const minutes = (ms: number): string => `${String(Math.floor(ms / 60_000))} min ${String(Math.round((ms % 60_000) / 1000))} s`;
 
-function runLane(lane: Lane, width: number): Promise<LaneResult> {
-  const logPath = join(LOG_DIR, `${lane.name}.log`);
+function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult> {
+  const logPath = join(logDir, `${lane.name}.log`);
   const log = createWriteStream(logPath);
   const prefix = `${lane.name.padEnd(width)} │ `;
   const started = Date.now();
@@ -85,16 +86,19 @@ function summaryOf(logPath: string): { counts: string; failing: string } {
 }
 
 async function main(): Promise<number> {
-  const patterns = process.argv.slice(2);
-  if (patterns.length === 0) {
-    process.stderr.write('usage: node scripts/test-lanes.ts <test file or glob>...\n');
+  const args = process.argv.slice(2);
+  const logsAt = args.indexOf('--logs');
+  const logDir = logsAt < 0 ? DEFAULT_LOG_DIR : resolve(args[logsAt + 1] ?? '');
+  const patterns = logsAt < 0 ? args : args.filter((_, i) => i !== logsAt && i !== logsAt + 1);
+  if (patterns.length === 0 || (logsAt >= 0 && args[logsAt + 1] === undefined)) {
+    process.stderr.write('usage: node scripts/test-lanes.ts [--logs <dir>] <test file or glob>...\n');
     return 2;
   }
   const lanes = splitLanes(patterns);
-  mkdirSync(LOG_DIR, { recursive: true });
+  mkdirSync(logDir, { recursive: true });
   const width = Math.max(...lanes.map((l) => l.name.length));
-  process.stdout.write(lanes.map((l) => `lane ${l.name}: ${String(l.files.length)} test files, log ${relative(repoRoot, join(LOG_DIR, `${l.name}.log`))}\n`).join(''));
-  const results = await Promise.all(lanes.map((l) => runLane(l, width)));
+  process.stdout.write(lanes.map((l) => `lane ${l.name}: ${String(l.files.length)} test files, log ${relative(repoRoot, join(logDir, `${l.name}.log`))}\n`).join(''));
+  const results = await Promise.all(lanes.map((l) => runLane(l, width, logDir)));
   process.stdout.write('\n');
   for (const r of results) {
     const s = summaryOf(r.logPath);
