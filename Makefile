@@ -65,8 +65,13 @@ test: deps
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-tools
 	@scripts/bootstrap.sh apt $(APT_TEST)
 	@$(MAKE) --no-print-directory typecheck lint
-	@$(NODE) --test --test-concurrency=1 --test-timeout=300000 $(TEST_FILES)
+	@$(NODE) scripts/test-lanes.ts $(TEST_FILES)
 
+# The tests run in two lanes started together (scripts/test-lanes.ts): the Kubernetes tier
+# (test/k8s/, ~11 min alone, mostly waiting on a real API server and kubelet) beside everything
+# else, each lane one file at a time; each lane's lines are prefixed with its name and kept whole
+# in test-artifacts/lanes/<lane>.log, and the summary names a lane that failed. TEST_FILES (files
+# or quoted globs) runs just those files, each in its lane.
 TEST_FILES ?= 'test/**/*.test.ts'
 
 test-tools: kube-tools kube-node images own-image runc runsc criu $(E2B_PY_STAMP) $(K8S_SIGS_PY_STAMP)

@@ -17,6 +17,7 @@ import { silentLogger } from '../../src/system/log.ts';
 import { startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { NODE_SLOT_B, startKubeCluster, startKubeNode, type KubeCluster, type KubeNode } from '../support/kube-node.ts';
 import { cgroupHierarchies, KUBELET_SYSCTLS } from '../support/node-host.ts';
+import { KUBELET_SUBIDS, kubeletSubidsSeen } from '../support/kubelet-subids.ts';
 import { waitFor } from '../support/wait.ts';
 
 const text = (bytes: Uint8Array): string => Buffer.from(bytes).toString('utf8');
@@ -132,6 +133,8 @@ test('stopping the node takes back what it changed on the host: no pod processes
     }
     // While it runs, the kubelet has changed the sysctls (real-node.md §4) and made its cgroups.
     assert.equal(sysctls()['vm/overcommit_memory'], '1');
+    // Its Pods' user namespaces come from the kubelet user's ids at 2^31, apart from the local runtime's pool.
+    assert.equal(kubeletSubidsSeen(), `0: kubelet ${String(KUBELET_SUBIDS.start)} ${String(KUBELET_SUBIDS.count)}`);
     const stateDirs = readdirSync('/tmp').filter((e) => e.startsWith('asb-node-'));
     assert.equal(stateDirs.length, 1);
     const name = stateDirs[0] ?? '';
@@ -139,6 +142,9 @@ test('stopping the node takes back what it changed on the host: no pod processes
     await node.stop();
 
     assert.deepEqual(sysctls(), before, 'the sysctls are back');
+    // The kubelet user goes with the last node on the machine (another test process's node on the other slot keeps it).
+    const otherNodes = readdirSync('/tmp').filter((e) => e.startsWith('asb-node-') || e.startsWith('asb-nodeb-'));
+    if (otherNodes.length === 0) assert.equal(kubeletSubidsSeen(), undefined, 'the kubelet user and its ids are gone');
     assert.equal(existsSync(join('/tmp', name)), false, 'the node\'s directory is gone');
     assert.deepEqual(cgroupHierarchies().filter((h) => existsSync(join(h, name))), [], 'no cgroup is left');
     assert.equal(readFileSync('/proc/self/mountinfo', 'utf8').includes(name), false, 'no mount is left');

@@ -13,6 +13,7 @@ import { isAsbError } from '../../src/errors.ts';
 import { silentLogger } from '../../src/system/log.ts';
 import { startKubeApiServer, KubectlError, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { startKubeNode, type KubeNode } from '../support/kube-node.ts';
+import { KUBELET_SUBIDS } from '../support/kubelet-subids.ts';
 import { waitFor } from '../support/wait.ts';
 import { checkStreamedWrites } from '../support/streamed-writes.ts';
 
@@ -159,6 +160,9 @@ test('a runc sandbox Pod runs in a user namespace of its own (hostUsers: false):
   if (kubelet.kind !== 'real') return;
   assert.ok(hosts.every((h) => h >= 65_536), `uid 0 in the pods is host uid ${hosts.join(' and ')}, not root`);
   assert.notEqual(hosts[0], hosts[1], 'each Pod has its own range');
+  // From the node's own ids (the kubelet user's subordinate ids), never the local runtime's pool, which starts at 2^20 and fills from the bottom.
+  const { start, count } = KUBELET_SUBIDS;
+  assert.ok(hosts.every((h) => h >= start && h + 65_536 <= start + count), `host uids ${hosts.join(' and ')} are in the node's [${String(start)}, ${String(start + count)})`);
 });
 
 test('in a namespace enforcing Pod Security "restricted" (clusters/base/sandbox-namespace.yaml) the hardened Pod is admitted; a host-reaching one is refused by the API server', async (t) => {

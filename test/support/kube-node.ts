@@ -29,6 +29,7 @@ import { podMac } from '../../src/runtime/local/network.ts';
 import { freePort } from '../../src/system/local-system.ts';
 import { diesWithTest, KUBE_NODE_IP, KUBE_NODE_NAME, KUBERNETES_SERVICE_IP, logTail, startKubeApiServer, type KubeApiServer } from './kube-apiserver.ts';
 import { cgroupHierarchies, forwardTableOf, isDir, recordHost, releaseNodeHost, type NodeHostState } from './node-host.ts';
+import { ensureKubeletSubids, releaseKubeletSubids } from './kubelet-subids.ts';
 import { startTestKubelet } from './test-kubelet.ts';
 import { testImages } from './test-images.ts';
 
@@ -69,6 +70,8 @@ export const NODE_SLOT_B: NodeSlot = {
   name: 'b', lockName: 'asb-kube-node-b', statePrefix: 'asb-nodeb-', bridge: 'asbkn1', podCidr: '10.210.0.0/17', nodeIp: '10.210.0.1',
   netns: { name: 'asbknb', hostVeth: 'asbknb0', nsVeth: 'asbknb1', hostIp: '10.210.255.1', nsIp: '10.210.255.2' },
 };
+/** Every slot's state directory prefix: while a directory of one is in the temp dir, a node may be using the kubelet user (kubelet-subids.ts). */
+const NODE_STATE_PREFIXES = [NODE_SLOT_A.statePrefix, NODE_SLOT_B.statePrefix];
 /** Service names under startKubeCluster's CoreDNS: <service>.<namespace>.svc.cluster.local. */
 export const CLUSTER_DOMAIN = 'cluster.local';
 const PAUSE_IMAGE = 'localhost/asb-pause:1';
@@ -159,8 +162,10 @@ async function stopProc(p: Proc, graceMs: number): Promise<void> {
 /** Nodes of this process not yet stopped: released at exit if a test never called stop(). */
 const live = new Set<NodeHostState>();
 process.once('exit', () => {
+  if (live.size === 0) return;
   // Newest first: a second node recorded the host's sysctls after the first node's kubelet had set them.
   for (const state of [...live].reverse()) releaseNodeHost(state);
+  releaseKubeletSubids(NODE_STATE_PREFIXES);
 });
 
 /** Leftovers of a node whose test process died without its exit hook (SIGKILL): we hold the lock, so no live node owns them. */
@@ -210,11 +215,17 @@ async function reserveHost(slot: NodeSlot): Promise<HostReservation> {
       released = true;
       releaseNodeHost(state);
       live.delete(state);
-      lock.release();
+      try {
+        releaseKubeletSubids(NODE_STATE_PREFIXES);
+      } finally {
+        lock.release();
+      }
     },
   };
   try {
     recordHost(dir);
+    // After mkdtemp: another process's last node, released meanwhile, sees this directory and leaves the user.
+    ensureKubeletSubids();
     for (const h of cgroupHierarchies()) mkdirSync(join(h, state.cgroupName), { recursive: true });
     // A bridge of that name is a crashed node's (only this fixture uses it, and we hold the lock).
     await ipLink(['link', 'del', slot.bridge]).catch(() => undefined);

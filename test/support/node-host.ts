@@ -1,9 +1,14 @@
 // What a real kubelet and containerd leave on the host, and how the node fixture (kube-node.ts)
 // takes it all back: every item of real-node.md §4, measured by the probe of 2026-11-24.
 // - Sysctls: the kubelet writes vm.overcommit_memory=1, kernel.panic=10, kernel.panic_on_oops=1
-//   at start (with protectKernelDefaults it refuses to start instead). The values before are
-//   saved in the node's directory and written back at teardown (or by the next node's sweep after
-//   a crash).
+//   at start, and vm.panic_on_oom=0, kernel.keys.root_maxkeys=1000000 and root_maxbytes=25000000
+//   where they differ (pkg/kubelet/cm setupKernelTunables). No setting stops that: with
+//   protectKernelDefaults it refuses to start instead, and its third behaviour (warn) is never
+//   chosen. The values before are saved in the node's directory and written back at teardown (or
+//   by the next node's sweep after a crash). No other test depends on them: the memory bombs of the
+//   local tests (256 MiB in a 64 MiB cgroup) are killed by their cgroup's OOM killer under either
+//   overcommit mode, and security-runtime.test.ts only opens these files, never reads a value.
+// - User namespaces: a `kubelet` user with subordinate ids at 2^31 while a node runs (kubelet-subids.ts).
 // - Cgroups: the kubelet's cgroupRoot /<name> in every v1 hierarchy (and the pods' below it).
 // - Mounts: the kubelet bind-mounts its root dir onto itself; containerd mounts each container's
 //   rootfs, each pod's netns file (netns_mounts_under_state_dir) and runsc its null-netns, all
@@ -33,7 +38,7 @@ function pauseMs(ms: number): void {
 }
 
 /** The sysctls the kubelet changes (pkg/kubelet/cm setupKernelTunables). */
-export const KUBELET_SYSCTLS = ['vm/overcommit_memory', 'kernel/panic', 'kernel/panic_on_oops'] as const;
+export const KUBELET_SYSCTLS = ['vm/overcommit_memory', 'kernel/panic', 'kernel/panic_on_oops', 'vm/panic_on_oom', 'kernel/keys/root_maxkeys', 'kernel/keys/root_maxbytes'] as const;
 /** Paths the kubelet, containerd and go-cni write whatever root and state say. */
 export const FIXED_HOST_PATHS = ['/var/lib/kubelet', '/run/containerd', '/var/lib/cni'] as const;
 

@@ -1,0 +1,26 @@
+// The one test of the lane runner's fixture files (test/fixtures/lanes/local-lane.ts and
+// test/k8s/fixtures/k8s-lane.ts; not named *.test.ts, so only test/test-lanes.test.ts runs them).
+// With ASB_LANE_FIXTURE_DIR set, each marks that it runs and waits, at most 60 s, for the other
+// lane's mark: it passes only when both lanes run at once. It fails when ASB_LANE_FIXTURE_FAIL
+// names its lane.
+import assert from 'node:assert/strict';
+import { existsSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { test } from 'node:test';
+
+const WAIT_MS = 60_000;
+
+export function laneFixture(mine: string, other: string): void {
+  test(`the ${mine} lane's fixture runs`, async () => {
+    const dir = process.env.ASB_LANE_FIXTURE_DIR;
+    if (dir !== undefined) {
+      writeFileSync(join(dir, mine), '');
+      const deadline = Date.now() + WAIT_MS;
+      while (!existsSync(join(dir, other))) {
+        assert.ok(Date.now() < deadline, `the ${other} lane did not run while the ${mine} lane did`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+    assert.notEqual(process.env.ASB_LANE_FIXTURE_FAIL, mine, `the ${mine} lane was asked to fail`);
+  });
+}
