@@ -35,7 +35,7 @@ import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
 import { Launcher, type Launched } from './launcher.ts';
 import { bridgeExists, createIpPool, createVethBatcher, deleteBridge, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
-import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, runscPod, shimsOf, straySaves, type ReclaimScope } from './reclaim.ts';
+import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, runscPod, shimsOf, straySaves, type ReclaimAction, type ReclaimScope } from './reclaim.ts';
 import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
@@ -448,14 +448,19 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       gvisor: live.some((pod) => pod.target?.kind === 'runsc'),
     });
     if (plan.length === 0) return;
+    const failed = await this.#carryOut(scope, plan);
+    this.#log.info({ removed: planSummary(plan), shimsEnded: shims.length }, 'reclaimed what a previous worker left of pods that no longer run');
+    if (failed.length > 0) this.#log.error({ failed }, 'could not reclaim everything a previous worker left; the next start tries again');
+  }
+
+  /** Carries out a reclaim plan (reclaim.ts) through the launcher; the actions that failed. */
+  #carryOut(scope: ReclaimScope, plan: ReclaimAction[]): ReturnType<typeof carryOut> {
     const runsc = this.#host.runsc;
-    const failed = await carryOut(scope, plan, {
+    return carryOut(scope, plan, {
       run: (argv) => this.#launcher.run(argv, ''),
       runc: { binary: this.#host.runc, flags: this.#host.runtimeFlags ?? [] },
       ...(runsc === undefined ? {} : { runsc: { binary: runsc.binary, flags: runsc.flags } }),
     });
-    this.#log.info({ removed: planSummary(plan), shimsEnded: shims.length }, 'reclaimed what a previous worker left of pods that no longer run');
-    if (failed.length > 0) this.#log.error({ failed }, 'could not reclaim everything a previous worker left; the next start tries again');
   }
 
   /**
@@ -480,12 +485,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       }
     });
     if (plan.length === 0) return;
-    const runsc = this.#host.runsc;
-    const failed = await carryOut(scope, plan, {
-      run: (argv) => this.#launcher.run(argv, ''),
-      runc: { binary: this.#host.runc, flags: this.#host.runtimeFlags ?? [] },
-      ...(runsc === undefined ? {} : { runsc: { binary: runsc.binary, flags: runsc.flags } }),
-    });
+    const failed = await this.#carryOut(scope, plan);
     this.#log.info({ id, removed: planSummary(plan) }, 'removed what the pod\'s killed shim left');
     if (failed.length > 0) this.#log.error({ id, failed }, 'could not remove everything the pod\'s killed shim left; the next start tries again');
   }
