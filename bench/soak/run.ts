@@ -302,7 +302,7 @@ async function main(): Promise<void> {
   const windows = latencyWindows(w.latencies, 0, WINDOW_MS);
   const flat = flatnessFailures(windows, FLAT);
   const ledgerFailures = [...checkFailures.values()];
-  const growthFailures = verdicts.filter((v) => !v.ok).map((v) => `growth: ${v.series} ${fmt(v.slopePerHour ?? 0)}/h over the bound ${fmt(v.boundPerHour)}/h`);
+  const growthFailures = verdicts.filter((v) => !v.ok).map((v) => `growth: ${v.series} ${fmt(v.slopePerHour ?? 0, v.series)}/h over the bound ${fmt(v.boundPerHour, v.series)}/h`);
   const stopFailures = upExit === 0 || upExit === 'SIGTERM' ? [] : [`make up exited ${String(upExit)} on SIGTERM`];
   const checks: { name: string; failures: string[] }[] = [
     { name: 'ledger (acknowledged creates, writes, deletes; convergence)', failures: ledgerFailures },
@@ -324,7 +324,7 @@ async function main(): Promise<void> {
   lines.push('', '| residue kind | before | max during | after |', '|---|---|---|---|');
   for (const r of res.rows) lines.push(`| ${r.kind} | ${String(r.before)} | ${String(r.maxDuring)} | ${String(r.after)} |`);
   lines.push('', `| process series (after ${String(WARMUP_MS / 60_000)} min warm-up) | samples | median | slope per hour | bound |`, '|---|---|---|---|---|');
-  for (const v of verdicts) lines.push(`| ${v.series} | ${String(v.samples)} | ${fmt(v.median)} | ${v.slopePerHour === undefined ? 'too few samples' : fmt(v.slopePerHour)} | ${fmt(v.boundPerHour)}${v.ok ? '' : ' **over**'} |`);
+  for (const v of verdicts) lines.push(`| ${v.series} | ${String(v.samples)} | ${fmt(v.median, v.series)} | ${v.slopePerHour === undefined ? 'too few samples' : fmt(v.slopePerHour, v.series)} | ${fmt(v.boundPerHour, v.series)}${v.ok ? '' : ' **over**'} |`);
   lines.push('', `| latency (${String(WINDOW_MS / 60_000)}-min windows, fault windows left out) | window | count | p50 ms | p99 ms |`, '|---|---|---|---|---|');
   for (const r of windows) lines.push(`| ${r.metric} | ${String(r.window)} | ${String(r.count)} | ${String(r.p50)} | ${String(r.p99)} |`);
   console.log(`\n${lines.join('\n')}\n`);
@@ -472,10 +472,11 @@ function filterSeries(series: Map<string, Sample[]>, metric: string): Map<string
   return new Map([...series].filter(([k]) => k.endsWith(` ${metric}`)));
 }
 
-function fmt(n: number): string {
+/** A series' value: bytes (rss, heap) in KiB or MiB, counts (fds) as they are. */
+function fmt(n: number, series = ''): string {
   if (!Number.isFinite(n)) return '—';
   const a = Math.abs(n);
-  if (a < 1e5) return n.toFixed(1);
+  if (series.endsWith(' fds')) return n.toFixed(1);
   return a >= 2 ** 20 ? `${(n / 2 ** 20).toFixed(1)} MiB` : a >= 1000 ? `${(n / 1024).toFixed(0)} KiB` : n.toFixed(1);
 }
 

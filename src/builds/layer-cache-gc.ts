@@ -6,9 +6,9 @@
 //   was made of, then the blobs no entry names;
 // - disk pressure: when the filesystem holding the cache is at least highUsagePercent full
 //   (default 85, as gc-loop.ts), the pass uses the short bound (1 hour), checked at each pass.
-import { systemClock, type Clock, type Timer } from '../system/clock.ts';
+import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
-import { DEFAULT_GC_INTERVAL_MS, DEFAULT_HIGH_USAGE_PERCENT, statfsUsagePercent } from '../images/gc-loop.ts';
+import { DEFAULT_GC_INTERVAL_MS, DEFAULT_HIGH_USAGE_PERCENT, startPasses, statfsUsagePercent } from '../images/gc-loop.ts';
 
 export interface CollectedCache {
   readonly root: string;
@@ -34,17 +34,10 @@ export interface LayerCacheGc {
 }
 
 export function startLayerCacheGc(opts: LayerCacheGcOptions): LayerCacheGc {
-  const clock = opts.clock ?? systemClock;
   const log = opts.log.child({ component: 'layer-cache-gc' });
-  const intervalMs = opts.intervalMs ?? DEFAULT_GC_INTERVAL_MS;
   const high = opts.highUsagePercent ?? DEFAULT_HIGH_USAGE_PERCENT;
   const usage = opts.diskUsage ?? statfsUsagePercent;
-  let closed = false;
-  let timer: Timer | undefined;
-  let running: Promise<{ entries: number; blobs: number; pressure: boolean } | undefined> = Promise.resolve(undefined);
-
-  const pass = async (): Promise<{ entries: number; blobs: number; pressure: boolean } | undefined> => {
-    if (closed) return undefined;
+  return startPasses(opts.clock ?? systemClock, opts.intervalMs ?? DEFAULT_GC_INTERVAL_MS, async () => {
     try {
       const pressure = (await usage(opts.cache.root)) >= high;
       const removed = await opts.cache.collect(pressure);
@@ -54,24 +47,5 @@ export function startLayerCacheGc(opts: LayerCacheGcOptions): LayerCacheGc {
       log.error({ err }, 'build layer cache gc failed');
       return undefined;
     }
-  };
-  const runNow = (): Promise<{ entries: number; blobs: number; pressure: boolean } | undefined> => {
-    running = running.then(pass);
-    return running;
-  };
-  const schedule = (): void => {
-    if (closed || intervalMs === 0) return;
-    timer = clock.after(intervalMs, () => {
-      void runNow().then(schedule);
-    });
-  };
-  schedule();
-  return {
-    runNow,
-    async close() {
-      closed = true;
-      timer?.cancel();
-      await running;
-    },
-  };
+  });
 }

@@ -48,19 +48,47 @@ export async function statfsUsagePercent(path: string): Promise<number> {
   return st.blocks === 0 ? 0 : (100 * (st.blocks - st.bavail)) / st.blocks;
 }
 
+/** A collection pass run every intervalMs (0: only when asked), one at a time. */
+export interface Passes<T> {
+  /** One pass now (after any pass in progress); undefined once closed. */
+  runNow(): Promise<T | undefined>;
+  /** Stops the timer and waits for a pass in progress. Idempotent. */
+  close(): Promise<void>;
+}
+
+export function startPasses<T>(clock: Clock, intervalMs: number, pass: () => Promise<T | undefined>): Passes<T> {
+  let closed = false;
+  let timer: Timer | undefined;
+  let running: Promise<T | undefined> = Promise.resolve(undefined);
+  const runNow = (): Promise<T | undefined> => {
+    running = running.then(() => (closed ? undefined : pass()));
+    return running;
+  };
+  const schedule = (): void => {
+    if (closed || intervalMs === 0) return;
+    timer = clock.after(intervalMs, () => {
+      void runNow().then(schedule);
+    });
+  };
+  schedule();
+  return {
+    runNow,
+    async close() {
+      closed = true;
+      timer?.cancel();
+      await running;
+    },
+  };
+}
+
 export function startImageGc(opts: ImageGcLoopOptions): ImageGcLoop {
-  const clock = opts.clock ?? systemClock;
   const log = opts.log.child({ component: 'image-gc' });
-  const intervalMs = opts.intervalMs ?? DEFAULT_GC_INTERVAL_MS;
   const high = opts.highUsagePercent ?? DEFAULT_HIGH_USAGE_PERCENT;
   const usage = opts.diskUsage ?? statfsUsagePercent;
   let closed = false;
-  let timer: Timer | undefined;
-  let running: Promise<GcResult | undefined> = Promise.resolve(undefined);
   let pressureCheck = false;
 
-  const pass = async (): Promise<GcResult | undefined> => {
-    if (closed) return undefined;
+  const passes = startPasses<GcResult>(opts.clock ?? systemClock, opts.intervalMs ?? DEFAULT_GC_INTERVAL_MS, async () => {
     try {
       const percent = await usage(opts.images.root);
       const pressure = percent >= high;
@@ -77,35 +105,23 @@ export function startImageGc(opts: ImageGcLoopOptions): ImageGcLoop {
       log.error({ err }, 'image gc failed');
       return undefined;
     }
-  };
-  const runNow = (): Promise<GcResult | undefined> => {
-    running = running.then(pass);
-    return running;
-  };
-  const schedule = (): void => {
-    if (closed || intervalMs === 0) return;
-    timer = clock.after(intervalMs, () => {
-      void runNow().then(schedule);
-    });
-  };
+  });
   const unsubscribe = opts.images.onPulled(() => {
     if (pressureCheck || closed) return;
     pressureCheck = true;
     void usage(opts.images.root).then(
       async (percent) => {
-        if (percent >= high) await runNow();
+        if (percent >= high) await passes.runNow();
       },
       (err: unknown) => log.warn({ err }, 'cannot read the image cache filesystem usage'),
     ).finally(() => (pressureCheck = false));
   });
-  schedule();
   return {
-    runNow,
+    runNow: () => passes.runNow(),
     async close() {
       closed = true;
-      timer?.cancel();
       unsubscribe();
-      await running;
+      await passes.close();
     },
   };
 }
