@@ -4,6 +4,7 @@
 //
 // `node bench/run.ts [claims] [runtime] [refill] [wake] [state] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress] [build] [kube-build]` runs only those parts (default: all but refill, whose rows the runtime part measures once); a
 // partial run replaces its own rows in the README table and in latest.json and keeps the others.
+import { rewriteReadmeBlock } from './readme-block.ts';
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -445,25 +446,16 @@ function readLatest(path: string): { results: Record<string, unknown>; rows: Row
  * and states when they were measured in a note under the header (one note per command).
  */
 function updateReadme(rows: readonly Row[], how: { header: string } | { note: string }): void {
-  const path = join(repoRoot, 'README.md');
-  const text = readFileSync(path, 'utf8');
-  const start = '<!-- bench:start -->';
-  const end = '<!-- bench:end -->';
-  const a = text.indexOf(start);
-  const b = text.indexOf(end);
-  if (a < 0 || b < a) return;
-  let block: string[];
-  if ('header' in how) block = [how.header, '', ...tableLines(rows)];
-  else {
-    const lines = text.slice(a + start.length, b).trim().split('\n');
+  rewriteReadmeBlock('bench', (inner) => {
+    if ('header' in how) return [how.header, '', ...tableLines(rows)];
+    const lines = inner.trim().split('\n');
     const table = lines.filter((l) => l.startsWith('| ') && !l.startsWith('| metric |'));
     const old = table.map((line) => ({ metric: line.slice(2, line.indexOf(' | ', 2)), line }));
     const merged = mergeRows(old, rows.map((r) => ({ metric: r.metric, line: rowLine(r) })));
     const command = how.note.slice(0, how.note.indexOf(':'));
     const notes = lines.filter((l) => l.startsWith('Rows of `') && !l.startsWith(command));
-    block = [lines[0] ?? '', ...notes, how.note, '', ...tableLines([]), ...merged.map((m) => m.line)];
-  }
-  writeFileSync(path, `${text.slice(0, a + start.length)}\n${block.join('\n')}\n${text.slice(b)}`);
+    return [lines[0] ?? '', ...notes, how.note, '', ...tableLines([]), ...merged.map((m) => m.line)];
+  });
 }
 
 main().then(

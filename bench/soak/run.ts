@@ -13,8 +13,9 @@
 //   SOAK_FAULTS      the fault kinds, in turn (default all: worker,router,envoy,hub,shim,launcher,
 //                    registry,sentry,disk,memory); a run with fewer says so in its table
 //   SOAK_STATE_DIR   its state dir (default a fresh one under /tmp, removed after a passing run)
+import { rewriteReadmeBlock } from '../readme-block.ts';
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join, resolve } from 'node:path';
 import { expectedState, flatnessFailures, growthVerdicts, latencyWindows, residueRows, verifyLedger, type Observed, type Sample } from './checks.ts';
@@ -339,16 +340,8 @@ async function main(): Promise<void> {
     writeFileSync(join(dir, `soak-${stamp}.json`), JSON.stringify(results, null, 2));
     writeFileSync(join(dir, 'soak-latest.json'), JSON.stringify(results, null, 2));
     // The README's table, as make bench replaces its own: between the soak markers.
-    const readme = join(REPO, 'README.md');
-    const text = readFileSync(readme, 'utf8');
-    const startMark = '<!-- soak:start -->';
-    const endMark = '<!-- soak:end -->';
-    const a = text.indexOf(startMark);
-    const b = text.indexOf(endMark);
-    if (a !== -1 && b > a) {
-      const when = `Measured ${new Date().toISOString().slice(0, 10)} by \`SOAK_MINUTES=${String(minutes)}${FAULTS.length === ALL_FAULTS.length ? '' : ` SOAK_FAULTS=${FAULTS.join(',')}`} make soak\` (${failed.length === 0 ? 'passed' : `FAILED: ${failed.map((c) => c.name).join('; ')}`}).`;
-      writeFileSync(readme, `${text.slice(0, a + startMark.length)}\n${when}\n${lines.join('\n')}\n${text.slice(b)}`);
-    }
+    const when = `Measured ${new Date().toISOString().slice(0, 10)} by \`SOAK_MINUTES=${String(minutes)}${FAULTS.length === ALL_FAULTS.length ? '' : ` SOAK_FAULTS=${FAULTS.join(',')}`} make soak\` (${failed.length === 0 ? 'passed' : `FAILED: ${failed.map((c) => c.name).join('; ')}`}).`;
+    rewriteReadmeBlock('soak', () => [when, ...lines]);
   }
   if (failed.length > 0) {
     console.log(`SOAK FAILED: ${failed.map((c) => c.name).join('; ')}`);
