@@ -151,7 +151,10 @@ async function main(): Promise<void> {
   }
   const registryLog = join(stateDir, 'registry', 'registry.log');
   const crashes: number[] = [];
+  let restartTimer: NodeJS.Timeout | undefined;
+  let registryStopping = false;
   function restartRegistry(how: string): void {
+    if (registryStopping) return;
     const now = Date.now();
     crashes.splice(0, crashes.length, ...crashes.filter((t) => now - t < REGISTRY_CRASH_WINDOW_MS), now);
     if (crashes.length >= REGISTRY_CRASH_LIMIT) {
@@ -160,10 +163,12 @@ async function main(): Promise<void> {
     }
     const delay = restartDelay(crashes.length, 500, 10_000);
     console.error(`supervisor: the image registry exited (${how}); restarting it in ${String(delay)} ms (its log is ${registryLog})`);
-    setTimeout(() => {
+    restartTimer = setTimeout(() => {
+      restartTimer = undefined;
       registry.process.restart().then(
         (address) => console.error(`supervisor: the image registry is back on ${address}`),
-        (err: unknown) => console.error(`supervisor: the image registry did not restart: ${err instanceof Error ? err.message : String(err)}`),
+        // A start that fails counts as a crash, as the supervisor counts one (the limit still holds).
+        (err: unknown) => restartRegistry(`its restart failed: ${err instanceof Error ? err.message : String(err)}`),
       );
     }, delay);
   }
@@ -176,7 +181,11 @@ async function main(): Promise<void> {
     process.exit(1);
   }
   const system = running;
-  running = { ...system, stop: async () => { await system.stop(); await registry.process.close(); }, kill: async () => { await system.kill(); registry.process.destroy(); } };
+  const endRegistry = (): void => {
+    registryStopping = true;
+    clearTimeout(restartTimer);
+  };
+  running = { ...system, stop: async () => { endRegistry(); await system.stop(); await registry.process.close(); }, kill: async () => { endRegistry(); await system.kill(); registry.process.destroy(); } };
   const kubeconfig = join(stateDir, 'kubeconfig');
   const withKube = running.kubeClusters.length > 0 && running.env.ASB_CA_CERT !== undefined && running.env.ASB_CA_CERT !== '';
   if (withKube) writeKubeconfig(kubeconfig, running.kubeClusters, running.env.ASB_CA_CERT ?? '', running.env.ASB_API_KEY ?? '');
