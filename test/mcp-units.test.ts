@@ -5,7 +5,8 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { test } from 'node:test';
 import { ApiError, ApiUnreachableError } from '../src/client/api-client.ts';
-import { parseReadStatus, shellQuote, startScript } from '../src/mcp/background.ts';
+import { shellQuote } from '../src/builds/dockerfile-lex.ts';
+import { parseReadStatus, startScript } from '../src/mcp/background.ts';
 import { failure } from '../src/mcp/tool-result.ts';
 import { capOutput } from '../src/mcp/tools.ts';
 

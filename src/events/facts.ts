@@ -8,7 +8,7 @@
 // SandboxExpired, SandboxPodCreateFailed, SandboxResumed, SandboxFailed) and ours otherwise.
 // Event types are E2B's (`sandbox.lifecycle.created|killed|paused|resumed|updated|checkpointed`)
 // where E2B has the fact, and `sandbox.lifecycle.<ours>` where it does not.
-import type { KubeObject } from '../api/meta.ts';
+import { findCondition, type KubeObject } from '../api/meta.ts';
 import { ANNOTATION, LABEL, wantsRunning, type Sandbox, type SandboxClaim, type SandboxSnapshot } from '../api/types.ts';
 
 export type WatchedKind = 'Sandbox' | 'SandboxClaim' | 'SandboxSnapshot';
@@ -98,10 +98,6 @@ export const EVENT_TYPES: readonly string[] = [
 /** The kubelet's waiting reasons for an image it cannot get. */
 const PULL_REASONS = new Set(['ErrImagePull', 'ImagePullBackOff', 'InvalidImageName', 'ErrImageNeverPull']);
 
-function cond(obj: { status?: { conditions?: { type: string; status: string; reason: string; message?: string }[] } }, type: string) {
-  return obj.status?.conditions?.find((c) => c.type === type);
-}
-
 /** The object without its undefined fields (summaries are compared after a JSON round trip, which drops them). */
 function defined<R>(o: { [K in keyof R]?: R[K] | undefined }): R {
   return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as R;
@@ -112,9 +108,9 @@ export function summarize(kind: WatchedKind, obj: KubeObject): Summary {
   const base = { uid: meta.uid ?? '', apiVersion: obj.apiVersion, owner: meta.labels?.[LABEL.owner], template: meta.labels?.[LABEL.template] };
   if (kind === 'Sandbox') {
     const s = obj as Sandbox;
-    const ready = cond(s, 'Ready');
-    const suspended = cond(s, 'Suspended');
-    const restored = cond(s, 'MemoryRestored');
+    const ready = findCondition(s.status?.conditions, 'Ready');
+    const suspended = findCondition(s.status?.conditions, 'Suspended');
+    const restored = findCondition(s.status?.conditions, 'MemoryRestored');
     return defined<Summary>({
       ...base,
       pool: meta.labels?.[LABEL.pool],
@@ -141,7 +137,7 @@ export function summarize(kind: WatchedKind, obj: KubeObject): Summary {
     return defined<Summary>({ ...base, sandbox: c.status?.sandbox?.name, launchType: c.status?.launchType, deleting: meta.deletionTimestamp === undefined ? undefined : true });
   }
   const snap = obj as SandboxSnapshot;
-  const ready = cond(snap, 'Ready');
+  const ready = findCondition(snap.status?.conditions, 'Ready');
   return defined<Summary>({ ...base, sandbox: snap.spec.sandboxRef.name, phase: snap.status?.phase, readyMessage: ready?.message, memory: snap.status?.memory });
 }
 

@@ -8,6 +8,7 @@
 // `max`, as the apiserver's TTL would; a warm pool that churns must not grow the store without end.
 import { createHash } from 'node:crypto';
 import { EventType, type KubeEvent } from '../api/event.ts';
+import { LABEL } from '../api/types.ts';
 import { isAsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { isoNow, type Clock } from '../system/clock.ts';
@@ -48,7 +49,7 @@ export class KubeEventWriter {
       const event: KubeEvent = {
         apiVersion: 'v1',
         kind: 'Event',
-        metadata: { name, namespace: involved.namespace, ...(fact.team === undefined ? {} : { labels: { 'asb.dev/owner': fact.team } }) },
+        metadata: { name, namespace: involved.namespace, ...(fact.team === undefined ? {} : { labels: { [LABEL.owner]: fact.team } }) },
         involvedObject: { apiVersion: involved.apiVersion, kind: involved.kind, name: involved.name, namespace: involved.namespace, uid: involved.uid },
         reason: fact.reason,
         message: fact.message,

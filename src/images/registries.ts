@@ -82,8 +82,13 @@ export function authForHost(host: string, config: RegistriesConfig): RegistryAut
  * for an identity token alone (it is exchanged by a token flow, which only skopeo's pulls do).
  */
 export function basicAuthorization(auth: RegistryAuth | undefined): string | undefined {
-  const basic = auth?.auth ?? (auth?.username === undefined ? undefined : Buffer.from(`${auth.username}:${auth.password ?? ''}`).toString('base64'));
+  const basic = auth === undefined ? undefined : basicCredential(auth);
   return basic === undefined ? undefined : `Basic ${basic}`;
+}
+
+/** base64 of `user:password` (docker's `auth` field, kept as given when the file has it); undefined without a user. */
+function basicCredential(auth: RegistryAuth): string | undefined {
+  return auth.auth ?? (auth.username === undefined ? undefined : Buffer.from(`${auth.username}:${auth.password ?? ''}`).toString('base64'));
 }
 
 function authFor(host: string, registry: string, config: RegistriesConfig, podAuths: readonly Readonly<Record<string, RegistryAuth>>[]): RegistryAuth | undefined {
@@ -112,7 +117,7 @@ export function isLoopbackHost(host: string): boolean {
 /** A `docker config.json` for skopeo's `--authfile`: only the entry for `host`. */
 export function authFileJson(host: string, auth: RegistryAuth): string {
   const entry: Record<string, string> = {};
-  const basic = auth.auth ?? (auth.username === undefined ? undefined : Buffer.from(`${auth.username}:${auth.password ?? ''}`).toString('base64'));
+  const basic = basicCredential(auth);
   if (basic !== undefined) entry.auth = basic;
   if (auth.identitytoken !== undefined) entry.identitytoken = auth.identitytoken;
   return JSON.stringify({ auths: { [host]: entry } });

@@ -4,6 +4,7 @@
 // lives in the sandbox (/tmp/.asb-mcp), runs with the sandbox's isolation, and goes with it. No
 // host state: any MCP server (stdio, a worker's /mcp, the hub's) can read what another started.
 import { randomBytes } from 'node:crypto';
+import { shellQuote } from '../builds/dockerfile-lex.ts';
 
 /** Inside the sandbox: <id>.log (stdout and stderr), <id>.exit (the exit status, once ended). */
 export const BACKGROUND_DIR = '/tmp/.asb-mcp';
@@ -15,11 +16,6 @@ export function newCommandId(): string {
 
 export function isCommandId(id: string): boolean {
   return /^[a-f0-9]{12}$/.test(id);
-}
-
-/** POSIX single quotes: the text is one shell word, whatever it holds. */
-export function shellQuote(text: string): string {
-  return `'${text.replaceAll("'", `'\\''`)}'`;
 }
 
 /**
