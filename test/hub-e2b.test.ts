@@ -8,7 +8,7 @@ import { createServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { test, type TestContext } from 'node:test';
 import { Registry } from 'prom-client';
-import { ApiKeyType, SandboxTemplateType, type ApiKey } from '../src/api/types.ts';
+import { ApiKeyType, SandboxTemplateType, type ApiKey, type SandboxTemplate } from '../src/api/types.ts';
 import { createApiKey } from '../src/auth/keys.ts';
 import { KeyRing } from '../src/auth/keyring.ts';
 import { createHubApi } from '../src/hub/admin-api.ts';
@@ -112,7 +112,22 @@ test('E2B creates and lists at the hub', async (t) => {
     ['c1', live({ 'default/base': 2 })],
     ['c2', live({ 'default/base': 1, 'default/py': 0 })],
   ]);
-  const sync: SyncView = { version: () => 0, connections: () => [], live: () => liveView };
+  // Acks the test sends: which hub version each connected cluster has applied.
+  const applied: { cluster: string; appliedVersion: number }[] = [];
+  const ackListeners = new Set<(cluster: string, version: number) => void>();
+  const ack = (cluster: string, version: number): void => {
+    for (const c of applied) if (c.cluster === cluster) c.appliedVersion = version;
+    for (const listener of ackListeners) listener(cluster, version);
+  };
+  const sync: SyncView = {
+    version: () => 0,
+    connections: () => applied,
+    live: () => liveView,
+    onAck: (listener) => {
+      ackListeners.add(listener);
+      return () => ackListeners.delete(listener);
+    },
+  };
   const keyRing = await KeyRing.open({ store, log: silentLogger() });
   t.after(() => keyRing.close());
   const registry = new Registry();
@@ -165,6 +180,29 @@ test('E2B creates and lists at the hub', async (t) => {
     const base = await e2b(hub, 'POST', '/sandboxes', teamA, {});
     assert.equal(base.status, 201, base.text);
     assert.equal(base.headers.get('x-asb-cluster'), 'c2', 'no templateID is base');
+  });
+
+  await t.test('a template applied at the hub and used at once: the create waits for the cluster to apply it, not for its next heartbeat', async (st) => {
+    st.after(() => applied.splice(0));
+    const fresh = (name: string): SandboxTemplate => ({ ...structuredClone(BASE_TEMPLATE), metadata: { name, namespace: 'default' } });
+    const first = Number((await store.create(SandboxTemplateType, fresh('fresh'))).metadata.resourceVersion);
+    // c2 is connected, its last heartbeat from before the template, and has not applied it yet.
+    applied.push({ cluster: 'c2', appliedVersion: first - 1 });
+    const creating = e2b(hub, 'POST', '/v2/sandboxes', teamA, { templateID: 'fresh' });
+    await waitFor('the create to wait for c2', () => Promise.resolve(ackListeners.size > 0 ? true : undefined));
+    await w2.store.create(SandboxTemplateType, fresh('fresh'));
+    ack('c2', first);
+    const res = await creating;
+    assert.equal(res.status, 201, res.text);
+    assert.equal(res.headers.get('x-asb-cluster'), 'c2');
+    assert.equal(ackListeners.size, 0, 'the create stopped listening');
+
+    // A cluster that never applies it: the wait is bounded, then the answer names why.
+    const second = Number((await store.create(SandboxTemplateType, fresh('fresh-2'))).metadata.resourceVersion);
+    assert.ok(second > first);
+    const never = await e2b(hub, 'POST', '/v2/sandboxes', teamA, { templateID: 'fresh-2' });
+    assert.match(errorOf(never, 503).message, /c2: no template default\/fresh-2/);
+    assert.equal(ackListeners.size, 0);
   });
 
   await t.test('a create from a snapshot id goes only to the cluster whose tag starts the id, where the snapshot is', async () => {

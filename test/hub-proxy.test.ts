@@ -333,7 +333,7 @@ async function startProxyRig(t: TestContext, name: string, auth: Parameters<type
   t.after(() => store.close());
   const apiUrl = `http://127.0.0.1:${(workerServer.address() as AddressInfo).port}`;
   await store.create(ClusterType, { apiVersion: 'asb.dev/v1alpha1', kind: 'Cluster', metadata: { name }, spec: { region: 'r', ingressAddress: '127.0.0.1:1', tag: `${name}${name}`, credentialHash: 'x', apiUrl } });
-  const sync = { version: () => 0, connections: () => [], live: () => new Map([[name, { healthy: true, templates: {}, heartbeatAt: 0, pools: {} }]]) };
+  const sync = { version: () => 0, connections: () => [], live: () => new Map([[name, { healthy: true, templates: {}, heartbeatAt: 0, pools: {} }]]), onAck: () => () => undefined };
   const proxy = createTerminalProxy({ store, sync, auth, log: silentLogger() });
   const hubServer = createHttpServer();
   hubServer.on('upgrade', (req, socket, head) => proxy.upgrade(req, socket, head));

@@ -15,11 +15,18 @@ import { SandboxTemplateType } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
 import type { Reply, RequestContext } from '../worker/router.ts';
 import { candidatesFor, PlacedSinceHeartbeat, type HubTemplate } from './candidates.ts';
-import type { Cluster, PlacementRequest } from './contract.ts';
+import { HEARTBEAT_MS, type Cluster, type PlacementRequest } from './contract.ts';
 import { detailOf, forwardedHeaders, liveClusters, MAX_ANSWER_BYTES, passOn, workerUrl, type CallLimits } from './forward.ts';
 import type { HubContext } from './hub-context.ts';
 import { place } from './placement.ts';
 import { WorkerCallError, type WorkerAgents, type WorkerAnswer } from './worker-call.ts';
+
+/**
+ * Longest a create waits for connected clusters to apply a template the hub holds (a template
+ * applied at the hub and used at once): one heartbeat, after which the next heartbeat would have
+ * said whether the cluster holds it anyway.
+ */
+const TEMPLATE_ACK_WAIT_MS = HEARTBEAT_MS;
 
 /** Worker answers after which the next cluster is tried. */
 const FAILOVER_STATUSES: ReadonlySet<number> = new Set([502, 503, 504]);
@@ -70,16 +77,43 @@ export function createPlacer(h: HubContext, agents: WorkerAgents, limits: CallLi
   async function hubTemplate(namespace: string, template: string): Promise<HubTemplate | undefined> {
     const fromHub = await h.store.tryGet(SandboxTemplateType, namespace, template);
     if (fromHub === undefined) return undefined;
-    return {
-      key: `${namespace}/${template}`,
-      version: Number(fromHub.metadata.resourceVersion),
-      applied: new Map((h.sync?.connections() ?? []).map((c) => [c.cluster, c.appliedVersion])),
-    };
+    return { key: `${namespace}/${template}`, version: Number(fromHub.metadata.resourceVersion), applied: appliedVersions() };
+  }
+
+  function appliedVersions(): Map<string, number> {
+    return new Map((h.sync?.connections() ?? []).map((c) => [c.cluster, c.appliedVersion]));
+  }
+
+  /**
+   * Waits (at most TEMPLATE_ACK_WAIT_MS) until every connected cluster that could take the create
+   * has acked the hub version that wrote its template, so the create is placed on what the hub
+   * sent and not on a heartbeat from before it. Returns at once when none is behind.
+   */
+  async function awaitTemplateAcks(clusters: readonly Cluster[], target: PlacementRequest, held: HubTemplate | undefined): Promise<void> {
+    const sync = h.sync;
+    if (held === undefined || sync === undefined) return;
+    const eligible = new Set(clusters.filter((c) => target.cluster === undefined || c.metadata.name === target.cluster).map((c) => c.metadata.name));
+    const behind = new Set([...held.applied].filter(([name, version]) => eligible.has(name) && version < held.version).map(([name]) => name));
+    if (behind.size === 0) return;
+    await new Promise<void>((resolve) => {
+      const done = (): void => {
+        clearTimeout(timer);
+        off();
+        resolve();
+      };
+      const timer = setTimeout(done, TEMPLATE_ACK_WAIT_MS);
+      const off = sync.onAck((cluster, version) => {
+        if (version >= held.version) behind.delete(cluster);
+        if (behind.size === 0) done();
+      });
+    });
   }
 
   async function create(ctx: RequestContext, clusters: readonly Cluster[], target: PlacementRequest, forward: ForwardedCreate): Promise<Reply> {
     const { namespace, template } = target;
-    const { candidates, unusable } = candidatesFor(clusters, liveClusters(h), placed, await hubTemplate(namespace, template));
+    const held = await hubTemplate(namespace, template);
+    await awaitTemplateAcks(clusters, target, held);
+    const { candidates, unusable } = candidatesFor(clusters, liveClusters(h), placed, held === undefined ? undefined : { ...held, applied: appliedVersions() });
     const plan = place(target, candidates);
     const apiUrls = new Map(clusters.map((c) => [c.metadata.name, c.spec.apiUrl ?? '']));
     const headers = { ...forwardedHeaders(ctx), 'content-type': 'application/json' };

@@ -12,6 +12,8 @@ export interface SyncView {
   connections(): { cluster: string; appliedVersion: number }[];
   /** Connected clusters with their last heartbeat: what placement decides on. */
   live(): ReadonlyMap<string, LiveCluster>;
+  /** Calls `listener` on each worker's ack with the version it applied; returns the unsubscribe. */
+  onAck(listener: (cluster: string, version: number) => void): () => void;
 }
 
 export interface HubContext {
