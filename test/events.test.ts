@@ -7,8 +7,15 @@ import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
+import { Counter } from 'prom-client';
+import { KeyRing } from '../src/auth/keyring.ts';
 import type { LifecycleEvent } from '../src/events/event-log.ts';
 import { verify } from '../src/events/signature.ts';
+import { freePort } from '../src/system/local-system.ts';
+import { silentLogger } from '../src/system/log.ts';
+import { createPipeline } from '../src/worker/pipeline.ts';
+import { createRouter } from '../src/worker/router.ts';
+import { e2bEventRoutes, eventRoutes, type EventsApi } from '../src/worker/routes-events.ts';
 import { kubectlFor, serveTls } from './support/kubectl.ts';
 import { call, startWorkerFixture, type WorkerFixture } from './support/worker-fixture.ts';
 import { waitFor } from './support/wait.ts';
@@ -282,4 +289,64 @@ test('kubectl describe shows Events on SandboxClaims and SandboxWarmPools too: a
     return /SandboxCreated/.test(out) ? out : undefined;
   }, 20_000);
   assert.match(pool.slice(pool.indexOf('Events:')), /Normal\s+SandboxCreated\s+\S+\s+agent-sandbox-controller\s+created warm sandbox \S+/);
+});
+
+/**
+ * An API process in front (--role=api --events-url): the events routes of a second server, with
+ * its own key check over the same keys, pass every request on to the worker that keeps the log,
+ * as the API pods of clusters/base do to the operator.
+ */
+async function apiFront(t: { after: (fn: () => Promise<void> | void) => void }, fx: WorkerFixture, forwardTo: string): Promise<{ url: string }> {
+  const auth = await KeyRing.open({ store: fx.store, log: silentLogger() });
+  t.after(() => auth.close());
+  const events: EventsApi = { source: { forwardTo }, jsonBytes: 1 << 20, webhookAllowPrivate: false };
+  const handler = createPipeline({ router: createRouter([...eventRoutes(events), ...e2bEventRoutes(events, auth)]), auth, log: silentLogger(), requests: new Counter({ name: 'front_requests_total', help: 'x', labelNames: ['route', 'code'], registers: [] }), server: 'the worker', realm: 'asb' });
+  const server = createServer(handler);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.after(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  return { url: `http://127.0.0.1:${String((server.address() as AddressInfo).port)}` };
+}
+
+test('an API process passes the events API on to the process that keeps the log: the same answers in both shapes, webhooks registered there, 503 naming it when it is down', async (t) => {
+  const { fx, receiver } = await setup(t);
+  const front = await apiFront(t, fx, fx.url);
+  const id = await create(fx);
+  await waitForType(fx, id, 'sandbox.lifecycle.ready');
+
+  const direct = await call(fx, 'GET', `/v1/events/sandboxes/${id}?orderAsc=true&types=sandbox.lifecycle.created`, { key: fx.keys.teamA });
+  const passed = await call(front, 'GET', `/v1/events/sandboxes/${id}?orderAsc=true&types=sandbox.lifecycle.created`, { key: fx.keys.teamA });
+  assert.equal(passed.status, 200, passed.text);
+  assert.deepEqual(passed.json, direct.json, 'the query went with the request');
+  assert.deepEqual((passed.json as LifecycleEvent[]).map((e) => e.type), ['sandbox.lifecycle.created']);
+  const e2b = await fetch(`${front.url}/events/sandboxes/${id}`, { headers: { 'x-api-key': fx.keys.teamA } });
+  assert.equal(e2b.status, 200);
+  assert.equal(((await e2b.json()) as LifecycleEvent[])[0]?.sandboxId, id);
+
+  // The team is the caller's key's, at the log too: another team gets E2B's 404 and our 404.
+  const otherE2b = await fetch(`${front.url}/events/sandboxes/${id}`, { headers: { 'x-api-key': fx.keys.teamB } });
+  assert.equal(otherE2b.status, 404);
+  assert.equal(((await otherE2b.json()) as { code: number }).code, 404);
+  assert.equal((await call(front, 'GET', `/v1/events/sandboxes/${id}`, { key: fx.keys.teamB })).status, 404);
+  assert.equal((await call(front, 'GET', `/v1/events/sandboxes/${id}`, {})).status, 401, 'no key: refused at the front');
+
+  // A webhook registered at the front is the log's (the body went along); bad input is its 422.
+  const hook = await call(front, 'POST', '/v1/events/webhooks', { key: fx.keys.teamA, json: { name: 'via-front', url: `http://127.0.0.1:${String(receiver.port)}/hook`, signatureSecret: SECRET } });
+  assert.equal(hook.status, 201, hook.text);
+  const hookId = (hook.json as { id: string }).id;
+  assert.deepEqual(((await call(fx, 'GET', '/v1/events/webhooks', { key: fx.keys.teamA })).json as { id: string }[]).map((h) => h.id), [hookId]);
+  const bad = await call(front, 'POST', '/v1/events/webhooks', { key: fx.keys.teamA, json: { url: 'http://127.0.0.1:9/hook' } });
+  assert.equal(bad.status, 422, bad.text);
+  assert.match(bad.text, /signatureSecret: is required/);
+  assert.equal((await call(front, 'DELETE', `/v1/events/webhooks/${hookId}`, { key: fx.keys.teamA })).status, 204);
+  assert.deepEqual((await call(fx, 'GET', '/v1/events/webhooks', { key: fx.keys.teamA })).json, []);
+
+  // The log's process away: 503 on both surfaces, naming where it was looked for.
+  const closed = `http://127.0.0.1:${String(await freePort())}`;
+  const away = await apiFront(t, fx, closed);
+  const down = await call(away, 'GET', `/v1/events/sandboxes/${id}`, { key: fx.keys.teamA });
+  assert.equal(down.status, 503, down.text);
+  assert.match(down.text, new RegExp(`operator that keeps this cluster's lifecycle events \\(${closed.replaceAll('.', '\\.')}\\) did not answer`));
+  const downE2b = await fetch(`${away.url}/events/webhooks`, { headers: { 'x-api-key': fx.keys.teamA } });
+  assert.equal(downE2b.status, 503);
+  assert.match(((await downE2b.json()) as { message: string }).message, /did not answer/);
 });

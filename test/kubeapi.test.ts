@@ -146,6 +146,12 @@ test('errors are Status objects as kube-apiserver writes them, one per reason', 
   assert.equal(statusBody(badSelector).reason, 'BadRequest');
   assert.equal(statusBody(badSelector).message, 'field label not supported: spec.replicas');
 
+  // A bad percent-encoding in an Events path is the caller's error, as in any other path.
+  for (const path of ['/api/v1/namespaces/%E0%A4%A/events', '/api/v1/namespaces/default/events/%E0%A4%A']) {
+    const badEscape = await call(fx, 'GET', path, { key: admin });
+    assert.deepEqual([badEscape.status, statusBody(badEscape).reason, statusBody(badEscape).message], [400, 'BadRequest', 'path segment "%E0%A4%A" is not valid percent-encoding'], path);
+  }
+
   const strategic = await call(fx, 'PATCH', `${pools}/p`, { key: admin, body: '{}', headers: { 'content-type': 'application/strategic-merge-patch+json' } });
   assert.equal(strategic.status, 415);
   assert.equal(statusBody(strategic).reason, 'UnsupportedMediaType');

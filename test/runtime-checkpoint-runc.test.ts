@@ -171,6 +171,23 @@ test('a runc pod in its shim\'s own user namespace refuses a stop with memory, s
   await rt.remove('rckpt1');
 });
 
+test('a stop with memory answers once every process is killed, while the pod\'s end goes on: a snapshot and a remove made at once wait for it, and nothing is left', async () => {
+  const rt = fixture.rt;
+  const req = counterPod('rnow1');
+  await countedAndPaused(req);
+  assert.equal(rt.state('rnow1').phase, 'Stopped');
+  // At once, with no wait: the snapshot copies the memory image and the disk the shim leaves.
+  const snap = await rt.snapshot('rnow1', 'rnow-snap', { memory: true });
+  assert.equal(snap.memory, true);
+  assert.ok(snap.memoryBytes > 0);
+  await rt.remove('rnow1');
+  const paths = podPaths(root, 'rnow1');
+  assert.equal(existsSync(paths.dir), false, 'the pod dir went, after its shim unmounted the disk');
+  const mounts = await readFile('/proc/self/mountinfo', 'utf8');
+  assert.deepEqual(mounts.split('\n').filter((l) => l.includes('/rnow1/') || l.endsWith('/rnow1')), [], 'no mount of the pod is left');
+  await rt.deleteSnapshot('rnow-snap');
+});
+
 test('a kept runc checkpoint outlives the worker: a new runtime on the same root restores it; remove() deletes it with the pod', async () => {
   const req = counterPod('ragain1');
   const { token } = await countedAndPaused(req);

@@ -56,6 +56,19 @@ test('--pod-namespace (ASB_POD_NAMESPACE) puts sandbox Pods in a namespace of th
   assert.deepEqual(problems(['--pod-namespace=Pods']), ['--pod-namespace (ASB_POD_NAMESPACE) must be a namespace name (lower-case letters, digits and \'-\', at most 63), got "Pods"']);
 });
 
+test('an API process passes its events API on to the operator at --events-url (ASB_EVENTS_URL); the flag is refused where it could not be read', () => {
+  const kube = ['--store=kube', '--runtime=kube'];
+  assert.equal(parseWorkerConfig(['--role=api', ...kube, '--events-url', 'http://operator:7080/'], {}).eventsUrl, 'http://operator:7080');
+  assert.equal(parseWorkerConfig(['--role=api', ...kube], { ASB_EVENTS_URL: 'https://operator.asb.svc:7080' }).eventsUrl, 'https://operator.asb.svc:7080');
+  assert.equal(parseWorkerConfig(['--role=api', ...kube], {}).eventsUrl, undefined);
+  assert.deepEqual(problems(['--role=operator', ...kube, '--events-url=http://operator:7080']), [
+    '--events-url (ASB_EVENTS_URL) is read only with --role (ASB_ROLE) api: a process with controllers keeps its own event log, and --role (ASB_ROLE) is operator',
+  ]);
+  assert.deepEqual(problems(['--role=api', ...kube, '--events-url=operator:7080/events']), [
+    '--events-url (ASB_EVENTS_URL) must be an http(s) URL with no path, such as http://operator:7080, got "operator:7080/events"',
+  ]);
+});
+
 test('the Kubernetes deployment\'s flags parse: operator and api roles on the kube store and runtime', () => {
   for (const role of ['operator', 'api', 'all'] as const) {
     const config = parseWorkerConfig([`--role=${role}`, '--store=kube', '--runtime=kube', '--namespace', 'sandboxes'], {});

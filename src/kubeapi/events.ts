@@ -12,7 +12,7 @@ import { LABEL, SandboxWarmPoolType } from '../api/types.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError } from '../errors.ts';
 import type { WorkerContext } from '../worker/deps.ts';
-import { intParam } from './request.ts';
+import { fieldSelectorTerms, intParam, segment } from './request.ts';
 import { humanDuration, includeObjectOf, type IncludeObject } from './table.ts';
 
 export interface EventsPath {
@@ -26,7 +26,7 @@ export function parseEventsPath(path: string): EventsPath | undefined {
   if (parts[0] !== 'api' || parts[1] !== 'v1') return undefined;
   if (parts.length === 3 && parts[2] === 'events') return { namespace: undefined, name: undefined };
   if (parts[2] === 'namespaces' && parts[4] === 'events' && parts[3] !== undefined && parts[3] !== '' && (parts.length === 5 || (parts.length === 6 && parts[5] !== ''))) {
-    return { namespace: decodeURIComponent(parts[3]), name: parts[5] === undefined ? undefined : decodeURIComponent(parts[5]) };
+    return { namespace: segment(parts[3]), name: parts[5] === undefined ? undefined : segment(parts[5]) };
   }
   return undefined;
 }
@@ -49,15 +49,11 @@ const FIELDS: Record<string, (e: KubeEvent) => string> = {
 
 /** An Event field selector (the fields the apiserver indexes for Events) as a predicate; 400 naming an unknown field. */
 export function eventFieldFilter(text: string | null): (e: KubeEvent) => boolean {
-  const terms: { get: (e: KubeEvent) => string; op: '=' | '!='; value: string }[] = [];
-  for (const term of (text ?? '').split(',')) {
-    if (term.trim() === '') continue;
-    const m = /^\s*([^=!\s]+)\s*(==|=|!=)\s*(.*?)\s*$/.exec(term);
-    if (m === null) throw new AsbError('BadRequest', `invalid field selector term ${JSON.stringify(term)}: expected field=value or field!=value`);
-    const get = FIELDS[m[1] ?? ''];
-    if (get === undefined) throw new AsbError('BadRequest', `"${m[1] ?? ''}" is not a known field selector: only ${Object.keys(FIELDS).join(', ')}`);
-    terms.push({ get, op: m[2] === '!=' ? '!=' : '=', value: m[3] ?? '' });
-  }
+  const terms = fieldSelectorTerms(text).map(({ field, op, value }) => {
+    const get = FIELDS[field];
+    if (get === undefined) throw new AsbError('BadRequest', `"${field}" is not a known field selector: only ${Object.keys(FIELDS).join(', ')}`);
+    return { get, op, value };
+  });
   return (e) => terms.every((t) => (t.get(e) === t.value) === (t.op === '='));
 }
 

@@ -19,7 +19,8 @@ export function isKubeApiPath(path: string): boolean {
   return path === '/api' || path.startsWith('/api/') || path === '/apis' || path.startsWith('/apis/') || path === '/version' || path === '/openapi/v3' || path.startsWith('/openapi/v3/');
 }
 
-function segment(raw: string): string {
+/** A path segment decoded; 400 naming it when its percent-encoding is bad. */
+export function segment(raw: string): string {
   try {
     return decodeURIComponent(raw);
   } catch {
@@ -54,17 +55,31 @@ export interface FieldSelector {
   namespace?: { op: '=' | '!='; value: string };
 }
 
-/** `metadata.name=x,metadata.namespace!=y`: the fields a custom resource selects on (no others). */
-export function parseFieldSelector(text: string | null): FieldSelector {
-  const out: FieldSelector = {};
-  if (text === null || text.trim() === '') return out;
-  for (const term of text.split(',')) {
+export interface FieldTerm {
+  field: string;
+  op: '=' | '!=';
+  value: string;
+}
+
+/** `a=x,b!=y` (`==` is `=`) as its terms, empty terms skipped; 400 naming a term that is neither. */
+export function fieldSelectorTerms(text: string | null): FieldTerm[] {
+  const terms: FieldTerm[] = [];
+  for (const term of (text ?? '').split(',')) {
+    if (term.trim() === '') continue;
     const m = /^\s*([^=!\s]+)\s*(==|=|!=)\s*(.*?)\s*$/.exec(term);
     if (m === null) throw new AsbError('BadRequest', `invalid field selector term ${JSON.stringify(term)}: expected field=value or field!=value`);
     const [, field = '', op = '', value = ''] = m;
-    const req = { op: op === '!=' ? '!=' as const : '=' as const, value };
-    if (field === 'metadata.name') out.name = req;
-    else if (field === 'metadata.namespace') out.namespace = req;
+    terms.push({ field, op: op === '!=' ? '!=' : '=', value });
+  }
+  return terms;
+}
+
+/** `metadata.name=x,metadata.namespace!=y`: the fields a custom resource selects on (no others). */
+export function parseFieldSelector(text: string | null): FieldSelector {
+  const out: FieldSelector = {};
+  for (const { field, op, value } of fieldSelectorTerms(text)) {
+    if (field === 'metadata.name') out.name = { op, value };
+    else if (field === 'metadata.namespace') out.namespace = { op, value };
     else throw new AsbError('BadRequest', `field label not supported: ${field}`);
   }
   return out;

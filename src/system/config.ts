@@ -152,6 +152,13 @@ export interface WorkerConfig {
    */
   readonly webhookAllowPrivate: boolean;
   /**
+   * ASB_EVENTS_URL / --events-url (--role=api only): the operator's URL (http(s), no path) whose
+   * event log answers this process's events API and webhooks; the API process passes those
+   * requests on with the caller's key. Unset: an API process keeps no events and answers 404.
+   * clusters/base sets it to the operator's Service.
+   */
+  readonly eventsUrl: string | undefined;
+  /**
    * ASB_SNAPSHOT_GIB_PER_TEAM / --snapshot-gib-per-team: the bytes one team's snapshots may take on
    * this worker's disk, in GiB (files and memory images). A snapshot is refused once the team's
    * snapshots take this much. Default 100
@@ -188,7 +195,7 @@ const DEFAULTS = {
   role: 'all',
 } as const;
 
-type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'buildPodNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'buildRegistryPull' | 'buildEgress' | 'egressProxyPort' | 'egressFloor' | 'criu';
+type OptionalKey = 'adminKeyFile' | 'hubUrl' | 'eventsUrl' | 'hubCredentialFile' | 'edgeTlsUrl' | 'kubeconfig' | 'podNamespace' | 'buildPodNamespace' | 'subnet' | 'bridge' | 'imageCache' | 'registriesFile' | 'buildRegistry' | 'buildRegistryPull' | 'buildEgress' | 'egressProxyPort' | 'egressFloor' | 'criu';
 type Key = keyof typeof DEFAULTS | OptionalKey;
 
 const SOURCES: Record<Key, { env: string; flag: string }> = {
@@ -227,6 +234,7 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   snapshotsPerTeam: { env: 'ASB_SNAPSHOTS_PER_TEAM', flag: 'snapshots-per-team' },
   eventRetentionDays: { env: 'ASB_EVENT_RETENTION_DAYS', flag: 'event-retention-days' },
   webhookAllowPrivate: { env: 'ASB_WEBHOOK_ALLOW_PRIVATE', flag: 'webhook-allow-private' },
+  eventsUrl: { env: 'ASB_EVENTS_URL', flag: 'events-url' },
   snapshotGibPerTeam: { env: 'ASB_SNAPSHOT_GIB_PER_TEAM', flag: 'snapshot-gib-per-team' },
   criu: { env: 'ASB_CRIU', flag: 'criu' },
 };
@@ -317,6 +325,11 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
   }
   if (hubUrl !== undefined && !isEdgeUrl(hubUrl)) problems.push(`${describe('hubUrl')} must be an http(s) URL with no path, such as http://127.0.0.1:7090, got "${hubUrl}"`);
   if ((hubUrl === undefined) !== (hubCredentialFile === undefined)) problems.push(`${describe('hubUrl')} and ${describe('hubCredentialFile')} go together: set both or neither`);
+  const eventsUrl = raw('eventsUrl');
+  if (eventsUrl !== undefined) {
+    if (!isEdgeUrl(eventsUrl)) problems.push(`${describe('eventsUrl')} must be an http(s) URL with no path, such as http://operator:7080, got "${eventsUrl}"`);
+    if (role !== 'api') problems.push(`${describe('eventsUrl')} is read only with ${describe('role')} api: a process with controllers keeps its own event log, and ${describe('role')} is ${role}`);
+  }
   const egressText = raw('egressProxyPort');
   const egressProxyPort = egressText === undefined || egressText === '' || egressText === 'off' ? undefined : Number(egressText);
   if (egressProxyPort !== undefined && (!Number.isInteger(egressProxyPort) || egressProxyPort < 1 || egressProxyPort > 65535)) problems.push(`${describe('egressProxyPort')} must be a port from 1 to 65535 or off, got "${egressText ?? ''}"`);
@@ -341,6 +354,7 @@ export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<
     edgeUrl: edgeUrl.replace(/\/$/, ''),
     edgeTlsUrl: edgeTlsUrl?.replace(/\/$/, ''),
     hubUrl: hubUrl?.replace(/\/$/, ''),
+    eventsUrl: eventsUrl?.replace(/\/$/, ''),
     hubCredentialFile: hubCredentialFile === undefined ? undefined : resolve(hubCredentialFile),
     // Up to a day: a terminal left open longer is forgotten, and it holds the sandbox awake.
     terminalIdleMs: int('terminalIdleMs', 100, 86_400_000),

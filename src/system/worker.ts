@@ -36,6 +36,8 @@ import { createAccessTokens, loadClusterSecret } from '../worker/access-token.ts
 import type { WorkerOperator } from '../worker/deps.ts';
 import { createPipeline } from '../worker/pipeline.ts';
 import { createRouter, type Route } from '../worker/router.ts';
+import { e2bEventRoutes, eventRoutes, type EventsApi } from '../worker/routes-events.ts';
+import { DEFAULT_JSON_LIMIT_BYTES } from '../worker/body.ts';
 import { createWorkerServer } from '../worker/server.ts';
 import { watchHubLink } from '../worker/sync/hub-link.ts';
 import { startSyncAgent, type SyncAgent } from '../worker/sync/sync-agent.ts';
@@ -101,7 +103,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   // Lifecycle events run with the controllers: the recorder fills this process's event log
   // (events.db under the data directory) and writes Kubernetes Events; on the kube store only
   // while this process holds the Lease, so one process per cluster counts each Event. An API-only
-  // process (--role=api) keeps no log: its events API answers 404.
+  // process (--role=api) keeps no log: it passes its events API on to the operator named by
+  // --events-url (whose log is on its volume; clusters/base), or answers 404 without one.
   const eventLog = config.role === 'api' ? undefined : new EventLog({ dir: join(config.dataDir, 'events'), now: () => clock.now(), retentionMs: config.eventRetentionDays * 86_400_000 });
   const lifecycle = operator === undefined || eventLog === undefined ? undefined : await startLifecycleEvents({ store, log, clock, events: eventLog, instance: config.clusterTag, metrics, webhooks: { allowPrivate: config.webhookAllowPrivate } });
   const led =
@@ -195,7 +198,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           ...(syncStatus === undefined ? {} : { sync: syncStatus }),
           ...(sync === undefined ? {} : { reportToHub: (timeoutMs: number) => sync.reportNow(timeoutMs) }),
           ...(builds === undefined ? {} : { builds }),
-          ...(eventLog === undefined ? {} : { events: eventLog }),
+          ...(eventLog !== undefined ? { events: { log: eventLog } } : config.eventsUrl !== undefined ? { events: { forwardTo: config.eventsUrl } } : {}),
           webhookAllowPrivate: config.webhookAllowPrivate,
         });
   if (sync !== undefined) {
@@ -203,7 +206,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
       sync.reportNow(2000).catch((err: unknown) => log.warn({ err }, 'cannot tell the hub about a built template'));
     };
   }
-  const handler = api?.handler ?? operatorEndpoints({ auth: keyRing, registry, metrics, log, led });
+  const handler = api?.handler ?? operatorEndpoints({ auth: keyRing, registry, metrics, log, led, ...(eventLog === undefined ? {} : { events: { source: { log: eventLog }, jsonBytes: DEFAULT_JSON_LIMIT_BYTES, webhookAllowPrivate: config.webhookAllowPrivate } }) });
   const server = createServer(handler);
   if (api !== undefined) server.on('upgrade', api.upgrade);
   // Claims come in bursts of many short requests: keep connections alive past the default 5 s.
@@ -317,12 +320,15 @@ interface OperatorEndpointsOptions {
   metrics: Metrics;
   log: Logger;
   led: LedControllers | undefined;
+  /** The cluster's lifecycle events, which the API processes pass their events API on to. */
+  events?: EventsApi;
 }
 
 /**
- * --role=operator serves no API, only what Kubernetes and Prometheus ask of it: /healthz (no key;
- * also says whether this process leads, and as whom the Lease names it) and /metrics (a key, as
- * on the worker API).
+ * --role=operator serves no sandbox API, only what Kubernetes and Prometheus ask of it: /healthz
+ * (no key; also says whether this process leads, and as whom the Lease names it) and /metrics (a
+ * key, as on the worker API); and, since the cluster's event log is this process's, the events
+ * API and webhooks in both shapes (a key; the API processes pass theirs on here, --events-url).
  */
 function operatorEndpoints(opts: OperatorEndpointsOptions): (req: IncomingMessage, res: ServerResponse) => void {
   const routes: Route[] = [
@@ -337,6 +343,7 @@ function operatorEndpoints(opts: OperatorEndpointsOptions): (req: IncomingMessag
       pattern: '/metrics',
       handler: async () => ({ status: 200, bytes: Buffer.from(await opts.registry.metrics(), 'utf8'), contentType: opts.registry.contentType }),
     },
+    ...(opts.events === undefined ? [] : [...eventRoutes(opts.events), ...e2bEventRoutes(opts.events, opts.auth)]),
   ];
   return createPipeline({ router: createRouter(routes), auth: opts.auth, log: opts.log.child({ component: 'operator-endpoints' }), requests: opts.metrics.httpRequestsTotal, server: 'the operator', realm: 'asb' });
 }

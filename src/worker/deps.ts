@@ -9,12 +9,12 @@ import type { PodRuntime } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { TemplateBuilds } from '../builds/service.ts';
 import type { CredentialStore } from '../egress/credential-store.ts';
-import type { EventLog } from '../events/event-log.ts';
 import type { Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
 import type { AccessTokens } from './access-token.ts';
 import type { SandboxCallLimits } from './sandbox-calls.ts';
 import type { SandboxIndex } from './sandbox-index.ts';
+import type { EventsSource } from './routes-events.ts';
 
 /** The part of the operator the API drives (src/operator/operator.ts implements it). */
 export interface WorkerOperator {
@@ -112,8 +112,11 @@ export interface WorkerDeps {
   egressProxy?: boolean;
   /** Template builds (src/builds/service.ts); absent: E2B's build API answers 501. Owned by the caller, which closes it. */
   builds?: TemplateBuilds;
-  /** The lifecycle event log (events API, webhooks); absent: those routes answer 404. Owned by the caller. */
-  events?: EventLog;
+  /**
+   * Where the events API and webhooks answer from: this process's event log (owned by the
+   * caller), or the operator an API process passes them on to; absent: those routes answer 404.
+   */
+  events?: EventsSource;
   /** --webhook-allow-private: webhooks may name private addresses and localhost; default false: such a URL is a 422. */
   webhookAllowPrivate?: boolean;
 }
@@ -137,6 +140,6 @@ export interface WorkerContext {
   egressCredentials: CredentialStore | undefined;
   egressProxy: boolean;
   builds: TemplateBuilds | undefined;
-  events: EventLog | undefined;
+  events: EventsSource;
   webhookAllowPrivate: boolean;
 }

@@ -19,7 +19,7 @@ import type { EventLog, ListQuery } from '../events/event-log.ts';
 import { EVENT_TYPES } from '../events/facts.ts';
 import { privateHostProblem } from '../events/webhook-target.ts';
 import { principalOf } from './access.ts';
-import { readJson } from './body.ts';
+import { readBody, readJson } from './body.ts';
 import type { Authenticator, WorkerContext } from './deps.ts';
 import { isPlainObject, queryInt } from './input.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
@@ -31,9 +31,58 @@ const SECRET_MIN = 16;
 const SECRET_MAX = 512;
 const NAME_MAX = 128;
 
-function logOf(w: WorkerContext): EventLog {
-  if (w.events === undefined) throw new AsbError('NotFound', 'this worker keeps no lifecycle events');
-  return w.events;
+/**
+ * Where a process's events API answers from: its own log (a worker, an operator), or, in an API
+ * process (--role=api --events-url), the operator that keeps the cluster's log, which each request
+ * is passed on to with the caller's key; undefined: it keeps none, and every route answers 404.
+ */
+export type EventsSource = { log: EventLog } | { forwardTo: string } | undefined;
+
+/** What the events routes read: the source and the request limits. */
+export interface EventsApi {
+  source: EventsSource;
+  jsonBytes: number;
+  webhookAllowPrivate: boolean;
+}
+
+/** The events API of a worker's routes. */
+export function eventsApiOf(w: WorkerContext): EventsApi {
+  return { source: w.events, jsonBytes: w.limits.jsonBytes, webhookAllowPrivate: w.webhookAllowPrivate };
+}
+
+function logOf(e: EventsApi): EventLog {
+  if (e.source === undefined || !('log' in e.source)) throw new AsbError('NotFound', 'this worker keeps no lifecycle events');
+  return e.source.log;
+}
+
+// Request headers an API process passes on to the operator: the caller's key and the body's type.
+const FORWARDED_HEADERS = ['authorization', 'x-api-key', 'content-type', 'accept'] as const;
+// The operator answers from its own SQLite file: anything past this is an operator in trouble.
+const FORWARD_TIMEOUT_MS = 10_000;
+
+/**
+ * Passes the request on to the operator at `to`, as the caller sent it (method, path, query, key,
+ * body), and its answer back as it came: the operator checks the key and the team again and
+ * shapes its errors for the surface asked (ours or E2B's). Unreachable: 503, naming it.
+ */
+async function forward(to: string, e: EventsApi, ctx: RequestContext): Promise<Reply> {
+  const method = ctx.req.method ?? 'GET';
+  const body = method === 'GET' || method === 'DELETE' ? undefined : await readBody(ctx.req, e.jsonBytes);
+  const headers: Record<string, string> = {};
+  for (const name of FORWARDED_HEADERS) {
+    const value = ctx.req.headers[name];
+    if (typeof value === 'string') headers[name] = value;
+  }
+  let answer: Response;
+  let bytes: Uint8Array;
+  try {
+    answer = await fetch(new URL(ctx.req.url ?? '/', to), { method, headers, ...(body === undefined ? {} : { body }), signal: AbortSignal.timeout(FORWARD_TIMEOUT_MS) });
+    bytes = new Uint8Array(await answer.arrayBuffer());
+  } catch (err) {
+    throw new AsbError('Unavailable', `the operator that keeps this cluster's lifecycle events (${to}) did not answer (${err instanceof Error ? err.message : String(err)}); try again shortly`, { cause: err });
+  }
+  if (answer.status === 204) return { status: 204 };
+  return { status: answer.status, bytes, contentType: answer.headers.get('content-type') ?? 'application/json' };
 }
 
 function listQuery(query: URLSearchParams): ListQuery {
@@ -105,38 +154,38 @@ function urlProblem(url: unknown, allowPrivate: boolean): string | undefined {
   return allowPrivate ? undefined : privateHostProblem(parsed);
 }
 
-type Handler = (w: WorkerContext, ctx: RequestContext) => Promise<Reply>;
+type Handler = (e: EventsApi, ctx: RequestContext) => Promise<Reply>;
 
 const handlers: Record<string, Handler> = {
-  sandboxEvents: (w, ctx) => {
+  sandboxEvents: (e, ctx) => {
     const id = ctx.params.id ?? '';
-    const events = logOf(w).sandboxEvents(principalOf(ctx).team, id, listQuery(ctx.query));
+    const events = logOf(e).sandboxEvents(principalOf(ctx).team, id, listQuery(ctx.query));
     if (events === undefined) throw new AsbError('NotFound', `sandbox ${id} has no events for your team (it is not yours, or its events are past their retention)`);
     return Promise.resolve({ status: 200, json: events });
   },
-  teamEvents: (w, ctx) => Promise.resolve({ status: 200, json: logOf(w).teamEvents(principalOf(ctx).team, listQuery(ctx.query)) }),
-  createWebhook: async (w, ctx) => {
-    const log = logOf(w);
-    const input = parseWebhookBody(await readJson(ctx.req, w.limits.jsonBytes), true, w.webhookAllowPrivate);
+  teamEvents: (e, ctx) => Promise.resolve({ status: 200, json: logOf(e).teamEvents(principalOf(ctx).team, listQuery(ctx.query)) }),
+  createWebhook: async (e, ctx) => {
+    const log = logOf(e);
+    const input = parseWebhookBody(await readJson(ctx.req, e.jsonBytes), true, e.webhookAllowPrivate);
     const hook = log.addWebhook(principalOf(ctx).team, { name: input.name ?? 'webhook', url: input.url ?? '', secret: input.secret ?? '', events: input.events ?? [], enabled: input.enabled ?? true });
     return { status: 201, json: hook };
   },
-  listWebhooks: (w, ctx) => Promise.resolve({ status: 200, json: logOf(w).webhooks(principalOf(ctx).team) }),
-  getWebhook: (w, ctx) => Promise.resolve({ status: 200, json: ownWebhook(w, ctx) }),
-  updateWebhook: async (w, ctx) => {
-    const log = logOf(w);
+  listWebhooks: (e, ctx) => Promise.resolve({ status: 200, json: logOf(e).webhooks(principalOf(ctx).team) }),
+  getWebhook: (e, ctx) => Promise.resolve({ status: 200, json: ownWebhook(e, ctx) }),
+  updateWebhook: async (e, ctx) => {
+    const log = logOf(e);
     const team = principalOf(ctx).team;
-    ownWebhook(w, ctx);
-    const input = parseWebhookBody(await readJson(ctx.req, w.limits.jsonBytes), false, w.webhookAllowPrivate);
+    ownWebhook(e, ctx);
+    const input = parseWebhookBody(await readJson(ctx.req, e.jsonBytes), false, e.webhookAllowPrivate);
     log.updateWebhook(team, ctx.params.id ?? '', input);
-    return { status: 200, json: ownWebhook(w, ctx) };
+    return { status: 200, json: ownWebhook(e, ctx) };
   },
-  deleteWebhook: (w, ctx) => {
-    if (!logOf(w).deleteWebhook(principalOf(ctx).team, ctx.params.id ?? '')) throw webhookNotFound(ctx.params.id ?? '');
+  deleteWebhook: (e, ctx) => {
+    if (!logOf(e).deleteWebhook(principalOf(ctx).team, ctx.params.id ?? '')) throw webhookNotFound(ctx.params.id ?? '');
     return Promise.resolve({ status: 204 });
   },
-  deliveries: (w, ctx) => {
-    const list = logOf(w).deliveries(principalOf(ctx).team, ctx.params.id ?? '', { offset: queryInt(ctx.query, 'offset', 0, 1_000_000) ?? 0, limit: queryInt(ctx.query, 'limit', 1, 1000) ?? 100 });
+  deliveries: (e, ctx) => {
+    const list = logOf(e).deliveries(principalOf(ctx).team, ctx.params.id ?? '', { offset: queryInt(ctx.query, 'offset', 0, 1_000_000) ?? 0, limit: queryInt(ctx.query, 'limit', 1, 1000) ?? 100 });
     if (list === undefined) throw webhookNotFound(ctx.params.id ?? '');
     return Promise.resolve({ status: 200, json: list });
   },
@@ -146,8 +195,8 @@ function webhookNotFound(id: string): AsbError {
   return new AsbError('NotFound', `webhook ${id} not found`);
 }
 
-function ownWebhook(w: WorkerContext, ctx: RequestContext) {
-  const hook = logOf(w).webhook(principalOf(ctx).team, ctx.params.id ?? '');
+function ownWebhook(e: EventsApi, ctx: RequestContext) {
+  const hook = logOf(e).webhook(principalOf(ctx).team, ctx.params.id ?? '');
   if (hook === undefined) throw webhookNotFound(ctx.params.id ?? '');
   return hook;
 }
@@ -163,12 +212,19 @@ const TABLE: readonly [Route['method'], string, keyof typeof handlers][] = [
   ['GET', '/events/webhooks/{id}/deliveries', 'deliveries'],
 ];
 
+/** The handler of one route: forwarded to the operator, or answered from the log here. */
+function handlerOf(e: EventsApi, name: keyof typeof handlers): (ctx: RequestContext) => Promise<Reply> {
+  const source = e.source;
+  if (source !== undefined && 'forwardTo' in source) return (ctx) => forward(source.forwardTo, e, ctx);
+  return (ctx) => handlers[name]?.(e, ctx) ?? Promise.reject(new AsbError('Internal', name));
+}
+
 /** Our API's: /v1/events/…, problem+json errors. */
-export function eventRoutes(w: WorkerContext): Route[] {
-  return TABLE.map(([method, path, name]) => ({ method, pattern: `/v1${path}`, handler: (ctx) => handlers[name]?.(w, ctx) ?? Promise.reject(new AsbError('Internal', name)) }));
+export function eventRoutes(e: EventsApi): Route[] {
+  return TABLE.map(([method, path, name]) => ({ method, pattern: `/v1${path}`, handler: handlerOf(e, name) }));
 }
 
 /** E2B's: /events/…, with E2B's X-API-Key and {code, message} errors. */
-export function e2bEventRoutes(w: WorkerContext, auth: Authenticator): Route[] {
-  return TABLE.map(([method, path, name]) => e2bRoute(auth, method, path, (ctx) => handlers[name]?.(w, ctx) ?? Promise.reject(new AsbError('Internal', name))));
+export function e2bEventRoutes(e: EventsApi, auth: Authenticator): Route[] {
+  return TABLE.map(([method, path, name]) => e2bRoute(auth, method, path, handlerOf(e, name)));
 }

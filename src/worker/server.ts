@@ -33,7 +33,7 @@ import { e2bSnapshotRoutes } from './e2b/snapshots.ts';
 import { e2bRoutes } from './e2b/routes.ts';
 import { e2bTemplateRoutes } from './e2b/templates.ts';
 import { egressRoutes } from './routes-egress.ts';
-import { e2bEventRoutes, eventRoutes } from './routes-events.ts';
+import { e2bEventRoutes, eventRoutes, eventsApiOf } from './routes-events.ts';
 import { systemRoutes } from './routes-system.ts';
 import { SandboxIndex } from './sandbox-index.ts';
 import { TERMINAL_TOKEN_TTL_MS } from '../terminal/contract.ts';
@@ -173,8 +173,8 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     // Before the snapshots' DELETE /templates/{id}: /templates/tags is a literal path of its own.
     ...e2bTemplateRoutes(w, deps.auth, uploads),
     ...e2bSnapshotRoutes(w, deps.auth),
-    ...eventRoutes(w),
-    ...e2bEventRoutes(w, deps.auth),
+    ...eventRoutes(eventsApiOf(w)),
+    ...e2bEventRoutes(eventsApiOf(w), deps.auth),
   ]);
   const requests = deps.metrics.httpRequestsTotal;
 

@@ -499,4 +499,31 @@ test('operator restart: kill -9 during a burst of claims, start again: every ack
   }
   assert.equal((await get<SandboxJson>('sandbox', idle.body.id, ns))?.status?.phase, 'Running');
   await waitFor('idle: Hibernated', async () => ((await get<SandboxJson>('sandbox', idle.body.id, ns))?.status?.phase === 'Hibernated' ? true : undefined), 30_000, 200);
+
+  // The cluster's lifecycle events are the leading operator's log (its volume in clusters/base):
+  // an API process with --events-url passes its events API on there, in both shapes, with the
+  // caller's key; the log outlives a kill -9 of the operator that keeps it.
+  const front = await kubeWorker(t, { tag, namespace: ns, role: 'api', kubeconfig: apiAccount, extraArgs: ['--events-url', other.apiUrl] });
+  const idleEvents = async (): Promise<string[] | undefined> => {
+    const res = await api<{ type: string }[]>(front, 'GET', `/v1/events/sandboxes/${idle.body.id}?orderAsc=true&limit=100`);
+    return res.status === 200 ? res.body.map((e) => e.type) : undefined;
+  };
+  const told = await waitFor('the idle sandbox\'s events through the API process', async () => ((await idleEvents())?.includes('sandbox.lifecycle.paused') === true ? idleEvents() : undefined), 30_000, 200);
+  assert.deepEqual(told.slice(0, 1), ['sandbox.lifecycle.created'], told.join(', '));
+  const e2bEvents = await fetch(`${front.apiUrl}/events/sandboxes/${idle.body.id}?types=sandbox.lifecycle.paused`, { headers: { 'x-api-key': front.adminKey } });
+  assert.equal(e2bEvents.status, 200);
+  assert.deepEqual(((await e2bEvents.json()) as { type: string; sandboxId: string }[]).map((e) => [e.type, e.sandboxId]), [['sandbox.lifecycle.paused', idle.body.id]]);
+  // Disabled: registered and listed, never delivered (its URL is nowhere this test may reach).
+  const hook = await api<{ id: string }>(front, 'POST', '/v1/events/webhooks', { name: 'ops', url: 'https://hooks.example.com/asb', signatureSecret: 'whsec-0123456789abcdef', enabled: false });
+  assert.equal(hook.status, 201, JSON.stringify(hook.body));
+  const otherPort = new URL(other.apiUrl).port;
+  await killed(other.proc);
+  const down = await api(front, 'GET', `/v1/events/sandboxes/${idle.body.id}`);
+  assert.equal(down.status, 503, 'the operator is away: 503, not an empty answer');
+  // Back on the same volume (a Pod's PVC) and address (its Service), it leads again.
+  const back = await kubeWorker(t, { tag, namespace: ns, role: 'operator', kubeconfig: operatorAccount, dataDir: other.dataDir, extraArgs: ['--port', otherPort] });
+  await waitFor('the restarted operator leads', async () => ((await healthz(back)).leader ? true : undefined), 60_000, 200);
+  assert.deepEqual((await idleEvents())?.slice(0, told.length), told, 'every event kept');
+  const hooks = await api<{ id: string; enabled: boolean }[]>(front, 'GET', '/v1/events/webhooks');
+  assert.deepEqual(hooks.body.map((h) => [h.id, h.enabled]), [[hook.body.id, false]]);
 });

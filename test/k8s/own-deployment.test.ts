@@ -235,6 +235,19 @@ test('a region from clusters/overlays/region-a, federated to that hub: through i
     assert.equal(pod, 'Running');
   });
 
+  await t.test('its lifecycle events through the edge: the worker-api Pods pass them on to the operator, whose log is on its volume', async () => {
+    const types = await waitFor('the wake in the events API', async () => {
+      const res = await edgeCall<{ type: string }[]>(edge, 'GET', `/v1/events/sandboxes/${id}?orderAsc=true&limit=100`, { key: user.key });
+      const got = res.status === 200 ? res.body.map((e) => e.type) : [];
+      return got.filter((type) => type === 'sandbox.lifecycle.ready').length >= 2 ? got : undefined;
+    }, 30_000, 500);
+    assert.deepEqual(types.slice(0, 4), ['sandbox.lifecycle.created', 'sandbox.lifecycle.ready', 'sandbox.lifecycle.paused', 'sandbox.lifecycle.resumed'], types.join(', '));
+    const e2b = await edgeCall<{ code?: number }>(edge, 'GET', `/events/sandboxes/${id}`, { headers: { 'x-api-key': h.adminKey } });
+    assert.equal(e2b.status, 404, 'another team (the hub admin\'s) sees none of them');
+    const claim = JSON.parse(await kube.kubectl(['-n', SYSTEM_NS, 'get', 'pvc', 'operator-data', '-o', 'json'])) as { status: { phase?: string } };
+    assert.equal(claim.status.phase, 'Bound');
+  });
+
   await t.test('the unmodified E2B SDK through the edge: create in the region, run a command, write and read a file, kill', async () => {
     const opts = { apiUrl: `http://${edge}`, sandboxUrl: `http://${edge}`, apiKey: user.key };
     const sbx = await Sandbox.create('base', { ...opts, envs: { WHERE: 'deployed' } });

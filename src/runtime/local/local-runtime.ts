@@ -164,6 +164,13 @@ interface Pod {
   /** Its checkpoint's bytes going to the disk after the stop returned (makeDurable): the next stop with memory waits for it. */
   settling?: Promise<void> | undefined;
   /**
+   * The end of a pod stopped with its memory, after the stop returned (#stopWithMemory): the
+   * kernel freeing its killed processes' memory and the shim deleting the container and
+   * unmounting its disk. Whatever needs the pod's files or a new shim (start, stop, remove,
+   * snapshot) waits for it; it rejects with Timeout when the shim never reports the end.
+   */
+  teardown?: Promise<void> | undefined;
+  /**
    * The agent link of a pod stopped with its memory: its processes' handles wait in it, and are
    * attached again when the checkpoint is restored, or end when it is not (agent.ts).
    */
@@ -594,6 +601,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   async #start(pod: Pod, req: PodRequest, discardMemory = false): Promise<PodState> {
+    // A new shim only once the last one has deleted its container and unmounted the disk.
+    await pod.teardown;
     const generation = ++pod.generation;
     pod.stopping = false;
     pod.pendingExit = undefined;
@@ -907,6 +916,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const paths = snapshotPaths(this.#opts.root, snapshotId);
     if (await exists(paths.dir)) throw new AsbError('Conflict', `snapshot "${snapshotId}" exists already`);
     await pod.starting?.catch(() => undefined);
+    await pod.teardown;
     const meta = await this.#oneSaveAtATime(pod, () => this.#snapshot(pod, snapshotId, opts.memory));
     return { id: meta.id, memory: meta.memory, bytes: meta.bytes, memoryBytes: meta.memoryBytes, at: meta.at };
   }
@@ -1283,6 +1293,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod === undefined) return;
     await pod.starting?.catch(() => undefined);
     await pod.checkpointing?.catch(() => undefined);
+    await pod.teardown;
     const target = pod.target;
     if (target === undefined) {
       if (pod.state.phase !== 'Absent' && pod.state.phase !== 'Stopped') {
@@ -1356,15 +1367,27 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     pod.checkpoint = meta;
     pod.stopping = true;
     const exited = pod.exited ?? Promise.resolve();
-    const keepAlive = setInterval(() => undefined, 60_000); // as in stop(): a shutdown awaiting this must not exit half-way
-    try {
-      // Paused, its memory saved: nothing in it may run again, so no SIGTERM and no grace.
-      if (target.kind === 'runc') await this.#killFrozen(pod, target);
-      else signal(target.pid, 'SIGKILL');
-      if (!(await this.#within(exited, 10_000))) throw new AsbError('Timeout', `pod ${pod.id} did not end after its checkpoint`);
-    } finally {
-      clearInterval(keepAlive);
-    }
+    // Paused, its memory saved: nothing in it may run again, so no SIGTERM and no grace.
+    if (target.kind === 'runc') await this.#killFrozen(pod, target);
+    else signal(target.pid, 'SIGKILL');
+    // Every process is killed and none runs another instruction: the pause is done, and the pod
+    // is Stopped now. Its teardown goes on (the kernel frees its memory, ~0.1 s per GiB; the shim
+    // deletes the container and unmounts its disk), and whatever needs the pod next waits for it.
+    const ended = this.#within(exited, 10_000).then((ok) => {
+      if (!ok) throw new AsbError('Timeout', `pod ${pod.id} did not end after its checkpoint`);
+    });
+    const teardown: Promise<void> = ended.finally(() => {
+      if (pod.teardown === teardown) pod.teardown = undefined;
+    });
+    pod.teardown = teardown;
+    teardown.catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'a pod stopped with its memory did not end'));
+    pod.probe?.cancel();
+    pod.probe = undefined;
+    // Its processes' handles wait for the restore (#exited, when it comes, finds no target).
+    if (target.agent !== undefined) pod.keptAgent = target.agent;
+    delete pod.target;
+    pod.state = { phase: 'Stopped', ready: false, ...(pod.persisted === undefined ? {} : { ip: pod.persisted.ip }) };
+    this.#emit(pod.id);
     pod.settling = makeDurable(paths.checkpoint);
     this.#log.info({ id: pod.id, bytes: meta.bytes }, 'pod stopped with its memory');
   }
