@@ -18,7 +18,7 @@
 // more against whoever can read that directory.
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
-import { DatabaseSync } from 'node:sqlite';
+import { DatabaseSync, type StatementSync } from 'node:sqlite';
 import { privateDir, privateFile, restrictExisting } from '../system/private-files.ts';
 import type { Fact, Summary } from './facts.ts';
 
@@ -144,6 +144,8 @@ interface DeliveryRow { id: string; webhook: string; event: string; seq: number;
 
 export class EventLog {
   readonly #db: DatabaseSync;
+  /** Each statement prepared once, by its text: a burst of claims records hundreds of rows. */
+  readonly #statements = new Map<string, StatementSync>();
   readonly #now: () => number;
   readonly retentionMs: number;
   #closed = false;
@@ -160,9 +162,18 @@ export class EventLog {
     this.retentionMs = opts.retentionMs ?? DEFAULT_RETENTION_MS;
   }
 
+  #q(sql: string): StatementSync {
+    let statement = this.#statements.get(sql);
+    if (statement === undefined) {
+      statement = this.#db.prepare(sql);
+      this.#statements.set(sql, statement);
+    }
+    return statement;
+  }
+
   /** Every summary the recorder kept, by key (`Kind/namespace/name`). */
   summaries(): Map<string, Summary> {
-    const rows = this.#db.prepare('SELECT key, json FROM seen').all() as unknown as { key: string; json: string }[];
+    const rows = this.#q('SELECT key, json FROM seen').all() as unknown as { key: string; json: string }[];
     return new Map(rows.map((r) => [r.key, JSON.parse(r.json) as Summary]));
   }
 
@@ -181,6 +192,17 @@ export class EventLog {
   recordAll(changes: readonly { key: string; summary: Summary | undefined; facts: readonly Fact[] }[]): LifecycleEvent[] {
     const now = this.#now();
     const written: LifecycleEvent[] = [];
+    // Each team's enabled webhooks, read once per batch (a burst is mostly one team's claims).
+    const hooksOf = new Map<string, { id: string; events: string[] }[]>();
+    const hooksFor = (team: string): { id: string; events: string[] }[] => {
+      let hooks = hooksOf.get(team);
+      if (hooks === undefined) {
+        const rows = this.#q('SELECT id, events FROM webhooks WHERE team = ? AND enabled = 1').all(team) as unknown as { id: string; events: string }[];
+        hooks = rows.map((r) => ({ id: r.id, events: JSON.parse(r.events) as string[] }));
+        hooksOf.set(team, hooks);
+      }
+      return hooks;
+    };
     this.#db.exec('BEGIN IMMEDIATE');
     try {
       for (const { key, summary, facts } of changes) {
@@ -198,19 +220,17 @@ export class EventLog {
             sandboxTemplateId: fact.template ?? '',
             timestamp: new Date(now).toISOString(),
           };
-          const res = this.#db.prepare('INSERT INTO events (id, team, sandbox, type, at, json) VALUES (?, ?, ?, ?, ?, ?)').run(event.id, event.sandboxTeamId, event.sandboxId, event.type, now, JSON.stringify(event));
+          const res = this.#q('INSERT INTO events (id, team, sandbox, type, at, json) VALUES (?, ?, ?, ?, ?, ?)').run(event.id, event.sandboxTeamId, event.sandboxId, event.type, now, JSON.stringify(event));
           const seq = Number(res.lastInsertRowid);
-          const hooks = this.#db.prepare('SELECT id, events FROM webhooks WHERE team = ? AND enabled = 1').all(event.sandboxTeamId) as unknown as { id: string; events: string }[];
-          for (const hook of hooks) {
-            const types = JSON.parse(hook.events) as string[];
-            if (types.length > 0 && !types.includes(event.type)) continue;
-            this.#db.prepare('INSERT INTO deliveries (id, webhook, event, seq, state, attempts, history, next_at) VALUES (?, ?, ?, ?, \'pending\', 0, \'[]\', ?)').run(randomUUID(), hook.id, event.id, seq, now);
+          for (const hook of hooksFor(event.sandboxTeamId)) {
+            if (hook.events.length > 0 && !hook.events.includes(event.type)) continue;
+            this.#q('INSERT INTO deliveries (id, webhook, event, seq, state, attempts, history, next_at) VALUES (?, ?, ?, ?, \'pending\', 0, \'[]\', ?)').run(randomUUID(), hook.id, event.id, seq, now);
           }
           written.push(event);
         }
-        for (const fact of facts) this.#db.prepare('INSERT INTO kube_outbox (json) VALUES (?)').run(JSON.stringify(fact));
-        if (summary === undefined) this.#db.prepare('DELETE FROM seen WHERE key = ?').run(key);
-        else this.#db.prepare('INSERT INTO seen (key, json) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET json = excluded.json').run(key, JSON.stringify(summary));
+        for (const fact of facts) this.#q('INSERT INTO kube_outbox (json) VALUES (?)').run(JSON.stringify(fact));
+        if (summary === undefined) this.#q('DELETE FROM seen WHERE key = ?').run(key);
+        else this.#q('INSERT INTO seen (key, json) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET json = excluded.json').run(key, JSON.stringify(summary));
       }
       this.#db.exec('COMMIT');
     } catch (err) {
@@ -222,7 +242,7 @@ export class EventLog {
 
   /** Facts not yet written as Kubernetes Events, oldest first (written with their change, so a kill -9 before the write loses none). */
   kubePending(limit: number): { seq: number; fact: Fact }[] {
-    const rows = this.#db.prepare('SELECT seq, json FROM kube_outbox ORDER BY seq LIMIT ?').all(limit) as unknown as { seq: number; json: string }[];
+    const rows = this.#q('SELECT seq, json FROM kube_outbox ORDER BY seq LIMIT ?').all(limit) as unknown as { seq: number; json: string }[];
     return rows.map((r) => ({ seq: r.seq, fact: JSON.parse(r.json) as Fact }));
   }
 
@@ -234,7 +254,7 @@ export class EventLog {
 
   /** A sandbox's events, or undefined when the team has none for it (another team's sandbox, or none such). */
   sandboxEvents(team: string, sandbox: string, q: ListQuery): LifecycleEvent[] | undefined {
-    const any = this.#db.prepare('SELECT 1 FROM events WHERE team = ? AND sandbox = ? LIMIT 1').get(team, sandbox);
+    const any = this.#q('SELECT 1 FROM events WHERE team = ? AND sandbox = ? LIMIT 1').get(team, sandbox);
     if (any === undefined) return undefined;
     return this.#list('team = ? AND sandbox = ?', [team, sandbox], q);
   }
@@ -253,25 +273,25 @@ export class EventLog {
   addWebhook(team: string, w: { name: string; url: string; secret: string; events: string[]; enabled: boolean }): Webhook {
     const id = randomUUID();
     const created = new Date(this.#now()).toISOString();
-    this.#db.prepare('INSERT INTO webhooks (id, team, name, url, secret, events, enabled, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)').run(id, team, w.name, w.url, w.secret, JSON.stringify(w.events), w.enabled ? 1 : 0, created);
+    this.#q('INSERT INTO webhooks (id, team, name, url, secret, events, enabled, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)').run(id, team, w.name, w.url, w.secret, JSON.stringify(w.events), w.enabled ? 1 : 0, created);
     return { id, teamID: team, name: w.name, url: w.url, enabled: w.enabled, events: w.events, createdAt: created, signatureSecretSet: true };
   }
 
   webhooks(team: string): Webhook[] {
-    const rows = this.#db.prepare('SELECT * FROM webhooks WHERE team = ? ORDER BY created, id').all(team) as unknown as WebhookRow[];
+    const rows = this.#q('SELECT * FROM webhooks WHERE team = ? ORDER BY created, id').all(team) as unknown as WebhookRow[];
     return rows.map(webhookOf);
   }
 
   webhook(team: string, id: string): Webhook | undefined {
-    const row = this.#db.prepare('SELECT * FROM webhooks WHERE team = ? AND id = ?').get(team, id) as unknown as WebhookRow | undefined;
+    const row = this.#q('SELECT * FROM webhooks WHERE team = ? AND id = ?').get(team, id) as unknown as WebhookRow | undefined;
     return row === undefined ? undefined : webhookOf(row);
   }
 
   /** Changes the fields given; false when the team has no such webhook. */
   updateWebhook(team: string, id: string, w: Partial<{ name: string; url: string; secret: string; events: string[]; enabled: boolean }>): boolean {
-    const cur = this.#db.prepare('SELECT * FROM webhooks WHERE team = ? AND id = ?').get(team, id) as unknown as WebhookRow | undefined;
+    const cur = this.#q('SELECT * FROM webhooks WHERE team = ? AND id = ?').get(team, id) as unknown as WebhookRow | undefined;
     if (cur === undefined) return false;
-    this.#db.prepare('UPDATE webhooks SET name = ?, url = ?, secret = ?, events = ?, enabled = ? WHERE id = ?').run(
+    this.#q('UPDATE webhooks SET name = ?, url = ?, secret = ?, events = ?, enabled = ? WHERE id = ?').run(
       w.name ?? cur.name, w.url ?? cur.url, w.secret ?? cur.secret, w.events === undefined ? cur.events : JSON.stringify(w.events), w.enabled === undefined ? cur.enabled : (w.enabled ? 1 : 0), id);
     return true;
   }
@@ -280,8 +300,8 @@ export class EventLog {
   deleteWebhook(team: string, id: string): boolean {
     this.#db.exec('BEGIN IMMEDIATE');
     try {
-      const res = this.#db.prepare('DELETE FROM webhooks WHERE team = ? AND id = ?').run(team, id);
-      if (res.changes > 0) this.#db.prepare('DELETE FROM deliveries WHERE webhook = ?').run(id);
+      const res = this.#q('DELETE FROM webhooks WHERE team = ? AND id = ?').run(team, id);
+      if (res.changes > 0) this.#q('DELETE FROM deliveries WHERE webhook = ?').run(id);
       this.#db.exec('COMMIT');
       return res.changes > 0;
     } catch (err) {
@@ -292,7 +312,7 @@ export class EventLog {
 
   deliveries(team: string, webhookId: string, q: { offset: number; limit: number }): Delivery[] | undefined {
     if (this.webhook(team, webhookId) === undefined) return undefined;
-    const rows = this.#db.prepare('SELECT d.*, e.type AS etype, e.sandbox AS esandbox FROM deliveries d JOIN events e ON e.id = d.event WHERE d.webhook = ? ORDER BY d.seq ASC LIMIT ? OFFSET ?').all(webhookId, q.limit, q.offset) as unknown as (DeliveryRow & { etype: string; esandbox: string })[];
+    const rows = this.#q('SELECT d.*, e.type AS etype, e.sandbox AS esandbox FROM deliveries d JOIN events e ON e.id = d.event WHERE d.webhook = ? ORDER BY d.seq ASC LIMIT ? OFFSET ?').all(webhookId, q.limit, q.offset) as unknown as (DeliveryRow & { etype: string; esandbox: string })[];
     return rows.map((r) => ({
       id: r.id,
       webhookId: r.webhook,
@@ -308,14 +328,14 @@ export class EventLog {
 
   /** Pending deliveries whose time has come, oldest event first, at most one per webhook in flight order. */
   due(limit: number, exclude: ReadonlySet<string>): DueDelivery[] {
-    const rows = this.#db.prepare('SELECT d.id, d.attempts, w.id AS wid, w.url, w.secret, e.json FROM deliveries d JOIN webhooks w ON w.id = d.webhook JOIN events e ON e.id = d.event WHERE d.state = \'pending\' AND d.next_at <= ? ORDER BY d.next_at, d.seq LIMIT ?')
+    const rows = this.#q('SELECT d.id, d.attempts, w.id AS wid, w.url, w.secret, e.json FROM deliveries d JOIN webhooks w ON w.id = d.webhook JOIN events e ON e.id = d.event WHERE d.state = \'pending\' AND d.next_at <= ? ORDER BY d.next_at, d.seq LIMIT ?')
       .all(this.#now(), limit + exclude.size) as unknown as { id: string; attempts: number; wid: string; url: string; secret: string; json: string }[];
     return rows.filter((r) => !exclude.has(r.id)).slice(0, limit).map((r) => ({ id: r.id, attempt: r.attempts + 1, webhook: { id: r.wid, url: r.url, secret: r.secret }, event: JSON.parse(r.json) as LifecycleEvent }));
   }
 
   /** When the next pending delivery is due (ms epoch), or undefined when none is pending. */
   nextDue(): number | undefined {
-    const row = this.#db.prepare('SELECT MIN(next_at) AS at FROM deliveries WHERE state = \'pending\'').get() as { at: number | null } | undefined;
+    const row = this.#q('SELECT MIN(next_at) AS at FROM deliveries WHERE state = \'pending\'').get() as { at: number | null } | undefined;
     return row?.at ?? undefined;
   }
 
@@ -330,12 +350,12 @@ export class EventLog {
     this.#db.exec('BEGIN IMMEDIATE');
     try {
       for (const { id, attempt, outcome } of list) {
-        const row = this.#db.prepare('SELECT history, attempts FROM deliveries WHERE id = ?').get(id) as { history: string; attempts: number } | undefined;
+        const row = this.#q('SELECT history, attempts FROM deliveries WHERE id = ?').get(id) as { history: string; attempts: number } | undefined;
         if (row === undefined) continue; // its webhook was deleted meanwhile
         const history = [...(JSON.parse(row.history) as DeliveryAttempt[]), attempt].slice(-MAX_ATTEMPTS_SHOWN);
         const state = outcome.ok ? 'delivered' : outcome.retryAt === undefined ? 'failed' : 'pending';
         const nextAt = outcome.ok ? null : outcome.retryAt ?? null;
-        this.#db.prepare('UPDATE deliveries SET state = ?, attempts = ?, history = ?, next_at = ?, done_at = ? WHERE id = ?').run(state, row.attempts + 1, JSON.stringify(history), nextAt, state === 'pending' ? null : now, id);
+        this.#q('UPDATE deliveries SET state = ?, attempts = ?, history = ?, next_at = ?, done_at = ? WHERE id = ?').run(state, row.attempts + 1, JSON.stringify(history), nextAt, state === 'pending' ? null : now, id);
       }
       this.#db.exec('COMMIT');
     } catch (err) {
@@ -349,8 +369,8 @@ export class EventLog {
     const before = this.#now() - this.retentionMs;
     this.#db.exec('BEGIN IMMEDIATE');
     try {
-      const old = this.#db.prepare('DELETE FROM events WHERE at < ?').run(before);
-      this.#db.prepare('DELETE FROM deliveries WHERE event NOT IN (SELECT id FROM events)').run();
+      const old = this.#q('DELETE FROM events WHERE at < ?').run(before);
+      this.#q('DELETE FROM deliveries WHERE event NOT IN (SELECT id FROM events)').run();
       this.#db.exec('COMMIT');
       return { events: Number(old.changes) };
     } catch (err) {
@@ -363,6 +383,7 @@ export class EventLog {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
+    this.#statements.clear();
     this.#db.close();
   }
 }
