@@ -22,6 +22,8 @@ import { openSqliteStore } from '../src/store/sqlite.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { silentLogger } from '../src/system/log.ts';
 import { waitFor } from './support/wait.ts';
+import { ManualClock } from './support/operator-harness.ts';
+import type { Fact } from '../src/events/facts.ts';
 
 const SECRET = 'durable-secret-0123456789';
 const NODE = process.execPath;
@@ -170,4 +172,33 @@ test('events are kept for the retention (7 days by default, or as configured), t
     assert.equal(log.deliveries('team-a', hook, { offset: 0, limit: 10 })?.length, keptAfter8Days ? 2 : 1);
     log.close();
   }
+});
+
+test('Kubernetes Events are bounded: past the bound by a tenth the oldest of ours go, a fact that recurs counts on its Event, and Events others wrote are never touched', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'asb-kube-events-'));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  const store = await openSqliteStore({ path: join(dir, 'store.db') });
+  t.after(() => store.close());
+  const clock = new ManualClock();
+  // The kubelet's, say: not ours to count or trim.
+  await store.create<KubeEvent>(EventType, {
+    apiVersion: 'v1', kind: 'Event', metadata: { name: 'pod.kubelet', namespace: 'default' },
+    involvedObject: { apiVersion: 'v1', kind: 'Pod', name: 'pod', namespace: 'default', uid: 'u-pod' },
+    reason: 'Pulled', message: 'image pulled', type: 'Normal', count: 1, firstTimestamp: '2026-01-01T00:00:00Z', lastTimestamp: '2026-01-01T00:00:00Z', source: { component: 'kubelet' }, reportingComponent: 'kubelet', reportingInstance: 'node',
+  });
+  const writer = new KubeEventWriter({ store, clock, instance: 't', max: 10 });
+  const fact = (i: number): Fact => ({ involved: { kind: 'Sandbox', apiVersion: 'agents.x-k8s.io/v1alpha1', name: `s${String(i)}`, namespace: 'default', uid: `u${String(i)}` }, reason: 'SandboxReady', type: 'Normal', message: 'pod is ready' });
+  for (let i = 0; i < 11; i++) {
+    await writer.write(fact(i));
+    clock.advance(1000);
+  }
+  await writer.write(fact(3)); // again: counted on its Event, which is now the newest
+  clock.advance(1000);
+  const names = async (): Promise<string[]> => (await store.list<KubeEvent>(EventType, {})).items.map((e) => e.involvedObject.name).sort();
+  assert.equal((await names()).length, 12, 'within the bound and its tenth: nothing dropped');
+  await writer.write(fact(11));
+  const left = await names();
+  assert.deepEqual(left, ['pod', ...[3, 4, 5, 6, 7, 8, 9, 10, 11, 2].map((i) => `s${String(i)}`)].sort(), 'the two oldest of ours went; s3 recurred, so it stays');
+  const s3 = (await store.list<KubeEvent>(EventType, {})).items.find((e) => e.involvedObject.name === 's3');
+  assert.equal(s3?.count, 2);
 });

@@ -16,6 +16,8 @@ import type { Fact } from './facts.ts';
 
 export const DEFAULT_MAX_EVENTS = 1000;
 export const EVENT_COMPONENT = 'agent-sandbox-controller';
+/** On every Event this writer makes, so it lists its own (to trim them) without the kubelet's and others'. */
+const MANAGED_BY = 'app.kubernetes.io/managed-by';
 
 export interface KubeEventWriterOptions {
   store: ObjectStore;
@@ -42,34 +44,28 @@ export class KubeEventWriter {
     const { involved } = fact;
     const name = `${involved.name}.${createHash('sha256').update(`${involved.kind}\0${involved.uid}\0${fact.reason}\0${fact.message}`).digest('hex').slice(0, 16)}`;
     const now = isoNow(clock);
-    const existing = await store.tryGet<KubeEvent>(EventType, involved.namespace, name);
-    if (existing !== undefined) {
-      await store.update<KubeEvent>(EventType, { ...existing, count: existing.count + 1, lastTimestamp: now });
-    } else {
-      const event: KubeEvent = {
-        apiVersion: 'v1',
-        kind: 'Event',
-        metadata: { name, namespace: involved.namespace, ...(fact.team === undefined ? {} : { labels: { [LABEL.owner]: fact.team } }) },
-        involvedObject: { apiVersion: involved.apiVersion, kind: involved.kind, name: involved.name, namespace: involved.namespace, uid: involved.uid },
-        reason: fact.reason,
-        message: fact.message,
-        type: fact.type,
-        count: 1,
-        firstTimestamp: now,
-        lastTimestamp: now,
-        source: { component: EVENT_COMPONENT },
-        reportingComponent: EVENT_COMPONENT,
-        reportingInstance: this.#o.instance,
-      };
-      try {
-        await store.create(EventType, event);
-      } catch (err) {
-        // Another writer made it meanwhile (a second worker process): count this one on it.
-        if (!isAsbError(err, 'AlreadyExists')) throw err;
-        await this.write(fact);
-        return;
-      }
-    }
+    const event: KubeEvent = {
+      apiVersion: 'v1',
+      kind: 'Event',
+      metadata: { name, namespace: involved.namespace, labels: { [MANAGED_BY]: EVENT_COMPONENT, ...(fact.team === undefined ? {} : { [LABEL.owner]: fact.team }) } },
+      involvedObject: { apiVersion: involved.apiVersion, kind: involved.kind, name: involved.name, namespace: involved.namespace, uid: involved.uid },
+      reason: fact.reason,
+      message: fact.message,
+      type: fact.type,
+      count: 1,
+      firstTimestamp: now,
+      lastTimestamp: now,
+      source: { component: EVENT_COMPONENT },
+      reportingComponent: EVENT_COMPONENT,
+      reportingInstance: this.#o.instance,
+    };
+    // Most facts are new: one create. A fact that recurs (a sandbox Ready again) counts on its Event.
+    await store.create(EventType, event).catch(async (err: unknown) => {
+      if (!isAsbError(err, 'AlreadyExists')) throw err;
+      const existing = await store.tryGet<KubeEvent>(EventType, involved.namespace, name);
+      // Trimmed in the instant between: made again on the next write of the fact.
+      if (existing !== undefined) await store.update<KubeEvent>(EventType, { ...existing, count: existing.count + 1, lastTimestamp: now });
+    });
     known.set(`${involved.namespace}/${name}`, { namespace: involved.namespace, name, last: now });
     await this.#trim(known);
   }
@@ -79,9 +75,8 @@ export class KubeEventWriter {
     const known = new Map<string, { namespace: string; name: string; last: string }>();
     let cont: string | undefined;
     for (let page = 0; page < 100; page++) {
-      const listed = await this.#o.store.list<KubeEvent>(EventType, { limit: 500, ...(cont === undefined ? {} : { continue: cont }) });
+      const listed = await this.#o.store.list<KubeEvent>(EventType, { labelSelector: `${MANAGED_BY}=${EVENT_COMPONENT}`, limit: 500, ...(cont === undefined ? {} : { continue: cont }) });
       for (const e of listed.items) {
-        if (e.source.component !== EVENT_COMPONENT) continue;
         known.set(`${e.metadata.namespace ?? ''}/${e.metadata.name}`, { namespace: e.metadata.namespace ?? '', name: e.metadata.name, last: e.lastTimestamp });
       }
       cont = listed.continue;
