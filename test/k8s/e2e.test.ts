@@ -353,7 +353,7 @@ describe('one worker (--role=all) on the kube store and runtime', () => {
       const paused = await api<{ code: string; detail: string }>(w, 'POST', `/v1/sandboxes/${id}/pause`, { memory: true });
       assert.equal(paused.status, 400, `${kind}: ${JSON.stringify(paused.body)}`);
       assert.match(paused.body.detail, /cannot be paused with its memory, so it was not paused and keeps running/, kind);
-      assert.match(paused.body.detail, /containerd's CRI \(2\.4\) restores no checkpoint/, kind);
+      assert.match(paused.body.detail, new RegExp(`the Kubernetes tier cannot keep the memory of pod ${id} \\(left running\\): containerd's CRI \\(2\\.4\\) restores no checkpoint`), kind);
       assert.match(paused.body.detail, /gVisor's containerd shim implements neither checkpoint nor restore/, kind);
       assert.match(paused.body.detail, /mode="filesystem"/, kind);
       // gVisor keeps no memory here either, so the answer does not send the user there.

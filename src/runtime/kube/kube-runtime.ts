@@ -60,7 +60,7 @@ export interface KubeRuntimeOptions {
  * one. gVisor's containerd shim answers the CRI checkpoint with "not implemented" and restores
  * only through a shim extension that the open-source shim does not have.
  */
-export const KUBE_NO_MEMORY = "the Kubernetes tier cannot keep a sandbox's memory: containerd's CRI (2.4) restores no checkpoint (a Pod whose image is a checkpoint runs it as an ordinary image, without its processes), and gVisor's containerd shim implements neither checkpoint nor restore through the CRI";
+export const KUBE_NO_MEMORY = "containerd's CRI (2.4) restores no checkpoint (a Pod whose image is a checkpoint runs it as an ordinary image, without its processes), and gVisor's containerd shim implements neither checkpoint nor restore through the CRI";
 
 // A pod name is a DNS-1123 label here, since it is also the pod's hostname and Service name.
 const ID = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
@@ -303,7 +303,7 @@ export class KubePodRuntime implements PodRuntime {
   async stop(id: string, opts: StopOptions = {}): Promise<void> {
     if (opts.memory === true) {
       // Never a silent filesystem-only stop: the caller asked for memory and is told it cannot have it.
-      throw new AsbError('NotImplemented', `pod ${id} keeps running: ${KUBE_NO_MEMORY}`);
+      throw new AsbError('NotImplemented', `the Kubernetes tier cannot keep the memory of pod ${id} (left running): ${KUBE_NO_MEMORY}`);
     }
     await this.#starting.get(id)?.catch(() => undefined);
     const pod = this.#pod(id);
