@@ -74,7 +74,7 @@ export function createSnapshotReconciler(deps: SnapshotControllerDeps): Reconcil
       return undefined;
     }
     if (runtime.snapshot === undefined) {
-      await writeStatus(snap, { phase: 'Failed', conditions: [condition('False', 'NotSupported', 'this cluster\'s runtime keeps no snapshots (the Kubernetes tier cannot yet): snapshots need the local runtime')] });
+      await writeStatus(snap, { phase: 'Failed', conditions: [condition('False', 'NotSupported', 'this cluster\'s runtime keeps no snapshots (on the Kubernetes tier containerd\'s CRI restores no checkpoint, and Kubernetes keeps no writable layer): snapshots need the local runtime')] });
       return undefined;
     }
     const memory = (snap.spec.mode ?? 'Full') === 'Full';

@@ -172,15 +172,17 @@ export async function pauseSandbox(w: WorkerContext, sandbox: Sandbox, wait = fa
   if (!wait) return updated;
   const settled = await waitUntil(w, updated, isPauseSettled, 'paused');
   const refused = settled.status?.conditions?.find((c) => c.type === 'Suspended' && c.status === 'False' && c.observedGeneration === updated.metadata.generation);
-  if (wantsRunning(settled.spec) && refused !== undefined) throw pauseRefused(settled.metadata.name, refused.reason, refused.message ?? '');
+  if (wantsRunning(settled.spec) && refused !== undefined) throw pauseRefused(settled.metadata.name, refused.reason, refused.message ?? '', w.runtime.canKeepMemory?.gvisor === true);
   return settled;
 }
 
-function pauseRefused(name: string, reason: string, message: string): AsbError {
+/** `gvisorKeepsMemory`: this worker's runtime keeps gVisor pods' memory, so moving there is advice worth giving (not on the Kubernetes tier). */
+function pauseRefused(name: string, reason: string, message: string, gvisorKeepsMemory: boolean): AsbError {
   if (reason === SUSPENDED_REASON.checkpointFailed) return new AsbError('CheckpointFailed', `sandbox "${name}" was not paused: ${message}`);
   // The caller can fix it: ask for no memory, or run the sandbox where memory can be kept. Not a
   // 409, which E2B's SDKs read as "already paused".
-  return new AsbError('BadRequest', `sandbox "${name}" cannot be paused with its memory, so it was not paused and keeps running (${message}); pause it with its files only (E2B: mode="filesystem"; asb pause --filesystem; memory: false), or run it on gVisor (a template with runtimeClassName: gvisor) to keep memory`);
+  const elsewhere = gvisorKeepsMemory ? ', or run it on gVisor (a template with runtimeClassName: gvisor) to keep memory' : '';
+  return new AsbError('BadRequest', `sandbox "${name}" cannot be paused with its memory, so it was not paused and keeps running (${message}); pause it with its files only (E2B: mode="filesystem"; asb pause --filesystem; memory: false)${elsewhere}`);
 }
 
 /**

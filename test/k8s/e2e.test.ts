@@ -328,6 +328,56 @@ describe('one worker (--role=all) on the kube store and runtime', () => {
     assert.deepEqual([read.status, read.body.stdout], [200, 'kept\n']);
   });
 
+  test('a pause with memory is refused with 400 naming why (containerd\'s CRI restores no checkpoint), on runc and on gVisor, and the sandbox runs on: same Pod, no restart, its shell still counting in memory; a snapshot is refused with 501', async () => {
+    // The count lives in the shell's variable; /tmp/n only shows it. A Pod made again (a pause
+    // that fell back to files) would have neither the file nor the count.
+    const counter = 'n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.2; done';
+    const kinds = ['runc', 'gvisor'] as const;
+    const objects = kinds.map((kind) => ({
+      apiVersion: 'extensions.agents.x-k8s.io/v1alpha1', kind: 'SandboxTemplate', metadata: { name: `count-${kind}`, namespace: ns },
+      spec: { podTemplate: { spec: { ...(kind === 'gvisor' ? { runtimeClassName: 'gvisor' } : {}), containers: [{ name: 'main', image: 'busybox', command: ['sh', '-c', counter] }] } } },
+    }));
+    const applied = await api(w, 'POST', '/v1/apply', { objects });
+    assert.equal(applied.status, 200, JSON.stringify(applied.body));
+    const count = async (id: string): Promise<number | undefined> => {
+      const out = await api<ExecOut>(w, 'POST', `/v1/sandboxes/${id}/exec`, { command: ['cat', '/tmp/n'] });
+      return out.status === 200 && out.body.exitCode === 0 ? Number(out.body.stdout.trim()) : undefined;
+    };
+    await Promise.all(kinds.map(async (kind) => {
+      const made = await api<View>(w, 'POST', '/v1/sandboxes', { template: `count-${kind}` });
+      assert.equal(made.status, 201, JSON.stringify(made.body));
+      const id = made.body.id;
+      const before = await waitFor(`${kind}: ${id} counting`, () => count(id), 120_000);
+      const podBefore = await get<PodJson & { status?: { containerStatuses?: { restartCount: number }[] } }>('pod', id, ns);
+
+      const paused = await api<{ code: string; detail: string }>(w, 'POST', `/v1/sandboxes/${id}/pause`, { memory: true });
+      assert.equal(paused.status, 400, `${kind}: ${JSON.stringify(paused.body)}`);
+      assert.match(paused.body.detail, /cannot be paused with its memory, so it was not paused and keeps running/, kind);
+      assert.match(paused.body.detail, new RegExp(`the Kubernetes tier cannot keep the memory of pod ${id} \\(left running\\): containerd's CRI \\(2\\.4\\) restores no checkpoint`), kind);
+      assert.match(paused.body.detail, /gVisor's containerd shim implements neither checkpoint nor restore/, kind);
+      assert.match(paused.body.detail, /mode="filesystem"/, kind);
+      // gVisor keeps no memory here either, so the answer does not send the user there.
+      assert.doesNotMatch(paused.body.detail, /run it on gVisor/, kind);
+
+      const view = await api<View>(w, 'GET', `/v1/sandboxes/${id}`);
+      assert.deepEqual([view.body.phase, view.body.ready], ['Running', true], `${kind}: ${JSON.stringify(view.body)}`);
+      const podAfter = await get<PodJson & { status?: { containerStatuses?: { restartCount: number }[] } }>('pod', id, ns);
+      assert.equal(podAfter?.metadata.uid, podBefore?.metadata.uid, `${kind}: the same Pod`);
+      assert.equal(podAfter?.status?.containerStatuses?.[0]?.restartCount, 0, `${kind}: its container never restarted`);
+      const after = await waitFor(`${kind}: ${id} counting on past ${before}`, async () => {
+        const n = await count(id);
+        return n !== undefined && n > before ? n : undefined;
+      });
+      assert.ok(after > before);
+
+      const snap = await api<{ code: string; detail: string }>(w, 'POST', `/v1/sandboxes/${id}/snapshots`, { memory: true });
+      assert.equal(snap.status, 501, `${kind}: ${JSON.stringify(snap.body)}`);
+      assert.match(snap.body.detail, /keeps no snapshots \(on the Kubernetes tier containerd's CRI restores no checkpoint/, kind);
+      assert.ok((await count(id) ?? 0) >= after, `${kind}: still counting after the refused snapshot`);
+      assert.equal((await api(w, 'DELETE', `/v1/sandboxes/${id}`)).status < 300, true);
+    }));
+  });
+
   test('shutdownTime: with Delete the Sandbox, its Pod and its PVC go when the time comes; with Retain the Sandbox stays, Expired, without a Pod', async () => {
     const res = await api<View>(w, 'POST', '/v1/sandboxes', { template: 'box', timeoutMs: 1_500 });
     assert.equal(res.status, 201, JSON.stringify(res.body));

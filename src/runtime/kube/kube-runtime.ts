@@ -5,7 +5,8 @@
 // last version seen and relist after 410 Gone, with backoff), so state() reads memory.
 //
 // Hibernation on Kubernetes keeps only the volumes: stop() deletes the Pod and keeps its PVCs,
-// and start() makes a new Pod on the same claims. The container's writable layer (everything
+// and start() makes a new Pod on the same claims. A stop with memory is refused (KUBE_NO_MEMORY)
+// and the Pod keeps running. The container's writable layer (everything
 // outside the claim volumes: installed packages, files in /tmp or the home directory when it is
 // not on a claim) is gone after a stop, unlike in the local runtime, which keeps it.
 //
@@ -50,6 +51,16 @@ export interface KubeRuntimeOptions {
   /** Addresses no sandbox's NetworkPolicy opens (src/network/egress-floor.ts). Default DEFAULT_FLOOR: cloud metadata. */
   egressFloor?: EgressFloor;
 }
+
+/**
+ * Why no pod here keeps its memory, as the API says it (README.md beside this file has the probe
+ * on the real node). A pause with memory is only worth taking if it can be brought back, and
+ * containerd 2.4's CRI has no restore: CreateContainer never calls the client's
+ * container.Restore, and a Pod whose image is a kubelet checkpoint runs that image as an ordinary
+ * one. gVisor's containerd shim answers the CRI checkpoint with "not implemented" and restores
+ * only through a shim extension that the open-source shim does not have.
+ */
+export const KUBE_NO_MEMORY = "containerd's CRI (2.4) restores no checkpoint (a Pod whose image is a checkpoint runs it as an ordinary image, without its processes), and gVisor's containerd shim implements neither checkpoint nor restore through the CRI";
 
 // A pod name is a DNS-1123 label here, since it is also the pod's hostname and Service name.
 const ID = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
@@ -292,7 +303,7 @@ export class KubePodRuntime implements PodRuntime {
   async stop(id: string, opts: StopOptions = {}): Promise<void> {
     if (opts.memory === true) {
       // Never a silent filesystem-only stop: the caller asked for memory and is told it cannot have it.
-      throw new AsbError('NotImplemented', `pod ${id} runs on the Kubernetes tier, which cannot keep a sandbox's memory yet (neither containerd's CRI checkpoint nor runsc's is wired); it keeps running (pause it without memory)`);
+      throw new AsbError('NotImplemented', `the Kubernetes tier cannot keep the memory of pod ${id} (left running): ${KUBE_NO_MEMORY}`);
     }
     await this.#starting.get(id)?.catch(() => undefined);
     const pod = this.#pod(id);
