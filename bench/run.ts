@@ -225,8 +225,9 @@ async function state(row: Recorder, results: Record<string, unknown>): Promise<v
     const plain = kind === 'gvisor' ? 'plain runsc checkpoint of a twin' : 'plain runc checkpoint of a twin (no freeze first)';
     for (const p of s.pause) {
       row(
-        `${name} pause with memory, app holding ${String(p.heldMiB)} MiB (working set ${mib(p.workingSetBytes)}, image ${mib(p.imageBytes)}): stop (image on disk after) / start until it answers, median of ${String(p.rounds)}; [raw ${raw} inside them; ${plain}]`,
-        `${sec(p.stopMs)} (+${sec(p.durableMs)}) / ${sec(p.startMs)} [${sec(p.rawCheckpointMs)} / ${sec(p.rawRestoreMs)}; ${sec(p.plainCheckpointMs)}]`,
+        // The label names no measured figure, so the next run rewrites this row instead of adding one.
+        `${name} pause with memory, app holding ${String(p.heldMiB)} MiB (working set, image): stop (image on disk after) / start until it answers, median of ${String(p.rounds)}; [raw ${raw} inside them; ${plain}]`,
+        `(${mib(p.workingSetBytes)}, ${mib(p.imageBytes)}) ${sec(p.stopMs)} (+${sec(p.durableMs)}) / ${sec(p.startMs)} [${sec(p.rawCheckpointMs)} / ${sec(p.rawRestoreMs)}; ${sec(p.plainCheckpointMs)}]`,
         kind === 'gvisor' ? 'reported beside runc\'s target' : 'see the fit below',
       );
     }
