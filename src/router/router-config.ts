@@ -20,7 +20,7 @@
 //   --lookup-rate / ASB_ROUTER_LOOKUP_RATE     lookups per second a client address regains. Default 5
 //                                          (lookup-limiter.ts says why; the address is the one
 //                                          Envoy saw, client-address.ts)
-//   --metrics-listen / ASB_ROUTER_METRICS_LISTEN   host:port of an HTTP listener serving GET
+//   --metrics-listen / ASB_ROUTER_METRICS_LISTEN   host:port ([v6]:port) of an HTTP listener serving GET
 //                                          /metrics (Prometheus text of the asb_router_* series) to
 //                                          the worker key as a bearer token. Default: none (off)
 //   --log-level / ASB_LOG_LEVEL            Default info
