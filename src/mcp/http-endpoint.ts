@@ -11,27 +11,16 @@
 // hop costs a loopback request per tool call, small beside the exec or create it carries.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import type { Counter } from 'prom-client';
-import type { Principal } from '../auth/keyring.ts';
 import { createApiClient } from '../client/api-client.ts';
 import { AsbError } from '../errors.ts';
-import type { Logger } from '../system/log.ts';
-import { authenticate } from '../worker/pipeline.ts';
+import { authenticate, type PipelineOptions } from '../worker/pipeline.ts';
 import { toAsbError, writeProblem } from '../worker/problem.ts';
 import { createMcpServer } from './tools.ts';
 
 export const MCP_PATH = '/mcp';
 
-export interface McpEndpointOptions {
-  auth: { verify(presented: string): Principal | undefined };
-  log: Logger;
-  requests: Counter<'route' | 'code'>;
-  /** Error answers by catalogue code (asb_api_errors_total), when this server counts them, as its pipeline does. */
-  errors?: Counter<'code'>;
-  /** Named in messages: "the worker", "the hub". */
-  server: string;
-  /** WWW-Authenticate realm, as the REST pipeline's. */
-  realm: string;
+/** As the server's REST pipeline is given them (its key check, logger, counters, name and realm), and the version to report. */
+export interface McpEndpointOptions extends Pick<PipelineOptions, 'auth' | 'log' | 'requests' | 'errors' | 'server' | 'realm'> {
   version: string;
 }
 
