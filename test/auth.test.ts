@@ -105,6 +105,9 @@ test('a refused /mcp call is answered as the API refuses, and counted as the API
   const forged = await call(fx, 'POST', '/mcp', { ...rpc, key: 'asb_aaaaaaaa_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb' });
   assert.equal(forged.status, 401);
   assert.match((forged.json as { detail: string }).detail, /unknown to the worker or revoked/);
+  const listed = await call(fx, 'POST', '/mcp', { ...rpc, key: fx.keys.teamA });
+  assert.equal(listed.status, 200, 'a valid key still gets through');
+  assert.ok(((listed.json as { result?: { tools?: unknown[] } }).result?.tools?.length ?? 0) > 0, listed.text);
   const metrics = (await call(fx, 'GET', '/metrics', { key: fx.keys.admin })).text;
   assert.match(metrics, /^asb_http_requests_total\{route="\/mcp",code="401"\} 2$/m);
   assert.match(metrics, /^asb_api_errors_total\{code="Unauthorized"\} 2$/m);
