@@ -93,6 +93,26 @@ test('requests without a valid key get 401 saying how to pass one', async (t) =>
   await waitFor(async () => (await call(fx, 'GET', '/v1/status', { key })).status === 401);
 });
 
+test('a refused /mcp call is answered as the API refuses, and counted as the API counts its refusals', async (t) => {
+  const fx = await startWorkerFixture((fn) => t.after(fn));
+  const rpc = { json: { jsonrpc: '2.0', id: 1, method: 'tools/list' }, headers: { accept: 'application/json, text/event-stream' } };
+  const none = await call(fx, 'POST', '/mcp', rpc);
+  assert.equal(none.status, 401);
+  assert.equal(none.headers.get('content-type'), 'application/problem+json');
+  assert.equal((none.json as { code: string }).code, 'Unauthorized');
+  assert.match((none.json as { detail: string }).detail, /no API key: .*Authorization: Bearer/);
+  assert.match(none.headers.get('www-authenticate') ?? '', /^Bearer realm="asb"/);
+  const forged = await call(fx, 'POST', '/mcp', { ...rpc, key: 'asb_aaaaaaaa_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb' });
+  assert.equal(forged.status, 401);
+  assert.match((forged.json as { detail: string }).detail, /unknown to the worker or revoked/);
+  const listed = await call(fx, 'POST', '/mcp', { ...rpc, key: fx.keys.teamA });
+  assert.equal(listed.status, 200, 'a valid key still gets through');
+  assert.ok(((listed.json as { result?: { tools?: unknown[] } }).result?.tools?.length ?? 0) > 0, listed.text);
+  const metrics = (await call(fx, 'GET', '/metrics', { key: fx.keys.admin })).text;
+  assert.match(metrics, /^asb_http_requests_total\{route="\/mcp",code="401"\} 2$/m);
+  assert.match(metrics, /^asb_api_errors_total\{code="Unauthorized"\} 2$/m);
+});
+
 test('only admin keys write templates and pools', async (t) => {
   const fx = await startWorkerFixture((fn) => t.after(fn));
   const template = { ...structuredClone(BASE_TEMPLATE), metadata: { name: 'mine', namespace: 'default' } };

@@ -168,7 +168,8 @@ test('where no image cache runs (Kubernetes) the layer cache is collected by a l
   const root = mkdtempSync(join(tmpdir(), 'asb-lckube-'));
   try {
     let live: ReadonlySet<string> = new Set(['live']);
-    const cache = new LayerCache(join(root, 'layers'), () => live);
+    const cache = new LayerCache(join(root, 'layers'));
+    cache.keep(() => live);
     const blobs = await cache.blobsDir('t');
     const entry = (name: string): string => join(blobs, '..', 'entries', `${name}.json`);
     const put = async (name: string, hex: string, ageMs: number): Promise<void> => {

@@ -18,7 +18,7 @@ import { E2B_USER_STEP } from '../src/worker/e2b/templates.ts';
 import { systemClock } from '../src/system/clock.ts';
 import { parseBuildEgress } from '../src/system/config.ts';
 import { silentLogger } from '../src/system/log.ts';
-import { RecordingEngine, testBuildService } from './support/recording-engine.ts';
+import { RecordingEngine, testBuildService, testBuildServiceOptions as serviceOptions } from './support/recording-engine.ts';
 import { outcomes, runPytest, VENV_PYTHON } from './support/pytest.ts';
 import { call, startWorkerFixture, type WorkerFixture } from './support/worker-fixture.ts';
 
@@ -430,7 +430,16 @@ test('pins made before they named their tags name them after a restart, so their
   await fx.store.update(SandboxTemplateType, { ...pin, metadata: { ...pin.metadata, annotations: rest } });
   assert.deepEqual(pinTags(await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name)), []);
 
-  const second = service(fx.store, dir, new RecordingEngine());
-  await second.close();
+  let told = 0;
+  const restart = async (): Promise<void> => {
+    const builds = new TemplateBuilds({ ...serviceOptions(fx.store, dir, new RecordingEngine()), onTemplatesChanged: () => told++ });
+    await builds.close();
+  };
+  await restart();
   assert.deepEqual(pinTags(await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name)), ['v1']);
+  assert.equal(told, 1, 'the hub is sent the pins that changed');
+  const version = (await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name)).metadata.resourceVersion;
+  await restart();
+  assert.equal(told, 1, 'a restart with every pin in step sends the hub nothing');
+  assert.equal((await fx.store.get<SandboxTemplate>(SandboxTemplateType, 'default', name)).metadata.resourceVersion, version, 'and writes nothing');
 });

@@ -33,3 +33,29 @@ test('no --metrics-listen, no listener; a bad one is refused naming the flag', (
   assert.equal(parseRouterConfig(BASE, { ASB_ROUTER_METRICS_LISTEN: '0.0.0.0:9003' }).metricsListen, '0.0.0.0:9003');
   assert.throws(() => parseRouterConfig([...BASE, '--metrics-listen', '9003'], {}), (err: unknown) => err instanceof ConfigError && /--metrics-listen \(ASB_ROUTER_METRICS_LISTEN\) must be host:port, got "9003"/.test(err.message));
 });
+
+test('the router serves its metrics on a bracketed IPv6 --metrics-listen', async (t) => {
+  const router = await startRouter(parseRouterConfig([...BASE, '--metrics-listen', '[::1]:0'], {}), { log: silentLogger() });
+  t.after(() => router.close());
+  assert.match(router.metricsAddress ?? '', /^\[::1\]:\d+$/);
+  const res = await fetch(`http://${router.metricsAddress ?? ''}/metrics`, { headers: { authorization: `Bearer ${KEY}` } });
+  assert.equal(res.status, 200);
+  assert.match(await res.text(), /^# TYPE asb_router_routes /m);
+});
+
+test("the router's metrics listener answers refusals as problem+json, as the APIs do, and counts them", async (t) => {
+  const router = await startRouter(parseRouterConfig([...BASE, '--metrics-listen', '127.0.0.1:0'], {}), { log: silentLogger() });
+  t.after(() => router.close());
+  const base = `http://${router.metricsAddress ?? ''}`;
+  const refused = await fetch(`${base}/metrics`);
+  assert.equal(refused.status, 401);
+  assert.equal(refused.headers.get('content-type'), 'application/problem+json');
+  assert.equal(((await refused.json()) as { code?: string }).code, 'Unauthorized');
+  const post = await fetch(`${base}/metrics`, { method: 'POST', headers: { authorization: `Bearer ${KEY}` } });
+  assert.equal(post.status, 405);
+  assert.equal(post.headers.get('allow'), 'GET');
+  assert.equal(((await post.json()) as { code?: string }).code, 'MethodNotAllowed');
+  const text = await (await fetch(`${base}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
+  assert.match(text, /^asb_router_http_requests_total\{route="\/metrics",code="401"\} 1$/m);
+  assert.match(text, /^asb_router_http_requests_total\{route="\/metrics",code="405"\} 1$/m);
+});

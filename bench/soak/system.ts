@@ -9,7 +9,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { countResidue } from '../../test/support/runtime-residue.ts';
+import { countResidue, processArgvs } from '../../test/support/runtime-residue.ts';
 
 const REPO = resolve(import.meta.dirname, '../..');
 export const CLUSTERS = ['region-a', 'region-b'] as const;
@@ -105,25 +105,18 @@ function kindOf(argv: readonly string[]): Kind | undefined {
   return undefined;
 }
 
-const pidsOf = (): string[] => readdirSync('/proc').filter((p) => /^\d+$/.test(p));
-
 /** Every process of this system, by kind: what names the state dir, and up.ts itself. */
 export function processes(up: Up): Proc[] {
   const out: Proc[] = [];
-  for (const pid of pidsOf()) {
-    let argv: string[];
-    try {
-      argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter((a) => a !== '');
-    } catch {
-      continue;
-    }
-    if (Number(pid) === up.proc.pid) {
-      out.push({ pid: Number(pid), kind: 'up', cluster: '', argv });
+  for (const p of processArgvs()) {
+    const argv = p.argv.filter((a) => a !== '');
+    if (p.pid === up.proc.pid) {
+      out.push({ pid: p.pid, kind: 'up', cluster: '', argv });
       continue;
     }
     if (!argv.some((a) => a.includes(up.stateDir))) continue;
     const kind = kindOf(argv);
-    if (kind !== undefined) out.push({ pid: Number(pid), kind, cluster: clusterOf(argv), argv });
+    if (kind !== undefined) out.push({ pid: p.pid, kind, cluster: clusterOf(argv), argv });
   }
   return out;
 }
@@ -180,10 +173,12 @@ export async function residue(stateDir: string): Promise<Record<string, number>>
   const add = (k: string, n: number): void => {
     total[k] = (total[k] ?? 0) + n;
   };
+  // One scan of /proc for every count that looks at processes.
+  const processes = processArgvs();
   for (const [i, c] of CLUSTERS.entries()) {
     const root = join(stateDir, 'clusters', c, 'data', 'runtime');
     const bridge = `${BRIDGE_PREFIX}${String(i)}`;
-    const r = await countResidue({ root, bridge, claimsDir: '/nonexistent', idRangesDir: '/var/lib/asb/id-ranges' });
+    const r = await countResidue({ root, bridge, claimsDir: '/nonexistent', idRangesDir: '/var/lib/asb/id-ranges', processes });
     // countResidue's networkClaims counts a whole claims dir; ours are the two files naming our bridges.
     delete r.networkClaims;
     delete r.bridges;
@@ -204,14 +199,6 @@ export async function residue(stateDir: string): Promise<Record<string, number>>
   }
   add('imagePins', count(join(stateDir, 'images', 'pins')));
   // Processes naming the state dir (the system's own while it runs; none once it stopped).
-  let procs = 0;
-  for (const pid of pidsOf()) {
-    try {
-      if (readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(stateDir)) procs++;
-    } catch {
-      // gone meanwhile
-    }
-  }
-  add('systemProcesses', procs);
+  add('systemProcesses', processes.filter((p) => p.argv.some((a) => a.includes(stateDir))).length);
   return total;
 }

@@ -51,8 +51,6 @@ export interface LocalBuildEngineOptions {
   registry: string;
   /** The engine's own 0700 directory under the worker's state dir: the layer cache and its helper live here. */
   stateDir: string;
-  /** The layer cache entries no collection removes (LayerCache's `keep`). */
-  keepCached?: () => ReadonlySet<string>;
 }
 
 export interface KubeBuildEngineOptions {
@@ -67,8 +65,6 @@ export interface KubeBuildEngineOptions {
   /** Push over HTTPS; default plain HTTP (a registry in the cluster's own network). */
   https?: boolean;
   stateDir: string;
-  /** The layer cache entries no collection removes (LayerCache's `keep`). */
-  keepCached?: () => ReadonlySet<string>;
 }
 
 interface EngineOptions {
@@ -82,14 +78,13 @@ interface EngineOptions {
   stateDir: string;
   /** How a step's changes are read: the pod's upper dir on this host, or the pod's own listing and archive. */
   layers: 'upper-dir' | 'in-pod';
-  keepCached?: () => ReadonlySet<string>;
 }
 
 const TAG = /^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$/;
 const REPOSITORY = /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$/;
 
 export function createLocalBuildEngine(opts: LocalBuildEngineOptions): SandboxBuildEngine {
-  return new SandboxBuildEngine({ runtime: opts.runtime, base: cachedBase(opts.images, opts.registry), registry: opts.registry, pullRegistry: opts.registry, https: false, stateDir: opts.stateDir, layers: 'upper-dir', ...(opts.keepCached === undefined ? {} : { keepCached: opts.keepCached }) });
+  return new SandboxBuildEngine({ runtime: opts.runtime, base: cachedBase(opts.images, opts.registry), registry: opts.registry, pullRegistry: opts.registry, https: false, stateDir: opts.stateDir, layers: 'upper-dir' });
 }
 
 /**
@@ -99,7 +94,7 @@ export function createLocalBuildEngine(opts: LocalBuildEngineOptions): SandboxBu
  */
 export function createKubeBuildEngine(opts: KubeBuildEngineOptions): SandboxBuildEngine {
   const pushAuthorization = basicAuthorization(authForHost(opts.registry, opts.registries));
-  return new SandboxBuildEngine({ runtime: opts.runtime, base: registryBase(opts.registries, opts.registry), registry: opts.registry, pullRegistry: opts.pullRegistry ?? opts.registry, https: opts.https ?? false, ...(pushAuthorization === undefined ? {} : { pushAuthorization }), stateDir: opts.stateDir, layers: 'in-pod', ...(opts.keepCached === undefined ? {} : { keepCached: opts.keepCached }) });
+  return new SandboxBuildEngine({ runtime: opts.runtime, base: registryBase(opts.registries, opts.registry), registry: opts.registry, pullRegistry: opts.pullRegistry ?? opts.registry, https: opts.https ?? false, ...(pushAuthorization === undefined ? {} : { pushAuthorization }), stateDir: opts.stateDir, layers: 'in-pod' });
 }
 
 export type LocalBuildEngine = SandboxBuildEngine;
@@ -114,7 +109,7 @@ export class SandboxBuildEngine implements BuildEngine {
     privateDir(join(opts.stateDir, 'layer-cache'));
     // A worker that died mid-build left its work dirs, and their pins would keep base images for ever.
     rmSync(join(opts.stateDir, 'work'), { recursive: true, force: true });
-    this.cache = new LayerCache(join(opts.stateDir, 'layer-cache'), opts.keepCached);
+    this.cache = new LayerCache(join(opts.stateDir, 'layer-cache'));
   }
 
   async build(req: EngineRequest): Promise<EngineResult> {

@@ -31,12 +31,15 @@ export interface CacheEntry {
 
 export class LayerCache {
   readonly #root: string;
-  readonly #keep: () => ReadonlySet<string>;
+  #keep: () => ReadonlySet<string> = () => new Set();
 
-  /** `keep`: the entry keys no pass collects (the live templates' steps). */
-  constructor(root: string, keep: () => ReadonlySet<string> = () => new Set()) {
+  constructor(root: string) {
     this.#root = root;
-    this.#keep = keep;
+  }
+
+  /** The entry keys no pass collects (the live templates' steps), named by the build service made after the cache. */
+  keep(live: () => ReadonlySet<string>): void {
+    this.#keep = live;
   }
 
   /** The directory the cache lives in (the filesystem whose usage is its pressure). */

@@ -126,11 +126,31 @@ export class TemplateBuilds implements BuildService {
     this.#records = new RecordFiles(opts.recordsDir);
     for (const rec of this.#records.load(this.#isoNow())) this.#templates.set(rec.templateId, rec);
     this.#sweepFiles();
-    // Pins made before they carried their tags get them (and the hub with its next `built` set).
-    const tagged = [...this.#templates.values()].filter((rec) => Object.keys(rec.tags).some((t) => t !== 'default'));
-    this.#pinsSynced = Promise.all(tagged.map((rec) => this.#syncPins(rec))).then(() => {
-      if (tagged.length > 0) this.#o.onTemplatesChanged?.();
-    });
+    this.#pinsSynced = this.#syncStalePins();
+  }
+
+  /**
+   * At start: pins out of step with their record (made before pins carried their tags, or left by
+   * a sync that failed) are brought in step, and the hub told with the next `built` set. One list
+   * of the namespace's pins per start; nothing is written or sent when every pin is in step.
+   */
+  async #syncStalePins(): Promise<void> {
+    let pins: SandboxTemplate[];
+    try {
+      pins = (await this.#o.store.list<SandboxTemplate>(SandboxTemplateType, { namespace: this.#o.namespace, labelSelector: TEMPLATE_PIN_LABEL })).items;
+    } catch (err) {
+      this.#o.log.warn({ err }, 'cannot list the SandboxTemplates of tagged builds to bring them in step with their tags');
+      return;
+    }
+    const stale = new Set<TemplateRecord>();
+    for (const pin of pins) {
+      const rec = this.#templates.get(pin.metadata.labels?.[TEMPLATE_ID_LABEL] ?? '');
+      if (rec === undefined || pin.metadata.labels?.[LABEL.owner] !== rec.team) continue;
+      const tags = tagsAnnotation(this.#tagsOf(rec, pin.metadata.labels[TEMPLATE_PIN_LABEL] ?? ''));
+      if (pin.metadata.annotations?.[TEMPLATE_TAGS_ANNOTATION] !== tags) stale.add(rec);
+    }
+    await Promise.all([...stale].map((rec) => this.#syncPins(rec)));
+    if (stale.size > 0) this.#o.onTemplatesChanged?.();
   }
 
   /** Uploaded files unused past their age go now and every FILE_SWEEP_MS after. */

@@ -28,6 +28,7 @@ import {
   type TemplateValues,
 } from './envoy-template.ts';
 import { EDGE_SAN, INGRESS_SAN, type FederationTls } from './tls.ts';
+import { parseHostPort } from '../system/host-port.ts';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 
@@ -141,20 +142,6 @@ export interface EdgeConfigOptions {
   nodeId?: string;
   /** Template text to use instead of envoy/edge.yaml. */
   templateText?: string;
-}
-
-export interface HostPort {
-  host: string;
-  port: number;
-}
-
-/** Splits `host:port` or `[v6]:port`. */
-export function parseHostPort(address: string): HostPort | undefined {
-  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:[\]\s]+)):(\d{1,5})$/.exec(address);
-  if (m === null) return undefined;
-  const port = Number(m[3]);
-  if (port > 65535) return undefined;
-  return { host: m[1] ?? m[2] ?? '', port };
 }
 
 /** The edge configuration as an object (what Envoy reads), from the template and opts. */

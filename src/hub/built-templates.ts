@@ -69,13 +69,7 @@ export async function acceptBuiltTemplates(store: ObjectStore, cluster: string, 
   const held = await store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${BUILT_ON_LABEL}=${cluster}` });
   const heldByKey = new Map(held.items.map((obj) => [`${obj.metadata.namespace ?? 'default'}/${obj.metadata.name}`, obj]));
   for (const [key, obj] of heldByKey) {
-    if (wanted.has(key)) continue;
-    try {
-      await store.delete(SandboxTemplateType, obj.metadata.namespace ?? 'default', obj.metadata.name);
-      changed++;
-    } catch (err) {
-      if (!isAsbError(err, 'NotFound')) throw err;
-    }
+    if (!wanted.has(key) && (await deleteTemplate(store, obj))) changed++;
   }
   for (const [key, obj] of wanted) {
     // Read again only for a name this cluster does not hold yet: it may be an admin's.
@@ -94,13 +88,17 @@ export async function acceptBuiltTemplates(store: ObjectStore, cluster: string, 
 export async function forgetBuiltTemplates(store: ObjectStore, cluster: string): Promise<number> {
   const held = await store.list<SandboxTemplate>(SandboxTemplateType, { labelSelector: `${BUILT_ON_LABEL}=${cluster}` });
   let removed = 0;
-  for (const obj of held.items) {
-    try {
-      await store.delete(SandboxTemplateType, obj.metadata.namespace ?? 'default', obj.metadata.name);
-      removed++;
-    } catch (err) {
-      if (!isAsbError(err, 'NotFound')) throw err;
-    }
-  }
+  for (const obj of held.items) if (await deleteTemplate(store, obj)) removed++;
   return removed;
+}
+
+/** Deletes a built template; false when it was already gone. */
+async function deleteTemplate(store: ObjectStore, obj: SandboxTemplate): Promise<boolean> {
+  try {
+    await store.delete(SandboxTemplateType, obj.metadata.namespace ?? 'default', obj.metadata.name);
+    return true;
+  } catch (err) {
+    if (isAsbError(err, 'NotFound')) return false;
+    throw err;
+  }
 }

@@ -3,33 +3,24 @@
 //
 // Stateless: each POST gets its own MCP server and transport (the SDK's stateless mode, JSON
 // answers), so nothing is kept between requests and any worker or hub behind a balancer can
-// answer any of them. The caller's API key is checked first, exactly as the REST pipeline does,
-// and 401 is a problem+json answer like every other route's. The tools then call this same
-// server's REST API over loopback (the address the request came in on) with that same key: the
-// REST routes check it again and scope to its team, so MCP can see and do exactly what the key can
-// through REST, by construction, and no tool reimplements a route. The hop costs a loopback
-// request per tool call, small beside the exec or create it carries.
+// answer any of them. The caller's API key is checked first, by the REST pipeline's own check, and
+// 401 is a problem+json answer like every other route's, counted as the pipeline counts its own.
+// The tools then call this same server's REST API over loopback (the address the request came in
+// on) with that same key: the REST routes check it again and scope to its team, so MCP can see and
+// do exactly what the key can through REST, by construction, and no tool reimplements a route. The
+// hop costs a loopback request per tool call, small beside the exec or create it carries.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import type { Counter } from 'prom-client';
-import type { Principal } from '../auth/keyring.ts';
 import { createApiClient } from '../client/api-client.ts';
 import { AsbError } from '../errors.ts';
-import type { Logger } from '../system/log.ts';
-import { AUTH_HINT, presentedKey } from '../worker/presented-key.ts';
+import { authenticate, type PipelineOptions } from '../worker/pipeline.ts';
 import { toAsbError, writeProblem } from '../worker/problem.ts';
 import { createMcpServer } from './tools.ts';
 
 export const MCP_PATH = '/mcp';
 
-export interface McpEndpointOptions {
-  auth: { verify(presented: string): Principal | undefined };
-  log: Logger;
-  requests: Counter<'route' | 'code'>;
-  /** Named in messages: "the worker", "the hub". */
-  server: string;
-  /** WWW-Authenticate realm, as the REST pipeline's. */
-  realm: string;
+/** As the server's REST pipeline is given them (its key check, logger, counters, name and realm), and the version to report. */
+export interface McpEndpointOptions extends Pick<PipelineOptions, 'auth' | 'log' | 'requests' | 'errors' | 'server' | 'realm'> {
   version: string;
 }
 
@@ -51,9 +42,7 @@ export function createMcpEndpoint(opts: McpEndpointOptions): (req: IncomingMessa
   const log = opts.log.child({ component: 'mcp' });
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const key = presentedKey(req);
-    if (key === undefined) throw new AsbError('Unauthorized', `no API key: ${AUTH_HINT}`);
-    if (opts.auth.verify(key) === undefined) throw new AsbError('Unauthorized', `the API key is unknown to ${opts.server} or revoked (or not of the form asb_<8 chars>_<32 chars>); ${AUTH_HINT}`);
+    const { key } = authenticate(req, opts.auth, opts.server);
     if (req.method !== 'POST') {
       res.setHeader('allow', 'POST');
       throw new AsbError('MethodNotAllowed', `${req.method ?? ''} is not allowed on ${MCP_PATH}: this MCP endpoint is stateless and answers POST only (no SSE stream, no session)`);
@@ -73,6 +62,7 @@ export function createMcpEndpoint(opts: McpEndpointOptions): (req: IncomingMessa
     res.once('close', () => opts.requests.inc({ route: MCP_PATH, code: String(res.statusCode) }));
     handle(req, res).catch((err: unknown) => {
       const problem = toAsbError(err);
+      opts.errors?.inc({ code: problem.code });
       if (problem.code === 'Internal') log.error({ err }, 'MCP request failed');
       if (res.headersSent) res.destroy();
       else writeProblem(res, problem, problem.code === 'Unauthorized' ? { 'www-authenticate': `Bearer realm="${opts.realm}"` } : {});

@@ -1,50 +1,46 @@
 // The router's Prometheus metrics over HTTP (--metrics-listen): GET /metrics serves its registry
 // (the asb_router_* series) for the admin key the router already holds to reach its workers, the
-// same key a worker's /metrics takes. Nothing else is served; the ext_proc hot path never waits on it.
+// same key a worker's /metrics takes. It runs the same request pipeline as the worker's and the
+// hub's APIs (worker/pipeline.ts), so a refusal is the same problem+json answer and every request
+// is counted in asb_router_http_requests_total. The ext_proc hot path never waits on it.
 import { createHash, timingSafeEqual } from 'node:crypto';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { Registry } from 'prom-client';
+import { createServer } from 'node:http';
+import { Counter, type Registry } from 'prom-client';
+import type { Principal } from '../auth/keyring.ts';
+import { parseHostPort } from '../system/host-port.ts';
 import { listen } from '../system/http-server.ts';
 import type { Logger } from '../system/log.ts';
-import { presentedKey } from '../worker/presented-key.ts';
+import { createPipeline } from '../worker/pipeline.ts';
+import { createRouter } from '../worker/router.ts';
 
 export interface MetricsServer {
-  /** host:port it listens on. */
+  /** host:port it listens on (an IPv6 host in brackets). */
   readonly address: string;
   close(): Promise<void>;
 }
 
 const digest = (text: string): Buffer => createHash('sha256').update(text).digest();
 
+/** The one key this listener takes, compared as digests: equal lengths, constant time. */
+function singleKey(key: string): { verify(presented: string): Principal | undefined } {
+  const expected = digest(key);
+  // The prefix (asb_xxxxxxxx) is the key's public part, safe to log.
+  const principal: Principal = { team: 'admin', admin: true, prefix: key.slice(0, 12) };
+  return { verify: (presented) => (timingSafeEqual(digest(presented), expected) ? principal : undefined) };
+}
+
 export async function startMetricsServer(opts: { listen: string; registry: Registry; key: string; log: Logger }): Promise<MetricsServer> {
-  const expected = digest(opts.key);
-  const answer = (res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}): void => {
-    res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', ...headers });
-    res.end(`${text}\n`);
-  };
-  const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
-    const path = new URL(req.url ?? '/', 'http://router.invalid').pathname;
-    if (path !== '/metrics') return answer(res, 404, `no such path on the router's metrics listener: ${path}; GET /metrics`);
-    const key = presentedKey(req);
-    // Compared as digests: equal lengths, constant time.
-    if (key === undefined || !timingSafeEqual(digest(key), expected)) {
-      return answer(res, 401, 'the router\'s /metrics needs the admin API key it was given (--worker-key) as "Authorization: Bearer <key>"', { 'www-authenticate': 'Bearer realm="asb-router"' });
-    }
-    if (req.method !== 'GET' && req.method !== 'HEAD') return answer(res, 405, `${req.method ?? ''} is not allowed on /metrics; allowed: GET`, { allow: 'GET' });
-    const text = await opts.registry.metrics();
-    res.writeHead(200, { 'content-type': opts.registry.contentType });
-    res.end(text);
-  };
-  const server = createServer((req, res) => {
-    handle(req, res).catch((err: unknown) => {
-      opts.log.error({ err }, 'metrics request failed');
-      res.destroy();
-    });
-  });
-  const sep = opts.listen.lastIndexOf(':');
-  await listen(server, Number(opts.listen.slice(sep + 1)), opts.listen.slice(0, sep));
+  const at = parseHostPort(opts.listen);
+  if (at === undefined) throw new Error(`the router's metrics listener needs host:port or [v6]:port, got "${opts.listen}"`);
+  const requests = new Counter({ name: 'asb_router_http_requests_total', help: "Requests on the router's metrics listener, by route pattern and status code.", labelNames: ['route', 'code'], registers: [opts.registry] });
+  const routes = [{ method: 'GET' as const, pattern: '/metrics', handler: async () => ({ status: 200, bytes: Buffer.from(await opts.registry.metrics(), 'utf8'), contentType: opts.registry.contentType }) }];
+  const server = createServer(
+    createPipeline({ router: createRouter(routes), auth: singleKey(opts.key), log: opts.log, requests, server: "the router's metrics listener", realm: 'asb-router', routesHint: '; it serves GET /metrics' }),
+  );
+  await listen(server, at.port, at.host);
   const bound = server.address();
-  const address = typeof bound === 'object' && bound !== null ? `${opts.listen.slice(0, sep)}:${bound.port}` : opts.listen;
+  const port = typeof bound === 'object' && bound !== null ? bound.port : at.port;
+  const address = at.host.includes(':') ? `[${at.host}]:${String(port)}` : `${at.host}:${String(port)}`;
   let closing: Promise<void> | undefined;
   return {
     address,

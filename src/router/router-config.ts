@@ -20,13 +20,14 @@
 //   --lookup-rate / ASB_ROUTER_LOOKUP_RATE     lookups per second a client address regains. Default 5
 //                                          (lookup-limiter.ts says why; the address is the one
 //                                          Envoy saw, client-address.ts)
-//   --metrics-listen / ASB_ROUTER_METRICS_LISTEN   host:port of an HTTP listener serving GET
+//   --metrics-listen / ASB_ROUTER_METRICS_LISTEN   host:port ([v6]:port) of an HTTP listener serving GET
 //                                          /metrics (Prometheus text of the asb_router_* series) to
 //                                          the worker key as a bearer token. Default: none (off)
 //   --log-level / ASB_LOG_LEVEL            Default info
 import { parseFlags } from '../system/flags.ts';
 import { readFileSync } from 'node:fs';
 import { ConfigError } from '../system/config.ts';
+import { parseHostPort } from '../system/host-port.ts';
 import { DEFAULT_LOOKUP_LIMITS } from './lookup-limiter.ts';
 import { DEFAULT_HOLD_LIMIT_MS } from './waker.ts';
 import type { WorkerEndpoint } from './worker-api.ts';
@@ -121,8 +122,4 @@ export function parseRouterConfig(argv: readonly string[], env: Readonly<Record<
   return Object.freeze({ listen, domain, workers: Object.freeze(workers), holdLimitMs, hubUpstream: hubText === 'on', lookupBurst, lookupRatePerS, metricsListen, logLevel: one('log-level') ?? 'info' });
 }
 
-function isHostPort(text: string): boolean {
-  const sep = text.lastIndexOf(':');
-  const port = Number(text.slice(sep + 1));
-  return sep > 0 && text.slice(sep + 1) !== '' && Number.isInteger(port) && port >= 0 && port <= 65535;
-}
+const isHostPort = (text: string): boolean => parseHostPort(text) !== undefined;

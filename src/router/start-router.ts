@@ -1,7 +1,8 @@
 // The router's composition root: route table and cluster registry → feeds (one per worker) →
 // waker and activity → ext_proc server. Closed in the reverse order: stop taking streams, flush
-// activity, drop feeds, stop the registry's DNS refreshes. The metrics listener (--metrics-listen)
-// starts after the ext_proc server and closes right after it.
+// activity, drop feeds, stop the registry's DNS refreshes (one shutdown(), also for a start that
+// fails part way). The metrics listener (--metrics-listen) starts after the ext_proc server and
+// closes right after it.
 import { Registry } from 'prom-client';
 import { systemClock, type Clock } from '../system/clock.ts';
 import type { Logger } from '../system/log.ts';
@@ -75,7 +76,17 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
     onLookup: (result) => metrics.lookupsTotal.inc({ result }),
   });
   const activity = new ActivityReporter({ workers, clock, log: log.child({ component: 'activity' }), ...(deps.activityFlushMs === undefined ? {} : { flushMs: deps.activityFlushMs }) });
-  let server: ExtProcServer;
+  // The shutdown order, for a start that fails part way and for close(): stop taking streams and
+  // scrapes, flush activity, drop feeds, stop the registry's DNS refreshes.
+  let server: ExtProcServer | undefined;
+  let metricsServer: MetricsServer | undefined;
+  const shutdown = async (): Promise<void> => {
+    await server?.close();
+    await metricsServer?.close();
+    await activity.close();
+    for (const f of feeds) f.close();
+    federation.close();
+  };
   try {
     server = await ExtProcServer.start({
       table,
@@ -90,23 +101,10 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
       log: log.child({ component: 'extproc' }),
       listen: config.listen,
     });
+    if (config.metricsListen !== undefined) metricsServer = await startMetricsServer({ listen: config.metricsListen, registry, key: first.key, log: log.child({ component: 'metrics' }) });
   } catch (err) {
-    for (const f of feeds) f.close();
-    federation.close();
-    await activity.close();
+    await shutdown();
     throw err;
-  }
-  let metricsServer: MetricsServer | undefined;
-  if (config.metricsListen !== undefined) {
-    try {
-      metricsServer = await startMetricsServer({ listen: config.metricsListen, registry, key: first.key, log: log.child({ component: 'metrics' }) });
-    } catch (err) {
-      await server.close();
-      for (const f of feeds) f.close();
-      federation.close();
-      await activity.close();
-      throw err;
-    }
   }
   log.info({ address: server.address, metrics: metricsServer?.address, domain: config.domain, hubUpstream: config.hubUpstream, workers: config.workers.map((w) => `${w.cluster}=${w.url}`) }, 'router listening');
 
@@ -123,13 +121,7 @@ export async function startRouter(config: RouterConfig, deps: RouterDeps): Promi
       await Promise.all(feeds.map((f) => f.synced()));
     },
     close() {
-      closing ??= (async () => {
-        await server.close();
-        await metricsServer?.close();
-        await activity.close();
-        for (const f of feeds) f.close();
-        federation.close();
-      })();
+      closing ??= shutdown();
       return closing;
     },
   };

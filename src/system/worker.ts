@@ -6,8 +6,7 @@ import { listen, packageVersion } from './http-server.ts';
 import { readFileSync } from 'node:fs';
 import { TemplateBuilds } from '../builds/service.ts';
 import { TeamFileStore } from '../builds/files.ts';
-import { createKubeBuildEngine, createLocalBuildEngine } from '../builds/engine.ts';
-import type { BuildEngine } from '../builds/contract.ts';
+import { createKubeBuildEngine, createLocalBuildEngine, type SandboxBuildEngine } from '../builds/engine.ts';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
@@ -87,9 +86,7 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
   const store: ObjectStore = kube?.store ?? (await openSqliteStore({ path: join(config.dataDir, 'store.db'), ownerWaitMs: EXITING_OWNER_WAIT_MS, clock, metrics, log: log.child({ component: 'store' }) }));
   // With the egress proxy, every pod trusts the cluster's egress CA (credential-injection hosts).
   const egressCa = config.egressProxyPort === undefined ? undefined : await ensureEgressCa(join(config.dataDir, 'egress', 'ca'));
-  // The layer cache keeps the steps of every template in use: the build service (made below) names them.
-  let liveCacheKeys: () => ReadonlySet<string> = () => new Set();
-  const { runtime, imageGc, buildEngine, closeAlso } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath, () => liveCacheKeys()) : { runtime: deps.runtime, imageGc: undefined, buildEngine: undefined, closeAlso: undefined };
+  const { runtime, imageGc, buildEngine, closeAlso } = deps.runtime === undefined ? await createRuntime(config, kube, clock, log, metrics, egressCa?.caCertPath) : { runtime: deps.runtime, imageGc: undefined, buildEngine: undefined, closeAlso: undefined };
   const egressCounts = runtime.egressCounts?.bind(runtime);
   if (egressCounts !== undefined) registerEgressMetrics(registry, egressCounts, (err: unknown) => log.warn({ err }, 'cannot read the egress counters'));
   registerDiskMetrics(registry, config.dataDir, (err: unknown) => log.warn({ err }, 'cannot read the data disk\'s free space'));
@@ -174,7 +171,8 @@ export async function startWorker(config: WorkerConfig, deps: WorkerDeps): Promi
           log: log.child({ component: 'builds' }),
           onTemplatesChanged: () => tellHubTemplates(),
         });
-  if (builds !== undefined) liveCacheKeys = () => builds.liveCacheKeys();
+  // The layer cache keeps the steps of every template in use: the build service names them.
+  if (builds !== undefined) buildEngine?.cache.keep(() => builds.liveCacheKeys());
   const api =
     apiOperator === undefined
       ? undefined
@@ -265,7 +263,7 @@ function isPolicySource(runtime: PodRuntime): runtime is PodRuntime & EgressPoli
   return typeof (runtime as Partial<EgressPolicySource>).policyForPodIp === 'function';
 }
 
-async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined, keepCached: () => ReadonlySet<string>): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop; buildEngine?: BuildEngine; closeAlso?: () => Promise<void> }> {
+async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefined, clock: Clock, log: Logger, metrics: Metrics, extraCaPath: string | undefined): Promise<{ runtime: PodRuntime; imageGc?: ImageGcLoop; buildEngine?: SandboxBuildEngine; closeAlso?: () => Promise<void> }> {
   const registries = config.registriesFile === undefined ? EMPTY_REGISTRIES : parseRegistriesConfig(JSON.parse(await readFile(config.registriesFile, 'utf8')), config.registriesFile);
   if (config.runtime === 'kube') {
     // config.ts refuses --runtime=kube without --store=kube.
@@ -276,7 +274,7 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
     // Builds run in Pods of the cluster and push to the registry its nodes pull from (named: no
     // default here), in --build-pod-namespace (a runtime of its own when it is not the sandboxes').
     const buildRuntime = config.buildRegistry === undefined || config.buildPodNamespace === config.podNamespace ? runtime : await kubeParts.createKubePodRuntime(config, kube, { clock, log: log.child({ component: 'build-runtime' }), namespace: config.buildPodNamespace });
-    const buildEngine = config.buildRegistry === undefined ? undefined : createKubeBuildEngine({ runtime: buildRuntime, registries, registry: config.buildRegistry, ...(config.buildRegistryPull === undefined ? {} : { pullRegistry: config.buildRegistryPull }), stateDir: join(config.dataDir, 'builds', 'engine'), keepCached });
+    const buildEngine = config.buildRegistry === undefined ? undefined : createKubeBuildEngine({ runtime: buildRuntime, registries, registry: config.buildRegistry, ...(config.buildRegistryPull === undefined ? {} : { pullRegistry: config.buildRegistryPull }), stateDir: join(config.dataDir, 'builds', 'engine') });
     // No image cache here to collect the layer cache with: its own loop, on the image cache's policy.
     const layerGc = buildEngine === undefined ? undefined : startLayerCacheGc({ cache: buildEngine.cache, log, clock, intervalMs: config.imageGcIntervalMs });
     if (buildRuntime === runtime && layerGc === undefined) return { runtime };
@@ -301,7 +299,7 @@ async function createRuntime(config: WorkerConfig, kube: KubeConnection | undefi
   });
   // Template builds on this runtime, pushed to the registry its pods pull from (none without one).
   const buildRegistry = config.buildRegistry ?? loopbackMirror(registries);
-  const buildEngine = buildRegistry === undefined ? undefined : createLocalBuildEngine({ runtime, images, registry: buildRegistry, stateDir: join(config.dataDir, 'builds', 'engine'), keepCached });
+  const buildEngine = buildRegistry === undefined ? undefined : createLocalBuildEngine({ runtime, images, registry: buildRegistry, stateDir: join(config.dataDir, 'builds', 'engine') });
   // After the runtime: its recovery pins the images of pods made before pins existed. The build
   // layer cache is collected in the same passes.
   const imageGc = startImageGc({ images, log, clock, intervalMs: config.imageGcIntervalMs, graceMs: config.imageGcGraceMs, metrics, ...(buildEngine === undefined ? {} : { alsoCollect: [buildEngine.cache] }) });

@@ -40,6 +40,15 @@ export function writeReply(res: ServerResponse, reply: Reply): void {
   }
 }
 
+/** The caller's API key and whose it is; Unauthorized naming what was wrong when none is valid. */
+export function authenticate(req: IncomingMessage, auth: PipelineOptions['auth'], server: string): { key: string; principal: Principal } {
+  const key = presentedKey(req);
+  if (key === undefined) throw new AsbError('Unauthorized', `no API key: ${AUTH_HINT}`);
+  const principal = auth.verify(key);
+  if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown to ${server} or revoked (or not of the form asb_<8 chars>_<32 chars>); ${AUTH_HINT}`);
+  return { key, principal };
+}
+
 /** A node:http request listener that runs the pipeline. */
 export function createPipeline(opts: PipelineOptions): (req: IncomingMessage, res: ServerResponse) => void {
   const { router, auth, log, requests, errors } = opts;
@@ -58,12 +67,7 @@ export function createPipeline(opts: PipelineOptions): (req: IncomingMessage, re
       if (resolution.kind !== 'none') label = route?.pattern ?? (resolution.kind === 'method' ? resolution.pattern : label);
       let principal: Principal | undefined;
       // Authentication comes before "no such route", so unauthenticated callers learn nothing.
-      if (route?.auth !== false) {
-        const key = presentedKey(req);
-        if (key === undefined) throw new AsbError('Unauthorized', `no API key: ${AUTH_HINT}`);
-        principal = auth.verify(key);
-        if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown to ${opts.server} or revoked (or not of the form asb_<8 chars>_<32 chars>); ${AUTH_HINT}`);
-      }
+      if (route?.auth !== false) principal = authenticate(req, auth, opts.server).principal;
       if (resolution.kind === 'none') throw new AsbError('NotFound', `no such route on ${opts.server}: ${req.method ?? ''} ${url.pathname}${opts.routesHint ?? ''}`);
       if (resolution.kind === 'method') {
         const allow = resolution.allow.join(', ');

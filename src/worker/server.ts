@@ -189,7 +189,7 @@ export async function createWorkerServer(deps: WorkerDeps): Promise<WorkerServer
     routesHint: '; the routes are listed in docs/openapi.yaml',
   });
   // MCP (streamable HTTP) beside the REST pipeline: its tools call the REST routes with the caller's key.
-  const mcp = createMcpEndpoint({ auth: deps.auth, log, requests, server: 'the worker', realm: 'asb', version: w.version });
+  const mcp = createMcpEndpoint({ auth: deps.auth, log, requests, errors: deps.metrics.apiErrorsTotal, server: 'the worker', realm: 'asb', version: w.version });
   // envd (the E2B SDK's in-sandbox API) for requests the router sent for a sandbox's port 49983:
   // kept apart from our API, with its own auth (the sandbox's access token) and error format.
   // Requests the router sent by the kubernetes-sigs X-Sandbox-* headers (any path, any port):

@@ -7,7 +7,7 @@ import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import type { BuildEngine, EngineRequest, EngineResult } from '../../src/builds/contract.ts';
 import { TeamFileStore } from '../../src/builds/files.ts';
-import { TemplateBuilds } from '../../src/builds/service.ts';
+import { TemplateBuilds, type TemplateBuildsOptions } from '../../src/builds/service.ts';
 import type { EgressPolicy } from '../../src/network/egress-policy.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
 import { systemClock } from '../../src/system/clock.ts';
@@ -49,7 +49,11 @@ export class RecordingEngine implements BuildEngine {
 
 /** The real build service over `engine`, its records and files under `dir`, as a worker makes it (with `egress` as its --build-egress). */
 export function testBuildService(store: ObjectStore, dir: string, engine: BuildEngine, timeoutMs?: number, egress?: EgressPolicy): TemplateBuilds {
-  return new TemplateBuilds({
+  return new TemplateBuilds(testBuildServiceOptions(store, dir, engine, timeoutMs, egress));
+}
+
+export function testBuildServiceOptions(store: ObjectStore, dir: string, engine: BuildEngine, timeoutMs?: number, egress?: EgressPolicy): TemplateBuildsOptions {
+  return {
     recordsDir: join(dir, 'builds', 'templates'),
     files: new TeamFileStore({ dir: join(dir, 'builds', 'files'), now: () => Date.now() }),
     store,
@@ -60,5 +64,5 @@ export function testBuildService(store: ObjectStore, dir: string, engine: BuildE
     log: silentLogger(),
     ...(timeoutMs === undefined ? {} : { limits: { timeoutMs } }),
     ...(egress === undefined ? {} : { egress }),
-  });
+  };
 }

@@ -13,6 +13,13 @@ export interface ResidueScope {
   bridge: string;
   claimsDir: string;
   idRangesDir: string;
+  /** The host's processes, when the caller scanned /proc already (processArgvs); default: scan now. */
+  processes?: readonly ProcessArgv[];
+}
+
+export interface ProcessArgv {
+  pid: number;
+  argv: string[];
 }
 
 export type Residue = Record<string, number>;
@@ -33,21 +40,25 @@ const isDir = (path: string): boolean => {
   }
 };
 
+/** Every process's argv now, from one scan of /proc (a process gone meanwhile is left out). */
+export function processArgvs(): ProcessArgv[] {
+  const out: ProcessArgv[] = [];
+  for (const pid of list('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      out.push({ pid: Number(pid), argv: readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0') });
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
 export async function countResidue(scope: ResidueScope): Promise<Residue> {
   const root = resolve(scope.root);
   const tag = createHash('sha256').update(root).digest('hex').slice(0, 12);
   const mountRoot = `/run/asb/rootfs/${tag}`;
   const cgroupParent = `asb-${tag}`;
-  let processes = 0;
-  for (const pid of list('/proc').filter((p) => /^\d+$/.test(p) && Number(p) !== process.pid)) {
-    let argv: string[];
-    try {
-      argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
-    } catch {
-      continue;
-    }
-    if (argv.some((a) => a.includes(`${root}/`) || a === root)) processes++;
-  }
+  const processes = (scope.processes ?? processArgvs()).filter((p) => p.pid !== process.pid && p.argv.some((a) => a.includes(`${root}/`) || a === root)).length;
   const mountPoints = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4] ?? '');
   const mounts = mountPoints.filter((m) => m.startsWith(`${root}/`) || m.startsWith(`${mountRoot}/`)).length;
   let cgroups = 0;

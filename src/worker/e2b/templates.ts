@@ -21,8 +21,8 @@ import type { BuildLogEntry, BuildSpec, BuildStep } from '../../builds/contract.
 import { isFilesHash } from '../../builds/files.ts';
 import type { BuildRecord, TemplateRecord } from '../../builds/records.ts';
 import type { TemplateBuilds } from '../../builds/service.ts';
-import { TEMPLATE_ID_LABEL, TEMPLATE_NAME_LABEL, TEMPLATE_PIN_LABEL } from '../../builds/template-object.ts';
-import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../../api/types.ts';
+import { TEMPLATE_ID_LABEL } from '../../builds/template-object.ts';
+import { ownTemplateNamed } from '../team-templates.ts';
 import { AsbError } from '../../errors.ts';
 import { readJson } from '../body.ts';
 import type { Authenticator, WorkerContext } from '../deps.ts';
@@ -328,16 +328,12 @@ async function alias(w: WorkerContext, ctx: AuthedContext): Promise<Reply> {
   const name = ctx.params.alias ?? '';
   const rec = builds(w).find(ctx.principal.team, name);
   if (rec !== undefined && rec.templateId !== name) return { status: 200, json: { templateID: rec.templateId, public: false } };
-  const team = ctx.principal.team;
-  if (rec === undefined && LABEL_VALUE.test(name) && LABEL_VALUE.test(team)) {
-    const synced = await w.store.list<SandboxTemplate>(SandboxTemplateType, { namespace: builds(w).namespace, labelSelector: `${LABEL.owner}=${team},${TEMPLATE_NAME_LABEL}=${name},!${TEMPLATE_PIN_LABEL}` });
-    const id = synced.items.find((t) => t.metadata.deletionTimestamp === undefined)?.metadata.labels?.[TEMPLATE_ID_LABEL];
+  if (rec === undefined) {
+    const id = (await ownTemplateNamed(w, ctx.principal.team, builds(w).namespace, name))?.metadata.labels?.[TEMPLATE_ID_LABEL];
     if (id !== undefined) return { status: 200, json: { templateID: id, public: false } };
   }
   throw new AsbError('NotFound', `no template of this team is named "${name}"`);
 }
-
-const LABEL_VALUE = /^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$/;
 
 export function e2bTemplateRoutes(w: WorkerContext, auth: Authenticator, uploads: UploadSlots): Route[] {
   const route = (method: Route['method'], pattern: string, handler: (ctx: AuthedContext) => Promise<Reply> | Reply): Route => e2bRoute(auth, method, pattern, async (ctx) => handler(ctx));
