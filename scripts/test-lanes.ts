@@ -19,8 +19,9 @@ import { createInterface } from 'node:readline';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const DEFAULT_LOG_DIR = join(repoRoot, 'test-artifacts', 'lanes');
-/** The test runner's own flags, the same in both lanes: one file at a time, 5 min per test. */
-const TEST_FLAGS = ['--test', '--test-concurrency=1', '--test-timeout=300000', '--test-reporter=spec'];
+/** The test runner's own flags, the same in every lane: one file at a time, 5 min per test, the spec reporter on stdout. */
+const TEST_FLAGS = ['--test', '--test-concurrency=1', '--test-timeout=300000', '--test-reporter=spec', '--test-reporter-destination=stdout'];
+const FILES_REPORTER = join(repoRoot, 'scripts', 'lane-files-reporter.ts');
 
 interface Lane {
   name: string;
@@ -57,7 +58,8 @@ function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult>
   const log = createWriteStream(logPath);
   const prefix = `${lane.name.padEnd(width)} │ `;
   const started = Date.now();
-  const child = spawn(process.execPath, [...TEST_FLAGS, ...lane.files], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const timings = [`--test-reporter=${FILES_REPORTER}`, `--test-reporter-destination=${join(logDir, `${lane.name}.files.tsv`)}`];
+  const child = spawn(process.execPath, [...TEST_FLAGS, ...timings, ...lane.files], { stdio: ['ignore', 'pipe', 'pipe'] });
   const closed: Promise<void>[] = [];
   for (const stream of [child.stdout, child.stderr]) {
     const lines = createInterface({ input: stream, crlfDelay: Infinity });

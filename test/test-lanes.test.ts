@@ -58,6 +58,17 @@ test('both lanes run at once, each line prefixed with its lane and whole in its 
   assert.match(k8sLog, /^✔ the k8s lane's fixture runs/m);
   assert.doesNotMatch(k8sLog, /local lane/);
   assert.match(readFileSync(join(run.logs, 'local.log'), 'utf8'), /^✔ the local lane's fixture runs/m);
+  // Each lane's per-file timings: a header, then one row per file with its wall and its time before the first test.
+  for (const [lane, file] of [['k8s', K8S_FIXTURE], ['local', LOCAL_FIXTURE]] as const) {
+    const [header, ...rows] = readFileSync(join(run.logs, `${lane}.files.tsv`), 'utf8').trimEnd().split('\n');
+    assert.equal(header, 'file\twall_s\tbefore_first_s\ttests_s\tafter_last_s\ttests');
+    assert.equal(rows.length, 1, `${lane}: ${rows.join(' | ')}`);
+    const [name, wall, before, , , tests] = (rows[0] ?? '').split('\t');
+    assert.equal(name, file);
+    assert.equal(tests, '1');
+    // The fixture waits for the other lane's before its test ends: its wall is more than nothing, and holds its time before the test.
+    assert.ok(Number(wall) >= Number(before) && Number(before) > 0, rows[0]);
+  }
 });
 
 test('a failing lane makes the run exit 1, naming that lane and its failing test; the other lane still runs to its end', async (t) => {
