@@ -2,7 +2,10 @@
 // file at a time (--test-concurrency=1): the Kubernetes tier (test/k8s/) in `k8s`, and everything
 // else split in two, `local-a` and `local-b`, balanced by each file's time in the last full run
 // (scripts/test-lane-times.tsv: longest first, each to the lane with less so far). Before, the
-// local files ran in one lane, the long pole: 31 of a fresh run's 44 min. MEASURED_NOTE
+// local files ran in one lane, the long pole: 31 of a fresh run's 44 min. That lane used 0.44 of
+// a core on average (/usr/bin/time: 756 s user+sys in 28.4 min; the files mostly wait on
+// sandboxes, servers and builds), so two local lanes and the k8s lane fit in 2 cores (all three
+// together: 113% of one core in a 17.5 min run on the shared machine).
 //
 // Two local files at once: what a test file takes on the host is its own, so any two can run
 // together. Each has its own bridge, pod subnet (a /16, or /17 and /18 parts of one used by no
@@ -16,12 +19,14 @@
 // refuse or skip what another holds. Counting tests count only their own (runtime-residue.ts: under
 // its root, bridge and table; up.test.ts: processes naming its state dir). The Kubernetes tier
 // keeps its node apart (test/support/kubelet-subids.ts, node-host.ts). Files that must not run at
-// once are in TOGETHER below, with the reason.
+// once are in TOGETHER below, and files seen failing beside another local file (passing alone) in
+// ALONE, a fourth lane started when local-a and local-b have ended; each with the reason.
 //
 // Output: each lane's spec reporter, live, every line prefixed with the lane's name, and whole in
 // test-artifacts/lanes/<lane>.log; each file's times in test-artifacts/lanes/<lane>.files.tsv
 // (scripts/lane-files-reporter.ts: where the slow files are, and what refreshes the times table:
-// `(echo file; tail -qn +2 test-artifacts/lanes/local-*.files.tsv) > scripts/test-lane-times.tsv`);
+// `(head -1 test-artifacts/lanes/local-a.files.tsv; tail -qn +2 test-artifacts/lanes/local-*.files.tsv) >
+// scripts/test-lane-times.tsv`);
 // at the end, one summary line per lane and the failing tests of each lane that failed. Exit
 // status 1 when a lane fails (the summary names it).
 //
@@ -42,6 +47,8 @@ const FILES_REPORTER = join(repoRoot, 'scripts', 'lane-files-reporter.ts');
 interface Lane {
   name: string;
   files: string[];
+  /** Lanes this one starts after (their end), rather than at once. */
+  after?: string[];
 }
 
 interface LaneResult {
@@ -62,6 +69,21 @@ export const TOGETHER: readonly (readonly string[])[] = [
   // test/support/egress-net.ts picks its bridge's 10.242.N.0/24 and its public 192.0.2.x
   // addresses at random among 128 and 60: two of these at once would meet every few runs.
   ['test/egress-credentials.test.ts', 'test/egress-dns.test.ts', 'test/egress-proxy.test.ts', 'test/egress-proxy-cut.test.ts', 'test/egress-sandbox.test.ts'],
+];
+
+/**
+ * Local test files that run alone, after local-a and local-b have ended (the k8s lane may still
+ * run), and why: each passed alone every time and failed with another local file running beside it.
+ */
+export const ALONE: readonly string[] = [
+  // After a policy change the attacker's bound no longer held (20 of 20 connections opened,
+  // expected 0) in both runs of two local lanes (beside supervision/sync, then e2b-sdk); alone it
+  // holds. Another runtime's nft work seems to reach its connection count: not understood yet.
+  'test/security-limits.test.ts',
+  // Once each in the first run of two local lanes, not understood yet: the egress CA missing from
+  // a sandbox's CA bundle (egress-sandbox), and a worker's pod mounts left at clean-up (EBUSY).
+  'test/egress-sandbox.test.ts',
+  'test/hub-placement.test.ts',
 ];
 
 /** The files a pattern names: a glob expanded (sorted, as the test runner does), a plain path as given. */
@@ -92,14 +114,16 @@ export function readTimes(path: string): Map<string, number> {
 const repoPath = (f: string): string => relative(repoRoot, resolve(f));
 
 /**
- * k8s: every file under test/k8s/; local-a and local-b: the rest, balanced by their times
- * (longest first, each to the lane with less so far; a file without a time counts as the median),
- * the files of one TOGETHER group as one. A lane with no files is left out.
+ * k8s: every file under test/k8s/; alone: the ALONE files, once local-a and local-b have ended;
+ * local-a and local-b: the rest, balanced by their times (longest first, each to the lane with less
+ * so far; a file without a time counts as the median), the files of one TOGETHER group as one. A
+ * lane with no files is left out.
  */
 export function splitLanes(patterns: readonly string[], times: ReadonlyMap<string, number> = readTimes(TIMES_FILE)): Lane[] {
   const files = [...new Set(patterns.flatMap(expand))];
   const k8s = files.filter((f) => repoPath(f).startsWith('test/k8s/'));
-  const local = files.filter((f) => !k8s.includes(f));
+  const alone = files.filter((f) => ALONE.includes(repoPath(f)));
+  const local = files.filter((f) => !k8s.includes(f) && !alone.includes(f));
   const known = [...times.values()].sort((a, b) => a - b);
   const median = known[Math.floor(known.length / 2)] ?? 1;
   const timeOf = (f: string): number => times.get(repoPath(f)) ?? median;
@@ -125,7 +149,9 @@ export function splitLanes(patterns: readonly string[], times: ReadonlyMap<strin
     }
   }
   for (const l of [a, b]) l.files.sort();
-  return [{ name: 'k8s', files: k8s }, a, b].filter((l) => l.files.length > 0);
+  const lanes = [{ name: 'k8s', files: k8s }, a, b].filter((l) => l.files.length > 0);
+  const before = lanes.filter((l) => l.name !== 'k8s').map((l) => l.name);
+  return [...lanes, ...(alone.length === 0 ? [] : [{ name: 'alone', files: alone.sort(), after: before }])];
 }
 
 const minutes = (ms: number): string => `${String(Math.floor(ms / 60_000))} min ${String(Math.round((ms % 60_000) / 1000))} s`;
@@ -177,7 +203,12 @@ async function main(): Promise<number> {
   mkdirSync(logDir, { recursive: true });
   const width = Math.max(...lanes.map((l) => l.name.length));
   process.stdout.write(lanes.map((l) => `lane ${l.name}: ${String(l.files.length)} test files, log ${relative(repoRoot, join(logDir, `${l.name}.log`))}\n`).join(''));
-  const results = await Promise.all(lanes.map((l) => runLane(l, width, logDir)));
+  const running = new Map<string, Promise<LaneResult>>();
+  for (const l of lanes) {
+    const waits = (l.after ?? []).map((name) => running.get(name)).filter((r) => r !== undefined);
+    running.set(l.name, Promise.all(waits).then(() => runLane(l, width, logDir)));
+  }
+  const results = await Promise.all(running.values());
   process.stdout.write('\n');
   for (const r of results) {
     const s = summaryOf(r.logPath);

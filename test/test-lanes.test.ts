@@ -7,7 +7,7 @@ import { globSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { test, type TestContext } from 'node:test';
-import { readTimes, splitLanes, TIMES_FILE, TOGETHER } from '../scripts/test-lanes.ts';
+import { ALONE, readTimes, splitLanes, TIMES_FILE, TOGETHER } from '../scripts/test-lanes.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const LOCAL_FIXTURE = 'test/fixtures/lanes/local-lane.ts';
@@ -38,11 +38,15 @@ function runLanes(t: TestContext, files: string[], env: Record<string, string> =
 test('the default TEST_FILES glob puts every test/k8s/ file in the k8s lane and every other test file in one of two local lanes, none twice or lost', () => {
   const lanes = splitLanes(['test/**/*.test.ts']);
   const files = (name: string): string[] => lanes.find((l) => l.name === name)?.files ?? [];
-  assert.deepEqual(lanes.map((l) => l.name), ['k8s', 'local-a', 'local-b']);
+  assert.deepEqual(lanes.map((l) => l.name), ['k8s', 'local-a', 'local-b', 'alone']);
+  // The files that fail beside another local file run alone, after both local lanes.
+  assert.deepEqual(files('alone'), [...ALONE].sort());
+  assert.deepEqual(lanes.find((l) => l.name === 'alone')?.after, ['local-a', 'local-b']);
+  assert.equal([...files('local-a'), ...files('local-b')].some((f) => ALONE.includes(f)), false);
   assert.deepEqual(files('k8s'), globSync('test/k8s/**/*.test.ts').sort());
   assert.equal([...files('local-a'), ...files('local-b')].some((f) => f.startsWith('test/k8s/')), false);
   assert.deepEqual(lanes.flatMap((l) => l.files).sort(), globSync('test/**/*.test.ts').sort());
-  for (const group of TOGETHER) {
+  for (const group of TOGETHER.map((g) => g.filter((f) => !ALONE.includes(f)))) {
     const lane = lanes.find((l) => l.files.includes(group[0] ?? ''))?.name;
     for (const f of group) assert.ok(files(lane ?? '').includes(f), `${f} runs in ${String(lane)} with ${group.join(', ')}`);
   }
@@ -50,7 +54,7 @@ test('the default TEST_FILES glob puts every test/k8s/ file in the k8s lane and 
 
 test('the local files are balanced by their committed times: the two local lanes differ by no more than the longest file', () => {
   const times = readTimes(TIMES_FILE);
-  const local = globSync('test/**/*.test.ts').filter((f) => !f.startsWith('test/k8s/'));
+  const local = globSync('test/**/*.test.ts').filter((f) => !f.startsWith('test/k8s/') && !ALONE.includes(f));
   // The table covers today's local files (a file added since counts as the median).
   assert.ok(local.filter((f) => times.has(f)).length >= local.length * 0.9, 'the times table is missing most files: refresh it from a full run');
   const lanes = splitLanes(local, times);
