@@ -1,13 +1,34 @@
-// `make test`'s test run, in two lanes started together: the Kubernetes tier (test/k8s/) in one
-// `node --test`, everything else in the other, each one file at a time (--test-concurrency=1).
-// The Kubernetes tier (~11 of ~33 min serially) mostly waits on a real kube-apiserver and
-// kubelet, so beside the local tests it costs little more than its own CPU; the two share nothing
-// that either changes (test/support/kubelet-subids.ts and node-host.ts say what the node keeps
-// apart or takes back).
+// `make test`'s test run, in three lanes started together, each its own `node --test` running one
+// file at a time (--test-concurrency=1): the Kubernetes tier (test/k8s/) in `k8s`, and everything
+// else split in two, `local-a` and `local-b`, balanced by each file's time in the last full run
+// (scripts/test-lane-times.tsv: longest first, each to the lane with less so far). Before, the
+// local files ran in one lane, the long pole: 31 of a fresh run's 44 min. That lane used 0.44 of
+// a core on average (/usr/bin/time: 756 s user+sys in 28.4 min; the files mostly wait on
+// sandboxes, servers and builds), so two local lanes and the k8s lane fit in 2 cores (all three
+// together: 113% of one core in a 17.5 min run on the shared machine).
+//
+// Two local files at once: what a test file takes on the host is its own, so any two can run
+// together. Each has its own bridge, pod subnet (a /16, or /17 and /18 parts of one used by no
+// other file), cluster tag, network namespaces and routing tables; its own state and data dirs
+// under mkdtemp, so its runc/runsc roots, cgroup parent, nft tables, mount root (/run/asb/rootfs/
+// <hash of its root>) and its kill-by-path cleanups (pkill -f <its dir>/) are its own too; ports
+// are 0 (the kernel's pick) on the host, fixed ports only inside its own namespaces. Shared by
+// design, and safe at once: the seeded registry data and the image cache (test-images.ts: one
+// registry per process, the seed and the cache under their own locks), the host-wide claims of
+// bridges and subnets (/run/asb/networks) and of user-id ranges (/var/lib/asb/id-ranges), which
+// refuse or skip what another holds. Counting tests count only their own (runtime-residue.ts: under
+// its root, bridge and table; up.test.ts: processes naming its state dir). The Kubernetes tier
+// keeps its node apart (test/support/kubelet-subids.ts, node-host.ts). Files that must not run at
+// once are in TOGETHER below, and files seen failing beside another local file (passing alone) in
+// ALONE, a fourth lane started when local-a and local-b have ended; each with the reason.
 //
 // Output: each lane's spec reporter, live, every line prefixed with the lane's name, and whole in
-// test-artifacts/lanes/<lane>.log; at the end, one summary line per lane and the failing tests of
-// each lane that failed. Exit status 1 when a lane fails (the summary names it).
+// test-artifacts/lanes/<lane>.log; each file's times in test-artifacts/lanes/<lane>.files.tsv
+// (scripts/lane-files-reporter.ts: where the slow files are, and what refreshes the times table:
+// `(head -1 test-artifacts/lanes/local-a.files.tsv; tail -qn +2 test-artifacts/lanes/local-*.files.tsv) >
+// scripts/test-lane-times.tsv`);
+// at the end, one summary line per lane and the failing tests of each lane that failed. Exit
+// status 1 when a lane fails (the summary names it).
 //
 // Usage: node scripts/test-lanes.ts [--logs <dir>] <file or glob>...  (make test passes
 // TEST_FILES: globs are expanded here, so TEST_FILES=test/store.test.ts runs that file alone, in
@@ -19,12 +40,15 @@ import { createInterface } from 'node:readline';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const DEFAULT_LOG_DIR = join(repoRoot, 'test-artifacts', 'lanes');
-/** The test runner's own flags, the same in both lanes: one file at a time, 5 min per test. */
-const TEST_FLAGS = ['--test', '--test-concurrency=1', '--test-timeout=300000', '--test-reporter=spec'];
+/** The test runner's own flags, the same in every lane: one file at a time, 5 min per test, the spec reporter on stdout. */
+const TEST_FLAGS = ['--test', '--test-concurrency=1', '--test-timeout=300000', '--test-reporter=spec', '--test-reporter-destination=stdout'];
+const FILES_REPORTER = join(repoRoot, 'scripts', 'lane-files-reporter.ts');
 
 interface Lane {
   name: string;
   files: string[];
+  /** Lanes this one starts after (their end), rather than at once. */
+  after?: string[];
 }
 
 interface LaneResult {
@@ -34,6 +58,35 @@ interface LaneResult {
   logPath: string;
 }
 
+/** The per-file times the local files are balanced by: the files.tsv rows of a full run (file, wall_s, ...). */
+export const TIMES_FILE = join(repoRoot, 'scripts', 'test-lane-times.tsv');
+
+/**
+ * Local test files that must share a lane (one runs after the other), and why. Everything else a
+ * test file takes on the host is its own (see the header).
+ */
+export const TOGETHER: readonly (readonly string[])[] = [
+  // test/support/egress-net.ts picks its bridge's 10.242.N.0/24 and its public 192.0.2.x
+  // addresses at random among 128 and 60: two of these at once would meet every few runs.
+  ['test/egress-credentials.test.ts', 'test/egress-dns.test.ts', 'test/egress-proxy.test.ts', 'test/egress-proxy-cut.test.ts', 'test/egress-sandbox.test.ts'],
+];
+
+/**
+ * Local test files that run alone, after local-a and local-b have ended (the k8s lane may still
+ * run), and why: each failed with another local file running beside it and passed by itself.
+ */
+export const ALONE: readonly string[] = [
+  // After a policy change the attacker's bound no longer held (20 of 20 connections opened,
+  // expected 0) in both runs of two local lanes (beside supervision/sync, then e2b-sdk), and once
+  // in this lane after the two files below; run by itself it passed 3 times of 3. Not understood
+  // yet, and not only a collision with another file: alone, the fewest things disturb it.
+  'test/security-limits.test.ts',
+  // Once each in the first run of two local lanes, not understood yet: the egress CA missing from
+  // a sandbox's CA bundle (egress-sandbox), and a worker's pod mounts left at clean-up (EBUSY).
+  'test/egress-sandbox.test.ts',
+  'test/hub-placement.test.ts',
+];
+
 /** The files a pattern names: a glob expanded (sorted, as the test runner does), a plain path as given. */
 function expand(pattern: string): string[] {
   if (!/[*?[{]/.test(pattern)) return [pattern];
@@ -42,12 +95,64 @@ function expand(pattern: string): string[] {
   return found.length === 0 ? [pattern] : found;
 }
 
-/** k8s: every file under test/k8s/; local: the rest. A lane with no files is left out. */
-export function splitLanes(patterns: readonly string[]): Lane[] {
+/** file (repo-relative) → seconds, from a files.tsv; no file, no times. */
+export function readTimes(path: string): Map<string, number> {
+  const times = new Map<string, number>();
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch {
+    return times;
+  }
+  for (const line of text.split('\n')) {
+    const [file, wall] = line.split('\t');
+    const seconds = Number(wall);
+    if (file !== undefined && file !== 'file' && Number.isFinite(seconds)) times.set(file, seconds);
+  }
+  return times;
+}
+
+const repoPath = (f: string): string => relative(repoRoot, resolve(f));
+
+/**
+ * k8s: every file under test/k8s/; alone: the ALONE files, once local-a and local-b have ended;
+ * local-a and local-b: the rest, balanced by their times (longest first, each to the lane with less
+ * so far; a file without a time counts as the median), the files of one TOGETHER group as one. A
+ * lane with no files is left out.
+ */
+export function splitLanes(patterns: readonly string[], times: ReadonlyMap<string, number> = readTimes(TIMES_FILE)): Lane[] {
   const files = [...new Set(patterns.flatMap(expand))];
-  const k8s = files.filter((f) => relative(repoRoot, resolve(f)).startsWith('test/k8s/'));
-  const local = files.filter((f) => !k8s.includes(f));
-  return [{ name: 'k8s', files: k8s }, { name: 'local', files: local }].filter((l) => l.files.length > 0);
+  const k8s = files.filter((f) => repoPath(f).startsWith('test/k8s/'));
+  const alone = files.filter((f) => ALONE.includes(repoPath(f)));
+  const local = files.filter((f) => !k8s.includes(f) && !alone.includes(f));
+  const known = [...times.values()].sort((a, b) => a - b);
+  const median = known[Math.floor(known.length / 2)] ?? 1;
+  const timeOf = (f: string): number => times.get(repoPath(f)) ?? median;
+  const units: string[][] = [];
+  for (const f of local) {
+    const group = TOGETHER.find((g) => g.includes(repoPath(f)));
+    const unit = group === undefined ? undefined : units.find((u) => u.some((o) => group.includes(repoPath(o))));
+    if (unit === undefined) units.push([f]);
+    else unit.push(f);
+  }
+  const weight = (u: readonly string[]): number => u.reduce((sum, f) => sum + timeOf(f), 0);
+  units.sort((a, b) => weight(b) - weight(a) || (a[0] ?? '').localeCompare(b[0] ?? ''));
+  const a: Lane = { name: 'local-a', files: [] };
+  const b: Lane = { name: 'local-b', files: [] };
+  let [sumA, sumB] = [0, 0];
+  for (const u of units) {
+    if (sumA <= sumB) {
+      a.files.push(...u);
+      sumA += weight(u);
+    } else {
+      b.files.push(...u);
+      sumB += weight(u);
+    }
+  }
+  for (const l of [a, b]) l.files.sort();
+  const lanes = [{ name: 'k8s', files: k8s }, a, b].filter((l) => l.files.length > 0);
+  const before = lanes.filter((l) => l.name !== 'k8s').map((l) => l.name);
+  return [...lanes, ...(alone.length === 0 ? [] : [{ name: 'alone', files: alone.sort(), after: before }])];
 }
 
 const minutes = (ms: number): string => `${String(Math.floor(ms / 60_000))} min ${String(Math.round((ms % 60_000) / 1000))} s`;
@@ -57,7 +162,8 @@ function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult>
   const log = createWriteStream(logPath);
   const prefix = `${lane.name.padEnd(width)} │ `;
   const started = Date.now();
-  const child = spawn(process.execPath, [...TEST_FLAGS, ...lane.files], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const timings = [`--test-reporter=${FILES_REPORTER}`, `--test-reporter-destination=${join(logDir, `${lane.name}.files.tsv`)}`];
+  const child = spawn(process.execPath, [...TEST_FLAGS, ...timings, ...lane.files], { stdio: ['ignore', 'pipe', 'pipe'] });
   const closed: Promise<void>[] = [];
   for (const stream of [child.stdout, child.stderr]) {
     const lines = createInterface({ input: stream, crlfDelay: Infinity });
@@ -98,7 +204,12 @@ async function main(): Promise<number> {
   mkdirSync(logDir, { recursive: true });
   const width = Math.max(...lanes.map((l) => l.name.length));
   process.stdout.write(lanes.map((l) => `lane ${l.name}: ${String(l.files.length)} test files, log ${relative(repoRoot, join(logDir, `${l.name}.log`))}\n`).join(''));
-  const results = await Promise.all(lanes.map((l) => runLane(l, width, logDir)));
+  const running = new Map<string, Promise<LaneResult>>();
+  for (const l of lanes) {
+    const waits = (l.after ?? []).map((name) => running.get(name)).filter((r) => r !== undefined);
+    running.set(l.name, Promise.all(waits).then(() => runLane(l, width, logDir)));
+  }
+  const results = await Promise.all(running.values());
   process.stdout.write('\n');
   for (const r of results) {
     const s = summaryOf(r.logPath);

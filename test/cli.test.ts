@@ -262,8 +262,8 @@ test('a bad manifest names the document and field path, exits 1 and sends nothin
 // ---- End to end: the CLI against a real worker (store, operator, local runtime, REST API).
 
 test('end to end: apply, create, ls, exec, pause, resume, status, rm against a real worker', async (t) => {
-  // Its own tag, bridge and subnet (10.231/16), so neither other test files nor `make up` collide.
-  const worker = await startWorkerProcess({ clusterTag: 'clit', subnetOctet: 231, basePool: 0 });
+  // Its own tag, bridge and subnet (10.201/16), so neither other test files nor `make up` collide.
+  const worker = await startWorkerProcess({ clusterTag: 'clit', subnetOctet: 201, basePool: 0 });
   t.after(async () => {
     await worker.stop();
     removeDataDir(worker.dataDir);

@@ -2,7 +2,7 @@
 // builds a template (the build calls go to that edge's cluster, the template's id carries its
 // tag), and Sandbox.create by the template's name at the edge is placed by the hub on the
 // cluster that holds the name, where the worker resolves it for the team; another team's create
-// by that name is a 404, with the SDK and with `asb create --template`. Own tag and bridge (bsf1, asbbsf1), subnet 10.241.0.0/16.
+// by that name is a 404, with the SDK and with `asb create --template`. Own tag and bridge (bsf1, asbbsf1), subnet 10.22.0.0/16.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as e2b from 'e2b';
@@ -18,7 +18,7 @@ async function hubKey(hubUrl: string, adminKey: string, team: string): Promise<s
 }
 
 test('a template built at one edge of a federation is created by name through the hub, for its team only', { timeout: 280_000 }, async (t) => {
-  const fed = await startTestFederation([['bs-fed', 'bsf1', 241]], 0);
+  const fed = await startTestFederation([['bs-fed', 'bsf1', 22]], 0);
   t.after(() => fed.cleanup());
   const cluster = fed.clusters[0] ?? assert.fail('no cluster');
   const keyA = await hubKey(fed.hubUrl, fed.adminKey, 'fed-team-a');
@@ -58,7 +58,7 @@ test('a template built at one edge of a federation is created by name through th
 });
 
 test('with two clusters, a template built at one edge starts on the other cluster too, and either edge lists and gets the team\'s templates of both', { timeout: 290_000 }, async (t) => {
-  const fed = await startTestFederation([['kb-east', 'kb01', '10.211.0.0/17'], ['kb-west', 'kb02', '10.211.128.0/17']], 0);
+  const fed = await startTestFederation([['kb-east', 'kf01', '10.211.0.0/17'], ['kb-west', 'kf02', '10.211.128.0/17']], 0);
   t.after(() => fed.cleanup());
   const [east, west] = [fed.clusters[0] ?? assert.fail('no east'), fed.clusters[1] ?? assert.fail('no west')];
   const keyA = await hubKey(fed.hubUrl, fed.adminKey, 'two-team-a');
@@ -69,9 +69,9 @@ test('with two clusters, a template built at one edge starts on the other cluste
   const { Template } = e2b;
   // A build at each edge runs on that edge's cluster: its id carries that cluster's tag.
   const built = await Template.build(Template().fromImage('debian:12').runCmd('echo built-in-east > /where.txt'), 'east-env', { apiUrl: east.edgeUrl, apiKey: keyA });
-  assert.ok(built.templateId.startsWith('kb01'), built.templateId);
+  assert.ok(built.templateId.startsWith('kf01'), built.templateId);
   const other = await Template.build(Template().fromImage('debian:12').runCmd('echo built-in-west > /where.txt'), 'west-env', { apiUrl: west.edgeUrl, apiKey: keyA });
-  assert.ok(other.templateId.startsWith('kb02'), other.templateId);
+  assert.ok(other.templateId.startsWith('kf02'), other.templateId);
 
   // The east build, synced through the hub, starts on the west cluster (the image is in the registry both pull from).
   const onWest = await waitFor('east-env usable on the west cluster', async () => {
@@ -80,7 +80,7 @@ test('with two clusters, a template built at one edge starts on the other cluste
     return res.status === 201 ? body : undefined;
   }, 60_000, 500);
   const id = onWest.id ?? assert.fail('no id');
-  assert.ok(id.startsWith('kb02'), `started on the west cluster: ${id}`);
+  assert.ok(id.startsWith('kf02'), `started on the west cluster: ${id}`);
   const exec = await fetch(`${west.apiUrl}/v1/sandboxes/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${keyA}`, 'content-type': 'application/json' }, body: JSON.stringify({ command: ['cat', '/where.txt'] }) });
   assert.equal(((await exec.json()) as { stdout: string }).stdout, 'built-in-east\n');
   // Another team cannot start it on either cluster.

@@ -2,7 +2,7 @@
 // router, a worker with the real build engine pushing to the tests' loopback registry): the
 // Python SDK's scenarios (test/python/test_e2b_builds.py, tags pinning builds among them;
 // pytest's summary is read, so a skipped or uncollected scenario fails here), then the JS SDK's.
-// Its own system: tag bt01, bridge asbbt01, subnet 10.241.0.0/16.
+// Its own system: tag bt01, bridge asbbt01, subnet 10.23.0.0/16.
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -17,7 +17,7 @@ const suite = join('test', 'python', 'test_e2b_builds.py');
 test('the E2B SDKs build templates from steps and a Dockerfile with the real engine, and start sandboxes from them by name', async (t) => {
   assert.ok(existsSync(VENV_PYTHON), `${VENV_PYTHON} is missing: make test installs e2b and pytest into .venv`);
   const defined = [...readFileSync(join(REPO_ROOT, suite), 'utf8').matchAll(/^def test_/gm)].length;
-  const system = await startTestSystem('bt01', 241, 'local', 0, false, ['team-a', 'team-b']);
+  const system = await startTestSystem('bt01', 23, 'local', 0, false, ['team-a', 'team-b']);
   t.after(() => system.cleanup());
   const keyA = system.teamKeys['team-a'] ?? assert.fail('no team-a key');
   const keyB = system.teamKeys['team-b'] ?? assert.fail('no team-b key');

@@ -36,7 +36,7 @@ async function assertRefused(sbx: Sandbox, url: string): Promise<void> {
 test('E2B SDK network options: allowOut/denyOut and allowInternetAccess at create, updateNetwork while running, kept across pause and connect, templates that turn the internet off, counted', async (t) => {
   const system = await startTestSystem('np01', 237, 'local', 1);
   t.after(() => system.cleanup());
-  const world = await startWorld({ bridge: 'asbnp01', netns: 'asbnp-world2', veth: 'asbnpw1', table: 2362, link: '10.239.254.0/30' });
+  const world = await startWorld({ bridge: 'asbnp01', netns: 'asbnp-world2', veth: 'asbnpw1', table: 2362, link: '10.20.254.0/30' });
   t.after(() => world.close());
   const opts = { apiUrl: system.edgeUrl, sandboxUrl: system.edgeUrl, apiKey: system.adminKey };
   const A = `http://${PUBLIC_A}/`;

@@ -2,7 +2,7 @@
 // (a worker, the router, a real Envoy): a runc template with suspensionStrategy Hibernate keeps a
 // background command's memory across pause and connect (CRIU), as E2B's full pause does; a sandbox
 // of a runc template without it keeps running and is told how to get memory. Bridge asbrmem,
-// subnet 10.236.0.0/16. ASB_CRIU_DIR points the worker at a CRIU build of its own (make criu).
+// subnet 10.12.0.0/16. ASB_CRIU_DIR points the worker at a CRIU build of its own (make criu).
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -26,7 +26,7 @@ const MEMORY_LOOP = 'secret=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n
 
 test('E2B pause with memory on runc: a Hibernate template keeps a background command\'s memory across pause and connect; another runc template says how to get it; a snapshot keeps it; an on_timeout pause claim of a warm runc pool starts a pod that keeps it', async (t) => {
   const criuDir = process.env.ASB_CRIU_DIR;
-  const system = await startTestSystem('rmem', 236, 'local', 0, false, [], criuDir === undefined ? [] : ['--criu', join(criuDir, 'bin', 'criu')]);
+  const system = await startTestSystem('rmem', 12, 'local', 0, false, [], criuDir === undefined ? [] : ['--criu', join(criuDir, 'bin', 'criu')]);
   t.after(() => system.cleanup());
   // runcpool: a runc template without Hibernate, kept warm by a pool of one.
   const pool = { apiVersion: 'extensions.agents.x-k8s.io/v1alpha1', kind: 'SandboxWarmPool', metadata: { name: 'runcpool', namespace: 'default' }, spec: { replicas: 1, sandboxTemplateRef: { name: 'runcpool' } } };

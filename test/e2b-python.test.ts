@@ -23,7 +23,7 @@ test('the E2B Python SDK through Envoy and the router: every pytest scenario pas
   const defined = [...readFileSync(join(REPO_ROOT, suite), 'utf8').matchAll(/^def test_/gm)].length;
   assert.ok(defined >= 12, `${suite} defines ${String(defined)} tests`);
 
-  const system = await startTestSystem('e2bq', 240, 'local', 2, true);
+  const system = await startTestSystem('e2bq', 21, 'local', 2, true);
   t.after(() => system.cleanup());
   const base = { PATH: process.env.PATH, HOME: process.env.HOME, PYTHONDONTWRITEBYTECODE: '1', E2B_API_KEY: system.adminKey };
 

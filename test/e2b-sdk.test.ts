@@ -16,7 +16,7 @@ import { waitFor } from './support/wait.ts';
 type Sdk = typeof e2bLatest;
 
 test('the E2B SDK through Envoy and the router: commands, pty, files, watch, signed URLs, pause and connect, kill', async (t) => {
-  const system = await startTestSystem('e2be', 245, 'local', 2);
+  const system = await startTestSystem('e2be', 220, 'local', 2);
   t.after(() => system.cleanup());
   const { Sandbox, CommandExitError, SandboxNotFoundError, NotFoundError } = e2bLatest;
   const opts = { apiUrl: system.edgeUrl, sandboxUrl: system.edgeUrl, apiKey: system.adminKey };
@@ -174,7 +174,7 @@ test('the E2B SDK through Envoy and the router: commands, pty, files, watch, sig
 });
 
 test('the E2B SDK 2.50 runs commands and moves files through the edge', async (t) => {
-  const system = await startTestSystem('e2bo', 209, 'local', 1);
+  const system = await startTestSystem('e2bo', 194, 'local', 1);
   t.after(() => system.cleanup());
   const { Sandbox } = e2b250 as unknown as Sdk;
   const opts = { apiUrl: system.edgeUrl, sandboxUrl: system.edgeUrl, apiKey: system.adminKey };
@@ -186,7 +186,7 @@ test('the E2B SDK 2.50 runs commands and moves files through the edge', async (t
 });
 
 test('the E2B SDK with only E2B_DOMAIN and a test CA: the API at https://api.<domain>, envd at https://49983-<id>.<domain> over HTTP/2', async (t) => {
-  const system = await startTestSystem('e2bt', 235, 'local', 1, true);
+  const system = await startTestSystem('e2bt', 219, 'local', 1, true);
   t.after(() => system.cleanup());
   const tlsPort = new URL(system.edgeTlsUrl ?? '').port;
   const child = spawnSync(process.execPath, [join(import.meta.dirname, 'support', 'e2b-https-client.ts')], {

@@ -1,7 +1,7 @@
 // The unmodified `e2b` SDKs' snapshots and fork against the whole local system through Envoy, with
 // a gVisor template whose server keeps a counter in memory: the Python SDK's scenarios
 // (test/python/test_e2b_snapshots.py; pytest runs once and its summary is read, so a skipped or
-// uncollected scenario fails here), then the JS SDK's. Its own system (tag e2bs, subnet 10.247.0.0/16).
+// uncollected scenario fails here), then the JS SDK's. Its own system (tag e2bn, subnet 10.247.0.0/16).
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -19,7 +19,7 @@ const COUNTER = counterApp(8080);
 test('the E2B Python SDK: create_snapshot, list_snapshots, Sandbox.create(snapshot), delete_snapshot and fork(count=3) keep memory and processes', async (t) => {
   assert.ok(existsSync(VENV_PYTHON), `${VENV_PYTHON} is missing: make test installs e2b and pytest into .venv`);
   const defined = [...readFileSync(join(REPO_ROOT, suite), 'utf8').matchAll(/^def test_/gm)].length;
-  const system = await startTestSystem('e2bs', 247);
+  const system = await startTestSystem('e2bn', 247);
   t.after(() => system.cleanup());
   const template = baseTemplate();
   template.metadata.name = 'gvcount';

@@ -147,7 +147,7 @@ test('wake on first connection, server slower than its pod: each held request ge
 // Probe finding "HTTP/2 to sandbox apps fails": browsers speak h2 on the HTTPS edge, and Envoy
 // passed that on to HTTP/1.1 servers in sandboxes (502 "protocol error").
 test('HTTPS edge: a browser-like HTTP/2 client (ALPN h2) reaches a plain HTTP/1.1 server in a real sandbox, and gets a Secure cookie', async (t) => {
-  const system = await startTestSystem('e2eh', 223, 'local', 0, true);
+  const system = await startTestSystem('e2eh', 195, 'local', 0, true);
   t.after(() => system.cleanup());
   assert.equal((await api(system, 'POST', '/v1/apply', { objects: [WEB_TEMPLATE, webPool(1)] })).status, 200);
   const sb = (await api<View>(system, 'POST', '/v1/sandboxes', { template: 'web' })).body;

@@ -73,8 +73,8 @@ async function readyPools(fed: TestFederation, replicas: number): Promise<void> 
 
 test('a federation of two clusters: placement, any edge reaches any sandbox, a cluster dies and comes back', { timeout: 280_000 }, async (t) => {
   const fed = await startTestFederation([
-    ['fed-a', 'fdra', 236],
-    ['fed-b', 'fdrb', 237],
+    ['fed-a', 'fdra', 13],
+    ['fed-b', 'fdrb', 14],
   ]);
   t.after(() => fed.cleanup());
   const a = clusterNamed(fed, 'fed-a');

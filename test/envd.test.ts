@@ -1,7 +1,7 @@
 // envd served by the worker: a real worker process (store, operator, local runtime) with real
 // sandboxes, called the way the router forwards E2B SDK requests for port 49983 (x-asb-sandbox-id
 // set), with raw HTTP and hand-built Connect envelopes. Its own tag, bridge and subnet (envd:
-// 10.243/16; through the router and Envoy: envs, 10.244/16), so other test files and `make up`
+// 10.26/16; through the router and Envoy: envs, 10.244/16), so other test files and `make up`
 // never collide.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
@@ -25,7 +25,7 @@ let id: string;
 let token: string;
 
 before(async () => {
-  w = await startWorkerProcess({ clusterTag: 'envd', subnetOctet: 243, basePool: 1 });
+  w = await startWorkerProcess({ clusterTag: 'envd', subnetOctet: 26, basePool: 1 });
   const created = await api<{ id: string; accessToken: string }>(w, 'POST', '/v1/sandboxes', { template: 'base', wait: true });
   assert.equal(created.status, 201, JSON.stringify(created.body));
   id = created.body.id;

@@ -1,6 +1,6 @@
 // Placement at the hub: the pure ordering rules of place(), the sync server's live view and ack
 // hook, and POST/GET /v1/sandboxes at a real hub in front of two real worker processes (own
-// bridges asbplca/asbplcb, subnets 10.241/10.242), through region preference, failover past a
+// bridges asbplca/asbplcb, subnets 10.24/10.25), through region preference, failover past a
 // cluster whose API refuses connections, drain, kill -9 of a worker and its return.
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -177,7 +177,7 @@ test('placement at a hub in front of two worker processes', { timeout: 240_000 }
     return res;
   };
 
-  const spec = { 'plc-a': { region: 'east', tag: 'plca', octet: 241 }, 'plc-b': { region: 'west', tag: 'plcb', octet: 242 } } as const;
+  const spec = { 'plc-a': { region: 'east', tag: 'plca', octet: 24 }, 'plc-b': { region: 'west', tag: 'plcb', octet: 25 } } as const;
   type Name = keyof typeof spec;
   const workers = {} as Record<Name, WorkerProcess>;
   const startCluster = async (name: Name, dataDir?: string): Promise<WorkerProcess> => {

@@ -73,7 +73,7 @@ test('a pod keeps its recorded range: a lost claim is made again, one a live pod
 test('a runtime that finds a pod\'s recorded range held by another live pod refuses to start it, naming both', async (t) => {
   const pool = await mkdtemp(join(tmpdir(), 'asb-id-pool-'));
   t.after(() => rm(pool, { recursive: true, force: true }));
-  const first = await startTestRuntime('asb-id-rt-', 'asbidr0', '10.223.0.0/16', { idRangesDir: pool });
+  const first = await startTestRuntime('asb-id-rt-', 'asbidr0', '10.28.0.0/16', { idRangesDir: pool });
   t.after(() => rm(first.root, { recursive: true, force: true }));
   const req: PodRequest = { id: 'held1', uid: 'uid-held1', namespace: 'default', hostname: 'held1', spec: { containers: [{ name: 'main', image: 'agent-sandbox/base', command: ['sleep', 'infinity'] }] } };
   assert.equal((await first.rt.start(req)).phase, 'Running');
@@ -83,7 +83,7 @@ test('a runtime that finds a pod\'s recorded range held by another live pod refu
   const other = await mkdtemp(join(tmpdir(), 'asb-id-other-'));
   t.after(() => rm(other, { recursive: true, force: true }));
   for (const name of await readdir(pool)) if (/^\d+$/.test(name)) await writeFile(join(pool, name), other);
-  const second = await startTestRuntime('asb-id-rt-', 'asbidr0', '10.223.0.0/16', { idRangesDir: pool, root: first.root });
+  const second = await startTestRuntime('asb-id-rt-', 'asbidr0', '10.28.0.0/16', { idRangesDir: pool, root: first.root });
   t.after(() => stopTestRuntime(second));
   const state = await second.rt.start(req);
   assert.equal(state.phase, 'Failed');

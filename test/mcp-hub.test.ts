@@ -1,7 +1,7 @@
 // MCP at the hub (streamable HTTP, /mcp) on a real federation of one cluster: the SDK's client,
 // with a team's key made at the hub as bearer, creates a sandbox the hub places on a worker and
 // works in it through the hub; another team's key sees and touches none of it.
-// Its own federation: bridge asbmcph, subnet 10.144.0.0/16.
+// Its own federation: bridge asbmcph, subnet 10.192.0.0/16.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { startTestFederation } from './support/federation.ts';
@@ -15,7 +15,7 @@ async function teamKey(hubUrl: string, adminKey: string, team: string): Promise<
 }
 
 test('MCP at the hub: a team creates and works in a sandbox placed on a worker; another team cannot see or touch it', async (t) => {
-  const fed = await startTestFederation([['mcph', 'mcph', 144]]);
+  const fed = await startTestFederation([['mcph', 'mcph', 192]]);
   t.after(() => fed.cleanup());
   const [cluster] = fed.clusters;
   assert.ok(cluster !== undefined);

@@ -56,7 +56,7 @@ test('after start, the state is 0700/0600, nobody cannot read the store, and no 
     routerPort: 0,
     domain: 'asb.localhost',
     clusterName: 'local',
-    workerArgs: [...(await testImages()).workerArgs, '--cluster-tag', TAG, '--bridge', `asb${TAG}`, '--subnet', '10.227.0.0/16', '--base-pool', '0', '--log-level', 'debug'],
+    workerArgs: [...(await testImages()).workerArgs, '--cluster-tag', TAG, '--bridge', `asb${TAG}`, '--subnet', '10.200.0.0/16', '--base-pool', '0', '--log-level', 'debug'],
     routerArgs: ['--log-level', 'debug'],
   });
   t.after(async () => {

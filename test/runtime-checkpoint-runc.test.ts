@@ -6,7 +6,7 @@
 // cannot be restored falls back to a fresh start from the pod's files, saying why; a save that
 // cannot be made leaves the pod running; a runc pod in the shim's own user namespace refuses with
 // NotImplemented saying how to get memory. Real runc pods: needs root, make runc and make criu.
-// Its own bridge and subnet (asbrm0, 10.236.0.0/18).
+// Its own bridge and subnet (asbrm0, 10.15.0.0/18).
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -28,7 +28,7 @@ import { count, countedAndPaused as countedAndPausedIn, counterPod as counterPod
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 
 const BRIDGE = 'asbrm0';
-const SUBNET = '10.236.0.0/18';
+const SUBNET = '10.15.0.0/18';
 let fixture: TestRuntime;
 let root = '';
 

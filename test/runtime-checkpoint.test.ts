@@ -3,7 +3,7 @@
 // on where it was, with its listening socket and its address; an image that cannot be restored
 // falls back to a fresh start from the pod's files, saying why; a save that cannot be made leaves
 // the pod running. Real gVisor pods: needs root and `make runsc`, like test/runtime-gvisor.test.ts.
-// Its own bridge and subnet (asbckp0, 10.237.0.0/16).
+// Its own bridge and subnet (asbckp0, 10.16.0.0/16).
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -26,7 +26,7 @@ import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/t
 
 const execFileAsync = promisify(execFile);
 const BRIDGE = 'asbckp0';
-const SUBNET = '10.237.0.0/16';
+const SUBNET = '10.16.0.0/16';
 let fixture: TestRuntime;
 let rt: LocalRuntime;
 let root = '';

@@ -4,7 +4,7 @@
 // namespace map is moved to each fork's range, criu-userns.ts): one snapshot gives N forks that
 // share nothing afterwards. A pod in its shim's own user namespace has no memory to snapshot, and
 // says how to get it. Real runc pods: needs root, make runc and make criu. Its own bridge and
-// subnet (asbrm1, 10.236.64.0/18).
+// subnet (asbrm1, 10.15.64.0/18).
 import assert from 'node:assert/strict';
 import { stat } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -18,7 +18,7 @@ import { counterApp, httpGet, podSh, startedReady as startedReadyIn } from './su
 let fixture: TestRuntime;
 
 before(async () => {
-  fixture = await startTestRuntime('asb-snap-runc-', 'asbrm1', '10.236.64.0/18', { probeIntervalMs: 100, pollIntervalMs: 100, criu: findCriuBinary(process.env.ASB_CRIU_DIR ?? DEFAULT_CRIU_DIR) });
+  fixture = await startTestRuntime('asb-snap-runc-', 'asbrm1', '10.15.64.0/18', { probeIntervalMs: 100, pollIntervalMs: 100, criu: findCriuBinary(process.env.ASB_CRIU_DIR ?? DEFAULT_CRIU_DIR) });
 });
 
 after(() => stopTestRuntime(fixture));

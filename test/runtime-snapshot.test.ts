@@ -3,7 +3,7 @@
 // state, each with its own address, files and host ids: one snapshot gives N forks. A snapshot of
 // files only starts new pods fresh on the source's files; a snapshot outlives its source; a fork
 // whose spec differs from the snapshot's starts from the files and says why. Real gVisor pods:
-// needs root and `make runsc`. Its own bridge and subnet (asbsnp0, 10.244.0.0/16).
+// needs root and `make runsc`. Its own bridge and subnet (asbsnp0, 10.27.0.0/16).
 import assert from 'node:assert/strict';
 import { stat } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -18,7 +18,7 @@ let fixture: TestRuntime;
 let rt: LocalRuntime;
 
 before(async () => {
-  fixture = await startTestRuntime('asb-snap-', 'asbsnp0', '10.244.0.0/16', { probeIntervalMs: 100, pollIntervalMs: 100 });
+  fixture = await startTestRuntime('asb-snap-', 'asbsnp0', '10.27.0.0/16', { probeIntervalMs: 100, pollIntervalMs: 100 });
   ({ rt } = fixture);
 });
 

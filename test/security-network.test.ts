@@ -23,7 +23,7 @@ import { METADATA, PRIVATE, PUBLIC_A, PUBLIC_B, startWorld } from './support/egr
 const BRIDGE = 'asbnpsec0';
 const lab = await AttackLab.create({ bridge: BRIDGE, subnet: '10.236.0.0/16' });
 const GATEWAY = '10.236.0.1';
-const world = await startWorld({ bridge: BRIDGE, netns: 'asbnp-world', veth: 'asbnpw0', table: 2361, link: '10.239.255.0/30' });
+const world = await startWorld({ bridge: BRIDGE, netns: 'asbnp-world', veth: 'asbnpw0', table: 2361, link: '10.20.255.0/30' });
 after(() => world.close());
 const WORLD_HOST = world.hostAddress;
 

@@ -2,7 +2,7 @@
 // snapshots a sandbox whose server holds its state in memory, starts new sandboxes from the
 // snapshot and forks the sandbox ×3; each goes on from the snapshot's memory and is a sandbox of
 // its own. Another team sees none of it. kubectl's API shows the SandboxSnapshot object.
-// Its own system (bridge from tag snap, subnet 10.245.0.0/16).
+// Its own system (bridge from tag snap, subnet 10.29.0.0/16).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { baseTemplate } from '../src/api/builtin.ts';
@@ -29,7 +29,7 @@ interface View { id: string; phase: string; ready: boolean }
 interface SnapView { id: string; name?: string; sandbox: string; phase: string; memory: boolean; bytes?: number; memoryBytes?: number; message?: string }
 
 test('snapshots and fork through the API: memory carried into new sandboxes, each its own; another team sees nothing', async (t) => {
-  const system = await startTestSystem('snap', 245, 'local', 0, false, ['snap-team-a', 'snap-team-b']);
+  const system = await startTestSystem('snap', 29, 'local', 0, false, ['snap-team-a', 'snap-team-b']);
   t.after(() => system.cleanup());
   const keyA = system.teamKeys['snap-team-a'] ?? '';
   const keyB = system.teamKeys['snap-team-b'] ?? '';

@@ -97,8 +97,8 @@ test('one that keeps crashing is given up on after 5 crashes in a minute; a stop
 test('issue 15.5: under a running federation, kill -9 of each kind of process: service goes on and the process comes back', { timeout: 280_000 }, async (t) => {
   const said: string[] = [];
   const fed = await startTestFederation([
-    ['sup-a', 'supa', 238],
-    ['sup-b', 'supb', 239],
+    ['sup-a', 'supa', 17],
+    ['sup-b', 'supb', 18],
   ], 1, { say: (l) => said.push(l), baseMs: 3_000, maxMs: 3_000 });
   t.after(() => fed.cleanup());
   const [a, b] = fed.clusters;

@@ -139,7 +139,7 @@ test('federation sync between a hub and two worker processes', async (t) => {
   });
 
   const workers: Record<'a' | 'b', WorkerProcess> = {} as Record<'a' | 'b', WorkerProcess>;
-  for (const [side, tag, octet] of [['a', 'syna', 233], ['b', 'synb', 234]] as const) {
+  for (const [side, tag, octet] of [['a', 'syna', 202], ['b', 'synb', 11]] as const) {
     const name = `region-${side}`;
     const registered = await hubCall<{ credential: string }>(hub, 'PUT', `/v1/clusters/${name}`, { region: name, ingressAddress: `127.0.0.1:1000${octet % 10}`, tag });
     const credentialFile = join(dir, `${name}.credential`);

@@ -5,7 +5,7 @@
 // rebuild is served from the cache; a refused instruction fails before anything is uploaded, naming
 // its line; another team can neither read the build nor start the template. Every call goes
 // through the edge (Envoy and the router), as a user's does. Its own bridge and subnet (asbbd01,
-// 10.238.0.0/16).
+// 10.19.0.0/16).
 import assert from 'node:assert/strict';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -37,7 +37,7 @@ function asb(args: string[], key: string, cwd = context): Promise<RunResult> {
 }
 
 before(async () => {
-  sys = await startTestSystem('bd01', 238, 'local', 0, false, ['team-a', 'team-b']);
+  sys = await startTestSystem('bd01', 19, 'local', 0, false, ['team-a', 'team-b']);
   context = emptyDir();
   mkdirSync(join(context, 'app/bin'), { recursive: true });
   writeFileSync(join(context, 'app/hello.txt'), 'hello from the context\n');

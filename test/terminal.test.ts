@@ -1,6 +1,6 @@
 // Terminals end to end: a real worker process (store, operator, local runtime) with real
 // sandboxes, opened over the WebSocket protocol of src/terminal/contract.ts and with `asb shell`.
-// Its own tags, bridges and subnets (term: 10.247/16, tmid: 10.248/16, tmsy: 10.249/16, tmrv: 10.226/16), so other test files and
+// Its own tags, bridges and subnets (term: 10.199/16, tmid: 10.248/16, tmsy: 10.249/16, tmrv: 10.198/16), so other test files and
 // `make up` never collide.
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -79,7 +79,7 @@ test('terminal tokens: signed, single use, for one sandbox, expire', () => {
 test('a real terminal: shell round trip, resize, Ctrl-C, exit status, tokens, tenancy, 200 sessions, backpressure, asb shell', async (t) => {
   const dataDir = tempDataDir('term');
   const otherKey = await teamKeyIn(dataDir, 'team-other');
-  const w = await startWorkerProcess({ dataDir, clusterTag: 'term', subnetOctet: 247, basePool: 2 });
+  const w = await startWorkerProcess({ dataDir, clusterTag: 'term', subnetOctet: 199, basePool: 2 });
   t.after(async () => {
     await w.stop();
     removeDataDir(w.dataDir);
@@ -275,7 +275,7 @@ test('an idle terminal closes with 4002', async (t) => {
 });
 
 test('security probe M2: revoking a key at the hub closes the terminals it opened (header, token, hub relays of both) with 4003 within the sync bound; their shells are gone', async (t) => {
-  // A real hub and a worker syncing from it; its own tag, bridge and subnet (tmrv: 10.226/16).
+  // A real hub and a worker syncing from it; its own tag, bridge and subnet (tmrv: 10.198/16).
   const dir = mkdtempSync(join(tmpdir(), 'asb-tmrv-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
   const hubProc = await startHubProcess(dir);
@@ -284,7 +284,7 @@ test('security probe M2: revoking a key at the hub closes the terminals it opene
   const registered = await hubCall<{ credential: string }>(hub, 'PUT', '/v1/clusters/revoke', { region: 'revoke', ingressAddress: '127.0.0.1:10026', tag: 'tmrv' });
   const credentialFile = join(dir, 'revoke.credential');
   writeFileSync(credentialFile, `${registered.credential}\n`, { mode: 0o600 });
-  const w = await startWorkerProcess({ clusterTag: 'tmrv', subnetOctet: 226, basePool: 0, extraArgs: ['--cluster', 'revoke', '--hub-url', hub.url, '--hub-credential-file', credentialFile] });
+  const w = await startWorkerProcess({ clusterTag: 'tmrv', subnetOctet: 198, basePool: 0, extraArgs: ['--cluster', 'revoke', '--hub-url', hub.url, '--hub-credential-file', credentialFile] });
   t.after(async () => {
     await w.stop();
     removeDataDir(w.dataDir);

@@ -7,7 +7,7 @@ import { globSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { test, type TestContext } from 'node:test';
-import { splitLanes } from '../scripts/test-lanes.ts';
+import { ALONE, readTimes, splitLanes, TIMES_FILE, TOGETHER } from '../scripts/test-lanes.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const LOCAL_FIXTURE = 'test/fixtures/lanes/local-lane.ts';
@@ -35,13 +35,38 @@ function runLanes(t: TestContext, files: string[], env: Record<string, string> =
   });
 }
 
-test('the default TEST_FILES glob puts every test/k8s/ file in the k8s lane and every other test file in the local lane, none twice or lost', () => {
+test('the default TEST_FILES glob puts every test/k8s/ file in the k8s lane and every other test file in one of two local lanes, none twice or lost', () => {
   const lanes = splitLanes(['test/**/*.test.ts']);
   const files = (name: string): string[] => lanes.find((l) => l.name === name)?.files ?? [];
+  assert.deepEqual(lanes.map((l) => l.name), ['k8s', 'local-a', 'local-b', 'alone']);
+  // The files that fail beside another local file run alone, after both local lanes.
+  assert.deepEqual(files('alone'), [...ALONE].sort());
+  assert.deepEqual(lanes.find((l) => l.name === 'alone')?.after, ['local-a', 'local-b']);
+  assert.equal([...files('local-a'), ...files('local-b')].some((f) => ALONE.includes(f)), false);
   assert.deepEqual(files('k8s'), globSync('test/k8s/**/*.test.ts').sort());
-  assert.ok(files('local').includes('test/runtime-local.test.ts'));
-  assert.equal(files('local').some((f) => f.startsWith('test/k8s/')), false);
-  assert.deepEqual([...files('k8s'), ...files('local')].sort(), globSync('test/**/*.test.ts').sort());
+  assert.equal([...files('local-a'), ...files('local-b')].some((f) => f.startsWith('test/k8s/')), false);
+  assert.deepEqual(lanes.flatMap((l) => l.files).sort(), globSync('test/**/*.test.ts').sort());
+  for (const group of TOGETHER.map((g) => g.filter((f) => !ALONE.includes(f)))) {
+    const lane = lanes.find((l) => l.files.includes(group[0] ?? ''))?.name;
+    for (const f of group) assert.ok(files(lane ?? '').includes(f), `${f} runs in ${String(lane)} with ${group.join(', ')}`);
+  }
+});
+
+test('the local files are balanced by their committed times: the two local lanes differ by no more than the longest file', () => {
+  const times = readTimes(TIMES_FILE);
+  const local = globSync('test/**/*.test.ts').filter((f) => !f.startsWith('test/k8s/') && !ALONE.includes(f));
+  // The table covers today's local files (a file added since counts as the median).
+  assert.ok(local.filter((f) => times.has(f)).length >= local.length * 0.9, 'the times table is missing most files: refresh it from a full run');
+  const lanes = splitLanes(local, times);
+  const sum = (name: string): number => (lanes.find((l) => l.name === name)?.files ?? []).reduce((s, f) => s + (times.get(f) ?? 0), 0);
+  const longest = Math.max(...local.map((f) => times.get(f) ?? 0));
+  assert.ok(Math.abs(sum('local-a') - sum('local-b')) <= longest, `local-a ${String(sum('local-a'))} s, local-b ${String(sum('local-b'))} s`);
+  // Made-up times, longest first to the lane with less: 100 → a, 90 → b, 10 → b (100 > 90), 5 → a (100 = 100), 5 → b.
+  const made = new Map([['test/x1.test.ts', 100], ['test/x2.test.ts', 90], ['test/x3.test.ts', 10], ['test/x4.test.ts', 5], ['test/x5.test.ts', 5]]);
+  assert.deepEqual(splitLanes([...made.keys()], made).map((l) => [l.name, l.files]), [
+    ['local-a', ['test/x1.test.ts', 'test/x4.test.ts']],
+    ['local-b', ['test/x2.test.ts', 'test/x3.test.ts', 'test/x5.test.ts']],
+  ]);
 });
 
 test('both lanes run at once, each line prefixed with its lane and whole in its own log; both passing exits 0', async (t) => {
@@ -50,21 +75,32 @@ test('both lanes run at once, each line prefixed with its lane and whole in its 
   // Each fixture waits for the other lane's to run: a runner that ran the lanes one after the other fails here.
   const run = await runLanes(t, [LOCAL_FIXTURE, K8S_FIXTURE], { ASB_LANE_FIXTURE_DIR: marks });
   assert.equal(run.code, 0, run.out);
-  assert.match(run.out, /^k8s {3}│ ✔ the k8s lane's fixture runs/m);
-  assert.match(run.out, /^local │ ✔ the local lane's fixture runs/m);
+  assert.match(run.out, /^k8s {5}│ ✔ the k8s lane's fixture runs/m);
+  assert.match(run.out, /^local-a │ ✔ the local lane's fixture runs/m);
   assert.match(run.out, /^lane k8s: passed: 1 tests, 1 passed, 0 failed/m);
-  assert.match(run.out, /^lane local: passed: 1 tests, 1 passed, 0 failed/m);
+  assert.match(run.out, /^lane local-a: passed: 1 tests, 1 passed, 0 failed/m);
   const k8sLog = readFileSync(join(run.logs, 'k8s.log'), 'utf8');
   assert.match(k8sLog, /^✔ the k8s lane's fixture runs/m);
   assert.doesNotMatch(k8sLog, /local lane/);
-  assert.match(readFileSync(join(run.logs, 'local.log'), 'utf8'), /^✔ the local lane's fixture runs/m);
+  assert.match(readFileSync(join(run.logs, 'local-a.log'), 'utf8'), /^✔ the local lane's fixture runs/m);
+  // Each lane's per-file timings: a header, then one row per file with its wall and its time before the first test.
+  for (const [lane, file] of [['k8s', K8S_FIXTURE], ['local-a', LOCAL_FIXTURE]] as const) {
+    const [header, ...rows] = readFileSync(join(run.logs, `${lane}.files.tsv`), 'utf8').trimEnd().split('\n');
+    assert.equal(header, 'file\twall_s\tbefore_first_s\ttests_s\tafter_last_s\ttests');
+    assert.equal(rows.length, 1, `${lane}: ${rows.join(' | ')}`);
+    const [name, wall, before, , , tests] = (rows[0] ?? '').split('\t');
+    assert.equal(name, file);
+    assert.equal(tests, '1');
+    // The fixture waits for the other lane's before its test ends: its wall is more than nothing, and holds its time before the test.
+    assert.ok(Number(wall) >= Number(before) && Number(before) > 0, rows[0]);
+  }
 });
 
 test('a failing lane makes the run exit 1, naming that lane and its failing test; the other lane still runs to its end', async (t) => {
   const run = await runLanes(t, [LOCAL_FIXTURE, K8S_FIXTURE], { ASB_LANE_FIXTURE_FAIL: 'k8s' });
   assert.equal(run.code, 1, run.out);
   assert.match(run.out, /^lane k8s: FAILED \(exit 1\): 1 tests, 0 passed, 1 failed/m);
-  assert.match(run.out, /^lane local: passed/m);
+  assert.match(run.out, /^lane local-a: passed/m);
   assert.match(run.out, /── lane k8s failed [^\n]*\n✖ failing tests:\n[\s\S]*the k8s lane's fixture runs[\s\S]*the k8s lane was asked to fail/);
   assert.match(run.out, /^make test: lane k8s failed$/m);
 });
@@ -72,7 +108,51 @@ test('a failing lane makes the run exit 1, naming that lane and its failing test
 test('TEST_FILES naming one file runs that file alone, in its lane', async (t) => {
   const run = await runLanes(t, [LOCAL_FIXTURE]);
   assert.equal(run.code, 0, run.out);
-  assert.match(run.out, /^lane local: 1 test files/m);
+  assert.match(run.out, /^lane local-a: 1 test files/m);
   assert.doesNotMatch(run.out, /^lane k8s/m);
   assert.doesNotMatch(run.out, /k8s lane's fixture/);
+});
+
+/** Every pod network and cluster tag a test file declares for the sandboxes it runs on this host, in the forms test/support takes them. */
+function networksOf(text: string): { tags: string[]; cidrs: string[] } {
+  const tags: string[] = [];
+  const cidrs: string[] = [];
+  const octet = (o: string): string => (o.includes('.') ? o.replaceAll("'", '') : `10.${o}.0.0/16`);
+  const forms: [RegExp, (m: RegExpMatchArray) => void][] = [
+    [/startTestSystem\(\s*'([a-z0-9]{4})',\s*(\d+)/g, (m) => tags.push(m[1] ?? '') && cidrs.push(octet(m[2] ?? ''))],
+    [/\[\s*'[a-z0-9-]+',\s*'([a-z0-9]{4})',\s*(\d+|'[\d./]+')\s*\]/g, (m) => tags.push(m[1] ?? '') && cidrs.push(octet(m[2] ?? ''))],
+    [/(?:clusterTag|tag): '([a-z0-9]{4})',\s*(?:subnetOctet|octet): (\d+)/g, (m) => tags.push(m[1] ?? '') && cidrs.push(octet(m[2] ?? ''))],
+    [/(?:startTestRuntime\([^,]+,\s*'\w+',|subnet:|'--subnet',|ASB_SUBNET:|SUBNET =|link:)\s*'(10\.[\d.]+\/\d+)'/g, (m) => cidrs.push(m[1] ?? '')],
+  ];
+  for (const [form, take] of forms) for (const m of text.matchAll(form)) take(m);
+  return { tags, cidrs };
+}
+
+const range = (cidr: string): [number, number] => {
+  const [ip = '', bits = '32'] = cidr.split('/');
+  const base = ip.split('.').reduce((n, o) => n * 256 + Number(o), 0);
+  const size = 2 ** (32 - Number(bits));
+  const start = base - (base % size);
+  return [start, start + size - 1];
+};
+
+test('no two test files run sandboxes on one pod subnet or cluster tag (bridge), so any two can run at once in two lanes', () => {
+  const files = globSync('test/**/*.test.ts').sort();
+  // A unit test's pod subnets are strings only: the files that start a runtime, a worker, a system or a world are the ones that count.
+  const runs = /startTestSystem|startTestFederation|startWorkerProcess|startTestRuntime|AttackLab\.create|createLocalRuntime|startWorld|ASB_SUBNET/;
+  const declared = files.map((f) => ({ f, text: readFileSync(f, 'utf8') })).filter(({ text }) => runs.test(text)).map(({ f, text }) => ({ f, ...networksOf(text) }));
+  const clashes = new Set<string>();
+  for (const [i, a] of declared.entries()) {
+    for (const b of declared.slice(i + 1)) {
+      for (const tag of a.tags) if (b.tags.includes(tag)) clashes.add(`${a.f} and ${b.f}: tag ${tag}`);
+      for (const x of a.cidrs) {
+        for (const y of b.cidrs) {
+          const [[x0, x1], [y0, y1]] = [range(x), range(y)];
+          if (x0 <= y1 && y0 <= x1) clashes.add(`${a.f} ${x} and ${b.f} ${y}`);
+        }
+      }
+    }
+  }
+  assert.ok(declared.filter((d) => d.cidrs.length > 0).length > 50, 'the declarations were found');
+  assert.deepEqual([...clashes], []);
 });

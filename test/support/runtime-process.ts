@@ -63,7 +63,7 @@ async function main(opts: RuntimeProcessOptions): Promise<void> {
 /** The test's side: a runtime process it can command, and kill. */
 export class RuntimeProcess {
   readonly child: ChildProcess;
-  readonly #waiting = new Map<number, (answer: Record<string, unknown>) => void>();
+  readonly #waiting = new Map<number, { answered(answer: Record<string, unknown>): void; exited(): void }>();
   #n = 0;
   readonly ready: Promise<void>;
   readonly exited: Promise<void>;
@@ -71,6 +71,10 @@ export class RuntimeProcess {
   constructor(opts: RuntimeProcessOptions) {
     this.child = spawn(process.execPath, [import.meta.filename, JSON.stringify(opts)], { stdio: ['pipe', 'pipe', 'inherit'] });
     this.exited = new Promise((resolve) => this.child.once('exit', () => resolve()));
+    // A command the process died in (the tests kill it mid-operation on purpose) fails now, not at its timeout: a pending timer kept the test file's process alive up to 2 min after its last test.
+    void this.exited.then(() => {
+      for (const w of [...this.#waiting.values()]) w.exited();
+    });
     let ready: () => void = () => undefined;
     this.ready = new Promise((resolve, reject) => {
       ready = resolve;
@@ -82,7 +86,7 @@ export class RuntimeProcess {
       const answer = JSON.parse(line) as Record<string, unknown>;
       if (answer.ready === true) ready();
       const n = answer.n;
-      if (typeof n === 'number') this.#waiting.get(n)?.(answer);
+      if (typeof n === 'number') this.#waiting.get(n)?.answered(answer);
     });
   }
 
@@ -90,12 +94,24 @@ export class RuntimeProcess {
   send(cmd: Command, timeoutMs = 120_000): Promise<Record<string, unknown>> {
     const n = ++this.#n;
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no answer to ${JSON.stringify(cmd)} within ${String(timeoutMs)} ms`)), timeoutMs);
-      this.#waiting.set(n, (answer) => {
+      const timer = setTimeout(() => {
+        this.#waiting.delete(n);
+        reject(new Error(`no answer to ${JSON.stringify(cmd)} within ${String(timeoutMs)} ms`));
+      }, timeoutMs);
+      const done = (): void => {
         clearTimeout(timer);
         this.#waiting.delete(n);
-        if (answer.ok === true) resolve(answer);
-        else reject(new Error(`${cmd.op} failed: ${String(answer.error)}`));
+      };
+      this.#waiting.set(n, {
+        answered: (answer) => {
+          done();
+          if (answer.ok === true) resolve(answer);
+          else reject(new Error(`${cmd.op} failed: ${String(answer.error)}`));
+        },
+        exited: () => {
+          done();
+          reject(new Error(`the runtime process exited before it answered ${JSON.stringify(cmd)}`));
+        },
       });
       this.child.stdin?.write(`${JSON.stringify({ n, cmd })}\n`);
     });

@@ -28,6 +28,13 @@ export const START_FAILED_CODE = 255;
 /** The agent listens a moment after the pod's init starts: connects are retried this long. */
 const CONNECT_RETRY_MS = 3000;
 const CONNECT_STEP_MS = 20;
+/**
+ * One connect's bound. The agent is on the pod's veth: it answers a SYN (or refuses) in well under a
+ * millisecond. A pod gone while its address keeps the static neighbour entry the runtime gives it
+ * answers nothing, and the kernel would resend the SYN for ~2 min (tcp_syn_retries 6: 127 s),
+ * holding the caller (a reattach after a drop, the test process at its exit) that long.
+ */
+const CONNECT_ATTEMPT_MS = 5000;
 /** A dropped connection of a running pod: reattach attempts before the process is given up. */
 const REATTACH_TRIES = 3;
 
@@ -178,11 +185,17 @@ async function dial(addr: AgentAddress): Promise<Socket> {
     try {
       return await new Promise<Socket>((resolve, reject) => {
         const socket = connect({ host: addr.host, port: addr.port, noDelay: true });
+        const unanswered = setTimeout(() => socket.destroy(Object.assign(new Error(`no answer in ${String(CONNECT_ATTEMPT_MS)} ms`), { code: 'ETIMEDOUT' })), CONNECT_ATTEMPT_MS);
+        const failed = (err: Error): void => {
+          clearTimeout(unanswered);
+          reject(err);
+        };
         socket.once('connect', () => {
-          socket.removeListener('error', reject);
+          clearTimeout(unanswered);
+          socket.removeListener('error', failed);
           resolve(socket);
         });
-        socket.once('error', reject);
+        socket.once('error', failed);
       });
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
