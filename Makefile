@@ -67,10 +67,10 @@ test: deps
 	@$(MAKE) --no-print-directory typecheck lint
 	@$(NODE) scripts/test-lanes.ts $(TEST_FILES)
 
-# The tests run in three lanes started together (scripts/test-lanes.ts): the Kubernetes tier
+# The tests run in two lanes started together (scripts/test-lanes.ts): the Kubernetes tier
 # (test/k8s/, ~10 min, mostly waiting on a real API server and kubelet) beside everything else
-# split in two (local-a, local-b: balanced by scripts/test-lane-times.tsv), each lane one file at a
-# time; each lane's lines are prefixed with its name and kept whole in
+# (ASB_TEST_LOCAL_LANES=2 splits that in two, balanced by scripts/test-lane-times.tsv), each lane
+# one file at a time; each lane's lines are prefixed with its name and kept whole in
 # test-artifacts/lanes/<lane>.log, each file's times in <lane>.files.tsv, and the summary names a
 # lane that failed. TEST_FILES (files or quoted globs) runs just those files, each in its lane.
 TEST_FILES ?= 'test/**/*.test.ts'

@@ -1,7 +1,10 @@
-// `make test`'s test run, in three lanes started together, each its own `node --test` running one
-// file at a time (--test-concurrency=1): the Kubernetes tier (test/k8s/) in `k8s`, and everything
-// else split in two, `local-a` and `local-b`, balanced by each file's time in the last full run
-// (scripts/test-lane-times.tsv: longest first, each to the lane with less so far). Before, the
+// `make test`'s test run, in lanes started together, each its own `node --test` running one file
+// at a time (--test-concurrency=1): the Kubernetes tier (test/k8s/) in `k8s`, and everything else
+// in `local` (the default, what CI runs), or, with ASB_TEST_LOCAL_LANES=2, split in two, `local-a`
+// and `local-b`, balanced by each file's time in the last full run (scripts/test-lane-times.tsv:
+// longest first, each to the lane with less so far), then the ALONE files. Two local lanes are
+// not the default yet: beside another local file, security-limits failed in 3 runs of 3 (and
+// others once, below) on a busy 2-core machine; one local lane has none of that. Before, the
 // local files ran in one lane, the long pole: 31 of a fresh run's 44 min. That lane used 0.44 of
 // a core on average (/usr/bin/time: 756 s user+sys in 28.4 min; the files mostly wait on
 // sandboxes, servers and builds), so two local lanes and the k8s lane fit in 2 cores (all three
@@ -120,9 +123,13 @@ const repoPath = (f: string): string => relative(repoRoot, resolve(f));
  * so far; a file without a time counts as the median), the files of one TOGETHER group as one. A
  * lane with no files is left out.
  */
-export function splitLanes(patterns: readonly string[], times: ReadonlyMap<string, number> = readTimes(TIMES_FILE)): Lane[] {
+export function splitLanes(patterns: readonly string[], times: ReadonlyMap<string, number> = readTimes(TIMES_FILE), localLanes: 1 | 2 = 2): Lane[] {
   const files = [...new Set(patterns.flatMap(expand))];
   const k8s = files.filter((f) => repoPath(f).startsWith('test/k8s/'));
+  if (localLanes === 1) {
+    const all = files.filter((f) => !k8s.includes(f));
+    return [{ name: 'k8s', files: k8s }, { name: 'local', files: all }].filter((l) => l.files.length > 0);
+  }
   const alone = files.filter((f) => ALONE.includes(repoPath(f)));
   const local = files.filter((f) => !k8s.includes(f) && !alone.includes(f));
   const known = [...times.values()].sort((a, b) => a - b);
@@ -200,7 +207,12 @@ async function main(): Promise<number> {
     process.stderr.write('usage: node scripts/test-lanes.ts [--logs <dir>] <test file or glob>...\n');
     return 2;
   }
-  const lanes = splitLanes(patterns);
+  const wanted = process.env.ASB_TEST_LOCAL_LANES ?? '1';
+  if (wanted !== '1' && wanted !== '2') {
+    process.stderr.write(`ASB_TEST_LOCAL_LANES must be 1 or 2, got "${wanted}"\n`);
+    return 2;
+  }
+  const lanes = splitLanes(patterns, readTimes(TIMES_FILE), wanted === '2' ? 2 : 1);
   mkdirSync(logDir, { recursive: true });
   const width = Math.max(...lanes.map((l) => l.name.length));
   process.stdout.write(lanes.map((l) => `lane ${l.name}: ${String(l.files.length)} test files, log ${relative(repoRoot, join(logDir, `${l.name}.log`))}\n`).join(''));

@@ -25,7 +25,7 @@ function runLanes(t: TestContext, files: string[], env: Record<string, string> =
   // Without this test runner's own context variable: a `node --test` that finds it runs no files (it takes itself for a nested run).
   const { NODE_TEST_CONTEXT: _ours, ...outer } = process.env;
   return new Promise((res, rej) => {
-    execFile(process.execPath, ['scripts/test-lanes.ts', '--logs', logs, ...files], { cwd: repoRoot, env: { ...outer, ...env }, timeout: 120_000 }, (err, stdout) => {
+    execFile(process.execPath, ['scripts/test-lanes.ts', '--logs', logs, ...files], { cwd: repoRoot, env: { ...outer, ASB_TEST_LOCAL_LANES: '2', ...env }, timeout: 120_000 }, (err, stdout) => {
       if (err !== null && typeof err.code !== 'number') {
         rej(new Error(`the lane runner did not run: ${err.message}`));
         return;
@@ -35,7 +35,18 @@ function runLanes(t: TestContext, files: string[], env: Record<string, string> =
   });
 }
 
-test('the default TEST_FILES glob puts every test/k8s/ file in the k8s lane and every other test file in one of two local lanes, none twice or lost', () => {
+test('by default (what make test and CI run) every test/k8s/ file is in the k8s lane and every other test file in one local lane, ALONE ones too', async (t) => {
+  const lanes = splitLanes(['test/**/*.test.ts'], readTimes(TIMES_FILE), 1);
+  assert.deepEqual(lanes.map((l) => [l.name, l.after]), [['k8s', undefined], ['local', undefined]]);
+  assert.deepEqual(lanes.find((l) => l.name === 'local')?.files.sort(), globSync('test/**/*.test.ts').filter((f) => !f.startsWith('test/k8s/')).sort());
+  const run = await runLanes(t, [LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1' });
+  assert.equal(run.code, 0, run.out);
+  assert.match(run.out, /^lane local: 1 test files/m);
+  const bad = await runLanes(t, [LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '3' });
+  assert.equal(bad.code, 2);
+});
+
+test('with ASB_TEST_LOCAL_LANES=2 every test/k8s/ file is in the k8s lane and every other test file in one of two local lanes, none twice or lost', () => {
   const lanes = splitLanes(['test/**/*.test.ts']);
   const files = (name: string): string[] => lanes.find((l) => l.name === name)?.files ?? [];
   assert.deepEqual(lanes.map((l) => l.name), ['k8s', 'local-a', 'local-b', 'alone']);
