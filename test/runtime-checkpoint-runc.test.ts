@@ -188,6 +188,13 @@ test('a stop with memory answers once every process is killed, while the pod\'s 
   await rt.deleteSnapshot('rnow-snap');
 });
 
+test('in a process held open by nothing but the runtime, a start right after a stop with memory waits for the teardown and restores the pod, with no other handle keeping the process up', async () => {
+  const child = join(import.meta.dirname, 'fixtures', 'memory-stop-child.ts');
+  const { stdout } = await promisify(execFile)(process.execPath, [child, 'asbrx0', '10.236.64.0/18'], { timeout: 120_000 });
+  const { first, second } = JSON.parse(stdout) as { first: { token: string; n: number }; second: { token: string; n: number } };
+  assert.deepEqual(second, { token: first.token, n: first.n + 1 }, 'the same process, its memory as it was');
+});
+
 test('a kept runc checkpoint outlives the worker: a new runtime on the same root restores it; remove() deletes it with the pod', async () => {
   const req = counterPod('ragain1');
   const { token } = await countedAndPaused(req);

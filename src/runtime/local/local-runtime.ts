@@ -1373,10 +1373,14 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // Every process is killed and none runs another instruction: the pause is done, and the pod
     // is Stopped now. Its teardown goes on (the kernel frees its memory, ~0.1 s per GiB; the shim
     // deletes the container and unmounts its disk), and whatever needs the pod next waits for it.
+    // The shim and clock timers are unref'd (see stop()): while the teardown goes on, something
+    // must hold the process open, or a caller awaiting it (a start) would see the process exit.
+    const keepAlive = setInterval(() => undefined, 60_000);
     const ended = this.#within(exited, 10_000).then((ok) => {
       if (!ok) throw new AsbError('Timeout', `pod ${pod.id} did not end after its checkpoint`);
     });
     const teardown: Promise<void> = ended.finally(() => {
+      clearInterval(keepAlive);
       if (pod.teardown === teardown) pod.teardown = undefined;
     });
     pod.teardown = teardown;
