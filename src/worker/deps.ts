@@ -14,7 +14,7 @@ import type { Logger } from '../system/log.ts';
 import type { AccessTokens } from './access-token.ts';
 import type { SandboxCallLimits } from './sandbox-calls.ts';
 import type { SandboxIndex } from './sandbox-index.ts';
-import type { EventsSource } from './routes-events.ts';
+import type { EventLog } from '../events/event-log.ts';
 
 /** The part of the operator the API drives (src/operator/operator.ts implements it). */
 export interface WorkerOperator {
@@ -120,6 +120,14 @@ export interface WorkerDeps {
   /** --webhook-allow-private: webhooks may name private addresses and localhost; default false: such a URL is a 422. */
   webhookAllowPrivate?: boolean;
 }
+
+/**
+ * Where a process's events API answers from: its own log (a worker, an operator), or, in an API
+ * process (--role=api --events-url), the operator that keeps the cluster's log, which each request
+ * is passed on to with the caller's key (routes-events.ts); undefined: it keeps none, and every
+ * route answers 404.
+ */
+export type EventsSource = { log: EventLog } | { forwardTo: string } | undefined;
 
 /** Everything a route handler may use, resolved once at start-up. */
 export interface WorkerContext {

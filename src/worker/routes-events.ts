@@ -20,7 +20,7 @@ import { EVENT_TYPES } from '../events/facts.ts';
 import { privateHostProblem } from '../events/webhook-target.ts';
 import { principalOf } from './access.ts';
 import { readBody, readJson } from './body.ts';
-import type { Authenticator, WorkerContext } from './deps.ts';
+import type { Authenticator, EventsSource, WorkerContext } from './deps.ts';
 import { isPlainObject, queryInt } from './input.ts';
 import type { Reply, RequestContext, Route } from './router.ts';
 import { e2bRoute } from './e2b/reply.ts';
@@ -30,13 +30,6 @@ const MAX_URL = 2048;
 const SECRET_MIN = 16;
 const SECRET_MAX = 512;
 const NAME_MAX = 128;
-
-/**
- * Where a process's events API answers from: its own log (a worker, an operator), or, in an API
- * process (--role=api --events-url), the operator that keeps the cluster's log, which each request
- * is passed on to with the caller's key; undefined: it keeps none, and every route answers 404.
- */
-export type EventsSource = { log: EventLog } | { forwardTo: string } | undefined;
 
 /** What the events routes read: the source and the request limits. */
 export interface EventsApi {
