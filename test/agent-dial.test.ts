@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
+import { createServer, type AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import { AgentLink, agentExec } from '../src/runtime/local/agent.ts';
 
@@ -37,4 +38,64 @@ test('an exec in a sandbox whose init never answers fails, naming the address, i
     return true;
   });
   assert.equal(link.size, 0, 'the failed process is not followed');
+});
+
+/** A loopback agent speaking the frame protocol: the first `unanswered` connections close without a word, later ones run the request. */
+async function flakyAgent(t: { after: (fn: () => void) => void }, unanswered: number): Promise<{ port: number; connections: () => number; frames: string[][] }> {
+  let n = 0;
+  const frames: string[][] = [];
+  const server = createServer((socket) => {
+    n++;
+    if (n <= unanswered) {
+      socket.once('data', () => socket.destroy());
+      return;
+    }
+    const got: string[] = [];
+    frames.push(got);
+    let buffered = Buffer.alloc(0);
+    socket.on('data', (chunk: Buffer) => {
+      buffered = Buffer.concat([buffered, chunk]);
+      while (buffered.length >= 5 && buffered.length >= 5 + buffered.readUInt32BE(1)) {
+        const type = String.fromCharCode(buffered[0] ?? 0);
+        const payload = buffered.subarray(5, 5 + buffered.readUInt32BE(1));
+        buffered = buffered.subarray(5 + payload.length);
+        got.push(type === 'Q' ? 'Q' : `${type}${payload.toString()}`);
+        if (type === 'E') {
+          const out = (kind: string, body: Buffer): Buffer => {
+            const head = Buffer.alloc(5);
+            head.write(kind, 0);
+            head.writeUInt32BE(body.length, 1);
+            return Buffer.concat([head, body]);
+          };
+          const pid = Buffer.alloc(4);
+          pid.writeUInt32BE(42);
+          const exit = Buffer.alloc(5);
+          exit.writeUInt32BE(7);
+          socket.end(Buffer.concat([out('P', pid), out('O', Buffer.from(got.filter((f) => f.startsWith('I')).map((f) => f.slice(1)).join(''))), out('X', exit)]));
+        }
+      }
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.after(() => server.close());
+  return { port: (server.address() as AddressInfo).port, connections: () => n, frames };
+}
+
+test('a request whose connection the init closes before a word was not taken: it is asked again, with its stdin, and runs once', async (t) => {
+  const agent = await flakyAgent(t, 2);
+  const link = new AgentLink({ host: '127.0.0.1', port: agent.port, token: 'tok' });
+  const result = await agentExec(link, { uid: 0, gid: 0, cwd: '/', command: ['cat'], env: [] }, { stdin: 'from stdin' });
+  assert.equal(result.exitCode, 7);
+  assert.equal(Buffer.from(result.stdout).toString(), 'from stdin', 'the stdin sent on the first connection went again');
+  assert.equal(agent.connections(), 3);
+  assert.deepEqual(agent.frames, [['Q', 'Ifrom stdin', 'E']], 'one connection ran it, once');
+});
+
+test('an init that closes every try before a word fails the call, saying so, after three tries', async (t) => {
+  const agent = await flakyAgent(t, 10);
+  const link = new AgentLink({ host: '127.0.0.1', port: agent.port, token: 'wrong' });
+  const result = await agentExec(link, { uid: 0, gid: 0, cwd: '/', command: ['true'], env: [] }, {});
+  assert.deepEqual([result.exitCode, Buffer.from(result.stderr).toString()], [255, 'the sandbox\'s init closed the connection\n']);
+  assert.equal(agent.connections(), 3);
+  assert.equal(link.size, 0);
 });

@@ -37,6 +37,13 @@ const CONNECT_STEP_MS = 20;
 const CONNECT_ATTEMPT_MS = 5000;
 /** A dropped connection of a running pod: reattach attempts before the process is given up. */
 const REATTACH_TRIES = 3;
+/**
+ * A request's connection closed before the agent said a word (no pid, no refusal): the request was
+ * not taken, since a process it starts is named first. Asked again this many times, 50 ms apart,
+ * before the call fails. Seen rarely under load (the cause is not found yet); a wrong token (a pod
+ * that is not the one asked for) closes every try the same way and still fails.
+ */
+const UNANSWERED_TRIES = 2;
 
 export interface AgentAddress {
   host: string;
@@ -235,6 +242,10 @@ class AgentStream {
   /** Frames for the process written while no connection was up (stdin, signals): sent on reattach. */
   #queued: Buffer[] = [];
   #paused = false;
+  /** The request, and the frames sent after it before the agent named the process: sent again on a retry. */
+  #request: Buffer | undefined;
+  #unconfirmed: Buffer[] = [];
+  #unanswered = 0;
 
   constructor(link: AgentLink, events: StreamEvents) {
     this.#link = link;
@@ -248,7 +259,8 @@ class AgentStream {
   async open(req: AgentRequest): Promise<void> {
     this.#link.add(this);
     try {
-      this.#bind(await dial(this.#link.address), requestFrame(this.#link.address.token, req));
+      this.#request = requestFrame(this.#link.address.token, req);
+      this.#bind(await dial(this.#link.address), this.#request);
     } catch (err) {
       this.#link.delete(this);
       throw err;
@@ -266,6 +278,7 @@ class AgentStream {
     if (this.#paused) socket.pause();
     socket.write(request);
     for (const f of this.#queued) socket.write(f);
+    if (this.#request !== undefined) this.#unconfirmed.push(...this.#queued);
     this.#queued = [];
     let sawEnd = false;
     socket.on('data', frameReader((f) => {
@@ -273,6 +286,8 @@ class AgentStream {
         case 'P': {
           const first = this.#pid === undefined;
           this.#pid = f.payload.readUInt32BE(0);
+          this.#request = undefined;
+          this.#unconfirmed = [];
           if (first) this.#events.started(this.#pid);
           break;
         }
@@ -299,7 +314,12 @@ class AgentStream {
       this.#socket = undefined;
       if (sawEnd || this.#done) return;
       if (this.#pid === undefined) {
-        // Closed before a word: a wrong token or an agent that went away.
+        // Closed before a word: the request was not taken. Asked again, then a wrong token or an agent that went away.
+        if (this.#request !== undefined && this.#unanswered < UNANSWERED_TRIES) {
+          this.#unanswered++;
+          void this.#askAgain(this.#request);
+          return;
+        }
         this.#events.failed('the sandbox\'s init closed the connection');
         this.#finish({ exitCode: START_FAILED_CODE });
         return;
@@ -308,10 +328,28 @@ class AgentStream {
     });
   }
 
+  /** The request again on a new connection, with what was sent after it. */
+  async #askAgain(request: Buffer): Promise<void> {
+    this.#queued = [...this.#unconfirmed, ...this.#queued];
+    this.#unconfirmed = [];
+    try {
+      await delay(50);
+      if (this.#done) return;
+      this.#bind(await dial(this.#link.address), request);
+    } catch (err) {
+      this.#events.failed(err instanceof Error ? err.message : String(err));
+      this.#finish({ exitCode: START_FAILED_CODE });
+    }
+  }
+
   send(f: Buffer): void {
     if (this.#done) return;
-    if (this.#socket === undefined) this.#queued.push(f);
-    else this.#socket.write(f);
+    if (this.#socket === undefined) {
+      this.#queued.push(f);
+      return;
+    }
+    this.#socket.write(f);
+    if (this.#request !== undefined) this.#unconfirmed.push(f);
   }
 
   /** Stops reading the process's output (the agent then stops reading its pipes: backpressure). */
