@@ -39,11 +39,12 @@ export async function resolveTemplate(w: WorkerContext, p: Principal, namespace:
     const obj = pinned === undefined ? undefined : await w.store.tryGet<SandboxTemplate>(SandboxTemplateType, namespace, pinned);
     if (pinned !== undefined && obj !== undefined && usableBy(p, obj) && obj.metadata.deletionTimestamp === undefined) return pinned;
     if (pinned === undefined && LABEL_VALUE.test(alias) && LABEL_VALUE.test(p.team)) {
-      // By the template's name, else by its id (`<id>:tag`): one list of the team's pins with the tag.
-      const pins = await w.store.list<SandboxTemplate>(SandboxTemplateType, { namespace, labelSelector: `${LABEL.owner}=${p.team},${TEMPLATE_PIN_LABEL}` });
-      const tagged = pins.items.filter((t) => t.metadata.deletionTimestamp === undefined && pinTags(t).includes(tag));
-      const found = tagged.find((t) => t.metadata.labels?.[TEMPLATE_NAME_LABEL] === alias) ?? tagged.find((t) => t.metadata.labels?.[TEMPLATE_ID_LABEL] === alias);
-      if (found !== undefined) return found.metadata.name;
+      // By the template's name, else by its id (`<id>:tag`).
+      for (const label of [TEMPLATE_NAME_LABEL, TEMPLATE_ID_LABEL]) {
+        const pins = await w.store.list<SandboxTemplate>(SandboxTemplateType, { namespace, labelSelector: `${LABEL.owner}=${p.team},${label}=${alias},${TEMPLATE_PIN_LABEL}` });
+        const found = pins.items.find((t) => t.metadata.deletionTimestamp === undefined && pinTags(t).includes(tag));
+        if (found !== undefined) return found.metadata.name;
+      }
     }
     throw new AsbError('NotFound', `template "${name}" not found in namespace "${namespace}": no template of your team named "${alias}" has the tag "${tag}"; list your templates with asb template ls`);
   }
