@@ -36,6 +36,6 @@ ENV NODE_ENV=production
 # uid 1000 is `asb` in the base; the pods run as it (runAsNonRoot, readOnlyRootFilesystem). The
 # files belong to root: the program cannot change itself.
 USER 1000:1000
-# Each Deployment names its own command: node src/system/worker-main.ts, node
+# Each Deployment names its own command: node src/assembly/worker-main.ts, node
 # src/router/router-main.ts, node src/hub/hub-main.ts, or envoy.
-CMD ["node", "src/system/worker-main.ts"]
+CMD ["node", "src/assembly/worker-main.ts"]

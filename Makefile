@@ -56,7 +56,7 @@ $(K8S_SIGS_PY_STAMP): $(E2B_PY_STAMP)
 	@touch $@
 
 up: deps images runc criu
-	@$(NODE) src/system/up.ts
+	@$(NODE) src/assembly/up.ts
 
 # The tools build in two lanes (-j2): the Go and C builds keep both cores busy, and the image
 # builds and PyPI installs, mostly downloads and unpacking, run beside them (bootstrap.sh takes

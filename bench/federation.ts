@@ -2,7 +2,7 @@
 // placement decisions the hub can make.
 //
 // Propagation: the real hub (src/hub/hub.ts) runs in this process on its own embedded store, and
-// 20 real worker processes (src/system/worker-main.ts), each with its own store, dial it for sync.
+// 20 real worker processes (src/assembly/worker-main.ts), each with its own store, dial it for sync.
 // A change is an API key creation or revocation or a template apply through the hub's admin API,
 // one at a time. Its latency runs from its commit at the hub to the moment the hub has an ack for
 // that version (or a later one) from every worker: applied and persisted in all 20 stores. The
@@ -19,12 +19,12 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { KubeObject } from '../src/api/meta.ts';
 import { ApiKeyType, SandboxTemplateType } from '../src/api/types.ts';
-import type { PlacementCandidate, PlacementRequest } from '../src/hub/contract.ts';
+import type { PlacementCandidate, PlacementRequest } from '../src/api/hub-contract.ts';
 import { startHub, type RunningHub } from '../src/hub/hub.ts';
 import { place } from '../src/hub/placement.ts';
 import type { Watch } from '../src/store/store.ts';
-import { startChild, type ReadyChild } from '../src/system/child.ts';
-import { createLogger } from '../src/system/log.ts';
+import { startChild, type ReadyChild } from '../src/base/child.ts';
+import { createLogger } from '../src/base/log.ts';
 import { call, round, summarize, type LatencySummary, type Target } from './claims.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
@@ -289,7 +289,7 @@ async function startWorkers(dir: string, hub: RunningHub, target: Target, names:
       workers.push(
         await startChild({
           name: `worker ${name}`,
-          entry: join(repoRoot, 'src/system/worker-main.ts'),
+          entry: join(repoRoot, 'src/assembly/worker-main.ts'),
           args: [
             '--data-dir', join(home, 'data'),
             '--port', '0',

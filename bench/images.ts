@@ -13,7 +13,7 @@ import { parseRegistriesConfig } from '../src/images/registries.ts';
 import { defaultSeedDir } from '../src/images/seed.ts';
 import { ROOT_ID_MAP } from '../src/runtime/oci/spec.ts';
 import { acquireOwnerLockWaiting } from '../src/store/owner-lock.ts';
-import { silentLogger, type Logger } from '../src/system/log.ts';
+import { silentLogger, type Logger } from '../src/base/log.ts';
 import { round } from './claims.ts';
 
 export const BASE_IMAGE = 'agent-sandbox/base';

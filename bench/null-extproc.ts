@@ -13,7 +13,7 @@ import { encodeProcessingResponse } from '../src/router/extproc-codec.ts';
 import { GRPC_STATUS, GrpcServer, type GrpcMethod } from '../src/router/grpc-server.ts';
 import { EXT_PROC_SERVICE, HEALTH_SERVICE, SERVING_STATUS, type ProcessingResponse } from '../src/router/proto.ts';
 import { reader, readVarint, skipField, WireWriter } from '../src/router/protobuf-wire.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 
 export interface NullExtProc {
   /** host:port bound. */

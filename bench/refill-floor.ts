@@ -17,7 +17,7 @@ import { findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
 import { ROOT_ID_MAP, type OciSpec } from '../src/runtime/oci/spec.ts';
 import { withRuncUserNamespace } from './runc-floor.ts';
-import { ensureCBinary } from '../src/system/c-binary.ts';
+import { ensureCBinary } from '../src/base/c-binary.ts';
 import { round } from './claims.ts';
 
 /** The floor's own bridge and addresses (10.222.0.0/16 is the refill's: tests use none of it). */

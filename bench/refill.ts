@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { ROOT_ID_MAP } from '../src/runtime/oci/spec.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { round } from './claims.ts';
 import { BASE_IMAGE, startBenchRegistry } from './images.ts';
 import { floorInputs, refillFloor, type RefillFloor } from './refill-floor.ts';

@@ -4,7 +4,7 @@
 import { createHash } from 'node:crypto';
 import type { RouteEntry } from '../src/router/contract.ts';
 import { RouteTable } from '../src/router/route-table.ts';
-import { systemClock } from '../src/system/clock.ts';
+import { systemClock } from '../src/base/clock.ts';
 
 export interface RouteMemory {
   routes: number;

@@ -26,7 +26,7 @@ import { benchStore } from './store-bench.ts';
 import { benchTerminals } from './terminals.ts';
 import { benchUploads } from './uploads.ts';
 import { benchWake, type WakeFigures } from './wake.ts';
-import type { LocalSystem } from '../src/system/local-system.ts';
+import type { LocalSystem } from '../src/assembly/local-system.ts';
 import { startTestSystem } from '../test/support/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');

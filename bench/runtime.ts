@@ -28,7 +28,7 @@ import { podPaths } from '../src/runtime/local/rootfs.ts';
 import { findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
 import { ROOT_ID_MAP, type OciSpec } from '../src/runtime/oci/spec.ts';
 import type { PodRequest, PodRuntime, PodState } from '../src/runtime/runtime.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { round, summarize, type LatencySummary } from './claims.ts';
 import { BASE_IMAGE, benchFirstPull, startBenchRegistry, type FirstPull } from './images.ts';
 import { benchRuncFloor } from './runc-floor.ts';

@@ -8,7 +8,7 @@ import { ApiKeyType, type ApiKey } from '../src/api/types.ts';
 import { createApiKey, revokeApiKey } from '../src/auth/keys.ts';
 import { KeyRing } from '../src/auth/keyring.ts';
 import { CLUSTER_SCOPE } from '../src/store/store.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { BASE_TEMPLATE, call, startWorkerFixture } from './support/worker-fixture.ts';
 
 async function waitFor(condition: () => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<void> {

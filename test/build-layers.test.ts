@@ -9,13 +9,13 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { diffUpper, opaqueReader, walkUpper, type UpperNode, type UpperState } from '../src/builds/layer-diff.ts';
 import { writeLayer } from '../src/builds/layer-writer.ts';
-import { ensureCBinary } from '../src/system/c-binary.ts';
+import { ensureCBinary } from '../src/base/c-binary.ts';
 import { LayerCache } from '../src/builds/layer-cache.ts';
 import { startLayerCacheGc } from '../src/builds/layer-cache-gc.ts';
 import { startImageGc } from '../src/images/gc-loop.ts';
 import { ImageStore } from '../src/images/image-store.ts';
 import { EMPTY_REGISTRIES } from '../src/images/registries.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { padding, tarEnd, tarHeader } from '../src/builds/tar-header.ts';
 import { ManualClock } from './support/operator-harness.ts';
 

@@ -15,7 +15,7 @@ import { isAsbError } from '../src/errors.ts';
 import { parseRegistriesConfig } from '../src/images/registries.ts';
 import { RegistryProcess } from '../src/images/registry-process.ts';
 import { defaultSeedDir, readSeedImages, seedRegistry } from '../src/images/seed.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { FakeRuntime } from './support/fake-runtime.ts';
 import { testImages } from './support/test-images.ts';
 

@@ -14,8 +14,8 @@ import { formatAge, formatTable } from '../src/cli/output.ts';
 import { sandboxTable } from '../src/cli/commands-sandbox.ts';
 import { Spinner } from '../src/cli/progress.ts';
 import { ApiError, createApiClient } from '../src/client/api-client.ts';
-import type { Clock } from '../src/system/clock.ts';
-import { freePort } from '../src/system/local-system.ts';
+import type { Clock } from '../src/base/clock.ts';
+import { freePort } from '../src/assembly/local-system.ts';
 import { emptyDir, runAsb, type RunResult } from './support/run-asb.ts';
 import { removeDataDir, startWorkerProcess } from './support/worker-process.ts';
 

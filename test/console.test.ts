@@ -10,7 +10,7 @@ import { test } from 'node:test';
 import { chromium, type Page } from 'playwright-core';
 import { startHub } from '../src/hub/hub.ts';
 import { parseHubConfig } from '../src/hub/hub-config.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { waitFor } from './support/wait.ts';
 import { call, type ApiResponse } from './support/worker-fixture.ts';
 import { removeDataDir, startWorkerProcess } from './support/worker-process.ts';

@@ -16,7 +16,7 @@ import {
 } from '../src/api/types.ts';
 import { applyDefaults, validateObject } from '../src/api/validate.ts';
 import { isAsbError } from '../src/errors.ts';
-import { ClusterType, type ClusterSpec, type ClusterStatus } from '../src/hub/contract.ts';
+import { ClusterType, type ClusterSpec, type ClusterStatus } from '../src/api/hub-contract.ts';
 import { sandboxFromTemplate } from '../src/operator/blueprint.ts';
 import { SyncStateType, type SyncState } from '../src/worker/sync/sync-apply.ts';
 import { CRD_DIR, renderCrdFiles } from '../scripts/gen-crds.ts';

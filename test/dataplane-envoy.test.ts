@@ -11,7 +11,7 @@ import { ACCESS_COOKIE, type RouteEntry } from '../src/router/contract.ts';
 import { DEFAULT_LOOKUP_LIMITS } from '../src/router/lookup-limiter.ts';
 import type { RunningRouter } from '../src/router/start-router.ts';
 import type { EnvoyProcess } from '../src/edge/envoy-process.ts';
-import { freePort } from '../src/system/local-system.ts';
+import { freePort } from '../src/assembly/local-system.ts';
 import {
   DOMAIN,
   load,

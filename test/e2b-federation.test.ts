@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as e2bLatest from 'e2b';
 import * as e2b250 from 'e2b-2-50';
-import type { FederatedCluster } from '../src/system/federation.ts';
+import type { FederatedCluster } from '../src/assembly/federation.ts';
 import { startTestFederation, type TestFederation } from './support/federation.ts';
 import { waitFor } from './support/wait.ts';
 

@@ -7,7 +7,7 @@ import { request } from 'node:http';
 import { connect } from 'node:http2';
 import { test, type TestContext } from 'node:test';
 import WebSocket from 'ws';
-import type { LocalSystem } from '../src/system/local-system.ts';
+import type { LocalSystem } from '../src/assembly/local-system.ts';
 import { startTestSystem } from './support/local-system.ts';
 import { edgeGet, slowListenTemplate, startWsEcho, WEB_TEMPLATE, webPool, type EdgeAnswer } from './support/web-sandbox.ts';
 import { waitFor } from './support/wait.ts';

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import WebSocket from 'ws';
-import type { FederatedCluster } from '../src/system/federation.ts';
+import type { FederatedCluster } from '../src/assembly/federation.ts';
 import { startTestFederation, type TestFederation } from './support/federation.ts';
 import { runAsb } from './support/run-asb.ts';
 import { waitFor } from './support/wait.ts';

@@ -9,7 +9,7 @@ import { parseEgressPolicy } from '../src/network/egress-policy.ts';
 import { parseEgressFloor } from '../src/network/egress-floor.ts';
 import { DEFAULT_CONNECTION_LIMITS } from '../src/network/connection-limits.ts';
 import { baseScript, parseCounters, podScript } from '../src/network/nft-ruleset.ts';
-import { e2bNetwork, templateEgress, templateNetworkPolicy } from '../src/network/sandbox-network.ts';
+import { e2bNetwork, templateEgress, templateNetworkPolicy } from '../src/api/sandbox-network.ts';
 import { networkPolicyManifest } from '../src/runtime/kube/objects.ts';
 
 const fieldsOf = (fn: () => unknown): string[] => {

@@ -8,7 +8,7 @@ import type { DecisionInputs } from '../src/egress/egress-decision.ts';
 import { MAX_CONNECTIONS_PER_POD, nameResolvedFor, OpenConnections, portsToCut } from '../src/egress/open-connections.ts';
 import { parseSourcePorts, ProxyCut } from '../src/egress/proxy-cut.ts';
 import type { EgressPolicy } from '../src/network/egress-policy.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 
 const POD = '10.224.0.5';
 const OTHER = '10.224.0.6';

@@ -17,8 +17,8 @@ import { GRACE_MS, ResolvedAddresses } from '../src/egress/resolved-addresses.ts
 import { parseEgressFloor } from '../src/network/egress-floor.ts';
 import { parseEgressPolicy, type EgressPolicy } from '../src/network/egress-policy.ts';
 import { WireWriter } from '../src/router/protobuf-wire.ts';
-import type { Clock } from '../src/system/clock.ts';
-import { silentLogger } from '../src/system/log.ts';
+import type { Clock } from '../src/base/clock.ts';
+import { silentLogger } from '../src/base/log.ts';
 
 function peer(ip: string, port: number): WireWriter {
   return new WireWriter().message(1, new WireWriter().message(1, new WireWriter().string(2, ip).uint(3, port)));

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { ExecResult, PodRuntime } from '../src/runtime/runtime.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { ConnectError } from '../src/worker/envd/connect.ts';
 import type { FsTarget } from '../src/worker/envd/entries.ts';
 import { WatcherTable } from '../src/worker/envd/watchers.ts';

@@ -18,8 +18,8 @@ import { isConfigObject, parseTemplate, placeholdersIn, type ConfigNode } from '
 import { EnvoyProcess } from '../src/edge/envoy-process.ts';
 import { ensureEdgeTls, ensureFederationTls } from '../src/edge/tls.ts';
 import { HEADER } from '../src/router/contract.ts';
-import { silentLogger } from '../src/system/log.ts';
-import { freePort } from '../src/system/local-system.ts';
+import { silentLogger } from '../src/base/log.ts';
+import { freePort } from '../src/assembly/local-system.ts';
 
 interface Upstream {
   address: string;

@@ -13,10 +13,10 @@ import { builtTemplateObject } from '../src/builds/template-object.ts';
 import { acceptBuiltTemplates } from '../src/hub/built-templates.ts';
 import { WebSocket } from 'ws';
 import type { ClusterView } from '../src/hub/clusters.ts';
-import { ClusterType, type Cluster, type HubToWorker } from '../src/hub/contract.ts';
+import { ClusterType, type Cluster, type HubToWorker } from '../src/api/hub-contract.ts';
 import { startHub, type RunningHub } from '../src/hub/hub.ts';
 import { parseHubConfig } from '../src/hub/hub-config.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { waitFor } from './support/wait.ts';
 import { call, type ApiResponse } from './support/worker-fixture.ts';
 

@@ -6,8 +6,8 @@ import { test } from 'node:test';
 import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../src/api/types.ts';
 import { builtTemplateObject } from '../src/builds/template-object.ts';
 import { acceptBuiltTemplates, BUILT_ON_LABEL } from '../src/hub/built-templates.ts';
-import { silentLogger } from '../src/system/log.ts';
-import { SYNC_ANNOTATION } from '../src/worker/sync/sync-apply.ts';
+import { silentLogger } from '../src/base/log.ts';
+import { SYNC_ANNOTATION } from '../src/api/hub-contract.ts';
 import { hubStoreWithCluster } from './support/hub-unit.ts';
 
 function built(templateId: string, team: string, name: string): SandboxTemplate {

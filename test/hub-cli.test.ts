@@ -6,7 +6,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { freePort } from '../src/system/local-system.ts';
+import { freePort } from '../src/assembly/local-system.ts';
 import { hubAdminKey, startHubProcess } from './support/hub-process.ts';
 import { runAsb, type RunResult } from './support/run-asb.ts';
 

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { registerCluster, rotateClusterCredential } from '../src/hub/clusters.ts';
-import { ClusterType, type Cluster } from '../src/hub/contract.ts';
+import { ClusterType, type Cluster } from '../src/api/hub-contract.ts';
 import { hashClusterCredential } from '../src/hub/cluster-credential.ts';
 import { CLUSTER_SCOPE, type ObjectStore } from '../src/store/store.ts';
 import { hubStoreWithCluster } from './support/hub-unit.ts';

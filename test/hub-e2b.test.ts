@@ -12,12 +12,12 @@ import { ApiKeyType, SandboxTemplateType, type ApiKey, type SandboxTemplate } fr
 import { createApiKey } from '../src/auth/keys.ts';
 import { KeyRing } from '../src/auth/keyring.ts';
 import { createHubApi } from '../src/hub/admin-api.ts';
-import { ClusterType } from '../src/hub/contract.ts';
+import { ClusterType } from '../src/api/hub-contract.ts';
 import type { SyncView } from '../src/hub/hub-context.ts';
 import type { LiveCluster } from '../src/hub/live-clusters.ts';
 import type { ObjectStore } from '../src/store/store.ts';
-import { freePort } from '../src/system/local-system.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { freePort } from '../src/assembly/local-system.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { hubStoreWithCluster } from './support/hub-unit.ts';
 import { OpenApiChecker } from './support/openapi-check.ts';
 import { waitFor } from './support/wait.ts';

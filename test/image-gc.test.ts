@@ -13,7 +13,7 @@ import { Registry } from 'prom-client';
 import { startImageGc } from '../src/images/gc-loop.ts';
 import { collectGarbage } from '../src/images/image-gc.ts';
 import { runTool, UMOCI } from '../src/images/tool.ts';
-import { systemClock } from '../src/system/clock.ts';
+import { systemClock } from '../src/base/clock.ts';
 import { ImageStore } from '../src/images/image-store.ts';
 import { mirrorConfig } from '../src/images/local-registry.ts';
 import { parseRegistriesConfig } from '../src/images/registries.ts';
@@ -21,7 +21,7 @@ import { createMetrics } from '../src/metrics/metrics.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { podPaths, readPersisted } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest } from '../src/runtime/runtime.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { testImages } from './support/test-images.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';
 

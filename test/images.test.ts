@@ -18,7 +18,7 @@ import { parseRegistriesConfig, type RegistriesConfig } from '../src/images/regi
 import { RegistryProcess } from '../src/images/registry-process.ts';
 import { readSeedImages, seedRegistry } from '../src/images/seed.ts';
 import { DEFAULT_RUNC_DIR, findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 
 const SEED_DIR = process.env.ASB_IMAGES_DIR ?? resolve(import.meta.dirname, '../.tools/images');
 

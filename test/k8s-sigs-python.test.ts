@@ -13,7 +13,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { writeKubeconfig } from '../src/system/kubeconfig.ts';
+import { writeKubeconfig } from '../src/assembly/kubeconfig.ts';
 import { runSdkSuite } from './support/k8s-sigs-sdk.ts';
 import { startTestSystem } from './support/local-system.ts';
 

@@ -1,6 +1,6 @@
 // kubectl through the edge, as a user of `make up` runs it: the whole local system (worker,
 // router, Envoy with its HTTPS listener, real sandboxes), the kubeconfig `make up` writes
-// (src/system/kubeconfig.ts), and the Kubernetes API paths the router sends to the worker
+// (src/assembly/kubeconfig.ts), and the Kubernetes API paths the router sends to the worker
 // (src/router/host.ts).
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { writeKubeconfig } from '../src/system/kubeconfig.ts';
+import { writeKubeconfig } from '../src/assembly/kubeconfig.ts';
 import { KUBECTL } from './support/kubectl.ts';
 import { startTestSystem } from './support/local-system.ts';
 

@@ -1,4 +1,4 @@
-// .asb/kubeconfig as `make up` writes it (src/system/kubeconfig.ts): one context per cluster at
+// .asb/kubeconfig as `make up` writes it (src/assembly/kubeconfig.ts): one context per cluster at
 // its TLS edge with the edge CA and the admin key; the real kubectl reads it and reaches the
 // worker's Kubernetes API through each context.
 import assert from 'node:assert/strict';
@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { writeKubeconfig } from '../src/system/kubeconfig.ts';
+import { writeKubeconfig } from '../src/assembly/kubeconfig.ts';
 import { KUBECTL, serveTls } from './support/kubectl.ts';
 import { startWorkerFixture } from './support/worker-fixture.ts';
 

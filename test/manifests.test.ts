@@ -18,7 +18,8 @@ import { findEnvoyBinary } from '../src/edge/envoy-binary.ts';
 import { ensureFederationTls } from '../src/edge/tls.ts';
 import { parseHubConfig } from '../src/hub/hub-config.ts';
 import { parseRouterConfig } from '../src/router/router-config.ts';
-import { ConfigError, parseWorkerConfig } from '../src/system/config.ts';
+import { parseWorkerConfig } from '../src/assembly/worker-config.ts';
+import { ConfigError } from '../src/base/flags.ts';
 import { validateObject } from '../src/api/validate.ts';
 import { ENVOY_TARGETS, INGRESS_POD, readEnvFiles, renderEnvoyFiles } from '../scripts/gen-envoy-configs.ts';
 import { CrdSchemas } from './support/crd-ajv.ts';
@@ -34,7 +35,7 @@ const IMAGE = 'agent-sandbox';
 
 type Parse = (argv: readonly string[], env: Readonly<Record<string, string | undefined>>) => unknown;
 const ENTRYPOINTS: Readonly<Record<string, Parse>> = {
-  'src/system/worker-main.ts': parseWorkerConfig,
+  'src/assembly/worker-main.ts': parseWorkerConfig,
   'src/router/router-main.ts': parseRouterConfig,
   'src/hub/hub-main.ts': parseHubConfig,
 };

@@ -10,10 +10,10 @@ import { chmodSync, copyFileSync, existsSync, mkdtempSync, readdirSync, readFile
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { test } from 'node:test';
-import { createLogger, REDACTED } from '../src/system/log.ts';
-import { startLocalSystem } from '../src/system/local-system.ts';
+import { createLogger, REDACTED } from '../src/base/log.ts';
+import { startLocalSystem } from '../src/assembly/local-system.ts';
 import { openSqliteStore } from '../src/store/sqlite.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { send, until } from './support/dataplane-fixture.ts';
 import { removeDataDir } from './support/worker-process.ts';
 
@@ -165,7 +165,7 @@ test("a data dir owned by another user (a Kubernetes volume's mount point) is us
   // nobody may not read the checkout (a fresh clone under a 0700 temp dir, as CI makes): it runs a
   // copy of the module (it imports only node:fs) from the test's own world-readable dir.
   const module = join(dir, 'private-files.ts');
-  copyFileSync(new URL('../src/system/private-files.ts', import.meta.url), module);
+  copyFileSync(new URL('../src/base/private-files.ts', import.meta.url), module);
   chmodSync(module, 0o644);
   const script = `
     import { privateDir, privateFile } from ${JSON.stringify(module)};

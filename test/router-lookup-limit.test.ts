@@ -7,10 +7,10 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { clientKey, UNKNOWN_CLIENT } from '../src/router/client-address.ts';
 import { LookupLimiter } from '../src/router/lookup-limiter.ts';
-import { TokenBuckets } from '../src/system/token-buckets.ts';
+import { TokenBuckets } from '../src/base/token-buckets.ts';
 import { parseRouterConfig } from '../src/router/router-config.ts';
 import { RouteTable } from '../src/router/route-table.ts';
-import { ConfigError } from '../src/system/config.ts';
+import { ConfigError } from '../src/base/flags.ts';
 import { exchange, extProcClient, get, headerValue, immediate } from './support/envoy-mimic.ts';
 import { DOMAIN, entry, ManualClock, startRouterUnderTest, TOKEN, until } from './support/router-fixture.ts';
 

@@ -2,8 +2,8 @@
 // dashboard, behind the admin key the router holds, and a clear refusal of a bad address.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { ConfigError } from '../src/system/config.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { ConfigError } from '../src/base/flags.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { parseRouterConfig } from '../src/router/router-config.ts';
 import { startRouter } from '../src/router/start-router.ts';
 

@@ -8,8 +8,8 @@ import { WebSocketServer, type WebSocket } from 'ws';
 import type { FeedMessage } from '../src/router/contract.ts';
 import { FeedClient } from '../src/router/feed-client.ts';
 import { RouteTable } from '../src/router/route-table.ts';
-import { systemClock } from '../src/system/clock.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { systemClock } from '../src/base/clock.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { entry, ManualClock, until } from './support/router-fixture.ts';
 
 test('deltas apply only in version order after a snapshot; duplicates and stale ones are refused', () => {

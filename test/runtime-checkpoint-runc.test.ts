@@ -19,7 +19,7 @@ import { isAsbError } from '../src/errors.ts';
 import type { CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
 import { createLocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { DEFAULT_CRIU_DIR, findCriuBinary } from '../src/runtime/oci/criu-binary.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';

@@ -17,7 +17,7 @@ import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/loca
 import { CHECKPOINT_META, DURABLE_MARK, type CheckpointMeta } from '../src/runtime/local/checkpoint.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { waitFor } from './support/wait.ts';
 import { podSh, startedReady as startedReadyIn } from './support/counter-app.ts';

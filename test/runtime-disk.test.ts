@@ -14,7 +14,7 @@ import { evictionMessage, podDisk } from '../src/runtime/local/disk.ts';
 import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { waitForPodState } from './support/pod-state.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';

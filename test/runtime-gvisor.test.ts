@@ -15,7 +15,7 @@ import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/loca
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
 import { FIRST_HOST_ID } from '../src/runtime/local/id-ranges.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { waitForPodState } from './support/pod-state.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './support/test-runtime.ts';

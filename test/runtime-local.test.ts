@@ -15,7 +15,7 @@ import { createLocalRuntime, type LocalRuntime } from '../src/runtime/local/loca
 import { volumeDir } from '../src/runtime/local/pod-process.ts';
 import { podPaths } from '../src/runtime/local/rootfs.ts';
 import type { PodRequest, PodState } from '../src/runtime/runtime.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { FIRST_HOST_ID } from '../src/runtime/local/id-ranges.ts';
 import { testImages, testImageStore } from './support/test-images.ts';
 import { waitForPodState } from './support/pod-state.ts';

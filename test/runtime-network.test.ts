@@ -16,9 +16,9 @@ import { bridgeExists, deleteBridge, ensureBridge, ipBatch, parseSubnet } from '
 import type { PodRequest } from '../src/runtime/runtime.ts';
 import { claimNetwork, networkConflict, overlaps, parseCidr, type HostNetwork, type NetworkClaim } from '../src/runtime/local/network-claim.ts';
 import { processStartTime } from '../src/runtime/local/rootfs.ts';
-import { parseWorkerConfig } from '../src/system/config.ts';
-import { derivedNetwork, nthSubnet } from '../src/system/local-network.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { parseWorkerConfig } from '../src/assembly/worker-config.ts';
+import { derivedNetwork, nthSubnet } from '../src/runtime/local/derived-network.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { removeDataDir, startWorkerProcess, tempDataDir } from './support/worker-process.ts';
 

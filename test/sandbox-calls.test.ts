@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { AsbError } from '../src/errors.ts';
 import type { ExecResult, PodRuntime, PtySession } from '../src/runtime/runtime.ts';
-import type { Clock, Timer } from '../src/system/clock.ts';
+import type { Clock, Timer } from '../src/base/clock.ts';
 import { boundSandboxCalls, DEFAULT_SANDBOX_CALL_LIMITS } from '../src/worker/sandbox-calls.ts';
 import { call, startWorkerFixture } from './support/worker-fixture.ts';
 import { waitFor } from './support/wait.ts';

@@ -15,7 +15,7 @@ import type { Condition } from '../src/api/meta.ts';
 import type { Sandbox, SandboxStatus } from '../src/api/types.ts';
 import { startHub } from '../src/hub/hub.ts';
 import { parseHubConfig } from '../src/hub/hub-config.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { sandboxView } from '../src/worker/views.ts';
 import { OpenApiChecker } from './support/openapi-check.ts';
 import { runAsb } from './support/run-asb.ts';

@@ -18,8 +18,8 @@ import { createEgressMetrics, EgressAuthzServer } from '../src/egress/authz-serv
 import { DnsResolver, withHosts } from '../src/egress/dns-resolver.ts';
 import { DEFAULT_CONNECTION_LIMITS, LIMIT_RULES, type ConnectionLimits } from '../src/network/connection-limits.ts';
 import { parseEgressPolicy } from '../src/network/egress-policy.ts';
-import { freePort } from '../src/system/local-system.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { freePort } from '../src/assembly/local-system.ts';
+import { silentLogger } from '../src/base/log.ts';
 import type { Attack, AttackContext, LabPod } from './support/attack-lab.ts';
 import { AttackLab, fields, run } from './support/attack-lab.ts';
 import { waitFor } from './support/wait.ts';

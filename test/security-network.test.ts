@@ -14,7 +14,7 @@ import type { Attack, AttackContext, LabPod } from './support/attack-lab.ts';
 import { AttackLab, fields, run } from './support/attack-lab.ts';
 import { createLocalRuntime } from '../src/runtime/local/local-runtime.ts';
 import { vethName } from '../src/runtime/local/network.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { testImageStore } from './support/test-images.ts';
 import { waitFor } from './support/wait.ts';
 import { METADATA, PRIVATE, PUBLIC_A, PUBLIC_B, startWorld } from './support/egress-world.ts';

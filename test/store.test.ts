@@ -12,7 +12,7 @@ import { Registry } from 'prom-client';
 import { SandboxType } from '../src/api/types.ts';
 import { isAsbError } from '../src/errors.ts';
 import { createMetrics } from '../src/metrics/metrics.ts';
-import type { Clock } from '../src/system/clock.ts';
+import type { Clock } from '../src/base/clock.ts';
 import { openSqliteStore, type SqliteStore } from '../src/store/sqlite.ts';
 import { box as sandboxBox, recordWatch, rejection, storeSuite, summary, until, withImage, type Box } from './support/store-suite.ts';
 

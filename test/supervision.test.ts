@@ -4,7 +4,7 @@
 // each killed with SIGKILL under a running federation.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { restartDelay, supervise, type Run } from '../src/system/supervisor.ts';
+import { restartDelay, supervise, type Run } from '../src/assembly/supervisor.ts';
 import { ManualClock } from './support/operator-harness.ts';
 import { startTestFederation } from './support/federation.ts';
 import { waitFor } from './support/wait.ts';

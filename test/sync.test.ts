@@ -1,5 +1,5 @@
 // Federation sync with real separate processes: a hub (src/hub/hub-main.ts) and two worker
-// clusters (src/system/worker-main.ts), each worker reaching the hub through a TCP relay this
+// clusters (src/assembly/worker-main.ts), each worker reaching the hub through a TCP relay this
 // test controls, so a link can be black-holed (packets vanish, nothing closes: only heartbeats
 // notice) and healed, and the hub can be SIGKILLed and restarted on another port behind it.
 //
@@ -14,10 +14,10 @@ import { Registry } from 'prom-client';
 import { WebSocket } from 'ws';
 import { createApiKey } from '../src/auth/keys.ts';
 import { generateClusterCredential } from '../src/hub/cluster-credential.ts';
-import { ClusterType, HEARTBEAT_MS, type Cluster } from '../src/hub/contract.ts';
+import { ClusterType, HEARTBEAT_MS, type Cluster } from '../src/api/hub-contract.ts';
 import { createSyncMetrics, createSyncServer } from '../src/hub/sync-server.ts';
-import { systemClock } from '../src/system/clock.ts';
-import { silentLogger } from '../src/system/log.ts';
+import { systemClock } from '../src/base/clock.ts';
+import { silentLogger } from '../src/base/log.ts';
 import { waitFor } from './support/wait.ts';
 import { hubStoreWithCluster, serveUpgrades } from './support/hub-unit.ts';
 import { hubAdminKey, hubCall, startHubProcess, type HubView } from './support/hub-process.ts';

@@ -7,7 +7,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { HEARTBEAT_MS } from '../src/hub/contract.ts';
+import { HEARTBEAT_MS } from '../src/api/hub-contract.ts';
 import { TERMINAL_CLOSE, type TerminalTokenView } from '../src/terminal/contract.ts';
 import { createTerminalTokens } from '../src/worker/terminal/token.ts';
 import { createSecretKey, randomBytes } from 'node:crypto';

@@ -1,4 +1,4 @@
-// `make up` as a user runs it (make, then src/system/up.ts): stopped by a SIGTERM to its process
+// `make up` as a user runs it (make, then src/assembly/up.ts): stopped by a SIGTERM to its process
 // group (make forwards it to up.ts, which then gets it twice), or by SIGINT as a terminal's
 // Ctrl-C sends it, it returns only once every process it started has exited, having stopped
 // them in order, and a start right after comes up, also in a shell that sourced the env file the

@@ -3,7 +3,8 @@
 // today's single-process worker.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { ConfigError, parseWorkerConfig } from '../src/system/config.ts';
+import { parseWorkerConfig } from '../src/assembly/worker-config.ts';
+import { ConfigError } from '../src/base/flags.ts';
 
 function problems(argv: readonly string[], env: Record<string, string> = {}): readonly string[] {
   try {

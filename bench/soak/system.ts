@@ -1,4 +1,4 @@
-// The system the soak drives: `make up` itself (src/system/up.ts: registry, hub, region-a and
+// The system the soak drives: `make up` itself (src/assembly/up.ts: registry, hub, region-a and
 // region-b each with worker, launcher, router and Envoy), on its own state dir, ports, bridges
 // (asbs0, asbs1) and subnets (10.142.0.0/16 and the next), started in a process group of its own
 // and stopped as a user does (SIGTERM to the group). Here too: finding its processes by kind (what
@@ -41,7 +41,7 @@ function portEnv(base: number): Record<string, string> {
 
 export async function startUp(stateDir: string, basePort: number, extraEnv: Record<string, string> = {}): Promise<Up> {
   const env = { ...process.env, ...portEnv(basePort), ASB_STATE_DIR: stateDir, ASB_SUBNET: SUBNET, ASB_BRIDGE: BRIDGE_PREFIX, ASB_BASE_POOL_REPLICAS: '0', ...extraEnv };
-  const proc = spawn(process.execPath, [join(REPO, 'src/system/up.ts')], { cwd: REPO, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  const proc = spawn(process.execPath, [join(REPO, 'src/assembly/up.ts')], { cwd: REPO, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
   let out = '';
   proc.stdout.on('data', (d: Buffer) => (out += d.toString()));
   proc.stderr.on('data', (d: Buffer) => (out += d.toString()));
@@ -95,7 +95,7 @@ function kindOf(argv: readonly string[]): Kind | undefined {
   const a0 = argv[0] ?? '';
   const text = argv.join(' ');
   if (text.includes('src/hub/hub-main.ts')) return 'hub';
-  if (text.includes('src/system/worker-main.ts')) return 'worker';
+  if (text.includes('src/assembly/worker-main.ts')) return 'worker';
   if (text.includes('src/router/router-main.ts')) return 'router';
   if (a0.endsWith('/envoy')) return 'envoy';
   if (a0.endsWith('docker-registry')) return 'registry';

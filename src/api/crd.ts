@@ -65,7 +65,7 @@ function crdName(rt: ResourceType): string {
 
 /**
  * Kinds of ours that only the federation keeps in a worker cluster's store: the hub's cluster
- * registry (src/hub/contract.ts ClusterType, synced to every worker) and the sync agent's record
+ * registry (src/api/hub-contract.ts ClusterType, synced to every worker) and the sync agent's record
  * of what it applied (src/worker/sync/sync-apply.ts SyncStateType). Written here rather than imported
  * so the API layer does not depend on the hub or the worker; test/crds.test.ts checks they match.
  */

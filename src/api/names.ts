@@ -86,3 +86,10 @@ export function isRfc3339(text: string): boolean {
   // Second 60 is a leap second, which RFC 3339 allows.
   return month >= 1 && month <= 12 && day >= 1 && day <= daysInMonth && hour <= 23 && minute <= 59 && second <= 60;
 }
+
+const OBJECT_NAME = /^[a-z0-9]([-a-z0-9]{0,251}[a-z0-9])?$/;
+
+/** A name our objects (sandboxes, templates, snapshots) may take: lower-case letters, digits and inner hyphens, at most 253. */
+export function isObjectName(name: string): boolean {
+  return OBJECT_NAME.test(name);
+}

@@ -4,7 +4,7 @@
 // Invalid AsbError. The object is stored as written: both v1alpha1 and v1beta1 are accepted.
 import { invalid, isAsbError } from '../errors.ts';
 import { parseEgressPolicy } from '../network/egress-policy.ts';
-import { templateNetworkPolicy } from '../network/sandbox-network.ts';
+import { templateNetworkPolicy } from './sandbox-network.ts';
 import type { KubeObject, ResourceType } from './meta.ts';
 import { dnsSubdomainProblem, labelValueProblem } from './names.ts';
 import {

@@ -10,9 +10,9 @@ import { timingSafeEqual } from 'node:crypto';
 import type { ApiKey } from '../api/types.ts';
 import { ApiKeyType } from '../api/types.ts';
 import type { ObjectStore, Watch } from '../store/store.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import { systemClock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import { systemClock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import { hashApiKey, parseApiKey } from './keys.ts';
 
 /** Who is calling: the team whose sandboxes the key may see, and whether it may change config. */
@@ -21,6 +21,15 @@ export interface Principal {
   admin: boolean;
   /** Public part of the key (asb_xxxxxxxx), safe to log. */
   prefix: string;
+}
+
+/** What a server needs of the key ring to authenticate a request and follow a key's revocation. */
+export interface Authenticator {
+  verify(presented: string): Principal | undefined;
+  /** Whether the key with this prefix still verifies (a terminal token is good only while its key is). */
+  live(prefix: string): boolean;
+  /** Calls `listener` with a key's prefix once it is revoked (or grants less); returns the unsubscribe. */
+  onRevoked(listener: (prefix: string) => void): () => void;
 }
 
 interface Entry {

@@ -140,3 +140,19 @@ export interface BuildEngine {
   /** Rejects with an AsbError naming the step that failed (BadRequest for bad input, BuildFailed for a failing step). */
   build(req: EngineRequest): Promise<EngineResult>;
 }
+
+/** One of the team's built templates as GET /v1/built-templates shows it (`asb template ls`). */
+export interface BuiltTemplateView {
+  name: string;
+  templateId: string;
+  /** tag → build id; `default` names the build `name` starts. */
+  tags: Record<string, string>;
+  /** The newest build requested, whatever its phase. */
+  latestBuild: { buildId: string; phase: BuildStatus['phase']; createdAt: string; finishedAt?: string; reason?: BuildStatus['reason'] } | undefined;
+  /** The latest build's phase, `none` before any build was requested. */
+  status: BuildStatus['phase'] | 'none';
+  cpuCount: number;
+  memoryMB: number;
+  createdAt: string;
+  updatedAt: string;
+}

@@ -15,7 +15,7 @@ import { pipeline } from 'node:stream/promises';
 import { Transform, type Readable } from 'node:stream';
 import { gunzipSync } from 'node:zlib';
 import { AsbError } from '../errors.ts';
-import { privateDir } from '../system/private-files.ts';
+import { privateDir } from '../base/private-files.ts';
 import type { FileStore } from './contract.ts';
 
 /** Largest uploaded tar: 1 GiB, the E2B SDK's build contexts are repositories, not data sets. */

@@ -6,8 +6,8 @@
 //   was made of, then the blobs no entry names;
 // - disk pressure: when the filesystem holding the cache is at least highUsagePercent full
 //   (default 85, as gc-loop.ts), the pass uses the short bound (1 hour), checked at each pass.
-import { systemClock, type Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import { DEFAULT_GC_INTERVAL_MS, DEFAULT_HIGH_USAGE_PERCENT, startPasses, statfsUsagePercent } from '../images/gc-loop.ts';
 
 export interface CollectedCache {

@@ -5,7 +5,7 @@
 // error "interrupted by a worker restart".
 import { existsSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { privateDir } from '../system/private-files.ts';
+import { privateDir } from '../base/private-files.ts';
 import type { BuildLogEntry, BuildPhase, BuildSpec } from './contract.ts';
 
 /** Log entries kept per build: the newest MAX_LOG_ENTRIES; older ones are counted in `logsDropped`. */

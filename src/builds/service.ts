@@ -28,8 +28,8 @@ import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.t
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy } from '../network/egress-policy.ts';
 import { narrowEgress } from './build-egress.ts';
 import type { ObjectStore } from '../store/store.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import type { BuildEngine, BuildLogEntry, BuildService, BuildSpec, BuildStatus, BuildStep } from './contract.ts';
 import type { TeamFileStore } from './files.ts';
 import { INTERRUPTED, MAX_BUILDS, MAX_LOG_ENTRIES, RecordFiles, type BuildRecord, type TemplateRecord } from './records.ts';

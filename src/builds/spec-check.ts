@@ -3,8 +3,8 @@
 // is collected and reported at once as 422 Invalid, each naming its field (`steps[3].filesHash`).
 import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
 import { parseBuildEgressInput } from './build-egress.ts';
-import { isObjectName } from '../worker/access.ts';
-import { isPlainObject } from '../worker/input.ts';
+import { isObjectName } from '../api/names.ts';
+import { isPlainObject } from '../http/body.ts';
 import { MAX_STEPS, STEP_TYPES, type BuildSpec, type BuildStep } from './contract.ts';
 
 /** One argument (a RUN's script, an ENV value): Linux's MAX_ARG_STRLEN, the most `sh -c` takes. */

@@ -5,7 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { ApiError, ApiUnreachableError, createApiClient } from '../client/api-client.ts';
 import { isAsbError } from '../errors.ts';
-import { systemClock, type Clock } from '../system/clock.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
 import { GLOBAL_OPTIONS, UsageError, ValueError } from './args.ts';
 import { EXIT, type CliIo, type Command, type CommandContext } from './command.ts';
 import { applyCommand } from './commands-apply.ts';

@@ -3,7 +3,7 @@
 // code. Nothing here touches process globals, so commands are testable in-process too.
 import type { ParseArgsOptionsConfig } from 'node:util';
 import type { ApiClient } from '../client/api-client.ts';
-import type { Clock } from '../system/clock.ts';
+import type { Clock } from '../base/clock.ts';
 import type { GlobalFlags } from './args.ts';
 import type { ProgressStream } from './progress.ts';
 

@@ -5,7 +5,7 @@
 import { Readable, Writable } from 'node:stream';
 import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
 import { createMcpServer } from '../mcp/tools.ts';
-import { packageVersion } from '../system/http-server.ts';
+import { packageVersion } from '../http/http-server.ts';
 import { parseCommandArgs, UsageError } from './args.ts';
 import { EXIT, type Command } from './command.ts';
 

@@ -1,6 +1,6 @@
 // A spinner with elapsed time while the CLI waits (create, resume). It draws on stderr and only
 // when stderr is a terminal, so pipes and logs see nothing but the result on stdout.
-import type { Clock, Timer } from '../system/clock.ts';
+import type { Clock, Timer } from '../base/clock.ts';
 import { formatDuration } from './output.ts';
 
 export interface ProgressStream {

@@ -9,9 +9,9 @@ import { AsbError, ERRORS, type ErrorCode, type FieldProblem } from '../errors.t
 import type { KubeObject } from '../api/meta.ts';
 import type { SandboxClaim, SandboxPhase, SandboxTemplate, SandboxWarmPool } from '../api/types.ts';
 import type { FileEntry } from '../runtime/runtime.ts';
-import type { SandboxView } from '../worker/views.ts';
-import type { SnapshotView } from '../worker/routes-snapshots.ts';
-import type { BuiltTemplateView } from '../worker/routes-builds.ts';
+import type { SandboxView } from '../api/views.ts';
+import type { SnapshotView } from '../api/views.ts';
+import type { BuiltTemplateView } from '../builds/contract.ts';
 import type { BuildLogEntry, BuildPhase, BuildSpec, BuildStatus } from '../builds/contract.ts';
 
 export type { BuildLogEntry, BuildPhase, BuildSpec, BuildStatus };

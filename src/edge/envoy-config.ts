@@ -28,7 +28,7 @@ import {
   type TemplateValues,
 } from './envoy-template.ts';
 import { EDGE_SAN, INGRESS_SAN, type FederationTls } from './tls.ts';
-import { parseHostPort } from '../system/host-port.ts';
+import { parseHostPort } from '../base/host-port.ts';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 

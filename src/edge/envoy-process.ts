@@ -9,10 +9,10 @@ import type { ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, rmSync, writeFileSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
-import { systemClock, type Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { openPrivateLog, privateDir, privateFile } from '../system/private-files.ts';
-import { WatchedProcess } from '../system/watched-process.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
+import { openPrivateLog, privateDir, privateFile } from '../base/private-files.ts';
+import { WatchedProcess } from '../base/watched-process.ts';
 import { EDGE_TLS_LISTENER, edgeConfigYaml, EGRESS_LISTENER, INGRESS_LISTENER, type EdgeConfigOptions } from './envoy-config.ts';
 import { findEnvoyBinary } from './envoy-binary.ts';
 
@@ -108,7 +108,7 @@ export class EnvoyProcess {
     if (this.#closed) throw new AsbError('Unavailable', 'Envoy process is closed');
     if (this.running) throw new AsbError('Conflict', 'Envoy is already running');
     const binary = this.#opts.binary ?? findEnvoyBinary();
-    // 0700 / 0600 (src/system/private-files.ts): the access log names every sandbox host and
+    // 0700 / 0600 (src/base/private-files.ts): the access log names every sandbox host and
     // client address. Envoy opens an existing file without changing its mode, so it is made
     // here first; a device (/dev/stdout in production) is left alone.
     privateDir(this.#opts.stateDir);

@@ -16,8 +16,8 @@ import { X509Certificate, createPrivateKey } from 'node:crypto';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
-import { generateCertificate } from '../system/openssl-cert.ts';
-import { privateDir } from '../system/private-files.ts';
+import { generateCertificate } from '../base/openssl-cert.ts';
+import { privateDir } from '../base/private-files.ts';
 
 /** DNS SAN an ingress listener presents; the connecting side checks it (and sends it as SNI). */
 export const INGRESS_SAN = 'asb-ingress';

@@ -13,7 +13,7 @@
 // to onAllowed, and proxy-cut.ts re-decides and closes them on the change.
 import { Counter, type Registry } from 'prom-client';
 import { GRPC_STATUS, GrpcServer, type GrpcMethod } from '../router/grpc-server.ts';
-import type { Logger } from '../system/log.ts';
+import type { Logger } from '../base/log.ts';
 import { decodeCheckRequest, encodeCheckResponse, type CheckAttributes } from './authz-codec.ts';
 import { decideConnection, type DecisionInputs, type EgressDecision } from './egress-decision.ts';
 

@@ -6,8 +6,8 @@
 import { chmodSync, existsSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError, type FieldProblem } from '../errors.ts';
-import type { Clock } from '../system/clock.ts';
-import { privateDir } from '../system/private-files.ts';
+import type { Clock } from '../base/clock.ts';
+import { privateDir } from '../base/private-files.ts';
 import type { CredentialRule, CredentialSource } from './credentials.ts';
 
 /** What a listing shows of a secret. */

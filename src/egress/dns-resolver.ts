@@ -7,7 +7,7 @@ import { createSocket, type Socket as UdpSocket } from 'node:dgram';
 import { Resolver } from 'node:dns/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { Counter, type Registry } from 'prom-client';
-import type { Logger } from '../system/log.ts';
+import type { Logger } from '../base/log.ts';
 import { filterAnswer, refuseName, wantsAddresses, type DnsAnswer, type Lookup } from './dns-answer.ts';
 import { buildResponse, errorResponse, parseQuery, RCODE, UDP_LIMIT } from './dns-wire.ts';
 import type { EgressPolicySource } from './egress-decision.ts';

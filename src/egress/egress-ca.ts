@@ -10,8 +10,8 @@ import { X509Certificate } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
-import { generateCertificate } from '../system/openssl-cert.ts';
-import { privateDir } from '../system/private-files.ts';
+import { generateCertificate } from '../base/openssl-cert.ts';
+import { privateDir } from '../base/private-files.ts';
 
 export interface EgressCa {
   caCertPath: string;

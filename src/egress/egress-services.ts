@@ -4,15 +4,15 @@
 // change forbids them: proxy-cut.ts), and the egress CA with a certificate per credential host.
 // Closed in the reverse order: resolver, then decision service (Envoy fails closed meanwhile).
 import type { Registry } from 'prom-client';
-import type { Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import { createEgressMetrics, EgressAuthzServer } from './authz-service.ts';
 import type { CredentialStore } from './credential-store.ts';
 import { interceptedHosts } from './credentials.ts';
 import { DnsResolver, systemUpstream, type DnsUpstream } from './dns-resolver.ts';
 import { ensureEgressCa, ensureHostCertificate, type HostCertificate } from './egress-ca.ts';
 import { writeEgressLds } from '../edge/envoy-config.ts';
-import { privateDir } from '../system/private-files.ts';
+import { privateDir } from '../base/private-files.ts';
 import { dirname } from 'node:path';
 import type { EgressPolicySource } from './egress-decision.ts';
 import { ResolvedAddresses } from './resolved-addresses.ts';

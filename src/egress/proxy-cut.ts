@@ -13,7 +13,7 @@
 // again to the proxy's port, meets no socket there and the upstream stays open. SOCK_DESTROY
 // names exactly one socket by its four-tuple, so nothing else is touched.
 import { execFile } from 'node:child_process';
-import type { Logger } from '../system/log.ts';
+import type { Logger } from '../base/log.ts';
 import type { CheckAttributes } from './authz-codec.ts';
 import type { DecisionInputs } from './egress-decision.ts';
 import { nameResolvedFor, OpenConnections, portsToCut } from './open-connections.ts';

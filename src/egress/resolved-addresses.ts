@@ -3,7 +3,7 @@
 // sandbox allowed to reach api.example.com could send "SNI: api.example.com" (or "Host:") to any
 // address at all and carry data wherever it likes (domain fronting). An address reached without
 // our resolver is judged by its address alone.
-import type { Clock } from '../system/clock.ts';
+import type { Clock } from '../base/clock.ts';
 
 /**
  * How long after an answer's TTL the address still counts (ms). Clients cache past the TTL

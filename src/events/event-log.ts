@@ -19,7 +19,7 @@
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
 import { DatabaseSync, type StatementSync } from 'node:sqlite';
-import { privateDir, privateFile, restrictExisting } from '../system/private-files.ts';
+import { privateDir, privateFile, restrictExisting } from '../base/private-files.ts';
 import type { Fact, Summary } from './facts.ts';
 
 /** E2B's lifecycle event, as its events API and webhooks carry it (plus our reason and message in eventData). */

@@ -11,7 +11,7 @@ import { EventType, type KubeEvent } from '../api/event.ts';
 import { LABEL } from '../api/types.ts';
 import { isAsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
-import { isoNow, type Clock } from '../system/clock.ts';
+import { isoNow, type Clock } from '../base/clock.ts';
 import type { Fact } from './facts.ts';
 
 export const DEFAULT_MAX_EVENTS = 1000;

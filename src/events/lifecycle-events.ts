@@ -6,8 +6,8 @@
 // (requests in flight abort and stay queued). The log's database is the caller's to close.
 import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
-import type { Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import type { EventLog } from './event-log.ts';
 import { KubeEventWriter } from './kube-events.ts';
 import { EventRecorder } from './recorder.ts';

@@ -16,7 +16,7 @@
 import { Agent as HttpAgent, request as httpRequest, type ClientRequest } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import type { Metrics } from '../metrics/metrics.ts';
-import type { Logger } from '../system/log.ts';
+import type { Logger } from '../base/log.ts';
 import type { AttemptOutcome, DeliveryAttempt, DueDelivery, EventLog } from './event-log.ts';
 import { sign, SIGNATURE_HEADER, TIMESTAMP_HEADER } from './signature.ts';
 import { privateLiteralRefusal, publicOnlyLookup } from './webhook-target.ts';

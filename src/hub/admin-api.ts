@@ -13,12 +13,12 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Registry } from 'prom-client';
 import type { ObjectStore } from '../store/store.ts';
-import { systemClock, type Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { DEFAULT_JSON_LIMIT_BYTES } from '../worker/body.ts';
-import type { Authenticator } from '../worker/deps.ts';
-import { createPipeline } from '../worker/pipeline.ts';
-import { createRouter, type Route } from '../worker/router.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
+import { DEFAULT_JSON_LIMIT_BYTES } from '../http/body.ts';
+import type { Authenticator } from '../auth/keyring.ts';
+import { createPipeline } from '../http/pipeline.ts';
+import { createRouter, type Route } from '../http/router.ts';
 import type { HubContext, SyncView } from './hub-context.ts';
 import { createHubMetrics } from './hub-metrics.ts';
 import { isConsolePath, loadConsoleFiles } from './console-files.ts';

@@ -19,9 +19,9 @@ import { applyDefaults, validateObject } from '../api/validate.ts';
 import { isAsbError } from '../errors.ts';
 import { applyObject } from '../store/apply.ts';
 import type { ObjectStore } from '../store/store.ts';
-import type { Logger } from '../system/log.ts';
-import { SYNC_ANNOTATION } from '../worker/sync/sync-apply.ts';
-import { ClusterType, type Cluster } from './contract.ts';
+import type { Logger } from '../base/log.ts';
+import { SYNC_ANNOTATION } from '../api/hub-contract.ts';
+import { ClusterType, type Cluster } from '../api/hub-contract.ts';
 
 /** The cluster a built template came from (its Cluster's name at the hub). */
 export const BUILT_ON_LABEL = 'asb.dev/built-on';

@@ -3,7 +3,7 @@
 // heartbeat. Without that correction a burst of creates in the 2 s between heartbeats would all
 // go to the cluster that reported the most warm sandboxes and drain its pool into cold starts
 // while others still had warm ones.
-import type { Cluster, PlacementCandidate } from './contract.ts';
+import type { Cluster, PlacementCandidate } from '../api/hub-contract.ts';
 import type { LiveCluster } from './live-clusters.ts';
 
 /** Creates placed on each cluster since its last heartbeat, by `<namespace>/<template>`. */

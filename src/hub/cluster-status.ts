@@ -8,9 +8,9 @@
 // no writes beyond that refresh.
 import type { ObjectStore } from '../store/store.ts';
 import { CLUSTER_SCOPE } from '../store/store.ts';
-import { isoNow, type Clock, type Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { ClusterType, type Cluster, type ClusterStatus } from './contract.ts';
+import { isoNow, type Clock, type Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
+import { ClusterType, type Cluster, type ClusterStatus } from '../api/hub-contract.ts';
 
 const DEFAULT_FLUSH_MS = 500;
 const LAST_SEEN_REFRESH_MS = 30_000;

@@ -5,7 +5,7 @@ import { isClusterTag } from '../api/ids.ts';
 import { dnsLabelProblem, labelProblem } from '../api/names.ts';
 import { AsbError, invalid, isAsbError, type FieldProblem } from '../errors.ts';
 import { CLUSTER_SCOPE, type ObjectStore } from '../store/store.ts';
-import { ClusterType, type Cluster, type ClusterSpec, type ClusterStatus } from './contract.ts';
+import { ClusterType, type Cluster, type ClusterSpec, type ClusterStatus } from '../api/hub-contract.ts';
 import { generateClusterCredential, hashClusterCredential } from './cluster-credential.ts';
 import type { SyncView } from './hub-context.ts';
 

@@ -13,9 +13,9 @@
 import { Counter, type Registry } from 'prom-client';
 import { SandboxTemplateType } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
-import type { Reply, RequestContext } from '../worker/router.ts';
+import type { Reply, RequestContext } from '../http/router.ts';
 import { candidatesFor, PlacedSinceHeartbeat, type HubTemplate } from './candidates.ts';
-import { HEARTBEAT_MS, type Cluster, type PlacementRequest } from './contract.ts';
+import { HEARTBEAT_MS, type Cluster, type PlacementRequest } from '../api/hub-contract.ts';
 import { detailOf, forwardedHeaders, liveClusters, MAX_ANSWER_BYTES, passOn, workerUrl, type CallLimits } from './forward.ts';
 import type { HubContext } from './hub-context.ts';
 import { place } from './placement.ts';

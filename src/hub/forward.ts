@@ -3,8 +3,8 @@
 // (src/hub/list-fanout.ts), for our /v1 API and E2B's alike. The caller's own key travels, so
 // each worker checks it and scopes the answer to the caller's team itself.
 import type { ObjectStore } from '../store/store.ts';
-import type { Reply, RequestContext } from '../worker/router.ts';
-import { ClusterType, type Cluster } from './contract.ts';
+import type { Reply, RequestContext } from '../http/router.ts';
+import { ClusterType, type Cluster } from '../api/hub-contract.ts';
 import type { HubContext } from './hub-context.ts';
 import { NO_LIVE_CLUSTERS, type LiveCluster } from './live-clusters.ts';
 import type { WorkerAnswer } from './worker-call.ts';

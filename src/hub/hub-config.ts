@@ -8,8 +8,8 @@
 //   --admin-key-file / ASB_HUB_ADMIN_KEY_FILE  keep (or create) a hub admin key here, mode 0600
 //   --log-level / ASB_LOG_LEVEL              Default info
 import { resolve } from 'node:path';
-import { ConfigError } from '../system/config.ts';
-import { parseFlags } from '../system/flags.ts';
+import { ConfigError } from '../base/flags.ts';
+import { parseFlags } from '../base/flags.ts';
 
 export interface HubConfig {
   readonly dataDir: string;

@@ -1,8 +1,8 @@
 // What every hub route handler may use. Built once by the admin API and frozen.
 import type { Counter, Registry } from 'prom-client';
 import type { ObjectStore } from '../store/store.ts';
-import type { Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import type { LiveCluster } from './live-clusters.ts';
 
 /** What the admin API reads from the sync server: live connections beat stored status. */

@@ -3,7 +3,7 @@
 // serves; logs go to stderr. SIGINT/SIGTERM close it in order.
 import { startHub } from './hub.ts';
 import { parseHubConfig } from './hub-config.ts';
-import { runMain } from '../system/process-main.ts';
+import { runMain } from '../base/process-main.ts';
 
 runMain({
   name: 'hub',

@@ -3,8 +3,8 @@
 //
 // The hub is the federation's source of truth for API keys (hashed), sandbox templates and the
 // cluster registry. It keeps them in its own embedded store at <dataDir>/hub.db; workers dial
-// GET /v1/sync on the same HTTP server and keep a copy (src/hub/contract.ts).
-import { listen, packageVersion } from '../system/http-server.ts';
+// GET /v1/sync on the same HTTP server and keep a copy (src/api/hub-contract.ts).
+import { listen, packageVersion } from '../http/http-server.ts';
 import { createServer, type IncomingMessage } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Duplex } from 'node:stream';
@@ -13,9 +13,9 @@ import { Registry } from 'prom-client';
 import { KeyRing } from '../auth/keyring.ts';
 import { EXITING_OWNER_WAIT_MS, openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
-import { systemClock, type Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { privateDir } from '../system/private-files.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
+import { privateDir } from '../base/private-files.ts';
 import { createHubApi } from './admin-api.ts';
 import { ensureAdminKey } from '../auth/admin-key.ts';
 import type { HubConfig } from './hub-config.ts';

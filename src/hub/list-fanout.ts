@@ -7,7 +7,7 @@
 // Paging: the hub's continue token holds, for each cluster that had more, that cluster's own
 // token (`''`: from its start). A request with one asks only those clusters, each from its token.
 import { AsbError } from '../errors.ts';
-import type { Reply, RequestContext } from '../worker/router.ts';
+import type { Reply, RequestContext } from '../http/router.ts';
 import { detailOf, forwardedHeaders, liveClusters, MAX_ANSWER_BYTES, passOn, registeredClusters, workerUrl, type CallLimits } from './forward.ts';
 import type { HubContext } from './hub-context.ts';
 import { WorkerCallError, type WorkerAgents, type WorkerAnswer } from './worker-call.ts';

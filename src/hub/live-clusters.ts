@@ -7,7 +7,7 @@
 //
 // A cluster enters at its first heartbeat after hello (the worker sends one at once), so an
 // entry always carries a report.
-import type { PoolReport } from './contract.ts';
+import type { PoolReport } from '../api/hub-contract.ts';
 
 export interface LiveCluster {
   /** Its last heartbeat said healthy. */

@@ -17,7 +17,7 @@
 //        d. the cluster name, so equal candidates are always tried in the same order.
 // A built template's `name:tag` is held where `name` is (the cluster that built it reports the
 // name; its worker resolves the tag to the build the tag names).
-import type { PlacementCandidate, PlacementRequest, PlacementResult } from './contract.ts';
+import type { PlacementCandidate, PlacementRequest, PlacementResult } from '../api/hub-contract.ts';
 
 interface Ranked {
   name: string;

@@ -1,14 +1,14 @@
 // The cluster registry over REST, admin keys only. A cluster's sync credential leaves the hub
 // exactly twice: in the answer to its registration and to a rotation. Listings never carry it
 // or its hash. Removing a cluster removes the templates its builds made (built-templates.ts).
-import type { Cluster } from './contract.ts';
-import { ClusterType } from './contract.ts';
+import type { Cluster } from '../api/hub-contract.ts';
+import { ClusterType } from '../api/hub-contract.ts';
 import { isAsbError } from '../errors.ts';
 import { CLUSTER_SCOPE } from '../store/store.ts';
 import { requireAdmin } from '../worker/access.ts';
-import { readJson } from '../worker/body.ts';
+import { readJson } from '../http/body.ts';
 import { checkBody } from '../worker/input.ts';
-import type { RequestContext, Route } from '../worker/router.ts';
+import type { RequestContext, Route } from '../http/router.ts';
 import { forgetBuiltTemplates } from './built-templates.ts';
 import { clusterNotFound, clusterView, registerCluster, rotateClusterCredential } from './clusters.ts';
 import type { HubContext } from './hub-context.ts';

@@ -17,16 +17,17 @@
 // the worker's own token when all of its page was used, else the position of its last item used.
 // E2B has no field for clusters that did not answer: they are logged and named in the
 // `x-asb-unreachable` header. Failures the hub itself finds are E2B's `{code, message}`.
-import type { Authenticator } from '../worker/deps.ts';
-import { readJson } from '../worker/body.ts';
+import type { Authenticator } from '../auth/keyring.ts';
+import { readJson } from '../http/body.ts';
 import { compareCursors, DEFAULT_LIMIT, encodeCursor, listOrder, MAX_LIMIT, type Cursor } from '../worker/e2b/list.ts';
 import { e2bRoute, type AuthedContext } from '../worker/e2b/reply.ts';
 import { checkKnown, CREATE_BODY } from '../worker/e2b/routes.ts';
-import { isPlainObject, queryInt } from '../worker/input.ts';
-import type { Reply, Route } from '../worker/router.ts';
+import { queryInt } from '../worker/input.ts';
+import { isPlainObject } from '../http/body.ts';
+import type { Reply, Route } from '../http/router.ts';
 import { clusterTagOf } from '../api/ids.ts';
 import { SandboxTemplateType } from '../api/types.ts';
-import type { PlacementRequest } from './contract.ts';
+import type { PlacementRequest } from '../api/hub-contract.ts';
 import type { Placer } from './create-placement.ts';
 import { registeredClusters } from './forward.ts';
 import type { HubContext } from './hub-context.ts';

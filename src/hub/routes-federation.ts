@@ -6,8 +6,8 @@
 // health: healthy (connected, last heartbeat healthy) | unhealthy (connected, heartbeat said not)
 // | down (not connected to the hub now).
 import { principalOf } from '../worker/access.ts';
-import type { Reply, RequestContext, Route } from '../worker/router.ts';
-import { ClusterType, type Cluster, type PoolReport } from './contract.ts';
+import type { Reply, RequestContext, Route } from '../http/router.ts';
+import { ClusterType, type Cluster, type PoolReport } from '../api/hub-contract.ts';
 import type { HubContext } from './hub-context.ts';
 
 export type ClusterHealth = 'healthy' | 'unhealthy' | 'down';

@@ -5,9 +5,9 @@ import { ApiKeyType } from '../api/types.ts';
 import { createApiKey, revokeApiKey } from '../auth/keys.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import { requireAdmin } from '../worker/access.ts';
-import { readJson } from '../worker/body.ts';
+import { readJson } from '../http/body.ts';
 import { checkBody } from '../worker/input.ts';
-import type { Route } from '../worker/router.ts';
+import type { Route } from '../http/router.ts';
 import type { HubContext } from './hub-context.ts';
 
 /** A key as listed: everything but its hash. */

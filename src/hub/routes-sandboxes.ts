@@ -3,14 +3,14 @@
 // cluster's worker API with the caller's own key; a list asks every connected cluster and merges
 // (src/hub/list-fanout.ts). E2B's creates and lists are served beside them the same way
 // (src/hub/routes-e2b.ts).
-import type { Authenticator } from '../worker/deps.ts';
+import type { Authenticator } from '../auth/keyring.ts';
 import { AsbError } from '../errors.ts';
 import { principalOf } from '../worker/access.ts';
-import { readJson } from '../worker/body.ts';
+import { readJson } from '../http/body.ts';
 import { checkCreateBody, type CreateBody } from '../worker/create-body.ts';
-import type { Reply, RequestContext, Route } from '../worker/router.ts';
+import type { Reply, RequestContext, Route } from '../http/router.ts';
 import { clusterNotFound } from './clusters.ts';
-import type { Cluster } from './contract.ts';
+import type { Cluster } from '../api/hub-contract.ts';
 import { createPlacer } from './create-placement.ts';
 import { callLimits, registeredClusters, type PlacementOptions } from './forward.ts';
 import type { HubContext } from './hub-context.ts';

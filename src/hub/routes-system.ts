@@ -1,8 +1,8 @@
 // Liveness, Prometheus metrics and the federation summary: the hub's version and, per cluster,
 // whether it is connected, the hub version it has applied and how far behind it is.
-import type { Cluster } from './contract.ts';
-import { ClusterType } from './contract.ts';
-import type { Route } from '../worker/router.ts';
+import type { Cluster } from '../api/hub-contract.ts';
+import { ClusterType } from '../api/hub-contract.ts';
+import type { Route } from '../http/router.ts';
 import { clusterView } from './clusters.ts';
 import type { HubContext } from './hub-context.ts';
 

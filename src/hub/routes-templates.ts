@@ -7,11 +7,13 @@ import { applyObject, type ApplyAction } from '../store/apply.ts';
 import { SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
 import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
-import { isObjectName, principalOf, requireAdmin } from '../worker/access.ts';
+import { principalOf, requireAdmin } from '../worker/access.ts';
+import { isObjectName } from '../api/names.ts';
 import { usableBy } from '../worker/team-templates.ts';
-import { readJson } from '../worker/body.ts';
-import { applyList, isPlainObject, namespaceQuery } from '../worker/input.ts';
-import type { RequestContext, Route } from '../worker/router.ts';
+import { readJson } from '../http/body.ts';
+import { applyList, namespaceQuery } from '../worker/input.ts';
+import { isPlainObject } from '../http/body.ts';
+import type { RequestContext, Route } from '../http/router.ts';
 import type { HubContext } from './hub-context.ts';
 
 type Action = ApplyAction;

@@ -6,7 +6,7 @@
 import { clusterTagOf } from '../api/ids.ts';
 import { AsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
-import { ClusterType, type Cluster } from './contract.ts';
+import { ClusterType, type Cluster } from '../api/hub-contract.ts';
 import type { SyncView } from './hub-context.ts';
 
 export interface SandboxOwner {

@@ -15,10 +15,10 @@ import type { Counter } from 'prom-client';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
-import type { Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { AUTH_HINT, presentedKey } from '../worker/presented-key.ts';
-import { toAsbError, writeProblem } from '../worker/problem.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
+import { AUTH_HINT, presentedKey } from '../http/presented-key.ts';
+import { toAsbError, writeProblem } from '../http/problem.ts';
 import type { SyncView } from './hub-context.ts';
 import { ownerOf } from './sandbox-owner.ts';
 

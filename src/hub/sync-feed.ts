@@ -19,9 +19,9 @@
 import type { KubeObject, ResourceType } from '../api/meta.ts';
 import { ApiKeyType, SandboxTemplateType } from '../api/types.ts';
 import type { ObjectStore, Watch, WatchEvent } from '../store/store.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { ClusterType, type Cluster, type HubToWorker, type SyncItem, type SyncKind } from './contract.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
+import { ClusterType, type Cluster, type HubToWorker, type SyncItem, type SyncKind } from '../api/hub-contract.ts';
 
 const SYNCED: readonly { kind: SyncKind; rt: ResourceType }[] = [
   { kind: 'ApiKey', rt: ApiKeyType },

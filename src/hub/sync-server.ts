@@ -1,4 +1,4 @@
-// The hub end of sync (protocol in src/hub/contract.ts): `GET /v1/sync` WebSocket upgrades from
+// The hub end of sync (protocol in src/api/hub-contract.ts): `GET /v1/sync` WebSocket upgrades from
 // worker clusters. A worker authenticates with its cluster credential before the upgrade, says
 // which hub version it last applied, and gets a snapshot or the deltas since, then live deltas
 // and heartbeats; its acks and heartbeats land in its Cluster status (src/hub/cluster-status.ts),
@@ -17,12 +17,12 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
 import { AsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { problemOf } from '../worker/problem.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
+import { problemOf } from '../http/problem.ts';
 import { credentialMatches } from './cluster-credential.ts';
 import { ClusterStatusWriter } from './cluster-status.ts';
-import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type WorkerToHub } from './contract.ts';
+import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type WorkerToHub } from '../api/hub-contract.ts';
 import { LiveClusters, NO_LIVE_CLUSTERS, type LiveCluster } from './live-clusters.ts';
 import { acceptBuiltTemplates } from './built-templates.ts';
 import type { KubeObject } from '../api/meta.ts';

@@ -8,7 +8,7 @@
 import { Agent as HttpAgent, request as httpRequest, type IncomingHttpHeaders, type IncomingMessage } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import type { Socket } from 'node:net';
-import type { Clock, Timer } from '../system/clock.ts';
+import type { Clock, Timer } from '../base/clock.ts';
 
 export type WorkerCallFailure = 'connect' | 'timeout' | 'reset' | 'too-large';
 

@@ -10,8 +10,8 @@
 // A pinned image (a running or hibernated pod's, in any process sharing the cache) is never
 // removed, whatever the pressure.
 import { statfs } from 'node:fs/promises';
-import { systemClock, type Clock, type Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import { systemClock, type Clock, type Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import { DEFAULT_GC_GRACE_MS, type GcResult } from './image-gc.ts';
 import type { ImageStore } from './image-store.ts';

@@ -10,8 +10,8 @@
 import { randomBytes } from 'node:crypto';
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import { chainDirOf, decideGc, type GcRecord, type GcTree } from './gc-decision.ts';
 import { removePinFile, scanPins } from './pins.ts';
 

@@ -8,7 +8,7 @@
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Logger } from '../system/log.ts';
+import type { Logger } from '../base/log.ts';
 import { RegistryProcess } from './registry-process.ts';
 import { readSeedImages, seedRegistry } from './seed.ts';
 

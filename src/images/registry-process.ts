@@ -13,10 +13,10 @@ import { randomBytes } from 'node:crypto';
 import { closeSync, existsSync, fstatSync, openSync, readSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { AsbError } from '../errors.ts';
-import { systemClock, type Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
-import { openPrivateLog, privateDir } from '../system/private-files.ts';
-import { WatchedProcess } from '../system/watched-process.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
+import { openPrivateLog, privateDir } from '../base/private-files.ts';
+import { WatchedProcess } from '../base/watched-process.ts';
 
 export const REGISTRY_BINARY = '/usr/bin/docker-registry';
 

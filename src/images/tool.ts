@@ -4,7 +4,7 @@
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { AsbError } from '../errors.ts';
-import { systemClock, type Clock } from '../system/clock.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
 
 export const SKOPEO = '/usr/bin/skopeo';
 export const UMOCI = '/usr/bin/umoci';

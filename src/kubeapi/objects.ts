@@ -20,7 +20,7 @@ import { canSee } from '../worker/access.ts';
 import { usableBy } from '../worker/team-templates.ts';
 import type { WorkerContext } from '../worker/deps.ts';
 import { tenantPodProblems } from '../worker/pod-admission.ts';
-import { toAsbError } from '../worker/problem.ts';
+import { toAsbError } from '../http/problem.ts';
 import { prepare, TEAM_KINDS, tellHub } from '../worker/routes-objects.ts';
 import { jsonPatch, mergePatch } from './patch.ts';
 import { intParam, matchesFields, parseFieldSelector, refuseDryRun, type ResourcePath } from './request.ts';

@@ -16,7 +16,7 @@ import type { KubeObject } from '../api/meta.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { isAsbError } from '../errors.ts';
 import type { Watch, WatchEvent } from '../store/store.ts';
-import type { Timer } from '../system/clock.ts';
+import type { Timer } from '../base/clock.ts';
 import type { WorkerContext } from '../worker/deps.ts';
 import { listObjects, scopedSelector, visibleTo } from './objects.ts';
 import { boolParam, intParam, matchesFields, parseFieldSelector, type ResourcePath } from './request.ts';

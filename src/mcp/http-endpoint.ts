@@ -13,8 +13,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { createApiClient } from '../client/api-client.ts';
 import { AsbError } from '../errors.ts';
-import { authenticate, type PipelineOptions } from '../worker/pipeline.ts';
-import { toAsbError, writeProblem } from '../worker/problem.ts';
+import { authenticate, type PipelineOptions } from '../http/pipeline.ts';
+import { toAsbError, writeProblem } from '../http/problem.ts';
 import { createMcpServer } from './tools.ts';
 
 export const MCP_PATH = '/mcp';

@@ -4,7 +4,14 @@
 // default-no-internet, default-private, host, sandboxes). The counts are of first packets, so
 // about one per connection attempt; a sandbox removed drops out at the next scrape.
 import { Counter, type Registry } from 'prom-client';
-import type { EgressCount } from '../runtime/runtime.ts';
+
+/** One counter of the kernel's egress rules: connection attempts of one pod decided by one rule. */
+export interface EgressCount {
+  pod: string;
+  rule: string;
+  verdict: 'allowed' | 'denied';
+  count: number;
+}
 
 export function registerEgressMetrics(registry: Registry, counts: () => Promise<EgressCount[]>, onError: (err: unknown) => void): void {
   new Counter({

@@ -12,8 +12,8 @@
 import { ANNOTATION, SandboxType, type Sandbox } from '../api/types.ts';
 import { isAsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import { idleTimeoutOf, recordedActivity } from './lifecycle.ts';
 
 const MAX_INTERVAL_MS = 30_000;

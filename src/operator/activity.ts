@@ -3,7 +3,7 @@
 // a busy sandbox into hundreds of writes a second for a value only the idle check reads. After
 // a worker restart the times are gone, so the idle clock restarts from the restart (a sandbox
 // gets at most one extra idle period, never hibernates early).
-import type { Clock } from '../system/clock.ts';
+import type { Clock } from '../base/clock.ts';
 
 export interface Activity {
   touch(id: string): void;

@@ -17,7 +17,7 @@ import {
 import { apiVersionOf } from '../api/meta.ts';
 import { POD_SECURITY_ANNOTATION } from '../api/pod-security.ts';
 import { sameEgressPolicy, DEFAULT_EGRESS_POLICY, type EgressPolicy } from '../network/egress-policy.ts';
-import { networkSpec, templateEgress } from '../network/sandbox-network.ts';
+import { networkSpec, templateEgress } from '../api/sandbox-network.ts';
 
 /** Set by whoever creates a Sandbox (so no extra write); removed once the pod is gone. */
 export const RUNTIME_FINALIZER = 'asb.dev/runtime';

@@ -30,11 +30,11 @@ import {
 } from '../api/types.ts';
 import { isAsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
-import { isoNow, type Clock } from '../system/clock.ts';
+import { isoNow, type Clock } from '../base/clock.ts';
 import { isDeleting } from './blueprint.ts';
 import { ClaimRefused, type Claimer, type ClaimRequest } from './claimer.ts';
 import type { Reconciler, ReconcileResult } from './controller.ts';
-import { splitKey, type Informer } from './informer.ts';
+import { splitKey, type Informer } from '../store/informer.ts';
 
 export const CLAIM_INDEX = 'claim';
 

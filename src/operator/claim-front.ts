@@ -10,11 +10,11 @@
 import { SandboxTemplateType, SandboxType, SandboxWarmPoolType, type Sandbox, type SandboxTemplate, type SandboxWarmPool } from '../api/types.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
-import type { Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import { createActivityRecorder, type ActivityRecorder } from './activity-recorder.ts';
 import { Claimer, POOL_BY_TEMPLATE_INDEX, poolTemplateIndexValues } from './claimer.ts';
-import { Informer } from './informer.ts';
+import { Informer } from '../store/informer.ts';
 import { holderOfId, NAME_INDEX, nameIndexValues } from './sandbox-controller.ts';
 
 export interface ClaimFrontOptions {

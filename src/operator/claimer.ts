@@ -37,12 +37,12 @@ import {
 import { AsbError, invalid, isAsbError, type ErrorCode } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
-import { isoNow, type Clock, type Timer } from '../system/clock.ts';
+import { isoNow, type Clock, type Timer } from '../base/clock.ts';
 import { applyClaimChanges, hasClaimChanges, isDeleting, isSandboxReady, sandboxFromTemplate } from './blueprint.ts';
 import type { EgressPolicy } from '../network/egress-policy.ts';
-import { networkSpec } from '../network/sandbox-network.ts';
+import { networkSpec } from '../api/sandbox-network.ts';
 import type { Activity } from './activity.ts';
-import type { Informer } from './informer.ts';
+import type { Informer } from '../store/informer.ts';
 
 export interface ClaimRequest {
   namespace: string;

@@ -14,8 +14,8 @@
 import { randomString } from '../api/ids.ts';
 import { isAsbError } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 
 export interface ReconcileResult {
   requeueAfterMs?: number;

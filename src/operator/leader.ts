@@ -25,8 +25,8 @@ import { AsbError } from '../errors.ts';
 import type { ResourceType } from '../api/meta.ts';
 import { kubeError } from '../store/kube-errors.ts';
 import type { KubeResponse } from '../store/kube-http.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 
 /** The part of the kube store's transport (KubeHttp) the elector uses. */
 export interface LeaseTransport {

@@ -24,14 +24,14 @@ import { ANNOTATION, SandboxSnapshotType, SandboxType, suspensionStrategyOf, wan
 import type { Metrics } from '../metrics/metrics.ts';
 import type { PodRequest, PodRuntime, PodState } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
-import { isoNow, type Clock } from '../system/clock.ts';
+import { isoNow, type Clock } from '../base/clock.ts';
 import type { Activity } from './activity.ts';
 import { RUNTIME_FINALIZER } from './blueprint.ts';
 import type { Reconciler, ReconcileResult } from './controller.ts';
-import { splitKey, type Informer } from './informer.ts';
+import { splitKey, type Informer } from '../store/informer.ts';
 import { expiryOf, idleCheck, shutdownPolicyOf } from './lifecycle.ts';
 import { automaticSuspendMemory, decideStopFailure, MEMORY_RESTORED, suspendedSummary, suspendMemoryOf } from './suspension.ts';
-import { egressPolicyOf } from '../network/sandbox-network.ts';
+import { egressPolicyOf } from '../api/sandbox-network.ts';
 
 export interface SandboxControllerDeps {
   store: ObjectStore;

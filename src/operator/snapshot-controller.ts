@@ -14,9 +14,9 @@ import { ANNOTATION, LABEL, SandboxSnapshotType, type Sandbox, type SandboxSnaps
 import { isAsbError } from '../errors.ts';
 import type { PodRuntime } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
-import { isoNow, type Clock } from '../system/clock.ts';
+import { isoNow, type Clock } from '../base/clock.ts';
 import type { Reconciler } from './controller.ts';
-import type { Informer } from './informer.ts';
+import type { Informer } from '../store/informer.ts';
 
 export const SNAPSHOT_FINALIZER = 'asb.dev/snapshot';
 

@@ -25,10 +25,10 @@ import {
 import { isAsbError } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
 import type { ObjectStore } from '../store/store.ts';
-import { isoNow, type Clock } from '../system/clock.ts';
+import { isoNow, type Clock } from '../base/clock.ts';
 import { isDeleting, isSandboxReady, sandboxFromTemplate } from './blueprint.ts';
 import type { Reconciler } from './controller.ts';
-import { splitKey, type Informer } from './informer.ts';
+import { splitKey, type Informer } from '../store/informer.ts';
 
 export const POOL_INDEX = 'pool';
 /** On members: which version of the template built them, for updateStrategy Recreate. */

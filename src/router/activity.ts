@@ -2,8 +2,8 @@
 // stop a sandbox in use. Requests mark their sandbox; open long-lived requests (WebSocket,
 // streaming: the ext_proc stream stays open while they do) keep marking it every flush. One
 // POST /v1/activity per worker per flush, each id at most once per flush (default every 5 s).
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import { reportActivity, type WorkerEndpoint } from './worker-api.ts';
 
 export interface ActivityOptions {

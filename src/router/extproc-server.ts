@@ -5,8 +5,8 @@
 // override_message_timeout before a hold, then the real answer; never an empty reply, never a
 // reply to observability_mode; on 'end' (Envoy half-closed or reset) abort the work and end.
 import { AsbError, isAsbError } from '../errors.ts';
-import type { Logger } from '../system/log.ts';
-import { problemOf } from '../worker/problem.ts';
+import type { Logger } from '../base/log.ts';
+import { problemOf } from '../http/problem.ts';
 import { e2bSandboxNotFoundJson, HEADER } from './contract.ts';
 import { decide, notFound, RETRY_AFTER_S, type DecideContext, type Decision, type Listener, type RequestHeaders } from './decide.ts';
 import { decodeProcessingRequest, encodeProcessingResponse } from './extproc-codec.ts';

@@ -7,8 +7,8 @@
 // connection that has been silent for 30 s (three missed pings). `clusters` messages (the
 // federation as the worker knows it) go to the cluster registry, not the route table.
 import WebSocket from 'ws';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import type { ClusterRoute, ClustersMessage, FeedMessage, RouteEntry } from './contract.ts';
 import type { ClusterRegistry } from './registry.ts';
 import type { ApplyResult, RouteTable } from './route-table.ts';

@@ -11,7 +11,7 @@
 // router's share of the request cost. bench/dataplane.ts has the before/after figures.
 import http2, { type Http2Server, type Http2Session, type IncomingHttpHeaders, type ServerHttp2Stream } from 'node:http2';
 import type { AddressInfo } from 'node:net';
-import type { Logger } from '../system/log.ts';
+import type { Logger } from '../base/log.ts';
 
 export const GRPC_STATUS = { ok: 0, cancelled: 1, unknown: 2, invalidArgument: 3, notFound: 5, resourceExhausted: 8, unimplemented: 12, internal: 13, unavailable: 14 } as const;
 

@@ -11,8 +11,8 @@
 //   (single flight, waker.ts) and cost nothing.
 // Decisions are pure given the clock: tests drive the buckets with a manual one.
 import { AsbError } from '../errors.ts';
-import type { Clock } from '../system/clock.ts';
-import { TokenBuckets } from '../system/token-buckets.ts';
+import type { Clock } from '../base/clock.ts';
+import { TokenBuckets } from '../base/token-buckets.ts';
 import type { Decision } from './decide.ts';
 
 export interface LookupLimits {

@@ -7,11 +7,11 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer } from 'node:http';
 import { Counter, type Registry } from 'prom-client';
 import type { Principal } from '../auth/keyring.ts';
-import { parseHostPort } from '../system/host-port.ts';
-import { listen } from '../system/http-server.ts';
-import type { Logger } from '../system/log.ts';
-import { createPipeline } from '../worker/pipeline.ts';
-import { createRouter } from '../worker/router.ts';
+import { parseHostPort } from '../base/host-port.ts';
+import { listen } from '../http/http-server.ts';
+import type { Logger } from '../base/log.ts';
+import { createPipeline } from '../http/pipeline.ts';
+import { createRouter } from '../http/router.ts';
 
 export interface MetricsServer {
   /** host:port it listens on (an IPv6 host in brackets). */

@@ -10,7 +10,7 @@
 // is released, gives up (its own deadline) or goes away.
 import { connect as netConnect } from 'node:net';
 import { AsbError } from '../errors.ts';
-import type { Clock, Timer } from '../system/clock.ts';
+import type { Clock, Timer } from '../base/clock.ts';
 
 /** One TCP connect attempt: resolves true once `host:port` accepted, false when refused, unreachable or timed out. Never rejects. */
 export type Connector = (host: string, port: number) => Promise<boolean>;

@@ -14,8 +14,8 @@
 // naming it. IP literals need no lookup.
 import { lookup } from 'node:dns/promises';
 import { isIP } from 'node:net';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import type { ClusterRoute, ClustersMessage } from './contract.ts';
 
 /** How often a DNS-named ingress address is looked up again. */

@@ -4,7 +4,7 @@
 // requests for a bogus id costs one lookup per TTL, not one per request.
 import { LRUCache } from 'lru-cache';
 import { clusterTagOf } from '../api/ids.ts';
-import type { Clock } from '../system/clock.ts';
+import type { Clock } from '../base/clock.ts';
 import type { FeedMessage, RouteEntry } from './contract.ts';
 
 export type ApplyResult = 'applied' | 'stale' | 'unsynced' | 'foreign';

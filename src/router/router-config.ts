@@ -24,10 +24,10 @@
 //                                          /metrics (Prometheus text of the asb_router_* series) to
 //                                          the worker key as a bearer token. Default: none (off)
 //   --log-level / ASB_LOG_LEVEL            Default info
-import { parseFlags } from '../system/flags.ts';
+import { parseFlags } from '../base/flags.ts';
 import { readFileSync } from 'node:fs';
-import { ConfigError } from '../system/config.ts';
-import { parseHostPort } from '../system/host-port.ts';
+import { ConfigError } from '../base/flags.ts';
+import { parseHostPort } from '../base/host-port.ts';
 import { DEFAULT_LOOKUP_LIMITS } from './lookup-limiter.ts';
 import { DEFAULT_HOLD_LIMIT_MS } from './waker.ts';
 import type { WorkerEndpoint } from './worker-api.ts';

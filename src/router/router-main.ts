@@ -2,7 +2,7 @@
 // in router-config.ts). Prints one JSON line `{"ready":true,"listen":"127.0.0.1:9002",...}` (and
 // "metrics": its host:port under --metrics-listen) on stdout once it serves gRPC (the feeds connect in the background and keep retrying); logs go
 // to stderr. SIGINT/SIGTERM close it; a second signal exits at once.
-import { runMain } from '../system/process-main.ts';
+import { runMain } from '../base/process-main.ts';
 import { parseRouterConfig } from './router-config.ts';
 import { startRouter } from './start-router.ts';
 

@@ -4,8 +4,8 @@
 // fails part way). The metrics listener (--metrics-listen) starts after the ext_proc server and
 // closes right after it.
 import { Registry } from 'prom-client';
-import { systemClock, type Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import { ActivityReporter } from './activity.ts';
 import { ExtProcServer } from './extproc-server.ts';
 import { FeedClient, type FeedStatus } from './feed-client.ts';

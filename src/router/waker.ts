@@ -7,8 +7,8 @@
 // sandbox created a moment ago. New lookups are limited per client and in total
 // (lookup-limiter.ts); refuseLookup says when one may not start.
 import { AsbError } from '../errors.ts';
-import type { Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import type { RouteEntry } from './contract.ts';
 import { LookupLimiter, type LookupRefusal } from './lookup-limiter.ts';
 import { PortWaiter } from './port-wait.ts';

@@ -5,6 +5,7 @@
 import type { Readable, Writable } from 'node:stream';
 import type { RootIsolation } from '../api/pod-security.ts';
 import type { PodSpec, VolumeClaimTemplate } from '../api/types.ts';
+import type { EgressCount } from '../network/egress-metrics.ts';
 import type { EgressPolicy } from '../network/egress-policy.ts';
 
 export interface PodRequest {
@@ -55,13 +56,6 @@ export interface SnapshotInfo {
   at: string;
 }
 
-/** One counter of the kernel's egress rules: connection attempts of one pod decided by one rule. */
-export interface EgressCount {
-  pod: string;
-  rule: string;
-  verdict: 'allowed' | 'denied';
-  count: number;
-}
 
 /**
  * Absent: the runtime knows nothing of the id (never started, or removed).

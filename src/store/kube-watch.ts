@@ -6,8 +6,8 @@
 // server that stays unreachable through the whole backoff budget.
 import type { KubeObject, ResourceType } from '../api/meta.ts';
 import { AsbError } from '../errors.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import { deepFreeze } from './frozen.ts';
 import { asStatus, kubeError } from './kube-errors.ts';
 import type { KubeHttp, Stream } from './kube-http.ts';

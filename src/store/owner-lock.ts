@@ -3,7 +3,7 @@
 // process finds a live pid there and refuses to open. A lock left by a process that died
 // (kill -9) names a pid that no longer runs (or is no longer ours), and is taken over. A start
 // may wait a bounded time for an owner that is exiting (acquireOwnerLockWaiting). `make up` holds
-// its state directory the same way (src/system/up.ts), so a second one on it stops before starting
+// its state directory the same way (src/assembly/up.ts), so a second one on it stops before starting
 // anything.
 import { closeSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs';
 import { AsbError } from '../errors.ts';

@@ -22,9 +22,9 @@
 import type { KubeObject, ResourceType } from '../api/meta.ts';
 import { AsbError, isAsbError } from '../errors.ts';
 import type { Metrics } from '../metrics/metrics.ts';
-import { isoNow, systemClock, type Clock } from '../system/clock.ts';
-import { privateFile, restrictExisting } from '../system/private-files.ts';
-import { silentLogger, type Logger } from '../system/log.ts';
+import { isoNow, systemClock, type Clock } from '../base/clock.ts';
+import { privateFile, restrictExisting } from '../base/private-files.ts';
+import { silentLogger, type Logger } from '../base/log.ts';
 import { listPage, objectKey } from './list-page.ts';
 import { decide, describeObject, type Decision, type WriteOp, type WriteRequest } from './mutation.ts';
 import { parseSelector } from './selector.ts';
@@ -524,7 +524,7 @@ function parseVersion(rv: string | undefined): number | undefined {
 
 /**
  * How long a hub or worker start waits for the store's previous owner to exit: as long as `make
- * up` gives a process to stop before it kills it (src/system/child.ts), so a restart right after
+ * up` gives a process to stop before it kills it (src/base/child.ts), so a restart right after
  * a stop waits the old process out instead of failing.
  */
 export const EXITING_OWNER_WAIT_MS = 20_000;

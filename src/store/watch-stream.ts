@@ -6,7 +6,7 @@
 // has returned. Live changes that commit before the backlog drains queue behind it, so a watcher
 // sees every change after its starting version exactly once, in commit order.
 import type { KubeObject } from '../api/meta.ts';
-import type { Logger } from '../system/log.ts';
+import type { Logger } from '../base/log.ts';
 import { EVERYTHING, matchesSelector, type Selector } from './selector.ts';
 import type { Watch, WatchEventType, WatchHandlers } from './store.ts';
 

@@ -1,14 +1,13 @@
 // Tenancy: a non-admin key sees and touches only objects labelled with its team; anything else
 // answers 404 exactly as if it did not exist, so one team cannot probe another's ids.
 import type { KubeObject } from '../api/meta.ts';
+import { isObjectName } from '../api/names.ts';
 import type { Sandbox } from '../api/types.ts';
 import { LABEL } from '../api/types.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError } from '../errors.ts';
-import type { RequestContext } from './router.ts';
+import type { RequestContext } from '../http/router.ts';
 import type { WorkerContext } from './deps.ts';
-
-const NAME_PATTERN = /^[a-z0-9]([-a-z0-9]{0,251}[a-z0-9])?$/;
 
 export function principalOf(ctx: RequestContext): Principal {
   if (ctx.principal === undefined) throw new AsbError('Internal', 'route needs a principal but runs without authentication');
@@ -32,10 +31,6 @@ export function visibilitySelector(p: Principal): string {
 
 export function sandboxNotFound(id: string): AsbError {
   return new AsbError('NotFound', `sandbox "${id}" not found; list yours with GET /v1/sandboxes`);
-}
-
-export function isObjectName(name: string): boolean {
-  return NAME_PATTERN.test(name);
 }
 
 /** The sandbox with this id if the principal may see it; 404 naming the id otherwise. */

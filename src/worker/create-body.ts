@@ -3,7 +3,7 @@
 // fields wherever it is sent.
 import { dnsLabelProblem } from '../api/names.ts';
 import { AsbError } from '../errors.ts';
-import { isObjectName } from './access.ts';
+import { isObjectName } from '../api/names.ts';
 import { checkBody, spawnProblems, type BodyOf } from './input.ts';
 import { userLabelProblems } from './labels.ts';
 import { isTaggedName } from '../builds/service.ts';

@@ -1,7 +1,7 @@
 // What the worker API needs from the rest of the worker, as narrow interfaces: the operator's
 // claimer and activity tracker, the store, the pod runtime, the key ring, metrics and a logger.
 import type { Registry } from 'prom-client';
-import type { Principal } from '../auth/keyring.ts';
+import type { Authenticator } from '../auth/keyring.ts';
 import type { Sandbox, SandboxTemplate } from '../api/types.ts';
 import type { ClaimRequest, ClaimResult } from '../operator/claimer.ts';
 import type { Metrics } from '../metrics/metrics.ts';
@@ -9,8 +9,8 @@ import type { PodRuntime } from '../runtime/runtime.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { TemplateBuilds } from '../builds/service.ts';
 import type { CredentialStore } from '../egress/credential-store.ts';
-import type { Clock } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import type { AccessTokens } from './access-token.ts';
 import type { SandboxCallLimits } from './sandbox-calls.ts';
 import type { SandboxIndex } from './sandbox-index.ts';
@@ -29,13 +29,6 @@ export interface WorkerOperator {
   activity: { touch(id: string): void };
 }
 
-export interface Authenticator {
-  verify(presented: string): Principal | undefined;
-  /** Whether the key with this prefix still verifies (a terminal token is good only while its key is). */
-  live(prefix: string): boolean;
-  /** Calls `listener` with a key's prefix once it is revoked (or grants less); returns the unsubscribe. */
-  onRevoked(listener: (prefix: string) => void): () => void;
-}
 
 export interface WorkerLimits {
   /** Largest JSON request body; default 1 MiB. */

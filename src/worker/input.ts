@@ -5,7 +5,8 @@
 // (REST exec, envd process.Start, E2B create's envVars), so spawn never fails on it with a 500.
 import { AsbError, isAsbError, type FieldProblem } from '../errors.ts';
 import { parseEgressPolicy } from '../network/egress-policy.ts';
-import { isObjectName } from './access.ts';
+import { isObjectName } from '../api/names.ts';
+import { isPlainObject } from '../http/body.ts';
 
 interface KindTypes {
   string: string;
@@ -31,10 +32,6 @@ export type BodySpec = Record<string, FieldSpec>;
 export type BodyOf<S extends BodySpec> = {
   [K in keyof S]: S[K] extends { required: true } ? KindTypes[S[K]['kind']] : KindTypes[S[K]['kind']] | undefined;
 };
-
-export function isPlainObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
 
 function typeName(value: unknown): string {
   if (value === null) return 'null';

@@ -3,10 +3,10 @@
 // Routers batch these (at most one report per id every 5 s), so one call may name thousands.
 import { AsbError, type FieldProblem } from '../errors.ts';
 import { requireAdmin } from './access.ts';
-import { readJson } from './body.ts';
+import { readJson } from '../http/body.ts';
 import type { WorkerContext } from './deps.ts';
-import { isPlainObject } from './input.ts';
-import type { Reply, RequestContext, Route } from './router.ts';
+import { isPlainObject } from '../http/body.ts';
+import type { Reply, RequestContext, Route } from '../http/router.ts';
 
 /** 10,000 ids of ~20 characters is ~250 KB, inside the 1 MiB JSON limit with room to spare. */
 export const MAX_ACTIVITY_IDS = 10_000;

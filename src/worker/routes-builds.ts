@@ -22,35 +22,20 @@
 // hub and any proxy with no long-lived response to hold, and E2B's build API does the same.
 import { AsbError } from '../errors.ts';
 import { checkBuildSpec, isSha256 } from '../builds/spec-check.ts';
-import type { BuildService, BuildStatus } from '../builds/contract.ts';
+import type { BuildService, BuildStatus, BuiltTemplateView } from '../builds/contract.ts';
 import type { FileStore } from '../builds/contract.ts';
 import { MAX_FILE_BYTES } from '../builds/files.ts';
 import type { TemplateRecord } from '../builds/records.ts';
 import { isTaggedName, splitName, type TemplateBuilds } from '../builds/service.ts';
 import { putVerified } from '../builds/verified-upload.ts';
-import { isObjectName, principalOf } from './access.ts';
-import { readJson } from './body.ts';
+import { principalOf } from './access.ts';
+import { isObjectName } from '../api/names.ts';
+import { readJson } from '../http/body.ts';
 import type { WorkerContext } from './deps.ts';
 import { queryInt } from './input.ts';
-import type { RequestContext, Route } from './router.ts';
+import type { RequestContext, Route } from '../http/router.ts';
 import { discardRest, uploadChunks } from './upload-body.ts';
 import type { UploadSlots } from './upload-slots.ts';
-
-/** One of the team's built templates as GET /v1/built-templates shows it (`asb template ls`). */
-export interface BuiltTemplateView {
-  name: string;
-  templateId: string;
-  /** tag → build id; `default` names the build `name` starts. */
-  tags: Record<string, string>;
-  /** The newest build requested, whatever its phase. */
-  latestBuild: { buildId: string; phase: BuildStatus['phase']; createdAt: string; finishedAt?: string; reason?: BuildStatus['reason'] } | undefined;
-  /** The latest build's phase, `none` before any build was requested. */
-  status: BuildStatus['phase'] | 'none';
-  cpuCount: number;
-  memoryMB: number;
-  createdAt: string;
-  updatedAt: string;
-}
 
 export function builtTemplateView(rec: TemplateRecord): BuiltTemplateView {
   const latest = rec.builds.at(-1);

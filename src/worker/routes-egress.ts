@@ -3,9 +3,9 @@
 import { parseCredentialRule, parseSecretValue, type CredentialStore } from '../egress/credential-store.ts';
 import { AsbError } from '../errors.ts';
 import { requireAdmin } from './access.ts';
-import { readJson } from './body.ts';
+import { readJson } from '../http/body.ts';
 import type { WorkerContext } from './deps.ts';
-import type { Reply, RequestContext, Route } from './router.ts';
+import type { Reply, RequestContext, Route } from '../http/router.ts';
 
 function storeOf(w: WorkerContext, ctx: RequestContext, action: string): CredentialStore {
   requireAdmin(ctx, action);

@@ -19,10 +19,12 @@ import type { EventLog, ListQuery } from '../events/event-log.ts';
 import { EVENT_TYPES } from '../events/facts.ts';
 import { privateHostProblem } from '../events/webhook-target.ts';
 import { principalOf } from './access.ts';
-import { readBody, readJson } from './body.ts';
-import type { Authenticator, EventsSource, WorkerContext } from './deps.ts';
-import { isPlainObject, queryInt } from './input.ts';
-import type { Reply, RequestContext, Route } from './router.ts';
+import { readBody, readJson } from '../http/body.ts';
+import type { EventsSource, WorkerContext } from './deps.ts';
+import type { Authenticator } from '../auth/keyring.ts';
+import { queryInt } from './input.ts';
+import { isPlainObject } from '../http/body.ts';
+import type { Reply, RequestContext, Route } from '../http/router.ts';
 import { e2bRoute } from './e2b/reply.ts';
 
 const MAX_URL = 2048;

@@ -5,12 +5,12 @@ import { AsbError } from '../errors.ts';
 import type { ExecRequest } from '../runtime/runtime.ts';
 import { findSandbox } from './access.ts';
 import { envVarsOf } from './e2b/shape.ts';
-import { readJson } from './body.ts';
+import { readJson } from '../http/body.ts';
 import { discardRest, uploadChunks } from './upload-body.ts';
 import type { UploadSlots } from './upload-slots.ts';
 import type { WorkerContext } from './deps.ts';
 import { argvFields, checkBody, checkSpawnInput, spawnFailure } from './input.ts';
-import type { Reply, RequestContext, Route } from './router.ts';
+import type { Reply, RequestContext, Route } from '../http/router.ts';
 
 // An hour: long builds fit; a forgotten `sleep infinity` does not hold a request forever.
 const MAX_EXEC_TIMEOUT_MS = 3600 * 1000;

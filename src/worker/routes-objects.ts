@@ -3,20 +3,22 @@
 // it writes any, and undoes its own writes if a later one fails.
 import { applyObject, type ApplyAction } from '../store/apply.ts';
 import type { KubeObject, ResourceType } from '../api/meta.ts';
-import { HEARTBEAT_MS } from '../hub/contract.ts';
+import { HEARTBEAT_MS } from '../api/hub-contract.ts';
 import { isReservedKey } from '../api/names.ts';
 import { POD_SECURITY_ANNOTATION } from '../api/pod-security.ts';
 import { ANNOTATION, LABEL, type Sandbox, type SandboxTemplate, SandboxClaimType, SandboxTemplateType, SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { applyDefaults, validateObject } from '../api/validate.ts';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError, invalid, isAsbError, type FieldProblem } from '../errors.ts';
-import { canSee, isObjectName, principalOf, requireAdmin, visibilitySelector } from './access.ts';
-import { readJson } from './body.ts';
+import { canSee, principalOf, requireAdmin, visibilitySelector } from './access.ts';
+import { isObjectName } from '../api/names.ts';
+import { readJson } from '../http/body.ts';
 import type { WorkerContext } from './deps.ts';
 import { tenantPodProblems } from './pod-admission.ts';
-import { applyList, isPlainObject, namespaceQuery } from './input.ts';
+import { applyList, namespaceQuery } from './input.ts';
+import { isPlainObject } from '../http/body.ts';
 import { userLabelProblems } from './labels.ts';
-import type { Reply, RequestContext, Route } from './router.ts';
+import type { Reply, RequestContext, Route } from '../http/router.ts';
 import { usableBy } from './team-templates.ts';
 
 /** Kinds /v1/apply takes, in the order it writes them (a pool after its template). */

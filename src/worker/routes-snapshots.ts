@@ -9,34 +9,21 @@
 // Hibernate), else files only; the reply says which. Asked for where it cannot be kept (other runc
 // pods, the Kubernetes tier): 501, and the sandbox runs on.
 import { GVISOR_RUNTIME_CLASS, podKeepsMemory, type Sandbox, type SandboxSnapshot } from '../api/types.ts';
+import type { SnapshotView } from '../api/views.ts';
 import { findSandbox, principalOf } from './access.ts';
-import { readJson } from './body.ts';
+import { readJson } from '../http/body.ts';
 import { MAX_TIMEOUT_MS } from './create-body.ts';
 import type { WorkerContext } from './deps.ts';
 import { checkBody } from './input.ts';
 import { userLabelProblems } from './labels.ts';
 import { AsbError } from '../errors.ts';
-import type { Reply, RequestContext, Route } from './router.ts';
+import type { Reply, RequestContext, Route } from '../http/router.ts';
 import { deleteSnapshot, findSnapshot, forkSandbox, listSnapshots, MAX_FORKS, SNAPSHOT_NAME_ANNOTATION, startFromSnapshot, takeSnapshot } from './snapshots.ts';
 import { reachableView, sandboxView } from './views.ts';
 
 const SNAPSHOT_BODY = { name: { kind: 'string', min: 1, max: 253 }, memory: { kind: 'boolean' } } as const;
 const START_BODY = { timeoutMs: { kind: 'integer', min: 1, max: MAX_TIMEOUT_MS }, labels: { kind: 'stringMap' }, wait: { kind: 'boolean' } } as const;
 const FORK_BODY = { count: { kind: 'integer', min: 1, max: MAX_FORKS }, timeoutMs: { kind: 'integer', min: 1, max: MAX_TIMEOUT_MS } } as const;
-
-export interface SnapshotView {
-  id: string;
-  name?: string;
-  sandbox: string;
-  template?: string;
-  phase: string;
-  memory: boolean;
-  bytes?: number;
-  memoryBytes?: number;
-  takenAt?: string;
-  createdAt?: string;
-  message?: string;
-}
 
 export function snapshotView(snap: SandboxSnapshot): SnapshotView {
   const status = snap.status ?? {};

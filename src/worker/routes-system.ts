@@ -3,7 +3,7 @@ import type { Sandbox, SandboxWarmPool } from '../api/types.ts';
 import { SandboxType, SandboxWarmPoolType } from '../api/types.ts';
 import { principalOf, visibilitySelector } from './access.ts';
 import type { WorkerContext } from './deps.ts';
-import type { Reply, RequestContext, Route } from './router.ts';
+import type { Reply, RequestContext, Route } from '../http/router.ts';
 import { sandboxView } from './views.ts';
 
 async function metrics(w: WorkerContext): Promise<Reply> {

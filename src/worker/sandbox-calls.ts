@@ -24,8 +24,8 @@
 // once, goes through); an agent's turn takes seconds and starts a few.
 import { AsbError } from '../errors.ts';
 import type { PodProcess, PodRuntime, PtySession } from '../runtime/runtime.ts';
-import type { Clock } from '../system/clock.ts';
-import { TokenBuckets } from '../system/token-buckets.ts';
+import type { Clock } from '../base/clock.ts';
+import { TokenBuckets } from '../base/token-buckets.ts';
 import { Slots, type SlotBounds } from './slots.ts';
 
 export interface SandboxCallLimits {

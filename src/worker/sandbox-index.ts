@@ -9,8 +9,8 @@ import { IdHolders } from '../api/sandbox-identity.ts';
 import type { Sandbox } from '../api/types.ts';
 import { SandboxType } from '../api/types.ts';
 import type { ObjectStore, Watch } from '../store/store.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 
 export class SandboxIndex {
   readonly #store: ObjectStore;

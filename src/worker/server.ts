@@ -16,12 +16,12 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Duplex } from 'node:stream';
 import type { AddressInfo } from 'node:net';
 import { createSecretKey, randomBytes } from 'node:crypto';
-import { systemClock } from '../system/clock.ts';
+import { systemClock } from '../base/clock.ts';
 import { createAccessTokens } from './access-token.ts';
-import { DEFAULT_JSON_LIMIT_BYTES, DEFAULT_UPLOAD_LIMIT_BYTES } from './body.ts';
+import { DEFAULT_JSON_LIMIT_BYTES, DEFAULT_UPLOAD_LIMIT_BYTES } from '../http/body.ts';
 import type { DataPlane, WorkerContext, WorkerDeps, WorkerLimits } from './deps.ts';
-import { createPipeline } from './pipeline.ts';
-import { createRouter, type Route, type Router } from './router.ts';
+import { createPipeline } from '../http/pipeline.ts';
+import { createRouter, type Route, type Router } from '../http/router.ts';
 import { objectRoutes } from './routes-objects.ts';
 import { activityRoutes } from './routes-activity.ts';
 import { createFeedUpgrade, feedRoutes, RouteFeed } from './route-feed.ts';

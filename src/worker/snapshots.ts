@@ -16,8 +16,9 @@ import { ANNOTATION, LABEL, SandboxSnapshotType, SandboxType, type Sandbox, type
 import { AsbError, isAsbError } from '../errors.ts';
 import { RUNTIME_FINALIZER } from '../operator/blueprint.ts';
 import type { EgressPolicy } from '../network/egress-policy.ts';
-import { networkSpec } from '../network/sandbox-network.ts';
-import { canSee, isObjectName } from './access.ts';
+import { networkSpec } from '../api/sandbox-network.ts';
+import { canSee } from './access.ts';
+import { isObjectName } from '../api/names.ts';
 import type { WorkerContext } from './deps.ts';
 import { waitReady, watchObject } from './sandbox-lifecycle.ts';
 

@@ -9,8 +9,8 @@ import { test } from 'node:test';
 import { SandboxType, type Sandbox } from '../../src/api/types.ts';
 import { EventLog } from '../../src/events/event-log.ts';
 import { startLifecycleEvents } from '../../src/events/lifecycle-events.ts';
-import { systemClock } from '../../src/system/clock.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { systemClock } from '../../src/base/clock.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { kubeStoreTier } from '../support/kube-store.ts';
 import { eventually, startHarness } from '../support/operator-harness.ts';
 

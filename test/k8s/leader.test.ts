@@ -9,8 +9,8 @@ import { after, before, test } from 'node:test';
 import { LeaderElector, type LeaseTransport } from '../../src/operator/leader.ts';
 import { KubeHttp, loadKubeConfig } from '../../src/store/kube-http.ts';
 import { AsbError } from '../../src/errors.ts';
-import { systemClock } from '../../src/system/clock.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { systemClock } from '../../src/base/clock.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
 
 let kube: KubeApiServer;

@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { after, before, describe, test, type TestContext } from 'node:test';
 import { createKubeRuntime, type KubePodRuntime } from '../../src/runtime/kube/kube-runtime.ts';
 import type { PodRequest, PodState } from '../../src/runtime/runtime.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { NODE_SLOT_B, startKubeCluster, startKubeNode, type KubeCluster, type KubeNode } from '../support/kube-node.ts';
 import { cgroupHierarchies, KUBELET_SYSCTLS } from '../support/node-host.ts';

@@ -10,7 +10,7 @@ import { createKubeRuntime, type KubePodRuntime } from '../../src/runtime/kube/k
 import { LIST, parseListing } from '../../src/runtime/kube/files.ts';
 import { SANDBOX_LABEL } from '../../src/runtime/kube/objects.ts';
 import { isAsbError } from '../../src/errors.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { startKubeApiServer, KubectlError, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { startKubeNode, type KubeNode } from '../support/kube-node.ts';
 import { KUBELET_SUBIDS } from '../support/kubelet-subids.ts';

@@ -9,7 +9,7 @@ import { randomBytes } from 'node:crypto';
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { createKubeRuntime } from '../../src/runtime/kube/kube-runtime.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { startKubeApiServer, type KubeApiServer } from '../support/kube-apiserver.ts';
 import { startKubeNode, type KubeNode } from '../support/kube-node.ts';
 import { waitFor } from '../support/wait.ts';

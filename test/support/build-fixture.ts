@@ -13,7 +13,7 @@ import type { ImageStore } from '../../src/images/image-store.ts';
 import type { EgressPolicy } from '../../src/network/egress-policy.ts';
 import { RegistryProcess } from '../../src/images/registry-process.ts';
 import type { PodRuntime } from '../../src/runtime/runtime.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { startTestRuntime, stopTestRuntime, type TestRuntime } from './test-runtime.ts';
 import { testImageStore } from './test-images.ts';
 

@@ -20,10 +20,10 @@ import {
 } from '../../src/api/types.ts';
 import { AsbError, isAsbError } from '../../src/errors.ts';
 import type { ClaimResult } from '../../src/operator/claimer.ts';
-import { Informer } from '../../src/operator/informer.ts';
+import { Informer } from '../../src/store/informer.ts';
 import type { WatchHandlers, WatchOptions } from '../../src/store/store.ts';
-import { systemClock } from '../../src/system/clock.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { systemClock } from '../../src/base/clock.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { within } from './wait.ts';
 import { eventually, startHarness, template, warmPool, writeRival, type Harness, type HarnessOptions, type HarnessStoreFactory } from './operator-harness.ts';
 

@@ -15,7 +15,7 @@ import type { RouteEntry } from '../../src/router/contract.ts';
 import { FEED_PATH } from '../../src/router/feed-client.ts';
 import { parseRouterConfig } from '../../src/router/router-config.ts';
 import { startRouter, type RunningRouter } from '../../src/router/start-router.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { silentLogger } from '../../src/base/log.ts';
 
 export const DOMAIN = 'asb.localhost';
 export const WORKER_KEY = 'admin-key';

@@ -15,8 +15,8 @@ import { ensureEgressCa, ensureHostCertificate, type EgressCa } from '../../src/
 import type { EgressPolicySource } from '../../src/egress/egress-decision.ts';
 import type { EgressPolicy } from '../../src/network/egress-policy.ts';
 import { ResolvedAddresses } from '../../src/egress/resolved-addresses.ts';
-import { systemClock } from '../../src/system/clock.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { systemClock } from '../../src/base/clock.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { EgressNet, type Cleanup } from './egress-net.ts';
 
 /** The public servers' certificate covers every name under this domain. */

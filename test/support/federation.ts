@@ -1,12 +1,12 @@
-// A whole local federation for end-to-end tests (src/system/federation.ts): a hub and two
+// A whole local federation for end-to-end tests (src/assembly/federation.ts): a hub and two
 // clusters, each with its own worker, router and Envoy (edge + mutual-TLS ingress), on ports the
 // kernel picks, with bridges and subnets no other test uses.
 import { execFileSync } from 'node:child_process';
-import { systemClock } from '../../src/system/clock.ts';
+import { systemClock } from '../../src/base/clock.ts';
 import { testImages } from './test-images.ts';
-import { silentLogger } from '../../src/system/log.ts';
-import type { SupervisorOptions } from '../../src/system/supervisor.ts';
-import { startFederation, type Federation, type FederatedClusterOptions } from '../../src/system/federation.ts';
+import { silentLogger } from '../../src/base/log.ts';
+import type { SupervisorOptions } from '../../src/assembly/supervisor.ts';
+import { startFederation, type Federation, type FederatedClusterOptions } from '../../src/assembly/federation.ts';
 import { removeDataDir, tempDataDir } from './worker-process.ts';
 
 export interface TestFederation extends Federation {

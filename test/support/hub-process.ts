@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { startChild, type ReadyChild } from '../../src/system/child.ts';
+import { startChild, type ReadyChild } from '../../src/base/child.ts';
 import { api } from './worker-process.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import type { TestContext } from 'node:test';
 import { generateClusterCredential, hashClusterCredential } from '../../src/hub/cluster-credential.ts';
-import { ClusterType, type ClusterSpec } from '../../src/hub/contract.ts';
+import { ClusterType, type ClusterSpec } from '../../src/api/hub-contract.ts';
 import { openSqliteStore } from '../../src/store/sqlite.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
 

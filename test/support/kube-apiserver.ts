@@ -34,7 +34,7 @@ import { stringify } from 'yaml';
 import { ensureFederationTls } from '../../src/edge/tls.ts';
 import { readAnswer, type HttpAnswer } from './http-answer.ts';
 import { AsbError } from '../../src/errors.ts';
-import { freePort } from '../../src/system/local-system.ts';
+import { freePort } from '../../src/assembly/local-system.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
 /** Where scripts/kube-tools.sh puts kube-apiserver, kubectl and etcd. */

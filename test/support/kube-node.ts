@@ -26,7 +26,7 @@ import { stringify } from 'yaml';
 import { AsbError } from '../../src/errors.ts';
 import { acquireOwnerLockWaiting, type OwnerLock } from '../../src/store/owner-lock.ts';
 import { podMac } from '../../src/runtime/local/network.ts';
-import { freePort } from '../../src/system/local-system.ts';
+import { freePort } from '../../src/assembly/local-system.ts';
 import { diesWithTest, KUBE_NODE_IP, KUBE_NODE_NAME, KUBERNETES_SERVICE_IP, logTail, startKubeApiServer, type KubeApiServer } from './kube-apiserver.ts';
 import { cgroupHierarchies, forwardTableOf, isDir, recordHost, releaseNodeHost, type NodeHostState } from './node-host.ts';
 import { ensureKubeletSubids, releaseKubeletSubids } from './kubelet-subids.ts';

@@ -4,8 +4,8 @@ import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import { ensureEdgeTls } from '../../src/edge/tls.ts';
 import { testImages } from './test-images.ts';
-import { silentLogger } from '../../src/system/log.ts';
-import { startLocalSystem, type LocalSystem } from '../../src/system/local-system.ts';
+import { silentLogger } from '../../src/base/log.ts';
+import { startLocalSystem, type LocalSystem } from '../../src/assembly/local-system.ts';
 import { removeDataDir, teamKeyIn, tempDataDir } from './worker-process.ts';
 
 export interface TestSystem extends LocalSystem {

@@ -14,8 +14,8 @@ import { createMetrics, type Metrics } from '../../src/metrics/metrics.ts';
 import { startOperator, type Operator } from '../../src/operator/operator.ts';
 import { openSqliteStore } from '../../src/store/sqlite.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
-import type { Clock, Timer } from '../../src/system/clock.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import type { Clock, Timer } from '../../src/base/clock.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { FakeRuntime } from './fake-runtime.ts';
 
 /**

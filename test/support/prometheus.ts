@@ -7,7 +7,7 @@ import { chmodSync, copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'nod
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { stringify } from 'yaml';
-import { freePort } from '../../src/system/local-system.ts';
+import { freePort } from '../../src/assembly/local-system.ts';
 import { waitFor } from './wait.ts';
 
 export interface ScrapeTarget {

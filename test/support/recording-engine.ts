@@ -10,8 +10,8 @@ import { TeamFileStore } from '../../src/builds/files.ts';
 import { TemplateBuilds, type TemplateBuildsOptions } from '../../src/builds/service.ts';
 import type { EgressPolicy } from '../../src/network/egress-policy.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
-import { systemClock } from '../../src/system/clock.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { systemClock } from '../../src/base/clock.ts';
+import { silentLogger } from '../../src/base/log.ts';
 
 export class RecordingEngine implements BuildEngine {
   readonly requests: EngineRequest[] = [];

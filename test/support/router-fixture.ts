@@ -11,8 +11,8 @@ import { LookupLimiter, type LookupLimits } from '../../src/router/lookup-limite
 import { PortWaiter } from '../../src/router/port-wait.ts';
 import { RouteTable } from '../../src/router/route-table.ts';
 import { Waker, type LookupResult } from '../../src/router/waker.ts';
-import type { Clock, Timer } from '../../src/system/clock.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import type { Clock, Timer } from '../../src/base/clock.ts';
+import { silentLogger } from '../../src/base/log.ts';
 
 export const CLUSTER = 'c1';
 export const DOMAIN = 'asb.localhost';

@@ -8,7 +8,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { createLocalRuntime, type LocalRuntimeOptions } from '../../src/runtime/local/local-runtime.ts';
 import type { PodRequest } from '../../src/runtime/runtime.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { testImageStore } from './test-images.ts';
 
 export interface RuntimeProcessOptions {

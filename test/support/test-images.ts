@@ -12,7 +12,7 @@ import { mirrorConfig, startLocalRegistry } from '../../src/images/local-registr
 import { parseRegistriesConfig } from '../../src/images/registries.ts';
 import { defaultSeedDir } from '../../src/images/seed.ts';
 import { acquireOwnerLockWaiting } from '../../src/store/owner-lock.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { silentLogger } from '../../src/base/log.ts';
 
 export interface TestImages {
   /** 127.0.0.1:<port> of this process's registry. */

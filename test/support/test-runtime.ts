@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createLocalRuntime, type LocalRuntime, type LocalRuntimeOptions } from '../../src/runtime/local/local-runtime.ts';
 import { deleteBridge } from '../../src/runtime/local/network.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import { testImageStore } from './test-images.ts';
 
 export interface TestRuntime {

@@ -19,8 +19,8 @@ import type { ExecRequest, ExecResult, FileEntry, PodRequest, PodRuntime, PodPro
 import { openSqliteStore } from '../../src/store/sqlite.ts';
 import type { ObjectStore } from '../../src/store/store.ts';
 import { CredentialStore } from '../../src/egress/credential-store.ts';
-import { systemClock, type Clock } from '../../src/system/clock.ts';
-import { silentLogger } from '../../src/system/log.ts';
+import { systemClock, type Clock } from '../../src/base/clock.ts';
+import { silentLogger } from '../../src/base/log.ts';
 import type { WorkerLimits } from '../../src/worker/deps.ts';
 import type { SandboxCallLimits } from '../../src/worker/sandbox-calls.ts';
 import { createWorkerServer, type WorkerServer } from '../../src/worker/server.ts';

@@ -1,4 +1,4 @@
-// Runs a real worker process (src/system/worker-main.ts) for end-to-end tests, on its own data
+// Runs a real worker process (src/assembly/worker-main.ts) for end-to-end tests, on its own data
 // directory, port, bridge and subnet so test files never collide with each other or `make up`.
 import { testImages } from './test-images.ts';
 import { execFileSync, type ChildProcess } from 'node:child_process';
@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { createApiKey } from '../../src/auth/keys.ts';
 import { openSqliteStore } from '../../src/store/sqlite.ts';
-import { startChild } from '../../src/system/child.ts';
+import { startChild } from '../../src/base/child.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
 
@@ -71,7 +71,7 @@ export async function startWorkerProcess(opts: WorkerProcessOptions): Promise<Wo
   const keyFile = join(dataDir, 'admin.key');
   const child = await startChild<{ ready: true; apiUrl: string }>({
     name: `worker ${opts.clusterTag}`,
-    entry: join(repoRoot, 'src/system/worker-main.ts'),
+    entry: join(repoRoot, 'src/assembly/worker-main.ts'),
     args: [
       '--data-dir', join(dataDir, 'data'),
       '--admin-key-file', keyFile,

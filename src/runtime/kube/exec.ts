@@ -13,7 +13,7 @@
 import { constants } from 'node:os';
 import { Readable, Writable } from 'node:stream';
 import { AsbError } from '../../errors.ts';
-import type { Clock } from '../../system/clock.ts';
+import type { Clock } from '../../base/clock.ts';
 import type { ExecRequest, ExecResult, PodProcess, PtyOptions, PtySession, SpawnRequest } from '../runtime.ts';
 import { PodExec, type ExecCredentials, type ExecEnd, type ExecTarget } from './pod-exec.ts';
 import { CappedBuffer, DEFAULT_MAX_OUTPUT } from '../capped-buffer.ts';

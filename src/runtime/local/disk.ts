@@ -15,7 +15,7 @@ import { dirname, join } from 'node:path';
 import { parseQuantity } from '../../api/quantity.ts';
 import type { PodSpec } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
-import { ensureCBinary } from '../../system/c-binary.ts';
+import { ensureCBinary } from '../../base/c-binary.ts';
 
 /**
  * The disk of a pod whose containers set no ephemeral-storage limit. Kubernetes sets none by

@@ -1,9 +1,9 @@
 // Our C programs of the local runtime, compiled on first use into the runtime's state dir by
-// ensureCBinary (src/system/c-binary.ts): the pod shim (oci-shim.c), the launcher (launcher.c) and
+// ensureCBinary (src/base/c-binary.ts): the pod shim (oci-shim.c), the launcher (launcher.c) and
 // the containers' init (asb-init.c).
 import { access, chmod, copyFile, mkdir, rename } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import { ensureCBinary } from '../../system/c-binary.ts';
+import { ensureCBinary } from '../../base/c-binary.ts';
 
 export function ensureShimBinary(root: string): Promise<string> {
   return ensureCBinary(root, new URL('./oci-shim.c', import.meta.url));

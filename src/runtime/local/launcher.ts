@@ -12,8 +12,8 @@
 // and the runtime watches those pods by polling, as it does for adopted pods.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { constants } from 'node:os';
-import type { Clock, Timer } from '../../system/clock.ts';
-import type { Logger } from '../../system/log.ts';
+import type { Clock, Timer } from '../../base/clock.ts';
+import type { Logger } from '../../base/log.ts';
 
 /** What a launched child reports. Exactly one of exit() or lost() ends it; nothing comes after. */
 export interface LaunchHandlers {

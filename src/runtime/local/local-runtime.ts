@@ -21,9 +21,10 @@ import { access, chmod, chown, copyFile, link, mkdir, readdir, readFile, rm, rmd
 import { dirname, join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
-import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
-import type { Logger } from '../../system/log.ts';
-import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StartOptions, StopOptions, WritableLayer } from '../runtime.ts';
+import { systemClock, isoNow, type Clock, type Timer } from '../../base/clock.ts';
+import type { Logger } from '../../base/log.ts';
+import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StartOptions, StopOptions, WritableLayer } from '../runtime.ts';
+import type { EgressCount } from '../../network/egress-metrics.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
 import { PodFirewall } from './pod-firewall.ts';
 import { execInPod, type PodTarget } from './exec.ts';
@@ -36,7 +37,7 @@ import { Launcher, type Launched } from './launcher.ts';
 import { bridgeExists, createIpPool, createVethBatcher, deleteBridge, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
 import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, runscPod, shimsOf, straySaves, type ReclaimAction, type ReclaimScope } from './reclaim.ts';
-import { derivedNetwork } from '../../system/local-network.ts';
+import { derivedNetwork } from './derived-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
@@ -75,7 +76,7 @@ export interface LocalRuntimeOptions {
   /** The image of a container that names none (`image:` empty, as kubernetes-sigs' getting-started example). */
   defaultImage?: string;
   clock?: Clock;
-  /** Pod subnet; the bridge takes its first address. Default: derived from root (src/system/local-network.ts). */
+  /** Pod subnet; the bridge takes its first address. Default: derived from root (src/runtime/local/derived-network.ts). */
   subnet?: string;
   /** Host bridge name (≤ 15 bytes); distinct per worker or test run. Default: derived from root. */
   bridge?: string;

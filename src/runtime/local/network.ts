@@ -10,7 +10,7 @@ import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { access, readFile, readlink } from 'node:fs/promises';
 import { basename } from 'node:path';
-import type { Logger } from '../../system/log.ts';
+import type { Logger } from '../../base/log.ts';
 
 export interface Subnet {
   cidr: string;

@@ -10,7 +10,7 @@
 // batch is retried: otherwise no pod could start again, and the running ones would have lost their
 // isolation until the worker restarted.
 import { writeFile } from 'node:fs/promises';
-import type { Logger } from '../../system/log.ts';
+import type { Logger } from '../../base/log.ts';
 import { cutDestinations, parseConntrackFlows } from '../../network/conntrack-cut.ts';
 import { DEFAULT_FLOOR } from '../../network/egress-floor.ts';
 import { baseScript, deleteScript, parseCounters, podRemoveScript, podScript, tableName, type BridgeNet, type PodNet, type RuleCount } from '../../network/nft-ruleset.ts';

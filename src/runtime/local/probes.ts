@@ -4,7 +4,7 @@
 import { request } from 'node:http';
 import { connect } from 'node:net';
 import type { ContainerPort, Probe } from '../../api/types.ts';
-import type { Clock, Timer } from '../../system/clock.ts';
+import type { Clock, Timer } from '../../base/clock.ts';
 import type { ExecResult } from '../runtime.ts';
 
 export interface ProbeTarget {

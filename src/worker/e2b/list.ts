@@ -13,7 +13,7 @@ import { AsbError } from '../../errors.ts';
 import { visibilitySelector } from '../access.ts';
 import type { WorkerContext } from '../deps.ts';
 import { queryInt } from '../input.ts';
-import type { Reply } from '../router.ts';
+import type { Reply } from '../../http/router.ts';
 import { e2bListedSandbox, metadataOf, startedAtOf, stateOf, type E2bState } from './shape.ts';
 
 /** E2B's own default page size. */

@@ -6,10 +6,10 @@
 // `{code: 401}` body as well.
 import type { Principal } from '../../auth/keyring.ts';
 import { AsbError } from '../../errors.ts';
-import type { Authenticator } from '../deps.ts';
-import { toAsbError } from '../problem.ts';
-import { AUTH_HINT, presentedKey } from '../presented-key.ts';
-import type { Method, Reply, RequestContext, Route } from '../router.ts';
+import type { Authenticator } from '../../auth/keyring.ts';
+import { toAsbError } from '../../http/problem.ts';
+import { AUTH_HINT, presentedKey } from '../../http/presented-key.ts';
+import type { Method, Reply, RequestContext, Route } from '../../http/router.ts';
 
 /** The error body every E2B API failure carries. */
 export interface E2bError {

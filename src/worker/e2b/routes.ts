@@ -16,7 +16,7 @@
 //   PUT    /sandboxes/{id}/network                     replaces the egress policy: 204
 //
 // `allow_internet_access` and `network.allowOut`/`denyOut` are the sandbox's egress policy
-// (src/network/sandbox-network.ts e2bNetwork); network options we cannot honour (transform
+// (src/api/sandbox-network.ts e2bNetwork); network options we cannot honour (transform
 // rules, an egress proxy) are refused with 422. Other fields the SDK sends (secure, mcp, iam…)
 // are ignored, except those whose absence would surprise the caller (volumeMounts), which are
 // refused with 400. `lifecycle` (autoPause, autoPauseMemory, autoResume) makes the sandbox pause
@@ -27,14 +27,16 @@ import type { Sandbox } from '../../api/types.ts';
 import { sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { describeFailure, sandboxFailure } from '../../api/sandbox-failure.ts';
 import { AsbError } from '../../errors.ts';
-import { e2bNetwork } from '../../network/sandbox-network.ts';
+import { e2bNetwork } from '../../api/sandbox-network.ts';
 import { requireProxyForDomains } from '../egress-domains.ts';
 import { findSandbox, sandboxNotFound } from '../access.ts';
-import { readJson } from '../body.ts';
+import { readJson } from '../../http/body.ts';
 import { MAX_TIMEOUT_MS } from '../create-body.ts';
-import type { Authenticator, WorkerContext } from '../deps.ts';
-import { checkBody, checkSpawnInput, isPlainObject, type BodyOf, type BodySpec } from '../input.ts';
-import type { Reply, Route } from '../router.ts';
+import type { WorkerContext } from '../deps.ts';
+import type { Authenticator } from '../../auth/keyring.ts';
+import { checkBody, checkSpawnInput, type BodyOf, type BodySpec } from '../input.ts';
+import { isPlainObject } from '../../http/body.ts';
+import type { Reply, Route } from '../../http/router.ts';
 import { sandboxView } from '../views.ts';
 import { claimSandbox, deleteSandbox, pauseSandbox, resumeSandbox, setNetwork, setShutdownIn, waitReady } from '../sandbox-lifecycle.ts';
 import { findSnapshot, startFromSnapshot } from '../snapshots.ts';

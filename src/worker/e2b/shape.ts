@@ -8,7 +8,7 @@ import type { Sandbox } from '../../api/types.ts';
 import { LABEL, sandboxLifecycle, wantsRunning } from '../../api/types.ts';
 import { parseQuantity } from '../../api/quantity.ts';
 import type { WorkerContext } from '../deps.ts';
-import { egressPolicyOf } from '../../network/sandbox-network.ts';
+import { egressPolicyOf } from '../../api/sandbox-network.ts';
 import { keptMemory } from '../../operator/suspension.ts';
 
 /**

@@ -9,11 +9,13 @@
 import type { SandboxSnapshot } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
 import { findSandbox, sandboxNotFound } from '../access.ts';
-import { readJson } from '../body.ts';
+import { readJson } from '../../http/body.ts';
 import { MAX_TIMEOUT_MS } from '../create-body.ts';
-import type { Authenticator, WorkerContext } from '../deps.ts';
-import { checkBody, isPlainObject } from '../input.ts';
-import type { Reply, Route } from '../router.ts';
+import type { WorkerContext } from '../deps.ts';
+import type { Authenticator } from '../../auth/keyring.ts';
+import { checkBody } from '../input.ts';
+import { isPlainObject } from '../../http/body.ts';
+import type { Reply, Route } from '../../http/router.ts';
 import { keepsMemory } from '../routes-snapshots.ts';
 import { deleteSnapshot, findSnapshot, forkSandbox, listSnapshots, MAX_FORKS, SNAPSHOT_NAME_ANNOTATION, takeSnapshot } from '../snapshots.ts';
 import { e2bRoute, type AuthedContext } from './reply.ts';

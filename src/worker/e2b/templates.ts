@@ -24,12 +24,13 @@ import type { TemplateBuilds } from '../../builds/service.ts';
 import { TEMPLATE_ID_LABEL } from '../../builds/template-object.ts';
 import { ownTemplateNamed } from '../team-templates.ts';
 import { AsbError } from '../../errors.ts';
-import { readJson } from '../body.ts';
-import type { Authenticator, WorkerContext } from '../deps.ts';
-import { isPlainObject } from '../input.ts';
-import type { Reply, Route } from '../router.ts';
+import { readJson } from '../../http/body.ts';
+import type { WorkerContext } from '../deps.ts';
+import type { Authenticator } from '../../auth/keyring.ts';
+import { isPlainObject } from '../../http/body.ts';
+import type { Reply, Route } from '../../http/router.ts';
 import { e2bErrorReply, e2bRoute, type AuthedContext } from './reply.ts';
-import { toAsbError } from '../problem.ts';
+import { toAsbError } from '../../http/problem.ts';
 import type { UploadSlots } from '../upload-slots.ts';
 
 /** How long an upload URL works: the SDK PUTs right after asking, an hour covers a slow link. */

@@ -6,8 +6,8 @@
 // never compresses, and a compressed envelope (flag 0x01) is refused.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AsbError, type ErrorCode } from '../../errors.ts';
-import type { Clock, Timer } from '../../system/clock.ts';
-import { isPlainObject } from '../input.ts';
+import type { Clock, Timer } from '../../base/clock.ts';
+import { isPlainObject } from '../../http/body.ts';
 
 /** Connect error codes (the subset envd answers with). */
 export type ConnectCode =

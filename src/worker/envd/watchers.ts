@@ -11,8 +11,8 @@
 // the least recently used watchers are dropped (their next call gets not_found, as for an id
 // envd does not know).
 import { randomUUID } from 'node:crypto';
-import type { Logger } from '../../system/log.ts';
-import { isPlainObject } from '../input.ts';
+import type { Logger } from '../../base/log.ts';
+import { isPlainObject } from '../../http/body.ts';
 import { ConnectError } from './connect.ts';
 import type { FsTarget } from './entries.ts';
 import { watchEvents, watchSnapshot, watchSpecOf, type FilesystemEvent, type WatchSnapshot, type WatchSpec } from './filesystem.ts';

@@ -20,10 +20,10 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { AsbError } from '../../errors.ts';
 import type { Sandbox } from '../../api/types.ts';
-import type { Timer } from '../../system/clock.ts';
+import type { Timer } from '../../base/clock.ts';
 import { writeFileFrom, type PodShell } from '../../runtime/file-upload.ts';
 import { fileFailure, IS_DIR, NOT_FOUND, READ } from '../../runtime/shell-files.ts';
-import { readBody } from '../body.ts';
+import { readBody } from '../../http/body.ts';
 import type { WorkerContext } from '../deps.ts';
 import { listDir, type FsTarget } from '../envd/entries.ts';
 import { boundaryOf, parseMultipart } from '../envd/multipart.ts';

@@ -20,10 +20,12 @@ import { request as httpRequest, type ClientRequest, type IncomingMessage, type 
 import { LABEL, wantsRunning, type Sandbox } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
 import { PortWaiter } from '../../router/port-wait.ts';
-import { canSee, isObjectName } from '../access.ts';
-import type { Authenticator, WorkerContext } from '../deps.ts';
-import { AUTH_HINT, presentedKey } from '../presented-key.ts';
-import { toAsbError, writeProblem } from '../problem.ts';
+import { canSee } from '../access.ts';
+import { isObjectName } from '../../api/names.ts';
+import type { WorkerContext } from '../deps.ts';
+import type { Authenticator } from '../../auth/keyring.ts';
+import { AUTH_HINT, presentedKey } from '../../http/presented-key.ts';
+import { toAsbError, writeProblem } from '../../http/problem.ts';
 import type { UserIds } from '../envd/users.ts';
 import { PythonRuntime } from '../python-runtime/python-runtime.ts';
 import { resumeSandbox, waitReady } from '../sandbox-lifecycle.ts';

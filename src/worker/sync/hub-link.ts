@@ -9,9 +9,9 @@
 //   is a 503 at once if it is not. That beats turning placement off for every restart.
 import { isAsbError } from '../../errors.ts';
 import { CLUSTER_SCOPE, type ObjectStore } from '../../store/store.ts';
-import { isoNow, type Clock } from '../../system/clock.ts';
-import type { Logger } from '../../system/log.ts';
-import { Informer } from '../../operator/informer.ts';
+import { isoNow, type Clock } from '../../base/clock.ts';
+import type { Logger } from '../../base/log.ts';
+import { Informer } from '../../store/informer.ts';
 import { STATE_NAME, SyncStateType, newSyncState, type SyncState } from './sync-apply.ts';
 
 /** The worker's sync link to the hub, as the sync agent (sync-agent.ts) reports it and this module publishes it. */

@@ -1,4 +1,4 @@
-// The worker end of sync (protocol in src/hub/contract.ts): dials the hub (outbound only, so a
+// The worker end of sync (protocol in src/api/hub-contract.ts): dials the hub (outbound only, so a
 // cluster behind NAT needs no inbound port), says which hub version it last applied, and applies
 // the snapshot or deltas it gets to the worker's own store (src/worker/sync/sync-apply.ts), persisting
 // the version before acknowledging it.
@@ -18,10 +18,10 @@ import type { SandboxTemplate, SandboxWarmPool } from '../../api/types.ts';
 import { SandboxTemplateType, SandboxWarmPoolType } from '../../api/types.ts';
 import { TEMPLATE_ID_LABEL, TEMPLATE_NAME_LABEL } from '../../builds/template-object.ts';
 import { clusterTagOf } from '../../api/ids.ts';
-import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type SyncItem, type WorkerToHub } from '../../hub/contract.ts';
+import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type SyncItem, type WorkerToHub } from '../../api/hub-contract.ts';
 import type { ObjectStore } from '../../store/store.ts';
-import type { Clock, Timer } from '../../system/clock.ts';
-import type { Logger } from '../../system/log.ts';
+import type { Clock, Timer } from '../../base/clock.ts';
+import type { Logger } from '../../base/log.ts';
 import { publishHubLink, type SyncStatus } from './hub-link.ts';
 import { advanceTo, applyDeltas, applySnapshot, loadAppliedVersion } from './sync-apply.ts';
 

@@ -11,10 +11,9 @@ import type { KubeObject, ResourceType } from '../../api/meta.ts';
 import { apiVersionOf } from '../../api/meta.ts';
 import { ApiKeyType, ASB_GROUP, SandboxTemplateType } from '../../api/types.ts';
 import { isAsbError } from '../../errors.ts';
-import { ClusterType, type SyncItem, type SyncKind } from '../../hub/contract.ts';
+import { ClusterType, SYNC_ANNOTATION, type SyncItem, type SyncKind } from '../../api/hub-contract.ts';
 import { CLUSTER_SCOPE, type ObjectStore } from '../../store/store.ts';
 
-export const SYNC_ANNOTATION = { from: 'asb.dev/synced-from', version: 'asb.dev/synced-version' } as const;
 
 /** The worker's record of its sync with the hub (one object, named `hub`). */
 export interface SyncState extends KubeObject {

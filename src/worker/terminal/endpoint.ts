@@ -21,10 +21,12 @@ import { LABEL, wantsRunning, type Sandbox } from '../../api/types.ts';
 import { AsbError } from '../../errors.ts';
 import type { PtyOptions } from '../../runtime/runtime.ts';
 import { TERMINAL_PATH_SUFFIX } from '../../terminal/contract.ts';
-import { canSee, isObjectName, sandboxNotFound } from '../access.ts';
-import type { Authenticator, WorkerContext } from '../deps.ts';
-import { AUTH_HINT, presentedKey } from '../presented-key.ts';
-import { problemOf, toAsbError } from '../problem.ts';
+import { canSee, sandboxNotFound } from '../access.ts';
+import { isObjectName } from '../../api/names.ts';
+import type { WorkerContext } from '../deps.ts';
+import type { Authenticator } from '../../auth/keyring.ts';
+import { AUTH_HINT, presentedKey } from '../../http/presented-key.ts';
+import { problemOf, toAsbError } from '../../http/problem.ts';
 import { isDimension, MAX_TERMINAL_DIMENSION, TerminalSession, type TerminalEndReason } from './session.ts';
 import type { TerminalTokens } from './token.ts';
 

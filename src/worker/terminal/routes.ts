@@ -7,7 +7,7 @@ import { AsbError } from '../../errors.ts';
 import { TERMINAL_PATH_SUFFIX, TERMINAL_TOKENS_PATH_SUFFIX, type TerminalTokenView } from '../../terminal/contract.ts';
 import { findSandbox, principalOf } from '../access.ts';
 import type { WorkerContext } from '../deps.ts';
-import type { Route } from '../router.ts';
+import type { Route } from '../../http/router.ts';
 import type { TerminalTokens } from './token.ts';
 
 export function terminalRoutes(w: WorkerContext, tokens: TerminalTokens): Route[] {

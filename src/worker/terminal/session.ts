@@ -16,8 +16,8 @@
 import { WebSocket, type RawData } from 'ws';
 import { TERMINAL_CLOSE, TERMINAL_HIGH_WATER_BYTES, type TerminalServerControl } from '../../terminal/contract.ts';
 import type { PtySession } from '../../runtime/runtime.ts';
-import type { Clock, Timer } from '../../system/clock.ts';
-import type { Logger } from '../../system/log.ts';
+import type { Clock, Timer } from '../../base/clock.ts';
+import type { Logger } from '../../base/log.ts';
 
 export type TerminalEndReason = 'exit' | 'client' | 'idle' | 'sandboxGone' | 'shutdown' | 'protocol' | 'error' | 'revoked';
 

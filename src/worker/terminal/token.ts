@@ -15,7 +15,7 @@
 // memory is bounded by the tokens redeemed in the last TTL.
 import { createHmac, randomBytes, timingSafeEqual, type KeyObject } from 'node:crypto';
 import { AsbError } from '../../errors.ts';
-import type { Clock } from '../../system/clock.ts';
+import type { Clock } from '../../base/clock.ts';
 
 export interface TerminalTokenClaims {
   sandboxId: string;

@@ -4,7 +4,7 @@
 // onto it: E2B's create/PUT fields and kubernetes-sigs' NetworkPolicy egress rules.
 import { AsbError, type FieldProblem } from '../errors.ts';
 import type { SandboxNetwork, SandboxTemplateSpec } from '../api/types.ts';
-import { DEFAULT_EGRESS_POLICY, parseEgressPolicy, type EgressPolicy } from './egress-policy.ts';
+import { DEFAULT_EGRESS_POLICY, parseEgressPolicy, type EgressPolicy } from '../network/egress-policy.ts';
 
 /** A sandbox's policy from its spec.network (validated when written); absent: the default. */
 export function egressPolicyOf(network: SandboxNetwork | undefined): EgressPolicy {

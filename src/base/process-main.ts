@@ -1,7 +1,7 @@
 // The shape every long-running process of ours shares (worker, router): parse the
 // configuration (exit 2 listing every problem), start, print one ready JSON line on stdout, and
 // on SIGINT/SIGTERM close in order and exit; a second signal exits at once.
-import { ConfigError } from './config.ts';
+import { ConfigError } from './flags.ts';
 import { createLogger, type Logger } from './log.ts';
 
 export interface MainOptions<C extends { logLevel: string }> {

@@ -1,7 +1,7 @@
-// `make up`: runs the local federation in the foreground (src/system/federation.ts: a hub and two
+// `make up`: runs the local federation in the foreground (src/assembly/federation.ts: a hub and two
 // worker clusters, region-a and region-b, each with its worker, router and Envoy), writes
 // `.asb/env` when it is ready, prints the endpoints, restarts a process that crashes (with
-// backoff, giving up on one that keeps crashing: src/system/supervisor.ts), and on Ctrl-C or
+// backoff, giving up on one that keeps crashing: src/assembly/supervisor.ts), and on Ctrl-C or
 // SIGTERM stops everything it started, in order, and exits after the last. A second signal kills
 // everything at once and still waits for it to be gone.
 //
@@ -35,14 +35,14 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { acquireOwnerLock, OwnerLockHeld } from '../store/owner-lock.ts';
 import { dropClientSettings, type EnvFileKey } from './client-settings.ts';
-import { privateDir } from './private-files.ts';
-import { createLogger } from './log.ts';
-import { derivedNetwork, nthSubnet } from './local-network.ts';
+import { privateDir } from '../base/private-files.ts';
+import { createLogger } from '../base/log.ts';
+import { derivedNetwork, nthSubnet } from '../runtime/local/derived-network.ts';
 import { startFederation, type Federation } from './federation.ts';
 import { ensureEdgeTls } from '../edge/tls.ts';
 import { freePort, startLocalSystem, type LocalSystem } from './local-system.ts';
 import { writeKubeconfig, type KubeCluster } from './kubeconfig.ts';
-import { systemClock } from './clock.ts';
+import { systemClock } from '../base/clock.ts';
 import { startLocalRegistry, type LocalRegistry } from '../images/local-registry.ts';
 import { defaultSeedDir } from '../images/seed.ts';
 import { restartDelay, type SupervisorOptions } from './supervisor.ts';
@@ -95,7 +95,7 @@ const REGISTRY_CRASH_WINDOW_MS = 60_000;
 /** A signal this soon after the first is its echo (make forwarding it), not a second Ctrl-C. */
 const ECHO_WINDOW_MS = 1000;
 
-/** How make up supervises its processes (src/system/supervisor.ts): said on the console. */
+/** How make up supervises its processes (src/assembly/supervisor.ts): said on the console. */
 function supervisorPolicy(): SupervisorOptions {
   return { clock: systemClock, say: (line) => console.error(`supervisor: ${line}`) };
 }

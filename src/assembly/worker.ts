@@ -2,7 +2,7 @@
 // closed in the reverse order under one deadline. --role splits it across processes on the kube
 // store: operator (controllers under a leader Lease, /healthz and /metrics only) and api (the
 // APIs and a claim front of its own, no controllers); --role=all is the whole of it.
-import { listen, packageVersion } from './http-server.ts';
+import { listen, packageVersion } from '../http/http-server.ts';
 import { readFileSync } from 'node:fs';
 import { TemplateBuilds } from '../builds/service.ts';
 import { TeamFileStore } from '../builds/files.ts';
@@ -33,16 +33,16 @@ import { EXITING_OWNER_WAIT_MS, openSqliteStore } from '../store/sqlite.ts';
 import type { ObjectStore } from '../store/store.ts';
 import { createAccessTokens, loadClusterSecret } from '../worker/access-token.ts';
 import type { WorkerOperator } from '../worker/deps.ts';
-import { createPipeline } from '../worker/pipeline.ts';
-import { createRouter, type Route } from '../worker/router.ts';
+import { createPipeline } from '../http/pipeline.ts';
+import { createRouter, type Route } from '../http/router.ts';
 import { e2bEventRoutes, eventRoutes, type EventsApi } from '../worker/routes-events.ts';
-import { DEFAULT_JSON_LIMIT_BYTES } from '../worker/body.ts';
+import { DEFAULT_JSON_LIMIT_BYTES } from '../http/body.ts';
 import { createWorkerServer } from '../worker/server.ts';
 import { watchHubLink } from '../worker/sync/hub-link.ts';
 import { startSyncAgent, type SyncAgent } from '../worker/sync/sync-agent.ts';
-import { systemClock, type Clock } from './clock.ts';
-import type { WorkerConfig } from './config.ts';
-import type { Logger } from './log.ts';
+import { systemClock, type Clock } from '../base/clock.ts';
+import type { WorkerConfig } from './worker-config.ts';
+import type { Logger } from '../base/log.ts';
 import { CredentialStore } from '../egress/credential-store.ts';
 import { EventLog } from '../events/event-log.ts';
 import { startLifecycleEvents } from '../events/lifecycle-events.ts';
@@ -50,7 +50,7 @@ import { ensureEgressCa, type HostCertificate } from '../egress/egress-ca.ts';
 import type { EgressPolicySource } from '../egress/egress-decision.ts';
 import { startEgressServices } from '../egress/egress-services.ts';
 import { parseSubnet } from '../runtime/local/network.ts';
-import { privateDir } from './private-files.ts';
+import { privateDir } from '../base/private-files.ts';
 import type { KubeConnection, LedControllers } from './worker-kube.ts';
 
 export interface WorkerDeps {

@@ -89,3 +89,8 @@ export async function readJson(req: IncomingMessage, limitBytes: number = DEFAUL
     throw new AsbError('MalformedJson', `request body is not valid JSON: ${message}`);
   }
 }
+
+/** A parsed JSON body that is an object (not null, not an array). */
+export function isPlainObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}

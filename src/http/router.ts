@@ -3,7 +3,7 @@
 import type { IncomingMessage } from 'node:http';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError, type ErrorCode } from '../errors.ts';
-import type { Logger } from '../system/log.ts';
+import type { Logger } from '../base/log.ts';
 
 export type Method = 'GET' | 'PUT' | 'POST' | 'DELETE' | 'PATCH';
 

@@ -34,3 +34,13 @@ export function parseFlags(argv: readonly string[], problems: string[], switches
   }
   return flags;
 }
+
+/** A process's configuration is wrong: every problem found, one per line. */
+export class ConfigError extends Error {
+  readonly problems: readonly string[];
+  constructor(problems: string[]) {
+    super(`invalid configuration:\n  ${problems.join('\n  ')}`);
+    this.name = 'ConfigError';
+    this.problems = problems;
+  }
+}

@@ -9,11 +9,11 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { ensureEdgeTls, ensureFederationTls } from '../edge/tls.ts';
-import { startChild, type ReadyChild } from './child.ts';
+import { startChild, type ReadyChild } from '../base/child.ts';
 import { freePort, startLocalSystem, supervisedBy, type LocalSystem } from './local-system.ts';
 import type { SupervisorOptions } from './supervisor.ts';
-import type { Logger } from './log.ts';
-import { privateDir } from './private-files.ts';
+import type { Logger } from '../base/log.ts';
+import { privateDir } from '../base/private-files.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
 
@@ -44,7 +44,7 @@ export interface FederationOptions {
   /** The hub's port on 127.0.0.1; 0 picks a free one. */
   hubPort: number;
   clusters: readonly FederatedClusterOptions[];
-  /** Restart crashed processes (make up); see src/system/supervisor.ts. */
+  /** Restart crashed processes (make up); see src/assembly/supervisor.ts. */
   supervise?: SupervisorOptions;
 }
 
@@ -73,7 +73,7 @@ export interface Federation {
 }
 
 export async function startFederation(opts: FederationOptions): Promise<Federation> {
-  // Private: stores, logs and keys live below (src/system/private-files.ts).
+  // Private: stores, logs and keys live below (src/base/private-files.ts).
   privateDir(opts.stateDir);
   const logs = join(opts.stateDir, 'logs');
   privateDir(logs);

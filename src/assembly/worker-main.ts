@@ -1,8 +1,8 @@
-// The worker process: `node src/system/worker-main.ts [--flag value]...` (flags and ASB_*
-// variables in src/system/config.ts). Prints one JSON line `{"ready":true,...}` on stdout when
+// The worker process: `node src/assembly/worker-main.ts [--flag value]...` (flags and ASB_*
+// variables in src/assembly/worker-config.ts). Prints one JSON line `{"ready":true,...}` on stdout when
 // it serves; logs go to stderr. SIGINT/SIGTERM hibernate its sandboxes and close it in order.
-import { parseWorkerConfig } from './config.ts';
-import { runMain } from './process-main.ts';
+import { parseWorkerConfig } from './worker-config.ts';
+import { runMain } from '../base/process-main.ts';
 import { startWorker } from './worker.ts';
 
 runMain({

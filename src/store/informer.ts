@@ -4,8 +4,8 @@
 // across the gap. Handlers receive the key plus the current and previous object so they can map
 // a change to the keys of other controllers (owner, pool, claim); controllers only see keys.
 import type { KubeObject, ResourceType } from '../api/meta.ts';
-import type { Clock, Timer } from '../system/clock.ts';
-import type { Logger } from '../system/log.ts';
+import type { Clock, Timer } from '../base/clock.ts';
+import type { Logger } from '../base/log.ts';
 import type { ObjectStore, Watch, WatchEvent } from '../store/store.ts';
 
 export type ChangeHandler<T> = (key: string, current: T | undefined, previous: T | undefined) => void;

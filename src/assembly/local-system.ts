@@ -3,16 +3,16 @@
 // Envoy in front. Started in that order; stopped in the reverse one (Envoy stops taking
 // traffic, the router closes, the worker hibernates its sandboxes and closes the store).
 // With `supervise` (make up), a process that crashes is started again on the same ports and
-// data (src/system/supervisor.ts); ports asked as 0 are fixed before the first start for that.
+// data (src/assembly/supervisor.ts); ports asked as 0 are fixed before the first start for that.
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import type { EdgeConfigOptions } from '../edge/envoy-config.ts';
 import { EnvoyProcess } from '../edge/envoy-process.ts';
 import type { EdgeTlsFiles } from '../edge/tls.ts';
-import type { Logger } from './log.ts';
-import { privateDir } from './private-files.ts';
-import { startChild, type ReadyChild } from './child.ts';
+import type { Logger } from '../base/log.ts';
+import { privateDir } from '../base/private-files.ts';
+import { startChild, type ReadyChild } from '../base/child.ts';
 import { supervise, unsupervised, type Run, type Supervised, type SupervisorOptions } from './supervisor.ts';
 
 const repoRoot = resolve(import.meta.dirname, '../..');
@@ -31,7 +31,7 @@ export interface LocalSystemOptions {
   routerPort: number;
   domain: string;
   clusterName: string;
-  /** Extra worker flags (src/system/config.ts), e.g. --cluster-tag, --bridge, --subnet, --base-pool. */
+  /** Extra worker flags (src/assembly/worker-config.ts), e.g. --cluster-tag, --bridge, --subnet, --base-pool. */
   workerArgs?: readonly string[];
   /** Extra router flags (src/router/router-config.ts). */
   routerArgs?: readonly string[];
@@ -120,7 +120,7 @@ function envoyRuns(stateDir: string, log: Logger, config: EdgeConfigOptions, own
 }
 
 export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalSystem> {
-  // Private: stores, logs and keys live below (src/system/private-files.ts).
+  // Private: stores, logs and keys live below (src/base/private-files.ts).
   privateDir(opts.stateDir);
   const logs = join(opts.stateDir, 'logs');
   privateDir(logs);
@@ -144,7 +144,7 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
     const startWorker = (): Promise<ReadyChild<WorkerReady>> => startChild<WorkerReady>({
       name: 'worker',
       ownGroup,
-      entry: join(repoRoot, 'src/system/worker-main.ts'),
+      entry: join(repoRoot, 'src/assembly/worker-main.ts'),
       args: [
         '--data-dir', join(opts.stateDir, 'data'),
         '--admin-key-file', keyFile,

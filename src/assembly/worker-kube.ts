@@ -18,9 +18,9 @@ import { startSyncAgent, type SyncAgent } from '../worker/sync/sync-agent.ts';
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { Registry } from 'prom-client';
 import { createKubeRuntime } from '../runtime/kube/kube-runtime.ts';
-import type { Clock } from './clock.ts';
-import type { WorkerConfig } from './config.ts';
-import type { Logger } from './log.ts';
+import type { Clock } from '../base/clock.ts';
+import type { WorkerConfig } from './worker-config.ts';
+import type { Logger } from '../base/log.ts';
 
 export interface KubeConnection {
   store: KubeStore;

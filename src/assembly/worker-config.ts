@@ -5,8 +5,8 @@ import { isClusterTag } from '../api/ids.ts';
 import { AsbError } from '../errors.ts';
 import { DEFAULT_EGRESS_FLOOR, parseEgressFloor, type EgressFloor } from '../network/egress-floor.ts';
 import { DEFAULT_EGRESS_POLICY, parseCidr, parseEgressPolicy, type EgressPolicy } from '../network/egress-policy.ts';
-import { parseFlags } from './flags.ts';
-import { derivedNetwork } from './local-network.ts';
+import { ConfigError, parseFlags } from '../base/flags.ts';
+import { derivedNetwork } from '../runtime/local/derived-network.ts';
 
 export interface WorkerConfig {
   /** ASB_DATA_DIR / --data-dir: store, pod filesystems and volumes live here. Default .asb/data */
@@ -238,15 +238,6 @@ const SOURCES: Record<Key, { env: string; flag: string }> = {
   snapshotGibPerTeam: { env: 'ASB_SNAPSHOT_GIB_PER_TEAM', flag: 'snapshot-gib-per-team' },
   criu: { env: 'ASB_CRIU', flag: 'criu' },
 };
-
-export class ConfigError extends Error {
-  readonly problems: readonly string[];
-  constructor(problems: string[]) {
-    super(`invalid configuration:\n  ${problems.join('\n  ')}`);
-    this.name = 'ConfigError';
-    this.problems = problems;
-  }
-}
 
 /** Flags (`--name value` or `--name=value`) win over environment variables, which win over defaults. */
 export function parseWorkerConfig(argv: readonly string[], env: Readonly<Record<string, string | undefined>>): WorkerConfig {

@@ -5,7 +5,7 @@
 // message saying so and where its log is, rather than restarted forever; the other processes
 // keep serving meanwhile (other clusters, the edge's failover to them through the hub).
 // Every decision is said on the console, so a user sees what happened without reading logs.
-import type { Clock, Timer } from './clock.ts';
+import type { Clock, Timer } from '../base/clock.ts';
 
 /** One run of a supervised process. */
 export interface Run {

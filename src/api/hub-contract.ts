@@ -151,3 +151,6 @@ export interface PlacementResult {
   /** Clusters left out, each with why (`drained`, `down`, `no template default/base`, `not the named cluster`). */
   skipped: { cluster: string; reason: string }[];
 }
+
+/** The annotations a worker's sync writes on what it took from the hub: that it came from there, and at which version. */
+export const SYNC_ANNOTATION = { from: 'asb.dev/synced-from', version: 'asb.dev/synced-version' } as const;

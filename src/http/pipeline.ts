@@ -6,7 +6,7 @@ import { randomUUID } from 'node:crypto';
 import type { Counter } from 'prom-client';
 import type { Principal } from '../auth/keyring.ts';
 import { AsbError } from '../errors.ts';
-import type { Logger } from '../system/log.ts';
+import type { Logger } from '../base/log.ts';
 import { AUTH_HINT, presentedKey } from './presented-key.ts';
 import { toAsbError, writeProblem } from './problem.ts';
 import type { Reply, Router } from './router.ts';
