@@ -153,7 +153,7 @@ lint: deps
 bench: deps kube-tools kube-node bench-tools images runc runsc
 	@$(NODE) bench/run.ts
 
-# The soak (bench/soak/run.ts, README "Soak"): make up's whole federation on runc and gVisor under a
+# The soak (bench/soak/run.ts, docs/operations.md "Soak"): make up's whole federation on runc and gVisor under a
 # mixed workload with a kill -9 of each process kind in turn, for SOAK_MINUTES (default 30), then
 # checked (nothing acknowledged lost, nothing left, no growth, latency flat); exit 1 names what
 # failed. Not part of make test, which runs its checks' unit test (test/soak-checks.test.ts).

@@ -1,10 +1,10 @@
 // `make bench`: benchmarks, not tests. Runs the real local system (worker with the real store
 // and runtime, router, Envoy), measures, prints a table, writes bench/results/<time>.json and
-// bench/results/latest.json, and replaces the table between the bench markers in README.md.
+// bench/results/latest.json, and replaces the table between the bench markers in docs/benchmarks.md (and the README's headline rows).
 //
 // `node bench/run.ts [claims] [runtime] [refill] [wake] [state] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress] [build] [kube-build]` runs only those parts (default: all but refill, whose rows the runtime part measures once); a
-// partial run replaces its own rows in the README table and in latest.json and keeps the others.
-import { rewriteReadmeBlock } from './readme-block.ts';
+// partial run replaces its own rows in that table and in latest.json and keeps the others.
+import { headlineLines, readBlock, rewriteReadmeBlock } from './readme-block.ts';
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -442,9 +442,10 @@ function readLatest(path: string): { results: Record<string, unknown>; rows: Row
 }
 
 /**
- * Rewrites the table between the bench markers in README.md. A full run writes it whole under
- * `header`. A partial run keeps the other rows and the header, replaces or appends its own rows,
- * and states when they were measured in a note under the header (one note per command).
+ * Rewrites the table between the bench markers (docs/benchmarks.md). A full run writes it whole
+ * under `header`. A partial run keeps the other rows and the header, replaces or appends its own
+ * rows, and states when they were measured in a note under the header (one note per command).
+ * Then the README's headline rows (the bench-headline markers) take the new figures.
  */
 function updateReadme(rows: readonly Row[], how: { header: string } | { note: string }): void {
   rewriteReadmeBlock('bench', (inner) => {
@@ -457,6 +458,8 @@ function updateReadme(rows: readonly Row[], how: { header: string } | { note: st
     const notes = lines.filter((l) => l.startsWith('Rows of `') && !l.startsWith(command));
     return [lines[0] ?? '', ...notes, how.note, '', ...tableLines([]), ...merged.map((m) => m.line)];
   });
+  const full = readBlock('bench');
+  if (full !== undefined) rewriteReadmeBlock('bench-headline', (headline) => headlineLines(headline, full));
 }
 
 main().then(

@@ -11,7 +11,7 @@
 //   kernel's unreclaimable memory that grows per pod, system-wide (an upper bound: it includes the
 //   kernel memory of the pod's own processes; cgroup v1 charges a pod's cgroup its kmem, but that
 //   includes reclaimable slab, so the two cannot be subtracted).
-// coldStarts, refillPods and wakes take any PodRuntime: the README's before-runc figures are theirs,
+// coldStarts, refillPods and wakes take any PodRuntime: docs/benchmarks.md's before-runc figures are theirs,
 // run against the home-made runtime of commit 35bfca9.
 // gVisor (runtimeClassName: gvisor): the same cold start and wake, when runsc is built (make runsc).
 import { createHash } from 'node:crypto';

@@ -19,7 +19,7 @@
 #                                 /home/user). agent-sandbox/base runs as that user in /home/user
 #                                 and idles (`sleep infinity`: a sandbox's main process must not exit);
 #                                 python:3.11 runs as root like Docker's. Both share the layer.
-# Cost measured on 2 busy cores: see README ("Images and the local registry").
+# Cost measured on 2 busy cores: see docs/images.md ("Images and the local registry").
 # Usage: scripts/build-images.sh   (make images; make test runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."

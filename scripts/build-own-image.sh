@@ -18,7 +18,7 @@
 #   base/        the base's own OCI layout and stamp (rebuilt only when its recipe below changes)
 #   storage/     buildah's containers-storage (overlay): cached layers for the next build
 #   .stamp       hash of every input; a second run with the same sources costs a few hundred ms
-# Cost measured on 2 busy cores: see README ("The project's own image").
+# Cost measured on 2 busy cores: see docs/images.md ("The project's own image").
 # Usage: scripts/build-own-image.sh   (make own-image; make test runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."

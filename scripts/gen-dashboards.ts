@@ -6,7 +6,7 @@
 //
 // Labels the queries rely on: `cluster` is a target label the scrape config gives every worker,
 // router and Envoy target (the hub's own series carry `cluster` themselves); `job` is asb-worker,
-// asb-router, asb-envoy or asb-hub (README, "Dashboards and alerts").
+// asb-router, asb-envoy or asb-hub (docs/operations.md, "Dashboards and alerts").
 import { writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';

@@ -43,7 +43,7 @@ test('the web console: log in, see clusters, pools and sandboxes, use a terminal
   const teamKey = (key.json as { key: string }).key;
   await waitFor('the cluster connected', async () => ((await hubCall('GET', '/v1/federation')).json as { clusters: { health: string }[] }).clusters[0]?.health === 'healthy' ? true : undefined);
   // The hub forwards the create below with this key, and a worker knows a key only once sync has
-  // brought it there ("a key every cluster accepts within the sync bound", README; the bound is
+  // brought it there ("a key every cluster accepts within the sync bound", docs/federation.md; the bound is
   // test/sync.test.ts's to assert): as a user would, wait until the worker takes it.
   await waitFor('the team key accepted at the worker', async () => ((await call({ url: worker.apiUrl }, 'GET', '/v1/status', { key: teamKey })).status === 200 ? true : undefined), 30_000, 100);
   const created = await call(hub, 'POST', '/v1/sandboxes', { key: teamKey, json: { template: 'base' } });

@@ -142,7 +142,7 @@ test('every dashboard panel and every alert expression answers from a real Prome
     }
   }
 
-  // The README's picture (Grafana is not in Debian): ASB_DASHBOARD_PNG=<file> drives half a
+  // docs/operations.md's picture (Grafana is not in Debian): ASB_DASHBOARD_PNG=<file> drives half a
   // minute more traffic, then Chromium photographs two panels' queries in Prometheus's own graph page.
   const picture = process.env.ASB_DASHBOARD_PNG;
   if (picture !== undefined) {

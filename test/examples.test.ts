@@ -1,4 +1,4 @@
-// The examples the README tells users to apply must stay valid.
+// The examples README.md and docs/ tell users to apply must stay valid.
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { test } from 'node:test';

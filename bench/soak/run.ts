@@ -339,7 +339,7 @@ async function main(): Promise<void> {
     mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, `soak-${stamp}.json`), JSON.stringify(results, null, 2));
     writeFileSync(join(dir, 'soak-latest.json'), JSON.stringify(results, null, 2));
-    // The README's table, as make bench replaces its own: between the soak markers.
+    // The table in docs/operations.md, as make bench replaces its own: between the soak markers.
     const when = `Measured ${new Date().toISOString().slice(0, 10)} by \`SOAK_MINUTES=${String(minutes)}${FAULTS.length === ALL_FAULTS.length ? '' : ` SOAK_FAULTS=${FAULTS.join(',')}`} make soak\` (${failed.length === 0 ? 'passed' : `FAILED: ${failed.map((c) => c.name).join('; ')}`}).`;
     rewriteReadmeBlock('soak', () => [when, ...lines]);
   }
