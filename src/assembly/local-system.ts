@@ -171,7 +171,7 @@ export async function startLocalSystem(opts: LocalSystemOptions): Promise<LocalS
         '--domain', opts.domain,
         '--worker', `${opts.clusterName}=${firstWorker.apiUrl}`,
         '--worker-key-file', keyFile,
-        // Prometheus scrapes it (README, "Dashboards and alerts"); the ready line says its port.
+        // Prometheus scrapes it (docs/operations.md, "Dashboards and alerts"); the ready line says its port.
         '--metrics-listen', `127.0.0.1:${routerMetricsPort}`,
         ...(opts.routerArgs ?? []),
       ],

@@ -27,7 +27,7 @@
 //   ASB_EGRESS_PROXY_PORT  region-a's egress proxy (default 15001; region-b: +1; 0 picks a free one; off: none).
 //                          Sandboxes' outbound TCP goes through it (the Envoy `egress` listener on the
 //                          pods' gateway; the worker's decision service on 127.0.0.1 at the same
-//                          port); without it domain entries of a policy are refused (README "Egress proxy")
+//                          port); without it domain entries of a policy are refused (docs/networking.md, "Egress proxy")
 //   ASB_REGISTRY_PORT      the image registry on 127.0.0.1 (default 5050), docker.io's mirror for
 //                          every worker; its data in .asb/registry, the image cache in .asb/images
 import { renameSync, writeFileSync } from 'node:fs';
@@ -60,7 +60,7 @@ function port(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
   return value;
 }
 
-/** The product default: every sandbox's domain entries are decided (README "Egress proxy"). */
+/** The product default: every sandbox's domain entries are decided (docs/networking.md, "Egress proxy"). */
 const DEFAULT_EGRESS_PROXY_PORT = 15001;
 
 /** `--egress-proxy-port` for the cluster at `step` (region-b: +1), or none when ASB_EGRESS_PROXY_PORT=off. */
@@ -233,7 +233,7 @@ Ctrl-C stops everything.`);
 /**
  * What an unmodified E2B program needs after `source .asb/env`: the API and envd through the edge
  * (header routing, plain HTTP), our key, and the domain for getHost(). Over HTTPS instead: unset
- * E2B_API_URL and E2B_SANDBOX_URL, set E2B_DOMAIN to the TLS port and trust ASB_CA_CERT (README).
+ * E2B_API_URL and E2B_SANDBOX_URL, set E2B_DOMAIN to the TLS port and trust ASB_CA_CERT (docs/compatibility.md).
  */
 function e2bEnv(edgeUrl: string, key: string, domain: string): Record<string, string> {
   return { E2B_API_URL: edgeUrl, E2B_SANDBOX_URL: edgeUrl, E2B_API_KEY: key, E2B_DOMAIN: `${domain}:${new URL(edgeUrl).port}` };

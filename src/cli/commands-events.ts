@@ -46,7 +46,7 @@ Options:
   --json                 machine-readable output
 
 Each delivery carries asb-timestamp and asb-signature: v1=<hex HMAC-SHA256 of "<timestamp>.<body>">
-keyed with the secret; see the README's "Events and webhooks".
+keyed with the secret; see docs/events.md.
 
 Example:
   openssl rand -hex 32 | tee hook.secret | asb webhook add https://example.com/asb-events`,

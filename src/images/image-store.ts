@@ -3,9 +3,9 @@
 // has only its own upper dir). Maintained tools do the registry protocol and the layer
 // extraction; this file only decides names, order, timeouts and clean-up.
 //
-// Why skopeo + umoci and not containerd (research/runtime.md §2a, §3b, and the README's
+// Why skopeo + umoci and not containerd (research/runtime.md §2a, §3b, and docs/images.md's
 // figures): both are Debian packages (no build, ~7 s to install), need no daemon, and pull and
-// unpack the images here in seconds (README); containerd 2.x needs a 92 s Go build on these 2
+// unpack the images here in seconds (docs/images.md); containerd 2.x needs a 92 s Go build on these 2
 // cores and a long-running daemon with its own root, state and socket to supervise, for the same
 // result (its overlayfs snapshotter gives the same lowerdirs). The Kubernetes tier gets containerd
 // through the kubelet; this file serves the local runtime.

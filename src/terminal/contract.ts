@@ -1,7 +1,7 @@
 // The terminal protocol: one WebSocket per session into a PTY inside a sandbox. Served by every
 // worker (src/worker/) and by the hub, which proxies it to the owning worker (src/hub/); reachable
 // straight through the edge Envoy as well (api.<domain> or an IP host, path below). The worker,
-// the hub, `asb shell` and the web console all follow this file; the README documents it.
+// the hub, `asb shell` and the web console all follow this file; docs/api-and-cli.md documents it.
 //
 // Open:   GET /v1/sandboxes/{id}/terminal?cols=<1-1000>&rows=<1-1000>[&command=<argv0>&command=<argv1>...]
 //         Upgrade: websocket. Authenticated by EITHER `Authorization: Bearer <API key>` (CLI)

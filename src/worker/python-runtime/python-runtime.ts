@@ -7,7 +7,7 @@
 // The sandbox-router proxy (../sandbox-router/proxy.ts) has already checked the API key and the
 // team, and woken or waited for the sandbox; this answers the call.
 //
-// Choices where upstream's reference server differs or is silent (README "The kubernetes-sigs SDK"):
+// Choices where upstream's reference server differs or is silent (docs/compatibility.md, "The kubernetes-sigs Python SDK"):
 // - Exec: the command string runs as `sh -c <command>` (what the SDK's sandboxd flavour and E2B's
 //   commands.run do; the reference shlex-splits it and runs it without a shell), as the pod's own
 //   user, in the base directory, with the pod's environment. A timeout (timeout_seconds, capped at
