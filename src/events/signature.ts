@@ -1,4 +1,5 @@
-// How a webhook delivery is signed, and how a receiver checks it (docs/events.md). The signature is HMAC-SHA256, keyed with the webhook's secret, over
+// How a webhook delivery is signed, and how a receiver checks it (docs/events.md). The
+// signature is HMAC-SHA256, keyed with the webhook's secret, over
 // `<timestamp>.<raw body>`, where the timestamp (Unix seconds) is the asb-timestamp header: a
 // receiver that refuses timestamps more than a few minutes from its clock refuses a replayed
 // delivery, and the body cannot be moved to another timestamp without the secret.
