@@ -7,8 +7,8 @@ NODE := $(CURDIR)/.tools/node/bin/node
 # Debian packages as package:command pairs; the command proves the package is installed.
 APT_RUNTIME := iproute2:ip nftables:nft util-linux:unshare util-linux:nsenter procps:ps gcc:cc openssl:openssl e2fsprogs:mkfs.ext4 conntrack:conntrack
 APT_TEST := prometheus:promtool chromium:chromium
-# Images (issue 16): the loopback registry, pull and unpack, and the tools that build the seed
-# images from Debian packages (scripts/build-images.sh).
+# Images: the loopback registry, pull and unpack, and the tools that build the seed images from
+# Debian packages (scripts/build-images.sh).
 APT_IMAGES := docker-registry:docker-registry skopeo:skopeo umoci:umoci mmdebstrap:mmdebstrap
 # The project's own image (Dockerfile) is built with Debian's buildah (scripts/build-own-image.sh).
 APT_OWN_IMAGE := buildah:buildah
@@ -87,7 +87,7 @@ kube-tools:
 	@scripts/kube-tools.sh
 	@scripts/go-build.sh tools/kube/test-kubelet .tools/kube/bin/test-kubelet
 
-# The tier's real node (issue 19, test/support/kube-node.ts): kubelet, kube-scheduler,
+# The tier's real node (test/support/kube-node.ts): kubelet, kube-scheduler,
 # kube-controller-manager and kube-proxy v1.37.1, CoreDNS v1.15.0 (four plugins), containerd v2.4.2 with its runc shim, gVisor's containerd shim,
 # the CNI plugins bridge/host-local/loopback and a static pause image, all built with Go and gcc by
 # scripts/kube-node-build.sh into .tools/kube-node (stamped: ~5 ms after the first time). First
@@ -123,8 +123,8 @@ runc:
 
 # gVisor's runsc (tools/runsc/go.mod pins gvisor.dev/gvisor) built static with Go from the module
 # proxy into .tools/runsc/bin, for pods whose runtimeClassName is gvisor (~50 s the first time on 2
-# cores, a few ms after; scripts/runsc-build.sh says why it must be static). Not yet used by the
-# local runtime (issue 16).
+# cores, a few ms after; scripts/runsc-build.sh says why it must be static). The local runtime runs
+# gvisor pods with it.
 runsc:
 	@scripts/runsc-build.sh
 

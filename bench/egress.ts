@@ -1,12 +1,12 @@
-// Egress through the proxy against direct egress, in the same run (issue 17, point 6). A sandbox
-// namespace reaches the same public servers two ways: through the kernel redirect, the cluster
-// Envoy's egress listener and the decision service (the production path), or over a direct
-// link (egress-net.ts addDirectLink: one veth hop, no NAT: direct egress at its cheapest, so
-// the ratios are conservative). Direct and proxied alternate, 3 rounds each, on the same 2 cores;
-// each side keeps its best round (other work on a shared machine only ever slows a round down).
-// The bulk row also measures a floor in the same rounds: the same Envoy binary as a bare TCP
-// proxy (one listener, tcp_proxy to the server; no original_dst, no inspectors, no ext_authz),
-// so a ratio below target can be read as "Envoy's own cost" or "ours on top of it".
+// Egress through the proxy against direct egress, in the same run. A sandbox namespace reaches the
+// same public servers two ways: through the kernel redirect, the cluster Envoy's egress listener
+// and the decision service (the production path), or over a direct link (egress-net.ts
+// addDirectLink: one veth hop, no NAT: direct egress at its cheapest, so the ratios are
+// conservative). Direct and proxied alternate, 3 rounds each, on the same 2 cores; each side keeps
+// its best round (other work on a shared machine only ever slows a round down). The bulk row also
+// measures a floor in the same rounds: the same Envoy binary as a bare TCP proxy (one listener,
+// tcp_proxy to the server; no original_dst, no inspectors, no ext_authz), so a ratio below target
+// can be read as "Envoy's own cost" or "ours on top of it".
 import { spawn } from 'node:child_process';
 import { connect } from 'node:net';
 import { join } from 'node:path';

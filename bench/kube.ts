@@ -2,7 +2,7 @@
 // our CRDs, a real node (test/support/kube-node.ts: the kubelet on containerd and runc), and a
 // worker process with --store=kube --runtime=kube.
 //
-// Through the kubelet (issue 19): a cold Sandbox to Ready (create with wait, a template with no
+// Through the kubelet: a cold Sandbox to Ready (create with wait, a template with no
 // pool, the image already in containerd's cache, one at a time: the Pod's schedule, sandbox, CNI
 // and container start), and a wake from Suspended (resume with wait of a sandbox once it is
 // Hibernated, its Pod deleted: a new Pod).

@@ -1,9 +1,9 @@
-// The floor under the refill row (issue 16 point 9): the same number of pods of the same cached
-// image, all started at once as the refill's start()s are, by the raw tools with no Node in the
-// loop: refill-floor.c once per pod under `xargs -P <pods>`. Each does a pod's whole work (its
-// disk, overlay rootfs, the runtime's own config.json, `runc create`, a veth on a bridge, eth0's
-// address, `runc start`); refill-floor.c lists the steps. The bench times it in the same run as
-// the refill, so both see the same machine: a target below it blocks nothing by itself.
+// The floor under the refill row: the same number of pods of the same cached image, all started at
+// once as the refill's start()s are, by the raw tools with no Node in the loop: refill-floor.c once
+// per pod under `xargs -P <pods>`. Each does a pod's whole work (its disk, overlay rootfs, the
+// runtime's own config.json, `runc create`, a veth on a bridge, eth0's address, `runc start`);
+// refill-floor.c lists the steps. The bench times it in the same run as the refill, so both see the
+// same machine: a target below it blocks nothing by itself.
 import { spawn } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';

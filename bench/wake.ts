@@ -3,10 +3,11 @@
 // - `wakeready`: the server listens as soon as its pod starts and a readiness probe says so: the
 //   cost of the wake itself (resume, feed, router release);
 // - `wakeslow`: the server starts listening LISTEN_DELAY_S after its pod starts, with no probe,
-//   as any app that loads before it binds. Issue 15: the router released the request when the
-//   pod ran, and the client got 503s for as long as the server was not listening;
-// - `wakegvisor`: `wakeready` with `runtimeClassName: gvisor`, gVisor's figure beside runc's
-//   (issue 16 point 6); absent when this machine cannot run runsc;
+//   as any app that loads before it binds. Before the router waited for the port, it released
+//   the request when the pod ran, and the client got 503s for as long as the server was not
+//   listening;
+// - `wakegvisor`: `wakeready` with `runtimeClassName: gvisor`, gVisor's figure beside runc's,
+//   absent when this machine cannot run runsc;
 // - `wakememory`: a gVisor app holding 64 MiB, paused with its memory (pause {memory: true}) and
 //   woken by restoring it: the server answers from where it was, no start-up of its own;
 // - `wakememrunc`: the same app on runc (suspensionStrategy Hibernate, CRIU's restore).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the real Kubernetes node of the test tier (issue 19; test/support/kube-node.ts runs it)
+# Builds the real Kubernetes node of the test tier (test/support/kube-node.ts runs it)
 # with Go from the module proxy and gcc, into .tools/kube-node:
 #   bin/  kubelet, kube-scheduler, kube-controller-manager, kube-proxy (k8s.io/kubernetes,
 #         tools/kube/go.mod, the same module and version ldflags as scripts/kube-tools.sh's

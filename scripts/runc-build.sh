@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds runc (the OCI runtime the local runtime will drive, issue 16) with Go from the module
-# proxy: github.com/opencontainers/runc at the version tools/runc/go.mod pins, with cgo and the
-# `seccomp` build tag against Debian's libseccomp-dev, into .tools/runc/bin/runc. A stamp holds
-# the hash of go.mod, go.sum and the flags: a second run costs a few ms, a change rebuilds.
+# Builds runc (the OCI runtime the local runtime drives) with Go from the module proxy:
+# github.com/opencontainers/runc at the version tools/runc/go.mod pins, with cgo and the `seccomp`
+# build tag against Debian's libseccomp-dev, into .tools/runc/bin/runc. A stamp holds the hash of
+# go.mod, go.sum and the flags: a second run costs a few ms, a change rebuilds.
 # Measured on 2 busy cores: see docs/images.md ("Images and the local registry").
 # Usage: scripts/runc-build.sh   (make runc; make test runs it)
 set -euo pipefail

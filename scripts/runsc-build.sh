@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds gVisor's runsc (the OCI runtime for pods whose runtimeClassName is gvisor, issue 16) with Go
+# Builds gVisor's runsc (the OCI runtime for pods whose runtimeClassName is gvisor) with Go
 # from the module proxy: gvisor.dev/gvisor at the version tools/runsc/go.mod pins, into
 # .tools/runsc/bin/runsc. A stamp holds the hash of go.mod, go.sum and the flags: a second run
 # costs a few ms, a change rebuilds. ~50 s the first time on 2 cores (~85 MB binary).

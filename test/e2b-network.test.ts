@@ -1,10 +1,9 @@
-// The unmodified E2B SDK's network options (issue 17 point 5) through the real data plane: a
-// worker with real sandboxes behind Envoy and the router, and a stand-in internet in a network
-// namespace this file makes (test/support/egress-world.ts). Sandbox.create with
-// `network: {denyOut, allowOut}` and with `allowInternetAccess: false`, then `updateNetwork`
-// while it runs and pause/connect, and templates that turn the internet off (spec.network and
-// the kubernetes-sigs networkPolicy): each checked from inside the sandbox with curl, and in the
-// worker's metrics (asb_egress_connections_total).
+// The unmodified E2B SDK's network options through the real data plane: a worker with real
+// sandboxes behind Envoy and the router, and a stand-in internet in a network namespace this file
+// makes (test/support/egress-world.ts). Sandbox.create with `network: {denyOut, allowOut}` and with
+// `allowInternetAccess: false`, then `updateNetwork` while it runs and pause/connect, and templates
+// that turn the internet off (spec.network and the kubernetes-sigs networkPolicy): each checked
+// from inside the sandbox with curl, and in the worker's metrics (asb_egress_connections_total).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as e2bLatest from 'e2b';

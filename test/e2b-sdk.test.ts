@@ -81,7 +81,7 @@ test('the E2B SDK through Envoy and the router: commands, pty, files, watch, sig
     await assert.rejects(sbx.files.read('/home/user/project/nope'), NotFoundError);
   });
 
-  // Issue 15: a relative path was taken from /, so `files.write('notes/a.txt')` answered 403
+  // Regression: a relative path was taken from /, so `files.write('notes/a.txt')` answered 403
   // "mkdir: cannot create directory '/notes'". envd takes relative paths and ~ from the home of
   // the request's user.
   await t.test('relative and ~ paths are the user\'s home: write, read, list, exists, getInfo, makeDir, rename, watchDir, remove, cwd', async () => {

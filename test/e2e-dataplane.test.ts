@@ -115,7 +115,7 @@ test('wake on first connection: a request to a hibernated sandbox wakes it and g
   assert.match(String(wokenBy), new RegExp(`^8080-${sb.id}\\.asb\\.localhost(:\\d+)?$`));
 });
 
-// Issue 15: the router released held requests as soon as the woken pod ran, before its server
+// Regression: the router released held requests as soon as the woken pod ran, before its server
 // listened, so the first request after a pause got Envoy's 503 "upstream connect error"
 // (remote connection failure) and so did every retry for the next ~2 s.
 test('wake on first connection, server slower than its pod: each held request gets one 200, never a 503', async (t) => {

@@ -152,8 +152,9 @@ test('a federation of two clusters: placement, any edge reaches any sandbox, a c
     ws.close();
   });
 
-  // Issue 15 across the federation: the owning cluster's router holds the request that came in
-  // on its ingress listener until the woken pod's port accepts, as on its own edge.
+  // The held wake across the federation (a request released before the server listened got a 503):
+  // the owning cluster's router holds the request that came in on its ingress listener until the
+  // woken pod's port accepts, as on its own edge.
   await t.test("through another cluster's edge, a paused sandbox whose server listens late wakes with one 200", async () => {
     const applied = await call(fed, fed.hubUrl, 'POST', '/v1/apply', { objects: [slowListenTemplate('slow', 1.5)] });
     assert.equal(applied.status, 200, JSON.stringify(applied.body));

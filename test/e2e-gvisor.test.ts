@@ -1,9 +1,9 @@
-// The whole local system with a gVisor template (issue 16 point 6): a worker, the router and a
-// real Envoy, and a template whose pod has `runtimeClassName: gvisor`, driven by the unmodified
-// E2B SDK and by plain HTTP through the edge, as a user would. What works on runc must work
-// here: commands with streaming output, the pty, files, envd's HTTP endpoints and metrics, idle
-// hibernation and the wake on the first connection, with the writable layer and the volume kept.
-// One system for the file (its own bridge asbgve1 and subnet 10.212.0.0/16), reused by every subtest.
+// The whole local system with a gVisor template: a worker, the router and a real Envoy, and a
+// template whose pod has `runtimeClassName: gvisor`, driven by the unmodified E2B SDK and by plain
+// HTTP through the edge, as a user would. What works on runc must work here: commands with
+// streaming output, the pty, files, envd's HTTP endpoints and metrics, idle hibernation and the
+// wake on the first connection, with the writable layer and the volume kept. One system for the
+// file (its own bridge asbgve1 and subnet 10.212.0.0/16), reused by every subtest.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as e2b from 'e2b';

@@ -1,5 +1,5 @@
 // What one sandbox's responses and one client's secrets can do at the edge, through a real Envoy
-// 1.40 and the real router (issue 14, probe rows L4 and M4, and "HTTP/2 to sandbox apps fails"):
+// 1.40 and the real router (tenant isolation at the edge, and "HTTP/2 to sandbox apps fails"):
 // - a sandbox cannot set cookies for the parent domain, nor set asb_access (checked in Chromium:
 //   before, sandbox A's `asb_access; Domain=<domain>` locked the browser out of sandbox B);
 // - asb_access set over the HTTPS listener is Secure;

@@ -1,8 +1,8 @@
-// Credential injection (issue 17, point 4): for a host a rule names, the egress proxy terminates
-// the sandbox's TLS with a certificate from the cluster's egress CA (which the sandbox trusts),
-// sets the rule's header to the secret, and connects to the real host over TLS, checking its
-// real certificate. Every other host passes through unopened. The secret reaches the upstream
-// and never the sandbox: not its environment, processes, files, nor any response.
+// Credential injection: for a host a rule names, the egress proxy terminates the sandbox's TLS with
+// a certificate from the cluster's egress CA (which the sandbox trusts), sets the rule's header to
+// the secret, and connects to the real host over TLS, checking its real certificate. Every other
+// host passes through unopened. The secret reaches the upstream and never the sandbox: not its
+// environment, processes, files, nor any response.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { test } from 'node:test';

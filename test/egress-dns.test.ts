@@ -1,7 +1,7 @@
-// The sandbox DNS resolver (issue 17, point 2): real glibc (Python's getaddrinfo) and curl inside
-// a sandbox namespace whose resolv.conf names the gateway. Only names the policy allows are
-// answered, an answer never carries an address the policy denies (private ranges, link-local,
-// denied CIDRs), other record types carry nothing, and each refusal is counted per rule.
+// The sandbox DNS resolver: real glibc (Python's getaddrinfo) and curl inside a sandbox namespace
+// whose resolv.conf names the gateway. Only names the policy allows are answered, an answer never
+// carries an address the policy denies (private ranges, link-local, denied CIDRs), other record
+// types carry nothing, and each refusal is counted per rule.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { PUBLIC_DOMAIN, startEgressProxy, type EgressProxyFixture } from './support/egress-proxy-fixture.ts';

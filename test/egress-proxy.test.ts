@@ -1,8 +1,8 @@
-// The egress proxy (issue 17, point 3): a sandbox's outbound TCP, redirected by the kernel to the
-// cluster Envoy's egress listener, is judged per connection by the egress decision service:
-// HTTPS by its SNI (passed through unopened), plain HTTP by its Host, anything else by address.
-// Real curl inside a network namespace, real public servers in another, the Envoy config
-// production runs (envoy/edge.yaml). Denials fail fast and are counted per sandbox and rule.
+// The egress proxy: a sandbox's outbound TCP, redirected by the kernel to the cluster Envoy's
+// egress listener, is judged per connection by the egress decision service: HTTPS by its SNI
+// (passed through unopened), plain HTTP by its Host, anything else by address. Real curl inside a
+// network namespace, real public servers in another, the Envoy config production runs
+// (envoy/edge.yaml). Denials fail fast and are counted per sandbox and rule.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { PUBLIC_DOMAIN, startEgressProxy, type EgressProxyFixture } from './support/egress-proxy-fixture.ts';

@@ -1,10 +1,10 @@
-// The egress proxy end to end with real sandboxes (issue 17, points 3 and 5): pods of the local
-// runtime (runc) whose outbound TCP the kernel rules DNAT to the cluster Envoy's egress listener
-// on the bridge gateway (LocalRuntimeOptions.egressProxy), decided by the egress decision service
-// from the runtime's own pod → policy map, and whose DNS goes to the sandbox resolver on the
-// gateway. curl and Python's urllib inside the sandbox; the "internet" is a namespace this file
-// makes (test/support/egress-net.ts). On main there is no egress listener: every allowed name
-// here was unreachable and nothing answered the sandbox's DNS.
+// The egress proxy end to end with real sandboxes: pods of the local runtime (runc) whose outbound
+// TCP the kernel rules DNAT to the cluster Envoy's egress listener on the bridge gateway
+// (LocalRuntimeOptions.egressProxy), decided by the egress decision service from the runtime's own
+// pod → policy map, and whose DNS goes to the sandbox resolver on the gateway. curl and Python's
+// urllib inside the sandbox; the "internet" is a namespace this file makes
+// (test/support/egress-net.ts). On main there is no egress listener: every allowed name here was
+// unreachable and nothing answered the sandbox's DNS.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -31,7 +31,8 @@ import { EgressNet } from './support/egress-net.ts';
 import { PUBLIC_DOMAIN } from './support/egress-proxy-fixture.ts';
 import { startTestRuntime, stopTestRuntime } from './support/test-runtime.ts';
 
-// issue 17 egress tests: 10.242/16 for the namespaces, 10.243/16 for this runtime.
+// Subnets: 10.242/16 for the namespaces of test/support/egress-net.ts (egress-credentials,
+// egress-cut, egress-proxy-cut and this file), 10.243/16 for this file's runtime.
 const BRIDGE = 'asbegrt0';
 const SUBNET = '10.243.0.0/16';
 const GATEWAY = '10.243.0.1';

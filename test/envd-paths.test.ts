@@ -1,5 +1,5 @@
 // Where a path an envd caller names lands: envd's ExpandAndResolve (relative paths and ~ from the
-// requesting user's home), pinned without a sandbox. Issue 15: `files.write('notes/a.txt')`
+// requesting user's home), pinned without a sandbox. Regression: `files.write('notes/a.txt')`
 // answered 403 "mkdir: cannot create directory '/notes'" because relative paths were taken from /.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';

@@ -470,7 +470,7 @@ async function upload(query: string, body: string, extra: Record<string, string>
   return { status: res.status, paths: res.status === 200 ? (JSON.parse(text) as { path: string }[]).map((p) => p.path) : [], text };
 }
 
-// Issue 15: relative paths were taken from /. envd takes them, and ~, from the home of the
+// Regression: relative paths were taken from /. envd takes them, and ~, from the home of the
 // request's user: its Basic auth user, the `username` of /files, or the user a URL was signed for.
 test('relative paths and ~ are the home of the request\'s user: Basic auth, /files username, the signed user (an added Basic root changes nothing)', async () => {
   const rootBasic = `Basic ${Buffer.from('root:').toString('base64')}`;

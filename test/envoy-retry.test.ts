@@ -1,4 +1,4 @@
-// Issue 15: requests to a sandbox whose app is not listening (restarting) got Envoy's instant
+// Regression: requests to a sandbox whose app is not listening (restarting) got Envoy's instant
 // 503 "upstream connect error … remote connection failure". The sandbox routes now retry a
 // refused connect with backoff, and only failures before the request left Envoy: a request
 // that reached the app is never sent a second time. Real Envoy 1.40, the real router.

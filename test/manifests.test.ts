@@ -171,7 +171,7 @@ test('one image runs everything, every ServiceAccount exists, and every pod meet
   }
 });
 
-test('sandbox Pods run in a namespace of their own that enforces the restricted Pod Security Standard (issue 14)', () => {
+test('sandbox Pods run in a namespace of their own that enforces the restricted Pod Security Standard', () => {
   for (const dir of WORKER_CLUSTERS) {
     const cluster = Object.assign({}, ...ofKind(build(dir), 'ConfigMap').filter((cm) => cm.metadata.name.startsWith('asb-cluster')).map(dataOf)) as Record<string, string>;
     const podNamespace = cluster.ASB_POD_NAMESPACE;

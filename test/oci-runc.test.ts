@@ -4,7 +4,7 @@
 // attack is performed from inside the container and must fail. make test builds runc and the seed
 // images first (a worktree may point ASB_RUNC_DIR and ASB_IMAGES_DIR elsewhere); if either is
 // missing the test fails saying what to run. Network: no netns path, so a new, empty netns (lo only).
-// Not yet the runtime's launch path (issue 16: the wiring is the next slice).
+// The spec alone, without the local runtime's shim around it (test/runtime-local.test.ts runs that).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';

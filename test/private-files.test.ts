@@ -1,8 +1,8 @@
-// Secrets at rest and in logs (issue 14, probe row M4): after the local system starts, its state
-// directory, data directory, stores (store.db and its -wal and -shm, which hold E2B envVars),
-// logs and Envoy files are readable only by the user running it; user `nobody` cannot read
-// another team's envVars; and neither our logs nor Envoy's access log hold a token, signature,
-// API key or cookie that clients sent.
+// Secrets at rest and in logs: after the local system starts, its state directory, data directory,
+// stores (store.db and its -wal and -shm, which hold E2B envVars), logs and Envoy files are
+// readable only by the user running it; user `nobody` cannot read another team's envVars; and
+// neither our logs nor Envoy's access log hold a token, signature, API key or cookie that clients
+// sent.
 import { testImages } from './support/test-images.ts';
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';

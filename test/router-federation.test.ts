@@ -255,8 +255,8 @@ test('creates and lists, ours and E2B\'s, go to the hub only with --hub-upstream
   on.ctx.federation.feedDown(CLUSTER);
   assert.equal(upstream(on.ctx, '/v1/sandboxes', 'POST'), `api-${CLUSTER}`, 'a worker whose feed dropped cannot vouch for the hub');
   assert.equal(upstream(on.ctx, '/v2/sandboxes', 'GET'), `api-${CLUSTER}`, 'nor for an E2B list');
-  // Issue 15.5: our own worker is down (crashed, being restarted) after it said the hub was up:
-  // creates go to the hub, which places them on another cluster, instead of a 503 here.
+  // Our own worker is down (crashed, being restarted by `make up`'s supervisor) after it said the
+  // hub was up: creates go to the hub, which places them on another cluster, instead of a 503 here.
   on.ctx.table.setConnected(CLUSTER, false);
   assert.equal(upstream(on.ctx, '/v1/sandboxes', 'POST'), 'hub', 'our worker is down: the hub places the create elsewhere');
   assert.equal(upstream(on.ctx, '/v2/sandboxes', 'POST'), 'hub');

@@ -1,4 +1,4 @@
-// Issue 15: a request held for a wake was released as soon as the pod ran, before its server
+// Regression: a request held for a wake was released as soon as the pod ran, before its server
 // listened, and got Envoy's 503. The router now waits for the port to accept a connection.
 // PortWaiter alone (manual clock, fake connector), then through the ext_proc server.
 import assert from 'node:assert/strict';

@@ -1,6 +1,6 @@
 // runc as scripts/runc-build.sh builds it (make test builds it first; a worktree may point
 // ASB_RUNC_DIR elsewhere): the pinned version, linked with libseccomp, seccomp filters supported.
-// Running containers with it is issue 16's next step.
+// Containers run with it in test/oci-runc.test.ts and the local runtime's tests.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { DEFAULT_RUNC_DIR, findRuncBinary, RUNC_VERSION, runcInfo } from '../src/runtime/oci/runc-binary.ts';

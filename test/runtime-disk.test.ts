@@ -1,7 +1,7 @@
-// The per-sandbox disk cap (issue 16 point 4) with REAL sandboxes: `ephemeral-storage` sizes a
-// sparse ext4 image per pod that holds its writable layer, its volumes and its log; a write past
-// it fails with ENOSPC and a pod whose disk stays full is evicted as the kubelet evicts it. Needs
-// root (as in CI). Its own bridge and subnet (asbdk0, 10.230.0.0/16).
+// The per-sandbox disk cap with REAL sandboxes: `ephemeral-storage` sizes a sparse ext4 image per
+// pod that holds its writable layer, its volumes and its log; a write past it fails with ENOSPC and
+// a pod whose disk stays full is evicted as the kubelet evicts it. Needs root (as in CI). Its own
+// bridge and subnet (asbdk0, 10.230.0.0/16).
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';

@@ -1,7 +1,7 @@
 // The local runtime with `runtimeClassName: gvisor`: the pod runs under gVisor's runsc (make runsc)
-// through the same shim, exec, files and terminal code as runc's pods (issue 16, point 3). Needs
-// root, like test/runtime-local.test.ts. Its own bridge and subnet (asbgv0, 10.207.0.0/16), so it
-// never collides with a running worker or another test file.
+// through the same shim, exec, files and terminal code as runc's pods. Needs root, like
+// test/runtime-local.test.ts. Its own bridge and subnet (asbgv0, 10.207.0.0/16), so it never
+// collides with a running worker or another test file.
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { readFile, stat } from 'node:fs/promises';

@@ -44,7 +44,7 @@ test('the Pod: spec passed through (runtimeClassName, securityContext), claim vo
   assert.deepEqual(own.metadata.annotations, { [SANDBOX_UID_ANNOTATION]: 'uid-abc1' }, 'no namespace annotation when the sandbox is in the runtime\'s namespace');
 });
 
-test('a volume may claim only the sandbox\'s own PVCs: another sandbox\'s <id>-<template> or any other PVC is refused (issue 14)', () => {
+test('a volume may claim only the sandbox\'s own PVCs: another sandbox\'s <id>-<template> or any other PVC is refused', () => {
   const mount = (claimName: string): PodRequest => ({ ...request, spec: { ...request.spec, volumes: [{ name: 'x', persistentVolumeClaim: { claimName } }] } });
   for (const claimName of ['victim1-home', 'abc2-data', 'hub-data', '../abc1-data']) {
     assert.throws(() => podManifest(mount(claimName), { namespace: 'sandboxes', graceSeconds: 2 }), (err: unknown) => {

@@ -147,7 +147,7 @@ test('volumes from claim templates survive remove of the process and are mounted
   assert.ok(existsSync(join(root, 'pods', 'vol1', 'disk', 'volumes', 'workspace', 'f')), 'on the pod\'s disk (runtime-disk.test.ts)');
 });
 
-test('a claimName escaping the volumes root is refused at start, even past the API\'s validation (issue 14)', async () => {
+test('a claimName escaping the volumes root is refused at start, even past the API\'s validation', async () => {
   // The victim's volume and a host directory the attacker's claimName aims at.
   const victim = pod('victim1', { volumeMounts: [{ name: 'home', mountPath: '/home/user' }] });
   victim.volumeClaimTemplates = [{ metadata: { name: 'home' }, spec: {} }];

@@ -10,7 +10,7 @@ import type { Attack, LabPod } from './support/attack-lab.ts';
 import { AttackLab, fields, run } from './support/attack-lab.ts';
 import { METADATA, PUBLIC_A, startWorld } from './support/egress-world.ts';
 
-// Issue 17 follow-up subnet: 10.233.0.0/16; the world's link takes its last /30.
+// This file's subnet: 10.233.0.0/16 (bridge asbe2flr0); the world's link takes its last /30.
 const BRIDGE = 'asbe2flr0';
 const lab = await AttackLab.create({ bridge: BRIDGE, subnet: '10.233.0.0/16' });
 const TABLE = '2331';

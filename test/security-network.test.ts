@@ -1,10 +1,10 @@
-// Network isolation (issue 17 points 1 and 5): real attacks with curl and Python's urllib from
-// inside sandboxes of the local runtime, on runc and on gVisor (the security suite's harness).
-// Before the kernel rules (src/network/nft-ruleset.ts) every denied case here connected: sandbox
-// A fetched sandbox B's port over the bridge, a host listener on 0.0.0.0 answered on the bridge
-// gateway, and the stand-in metadata server and private range answered once the host routed.
-// The world the sandboxes see (a stand-in internet, metadata endpoint and private range) is a
-// network namespace this file makes and removes (test/support/egress-world.ts).
+// Network isolation: real attacks with curl and Python's urllib from inside sandboxes of the local
+// runtime, on runc and on gVisor (the security suite's harness). Before the kernel rules
+// (src/network/nft-ruleset.ts) every denied case here connected: sandbox A fetched sandbox B's port
+// over the bridge, a host listener on 0.0.0.0 answered on the bridge gateway, and the stand-in
+// metadata server and private range answered once the host routed. The world the sandboxes see (a
+// stand-in internet, metadata endpoint and private range) is a network namespace this file makes
+// and removes (test/support/egress-world.ts).
 import assert from 'node:assert/strict';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -19,7 +19,8 @@ import { testImageStore } from './support/test-images.ts';
 import { waitFor } from './support/wait.ts';
 import { METADATA, PRIVATE, PUBLIC_A, PUBLIC_B, startWorld } from './support/egress-world.ts';
 
-// Test subnets of issue 17's netpol work: 10.236-10.239; stand-in internet in TEST-NET ranges.
+// This file's subnet: 10.236.0.0/16 (bridge asbnpsec0); its stand-in private range is
+// test/support/egress-world.ts's 10.239.0.0/24 and its stand-in internet is in TEST-NET ranges.
 const BRIDGE = 'asbnpsec0';
 const lab = await AttackLab.create({ bridge: BRIDGE, subnet: '10.236.0.0/16' });
 const GATEWAY = '10.236.0.1';

@@ -1,7 +1,7 @@
-// The security suite (issue 16 point 8): each test is a real attack from inside sandboxes of the
-// local runtime, and must fail. The first four (the three escapes of research/runtime.md §1a and
-// the shared keyring), and the subPath variant of the third, all succeeded against the runtime
-// before runc (pod-init.c, nsenter exec; run there with the image-less createLocalRuntime):
+// The security suite: each test is a real attack from inside sandboxes of the local runtime, and
+// must fail. The first four (the three escapes of research/runtime.md §1a and the shared keyring),
+// and the subPath variant of the third, all succeeded against the runtime before runc (pod-init.c,
+// nsenter exec; run there with the image-less createLocalRuntime):
 // - escape 1: the planted setpriv and the LD_PRELOAD library ran as uid 0 with CapEff
 //   000001fffeffffff, NoNewPrivs 0 and the host's uid_map, and wrote their marker in a host
 //   directory through open_by_handle_at on the sandbox's volume;
@@ -11,7 +11,8 @@
 // - keyring: add_key worked, and the other sandbox found the key and read its secret.
 // Attacks aim only at sandboxes and host paths this file made; nothing on the host is weakened or
 // written (/proc/sys files are opened for writing and closed without a byte written).
-// Network isolation (issue 17) adds its attacks with the same harness (test/support/attack-lab.ts).
+// Network isolation (test/security-network.test.ts) adds its attacks with the same harness
+// (test/support/attack-lab.ts).
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { readdir, readFile, writeFile } from 'node:fs/promises';

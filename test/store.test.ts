@@ -187,7 +187,7 @@ test('timestamps come from the injected clock; writes are counted in the store m
   assert.match(text, /asb_store_commit_batch_writes_sum 4/);
 });
 
-test('issue 15.4: a store whose owner is exiting is waited for; one that stays held is refused naming its process', async (t) => {
+test('a store whose owner is exiting is waited for; one that stays held is refused naming its process', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'asb-owner-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
   const path = join(dir, 'store.db');

@@ -1,7 +1,7 @@
-// `make up` supervises its processes (issue 15.5): a crashed hub, worker, router or Envoy comes
-// back on its ports and data while the rest keeps serving, and one that keeps crashing is given
-// up on with a clear message. The policy is tested with a manual clock; the processes for real,
-// each killed with SIGKILL under a running federation.
+// `make up` supervises its processes: a crashed hub, worker, router or Envoy comes back on its
+// ports and data while the rest keeps serving, and one that keeps crashing is given up on with a
+// clear message. The policy is tested with a manual clock; the processes for real, each killed with
+// SIGKILL under a running federation.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { restartDelay, supervise, type Run } from '../src/assembly/supervisor.ts';
@@ -94,7 +94,7 @@ test('one that keeps crashing is given up on after 5 crashes in a minute; a stop
   assert.equal(restarted, false, 'a stop cancels the pending restart');
 });
 
-test('issue 15.5: under a running federation, kill -9 of each kind of process: service goes on and the process comes back', { timeout: 280_000 }, async (t) => {
+test('under a running federation, kill -9 of each kind of process: service goes on and the process comes back', { timeout: 280_000 }, async (t) => {
   const said: string[] = [];
   const fed = await startTestFederation([
     ['sup-a', 'supa', 17],

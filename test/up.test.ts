@@ -101,7 +101,7 @@ test('make up holds its state dir against a second one, stops on a SIGTERM to it
   t.after(() => killGroup(first));
   await untilUp(first);
   const env = envOf(stateDir);
-  // Issue 18.2: .asb/kubeconfig, named by ASB_KUBECONFIG, takes kubectl to the TLS edge's Kubernetes API.
+  // .asb/kubeconfig, named by ASB_KUBECONFIG, takes kubectl to the TLS edge's Kubernetes API.
   assert.equal(env.ASB_KUBECONFIG, join(stateDir, 'kubeconfig'));
   assert.match(first.output(), /kubectl {6}KUBECONFIG=.*kubeconfig kubectl get sandboxes/);
   const templates = await new Promise<string>((res, rej) => {

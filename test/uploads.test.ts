@@ -1,5 +1,5 @@
-// Uploads stream into the sandbox (issue 14, probe row M3): a real worker process with real
-// sandboxes, uploads through envd's POST /files and the REST PUT /v1/sandboxes/{id}/files.
+// Uploads stream into the sandbox: a real worker process with real sandboxes, uploads through
+// envd's POST /files and the REST PUT /v1/sandboxes/{id}/files.
 // - The worker holds no upload whole: 8 concurrent 60 MiB uploads grew a buffering worker's peak
 //   RSS by over 1 GB; streamed, the peak grows by the garbage between two collections (~75 MiB).
 // - Uploads at once are bounded per key: the 9th from one sandbox token (or API key) is 429 with

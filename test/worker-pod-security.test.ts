@@ -1,4 +1,4 @@
-// Issue 14, points 2 and 4, through the worker's real HTTP API with a team key: a volume claim
+// Pod security for tenants, through the worker's real HTTP API with a team key: a volume claim
 // that names a path, and a pod spec that reaches the host, are refused with 422 naming every
 // field, and nothing is created. Admin keys still may; a template (admin-written) relaxes the
 // level for the sandboxes claimed from it, and a team may only narrow it.

@@ -127,8 +127,8 @@ function validateVolumes(problems: Problems, path: string, value: unknown, claim
 /**
  * A pod may claim only its own sandbox's volumes: the runtimes make a directory (local) or a PVC
  * `<id>-<name>` (Kubernetes) of that name, so the name must be a DNS label (no '/', no '..': it
- * becomes a path) and one of the volumeClaimTemplates. Issue 14: `../<id>/home` mounted another
- * tenant's volume, and a longer `../..` path a host directory.
+ * becomes a path) and one of the volumeClaimTemplates. Tenant isolation: `../<id>/home` once
+ * mounted another tenant's volume, and a longer `../..` path a host directory.
  */
 function checkClaimName(problems: Problems, path: string, value: unknown, claimVolumes: readonly string[]): void {
   const claim = reqString(problems, path, value);

@@ -19,9 +19,10 @@ import { checkTime, validateMetadata } from './validate-meta.ts';
 import { validatePodMetadata, validatePodTemplate, validateVolumeClaimTemplates } from './validate-pod.ts';
 
 /**
- * The most members one warm pool may ask for. k8s-sigs sets no maximum, and issue #251 shows
- * anyone allowed to write a SandboxWarmPool can then start an unbounded pod storm; 1000 is
- * above every published pool size short of their 1050-member scalability test.
+ * The most members one warm pool may ask for. k8s-sigs sets no maximum, and
+ * kubernetes-sigs/agent-sandbox#251 shows anyone allowed to write a SandboxWarmPool can then start
+ * an unbounded pod storm; 1000 is above every published pool size short of their 1050-member
+ * scalability test.
  */
 export const MAX_WARM_POOL_REPLICAS = 1000;
 

@@ -1,10 +1,10 @@
 // The logger is injected everywhere (pino); components take a child with `component` set.
 //
-// Secrets never reach a log line (issue 14, probe row M4): a URL's query string carries signed
-// /files URLs' `signature=` and terminal `?token=`, and request headers carry API keys
-// (Authorization), sandbox tokens (X-Access-Token, the asb_access cookie). Every logger made
-// here drops the query of a logged `url` and redacts those headers wherever a log call puts
-// them, so a future `log.error({ err, url: req.url, headers: req.headers })` stays safe.
+// Secrets never reach a log line (the security probe found them in a world-readable log): a URL's
+// query string carries signed /files URLs' `signature=` and terminal `?token=`, and request headers
+// carry API keys (Authorization), sandbox tokens (X-Access-Token, the asb_access cookie). Every
+// logger made here drops the query of a logged `url` and redacts those headers wherever a log call
+// puts them, so a future `log.error({ err, url: req.url, headers: req.headers })` stays safe.
 import { pino, type Logger } from 'pino';
 
 export type { Logger };

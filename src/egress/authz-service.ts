@@ -20,7 +20,7 @@ import { decideConnection, type DecisionInputs, type EgressDecision } from './eg
 export const AUTHZ_CHECK_PATH = '/envoy.service.auth.v3.Authorization/Check';
 
 export interface EgressMetrics {
-  /** Every decision, per sandbox and deciding rule: denied connections are counted here (issue 17). */
+  /** Every decision, per sandbox and deciding rule: denied connections are counted here. */
   decisionsTotal: Counter<'sandbox' | 'rule' | 'verdict' | 'protocol'>;
 }
 

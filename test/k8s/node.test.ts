@@ -1,4 +1,4 @@
-// What only a real node shows (issue 19; test/support/kube-node.ts): a readiness probe run by the
+// What only a real node shows (test/support/kube-node.ts): a readiness probe run by the
 // kubelet gates Ready, a sandbox's PVC is bound to a real PersistentVolume whose directory holds
 // the data, a `gvisor` RuntimeClass Pod runs under gVisor's kernel while the default one runs on
 // the host's, the host reaches a pod IP over the pod bridge (what the router dials), and the node

@@ -1,14 +1,14 @@
-// Our own deployment, for real (issue 19, point 6): the image `make own-image` built, pushed to
-// the tests' registry, and clusters/ applied with `kubectl apply -k` onto clusters of real nodes
-// with Services and cluster DNS (kube-node.ts startKubeCluster), in the order clusters/README.md
-// tells a user: the hub (clusters/overlays/hub), then a region (clusters/overlays/region-a,
-// through an overlay of the user's own: the image, the hub's address, one replica each for a
-// 2-core node), its Secrets (secrets.sh, the federation certificate, the sync credential
-// `asb cluster add` prints). Then, through that region's edge Service only, what a user does: a
-// key and a template made at the hub, a sandbox created, exec'd into, hibernated and woken by the
-// first request to its port, and the unmodified E2B SDK. Last, region-b (clusters/overlays/region-b)
-// in a second cluster on a second node in a network of its own, reached across clusters at
-// NodePorts, and cross-region routing both ways.
+// Our own deployment, for real: the image `make own-image` built, pushed to the tests' registry,
+// and clusters/ applied with `kubectl apply -k` onto clusters of real nodes with Services and
+// cluster DNS (kube-node.ts startKubeCluster), in the order clusters/README.md tells a user: the
+// hub (clusters/overlays/hub), then a region (clusters/overlays/region-a, through an overlay of the
+// user's own: the image, the hub's address, one replica each for a 2-core node), its Secrets
+// (secrets.sh, the federation certificate, the sync credential `asb cluster add` prints). Then,
+// through that region's edge Service only, what a user does: a key and a template made at the hub,
+// a sandbox created, exec'd into, hibernated and woken by the first request to its port, and the
+// unmodified E2B SDK. Last, region-b (clusters/overlays/region-b) in a second cluster on a second
+// node in a network of its own, reached across clusters at NodePorts, and cross-region routing both
+// ways.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';

@@ -1,6 +1,6 @@
-// The seeds' quick start (issue 19, point 4), step by step as a user runs it, on the real node
-// (test/support/kube-node.ts: the kubelet on containerd and runc): install as our README's
-// "Running on Kubernetes" says (the CRDs of clusters/base/crds, then the worker outside a Pod with
+// The seeds' quick start, step by step as a user runs it, on the real node
+// (test/support/kube-node.ts: the kubelet on containerd and runc): install as our README's "Running
+// on Kubernetes" says (the CRDs of clusters/base/crds, then the worker outside a Pod with
 // --store=kube --runtime=kube --kubeconfig), then the kubernetes-sigs README's steps with the
 // kubectl binary: `kubectl apply` of its Getting Started Sandbox and of the SandboxTemplate,
 // SandboxWarmPool and SandboxClaim of extensions/examples it points to, `kubectl wait` for Ready,

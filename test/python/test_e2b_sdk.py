@@ -181,7 +181,7 @@ def test_files_write_read_list_exists_make_dir_rename_remove(sbx: Sandbox) -> No
 
 
 def test_relative_and_tilde_paths_are_the_users_home(sbx: Sandbox) -> None:
-    # Issue 15: a relative path was taken from /, so write("notes/a.txt") answered 403
+    # Regression: a relative path was taken from /, so write("notes/a.txt") answered 403
     # "mkdir: cannot create directory '/notes'". envd takes relative paths and ~ from the home of
     # the request's user.
     written = sbx.files.write("notes/a.txt", "x")

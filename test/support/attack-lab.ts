@@ -1,8 +1,9 @@
-// The security suite's harness (issue 16 point 8; network isolation, issue 17, adds its cases the
-// same way): a real local runtime with its own bridge and subnet, and a list of attacks, each a
-// real attempt from inside sandboxes it starts itself. Every attack runs once per runtime class
-// the runtime really supports: runc always, gVisor (`runtimeClassName: gvisor`) once the runtime
-// says it runs it (rootIsolation.gvisor), with no code change here: the hook is `classes`.
+// The security suite's harness (test/security-runtime.test.ts; network isolation,
+// test/security-network.test.ts, adds its cases the same way): a real local runtime with its own
+// bridge and subnet, and a list of attacks, each a real attempt from inside sandboxes it starts
+// itself. Every attack runs once per runtime class the runtime really supports: runc always, gVisor
+// (`runtimeClassName: gvisor`) once the runtime says it runs it (rootIsolation.gvisor), with no
+// code change here: the hook is `classes`.
 //
 //   lab.register([
 //     { name: 'unshare -U fails', run: async (a) => {

@@ -567,7 +567,7 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
     }
   });
 
-  test('issue 18: a SandboxClaim for a missing warm pool says Ready=False WarmPoolNotFound in its first reconcile, and binds once the pool appears', async (t) => {
+  test('a SandboxClaim for a missing warm pool says Ready=False WarmPoolNotFound in its first reconcile, and binds once the pool appears', async (t) => {
     const h = await start(t);
     await h.store.create(SandboxClaimType, claimObject(h, 'early', { warmPoolRef: { name: 'later' } }));
     const waiting = await claimSays(h, 'early', 'WarmPoolNotFound');
@@ -583,7 +583,7 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
     assert.equal(sb.metadata.labels?.[LABEL.claimUid], bound.metadata.uid);
   });
 
-  test('issue 18: a SandboxClaim whose pool names a missing template says Ready=False TemplateNotFound, and binds once the template appears', async (t) => {
+  test('a SandboxClaim whose pool names a missing template says Ready=False TemplateNotFound, and binds once the template appears', async (t) => {
     const h = await start(t);
     await h.store.create(SandboxWarmPoolType, warmPool('py-pool', 'py', 1, h.ns));
     await h.store.create(SandboxClaimType, claimObject(h, 'c', { warmPoolRef: { name: 'py-pool' } }));
@@ -596,7 +596,7 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
     assert.ok(bound.status?.sandbox?.name);
   });
 
-  test('issue 18: a SandboxClaim with env cold-starts a sandbox whose pod has the env; a template that disallows env refuses the claim', async (t) => {
+  test('a SandboxClaim with env cold-starts a sandbox whose pod has the env; a template that disallows env refuses the claim', async (t) => {
     const h = await start(t);
     await h.store.create(SandboxTemplateType, template('open', h.ns, { envVarsInjectionPolicy: 'Allowed' }));
     await h.store.create(SandboxTemplateType, template('closed', h.ns));
@@ -620,7 +620,7 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
     assert.equal(owned.length, 0, 'never bound without its env');
   });
 
-  test('issue 18: a SandboxClaim with volumeClaimTemplates cold-starts a sandbox with those volumes; a template that disallows them refuses the claim', async (t) => {
+  test('a SandboxClaim with volumeClaimTemplates cold-starts a sandbox with those volumes; a template that disallows them refuses the claim', async (t) => {
     const h = await start(t);
     await h.store.create(SandboxTemplateType, template('open', h.ns, { volumeClaimTemplatesPolicy: 'Allowed' }));
     await h.store.create(SandboxTemplateType, template('closed', h.ns));
@@ -642,7 +642,7 @@ export function claimSuite(openStore: HarnessStoreFactory): void {
     assert.match(refused.status?.conditions?.[0]?.message ?? '', /volumeClaimTemplatesPolicy is Disallowed/);
   });
 
-  test('issue 18: at shutdownTime a claim says ClaimExpired; Delete and DeleteForeground delete claim and sandbox, Retain keeps the claim alone', async (t) => {
+  test('at shutdownTime a claim says ClaimExpired; Delete and DeleteForeground delete claim and sandbox, Retain keeps the claim alone', async (t) => {
     const h = await start(t);
     await fillPool(h, 'py-pool', 3);
     const shutdownTime = new Date(h.clock.now() + 3_600_000).toISOString().replace(/\.\d+Z$/, 'Z');

@@ -1,9 +1,9 @@
-// A real Kubernetes node for the Kubernetes test tier (issue 19), registered with a KubeApiServer
-// of kube-apiserver.ts: the kubelet on containerd (CRI) with runc, CNI bridge networking, a
-// `gvisor` RuntimeClass on gVisor's shim, kube-scheduler and kube-controller-manager (a Pod of
-// ours names no node, and PVC binding, garbage collection and namespace deletion are theirs), and
-// static local PersistentVolumes. All built by scripts/kube-node-build.sh into .tools/kube-node;
-// the exact configuration is the one real-node.md's probe measured on this machine.
+// A real Kubernetes node for the Kubernetes test tier, registered with a KubeApiServer of
+// kube-apiserver.ts: the kubelet on containerd (CRI) with runc, CNI bridge networking, a `gvisor`
+// RuntimeClass on gVisor's shim, kube-scheduler and kube-controller-manager (a Pod of ours names no
+// node, and PVC binding, garbage collection and namespace deletion are theirs), and static local
+// PersistentVolumes. All built by scripts/kube-node-build.sh into .tools/kube-node; the exact
+// configuration is the one real-node.md's probe measured on this machine.
 //
 // Pods pull the same images from the same loopback registry as the local runtime
 // (test-images.ts): containerd's hosts.toml makes it docker.io's plain-HTTP mirror. The pause image

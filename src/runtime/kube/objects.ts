@@ -76,7 +76,7 @@ export interface PodDefaults {
  * (hardenedSpec), and each volumeClaimTemplate as a volume of that name bound to the claim
  * `<id>-<template>` (a volume of the same name in the spec is replaced, as k8s-sigs does).
  * Throws Invalid for a volume claiming a PVC that is not one of the sandbox's own: every
- * sandbox's PVCs share the namespace, and `<id>-<template>` is easy to guess (issue 14).
+ * sandbox's PVCs share the namespace, and `<id>-<template>` is easy to guess (tenant isolation).
  */
 export function podManifest(req: PodRequest, defaults: PodDefaults): KubePod {
   const templates = (req.volumeClaimTemplates ?? []).map((t) => t.metadata.name);

@@ -26,11 +26,12 @@
 // Nothing is lost to a kill -9 of any process of ours meanwhile (the bytes are in the page cache);
 // only a host crash in that second can lose them, and then the boot id differs and the mark is
 // missing, so verifyCheckpoint refuses the image and the pod starts from its files, saying why.
-// A truncated image (gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0)
-// is refused at the save by the free space left after it, and at a restore by the size list. The pages file (the application's memory, ~all of
-// the bytes) is checked by size only: sha256 runs at 1.6 GB/s here, so hashing it would add
-// ~0.65 s per GiB to each of the save and the restore, more than the save itself; the kernel's
-// state and the pages' index, where damage panics a restore, are hashed.
+// A truncated image (google/gvisor#14229: near ENOSPC runsc truncated the pages file and still
+// exited 0) is refused at the save by the free space left after it, and at a restore by the size
+// list. The pages file (the application's memory, ~all of the bytes) is checked by size only:
+// sha256 runs at 1.6 GB/s here, so hashing it would add ~0.65 s per GiB to each of the save and the
+// restore, more than the save itself; the kernel's state and the pages' index, where damage panics
+// a restore, are hashed.
 import { createHash, randomBytes } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { open, readdir, readFile, rename, rm, stat, statfs, writeFile } from 'node:fs/promises';

@@ -1,9 +1,9 @@
-// A sandbox pod's disk cap (issue 16 point 4): `resources.limits.ephemeral-storage` covers the
-// writable layer, the volumes and the log, as the kubelet counts them. Each pod gets a sparse
-// ext4 image of that size (<pod>/disk.img, a copy of an empty one), loop-mounted at <pod>/disk
-// while the pod runs (pod-disk.c makes and mounts it; oci-shim.c unmounts it when the container
-// ends). Writes past it fail with ENOSPC, and a pod whose disk stays full is evicted by its shim:
-// phase Failed, reason Evicted, with the kubelet's message (evictionMessage).
+// A sandbox pod's disk cap: `resources.limits.ephemeral-storage` covers the writable layer, the
+// volumes and the log, as the kubelet counts them. Each pod gets a sparse ext4 image of that size
+// (<pod>/disk.img, a copy of an empty one), loop-mounted at <pod>/disk while the pod runs
+// (pod-disk.c makes and mounts it; oci-shim.c unmounts it when the container ends). Writes past it
+// fail with ENOSPC, and a pod whose disk stays full is evicted by its shim: phase Failed, reason
+// Evicted, with the kubelet's message (evictionMessage).
 //
 // Why an image and not a quota: project quotas need the state dir's filesystem mounted with
 // prjquota (the host's / here is not, and we do not remount a host's root); an image works on any

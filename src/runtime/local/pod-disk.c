@@ -1,6 +1,6 @@
 // pod-disk: a sandbox pod's disk, a sparse ext4 image loop-mounted over its writable layer, its
-// volumes and its log, so `resources.limits.ephemeral-storage` caps them all (issue 16 point 4;
-// src/runtime/local/disk.ts says why and what the runtime does around it).
+// volumes and its log, so `resources.limits.ephemeral-storage` caps them all
+// (src/runtime/local/disk.ts says why and what the runtime does around it).
 //
 // Usage (argv built by disk.ts, run through the runtime's launcher):
 //   pod-disk mount <image> <dir> <bytes> <templates>

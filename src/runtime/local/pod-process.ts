@@ -24,7 +24,7 @@ const VOLUME_NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
  * The host directory behind one volumeMount, always a child of the pod's volumes root (claims)
  * or emptyDir root. A persistentVolumeClaim may name only one of the pod's own
  * volumeClaimTemplates. The API refuses anything else with 422 (validate-pod.ts); this is the
- * runtime's own guard for a request that did not pass there (issue 14: a claimName of
+ * runtime's own guard for a request that did not pass there (tenant isolation: a claimName of
  * `../<id>/home` bound another tenant's volume, and `../../..` a host directory).
  */
 export function volumeDir(req: PodRequest, mountName: string, paths: PodPaths): string {

@@ -1,7 +1,7 @@
-// Which OCI runtime runs a local pod, from its `runtimeClassName` (issue 16, point 3), pure. As on
-// Kubernetes, where the name picks a RuntimeClass and so a handler of the node's container
-// runtime: none means the default (runc here), `gvisor` means gVisor's runsc, and a name the node
-// has no handler for fails the pod instead of running it under a weaker runtime than it asked for.
+// Which OCI runtime runs a local pod, from its `runtimeClassName`, pure. As on Kubernetes, where
+// the name picks a RuntimeClass and so a handler of the node's container runtime: none means the
+// default (runc here), `gvisor` means gVisor's runsc, and a name the node has no handler for fails
+// the pod instead of running it under a weaker runtime than it asked for.
 
 import { GVISOR_RUNTIME_CLASS } from '../../api/types.ts';
 

@@ -1,10 +1,10 @@
-// A terminal into a running runc container, with nothing of ours inside it (issue 16;
-// research/runtime.md §2b "PTY", §3a). `runc exec -d --console-socket` starts the process in the
-// container's namespaces, cgroup and seccomp filter, as the user we name, with no capabilities and
-// no_new_privs, on a new pty whose master runc hands back over a unix socket. pty-helper.c (one
-// small host process per terminal) receives it, is the process's subreaper (so it gets the exit
-// code), and speaks a small framed protocol to Node (data and resize frames): the image
-// needs no python3 (busybox, alpine and distroless have none), only the command it runs.
+// A terminal into a running runc container, with nothing of ours inside it (research/runtime.md §2b
+// "PTY", §3a). `runc exec -d --console-socket` starts the process in the container's namespaces,
+// cgroup and seccomp filter, as the user we name, with no capabilities and no_new_privs, on a new
+// pty whose master runc hands back over a unix socket. pty-helper.c (one small host process per
+// terminal) receives it, is the process's subreaper (so it gets the exit code), and speaks a small
+// framed protocol to Node (data and resize frames): the image needs no python3 (busybox, alpine and
+// distroless have none), only the command it runs.
 //
 // Output is the helper's stdout read through an async iterator: it is pulled, so a consumer that
 // stops reading leaves the pipe full, the helper stops reading the pty, and the shell blocks.

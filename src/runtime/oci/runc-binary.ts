@@ -1,7 +1,7 @@
 // Where runc lives: built with Go from the module proxy by scripts/runc-build.sh (make runc, a
 // prerequisite of make test) into .tools/runc/bin/runc, at the version tools/runc/go.mod pins.
 // Debian 12's /usr/sbin/runc (1.1.5) is not used: it lacks the November 2025 container-escape
-// fixes (research/runtime.md §2d). Not yet driven by the local runtime (issue 16, point 3).
+// fixes (research/runtime.md §2d). The local runtime drives it (local/local-runtime.ts).
 import { execFile } from 'node:child_process';
 import { accessSync, constants } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';

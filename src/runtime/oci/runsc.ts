@@ -200,10 +200,10 @@ export interface RunscSpecOptions {
  *   Read-only, a write there fails with EROFS instead; /dev/shm (sized), /dev/pts and the init's
  *   mount under /dev are mounts of their own and unchanged. runc's /dev is a 64 MiB tmpfs.
  * - seccomp: runsc ignores a rule's errnoRet and answers EPERM for every SCMP_ACT_ERRNO
- *   (google/gvisor#14688, open; fix proposed in #14721). clone3's ENOSYS, the one errnoRet of
- *   the profile, is what makes glibc ≥ 2.34 fall back to clone: with EPERM no thread starts
- *   (python3's threading: "can't start new thread", so no http.server either). Such a rule becomes
- *   SCMP_ACT_TRACE, which gVisor answers with ENOSYS when no ptrace tracer is attached
+ *   (google/gvisor#14688, open; fix proposed in google/gvisor#14721). clone3's ENOSYS, the one
+ *   errnoRet of the profile, is what makes glibc ≥ 2.34 fall back to clone: with EPERM no thread
+ *   starts (python3's threading: "can't start new thread", so no http.server either). Such a rule
+ *   becomes SCMP_ACT_TRACE, which gVisor answers with ENOSYS when no ptrace tracer is attached
  *   (pkg/sentry/kernel/seccomp.go, as Linux does), and none can be: ptrace is denied. clone3 stays
  *   refused, so namespace flags still cannot pass through it.
  * - process.user.additionalGids: left out when empty. runsc keeps the spec in a checkpoint through

@@ -1,6 +1,6 @@
 // The OCI runtime spec (config.json, runtime-spec 1.x) for a sandbox's container, pure: the pod's
 // container, the image's config and the runtime's facts → the object runc reads. Hardened by
-// default (issue 16, point 5; research/runtime.md §3a):
+// default (research/runtime.md §3a):
 // - seccomp RuntimeDefault (seccomp-profile.ts), no_new_privs always, every capability dropped
 //   unless `securityContext.capabilities.add` asks for one of the PSS baseline set;
 // - runc's/containerd's masked and read-only /proc and /sys paths, /sys read-only;
