@@ -1,7 +1,6 @@
 // The route feed's HTTP endpoint (the feed itself is feed.ts): the HTTP server's 'upgrade'
 // listener that admits routers' WebSockets, and the answer to a plain GET of the feed's path.
 import type { IncomingMessage } from 'node:http';
-import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { AsbError } from '../../errors.ts';
@@ -9,7 +8,7 @@ import type { Logger } from '../../system/log.ts';
 import type { Authenticator } from '../deps.ts';
 import { requireAdmin } from '../access.ts';
 import { AUTH_HINT, presentedKey } from '../presented-key.ts';
-import { problemOf } from '../problem.ts';
+import { refuseUpgrade } from '../problem.ts';
 import type { Route } from '../router.ts';
 import { CLOSE, type RouteFeed } from './feed.ts';
 
@@ -52,7 +51,7 @@ export function createFeedUpgrade(opts: FeedUpgradeOptions): { handle: (req: Inc
       if (!principal.admin) throw new AsbError('Forbidden', `the route feed needs an admin API key; key ${principal.prefix} of team "${principal.team}" is not one`);
       prefix = principal.prefix;
     } catch (err) {
-      refuse(socket, err instanceof AsbError ? err : new AsbError('Internal', 'internal error; the worker log has the details', { cause: err }));
+      refuseUpgrade(socket, err instanceof AsbError ? err : new AsbError('Internal', 'internal error; the worker log has the details', { cause: err }));
       return;
     }
     wss.handleUpgrade(req, socket, head, (ws) => {
@@ -72,14 +71,6 @@ export function createFeedUpgrade(opts: FeedUpgradeOptions): { handle: (req: Inc
       wss.close();
     },
   };
-}
-
-function refuse(socket: Duplex, err: AsbError): void {
-  const body = JSON.stringify(problemOf(err));
-  const extra = err.code === 'Unauthorized' ? 'WWW-Authenticate: Bearer realm="asb"\r\n' : '';
-  socket.end(
-    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? ''}\r\nContent-Type: application/problem+json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`,
-  );
 }
 
 /** A plain GET (no Upgrade header) of the feed: an admin gets 400 naming what to do, others 401/403 as usual. */
