@@ -1,4 +1,4 @@
-// Egress secrets and credential rules (issue 17): admin keys only, since a rule applies to every
+// Egress secrets and credential rules: admin keys only, since a rule applies to every
 // sandbox's traffic to its host. Secret values are write-only: PUT takes one, nothing returns it.
 import { parseCredentialRule, parseSecretValue, type CredentialStore } from '../egress/credential-store.ts';
 import { AsbError } from '../errors.ts';
