@@ -25,7 +25,7 @@ import { parseWorkerConfig } from '../src/assembly/worker-config.ts';
 import { silentLogger } from '../src/base/log.ts';
 import { startWorker } from '../src/assembly/worker.ts';
 import { FakeRuntime } from '../test/support/fake-runtime.ts';
-import { commitChannel, type CommitReport } from '../src/store/sqlite.ts';
+import { commitChannel, type CommitReport } from '../src/store/sqlite-commit.ts';
 import { call, poolObjects, round, waitPool, warmClaims, type Target } from './claims.ts';
 
 const POOL = 'cb';

@@ -19,7 +19,8 @@ import type { ClustersMessage, FeedMessage, RouteEntry } from '../src/router/con
 import { createAccessTokens, loadClusterSecret, tokenHash, tokenMatches } from '../src/worker/access-token.ts';
 import { systemClock } from '../src/base/clock.ts';
 import { silentLogger } from '../src/base/log.ts';
-import { createFeedUpgrade, RouteFeed } from '../src/worker/route-feed.ts';
+import { createFeedUpgrade } from '../src/worker/route-feed/endpoint.ts';
+import { RouteFeed } from '../src/worker/route-feed/feed.ts';
 import { call, startWorkerFixture, type WorkerFixture } from './support/worker-fixture.ts';
 import { within } from './support/wait.ts';
 

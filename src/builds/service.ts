@@ -1,27 +1,15 @@
 // The build service one worker runs (contract.ts BuildService): template records and their
-// builds (records.ts, persisted), the team's uploaded files (files.ts), and the SandboxTemplate
-// each successful build makes or updates (template-object.ts). The engine turns steps into an
-// image; this service resolves names, enforces the limits, keeps the logs and owns the outcome.
+// builds (records.ts, persisted), the team's uploaded files (files.ts), and the SandboxTemplates
+// each successful build makes or updates (template-objects.ts, which also says how tags pin
+// builds). The engine turns steps into an image; this service resolves names (template-names.ts),
+// enforces the limits, keeps the logs (build-log.ts) and owns the outcome.
 //
-// Names: a template has an id (`<cluster tag><16 random>`, like a sandbox id, so routers send
-// /templates/<id>… to the owning cluster with no lookup) and a name (E2B's alias) unique within
-// its team; two teams may both have "my-env". The SandboxTemplate object is named by the id and
-// labelled with the team (LABEL.owner) and the name (TEMPLATE_NAME_LABEL): claims resolve a
-// team's name to its id (src/worker/team-templates.ts), and another team's ids and names answer as
-// absent everywhere (status, logs, files, from_template, delete).
+// Names: a template's id and its name (unique within its team) both find it, the team's only:
+// another team's ids and names answer as absent everywhere (status, logs, files, from_template,
+// delete).
 //
-// Tags: `rec.tags` maps each tag to a build. `default` names the build the template's own
-// SandboxTemplate runs, what `name` starts: each successful build takes it (and the tags it was
-// requested with), and an assignment of `default` moves it back (a rollback). Every other tag
-// pins its build: that build has a SandboxTemplate of its own (template-object.ts,
-// pinnedTemplateName), made before the tag names it and deleted once no tag does, so `name:tag`
-// starts the build the tag names now, and a build a tag names is never trimmed from the record.
-// Each pin carries the tags that name its build (TEMPLATE_TAGS_ANNOTATION), kept in step with the
-// record after every change: the pins sync through the hub, so `name:tag` starts on every cluster.
-//
-// Limits: a build runs at most timeoutMs (default 10 min) and diskBytes of written files (default
-// 10 GiB, the engine enforces it); past either the build ends as error, and a template whose first
-// build failed has no SandboxTemplate, so nothing can start from a partial result.
+// Limits (build-limits.ts): past its time or disk limit a build ends as error, and a template whose
+// first build failed has no SandboxTemplate, so nothing can start from a partial result.
 import { AsbError, isAsbError } from '../errors.ts';
 import { newSandboxId } from '../api/ids.ts';
 import { LABEL, SandboxTemplateType, type SandboxTemplate } from '../api/types.ts';
@@ -32,32 +20,16 @@ import type { Clock, Timer } from '../base/clock.ts';
 import type { Logger } from '../base/log.ts';
 import type { BuildEngine, BuildLogEntry, BuildService, BuildSpec, BuildStatus, BuildStep } from './contract.ts';
 import type { TeamFileStore } from './files.ts';
-import { INTERRUPTED, MAX_BUILDS, MAX_LOG_ENTRIES, RecordFiles, type BuildRecord, type TemplateRecord } from './records.ts';
+import { DEFAULT_BUILD_LIMITS, type BuildLimits } from './build-limits.ts';
+import { INTERRUPTED, MAX_BUILDS, RecordFiles, type BuildRecord, type TemplateRecord } from './records.ts';
+import { appendLog, callerMessage, callerStep, errorMessage, stepOf } from './build-log.ts';
 import { checkSteps } from './wire-steps.ts';
-import { builtTemplateObject, pinnedTemplateName, tagsAnnotation, TEMPLATE_ID_LABEL, TEMPLATE_PIN_LABEL, TEMPLATE_TAGS_ANNOTATION } from './template-object.ts';
-
-export { INTERRUPTED };
+import { pinnedTemplateName } from './template-object.ts';
+import { TemplateObjects } from './template-objects.ts';
+import { checkTemplateName, OBJECT_NAME, splitName } from './template-names.ts';
 
 /** How often uploaded files past their age are looked for: hourly (ages are days). */
 const FILE_SWEEP_MS = 3600_000;
-
-export interface BuildLimits {
-  timeoutMs: number;
-  diskBytes: number;
-  defaultCpuCount: number;
-  defaultMemoryMB: number;
-  maxCpuCount: number;
-  maxMemoryMB: number;
-}
-
-export const DEFAULT_BUILD_LIMITS: BuildLimits = Object.freeze({
-  timeoutMs: 10 * 60_000,
-  diskBytes: 10 * 1024 ** 3,
-  defaultCpuCount: 2,
-  defaultMemoryMB: 1024,
-  maxCpuCount: 16,
-  maxMemoryMB: 64 * 1024,
-});
 
 export interface TemplateBuildsOptions {
   /** A private directory of the worker's data dir for the records. */
@@ -79,30 +51,6 @@ export interface TemplateBuildsOptions {
   onTemplatesChanged?: () => void;
 }
 
-/** E2B names: `name` or `name:tag`; the name part is what a team's templates are unique by. */
-const NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
-/** A SandboxTemplate name (DNS-1123 subdomain, short form). */
-const OBJECT_NAME = /^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$/;
-const TAG = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
-
-/** `name:tag` with a valid name and tag: a build of `name` that the tag names once it is ready. */
-export function isTaggedName(full: string): boolean {
-  const { name, tag } = splitName(full);
-  return tag !== undefined && NAME.test(name) && TAG.test(tag);
-}
-
-export function splitName(full: string): { name: string; tag: string | undefined } {
-  const colon = full.indexOf(':');
-  return colon === -1 ? { name: full, tag: undefined } : { name: full.slice(0, colon), tag: full.slice(colon + 1) };
-}
-
-export function checkTemplateName(full: string, field = 'name'): { name: string; tag: string | undefined } {
-  const parts = splitName(full.trim());
-  if (!NAME.test(parts.name)) throw new AsbError('BadRequest', `${field} "${full}" is not a template name: 1-63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit (optionally :tag)`);
-  if (parts.tag !== undefined && !TAG.test(parts.tag)) throw new AsbError('BadRequest', `${field} "${full}": tag "${parts.tag}" is not a tag (1-63 letters, digits, '.', '_' or '-')`);
-  return parts;
-}
-
 interface Running {
   abort: AbortController;
   done: Promise<void>;
@@ -117,6 +65,7 @@ export class TemplateBuilds implements BuildService {
   readonly #running = new Map<string, Running>();
   #closed = false;
   #sweep: Timer | undefined;
+  readonly #objects: TemplateObjects;
   #pinsSynced: Promise<void>;
 
   constructor(opts: TemplateBuildsOptions) {
@@ -125,32 +74,12 @@ export class TemplateBuilds implements BuildService {
     this.limits = Object.freeze({ ...DEFAULT_BUILD_LIMITS, ...opts.limits });
     this.#records = new RecordFiles(opts.recordsDir);
     for (const rec of this.#records.load(this.#isoNow())) this.#templates.set(rec.templateId, rec);
+    this.#objects = new TemplateObjects({ store: opts.store, namespace: opts.namespace, log: opts.log });
     this.#sweepFiles();
-    this.#pinsSynced = this.#syncStalePins();
-  }
-
-  /**
-   * At start: pins out of step with their record (made before pins carried their tags, or left by
-   * a sync that failed) are brought in step, and the hub told with the next `built` set. One list
-   * of the namespace's pins per start; nothing is written or sent when every pin is in step.
-   */
-  async #syncStalePins(): Promise<void> {
-    let pins: SandboxTemplate[];
-    try {
-      pins = (await this.#o.store.list<SandboxTemplate>(SandboxTemplateType, { namespace: this.#o.namespace, labelSelector: TEMPLATE_PIN_LABEL })).items;
-    } catch (err) {
-      this.#o.log.warn({ err }, 'cannot list the SandboxTemplates of tagged builds to bring them in step with their tags');
-      return;
-    }
-    const stale = new Set<TemplateRecord>();
-    for (const pin of pins) {
-      const rec = this.#templates.get(pin.metadata.labels?.[TEMPLATE_ID_LABEL] ?? '');
-      if (rec === undefined || pin.metadata.labels?.[LABEL.owner] !== rec.team) continue;
-      const tags = tagsAnnotation(this.#tagsOf(rec, pin.metadata.labels[TEMPLATE_PIN_LABEL] ?? ''));
-      if (pin.metadata.annotations?.[TEMPLATE_TAGS_ANNOTATION] !== tags) stale.add(rec);
-    }
-    await Promise.all([...stale].map((rec) => this.#syncPins(rec)));
-    if (stale.size > 0) this.#o.onTemplatesChanged?.();
+    // Pins out of step with their record are brought in step once at start, and the hub told.
+    this.#pinsSynced = this.#objects.syncStale((id) => this.#templates.get(id)).then((stale) => {
+      if (stale > 0) this.#o.onTemplatesChanged?.();
+    });
   }
 
   /** Uploaded files unused past their age go now and every FILE_SWEEP_MS after. */
@@ -303,23 +232,12 @@ export class TemplateBuilds implements BuildService {
     this.#running.set(key, { abort, done });
   }
 
-  #log(build: BuildRecord, entry: Omit<BuildLogEntry, 'timestamp'>): void {
-    const { step, ...rest } = entry;
-    const callers = callerStep(build, step);
-    build.logs.push({ timestamp: this.#isoNow(), ...rest, message: callerMessage(build, rest.message), ...(callers === undefined ? {} : { step: callers }) });
-    if (build.logs.length > MAX_LOG_ENTRIES) {
-      const drop = build.logs.length - MAX_LOG_ENTRIES;
-      build.logs.splice(0, drop);
-      build.logsDropped += drop;
-    }
-  }
-
   async #run(engine: BuildEngine, rec: TemplateRecord, build: BuildRecord, baseImage: string, steps: BuildSpec['steps'], spec: BuildSpec, egress: EgressPolicy | undefined, abort: AbortController): Promise<void> {
     const limits = this.limits;
     const timer = this.#o.clock.after(limits.timeoutMs, () => {
       abort.abort(new AsbError('Timeout', `the build exceeded its time limit of ${String(Math.round(limits.timeoutMs / 1000))} s`));
     });
-    this.#log(build, { level: 'info', message: `Building template ${rec.name} (${rec.templateId}) from ${baseImage}, ${String(steps.length)} steps` });
+    appendLog(build, this.#isoNow(), { level: 'info', message: `Building template ${rec.name} (${rec.templateId}) from ${baseImage}, ${String(steps.length)} steps` });
     try {
       for (const s of steps) if (s.filesHash !== undefined) this.files.touch(rec.team, s.filesHash);
       const result = await engine.build({
@@ -332,7 +250,7 @@ export class TemplateBuilds implements BuildService {
         ...(egress === undefined ? {} : { egress }),
         limits: { cpu: build.cpuCount, memoryBytes: build.memoryMB * 1024 * 1024, diskBytes: limits.diskBytes, timeoutMs: limits.timeoutMs },
         files: this.files,
-        log: (entry) => this.#log(build, entry),
+        log: (entry) => appendLog(build, this.#isoNow(), entry),
         signal: abort.signal,
       });
       if (abort.signal.aborted) throw abort.signal.reason;
@@ -341,16 +259,16 @@ export class TemplateBuilds implements BuildService {
       if (result.cacheKeys !== undefined) build.cacheKeys = result.cacheKeys;
       const pending = build.pendingTags ?? [];
       // The pin first: a build whose objects cannot be written fails with the tags as they were.
-      if (pending.some((t) => t !== 'default')) await this.#writeObject(rec, build, true, pending.filter((t) => t !== 'default'));
-      await this.#writeObject(rec, build, false);
+      if (pending.some((t) => t !== 'default')) await this.#objects.write(rec, build, true, pending.filter((t) => t !== 'default'));
+      await this.#objects.write(rec, build, false);
       for (const t of pending) rec.tags[t] = build.buildId;
       rec.tags.default = build.buildId;
       rec.readyBuildId = build.buildId;
       build.phase = 'ready';
       // Pins a requested tag moved off an older build lose it (and go when no tag is left).
-      await this.#syncPins(rec);
+      await this.#objects.sync(rec);
       this.#o.onTemplatesChanged?.();
-      this.#log(build, { level: 'info', message: `Build finished: ${String(result.cachedSteps)} of ${String(steps.length)} steps from the cache; image ${result.image}` });
+      appendLog(build, this.#isoNow(), { level: 'info', message: `Build finished: ${String(result.cachedSteps)} of ${String(steps.length)} steps from the cache; image ${result.image}` });
     } catch (err) {
       // An aborted build says why it was stopped (time limit, restart, deletion), whatever the engine threw.
       const reason = abort.signal.aborted ? errorMessage(abort.signal.reason) : errorMessage(err);
@@ -362,10 +280,10 @@ export class TemplateBuilds implements BuildService {
       const callers = callerStep(build, step);
       const message = callerMessage(build, reason);
       build.reason = callers === undefined ? { message } : { message, step: callers };
-      this.#log(build, { level: 'error', message: `Build failed: ${reason}`, ...(step === undefined ? {} : { step }) });
+      appendLog(build, this.#isoNow(), { level: 'error', message: `Build failed: ${reason}`, ...(step === undefined ? {} : { step }) });
       if (!isAsbError(err)) this.#o.log.error({ err, templateId: rec.templateId, buildId: build.buildId }, 'build failed unexpectedly');
       // A pin written before the template's own object failed names no tag: it goes.
-      if (this.#templates.has(rec.templateId)) await this.#syncPins(rec);
+      if (this.#templates.has(rec.templateId)) await this.#objects.sync(rec);
     } finally {
       timer.cancel();
       const now = this.#isoNow();
@@ -374,103 +292,6 @@ export class TemplateBuilds implements BuildService {
       rec.updatedAt = now;
       delete build.pendingTags;
       if (this.#templates.has(rec.templateId)) this.#records.save(rec);
-    }
-  }
-
-  /** Writes the template's own SandboxTemplate (pinned false) or the build's pin, naming `tags`, from the build's record. */
-  async #writeObject(rec: TemplateRecord, build: BuildRecord, pinned: boolean, tags: readonly string[] = []): Promise<void> {
-    const { image, config, spec } = build;
-    if (image === undefined || config === undefined) throw new AsbError('Conflict', `build ${build.buildId} of template "${rec.name}" has no recorded image config (it was built before tags pinned builds): build it again, then tag that build`);
-    const obj = builtTemplateObject({
-      namespace: this.#o.namespace,
-      templateId: rec.templateId,
-      team: rec.team,
-      name: rec.name,
-      buildId: build.buildId,
-      image,
-      config,
-      ...(spec?.startCmd === undefined ? {} : { startCmd: spec.startCmd }),
-      ...(spec?.readyCmd === undefined ? {} : { readyCmd: spec.readyCmd }),
-      cpuCount: build.cpuCount,
-      memoryMB: build.memoryMB,
-      pinned,
-      ...(pinned ? { tags } : {}),
-    });
-    const store = this.#o.store;
-    for (let attempt = 0; ; attempt++) {
-      const existing = await store.tryGet<SandboxTemplate>(SandboxTemplateType, this.#o.namespace, obj.metadata.name);
-      try {
-        if (existing === undefined) await store.create(SandboxTemplateType, obj);
-        else await store.update(SandboxTemplateType, { ...obj, metadata: { ...existing.metadata, labels: obj.metadata.labels ?? {}, annotations: { ...existing.metadata.annotations, ...obj.metadata.annotations } } });
-        return;
-      } catch (err) {
-        if (attempt >= 3 || !(isAsbError(err, 'Conflict') || isAsbError(err, 'AlreadyExists'))) throw err;
-      }
-    }
-  }
-
-  /** The pinned builds' SandboxTemplates of a template (the team's only). */
-  async #pins(rec: TemplateRecord): Promise<SandboxTemplate[]> {
-    const page = await this.#o.store.list<SandboxTemplate>(SandboxTemplateType, { namespace: this.#o.namespace, labelSelector: `${LABEL.owner}=${rec.team},${TEMPLATE_ID_LABEL}=${rec.templateId},${TEMPLATE_PIN_LABEL}` });
-    return page.items;
-  }
-
-  /** The tags other than `default` that name `buildId`: what its pin carries. */
-  #tagsOf(rec: TemplateRecord, buildId: string): string[] {
-    return Object.entries(rec.tags).filter(([t, id]) => t !== 'default' && id === buildId).map(([t]) => t);
-  }
-
-  /**
-   * Makes the pin of `buildId`, naming its tags and `more` (the tags about to name it), or adds
-   * `more` to the pin it has; throws when it cannot be written.
-   */
-  async #makePin(rec: TemplateRecord, buildId: string, more: readonly string[]): Promise<void> {
-    const tags = [...this.#tagsOf(rec, buildId), ...more];
-    const pin = (await this.#pins(rec)).find((o) => o.metadata.labels?.[TEMPLATE_PIN_LABEL] === buildId);
-    if (pin !== undefined) return this.#setPinTags(pin, tags);
-    const build = this.build(rec, buildId);
-    if (build === undefined) throw new AsbError('NotFound', `build ${buildId} of template "${rec.name}" not found`);
-    await this.#writeObject(rec, build, true, tags);
-  }
-
-  /** Writes `tags` into the pin's annotation when they differ (read again on a conflict). */
-  async #setPinTags(pin: SandboxTemplate, tags: readonly string[]): Promise<void> {
-    const value = tagsAnnotation(tags);
-    const store = this.#o.store;
-    let obj: SandboxTemplate | undefined = pin;
-    for (let attempt = 0; obj !== undefined && obj.metadata.annotations?.[TEMPLATE_TAGS_ANNOTATION] !== value; attempt++) {
-      try {
-        await store.update(SandboxTemplateType, { ...obj, metadata: { ...obj.metadata, annotations: { ...obj.metadata.annotations, [TEMPLATE_TAGS_ANNOTATION]: value } } });
-        return;
-      } catch (err) {
-        if (attempt >= 3 || !isAsbError(err, 'Conflict')) throw err;
-        obj = await store.tryGet<SandboxTemplate>(SandboxTemplateType, this.#o.namespace, pin.metadata.name);
-      }
-    }
-  }
-
-  /**
-   * Brings the pins in step with the record: a pin no tag names goes, the others name exactly
-   * their build's tags. A failure is logged and left for the next change (meanwhile a pin may
-   * start by a tag that moved, on the clusters that resolve tags from pins).
-   */
-  async #syncPins(rec: TemplateRecord): Promise<void> {
-    try {
-      for (const o of await this.#pins(rec)) {
-        const tags = this.#tagsOf(rec, o.metadata.labels?.[TEMPLATE_PIN_LABEL] ?? '');
-        if (tags.length === 0) await this.#deleteObject(o.metadata.name);
-        else await this.#setPinTags(o, tags);
-      }
-    } catch (err) {
-      this.#o.log.warn({ err, templateId: rec.templateId }, 'cannot bring the SandboxTemplates of tagged builds in step with their tags');
-    }
-  }
-
-  async #deleteObject(name: string): Promise<void> {
-    try {
-      await this.#o.store.delete(SandboxTemplateType, this.#o.namespace, name);
-    } catch (err) {
-      if (!isAsbError(err, 'NotFound')) throw err;
     }
   }
 
@@ -512,8 +333,8 @@ export class TemplateBuilds implements BuildService {
       running?.abort.abort(new AsbError('Conflict', 'the template was deleted'));
       await running?.done;
     }
-    await this.#deleteObject(rec.templateId);
-    for (const pin of await this.#pins(rec)) await this.#deleteObject(pin.metadata.name);
+    await this.#objects.delete(rec.templateId);
+    for (const pin of await this.#objects.pins(rec)) await this.#objects.delete(pin.metadata.name);
     this.#records.remove(rec.templateId);
     this.#o.onTemplatesChanged?.();
     if (this.list(team).length === 0) this.files.removeTeam(team);
@@ -532,15 +353,15 @@ export class TemplateBuilds implements BuildService {
     const build = rec === undefined || buildId === undefined ? undefined : this.build(rec, buildId);
     if (rec === undefined || buildId === undefined || build?.phase !== 'ready') throw new AsbError('NotFound', `template "${target}" not found or has no ready build`);
     for (const t of tags) checkTemplateName(`x:${t}`, 'tags');
-    if (tags.some((t) => t !== 'default')) await this.#makePin(rec, buildId, tags.filter((t) => t !== 'default'));
+    if (tags.some((t) => t !== 'default')) await this.#objects.makePin(rec, buildId, tags.filter((t) => t !== 'default'));
     if (tags.includes('default')) {
-      await this.#writeObject(rec, build, false);
+      await this.#objects.write(rec, build, false);
       rec.readyBuildId = buildId;
     }
     for (const t of tags) rec.tags[t] = buildId;
     rec.updatedAt = this.#isoNow();
     this.#records.save(rec);
-    await this.#syncPins(rec);
+    await this.#objects.sync(rec);
     this.#o.onTemplatesChanged?.();
     return { buildId, tags };
   }
@@ -553,7 +374,7 @@ export class TemplateBuilds implements BuildService {
     rec.tags = Object.fromEntries(Object.entries(rec.tags).filter(([t]) => !tags.includes(t)));
     rec.updatedAt = this.#isoNow();
     this.#records.save(rec);
-    await this.#syncPins(rec);
+    await this.#objects.sync(rec);
     this.#o.onTemplatesChanged?.();
   }
 
@@ -568,20 +389,6 @@ export class TemplateBuilds implements BuildService {
   }
 }
 
-/** The caller's number of engine step `step` (undefined: the base, or a prelude step). */
-function callerStep(build: BuildRecord, step: number | undefined): number | undefined {
-  if (step === undefined) return undefined;
-  const n = step - (build.stepOffset ?? 0);
-  return n >= 1 ? n : undefined;
-}
-
-/** A message that starts "step N" (the engine's numbering) with the caller's number. */
-function callerMessage(build: BuildRecord, message: string): string {
-  const offset = build.stepOffset ?? 0;
-  if (offset === 0) return message;
-  return message.replace(/^step (\d+)\b/, (_m, n: string) => (Number(n) > offset ? `step ${String(Number(n) - offset)}` : 'the base step'));
-}
-
 function phaseOf(b: BuildRecord): BuildRecord['phase'] {
   return b.phase;
 }
@@ -589,15 +396,4 @@ function phaseOf(b: BuildRecord): BuildRecord['phase'] {
 function checkImage(image: string): string {
   if (image.trim() === '' || /\s/.test(image) || image.length > 512) throw new AsbError('BadRequest', `fromImage "${image}" is not an image reference`);
   return image;
-}
-
-function errorMessage(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
-}
-
-/** The step an engine error names: AsbError details `{step}` or a message starting "step N". */
-function stepOf(err: unknown): number | undefined {
-  if (typeof err === 'object' && err !== null && 'step' in err && typeof err.step === 'number') return err.step;
-  const m = err instanceof Error ? /^step (\d+)\b/.exec(err.message) : null;
-  return m === null ? undefined : Number(m[1]);
 }

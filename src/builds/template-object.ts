@@ -11,7 +11,7 @@
 // `default` tag names: what `name` starts), each build another tag names (`name:v1`) has a
 // SandboxTemplate of its own, named `<template id>-<build id>` and labelled with the build
 // (TEMPLATE_PIN_LABEL). A create of `name:tag` starts that object; the build service makes it
-// when a tag first names the build and deletes it when no tag does (service.ts). One object per
+// when a tag first names the build and deletes it when no tag does (template-objects.ts). One object per
 // pinned build, rather than one object whose image a claim replaces: a sandbox copies its
 // template's pod spec when it is made, so a pin is an ordinary template to the claimer, the
 // operator, kubectl and the hub, and a build's env, workdir, start and ready commands stay with it.

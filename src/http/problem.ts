@@ -1,6 +1,7 @@
 // Errors leave the worker as RFC 9457 problem details (application/problem+json). The `code` is
 // the stable ErrorCode clients switch on; `detail` is a sentence a user can act on.
-import type { ServerResponse } from 'node:http';
+import { STATUS_CODES, type ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
 import { AsbError, ERRORS, type ErrorCode, type FieldProblem } from '../errors.ts';
 
 export const PROBLEM_CONTENT_TYPE = 'application/problem+json';
@@ -41,4 +42,17 @@ export function writeProblem(res: ServerResponse, err: AsbError, headers: Record
     'content-length': Buffer.byteLength(body),
   });
   res.end(body);
+}
+
+/**
+ * Answers a WebSocket upgrade request with the problem instead of upgrading, and closes the
+ * socket: an 'upgrade' listener has no ServerResponse, so the status line and headers are written
+ * by hand. An Unauthorized answer names the Bearer scheme and `realm`.
+ */
+export function refuseUpgrade(socket: Duplex, err: AsbError, realm = 'asb'): void {
+  const body = JSON.stringify(problemOf(err));
+  const extra = err.code === 'Unauthorized' ? `WWW-Authenticate: Bearer realm="${realm}"\r\n` : '';
+  socket.end(
+    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? ''}\r\nContent-Type: ${PROBLEM_CONTENT_TYPE}\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`,
+  );
 }

@@ -13,10 +13,11 @@
 import { Counter, type Registry } from 'prom-client';
 import { SandboxTemplateType } from '../api/types.ts';
 import { AsbError } from '../errors.ts';
+import { forwardedHeaders } from '../http/presented-key.ts';
 import type { Reply, RequestContext } from '../http/router.ts';
 import { candidatesFor, PlacedSinceHeartbeat, type HubTemplate } from './candidates.ts';
 import { HEARTBEAT_MS, type Cluster, type PlacementRequest } from '../api/hub-contract.ts';
-import { detailOf, forwardedHeaders, liveClusters, MAX_ANSWER_BYTES, passOn, workerUrl, type CallLimits } from './forward.ts';
+import { detailOf, EDGE_HEADERS, liveClusters, MAX_ANSWER_BYTES, passOn, workerUrl, type CallLimits } from './forward.ts';
 import type { HubContext } from './hub-context.ts';
 import { place } from './placement.ts';
 import { WorkerCallError, type WorkerAgents, type WorkerAnswer } from './worker-call.ts';
@@ -116,7 +117,7 @@ export function createPlacer(h: HubContext, agents: WorkerAgents, limits: CallLi
     const { candidates, unusable } = candidatesFor(clusters, liveClusters(h), placed, held === undefined ? undefined : { ...held, applied: appliedVersions() });
     const plan = place(target, candidates);
     const apiUrls = new Map(clusters.map((c) => [c.metadata.name, c.spec.apiUrl ?? '']));
-    const headers = { ...forwardedHeaders(ctx), 'content-type': 'application/json' };
+    const headers = { ...forwardedHeaders(ctx.req, EDGE_HEADERS), 'content-type': 'application/json' };
     const failed: { cluster: string; reason: string }[] = [];
 
     for (const [i, name] of plan.order.entries()) {

@@ -3,7 +3,7 @@
 // (src/hub/list-fanout.ts), for our /v1 API and E2B's alike. The caller's own key travels, so
 // each worker checks it and scopes the answer to the caller's team itself.
 import type { ObjectStore } from '../store/store.ts';
-import type { Reply, RequestContext } from '../http/router.ts';
+import type { Reply } from '../http/router.ts';
 import { ClusterType, type Cluster } from '../api/hub-contract.ts';
 import type { HubContext } from './hub-context.ts';
 import { NO_LIVE_CLUSTERS, type LiveCluster } from './live-clusters.ts';
@@ -29,20 +29,11 @@ export function callLimits(opts: PlacementOptions): CallLimits {
 export const MAX_ANSWER_BYTES = 32 * 1024 * 1024;
 
 /**
- * The caller's credential, as presented, for the worker to check and scope by team itself; and
- * the scheme the caller used at the edge (Envoy's x-forwarded-proto), from which an E2B create
- * tells the SDK the edge's HTTPS port rather than its plain one.
+ * Sent on with the caller's key (forwardedHeaders): the scheme the caller used at the edge (Envoy's
+ * x-forwarded-proto), from which an E2B create tells the SDK the edge's HTTPS port rather than
+ * its plain one.
  */
-export function forwardedHeaders(ctx: RequestContext): Record<string, string> {
-  const out: Record<string, string> = {};
-  const { authorization } = ctx.req.headers;
-  const apiKey = ctx.req.headers['x-api-key'];
-  const proto = ctx.req.headers['x-forwarded-proto'];
-  if (authorization !== undefined) out.authorization = authorization;
-  if (typeof apiKey === 'string') out['x-api-key'] = apiKey;
-  if (typeof proto === 'string') out['x-forwarded-proto'] = proto;
-  return out;
-}
+export const EDGE_HEADERS: readonly string[] = ['x-forwarded-proto'];
 
 /** What a worker said in a failed answer: a problem's `detail`, an E2B error's `message`, else the text. */
 export function detailOf(answer: WorkerAnswer): string {

@@ -7,8 +7,9 @@
 // Paging: the hub's continue token holds, for each cluster that had more, that cluster's own
 // token (`''`: from its start). A request with one asks only those clusters, each from its token.
 import { AsbError } from '../errors.ts';
+import { forwardedHeaders } from '../http/presented-key.ts';
 import type { Reply, RequestContext } from '../http/router.ts';
-import { detailOf, forwardedHeaders, liveClusters, MAX_ANSWER_BYTES, passOn, registeredClusters, workerUrl, type CallLimits } from './forward.ts';
+import { detailOf, EDGE_HEADERS, liveClusters, MAX_ANSWER_BYTES, passOn, registeredClusters, workerUrl, type CallLimits } from './forward.ts';
 import type { HubContext } from './hub-context.ts';
 import { WorkerCallError, type WorkerAgents, type WorkerAnswer } from './worker-call.ts';
 
@@ -60,7 +61,7 @@ export function createFanOut(h: HubContext, agents: WorkerAgents, limits: CallLi
       else if (!now.has(name)) unreachable.push({ cluster: name, reason: 'not connected to the hub' });
       else targets.push({ name, apiUrl: c.spec.apiUrl, token: req.resume?.[name] ?? '' });
     }
-    const headers = forwardedHeaders(ctx);
+    const headers = forwardedHeaders(ctx.req, EDGE_HEADERS);
     const answers = await Promise.all(
       targets.map(async (t) => {
         const query = new URLSearchParams(req.query);

@@ -11,7 +11,7 @@
 // fingerprint of what it last published per object and publishes only when that changes.
 //
 // Ordering: live watch events arrive synchronously in commit order across kinds (the embedded
-// store delivers one batch's events in order, src/store/sqlite.ts), and each is broadcast in that
+// store delivers one batch's events in order, src/store/sqlite-commit.ts), and each is broadcast in that
 // callback, so every subscriber sees strictly increasing versions with none skipped. When a watch
 // ends (Gone, store trouble) the feed relists and calls its reset listeners: a relist merges many
 // changes under one version, so connections must start over (a snapshot) rather than get deltas

@@ -11,7 +11,7 @@
 // the snapshot in flight is not reading; it is dropped and resyncs when it reconnects, instead of
 // the hub buffering without bound. Liveness: heartbeats every HEARTBEAT_MS both ways; a worker
 // silent for 3 intervals is dropped.
-import { STATUS_CODES, type IncomingMessage } from 'node:http';
+import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
@@ -19,7 +19,7 @@ import { AsbError } from '../errors.ts';
 import type { ObjectStore } from '../store/store.ts';
 import type { Clock, Timer } from '../base/clock.ts';
 import type { Logger } from '../base/log.ts';
-import { problemOf } from '../http/problem.ts';
+import { refuseUpgrade } from '../http/problem.ts';
 import { credentialMatches } from './cluster-credential.ts';
 import { ClusterStatusWriter } from './cluster-status.ts';
 import { HEARTBEAT_MS, type HubToWorker, type PoolReport, type WorkerToHub } from '../api/hub-contract.ts';
@@ -173,7 +173,7 @@ export function createSyncServer(opts: SyncServerOptions): SyncServer {
 function handleUpgrade(served: Served | undefined, log: Logger, req: IncomingMessage, socket: Duplex, head: Buffer): void {
   socket.on('error', (err) => log.debug({ err }, 'sync upgrade socket error'));
   if (served === undefined) {
-    refuse(socket, new AsbError('Unavailable', 'hub sync is not available (starting, stopping or failed; see the hub log); retry shortly'));
+    refuseUpgrade(socket, new AsbError('Unavailable', 'hub sync is not available (starting, stopping or failed; see the hub log); retry shortly'), 'asb-hub');
     return;
   }
   served.upgrade(req, socket, head);
@@ -368,7 +368,7 @@ function serve(opts: SyncServerOptions, log: Logger, feed: SyncFeed, ackListener
       try {
         cluster = authenticate(req);
       } catch (err) {
-        refuse(socket, err instanceof AsbError ? err : new AsbError('Internal', 'internal error; the hub log has the details', { cause: err }));
+        refuseUpgrade(socket, err instanceof AsbError ? err : new AsbError('Internal', 'internal error; the hub log has the details', { cause: err }), 'asb-hub');
         return;
       }
       wss.handleUpgrade(req, socket, head, (ws) => attach(ws, cluster));
@@ -438,12 +438,4 @@ function poolReports(value: unknown): Record<string, PoolReport> {
     if (count(ready) && count(desired) && typeof template === 'string') out[k] = { ready, desired, template };
   }
   return out;
-}
-
-function refuse(socket: Duplex, err: AsbError): void {
-  const body = JSON.stringify(problemOf(err));
-  const extra = err.code === 'Unauthorized' ? 'WWW-Authenticate: Bearer realm="asb-hub"\r\n' : '';
-  socket.end(
-    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? ''}\r\nContent-Type: application/problem+json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`,
-  );
 }

@@ -1,6 +1,6 @@
 // The data plane's shared contract: what a worker publishes about each sandbox on its route
 // feed, how the router keeps it, and the headers the router and Envoy agree on. The worker
-// (src/worker/route-feed.ts), the router (src/router/) and the Envoy configuration (envoy/)
+// (src/worker/route-feed/), the router (src/router/) and the Envoy configuration (envoy/)
 // all follow this file.
 
 /** What the router must know to send a request to a sandbox with no remote call. */

@@ -1,6 +1,6 @@
 // What one write does to one object, decided as a pure function of the object's current state.
 // The SQLite store runs these in queue order against the state its earlier writes in the same
-// batch left behind, then persists the decisions in one transaction (see sqlite.ts).
+// batch left behind, then persists the decisions in one transaction (see sqlite-commit.ts).
 import { randomUUID } from 'node:crypto';
 import { apiVersionOf, type KubeObject, type ObjectMeta, type ResourceType } from '../api/meta.ts';
 import { AsbError, invalid } from '../errors.ts';

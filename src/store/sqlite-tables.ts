@@ -67,7 +67,7 @@ function configure(db: DatabaseSync, path: string): void {
   const mode = db.prepare('PRAGMA journal_mode = WAL').get();
   if (mode?.journal_mode !== 'wal') throw new AsbError('Internal', `store ${path}: SQLite refused WAL mode (got ${String(mode?.journal_mode)})`);
   // FULL: every COMMIT fsyncs the WAL, so an acknowledged write survives power loss, not only
-  // kill -9. Group commit (sqlite.ts) pays that fsync once per batch, not once per write.
+  // kill -9. Group commit (sqlite-commit.ts) pays that fsync once per batch, not once per write.
   db.exec('PRAGMA synchronous = FULL');
 }
 

@@ -6,7 +6,7 @@ import { AsbError } from '../errors.ts';
 import { isObjectName } from '../api/names.ts';
 import { checkBody, spawnProblems, type BodyOf } from './input.ts';
 import { userLabelProblems } from './labels.ts';
-import { isTaggedName } from '../builds/service.ts';
+import { isTaggedName } from '../builds/template-names.ts';
 
 // A year: anything longer is a typo, and shutdownTime must stay a valid ISO date.
 export const MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000;

@@ -26,7 +26,8 @@ import type { BuildService, BuildStatus, BuiltTemplateView } from '../builds/con
 import type { FileStore } from '../builds/contract.ts';
 import { MAX_FILE_BYTES } from '../builds/files.ts';
 import type { TemplateRecord } from '../builds/records.ts';
-import { isTaggedName, splitName, type TemplateBuilds } from '../builds/service.ts';
+import type { TemplateBuilds } from '../builds/service.ts';
+import { isTaggedName, splitName } from '../builds/template-names.ts';
 import { putVerified } from '../builds/verified-upload.ts';
 import { principalOf } from './access.ts';
 import { isObjectName } from '../api/names.ts';

@@ -1,6 +1,5 @@
-// Egress secrets and credential rules for the egress proxy's credential injection: admin keys only,
-// since a rule applies to every sandbox's traffic to its host. Secret values are write-only: PUT
-// takes one, nothing returns it.
+// Egress secrets and credential rules: admin keys only, since a rule applies to every
+// sandbox's traffic to its host. Secret values are write-only: PUT takes one, nothing returns it.
 import { parseCredentialRule, parseSecretValue, type CredentialStore } from '../egress/credential-store.ts';
 import { AsbError } from '../errors.ts';
 import { requireAdmin } from './access.ts';

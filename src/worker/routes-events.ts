@@ -24,6 +24,7 @@ import type { EventsSource, WorkerContext } from './deps.ts';
 import type { Authenticator } from '../auth/keyring.ts';
 import { queryInt } from './input.ts';
 import { isPlainObject } from '../http/body.ts';
+import { forwardedHeaders } from '../http/presented-key.ts';
 import type { Reply, RequestContext, Route } from '../http/router.ts';
 import { e2bRoute } from './e2b/reply.ts';
 
@@ -50,8 +51,8 @@ function logOf(e: EventsApi): EventLog {
   return e.source.log;
 }
 
-// Request headers an API process passes on to the operator: the caller's key and the body's type.
-const FORWARDED_HEADERS = ['authorization', 'x-api-key', 'content-type', 'accept'] as const;
+// Request headers an API process passes on to the operator besides the caller's key: the body's type and the answer's.
+const FORWARDED_HEADERS = ['content-type', 'accept'];
 // The operator answers from its own SQLite file: anything past this is an operator in trouble.
 const FORWARD_TIMEOUT_MS = 10_000;
 
@@ -63,11 +64,7 @@ const FORWARD_TIMEOUT_MS = 10_000;
 async function forward(to: string, e: EventsApi, ctx: RequestContext): Promise<Reply> {
   const method = ctx.req.method ?? 'GET';
   const body = method === 'GET' || method === 'DELETE' ? undefined : await readBody(ctx.req, e.jsonBytes);
-  const headers: Record<string, string> = {};
-  for (const name of FORWARDED_HEADERS) {
-    const value = ctx.req.headers[name];
-    if (typeof value === 'string') headers[name] = value;
-  }
+  const headers = forwardedHeaders(ctx.req, FORWARDED_HEADERS);
   let answer: Response;
   let bytes: Uint8Array;
   try {

@@ -206,8 +206,7 @@ async function apply(w: WorkerContext, ctx: RequestContext): Promise<Reply> {
       problems.push(...(err.fields.length > 0 ? err.fields : [{ field: `objects[${i}]`, message: err.message }]));
     }
   }
-  // Pod security: what a team key may put in a pod spec, so no tenant reaches the host or
-  // another tenant's volumes (admins are not checked).
+  // Pod security: what a team key may put in a pod spec (admins are not checked).
   problems.push(...await tenantPodProblems(w, p, prepared.map(({ obj, index }) => ({ obj, path: `objects[${index}]` }))));
   if (problems.length > 0) throw new AsbError('Invalid', `nothing was applied: ${problems.map((f) => `${f.field}: ${f.message}`).join('; ')}`, { fields: problems });
 

@@ -13,7 +13,6 @@
 // worker's key ring within the sync bound (3 heartbeats). close() ends every session with
 // goingAway (worker shutdown).
 import type { IncomingMessage } from 'node:http';
-import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import { WebSocketServer } from 'ws';
@@ -26,7 +25,7 @@ import { isObjectName } from '../../api/names.ts';
 import type { WorkerContext } from '../deps.ts';
 import type { Authenticator } from '../../auth/keyring.ts';
 import { AUTH_HINT, presentedKey } from '../../http/presented-key.ts';
-import { problemOf, toAsbError } from '../../http/problem.ts';
+import { refuseUpgrade, toAsbError } from '../../http/problem.ts';
 import { isDimension, MAX_TERMINAL_DIMENSION, TerminalSession, type TerminalEndReason } from './session.ts';
 import type { TerminalTokens } from './token.ts';
 
@@ -118,7 +117,7 @@ export class TerminalEndpoint {
     this.#open(req, socket, head).catch((err: unknown) => {
       const problem = toAsbError(err);
       if (problem.code === 'Internal') this.#o.w.log.error({ err, url: req.url }, 'terminal open failed');
-      refuse(socket, problem);
+      if (!socket.destroyed) refuseUpgrade(socket, problem);
     });
   }
 
@@ -150,7 +149,7 @@ export class TerminalEndpoint {
     // The client may have gone, or the worker started closing, while the PTY opened.
     if (this.closed || socket.destroyed) {
       pty.close();
-      if (!socket.destroyed) refuse(socket, new AsbError('Unavailable', 'the worker is shutting down; retry shortly'));
+      if (!socket.destroyed) refuseUpgrade(socket, new AsbError('Unavailable', 'the worker is shutting down; retry shortly'));
       return;
     }
     w.operator.activity.touch(id);
@@ -252,13 +251,4 @@ export function ptyOptions(query: URLSearchParams): PtyOptions {
     opts.command = command;
   }
   return opts;
-}
-
-function refuse(socket: Duplex, err: AsbError): void {
-  if (socket.destroyed) return;
-  const body = JSON.stringify(problemOf(err));
-  const extra = err.code === 'Unauthorized' ? 'WWW-Authenticate: Bearer realm="asb"\r\n' : '';
-  socket.end(
-    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? ''}\r\nContent-Type: application/problem+json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`,
-  );
 }

@@ -10,50 +10,32 @@
 // drops every router connection: a reconnect gets a fresh snapshot, which is simpler and safer
 // than inventing versions for the changes merged by the relist.
 //
-// The federation: after every snapshot, and again whenever the worker's copies of the hub's
-// Cluster objects change or its hub link goes up or down, the feed sends a `clusters` message
-// (the whole registry; it replaces the last one). Clusters are listed and watched on their own,
-// and a broken Cluster watch only relists them: a clusters message carries no version, so no
-// router has to resync its route entries for it. The hub link is polled once per second (a
-// SyncAgent status read is a few property reads), and a message goes out only when its text
-// changed, so an idle worker sends nothing.
+// The federation: after every snapshot, and whenever it changes, the feed sends a `clusters`
+// message (clusters.ts). The HTTP endpoint that admits routers is endpoint.ts.
 //
 // Backpressure: a router that stops reading is dropped once its socket holds more than
 // `maxBufferedBytes` (default 16 MiB, ~60,000 deltas of ~250 bytes) beyond the snapshot still in
 // flight, instead of buffering without bound; it reconnects and resyncs. Liveness: a WebSocket
 // ping every 10 s; a router that has not answered the previous one is dropped.
-import type { IncomingMessage } from 'node:http';
-import { STATUS_CODES } from 'node:http';
-import type { Duplex } from 'node:stream';
 import { Counter, Gauge, type Registry } from 'prom-client';
-import { WebSocketServer, type WebSocket } from 'ws';
-import { IdHolders } from '../api/sandbox-identity.ts';
-import type { Sandbox } from '../api/types.ts';
-import { SandboxType } from '../api/types.ts';
-import { AsbError } from '../errors.ts';
-import { ClusterType, type Cluster, type ClusterSpec } from '../api/hub-contract.ts';
-import type { ClusterRoute, ClustersMessage, FeedMessage, RouteEntry } from '../router/contract.ts';
-import type { ObjectStore, Watch, WatchEvent } from '../store/store.ts';
-import type { Clock, Timer } from '../base/clock.ts';
-import type { Logger } from '../base/log.ts';
-import type { AccessTokens } from './access-token.ts';
-import type { Authenticator } from '../auth/keyring.ts';
-import { requireAdmin } from './access.ts';
-import { AUTH_HINT, presentedKey } from '../http/presented-key.ts';
-import { problemOf } from '../http/problem.ts';
-import { routeEntryOf, sameEntry } from './route-entry.ts';
-import type { Route } from '../http/router.ts';
+import type { WebSocket } from 'ws';
+import { IdHolders } from '../../api/sandbox-identity.ts';
+import type { Sandbox } from '../../api/types.ts';
+import { SandboxType } from '../../api/types.ts';
+import type { FeedMessage, RouteEntry } from '../../router/contract.ts';
+import type { ObjectStore, Watch, WatchEvent } from '../../store/store.ts';
+import type { Clock, Timer } from '../../base/clock.ts';
+import type { Logger } from '../../base/log.ts';
+import type { AccessTokens } from '../access-token.ts';
+import { routeEntryOf, sameEntry } from '../route-entry.ts';
+import { ClustersFeed } from './clusters.ts';
 
-export const ROUTE_FEED_PATH = '/v1/routes/feed';
 const DEFAULT_MAX_BUFFERED_BYTES = 16 * 1024 * 1024;
 const DEFAULT_PING_INTERVAL_MS = 10_000;
-// Routers send nothing but pongs; a larger frame is a misbehaving client.
-const MAX_INBOUND_FRAME_BYTES = 4096;
 /** 1001 going away (worker shutting down), 1012 service restart (resync: reconnect for a snapshot), 1008 policy (dropped). */
-const CLOSE = { shutdown: 1001, resync: 1012, policy: 1008 } as const;
+export const CLOSE = { shutdown: 1001, resync: 1012, policy: 1008 } as const;
 const RELIST_BASE_MS = 100;
 const RELIST_MAX_MS = 5000;
-const DEFAULT_HUB_POLL_MS = 1000;
 
 export interface RouteFeedOptions {
   store: ObjectStore;
@@ -125,15 +107,7 @@ export class RouteFeed {
   #retry: Timer | undefined;
   #failures = 0;
   #closed = false;
-  /** name → the cluster as routers need it, from the Cluster objects in the store. */
-  #clusters = new Map<string, ClusterRoute>();
-  #clustersWatch: Watch | undefined;
-  #clustersRetry: Timer | undefined;
-  #clustersFailures = 0;
-  #hubConnected = false;
-  #hubPoll: Timer | undefined;
-  /** The clusters message as last sent (sent again only when this text changes). */
-  #clustersText = '';
+  readonly #clusters: ClustersFeed;
   #flushScheduled = false;
 
   private constructor(opts: RouteFeedOptions) {
@@ -142,6 +116,17 @@ export class RouteFeed {
     this.#maxBuffered = opts.maxBufferedBytes ?? DEFAULT_MAX_BUFFERED_BYTES;
     this.#pingMs = opts.pingIntervalMs ?? DEFAULT_PING_INTERVAL_MS;
     this.#metrics = feedMetrics(opts.registry);
+    this.#clusters = new ClustersFeed({
+      store: opts.store,
+      cluster: opts.cluster,
+      log: this.#log,
+      clock: opts.clock,
+      hubConnected: opts.hubConnected,
+      hubPollMs: opts.hubPollMs,
+      onChange: (text) => {
+        for (const sub of this.#subscribers) this.#send(sub, text, 'clusters');
+      },
+    });
   }
 
   /** Lists and starts watching; resolves once the first snapshot is ready. */
@@ -149,14 +134,11 @@ export class RouteFeed {
     const feed = new RouteFeed(opts);
     await feed.#sync(true);
     try {
-      await feed.#syncClusters();
+      await feed.#clusters.start();
     } catch (err) {
       feed.close();
       throw err;
     }
-    feed.#hubConnected = opts.hubConnected?.() ?? false;
-    feed.#clustersText = JSON.stringify(feed.clustersMessage());
-    feed.#pollHub();
     return feed;
   }
 
@@ -171,12 +153,6 @@ export class RouteFeed {
 
   entries(): RouteEntry[] {
     return [...this.#entries.values()].map((e) => e.entry);
-  }
-
-  /** The federation as routers get it now. */
-  clustersMessage(): ClustersMessage {
-    const clusters = [...this.#clusters.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
-    return { type: 'clusters', self: this.#opts.cluster, hubConnected: this.#hubConnected, clusters };
   }
 
   /** Serves an accepted WebSocket: snapshot now, deltas as they happen, pings until it closes. */
@@ -199,7 +175,7 @@ export class RouteFeed {
     const snapshot = JSON.stringify({ type: 'snapshot', version: this.#version, cluster: this.#opts.cluster, entries: this.entries() } satisfies FeedMessage);
     sub.allowance = Buffer.byteLength(snapshot) + this.#maxBuffered;
     this.#send(sub, snapshot, 'snapshot');
-    this.#send(sub, this.#clustersText, 'clusters');
+    this.#send(sub, this.#clusters.text, 'clusters');
     this.#schedulePing(sub);
     this.#log.info({ entries: this.#entries.size, version: this.#version }, 'router connected to the route feed');
   }
@@ -210,9 +186,7 @@ export class RouteFeed {
     this.#closed = true;
     this.#watch?.close();
     this.#retry?.cancel();
-    this.#clustersWatch?.close();
-    this.#clustersRetry?.cancel();
-    this.#hubPoll?.cancel();
+    this.#clusters.close();
     for (const sub of this.#subscribers) this.#drop(sub, CLOSE.shutdown, 'worker shutting down', undefined);
   }
 
@@ -266,69 +240,6 @@ export class RouteFeed {
         this.#scheduleResync();
       });
     });
-  }
-
-  async #syncClusters(): Promise<void> {
-    const items: Cluster[] = [];
-    let resourceVersion = '';
-    let token: string | undefined;
-    do {
-      const page = await this.#opts.store.list<Cluster>(ClusterType, token === undefined ? {} : { continue: token });
-      items.push(...page.items);
-      resourceVersion = page.resourceVersion;
-      token = page.continue;
-    } while (token !== undefined);
-    if (this.#closed) return;
-    this.#clusters = new Map(items.map((c) => [c.metadata.name, clusterRouteOf(c)]));
-    this.#publishClusters();
-    this.#clustersWatch = this.#opts.store.watch<Cluster>(ClusterType, { resourceVersion }, {
-      onEvent: (event) => {
-        this.#clustersFailures = 0;
-        if (event.type === 'BOOKMARK') return;
-        if (event.type === 'DELETED') this.#clusters.delete(event.object.metadata.name);
-        else this.#clusters.set(event.object.metadata.name, clusterRouteOf(event.object));
-        this.#publishClusters();
-      },
-      onError: (err) => {
-        this.#clustersWatch = undefined;
-        this.#log.warn({ err }, 'cluster watch ended; relisting');
-        this.#scheduleClustersRelist();
-      },
-    });
-  }
-
-  #scheduleClustersRelist(): void {
-    if (this.#closed) return;
-    const delay = Math.min(RELIST_MAX_MS, RELIST_BASE_MS * 2 ** Math.min(this.#clustersFailures, 16));
-    this.#clustersFailures += 1;
-    this.#clustersRetry = this.#opts.clock.after(delay, () => {
-      this.#syncClusters().catch((err: unknown) => {
-        this.#log.warn({ err }, 'cluster relist failed');
-        this.#scheduleClustersRelist();
-      });
-    });
-  }
-
-  #pollHub(): void {
-    const read = this.#opts.hubConnected;
-    if (read === undefined || this.#closed) return;
-    this.#hubPoll = this.#opts.clock.after(this.#opts.hubPollMs ?? DEFAULT_HUB_POLL_MS, () => {
-      const connected = read();
-      if (connected !== this.#hubConnected) {
-        this.#hubConnected = connected;
-        this.#log.info({ hubConnected: connected }, 'hub link changed; telling the routers');
-        this.#publishClusters();
-      }
-      this.#pollHub();
-    });
-  }
-
-  /** Sends the clusters message to every router if it differs from the last one sent. */
-  #publishClusters(): void {
-    const text = JSON.stringify(this.clustersMessage());
-    if (text === this.#clustersText) return;
-    this.#clustersText = text;
-    for (const sub of this.#subscribers) this.#send(sub, text, 'clusters');
   }
 
   #apply(event: WatchEvent<Sandbox>): void {
@@ -425,87 +336,3 @@ export class RouteFeed {
   }
 }
 
-/** A Cluster object as routers need it; fields a synced copy lacks get their neutral value. */
-function clusterRouteOf(c: Cluster): ClusterRoute {
-  const spec = (c.spec as Partial<ClusterSpec> | undefined) ?? {};
-  return { name: c.metadata.name, tag: spec.tag ?? '', region: spec.region ?? '', ingressAddress: spec.ingressAddress ?? '', drain: spec.drain ?? false };
-}
-
-export interface FeedUpgradeOptions {
-  feed: RouteFeed;
-  auth: Authenticator;
-  log: Logger;
-}
-
-/**
- * The HTTP server's 'upgrade' listener: accepts WebSockets on /v1/routes/feed from admin keys and
- * answers anything else with a problem+json response before upgrading (401 no or bad key, 403 not
- * admin, 404 other paths). A feed whose key is revoked (or loses admin) is closed with 1008, and
- * its router's reconnect is refused. Returns a close function that stops accepting upgrades.
- */
-export function createFeedUpgrade(opts: FeedUpgradeOptions): { handle: (req: IncomingMessage, socket: Duplex, head: Buffer) => void; close: () => void } {
-  const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_INBOUND_FRAME_BYTES });
-  let closed = false;
-  /** Open feeds → the prefix of the key that opened each. */
-  const opened = new Map<WebSocket, string>();
-  const unwatchKeys = opts.auth.onRevoked((prefix) => {
-    for (const [ws, by] of opened) if (by === prefix) ws.close(CLOSE.policy, 'the API key that opened this feed was revoked');
-  });
-  const handle = (req: IncomingMessage, socket: Duplex, head: Buffer): void => {
-    socket.on('error', (err) => opts.log.debug({ err }, 'upgrade socket error'));
-    let prefix: string;
-    try {
-      if (closed) throw new AsbError('Unavailable', 'the worker is shutting down; reconnect to another worker or retry shortly');
-      const path = new URL(req.url ?? '/', 'http://worker.invalid').pathname;
-      if (path !== ROUTE_FEED_PATH) throw new AsbError('NotFound', `no WebSocket endpoint at ${path}; the route feed is at ${ROUTE_FEED_PATH}`);
-      if (req.method !== 'GET') throw new AsbError('MethodNotAllowed', `${req.method ?? ''} is not allowed on ${path}; use GET with Upgrade: websocket`);
-      const key = presentedKey(req);
-      if (key === undefined) throw new AsbError('Unauthorized', `no API key: ${AUTH_HINT}`);
-      const principal = opts.auth.verify(key);
-      if (principal === undefined) throw new AsbError('Unauthorized', `the API key is unknown or revoked; ${AUTH_HINT}`);
-      if (!principal.admin) throw new AsbError('Forbidden', `the route feed needs an admin API key; key ${principal.prefix} of team "${principal.team}" is not one`);
-      prefix = principal.prefix;
-    } catch (err) {
-      refuse(socket, err instanceof AsbError ? err : new AsbError('Internal', 'internal error; the worker log has the details', { cause: err }));
-      return;
-    }
-    wss.handleUpgrade(req, socket, head, (ws) => {
-      opened.set(ws, prefix);
-      ws.once('close', () => opened.delete(ws));
-      opts.feed.attach(ws);
-      // Revoked while the handshake ran: the listener above did not see this socket yet.
-      if (!opts.auth.live(prefix)) ws.close(CLOSE.policy, 'the API key that opened this feed was revoked');
-    });
-  };
-  return {
-    handle,
-    close: () => {
-      if (closed) return;
-      closed = true;
-      unwatchKeys();
-      wss.close();
-    },
-  };
-}
-
-function refuse(socket: Duplex, err: AsbError): void {
-  const body = JSON.stringify(problemOf(err));
-  const extra = err.code === 'Unauthorized' ? 'WWW-Authenticate: Bearer realm="asb"\r\n' : '';
-  socket.end(
-    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? ''}\r\nContent-Type: application/problem+json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`,
-  );
-}
-
-/** A plain GET (no Upgrade header) of the feed: an admin gets 400 naming what to do, others 401/403 as usual. */
-export function feedRoutes(): Route[] {
-  return [
-    {
-      method: 'GET',
-      pattern: ROUTE_FEED_PATH,
-      handler: (ctx) => {
-        requireAdmin(ctx, 'the route feed');
-        return Promise.reject(new AsbError('BadRequest', `${ROUTE_FEED_PATH} is a WebSocket endpoint: connect with "Upgrade: websocket" (messages are described in src/router/contract.ts)`));
-      },
-    },
-  ];
-}
