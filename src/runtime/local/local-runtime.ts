@@ -25,7 +25,7 @@ import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.
 import type { Logger } from '../../system/log.ts';
 import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StartOptions, StopOptions, WritableLayer } from '../runtime.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
-import { PodFirewall } from './pod-firewall.ts';
+import { PodNetwork } from './pod-network.ts';
 import { execInPod, type PodTarget } from './exec.ts';
 import { spawnPodProcess } from './process.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
@@ -33,10 +33,8 @@ import { ensureInitBinary, ensureLauncherBinary, ensureShimBinary } from './init
 import { agentPty, agentRequest, AgentLink } from './agent.ts';
 import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
 import { Launcher, type Launched } from './launcher.ts';
-import { bridgeExists, createIpPool, createVethBatcher, deleteBridge, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
-import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
+import { inSubnet } from './network.ts';
 import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, runscPod, shimsOf, straySaves, type ReclaimAction, type ReclaimScope } from './reclaim.ts';
-import { derivedNetwork } from '../../system/local-network.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
@@ -57,64 +55,9 @@ import { criuCheck, criuPath, findCriuBinary } from '../oci/criu-binary.ts';
 import { checkpointSequence, runscContainerId, runscFlags, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange, type OciSpec } from '../oci/spec.ts';
 import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
-import type { ConnectionLimits } from '../../network/connection-limits.ts';
-import type { EgressFloor } from '../../network/egress-floor.ts';
+import type { LocalRuntimeOptions } from './runtime-options.ts';
 
-export interface LocalRuntimeOptions {
-  /** State dir, e.g. .asb/data/runtime: pods/, volumes/, runc/ and the compiled shim live here. */
-  root: string;
-  log: Logger;
-  /** The image cache pods' images are pulled into (may be shared by several runtimes). */
-  images: ImageStore;
-  /** The runc binary; default: the one `make runc` builds (findRuncBinary). */
-  runc?: string;
-  /** gVisor's runsc for pods with runtimeClassName gvisor; default: the one `make runsc` builds (findRunscBinary). Without it such pods fail. */
-  runsc?: string;
-  /** CRIU, for runc pods that keep their memory; default: the one `make criu` builds (findCriuBinary). Without it they refuse with NotImplemented. */
-  criu?: string;
-  /** The image of a container that names none (`image:` empty, as kubernetes-sigs' getting-started example). */
-  defaultImage?: string;
-  clock?: Clock;
-  /** Pod subnet; the bridge takes its first address. Default: derived from root (src/system/local-network.ts). */
-  subnet?: string;
-  /** Host bridge name (≤ 15 bytes); distinct per worker or test run. Default: derived from root. */
-  bridge?: string;
-  /** Host-wide directory of bridge and subnet claims (network-claim.ts). Default /run/asb/networks */
-  claimsDir?: string;
-  /**
-   * Host-wide pool of user-namespace id ranges, one per sandbox (id-ranges.ts); every runtime on
-   * the host must share it. Default /var/lib/asb/id-ranges (kept across reboots, like the pods).
-   */
-  idRangesDir?: string;
-  /** Readiness probe period when a probe sets no periodSeconds. Default 1000 ms. */
-  probeIntervalMs?: number;
-  /** How often to check the init of an adopted pod (one we did not spawn). Default 500 ms. */
-  pollIntervalMs?: number;
-  /** stop(): SIGTERM, then SIGKILL after this long. Default 2000 ms. */
-  stopGraceMs?: number;
-  /** Mount points' parent (must be walkable by the user namespace). Default /run/asb/rootfs/<hash of root>. */
-  mountRoot?: string;
-  /**
-   * The egress proxy listening on the bridge's gateway address: pods' outbound TCP that the
-   * address rules do not decide is DNAT'ed to it (src/network/nft-ruleset.ts). Absent: direct.
-   */
-  egressProxy?: { port: number };
-  /** Pods may query a DNS resolver on the gateway (UDP and TCP 53). Default false: no host port is open to pods. */
-  podDns?: boolean;
-  /** Addresses no pod reaches whatever its policy (src/network/egress-floor.ts). Default DEFAULT_FLOOR: cloud metadata. */
-  egressFloor?: EgressFloor;
-  /**
-   * Each pod's bounds on the proxy, the resolver and forwarded flows: connections open at once
-   * and new ones a second (src/network/connection-limits.ts). Default DEFAULT_CONNECTION_LIMITS.
-   */
-  connectionLimits?: ConnectionLimits;
-  /**
-   * PEM file of a CA every pod trusts besides its image's (the cluster's egress CA, whose
-   * certificates the egress proxy serves for credential-injection hosts): appended to each pod's
-   * /etc/ssl/certs/ca-certificates.crt at start. Read once, here.
-   */
-  extraCaPath?: string;
-}
+export type { LocalRuntimeOptions };
 
 export const DEFAULT_IMAGE = 'agent-sandbox/base';
 const TERM_RESEND_MS = 200;
@@ -222,15 +165,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   readonly #runscUnavailable: string | undefined;
   /** CRIU for runc pods' memory, or why there is none. */
   readonly #criu: { binary: string } | { unavailable: string };
-  readonly #subnet: Subnet;
-  readonly #bridge: string;
-  readonly #ips: IpPool;
-  readonly #attachVeth: (pid: number, hostIf: string, ip: string) => Promise<void>;
-  readonly #firewall: PodFirewall;
+  readonly #net: PodNetwork;
   readonly #pods = new Map<string, Pod>();
   readonly #listeners = new Set<(id: string) => void>();
-  readonly #policyListeners = new Set<(podIp: string) => Promise<void>>();
-  #network: Promise<boolean> | undefined;
   #mountRootReady: Promise<void> | undefined;
   readonly #idRangesDir: string;
   #closed = false;
@@ -244,10 +181,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     this.#unavailable = unavailable;
     this.#idRangesDir = opts.idRangesDir ?? DEFAULT_ID_RANGES_DIR;
     const root = resolve(opts.root);
-    const derived = derivedNetwork(root);
-    this.#subnet = parseSubnet(opts.subnet ?? derived.subnet);
-    this.#bridge = opts.bridge ?? derived.bridge;
-    this.#ips = createIpPool(this.#subnet);
     const tag = createHash('sha256').update(root).digest('hex').slice(0, 12);
     let runsc = opts.runsc;
     try {
@@ -273,23 +206,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       ...(opts.extraCaPath === undefined ? {} : { extraCaPem: readFileSync(opts.extraCaPath, 'utf8') }),
     };
     this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
-    this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
-    this.#firewall = new PodFirewall(
-      {
-        bridge: this.#bridge,
-        subnet: this.#subnet.cidr,
-        gateway: this.#subnet.gateway,
-        ...(opts.egressProxy === undefined ? {} : { egressProxyPort: opts.egressProxy.port }),
-        dns: opts.podDns === true,
-        ...(opts.egressFloor === undefined ? {} : { floor: opts.egressFloor }),
-        ...(opts.connectionLimits === undefined ? {} : { limits: opts.connectionLimits }),
-      },
-      (argv, input) => this.#launcher.run(argv, input),
-      this.#log,
-      () => [...this.#pods.values()]
-        .filter((pod) => pod.persisted !== undefined && (pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined))
-        .map((pod) => this.#podNet(pod.id, pod.persisted?.ip ?? '', pod.persisted?.request.egress)),
-    );
+    this.#net = new PodNetwork(opts, unavailable, this.#launcher, this.#log, () => [...this.#pods.values()]
+      .filter((pod) => pod.persisted !== undefined && (pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined))
+      .map((pod) => this.#net.podNet(pod.id, pod.persisted?.ip ?? '', pod.persisted?.request.egress)));
   }
 
   /** Every pod runs in a user namespace: root in a sandbox is root of that namespace only. runtimeClassName gvisor runs it under gVisor when runsc is built. */
@@ -320,39 +239,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   /** Sets up the bridge once; false when the runtime is unavailable (it starts no pod). */
   hasPodNetwork(): Promise<boolean> {
-    this.#network ??= this.#setUpNetwork();
-    return this.#network;
-  }
-
-  /**
-   * The pod network for a start: set up again when the bridge is gone, which another runtime on the
-   * same state dir deletes when it closes with no pod running (close()).
-   */
-  async #podNetwork(): Promise<boolean> {
-    const net = await this.hasPodNetwork();
-    if (!net || (await bridgeExists(this.#bridge))) return net;
-    this.#log.warn({ bridge: this.#bridge }, 'the pod bridge was gone: setting it up again');
-    this.#network = undefined;
-    return this.hasPodNetwork();
-  }
-
-  /** Rejects (AsbError Unavailable, naming the holder) when another instance holds the bridge or subnet. */
-  async #setUpNetwork(): Promise<boolean> {
-    if (this.#unavailable !== undefined) return false;
-    const claimsDir = this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR;
-    // Refused, never shared: the other instance's pods would receive our traffic.
-    const warnings = await claimNetwork({ bridge: this.#bridge, subnet: this.#subnet.cidr, owner: resolve(this.#opts.root), pid: process.pid }, { claimsDir });
-    for (const warning of warnings) this.#log.warn(warning);
-    try {
-      await ensureBridge(this.#bridge, this.#subnet);
-      // No pod runs without its isolation: a host where nft cannot run starts none.
-      await this.#firewall.setUp();
-      this.#log.info({ bridge: this.#bridge, subnet: this.#subnet.cidr, table: this.#firewall.table }, 'pod network ready');
-      return true;
-    } catch (err) {
-      await releaseNetwork(claimsDir, this.#bridge, resolve(this.#opts.root));
-      throw new AsbError('Unavailable', `cannot set up the pod bridge ${this.#bridge} and its firewall (nftables): ${err instanceof Error ? err.message : String(err)}`);
-    }
+    return this.#net.hasPodNetwork();
   }
 
   /** Takes back the id ranges of pods that are gone (id-ranges.ts), here and in any other state dir on the host. */
@@ -396,7 +283,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       ...(this.#host.runsc === undefined ? {} : { runscRoot: this.#host.runsc.root }),
       mountRoot: this.#host.mountRoot,
       cgroupParent: this.#host.cgroupParent,
-      bridge: this.#bridge,
+      bridge: this.#net.bridge,
     };
   }
 
@@ -451,7 +338,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     const plan = reclaimPlan(scope, await readHostFacts(scope), {
       ids,
-      veths: new Set(live.map((pod) => vethName(this.#bridge, pod.id))),
+      veths: new Set(live.map((pod) => this.#net.veth(pod.id))),
       gvisor: live.some((pod) => pod.target?.kind === 'runsc'),
     });
     if (plan.length === 0) return;
@@ -481,12 +368,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const others = new Set([...this.#pods.keys()].filter((other) => other !== id));
     const within = (path: string): boolean => [join(scope.root, 'pods', id), join(scope.mountRoot, id)].some((dir) => path === dir || path.startsWith(`${dir}/`));
     const loops = new Set(facts.loops.filter((l) => within(l.backingFile)).map((l) => l.device));
-    const plan = reclaimPlan(scope, facts, { ids: others, veths: new Set([...others].map((o) => vethName(this.#bridge, o))), gvisor: true }).filter((a) => {
+    const plan = reclaimPlan(scope, facts, { ids: others, veths: new Set([...others].map((o) => this.#net.veth(o))), gvisor: true }).filter((a) => {
       switch (a.kind) {
         case 'delete-container': return (a.runtime === 'runc' ? a.id : runscPod(a.id)) === id;
         case 'unmount': return within(a.path);
         case 'detach-loop': return loops.has(a.device);
-        case 'delete-veth': return a.name === vethName(this.#bridge, id);
+        case 'delete-veth': return a.name === this.#net.veth(id);
         case 'remove-cgroup': return a.path.split('/').pop() === id;
         case 'remove-mount-dir': return a.id === id;
       }
@@ -538,7 +425,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // Pods made before the cache kept pins (or whose pin was lost) are pinned now; a no-op otherwise.
       const image = persisted.image;
       if (image !== undefined) await this.#images.pin(paths.dir, { reference: image.reference, rootfs: image.rootfs }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot pin the image of a recovered pod'));
-      this.#ips.reserve(persisted.ip);
+      this.#net.ips.reserve(persisted.ip);
       // Once per pod at start-up, not at every wake (a host-wide lock): the range it recorded must
       // still be its own in the pool. A lost claim is made again; another live pod's is a Conflict,
       // which fails the pod's next start.
@@ -556,7 +443,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (identity === undefined) return;
       pod.identity = identity;
       // The table was rebuilt empty at start: an adopted pod reaches nothing until this runs.
-      await this.#firewall.apply(this.#podNet(id, persisted.ip, persisted.request.egress)).catch((err: unknown) => this.#log.error({ err, id }, 'cannot restore the adopted pod\'s firewall rules: it reaches nothing'));
+      await this.#net.firewall.apply(this.#net.podNet(id, persisted.ip, persisted.request.egress)).catch((err: unknown) => this.#log.error({ err, id }, 'cannot restore the adopted pod\'s firewall rules: it reaches nothing'));
       this.#running(pod, pid, persisted.startedAt ?? isoNow(this.#clock));
       this.#pollExit(pod, pid, pidStart);
       this.#log.info({ id, pid }, 'adopted running pod');
@@ -641,14 +528,14 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       return fail(err instanceof Error ? err.message : String(err), snap === undefined ? 'ErrImagePull' : 'SnapshotUnavailable');
     }
     if (pod.generation !== generation) return { ...pod.state };
-    const net = await this.#podNetwork();
+    const net = await this.#net.forStart();
     const kept = pod.persisted?.ip;
     // Kept across hibernation, unless it lies outside this bridge's subnet (hibernated before the
     // subnet changed: state from before subnets were per state dir, or another ASB_SUBNET). It
     // could not be reached there, so the pod gets a new address.
-    const moved = kept !== undefined && !inSubnet(kept, this.#subnet);
-    if (moved) this.#log.warn({ id: pod.id, ip: kept, subnet: this.#subnet.cidr }, 'pod address is outside the subnet: it gets a new one');
-    const ip = kept !== undefined && !moved ? kept : this.#ips.allocate();
+    const moved = kept !== undefined && !inSubnet(kept, this.#net.subnet);
+    if (moved) this.#log.warn({ id: pod.id, ip: kept, subnet: this.#net.subnet.cidr }, 'pod address is outside the subnet: it gets a new one');
+    const ip = kept !== undefined && !moved ? kept : this.#net.ips.allocate();
     // A request without a policy keeps the one the pod had (a wake), else the default.
     const egress = req.egress ?? pod.persisted?.request.egress ?? DEFAULT_EGRESS_POLICY;
     // A runc pod restored from memory (a snapshot's, or its own checkpoint) runs in the user
@@ -669,7 +556,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
       await this.#mountRoot();
       if (snap !== undefined) await this.#copySnapshotDisk(pod, snap);
-      const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined, runtimeClass.kind, idRange);
+      const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#net.subnet.prefix, gateway: this.#net.subnet.gateway } : undefined, runtimeClass.kind, idRange);
       shimArgs = prepared.shimArgs;
       pod.identity = prepared.identity;
       // The copied disk's files are the source pod's: they become this pod's (its own host ids).
@@ -699,7 +586,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
     const launch = launchPodInit(this.#launcher, this.#shim, shimArgs, {
-      ...(net ? { attach: (pid: number) => Promise.all([this.#firewall.apply(this.#podNet(pod.id, ip, egress)), this.#attachVeth(pid, vethName(this.#bridge, pod.id), ip)]).then(() => undefined) } : {}),
+      ...(net ? { attach: (pid: number) => Promise.all([this.#net.firewall.apply(this.#net.podNet(pod.id, ip, egress)), this.#net.attachVeth(pid, this.#net.veth(pod.id), ip)]).then(() => undefined) } : {}),
       exited: (code) => {
         if (pod.generation !== generation) return;
         // A shim exits after the pod's init, unless it was killed: then the init runs on,
@@ -1416,11 +1303,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     pod.keptAgent = undefined;
     if (pod.persisted !== undefined) {
       // Before the address can go to another pod: an emptied chain lets nothing through.
-      await this.#firewall.remove({ ip: pod.persisted.ip, veth: vethName(this.#bridge, id) }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
+      await this.#net.firewall.remove({ ip: pod.persisted.ip, veth: this.#net.veth(id) }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
       // A pod gone has no policy (policyForPodIp answers undefined): the egress proxy forgets its
       // connections before the address can go to another pod, whose own must not be judged by them.
-      await this.#policyChanged(id, pod.persisted.ip);
-      this.#ips.release(pod.persisted.ip);
+      await this.#net.policyChanged(id, pod.persisted.ip);
+      this.#net.ips.release(pod.persisted.ip);
     }
     // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
     if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
@@ -1454,10 +1341,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return write;
   }
 
-  #podNet(id: string, ip: string, policy: EgressPolicy | undefined): { id: string; ip: string; mac: string; veth: string; policy: EgressPolicy } {
-    return { id, ip, mac: podMac(ip), veth: vethName(this.#bridge, id), policy: policy ?? DEFAULT_EGRESS_POLICY };
-  }
-
   /** Replaces a pod's egress policy: applied at once when it runs, and kept (persisted) for its next wake. */
   async setEgressPolicy(id: string, policy: EgressPolicy): Promise<void> {
     const pod = this.#pods.get(id);
@@ -1467,32 +1350,21 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     persisted.request = { ...persisted.request, egress: policy };
     await this.#persist(pod);
     if (pod.state.phase !== 'Running' && pod.state.phase !== 'Pending') return;
-    const net = this.#podNet(id, persisted.ip, policy);
-    await this.#firewall.apply(net);
+    const net = this.#net.podNet(id, persisted.ip, policy);
+    await this.#net.firewall.apply(net);
     // The rules above decide new connections only: open ones the policy now forbids are cut here,
     // before the change is acknowledged (runc's and gVisor's flows alike leave through the bridge).
-    const cut = await this.#firewall.cutForbidden(net).catch((err: unknown) => {
+    const cut = await this.#net.firewall.cutForbidden(net).catch((err: unknown) => {
       this.#log.error({ err, id }, 'cannot cut the open connections the new egress policy forbids: they keep running until they end');
       return [];
     });
     if (cut.length > 0) this.#log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
     // The proxied ones are not the kernel's: the egress proxy's own (onPolicyChange), also before the acknowledgement.
-    await this.#policyChanged(id, persisted.ip);
-  }
-
-  #policyChanged(id: string, ip: string): Promise<void> {
-    return Promise.all(
-      [...this.#policyListeners].map((listener) =>
-        listener(ip).catch((err: unknown) => this.#log.error({ err, id }, 'cannot close the proxied connections the new egress policy forbids: they keep running until they end')),
-      ),
-    ).then(() => undefined);
+    await this.#net.policyChanged(id, persisted.ip);
   }
 
   onPolicyChange(listener: (podIp: string) => Promise<void>): () => void {
-    this.#policyListeners.add(listener);
-    return () => {
-      this.#policyListeners.delete(listener);
-    };
+    return this.#net.onPolicyChange(listener);
   }
 
   /**
@@ -1519,7 +1391,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const byIp = new Map<string, string>();
     for (const pod of this.#pods.values()) if (pod.persisted !== undefined) byIp.set(pod.persisted.ip, pod.id);
     const out: EgressCount[] = [];
-    for (const c of await this.#firewall.counters()) {
+    for (const c of await this.#net.firewall.counters()) {
       const pod = byIp.get(c.ip);
       if (pod !== undefined) out.push({ pod, rule: c.rule, verdict: c.verdict, count: c.packets });
     }
@@ -1624,18 +1496,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // gVisor pod runs, so a shut-down worker leaves no mount behind and its root can be deleted.
     const gvisorRuns = [...this.#pods.values()].some((pod) => pod.target?.kind === 'runsc' || pod.starting !== undefined);
     const runscRoot = this.#host.runsc?.root;
-    // A running pod keeps its rules (the next runtime re-adopts it); with none left the tables go.
+    // A running pod keeps its rules (the next runtime re-adopts it); with none left the tables, the bridge and its claim go.
     const anyRuns = [...this.#pods.values()].some((pod) => pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined);
-    const network = this.#network;
-    // With none, the bridge and the claim on it go too: `make up` stopped left both behind.
-    const dropNetwork = async (): Promise<void> => {
-      if (anyRuns || network === undefined || !(await network.catch(() => false))) return;
-      await this.#firewall.destroy().catch((err: unknown) => this.#log.warn({ err }, 'cannot delete the firewall tables'));
-      // Not while another runtime's pods hang off it (two runtimes on one state dir, in tests).
-      const ports = await readdir(`/sys/class/net/${this.#bridge}/brif`).catch(() => []);
-      if (ports.length === 0) await deleteBridge(this.#bridge).catch((err: unknown) => this.#log.warn({ err }, 'cannot delete the pod bridge'));
-      await releaseNetwork(this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR, this.#bridge, resolve(this.#opts.root)).catch((err: unknown) => this.#log.warn({ err }, 'cannot release the claim on the pod bridge'));
-    };
     // The empty mount-point directories of pods that do not run (a stopped pod's shim unmounted them).
     const running = new Set([...this.#pods.values()].filter((pod) => pod.target !== undefined || pod.starting !== undefined).map((pod) => pod.id));
     const dropMountDirs = async (): Promise<void> => {
@@ -1644,7 +1506,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       await rmdir(this.#host.mountRoot).catch(() => undefined);
     };
     return Promise.all([
-      dropNetwork().then(() => this.#launcher.close()),
+      this.#net.close(anyRuns).then(() => this.#launcher.close()),
       dropMountDirs(),
       removeParent(this.#host.cgroupParent),
       runscRoot === undefined || gvisorRuns ? undefined : releaseRunscRoot(runscRoot).catch((err: unknown) => this.#log.warn({ err }, 'cannot release runsc state')),
