@@ -17,12 +17,11 @@
 // through CRIU (`runc checkpoint` / `runc restore`, docs/criu.md).
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import { access, chmod, chown, copyFile, link, mkdir, readdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, copyFile, link, mkdir, readdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
 import { dirname, join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
-import { systemClock, isoNow, type Clock, type Timer } from '../../system/clock.ts';
-import type { Logger } from '../../system/log.ts';
+import { systemClock, isoNow } from '../../system/clock.ts';
 import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StartOptions, StopOptions, WritableLayer } from '../runtime.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
 import { PodNetwork } from './pod-network.ts';
@@ -32,13 +31,13 @@ import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { ensureInitBinary, ensureLauncherBinary, ensureShimBinary } from './init-binary.ts';
 import { agentPty, agentRequest, AgentLink } from './agent.ts';
 import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
-import { Launcher, type Launched } from './launcher.ts';
+import { Launcher } from './launcher.ts';
 import { inSubnet } from './network.ts';
 import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, runscPod, shimsOf, straySaves, type ReclaimAction, type ReclaimScope } from './reclaim.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
-import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
+import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost } from './oci-pod.ts';
 import { diskTool, evictionMessage, madeBeforeDisks, podDisk } from './disk.ts';
 import { remapUsernsImage, USERNS_IMAGE } from './criu-userns.ts';
 import { checkpointRoom, discardCheckpoint, discardCheckpointSoon, discardLeftovers, freeBytes, imageBytes, makeDurable, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMaker, type CheckpointMeta } from './checkpoint.ts';
@@ -47,8 +46,8 @@ import { listSnapshots, makePartial, readSnapshot, sealSnapshot, snapshotPaths, 
 import { startProbeLoop } from './probes.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
-import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
-import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
+import { podPaths, processStartTime, readExitStatus, readPersisted, type PersistedImage } from './rootfs.ts';
+import type { PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot, runscVersion } from '../oci/runsc-binary.ts';
 import { criuCheck, criuPath, findCriuBinary } from '../oci/criu-binary.ts';
@@ -56,6 +55,7 @@ import { checkpointSequence, runscContainerId, runscFlags, runscSubcommand, type
 import { ROOT_ID_MAP, type IdRange, type OciSpec } from '../oci/spec.ts';
 import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
+import { EXIT_STATUS_WAIT_MS, exists, lastLine, persist, POD_ID, signal, within, type Pod, type RuntimeContext } from './runtime-context.ts';
 
 export type { LocalRuntimeOptions };
 
@@ -67,58 +67,8 @@ const TERM_RESEND_MS = 200;
  * the pod's own disk).
  */
 const CHECKPOINT_HOST_RESERVE_BYTES = 256 * 2 ** 20;
-/** How long an adopted pod's shim may take to clean up after its init ended (runc delete: ~0.1 s). */
-const EXIT_STATUS_WAIT_MS = 10_000;
 /** Parent of every runtime's mount points (one directory per state dir, by its hash). */
 export const MOUNT_ROOT = '/run/asb/rootfs';
-
-const ID = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
-
-interface Pod {
-  id: string;
-  paths: PodPaths;
-  persisted: PersistedPod | undefined;
-  state: PodState;
-  target?: PodTarget;
-  identity?: PodIdentity;
-  shim?: Launched;
-  /** Its shim died before its init (a kill -9): what the shim undoes at a pod's end, remove() does. */
-  shimLost?: boolean;
-  /** Bumped on every start so events of an old process never touch a new one. */
-  generation: number;
-  stopping: boolean;
-  starting?: Promise<PodState> | undefined;
-  probe?: { cancel(): void } | undefined;
-  poll?: Timer;
-  exited?: Promise<void> | undefined;
-  markExited?: () => void;
-  /** An exit seen while start() was still waiting for the init: start() reports it. */
-  pendingExit?: number | undefined;
-  /** The launcher died while start() was still finishing: start() switches to polling. */
-  lostLauncher?: boolean;
-  /** Why its recorded id range is not its own (recover found another live pod holding it). */
-  rangeConflict?: string;
-  /** The last write of `persisted` (#persist chains them). */
-  persisting?: Promise<void> | undefined;
-  /** The memory checkpoint kept for the next start (checkpoint.ts), when stopped with memory. */
-  checkpoint?: CheckpointMeta | undefined;
-  /** The last save of its memory (a stop with memory, a snapshot), settled: another waits for it, and so do stop and remove. */
-  checkpointing?: Promise<void> | undefined;
-  /** Its checkpoint's bytes going to the disk after the stop returned (makeDurable): the next stop with memory waits for it. */
-  settling?: Promise<void> | undefined;
-  /**
-   * The end of a pod stopped with its memory, after the stop returned (#stopWithMemory): the
-   * kernel freeing its killed processes' memory and the shim deleting the container and
-   * unmounting its disk. Whatever needs the pod's files or a new shim (start, stop, remove,
-   * snapshot) waits for it; it rejects with Timeout when the shim never reports the end.
-   */
-  teardown?: Promise<void> | undefined;
-  /**
-   * The agent link of a pod stopped with its memory: its processes' handles wait in it, and are
-   * attached again when the checkpoint is restored, or end when it is not (agent.ts).
-   */
-  keptAgent?: AgentLink | undefined;
-}
 
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
   const [shim, launcher] = await Promise.all([ensureShimBinary(opts.root), ensureLauncherBinary(opts.root)]);
@@ -153,104 +103,94 @@ function whyUnavailable(opts: LocalRuntimeOptions): Promise<string | undefined> 
 }
 
 export class LocalRuntime implements PodRuntime, EgressPolicySource {
-  readonly #opts: LocalRuntimeOptions;
-  readonly #log: Logger;
-  readonly #clock: Clock;
-  readonly #shim: string;
-  readonly #launcher: Launcher;
-  readonly #host: OciHost;
-  readonly #images: ImageStore;
-  readonly #unavailable: string | undefined;
-  /** Why pods with runtimeClassName gvisor cannot run here (runsc not built); undefined: they can. */
-  readonly #runscUnavailable: string | undefined;
-  /** CRIU for runc pods' memory, or why there is none. */
-  readonly #criu: { binary: string } | { unavailable: string };
-  readonly #net: PodNetwork;
-  readonly #pods = new Map<string, Pod>();
+  readonly #ctx: RuntimeContext;
   readonly #listeners = new Set<(id: string) => void>();
-  #mountRootReady: Promise<void> | undefined;
-  readonly #idRangesDir: string;
-  #closed = false;
 
   constructor(opts: LocalRuntimeOptions, shim: string, launcherBinary: string, init: string, unavailable: string | undefined) {
-    this.#opts = opts;
-    this.#log = opts.log.child({ component: 'local-runtime' });
-    this.#clock = opts.clock ?? systemClock;
-    this.#shim = shim;
-    this.#images = opts.images;
-    this.#unavailable = unavailable;
-    this.#idRangesDir = opts.idRangesDir ?? DEFAULT_ID_RANGES_DIR;
+    const log = opts.log.child({ component: 'local-runtime' });
+    const clock = opts.clock ?? systemClock;
     const root = resolve(opts.root);
     const tag = createHash('sha256').update(root).digest('hex').slice(0, 12);
     let runsc = opts.runsc;
+    let runscUnavailable: string | undefined;
     try {
       runsc ??= findRunscBinary();
     } catch (err) {
-      this.#runscUnavailable = err instanceof Error ? err.message : String(err);
+      runscUnavailable = err instanceof Error ? err.message : String(err);
     }
+    let criu: RuntimeContext['criu'];
     try {
-      this.#criu = { binary: opts.criu ?? findCriuBinary() };
+      criu = { binary: opts.criu ?? findCriuBinary() };
     } catch (err) {
-      this.#criu = { unavailable: err instanceof Error ? err.message : String(err) };
+      criu = { unavailable: err instanceof Error ? err.message : String(err) };
     }
-    this.#host = {
+    const launcher = new Launcher(launcherBinary, log, clock);
+    const host: OciHost = {
       runc: opts.runc ?? (unavailable === undefined ? findRuncBinary() : 'runc'),
       runcRoot: join(root, 'runc'),
       init,
       mountRoot: opts.mountRoot ?? join(MOUNT_ROOT, tag),
       cgroupParent: `/asb-${tag}`,
-      disk: diskTool(root, (argv) => this.#launcher.run(argv, '')),
+      disk: diskTool(root, (argv) => launcher.run(argv, '')),
       imageUsers: imageUsersCache(),
       ...(runsc === undefined ? {} : { runsc: { binary: runsc, root: join(root, 'runsc'), flags: runscFlags({}) } }),
       ...(opts.podDns === true ? { dnsOnGateway: true } : {}),
       ...(opts.extraCaPath === undefined ? {} : { extraCaPem: readFileSync(opts.extraCaPath, 'utf8') }),
     };
-    this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
-    this.#net = new PodNetwork(opts, unavailable, this.#launcher, this.#log, () => [...this.#pods.values()]
+    const pods = new Map<string, Pod>();
+    const net: PodNetwork = new PodNetwork(opts, unavailable, launcher, log, () => [...pods.values()]
       .filter((pod) => pod.persisted !== undefined && (pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined))
-      .map((pod) => this.#net.podNet(pod.id, pod.persisted?.ip ?? '', pod.persisted?.request.egress)));
+      .map((pod) => net.podNet(pod.id, pod.persisted?.ip ?? '', pod.persisted?.request.egress)));
+    this.#ctx = {
+      opts, log, clock, shim, launcher, host, images: opts.images, net, unavailable, runscUnavailable, criu,
+      idRangesDir: opts.idRangesDir ?? DEFAULT_ID_RANGES_DIR,
+      pods,
+      closed: false,
+      emit: (id) => this.#emit(id),
+      mountRootReady: undefined,
+      nullNetns: { unstacking: Promise.resolve(), single: false },
+      snapshotsChecked: new Map(),
+      versions: {},
+    };
   }
 
   /** Every pod runs in a user namespace: root in a sandbox is root of that namespace only. runtimeClassName gvisor runs it under gVisor when runsc is built. */
   get rootIsolation(): RootIsolation {
-    return { userNamespace: 'always', gvisor: this.#unavailable === undefined && this.#runscUnavailable === undefined };
+    return { userNamespace: 'always', gvisor: this.#ctx.unavailable === undefined && this.#ctx.runscUnavailable === undefined };
   }
 
   get canKeepMemory(): { gvisor: boolean; runc: boolean } {
-    const runs = this.#unavailable === undefined;
-    return { gvisor: runs && this.#runscUnavailable === undefined, runc: runs && 'binary' in this.#criu };
+    const runs = this.#ctx.unavailable === undefined;
+    return { gvisor: runs && this.#ctx.runscUnavailable === undefined, runc: runs && 'binary' in this.#ctx.criu };
   }
 
   /** The pid of the launcher process that starts pods, while it runs (diagnostics, tests). */
   get launcherPid(): number | undefined {
-    return this.#launcher.pid;
+    return this.#ctx.launcher.pid;
   }
 
   /** Why this runtime starts no pod (not root, no runc, no init); undefined when it does. */
   get unavailable(): string | undefined {
-    return this.#unavailable;
+    return this.#ctx.unavailable;
   }
 
   /** The pids limit over all of this runtime's pods (cgroup-parent.ts); a host without the controller is warned about. */
   async limitPids(): Promise<void> {
     const max = await parentPidsLimit();
-    if (!(await limitParentPids(this.#host.cgroupParent, max))) this.#log.warn('no pids cgroup controller: only each pod\'s own pids limit applies, not one over all of them');
+    if (!(await limitParentPids(this.#ctx.host.cgroupParent, max))) this.#ctx.log.warn('no pids cgroup controller: only each pod\'s own pids limit applies, not one over all of them');
   }
 
   /** Sets up the bridge once; false when the runtime is unavailable (it starts no pod). */
   hasPodNetwork(): Promise<boolean> {
-    return this.#net.hasPodNetwork();
+    return this.#ctx.net.hasPodNetwork();
   }
 
   /** Takes back the id ranges of pods that are gone (id-ranges.ts), here and in any other state dir on the host. */
   async sweepIdRanges(): Promise<void> {
-    const swept = await sweepStaleIdRanges(this.#idRangesDir);
-    if (swept > 0) this.#log.info({ swept, dir: this.#idRangesDir }, 'took back the id ranges of pods that are gone');
+    const swept = await sweepStaleIdRanges(this.#ctx.idRangesDir);
+    if (swept > 0) this.#ctx.log.info({ swept, dir: this.#ctx.idRangesDir }, 'took back the id ranges of pods that are gone');
   }
 
-  #unstacking: Promise<void> = Promise.resolve();
-  /** A check found exactly one null-netns mount: runsc pins one only where it finds none, so a start launched after that stacks none. */
-  #nullNetnsSingle = false;
 
   /**
    * Leaves one of the null-netns mounts concurrent first gVisor starts stack in the runsc root (runsc
@@ -261,29 +201,29 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * pin and made none.
    */
   #unstackNullNetns(settled: boolean): Promise<void> {
-    const root = this.#host.runsc?.root;
+    const root = this.#ctx.host.runsc?.root;
     if (root === undefined || settled) return Promise.resolve();
     const path = join(root, 'null-netns');
-    this.#unstacking = this.#unstacking.then(async () => {
+    this.#ctx.nullNetns.unstacking = this.#ctx.nullNetns.unstacking.then(async () => {
       let n = await mountsAt(path);
       for (; n > 1; n--) {
-        const r = await this.#launcher.run(['umount', '--lazy', path], '');
+        const r = await this.#ctx.launcher.run(['umount', '--lazy', path], '');
         if (r.code !== 0) throw new Error(`umount ${path}: ${lastLine(r.output)}`);
       }
-      this.#nullNetnsSingle = n === 1;
-    }).catch((err: unknown) => this.#log.warn({ err }, 'cannot unmount the null-netns mounts runsc stacked'));
-    return this.#unstacking;
+      this.#ctx.nullNetns.single = n === 1;
+    }).catch((err: unknown) => this.#ctx.log.warn({ err }, 'cannot unmount the null-netns mounts runsc stacked'));
+    return this.#ctx.nullNetns.unstacking;
   }
 
   /** What reclaim.ts may touch: this runtime's own roots, mount root, cgroup parent and bridge. */
   #reclaimScope(): ReclaimScope {
     return {
-      root: resolve(this.#opts.root),
-      runcRoot: this.#host.runcRoot,
-      ...(this.#host.runsc === undefined ? {} : { runscRoot: this.#host.runsc.root }),
-      mountRoot: this.#host.mountRoot,
-      cgroupParent: this.#host.cgroupParent,
-      bridge: this.#net.bridge,
+      root: resolve(this.#ctx.opts.root),
+      runcRoot: this.#ctx.host.runcRoot,
+      ...(this.#ctx.host.runsc === undefined ? {} : { runscRoot: this.#ctx.host.runsc.root }),
+      mountRoot: this.#ctx.host.mountRoot,
+      cgroupParent: this.#ctx.host.cgroupParent,
+      bridge: this.#ctx.net.bridge,
     };
   }
 
@@ -293,24 +233,24 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * reclaim then resumes the sandboxes they paused.
    */
   async endStraySaves(): Promise<void> {
-    if (this.#unavailable !== undefined) return;
+    if (this.#ctx.unavailable !== undefined) return;
     const scope = this.#reclaimScope();
     const pids = straySaves(await readProcesses(), [scope.runcRoot, ...(scope.runscRoot === undefined ? [] : [scope.runscRoot])]);
     if (pids.length === 0) return;
     for (const pid of pids) signal(pid, 'SIGKILL');
     await this.#gone(pids, 5_000);
-    this.#log.warn({ pids }, 'ended the memory saves a previous worker left running');
+    this.#ctx.log.warn({ pids }, 'ended the memory saves a previous worker left running');
   }
 
   /** Waits (polling every 20 ms, at most `ms`) until none of `pids` runs; whether they all ended. */
   async #gone(pids: readonly number[], ms: number): Promise<boolean> {
     const starts = await Promise.all(pids.map((pid) => processStartTime(pid)));
-    const until = this.#clock.now() + ms;
+    const until = this.#ctx.clock.now() + ms;
     for (;;) {
       const left = await Promise.all(pids.map(async (pid, i) => starts[i] !== undefined && (await processStartTime(pid)) === starts[i]));
       if (!left.includes(true)) return true;
-      if (this.#clock.now() >= until) return false;
-      await new Promise<void>((done) => this.#clock.after(20, done));
+      if (this.#ctx.clock.now() >= until) return false;
+      await new Promise<void>((done) => this.#ctx.clock.after(20, done));
     }
   }
 
@@ -324,9 +264,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * start because of what an earlier one left.
    */
   async reclaim(): Promise<void> {
-    if (this.#unavailable !== undefined) return;
-    const live = [...this.#pods.values()].filter((pod) => pod.target !== undefined);
-    for (const pod of live) await this.#unpause(pod).catch((err: unknown) => this.#log.error({ err, id: pod.id }, 'cannot resume an adopted pod a killed save left paused'));
+    if (this.#ctx.unavailable !== undefined) return;
+    const live = [...this.#ctx.pods.values()].filter((pod) => pod.target !== undefined);
+    for (const pod of live) await this.#unpause(pod).catch((err: unknown) => this.#ctx.log.error({ err, id: pod.id }, 'cannot resume an adopted pod a killed save left paused'));
     const scope = this.#reclaimScope();
     const ids = new Set(live.map((pod) => pod.id));
     // A shim of a pod that no longer runs is cleaning up after it (a stop the last worker began)
@@ -338,21 +278,21 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     const plan = reclaimPlan(scope, await readHostFacts(scope), {
       ids,
-      veths: new Set(live.map((pod) => this.#net.veth(pod.id))),
+      veths: new Set(live.map((pod) => this.#ctx.net.veth(pod.id))),
       gvisor: live.some((pod) => pod.target?.kind === 'runsc'),
     });
     if (plan.length === 0) return;
     const failed = await this.#carryOut(scope, plan);
-    this.#log.info({ removed: planSummary(plan), shimsEnded: shims.length }, 'reclaimed what a previous worker left of pods that no longer run');
-    if (failed.length > 0) this.#log.error({ failed }, 'could not reclaim everything a previous worker left; the next start tries again');
+    this.#ctx.log.info({ removed: planSummary(plan), shimsEnded: shims.length }, 'reclaimed what a previous worker left of pods that no longer run');
+    if (failed.length > 0) this.#ctx.log.error({ failed }, 'could not reclaim everything a previous worker left; the next start tries again');
   }
 
   /** Carries out a reclaim plan (reclaim.ts) through the launcher; the actions that failed. */
   #carryOut(scope: ReclaimScope, plan: ReclaimAction[]): ReturnType<typeof carryOut> {
-    const runsc = this.#host.runsc;
+    const runsc = this.#ctx.host.runsc;
     return carryOut(scope, plan, {
-      run: (argv) => this.#launcher.run(argv, ''),
-      runc: { binary: this.#host.runc, flags: this.#host.runtimeFlags ?? [] },
+      run: (argv) => this.#ctx.launcher.run(argv, ''),
+      runc: { binary: this.#ctx.host.runc, flags: this.#ctx.host.runtimeFlags ?? [] },
       ...(runsc === undefined ? {} : { runsc: { binary: runsc.binary, flags: runsc.flags } }),
     });
   }
@@ -365,23 +305,23 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   async #reclaimPod(id: string): Promise<void> {
     const scope = this.#reclaimScope();
     const facts = await readHostFacts(scope);
-    const others = new Set([...this.#pods.keys()].filter((other) => other !== id));
+    const others = new Set([...this.#ctx.pods.keys()].filter((other) => other !== id));
     const within = (path: string): boolean => [join(scope.root, 'pods', id), join(scope.mountRoot, id)].some((dir) => path === dir || path.startsWith(`${dir}/`));
     const loops = new Set(facts.loops.filter((l) => within(l.backingFile)).map((l) => l.device));
-    const plan = reclaimPlan(scope, facts, { ids: others, veths: new Set([...others].map((o) => this.#net.veth(o))), gvisor: true }).filter((a) => {
+    const plan = reclaimPlan(scope, facts, { ids: others, veths: new Set([...others].map((o) => this.#ctx.net.veth(o))), gvisor: true }).filter((a) => {
       switch (a.kind) {
         case 'delete-container': return (a.runtime === 'runc' ? a.id : runscPod(a.id)) === id;
         case 'unmount': return within(a.path);
         case 'detach-loop': return loops.has(a.device);
-        case 'delete-veth': return a.name === this.#net.veth(id);
+        case 'delete-veth': return a.name === this.#ctx.net.veth(id);
         case 'remove-cgroup': return a.path.split('/').pop() === id;
         case 'remove-mount-dir': return a.id === id;
       }
     });
     if (plan.length === 0) return;
     const failed = await this.#carryOut(scope, plan);
-    this.#log.info({ id, removed: planSummary(plan) }, 'removed what the pod\'s killed shim left');
-    if (failed.length > 0) this.#log.error({ id, failed }, 'could not remove everything the pod\'s killed shim left; the next start tries again');
+    this.#ctx.log.info({ id, removed: planSummary(plan) }, 'removed what the pod\'s killed shim left');
+    if (failed.length > 0) this.#ctx.log.error({ id, failed }, 'could not remove everything the pod\'s killed shim left; the next start tries again');
   }
 
   /**
@@ -392,31 +332,31 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   async #unpause(pod: Pod): Promise<void> {
     const target = pod.target;
     if (target === undefined) return;
-    if (target.kind === 'runsc' ? await runscPaused(target.runcRoot, target.id) : await runcFrozen(posix.join(this.#host.cgroupParent, pod.id))) {
+    if (target.kind === 'runsc' ? await runscPaused(target.runcRoot, target.id) : await runcFrozen(posix.join(this.#ctx.host.cgroupParent, pod.id))) {
       const resumed = target.kind === 'runc' ? await this.#runcOn(target, ['resume', target.id]) : await this.#runsc(target, { op: 'resume', id: target.id });
       if (resumed.code !== 0) throw new Error(`${target.kind} resume: ${lastLine(resumed.output)}`);
-      this.#log.warn({ id: pod.id }, 'resumed a pod the last worker paused for a save it never finished');
+      this.#ctx.log.warn({ id: pod.id }, 'resumed a pod the last worker paused for a save it never finished');
     }
     if (pod.checkpoint !== undefined) await this.#dropCheckpoint(pod);
     const disk = pod.paths.disk;
-    if (disk !== undefined && !(await madeBeforeDisks(pod.paths.dir))) await this.#host.disk.thaw(disk.mount);
+    if (disk !== undefined && !(await madeBeforeDisks(pod.paths.dir))) await this.#ctx.host.disk.thaw(disk.mount);
   }
 
   /** Loads every pod dir: pods whose init still runs are adopted, the others are Stopped. */
   async recover(): Promise<void> {
     let ids: string[] = [];
     try {
-      ids = await readdir(join(this.#opts.root, 'pods'));
+      ids = await readdir(join(this.#ctx.opts.root, 'pods'));
     } catch {
       return;
     }
     // Snapshots a worker died in the middle of writing are deleted; whole ones stay.
-    await listSnapshots(this.#opts.root);
-    await Promise.all(ids.filter((id) => ID.test(id)).map(async (id) => {
-      const paths = podPaths(this.#opts.root, id);
+    await listSnapshots(this.#ctx.opts.root);
+    await Promise.all(ids.filter((id) => POD_ID.test(id)).map(async (id) => {
+      const paths = podPaths(this.#ctx.opts.root, id);
       const persisted = await readPersisted(paths);
       const pod: Pod = { id, paths, persisted, state: { phase: 'Stopped', ready: false }, generation: 0, stopping: false };
-      this.#pods.set(id, pod);
+      this.#ctx.pods.set(id, pod);
       // A save the worker died in the middle of is no checkpoint; a sealed one is kept for the next start.
       await discardCheckpoint(paths.checkpointPartial);
       await discardLeftovers(paths.dir);
@@ -424,15 +364,15 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (persisted === undefined) return;
       // Pods made before the cache kept pins (or whose pin was lost) are pinned now; a no-op otherwise.
       const image = persisted.image;
-      if (image !== undefined) await this.#images.pin(paths.dir, { reference: image.reference, rootfs: image.rootfs }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot pin the image of a recovered pod'));
-      this.#net.ips.reserve(persisted.ip);
+      if (image !== undefined) await this.#ctx.images.pin(paths.dir, { reference: image.reference, rootfs: image.rootfs }).catch((err: unknown) => this.#ctx.log.warn({ err, id }, 'cannot pin the image of a recovered pod'));
+      this.#ctx.net.ips.reserve(persisted.ip);
       // Once per pod at start-up, not at every wake (a host-wide lock): the range it recorded must
       // still be its own in the pool. A lost claim is made again; another live pod's is a Conflict,
       // which fails the pod's next start.
       const range = persisted.idRange;
       if (range !== undefined) {
-        await keepIdRange(this.#idRangesDir, paths.dir, range).catch((err: unknown) => {
-          this.#log.error({ err, id }, 'the pod\'s id range is held by another pod: it will not start');
+        await keepIdRange(this.#ctx.idRangesDir, paths.dir, range).catch((err: unknown) => {
+          this.#ctx.log.error({ err, id }, 'the pod\'s id range is held by another pod: it will not start');
           pod.rangeConflict = err instanceof Error ? err.message : String(err);
         });
       }
@@ -443,20 +383,20 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (identity === undefined) return;
       pod.identity = identity;
       // The table was rebuilt empty at start: an adopted pod reaches nothing until this runs.
-      await this.#net.firewall.apply(this.#net.podNet(id, persisted.ip, persisted.request.egress)).catch((err: unknown) => this.#log.error({ err, id }, 'cannot restore the adopted pod\'s firewall rules: it reaches nothing'));
-      this.#running(pod, pid, persisted.startedAt ?? isoNow(this.#clock));
+      await this.#ctx.net.firewall.apply(this.#ctx.net.podNet(id, persisted.ip, persisted.request.egress)).catch((err: unknown) => this.#ctx.log.error({ err, id }, 'cannot restore the adopted pod\'s firewall rules: it reaches nothing'));
+      this.#running(pod, pid, persisted.startedAt ?? isoNow(this.#ctx.clock));
       this.#pollExit(pod, pid, pidStart);
-      this.#log.info({ id, pid }, 'adopted running pod');
+      this.#ctx.log.info({ id, pid }, 'adopted running pod');
     }));
   }
 
   start(req: PodRequest, opts: StartOptions = {}): Promise<PodState> {
-    if (this.#closed) return Promise.reject(new AsbError('Unavailable', 'local runtime is closed'));
-    if (!ID.test(req.id)) return Promise.reject(new AsbError('BadRequest', `pod id "${req.id}" must match ${ID.source}`));
-    let pod = this.#pods.get(req.id);
+    if (this.#ctx.closed) return Promise.reject(new AsbError('Unavailable', 'local runtime is closed'));
+    if (!POD_ID.test(req.id)) return Promise.reject(new AsbError('BadRequest', `pod id "${req.id}" must match ${POD_ID.source}`));
+    let pod = this.#ctx.pods.get(req.id);
     if (pod === undefined) {
-      pod = { id: req.id, paths: podPaths(this.#opts.root, req.id), persisted: undefined, state: { phase: 'Absent', ready: false }, generation: 0, stopping: false };
-      this.#pods.set(req.id, pod);
+      pod = { id: req.id, paths: podPaths(this.#ctx.opts.root, req.id), persisted: undefined, state: { phase: 'Absent', ready: false }, generation: 0, stopping: false };
+      this.#ctx.pods.set(req.id, pod);
     }
     const madeFor = pod.persisted?.request.uid;
     if (madeFor !== undefined && madeFor !== req.uid) {
@@ -466,7 +406,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod.state.phase === 'Running') return Promise.resolve(this.state(req.id));
     const current = pod;
     // Answered from state(), which also says whose pod it is (the uid).
-    current.starting = this.#start(current, req, opts.memory === false).then((started) => (this.#pods.get(req.id) === current ? this.state(req.id) : started)).finally(() => (current.starting = undefined));
+    current.starting = this.#start(current, req, opts.memory === false).then((started) => (this.#ctx.pods.get(req.id) === current ? this.state(req.id) : started)).finally(() => (current.starting = undefined));
     return current.starting;
   }
 
@@ -479,11 +419,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // Pinned before it is looked up, in a pod dir that exists (the pin's validity): the cache's
     // GC, in this process or another sharing the cache, then never removes it under this pod.
     await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
-    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: kept?.reference === image ? kept.rootfs : undefined });
+    await this.#ctx.images.pin(pod.paths.dir, { reference: image, rootfs: kept?.reference === image ? kept.rootfs : undefined });
     if (kept !== undefined && kept.reference === image && (await exists(kept.rootfs))) return kept;
-    const pulled = await this.#images.pull(image, { idMap: ROOT_ID_MAP, ...(policy === undefined ? {} : { policy }) });
+    const pulled = await this.#ctx.images.pull(image, { idMap: ROOT_ID_MAP, ...(policy === undefined ? {} : { policy }) });
     // The tree itself too: the reference's record may later name other bytes (its tag moved).
-    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: pulled.rootfs });
+    await this.#ctx.images.pin(pod.paths.dir, { reference: image, rootfs: pulled.rootfs });
     return { reference: image, manifestDigest: pulled.manifestDigest, rootfs: pulled.rootfs, config: pulled.config };
   }
 
@@ -500,8 +440,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       this.#emit(pod.id);
       return { ...pod.state };
     };
-    if (this.#unavailable !== undefined) return fail(`this worker runs no sandboxes: ${this.#unavailable}`, 'RuntimeUnavailable');
-    const runtimeClass = decideRuntimeClass(req.spec.runtimeClassName, this.#runscUnavailable);
+    if (this.#ctx.unavailable !== undefined) return fail(`this worker runs no sandboxes: ${this.#ctx.unavailable}`, 'RuntimeUnavailable');
+    const runtimeClass = decideRuntimeClass(req.spec.runtimeClassName, this.#ctx.runscUnavailable);
     if (!runtimeClass.ok) return fail(runtimeClass.message, runtimeClass.reason);
     const container = mainContainer(req.spec);
     pod.state = { phase: 'Pending', ready: false };
@@ -509,33 +449,33 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // No Secret objects here (README, "Pull credentials"): the worker's credentials are used, and
     // the kubelet likewise pulls without a named secret it cannot find, with a warning.
     if (Array.isArray(req.spec.imagePullSecrets) && req.spec.imagePullSecrets.length > 0) {
-      this.#log.warn({ id: pod.id, imagePullSecrets: req.spec.imagePullSecrets }, 'imagePullSecrets are not read by the local runtime: the worker\'s --registries credentials are used');
+      this.#ctx.log.warn({ id: pod.id, imagePullSecrets: req.spec.imagePullSecrets }, 'imagePullSecrets are not read by the local runtime: the worker\'s --registries credentials are used');
     }
     // A new pod from a snapshot: the snapshot's image bytes, disk and (below) memory.
     let snap: SnapshotMeta | undefined;
     if (req.from !== undefined && pod.persisted === undefined) {
       try {
-        snap = await readSnapshot(this.#opts.root, req.from.snapshot);
+        snap = await readSnapshot(this.#ctx.opts.root, req.from.snapshot);
       } catch (err) {
         return fail(err instanceof Error ? err.message : String(err), 'SnapshotUnavailable');
       }
     }
     let image: PersistedImage;
     try {
-      image = snap === undefined ? await this.#image(pod, container.image || (this.#opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy)) : await this.#snapshotImage(pod, snap);
+      image = snap === undefined ? await this.#image(pod, container.image || (this.#ctx.opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy)) : await this.#snapshotImage(pod, snap);
     } catch (err) {
       if (pod.generation !== generation) return { ...pod.state };
       return fail(err instanceof Error ? err.message : String(err), snap === undefined ? 'ErrImagePull' : 'SnapshotUnavailable');
     }
     if (pod.generation !== generation) return { ...pod.state };
-    const net = await this.#net.forStart();
+    const net = await this.#ctx.net.forStart();
     const kept = pod.persisted?.ip;
     // Kept across hibernation, unless it lies outside this bridge's subnet (hibernated before the
     // subnet changed: state from before subnets were per state dir, or another ASB_SUBNET). It
     // could not be reached there, so the pod gets a new address.
-    const moved = kept !== undefined && !inSubnet(kept, this.#net.subnet);
-    if (moved) this.#log.warn({ id: pod.id, ip: kept, subnet: this.#net.subnet.cidr }, 'pod address is outside the subnet: it gets a new one');
-    const ip = kept !== undefined && !moved ? kept : this.#net.ips.allocate();
+    const moved = kept !== undefined && !inSubnet(kept, this.#ctx.net.subnet);
+    if (moved) this.#ctx.log.warn({ id: pod.id, ip: kept, subnet: this.#ctx.net.subnet.cidr }, 'pod address is outside the subnet: it gets a new one');
+    const ip = kept !== undefined && !moved ? kept : this.#ctx.net.ips.allocate();
     // A request without a policy keeps the one the pod had (a wake), else the default.
     const egress = req.egress ?? pod.persisted?.request.egress ?? DEFAULT_EGRESS_POLICY;
     // A runc pod restored from memory (a snapshot's, or its own checkpoint) runs in the user
@@ -556,17 +496,17 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
       await this.#mountRoot();
       if (snap !== undefined) await this.#copySnapshotDisk(pod, snap);
-      const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#net.subnet.prefix, gateway: this.#net.subnet.gateway } : undefined, runtimeClass.kind, idRange);
+      const prepared = await preparePod(this.#ctx.host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#ctx.net.subnet.prefix, gateway: this.#ctx.net.subnet.gateway } : undefined, runtimeClass.kind, idRange);
       shimArgs = prepared.shimArgs;
       pod.identity = prepared.identity;
       // The copied disk's files are the source pod's: they become this pod's (its own host ids).
       const disk = pod.paths.disk;
       if (snap !== undefined && disk !== undefined && snap.idRange.hostId !== idRange.hostId) {
-        await this.#host.disk.shift(disk.mount, snap.idRange.hostId, idRange.hostId, Math.min(snap.idRange.size, idRange.size));
+        await this.#ctx.host.disk.shift(disk.mount, snap.idRange.hostId, idRange.hostId, Math.min(snap.idRange.size, idRange.size));
       }
-      await this.#persist(pod);
+      await persist(pod);
     } catch (err) {
-      this.#log.warn({ err, id: pod.id }, 'cannot prepare pod');
+      this.#ctx.log.warn({ err, id: pod.id }, 'cannot prepare pod');
       if (forkPlan !== undefined) await forkPlan.then(() => discardCheckpoint(pod.paths.checkpoint));
       const invalid = err instanceof AsbError && err.code === 'Invalid';
       return fail(`cannot prepare pod: ${err instanceof Error ? err.message : String(err)}`, invalid ? 'CreateContainerConfigError' : undefined);
@@ -580,13 +520,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // A pod stopped with memory wakes from its checkpoint when the image can still be restored, else from its files, saying why.
     const restore: { from?: string; shared?: boolean; failure?: string } = await (forkPlan ?? (snap === undefined ? this.#restorePlan(pod, runtimeClass.kind) : this.#snapshotRestorePlan(pod, snap, runtimeClass.kind)));
     if (pod.generation !== generation) return { ...pod.state };
-    if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true, runtimeClass.kind === 'runc' && 'binary' in this.#criu ? dirname(this.#criu.binary) : undefined);
+    if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true, runtimeClass.kind === 'runc' && 'binary' in this.#ctx.criu ? dirname(this.#ctx.criu.binary) : undefined);
     pod.lostLauncher = false;
-    const nullNetnsSettled = this.#nullNetnsSingle; // before runsc looks for its pin (#unstackNullNetns)
+    const nullNetnsSettled = this.#ctx.nullNetns.single; // before runsc looks for its pin (#unstackNullNetns)
     const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
     pod.exited = new Promise((resolve) => (pod.markExited = resolve));
-    const launch = launchPodInit(this.#launcher, this.#shim, shimArgs, {
-      ...(net ? { attach: (pid: number) => Promise.all([this.#net.firewall.apply(this.#net.podNet(pod.id, ip, egress)), this.#net.attachVeth(pid, this.#net.veth(pod.id), ip)]).then(() => undefined) } : {}),
+    const launch = launchPodInit(this.#ctx.launcher, this.#ctx.shim, shimArgs, {
+      ...(net ? { attach: (pid: number) => Promise.all([this.#ctx.net.firewall.apply(this.#ctx.net.podNet(pod.id, ip, egress)), this.#ctx.net.attachVeth(pid, this.#ctx.net.veth(pod.id), ip)]).then(() => undefined) } : {}),
       exited: (code) => {
         if (pod.generation !== generation) return;
         // A shim exits after the pod's init, unless it was killed: then the init runs on,
@@ -629,7 +569,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // (a snapshot's is kept: it is the snapshot's, for every pod started from it).
       if (restore.shared !== true) await this.#dropCheckpoint(pod);
     }
-    if (restoreFailure !== undefined) this.#log.warn({ id: pod.id, reason: restoreFailure }, 'the pod\'s memory checkpoint was not restored');
+    if (restoreFailure !== undefined) this.#ctx.log.warn({ id: pod.id, reason: restoreFailure }, 'the pod\'s memory checkpoint was not restored');
     if (restore.from === undefined || restoreFailure !== undefined) {
       // Started from its files: the processes of the kept handles are gone.
       pod.keptAgent?.end();
@@ -637,7 +577,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     launch.child.closeStdin();
     launch.child.unref();
-    const startedAt = isoNow(this.#clock);
+    const startedAt = isoNow(this.#ctx.clock);
     const pidStart = await processStartTime(outcome.pid);
     if (pod.generation !== generation) return { ...pod.state };
     pod.persisted = { request: req, ip, image, idRange, pid: outcome.pid, pidStart: pidStart ?? 'gone', startedAt, ...(restoreFailure === undefined ? {} : { restoreFailure }) };
@@ -646,7 +586,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const early = pod.pendingExit as number | undefined; // set by the exit event during the awaits
     if (early !== undefined) this.#exited(pod, early);
     else if (launcherLost()) this.#pollExit(pod, outcome.pid, pod.persisted.pidStart ?? 'gone');
-    if (pod.target !== undefined) await this.#persist(pod);
+    if (pod.target !== undefined) await persist(pod);
     return { ...pod.state };
   }
 
@@ -661,7 +601,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (kept !== undefined) return kept;
     if (pod.persisted !== undefined) return ROOT_ID_MAP;
     if (await madeBeforeDisks(pod.paths.dir)) return ROOT_ID_MAP;
-    return claimIdRange(this.#idRangesDir, pod.paths.dir);
+    return claimIdRange(this.#ctx.idRangesDir, pod.paths.dir);
   }
 
   /**
@@ -684,7 +624,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    */
   async #snapshotRestorePlan(pod: Pod, snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<{ from?: string; shared?: boolean; failure?: string }> {
     if (!snap.memory) return {};
-    const paths = snapshotPaths(this.#opts.root, snap.id);
+    const paths = snapshotPaths(this.#ctx.opts.root, snap.id);
     let failure: string;
     if (kind !== 'runsc') {
       const check = await this.#snapshotMemoryCheck(snap, 'runc');
@@ -715,9 +655,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return maker.then((m) => verifyCheckpoint(dir, m), (err: unknown): CheckpointCheck => ({ ok: false, reason: `${kind === 'runsc' ? 'runsc does not say its version' : 'CRIU cannot run'}: ${err instanceof Error ? err.message : String(err)}` }));
   }
 
-  /** The snapshot id and time → the check of its CRIU image, passed: forks of one snapshot check it once, not each. */
-  #snapshotsChecked = new Map<string, Promise<CheckpointCheck>>();
-
   /**
    * verifyCheckpoint of a snapshot's memory image, run once per snapshot while it passes: its files
    * never change once sealed (root's, in the runtime's 0700 state dir), and hashing them for each of
@@ -725,12 +662,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    */
   #snapshotMemoryCheck(snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<CheckpointCheck> {
     const key = `${snap.id}@${snap.at}`;
-    const kept = this.#snapshotsChecked.get(key);
+    const kept = this.#ctx.snapshotsChecked.get(key);
     if (kept !== undefined) return kept;
-    const check = this.#checkImage(snapshotPaths(this.#opts.root, snap.id).memory, kind);
-    this.#snapshotsChecked.set(key, check);
+    const check = this.#checkImage(snapshotPaths(this.#ctx.opts.root, snap.id).memory, kind);
+    this.#ctx.snapshotsChecked.set(key, check);
     void check.then((c) => {
-      if (!c.ok && this.#snapshotsChecked.get(key) === check) this.#snapshotsChecked.delete(key);
+      if (!c.ok && this.#ctx.snapshotsChecked.get(key) === check) this.#ctx.snapshotsChecked.delete(key);
     });
     return check;
   }
@@ -757,14 +694,14 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   /** The snapshot's image tree, pinned for this pod: it must still be in the cache (the snapshot pins it). */
   async #snapshotImage(pod: Pod, snap: SnapshotMeta): Promise<PersistedImage> {
     await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
-    await this.#images.pin(pod.paths.dir, { reference: snap.image.reference, rootfs: snap.image.rootfs });
+    await this.#ctx.images.pin(pod.paths.dir, { reference: snap.image.reference, rootfs: snap.image.rootfs });
     if (!(await exists(snap.image.rootfs))) throw new AsbError('NotFound', `the image of snapshot "${snap.id}" (${snap.image.reference}) is no longer in the image cache`);
     return snap.image;
   }
 
   /** The snapshot's disk becomes the new pod's (a sparse copy), and its config the pod's first (it carries the init's token). */
   async #copySnapshotDisk(pod: Pod, snap: SnapshotMeta): Promise<void> {
-    const paths = snapshotPaths(this.#opts.root, snap.id);
+    const paths = snapshotPaths(this.#ctx.opts.root, snap.id);
     const disk = pod.paths.disk;
     if (disk === undefined) throw new AsbError('Internal', `pod ${pod.id} has no disk to copy the snapshot into`);
     await this.#copySparse(paths.disk, disk.image);
@@ -773,7 +710,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   /** `cp --sparse=always` through the launcher: only the image's data is copied, its holes stay holes. */
   async #copySparse(from: string, to: string): Promise<void> {
-    const { code, output } = await this.#launcher.run(['cp', '--sparse=always', from, to], '');
+    const { code, output } = await this.#ctx.launcher.run(['cp', '--sparse=always', from, to], '');
     if (code !== 0) throw new AsbError('Internal', `cannot copy ${from}: ${lastLine(output)}`);
   }
 
@@ -798,9 +735,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * a pod stopped with its memory gives its checkpoint. One at a time per pod, like a stop with memory.
    */
   async snapshot(id: string, snapshotId: string, opts: { memory: boolean }): Promise<SnapshotInfo> {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     if (pod?.persisted === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
-    const paths = snapshotPaths(this.#opts.root, snapshotId);
+    const paths = snapshotPaths(this.#ctx.opts.root, snapshotId);
     if (await exists(paths.dir)) throw new AsbError('Conflict', `snapshot "${snapshotId}" exists already`);
     await pod.starting?.catch(() => undefined);
     await pod.teardown;
@@ -814,7 +751,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (persisted?.image === undefined || persisted.idRange === undefined || disk === undefined || (await madeBeforeDisks(pod.paths.dir))) {
       throw new AsbError('NotImplemented', `pod ${pod.id} was made before pods had disks of their own and id ranges: it cannot be snapshotted; recreate it`);
     }
-    const paths = snapshotPaths(this.#opts.root, snapshotId);
+    const paths = snapshotPaths(this.#ctx.opts.root, snapshotId);
     await makePartial(paths);
     try {
       let memoryBytes = 0;
@@ -822,7 +759,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (target === undefined) {
         if (memory && pod.checkpoint === undefined) throw new AsbError('SandboxNotRunning', `pod ${pod.id} is not running and was not stopped with its memory: there is no memory to keep (snapshot its files only)`);
         if (memory) {
-          await this.#launcher.run(['cp', '-a', pod.paths.checkpoint, join(paths.partial, 'memory')], '').then(({ code, output }) => {
+          await this.#ctx.launcher.run(['cp', '-a', pod.paths.checkpoint, join(paths.partial, 'memory')], '').then(({ code, output }) => {
             if (code !== 0) throw new AsbError('Internal', `cannot copy the pod's memory image: ${lastLine(output)}`);
           });
           memoryBytes = pod.checkpoint?.bytes ?? 0;
@@ -851,13 +788,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       const diskBytes = (await stat(join(paths.partial, 'disk.img'))).blocks * 512;
       const meta: SnapshotMeta = {
         id: snapshotId, source: pod.id, request: persisted.request, image: persisted.image, idRange: persisted.idRange,
-        memory, bytes: diskBytes + memoryBytes, memoryBytes, at: isoNow(this.#clock),
+        memory, bytes: diskBytes + memoryBytes, memoryBytes, at: isoNow(this.#ctx.clock),
       };
       await sealSnapshot(paths, meta);
-      await this.#images.pin(paths.dir, { reference: persisted.image.reference, rootfs: persisted.image.rootfs });
+      await this.#ctx.images.pin(paths.dir, { reference: persisted.image.reference, rootfs: persisted.image.rootfs });
       // Its bytes reach the disk after it is acknowledged, as a stop's do (checkpoint.ts).
       void (memory ? makeDurable(join(paths.dir, 'memory')) : Promise.resolve()).then(() => makeDurable(paths.dir));
-      this.#log.info({ id: pod.id, snapshot: snapshotId, memory, bytes: meta.bytes }, 'snapshot taken');
+      this.#ctx.log.info({ id: pod.id, snapshot: snapshotId, memory, bytes: meta.bytes }, 'snapshot taken');
       return meta;
     } catch (err) {
       await rm(paths.partial, { recursive: true, force: true });
@@ -870,30 +807,30 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * fail) until `read` is done, so what is read cannot change under the reader.
    */
   async readWritableLayer<T>(id: string, read: (layer: WritableLayer) => Promise<T>): Promise<T> {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     const disk = pod?.paths.disk;
     const idRange = pod?.persisted?.idRange;
     if (pod?.target === undefined) throw new AsbError('SandboxNotRunning', `sandbox pod ${id} is not running`);
     if (disk === undefined || idRange === undefined || (await madeBeforeDisks(pod.paths.dir))) {
       throw new AsbError('NotImplemented', `pod ${id} was made before pods had disks of their own and id ranges: its writable layer cannot be read`);
     }
-    await this.#host.disk.freeze(disk.mount);
+    await this.#ctx.host.disk.freeze(disk.mount);
     try {
       // gVisor's /tmp is disk/tmp, bound over the image's (runscSpec's tmpDir), not in the upper dir.
       const mounts = pod.target.kind === 'runsc' ? [{ path: 'tmp', dir: pod.paths.tmp }] : [];
       return await read({ dir: pod.paths.upper, idRange: { hostId: idRange.hostId, size: idRange.size }, mounts });
     } finally {
-      await this.#host.disk.thaw(disk.mount);
+      await this.#ctx.host.disk.thaw(disk.mount);
     }
   }
 
   /** The disk image copied while its filesystem is frozen: whole and consistent, whatever the sandbox does meanwhile. */
   async #copyFrozen(mount: string, image: string, to: string): Promise<void> {
-    await this.#host.disk.freeze(mount);
+    await this.#ctx.host.disk.freeze(mount);
     try {
       await this.#copySparse(image, to);
     } finally {
-      await this.#host.disk.thaw(mount);
+      await this.#ctx.host.disk.thaw(mount);
     }
   }
 
@@ -905,7 +842,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   #canSaveMemory(pod: Pod, target: PodTarget, what: 'pause' | 'snapshot'): void {
     if (target.kind === 'runsc') return;
     const instead = what === 'pause' ? 'pause it without memory' : 'snapshot its files only';
-    if ('unavailable' in this.#criu) throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory is kept with CRIU, which this worker lacks (${this.#criu.unavailable}); it keeps running (${instead}, or run it with runtimeClassName gvisor)`);
+    if ('unavailable' in this.#ctx.criu) throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory is kept with CRIU, which this worker lacks (${this.#ctx.criu.unavailable}); it keeps running (${instead}, or run it with runtimeClassName gvisor)`);
     if (pod.persisted?.request.checkpointable !== true) {
       // Decided when the pod started: a warm pool member claimed with Hibernate started without it.
       throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc in the user namespace its shim makes, which CRIU cannot checkpoint (docs/criu.md); it keeps running. To keep memory on runc, give its Sandbox suspensionStrategy: Hibernate before it starts (runc then makes its user namespace; a pod already running without it gets it at its next start), or run it with runtimeClassName gvisor; else ${instead}`);
@@ -918,39 +855,37 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * instruction (killing only the init would let the others run until the kernel reaps them).
    */
   async #killFrozen(pod: Pod, target: PodTarget): Promise<void> {
-    const cgroup = posix.join(this.#host.cgroupParent, pod.id);
+    const cgroup = posix.join(this.#ctx.host.cgroupParent, pod.id);
     const procs = await readFile(`/sys/fs/cgroup/freezer${cgroup}/cgroup.procs`, 'utf8').catch(() => readFile(`/sys/fs/cgroup${cgroup}/cgroup.procs`, 'utf8')).catch(() => '');
     for (const pid of procs.split('\n').map(Number).filter((n) => n > 0)) signal(pid, 'SIGKILL');
     signal(target.pid, 'SIGKILL');
     const resumed = await this.#runcOn(target, ['resume', target.id]);
-    if (resumed.code !== 0) this.#log.warn({ id: pod.id, output: resumed.output }, 'a runc pod killed after its checkpoint could not be thawed');
+    if (resumed.code !== 0) this.#ctx.log.warn({ id: pod.id, output: resumed.output }, 'a runc pod killed after its checkpoint could not be thawed');
   }
 
   /** One runc command on a runc pod, through the launcher; `criu`: with CRIU first on runc's PATH (checkpoint.ts). */
   #runcOn(target: PodTarget, args: readonly string[], criu = false): Promise<{ code: number; output: string }> {
     const argv = [target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...args];
-    return this.#launcher.run(criu && 'binary' in this.#criu ? ['env', `PATH=${criuPath(this.#criu.binary)}`, ...argv] : argv, '');
+    return this.#ctx.launcher.run(criu && 'binary' in this.#ctx.criu ? ['env', `PATH=${criuPath(this.#ctx.criu.binary)}`, ...argv] : argv, '');
   }
-
-  #criuVersionOnce: Promise<string> | undefined;
 
   /** CRIU's version, once `criu check` passed on this worker (run once: ~0.1 s). */
   #criuVersion(): Promise<string> {
-    const criu = this.#criu;
+    const criu = this.#ctx.criu;
     if ('unavailable' in criu) return Promise.reject(new AsbError('Unavailable', criu.unavailable));
-    this.#criuVersionOnce ??= criuCheck(criu.binary).then((check) => {
+    this.#ctx.versions.criu ??= criuCheck(criu.binary).then((check) => {
       if (!check.ok) throw new AsbError('Unavailable', `criu check fails on this worker: ${check.reason ?? ''}`);
       return check.version;
     }).catch((err: unknown) => {
-      this.#criuVersionOnce = undefined;
+      this.#ctx.versions.criu = undefined;
       throw err;
     });
-    return this.#criuVersionOnce;
+    return this.#ctx.versions.criu;
   }
 
   /** One runsc command on a running gVisor pod, through the launcher. */
   #runsc(target: PodTarget, cmd: RunscCommand): Promise<{ code: number; output: string }> {
-    return this.#launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
+    return this.#ctx.launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
   }
 
   /**
@@ -993,7 +928,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
       if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
       await check?.();
-      return await sealCheckpoint(partial, sealed, maker, isoNow(this.#clock));
+      return await sealCheckpoint(partial, sealed, maker, isoNow(this.#ctx.clock));
     } catch (err) {
       await discardCheckpoint(partial);
       await this.#resumePaused(pod, target);
@@ -1004,21 +939,21 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   /** Resumes a sandbox #savePaused left paused, and attaches its agent's processes again. */
   async #resumePaused(pod: Pod, target: PodTarget): Promise<void> {
     const resumed = target.kind === 'runc' ? await this.#runcOn(target, ['resume', target.id]) : await this.#runsc(target, { op: 'resume', id: target.id });
-    if (resumed.code !== 0) this.#log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
+    if (resumed.code !== 0) this.#ctx.log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
     void target.agent?.resume();
   }
 
   /** Deletes a snapshot and its pin on the image; idempotent. */
   async deleteSnapshot(snapshotId: string): Promise<void> {
-    const paths = snapshotPaths(this.#opts.root, snapshotId);
-    for (const key of this.#snapshotsChecked.keys()) if (key.startsWith(`${snapshotId}@`)) this.#snapshotsChecked.delete(key);
+    const paths = snapshotPaths(this.#ctx.opts.root, snapshotId);
+    for (const key of this.#ctx.snapshotsChecked.keys()) if (key.startsWith(`${snapshotId}@`)) this.#ctx.snapshotsChecked.delete(key);
     await rm(paths.dir, { recursive: true, force: true });
-    await this.#images.unpin(paths.dir);
+    await this.#ctx.images.unpin(paths.dir);
   }
 
   /** The snapshots this runtime holds (partial ones left by a worker that died are deleted). */
   snapshots(): Promise<string[]> {
-    return listSnapshots(this.#opts.root);
+    return listSnapshots(this.#ctx.opts.root);
   }
 
   async #dropCheckpoint(pod: Pod): Promise<void> {
@@ -1026,29 +961,27 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     await discardCheckpointSoon(pod.paths.checkpoint);
   }
 
-  #runscVersionOnce: Promise<string> | undefined;
-
   /** What the runsc binary says it is (runsc checks an image against its own version, not against the pin). */
   #runscVersion(): Promise<string> {
-    const binary = this.#host.runsc?.binary;
+    const binary = this.#ctx.host.runsc?.binary;
     if (binary === undefined) return Promise.reject(new AsbError('Unavailable', 'gVisor (runsc) is not available on this worker'));
-    this.#runscVersionOnce ??= runscVersion(binary).catch((err: unknown) => {
-      this.#runscVersionOnce = undefined;
+    this.#ctx.versions.runsc ??= runscVersion(binary).catch((err: unknown) => {
+      this.#ctx.versions.runsc = undefined;
       throw err;
     });
-    return this.#runscVersionOnce;
+    return this.#ctx.versions.runsc;
   }
 
   /** The mount points' parent, made once: each pod's directory in it is walkable by that pod's root only (oci-pod.ts). */
   #mountRoot(): Promise<void> {
-    this.#mountRootReady ??= (async () => {
-      await mkdir(this.#host.mountRoot, { recursive: true, mode: 0o711 });
-      await chown(this.#host.mountRoot, 0, 0);
-      await chmod(this.#host.mountRoot, 0o711);
+    this.#ctx.mountRootReady ??= (async () => {
+      await mkdir(this.#ctx.host.mountRoot, { recursive: true, mode: 0o711 });
+      await chown(this.#ctx.host.mountRoot, 0, 0);
+      await chmod(this.#ctx.host.mountRoot, 0o711);
       // /run/asb may exist already (network claims), made before with a private mode.
-      if (this.#host.mountRoot.startsWith(`${MOUNT_ROOT}/`)) await Promise.all([chmod(MOUNT_ROOT, 0o711), chmod(resolve(MOUNT_ROOT, '..'), 0o711)]);
+      if (this.#ctx.host.mountRoot.startsWith(`${MOUNT_ROOT}/`)) await Promise.all([chmod(MOUNT_ROOT, 0o711), chmod(resolve(MOUNT_ROOT, '..'), 0o711)]);
     })();
-    return this.#mountRootReady;
+    return this.#ctx.mountRootReady;
   }
 
   /**
@@ -1058,7 +991,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   #launcherLost(pod: Pod): void {
     pod.lostLauncher = true;
     const { pid, pidStart } = pod.persisted ?? {};
-    if (this.#closed || pod.state.phase !== 'Running' || pid === undefined || pidStart === undefined) return;
+    if (this.#ctx.closed || pod.state.phase !== 'Running' || pid === undefined || pidStart === undefined) return;
     this.#pollExit(pod, pid, pidStart);
   }
 
@@ -1067,13 +1000,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const identity = pod.identity;
     if (request === undefined || identity === undefined) return;
     const container = mainContainer(request.spec);
-    const runtimeClass = decideRuntimeClass(request.spec.runtimeClassName, this.#runscUnavailable);
+    const runtimeClass = decideRuntimeClass(request.spec.runtimeClassName, this.#ctx.runscUnavailable);
     if (!runtimeClass.ok) {
       // Only an adopted gVisor pod whose runsc went away since: it runs on, untouched, until it ends.
-      this.#log.error({ id: pod.id }, runtimeClass.message);
+      this.#ctx.log.error({ id: pod.id }, runtimeClass.message);
       return;
     }
-    const runtime = ociRuntime(this.#host, runtimeClass.kind);
+    const runtime = ociRuntime(this.#ctx.host, runtimeClass.kind);
     const ip = pod.persisted?.ip ?? '127.0.0.1';
     const { agent, ...who } = identity;
     // A gVisor pod's container id (runscContainerId), or its bare id when it was started before that.
@@ -1091,19 +1024,19 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const probe = container.readinessProbe;
     pod.state = { phase: 'Running', ready: probe === undefined, ip, pid, startedAt };
     pod.exited ??= new Promise((resolve) => (pod.markExited = resolve));
-    if (probe !== undefined && !this.#closed) {
+    if (probe !== undefined && !this.#ctx.closed) {
       const target = pod.target;
       pod.probe = startProbeLoop({
         probe,
-        clock: this.#clock,
-        defaultPeriodMs: this.#opts.probeIntervalMs ?? 1000,
+        clock: this.#ctx.clock,
+        defaultPeriodMs: this.#ctx.opts.probeIntervalMs ?? 1000,
         target: { host: pod.state.ip ?? '127.0.0.1', ports: container.ports ?? [], exec: (command, timeoutMs) => execInPod(target, { command, timeoutMs }) },
         onChange: (ready) => {
           if (pod.state.phase !== 'Running') return;
           pod.state = { ...pod.state, ready };
           this.#emit(pod.id);
         },
-        onError: (err) => this.#log.warn({ err, id: pod.id }, 'readiness probe failed to run'),
+        onError: (err) => this.#ctx.log.warn({ err, id: pod.id }, 'readiness probe failed to run'),
       });
     }
     this.#emit(pod.id);
@@ -1119,24 +1052,24 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     let goneAt: number | undefined;
     const check = (): void => {
       void processStartTime(pid).then(async (start) => {
-        if (pod.generation !== generation || this.#closed) return;
+        if (pod.generation !== generation || this.#ctx.closed) return;
         const status = start === pidStart ? undefined : await readExitStatus(pod.paths);
-        goneAt ??= start === pidStart ? undefined : this.#clock.now();
-        if (status === undefined && (goneAt === undefined || this.#clock.now() - goneAt < EXIT_STATUS_WAIT_MS)) {
-          pod.poll = this.#clock.after(goneAt === undefined ? this.#opts.pollIntervalMs ?? 500 : 20, check);
+        goneAt ??= start === pidStart ? undefined : this.#ctx.clock.now();
+        if (status === undefined && (goneAt === undefined || this.#ctx.clock.now() - goneAt < EXIT_STATUS_WAIT_MS)) {
+          pod.poll = this.#ctx.clock.after(goneAt === undefined ? this.#ctx.opts.pollIntervalMs ?? 500 : 20, check);
           return;
         }
         this.#exited(pod, status?.code ?? 137, status?.reason);
       });
     };
-    pod.poll = this.#clock.after(this.#opts.pollIntervalMs ?? 500, check);
+    pod.poll = this.#ctx.clock.after(this.#ctx.opts.pollIntervalMs ?? 500, check);
   }
 
   /** SIGKILL to the pod's init if it still runs (the same process: its start time matches). */
   async #endOrphanedInit(pod: Pod): Promise<void> {
     const { pid, pidStart } = pod.persisted ?? {};
     if (pid === undefined || pidStart === undefined || (await processStartTime(pid)) !== pidStart) return;
-    this.#log.warn({ id: pod.id, pid }, 'the pod\'s shim died before its init: ending the init');
+    this.#ctx.log.warn({ id: pod.id, pid }, 'the pod\'s shim died before its init: ending the init');
     pod.shimLost = true;
     signal(pid, 'SIGKILL');
   }
@@ -1156,7 +1089,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // What the next start needs (request, address, image, id range), without the ended process.
       const { pid: _pid, pidStart: _pidStart, startedAt: _startedAt, restoreFailure: _restoreFailure, ...kept } = pod.persisted;
       pod.persisted = kept;
-      this.#persist(pod).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
+      persist(pod).catch((err: unknown) => this.#ctx.log.warn({ err, id: pod.id }, 'cannot persist pod state'));
     }
     if (pod.state.phase === 'Pending') {
       pod.pendingExit = code; // start() reports it, with the shim's message when there is one
@@ -1167,11 +1100,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     else if (reason === 'OOMKilled') pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: `the container was killed for using more memory than its limit (OOMKilled, exit code ${code})` };
     else pod.state = { phase: code === 0 ? 'Succeeded' : 'Failed', ready: false, exitCode: code, message: `the container exited with code ${code}` };
     if (ip !== undefined) pod.state.ip = ip;
-    if (!this.#closed) this.#emit(pod.id);
+    if (!this.#ctx.closed) this.#emit(pod.id);
   }
 
   async stop(id: string, opts: StopOptions = {}): Promise<void> {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     if (opts.memory === true) {
       if (pod === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
       await pod.starting?.catch(() => undefined);
@@ -1201,11 +1134,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // by the init is lost (seen once in a few stops right after a start: a 2 s stop instead of 5 ms).
       signal(target.pid, 'SIGTERM');
       const resend = setInterval(() => signal(target.pid, 'SIGTERM'), TERM_RESEND_MS);
-      const graceful = await this.#within(exited, this.#opts.stopGraceMs ?? 2000);
+      const graceful = await within(this.#ctx.clock, exited, this.#ctx.opts.stopGraceMs ?? 2000);
       clearInterval(resend);
       if (!graceful) {
         signal(target.pid, 'SIGKILL'); // pid 1 of the namespace: the kernel kills all the rest
-        if (!(await this.#within(exited, 10_000))) throw new AsbError('Timeout', `pod ${id} did not end after SIGKILL`);
+        if (!(await within(this.#ctx.clock, exited, 10_000))) throw new AsbError('Timeout', `pod ${id} did not end after SIGKILL`);
       }
     } finally {
       clearInterval(keepAlive);
@@ -1245,7 +1178,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (!fits.ok) throw failed(fits.reason);
     };
     try {
-      const memory = (await cgroupUsage(posix.join(this.#host.cgroupParent, pod.id))).memory?.workingSetBytes ?? 0;
+      const memory = (await cgroupUsage(posix.join(this.#ctx.host.cgroupParent, pod.id))).memory?.workingSetBytes ?? 0;
       await room(memory, CHECKPOINT_HOST_RESERVE_BYTES);
     } catch (err) {
       throw isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err));
@@ -1263,7 +1196,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // The shim and clock timers are unref'd (see stop()): while the teardown goes on, something
     // must hold the process open, or a caller awaiting it (a start) would see the process exit.
     const keepAlive = setInterval(() => undefined, 60_000);
-    const ended = this.#within(exited, 10_000).then((ok) => {
+    const ended = within(this.#ctx.clock, exited, 10_000).then((ok) => {
       if (!ok) throw new AsbError('Timeout', `pod ${pod.id} did not end after its checkpoint`);
     });
     const teardown: Promise<void> = ended.finally(() => {
@@ -1271,7 +1204,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (pod.teardown === teardown) pod.teardown = undefined;
     });
     pod.teardown = teardown;
-    teardown.catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'a pod stopped with its memory did not end'));
+    teardown.catch((err: unknown) => this.#ctx.log.warn({ err, id: pod.id }, 'a pod stopped with its memory did not end'));
     pod.probe?.cancel();
     pod.probe = undefined;
     // Its processes' handles wait for the restore (#exited, when it comes, finds no target).
@@ -1280,41 +1213,31 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     pod.state = { phase: 'Stopped', ready: false, ...(pod.persisted === undefined ? {} : { ip: pod.persisted.ip }) };
     this.#emit(pod.id);
     pod.settling = makeDurable(paths.checkpoint);
-    this.#log.info({ id: pod.id, bytes: meta.bytes }, 'pod stopped with its memory');
-  }
-
-  #within(p: Promise<void>, ms: number): Promise<boolean> {
-    return new Promise((resolve) => {
-      const timer = this.#clock.after(ms, () => resolve(false));
-      void p.then(() => {
-        timer.cancel();
-        resolve(true);
-      });
-    });
+    this.#ctx.log.info({ id: pod.id, bytes: meta.bytes }, 'pod stopped with its memory');
   }
 
   async remove(id: string): Promise<void> {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     if (pod === undefined) return;
     await this.stop(id);
     pod.generation++;
-    this.#pods.delete(id);
+    this.#ctx.pods.delete(id);
     pod.keptAgent?.end();
     pod.keptAgent = undefined;
     if (pod.persisted !== undefined) {
       // Before the address can go to another pod: an emptied chain lets nothing through.
-      await this.#net.firewall.remove({ ip: pod.persisted.ip, veth: this.#net.veth(id) }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
+      await this.#ctx.net.firewall.remove({ ip: pod.persisted.ip, veth: this.#ctx.net.veth(id) }).catch((err: unknown) => this.#ctx.log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
       // A pod gone has no policy (policyForPodIp answers undefined): the egress proxy forgets its
       // connections before the address can go to another pod, whose own must not be judged by them.
-      await this.#net.policyChanged(id, pod.persisted.ip);
-      this.#net.ips.release(pod.persisted.ip);
+      await this.#ctx.net.policyChanged(id, pod.persisted.ip);
+      this.#ctx.net.ips.release(pod.persisted.ip);
     }
     // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
-    if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
+    if (pod.paths.disk !== undefined) await this.#ctx.host.disk.unmount(pod.paths.disk.mount);
     // The namespace files a killed shim left bound: the pod dir cannot be removed under them (EBUSY).
-    const mountDir = join(this.#host.mountRoot, id);
+    const mountDir = join(this.#ctx.host.mountRoot, id);
     // And a checkpointable runc pod's disk bound for its volumes (oci-shim.c -V), before the disk goes.
-    for (const path of [pod.paths.userns, pod.paths.netns, join(mountDir, 'disk')]) await this.#host.disk.unmount(path);
+    for (const path of [pod.paths.userns, pod.paths.netns, join(mountDir, 'disk')]) await this.#ctx.host.disk.unmount(path);
     await Promise.all([
       rm(pod.paths.dir, { recursive: true, force: true }),
       rm(pod.paths.legacyVolumes, { recursive: true, force: true }),
@@ -1324,47 +1247,36 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     ]);
     if (pod.shimLost === true) await this.#reclaimPod(id);
     // After its files are deleted, so a later pod given the range finds none of this one's.
-    await releaseIdRange(this.#idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot release the pod\'s id range'));
+    await releaseIdRange(this.#ctx.idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#ctx.log.warn({ err, id }, 'cannot release the pod\'s id range'));
     // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.
-    await this.#images.unpin(pod.paths.dir);
+    await this.#ctx.images.unpin(pod.paths.dir);
     this.#emit(id);
-  }
-
-  /**
-   * Writes the pod's persisted state as it is when the write runs, one write per pod at a time:
-   * two at once shared the temporary file, and the second rename failed with ENOENT (a PUT
-   * .../network and the reconciler applying the same policy, 1 run in 4).
-   */
-  #persist(pod: Pod): Promise<void> {
-    const write = (pod.persisting ?? Promise.resolve()).catch(() => undefined).then(() => (pod.persisted === undefined ? undefined : writePersisted(pod.paths, pod.persisted)));
-    pod.persisting = write;
-    return write;
   }
 
   /** Replaces a pod's egress policy: applied at once when it runs, and kept (persisted) for its next wake. */
   async setEgressPolicy(id: string, policy: EgressPolicy): Promise<void> {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     if (pod?.persisted === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
     await pod.starting?.catch(() => undefined);
     const persisted = pod.persisted;
     persisted.request = { ...persisted.request, egress: policy };
-    await this.#persist(pod);
+    await persist(pod);
     if (pod.state.phase !== 'Running' && pod.state.phase !== 'Pending') return;
-    const net = this.#net.podNet(id, persisted.ip, policy);
-    await this.#net.firewall.apply(net);
+    const net = this.#ctx.net.podNet(id, persisted.ip, policy);
+    await this.#ctx.net.firewall.apply(net);
     // The rules above decide new connections only: open ones the policy now forbids are cut here,
     // before the change is acknowledged (runc's and gVisor's flows alike leave through the bridge).
-    const cut = await this.#net.firewall.cutForbidden(net).catch((err: unknown) => {
-      this.#log.error({ err, id }, 'cannot cut the open connections the new egress policy forbids: they keep running until they end');
+    const cut = await this.#ctx.net.firewall.cutForbidden(net).catch((err: unknown) => {
+      this.#ctx.log.error({ err, id }, 'cannot cut the open connections the new egress policy forbids: they keep running until they end');
       return [];
     });
-    if (cut.length > 0) this.#log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
+    if (cut.length > 0) this.#ctx.log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
     // The proxied ones are not the kernel's: the egress proxy's own (onPolicyChange), also before the acknowledgement.
-    await this.#net.policyChanged(id, persisted.ip);
+    await this.#ctx.net.policyChanged(id, persisted.ip);
   }
 
   onPolicyChange(listener: (podIp: string) => Promise<void>): () => void {
-    return this.#net.onPolicyChange(listener);
+    return this.#ctx.net.onPolicyChange(listener);
   }
 
   /**
@@ -1373,7 +1285,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * the pods: ~1 µs per pod, well under a connection's cost at the few thousand a worker holds.
    */
   policyForPodIp(ip: string): EgressPolicy | undefined {
-    for (const pod of this.#pods.values()) {
+    for (const pod of this.#ctx.pods.values()) {
       if (pod.persisted?.ip === ip) return pod.persisted.request.egress ?? DEFAULT_EGRESS_POLICY;
     }
     return undefined;
@@ -1381,7 +1293,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   /** The pod (= sandbox id) holding `ip`, for the egress proxy's per-sandbox counts; the same scan as policyForPodIp. */
   sandboxForPodIp(ip: string): string | undefined {
-    for (const pod of this.#pods.values()) if (pod.persisted?.ip === ip) return pod.id;
+    for (const pod of this.#ctx.pods.values()) if (pod.persisted?.ip === ip) return pod.id;
     return undefined;
   }
 
@@ -1389,9 +1301,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   async egressCounts(): Promise<EgressCount[]> {
     if (!(await this.hasPodNetwork().catch(() => false))) return [];
     const byIp = new Map<string, string>();
-    for (const pod of this.#pods.values()) if (pod.persisted !== undefined) byIp.set(pod.persisted.ip, pod.id);
+    for (const pod of this.#ctx.pods.values()) if (pod.persisted !== undefined) byIp.set(pod.persisted.ip, pod.id);
     const out: EgressCount[] = [];
-    for (const c of await this.#net.firewall.counters()) {
+    for (const c of await this.#ctx.net.firewall.counters()) {
       const pod = byIp.get(c.ip);
       if (pod !== undefined) out.push({ pod, rule: c.rule, verdict: c.verdict, count: c.packets });
     }
@@ -1400,23 +1312,23 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   /** Hibernates every running pod, e.g. when `make up` shuts down. */
   async stopAll(): Promise<void> {
-    await Promise.all([...this.#pods.keys()].map((id) => this.stop(id)));
+    await Promise.all([...this.#ctx.pods.keys()].map((id) => this.stop(id)));
   }
 
   /** What the pod uses, from its disk and its cgroup on the host (pod-usage.ts says why not /proc). */
   async usage(id: string): Promise<PodUsage | undefined> {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     if (pod?.state.phase !== 'Running') return undefined;
     const disk = pod.paths.disk;
     const [onDisk, cgroup] = await Promise.all([
       disk === undefined ? undefined : mountedDiskUsage(disk.mount, pod.paths.dir),
-      cgroupUsage(posix.join(this.#host.cgroupParent, id)),
+      cgroupUsage(posix.join(this.#ctx.host.cgroupParent, id)),
     ]);
     return { ...(onDisk === undefined ? {} : { disk: onDisk }), ...cgroup };
   }
 
   state(id: string): PodState {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     if (pod === undefined) return { phase: 'Absent', ready: false };
     const uid = pod.persisted?.request.uid;
     const state: PodState = uid === undefined ? { ...pod.state } : { ...pod.state, uid };
@@ -1427,7 +1339,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   list(): string[] {
-    return [...this.#pods.keys()];
+    return [...this.#ctx.pods.keys()];
   }
 
   onChange(listener: (id: string) => void): () => void {
@@ -1440,13 +1352,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       try {
         listener(id);
       } catch (err) {
-        this.#log.error({ err, id }, 'onChange listener threw');
+        this.#ctx.log.error({ err, id }, 'onChange listener threw');
       }
     }
   }
 
   #target(id: string): PodTarget {
-    const target = this.#pods.get(id)?.target;
+    const target = this.#ctx.pods.get(id)?.target;
     if (target === undefined) throw new AsbError('SandboxNotRunning', `sandbox pod ${id} is not running`);
     return target;
   }
@@ -1473,7 +1385,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       return agentPty(t.agent, { ...agentRequest(t, { ...opts, command: opts.command ?? [...DEFAULT_PTY_COMMAND] }), pty: { cols: opts.cols, rows: opts.rows } }, id);
     }
     return openRuncPty({
-      runc: t.runc, root: t.runcRoot, runtime: t.kind, runtimeFlags: t.runtimeFlags, id: t.id, user: { uid: t.uid, gid: t.gid }, cwd: t.cwd, stateDir: this.#opts.root, userNamespace: true,
+      runc: t.runc, root: t.runcRoot, runtime: t.kind, runtimeFlags: t.runtimeFlags, id: t.id, user: { uid: t.uid, gid: t.gid }, cwd: t.cwd, stateDir: this.#ctx.opts.root, userNamespace: true,
       env: Object.entries(t.env).map(([k, v]) => `${k}=${v}`),
     }, opts);
   }
@@ -1484,9 +1396,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   /** Stops probes and watchers; pods keep running and a new runtime re-adopts them. */
   close(): Promise<void> {
-    if (this.#closed) return Promise.resolve();
-    this.#closed = true;
-    for (const pod of this.#pods.values()) {
+    if (this.#ctx.closed) return Promise.resolve();
+    this.#ctx.closed = true;
+    for (const pod of this.#ctx.pods.values()) {
       pod.probe?.cancel();
       pod.poll?.cancel();
     }
@@ -1494,22 +1406,22 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // The directory of mount points goes when no pod has one (a test's runtime leaves nothing in /run).
     // runsc's state dir holds a bind mount it never removes (releaseRunscRoot): released once no
     // gVisor pod runs, so a shut-down worker leaves no mount behind and its root can be deleted.
-    const gvisorRuns = [...this.#pods.values()].some((pod) => pod.target?.kind === 'runsc' || pod.starting !== undefined);
-    const runscRoot = this.#host.runsc?.root;
+    const gvisorRuns = [...this.#ctx.pods.values()].some((pod) => pod.target?.kind === 'runsc' || pod.starting !== undefined);
+    const runscRoot = this.#ctx.host.runsc?.root;
     // A running pod keeps its rules (the next runtime re-adopts it); with none left the tables, the bridge and its claim go.
-    const anyRuns = [...this.#pods.values()].some((pod) => pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined);
+    const anyRuns = [...this.#ctx.pods.values()].some((pod) => pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined);
     // The empty mount-point directories of pods that do not run (a stopped pod's shim unmounted them).
-    const running = new Set([...this.#pods.values()].filter((pod) => pod.target !== undefined || pod.starting !== undefined).map((pod) => pod.id));
+    const running = new Set([...this.#ctx.pods.values()].filter((pod) => pod.target !== undefined || pod.starting !== undefined).map((pod) => pod.id));
     const dropMountDirs = async (): Promise<void> => {
-      const names = await readdir(this.#host.mountRoot).catch(() => []);
-      for (const id of names) if (!running.has(id)) await removeMountDir(this.#host.mountRoot, id).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot remove the pod\'s mount-point directory'));
-      await rmdir(this.#host.mountRoot).catch(() => undefined);
+      const names = await readdir(this.#ctx.host.mountRoot).catch(() => []);
+      for (const id of names) if (!running.has(id)) await removeMountDir(this.#ctx.host.mountRoot, id).catch((err: unknown) => this.#ctx.log.warn({ err, id }, 'cannot remove the pod\'s mount-point directory'));
+      await rmdir(this.#ctx.host.mountRoot).catch(() => undefined);
     };
     return Promise.all([
-      this.#net.close(anyRuns).then(() => this.#launcher.close()),
+      this.#ctx.net.close(anyRuns).then(() => this.#ctx.launcher.close()),
       dropMountDirs(),
-      removeParent(this.#host.cgroupParent),
-      runscRoot === undefined || gvisorRuns ? undefined : releaseRunscRoot(runscRoot).catch((err: unknown) => this.#log.warn({ err }, 'cannot release runsc state')),
+      removeParent(this.#ctx.host.cgroupParent),
+      runscRoot === undefined || gvisorRuns ? undefined : releaseRunscRoot(runscRoot).catch((err: unknown) => this.#ctx.log.warn({ err }, 'cannot release runsc state')),
     ]).then(() => undefined);
   }
 }
@@ -1517,15 +1429,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 /** Kubernetes' imagePullPolicy; anything else (absent, or a value validation let through) is the default rule. */
 function pullPolicy(value: unknown): PullPolicy | undefined {
   return value === 'Always' || value === 'IfNotPresent' || value === 'Never' ? value : undefined;
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /** `runc checkpoint` of a frozen container into `dir`, CRIU's dump.log with it; the container is left as it was (frozen). */
@@ -1539,17 +1442,4 @@ async function criuDumpError(dir: string, output: string): Promise<string> {
   // Every run logs "rlimit: Can't setup RLIMIT_NOFILE for self" (harmless, docs/criu.md): not the reason.
   const first = log.split('\n').find((line) => line.includes('Error (') && !line.includes('RLIMIT_NOFILE for self'))?.trim();
   return first === undefined ? lastLine(output) : `${lastLine(output)}: ${first}`;
-}
-
-/** The last non-empty line a command printed (runsc's error), for a message. */
-function lastLine(output: string): string {
-  return output.trim().split('\n').pop()?.trim() ?? 'no output';
-}
-
-function signal(pid: number, sig: NodeJS.Signals): void {
-  try {
-    process.kill(pid, sig);
-  } catch {
-    // already gone
-  }
 }
