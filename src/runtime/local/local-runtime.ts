@@ -16,7 +16,7 @@
 // checkpointable (PodRequest.checkpointable: runc makes its user namespace and its stdio is pipes),
 // through CRIU (`runc checkpoint` / `runc restore`, docs/criu.md).
 import { createHash } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { chmod, chown, copyFile, link, mkdir, readdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
 import { dirname, join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
@@ -29,7 +29,7 @@ import { execInPod, type PodTarget } from './exec.ts';
 import { spawnPodProcess } from './process.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { ensureInitBinary, ensureLauncherBinary, ensureShimBinary } from './init-binary.ts';
-import { agentPty, agentRequest, AgentLink } from './agent.ts';
+import { agentPty, agentRequest } from './agent.ts';
 import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
 import { Launcher } from './launcher.ts';
 import { inSubnet } from './network.ts';
@@ -37,13 +37,12 @@ import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimP
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
-import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost } from './oci-pod.ts';
-import { diskTool, evictionMessage, madeBeforeDisks, podDisk } from './disk.ts';
+import { imageUsersCache, preparePod, readIdentity, type OciHost } from './oci-pod.ts';
+import { diskTool, madeBeforeDisks, podDisk } from './disk.ts';
 import { remapUsernsImage, USERNS_IMAGE } from './criu-userns.ts';
 import { checkpointRoom, discardCheckpoint, discardCheckpointSoon, discardLeftovers, freeBytes, imageBytes, makeDurable, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMaker, type CheckpointMeta } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { listSnapshots, makePartial, readSnapshot, sealSnapshot, snapshotPaths, specDifference, type SnapshotMeta } from './snapshots.ts';
-import { startProbeLoop } from './probes.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, type PersistedImage } from './rootfs.ts';
@@ -51,11 +50,12 @@ import type { PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot, runscVersion } from '../oci/runsc-binary.ts';
 import { criuCheck, criuPath, findCriuBinary } from '../oci/criu-binary.ts';
-import { checkpointSequence, runscContainerId, runscFlags, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
+import { checkpointSequence, runscFlags, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange, type OciSpec } from '../oci/spec.ts';
 import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
 import { EXIT_STATUS_WAIT_MS, exists, lastLine, persist, POD_ID, signal, within, type Pod, type RuntimeContext } from './runtime-context.ts';
+import { endOrphanedInit, onLauncherLost, pollExit, podExited, podRunning } from './pod-run.ts';
 
 export type { LocalRuntimeOptions };
 
@@ -384,8 +384,8 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       pod.identity = identity;
       // The table was rebuilt empty at start: an adopted pod reaches nothing until this runs.
       await this.#ctx.net.firewall.apply(this.#ctx.net.podNet(id, persisted.ip, persisted.request.egress)).catch((err: unknown) => this.#ctx.log.error({ err, id }, 'cannot restore the adopted pod\'s firewall rules: it reaches nothing'));
-      this.#running(pod, pid, persisted.startedAt ?? isoNow(this.#ctx.clock));
-      this.#pollExit(pod, pid, pidStart);
+      podRunning(this.#ctx, pod, pid, persisted.startedAt ?? isoNow(this.#ctx.clock));
+      pollExit(this.#ctx, pod, pid, pidStart);
       this.#ctx.log.info({ id, pid }, 'adopted running pod');
     }));
   }
@@ -533,15 +533,15 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
         // reparented to the host's init, with nobody to end it or report it, and its mounts keep
         // the pod's teardown from finishing (found by make soak's kill -9 of a shim). It ends with
         // its shim: SIGKILL to the pod's pid 1, so the kernel ends the rest of its namespace.
-        void this.#endOrphanedInit(pod)
+        void endOrphanedInit(this.#ctx, pod)
           .then(() => readExitStatus(pod.paths))
           .then((status) => {
             // The shim wrote the status before it exited: it also says whether the OOM killer struck.
-            if (pod.generation === generation) this.#exited(pod, code, status?.reason);
+            if (pod.generation === generation) podExited(this.#ctx, pod, code, status?.reason);
           });
       },
       lost: () => {
-        if (pod.generation === generation) this.#launcherLost(pod);
+        if (pod.generation === generation) onLauncherLost(this.#ctx, pod);
       },
     });
     pod.shim = launch.child;
@@ -581,11 +581,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const pidStart = await processStartTime(outcome.pid);
     if (pod.generation !== generation) return { ...pod.state };
     pod.persisted = { request: req, ip, image, idRange, pid: outcome.pid, pidStart: pidStart ?? 'gone', startedAt, ...(restoreFailure === undefined ? {} : { restoreFailure }) };
-    this.#running(pod, outcome.pid, startedAt);
+    podRunning(this.#ctx, pod, outcome.pid, startedAt);
     // The container may have ended already (a command that exits at once).
     const early = pod.pendingExit as number | undefined; // set by the exit event during the awaits
-    if (early !== undefined) this.#exited(pod, early);
-    else if (launcherLost()) this.#pollExit(pod, outcome.pid, pod.persisted.pidStart ?? 'gone');
+    if (early !== undefined) podExited(this.#ctx, pod, early);
+    else if (launcherLost()) pollExit(this.#ctx, pod, outcome.pid, pod.persisted.pidStart ?? 'gone');
     if (pod.target !== undefined) await persist(pod);
     return { ...pod.state };
   }
@@ -982,125 +982,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (this.#ctx.host.mountRoot.startsWith(`${MOUNT_ROOT}/`)) await Promise.all([chmod(MOUNT_ROOT, 0o711), chmod(resolve(MOUNT_ROOT, '..'), 0o711)]);
     })();
     return this.#ctx.mountRootReady;
-  }
-
-  /**
-   * The launcher died: running pods keep running but their exit events are gone, so they are
-   * watched by polling, like adopted pods. A pod still starting is finished by start().
-   */
-  #launcherLost(pod: Pod): void {
-    pod.lostLauncher = true;
-    const { pid, pidStart } = pod.persisted ?? {};
-    if (this.#ctx.closed || pod.state.phase !== 'Running' || pid === undefined || pidStart === undefined) return;
-    this.#pollExit(pod, pid, pidStart);
-  }
-
-  #running(pod: Pod, pid: number, startedAt: string): void {
-    const request = pod.persisted?.request;
-    const identity = pod.identity;
-    if (request === undefined || identity === undefined) return;
-    const container = mainContainer(request.spec);
-    const runtimeClass = decideRuntimeClass(request.spec.runtimeClassName, this.#ctx.runscUnavailable);
-    if (!runtimeClass.ok) {
-      // Only an adopted gVisor pod whose runsc went away since: it runs on, untouched, until it ends.
-      this.#ctx.log.error({ id: pod.id }, runtimeClass.message);
-      return;
-    }
-    const runtime = ociRuntime(this.#ctx.host, runtimeClass.kind);
-    const ip = pod.persisted?.ip ?? '127.0.0.1';
-    const { agent, ...who } = identity;
-    // A gVisor pod's container id (runscContainerId), or its bare id when it was started before that.
-    const legacy = runtime.kind === 'runsc' && existsSync(join(runtime.root, `${pod.id}_sandbox:${pod.id}.state`));
-    const containerId = runtime.kind === 'runsc' ? runscContainerId(pod.id, legacy) : pod.id;
-    pod.target = { kind: runtime.kind, runc: runtime.binary, runcRoot: runtime.root, runtimeFlags: runtime.flags, id: containerId, pid, execDir: pod.paths.exec, ...who };
-    if (agent !== undefined) {
-      const address = { host: ip, port: agent.port, token: agent.token };
-      const kept = pod.keptAgent;
-      pod.keptAgent = undefined;
-      // Restored with its memory: the handles of its processes attach to them again.
-      pod.target.agent = kept ?? new AgentLink(address);
-      if (kept !== undefined) void kept.resume(address);
-    }
-    const probe = container.readinessProbe;
-    pod.state = { phase: 'Running', ready: probe === undefined, ip, pid, startedAt };
-    pod.exited ??= new Promise((resolve) => (pod.markExited = resolve));
-    if (probe !== undefined && !this.#ctx.closed) {
-      const target = pod.target;
-      pod.probe = startProbeLoop({
-        probe,
-        clock: this.#ctx.clock,
-        defaultPeriodMs: this.#ctx.opts.probeIntervalMs ?? 1000,
-        target: { host: pod.state.ip ?? '127.0.0.1', ports: container.ports ?? [], exec: (command, timeoutMs) => execInPod(target, { command, timeoutMs }) },
-        onChange: (ready) => {
-          if (pod.state.phase !== 'Running') return;
-          pod.state = { ...pod.state, ready };
-          this.#emit(pod.id);
-        },
-        onError: (err) => this.#ctx.log.warn({ err, id: pod.id }, 'readiness probe failed to run'),
-      });
-    }
-    this.#emit(pod.id);
-  }
-
-  /**
-   * For pods we did not spawn (adopted): no exit event, so check the init's pid and start time,
-   * then wait for the exit status its shim writes once it has deleted the container and unmounted
-   * its rootfs (a shim that was killed never writes it: 137 after EXIT_STATUS_WAIT_MS).
-   */
-  #pollExit(pod: Pod, pid: number, pidStart: string): void {
-    const generation = pod.generation;
-    let goneAt: number | undefined;
-    const check = (): void => {
-      void processStartTime(pid).then(async (start) => {
-        if (pod.generation !== generation || this.#ctx.closed) return;
-        const status = start === pidStart ? undefined : await readExitStatus(pod.paths);
-        goneAt ??= start === pidStart ? undefined : this.#ctx.clock.now();
-        if (status === undefined && (goneAt === undefined || this.#ctx.clock.now() - goneAt < EXIT_STATUS_WAIT_MS)) {
-          pod.poll = this.#ctx.clock.after(goneAt === undefined ? this.#ctx.opts.pollIntervalMs ?? 500 : 20, check);
-          return;
-        }
-        this.#exited(pod, status?.code ?? 137, status?.reason);
-      });
-    };
-    pod.poll = this.#ctx.clock.after(this.#ctx.opts.pollIntervalMs ?? 500, check);
-  }
-
-  /** SIGKILL to the pod's init if it still runs (the same process: its start time matches). */
-  async #endOrphanedInit(pod: Pod): Promise<void> {
-    const { pid, pidStart } = pod.persisted ?? {};
-    if (pid === undefined || pidStart === undefined || (await processStartTime(pid)) !== pidStart) return;
-    this.#ctx.log.warn({ id: pod.id, pid }, 'the pod\'s shim died before its init: ending the init');
-    pod.shimLost = true;
-    signal(pid, 'SIGKILL');
-  }
-
-  #exited(pod: Pod, code: number, reason?: string): void {
-    pod.probe?.cancel();
-    pod.poll?.cancel();
-    pod.probe = undefined;
-    // Its processes ended with it, unless it was stopped with its memory: their handles wait for the restore.
-    if (pod.checkpoint !== undefined && pod.target?.agent !== undefined) pod.keptAgent = pod.target.agent;
-    else pod.target?.agent?.end();
-    delete pod.target;
-    pod.markExited?.();
-    pod.exited = undefined;
-    const ip = pod.persisted?.ip;
-    if (pod.persisted !== undefined) {
-      // What the next start needs (request, address, image, id range), without the ended process.
-      const { pid: _pid, pidStart: _pidStart, startedAt: _startedAt, restoreFailure: _restoreFailure, ...kept } = pod.persisted;
-      pod.persisted = kept;
-      persist(pod).catch((err: unknown) => this.#ctx.log.warn({ err, id: pod.id }, 'cannot persist pod state'));
-    }
-    if (pod.state.phase === 'Pending') {
-      pod.pendingExit = code; // start() reports it, with the shim's message when there is one
-      return;
-    }
-    if (pod.stopping) pod.state = { phase: 'Stopped', ready: false };
-    else if (reason === 'Evicted' && pod.persisted !== undefined) pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: evictionMessage(pod.persisted.request.spec) };
-    else if (reason === 'OOMKilled') pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: `the container was killed for using more memory than its limit (OOMKilled, exit code ${code})` };
-    else pod.state = { phase: code === 0 ? 'Succeeded' : 'Failed', ready: false, exitCode: code, message: `the container exited with code ${code}` };
-    if (ip !== undefined) pod.state.ip = ip;
-    if (!this.#ctx.closed) this.#emit(pod.id);
   }
 
   async stop(id: string, opts: StopOptions = {}): Promise<void> {
