@@ -38,9 +38,9 @@ import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { imageUsersCache, preparePod, readIdentity, type OciHost } from './oci-pod.ts';
-import { diskTool, madeBeforeDisks, podDisk } from './disk.ts';
+import { diskTool, madeBeforeDisks } from './disk.ts';
 import { remapUsernsImage, USERNS_IMAGE } from './criu-userns.ts';
-import { checkpointRoom, discardCheckpoint, discardCheckpointSoon, discardLeftovers, freeBytes, imageBytes, makeDurable, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMaker, type CheckpointMeta } from './checkpoint.ts';
+import { discardCheckpoint, discardLeftovers, makeDurable, readCheckpointMeta, readRestoreStatus, withRestore, type CheckpointCheck } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { listSnapshots, makePartial, readSnapshot, sealSnapshot, snapshotPaths, specDifference, type SnapshotMeta } from './snapshots.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
@@ -48,25 +48,20 @@ import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, type PersistedImage } from './rootfs.ts';
 import type { PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
-import { findRunscBinary, releaseRunscRoot, runscVersion } from '../oci/runsc-binary.ts';
-import { criuCheck, criuPath, findCriuBinary } from '../oci/criu-binary.ts';
-import { checkpointSequence, runscFlags, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
+import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
+import { findCriuBinary } from '../oci/criu-binary.ts';
+import { runscFlags } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange, type OciSpec } from '../oci/spec.ts';
 import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
 import { EXIT_STATUS_WAIT_MS, exists, lastLine, persist, POD_ID, signal, within, type Pod, type RuntimeContext } from './runtime-context.ts';
 import { endOrphanedInit, onLauncherLost, pollExit, podExited, podRunning } from './pod-run.ts';
+import { canSaveMemory, checkImage, dropCheckpoint, oneSaveAtATime, restorePlan, resumePaused, runcOn, runscOn, savePaused, stopWithMemory } from './pod-memory.ts';
 
 export type { LocalRuntimeOptions };
 
 export const DEFAULT_IMAGE = 'agent-sandbox/base';
 const TERM_RESEND_MS = 200;
-/**
- * Left free on the worker's disk after a memory checkpoint is written there: the store, the image
- * cache and every other pod's writable layer share it (checkpoint.ts says why the image is not on
- * the pod's own disk).
- */
-const CHECKPOINT_HOST_RESERVE_BYTES = 256 * 2 ** 20;
 /** Parent of every runtime's mount points (one directory per state dir, by its hash). */
 export const MOUNT_ROOT = '/run/asb/rootfs';
 
@@ -333,11 +328,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const target = pod.target;
     if (target === undefined) return;
     if (target.kind === 'runsc' ? await runscPaused(target.runcRoot, target.id) : await runcFrozen(posix.join(this.#ctx.host.cgroupParent, pod.id))) {
-      const resumed = target.kind === 'runc' ? await this.#runcOn(target, ['resume', target.id]) : await this.#runsc(target, { op: 'resume', id: target.id });
+      const resumed = target.kind === 'runc' ? await runcOn(this.#ctx, target, ['resume', target.id]) : await runscOn(this.#ctx, target, { op: 'resume', id: target.id });
       if (resumed.code !== 0) throw new Error(`${target.kind} resume: ${lastLine(resumed.output)}`);
       this.#ctx.log.warn({ id: pod.id }, 'resumed a pod the last worker paused for a save it never finished');
     }
-    if (pod.checkpoint !== undefined) await this.#dropCheckpoint(pod);
+    if (pod.checkpoint !== undefined) await dropCheckpoint(this.#ctx, pod);
     const disk = pod.paths.disk;
     if (disk !== undefined && !(await madeBeforeDisks(pod.paths.dir))) await this.#ctx.host.disk.thaw(disk.mount);
   }
@@ -513,12 +508,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     // Asked to start from its files (E2B's reboot): a kept checkpoint is deleted, not restored.
     if (discardMemory && snap === undefined && pod.checkpoint !== undefined) {
-      await this.#dropCheckpoint(pod);
+      await dropCheckpoint(this.#ctx, pod);
       pod.keptAgent?.end();
       pod.keptAgent = undefined;
     }
     // A pod stopped with memory wakes from its checkpoint when the image can still be restored, else from its files, saying why.
-    const restore: { from?: string; shared?: boolean; failure?: string } = await (forkPlan ?? (snap === undefined ? this.#restorePlan(pod, runtimeClass.kind) : this.#snapshotRestorePlan(pod, snap, runtimeClass.kind)));
+    const restore: { from?: string; shared?: boolean; failure?: string } = await (forkPlan ?? (snap === undefined ? restorePlan(this.#ctx, pod, runtimeClass.kind) : this.#snapshotRestorePlan(pod, snap, runtimeClass.kind)));
     if (pod.generation !== generation) return { ...pod.state };
     if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true, runtimeClass.kind === 'runc' && 'binary' in this.#ctx.criu ? dirname(this.#ctx.criu.binary) : undefined);
     pod.lostLauncher = false;
@@ -557,7 +552,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       pod.generation++;
       // A restore that was tried is not tried twice (the sandbox may have run from it); one the
       // start never reached (the network set-up failed first) is kept for the next start.
-      if (restore.from !== undefined && restore.shared !== true && (await readRestoreStatus(pod.paths.restoreStatus)) !== undefined) await this.#dropCheckpoint(pod);
+      if (restore.from !== undefined && restore.shared !== true && (await readRestoreStatus(pod.paths.restoreStatus)) !== undefined) await dropCheckpoint(this.#ctx, pod);
       return fail(outcome.message);
     }
     if (runtimeClass.kind === 'runsc') await this.#unstackNullNetns(nullNetnsSettled);
@@ -567,7 +562,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       if (status?.restored !== true) restoreFailure = `${runtimeClass.kind === 'runsc' ? 'runsc' : 'CRIU'} could not restore the memory checkpoint, so the pod started from its files: ${status?.reason ?? 'the shim said nothing of the restore'}`;
       // Its memory now lives in the running sandbox: a stale image must never be restored again
       // (a snapshot's is kept: it is the snapshot's, for every pod started from it).
-      if (restore.shared !== true) await this.#dropCheckpoint(pod);
+      if (restore.shared !== true) await dropCheckpoint(this.#ctx, pod);
     }
     if (restoreFailure !== undefined) this.#ctx.log.warn({ id: pod.id, reason: restoreFailure }, 'the pod\'s memory checkpoint was not restored');
     if (restore.from === undefined || restoreFailure !== undefined) {
@@ -605,19 +600,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   /**
-   * Whether this start restores the pod's memory checkpoint: `from` the image when it is whole and
-   * made by this runsc, else the `failure` reason (the image is deleted then: it can never be restored).
-   */
-  async #restorePlan(pod: Pod, kind: 'runc' | 'runsc'): Promise<{ from?: string; failure?: string }> {
-    if (!(await exists(pod.paths.checkpoint))) return {};
-    const check = await this.#checkImage(pod.paths.checkpoint, kind);
-    if (check.ok) return { from: pod.paths.checkpoint };
-    const failure = check.reason;
-    await this.#dropCheckpoint(pod);
-    return { failure: `the memory checkpoint cannot be restored, so the pod started from its files: ${failure}` };
-  }
-
-  /**
    * A pod started from a snapshot restores the snapshot's memory when it kept some, on gVisor,
    * made by this runsc, and when the pod's new config.json matches the snapshot's wherever runsc
    * compares except the id maps (specDifference): runsc only warns about those (`shared`).
@@ -649,12 +631,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return { failure: `the snapshot's memory cannot be restored, so the pod started from its files: ${failure}` };
   }
 
-  /** verifyCheckpoint of the image in `dir` against this worker's runsc (gVisor) or CRIU (runc). */
-  #checkImage(dir: string, kind: 'runc' | 'runsc'): Promise<CheckpointCheck> {
-    const maker: Promise<CheckpointMaker> = kind === 'runsc' ? this.#runscVersion().then((runsc) => ({ runsc })) : this.#criuVersion().then((criu) => ({ criu }));
-    return maker.then((m) => verifyCheckpoint(dir, m), (err: unknown): CheckpointCheck => ({ ok: false, reason: `${kind === 'runsc' ? 'runsc does not say its version' : 'CRIU cannot run'}: ${err instanceof Error ? err.message : String(err)}` }));
-  }
-
   /**
    * verifyCheckpoint of a snapshot's memory image, run once per snapshot while it passes: its files
    * never change once sealed (root's, in the runtime's 0700 state dir), and hashing them for each of
@@ -664,7 +640,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     const key = `${snap.id}@${snap.at}`;
     const kept = this.#ctx.snapshotsChecked.get(key);
     if (kept !== undefined) return kept;
-    const check = this.#checkImage(snapshotPaths(this.#ctx.opts.root, snap.id).memory, kind);
+    const check = checkImage(this.#ctx, snapshotPaths(this.#ctx.opts.root, snap.id).memory, kind);
     this.#ctx.snapshotsChecked.set(key, check);
     void check.then((c) => {
       if (!c.ok && this.#ctx.snapshotsChecked.get(key) === check) this.#ctx.snapshotsChecked.delete(key);
@@ -715,21 +691,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   /**
-   * Runs a save of the pod's memory (a stop with memory, a snapshot) once every earlier one has
-   * ended, whatever its outcome; pod.checkpointing is the last one, settled, for stop and remove to
-   * wait on. A second stop with memory then finds the pod Stopped with its checkpoint: a no-op.
-   */
-  #oneSaveAtATime<T>(pod: Pod, save: () => Promise<T>): Promise<T> {
-    const result = (pod.checkpointing ?? Promise.resolve()).then(save);
-    const settled = result.then(() => undefined, () => undefined);
-    pod.checkpointing = settled;
-    void settled.then(() => {
-      if (pod.checkpointing === settled) pod.checkpointing = undefined;
-    });
-    return result;
-  }
-
-  /**
    * Keeps the pod's files, and with `memory` its memory and processes, as a snapshot (snapshots.ts).
    * A running pod is paused for the save (gVisor) and its disk frozen for the copy, then goes on;
    * a pod stopped with its memory gives its checkpoint. One at a time per pod, like a stop with memory.
@@ -741,7 +702,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (await exists(paths.dir)) throw new AsbError('Conflict', `snapshot "${snapshotId}" exists already`);
     await pod.starting?.catch(() => undefined);
     await pod.teardown;
-    const meta = await this.#oneSaveAtATime(pod, () => this.#snapshot(pod, snapshotId, opts.memory));
+    const meta = await oneSaveAtATime(this.#ctx, pod, () => this.#snapshot(pod, snapshotId, opts.memory));
     return { id: meta.id, memory: meta.memory, bytes: meta.bytes, memoryBytes: meta.memoryBytes, at: meta.at };
   }
 
@@ -766,7 +727,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
         }
         await this.#copySparse(disk.image, join(paths.partial, 'disk.img'));
       } else {
-        if (memory) this.#canSaveMemory(pod, target, 'snapshot');
+        if (memory) canSaveMemory(this.#ctx, pod, target, 'snapshot');
         const copyDisk = (): Promise<void> => this.#copyFrozen(disk.mount, disk.image, join(paths.partial, 'disk.img'));
         if (!memory) {
           await copyDisk();
@@ -776,11 +737,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
           // on gVisor after runsc's save, which may write the sentry's cached file data back first.
           const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved for its snapshot, it keeps running: ${why}`);
           const runc = target.kind === 'runc';
-          memoryBytes = (await this.#savePaused(pod, target, paths.memoryPartial, join(paths.partial, 'memory'), failed, undefined, runc ? copyDisk : undefined)).bytes;
+          memoryBytes = (await savePaused(this.#ctx, pod, target, paths.memoryPartial, join(paths.partial, 'memory'), failed, undefined, runc ? copyDisk : undefined)).bytes;
           try {
             if (!runc) await copyDisk();
           } finally {
-            await this.#resumePaused(pod, target);
+            await resumePaused(this.#ctx, pod, target);
           }
         }
       }
@@ -834,115 +795,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
   }
 
-  /**
-   * Whether the pod's memory can be saved (a pause or a snapshot with memory): a gVisor pod always;
-   * a runc pod when CRIU is built and the pod runs in a user namespace runc made
-   * (PodRequest.checkpointable). NotImplemented saying how to get it otherwise.
-   */
-  #canSaveMemory(pod: Pod, target: PodTarget, what: 'pause' | 'snapshot'): void {
-    if (target.kind === 'runsc') return;
-    const instead = what === 'pause' ? 'pause it without memory' : 'snapshot its files only';
-    if ('unavailable' in this.#ctx.criu) throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory is kept with CRIU, which this worker lacks (${this.#ctx.criu.unavailable}); it keeps running (${instead}, or run it with runtimeClassName gvisor)`);
-    if (pod.persisted?.request.checkpointable !== true) {
-      // Decided when the pod started: a warm pool member claimed with Hibernate started without it.
-      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc in the user namespace its shim makes, which CRIU cannot checkpoint (docs/criu.md); it keeps running. To keep memory on runc, give its Sandbox suspensionStrategy: Hibernate before it starts (runc then makes its user namespace; a pod already running without it gets it at its next start), or run it with runtimeClassName gvisor; else ${instead}`);
-    }
-  }
-
-  /**
-   * Ends a runc pod #savePaused left frozen, without letting it run again: SIGKILL is queued to
-   * every process of its cgroup while frozen, and each dies on the thaw before it runs a single
-   * instruction (killing only the init would let the others run until the kernel reaps them).
-   */
-  async #killFrozen(pod: Pod, target: PodTarget): Promise<void> {
-    const cgroup = posix.join(this.#ctx.host.cgroupParent, pod.id);
-    const procs = await readFile(`/sys/fs/cgroup/freezer${cgroup}/cgroup.procs`, 'utf8').catch(() => readFile(`/sys/fs/cgroup${cgroup}/cgroup.procs`, 'utf8')).catch(() => '');
-    for (const pid of procs.split('\n').map(Number).filter((n) => n > 0)) signal(pid, 'SIGKILL');
-    signal(target.pid, 'SIGKILL');
-    const resumed = await this.#runcOn(target, ['resume', target.id]);
-    if (resumed.code !== 0) this.#ctx.log.warn({ id: pod.id, output: resumed.output }, 'a runc pod killed after its checkpoint could not be thawed');
-  }
-
-  /** One runc command on a runc pod, through the launcher; `criu`: with CRIU first on runc's PATH (checkpoint.ts). */
-  #runcOn(target: PodTarget, args: readonly string[], criu = false): Promise<{ code: number; output: string }> {
-    const argv = [target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...args];
-    return this.#ctx.launcher.run(criu && 'binary' in this.#ctx.criu ? ['env', `PATH=${criuPath(this.#ctx.criu.binary)}`, ...argv] : argv, '');
-  }
-
-  /** CRIU's version, once `criu check` passed on this worker (run once: ~0.1 s). */
-  #criuVersion(): Promise<string> {
-    const criu = this.#ctx.criu;
-    if ('unavailable' in criu) return Promise.reject(new AsbError('Unavailable', criu.unavailable));
-    this.#ctx.versions.criu ??= criuCheck(criu.binary).then((check) => {
-      if (!check.ok) throw new AsbError('Unavailable', `criu check fails on this worker: ${check.reason ?? ''}`);
-      return check.version;
-    }).catch((err: unknown) => {
-      this.#ctx.versions.criu = undefined;
-      throw err;
-    });
-    return this.#ctx.versions.criu;
-  }
-
-  /** One runsc command on a running gVisor pod, through the launcher. */
-  #runsc(target: PodTarget, cmd: RunscCommand): Promise<{ code: number; output: string }> {
-    return this.#ctx.launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
-  }
-
-  /**
-   * The memory save both a stop with memory and a snapshot make: the agent's connections dropped
-   * (a save drops every connection from outside), the sandbox paused, saved with -leave-running into
-   * `partial` (runsc.ts' checkpointSequence says why), `check`ed, and sealed as `sealed`
-   * (checkpoint.ts). On success the sandbox stays paused: the caller kills it or resumes it
-   * (#resumePaused). On any failure the image is deleted, the sandbox resumed, and `failed(why)`
-   * (or a CheckpointFailed the check threw) is thrown.
-   */
-  async #savePaused(pod: Pod, target: PodTarget, partial: string, sealed: string, failed: (why: string) => AsbError, check?: () => Promise<void>, beside?: () => Promise<void>): Promise<CheckpointMeta> {
-    const runc = target.kind === 'runc';
-    const maker: CheckpointMaker = await (runc ? this.#criuVersion().then((criu) => ({ criu })) : this.#runscVersion().then((runsc) => ({ runsc }))).catch((err: unknown) => {
-      throw failed(err instanceof Error ? err.message : String(err));
-    });
-    await discardCheckpoint(partial);
-    if (runc) {
-      // root:<pod's root group> 0750: CRIU reads part of the image from inside the pod's user
-      // namespace at restore, before and after its tasks take the namespace's root (checkpoint.ts);
-      // the pod dir (0700, root's) keeps everyone else out.
-      const root = pod.persisted?.idRange?.hostId ?? ROOT_ID_MAP.hostId;
-      await mkdir(partial, { mode: 0o750 }).then(() => chown(partial, 0, root)).then(() => chmod(partial, 0o750)).catch((err: unknown) => {
-        throw failed(`cannot make the image's directory: ${err instanceof Error ? err.message : String(err)}`);
-      });
-    }
-    const steps = checkpointSequence(target.id, partial);
-    target.agent?.suspend();
-    const paused = runc ? await this.#runcOn(target, ['pause', target.id]) : await this.#runsc(target, steps.pause);
-    if (paused.code !== 0) {
-      void target.agent?.resume();
-      await discardCheckpoint(partial);
-      throw failed(`${target.kind} pause: ${lastLine(paused.output)}`);
-    }
-    try {
-      // runc: the cgroup is frozen already, and CRIU leaves it frozen after the dump (--leave-running).
-      const besides = beside?.();
-      const saved = await (runc ? this.#runcOn(target, runcCheckpoint(target.id, partial), true) : this.#runsc(target, steps.checkpoint)).finally(() => besides?.catch(() => undefined));
-      await besides;
-      if (saved.code !== 0) throw failed(`${target.kind} checkpoint: ${runc ? await criuDumpError(partial, saved.output) : lastLine(saved.output)}`);
-      // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
-      if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
-      await check?.();
-      return await sealCheckpoint(partial, sealed, maker, isoNow(this.#ctx.clock));
-    } catch (err) {
-      await discardCheckpoint(partial);
-      await this.#resumePaused(pod, target);
-      throw isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err));
-    }
-  }
-
-  /** Resumes a sandbox #savePaused left paused, and attaches its agent's processes again. */
-  async #resumePaused(pod: Pod, target: PodTarget): Promise<void> {
-    const resumed = target.kind === 'runc' ? await this.#runcOn(target, ['resume', target.id]) : await this.#runsc(target, { op: 'resume', id: target.id });
-    if (resumed.code !== 0) this.#ctx.log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
-    void target.agent?.resume();
-  }
-
   /** Deletes a snapshot and its pin on the image; idempotent. */
   async deleteSnapshot(snapshotId: string): Promise<void> {
     const paths = snapshotPaths(this.#ctx.opts.root, snapshotId);
@@ -954,22 +806,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   /** The snapshots this runtime holds (partial ones left by a worker that died are deleted). */
   snapshots(): Promise<string[]> {
     return listSnapshots(this.#ctx.opts.root);
-  }
-
-  async #dropCheckpoint(pod: Pod): Promise<void> {
-    pod.checkpoint = undefined;
-    await discardCheckpointSoon(pod.paths.checkpoint);
-  }
-
-  /** What the runsc binary says it is (runsc checks an image against its own version, not against the pin). */
-  #runscVersion(): Promise<string> {
-    const binary = this.#ctx.host.runsc?.binary;
-    if (binary === undefined) return Promise.reject(new AsbError('Unavailable', 'gVisor (runsc) is not available on this worker'));
-    this.#ctx.versions.runsc ??= runscVersion(binary).catch((err: unknown) => {
-      this.#ctx.versions.runsc = undefined;
-      throw err;
-    });
-    return this.#ctx.versions.runsc;
   }
 
   /** The mount points' parent, made once: each pod's directory in it is walkable by that pod's root only (oci-pod.ts). */
@@ -989,7 +825,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (opts.memory === true) {
       if (pod === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
       await pod.starting?.catch(() => undefined);
-      return this.#oneSaveAtATime(pod, () => this.#stopWithMemory(pod));
+      return oneSaveAtATime(this.#ctx, pod, () => stopWithMemory(this.#ctx, pod));
     }
     if (pod === undefined) return;
     await pod.starting?.catch(() => undefined);
@@ -1024,77 +860,6 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     } finally {
       clearInterval(keepAlive);
     }
-  }
-
-  /**
-   * Stop with memory (gVisor): the sandbox is paused, saved with -leave-running (runsc.ts'
-   * checkpointSequence says why), the image sealed (checkpoint.ts), and only then is the sandbox
-   * killed; the shim sees its init end and cleans up as for any stop, and the pod is Stopped with
-   * its checkpoint. Any failure before the kill resumes the sandbox, deletes what was written and
-   * rejects with CheckpointFailed saying why.
-   */
-  async #stopWithMemory(pod: Pod): Promise<void> {
-    const target = pod.target;
-    if (target === undefined) {
-      if (pod.state.phase === 'Stopped' && pod.checkpoint !== undefined) return;
-      throw new AsbError('SandboxNotRunning', `pod ${pod.id} is not running: there is no memory to keep`);
-    }
-    this.#canSaveMemory(pod, target, 'pause');
-    // The last checkpoint's mark must not land in this one (makeDurable writes it by path).
-    await pod.settling;
-    const request = pod.persisted?.request;
-    if (request === undefined) throw new AsbError('Internal', `pod ${pod.id} runs without a recorded request`);
-    const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved, it keeps running: ${why}`);
-    const { paths } = pod;
-    // Counted against the pod's ephemeral-storage with its files, and against the worker's disk.
-    const room = async (bytes: number, reserve: number): Promise<void> => {
-      const disk = paths.disk === undefined || (await madeBeforeDisks(paths.dir)) ? undefined : await mountedDiskUsage(paths.disk.mount, paths.dir);
-      const fits = checkpointRoom({
-        limitBytes: disk === undefined ? undefined : podDisk(request.spec).bytes,
-        diskUsedBytes: disk?.usedBytes ?? 0,
-        imageBytes: bytes,
-        hostFreeBytes: await freeBytes(paths.dir),
-        hostReserveBytes: reserve,
-      });
-      if (!fits.ok) throw failed(fits.reason);
-    };
-    try {
-      const memory = (await cgroupUsage(posix.join(this.#ctx.host.cgroupParent, pod.id))).memory?.workingSetBytes ?? 0;
-      await room(memory, CHECKPOINT_HOST_RESERVE_BYTES);
-    } catch (err) {
-      throw isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err));
-    }
-    const meta = await this.#savePaused(pod, target, paths.checkpointPartial, paths.checkpoint, failed, async () => room(await imageBytes(paths.checkpointPartial), MIN_FREE_AFTER_SAVE_BYTES - 1));
-    pod.checkpoint = meta;
-    pod.stopping = true;
-    const exited = pod.exited ?? Promise.resolve();
-    // Paused, its memory saved: nothing in it may run again, so no SIGTERM and no grace.
-    if (target.kind === 'runc') await this.#killFrozen(pod, target);
-    else signal(target.pid, 'SIGKILL');
-    // Every process is killed and none runs another instruction: the pause is done, and the pod
-    // is Stopped now. Its teardown goes on (the kernel frees its memory, ~0.1 s per GiB; the shim
-    // deletes the container and unmounts its disk), and whatever needs the pod next waits for it.
-    // The shim and clock timers are unref'd (see stop()): while the teardown goes on, something
-    // must hold the process open, or a caller awaiting it (a start) would see the process exit.
-    const keepAlive = setInterval(() => undefined, 60_000);
-    const ended = within(this.#ctx.clock, exited, 10_000).then((ok) => {
-      if (!ok) throw new AsbError('Timeout', `pod ${pod.id} did not end after its checkpoint`);
-    });
-    const teardown: Promise<void> = ended.finally(() => {
-      clearInterval(keepAlive);
-      if (pod.teardown === teardown) pod.teardown = undefined;
-    });
-    pod.teardown = teardown;
-    teardown.catch((err: unknown) => this.#ctx.log.warn({ err, id: pod.id }, 'a pod stopped with its memory did not end'));
-    pod.probe?.cancel();
-    pod.probe = undefined;
-    // Its processes' handles wait for the restore (#exited, when it comes, finds no target).
-    if (target.agent !== undefined) pod.keptAgent = target.agent;
-    delete pod.target;
-    pod.state = { phase: 'Stopped', ready: false, ...(pod.persisted === undefined ? {} : { ip: pod.persisted.ip }) };
-    this.#emit(pod.id);
-    pod.settling = makeDurable(paths.checkpoint);
-    this.#ctx.log.info({ id: pod.id, bytes: meta.bytes }, 'pod stopped with its memory');
   }
 
   async remove(id: string): Promise<void> {
@@ -1310,17 +1075,4 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 /** Kubernetes' imagePullPolicy; anything else (absent, or a value validation let through) is the default rule. */
 function pullPolicy(value: unknown): PullPolicy | undefined {
   return value === 'Always' || value === 'IfNotPresent' || value === 'Never' ? value : undefined;
-}
-
-/** `runc checkpoint` of a frozen container into `dir`, CRIU's dump.log with it; the container is left as it was (frozen). */
-function runcCheckpoint(id: string, dir: string): string[] {
-  return ['checkpoint', '--leave-running', '--image-path', dir, '--work-path', dir, id];
-}
-
-/** Why `runc checkpoint` failed: CRIU's first error in its dump.log (runc says only "criu failed"), else runc's last line. */
-async function criuDumpError(dir: string, output: string): Promise<string> {
-  const log = await readFile(join(dir, 'dump.log'), 'utf8').catch(() => '');
-  // Every run logs "rlimit: Can't setup RLIMIT_NOFILE for self" (harmless, docs/criu.md): not the reason.
-  const first = log.split('\n').find((line) => line.includes('Error (') && !line.includes('RLIMIT_NOFILE for self'))?.trim();
-  return first === undefined ? lastLine(output) : `${lastLine(output)}: ${first}`;
 }
