@@ -17,7 +17,7 @@
 // through CRIU (`runc checkpoint` / `runc restore`, docs/criu.md).
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { chmod, chown, copyFile, link, mkdir, readdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
 import { dirname, join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
@@ -39,10 +39,9 @@ import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
 import { imageUsersCache, preparePod, readIdentity, type OciHost } from './oci-pod.ts';
 import { diskTool, madeBeforeDisks } from './disk.ts';
-import { remapUsernsImage, USERNS_IMAGE } from './criu-userns.ts';
-import { discardCheckpoint, discardLeftovers, makeDurable, readCheckpointMeta, readRestoreStatus, withRestore, type CheckpointCheck } from './checkpoint.ts';
+import { discardCheckpoint, discardLeftovers, readCheckpointMeta, readRestoreStatus, withRestore } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
-import { listSnapshots, makePartial, readSnapshot, sealSnapshot, snapshotPaths, specDifference, type SnapshotMeta } from './snapshots.ts';
+import { listSnapshots, readSnapshot, type SnapshotMeta } from './snapshots.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
 import { podPaths, processStartTime, readExitStatus, readPersisted, type PersistedImage } from './rootfs.ts';
@@ -51,12 +50,13 @@ import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
 import { findCriuBinary } from '../oci/criu-binary.ts';
 import { runscFlags } from '../oci/runsc.ts';
-import { ROOT_ID_MAP, type IdRange, type OciSpec } from '../oci/spec.ts';
+import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
 import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
 import { EXIT_STATUS_WAIT_MS, exists, lastLine, persist, POD_ID, signal, within, type Pod, type RuntimeContext } from './runtime-context.ts';
 import { endOrphanedInit, onLauncherLost, pollExit, podExited, podRunning } from './pod-run.ts';
-import { canSaveMemory, checkImage, dropCheckpoint, oneSaveAtATime, restorePlan, resumePaused, runcOn, runscOn, savePaused, stopWithMemory } from './pod-memory.ts';
+import { dropCheckpoint, oneSaveAtATime, restorePlan, runcOn, runscOn, stopWithMemory } from './pod-memory.ts';
+import { copySnapshotDisk, deleteSnapshot, snapshotImage, snapshotRestorePlan, takeSnapshot } from './snapshot-fork.ts';
 
 export type { LocalRuntimeOptions };
 
@@ -457,7 +457,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     let image: PersistedImage;
     try {
-      image = snap === undefined ? await this.#image(pod, container.image || (this.#ctx.opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy)) : await this.#snapshotImage(pod, snap);
+      image = snap === undefined ? await this.#image(pod, container.image || (this.#ctx.opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy)) : await snapshotImage(this.#ctx, pod, snap);
     } catch (err) {
       if (pod.generation !== generation) return { ...pod.state };
       return fail(err instanceof Error ? err.message : String(err), snap === undefined ? 'ErrImagePull' : 'SnapshotUnavailable');
@@ -485,12 +485,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
     pod.persisted = { request: req, ip, image, idRange };
     // A runc fork's own copy of the snapshot's memory image is made while its disk is (they share nothing).
-    const forkPlan = snap !== undefined && runtimeClass.kind === 'runc' ? this.#snapshotRestorePlan(pod, snap, 'runc') : undefined;
+    const forkPlan = snap !== undefined && runtimeClass.kind === 'runc' ? snapshotRestorePlan(this.#ctx, pod, snap, 'runc') : undefined;
     let shimArgs: string[];
     try {
       await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
       await this.#mountRoot();
-      if (snap !== undefined) await this.#copySnapshotDisk(pod, snap);
+      if (snap !== undefined) await copySnapshotDisk(this.#ctx, pod, snap);
       const prepared = await preparePod(this.#ctx.host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#ctx.net.subnet.prefix, gateway: this.#ctx.net.subnet.gateway } : undefined, runtimeClass.kind, idRange);
       shimArgs = prepared.shimArgs;
       pod.identity = prepared.identity;
@@ -513,7 +513,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       pod.keptAgent = undefined;
     }
     // A pod stopped with memory wakes from its checkpoint when the image can still be restored, else from its files, saying why.
-    const restore: { from?: string; shared?: boolean; failure?: string } = await (forkPlan ?? (snap === undefined ? restorePlan(this.#ctx, pod, runtimeClass.kind) : this.#snapshotRestorePlan(pod, snap, runtimeClass.kind)));
+    const restore: { from?: string; shared?: boolean; failure?: string } = await (forkPlan ?? (snap === undefined ? restorePlan(this.#ctx, pod, runtimeClass.kind) : snapshotRestorePlan(this.#ctx, pod, snap, runtimeClass.kind)));
     if (pod.generation !== generation) return { ...pod.state };
     if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true, runtimeClass.kind === 'runc' && 'binary' in this.#ctx.criu ? dirname(this.#ctx.criu.binary) : undefined);
     pod.lostLauncher = false;
@@ -600,167 +600,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   /**
-   * A pod started from a snapshot restores the snapshot's memory when it kept some, on gVisor,
-   * made by this runsc, and when the pod's new config.json matches the snapshot's wherever runsc
-   * compares except the id maps (specDifference): runsc only warns about those (`shared`).
-   */
-  async #snapshotRestorePlan(pod: Pod, snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<{ from?: string; shared?: boolean; failure?: string }> {
-    if (!snap.memory) return {};
-    const paths = snapshotPaths(this.#ctx.opts.root, snap.id);
-    let failure: string;
-    if (kind !== 'runsc') {
-      const check = await this.#snapshotMemoryCheck(snap, 'runc');
-      if (check.ok) {
-        try {
-          await this.#ownCopyOfImage(pod, paths.memory, snap.idRange.hostId);
-          return { from: pod.paths.checkpoint };
-        } catch (err) {
-          await discardCheckpoint(pod.paths.checkpoint);
-          failure = err instanceof Error ? err.message : String(err);
-        }
-      } else {
-        failure = check.reason;
-      }
-    } else {
-      const check = await this.#snapshotMemoryCheck(snap, 'runsc');
-      const [saved, fresh] = await Promise.all([readFile(paths.config, 'utf8'), readFile(join(pod.paths.dir, 'config.json'), 'utf8')]);
-      const differs = specDifference(JSON.parse(saved) as OciSpec, JSON.parse(fresh) as OciSpec);
-      if (check.ok && differs === undefined) return { from: paths.memory, shared: true };
-      failure = check.ok ? `the pod's ${differs ?? ''} differs from the snapshot's` : check.reason;
-    }
-    return { failure: `the snapshot's memory cannot be restored, so the pod started from its files: ${failure}` };
-  }
-
-  /**
-   * verifyCheckpoint of a snapshot's memory image, run once per snapshot while it passes: its files
-   * never change once sealed (root's, in the runtime's 0700 state dir), and hashing them for each of
-   * ten forks at once cost ~0.1 s of each fork's start. A failed check is not kept (the tool may run later).
-   */
-  #snapshotMemoryCheck(snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<CheckpointCheck> {
-    const key = `${snap.id}@${snap.at}`;
-    const kept = this.#ctx.snapshotsChecked.get(key);
-    if (kept !== undefined) return kept;
-    const check = checkImage(this.#ctx, snapshotPaths(this.#ctx.opts.root, snap.id).memory, kind);
-    this.#ctx.snapshotsChecked.set(key, check);
-    void check.then((c) => {
-      if (!c.ok && this.#ctx.snapshotsChecked.get(key) === check) this.#ctx.snapshotsChecked.delete(key);
-    });
-    return check;
-  }
-
-  /**
-   * A runc pod's own copy of a snapshot's CRIU image, as its checkpoint (deleted once restored):
-   * the files hard-linked (CRIU only reads them), except the user namespace's map, moved to the
-   * pod's own host id range (criu-userns.ts says why); the directory root:<pod's root group> 0750
-   * like a checkpoint of its own (#savePaused).
-   */
-  async #ownCopyOfImage(pod: Pod, from: string, fromHostId: number): Promise<void> {
-    const to = pod.persisted?.idRange?.hostId ?? ROOT_ID_MAP.hostId;
-    const dir = pod.paths.checkpoint;
-    await discardCheckpoint(dir);
-    await mkdir(dir, { mode: 0o750 });
-    await chown(dir, 0, to);
-    await chmod(dir, 0o750);
-    for (const name of await readdir(from)) {
-      if (USERNS_IMAGE.test(name)) await writeFile(join(dir, name), remapUsernsImage(await readFile(join(from, name)), fromHostId, to), { mode: 0o644 });
-      else await link(join(from, name), join(dir, name)).catch(() => copyFile(join(from, name), join(dir, name)));
-    }
-  }
-
-  /** The snapshot's image tree, pinned for this pod: it must still be in the cache (the snapshot pins it). */
-  async #snapshotImage(pod: Pod, snap: SnapshotMeta): Promise<PersistedImage> {
-    await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
-    await this.#ctx.images.pin(pod.paths.dir, { reference: snap.image.reference, rootfs: snap.image.rootfs });
-    if (!(await exists(snap.image.rootfs))) throw new AsbError('NotFound', `the image of snapshot "${snap.id}" (${snap.image.reference}) is no longer in the image cache`);
-    return snap.image;
-  }
-
-  /** The snapshot's disk becomes the new pod's (a sparse copy), and its config the pod's first (it carries the init's token). */
-  async #copySnapshotDisk(pod: Pod, snap: SnapshotMeta): Promise<void> {
-    const paths = snapshotPaths(this.#ctx.opts.root, snap.id);
-    const disk = pod.paths.disk;
-    if (disk === undefined) throw new AsbError('Internal', `pod ${pod.id} has no disk to copy the snapshot into`);
-    await this.#copySparse(paths.disk, disk.image);
-    await copyFile(paths.config, join(pod.paths.dir, 'config.json'));
-  }
-
-  /** `cp --sparse=always` through the launcher: only the image's data is copied, its holes stay holes. */
-  async #copySparse(from: string, to: string): Promise<void> {
-    const { code, output } = await this.#ctx.launcher.run(['cp', '--sparse=always', from, to], '');
-    if (code !== 0) throw new AsbError('Internal', `cannot copy ${from}: ${lastLine(output)}`);
-  }
-
-  /**
    * Keeps the pod's files, and with `memory` its memory and processes, as a snapshot (snapshots.ts).
    * A running pod is paused for the save (gVisor) and its disk frozen for the copy, then goes on;
    * a pod stopped with its memory gives its checkpoint. One at a time per pod, like a stop with memory.
    */
   async snapshot(id: string, snapshotId: string, opts: { memory: boolean }): Promise<SnapshotInfo> {
-    const pod = this.#ctx.pods.get(id);
-    if (pod?.persisted === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
-    const paths = snapshotPaths(this.#ctx.opts.root, snapshotId);
-    if (await exists(paths.dir)) throw new AsbError('Conflict', `snapshot "${snapshotId}" exists already`);
-    await pod.starting?.catch(() => undefined);
-    await pod.teardown;
-    const meta = await oneSaveAtATime(this.#ctx, pod, () => this.#snapshot(pod, snapshotId, opts.memory));
-    return { id: meta.id, memory: meta.memory, bytes: meta.bytes, memoryBytes: meta.memoryBytes, at: meta.at };
-  }
-
-  async #snapshot(pod: Pod, snapshotId: string, memory: boolean): Promise<SnapshotMeta> {
-    const persisted = pod.persisted;
-    const disk = pod.paths.disk;
-    if (persisted?.image === undefined || persisted.idRange === undefined || disk === undefined || (await madeBeforeDisks(pod.paths.dir))) {
-      throw new AsbError('NotImplemented', `pod ${pod.id} was made before pods had disks of their own and id ranges: it cannot be snapshotted; recreate it`);
-    }
-    const paths = snapshotPaths(this.#ctx.opts.root, snapshotId);
-    await makePartial(paths);
-    try {
-      let memoryBytes = 0;
-      const target = pod.target;
-      if (target === undefined) {
-        if (memory && pod.checkpoint === undefined) throw new AsbError('SandboxNotRunning', `pod ${pod.id} is not running and was not stopped with its memory: there is no memory to keep (snapshot its files only)`);
-        if (memory) {
-          await this.#ctx.launcher.run(['cp', '-a', pod.paths.checkpoint, join(paths.partial, 'memory')], '').then(({ code, output }) => {
-            if (code !== 0) throw new AsbError('Internal', `cannot copy the pod's memory image: ${lastLine(output)}`);
-          });
-          memoryBytes = pod.checkpoint?.bytes ?? 0;
-        }
-        await this.#copySparse(disk.image, join(paths.partial, 'disk.img'));
-      } else {
-        if (memory) canSaveMemory(this.#ctx, pod, target, 'snapshot');
-        const copyDisk = (): Promise<void> => this.#copyFrozen(disk.mount, disk.image, join(paths.partial, 'disk.img'));
-        if (!memory) {
-          await copyDisk();
-        } else {
-          // The disk is copied while the sandbox is paused, so its files match its memory: on runc
-          // while CRIU dumps (CRIU writes nothing to the pod's disk; that saved ~50 ms of a fork);
-          // on gVisor after runsc's save, which may write the sentry's cached file data back first.
-          const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved for its snapshot, it keeps running: ${why}`);
-          const runc = target.kind === 'runc';
-          memoryBytes = (await savePaused(this.#ctx, pod, target, paths.memoryPartial, join(paths.partial, 'memory'), failed, undefined, runc ? copyDisk : undefined)).bytes;
-          try {
-            if (!runc) await copyDisk();
-          } finally {
-            await resumePaused(this.#ctx, pod, target);
-          }
-        }
-      }
-      await copyFile(join(pod.paths.dir, 'config.json'), join(paths.partial, 'config.json'));
-      const diskBytes = (await stat(join(paths.partial, 'disk.img'))).blocks * 512;
-      const meta: SnapshotMeta = {
-        id: snapshotId, source: pod.id, request: persisted.request, image: persisted.image, idRange: persisted.idRange,
-        memory, bytes: diskBytes + memoryBytes, memoryBytes, at: isoNow(this.#ctx.clock),
-      };
-      await sealSnapshot(paths, meta);
-      await this.#ctx.images.pin(paths.dir, { reference: persisted.image.reference, rootfs: persisted.image.rootfs });
-      // Its bytes reach the disk after it is acknowledged, as a stop's do (checkpoint.ts).
-      void (memory ? makeDurable(join(paths.dir, 'memory')) : Promise.resolve()).then(() => makeDurable(paths.dir));
-      this.#ctx.log.info({ id: pod.id, snapshot: snapshotId, memory, bytes: meta.bytes }, 'snapshot taken');
-      return meta;
-    } catch (err) {
-      await rm(paths.partial, { recursive: true, force: true });
-      throw err;
-    }
+    return takeSnapshot(this.#ctx, id, snapshotId, opts);
   }
 
   /**
@@ -785,22 +630,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     }
   }
 
-  /** The disk image copied while its filesystem is frozen: whole and consistent, whatever the sandbox does meanwhile. */
-  async #copyFrozen(mount: string, image: string, to: string): Promise<void> {
-    await this.#ctx.host.disk.freeze(mount);
-    try {
-      await this.#copySparse(image, to);
-    } finally {
-      await this.#ctx.host.disk.thaw(mount);
-    }
-  }
-
   /** Deletes a snapshot and its pin on the image; idempotent. */
   async deleteSnapshot(snapshotId: string): Promise<void> {
-    const paths = snapshotPaths(this.#ctx.opts.root, snapshotId);
-    for (const key of this.#ctx.snapshotsChecked.keys()) if (key.startsWith(`${snapshotId}@`)) this.#ctx.snapshotsChecked.delete(key);
-    await rm(paths.dir, { recursive: true, force: true });
-    await this.#ctx.images.unpin(paths.dir);
+    return deleteSnapshot(this.#ctx, snapshotId);
   }
 
   /** The snapshots this runtime holds (partial ones left by a worker that died are deleted). */
