@@ -33,30 +33,31 @@ import { agentPty, agentRequest } from './agent.ts';
 import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
 import { Launcher } from './launcher.ts';
 import { inSubnet } from './network.ts';
-import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, runscPod, shimsOf, straySaves, type ReclaimAction, type ReclaimScope } from './reclaim.ts';
+import { mountsAt, removeMountDir } from './reclaim.ts';
 import { launchPodInit } from './pod-launch.ts';
 import { mainContainer } from './pod-process.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
-import { imageUsersCache, preparePod, readIdentity, type OciHost } from './oci-pod.ts';
+import { imageUsersCache, preparePod, type OciHost } from './oci-pod.ts';
 import { diskTool, madeBeforeDisks } from './disk.ts';
-import { discardCheckpoint, discardLeftovers, readCheckpointMeta, readRestoreStatus, withRestore } from './checkpoint.ts';
+import { discardCheckpoint, readRestoreStatus, withRestore } from './checkpoint.ts';
 import { decideRuntimeClass } from './runtime-class.ts';
 import { listSnapshots, readSnapshot, type SnapshotMeta } from './snapshots.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
-import { podPaths, processStartTime, readExitStatus, readPersisted, type PersistedImage } from './rootfs.ts';
+import { podPaths, processStartTime, readExitStatus, type PersistedImage } from './rootfs.ts';
 import type { PullPolicy } from '../../images/image-store.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
 import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
 import { findCriuBinary } from '../oci/criu-binary.ts';
 import { runscFlags } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
-import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
+import { claimIdRange, DEFAULT_ID_RANGES_DIR, releaseIdRange } from './id-ranges.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
-import { EXIT_STATUS_WAIT_MS, exists, lastLine, persist, POD_ID, signal, within, type Pod, type RuntimeContext } from './runtime-context.ts';
+import { exists, lastLine, persist, POD_ID, signal, within, type Pod, type RuntimeContext } from './runtime-context.ts';
 import { endOrphanedInit, onLauncherLost, pollExit, podExited, podRunning } from './pod-run.ts';
-import { dropCheckpoint, oneSaveAtATime, restorePlan, runcOn, runscOn, stopWithMemory } from './pod-memory.ts';
+import { dropCheckpoint, oneSaveAtATime, restorePlan, stopWithMemory } from './pod-memory.ts';
 import { copySnapshotDisk, deleteSnapshot, snapshotImage, snapshotRestorePlan, takeSnapshot } from './snapshot-fork.ts';
+import { endStraySaves, reclaim, reclaimPod, recover, sweepIdRanges } from './pod-recovery.ts';
 
 export type { LocalRuntimeOptions };
 
@@ -182,8 +183,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   /** Takes back the id ranges of pods that are gone (id-ranges.ts), here and in any other state dir on the host. */
   async sweepIdRanges(): Promise<void> {
-    const swept = await sweepStaleIdRanges(this.#ctx.idRangesDir);
-    if (swept > 0) this.#ctx.log.info({ swept, dir: this.#ctx.idRangesDir }, 'took back the id ranges of pods that are gone');
+    return sweepIdRanges(this.#ctx);
   }
 
 
@@ -210,43 +210,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return this.#ctx.nullNetns.unstacking;
   }
 
-  /** What reclaim.ts may touch: this runtime's own roots, mount root, cgroup parent and bridge. */
-  #reclaimScope(): ReclaimScope {
-    return {
-      root: resolve(this.#ctx.opts.root),
-      runcRoot: this.#ctx.host.runcRoot,
-      ...(this.#ctx.host.runsc === undefined ? {} : { runscRoot: this.#ctx.host.runsc.root }),
-      mountRoot: this.#ctx.host.mountRoot,
-      cgroupParent: this.#ctx.host.cgroupParent,
-      bridge: this.#ctx.net.bridge,
-    };
-  }
-
   /**
    * Ends the memory saves (runc/runsc pause and checkpoint) a killed worker left running on this
    * state dir: nobody will finish them. Before recover, which deletes their half-written images;
    * reclaim then resumes the sandboxes they paused.
    */
   async endStraySaves(): Promise<void> {
-    if (this.#ctx.unavailable !== undefined) return;
-    const scope = this.#reclaimScope();
-    const pids = straySaves(await readProcesses(), [scope.runcRoot, ...(scope.runscRoot === undefined ? [] : [scope.runscRoot])]);
-    if (pids.length === 0) return;
-    for (const pid of pids) signal(pid, 'SIGKILL');
-    await this.#gone(pids, 5_000);
-    this.#ctx.log.warn({ pids }, 'ended the memory saves a previous worker left running');
-  }
-
-  /** Waits (polling every 20 ms, at most `ms`) until none of `pids` runs; whether they all ended. */
-  async #gone(pids: readonly number[], ms: number): Promise<boolean> {
-    const starts = await Promise.all(pids.map((pid) => processStartTime(pid)));
-    const until = this.#ctx.clock.now() + ms;
-    for (;;) {
-      const left = await Promise.all(pids.map(async (pid, i) => starts[i] !== undefined && (await processStartTime(pid)) === starts[i]));
-      if (!left.includes(true)) return true;
-      if (this.#ctx.clock.now() >= until) return false;
-      await new Promise<void>((done) => this.#ctx.clock.after(20, done));
-    }
+    return endStraySaves(this.#ctx);
   }
 
   /**
@@ -259,130 +229,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * start because of what an earlier one left.
    */
   async reclaim(): Promise<void> {
-    if (this.#ctx.unavailable !== undefined) return;
-    const live = [...this.#ctx.pods.values()].filter((pod) => pod.target !== undefined);
-    for (const pod of live) await this.#unpause(pod).catch((err: unknown) => this.#ctx.log.error({ err, id: pod.id }, 'cannot resume an adopted pod a killed save left paused'));
-    const scope = this.#reclaimScope();
-    const ids = new Set(live.map((pod) => pod.id));
-    // A shim of a pod that no longer runs is cleaning up after it (a stop the last worker began)
-    // or waits for a "go" that will never come: it gets the time a shim needs, then ends.
-    const shims = shimsOf(await readProcesses(), scope.root).filter((shim) => !ids.has(shim.id)).map((shim) => shim.pid);
-    if (shims.length > 0 && !(await this.#gone(shims, EXIT_STATUS_WAIT_MS))) {
-      for (const pid of shims) signal(pid, 'SIGKILL');
-      await this.#gone(shims, 5_000);
-    }
-    const plan = reclaimPlan(scope, await readHostFacts(scope), {
-      ids,
-      veths: new Set(live.map((pod) => this.#ctx.net.veth(pod.id))),
-      gvisor: live.some((pod) => pod.target?.kind === 'runsc'),
-    });
-    if (plan.length === 0) return;
-    const failed = await this.#carryOut(scope, plan);
-    this.#ctx.log.info({ removed: planSummary(plan), shimsEnded: shims.length }, 'reclaimed what a previous worker left of pods that no longer run');
-    if (failed.length > 0) this.#ctx.log.error({ failed }, 'could not reclaim everything a previous worker left; the next start tries again');
-  }
-
-  /** Carries out a reclaim plan (reclaim.ts) through the launcher; the actions that failed. */
-  #carryOut(scope: ReclaimScope, plan: ReclaimAction[]): ReturnType<typeof carryOut> {
-    const runsc = this.#ctx.host.runsc;
-    return carryOut(scope, plan, {
-      run: (argv) => this.#ctx.launcher.run(argv, ''),
-      runc: { binary: this.#ctx.host.runc, flags: this.#ctx.host.runtimeFlags ?? [] },
-      ...(runsc === undefined ? {} : { runsc: { binary: runsc.binary, flags: runsc.flags } }),
-    });
-  }
-
-  /**
-   * What a killed shim left of one removed pod (its runc container, rootfs mount, loop device,
-   * veth, cgroups, mount dir): the start-up sweep's plan (reclaim.ts), kept to this pod's own
-   * items, so pods starting or being removed meanwhile are never touched.
-   */
-  async #reclaimPod(id: string): Promise<void> {
-    const scope = this.#reclaimScope();
-    const facts = await readHostFacts(scope);
-    const others = new Set([...this.#ctx.pods.keys()].filter((other) => other !== id));
-    const within = (path: string): boolean => [join(scope.root, 'pods', id), join(scope.mountRoot, id)].some((dir) => path === dir || path.startsWith(`${dir}/`));
-    const loops = new Set(facts.loops.filter((l) => within(l.backingFile)).map((l) => l.device));
-    const plan = reclaimPlan(scope, facts, { ids: others, veths: new Set([...others].map((o) => this.#ctx.net.veth(o))), gvisor: true }).filter((a) => {
-      switch (a.kind) {
-        case 'delete-container': return (a.runtime === 'runc' ? a.id : runscPod(a.id)) === id;
-        case 'unmount': return within(a.path);
-        case 'detach-loop': return loops.has(a.device);
-        case 'delete-veth': return a.name === this.#ctx.net.veth(id);
-        case 'remove-cgroup': return a.path.split('/').pop() === id;
-        case 'remove-mount-dir': return a.id === id;
-      }
-    });
-    if (plan.length === 0) return;
-    const failed = await this.#carryOut(scope, plan);
-    this.#ctx.log.info({ id, removed: planSummary(plan) }, 'removed what the pod\'s killed shim left');
-    if (failed.length > 0) this.#ctx.log.error({ id, failed }, 'could not remove everything the pod\'s killed shim left; the next start tries again');
-  }
-
-  /**
-   * An adopted pod as a killed worker may have left it in the middle of a save: paused (a stop with
-   * memory, a snapshot) or its disk frozen (a snapshot's copy, a template build's read). It runs
-   * again; a sealed checkpoint of a pod that runs on is stale (its memory moved on) and goes.
-   */
-  async #unpause(pod: Pod): Promise<void> {
-    const target = pod.target;
-    if (target === undefined) return;
-    if (target.kind === 'runsc' ? await runscPaused(target.runcRoot, target.id) : await runcFrozen(posix.join(this.#ctx.host.cgroupParent, pod.id))) {
-      const resumed = target.kind === 'runc' ? await runcOn(this.#ctx, target, ['resume', target.id]) : await runscOn(this.#ctx, target, { op: 'resume', id: target.id });
-      if (resumed.code !== 0) throw new Error(`${target.kind} resume: ${lastLine(resumed.output)}`);
-      this.#ctx.log.warn({ id: pod.id }, 'resumed a pod the last worker paused for a save it never finished');
-    }
-    if (pod.checkpoint !== undefined) await dropCheckpoint(this.#ctx, pod);
-    const disk = pod.paths.disk;
-    if (disk !== undefined && !(await madeBeforeDisks(pod.paths.dir))) await this.#ctx.host.disk.thaw(disk.mount);
+    return reclaim(this.#ctx);
   }
 
   /** Loads every pod dir: pods whose init still runs are adopted, the others are Stopped. */
   async recover(): Promise<void> {
-    let ids: string[] = [];
-    try {
-      ids = await readdir(join(this.#ctx.opts.root, 'pods'));
-    } catch {
-      return;
-    }
-    // Snapshots a worker died in the middle of writing are deleted; whole ones stay.
-    await listSnapshots(this.#ctx.opts.root);
-    await Promise.all(ids.filter((id) => POD_ID.test(id)).map(async (id) => {
-      const paths = podPaths(this.#ctx.opts.root, id);
-      const persisted = await readPersisted(paths);
-      const pod: Pod = { id, paths, persisted, state: { phase: 'Stopped', ready: false }, generation: 0, stopping: false };
-      this.#ctx.pods.set(id, pod);
-      // A save the worker died in the middle of is no checkpoint; a sealed one is kept for the next start.
-      await discardCheckpoint(paths.checkpointPartial);
-      await discardLeftovers(paths.dir);
-      pod.checkpoint = await readCheckpointMeta(paths.checkpoint);
-      if (persisted === undefined) return;
-      // Pods made before the cache kept pins (or whose pin was lost) are pinned now; a no-op otherwise.
-      const image = persisted.image;
-      if (image !== undefined) await this.#ctx.images.pin(paths.dir, { reference: image.reference, rootfs: image.rootfs }).catch((err: unknown) => this.#ctx.log.warn({ err, id }, 'cannot pin the image of a recovered pod'));
-      this.#ctx.net.ips.reserve(persisted.ip);
-      // Once per pod at start-up, not at every wake (a host-wide lock): the range it recorded must
-      // still be its own in the pool. A lost claim is made again; another live pod's is a Conflict,
-      // which fails the pod's next start.
-      const range = persisted.idRange;
-      if (range !== undefined) {
-        await keepIdRange(this.#ctx.idRangesDir, paths.dir, range).catch((err: unknown) => {
-          this.#ctx.log.error({ err, id }, 'the pod\'s id range is held by another pod: it will not start');
-          pod.rangeConflict = err instanceof Error ? err.message : String(err);
-        });
-      }
-      pod.state.ip = persisted.ip;
-      const { pid, pidStart } = persisted;
-      if (pid === undefined || pidStart === undefined || (await processStartTime(pid)) !== pidStart) return;
-      const identity = await readIdentity(paths);
-      if (identity === undefined) return;
-      pod.identity = identity;
-      // The table was rebuilt empty at start: an adopted pod reaches nothing until this runs.
-      await this.#ctx.net.firewall.apply(this.#ctx.net.podNet(id, persisted.ip, persisted.request.egress)).catch((err: unknown) => this.#ctx.log.error({ err, id }, 'cannot restore the adopted pod\'s firewall rules: it reaches nothing'));
-      podRunning(this.#ctx, pod, pid, persisted.startedAt ?? isoNow(this.#ctx.clock));
-      pollExit(this.#ctx, pod, pid, pidStart);
-      this.#ctx.log.info({ id, pid }, 'adopted running pod');
-    }));
+    return recover(this.#ctx);
   }
 
   start(req: PodRequest, opts: StartOptions = {}): Promise<PodState> {
@@ -723,7 +575,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       // etc/ and disk/: a checkpointable runc pod's /etc files and its disk's bind point (oci-pod.ts).
       Promise.all([rmdir(join(mountDir, 'rootfs')).catch(() => undefined), rmdir(join(mountDir, 'disk')).catch(() => undefined), rm(join(mountDir, 'etc'), { recursive: true, force: true })]).then(() => rmdir(mountDir)).catch(() => undefined),
     ]);
-    if (pod.shimLost === true) await this.#reclaimPod(id);
+    if (pod.shimLost === true) await reclaimPod(this.#ctx, id);
     // After its files are deleted, so a later pod given the range finds none of this one's.
     await releaseIdRange(this.#ctx.idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#ctx.log.warn({ err, id }, 'cannot release the pod\'s id range'));
     // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.
