@@ -17,7 +17,7 @@
 // through CRIU (`runc checkpoint` / `runc restore`, docs/criu.md).
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { chmod, chown, mkdir, readdir, rm, rmdir } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, rmdir } from 'node:fs/promises';
 import { dirname, join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError, isAsbError } from '../../errors.ts';
@@ -51,18 +51,18 @@ import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
 import { findCriuBinary } from '../oci/criu-binary.ts';
 import { runscFlags } from '../oci/runsc.ts';
 import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
-import { claimIdRange, DEFAULT_ID_RANGES_DIR, releaseIdRange } from './id-ranges.ts';
+import { claimIdRange, DEFAULT_ID_RANGES_DIR } from './id-ranges.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
-import { exists, lastLine, persist, POD_ID, signal, within, type Pod, type RuntimeContext } from './runtime-context.ts';
+import { exists, lastLine, persist, POD_ID, signal, type Pod, type RuntimeContext } from './runtime-context.ts';
 import { endOrphanedInit, onLauncherLost, pollExit, podExited, podRunning } from './pod-run.ts';
-import { dropCheckpoint, oneSaveAtATime, restorePlan, stopWithMemory } from './pod-memory.ts';
+import { dropCheckpoint, restorePlan } from './pod-memory.ts';
 import { copySnapshotDisk, deleteSnapshot, snapshotImage, snapshotRestorePlan, takeSnapshot } from './snapshot-fork.ts';
-import { endStraySaves, reclaim, reclaimPod, recover, sweepIdRanges } from './pod-recovery.ts';
+import { endStraySaves, reclaim, recover, sweepIdRanges } from './pod-recovery.ts';
+import { remove, stop } from './pod-stop.ts';
 
 export type { LocalRuntimeOptions };
 
 export const DEFAULT_IMAGE = 'agent-sandbox/base';
-const TERM_RESEND_MS = 200;
 /** Parent of every runtime's mount points (one directory per state dir, by its hash). */
 export const MOUNT_ROOT = '/run/asb/rootfs';
 
@@ -505,82 +505,11 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   async stop(id: string, opts: StopOptions = {}): Promise<void> {
-    const pod = this.#ctx.pods.get(id);
-    if (opts.memory === true) {
-      if (pod === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
-      await pod.starting?.catch(() => undefined);
-      return oneSaveAtATime(this.#ctx, pod, () => stopWithMemory(this.#ctx, pod));
-    }
-    if (pod === undefined) return;
-    await pod.starting?.catch(() => undefined);
-    await pod.checkpointing?.catch(() => undefined);
-    await pod.teardown;
-    const target = pod.target;
-    if (target === undefined) {
-      if (pod.state.phase !== 'Absent' && pod.state.phase !== 'Stopped') {
-        pod.state = { phase: 'Stopped', ready: false };
-        if (pod.persisted !== undefined) pod.state.ip = pod.persisted.ip;
-        this.#emit(id);
-      }
-      return;
-    }
-    pod.stopping = true;
-    const exited = pod.exited ?? Promise.resolve();
-    // The shim and clock timers are unref'd so running pods never hold the worker open; a stop in
-    // progress must, or a shutdown that awaits it would exit half-way.
-    const keepAlive = setInterval(() => undefined, 60_000);
-    try {
-      // The container's init (asb-init) passes SIGTERM on to the command's process group. Sent again
-      // while the grace lasts: one sent in the instant the container's first process is replaced
-      // by the init is lost (seen once in a few stops right after a start: a 2 s stop instead of 5 ms).
-      signal(target.pid, 'SIGTERM');
-      const resend = setInterval(() => signal(target.pid, 'SIGTERM'), TERM_RESEND_MS);
-      const graceful = await within(this.#ctx.clock, exited, this.#ctx.opts.stopGraceMs ?? 2000);
-      clearInterval(resend);
-      if (!graceful) {
-        signal(target.pid, 'SIGKILL'); // pid 1 of the namespace: the kernel kills all the rest
-        if (!(await within(this.#ctx.clock, exited, 10_000))) throw new AsbError('Timeout', `pod ${id} did not end after SIGKILL`);
-      }
-    } finally {
-      clearInterval(keepAlive);
-    }
+    return stop(this.#ctx, id, opts);
   }
 
   async remove(id: string): Promise<void> {
-    const pod = this.#ctx.pods.get(id);
-    if (pod === undefined) return;
-    await this.stop(id);
-    pod.generation++;
-    this.#ctx.pods.delete(id);
-    pod.keptAgent?.end();
-    pod.keptAgent = undefined;
-    if (pod.persisted !== undefined) {
-      // Before the address can go to another pod: an emptied chain lets nothing through.
-      await this.#ctx.net.firewall.remove({ ip: pod.persisted.ip, veth: this.#ctx.net.veth(id) }).catch((err: unknown) => this.#ctx.log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
-      // A pod gone has no policy (policyForPodIp answers undefined): the egress proxy forgets its
-      // connections before the address can go to another pod, whose own must not be judged by them.
-      await this.#ctx.net.policyChanged(id, pod.persisted.ip);
-      this.#ctx.net.ips.release(pod.persisted.ip);
-    }
-    // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
-    if (pod.paths.disk !== undefined) await this.#ctx.host.disk.unmount(pod.paths.disk.mount);
-    // The namespace files a killed shim left bound: the pod dir cannot be removed under them (EBUSY).
-    const mountDir = join(this.#ctx.host.mountRoot, id);
-    // And a checkpointable runc pod's disk bound for its volumes (oci-shim.c -V), before the disk goes.
-    for (const path of [pod.paths.userns, pod.paths.netns, join(mountDir, 'disk')]) await this.#ctx.host.disk.unmount(path);
-    await Promise.all([
-      rm(pod.paths.dir, { recursive: true, force: true }),
-      rm(pod.paths.legacyVolumes, { recursive: true, force: true }),
-      // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
-      // etc/ and disk/: a checkpointable runc pod's /etc files and its disk's bind point (oci-pod.ts).
-      Promise.all([rmdir(join(mountDir, 'rootfs')).catch(() => undefined), rmdir(join(mountDir, 'disk')).catch(() => undefined), rm(join(mountDir, 'etc'), { recursive: true, force: true })]).then(() => rmdir(mountDir)).catch(() => undefined),
-    ]);
-    if (pod.shimLost === true) await reclaimPod(this.#ctx, id);
-    // After its files are deleted, so a later pod given the range finds none of this one's.
-    await releaseIdRange(this.#ctx.idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#ctx.log.warn({ err, id }, 'cannot release the pod\'s id range'));
-    // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.
-    await this.#ctx.images.unpin(pod.paths.dir);
-    this.#emit(id);
+    return remove(this.#ctx, id);
   }
 
   /** Replaces a pod's egress policy: applied at once when it runs, and kept (persisted) for its next wake. */
