@@ -17,6 +17,8 @@ import type { PodNetwork } from './pod-network.ts';
 import { writePersisted, type PersistedPod, type PodPaths } from './rootfs.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
 
+/** Parent of every runtime's mount points (one directory per state dir, by its hash). */
+export const MOUNT_ROOT = '/run/asb/rootfs';
 /** A pod id: a DNS label, as a Kubernetes pod name. */
 export const POD_ID = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
 /** How long an adopted pod's shim may take to clean up after its init ended (runc delete: ~0.1 s). */
