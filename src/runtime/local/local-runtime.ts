@@ -23,7 +23,7 @@ import type { RootIsolation } from '../../api/pod-security.ts';
 import { AsbError } from '../../errors.ts';
 import { systemClock } from '../../system/clock.ts';
 import type { EgressCount, ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StartOptions, StopOptions, WritableLayer } from '../runtime.ts';
-import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
+import { type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
 import { PodNetwork } from './pod-network.ts';
 import { execInPod, type PodTarget } from './exec.ts';
 import { spawnPodProcess } from './process.ts';
@@ -46,11 +46,12 @@ import { findCriuBinary } from '../oci/criu-binary.ts';
 import { runscFlags } from '../oci/runsc.ts';
 import { DEFAULT_ID_RANGES_DIR } from './id-ranges.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
-import { MOUNT_ROOT, persist, POD_ID, type Pod, type RuntimeContext } from './runtime-context.ts';
+import { MOUNT_ROOT, POD_ID, type Pod, type RuntimeContext } from './runtime-context.ts';
 import { deleteSnapshot, takeSnapshot } from './snapshot-fork.ts';
 import { endStraySaves, reclaim, recover, sweepIdRanges } from './pod-recovery.ts';
 import { remove, stop } from './pod-stop.ts';
 import { startPod } from './pod-start.ts';
+import { egressCounts, policyForPodIp, sandboxForPodIp, setEgressPolicy } from './pod-egress.ts';
 
 export type { LocalRuntimeOptions };
 
@@ -276,24 +277,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   /** Replaces a pod's egress policy: applied at once when it runs, and kept (persisted) for its next wake. */
   async setEgressPolicy(id: string, policy: EgressPolicy): Promise<void> {
-    const pod = this.#ctx.pods.get(id);
-    if (pod?.persisted === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
-    await pod.starting?.catch(() => undefined);
-    const persisted = pod.persisted;
-    persisted.request = { ...persisted.request, egress: policy };
-    await persist(pod);
-    if (pod.state.phase !== 'Running' && pod.state.phase !== 'Pending') return;
-    const net = this.#ctx.net.podNet(id, persisted.ip, policy);
-    await this.#ctx.net.firewall.apply(net);
-    // The rules above decide new connections only: open ones the policy now forbids are cut here,
-    // before the change is acknowledged (runc's and gVisor's flows alike leave through the bridge).
-    const cut = await this.#ctx.net.firewall.cutForbidden(net).catch((err: unknown) => {
-      this.#ctx.log.error({ err, id }, 'cannot cut the open connections the new egress policy forbids: they keep running until they end');
-      return [];
-    });
-    if (cut.length > 0) this.#ctx.log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
-    // The proxied ones are not the kernel's: the egress proxy's own (onPolicyChange), also before the acknowledgement.
-    await this.#ctx.net.policyChanged(id, persisted.ip);
+    return setEgressPolicy(this.#ctx, id, policy);
   }
 
   onPolicyChange(listener: (podIp: string) => Promise<void>): () => void {
@@ -306,29 +290,17 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * the pods: ~1 µs per pod, well under a connection's cost at the few thousand a worker holds.
    */
   policyForPodIp(ip: string): EgressPolicy | undefined {
-    for (const pod of this.#ctx.pods.values()) {
-      if (pod.persisted?.ip === ip) return pod.persisted.request.egress ?? DEFAULT_EGRESS_POLICY;
-    }
-    return undefined;
+    return policyForPodIp(this.#ctx, ip);
   }
 
   /** The pod (= sandbox id) holding `ip`, for the egress proxy's per-sandbox counts; the same scan as policyForPodIp. */
   sandboxForPodIp(ip: string): string | undefined {
-    for (const pod of this.#ctx.pods.values()) if (pod.persisted?.ip === ip) return pod.id;
-    return undefined;
+    return sandboxForPodIp(this.#ctx, ip);
   }
 
   /** The kernel's per-pod, per-rule counts of connection attempts. */
   async egressCounts(): Promise<EgressCount[]> {
-    if (!(await this.hasPodNetwork().catch(() => false))) return [];
-    const byIp = new Map<string, string>();
-    for (const pod of this.#ctx.pods.values()) if (pod.persisted !== undefined) byIp.set(pod.persisted.ip, pod.id);
-    const out: EgressCount[] = [];
-    for (const c of await this.#ctx.net.firewall.counters()) {
-      const pod = byIp.get(c.ip);
-      if (pod !== undefined) out.push({ pod, rule: c.rule, verdict: c.verdict, count: c.packets });
-    }
-    return out;
+    return egressCounts(this.#ctx);
   }
 
   /** Hibernates every running pod, e.g. when `make up` shuts down. */
