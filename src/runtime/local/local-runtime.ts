@@ -1,11 +1,11 @@
 // The local pod runtime: plays the kubelet's part on one machine. Each pod is an OCI container run
-// by runc (issue 16): its image pulled from a registry into the image cache (src/images/), its
-// rootfs an overlay of the cached tree under its own writable layer, a user namespace, seccomp, no
+// by runc: its image pulled from a registry into the image cache (src/images/), its rootfs an
+// overlay of the cached tree under its own writable layer, a user namespace, seccomp, no
 // capabilities and cgroup limits (src/runtime/oci/spec.ts, oci-pod.ts). oci-shim.c starts each
 // pod and stays as its parent; the shims are forked by one long-lived launcher (launcher.c), so the
-// worker never forks per pod. The writable layer and volumes are directories under the state dir
-// (rootfs.ts), so stop() hibernates without losing a byte and start() wakes the same disk, the same
-// image bytes and the same IP.
+// worker never forks per pod. The writable layer and volumes are on the pod's own disk under the
+// state dir (rootfs.ts, disk.ts), so stop() hibernates without losing a byte and start() wakes the
+// same disk, the same image bytes and the same IP.
 // Pods outlive the worker: their shims run in their own session, and a new runtime on the same
 // root re-adopts every pod whose init is still alive (checked by pid AND start time).
 // Without root, runc or the init binary, the runtime starts no pod and says why (README): it never
@@ -15,6 +15,18 @@
 // checkpoint.ts) and its next start resumes every process where it was. So can a runc pod started
 // checkpointable (PodRequest.checkpointable: runc makes its user namespace and its stdio is pipes),
 // through CRIU (`runc checkpoint` / `runc restore`, docs/criu.md).
+//
+// LocalRuntime is the public face (PodRuntime); it holds one RuntimeContext (runtime-context.ts:
+// the pods and the runtime's state) and hands it to the part that does the work:
+//   pod-start.ts      start: image, address, id range, bundle, restore, shim
+//   pod-run.ts        a running pod until it ends: target, probe, exit, polling
+//   pod-stop.ts       stop (hibernate) and remove
+//   pod-memory.ts     a pod's memory saved (stop with memory) and restored
+//   snapshot-fork.ts  snapshots, and pods started from them
+//   pod-recovery.ts   a previous worker's pods: adopted, or reclaimed
+//   pod-network.ts    the bridge, addresses, veths and firewall
+//   pod-egress.ts     each pod's egress policy
+// Exec, files and terminals go straight to the pod's target (exec.ts, files.ts, agent.ts).
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { readdir, rmdir } from 'node:fs/promises';
@@ -178,25 +190,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return sweepIdRanges(this.#ctx);
   }
 
-
-  /**
-   * Ends the memory saves (runc/runsc pause and checkpoint) a killed worker left running on this
-   * state dir: nobody will finish them. Before recover, which deletes their half-written images;
-   * reclaim then resumes the sandboxes they paused.
-   */
+  /** Ends the memory saves a killed worker left running on this state dir (pod-recovery.ts). Before recover. */
   async endStraySaves(): Promise<void> {
     return endStraySaves(this.#ctx);
   }
 
-  /**
-   * The sweep at start, after recover (reclaim.ts): the adopted pods a killed save left paused
-   * run again, then everything of this state dir that belongs to no running pod goes: shims,
-   * runc and gVisor containers, mounts (gVisor's stacked null-netns among them), veths, cgroups
-   * and mount-point directories. The firewall table was rebuilt at start with the adopted pods'
-   * chains only; half-written checkpoints and snapshots went in recover; id ranges go next
-   * (sweepIdRanges). A failure is logged and the next start tries again: a worker never fails to
-   * start because of what an earlier one left.
-   */
+  /** The sweep at start, after recover: what belongs to no running pod goes (pod-recovery.ts). */
   async reclaim(): Promise<void> {
     return reclaim(this.#ctx);
   }
@@ -206,6 +205,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return recover(this.#ctx);
   }
 
+  /** Starts (or wakes, or forks) the pod, one start at a time per pod (pod-start.ts). */
   start(req: PodRequest, opts: StartOptions = {}): Promise<PodState> {
     if (this.#ctx.closed) return Promise.reject(new AsbError('Unavailable', 'local runtime is closed'));
     if (!POD_ID.test(req.id)) return Promise.reject(new AsbError('BadRequest', `pod id "${req.id}" must match ${POD_ID.source}`));
@@ -226,11 +226,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return current.starting;
   }
 
-  /**
-   * Keeps the pod's files, and with `memory` its memory and processes, as a snapshot (snapshots.ts).
-   * A running pod is paused for the save (gVisor) and its disk frozen for the copy, then goes on;
-   * a pod stopped with its memory gives its checkpoint. One at a time per pod, like a stop with memory.
-   */
+  /** Keeps the pod's files, and with `memory` its memory and processes, as a snapshot (snapshot-fork.ts). */
   async snapshot(id: string, snapshotId: string, opts: { memory: boolean }): Promise<SnapshotInfo> {
     return takeSnapshot(this.#ctx, id, snapshotId, opts);
   }
@@ -267,10 +263,12 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return listSnapshots(this.#ctx.opts.root);
   }
 
+  /** Hibernates the pod, or with `memory` keeps its memory too (pod-stop.ts, pod-memory.ts). */
   async stop(id: string, opts: StopOptions = {}): Promise<void> {
     return stop(this.#ctx, id, opts);
   }
 
+  /** Stops the pod and deletes everything of it (pod-stop.ts). */
   async remove(id: string): Promise<void> {
     return remove(this.#ctx, id);
   }
@@ -284,11 +282,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     return this.#ctx.net.onPolicyChange(listener);
   }
 
-  /**
-   * The policy of the pod holding `ip` (the egress proxy and DNS resolver ask, per connection or
-   * question): the pod's persisted request, the same the kernel rules were made from. A scan of
-   * the pods: ~1 µs per pod, well under a connection's cost at the few thousand a worker holds.
-   */
+  /** The policy of the pod holding `ip`, asked per connection or question (pod-egress.ts). */
   policyForPodIp(ip: string): EgressPolicy | undefined {
     return policyForPodIp(this.#ctx, ip);
   }
