@@ -5,7 +5,7 @@
 // after a restart, or one whose launcher died, is watched by polling its init (`pollExit`).
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { AgentLink } from './agent.ts';
+import { AgentLink } from './agent-link.ts';
 import { evictionMessage } from './disk.ts';
 import { execInPod } from './exec.ts';
 import { ociRuntime } from './oci-pod.ts';

@@ -8,7 +8,7 @@ import type { Clock, Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
 import type { ImageStore } from '../../images/image-store.ts';
 import type { PodState } from '../runtime.ts';
-import type { AgentLink } from './agent.ts';
+import type { AgentLink } from './agent-link.ts';
 import type { CheckpointCheck, CheckpointMeta } from './checkpoint.ts';
 import type { PodTarget } from './exec.ts';
 import type { Launched, Launcher } from './launcher.ts';
@@ -65,7 +65,7 @@ export interface Pod {
   teardown?: Promise<void> | undefined;
   /**
    * The agent link of a pod stopped with its memory: its processes' handles wait in it, and are
-   * attached again when the checkpoint is restored, or end when it is not (agent.ts).
+   * attached again when the checkpoint is restored, or end when it is not (agent-link.ts).
    */
   keptAgent?: AgentLink | undefined;
 }
