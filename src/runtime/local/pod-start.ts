@@ -32,45 +32,10 @@ import { exists, lastLine, MOUNT_ROOT, persist, signal, type Pod, type RuntimeCo
 export const DEFAULT_IMAGE = 'agent-sandbox/base';
 
 /**
- * Leaves one of the null-netns mounts concurrent first gVisor starts stack in the runsc root (runsc
- * pins one per cold start that found none; 1 → 5 over one run before this): the others pin the
- * same kind of empty namespace, and each gofer joins the top one when it starts, so taking the
- * extra ones away changes nothing for a running sandbox. One at a time; not for a start launched
- * once one was all there was (`settled`): mountinfo grows with every pod, and that start found the
- * pin and made none.
+ * One start of the pod (LocalRuntime.start() runs one at a time per pod). `discardMemory`: from its
+ * files, a kept checkpoint deleted (E2B's reboot). What stops a start is mostly answered as the
+ * pod's state, Failed with a reason (`fail`).
  */
-export function unstackNullNetns(ctx: RuntimeContext, settled: boolean): Promise<void> {
-  const root = ctx.host.runsc?.root;
-  if (root === undefined || settled) return Promise.resolve();
-  const path = join(root, 'null-netns');
-  ctx.nullNetns.unstacking = ctx.nullNetns.unstacking.then(async () => {
-    let n = await mountsAt(path);
-    for (; n > 1; n--) {
-      const r = await ctx.launcher.run(['umount', '--lazy', path], '');
-      if (r.code !== 0) throw new Error(`umount ${path}: ${lastLine(r.output)}`);
-    }
-    ctx.nullNetns.single = n === 1;
-  }).catch((err: unknown) => ctx.log.warn({ err }, 'cannot unmount the null-netns mounts runsc stacked'));
-  return ctx.nullNetns.unstacking;
-}
-
-/**
- * The image a start runs: a wake reuses the bytes the pod first ran (the tag may have moved
- * since, and a hibernated sandbox must wake as it was), else a pull by the container's policy.
- */
-export async function podImage(ctx: RuntimeContext, pod: Pod, image: string, policy: PullPolicy | undefined): Promise<PersistedImage> {
-  const kept = pod.persisted?.image;
-  // Pinned before it is looked up, in a pod dir that exists (the pin's validity): the cache's
-  // GC, in this process or another sharing the cache, then never removes it under this pod.
-  await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
-  await ctx.images.pin(pod.paths.dir, { reference: image, rootfs: kept?.reference === image ? kept.rootfs : undefined });
-  if (kept !== undefined && kept.reference === image && (await exists(kept.rootfs))) return kept;
-  const pulled = await ctx.images.pull(image, { idMap: ROOT_ID_MAP, ...(policy === undefined ? {} : { policy }) });
-  // The tree itself too: the reference's record may later name other bytes (its tag moved).
-  await ctx.images.pin(pod.paths.dir, { reference: image, rootfs: pulled.rootfs });
-  return { reference: image, manifestDigest: pulled.manifestDigest, rootfs: pulled.rootfs, config: pulled.config };
-}
-
 export async function startPod(ctx: RuntimeContext, pod: Pod, req: PodRequest, discardMemory = false): Promise<PodState> {
   // A new shim only once the last one has deleted its container and unmounted the disk.
   await pod.teardown;
@@ -235,11 +200,28 @@ export async function startPod(ctx: RuntimeContext, pod: Pod, req: PodRequest, d
 }
 
 /**
+ * The image a start runs: a wake reuses the bytes the pod first ran (the tag may have moved
+ * since, and a hibernated sandbox must wake as it was), else a pull by the container's policy.
+ */
+async function podImage(ctx: RuntimeContext, pod: Pod, image: string, policy: PullPolicy | undefined): Promise<PersistedImage> {
+  const kept = pod.persisted?.image;
+  // Pinned before it is looked up, in a pod dir that exists (the pin's validity): the cache's
+  // GC, in this process or another sharing the cache, then never removes it under this pod.
+  await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
+  await ctx.images.pin(pod.paths.dir, { reference: image, rootfs: kept?.reference === image ? kept.rootfs : undefined });
+  if (kept !== undefined && kept.reference === image && (await exists(kept.rootfs))) return kept;
+  const pulled = await ctx.images.pull(image, { idMap: ROOT_ID_MAP, ...(policy === undefined ? {} : { policy }) });
+  // The tree itself too: the reference's record may later name other bytes (its tag moved).
+  await ctx.images.pin(pod.paths.dir, { reference: image, rootfs: pulled.rootfs });
+  return { reference: image, manifestDigest: pulled.manifestDigest, rootfs: pulled.rootfs, config: pulled.config };
+}
+
+/**
  * The pod's host id range: the one it has had since it was made (recover checked the pool),
  * ROOT_ID_MAP for a pod made before ranges (its files are owned by that one), else one claimed
  * for it now.
  */
-export async function podIdRange(ctx: RuntimeContext, pod: Pod): Promise<IdRange> {
+async function podIdRange(ctx: RuntimeContext, pod: Pod): Promise<IdRange> {
   if (pod.rangeConflict !== undefined) throw new AsbError('Conflict', pod.rangeConflict);
   const kept = pod.persisted?.idRange;
   if (kept !== undefined) return kept;
@@ -249,7 +231,7 @@ export async function podIdRange(ctx: RuntimeContext, pod: Pod): Promise<IdRange
 }
 
 /** The mount points' parent, made once: each pod's directory in it is walkable by that pod's root only (oci-pod.ts). */
-export function ensureMountRoot(ctx: RuntimeContext): Promise<void> {
+function ensureMountRoot(ctx: RuntimeContext): Promise<void> {
   ctx.mountRootReady ??= (async () => {
     await mkdir(ctx.host.mountRoot, { recursive: true, mode: 0o711 });
     await chown(ctx.host.mountRoot, 0, 0);
@@ -259,6 +241,30 @@ export function ensureMountRoot(ctx: RuntimeContext): Promise<void> {
   })();
   return ctx.mountRootReady;
 }
+
+/**
+ * Leaves one of the null-netns mounts concurrent first gVisor starts stack in the runsc root (runsc
+ * pins one per cold start that found none; 1 → 5 over one run before this): the others pin the
+ * same kind of empty namespace, and each gofer joins the top one when it starts, so taking the
+ * extra ones away changes nothing for a running sandbox. One at a time; not for a start launched
+ * once one was all there was (`settled`): mountinfo grows with every pod, and that start found the
+ * pin and made none.
+ */
+function unstackNullNetns(ctx: RuntimeContext, settled: boolean): Promise<void> {
+  const root = ctx.host.runsc?.root;
+  if (root === undefined || settled) return Promise.resolve();
+  const path = join(root, 'null-netns');
+  ctx.nullNetns.unstacking = ctx.nullNetns.unstacking.then(async () => {
+    let n = await mountsAt(path);
+    for (; n > 1; n--) {
+      const r = await ctx.launcher.run(['umount', '--lazy', path], '');
+      if (r.code !== 0) throw new Error(`umount ${path}: ${lastLine(r.output)}`);
+    }
+    ctx.nullNetns.single = n === 1;
+  }).catch((err: unknown) => ctx.log.warn({ err }, 'cannot unmount the null-netns mounts runsc stacked'));
+  return ctx.nullNetns.unstacking;
+}
+
 /** Kubernetes' imagePullPolicy; anything else (absent, or a value validation let through) is the default rule. */
 function pullPolicy(value: unknown): PullPolicy | undefined {
   return value === 'Always' || value === 'IfNotPresent' || value === 'Never' ? value : undefined;
