@@ -54,7 +54,7 @@ export async function snapshotRestorePlan(ctx: RuntimeContext, pod: Pod, snap: S
  * never change once sealed (root's, in the runtime's 0700 state dir), and hashing them for each of
  * ten forks at once cost ~0.1 s of each fork's start. A failed check is not kept (the tool may run later).
  */
-export function snapshotMemoryCheck(ctx: RuntimeContext, snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<CheckpointCheck> {
+function snapshotMemoryCheck(ctx: RuntimeContext, snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<CheckpointCheck> {
   const key = `${snap.id}@${snap.at}`;
   const kept = ctx.snapshotsChecked.get(key);
   if (kept !== undefined) return kept;
@@ -72,7 +72,7 @@ export function snapshotMemoryCheck(ctx: RuntimeContext, snap: SnapshotMeta, kin
  * pod's own host id range (criu-userns.ts says why); the directory root:<pod's root group> 0750
  * like a checkpoint of its own (savePaused).
  */
-export async function ownCopyOfImage(ctx: RuntimeContext, pod: Pod, from: string, fromHostId: number): Promise<void> {
+async function ownCopyOfImage(ctx: RuntimeContext, pod: Pod, from: string, fromHostId: number): Promise<void> {
   const to = pod.persisted?.idRange?.hostId ?? ROOT_ID_MAP.hostId;
   const dir = pod.paths.checkpoint;
   await discardCheckpoint(dir);
@@ -103,7 +103,7 @@ export async function copySnapshotDisk(ctx: RuntimeContext, pod: Pod, snap: Snap
 }
 
 /** `cp --sparse=always` through the launcher: only the image's data is copied, its holes stay holes. */
-export async function copySparse(ctx: RuntimeContext, from: string, to: string): Promise<void> {
+async function copySparse(ctx: RuntimeContext, from: string, to: string): Promise<void> {
   const { code, output } = await ctx.launcher.run(['cp', '--sparse=always', from, to], '');
   if (code !== 0) throw new AsbError('Internal', `cannot copy ${from}: ${lastLine(output)}`);
 }
@@ -124,7 +124,7 @@ export async function takeSnapshot(ctx: RuntimeContext, id: string, snapshotId: 
   return { id: meta.id, memory: meta.memory, bytes: meta.bytes, memoryBytes: meta.memoryBytes, at: meta.at };
 }
 
-export async function saveSnapshot(ctx: RuntimeContext, pod: Pod, snapshotId: string, memory: boolean): Promise<SnapshotMeta> {
+async function saveSnapshot(ctx: RuntimeContext, pod: Pod, snapshotId: string, memory: boolean): Promise<SnapshotMeta> {
   const persisted = pod.persisted;
   const disk = pod.paths.disk;
   if (persisted?.image === undefined || persisted.idRange === undefined || disk === undefined || (await madeBeforeDisks(pod.paths.dir))) {
@@ -182,7 +182,7 @@ export async function saveSnapshot(ctx: RuntimeContext, pod: Pod, snapshotId: st
 }
 
 /** The disk image copied while its filesystem is frozen: whole and consistent, whatever the sandbox does meanwhile. */
-export async function copyFrozen(ctx: RuntimeContext, mount: string, image: string, to: string): Promise<void> {
+async function copyFrozen(ctx: RuntimeContext, mount: string, image: string, to: string): Promise<void> {
   await ctx.host.disk.freeze(mount);
   try {
     await copySparse(ctx, image, to);
