@@ -1,8 +1,9 @@
 // What the local runtime's parts share: the record of one pod (`Pod`) and the runtime's state they
 // read and change (`RuntimeContext`). LocalRuntime (local-runtime.ts) makes one context and passes
-// it to each part: pod-start.ts, pod-run.ts, pod-stop.ts, pod-memory.ts, snapshot-fork.ts and
-// pod-recovery.ts are functions of it, so none of them imports the runtime or another's private
-// state. Also the few host helpers several parts use (a signal, a bounded wait, a command's last line).
+// it to each part: pod-start.ts, pod-run.ts, pod-stop.ts, pod-memory.ts, snapshot-fork.ts,
+// pod-recovery.ts and pod-egress.ts are functions of it, so none of them imports the runtime, and
+// the state they share is here, named. Also the few host helpers several parts use (a signal, a
+// bounded wait, a command's last line).
 import { access } from 'node:fs/promises';
 import type { Clock, Timer } from '../../system/clock.ts';
 import type { Logger } from '../../system/log.ts';
