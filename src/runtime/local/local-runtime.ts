@@ -150,6 +150,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       mountRootReady: undefined,
       nullNetns: { unstacking: Promise.resolve(), single: false },
       snapshotsChecked: new Map(),
+      snapshotsSettling: new Map(),
       versions: {},
     };
   }

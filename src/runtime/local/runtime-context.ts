@@ -100,6 +100,8 @@ export interface RuntimeContext {
   nullNetns: { unstacking: Promise<void>; single: boolean };
   /** The snapshot id and time → the check of its memory image, passed: forks of one snapshot check it once, not each (snapshot-fork.ts). */
   readonly snapshotsChecked: Map<string, Promise<CheckpointCheck>>;
+  /** A snapshot id → its bytes going to the disk after it was taken (makeDurable, which never rejects): a delete waits for it. */
+  readonly snapshotsSettling: Map<string, Promise<void>>;
   /** CRIU's version once `criu check` passed, and runsc's, each asked once (pod-memory.ts). */
   versions: { criu?: Promise<string> | undefined; runsc?: Promise<string> | undefined };
 }

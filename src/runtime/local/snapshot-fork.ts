@@ -172,7 +172,13 @@ async function saveSnapshot(ctx: RuntimeContext, pod: Pod, snapshotId: string, m
     await sealSnapshot(paths, meta);
     await ctx.images.pin(paths.dir, { reference: persisted.image.reference, rootfs: persisted.image.rootfs });
     // Its bytes reach the disk after it is acknowledged, as a stop's do (checkpoint.ts).
-    void (memory ? makeDurable(join(paths.dir, 'memory')) : Promise.resolve()).then(() => makeDurable(paths.dir));
+    const durable = (memory ? makeDurable(join(paths.dir, 'memory')) : Promise.resolve()).then(() => makeDurable(paths.dir));
+    // A delete right after waits for it: its mark written into a directory being deleted made the
+    // delete fail with ENOTEMPTY (a snapshot deleted right after a remove, 2 runs in 5 under load).
+    ctx.snapshotsSettling.set(snapshotId, durable);
+    void durable.then(() => {
+      if (ctx.snapshotsSettling.get(snapshotId) === durable) ctx.snapshotsSettling.delete(snapshotId);
+    });
     ctx.log.info({ id: pod.id, snapshot: snapshotId, memory, bytes: meta.bytes }, 'snapshot taken');
     return meta;
   } catch (err) {
@@ -195,6 +201,7 @@ async function copyFrozen(ctx: RuntimeContext, mount: string, image: string, to:
 export async function deleteSnapshot(ctx: RuntimeContext, snapshotId: string): Promise<void> {
   const paths = snapshotPaths(ctx.opts.root, snapshotId);
   for (const key of ctx.snapshotsChecked.keys()) if (key.startsWith(`${snapshotId}@`)) ctx.snapshotsChecked.delete(key);
+  await ctx.snapshotsSettling.get(snapshotId);
   await rm(paths.dir, { recursive: true, force: true });
   await ctx.images.unpin(paths.dir);
 }
