@@ -7,7 +7,8 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer, type AddressInfo } from 'node:net';
 import { test } from 'node:test';
-import { AgentLink, agentExec } from '../src/runtime/local/agent.ts';
+import { agentExec } from '../src/runtime/local/agent.ts';
+import { AgentLink } from '../src/runtime/local/agent-link.ts';
 
 /** A loopback port that takes no more connections and refuses none: its queue (backlog 0) is filled and never accepted. */
 const SILENT = `

@@ -134,7 +134,7 @@ async function podBundle(t: test.TestContext, userns: UserNamespace, helper: str
   const [lower, upper, work, rootfs, etc, images] = ['lower', 'upper', 'work', 'rootfs', 'etc', 'images'].map((d) => join(dir, d)) as [string, string, string, string, string, string];
   for (const d of [lower, upper, work, rootfs, etc]) mkdirSync(d);
   // The memory image is the sandbox's secrets: root:<pod's root group> 0750, as the runtime makes
-  // it (local-runtime.ts #savePaused). CRIU reads the rest of the image from inside the pod's user
+  // it (pod-memory.ts, savePaused). CRIU reads the rest of the image from inside the pod's user
   // namespace, before and after its tasks take root there ("Unable to open tty-info.img" with the
   // directory root's 0700, "Unable to open timens-0.img", now and then, with it the pod root's
   // 0700); the directory above keeps everyone else out in the runtime.

@@ -191,7 +191,7 @@ test('a pod that pins while GC has its image out of reach gets it back whole; GC
       await runTool(UMOCI, args, { timeoutMs: 60_000, clock: systemClock });
     },
     betweenScans: async () => {
-      // The start's order (local-runtime.ts #image): pin, then look the image up.
+      // The start's order (pod-start.ts, podImage): pin, then look the image up.
       await store.pin(podDir, { reference: 'busybox' });
       seenDuring = store.get('busybox');
     },

@@ -9,7 +9,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Attack, LabPod } from './support/attack-lab.ts';
 import { AttackLab } from './support/attack-lab.ts';
-import { readInitProcess } from '../src/runtime/local/agent.ts';
+import { readInitProcess } from '../src/runtime/local/agent-init.ts';
 import type { OciSpec } from '../src/runtime/oci/spec.ts';
 import { AGENT_PORT } from '../src/router/contract.ts';
 

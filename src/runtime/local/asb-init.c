@@ -10,7 +10,7 @@
 // CAP_SETUID, CAP_SETGID, CAP_SETPCAP, CAP_KILL and CAP_CHOWN besides the capabilities the pod was
 // granted, under the pod's seccomp filter and no_new_privs. A child takes the user and capabilities
 // it was asked for (the same as runc exec gave it) before it execs anything: the five are dropped from its
-// bounding set, then its user is set, then its capability sets (src/runtime/local/agent.ts has the
+// bounding set, then its user is set, then its capability sets (src/runtime/local/agent-init.ts has the
 // masks and says why each is needed).
 //
 // Usage: asb-init --user <uid>:<gid>[:<gid>,...] --caps <bounding>:<effective>:<permitted>:<inheritable>:<ambient> -- <command...>

@@ -1,5 +1,5 @@
 // A pod's memory checkpoint on disk: what stop(id, { memory: true }) keeps and the next start
-// restores (local-runtime.ts drives it, oci-shim.c -C restores it). gVisor's is runsc's image
+// restores (pod-memory.ts drives it, oci-shim.c -C restores it). gVisor's is runsc's image
 // (runsc.ts has the commands); runc's is CRIU's (`runc checkpoint`, docs/criu.md), whose directory
 // is root's with the pod's root group (its range's first host id), 0750: CRIU's restored tasks open
 // image files from inside the pod's user namespace, first as host root without capabilities there

@@ -20,7 +20,8 @@ import { HOST_ENV, killGroup, noCapabilities, type UnprivilegedProcess } from '.
 import { runscFailure } from '../oci/runsc.ts';
 import { withPodRlimits } from '../oci/inherited-rlimits.ts';
 import type { RuntimeKind } from './runtime-class.ts';
-import { agentExec, agentRequest, processUser, type AgentLink } from './agent.ts';
+import { agentExec, agentRequest, processUser } from './agent.ts';
+import type { AgentLink } from './agent-link.ts';
 
 /** How to reach one running container and who its processes are by default. */
 export interface PodTarget {

@@ -1,11 +1,11 @@
 // The local pod runtime: plays the kubelet's part on one machine. Each pod is an OCI container run
-// by runc (issue 16): its image pulled from a registry into the image cache (src/images/), its
-// rootfs an overlay of the cached tree under its own writable layer, a user namespace, seccomp, no
+// by runc: its image pulled from a registry into the image cache (src/images/), its rootfs an
+// overlay of the cached tree under its own writable layer, a user namespace, seccomp, no
 // capabilities and cgroup limits (src/runtime/oci/spec.ts, oci-pod.ts). oci-shim.c starts each
 // pod and stays as its parent; the shims are forked by one long-lived launcher (launcher.c), so the
-// worker never forks per pod. The writable layer and volumes are directories under the state dir
-// (rootfs.ts), so stop() hibernates without losing a byte and start() wakes the same disk, the same
-// image bytes and the same IP.
+// worker never forks per pod. The writable layer and volumes are on the pod's own disk under the
+// state dir (rootfs.ts, disk.ts), so stop() hibernates without losing a byte and start() wakes the
+// same disk, the same image bytes and the same IP.
 // Pods outlive the worker: their shims run in their own session, and a new runtime on the same
 // root re-adopts every pod whose init is still alive (checked by pid AND start time).
 // Without root, runc or the init binary, the runtime starts no pod and says why (README): it never
@@ -15,168 +15,61 @@
 // checkpoint.ts) and its next start resumes every process where it was. So can a runc pod started
 // checkpointable (PodRequest.checkpointable: runc makes its user namespace and its stdio is pipes),
 // through CRIU (`runc checkpoint` / `runc restore`, docs/criu.md).
+//
+// LocalRuntime is the public face (PodRuntime); it holds one RuntimeContext (runtime-context.ts:
+// the pods and the runtime's state) and hands it to the part that does the work:
+//   pod-start.ts      start: image, address, id range, bundle, restore, shim
+//   pod-run.ts        a running pod until it ends: target, probe, exit, polling
+//   pod-stop.ts       stop (hibernate) and remove
+//   pod-memory.ts     a pod's memory saved (stop with memory) and restored
+//   snapshot-fork.ts  snapshots, and pods started from them
+//   pod-recovery.ts   a previous worker's pods: adopted, or reclaimed
+//   pod-network.ts    the bridge, addresses, veths and firewall
+//   pod-egress.ts     each pod's egress policy
+// Exec, files and terminals go straight to the pod's target (exec.ts, files.ts, agent.ts).
 import { createHash } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
-import { access, chmod, chown, copyFile, link, mkdir, readdir, readFile, rm, rmdir, stat, writeFile } from 'node:fs/promises';
-import { dirname, join, posix, resolve } from 'node:path';
+import { readFileSync } from 'node:fs';
+import { readdir, rmdir } from 'node:fs/promises';
+import { join, posix, resolve } from 'node:path';
 import type { RootIsolation } from '../../api/pod-security.ts';
-import { AsbError, isAsbError } from '../../errors.ts';
-import { systemClock, isoNow, type Clock, type Timer } from '../../base/clock.ts';
-import type { Logger } from '../../base/log.ts';
+import { AsbError } from '../../errors.ts';
+import { systemClock } from '../../base/clock.ts';
 import type { ExecRequest, ExecResult, FileEntry, PodProcess, PodRequest, PodRuntime, PodState, PodUsage, PtyOptions, PtySession, SnapshotInfo, SpawnRequest, StartOptions, StopOptions, WritableLayer } from '../runtime.ts';
 import type { EgressCount } from '../../network/egress-metrics.ts';
-import { DEFAULT_EGRESS_POLICY, type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
-import { PodFirewall } from './pod-firewall.ts';
+import { type EgressPolicy, type EgressPolicySource } from '../../network/egress-policy.ts';
+import { PodNetwork } from './pod-network.ts';
 import { execInPod, type PodTarget } from './exec.ts';
 import { spawnPodProcess } from './process.ts';
 import { listPodDir, readPodFile, writePodFile } from './files.ts';
 import { ensureInitBinary, ensureLauncherBinary, ensureShimBinary } from './init-binary.ts';
-import { agentPty, agentRequest, AgentLink } from './agent.ts';
+import { agentPty, agentRequest } from './agent.ts';
 import { DEFAULT_PTY_COMMAND } from '../oci/pty.ts';
-import { Launcher, type Launched } from './launcher.ts';
-import { bridgeExists, createIpPool, createVethBatcher, deleteBridge, ensureBridge, inSubnet, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
-import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
-import { carryOut, mountsAt, planSummary, readHostFacts, readProcesses, reclaimPlan, removeMountDir, runcFrozen, runscPaused, runscPod, shimsOf, straySaves, type ReclaimAction, type ReclaimScope } from './reclaim.ts';
-import { derivedNetwork } from './derived-network.ts';
-import { launchPodInit } from './pod-launch.ts';
-import { mainContainer } from './pod-process.ts';
+import { Launcher } from './launcher.ts';
+import { removeMountDir } from './reclaim.ts';
 import { limitParentPids, parentPidsLimit, removeParent } from './cgroup-parent.ts';
-import { imageUsersCache, ociRuntime, preparePod, readIdentity, type OciHost, type PodIdentity } from './oci-pod.ts';
-import { diskTool, evictionMessage, madeBeforeDisks, podDisk } from './disk.ts';
-import { remapUsernsImage, USERNS_IMAGE } from './criu-userns.ts';
-import { checkpointRoom, discardCheckpoint, discardCheckpointSoon, discardLeftovers, freeBytes, imageBytes, makeDurable, MIN_FREE_AFTER_SAVE_BYTES, readCheckpointMeta, readRestoreStatus, sealCheckpoint, verifyCheckpoint, withRestore, type CheckpointCheck, type CheckpointMaker, type CheckpointMeta } from './checkpoint.ts';
-import { decideRuntimeClass } from './runtime-class.ts';
-import { listSnapshots, makePartial, readSnapshot, sealSnapshot, snapshotPaths, specDifference, type SnapshotMeta } from './snapshots.ts';
-import { startProbeLoop } from './probes.ts';
+import { imageUsersCache, type OciHost } from './oci-pod.ts';
+import { diskTool, madeBeforeDisks } from './disk.ts';
+import { listSnapshots } from './snapshots.ts';
 import { cgroupUsage, mountedDiskUsage } from './pod-usage.ts';
 import { openRuncPty } from '../oci/pty.ts';
-import { podPaths, processStartTime, readExitStatus, readPersisted, writePersisted, type PersistedImage, type PersistedPod, type PodPaths } from './rootfs.ts';
-import type { ImageStore, PullPolicy } from '../../images/image-store.ts';
+import { podPaths } from './rootfs.ts';
 import { findRuncBinary } from '../oci/runc-binary.ts';
-import { findRunscBinary, releaseRunscRoot, runscVersion } from '../oci/runsc-binary.ts';
-import { criuCheck, criuPath, findCriuBinary } from '../oci/criu-binary.ts';
-import { checkpointSequence, runscContainerId, runscFlags, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
-import { ROOT_ID_MAP, type IdRange, type OciSpec } from '../oci/spec.ts';
-import { claimIdRange, DEFAULT_ID_RANGES_DIR, keepIdRange, releaseIdRange, sweepStaleIdRanges } from './id-ranges.ts';
-import type { ConnectionLimits } from '../../network/connection-limits.ts';
-import type { EgressFloor } from '../../network/egress-floor.ts';
+import { findRunscBinary, releaseRunscRoot } from '../oci/runsc-binary.ts';
+import { findCriuBinary } from '../oci/criu-binary.ts';
+import { runscFlags } from '../oci/runsc.ts';
+import { DEFAULT_ID_RANGES_DIR } from './id-ranges.ts';
+import type { LocalRuntimeOptions } from './runtime-options.ts';
+import { MOUNT_ROOT, POD_ID, type Pod, type RuntimeContext } from './runtime-context.ts';
+import { deleteSnapshot, takeSnapshot } from './snapshot-fork.ts';
+import { endStraySaves, reclaim, recover, sweepIdRanges } from './pod-recovery.ts';
+import { remove, stop } from './pod-stop.ts';
+import { startPod } from './pod-start.ts';
+import { egressCounts, policyForPodIp, sandboxForPodIp, setEgressPolicy } from './pod-egress.ts';
 
-export interface LocalRuntimeOptions {
-  /** State dir, e.g. .asb/data/runtime: pods/, volumes/, runc/ and the compiled shim live here. */
-  root: string;
-  log: Logger;
-  /** The image cache pods' images are pulled into (may be shared by several runtimes). */
-  images: ImageStore;
-  /** The runc binary; default: the one `make runc` builds (findRuncBinary). */
-  runc?: string;
-  /** gVisor's runsc for pods with runtimeClassName gvisor; default: the one `make runsc` builds (findRunscBinary). Without it such pods fail. */
-  runsc?: string;
-  /** CRIU, for runc pods that keep their memory; default: the one `make criu` builds (findCriuBinary). Without it they refuse with NotImplemented. */
-  criu?: string;
-  /** The image of a container that names none (`image:` empty, as kubernetes-sigs' getting-started example). */
-  defaultImage?: string;
-  clock?: Clock;
-  /** Pod subnet; the bridge takes its first address. Default: derived from root (src/runtime/local/derived-network.ts). */
-  subnet?: string;
-  /** Host bridge name (≤ 15 bytes); distinct per worker or test run. Default: derived from root. */
-  bridge?: string;
-  /** Host-wide directory of bridge and subnet claims (network-claim.ts). Default /run/asb/networks */
-  claimsDir?: string;
-  /**
-   * Host-wide pool of user-namespace id ranges, one per sandbox (id-ranges.ts); every runtime on
-   * the host must share it. Default /var/lib/asb/id-ranges (kept across reboots, like the pods).
-   */
-  idRangesDir?: string;
-  /** Readiness probe period when a probe sets no periodSeconds. Default 1000 ms. */
-  probeIntervalMs?: number;
-  /** How often to check the init of an adopted pod (one we did not spawn). Default 500 ms. */
-  pollIntervalMs?: number;
-  /** stop(): SIGTERM, then SIGKILL after this long. Default 2000 ms. */
-  stopGraceMs?: number;
-  /** Mount points' parent (must be walkable by the user namespace). Default /run/asb/rootfs/<hash of root>. */
-  mountRoot?: string;
-  /**
-   * The egress proxy listening on the bridge's gateway address: pods' outbound TCP that the
-   * address rules do not decide is DNAT'ed to it (src/network/nft-ruleset.ts). Absent: direct.
-   */
-  egressProxy?: { port: number };
-  /** Pods may query a DNS resolver on the gateway (UDP and TCP 53). Default false: no host port is open to pods. */
-  podDns?: boolean;
-  /** Addresses no pod reaches whatever its policy (src/network/egress-floor.ts). Default DEFAULT_FLOOR: cloud metadata. */
-  egressFloor?: EgressFloor;
-  /**
-   * Each pod's bounds on the proxy, the resolver and forwarded flows: connections open at once
-   * and new ones a second (src/network/connection-limits.ts). Default DEFAULT_CONNECTION_LIMITS.
-   */
-  connectionLimits?: ConnectionLimits;
-  /**
-   * PEM file of a CA every pod trusts besides its image's (the cluster's egress CA, whose
-   * certificates the egress proxy serves for credential-injection hosts): appended to each pod's
-   * /etc/ssl/certs/ca-certificates.crt at start. Read once, here.
-   */
-  extraCaPath?: string;
-}
+export type { LocalRuntimeOptions };
 
-export const DEFAULT_IMAGE = 'agent-sandbox/base';
-const TERM_RESEND_MS = 200;
-/**
- * Left free on the worker's disk after a memory checkpoint is written there: the store, the image
- * cache and every other pod's writable layer share it (checkpoint.ts says why the image is not on
- * the pod's own disk).
- */
-const CHECKPOINT_HOST_RESERVE_BYTES = 256 * 2 ** 20;
-/** How long an adopted pod's shim may take to clean up after its init ended (runc delete: ~0.1 s). */
-const EXIT_STATUS_WAIT_MS = 10_000;
-/** Parent of every runtime's mount points (one directory per state dir, by its hash). */
-export const MOUNT_ROOT = '/run/asb/rootfs';
-
-const ID = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/;
-
-interface Pod {
-  id: string;
-  paths: PodPaths;
-  persisted: PersistedPod | undefined;
-  state: PodState;
-  target?: PodTarget;
-  identity?: PodIdentity;
-  shim?: Launched;
-  /** Its shim died before its init (a kill -9): what the shim undoes at a pod's end, remove() does. */
-  shimLost?: boolean;
-  /** Bumped on every start so events of an old process never touch a new one. */
-  generation: number;
-  stopping: boolean;
-  starting?: Promise<PodState> | undefined;
-  probe?: { cancel(): void } | undefined;
-  poll?: Timer;
-  exited?: Promise<void> | undefined;
-  markExited?: () => void;
-  /** An exit seen while start() was still waiting for the init: start() reports it. */
-  pendingExit?: number | undefined;
-  /** The launcher died while start() was still finishing: start() switches to polling. */
-  lostLauncher?: boolean;
-  /** Why its recorded id range is not its own (recover found another live pod holding it). */
-  rangeConflict?: string;
-  /** The last write of `persisted` (#persist chains them). */
-  persisting?: Promise<void> | undefined;
-  /** The memory checkpoint kept for the next start (checkpoint.ts), when stopped with memory. */
-  checkpoint?: CheckpointMeta | undefined;
-  /** The last save of its memory (a stop with memory, a snapshot), settled: another waits for it, and so do stop and remove. */
-  checkpointing?: Promise<void> | undefined;
-  /** Its checkpoint's bytes going to the disk after the stop returned (makeDurable): the next stop with memory waits for it. */
-  settling?: Promise<void> | undefined;
-  /**
-   * The end of a pod stopped with its memory, after the stop returned (#stopWithMemory): the
-   * kernel freeing its killed processes' memory and the shim deleting the container and
-   * unmounting its disk. Whatever needs the pod's files or a new shim (start, stop, remove,
-   * snapshot) waits for it; it rejects with Timeout when the shim never reports the end.
-   */
-  teardown?: Promise<void> | undefined;
-  /**
-   * The agent link of a pod stopped with its memory: its processes' handles wait in it, and are
-   * attached again when the checkpoint is restored, or end when it is not (agent.ts).
-   */
-  keptAgent?: AgentLink | undefined;
-}
+export { DEFAULT_IMAGE } from './pod-start.ts';
+export { MOUNT_ROOT };
 
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
   const [shim, launcher] = await Promise.all([ensureShimBinary(opts.root), ensureLauncherBinary(opts.root)]);
@@ -211,366 +104,117 @@ function whyUnavailable(opts: LocalRuntimeOptions): Promise<string | undefined> 
 }
 
 export class LocalRuntime implements PodRuntime, EgressPolicySource {
-  readonly #opts: LocalRuntimeOptions;
-  readonly #log: Logger;
-  readonly #clock: Clock;
-  readonly #shim: string;
-  readonly #launcher: Launcher;
-  readonly #host: OciHost;
-  readonly #images: ImageStore;
-  readonly #unavailable: string | undefined;
-  /** Why pods with runtimeClassName gvisor cannot run here (runsc not built); undefined: they can. */
-  readonly #runscUnavailable: string | undefined;
-  /** CRIU for runc pods' memory, or why there is none. */
-  readonly #criu: { binary: string } | { unavailable: string };
-  readonly #subnet: Subnet;
-  readonly #bridge: string;
-  readonly #ips: IpPool;
-  readonly #attachVeth: (pid: number, hostIf: string, ip: string) => Promise<void>;
-  readonly #firewall: PodFirewall;
-  readonly #pods = new Map<string, Pod>();
+  readonly #ctx: RuntimeContext;
   readonly #listeners = new Set<(id: string) => void>();
-  readonly #policyListeners = new Set<(podIp: string) => Promise<void>>();
-  #network: Promise<boolean> | undefined;
-  #mountRootReady: Promise<void> | undefined;
-  readonly #idRangesDir: string;
-  #closed = false;
 
   constructor(opts: LocalRuntimeOptions, shim: string, launcherBinary: string, init: string, unavailable: string | undefined) {
-    this.#opts = opts;
-    this.#log = opts.log.child({ component: 'local-runtime' });
-    this.#clock = opts.clock ?? systemClock;
-    this.#shim = shim;
-    this.#images = opts.images;
-    this.#unavailable = unavailable;
-    this.#idRangesDir = opts.idRangesDir ?? DEFAULT_ID_RANGES_DIR;
+    const log = opts.log.child({ component: 'local-runtime' });
+    const clock = opts.clock ?? systemClock;
     const root = resolve(opts.root);
-    const derived = derivedNetwork(root);
-    this.#subnet = parseSubnet(opts.subnet ?? derived.subnet);
-    this.#bridge = opts.bridge ?? derived.bridge;
-    this.#ips = createIpPool(this.#subnet);
     const tag = createHash('sha256').update(root).digest('hex').slice(0, 12);
     let runsc = opts.runsc;
+    let runscUnavailable: string | undefined;
     try {
       runsc ??= findRunscBinary();
     } catch (err) {
-      this.#runscUnavailable = err instanceof Error ? err.message : String(err);
+      runscUnavailable = err instanceof Error ? err.message : String(err);
     }
+    let criu: RuntimeContext['criu'];
     try {
-      this.#criu = { binary: opts.criu ?? findCriuBinary() };
+      criu = { binary: opts.criu ?? findCriuBinary() };
     } catch (err) {
-      this.#criu = { unavailable: err instanceof Error ? err.message : String(err) };
+      criu = { unavailable: err instanceof Error ? err.message : String(err) };
     }
-    this.#host = {
+    const launcher = new Launcher(launcherBinary, log, clock);
+    const host: OciHost = {
       runc: opts.runc ?? (unavailable === undefined ? findRuncBinary() : 'runc'),
       runcRoot: join(root, 'runc'),
       init,
       mountRoot: opts.mountRoot ?? join(MOUNT_ROOT, tag),
       cgroupParent: `/asb-${tag}`,
-      disk: diskTool(root, (argv) => this.#launcher.run(argv, '')),
+      disk: diskTool(root, (argv) => launcher.run(argv, '')),
       imageUsers: imageUsersCache(),
       ...(runsc === undefined ? {} : { runsc: { binary: runsc, root: join(root, 'runsc'), flags: runscFlags({}) } }),
       ...(opts.podDns === true ? { dnsOnGateway: true } : {}),
       ...(opts.extraCaPath === undefined ? {} : { extraCaPem: readFileSync(opts.extraCaPath, 'utf8') }),
     };
-    this.#launcher = new Launcher(launcherBinary, this.#log, this.#clock);
-    this.#attachVeth = createVethBatcher(this.#bridge, this.#log, async (lines) => (await this.#launcher.run(['ip', '-force', '-batch', '-'], lines.join('\n') + '\n')).output);
-    this.#firewall = new PodFirewall(
-      {
-        bridge: this.#bridge,
-        subnet: this.#subnet.cidr,
-        gateway: this.#subnet.gateway,
-        ...(opts.egressProxy === undefined ? {} : { egressProxyPort: opts.egressProxy.port }),
-        dns: opts.podDns === true,
-        ...(opts.egressFloor === undefined ? {} : { floor: opts.egressFloor }),
-        ...(opts.connectionLimits === undefined ? {} : { limits: opts.connectionLimits }),
-      },
-      (argv, input) => this.#launcher.run(argv, input),
-      this.#log,
-      () => [...this.#pods.values()]
-        .filter((pod) => pod.persisted !== undefined && (pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined))
-        .map((pod) => this.#podNet(pod.id, pod.persisted?.ip ?? '', pod.persisted?.request.egress)),
-    );
+    const pods = new Map<string, Pod>();
+    const net: PodNetwork = new PodNetwork(opts, unavailable, launcher, log, () => [...pods.values()]
+      .filter((pod) => pod.persisted !== undefined && (pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined))
+      .map((pod) => net.podNet(pod.id, pod.persisted?.ip ?? '', pod.persisted?.request.egress)));
+    this.#ctx = {
+      opts, log, clock, shim, launcher, host, images: opts.images, net, unavailable, runscUnavailable, criu,
+      idRangesDir: opts.idRangesDir ?? DEFAULT_ID_RANGES_DIR,
+      pods,
+      closed: false,
+      emit: (id) => this.#emit(id),
+      mountRootReady: undefined,
+      nullNetns: { unstacking: Promise.resolve(), single: false },
+      snapshotsChecked: new Map(),
+      snapshotsSettling: new Map(),
+      versions: {},
+    };
   }
 
   /** Every pod runs in a user namespace: root in a sandbox is root of that namespace only. runtimeClassName gvisor runs it under gVisor when runsc is built. */
   get rootIsolation(): RootIsolation {
-    return { userNamespace: 'always', gvisor: this.#unavailable === undefined && this.#runscUnavailable === undefined };
+    return { userNamespace: 'always', gvisor: this.#ctx.unavailable === undefined && this.#ctx.runscUnavailable === undefined };
   }
 
   get canKeepMemory(): { gvisor: boolean; runc: boolean } {
-    const runs = this.#unavailable === undefined;
-    return { gvisor: runs && this.#runscUnavailable === undefined, runc: runs && 'binary' in this.#criu };
+    const runs = this.#ctx.unavailable === undefined;
+    return { gvisor: runs && this.#ctx.runscUnavailable === undefined, runc: runs && 'binary' in this.#ctx.criu };
   }
 
   /** The pid of the launcher process that starts pods, while it runs (diagnostics, tests). */
   get launcherPid(): number | undefined {
-    return this.#launcher.pid;
+    return this.#ctx.launcher.pid;
   }
 
   /** Why this runtime starts no pod (not root, no runc, no init); undefined when it does. */
   get unavailable(): string | undefined {
-    return this.#unavailable;
+    return this.#ctx.unavailable;
   }
 
   /** The pids limit over all of this runtime's pods (cgroup-parent.ts); a host without the controller is warned about. */
   async limitPids(): Promise<void> {
     const max = await parentPidsLimit();
-    if (!(await limitParentPids(this.#host.cgroupParent, max))) this.#log.warn('no pids cgroup controller: only each pod\'s own pids limit applies, not one over all of them');
+    if (!(await limitParentPids(this.#ctx.host.cgroupParent, max))) this.#ctx.log.warn('no pids cgroup controller: only each pod\'s own pids limit applies, not one over all of them');
   }
 
   /** Sets up the bridge once; false when the runtime is unavailable (it starts no pod). */
   hasPodNetwork(): Promise<boolean> {
-    this.#network ??= this.#setUpNetwork();
-    return this.#network;
-  }
-
-  /**
-   * The pod network for a start: set up again when the bridge is gone, which another runtime on the
-   * same state dir deletes when it closes with no pod running (close()).
-   */
-  async #podNetwork(): Promise<boolean> {
-    const net = await this.hasPodNetwork();
-    if (!net || (await bridgeExists(this.#bridge))) return net;
-    this.#log.warn({ bridge: this.#bridge }, 'the pod bridge was gone: setting it up again');
-    this.#network = undefined;
-    return this.hasPodNetwork();
-  }
-
-  /** Rejects (AsbError Unavailable, naming the holder) when another instance holds the bridge or subnet. */
-  async #setUpNetwork(): Promise<boolean> {
-    if (this.#unavailable !== undefined) return false;
-    const claimsDir = this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR;
-    // Refused, never shared: the other instance's pods would receive our traffic.
-    const warnings = await claimNetwork({ bridge: this.#bridge, subnet: this.#subnet.cidr, owner: resolve(this.#opts.root), pid: process.pid }, { claimsDir });
-    for (const warning of warnings) this.#log.warn(warning);
-    try {
-      await ensureBridge(this.#bridge, this.#subnet);
-      // No pod runs without its isolation: a host where nft cannot run starts none.
-      await this.#firewall.setUp();
-      this.#log.info({ bridge: this.#bridge, subnet: this.#subnet.cidr, table: this.#firewall.table }, 'pod network ready');
-      return true;
-    } catch (err) {
-      await releaseNetwork(claimsDir, this.#bridge, resolve(this.#opts.root));
-      throw new AsbError('Unavailable', `cannot set up the pod bridge ${this.#bridge} and its firewall (nftables): ${err instanceof Error ? err.message : String(err)}`);
-    }
+    return this.#ctx.net.hasPodNetwork();
   }
 
   /** Takes back the id ranges of pods that are gone (id-ranges.ts), here and in any other state dir on the host. */
   async sweepIdRanges(): Promise<void> {
-    const swept = await sweepStaleIdRanges(this.#idRangesDir);
-    if (swept > 0) this.#log.info({ swept, dir: this.#idRangesDir }, 'took back the id ranges of pods that are gone');
+    return sweepIdRanges(this.#ctx);
   }
 
-  #unstacking: Promise<void> = Promise.resolve();
-  /** A check found exactly one null-netns mount: runsc pins one only where it finds none, so a start launched after that stacks none. */
-  #nullNetnsSingle = false;
-
-  /**
-   * Leaves one of the null-netns mounts concurrent first gVisor starts stack in the runsc root (runsc
-   * pins one per cold start that found none; 1 → 5 over one run before this): the others pin the
-   * same kind of empty namespace, and each gofer joins the top one when it starts, so taking the
-   * extra ones away changes nothing for a running sandbox. One at a time; not for a start launched
-   * once one was all there was (`settled`): mountinfo grows with every pod, and that start found the
-   * pin and made none.
-   */
-  #unstackNullNetns(settled: boolean): Promise<void> {
-    const root = this.#host.runsc?.root;
-    if (root === undefined || settled) return Promise.resolve();
-    const path = join(root, 'null-netns');
-    this.#unstacking = this.#unstacking.then(async () => {
-      let n = await mountsAt(path);
-      for (; n > 1; n--) {
-        const r = await this.#launcher.run(['umount', '--lazy', path], '');
-        if (r.code !== 0) throw new Error(`umount ${path}: ${lastLine(r.output)}`);
-      }
-      this.#nullNetnsSingle = n === 1;
-    }).catch((err: unknown) => this.#log.warn({ err }, 'cannot unmount the null-netns mounts runsc stacked'));
-    return this.#unstacking;
-  }
-
-  /** What reclaim.ts may touch: this runtime's own roots, mount root, cgroup parent and bridge. */
-  #reclaimScope(): ReclaimScope {
-    return {
-      root: resolve(this.#opts.root),
-      runcRoot: this.#host.runcRoot,
-      ...(this.#host.runsc === undefined ? {} : { runscRoot: this.#host.runsc.root }),
-      mountRoot: this.#host.mountRoot,
-      cgroupParent: this.#host.cgroupParent,
-      bridge: this.#bridge,
-    };
-  }
-
-  /**
-   * Ends the memory saves (runc/runsc pause and checkpoint) a killed worker left running on this
-   * state dir: nobody will finish them. Before recover, which deletes their half-written images;
-   * reclaim then resumes the sandboxes they paused.
-   */
+  /** Ends the memory saves a killed worker left running on this state dir (pod-recovery.ts). Before recover. */
   async endStraySaves(): Promise<void> {
-    if (this.#unavailable !== undefined) return;
-    const scope = this.#reclaimScope();
-    const pids = straySaves(await readProcesses(), [scope.runcRoot, ...(scope.runscRoot === undefined ? [] : [scope.runscRoot])]);
-    if (pids.length === 0) return;
-    for (const pid of pids) signal(pid, 'SIGKILL');
-    await this.#gone(pids, 5_000);
-    this.#log.warn({ pids }, 'ended the memory saves a previous worker left running');
+    return endStraySaves(this.#ctx);
   }
 
-  /** Waits (polling every 20 ms, at most `ms`) until none of `pids` runs; whether they all ended. */
-  async #gone(pids: readonly number[], ms: number): Promise<boolean> {
-    const starts = await Promise.all(pids.map((pid) => processStartTime(pid)));
-    const until = this.#clock.now() + ms;
-    for (;;) {
-      const left = await Promise.all(pids.map(async (pid, i) => starts[i] !== undefined && (await processStartTime(pid)) === starts[i]));
-      if (!left.includes(true)) return true;
-      if (this.#clock.now() >= until) return false;
-      await new Promise<void>((done) => this.#clock.after(20, done));
-    }
-  }
-
-  /**
-   * The sweep at start, after recover (reclaim.ts): the adopted pods a killed save left paused
-   * run again, then everything of this state dir that belongs to no running pod goes: shims,
-   * runc and gVisor containers, mounts (gVisor's stacked null-netns among them), veths, cgroups
-   * and mount-point directories. The firewall table was rebuilt at start with the adopted pods'
-   * chains only; half-written checkpoints and snapshots went in recover; id ranges go next
-   * (sweepIdRanges). A failure is logged and the next start tries again: a worker never fails to
-   * start because of what an earlier one left.
-   */
+  /** The sweep at start, after recover: what belongs to no running pod goes (pod-recovery.ts). */
   async reclaim(): Promise<void> {
-    if (this.#unavailable !== undefined) return;
-    const live = [...this.#pods.values()].filter((pod) => pod.target !== undefined);
-    for (const pod of live) await this.#unpause(pod).catch((err: unknown) => this.#log.error({ err, id: pod.id }, 'cannot resume an adopted pod a killed save left paused'));
-    const scope = this.#reclaimScope();
-    const ids = new Set(live.map((pod) => pod.id));
-    // A shim of a pod that no longer runs is cleaning up after it (a stop the last worker began)
-    // or waits for a "go" that will never come: it gets the time a shim needs, then ends.
-    const shims = shimsOf(await readProcesses(), scope.root).filter((shim) => !ids.has(shim.id)).map((shim) => shim.pid);
-    if (shims.length > 0 && !(await this.#gone(shims, EXIT_STATUS_WAIT_MS))) {
-      for (const pid of shims) signal(pid, 'SIGKILL');
-      await this.#gone(shims, 5_000);
-    }
-    const plan = reclaimPlan(scope, await readHostFacts(scope), {
-      ids,
-      veths: new Set(live.map((pod) => vethName(this.#bridge, pod.id))),
-      gvisor: live.some((pod) => pod.target?.kind === 'runsc'),
-    });
-    if (plan.length === 0) return;
-    const failed = await this.#carryOut(scope, plan);
-    this.#log.info({ removed: planSummary(plan), shimsEnded: shims.length }, 'reclaimed what a previous worker left of pods that no longer run');
-    if (failed.length > 0) this.#log.error({ failed }, 'could not reclaim everything a previous worker left; the next start tries again');
-  }
-
-  /** Carries out a reclaim plan (reclaim.ts) through the launcher; the actions that failed. */
-  #carryOut(scope: ReclaimScope, plan: ReclaimAction[]): ReturnType<typeof carryOut> {
-    const runsc = this.#host.runsc;
-    return carryOut(scope, plan, {
-      run: (argv) => this.#launcher.run(argv, ''),
-      runc: { binary: this.#host.runc, flags: this.#host.runtimeFlags ?? [] },
-      ...(runsc === undefined ? {} : { runsc: { binary: runsc.binary, flags: runsc.flags } }),
-    });
-  }
-
-  /**
-   * What a killed shim left of one removed pod (its runc container, rootfs mount, loop device,
-   * veth, cgroups, mount dir): the start-up sweep's plan (reclaim.ts), kept to this pod's own
-   * items, so pods starting or being removed meanwhile are never touched.
-   */
-  async #reclaimPod(id: string): Promise<void> {
-    const scope = this.#reclaimScope();
-    const facts = await readHostFacts(scope);
-    const others = new Set([...this.#pods.keys()].filter((other) => other !== id));
-    const within = (path: string): boolean => [join(scope.root, 'pods', id), join(scope.mountRoot, id)].some((dir) => path === dir || path.startsWith(`${dir}/`));
-    const loops = new Set(facts.loops.filter((l) => within(l.backingFile)).map((l) => l.device));
-    const plan = reclaimPlan(scope, facts, { ids: others, veths: new Set([...others].map((o) => vethName(this.#bridge, o))), gvisor: true }).filter((a) => {
-      switch (a.kind) {
-        case 'delete-container': return (a.runtime === 'runc' ? a.id : runscPod(a.id)) === id;
-        case 'unmount': return within(a.path);
-        case 'detach-loop': return loops.has(a.device);
-        case 'delete-veth': return a.name === vethName(this.#bridge, id);
-        case 'remove-cgroup': return a.path.split('/').pop() === id;
-        case 'remove-mount-dir': return a.id === id;
-      }
-    });
-    if (plan.length === 0) return;
-    const failed = await this.#carryOut(scope, plan);
-    this.#log.info({ id, removed: planSummary(plan) }, 'removed what the pod\'s killed shim left');
-    if (failed.length > 0) this.#log.error({ id, failed }, 'could not remove everything the pod\'s killed shim left; the next start tries again');
-  }
-
-  /**
-   * An adopted pod as a killed worker may have left it in the middle of a save: paused (a stop with
-   * memory, a snapshot) or its disk frozen (a snapshot's copy, a template build's read). It runs
-   * again; a sealed checkpoint of a pod that runs on is stale (its memory moved on) and goes.
-   */
-  async #unpause(pod: Pod): Promise<void> {
-    const target = pod.target;
-    if (target === undefined) return;
-    if (target.kind === 'runsc' ? await runscPaused(target.runcRoot, target.id) : await runcFrozen(posix.join(this.#host.cgroupParent, pod.id))) {
-      const resumed = target.kind === 'runc' ? await this.#runcOn(target, ['resume', target.id]) : await this.#runsc(target, { op: 'resume', id: target.id });
-      if (resumed.code !== 0) throw new Error(`${target.kind} resume: ${lastLine(resumed.output)}`);
-      this.#log.warn({ id: pod.id }, 'resumed a pod the last worker paused for a save it never finished');
-    }
-    if (pod.checkpoint !== undefined) await this.#dropCheckpoint(pod);
-    const disk = pod.paths.disk;
-    if (disk !== undefined && !(await madeBeforeDisks(pod.paths.dir))) await this.#host.disk.thaw(disk.mount);
+    return reclaim(this.#ctx);
   }
 
   /** Loads every pod dir: pods whose init still runs are adopted, the others are Stopped. */
   async recover(): Promise<void> {
-    let ids: string[] = [];
-    try {
-      ids = await readdir(join(this.#opts.root, 'pods'));
-    } catch {
-      return;
-    }
-    // Snapshots a worker died in the middle of writing are deleted; whole ones stay.
-    await listSnapshots(this.#opts.root);
-    await Promise.all(ids.filter((id) => ID.test(id)).map(async (id) => {
-      const paths = podPaths(this.#opts.root, id);
-      const persisted = await readPersisted(paths);
-      const pod: Pod = { id, paths, persisted, state: { phase: 'Stopped', ready: false }, generation: 0, stopping: false };
-      this.#pods.set(id, pod);
-      // A save the worker died in the middle of is no checkpoint; a sealed one is kept for the next start.
-      await discardCheckpoint(paths.checkpointPartial);
-      await discardLeftovers(paths.dir);
-      pod.checkpoint = await readCheckpointMeta(paths.checkpoint);
-      if (persisted === undefined) return;
-      // Pods made before the cache kept pins (or whose pin was lost) are pinned now; a no-op otherwise.
-      const image = persisted.image;
-      if (image !== undefined) await this.#images.pin(paths.dir, { reference: image.reference, rootfs: image.rootfs }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot pin the image of a recovered pod'));
-      this.#ips.reserve(persisted.ip);
-      // Once per pod at start-up, not at every wake (a host-wide lock): the range it recorded must
-      // still be its own in the pool. A lost claim is made again; another live pod's is a Conflict,
-      // which fails the pod's next start.
-      const range = persisted.idRange;
-      if (range !== undefined) {
-        await keepIdRange(this.#idRangesDir, paths.dir, range).catch((err: unknown) => {
-          this.#log.error({ err, id }, 'the pod\'s id range is held by another pod: it will not start');
-          pod.rangeConflict = err instanceof Error ? err.message : String(err);
-        });
-      }
-      pod.state.ip = persisted.ip;
-      const { pid, pidStart } = persisted;
-      if (pid === undefined || pidStart === undefined || (await processStartTime(pid)) !== pidStart) return;
-      const identity = await readIdentity(paths);
-      if (identity === undefined) return;
-      pod.identity = identity;
-      // The table was rebuilt empty at start: an adopted pod reaches nothing until this runs.
-      await this.#firewall.apply(this.#podNet(id, persisted.ip, persisted.request.egress)).catch((err: unknown) => this.#log.error({ err, id }, 'cannot restore the adopted pod\'s firewall rules: it reaches nothing'));
-      this.#running(pod, pid, persisted.startedAt ?? isoNow(this.#clock));
-      this.#pollExit(pod, pid, pidStart);
-      this.#log.info({ id, pid }, 'adopted running pod');
-    }));
+    return recover(this.#ctx);
   }
 
+  /** Starts (or wakes, or forks) the pod, one start at a time per pod (pod-start.ts). */
   start(req: PodRequest, opts: StartOptions = {}): Promise<PodState> {
-    if (this.#closed) return Promise.reject(new AsbError('Unavailable', 'local runtime is closed'));
-    if (!ID.test(req.id)) return Promise.reject(new AsbError('BadRequest', `pod id "${req.id}" must match ${ID.source}`));
-    let pod = this.#pods.get(req.id);
+    if (this.#ctx.closed) return Promise.reject(new AsbError('Unavailable', 'local runtime is closed'));
+    if (!POD_ID.test(req.id)) return Promise.reject(new AsbError('BadRequest', `pod id "${req.id}" must match ${POD_ID.source}`));
+    let pod = this.#ctx.pods.get(req.id);
     if (pod === undefined) {
-      pod = { id: req.id, paths: podPaths(this.#opts.root, req.id), persisted: undefined, state: { phase: 'Absent', ready: false }, generation: 0, stopping: false };
-      this.#pods.set(req.id, pod);
+      pod = { id: req.id, paths: podPaths(this.#ctx.opts.root, req.id), persisted: undefined, state: { phase: 'Absent', ready: false }, generation: 0, stopping: false };
+      this.#ctx.pods.set(req.id, pod);
     }
     const madeFor = pod.persisted?.request.uid;
     if (madeFor !== undefined && madeFor !== req.uid) {
@@ -580,403 +224,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     if (pod.state.phase === 'Running') return Promise.resolve(this.state(req.id));
     const current = pod;
     // Answered from state(), which also says whose pod it is (the uid).
-    current.starting = this.#start(current, req, opts.memory === false).then((started) => (this.#pods.get(req.id) === current ? this.state(req.id) : started)).finally(() => (current.starting = undefined));
+    current.starting = startPod(this.#ctx, current, req, opts.memory === false).then((started) => (this.#ctx.pods.get(req.id) === current ? this.state(req.id) : started)).finally(() => (current.starting = undefined));
     return current.starting;
   }
 
-  /**
-   * The image a start runs: a wake reuses the bytes the pod first ran (the tag may have moved
-   * since, and a hibernated sandbox must wake as it was), else a pull by the container's policy.
-   */
-  async #image(pod: Pod, image: string, policy: PullPolicy | undefined): Promise<PersistedImage> {
-    const kept = pod.persisted?.image;
-    // Pinned before it is looked up, in a pod dir that exists (the pin's validity): the cache's
-    // GC, in this process or another sharing the cache, then never removes it under this pod.
-    await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
-    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: kept?.reference === image ? kept.rootfs : undefined });
-    if (kept !== undefined && kept.reference === image && (await exists(kept.rootfs))) return kept;
-    const pulled = await this.#images.pull(image, { idMap: ROOT_ID_MAP, ...(policy === undefined ? {} : { policy }) });
-    // The tree itself too: the reference's record may later name other bytes (its tag moved).
-    await this.#images.pin(pod.paths.dir, { reference: image, rootfs: pulled.rootfs });
-    return { reference: image, manifestDigest: pulled.manifestDigest, rootfs: pulled.rootfs, config: pulled.config };
-  }
-
-  async #start(pod: Pod, req: PodRequest, discardMemory = false): Promise<PodState> {
-    // A new shim only once the last one has deleted its container and unmounted the disk.
-    await pod.teardown;
-    const generation = ++pod.generation;
-    pod.stopping = false;
-    pod.pendingExit = undefined;
-    const fail = (message: string, reason?: string): PodState => {
-      pod.state = { phase: 'Failed', ready: false, message };
-      if (reason !== undefined) pod.state.reason = reason;
-      if (pod.persisted !== undefined) pod.state.ip = pod.persisted.ip;
-      this.#emit(pod.id);
-      return { ...pod.state };
-    };
-    if (this.#unavailable !== undefined) return fail(`this worker runs no sandboxes: ${this.#unavailable}`, 'RuntimeUnavailable');
-    const runtimeClass = decideRuntimeClass(req.spec.runtimeClassName, this.#runscUnavailable);
-    if (!runtimeClass.ok) return fail(runtimeClass.message, runtimeClass.reason);
-    const container = mainContainer(req.spec);
-    pod.state = { phase: 'Pending', ready: false };
-    this.#emit(pod.id);
-    // No Secret objects here (README, "Pull credentials"): the worker's credentials are used, and
-    // the kubelet likewise pulls without a named secret it cannot find, with a warning.
-    if (Array.isArray(req.spec.imagePullSecrets) && req.spec.imagePullSecrets.length > 0) {
-      this.#log.warn({ id: pod.id, imagePullSecrets: req.spec.imagePullSecrets }, 'imagePullSecrets are not read by the local runtime: the worker\'s --registries credentials are used');
-    }
-    // A new pod from a snapshot: the snapshot's image bytes, disk and (below) memory.
-    let snap: SnapshotMeta | undefined;
-    if (req.from !== undefined && pod.persisted === undefined) {
-      try {
-        snap = await readSnapshot(this.#opts.root, req.from.snapshot);
-      } catch (err) {
-        return fail(err instanceof Error ? err.message : String(err), 'SnapshotUnavailable');
-      }
-    }
-    let image: PersistedImage;
-    try {
-      image = snap === undefined ? await this.#image(pod, container.image || (this.#opts.defaultImage ?? DEFAULT_IMAGE), pullPolicy(container.imagePullPolicy)) : await this.#snapshotImage(pod, snap);
-    } catch (err) {
-      if (pod.generation !== generation) return { ...pod.state };
-      return fail(err instanceof Error ? err.message : String(err), snap === undefined ? 'ErrImagePull' : 'SnapshotUnavailable');
-    }
-    if (pod.generation !== generation) return { ...pod.state };
-    const net = await this.#podNetwork();
-    const kept = pod.persisted?.ip;
-    // Kept across hibernation, unless it lies outside this bridge's subnet (hibernated before the
-    // subnet changed: state from before subnets were per state dir, or another ASB_SUBNET). It
-    // could not be reached there, so the pod gets a new address.
-    const moved = kept !== undefined && !inSubnet(kept, this.#subnet);
-    if (moved) this.#log.warn({ id: pod.id, ip: kept, subnet: this.#subnet.cidr }, 'pod address is outside the subnet: it gets a new one');
-    const ip = kept !== undefined && !moved ? kept : this.#ips.allocate();
-    // A request without a policy keeps the one the pod had (a wake), else the default.
-    const egress = req.egress ?? pod.persisted?.request.egress ?? DEFAULT_EGRESS_POLICY;
-    // A runc pod restored from memory (a snapshot's, or its own checkpoint) runs in the user
-    // namespace CRIU makes, as when it was saved: its bundle must be a checkpointable one.
-    const restoresMemory = snap === undefined ? pod.checkpoint?.criuVersion !== undefined && !discardMemory : snap.memory;
-    req = { ...req, egress, ...(restoresMemory && runtimeClass.kind === 'runc' ? { checkpointable: true } : {}) };
-    let idRange: IdRange;
-    try {
-      idRange = await this.#idRange(pod);
-    } catch (err) {
-      return fail(err instanceof Error ? err.message : String(err), isAsbError(err, 'Conflict') ? 'CreateContainerConfigError' : 'RuntimeUnavailable');
-    }
-    pod.persisted = { request: req, ip, image, idRange };
-    // A runc fork's own copy of the snapshot's memory image is made while its disk is (they share nothing).
-    const forkPlan = snap !== undefined && runtimeClass.kind === 'runc' ? this.#snapshotRestorePlan(pod, snap, 'runc') : undefined;
-    let shimArgs: string[];
-    try {
-      await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
-      await this.#mountRoot();
-      if (snap !== undefined) await this.#copySnapshotDisk(pod, snap);
-      const prepared = await preparePod(this.#host, pod.paths, req, { rootfs: image.rootfs, config: image.config }, net ? { ip, prefix: this.#subnet.prefix, gateway: this.#subnet.gateway } : undefined, runtimeClass.kind, idRange);
-      shimArgs = prepared.shimArgs;
-      pod.identity = prepared.identity;
-      // The copied disk's files are the source pod's: they become this pod's (its own host ids).
-      const disk = pod.paths.disk;
-      if (snap !== undefined && disk !== undefined && snap.idRange.hostId !== idRange.hostId) {
-        await this.#host.disk.shift(disk.mount, snap.idRange.hostId, idRange.hostId, Math.min(snap.idRange.size, idRange.size));
-      }
-      await this.#persist(pod);
-    } catch (err) {
-      this.#log.warn({ err, id: pod.id }, 'cannot prepare pod');
-      if (forkPlan !== undefined) await forkPlan.then(() => discardCheckpoint(pod.paths.checkpoint));
-      const invalid = err instanceof AsbError && err.code === 'Invalid';
-      return fail(`cannot prepare pod: ${err instanceof Error ? err.message : String(err)}`, invalid ? 'CreateContainerConfigError' : undefined);
-    }
-    // Asked to start from its files (E2B's reboot): a kept checkpoint is deleted, not restored.
-    if (discardMemory && snap === undefined && pod.checkpoint !== undefined) {
-      await this.#dropCheckpoint(pod);
-      pod.keptAgent?.end();
-      pod.keptAgent = undefined;
-    }
-    // A pod stopped with memory wakes from its checkpoint when the image can still be restored, else from its files, saying why.
-    const restore: { from?: string; shared?: boolean; failure?: string } = await (forkPlan ?? (snap === undefined ? this.#restorePlan(pod, runtimeClass.kind) : this.#snapshotRestorePlan(pod, snap, runtimeClass.kind)));
-    if (pod.generation !== generation) return { ...pod.state };
-    if (restore.from !== undefined) shimArgs = withRestore(shimArgs, restore.from, restore.shared === true, runtimeClass.kind === 'runc' && 'binary' in this.#criu ? dirname(this.#criu.binary) : undefined);
-    pod.lostLauncher = false;
-    const nullNetnsSettled = this.#nullNetnsSingle; // before runsc looks for its pin (#unstackNullNetns)
-    const launcherLost = (): boolean => pod.lostLauncher === true; // set by the lost hook during the awaits
-    pod.exited = new Promise((resolve) => (pod.markExited = resolve));
-    const launch = launchPodInit(this.#launcher, this.#shim, shimArgs, {
-      ...(net ? { attach: (pid: number) => Promise.all([this.#firewall.apply(this.#podNet(pod.id, ip, egress)), this.#attachVeth(pid, vethName(this.#bridge, pod.id), ip)]).then(() => undefined) } : {}),
-      exited: (code) => {
-        if (pod.generation !== generation) return;
-        // A shim exits after the pod's init, unless it was killed: then the init runs on,
-        // reparented to the host's init, with nobody to end it or report it, and its mounts keep
-        // the pod's teardown from finishing (found by make soak's kill -9 of a shim). It ends with
-        // its shim: SIGKILL to the pod's pid 1, so the kernel ends the rest of its namespace.
-        void this.#endOrphanedInit(pod)
-          .then(() => readExitStatus(pod.paths))
-          .then((status) => {
-            // The shim wrote the status before it exited: it also says whether the OOM killer struck.
-            if (pod.generation === generation) this.#exited(pod, code, status?.reason);
-          });
-      },
-      lost: () => {
-        if (pod.generation === generation) this.#launcherLost(pod);
-      },
-    });
-    pod.shim = launch.child;
-    const outcome = await launch.outcome;
-    if (pod.generation !== generation) return { ...pod.state };
-    if (!outcome.ok) {
-      launch.child.kill('SIGKILL');
-      // A lost launcher cannot kill: the pod's init is killed directly (its pid is fresh, seconds old).
-      const initPid = launch.pid();
-      if (launcherLost() && initPid !== undefined) signal(initPid, 'SIGKILL');
-      // The shim's exit comes after this and would say only "exited with code 125": its own
-      // message (runc's error) is the reason, so that event is for an older generation now.
-      pod.generation++;
-      // A restore that was tried is not tried twice (the sandbox may have run from it); one the
-      // start never reached (the network set-up failed first) is kept for the next start.
-      if (restore.from !== undefined && restore.shared !== true && (await readRestoreStatus(pod.paths.restoreStatus)) !== undefined) await this.#dropCheckpoint(pod);
-      return fail(outcome.message);
-    }
-    if (runtimeClass.kind === 'runsc') await this.#unstackNullNetns(nullNetnsSettled);
-    let restoreFailure = restore.failure;
-    if (restore.from !== undefined) {
-      const status = await readRestoreStatus(pod.paths.restoreStatus);
-      if (status?.restored !== true) restoreFailure = `${runtimeClass.kind === 'runsc' ? 'runsc' : 'CRIU'} could not restore the memory checkpoint, so the pod started from its files: ${status?.reason ?? 'the shim said nothing of the restore'}`;
-      // Its memory now lives in the running sandbox: a stale image must never be restored again
-      // (a snapshot's is kept: it is the snapshot's, for every pod started from it).
-      if (restore.shared !== true) await this.#dropCheckpoint(pod);
-    }
-    if (restoreFailure !== undefined) this.#log.warn({ id: pod.id, reason: restoreFailure }, 'the pod\'s memory checkpoint was not restored');
-    if (restore.from === undefined || restoreFailure !== undefined) {
-      // Started from its files: the processes of the kept handles are gone.
-      pod.keptAgent?.end();
-      pod.keptAgent = undefined;
-    }
-    launch.child.closeStdin();
-    launch.child.unref();
-    const startedAt = isoNow(this.#clock);
-    const pidStart = await processStartTime(outcome.pid);
-    if (pod.generation !== generation) return { ...pod.state };
-    pod.persisted = { request: req, ip, image, idRange, pid: outcome.pid, pidStart: pidStart ?? 'gone', startedAt, ...(restoreFailure === undefined ? {} : { restoreFailure }) };
-    this.#running(pod, outcome.pid, startedAt);
-    // The container may have ended already (a command that exits at once).
-    const early = pod.pendingExit as number | undefined; // set by the exit event during the awaits
-    if (early !== undefined) this.#exited(pod, early);
-    else if (launcherLost()) this.#pollExit(pod, outcome.pid, pod.persisted.pidStart ?? 'gone');
-    if (pod.target !== undefined) await this.#persist(pod);
-    return { ...pod.state };
-  }
-
-  /**
-   * The pod's host id range: the one it has had since it was made (recover checked the pool),
-   * ROOT_ID_MAP for a pod made before ranges (its files are owned by that one), else one claimed
-   * for it now.
-   */
-  async #idRange(pod: Pod): Promise<IdRange> {
-    if (pod.rangeConflict !== undefined) throw new AsbError('Conflict', pod.rangeConflict);
-    const kept = pod.persisted?.idRange;
-    if (kept !== undefined) return kept;
-    if (pod.persisted !== undefined) return ROOT_ID_MAP;
-    if (await madeBeforeDisks(pod.paths.dir)) return ROOT_ID_MAP;
-    return claimIdRange(this.#idRangesDir, pod.paths.dir);
-  }
-
-  /**
-   * Whether this start restores the pod's memory checkpoint: `from` the image when it is whole and
-   * made by this runsc, else the `failure` reason (the image is deleted then: it can never be restored).
-   */
-  async #restorePlan(pod: Pod, kind: 'runc' | 'runsc'): Promise<{ from?: string; failure?: string }> {
-    if (!(await exists(pod.paths.checkpoint))) return {};
-    const check = await this.#checkImage(pod.paths.checkpoint, kind);
-    if (check.ok) return { from: pod.paths.checkpoint };
-    const failure = check.reason;
-    await this.#dropCheckpoint(pod);
-    return { failure: `the memory checkpoint cannot be restored, so the pod started from its files: ${failure}` };
-  }
-
-  /**
-   * A pod started from a snapshot restores the snapshot's memory when it kept some, on gVisor,
-   * made by this runsc, and when the pod's new config.json matches the snapshot's wherever runsc
-   * compares except the id maps (specDifference): runsc only warns about those (`shared`).
-   */
-  async #snapshotRestorePlan(pod: Pod, snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<{ from?: string; shared?: boolean; failure?: string }> {
-    if (!snap.memory) return {};
-    const paths = snapshotPaths(this.#opts.root, snap.id);
-    let failure: string;
-    if (kind !== 'runsc') {
-      const check = await this.#snapshotMemoryCheck(snap, 'runc');
-      if (check.ok) {
-        try {
-          await this.#ownCopyOfImage(pod, paths.memory, snap.idRange.hostId);
-          return { from: pod.paths.checkpoint };
-        } catch (err) {
-          await discardCheckpoint(pod.paths.checkpoint);
-          failure = err instanceof Error ? err.message : String(err);
-        }
-      } else {
-        failure = check.reason;
-      }
-    } else {
-      const check = await this.#snapshotMemoryCheck(snap, 'runsc');
-      const [saved, fresh] = await Promise.all([readFile(paths.config, 'utf8'), readFile(join(pod.paths.dir, 'config.json'), 'utf8')]);
-      const differs = specDifference(JSON.parse(saved) as OciSpec, JSON.parse(fresh) as OciSpec);
-      if (check.ok && differs === undefined) return { from: paths.memory, shared: true };
-      failure = check.ok ? `the pod's ${differs ?? ''} differs from the snapshot's` : check.reason;
-    }
-    return { failure: `the snapshot's memory cannot be restored, so the pod started from its files: ${failure}` };
-  }
-
-  /** verifyCheckpoint of the image in `dir` against this worker's runsc (gVisor) or CRIU (runc). */
-  #checkImage(dir: string, kind: 'runc' | 'runsc'): Promise<CheckpointCheck> {
-    const maker: Promise<CheckpointMaker> = kind === 'runsc' ? this.#runscVersion().then((runsc) => ({ runsc })) : this.#criuVersion().then((criu) => ({ criu }));
-    return maker.then((m) => verifyCheckpoint(dir, m), (err: unknown): CheckpointCheck => ({ ok: false, reason: `${kind === 'runsc' ? 'runsc does not say its version' : 'CRIU cannot run'}: ${err instanceof Error ? err.message : String(err)}` }));
-  }
-
-  /** The snapshot id and time → the check of its CRIU image, passed: forks of one snapshot check it once, not each. */
-  #snapshotsChecked = new Map<string, Promise<CheckpointCheck>>();
-
-  /**
-   * verifyCheckpoint of a snapshot's memory image, run once per snapshot while it passes: its files
-   * never change once sealed (root's, in the runtime's 0700 state dir), and hashing them for each of
-   * ten forks at once cost ~0.1 s of each fork's start. A failed check is not kept (the tool may run later).
-   */
-  #snapshotMemoryCheck(snap: SnapshotMeta, kind: 'runc' | 'runsc'): Promise<CheckpointCheck> {
-    const key = `${snap.id}@${snap.at}`;
-    const kept = this.#snapshotsChecked.get(key);
-    if (kept !== undefined) return kept;
-    const check = this.#checkImage(snapshotPaths(this.#opts.root, snap.id).memory, kind);
-    this.#snapshotsChecked.set(key, check);
-    void check.then((c) => {
-      if (!c.ok && this.#snapshotsChecked.get(key) === check) this.#snapshotsChecked.delete(key);
-    });
-    return check;
-  }
-
-  /**
-   * A runc pod's own copy of a snapshot's CRIU image, as its checkpoint (deleted once restored):
-   * the files hard-linked (CRIU only reads them), except the user namespace's map, moved to the
-   * pod's own host id range (criu-userns.ts says why); the directory root:<pod's root group> 0750
-   * like a checkpoint of its own (#savePaused).
-   */
-  async #ownCopyOfImage(pod: Pod, from: string, fromHostId: number): Promise<void> {
-    const to = pod.persisted?.idRange?.hostId ?? ROOT_ID_MAP.hostId;
-    const dir = pod.paths.checkpoint;
-    await discardCheckpoint(dir);
-    await mkdir(dir, { mode: 0o750 });
-    await chown(dir, 0, to);
-    await chmod(dir, 0o750);
-    for (const name of await readdir(from)) {
-      if (USERNS_IMAGE.test(name)) await writeFile(join(dir, name), remapUsernsImage(await readFile(join(from, name)), fromHostId, to), { mode: 0o644 });
-      else await link(join(from, name), join(dir, name)).catch(() => copyFile(join(from, name), join(dir, name)));
-    }
-  }
-
-  /** The snapshot's image tree, pinned for this pod: it must still be in the cache (the snapshot pins it). */
-  async #snapshotImage(pod: Pod, snap: SnapshotMeta): Promise<PersistedImage> {
-    await mkdir(pod.paths.dir, { recursive: true, mode: 0o700 });
-    await this.#images.pin(pod.paths.dir, { reference: snap.image.reference, rootfs: snap.image.rootfs });
-    if (!(await exists(snap.image.rootfs))) throw new AsbError('NotFound', `the image of snapshot "${snap.id}" (${snap.image.reference}) is no longer in the image cache`);
-    return snap.image;
-  }
-
-  /** The snapshot's disk becomes the new pod's (a sparse copy), and its config the pod's first (it carries the init's token). */
-  async #copySnapshotDisk(pod: Pod, snap: SnapshotMeta): Promise<void> {
-    const paths = snapshotPaths(this.#opts.root, snap.id);
-    const disk = pod.paths.disk;
-    if (disk === undefined) throw new AsbError('Internal', `pod ${pod.id} has no disk to copy the snapshot into`);
-    await this.#copySparse(paths.disk, disk.image);
-    await copyFile(paths.config, join(pod.paths.dir, 'config.json'));
-  }
-
-  /** `cp --sparse=always` through the launcher: only the image's data is copied, its holes stay holes. */
-  async #copySparse(from: string, to: string): Promise<void> {
-    const { code, output } = await this.#launcher.run(['cp', '--sparse=always', from, to], '');
-    if (code !== 0) throw new AsbError('Internal', `cannot copy ${from}: ${lastLine(output)}`);
-  }
-
-  /**
-   * Runs a save of the pod's memory (a stop with memory, a snapshot) once every earlier one has
-   * ended, whatever its outcome; pod.checkpointing is the last one, settled, for stop and remove to
-   * wait on. A second stop with memory then finds the pod Stopped with its checkpoint: a no-op.
-   */
-  #oneSaveAtATime<T>(pod: Pod, save: () => Promise<T>): Promise<T> {
-    const result = (pod.checkpointing ?? Promise.resolve()).then(save);
-    const settled = result.then(() => undefined, () => undefined);
-    pod.checkpointing = settled;
-    void settled.then(() => {
-      if (pod.checkpointing === settled) pod.checkpointing = undefined;
-    });
-    return result;
-  }
-
-  /**
-   * Keeps the pod's files, and with `memory` its memory and processes, as a snapshot (snapshots.ts).
-   * A running pod is paused for the save (gVisor) and its disk frozen for the copy, then goes on;
-   * a pod stopped with its memory gives its checkpoint. One at a time per pod, like a stop with memory.
-   */
+  /** Keeps the pod's files, and with `memory` its memory and processes, as a snapshot (snapshot-fork.ts). */
   async snapshot(id: string, snapshotId: string, opts: { memory: boolean }): Promise<SnapshotInfo> {
-    const pod = this.#pods.get(id);
-    if (pod?.persisted === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
-    const paths = snapshotPaths(this.#opts.root, snapshotId);
-    if (await exists(paths.dir)) throw new AsbError('Conflict', `snapshot "${snapshotId}" exists already`);
-    await pod.starting?.catch(() => undefined);
-    await pod.teardown;
-    const meta = await this.#oneSaveAtATime(pod, () => this.#snapshot(pod, snapshotId, opts.memory));
-    return { id: meta.id, memory: meta.memory, bytes: meta.bytes, memoryBytes: meta.memoryBytes, at: meta.at };
-  }
-
-  async #snapshot(pod: Pod, snapshotId: string, memory: boolean): Promise<SnapshotMeta> {
-    const persisted = pod.persisted;
-    const disk = pod.paths.disk;
-    if (persisted?.image === undefined || persisted.idRange === undefined || disk === undefined || (await madeBeforeDisks(pod.paths.dir))) {
-      throw new AsbError('NotImplemented', `pod ${pod.id} was made before pods had disks of their own and id ranges: it cannot be snapshotted; recreate it`);
-    }
-    const paths = snapshotPaths(this.#opts.root, snapshotId);
-    await makePartial(paths);
-    try {
-      let memoryBytes = 0;
-      const target = pod.target;
-      if (target === undefined) {
-        if (memory && pod.checkpoint === undefined) throw new AsbError('SandboxNotRunning', `pod ${pod.id} is not running and was not stopped with its memory: there is no memory to keep (snapshot its files only)`);
-        if (memory) {
-          await this.#launcher.run(['cp', '-a', pod.paths.checkpoint, join(paths.partial, 'memory')], '').then(({ code, output }) => {
-            if (code !== 0) throw new AsbError('Internal', `cannot copy the pod's memory image: ${lastLine(output)}`);
-          });
-          memoryBytes = pod.checkpoint?.bytes ?? 0;
-        }
-        await this.#copySparse(disk.image, join(paths.partial, 'disk.img'));
-      } else {
-        if (memory) this.#canSaveMemory(pod, target, 'snapshot');
-        const copyDisk = (): Promise<void> => this.#copyFrozen(disk.mount, disk.image, join(paths.partial, 'disk.img'));
-        if (!memory) {
-          await copyDisk();
-        } else {
-          // The disk is copied while the sandbox is paused, so its files match its memory: on runc
-          // while CRIU dumps (CRIU writes nothing to the pod's disk; that saved ~50 ms of a fork);
-          // on gVisor after runsc's save, which may write the sentry's cached file data back first.
-          const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved for its snapshot, it keeps running: ${why}`);
-          const runc = target.kind === 'runc';
-          memoryBytes = (await this.#savePaused(pod, target, paths.memoryPartial, join(paths.partial, 'memory'), failed, undefined, runc ? copyDisk : undefined)).bytes;
-          try {
-            if (!runc) await copyDisk();
-          } finally {
-            await this.#resumePaused(pod, target);
-          }
-        }
-      }
-      await copyFile(join(pod.paths.dir, 'config.json'), join(paths.partial, 'config.json'));
-      const diskBytes = (await stat(join(paths.partial, 'disk.img'))).blocks * 512;
-      const meta: SnapshotMeta = {
-        id: snapshotId, source: pod.id, request: persisted.request, image: persisted.image, idRange: persisted.idRange,
-        memory, bytes: diskBytes + memoryBytes, memoryBytes, at: isoNow(this.#clock),
-      };
-      await sealSnapshot(paths, meta);
-      await this.#images.pin(paths.dir, { reference: persisted.image.reference, rootfs: persisted.image.rootfs });
-      // Its bytes reach the disk after it is acknowledged, as a stop's do (checkpoint.ts).
-      void (memory ? makeDurable(join(paths.dir, 'memory')) : Promise.resolve()).then(() => makeDurable(paths.dir));
-      this.#log.info({ id: pod.id, snapshot: snapshotId, memory, bytes: meta.bytes }, 'snapshot taken');
-      return meta;
-    } catch (err) {
-      await rm(paths.partial, { recursive: true, force: true });
-      throw err;
-    }
+    return takeSnapshot(this.#ctx, id, snapshotId, opts);
   }
 
   /**
@@ -984,568 +238,86 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
    * fail) until `read` is done, so what is read cannot change under the reader.
    */
   async readWritableLayer<T>(id: string, read: (layer: WritableLayer) => Promise<T>): Promise<T> {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     const disk = pod?.paths.disk;
     const idRange = pod?.persisted?.idRange;
     if (pod?.target === undefined) throw new AsbError('SandboxNotRunning', `sandbox pod ${id} is not running`);
     if (disk === undefined || idRange === undefined || (await madeBeforeDisks(pod.paths.dir))) {
       throw new AsbError('NotImplemented', `pod ${id} was made before pods had disks of their own and id ranges: its writable layer cannot be read`);
     }
-    await this.#host.disk.freeze(disk.mount);
+    await this.#ctx.host.disk.freeze(disk.mount);
     try {
       // gVisor's /tmp is disk/tmp, bound over the image's (runscSpec's tmpDir), not in the upper dir.
       const mounts = pod.target.kind === 'runsc' ? [{ path: 'tmp', dir: pod.paths.tmp }] : [];
       return await read({ dir: pod.paths.upper, idRange: { hostId: idRange.hostId, size: idRange.size }, mounts });
     } finally {
-      await this.#host.disk.thaw(disk.mount);
+      await this.#ctx.host.disk.thaw(disk.mount);
     }
-  }
-
-  /** The disk image copied while its filesystem is frozen: whole and consistent, whatever the sandbox does meanwhile. */
-  async #copyFrozen(mount: string, image: string, to: string): Promise<void> {
-    await this.#host.disk.freeze(mount);
-    try {
-      await this.#copySparse(image, to);
-    } finally {
-      await this.#host.disk.thaw(mount);
-    }
-  }
-
-  /**
-   * Whether the pod's memory can be saved (a pause or a snapshot with memory): a gVisor pod always;
-   * a runc pod when CRIU is built and the pod runs in a user namespace runc made
-   * (PodRequest.checkpointable). NotImplemented saying how to get it otherwise.
-   */
-  #canSaveMemory(pod: Pod, target: PodTarget, what: 'pause' | 'snapshot'): void {
-    if (target.kind === 'runsc') return;
-    const instead = what === 'pause' ? 'pause it without memory' : 'snapshot its files only';
-    if ('unavailable' in this.#criu) throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc, whose memory is kept with CRIU, which this worker lacks (${this.#criu.unavailable}); it keeps running (${instead}, or run it with runtimeClassName gvisor)`);
-    if (pod.persisted?.request.checkpointable !== true) {
-      // Decided when the pod started: a warm pool member claimed with Hibernate started without it.
-      throw new AsbError('NotImplemented', `pod ${pod.id} runs on runc in the user namespace its shim makes, which CRIU cannot checkpoint (docs/criu.md); it keeps running. To keep memory on runc, give its Sandbox suspensionStrategy: Hibernate before it starts (runc then makes its user namespace; a pod already running without it gets it at its next start), or run it with runtimeClassName gvisor; else ${instead}`);
-    }
-  }
-
-  /**
-   * Ends a runc pod #savePaused left frozen, without letting it run again: SIGKILL is queued to
-   * every process of its cgroup while frozen, and each dies on the thaw before it runs a single
-   * instruction (killing only the init would let the others run until the kernel reaps them).
-   */
-  async #killFrozen(pod: Pod, target: PodTarget): Promise<void> {
-    const cgroup = posix.join(this.#host.cgroupParent, pod.id);
-    const procs = await readFile(`/sys/fs/cgroup/freezer${cgroup}/cgroup.procs`, 'utf8').catch(() => readFile(`/sys/fs/cgroup${cgroup}/cgroup.procs`, 'utf8')).catch(() => '');
-    for (const pid of procs.split('\n').map(Number).filter((n) => n > 0)) signal(pid, 'SIGKILL');
-    signal(target.pid, 'SIGKILL');
-    const resumed = await this.#runcOn(target, ['resume', target.id]);
-    if (resumed.code !== 0) this.#log.warn({ id: pod.id, output: resumed.output }, 'a runc pod killed after its checkpoint could not be thawed');
-  }
-
-  /** One runc command on a runc pod, through the launcher; `criu`: with CRIU first on runc's PATH (checkpoint.ts). */
-  #runcOn(target: PodTarget, args: readonly string[], criu = false): Promise<{ code: number; output: string }> {
-    const argv = [target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...args];
-    return this.#launcher.run(criu && 'binary' in this.#criu ? ['env', `PATH=${criuPath(this.#criu.binary)}`, ...argv] : argv, '');
-  }
-
-  #criuVersionOnce: Promise<string> | undefined;
-
-  /** CRIU's version, once `criu check` passed on this worker (run once: ~0.1 s). */
-  #criuVersion(): Promise<string> {
-    const criu = this.#criu;
-    if ('unavailable' in criu) return Promise.reject(new AsbError('Unavailable', criu.unavailable));
-    this.#criuVersionOnce ??= criuCheck(criu.binary).then((check) => {
-      if (!check.ok) throw new AsbError('Unavailable', `criu check fails on this worker: ${check.reason ?? ''}`);
-      return check.version;
-    }).catch((err: unknown) => {
-      this.#criuVersionOnce = undefined;
-      throw err;
-    });
-    return this.#criuVersionOnce;
-  }
-
-  /** One runsc command on a running gVisor pod, through the launcher. */
-  #runsc(target: PodTarget, cmd: RunscCommand): Promise<{ code: number; output: string }> {
-    return this.#launcher.run([target.runc, ...target.runtimeFlags, '--root', target.runcRoot, ...runscSubcommand(cmd)], '');
-  }
-
-  /**
-   * The memory save both a stop with memory and a snapshot make: the agent's connections dropped
-   * (a save drops every connection from outside), the sandbox paused, saved with -leave-running into
-   * `partial` (runsc.ts' checkpointSequence says why), `check`ed, and sealed as `sealed`
-   * (checkpoint.ts). On success the sandbox stays paused: the caller kills it or resumes it
-   * (#resumePaused). On any failure the image is deleted, the sandbox resumed, and `failed(why)`
-   * (or a CheckpointFailed the check threw) is thrown.
-   */
-  async #savePaused(pod: Pod, target: PodTarget, partial: string, sealed: string, failed: (why: string) => AsbError, check?: () => Promise<void>, beside?: () => Promise<void>): Promise<CheckpointMeta> {
-    const runc = target.kind === 'runc';
-    const maker: CheckpointMaker = await (runc ? this.#criuVersion().then((criu) => ({ criu })) : this.#runscVersion().then((runsc) => ({ runsc }))).catch((err: unknown) => {
-      throw failed(err instanceof Error ? err.message : String(err));
-    });
-    await discardCheckpoint(partial);
-    if (runc) {
-      // root:<pod's root group> 0750: CRIU reads part of the image from inside the pod's user
-      // namespace at restore, before and after its tasks take the namespace's root (checkpoint.ts);
-      // the pod dir (0700, root's) keeps everyone else out.
-      const root = pod.persisted?.idRange?.hostId ?? ROOT_ID_MAP.hostId;
-      await mkdir(partial, { mode: 0o750 }).then(() => chown(partial, 0, root)).then(() => chmod(partial, 0o750)).catch((err: unknown) => {
-        throw failed(`cannot make the image's directory: ${err instanceof Error ? err.message : String(err)}`);
-      });
-    }
-    const steps = checkpointSequence(target.id, partial);
-    target.agent?.suspend();
-    const paused = runc ? await this.#runcOn(target, ['pause', target.id]) : await this.#runsc(target, steps.pause);
-    if (paused.code !== 0) {
-      void target.agent?.resume();
-      await discardCheckpoint(partial);
-      throw failed(`${target.kind} pause: ${lastLine(paused.output)}`);
-    }
-    try {
-      // runc: the cgroup is frozen already, and CRIU leaves it frozen after the dump (--leave-running).
-      const besides = beside?.();
-      const saved = await (runc ? this.#runcOn(target, runcCheckpoint(target.id, partial), true) : this.#runsc(target, steps.checkpoint)).finally(() => besides?.catch(() => undefined));
-      await besides;
-      if (saved.code !== 0) throw failed(`${target.kind} checkpoint: ${runc ? await criuDumpError(partial, saved.output) : lastLine(saved.output)}`);
-      // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
-      if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
-      await check?.();
-      return await sealCheckpoint(partial, sealed, maker, isoNow(this.#clock));
-    } catch (err) {
-      await discardCheckpoint(partial);
-      await this.#resumePaused(pod, target);
-      throw isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err));
-    }
-  }
-
-  /** Resumes a sandbox #savePaused left paused, and attaches its agent's processes again. */
-  async #resumePaused(pod: Pod, target: PodTarget): Promise<void> {
-    const resumed = target.kind === 'runc' ? await this.#runcOn(target, ['resume', target.id]) : await this.#runsc(target, { op: 'resume', id: target.id });
-    if (resumed.code !== 0) this.#log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
-    void target.agent?.resume();
   }
 
   /** Deletes a snapshot and its pin on the image; idempotent. */
   async deleteSnapshot(snapshotId: string): Promise<void> {
-    const paths = snapshotPaths(this.#opts.root, snapshotId);
-    for (const key of this.#snapshotsChecked.keys()) if (key.startsWith(`${snapshotId}@`)) this.#snapshotsChecked.delete(key);
-    await rm(paths.dir, { recursive: true, force: true });
-    await this.#images.unpin(paths.dir);
+    return deleteSnapshot(this.#ctx, snapshotId);
   }
 
   /** The snapshots this runtime holds (partial ones left by a worker that died are deleted). */
   snapshots(): Promise<string[]> {
-    return listSnapshots(this.#opts.root);
+    return listSnapshots(this.#ctx.opts.root);
   }
 
-  async #dropCheckpoint(pod: Pod): Promise<void> {
-    pod.checkpoint = undefined;
-    await discardCheckpointSoon(pod.paths.checkpoint);
-  }
-
-  #runscVersionOnce: Promise<string> | undefined;
-
-  /** What the runsc binary says it is (runsc checks an image against its own version, not against the pin). */
-  #runscVersion(): Promise<string> {
-    const binary = this.#host.runsc?.binary;
-    if (binary === undefined) return Promise.reject(new AsbError('Unavailable', 'gVisor (runsc) is not available on this worker'));
-    this.#runscVersionOnce ??= runscVersion(binary).catch((err: unknown) => {
-      this.#runscVersionOnce = undefined;
-      throw err;
-    });
-    return this.#runscVersionOnce;
-  }
-
-  /** The mount points' parent, made once: each pod's directory in it is walkable by that pod's root only (oci-pod.ts). */
-  #mountRoot(): Promise<void> {
-    this.#mountRootReady ??= (async () => {
-      await mkdir(this.#host.mountRoot, { recursive: true, mode: 0o711 });
-      await chown(this.#host.mountRoot, 0, 0);
-      await chmod(this.#host.mountRoot, 0o711);
-      // /run/asb may exist already (network claims), made before with a private mode.
-      if (this.#host.mountRoot.startsWith(`${MOUNT_ROOT}/`)) await Promise.all([chmod(MOUNT_ROOT, 0o711), chmod(resolve(MOUNT_ROOT, '..'), 0o711)]);
-    })();
-    return this.#mountRootReady;
-  }
-
-  /**
-   * The launcher died: running pods keep running but their exit events are gone, so they are
-   * watched by polling, like adopted pods. A pod still starting is finished by start().
-   */
-  #launcherLost(pod: Pod): void {
-    pod.lostLauncher = true;
-    const { pid, pidStart } = pod.persisted ?? {};
-    if (this.#closed || pod.state.phase !== 'Running' || pid === undefined || pidStart === undefined) return;
-    this.#pollExit(pod, pid, pidStart);
-  }
-
-  #running(pod: Pod, pid: number, startedAt: string): void {
-    const request = pod.persisted?.request;
-    const identity = pod.identity;
-    if (request === undefined || identity === undefined) return;
-    const container = mainContainer(request.spec);
-    const runtimeClass = decideRuntimeClass(request.spec.runtimeClassName, this.#runscUnavailable);
-    if (!runtimeClass.ok) {
-      // Only an adopted gVisor pod whose runsc went away since: it runs on, untouched, until it ends.
-      this.#log.error({ id: pod.id }, runtimeClass.message);
-      return;
-    }
-    const runtime = ociRuntime(this.#host, runtimeClass.kind);
-    const ip = pod.persisted?.ip ?? '127.0.0.1';
-    const { agent, ...who } = identity;
-    // A gVisor pod's container id (runscContainerId), or its bare id when it was started before that.
-    const legacy = runtime.kind === 'runsc' && existsSync(join(runtime.root, `${pod.id}_sandbox:${pod.id}.state`));
-    const containerId = runtime.kind === 'runsc' ? runscContainerId(pod.id, legacy) : pod.id;
-    pod.target = { kind: runtime.kind, runc: runtime.binary, runcRoot: runtime.root, runtimeFlags: runtime.flags, id: containerId, pid, execDir: pod.paths.exec, ...who };
-    if (agent !== undefined) {
-      const address = { host: ip, port: agent.port, token: agent.token };
-      const kept = pod.keptAgent;
-      pod.keptAgent = undefined;
-      // Restored with its memory: the handles of its processes attach to them again.
-      pod.target.agent = kept ?? new AgentLink(address);
-      if (kept !== undefined) void kept.resume(address);
-    }
-    const probe = container.readinessProbe;
-    pod.state = { phase: 'Running', ready: probe === undefined, ip, pid, startedAt };
-    pod.exited ??= new Promise((resolve) => (pod.markExited = resolve));
-    if (probe !== undefined && !this.#closed) {
-      const target = pod.target;
-      pod.probe = startProbeLoop({
-        probe,
-        clock: this.#clock,
-        defaultPeriodMs: this.#opts.probeIntervalMs ?? 1000,
-        target: { host: pod.state.ip ?? '127.0.0.1', ports: container.ports ?? [], exec: (command, timeoutMs) => execInPod(target, { command, timeoutMs }) },
-        onChange: (ready) => {
-          if (pod.state.phase !== 'Running') return;
-          pod.state = { ...pod.state, ready };
-          this.#emit(pod.id);
-        },
-        onError: (err) => this.#log.warn({ err, id: pod.id }, 'readiness probe failed to run'),
-      });
-    }
-    this.#emit(pod.id);
-  }
-
-  /**
-   * For pods we did not spawn (adopted): no exit event, so check the init's pid and start time,
-   * then wait for the exit status its shim writes once it has deleted the container and unmounted
-   * its rootfs (a shim that was killed never writes it: 137 after EXIT_STATUS_WAIT_MS).
-   */
-  #pollExit(pod: Pod, pid: number, pidStart: string): void {
-    const generation = pod.generation;
-    let goneAt: number | undefined;
-    const check = (): void => {
-      void processStartTime(pid).then(async (start) => {
-        if (pod.generation !== generation || this.#closed) return;
-        const status = start === pidStart ? undefined : await readExitStatus(pod.paths);
-        goneAt ??= start === pidStart ? undefined : this.#clock.now();
-        if (status === undefined && (goneAt === undefined || this.#clock.now() - goneAt < EXIT_STATUS_WAIT_MS)) {
-          pod.poll = this.#clock.after(goneAt === undefined ? this.#opts.pollIntervalMs ?? 500 : 20, check);
-          return;
-        }
-        this.#exited(pod, status?.code ?? 137, status?.reason);
-      });
-    };
-    pod.poll = this.#clock.after(this.#opts.pollIntervalMs ?? 500, check);
-  }
-
-  /** SIGKILL to the pod's init if it still runs (the same process: its start time matches). */
-  async #endOrphanedInit(pod: Pod): Promise<void> {
-    const { pid, pidStart } = pod.persisted ?? {};
-    if (pid === undefined || pidStart === undefined || (await processStartTime(pid)) !== pidStart) return;
-    this.#log.warn({ id: pod.id, pid }, 'the pod\'s shim died before its init: ending the init');
-    pod.shimLost = true;
-    signal(pid, 'SIGKILL');
-  }
-
-  #exited(pod: Pod, code: number, reason?: string): void {
-    pod.probe?.cancel();
-    pod.poll?.cancel();
-    pod.probe = undefined;
-    // Its processes ended with it, unless it was stopped with its memory: their handles wait for the restore.
-    if (pod.checkpoint !== undefined && pod.target?.agent !== undefined) pod.keptAgent = pod.target.agent;
-    else pod.target?.agent?.end();
-    delete pod.target;
-    pod.markExited?.();
-    pod.exited = undefined;
-    const ip = pod.persisted?.ip;
-    if (pod.persisted !== undefined) {
-      // What the next start needs (request, address, image, id range), without the ended process.
-      const { pid: _pid, pidStart: _pidStart, startedAt: _startedAt, restoreFailure: _restoreFailure, ...kept } = pod.persisted;
-      pod.persisted = kept;
-      this.#persist(pod).catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'cannot persist pod state'));
-    }
-    if (pod.state.phase === 'Pending') {
-      pod.pendingExit = code; // start() reports it, with the shim's message when there is one
-      return;
-    }
-    if (pod.stopping) pod.state = { phase: 'Stopped', ready: false };
-    else if (reason === 'Evicted' && pod.persisted !== undefined) pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: evictionMessage(pod.persisted.request.spec) };
-    else if (reason === 'OOMKilled') pod.state = { phase: 'Failed', ready: false, exitCode: code, reason, message: `the container was killed for using more memory than its limit (OOMKilled, exit code ${code})` };
-    else pod.state = { phase: code === 0 ? 'Succeeded' : 'Failed', ready: false, exitCode: code, message: `the container exited with code ${code}` };
-    if (ip !== undefined) pod.state.ip = ip;
-    if (!this.#closed) this.#emit(pod.id);
-  }
-
+  /** Hibernates the pod, or with `memory` keeps its memory too (pod-stop.ts, pod-memory.ts). */
   async stop(id: string, opts: StopOptions = {}): Promise<void> {
-    const pod = this.#pods.get(id);
-    if (opts.memory === true) {
-      if (pod === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
-      await pod.starting?.catch(() => undefined);
-      return this.#oneSaveAtATime(pod, () => this.#stopWithMemory(pod));
-    }
-    if (pod === undefined) return;
-    await pod.starting?.catch(() => undefined);
-    await pod.checkpointing?.catch(() => undefined);
-    await pod.teardown;
-    const target = pod.target;
-    if (target === undefined) {
-      if (pod.state.phase !== 'Absent' && pod.state.phase !== 'Stopped') {
-        pod.state = { phase: 'Stopped', ready: false };
-        if (pod.persisted !== undefined) pod.state.ip = pod.persisted.ip;
-        this.#emit(id);
-      }
-      return;
-    }
-    pod.stopping = true;
-    const exited = pod.exited ?? Promise.resolve();
-    // The shim and clock timers are unref'd so running pods never hold the worker open; a stop in
-    // progress must, or a shutdown that awaits it would exit half-way.
-    const keepAlive = setInterval(() => undefined, 60_000);
-    try {
-      // The container's init (asb-init) passes SIGTERM on to the command's process group. Sent again
-      // while the grace lasts: one sent in the instant the container's first process is replaced
-      // by the init is lost (seen once in a few stops right after a start: a 2 s stop instead of 5 ms).
-      signal(target.pid, 'SIGTERM');
-      const resend = setInterval(() => signal(target.pid, 'SIGTERM'), TERM_RESEND_MS);
-      const graceful = await this.#within(exited, this.#opts.stopGraceMs ?? 2000);
-      clearInterval(resend);
-      if (!graceful) {
-        signal(target.pid, 'SIGKILL'); // pid 1 of the namespace: the kernel kills all the rest
-        if (!(await this.#within(exited, 10_000))) throw new AsbError('Timeout', `pod ${id} did not end after SIGKILL`);
-      }
-    } finally {
-      clearInterval(keepAlive);
-    }
+    return stop(this.#ctx, id, opts);
   }
 
-  /**
-   * Stop with memory (gVisor): the sandbox is paused, saved with -leave-running (runsc.ts'
-   * checkpointSequence says why), the image sealed (checkpoint.ts), and only then is the sandbox
-   * killed; the shim sees its init end and cleans up as for any stop, and the pod is Stopped with
-   * its checkpoint. Any failure before the kill resumes the sandbox, deletes what was written and
-   * rejects with CheckpointFailed saying why.
-   */
-  async #stopWithMemory(pod: Pod): Promise<void> {
-    const target = pod.target;
-    if (target === undefined) {
-      if (pod.state.phase === 'Stopped' && pod.checkpoint !== undefined) return;
-      throw new AsbError('SandboxNotRunning', `pod ${pod.id} is not running: there is no memory to keep`);
-    }
-    this.#canSaveMemory(pod, target, 'pause');
-    // The last checkpoint's mark must not land in this one (makeDurable writes it by path).
-    await pod.settling;
-    const request = pod.persisted?.request;
-    if (request === undefined) throw new AsbError('Internal', `pod ${pod.id} runs without a recorded request`);
-    const failed = (why: string): AsbError => new AsbError('CheckpointFailed', `pod ${pod.id}'s memory was not saved, it keeps running: ${why}`);
-    const { paths } = pod;
-    // Counted against the pod's ephemeral-storage with its files, and against the worker's disk.
-    const room = async (bytes: number, reserve: number): Promise<void> => {
-      const disk = paths.disk === undefined || (await madeBeforeDisks(paths.dir)) ? undefined : await mountedDiskUsage(paths.disk.mount, paths.dir);
-      const fits = checkpointRoom({
-        limitBytes: disk === undefined ? undefined : podDisk(request.spec).bytes,
-        diskUsedBytes: disk?.usedBytes ?? 0,
-        imageBytes: bytes,
-        hostFreeBytes: await freeBytes(paths.dir),
-        hostReserveBytes: reserve,
-      });
-      if (!fits.ok) throw failed(fits.reason);
-    };
-    try {
-      const memory = (await cgroupUsage(posix.join(this.#host.cgroupParent, pod.id))).memory?.workingSetBytes ?? 0;
-      await room(memory, CHECKPOINT_HOST_RESERVE_BYTES);
-    } catch (err) {
-      throw isAsbError(err, 'CheckpointFailed') ? err : failed(err instanceof Error ? err.message : String(err));
-    }
-    const meta = await this.#savePaused(pod, target, paths.checkpointPartial, paths.checkpoint, failed, async () => room(await imageBytes(paths.checkpointPartial), MIN_FREE_AFTER_SAVE_BYTES - 1));
-    pod.checkpoint = meta;
-    pod.stopping = true;
-    const exited = pod.exited ?? Promise.resolve();
-    // Paused, its memory saved: nothing in it may run again, so no SIGTERM and no grace.
-    if (target.kind === 'runc') await this.#killFrozen(pod, target);
-    else signal(target.pid, 'SIGKILL');
-    // Every process is killed and none runs another instruction: the pause is done, and the pod
-    // is Stopped now. Its teardown goes on (the kernel frees its memory, ~0.1 s per GiB; the shim
-    // deletes the container and unmounts its disk), and whatever needs the pod next waits for it.
-    // The shim and clock timers are unref'd (see stop()): while the teardown goes on, something
-    // must hold the process open, or a caller awaiting it (a start) would see the process exit.
-    const keepAlive = setInterval(() => undefined, 60_000);
-    const ended = this.#within(exited, 10_000).then((ok) => {
-      if (!ok) throw new AsbError('Timeout', `pod ${pod.id} did not end after its checkpoint`);
-    });
-    const teardown: Promise<void> = ended.finally(() => {
-      clearInterval(keepAlive);
-      if (pod.teardown === teardown) pod.teardown = undefined;
-    });
-    pod.teardown = teardown;
-    teardown.catch((err: unknown) => this.#log.warn({ err, id: pod.id }, 'a pod stopped with its memory did not end'));
-    pod.probe?.cancel();
-    pod.probe = undefined;
-    // Its processes' handles wait for the restore (#exited, when it comes, finds no target).
-    if (target.agent !== undefined) pod.keptAgent = target.agent;
-    delete pod.target;
-    pod.state = { phase: 'Stopped', ready: false, ...(pod.persisted === undefined ? {} : { ip: pod.persisted.ip }) };
-    this.#emit(pod.id);
-    pod.settling = makeDurable(paths.checkpoint);
-    this.#log.info({ id: pod.id, bytes: meta.bytes }, 'pod stopped with its memory');
-  }
-
-  #within(p: Promise<void>, ms: number): Promise<boolean> {
-    return new Promise((resolve) => {
-      const timer = this.#clock.after(ms, () => resolve(false));
-      void p.then(() => {
-        timer.cancel();
-        resolve(true);
-      });
-    });
-  }
-
+  /** Stops the pod and deletes everything of it (pod-stop.ts). */
   async remove(id: string): Promise<void> {
-    const pod = this.#pods.get(id);
-    if (pod === undefined) return;
-    await this.stop(id);
-    pod.generation++;
-    this.#pods.delete(id);
-    pod.keptAgent?.end();
-    pod.keptAgent = undefined;
-    if (pod.persisted !== undefined) {
-      // Before the address can go to another pod: an emptied chain lets nothing through.
-      await this.#firewall.remove({ ip: pod.persisted.ip, veth: vethName(this.#bridge, id) }).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot empty the pod\'s firewall chains'));
-      // A pod gone has no policy (policyForPodIp answers undefined): the egress proxy forgets its
-      // connections before the address can go to another pod, whose own must not be judged by them.
-      await this.#policyChanged(id, pod.persisted.ip);
-      this.#ips.release(pod.persisted.ip);
-    }
-    // Unmounted by the shim when the pod ended; still mounted when a shim was killed or a start failed.
-    if (pod.paths.disk !== undefined) await this.#host.disk.unmount(pod.paths.disk.mount);
-    // The namespace files a killed shim left bound: the pod dir cannot be removed under them (EBUSY).
-    const mountDir = join(this.#host.mountRoot, id);
-    // And a checkpointable runc pod's disk bound for its volumes (oci-shim.c -V), before the disk goes.
-    for (const path of [pod.paths.userns, pod.paths.netns, join(mountDir, 'disk')]) await this.#host.disk.unmount(path);
-    await Promise.all([
-      rm(pod.paths.dir, { recursive: true, force: true }),
-      rm(pod.paths.legacyVolumes, { recursive: true, force: true }),
-      // Empty once the shim unmounted it; a mount still there (a shim killed) is left, never deleted through.
-      // etc/ and disk/: a checkpointable runc pod's /etc files and its disk's bind point (oci-pod.ts).
-      Promise.all([rmdir(join(mountDir, 'rootfs')).catch(() => undefined), rmdir(join(mountDir, 'disk')).catch(() => undefined), rm(join(mountDir, 'etc'), { recursive: true, force: true })]).then(() => rmdir(mountDir)).catch(() => undefined),
-    ]);
-    if (pod.shimLost === true) await this.#reclaimPod(id);
-    // After its files are deleted, so a later pod given the range finds none of this one's.
-    await releaseIdRange(this.#idRangesDir, pod.paths.dir, pod.persisted?.idRange).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot release the pod\'s id range'));
-    // After the dir: a worker killed in between leaves a pin whose dir is gone, which GC reclaims.
-    await this.#images.unpin(pod.paths.dir);
-    this.#emit(id);
-  }
-
-  /**
-   * Writes the pod's persisted state as it is when the write runs, one write per pod at a time:
-   * two at once shared the temporary file, and the second rename failed with ENOENT (a PUT
-   * .../network and the reconciler applying the same policy, 1 run in 4).
-   */
-  #persist(pod: Pod): Promise<void> {
-    const write = (pod.persisting ?? Promise.resolve()).catch(() => undefined).then(() => (pod.persisted === undefined ? undefined : writePersisted(pod.paths, pod.persisted)));
-    pod.persisting = write;
-    return write;
-  }
-
-  #podNet(id: string, ip: string, policy: EgressPolicy | undefined): { id: string; ip: string; mac: string; veth: string; policy: EgressPolicy } {
-    return { id, ip, mac: podMac(ip), veth: vethName(this.#bridge, id), policy: policy ?? DEFAULT_EGRESS_POLICY };
+    return remove(this.#ctx, id);
   }
 
   /** Replaces a pod's egress policy: applied at once when it runs, and kept (persisted) for its next wake. */
   async setEgressPolicy(id: string, policy: EgressPolicy): Promise<void> {
-    const pod = this.#pods.get(id);
-    if (pod?.persisted === undefined) throw new AsbError('NotFound', `pod ${id} not found`);
-    await pod.starting?.catch(() => undefined);
-    const persisted = pod.persisted;
-    persisted.request = { ...persisted.request, egress: policy };
-    await this.#persist(pod);
-    if (pod.state.phase !== 'Running' && pod.state.phase !== 'Pending') return;
-    const net = this.#podNet(id, persisted.ip, policy);
-    await this.#firewall.apply(net);
-    // The rules above decide new connections only: open ones the policy now forbids are cut here,
-    // before the change is acknowledged (runc's and gVisor's flows alike leave through the bridge).
-    const cut = await this.#firewall.cutForbidden(net).catch((err: unknown) => {
-      this.#log.error({ err, id }, 'cannot cut the open connections the new egress policy forbids: they keep running until they end');
-      return [];
-    });
-    if (cut.length > 0) this.#log.info({ id, destinations: cut }, 'cut open connections the new egress policy forbids');
-    // The proxied ones are not the kernel's: the egress proxy's own (onPolicyChange), also before the acknowledgement.
-    await this.#policyChanged(id, persisted.ip);
-  }
-
-  #policyChanged(id: string, ip: string): Promise<void> {
-    return Promise.all(
-      [...this.#policyListeners].map((listener) =>
-        listener(ip).catch((err: unknown) => this.#log.error({ err, id }, 'cannot close the proxied connections the new egress policy forbids: they keep running until they end')),
-      ),
-    ).then(() => undefined);
+    return setEgressPolicy(this.#ctx, id, policy);
   }
 
   onPolicyChange(listener: (podIp: string) => Promise<void>): () => void {
-    this.#policyListeners.add(listener);
-    return () => {
-      this.#policyListeners.delete(listener);
-    };
+    return this.#ctx.net.onPolicyChange(listener);
   }
 
-  /**
-   * The policy of the pod holding `ip` (the egress proxy and DNS resolver ask, per connection or
-   * question): the pod's persisted request, the same the kernel rules were made from. A scan of
-   * the pods: ~1 µs per pod, well under a connection's cost at the few thousand a worker holds.
-   */
+  /** The policy of the pod holding `ip`, asked per connection or question (pod-egress.ts). */
   policyForPodIp(ip: string): EgressPolicy | undefined {
-    for (const pod of this.#pods.values()) {
-      if (pod.persisted?.ip === ip) return pod.persisted.request.egress ?? DEFAULT_EGRESS_POLICY;
-    }
-    return undefined;
+    return policyForPodIp(this.#ctx, ip);
   }
 
   /** The pod (= sandbox id) holding `ip`, for the egress proxy's per-sandbox counts; the same scan as policyForPodIp. */
   sandboxForPodIp(ip: string): string | undefined {
-    for (const pod of this.#pods.values()) if (pod.persisted?.ip === ip) return pod.id;
-    return undefined;
+    return sandboxForPodIp(this.#ctx, ip);
   }
 
   /** The kernel's per-pod, per-rule counts of connection attempts. */
   async egressCounts(): Promise<EgressCount[]> {
-    if (!(await this.hasPodNetwork().catch(() => false))) return [];
-    const byIp = new Map<string, string>();
-    for (const pod of this.#pods.values()) if (pod.persisted !== undefined) byIp.set(pod.persisted.ip, pod.id);
-    const out: EgressCount[] = [];
-    for (const c of await this.#firewall.counters()) {
-      const pod = byIp.get(c.ip);
-      if (pod !== undefined) out.push({ pod, rule: c.rule, verdict: c.verdict, count: c.packets });
-    }
-    return out;
+    return egressCounts(this.#ctx);
   }
 
   /** Hibernates every running pod, e.g. when `make up` shuts down. */
   async stopAll(): Promise<void> {
-    await Promise.all([...this.#pods.keys()].map((id) => this.stop(id)));
+    await Promise.all([...this.#ctx.pods.keys()].map((id) => this.stop(id)));
   }
 
   /** What the pod uses, from its disk and its cgroup on the host (pod-usage.ts says why not /proc). */
   async usage(id: string): Promise<PodUsage | undefined> {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     if (pod?.state.phase !== 'Running') return undefined;
     const disk = pod.paths.disk;
     const [onDisk, cgroup] = await Promise.all([
       disk === undefined ? undefined : mountedDiskUsage(disk.mount, pod.paths.dir),
-      cgroupUsage(posix.join(this.#host.cgroupParent, id)),
+      cgroupUsage(posix.join(this.#ctx.host.cgroupParent, id)),
     ]);
     return { ...(onDisk === undefined ? {} : { disk: onDisk }), ...cgroup };
   }
 
   state(id: string): PodState {
-    const pod = this.#pods.get(id);
+    const pod = this.#ctx.pods.get(id);
     if (pod === undefined) return { phase: 'Absent', ready: false };
     const uid = pod.persisted?.request.uid;
     const state: PodState = uid === undefined ? { ...pod.state } : { ...pod.state, uid };
@@ -1556,7 +328,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
   }
 
   list(): string[] {
-    return [...this.#pods.keys()];
+    return [...this.#ctx.pods.keys()];
   }
 
   onChange(listener: (id: string) => void): () => void {
@@ -1569,13 +341,13 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       try {
         listener(id);
       } catch (err) {
-        this.#log.error({ err, id }, 'onChange listener threw');
+        this.#ctx.log.error({ err, id }, 'onChange listener threw');
       }
     }
   }
 
   #target(id: string): PodTarget {
-    const target = this.#pods.get(id)?.target;
+    const target = this.#ctx.pods.get(id)?.target;
     if (target === undefined) throw new AsbError('SandboxNotRunning', `sandbox pod ${id} is not running`);
     return target;
   }
@@ -1602,7 +374,7 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
       return agentPty(t.agent, { ...agentRequest(t, { ...opts, command: opts.command ?? [...DEFAULT_PTY_COMMAND] }), pty: { cols: opts.cols, rows: opts.rows } }, id);
     }
     return openRuncPty({
-      runc: t.runc, root: t.runcRoot, runtime: t.kind, runtimeFlags: t.runtimeFlags, id: t.id, user: { uid: t.uid, gid: t.gid }, cwd: t.cwd, stateDir: this.#opts.root, userNamespace: true,
+      runc: t.runc, root: t.runcRoot, runtime: t.kind, runtimeFlags: t.runtimeFlags, id: t.id, user: { uid: t.uid, gid: t.gid }, cwd: t.cwd, stateDir: this.#ctx.opts.root, userNamespace: true,
       env: Object.entries(t.env).map(([k, v]) => `${k}=${v}`),
     }, opts);
   }
@@ -1613,9 +385,9 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
 
   /** Stops probes and watchers; pods keep running and a new runtime re-adopts them. */
   close(): Promise<void> {
-    if (this.#closed) return Promise.resolve();
-    this.#closed = true;
-    for (const pod of this.#pods.values()) {
+    if (this.#ctx.closed) return Promise.resolve();
+    this.#ctx.closed = true;
+    for (const pod of this.#ctx.pods.values()) {
       pod.probe?.cancel();
       pod.poll?.cancel();
     }
@@ -1623,72 +395,22 @@ export class LocalRuntime implements PodRuntime, EgressPolicySource {
     // The directory of mount points goes when no pod has one (a test's runtime leaves nothing in /run).
     // runsc's state dir holds a bind mount it never removes (releaseRunscRoot): released once no
     // gVisor pod runs, so a shut-down worker leaves no mount behind and its root can be deleted.
-    const gvisorRuns = [...this.#pods.values()].some((pod) => pod.target?.kind === 'runsc' || pod.starting !== undefined);
-    const runscRoot = this.#host.runsc?.root;
-    // A running pod keeps its rules (the next runtime re-adopts it); with none left the tables go.
-    const anyRuns = [...this.#pods.values()].some((pod) => pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined);
-    const network = this.#network;
-    // With none, the bridge and the claim on it go too: `make up` stopped left both behind.
-    const dropNetwork = async (): Promise<void> => {
-      if (anyRuns || network === undefined || !(await network.catch(() => false))) return;
-      await this.#firewall.destroy().catch((err: unknown) => this.#log.warn({ err }, 'cannot delete the firewall tables'));
-      // Not while another runtime's pods hang off it (two runtimes on one state dir, in tests).
-      const ports = await readdir(`/sys/class/net/${this.#bridge}/brif`).catch(() => []);
-      if (ports.length === 0) await deleteBridge(this.#bridge).catch((err: unknown) => this.#log.warn({ err }, 'cannot delete the pod bridge'));
-      await releaseNetwork(this.#opts.claimsDir ?? DEFAULT_CLAIMS_DIR, this.#bridge, resolve(this.#opts.root)).catch((err: unknown) => this.#log.warn({ err }, 'cannot release the claim on the pod bridge'));
-    };
+    const gvisorRuns = [...this.#ctx.pods.values()].some((pod) => pod.target?.kind === 'runsc' || pod.starting !== undefined);
+    const runscRoot = this.#ctx.host.runsc?.root;
+    // A running pod keeps its rules (the next runtime re-adopts it); with none left the tables, the bridge and its claim go.
+    const anyRuns = [...this.#ctx.pods.values()].some((pod) => pod.state.phase === 'Running' || pod.state.phase === 'Pending' || pod.starting !== undefined);
     // The empty mount-point directories of pods that do not run (a stopped pod's shim unmounted them).
-    const running = new Set([...this.#pods.values()].filter((pod) => pod.target !== undefined || pod.starting !== undefined).map((pod) => pod.id));
+    const running = new Set([...this.#ctx.pods.values()].filter((pod) => pod.target !== undefined || pod.starting !== undefined).map((pod) => pod.id));
     const dropMountDirs = async (): Promise<void> => {
-      const names = await readdir(this.#host.mountRoot).catch(() => []);
-      for (const id of names) if (!running.has(id)) await removeMountDir(this.#host.mountRoot, id).catch((err: unknown) => this.#log.warn({ err, id }, 'cannot remove the pod\'s mount-point directory'));
-      await rmdir(this.#host.mountRoot).catch(() => undefined);
+      const names = await readdir(this.#ctx.host.mountRoot).catch(() => []);
+      for (const id of names) if (!running.has(id)) await removeMountDir(this.#ctx.host.mountRoot, id).catch((err: unknown) => this.#ctx.log.warn({ err, id }, 'cannot remove the pod\'s mount-point directory'));
+      await rmdir(this.#ctx.host.mountRoot).catch(() => undefined);
     };
     return Promise.all([
-      dropNetwork().then(() => this.#launcher.close()),
+      this.#ctx.net.close(anyRuns).then(() => this.#ctx.launcher.close()),
       dropMountDirs(),
-      removeParent(this.#host.cgroupParent),
-      runscRoot === undefined || gvisorRuns ? undefined : releaseRunscRoot(runscRoot).catch((err: unknown) => this.#log.warn({ err }, 'cannot release runsc state')),
+      removeParent(this.#ctx.host.cgroupParent),
+      runscRoot === undefined || gvisorRuns ? undefined : releaseRunscRoot(runscRoot).catch((err: unknown) => this.#ctx.log.warn({ err }, 'cannot release runsc state')),
     ]).then(() => undefined);
-  }
-}
-
-/** Kubernetes' imagePullPolicy; anything else (absent, or a value validation let through) is the default rule. */
-function pullPolicy(value: unknown): PullPolicy | undefined {
-  return value === 'Always' || value === 'IfNotPresent' || value === 'Never' ? value : undefined;
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** `runc checkpoint` of a frozen container into `dir`, CRIU's dump.log with it; the container is left as it was (frozen). */
-function runcCheckpoint(id: string, dir: string): string[] {
-  return ['checkpoint', '--leave-running', '--image-path', dir, '--work-path', dir, id];
-}
-
-/** Why `runc checkpoint` failed: CRIU's first error in its dump.log (runc says only "criu failed"), else runc's last line. */
-async function criuDumpError(dir: string, output: string): Promise<string> {
-  const log = await readFile(join(dir, 'dump.log'), 'utf8').catch(() => '');
-  // Every run logs "rlimit: Can't setup RLIMIT_NOFILE for self" (harmless, docs/criu.md): not the reason.
-  const first = log.split('\n').find((line) => line.includes('Error (') && !line.includes('RLIMIT_NOFILE for self'))?.trim();
-  return first === undefined ? lastLine(output) : `${lastLine(output)}: ${first}`;
-}
-
-/** The last non-empty line a command printed (runsc's error), for a message. */
-function lastLine(output: string): string {
-  return output.trim().split('\n').pop()?.trim() ?? 'no output';
-}
-
-function signal(pid: number, sig: NodeJS.Signals): void {
-  try {
-    process.kill(pid, sig);
-  } catch {
-    // already gone
   }
 }

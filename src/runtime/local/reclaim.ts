@@ -180,7 +180,7 @@ export async function readProcesses(): Promise<HostProcess[]> {
   return out;
 }
 
-/** The subcommands of a memory save (runtime.ts' #savePaused): nobody finishes one once its worker is gone. */
+/** The subcommands of a memory save (pod-memory.ts' savePaused): nobody finishes one once its worker is gone. */
 const SAVE_STEPS = new Set(['pause', 'checkpoint']);
 
 /**
