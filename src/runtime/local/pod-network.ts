@@ -9,20 +9,13 @@ import { AsbError } from '../../errors.ts';
 import type { Logger } from '../../base/log.ts';
 import { derivedNetwork } from './derived-network.ts';
 import { DEFAULT_EGRESS_POLICY, type EgressPolicy } from '../../network/egress-policy.ts';
+import type { PodNet } from '../../network/nft-ruleset.ts';
 import type { Launcher } from './launcher.ts';
 import { PodFirewall } from './pod-firewall.ts';
 import { bridgeExists, createIpPool, createVethBatcher, deleteBridge, ensureBridge, parseSubnet, podMac, vethName, type IpPool, type Subnet } from './network.ts';
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
 
-/** One pod as the firewall sees it. */
-export interface PodNet {
-  id: string;
-  ip: string;
-  mac: string;
-  veth: string;
-  policy: EgressPolicy;
-}
 
 export class PodNetwork {
   readonly #opts: LocalRuntimeOptions;
