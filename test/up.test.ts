@@ -89,7 +89,11 @@ function envOf(stateDir: string): Record<string, string> {
 
 test('make up holds its state dir against a second one, stops on a SIGTERM to its process group after everything it started, and starts again at once in a shell that sourced its env file', { timeout: 280_000 }, async (t) => {
   const stateDir = tempDataDir('up');
+  // One hook, in this order: a failed assertion leaves make up running, and its pods' mounts make
+  // the state dir's removal throw, which skipped any hook after it (the test then hung).
+  const ups: Up[] = [];
   t.after(() => {
+    for (const up of ups) killGroup(up);
     removeDataDir(stateDir);
     try {
       execFileSync('ip', ['link', 'del', BRIDGE], { stdio: 'ignore' });
@@ -98,7 +102,7 @@ test('make up holds its state dir against a second one, stops on a SIGTERM to it
     }
   });
   const first = startUp(stateDir);
-  t.after(() => killGroup(first));
+  ups.push(first);
   await untilUp(first);
   const env = envOf(stateDir);
   // .asb/kubeconfig, named by ASB_KUBECONFIG, takes kubectl to the TLS edge's Kubernetes API.
@@ -133,12 +137,12 @@ test('make up holds its state dir against a second one, stops on a SIGTERM to it
   // A second make up on the held state dir names the make up that holds it and starts nothing
   // (it used to get as far as the registry's port, and fail on that).
   const rival = startUp(stateDir);
-  t.after(() => killGroup(rival));
+  ups.push(rival);
   assert.equal(await rival.exited, 2, `make reports the failed recipe:\n${rival.output()}`);
   const holder = /another make up is running on this state directory: state directory (\S+) is in use by process (\d+) \(([^)]*)\)/.exec(rival.output());
   assert.ok(holder !== null, rival.output());
   assert.equal(holder[1], stateDir);
-  assert.match(readFileSync(`/proc/${holder[2] ?? ''}/cmdline`, 'utf8'), /src\/system\/up\.ts/, 'the pid named is the running make up');
+  assert.match(readFileSync(`/proc/${holder[2] ?? ''}/cmdline`, 'utf8'), /src\/assembly\/up\.ts/, 'the pid named is the running make up');
   assert.match(holder[3] ?? '', /up\.ts/);
   assert.doesNotMatch(rival.output(), /starting:|registry|address already in use/, 'nothing was started');
   const stillUp = await fetch(`${env.ASB_API_URL}/v1/status`, { headers: { authorization: `Bearer ${env.ASB_API_KEY}` } });
@@ -156,7 +160,7 @@ test('make up holds its state dir against a second one, stops on a SIGTERM to it
   // Started as a user does after sourcing the env file the first one wrote (its banner says to):
   // ASB_KUBECONFIG, ASB_HUB_URL, ASB_EDGE_URL... are client settings, never the worker's own.
   const second = startUp(stateDir, env);
-  t.after(() => killGroup(second));
+  ups.push(second);
   await untilUp(second);
   assert.match(second.output(), /ignoring client settings in the environment .*ASB_KUBECONFIG/);
   const status = await fetch(`${envOf(stateDir).ASB_API_URL}/v1/status`, { headers: { authorization: `Bearer ${env.ASB_API_KEY}` } });

@@ -16,7 +16,6 @@ import { bridgeExists, createIpPool, createVethBatcher, deleteBridge, ensureBrid
 import { claimNetwork, DEFAULT_CLAIMS_DIR, releaseNetwork } from './network-claim.ts';
 import type { LocalRuntimeOptions } from './runtime-options.ts';
 
-
 export class PodNetwork {
   readonly #opts: LocalRuntimeOptions;
   readonly #log: Logger;

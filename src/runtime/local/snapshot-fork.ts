@@ -200,8 +200,9 @@ async function copyFrozen(ctx: RuntimeContext, mount: string, image: string, to:
 /** Deletes a snapshot and its pin on the image; idempotent. */
 export async function deleteSnapshot(ctx: RuntimeContext, snapshotId: string): Promise<void> {
   const paths = snapshotPaths(ctx.opts.root, snapshotId);
-  for (const key of ctx.snapshotsChecked.keys()) if (key.startsWith(`${snapshotId}@`)) ctx.snapshotsChecked.delete(key);
   await ctx.snapshotsSettling.get(snapshotId);
+  // After the wait: a fork meanwhile may have checked the image again, and its check must go too.
+  for (const key of ctx.snapshotsChecked.keys()) if (key.startsWith(`${snapshotId}@`)) ctx.snapshotsChecked.delete(key);
   await rm(paths.dir, { recursive: true, force: true });
   await ctx.images.unpin(paths.dir);
 }
