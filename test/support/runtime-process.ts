@@ -6,7 +6,8 @@
 // The parent side (RuntimeProcess) sends commands and waits for their answers, each bounded.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
-import { createLocalRuntime, type LocalRuntimeOptions } from '../../src/runtime/local/local-runtime.ts';
+import { createLocalRuntime } from '../../src/runtime/local/local-runtime.ts';
+import type { LocalRuntimeOptions } from '../../src/runtime/local/runtime-options.ts';
 import type { PodRequest } from '../../src/runtime/runtime.ts';
 import { silentLogger } from '../../src/base/log.ts';
 import { testImageStore } from './test-images.ts';

@@ -4,7 +4,8 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createLocalRuntime, type LocalRuntime, type LocalRuntimeOptions } from '../../src/runtime/local/local-runtime.ts';
+import { createLocalRuntime, type LocalRuntime } from '../../src/runtime/local/local-runtime.ts';
+import type { LocalRuntimeOptions } from '../../src/runtime/local/runtime-options.ts';
 import { deleteBridge } from '../../src/runtime/local/network.ts';
 import { silentLogger } from '../../src/base/log.ts';
 import { testImageStore } from './test-images.ts';

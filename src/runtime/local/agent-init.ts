@@ -3,10 +3,8 @@
 // port and token in its environment (asb-init.c reads and removes them); read back from the config
 // after a restart (readInitProcess). Also the HOME the pod's user gets from the image's /etc/passwd.
 import { randomBytes } from 'node:crypto';
-import { AGENT_PORT } from '../../router/contract.ts';
 import type { OciSpec } from '../oci/spec.ts';
 
-export { AGENT_PORT };
 /** asb-init reads `<port>:<token>` from this variable and removes it before anything else runs. */
 export const AGENT_ENV = 'ASB_AGENT';
 

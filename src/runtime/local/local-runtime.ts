@@ -66,11 +66,6 @@ import { remove, stop } from './pod-stop.ts';
 import { startPod } from './pod-start.ts';
 import { egressCounts, policyForPodIp, sandboxForPodIp, setEgressPolicy } from './pod-egress.ts';
 
-export type { LocalRuntimeOptions };
-
-export { DEFAULT_IMAGE } from './pod-start.ts';
-export { MOUNT_ROOT };
-
 export async function createLocalRuntime(opts: LocalRuntimeOptions): Promise<LocalRuntime> {
   const [shim, launcher] = await Promise.all([ensureShimBinary(opts.root), ensureLauncherBinary(opts.root)]);
   const unavailable = await whyUnavailable(opts);

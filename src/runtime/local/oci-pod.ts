@@ -29,7 +29,8 @@ import { containerSpec, ROOT_ID_MAP, sandboxIdentity, type BindMount, type IdRan
 import { POD_NOFILE } from '../oci/inherited-rlimits.ts';
 import { runscContainerId, runscSpec } from '../oci/runsc.ts';
 import { readImageFile } from './image-file.ts';
-import { AGENT_PORT, homeOf, initProcess, newAgentToken, readInitProcess } from './agent-init.ts';
+import { AGENT_PORT } from '../../router/contract.ts';
+import { homeOf, initProcess, newAgentToken, readInitProcess } from './agent-init.ts';
 import { seedTmpFromImage } from './image-tmp.ts';
 import { legacyLayout, type PodPaths } from './rootfs.ts';
 import { madeBeforeDisks, podDisk, type DiskTool } from './disk.ts';
