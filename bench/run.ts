@@ -4,7 +4,7 @@
 //
 // `node bench/run.ts [claims] [runtime] [refill] [wake] [state] [dataplane] [federation] [terminals] [e2b] [kube] [uploads] [egress] [build] [kube-build]` runs only those parts (default: all but refill, whose rows the runtime part measures once); a
 // partial run replaces its own rows in that table and in latest.json and keeps the others.
-import { headlineLines, readBlock, rewriteReadmeBlock } from './readme-block.ts';
+import { headlineLines, readBlock, rewriteBlock } from './measured-blocks.ts';
 import { cpus, totalmem } from 'node:os';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -448,7 +448,7 @@ function readLatest(path: string): { results: Record<string, unknown>; rows: Row
  * Then the README's headline rows (the bench-headline markers) take the new figures.
  */
 function updateReadme(rows: readonly Row[], how: { header: string } | { note: string }): void {
-  rewriteReadmeBlock('bench', (inner) => {
+  rewriteBlock('bench', (inner) => {
     if ('header' in how) return [how.header, '', ...tableLines(rows)];
     const lines = inner.trim().split('\n');
     const table = lines.filter((l) => l.startsWith('| ') && !l.startsWith('| metric |'));
@@ -459,7 +459,7 @@ function updateReadme(rows: readonly Row[], how: { header: string } | { note: st
     return [lines[0] ?? '', ...notes, how.note, '', ...tableLines([]), ...merged.map((m) => m.line)];
   });
   const full = readBlock('bench');
-  if (full !== undefined) rewriteReadmeBlock('bench-headline', (headline) => headlineLines(headline, full));
+  if (full !== undefined) rewriteBlock('bench-headline', (headline) => headlineLines(headline, full));
 }
 
 main().then(

@@ -6,7 +6,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'nod
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { test } from 'node:test';
-import { headlineLines, readBlock, rewriteReadmeBlock } from '../bench/readme-block.ts';
+import { headlineLines, readBlock, rewriteBlock } from '../bench/measured-blocks.ts';
 import { checkPage, docPages, readRepoFacts } from './support/docs-truth.ts';
 
 const ROOT = resolve(import.meta.dirname, '..');
@@ -56,7 +56,7 @@ test('make bench and make soak rewrite their marker block in whichever page hold
     '# R', '<!-- bench-headline:start -->', 'old', '', '| metric | measured | target |', '|---|---|---|', '| claims per second | 1 | ≥ 2 |', '| a row gone | 9 | — |', '<!-- bench-headline:end -->', 'after',
   ].join('\n'));
   writeFileSync(join(root, 'docs', 'benchmarks.md'), '# B\n<!-- bench:start -->\nold table\n<!-- bench:end -->\n');
-  const file = rewriteReadmeBlock('bench', () => [
+  const file = rewriteBlock('bench', () => [
     'Measured 2026-11-24 on 2 × Intel, 24 GiB, Node 24 by `make bench`. The host took 0 %.',
     'Rows of `node bench/run.ts wake`: measured 2026-11-29 on 2 × AMD EPYC, 24 GiB, Node 24. The host took 0 %.',
     '', '| metric | measured | target |', '|---|---|---|', '| claims per second | 4296 ✅ | ≥ 2 |', '| other | 5 | — |',
@@ -65,10 +65,10 @@ test('make bench and make soak rewrite their marker block in whichever page hold
   assert.match(readFileSync(file, 'utf8'), /<!-- bench:start -->\nMeasured 2026-11-24[\s\S]*\| other \| 5 \| — \|\n<!-- bench:end -->\n$/);
   const full = readBlock('bench', root);
   assert.ok(full !== undefined);
-  assert.equal(rewriteReadmeBlock('bench-headline', (h) => headlineLines(h, full), root), join(root, 'README.md'));
+  assert.equal(rewriteBlock('bench-headline', (h) => headlineLines(h, full), root), join(root, 'README.md'));
   const readme = readFileSync(join(root, 'README.md'), 'utf8');
   assert.match(readme, /measured 2026-11-24 to 2026-11-29 on 2 × Intel, 24 GiB, Node 24 and 2 × AMD EPYC, 24 GiB, Node 24\./);
   assert.match(readme, /\| claims per second \| 4296 ✅ \| ≥ 2 \|\n<!-- bench-headline:end -->\nafter$/);
   assert.doesNotMatch(readme, /a row gone|\| other \|/);
-  assert.equal(rewriteReadmeBlock('soak', () => ['x'], root), undefined, 'no page holds the soak markers: nothing is written');
+  assert.equal(rewriteBlock('soak', () => ['x'], root), undefined, 'no page holds the soak markers: nothing is written');
 });

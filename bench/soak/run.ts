@@ -13,7 +13,7 @@
 //   SOAK_FAULTS      the fault kinds, in turn (default all: worker,router,envoy,hub,shim,launcher,
 //                    registry,sentry,disk,memory); a run with fewer says so in its table
 //   SOAK_STATE_DIR   its state dir (default a fresh one under /tmp, removed after a passing run)
-import { rewriteReadmeBlock } from '../readme-block.ts';
+import { rewriteBlock } from '../measured-blocks.ts';
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
@@ -341,7 +341,7 @@ async function main(): Promise<void> {
     writeFileSync(join(dir, 'soak-latest.json'), JSON.stringify(results, null, 2));
     // The table in docs/operations.md, as make bench replaces its own: between the soak markers.
     const when = `Measured ${new Date().toISOString().slice(0, 10)} by \`SOAK_MINUTES=${String(minutes)}${FAULTS.length === ALL_FAULTS.length ? '' : ` SOAK_FAULTS=${FAULTS.join(',')}`} make soak\` (${failed.length === 0 ? 'passed' : `FAILED: ${failed.map((c) => c.name).join('; ')}`}).`;
-    rewriteReadmeBlock('soak', () => [when, ...lines]);
+    rewriteBlock('soak', () => [when, ...lines]);
   }
   if (failed.length > 0) {
     console.log(`SOAK FAILED: ${failed.map((c) => c.name).join('; ')}`);

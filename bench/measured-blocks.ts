@@ -50,7 +50,7 @@ export function readBlock(name: string, root: string = REPO): string | undefined
  * them, with `render(the lines there now)`. Returns the file rewritten; nothing happens (and
  * undefined is returned) when no page holds the markers.
  */
-export function rewriteReadmeBlock(name: string, render: (inner: string) => readonly string[], root: string = REPO): string | undefined {
+export function rewriteBlock(name: string, render: (inner: string) => readonly string[], root: string = REPO): string | undefined {
   const at = locate(name, root);
   if (at === undefined) return undefined;
   writeFileSync(at.file, `${at.text.slice(0, at.a)}\n${render(at.text.slice(at.a, at.b)).join('\n')}\n${at.text.slice(at.b)}`);
