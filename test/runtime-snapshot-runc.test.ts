@@ -46,6 +46,8 @@ test('a runc snapshot with memory gives three forks that go on from the source\'
   const [token] = (await count(src)).split(' ');
   assert.equal(await count(src), `${token ?? ''} 2`);
   await sh('rsnsrc', 'echo from-source > /home/user/note.txt');
+  // Written just before: its bytes are still in the disk's cache, and the snapshot's copy must hold them.
+  const big = await sh('rsnsrc', 'head -c 8388608 /dev/urandom > /home/user/big.bin; sha256sum /home/user/big.bin');
   // A process started through the runtime, holding its state in memory too.
   await rt.spawn('rsnsrc', { command: ['sh', '-c', 'X=spawned-before; while true; do echo "$X" > /tmp/loop.txt; sleep 0.2; done'] });
 
@@ -62,6 +64,7 @@ test('a runc snapshot with memory gives three forks that go on from the source\'
     assert.equal(rt.state(id).restoreFailure, undefined, JSON.stringify(rt.state(id)));
     assert.equal(await count(fork), `${token ?? ''} 3`, `${id} goes on from the snapshot's count`);
     assert.equal(await sh(id, 'cat /home/user/note.txt'), 'from-source\n');
+    assert.equal(await sh(id, 'sha256sum /home/user/big.bin'), big, `${id} has every byte the source wrote just before the snapshot`);
     assert.equal(await sh(id, 'sleep 0.5; cat /tmp/loop.txt'), 'spawned-before\n', 'the spawned loop runs on in the fork');
     await sh(id, `echo ${id} > /home/user/own.txt; echo changed > /home/user/note.txt`);
     uidMaps.add((await sh(id, 'cat /proc/self/uid_map')).trim().split(/\s+/).join(' '));
@@ -73,7 +76,7 @@ test('a runc snapshot with memory gives three forks that go on from the source\'
   assert.equal(await count(forks[0] as PodState), `${token ?? ''} 5`);
   assert.equal(await count(forks[1] as PodState), `${token ?? ''} 4`);
   assert.equal(await count(rt.state('rsnsrc')), `${token ?? ''} 4`);
-  assert.equal(await sh('rsnsrc', 'cat /home/user/note.txt; ls /home/user'), 'from-source\nnote.txt\n');
+  assert.equal(await sh('rsnsrc', 'cat /home/user/note.txt; ls /home/user'), 'from-source\nbig.bin\nnote.txt\n');
   assert.equal(await sh('rsnf2', 'cat /home/user/own.txt'), 'rsnf2\n');
   const owners = new Set<number>();
   for (const id of ['rsnsrc', 'rsnf1', 'rsnf2', 'rsnf3']) owners.add((await stat(join(fixture.root, 'pods', id, 'disk', 'upper', 'home', 'user', 'note.txt'))).uid);

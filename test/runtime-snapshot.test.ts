@@ -55,6 +55,8 @@ test('a snapshot with memory gives forks that go on from the source\'s memory, e
   const [token] = (await count(src)).split(' ');
   assert.equal(await count(src), `${token ?? ''} 2`);
   await sh('snsrc', 'echo from-source > /home/user/note.txt; echo tmp > /tmp/t.txt');
+  // Written just before: its bytes are still in the disk's cache, and the snapshot's copy must hold them.
+  const big = await sh('snsrc', 'head -c 8388608 /dev/urandom > /home/user/big.bin; sha256sum /home/user/big.bin');
   // A process started through the runtime, holding its state in memory too.
   await rt.spawn('snsrc', { command: ['sh', '-c', 'X=spawned-before; while true; do echo "$X" > /tmp/loop.txt; sleep 0.2; done'] });
 
@@ -72,6 +74,7 @@ test('a snapshot with memory gives forks that go on from the source\'s memory, e
     assert.equal(rt.state(id).restoreFailure, undefined, JSON.stringify(rt.state(id)));
     assert.equal(await count(fork), `${token ?? ''} 3`, `${id} goes on from the snapshot's count`);
     assert.equal(await sh(id, 'cat /home/user/note.txt /tmp/t.txt'), 'from-source\ntmp\n');
+    assert.equal(await sh(id, 'sha256sum /home/user/big.bin'), big, `${id} has every byte the source wrote just before the snapshot`);
     assert.equal(await sh(id, 'sleep 0.5; cat /tmp/loop.txt'), 'spawned-before\n', 'the spawned loop runs on in the fork');
     // Its files are its own: the user can write where the source's user could.
     await sh(id, `echo ${id} > /home/user/own.txt; echo changed > /home/user/note.txt`);
@@ -81,7 +84,7 @@ test('a snapshot with memory gives forks that go on from the source\'s memory, e
   assert.equal(await count(forks[0] as PodState), `${token ?? ''} 5`);
   assert.equal(await count(forks[1] as PodState), `${token ?? ''} 4`);
   assert.equal(await count(rt.state('snsrc')), `${token ?? ''} 4`);
-  assert.equal(await sh('snsrc', 'cat /home/user/note.txt; ls /home/user'), 'from-source\nnote.txt\n');
+  assert.equal(await sh('snsrc', 'cat /home/user/note.txt; ls /home/user'), 'from-source\nbig.bin\nnote.txt\n');
   assert.equal(await sh('snf2', 'cat /home/user/own.txt'), 'snf2\n');
   // On the host, each pod's files belong to its own id range: the copied ones were shifted.
   const owners = new Set<number>();

@@ -91,6 +91,11 @@ export interface DiskTool {
   /** Freezes the filesystem mounted at dir (its image is consistent on the host) until thaw. */
   freeze(dir: string): Promise<void>;
   thaw(dir: string): Promise<void>;
+  /**
+   * A sparse copy of image to `to`. With `mounted`, the filesystem of the image mounted at its dir
+   * is first frozen for the copy (its sandbox runs on), or synced (its sandbox is paused: pod-disk.c).
+   */
+  copy(image: string, to: string, mounted?: { dir: string; quiesce: 'freeze' | 'sync' }): Promise<void>;
 }
 
 /**
@@ -117,6 +122,15 @@ export function diskTool(root: string, run: RunHelper): DiskTool {
     shift: (dir, from, to, size) => call(['shift', dir, String(from), String(to), String(size)]),
     freeze: (dir) => call(['freeze', dir]),
     thaw: (dir) => call(['thaw', dir]),
+    async copy(image, to, mounted) {
+      try {
+        await call(['copy', image, to, ...(mounted === undefined ? [] : [mounted.dir, mounted.quiesce])]);
+      } catch (err) {
+        // pod-disk thaws after its copy, but not when it died before: a frozen disk stops its sandbox.
+        if (mounted?.quiesce === 'freeze') await call(['thaw', mounted.dir]).catch(() => undefined);
+        throw err;
+      }
+    },
   };
 }
 

@@ -17,6 +17,14 @@
 //                                          sandbox's host id range (id-ranges.ts)
 //   pod-disk freeze <dir> | thaw <dir>     FIFREEZE / FITHAW the filesystem mounted at <dir>: its
 //                                          image is whole and consistent on the host while frozen
+//   pod-disk copy <image> <to> [<dir> freeze|sync]
+//                                          a sparse copy of <image> (its data extents) to <to>;
+//                                          with <dir>, the filesystem of <image> mounted there is
+//                                          first frozen (and thawed after the copy: its sandbox
+//                                          runs on) or synced (syncfs: its sandbox is paused and
+//                                          writes nothing, so its image is whole once its writes
+//                                          and journal are on it; a mount of the copy replays
+//                                          the journal, as after a crash)
 // On failure: one line "error <what>: <why>" on stdout, exit 1.
 //
 // Measured on this machine (2 cores, Linux 6.18): mkfs.ext4 of a 10 GiB sparse image writes 4.3
@@ -346,10 +354,43 @@ static int freeze(const char *dir, unsigned long request) {
   return 0;
 }
 
+// A freeze (FIFREEZE) also writes the ext4 journal into place, with flushes of the loop device
+// (fsyncs of the image on the host): 34-104 ms here after 256 MiB had been written to the host's
+// disk, against 1-3 ms for syncfs, which commits. A snapshot of a paused gVisor pod holding 256 MiB
+// (make bench) went from 330 to 237 ms with a sync, and the copy beside the image's seal.
+static int copy_image(const char *image, const char *to, const char *dir, const char *how) {
+  int frozen = 0;
+  if (dir != NULL) {
+    if (!mounted(dir)) return fail("copy", "the disk is not mounted");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return fail("copy", strerror(errno));
+    int rc = !strcmp(how, "freeze") ? ioctl(fd, FIFREEZE, 0) : syncfs(fd);
+    int err = errno;
+    close(fd);
+    if (rc < 0) return fail(!strcmp(how, "freeze") ? "freeze" : "sync", strerror(err));
+    frozen = !strcmp(how, "freeze");
+  }
+  int rc = 0, err = 0;
+  int in = open(image, O_RDONLY | O_CLOEXEC);
+  int out = in < 0 ? -1 : open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  struct stat st;
+  if (in < 0 || out < 0 || fstat(in, &st) < 0 || ftruncate(out, st.st_size) < 0 || copy_extents(in, out, st.st_size) < 0) {
+    rc = -1;
+    err = errno;
+  }
+  if (in >= 0) close(in);
+  if (out >= 0) close(out);
+  if (rc < 0) unlink(to);
+  if (frozen && freeze(dir, FITHAW) != 0) return 1;
+  return rc < 0 ? fail("copy image", strerror(err)) : 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 6 && !strcmp(argv[1], "shift")) return shift_ids(argv[2], argv[3], argv[4], argv[5]);
   if (argc == 3 && !strcmp(argv[1], "freeze")) return freeze(argv[2], FIFREEZE);
   if (argc == 3 && !strcmp(argv[1], "thaw")) return freeze(argv[2], FITHAW);
+  if (argc == 4 && !strcmp(argv[1], "copy")) return copy_image(argv[2], argv[3], NULL, NULL);
+  if (argc == 6 && !strcmp(argv[1], "copy") && (!strcmp(argv[5], "freeze") || !strcmp(argv[5], "sync"))) return copy_image(argv[2], argv[3], argv[4], argv[5]);
   if (argc == 6 && !strcmp(argv[1], "mount")) return mount_disk(argv[2], argv[3], argv[4], argv[5]);
   if (argc == 3 && !strcmp(argv[1], "umount")) {
     if (!mounted(argv[2])) return 0;
@@ -357,5 +398,5 @@ int main(int argc, char **argv) {
     if (umount2(argv[2], 0) < 0 && umount2(argv[2], MNT_DETACH) < 0) return fail("unmount disk", strerror(errno));
     return 0;
   }
-  return fail("usage", "pod-disk mount <image> <dir> <bytes> <templates> | umount <dir> | shift <dir> <from> <to> <size> | freeze <dir> | thaw <dir>");
+  return fail("usage", "pod-disk mount <image> <dir> <bytes> <templates> | umount <dir> | shift <dir> <from> <to> <size> | freeze <dir> | thaw <dir> | copy <image> <to> [<dir> freeze|sync]");
 }

@@ -119,7 +119,9 @@ export function runscOn(ctx: RuntimeContext, target: PodTarget, cmd: RunscComman
  * `partial` (runsc.ts' checkpointSequence says why), `check`ed, and sealed as `sealed`
  * (checkpoint.ts). On success the sandbox stays paused: the caller kills it or resumes it
  * (resumePaused). On any failure the image is deleted, the sandbox resumed, and `failed(why)`
- * (or a CheckpointFailed the check threw) is thrown.
+ * (or a CheckpointFailed the check threw) is thrown. `beside` runs while the sandbox is paused and
+ * its disk final: on runc beside CRIU's dump, on gVisor beside the image's check and seal; the save
+ * fails when it does.
  */
 export async function savePaused(ctx: RuntimeContext, pod: Pod, target: PodTarget, partial: string, sealed: string, failed: (why: string) => AsbError, check?: () => Promise<void>, beside?: () => Promise<void>): Promise<CheckpointMeta> {
   const runc = target.kind === 'runc';
@@ -146,14 +148,26 @@ export async function savePaused(ctx: RuntimeContext, pod: Pod, target: PodTarge
   }
   try {
     // runc: the cgroup is frozen already, and CRIU leaves it frozen after the dump (--leave-running).
-    const besides = beside?.();
+    // `beside` settles before anything goes on, a failure's resume included; its handler is
+    // attached at once, so that a failure meanwhile is no unhandled rejection.
+    const besides = runc ? beside?.() : undefined;
+    besides?.catch(() => undefined);
     const saved = await (runc ? runcOn(ctx, target, runcCheckpoint(target.id, partial), true) : runscOn(ctx, target, steps.checkpoint)).finally(() => besides?.catch(() => undefined));
     await besides;
     if (saved.code !== 0) throw failed(`${target.kind} checkpoint: ${runc ? await criuDumpError(partial, saved.output) : lastLine(saved.output)}`);
-    // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
-    if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
-    await check?.();
-    return await sealCheckpoint(partial, sealed, maker, isoNow(ctx.clock));
+    // gVisor: only once runsc's save has written the sentry's cached file data back.
+    const after = runc ? undefined : beside?.();
+    after?.catch(() => undefined);
+    try {
+      // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
+      if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
+      await check?.();
+      const meta = await sealCheckpoint(partial, sealed, maker, isoNow(ctx.clock));
+      await after;
+      return meta;
+    } finally {
+      await after?.catch(() => undefined);
+    }
   } catch (err) {
     await discardCheckpoint(partial);
     await resumePaused(ctx, pod, target);

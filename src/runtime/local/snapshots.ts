@@ -2,7 +2,8 @@
 // of its own, or one taken for a fork). Each is a directory of the runtime's state dir (0700), kept
 // until deleted, whatever happens to the pod it was taken from:
 //   <root>/snapshots/<id>/disk.img       a sparse copy of the pod's disk image (its writable layer,
-//                                        volumes, /tmp), taken while the disk was frozen
+//                                        volumes, /tmp), taken while the pod was paused (synced
+//                                        first) or, for files only, its disk frozen
 //   <root>/snapshots/<id>/memory/        the sealed runsc image (checkpoint.ts), when memory was kept
 //   <root>/snapshots/<id>/config.json    the pod's bundle config: a new pod's must match it where
 //                                        runsc compares (sameSandboxSpec), and it carries the token
