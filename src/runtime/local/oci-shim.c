@@ -266,10 +266,16 @@ static const char *criu_error(void) {
   return line;
 }
 
+// runc (1.2 on) answers `delete --force` by killing, then sleeping 100 ms before it looks whether
+// the init is gone, even when it has long gone: every stop of a runc pod paid it, and a wake right
+// after a pause waited for it. A plain delete of a stopped container is at once, so runc gets
+// --force only when that fails (the init still runs, or the container never started). runsc's
+// forced delete does not wait so, and its plain one refuses a sandbox whose sentry is still
+// writing back (-N: runsc).
 static void cleanup(int created) {
   if (created) {
-    const char *del[] = {"delete", "--force", id, NULL};
-    run_runc(del);
+    const char *del[] = {"delete", id, NULL}, *forced[] = {"delete", "--force", id, NULL};
+    if (netns_file || run_runc(del) != 0) run_runc(forced);
   }
   end_copier();
   if (rootfs) umount2(rootfs, MNT_DETACH);
