@@ -7,7 +7,7 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer, type AddressInfo } from 'node:net';
 import { test } from 'node:test';
-import { agentExec } from '../src/runtime/local/agent.ts';
+import { agentExec, agentPty, agentSpawn } from '../src/runtime/local/agent.ts';
 import { AgentLink } from '../src/runtime/local/agent-link.ts';
 
 /** A loopback port that takes no more connections and refuses none: its queue (backlog 0) is filled and never accepted. */
@@ -98,5 +98,27 @@ test('an init that closes every try before a word fails the call, saying so, aft
   const result = await agentExec(link, { uid: 0, gid: 0, cwd: '/', command: ['true'], env: [] }, {});
   assert.deepEqual([result.exitCode, Buffer.from(result.stderr).toString()], [255, 'the sandbox\'s init closed the connection\n']);
   assert.equal(agent.connections(), 3);
+  assert.equal(link.size, 0);
+});
+
+test('a process whose sandbox ends before the init names it settles: a spawn resolves and its exit says SIGKILL, a terminal is refused, saying why', async (t) => {
+  // An init that takes every request and never answers: the pod ends under it (a step that killed it).
+  const taken: number[] = [];
+  const server = createServer((socket) => {
+    taken.push(1);
+    socket.on('data', () => undefined);
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.after(() => server.close());
+  const link = new AgentLink({ host: '127.0.0.1', port: (server.address() as AddressInfo).port, token: 'tok' });
+  const req = { uid: 0, gid: 0, cwd: '/', command: ['sh'], env: [] };
+  const spawned = agentSpawn(link, req);
+  const terminal = agentPty(link, { ...req, pty: { cols: 80, rows: 24 } }, 'pod-a');
+  for (let i = 0; i < 200 && (taken.length < 2 || link.size < 2); i++) await new Promise((r) => setTimeout(r, 5));
+  assert.equal(link.size, 2, 'both requests are followed');
+  link.end(); // what the runtime does when the pod ends
+  const proc = await spawned;
+  assert.deepEqual(await proc.exited, { exitCode: 137, signal: 'SIGKILL' });
+  await assert.rejects(terminal, /container pod-a ended before the terminal's command started/);
   assert.equal(link.size, 0);
 });

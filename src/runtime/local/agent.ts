@@ -83,6 +83,9 @@ export function agentSpawn(link: AgentLink, req: AgentRequest): Promise<PodProce
         stdout.end();
         stderr.end();
         resolveEnd(end.signal === undefined ? { exitCode: end.exitCode } : { exitCode: end.exitCode, signal: end.signal });
+        // Ended before the agent named it: the pod ended under the request (its process may have
+        // killed it), and `exited` says how. Without this the spawn never settled.
+        resolve(handle);
       },
     });
     const flow = (): void => {
@@ -122,6 +125,8 @@ export function agentPty(link: AgentLink, req: AgentRequest & { pty: { cols: num
         ended = true;
         wake?.();
         resolveExit(end.exitCode);
+        // Ended before the agent named it (the pod ended under the request): never settled before.
+        reject(new AsbError('SandboxNotRunning', `container ${id} ended before the terminal's command started`));
       },
     });
     const output = (async function* () {
