@@ -96,6 +96,8 @@ export interface ForkFigures {
   failed: number;
   /** How many times it was measured (the reported round is the median by total). */
   rounds: number;
+  /** Every round's total and floor (raw checkpoint + slowest raw restore), ms, in the order run. */
+  runs?: { totalMs: number; floorMs: number }[];
 }
 
 export interface StateFigures {
@@ -188,7 +190,7 @@ export async function benchState(kind: StateRuntime = 'gvisor', sizes: readonly 
       for (let pass = 0; pass < FORK_ROUNDS; pass++) rounds.push(await forkRound(count, pass));
       const reported = [...rounds].sort((a, b) => a.totalMs - b.totalMs)[Math.floor(FORK_ROUNDS / 2)];
       if (reported === undefined) throw new Error('no fork round ran');
-      fork.push({ ...reported, rounds: FORK_ROUNDS, failed: rounds.reduce((n, r) => n + r.failed, 0) });
+      fork.push({ ...reported, rounds: FORK_ROUNDS, failed: rounds.reduce((n, r) => n + r.failed, 0), runs: rounds.map((r) => ({ totalMs: r.totalMs, floorMs: r.rawCheckpointMs + r.rawRestoreMaxMs })) });
     }
     return { pause, fit, fork, snapshot };
 

@@ -104,8 +104,9 @@ export async function copySnapshotDisk(ctx: RuntimeContext, pod: Pod, snap: Snap
 
 /**
  * Keeps the pod's files, and with `memory` its memory and processes, as a snapshot (snapshots.ts).
- * A running pod is paused for the save (gVisor) and its disk frozen for the copy, then goes on;
- * a pod stopped with its memory gives its checkpoint. One at a time per pod, like a stop with memory.
+ * A running pod is paused (gVisor) or frozen (runc) for the save, its disk copied meanwhile, then
+ * goes on; for files only its disk is frozen for the copy; a pod stopped with its memory gives its
+ * checkpoint. One at a time per pod, like a stop with memory.
  */
 export async function takeSnapshot(ctx: RuntimeContext, id: string, snapshotId: string, opts: { memory: boolean }): Promise<SnapshotInfo> {
   const pod = ctx.pods.get(id);
