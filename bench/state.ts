@@ -7,11 +7,12 @@
 // restore` (runc: CRIU's dump and restore) our own calls ran (timed by a wrapper in front of the
 // runtime's binary), and a plain checkpoint of a twin pod (gVisor: no pause, no -leave-running;
 // runc: no freeze first, the container killed by runc after the dump).
-import { access, chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { execFile } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
+import { exists } from '../src/base/exists.ts';
 import { findRunscBinary } from '../src/runtime/oci/runsc-binary.ts';
 import { findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
 import { criuPath, DEFAULT_CRIU_DIR, findCriuBinary } from '../src/runtime/oci/criu-binary.ts';
@@ -56,7 +57,7 @@ async function answers(ip: string): Promise<string> {
 async function untilDurable(mark: string, stopMs: number): Promise<number> {
   const since = performance.now() - stopMs;
   for (let i = 0; i < 30_000; i++) {
-    if (await access(mark).then(() => true, () => false)) return performance.now() - since - stopMs;
+    if (await exists(mark)) return performance.now() - since - stopMs;
     await new Promise((resolve) => setTimeout(resolve, 1));
   }
   throw new Error(`${mark} did not appear within 30 s`);

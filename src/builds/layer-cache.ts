@@ -13,6 +13,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, readdir, readFile, rename, rm, stat, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { exists } from '../base/exists.ts';
 import type { BuildConfig } from './steps.ts';
 import type { LayerBlob } from './layer-writer.ts';
 
@@ -131,8 +132,4 @@ export class LayerCache {
 
 async function list(dir: string): Promise<string[]> {
   return readdir(dir).catch(() => []);
-}
-
-async function exists(path: string): Promise<boolean> {
-  return stat(path).then(() => true, () => false);
 }

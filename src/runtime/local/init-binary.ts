@@ -1,9 +1,10 @@
 // Our C programs of the local runtime, compiled on first use into the runtime's state dir by
 // ensureCBinary (src/base/c-binary.ts): the pod shim (oci-shim.c), the launcher (launcher.c) and
 // the containers' init (asb-init.c).
-import { access, chmod, copyFile, mkdir, rename } from 'node:fs/promises';
+import { chmod, copyFile, mkdir, rename } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { ensureCBinary } from '../../base/c-binary.ts';
+import { exists } from '../../base/exists.ts';
 
 export function ensureShimBinary(root: string): Promise<string> {
   return ensureCBinary(root, new URL('./oci-shim.c', import.meta.url));
@@ -25,7 +26,7 @@ export const INIT_DIR = '/run/asb/bin';
 export async function ensureInitBinary(root: string, dir = INIT_DIR): Promise<string> {
   const built = await ensureCBinary(root, new URL('./asb-init.c', import.meta.url), ['-O2', '-Wall', '-static']);
   const installed = join(dir, basename(built));
-  if (await access(installed).then(() => true, () => false)) return installed;
+  if (await exists(installed)) return installed;
   await mkdir(dir, { recursive: true, mode: 0o755 });
   await chmod(dir, 0o755);
   const tmp = `${installed}.${String(process.pid)}.tmp`;

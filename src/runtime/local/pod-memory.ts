@@ -16,7 +16,8 @@ import { runscVersion } from '../oci/runsc-binary.ts';
 import { criuCheck, criuPath } from '../oci/criu-binary.ts';
 import { checkpointSequence, runscSubcommand, type RunscCommand } from '../oci/runsc.ts';
 import { ROOT_ID_MAP } from '../oci/spec.ts';
-import { exists, lastLine, signal, within, type Pod, type RuntimeContext } from './runtime-context.ts';
+import { exists } from '../../base/exists.ts';
+import { lastLine, signal, within, type Pod, type RuntimeContext } from './runtime-context.ts';
 
 /**
  * Left free on the worker's disk after a memory checkpoint is written there: the store, the image

@@ -26,7 +26,8 @@ import { ROOT_ID_MAP, type IdRange } from '../oci/spec.ts';
 import { dropCheckpoint, restorePlan } from './pod-memory.ts';
 import { endOrphanedInit, onLauncherLost, pollExit, podExited, podRunning } from './pod-run.ts';
 import { copySnapshotDisk, snapshotImage, snapshotRestorePlan } from './snapshot-fork.ts';
-import { exists, lastLine, MOUNT_ROOT, persist, signal, type Pod, type RuntimeContext } from './runtime-context.ts';
+import { exists } from '../../base/exists.ts';
+import { lastLine, MOUNT_ROOT, persist, signal, type Pod, type RuntimeContext } from './runtime-context.ts';
 
 /** The image of a container that names none (`image:` empty, as kubernetes-sigs' getting-started example). */
 export const DEFAULT_IMAGE = 'agent-sandbox/base';

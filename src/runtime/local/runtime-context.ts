@@ -4,7 +4,6 @@
 // pod-recovery.ts and pod-egress.ts are functions of it, so none of them imports the runtime, and
 // the state they share is here, named. Also the few host helpers several parts use (a signal, a
 // bounded wait, a command's last line).
-import { access } from 'node:fs/promises';
 import type { Clock, Timer } from '../../base/clock.ts';
 import type { Logger } from '../../base/log.ts';
 import type { ImageStore } from '../../images/image-store.ts';
@@ -126,15 +125,6 @@ export function within(clock: Clock, p: Promise<void>, ms: number): Promise<bool
       resolve(true);
     });
   });
-}
-
-export async function exists(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /** The last non-empty line a command printed (runsc's error), for a message. */

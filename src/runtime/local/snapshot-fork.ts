@@ -15,7 +15,8 @@ import type { PersistedImage } from './rootfs.ts';
 import { makePartial, sealSnapshot, snapshotPaths, specDifference, type SnapshotMeta } from './snapshots.ts';
 import { ROOT_ID_MAP, type OciSpec } from '../oci/spec.ts';
 import { canSaveMemory, checkImage, oneSaveAtATime, resumePaused, savePaused } from './pod-memory.ts';
-import { exists, lastLine, type Pod, type RuntimeContext } from './runtime-context.ts';
+import { exists } from '../../base/exists.ts';
+import { lastLine, type Pod, type RuntimeContext } from './runtime-context.ts';
 
 /**
  * A pod started from a snapshot restores the snapshot's memory when it kept some, on gVisor,
