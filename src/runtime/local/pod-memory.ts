@@ -85,7 +85,7 @@ async function killFrozen(ctx: RuntimeContext, pod: Pod, target: PodTarget): Pro
   const procs = await readFile(`/sys/fs/cgroup/freezer${cgroup}/cgroup.procs`, 'utf8').catch(() => readFile(`/sys/fs/cgroup${cgroup}/cgroup.procs`, 'utf8')).catch(() => '');
   for (const pid of procs.split('\n').map(Number).filter((n) => n > 0)) signal(pid, 'SIGKILL');
   signal(target.pid, 'SIGKILL');
-  const resumed = await runcOn(ctx, target, ['resume', target.id]);
+  const resumed = await resumeOn(ctx, target);
   if (resumed.code !== 0) ctx.log.warn({ id: pod.id, output: resumed.output }, 'a runc pod killed after its checkpoint could not be thawed');
 }
 
@@ -152,13 +152,13 @@ export async function savePaused(ctx: RuntimeContext, pod: Pod, target: PodTarge
     // `beside` settles before anything goes on, a failure's resume included; its handler is
     // attached at once, so that a failure meanwhile is no unhandled rejection.
     const besides = runc ? beside?.() : undefined;
-    besides?.catch(() => undefined);
-    const saved = await (runc ? runcOn(ctx, target, runcCheckpoint(target.id, partial), true) : runscOn(ctx, target, steps.checkpoint)).finally(() => besides?.catch(() => undefined));
+    const besidesSettled = besides?.catch(() => undefined);
+    const saved = await (runc ? runcOn(ctx, target, runcCheckpoint(target.id, partial), true) : runscOn(ctx, target, steps.checkpoint)).finally(() => besidesSettled);
     await besides;
     if (saved.code !== 0) throw failed(`${target.kind} checkpoint: ${runc ? await criuDumpError(partial, saved.output) : lastLine(saved.output)}`);
     // gVisor: only once runsc's save has written the sentry's cached file data back.
     const after = runc ? undefined : beside?.();
-    after?.catch(() => undefined);
+    const afterSettled = after?.catch(() => undefined);
     try {
       // gvisor#14229: near ENOSPC runsc truncated the pages file and still exited 0.
       if ((await freeBytes(partial)) < MIN_FREE_AFTER_SAVE_BYTES) throw failed('the worker\'s disk filled up during the save, so the image may be truncated');
@@ -167,7 +167,7 @@ export async function savePaused(ctx: RuntimeContext, pod: Pod, target: PodTarge
       await after;
       return meta;
     } finally {
-      await after?.catch(() => undefined);
+      await afterSettled;
     }
   } catch (err) {
     await discardCheckpoint(partial);
@@ -176,9 +176,14 @@ export async function savePaused(ctx: RuntimeContext, pod: Pod, target: PodTarge
   }
 }
 
+/** `runc resume` (its cgroup thawed) or `runsc resume` of a paused or frozen pod. */
+export function resumeOn(ctx: RuntimeContext, target: PodTarget): Promise<{ code: number; output: string }> {
+  return target.kind === 'runc' ? runcOn(ctx, target, ['resume', target.id]) : runscOn(ctx, target, { op: 'resume', id: target.id });
+}
+
 /** Resumes a sandbox savePaused left paused, and attaches its agent's processes again. */
 export async function resumePaused(ctx: RuntimeContext, pod: Pod, target: PodTarget): Promise<void> {
-  const resumed = target.kind === 'runc' ? await runcOn(ctx, target, ['resume', target.id]) : await runscOn(ctx, target, { op: 'resume', id: target.id });
+  const resumed = await resumeOn(ctx, target);
   if (resumed.code !== 0) ctx.log.error({ id: pod.id, output: resumed.output }, 'a sandbox paused for a checkpoint could not be resumed');
   void target.agent?.resume();
 }

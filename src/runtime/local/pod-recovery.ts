@@ -15,7 +15,7 @@ import { readIdentity } from './oci-pod.ts';
 import { carryOut, planSummary, readHostFacts, readProcesses, reclaimPlan, runcFrozen, runscPaused, runscPod, shimsOf, straySaves, type ReclaimAction, type ReclaimScope } from './reclaim.ts';
 import { podPaths, processStartTime, readPersisted } from './rootfs.ts';
 import { listSnapshots } from './snapshots.ts';
-import { dropCheckpoint, runcOn, runscOn } from './pod-memory.ts';
+import { dropCheckpoint, resumeOn } from './pod-memory.ts';
 import { pollExit, podRunning } from './pod-run.ts';
 import { EXIT_STATUS_WAIT_MS, lastLine, POD_ID, signal, type Pod, type RuntimeContext } from './runtime-context.ts';
 
@@ -143,7 +143,7 @@ async function unpause(ctx: RuntimeContext, pod: Pod): Promise<void> {
   const target = pod.target;
   if (target === undefined) return;
   if (target.kind === 'runsc' ? await runscPaused(target.runcRoot, target.id) : await runcFrozen(posix.join(ctx.host.cgroupParent, pod.id))) {
-    const resumed = target.kind === 'runc' ? await runcOn(ctx, target, ['resume', target.id]) : await runscOn(ctx, target, { op: 'resume', id: target.id });
+    const resumed = await resumeOn(ctx, target);
     if (resumed.code !== 0) throw new Error(`${target.kind} resume: ${lastLine(resumed.output)}`);
     ctx.log.warn({ id: pod.id }, 'resumed a pod the last worker paused for a save it never finished');
   }
