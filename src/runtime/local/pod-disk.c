@@ -144,6 +144,21 @@ static int copy_extents(int in, int out, off_t size) {
   return 0;
 }
 
+// A new file `to` of `size` holding in's data extents (copy_extents); on failure it is removed,
+// -1 with errno set.
+static int copy_into(int in, off_t size, const char *to) {
+  int out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (out < 0) return -1;
+  int rc = ftruncate(out, size) < 0 ? -1 : copy_extents(in, out, size);
+  int err = errno;
+  close(out);
+  if (rc < 0) {
+    unlink(to);
+    errno = err;
+  }
+  return rc;
+}
+
 // The pod's image: a sparse copy of <templates>/ext4-<bytes>.img, which is made first if missing.
 // Under a temporary name and renamed into place, as the template. No fsync: the copy is 4.3 MiB in
 // the host's page cache, and the pod's own ext4 flushes it when its journal first commits (the loop
@@ -185,20 +200,10 @@ static int make_pod_image(const char *image, const char *bytes_text, const char 
     close(in);
     return fail("template", "not of the disk's size");
   }
-  int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (out < 0) {
-    int err = errno;
-    close(in);
-    return fail("create image", strerror(err));
-  }
-  int rc = ftruncate(out, st.st_size) < 0 ? -1 : copy_extents(in, out, st.st_size);
+  int rc = copy_into(in, st.st_size, tmp);
   int err = errno;
   close(in);
-  close(out);
-  if (rc < 0) {
-    unlink(tmp);
-    return fail("copy template", strerror(err));
-  }
+  if (rc < 0) return fail("copy template", strerror(err));
   if (rename(tmp, image) < 0) return fail("rename image", strerror(errno));
   return 0;
 }
@@ -372,15 +377,12 @@ static int copy_image(const char *image, const char *to, const char *dir, const 
   }
   int rc = 0, err = 0;
   int in = open(image, O_RDONLY | O_CLOEXEC);
-  int out = in < 0 ? -1 : open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   struct stat st;
-  if (in < 0 || out < 0 || fstat(in, &st) < 0 || ftruncate(out, st.st_size) < 0 || copy_extents(in, out, st.st_size) < 0) {
+  if (in < 0 || fstat(in, &st) < 0 || copy_into(in, st.st_size, to) < 0) {
     rc = -1;
     err = errno;
   }
   if (in >= 0) close(in);
-  if (out >= 0) close(out);
-  if (rc < 0) unlink(to);
   if (frozen && freeze(dir, FITHAW) != 0) return 1;
   return rc < 0 ? fail("copy image", strerror(err)) : 0;
 }
