@@ -82,7 +82,8 @@ export interface PauseFigures {
   rounds: number;
 }
 
-export interface ForkFigures {
+/** One fork run: `count` pods started from one snapshot until every one answered. */
+export interface ForkRun {
   count: number;
   heldMiB: number;
   /** Snapshot (pause, save, disk copy, resume) until it returned, ms. */
@@ -93,12 +94,18 @@ export interface ForkFigures {
   /** The slowest of the forks' raw restores, ms. */
   rawRestoreMaxMs: number;
   totalMs: number;
-  /** Forks that failed, over every round. */
+  /** Forks that failed. */
   failed: number;
-  /** How many times it was measured (the reported round is the median by total). */
-  rounds: number;
-  /** Every round's total and floor (raw checkpoint + slowest raw restore), ms, in the order run. */
-  runs?: { totalMs: number; floorMs: number }[];
+}
+
+/** The run with the median total, its `failed` counted over every run; `runs`: each run's total and floor, ms, in the order run. */
+export interface ForkFigures extends ForkRun {
+  runs: { totalMs: number; floorMs: number }[];
+}
+
+/** A fork's floor: the raw checkpoint, then the slowest of the raw restores its starts ran, ms. */
+export function forkFloorMs(f: ForkRun): number {
+  return f.rawCheckpointMs + f.rawRestoreMaxMs;
 }
 
 export interface StateFigures {
@@ -187,15 +194,15 @@ export async function benchState(kind: StateRuntime = 'gvisor', sizes: readonly 
     // Each count FORK_ROUNDS times; the round with the median total is reported (a fork's figure
     // moved by ~0.2 s from run to run here, its floor with it).
     for (const count of [1, 10]) {
-      const rounds: ForkFigures[] = [];
+      const rounds: ForkRun[] = [];
       for (let pass = 0; pass < FORK_ROUNDS; pass++) rounds.push(await forkRound(count, pass));
       const reported = [...rounds].sort((a, b) => a.totalMs - b.totalMs)[Math.floor(FORK_ROUNDS / 2)];
       if (reported === undefined) throw new Error('no fork round ran');
-      fork.push({ ...reported, rounds: FORK_ROUNDS, failed: rounds.reduce((n, r) => n + r.failed, 0), runs: rounds.map((r) => ({ totalMs: r.totalMs, floorMs: r.rawCheckpointMs + r.rawRestoreMaxMs })) });
+      fork.push({ ...reported, failed: rounds.reduce((n, r) => n + r.failed, 0), runs: rounds.map((r) => ({ totalMs: r.totalMs, floorMs: forkFloorMs(r) })) });
     }
     return { pause, fit, fork, snapshot };
 
-    async function forkRound(count: number, pass: number): Promise<ForkFigures> {
+    async function forkRound(count: number, pass: number): Promise<ForkRun> {
       const src = `fsrc${String(count)}-${String(pass)}`;
       await answers((await rt.start(pod(kind, src, forkMiB))).ip ?? '');
       // The pauses above leave ~2 GiB of images being written back and deleted: the fork is timed
@@ -219,7 +226,7 @@ export async function benchState(kind: StateRuntime = 'gvisor', sizes: readonly 
       snapshot = { workingSetBytes, memoryBytes: info.memoryBytes, bytes: info.bytes };
       for (const id of [src, ...ids]) await rt.remove(id);
       await rt.deleteSnapshot(`snap-${src}`);
-      return { count, heldMiB: forkMiB, snapshotMs: round(t1 - t0), rawCheckpointMs: round(rawCheckpointMs), forksMs: round(t2 - t1), rawRestoreMaxMs: round(Math.max(...restores)), totalMs: round(t2 - t0), failed: outcomes.filter((o) => o.status === 'rejected').length, rounds: 1 };
+      return { count, heldMiB: forkMiB, snapshotMs: round(t1 - t0), rawCheckpointMs: round(rawCheckpointMs), forksMs: round(t2 - t1), rawRestoreMaxMs: round(Math.max(...restores)), totalMs: round(t2 - t0), failed: outcomes.filter((o) => o.status === 'rejected').length };
     }
   } finally {
     await stopTestRuntime(fixture);
