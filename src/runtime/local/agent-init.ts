@@ -4,6 +4,7 @@
 // after a restart (readInitProcess). Also the HOME the pod's user gets from the image's /etc/passwd.
 import { randomBytes } from 'node:crypto';
 import type { OciSpec } from '../oci/spec.ts';
+import { passwdEntries } from '../oci/user-spec.ts';
 
 /** asb-init reads `<port>:<token>` from this variable and removes it before anything else runs. */
 export const AGENT_ENV = 'ASB_AGENT';
@@ -69,11 +70,7 @@ export function initProcess(spec: OciSpec, init: string, agent: { port: number; 
  * command and every exec) root's home: the pod's spec gets the user's HOME itself instead.
  */
 export function homeOf(passwd: string, uid: number): string {
-  for (const line of passwd.split('\n')) {
-    const f = line.split(':');
-    if (f.length >= 7 && Number(f[2]) === uid && f[5] !== undefined && f[5] !== '') return f[5];
-  }
-  return '/';
+  return passwdEntries(passwd).find((e) => e.uid === uid && e.home !== '')?.home ?? '/';
 }
 
 /** What asb-init's command line and environment say (a pod's config.json read back after a restart). */

@@ -24,10 +24,11 @@ const NUMBER = /^\d+$/;
 /** The ids a user namespace of a sandbox maps: 0..65535. */
 const MAX_ID = 65_535;
 
-interface PasswdEntry { name: string; uid: number; gid: number; home: string }
+export interface PasswdEntry { name: string; uid: number; gid: number; home: string }
 interface GroupEntry { name: string; gid: number; members: string[] }
 
-function passwdEntries(text: string): PasswdEntry[] {
+/** The well-formed entries of /etc/passwd text (a name, numeric uid and gid; comments skipped). */
+export function passwdEntries(text: string): PasswdEntry[] {
   const out: PasswdEntry[] = [];
   for (const line of text.split('\n')) {
     const f = line.split(':');
