@@ -93,6 +93,10 @@ test('every dashboard panel and every alert expression answers from a real Prome
   assert.equal((await firing('AsbColdStartsRefused')).labels.cluster, CLUSTER);
   // What was driven is in Prometheus, a couple of scrapes on (rates need two samples).
   await waitFor('the wake through Envoy scraped', async () => ((await prom.query('asb_router_wakes_total{result="ok"} > 0')).result.length === 1 ? true : undefined), 15_000, 250);
+  // Envoy publishes its histograms at its stats flush (every 5 s), not as requests end: wait until
+  // the four edge requests above (two 200s, a 401, a 404) are in a scraped latency histogram.
+  const edgeTimed = `sum(envoy_http_downstream_rq_time_count{cluster="${CLUSTER}", envoy_http_conn_manager_prefix="edge"}) >= 4`;
+  await waitFor('the edge requests in Envoy\'s latency histogram', async () => ((await prom.query(edgeTimed)).result.length === 1 ? true : undefined), 20_000, 250);
   await new Promise((resolve) => setTimeout(resolve, 3_000));
 
   // promtool accepts the rules, and Prometheus evaluates every one of them without error.
