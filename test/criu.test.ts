@@ -4,7 +4,7 @@
 // The shape: a user namespace mapping container ids 0.. to a host range claimed from the host's pool
 // (id-ranges.ts, 2^20 + 65536·slot), the image's shared tree idmapped into that range under an
 // overlay (oci-shim.c -U), seccomp RuntimeDefault, no capabilities, no_new_privs, cgroup limits,
-// tini as pid 1 bind-mounted read-only, read-only /etc/hosts and /etc/hostname, and stdio as pipes
+// asb-init as pid 1 (its agent listening) bind-mounted read-only, read-only /etc/hosts and /etc/hostname, and stdio as pipes
 // (runc hands pipes, and only pipes, back to a restored container; a host file cannot be dumped).
 // Network: the new, empty netns runc makes (lo only): runc restores into a new one anyway.
 // What does not work yet is pinned too: the user namespace the shim makes for runc to join (-u),
@@ -15,7 +15,11 @@ import { chmodSync, chownSync, mkdirSync, readFileSync, writeFileSync } from 'no
 import { join, resolve } from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { test } from 'node:test';
+import { AGENT_PORT } from '../src/router/contract.ts';
+import { initProcess, newAgentToken } from '../src/runtime/local/agent-init.ts';
 import { DEFAULT_ID_RANGES_DIR, claimIdRange, releaseIdRange } from '../src/runtime/local/id-ranges.ts';
+import { ensureInitBinary } from '../src/runtime/local/init-binary.ts';
+import { INIT_PATH } from '../src/runtime/local/oci-pod.ts';
 import { criuCheck, criuPath, findCriuBinary, DEFAULT_CRIU_DIR } from '../src/runtime/oci/criu-binary.ts';
 import { DEFAULT_RUNC_DIR, findRuncBinary } from '../src/runtime/oci/runc-binary.ts';
 import { containerSpec, ROOT_ID_MAP, type IdRange } from '../src/runtime/oci/spec.ts';
@@ -158,7 +162,7 @@ async function podBundle(t: test.TestContext, userns: UserNamespace, helper: str
   const cgroupsPath = `/asb-criu-test-${String(process.pid)}/${id}`;
   const spec = containerSpec({
     name: 'main',
-    command: ['/dev/.asb-init', '-g', '--', 'python3', '-c', HOLD_PY],
+    command: ['python3', '-c', HOLD_PY],
     args: ['64'],
     resources: { limits: { memory: '2Gi', cpu: '1' } },
   }, image.config, {
@@ -169,13 +173,15 @@ async function podBundle(t: test.TestContext, userns: UserNamespace, helper: str
     idMap: range,
     ...(userns === 'runc' ? {} : { userNamespacePath: usernsFile }),
     mounts: [
-      { destination: '/dev/.asb-init', source: '/usr/bin/tini-static', readOnly: true },
+      { destination: INIT_PATH, source: await ensureInitBinary(tempDir(t, 'asb-criu-init-')), readOnly: true },
       { destination: '/etc/hostname', source: join(etc, 'hostname'), readOnly: true },
       { destination: '/etc/hosts', source: join(etc, 'hosts'), readOnly: true },
     ],
   });
-  // As oci-pod.ts: rlimits come by inheritance (runc's prlimit needs CAP_SYS_RESOURCE).
+  // As oci-pod.ts: rlimits come by inheritance (runc's prlimit needs CAP_SYS_RESOURCE), and
+  // asb-init is pid 1, with its agent.
   spec.process.rlimits = [];
+  spec.process = initProcess(spec, INIT_PATH, { port: AGENT_PORT, token: newAgentToken() });
   const state = join(dir, 'state');
   onCleanup(t, async () => {
     await run(runc, ['--root', state, 'delete', '--force', id]).catch(() => undefined);
@@ -246,7 +252,9 @@ for (const mib of [64, 1024]) {
     assert.equal(first.count, 1);
     const confined = initFacts(pod);
     assert.equal(confined.uidMap, `0 ${String(pod.range.hostId)} 65536`);
-    assert.deepEqual([confined.seccomp, confined.nnp, confined.capEff], ['2', '1', '0000000000000000']);
+    // The init holds asb-init's five capabilities and nothing more: CHOWN (bit 0), KILL (5),
+    // SETGID (6), SETUID (7), SETPCAP (8) = 0x1e1; the pod grants none of its own.
+    assert.deepEqual([confined.seccomp, confined.nnp, confined.capEff], ['2', '1', '00000000000001e1']);
     assert.equal(confined.memoryLimit, String(2 * 2 ** 30));
 
     const checkpointMs = await checkpoint(pod);
