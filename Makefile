@@ -99,7 +99,8 @@ kube-tools:
 # It builds after kube-tools, not beside it: the two share most of k8s.io/kubernetes's packages,
 # and two go builds started together each compile them (Go's cache shares only what is done). On a
 # fresh 2-core machine with no Go caches (2026-11-30): side by side, kube-tools 898 s and kube-node
-# 792 s, make test's builds ~21.5 min; one after the other, 573 s and 350 s, builds 15 min 53 s.
+# 792 s, ~21.5 min until the tests began; one after the other, 573 s and 350 s, and `make deps
+# test-tools` took 15 min 53 s.
 kube-node: runc runsc kube-tools
 	@scripts/kube-node-build.sh
 
