@@ -69,18 +69,18 @@ function killGroup(up: Up): void {
   }
 }
 
+/** A process's command line, or '' once it has gone (make up's short-lived commands end any time). */
+function cmdlineOf(pid: number | string): string {
+  try {
+    return readFileSync(`/proc/${String(pid)}/cmdline`, 'utf8');
+  } catch {
+    return '';
+  }
+}
+
 /** Processes whose command line names the state dir: what this make up started. */
 function processesOf(stateDir: string): number[] {
-  const pids: number[] = [];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      if (readFileSync(`/proc/${entry}/cmdline`, 'utf8').includes(stateDir)) pids.push(Number(entry));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return pids;
+  return readdirSync('/proc').filter((entry) => /^\d+$/.test(entry) && cmdlineOf(entry).includes(stateDir)).map(Number);
 }
 
 function envOf(stateDir: string): Record<string, string> {
@@ -121,7 +121,7 @@ test('make up holds its state dir against a second one, stops on a SIGTERM to it
   assert.equal(named.status, 201, await named.text());
   // A registry killed with -9 is started again on its port, as make up's other processes are (it
   // used to stay down: every later start of an image named by tag failed until make up restarted).
-  const registryOf = (): number[] => processesOf(stateDir).filter((pid) => readFileSync(`/proc/${String(pid)}/cmdline`, 'utf8').startsWith('/usr/bin/docker-registry'));
+  const registryOf = (): number[] => processesOf(stateDir).filter((pid) => cmdlineOf(pid).startsWith('/usr/bin/docker-registry'));
   const [registry] = registryOf();
   assert.ok(registry !== undefined, 'the registry runs');
   process.kill(registry, 'SIGKILL');
