@@ -173,7 +173,7 @@ async function podBundle(t: test.TestContext, userns: UserNamespace, helper: str
     idMap: range,
     ...(userns === 'runc' ? {} : { userNamespacePath: usernsFile }),
     mounts: [
-      { destination: INIT_PATH, source: await ensureInitBinary(tempDir(t, 'asb-criu-init-')), readOnly: true },
+      { destination: INIT_PATH, source: await initBinary(t), readOnly: true },
       { destination: '/etc/hostname', source: join(etc, 'hostname'), readOnly: true },
       { destination: '/etc/hosts', source: join(etc, 'hosts'), readOnly: true },
     ],
@@ -229,6 +229,14 @@ function initFacts(pod: Pod): { uidMap: string; seccomp: string; nnp: string; ca
     capEff: field('CapEff'),
     memoryLimit: readFileSync(join('/sys/fs/cgroup/memory', memoryCgroup, 'memory.limit_in_bytes'), 'utf8').trim(),
   };
+}
+
+let installedInit: Promise<string> | undefined;
+
+/** asb-init, compiled once for the file and installed where the runtime installs it (its path outlives the build dir). */
+function initBinary(t: test.TestContext): Promise<string> {
+  installedInit ??= ensureInitBinary(tempDir(t, 'asb-criu-init-'));
+  return installedInit;
 }
 
 async function buildHelper(t: test.TestContext): Promise<string> {

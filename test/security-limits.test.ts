@@ -65,9 +65,10 @@ function envoyFds(): number {
 
 // The attacker's side, in Python inside the sandbox. hold: N TCP connections opened and held;
 // churn: N connected and reset at once, as fast as it can; udp: one DNS query from each of N
-// sockets (N UDP flows), bound to source ports base … base+N-1 so the host can tell its flows. It prints its counts, then `holding`, and holds until /tmp/stop or 300 s:
-// longer than any attack runs, for an attack that checks a bound again a minute later under load
-// must find what the first flood opened still held.
+// sockets (N UDP flows), bound to source ports base … base+N-1 so the host can tell its flows. It
+// prints its counts, then `holding`, and holds until /tmp/stop or 300 s: longer than any attack
+// runs, for an attack that checks a bound again a minute later under load must find what the
+// first flood opened still held.
 const FLOOD = String.raw`
 import os, socket, struct, sys, time
 mode, host, port, n, base = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
