@@ -31,13 +31,14 @@
 // `(head -1 test-artifacts/lanes/local-a.files.tsv; tail -qn +2 test-artifacts/lanes/local-*.files.tsv) >
 // scripts/test-lane-times.tsv`);
 // at the end, one summary line per lane and the failing tests of each lane that failed. Exit
-// status 1 when a lane fails (the summary names it).
+// status 1 when a lane fails (the summary names it). A file's process that lives past
+// FILE_LIMIT_MS is killed, its process tree printed first, and named at the end.
 //
 // Usage: node scripts/test-lanes.ts [--logs <dir>] <file or glob>...  (make test passes
 // TEST_FILES: globs are expanded here, so TEST_FILES=test/store.test.ts runs that file alone, in
 // its lane; --logs puts the lane logs elsewhere, as test/test-lanes.test.ts does).
 import { spawn } from 'node:child_process';
-import { createWriteStream, globSync, mkdirSync, readFileSync } from 'node:fs';
+import { createWriteStream, globSync, mkdirSync, readdirSync, readFileSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 
@@ -46,6 +47,15 @@ const DEFAULT_LOG_DIR = join(repoRoot, 'test-artifacts', 'lanes');
 /** The test runner's own flags, the same in every lane: one file at a time, 5 min per test, the spec reporter on stdout. */
 const TEST_FLAGS = ['--test', '--test-concurrency=1', '--test-timeout=300000', '--test-reporter=spec', '--test-reporter-destination=stdout'];
 const FILES_REPORTER = join(repoRoot, 'scripts', 'lane-files-reporter.ts');
+/**
+ * How long one test file's process may live (ASB_TEST_FILE_LIMIT_S overrides it). The longest
+ * file takes under 3 min; a file whose process does not end (a handle left open, a hook that
+ * never returns) would hold its lane until CI's 90 min ran out and name nothing. Past this the
+ * lane prints the file's process tree and kills it: the runner fails that file by name and the
+ * lane goes on. From 5 min on, the lane says every 5 min which file is still running.
+ */
+const FILE_LIMIT_MS = 15 * 60_000;
+const FILE_NOTICE_MS = 5 * 60_000;
 
 interface Lane {
   name: string;
@@ -59,6 +69,8 @@ interface LaneResult {
   code: number;
   wallMs: number;
   logPath: string;
+  /** Files whose process ran past the limit and was killed. */
+  killed: string[];
 }
 
 /** The per-file times the local files are balanced by: the files.tsv rows of a full run (file, wall_s, ...). */
@@ -164,6 +176,89 @@ export function splitLanes(patterns: readonly string[], times: ReadonlyMap<strin
 
 const minutes = (ms: number): string => `${String(Math.floor(ms / 60_000))} min ${String(Math.round((ms % 60_000) / 1000))} s`;
 
+interface Proc {
+  pid: number;
+  ppid: number;
+  state: string;
+  args: string[];
+}
+
+/** Every process now, from /proc (one that ends while it is read is left out). */
+function processes(): Proc[] {
+  const all: Proc[] = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, 'utf8');
+      // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so read after the last ')'.
+      const [state = '?', ppid = '0'] = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      const args = readFileSync(`/proc/${name}/cmdline`, 'utf8').split('\0').filter((a) => a !== '');
+      all.push({ pid: Number(name), ppid: Number(ppid), state, args });
+    } catch {
+      // It ended between the listing and the read.
+    }
+  }
+  return all;
+}
+
+/** A process and every process below it, parents first. */
+function treeOf(pid: number, all: readonly Proc[]): Proc[] {
+  const tree = all.filter((p) => p.pid === pid);
+  for (let i = 0; i < tree.length; i++) tree.push(...all.filter((p) => p.ppid === tree[i]?.pid));
+  return tree;
+}
+
+/** The limit on one file's process, ASB_TEST_FILE_LIMIT_S when set. */
+function fileLimitMs(): number {
+  const s = Number(process.env.ASB_TEST_FILE_LIMIT_S);
+  return Number.isFinite(s) && s > 0 ? s * 1000 : FILE_LIMIT_MS;
+}
+
+/**
+ * Watches the test files' processes of one lane (the children of its `node --test`, one at a
+ * time): says which file is still running every FILE_NOTICE_MS, and kills a file's process tree
+ * once it has lived past the limit, printing the tree first. Returns the files it killed and a stop.
+ */
+function watchFiles(lane: Lane, runner: number, say: (line: string) => void): { killed: string[]; stop: () => void } {
+  const limit = fileLimitMs();
+  const killed: string[] = [];
+  const firstSeen = new Map<number, number>();
+  const noticed = new Map<number, number>();
+  const fileOf = (p: Proc): string => {
+    const arg = p.args.find((a) => lane.files.some((f) => resolve(f) === resolve(a))) ?? p.args.at(-1) ?? String(p.pid);
+    return repoPath(arg);
+  };
+  const timer = setInterval(() => {
+    const all = processes();
+    const files = all.filter((p) => p.ppid === runner);
+    for (const pid of firstSeen.keys()) if (!files.some((p) => p.pid === pid)) firstSeen.delete(pid);
+    for (const p of files) {
+      const now = Date.now();
+      const since = firstSeen.get(p.pid) ?? now;
+      firstSeen.set(p.pid, since);
+      const age = now - since;
+      if (age >= limit) {
+        const tree = treeOf(p.pid, all);
+        say(`⏱ ${fileOf(p)} has run ${minutes(age)}, past a test file's limit (${minutes(limit)}): killing it and what it started:`);
+        for (const q of tree) say(`⏱   ${String(q.pid)} ${q.state} ${q.args.join(' ').slice(0, 240)}`);
+        for (const q of tree.reverse()) {
+          try {
+            process.kill(q.pid, 'SIGKILL');
+          } catch {
+            // Already gone.
+          }
+        }
+        killed.push(fileOf(p));
+        firstSeen.delete(p.pid);
+      } else if (age >= FILE_NOTICE_MS && now - (noticed.get(p.pid) ?? 0) >= FILE_NOTICE_MS) {
+        noticed.set(p.pid, now);
+        say(`⏱ ${fileOf(p)} still running (${minutes(age)})`);
+      }
+    }
+  }, Math.min(5_000, limit / 4));
+  return { killed, stop: () => clearInterval(timer) };
+}
+
 function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult> {
   const logPath = join(logDir, `${lane.name}.log`);
   const log = createWriteStream(logPath);
@@ -171,18 +266,21 @@ function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult>
   const started = Date.now();
   const timings = [`--test-reporter=${FILES_REPORTER}`, `--test-reporter-destination=${join(logDir, `${lane.name}.files.tsv`)}`];
   const child = spawn(process.execPath, [...TEST_FLAGS, ...timings, ...lane.files], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const say = (line: string): void => {
+    log.write(`${line}\n`);
+    process.stdout.write(`${prefix}${line}\n`);
+  };
   const closed: Promise<void>[] = [];
   for (const stream of [child.stdout, child.stderr]) {
     const lines = createInterface({ input: stream, crlfDelay: Infinity });
-    lines.on('line', (line) => {
-      log.write(`${line}\n`);
-      process.stdout.write(`${prefix}${line}\n`);
-    });
+    lines.on('line', say);
     closed.push(new Promise((r) => lines.once('close', r)));
   }
+  const watch = watchFiles(lane, child.pid ?? -1, say);
   return new Promise((res) => {
     child.once('close', (code, signal) => {
-      void Promise.all(closed).then(() => log.end(() => res({ lane, code: code ?? (signal === null ? 1 : 128), wallMs: Date.now() - started, logPath })));
+      watch.stop();
+      void Promise.all(closed).then(() => log.end(() => res({ lane, code: code ?? (signal === null ? 1 : 128), wallMs: Date.now() - started, logPath, killed: watch.killed })));
     });
   });
 }
@@ -231,6 +329,7 @@ async function main(): Promise<number> {
   for (const r of failed) {
     const { failing } = summaryOf(r.logPath);
     process.stdout.write(`\n── lane ${r.lane.name} failed (${relative(repoRoot, r.logPath)}) ──\n${failing === '' ? '(no failing-tests section: see the log)' : failing}\n`);
+    for (const file of r.killed) process.stdout.write(`killed: ${file}, its process ran past a test file's limit (${minutes(fileLimitMs())}; its process tree is in the log)\n`);
   }
   if (failed.length > 0) process.stdout.write(`\nmake test: lane ${failed.map((r) => r.lane.name).join(' and lane ')} failed\n`);
   return failed.length === 0 ? 0 : 1;

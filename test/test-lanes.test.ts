@@ -12,6 +12,7 @@ import { ALONE, readTimes, splitLanes, TIMES_FILE, TOGETHER } from '../scripts/t
 const repoRoot = resolve(import.meta.dirname, '..');
 const LOCAL_FIXTURE = 'test/fixtures/lanes/local-lane.ts';
 const K8S_FIXTURE = 'test/k8s/fixtures/k8s-lane.ts';
+const NEXT_LOCAL_FIXTURE = 'test/fixtures/lanes/local-lane2.ts';
 
 interface Run {
   code: number;
@@ -114,6 +115,31 @@ test('a failing lane makes the run exit 1, naming that lane and its failing test
   assert.match(run.out, /^lane local-a: passed/m);
   assert.match(run.out, /── lane k8s failed [^\n]*\n✖ failing tests:\n[\s\S]*the k8s lane's fixture runs[\s\S]*the k8s lane was asked to fail/);
   assert.match(run.out, /^make test: lane k8s failed$/m);
+});
+
+test('a test file whose process never ends is killed past the limit with what it started, named in the summary, and its lane goes on to the next file', async (t) => {
+  // The fixture's test passes, then its process lives on (a child `sleep` holds a pipe to it): without
+  // the limit the lane, and CI's whole run, would wait for it for ever.
+  const run = await runLanes(t, [LOCAL_FIXTURE, NEXT_LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1', ASB_LANE_FIXTURE_HANG: 'local', ASB_TEST_FILE_LIMIT_S: '3' });
+  assert.equal(run.code, 1, run.out);
+  assert.match(run.out, /^local │ ⏱ test\/fixtures\/lanes\/local-lane\.ts has run 0 min \d s, past a test file's limit \(0 min 3 s\): killing it and what it started:$/m);
+  const sleeper = /^local │ ⏱ {3}(\d+) \S sleep 3600$/m.exec(run.out);
+  assert.ok(sleeper !== null, `the killed file's process tree names its sleep:\n${run.out}`);
+  // Gone, or dead and not yet reaped by whoever inherited it.
+  const state = ((): string => {
+    try {
+      const stat = readFileSync(`/proc/${sleeper[1] ?? ''}/stat`, 'utf8');
+      return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+    } catch {
+      return 'gone';
+    }
+  })();
+  assert.ok(state === 'gone' || state === 'Z', `the file's sleep outlived it (state ${state})`);
+  // The next file ran after the killed one, in the same lane.
+  assert.ok(run.out.indexOf('✔ the next local lane\'s fixture runs') > run.out.indexOf('killing it'), run.out);
+  assert.match(run.out, /^lane local: FAILED \(exit 1\): 3 tests, 2 passed, 1 failed/m);
+  assert.match(run.out, /^killed: test\/fixtures\/lanes\/local-lane\.ts, its process ran past a test file's limit \(0 min 3 s/m);
+  assert.match(readFileSync(join(run.logs, 'local.log'), 'utf8'), /^⏱ test\/fixtures\/lanes\/local-lane\.ts has run/m);
 });
 
 test('TEST_FILES naming one file runs that file alone, in its lane', async (t) => {

@@ -2,8 +2,10 @@
 // test/k8s/fixtures/k8s-lane.ts; not named *.test.ts, so only test/test-lanes.test.ts runs them).
 // With ASB_LANE_FIXTURE_DIR set, each marks that it runs and waits, at most 60 s, for the other
 // lane's mark: it passes only when both lanes run at once. It fails when ASB_LANE_FIXTURE_FAIL
-// names its lane.
+// names its lane. When ASB_LANE_FIXTURE_HANG names its lane, its test passes but its process never
+// ends: it starts a `sleep` it keeps a pipe to, as a file that forgets a child process does.
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { existsSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -22,5 +24,6 @@ export function laneFixture(mine: string, other: string): void {
       }
     }
     assert.notEqual(process.env.ASB_LANE_FIXTURE_FAIL, mine, `the ${mine} lane was asked to fail`);
+    if (process.env.ASB_LANE_FIXTURE_HANG === mine) spawn('sleep', ['3600'], { stdio: ['ignore', 'pipe', 'ignore'] });
   });
 }
