@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { createServer as createHttpServer, request, type Server as HttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 import { test, type TestContext } from 'node:test';
+import { freePort } from '../src/assembly/local-system.ts';
 import type { EnvoyProcess } from '../src/edge/envoy-process.ts';
 import { DOMAIN, sandboxEntry, startFakeWorker, startTestEnvoy, startTestRouter, TOKEN, until } from './support/dataplane-fixture.ts';
 import { waitFor } from './support/wait.ts';
@@ -19,14 +20,6 @@ interface Edge {
   restartPort: number;
   /** Requests the resetting app read before it reset the connection. */
   resetRequests: string[];
-}
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
 }
 
 async function startEdge(t: TestContext): Promise<Edge> {

@@ -4,6 +4,7 @@
 // traffic, the router closes, the worker hibernates its sandboxes and closes the store).
 // With `supervise` (make up), a process that crashes is started again on the same ports and
 // data (src/assembly/supervisor.ts); ports asked as 0 are fixed before the first start for that.
+import { randomInt } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
@@ -80,17 +81,49 @@ interface RouterReady {
   metrics?: string;
 }
 
-/** A free loopback port right now (for Envoy, whose port the worker must know first). */
-export function freePort(): Promise<number> {
-  return new Promise((res, rej) => {
+/** The first port the kernel lends to outgoing connections (net.ipv4.ip_local_port_range). */
+function ephemeralLow(): number {
+  try {
+    const low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
+    return Number.isInteger(low) ? low : 32768;
+  } catch {
+    return 32768;
+  }
+}
+
+/** Whether 127.0.0.1:port can be bound right now; 0 asks the kernel and answers the port it gave. */
+function bindable(port: number): Promise<number | undefined> {
+  return new Promise((res) => {
     const server = createServer();
-    server.once('error', rej);
-    server.listen(0, '127.0.0.1', () => {
+    server.once('error', () => res(undefined));
+    server.listen(port, '127.0.0.1', () => {
       const address = server.address();
-      const port = typeof address === 'object' && address !== null ? address.port : 0;
-      server.close(() => res(port));
+      const bound = typeof address === 'object' && address !== null ? address.port : undefined;
+      server.close(() => res(bound));
     });
   });
+}
+
+/** Where freePort looks: above the fixed ports we use (Envoy's 10000-10002, the egress proxy's 15001-15002). */
+const FREE_PORTS_FROM = 20_000;
+
+/**
+ * A free loopback port right now, for a server whose port another part must know before it
+ * binds (Envoy's edge: the worker names it in the URLs it returns). It is taken at random below
+ * the kernel's ephemeral range: a port in that range can be lent as the source of any outgoing
+ * connection in the seconds before the server binds it, and the server then fails with "Address
+ * already in use" (seen with two test lanes connecting at once). Below it, only another listener
+ * could take it. The kernel's pick when that range is too small.
+ */
+export async function freePort(): Promise<number> {
+  const below = ephemeralLow();
+  for (let tries = 0; below - FREE_PORTS_FROM >= 1000 && tries < 50; tries++) {
+    const port = await bindable(FREE_PORTS_FROM + randomInt(below - FREE_PORTS_FROM));
+    if (port !== undefined) return port;
+  }
+  const port = await bindable(0);
+  if (port === undefined) throw new Error('no free loopback port: binding 127.0.0.1:0 failed');
+  return port;
 }
 
 /** Puts a process under the policy, or leaves it unsupervised without one. */
