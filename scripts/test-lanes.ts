@@ -37,8 +37,9 @@
 // Usage: node scripts/test-lanes.ts [--logs <dir>] <file or glob>...  (make test passes
 // TEST_FILES: globs are expanded here, so TEST_FILES=test/store.test.ts runs that file alone, in
 // its lane; --logs puts the lane logs elsewhere, as test/test-lanes.test.ts does).
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { createWriteStream, globSync, mkdirSync, readdirSync, readFileSync } from 'node:fs';
+import { loadavg } from 'node:os';
 import { join, relative, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 
@@ -71,6 +72,8 @@ interface LaneResult {
   logPath: string;
   /** Files whose process ran past the limit and was killed. */
   killed: string[];
+  /** Stopped (or never started) at the run's deadline. */
+  stopped: boolean;
 }
 
 /** The per-file times the local files are balanced by: the files.tsv rows of a full run (file, wall_s, ...). */
@@ -181,19 +184,28 @@ interface Proc {
   ppid: number;
   state: string;
   args: string[];
+  /** How long it has run. */
+  ageMs: number;
 }
+
+/** Clock ticks per second of /proc's times (USER_HZ: 100 on Linux). */
+const USER_HZ = 100;
 
 /** Every process now, from /proc (one that ends while it is read is left out). */
 function processes(): Proc[] {
   const all: Proc[] = [];
+  const uptimeS = Number(readFileSync('/proc/uptime', 'utf8').split(' ')[0]);
   for (const name of readdirSync('/proc')) {
     if (!/^\d+$/.test(name)) continue;
     try {
       const stat = readFileSync(`/proc/${name}/stat`, 'utf8');
       // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so read after the last ')'.
-      const [state = '?', ppid = '0'] = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      // Fields from the third on: state, ppid, ... starttime (the 22nd field, in ticks since boot).
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      const [state = '?', ppid = '0'] = fields;
+      const ageMs = (uptimeS - Number(fields[19]) / USER_HZ) * 1000;
       const args = readFileSync(`/proc/${name}/cmdline`, 'utf8').split('\0').filter((a) => a !== '');
-      all.push({ pid: Number(name), ppid: Number(ppid), state, args });
+      all.push({ pid: Number(name), ppid: Number(ppid), state, args, ageMs });
     } catch {
       // It ended between the listing and the read.
     }
@@ -214,49 +226,86 @@ function fileLimitMs(): number {
   return Number.isFinite(s) && s > 0 ? s * 1000 : FILE_LIMIT_MS;
 }
 
+/** SIGKILLs a process tree, children before their parents. */
+function killTree(tree: readonly Proc[]): void {
+  for (const q of [...tree].reverse()) {
+    try {
+      process.kill(q.pid, 'SIGKILL');
+    } catch {
+      // Already gone.
+    }
+  }
+}
+
+/** Says each process of a tree: pid, state, command line. */
+function sayTree(tree: readonly Proc[], say: (line: string) => void): void {
+  for (const q of tree) say(`⏱   ${String(q.pid)} ${q.state} ${q.args.join(' ').slice(0, 240)}`);
+}
+
+/**
+ * The time by which the whole run must have ended, from ASB_TEST_DEADLINE (seconds since the
+ * epoch; .ci/run sets it a few minutes inside CI's limit). At it every lane says what it was
+ * running, its process tree, and is stopped, so the summary names what was running rather than CI
+ * cutting the run off mid-line.
+ */
+function runDeadline(): number | undefined {
+  const at = Number(process.env.ASB_TEST_DEADLINE);
+  return process.env.ASB_TEST_DEADLINE !== undefined && Number.isFinite(at) ? at * 1000 : undefined;
+}
+
+/** The machine's load and its busiest processes, for a run stopped at its deadline. */
+function machineNow(): string {
+  const [one = 0, five = 0, fifteen = 0] = loadavg();
+  let busiest = '';
+  try {
+    busiest = execFileSync('ps', ['-eo', 'pid,pcpu,etimes,args', '--sort=-pcpu'], { encoding: 'utf8' }).split('\n').slice(0, 11).map((l) => l.slice(0, 200)).join('\n');
+  } catch (err) {
+    busiest = `(ps failed: ${String(err)})`;
+  }
+  return `load average ${one.toFixed(2)} ${five.toFixed(2)} ${fifteen.toFixed(2)}; the busiest processes:\n${busiest}\n`;
+}
+
 /**
  * Watches the test files' processes of one lane (the children of its `node --test`, one at a
  * time): says which file is still running every FILE_NOTICE_MS, and kills a file's process tree
- * once it has lived past the limit, printing the tree first. Returns the files it killed and a stop.
+ * once it has lived past the limit, printing the tree first. Returns the files it killed, what it
+ * sees running now (report), and a stop.
  */
-function watchFiles(lane: Lane, runner: number, say: (line: string) => void): { killed: string[]; stop: () => void } {
+function watchFiles(lane: Lane, runner: number, say: (line: string) => void): { killed: string[]; report: () => void; stop: () => void } {
   const limit = fileLimitMs();
   const killed: string[] = [];
-  const firstSeen = new Map<number, number>();
   const noticed = new Map<number, number>();
+  const killedPids = new Set<number>();
   const fileOf = (p: Proc): string => {
     const arg = p.args.find((a) => lane.files.some((f) => resolve(f) === resolve(a))) ?? p.args.at(-1) ?? String(p.pid);
     return repoPath(arg);
   };
   const timer = setInterval(() => {
     const all = processes();
-    const files = all.filter((p) => p.ppid === runner);
-    for (const pid of firstSeen.keys()) if (!files.some((p) => p.pid === pid)) firstSeen.delete(pid);
-    for (const p of files) {
+    for (const p of all.filter((q) => q.ppid === runner && !killedPids.has(q.pid))) {
       const now = Date.now();
-      const since = firstSeen.get(p.pid) ?? now;
-      firstSeen.set(p.pid, since);
-      const age = now - since;
+      const age = p.ageMs;
       if (age >= limit) {
+        killedPids.add(p.pid);
         const tree = treeOf(p.pid, all);
         say(`⏱ ${fileOf(p)} has run ${minutes(age)}, past a test file's limit (${minutes(limit)}): killing it and what it started:`);
-        for (const q of tree) say(`⏱   ${String(q.pid)} ${q.state} ${q.args.join(' ').slice(0, 240)}`);
-        for (const q of tree.reverse()) {
-          try {
-            process.kill(q.pid, 'SIGKILL');
-          } catch {
-            // Already gone.
-          }
-        }
+        sayTree(tree, say);
+        killTree(tree);
         killed.push(fileOf(p));
-        firstSeen.delete(p.pid);
       } else if (age >= FILE_NOTICE_MS && now - (noticed.get(p.pid) ?? 0) >= FILE_NOTICE_MS) {
         noticed.set(p.pid, now);
         say(`⏱ ${fileOf(p)} still running (${minutes(age)})`);
       }
     }
   }, Math.min(5_000, limit / 4));
-  return { killed, stop: () => clearInterval(timer) };
+  const report = (): void => {
+    const all = processes();
+    for (const p of all.filter((q) => q.ppid === runner)) {
+      say(`⏱ running: ${fileOf(p)}, for ${minutes(p.ageMs)}; its processes:`);
+      sayTree(treeOf(p.pid, all), say);
+    }
+  };
+  return { killed, report, stop: () => clearInterval(timer) };
 }
 
 function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult> {
@@ -264,6 +313,10 @@ function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult>
   const log = createWriteStream(logPath);
   const prefix = `${lane.name.padEnd(width)} │ `;
   const started = Date.now();
+  const deadline = runDeadline();
+  if (deadline !== undefined && deadline <= started) {
+    return new Promise((res) => log.end('not started: the run\'s deadline (ASB_TEST_DEADLINE) had come\n', () => res({ lane, code: 1, wallMs: 0, logPath, killed: [], stopped: true })));
+  }
   const timings = [`--test-reporter=${FILES_REPORTER}`, `--test-reporter-destination=${join(logDir, `${lane.name}.files.tsv`)}`];
   const child = spawn(process.execPath, [...TEST_FLAGS, ...timings, ...lane.files], { stdio: ['ignore', 'pipe', 'pipe'] });
   const say = (line: string): void => {
@@ -277,10 +330,18 @@ function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult>
     closed.push(new Promise((r) => lines.once('close', r)));
   }
   const watch = watchFiles(lane, child.pid ?? -1, say);
+  let stopped = false;
+  const atDeadline = deadline === undefined ? undefined : setTimeout(() => {
+    stopped = true;
+    say('⏱ the run\'s deadline (ASB_TEST_DEADLINE) has come: stopping this lane');
+    watch.report();
+    killTree(treeOf(child.pid ?? -1, processes()));
+  }, deadline - started);
   return new Promise((res) => {
     child.once('close', (code, signal) => {
       watch.stop();
-      void Promise.all(closed).then(() => log.end(() => res({ lane, code: code ?? (signal === null ? 1 : 128), wallMs: Date.now() - started, logPath, killed: watch.killed })));
+      clearTimeout(atDeadline);
+      void Promise.all(closed).then(() => log.end(() => res({ lane, code: code ?? (signal === null ? 1 : 128), wallMs: Date.now() - started, logPath, killed: watch.killed, stopped })));
     });
   });
 }
@@ -319,11 +380,15 @@ async function main(): Promise<number> {
     const waits = (l.after ?? []).map((name) => running.get(name)).filter((r) => r !== undefined);
     running.set(l.name, Promise.all(waits).then(() => runLane(l, width, logDir)));
   }
+  const deadline = runDeadline();
+  const atDeadline = deadline === undefined ? undefined : setTimeout(() => process.stdout.write(`\nmake test: the run's deadline has come; ${machineNow()}`), deadline - Date.now());
   const results = await Promise.all(running.values());
+  clearTimeout(atDeadline);
   process.stdout.write('\n');
   for (const r of results) {
     const s = summaryOf(r.logPath);
-    process.stdout.write(`lane ${r.lane.name}: ${r.code === 0 ? 'passed' : `FAILED (exit ${String(r.code)})`}: ${s.counts}, ${minutes(r.wallMs)} wall\n`);
+    const how = r.stopped ? 'STOPPED at the run\'s deadline' : r.code === 0 ? 'passed' : `FAILED (exit ${String(r.code)})`;
+    process.stdout.write(`lane ${r.lane.name}: ${how}: ${s.counts}, ${minutes(r.wallMs)} wall\n`);
   }
   const failed = results.filter((r) => r.code !== 0);
   for (const r of failed) {

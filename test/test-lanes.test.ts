@@ -142,6 +142,20 @@ test('a test file whose process never ends is killed past the limit with what it
   assert.match(readFileSync(join(run.logs, 'local.log'), 'utf8'), /^⏱ test\/fixtures\/lanes\/local-lane\.ts has run/m);
 });
 
+test('at the run\'s deadline (ASB_TEST_DEADLINE, which CI sets) every lane says what it was running and stops, and the summary says so with the machine\'s load', async (t) => {
+  const deadline = Math.ceil(Date.now() / 1000) + 4;
+  const run = await runLanes(t, [LOCAL_FIXTURE, NEXT_LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1', ASB_LANE_FIXTURE_HANG: 'local', ASB_TEST_DEADLINE: String(deadline) });
+  assert.equal(run.code, 1, run.out);
+  assert.ok(Date.now() >= deadline * 1000, 'the run ended before its deadline');
+  assert.match(run.out, /^local │ ⏱ the run's deadline \(ASB_TEST_DEADLINE\) has come: stopping this lane$/m);
+  assert.match(run.out, /^local │ ⏱ running: test\/fixtures\/lanes\/local-lane\.ts, for 0 min \d s; its processes:$/m);
+  assert.match(run.out, /^local │ ⏱ {3}\d+ \S sleep 3600$/m);
+  assert.match(run.out, /^make test: the run's deadline has come; load average [\d.]+ [\d.]+ [\d.]+; the busiest processes:\n\s*PID/m);
+  assert.match(run.out, /^lane local: STOPPED at the run's deadline: /m);
+  // The lane stopped: the file after the stuck one never ran.
+  assert.doesNotMatch(run.out, /next local lane's fixture/);
+});
+
 test('TEST_FILES naming one file runs that file alone, in its lane', async (t) => {
   const run = await runLanes(t, [LOCAL_FIXTURE]);
   assert.equal(run.code, 0, run.out);
