@@ -381,6 +381,7 @@ async function main(): Promise<number> {
     running.set(l.name, Promise.all(waits).then(() => runLane(l, width, logDir)));
   }
   const deadline = runDeadline();
+  if (deadline !== undefined) process.stdout.write(`make test: the tests begin ${minutes(deadline - Date.now())} before the run's deadline\n`);
   const atDeadline = deadline === undefined ? undefined : setTimeout(() => process.stdout.write(`\nmake test: the run's deadline has come; ${machineNow()}`), deadline - Date.now());
   const results = await Promise.all(running.values());
   clearTimeout(atDeadline);

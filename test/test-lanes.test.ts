@@ -147,6 +147,7 @@ test('at the run\'s deadline (ASB_TEST_DEADLINE, which CI sets) every lane says 
   const run = await runLanes(t, [LOCAL_FIXTURE, NEXT_LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1', ASB_LANE_FIXTURE_HANG: 'local', ASB_TEST_DEADLINE: String(deadline) });
   assert.equal(run.code, 1, run.out);
   assert.ok(Date.now() >= deadline * 1000, 'the run ended before its deadline');
+  assert.match(run.out, /^make test: the tests begin 0 min \d s before the run's deadline$/m);
   assert.match(run.out, /^local │ ⏱ the run's deadline \(ASB_TEST_DEADLINE\) has come: stopping this lane$/m);
   assert.match(run.out, /^local │ ⏱ running: test\/fixtures\/lanes\/local-lane\.ts, for 0 min \d s; its processes:$/m);
   assert.match(run.out, /^local │ ⏱ {3}\d+ \S sleep 3600$/m);
