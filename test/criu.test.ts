@@ -96,8 +96,11 @@ exec "$0" reap "$@" < <(exec cat <&4 3>&- 4<&-) > >(exec cat 3>&-) 2> >(exec cat
 async function runcPiped(t: test.TestContext, helper: string, args: string[], env: NodeJS.ProcessEnv = process.env): Promise<Stdio> {
   const child = spawn('bash', ['-c', RELAY, helper, runc, ...args], { stdio: ['pipe', 'pipe', 'pipe', 'pipe'], env });
   const io = pipes(child);
-  onCleanup(t, () => { io.child.stdin.destroy(); io.child.stdout.destroy(); io.child.stderr.destroy(); });
   const status = child.stdio[3] as Readable;
+  // The relay lives until its container ends (the pod's `runc delete`, a later clean-up step, ends
+  // it): its pipes closed and itself unreferenced, a container that outlives the test cannot hold
+  // this file's process open too.
+  onCleanup(t, () => { for (const stream of [io.child.stdin, io.child.stdout, io.child.stderr, status]) stream.destroy(); io.child.unref(); });
   let text = '';
   await new Promise<void>((done) => {
     status.setEncoding('utf8').on('data', (chunk: string) => { text += chunk; if (text.includes('\n')) done(); }).once('close', done);
