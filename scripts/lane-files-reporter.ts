@@ -13,6 +13,13 @@
 // The runner names a file by its path in a nesting-0 `test:dequeue` when it starts the file and a
 // nesting-0 `test:complete` when it ends; the file's own top-level tests come between, also at
 // nesting 0 (one file at a time: --test-concurrency=1).
+import { writeFileSync } from 'node:fs';
+
+/**
+ * Where the lane runner (scripts/test-lanes.ts) reads which file its `node --test` took up last: a
+ * file that ended quickly but left processes holding its output is named by it.
+ */
+const CURRENT_FILE = process.env.ASB_LANE_CURRENT_FILE;
 
 interface Event {
   type: string;
@@ -44,6 +51,7 @@ export default async function* laneFilesReporter(source: AsyncIterable<Event>): 
       if (current === undefined && isFileName(name, event.data?.file)) {
         current = { started: now, testsMs: 0, tests: 0 };
         open.set(name, current);
+        if (CURRENT_FILE !== undefined) writeFileSync(CURRENT_FILE, `${name}\n`);
       } else if (current !== undefined) {
         current.firstTest ??= now;
       }

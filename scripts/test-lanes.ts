@@ -32,16 +32,18 @@
 // scripts/test-lane-times.tsv`);
 // at the end, one summary line per lane and the failing tests of each lane that failed. Exit
 // status 1 when a lane fails (the summary names it). A file's process that lives past
-// FILE_LIMIT_MS is killed, its process tree printed first, and named at the end.
+// FILE_LIMIT_MS is killed, its process tree printed first, and named at the end; so is a file that
+// ended leaving processes that hold its output open; and at ASB_TEST_DEADLINE every lane stops,
+// saying what it ran (Bounds, below).
 //
 // Usage: node scripts/test-lanes.ts [--logs <dir>] <file or glob>...  (make test passes
 // TEST_FILES: globs are expanded here, so TEST_FILES=test/store.test.ts runs that file alone, in
 // its lane; --logs puts the lane logs elsewhere, as test/test-lanes.test.ts does).
-import { execFileSync, spawn } from 'node:child_process';
-import { createWriteStream, globSync, mkdirSync, readdirSync, readFileSync } from 'node:fs';
-import { loadavg } from 'node:os';
+import { spawn } from 'node:child_process';
+import { createWriteStream, globSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
+import { argsOf, childrenOf, describe, farEnds, killAll, machineNow, processes, sharing, streamsOf, treeOf } from './process-tree.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const DEFAULT_LOG_DIR = join(repoRoot, 'test-artifacts', 'lanes');
@@ -57,6 +59,10 @@ const FILES_REPORTER = join(repoRoot, 'scripts', 'lane-files-reporter.ts');
  */
 const FILE_LIMIT_MS = 15 * 60_000;
 const FILE_NOTICE_MS = 5 * 60_000;
+/** How long after a file's process ended the lane looks for processes it left holding its output (or the limit, if less). */
+const ORPHAN_GRACE_MS = 30_000;
+/** The lane looks at its file processes every second, and at their ages every SCAN_EVERY seconds. */
+const SCAN_EVERY = 5;
 
 interface Lane {
   name: string;
@@ -65,13 +71,18 @@ interface Lane {
   after?: string[];
 }
 
+interface Killed {
+  file: string;
+  why: string;
+}
+
 interface LaneResult {
   lane: Lane;
   code: number;
   wallMs: number;
   logPath: string;
-  /** Files whose process ran past the limit and was killed. */
-  killed: string[];
+  /** Files killed, and why: their process ran past the limit, or processes they left held their output. */
+  killed: Killed[];
   /** Stopped (or never started) at the run's deadline. */
   stopped: boolean;
 }
@@ -179,146 +190,156 @@ export function splitLanes(patterns: readonly string[], times: ReadonlyMap<strin
 
 const minutes = (ms: number): string => `${String(Math.floor(ms / 60_000))} min ${String(Math.round((ms % 60_000) / 1000))} s`;
 
-interface Proc {
-  pid: number;
-  ppid: number;
-  state: string;
-  args: string[];
-  /** How long it has run. */
-  ageMs: number;
+/**
+ * The run's bounds, from the environment: how long a file's process may live (ASB_TEST_FILE_LIMIT_S,
+ * seconds; FILE_LIMIT_MS without it) and when the whole run must have ended (ASB_TEST_DEADLINE,
+ * seconds since the epoch; .ci/run sets it a few minutes inside CI's limit). At the deadline every
+ * lane says what it was running, with its process tree, and stops, so the summary names what was
+ * running rather than CI cutting the run off mid-line. A value that is not such a number is an error.
+ */
+interface Bounds {
+  fileMs: number;
+  deadlineMs: number | undefined;
 }
 
-/** Clock ticks per second of /proc's times (USER_HZ: 100 on Linux). */
-const USER_HZ = 100;
-
-/** Every process now, from /proc (one that ends while it is read is left out). */
-function processes(): Proc[] {
-  const all: Proc[] = [];
-  const uptimeS = Number(readFileSync('/proc/uptime', 'utf8').split(' ')[0]);
-  for (const name of readdirSync('/proc')) {
-    if (!/^\d+$/.test(name)) continue;
-    try {
-      const stat = readFileSync(`/proc/${name}/stat`, 'utf8');
-      // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so read after the last ')'.
-      // Fields from the third on: state, ppid, ... starttime (the 22nd field, in ticks since boot).
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-      const [state = '?', ppid = '0'] = fields;
-      const ageMs = (uptimeS - Number(fields[19]) / USER_HZ) * 1000;
-      const args = readFileSync(`/proc/${name}/cmdline`, 'utf8').split('\0').filter((a) => a !== '');
-      all.push({ pid: Number(name), ppid: Number(ppid), state, args, ageMs });
-    } catch {
-      // It ended between the listing and the read.
-    }
-  }
-  return all;
-}
-
-/** A process and every process below it, parents first. */
-function treeOf(pid: number, all: readonly Proc[]): Proc[] {
-  const tree = all.filter((p) => p.pid === pid);
-  for (let i = 0; i < tree.length; i++) tree.push(...all.filter((p) => p.ppid === tree[i]?.pid));
-  return tree;
-}
-
-/** The limit on one file's process, ASB_TEST_FILE_LIMIT_S when set. */
-function fileLimitMs(): number {
-  const s = Number(process.env.ASB_TEST_FILE_LIMIT_S);
-  return Number.isFinite(s) && s > 0 ? s * 1000 : FILE_LIMIT_MS;
-}
-
-/** SIGKILLs a process tree, children before their parents. */
-function killTree(tree: readonly Proc[]): void {
-  for (const q of [...tree].reverse()) {
-    try {
-      process.kill(q.pid, 'SIGKILL');
-    } catch {
-      // Already gone.
-    }
-  }
-}
-
-/** Says each process of a tree: pid, state, command line. */
-function sayTree(tree: readonly Proc[], say: (line: string) => void): void {
-  for (const q of tree) say(`⏱   ${String(q.pid)} ${q.state} ${q.args.join(' ').slice(0, 240)}`);
+function boundsFrom(env: NodeJS.ProcessEnv): Bounds | string {
+  const positive = (name: string): number | undefined | string => {
+    const text = env[name];
+    if (text === undefined || text === '') return undefined;
+    const n = Number(text);
+    return Number.isFinite(n) && n > 0 ? n : `${name} must be a positive number of seconds, got "${text}"`;
+  };
+  const limit = positive('ASB_TEST_FILE_LIMIT_S');
+  const deadline = positive('ASB_TEST_DEADLINE');
+  if (typeof limit === 'string') return limit;
+  if (typeof deadline === 'string') return deadline;
+  // setTimeout takes at most 2^31-1 ms (~24.8 days) ahead; later is not seconds since the epoch.
+  if (deadline !== undefined && deadline * 1000 - Date.now() > 2 ** 31 - 1) return `ASB_TEST_DEADLINE must be seconds since the epoch within 24 days, got "${String(env.ASB_TEST_DEADLINE)}"`;
+  return { fileMs: limit === undefined ? FILE_LIMIT_MS : limit * 1000, deadlineMs: deadline === undefined ? undefined : deadline * 1000 };
 }
 
 /**
- * The time by which the whole run must have ended, from ASB_TEST_DEADLINE (seconds since the
- * epoch; .ci/run sets it a few minutes inside CI's limit). At it every lane says what it was
- * running, its process tree, and is stopped, so the summary names what was running rather than CI
- * cutting the run off mid-line.
+ * Streams this lane runner does not hold itself. What every process inherited from the shell
+ * (a terminal's or a CI agent's pipe) is held by the shell too, and by everything else it started:
+ * those must never be taken for a test file's output.
  */
-function runDeadline(): number | undefined {
-  const at = Number(process.env.ASB_TEST_DEADLINE);
-  return process.env.ASB_TEST_DEADLINE !== undefined && Number.isFinite(at) ? at * 1000 : undefined;
+function ownStreams(streams: readonly string[]): string[] {
+  const ours = new Set(streamsOf(process.pid));
+  return streams.filter((s) => !ours.has(s));
 }
 
-/** The machine's load and its busiest processes, for a run stopped at its deadline. */
-function machineNow(): string {
-  const [one = 0, five = 0, fifteen = 0] = loadavg();
-  let busiest = '';
-  try {
-    busiest = execFileSync('ps', ['-eo', 'pid,pcpu,etimes,args', '--sort=-pcpu'], { encoding: 'utf8' }).split('\n').slice(0, 11).map((l) => l.slice(0, 200)).join('\n');
-  } catch (err) {
-    busiest = `(ps failed: ${String(err)})`;
-  }
-  return `load average ${one.toFixed(2)} ${five.toFixed(2)} ${fifteen.toFixed(2)}; the busiest processes:\n${busiest}\n`;
+/** The streams a lane's `node --test` made to read its files' output (not its own stdio to us, not what it inherited). */
+function readsOf(runner: number): string[] {
+  return ownStreams(streamsOf(runner)).filter((s) => !streamsOf(runner, ['0', '1', '2']).includes(s));
+}
+
+/**
+ * Kills a process tree, children first, then whatever else still holds the root's output open (a
+ * child that left the tree, re-parented to init or a subreaper): the reader of that output waits
+ * for its end, not for the root's exit. Says each process it kills.
+ */
+function killTreeAndHolders(root: number, keep: ReadonlySet<number>, say: (line: string) => void): void {
+  const tree = treeOf(root, processes());
+  const output = ownStreams(streamsOf(root, ['1', '2']));
+  for (const p of tree) say(`⏱   ${describe(p)}`);
+  killAll([...tree].reverse(), say);
+  const holders = sharing(output, new Set([...keep, ...tree.map((p) => p.pid)]), processes());
+  if (holders.length > 0) say('⏱ and, outside that tree, holding its output:');
+  for (const p of holders) say(`⏱   ${describe(p)}`);
+  killAll(holders, say);
 }
 
 /**
  * Watches the test files' processes of one lane (the children of its `node --test`, one at a
  * time): says which file is still running every FILE_NOTICE_MS, and kills a file's process tree
- * once it has lived past the limit, printing the tree first. Returns the files it killed, what it
+ * once it has lived past the limit, saying the tree first. Returns the files it killed, what it
  * sees running now (report), and a stop.
  */
-function watchFiles(lane: Lane, runner: number, say: (line: string) => void): { killed: string[]; report: () => void; stop: () => void } {
-  const limit = fileLimitMs();
-  const killed: string[] = [];
+function watchFiles(lane: Lane, runner: number, currentFile: string, limitMs: number, say: (line: string) => void): { killed: Killed[]; report: () => void; stop: () => void } {
+  const killed: Killed[] = [];
   const noticed = new Map<number, number>();
   const killedPids = new Set<number>();
-  const fileOf = (p: Proc): string => {
-    const arg = p.args.find((a) => lane.files.some((f) => resolve(f) === resolve(a))) ?? p.args.at(-1) ?? String(p.pid);
-    return repoPath(arg);
+  // Whether a file's process runs is sampled every second; the whole process table is read only
+  // every SCAN_EVERY samples. Which file the runner took up last, its files reporter writes down.
+  const lastFile = (): string => {
+    try {
+      return readFileSync(currentFile, 'utf8').trim();
+    } catch {
+      return 'a file of this lane';
+    }
   };
-  const timer = setInterval(() => {
-    const all = processes();
-    for (const p of all.filter((q) => q.ppid === runner && !killedPids.has(q.pid))) {
-      const now = Date.now();
-      const age = p.ageMs;
-      if (age >= limit) {
-        killedPids.add(p.pid);
-        const tree = treeOf(p.pid, all);
-        say(`⏱ ${fileOf(p)} has run ${minutes(age)}, past a test file's limit (${minutes(limit)}): killing it and what it started:`);
-        sayTree(tree, say);
-        killTree(tree);
-        killed.push(fileOf(p));
-      } else if (age >= FILE_NOTICE_MS && now - (noticed.get(p.pid) ?? 0) >= FILE_NOTICE_MS) {
-        noticed.set(p.pid, now);
-        say(`⏱ ${fileOf(p)} still running (${minutes(age)})`);
+  let noFileSince: number | undefined = Date.now();
+  let orphansChecked = false;
+  let samples = 0;
+  const fileOf = (pid: number): string => {
+    const args = argsOf(pid);
+    return repoPath(args.find((a) => lane.files.some((f) => resolve(f) === resolve(a))) ?? args.at(-1) ?? String(pid));
+  };
+  const sample = (): void => {
+    const now = Date.now();
+    const running = childrenOf(runner).filter((pid) => !killedPids.has(pid));
+    if (running.length > 0) {
+      noFileSince = undefined;
+      orphansChecked = false;
+    } else {
+      noFileSince ??= now;
+      // A file ended, but the runner takes up the next one only when its output closes: a process
+      // it started that left its tree can hold that open for ever.
+      if (!orphansChecked && now - noFileSince >= Math.min(ORPHAN_GRACE_MS, limitMs)) {
+        orphansChecked = true;
+        const holders = sharing(farEnds(readsOf(runner)), new Set([runner, process.pid]), processes());
+        const file = lastFile();
+        if (holders.length > 0) {
+          say(`⏱ ${file} has ended, but processes it started hold its output open (the runner waits for its end): killing them:`);
+          for (const p of holders) say(`⏱   ${describe(p)}`);
+          killAll(holders, say);
+          killed.push({ file, why: 'processes it started held its output open after it ended' });
+        }
       }
     }
-  }, Math.min(5_000, limit / 4));
+    if (++samples % SCAN_EVERY !== 0 || running.length === 0) return;
+    for (const p of processes().filter((q) => running.includes(q.pid))) {
+      if (p.ageMs >= limitMs) {
+        killedPids.add(p.pid);
+        const file = fileOf(p.pid);
+        say(`⏱ ${file} has run ${minutes(p.ageMs)}, past a test file's limit (${minutes(limitMs)}): killing it and what it started:`);
+        killTreeAndHolders(p.pid, new Set([runner, process.pid]), say);
+        killed.push({ file, why: `its process ran past a test file's limit (${minutes(limitMs)})` });
+      } else if (p.ageMs >= FILE_NOTICE_MS && now - (noticed.get(p.pid) ?? 0) >= FILE_NOTICE_MS) {
+        noticed.set(p.pid, now);
+        say(`⏱ ${fileOf(p.pid)} still running (${minutes(p.ageMs)})`);
+      }
+    }
+  };
+  const timer = setInterval(sample, Math.min(1_000, limitMs / 4));
   const report = (): void => {
     const all = processes();
-    for (const p of all.filter((q) => q.ppid === runner)) {
-      say(`⏱ running: ${fileOf(p)}, for ${minutes(p.ageMs)}; its processes:`);
-      sayTree(treeOf(p.pid, all), say);
+    const files = all.filter((q) => q.ppid === runner);
+    for (const p of files) {
+      say(`⏱ running: ${fileOf(p.pid)}, for ${minutes(p.ageMs)}; its processes:`);
+      for (const q of treeOf(p.pid, all)) say(`⏱   ${describe(q)}`);
     }
+    const holders = files.length > 0 ? [] : sharing(farEnds(readsOf(runner)), new Set([runner, process.pid]), all);
+    if (holders.length > 0) say(`⏱ no file running; ${lastFile()} has ended, and these hold its output open:`);
+    for (const p of holders) say(`⏱   ${describe(p)}`);
   };
   return { killed, report, stop: () => clearInterval(timer) };
 }
 
-function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult> {
+function runLane(lane: Lane, width: number, logDir: string, bounds: Bounds): Promise<LaneResult> {
   const logPath = join(logDir, `${lane.name}.log`);
   const log = createWriteStream(logPath);
   const prefix = `${lane.name.padEnd(width)} │ `;
   const started = Date.now();
-  const deadline = runDeadline();
-  if (deadline !== undefined && deadline <= started) {
+  const { deadlineMs } = bounds;
+  if (deadlineMs !== undefined && deadlineMs <= started) {
     return new Promise((res) => log.end('not started: the run\'s deadline (ASB_TEST_DEADLINE) had come\n', () => res({ lane, code: 1, wallMs: 0, logPath, killed: [], stopped: true })));
   }
   const timings = [`--test-reporter=${FILES_REPORTER}`, `--test-reporter-destination=${join(logDir, `${lane.name}.files.tsv`)}`];
-  const child = spawn(process.execPath, [...TEST_FLAGS, ...timings, ...lane.files], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const currentFile = join(logDir, `${lane.name}.current`);
+  rmSync(currentFile, { force: true });
+  const child = spawn(process.execPath, [...TEST_FLAGS, ...timings, ...lane.files], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ASB_LANE_CURRENT_FILE: currentFile } });
+  const runner = child.pid ?? -1;
   const say = (line: string): void => {
     log.write(`${line}\n`);
     process.stdout.write(`${prefix}${line}\n`);
@@ -329,19 +350,25 @@ function runLane(lane: Lane, width: number, logDir: string): Promise<LaneResult>
     lines.on('line', say);
     closed.push(new Promise((r) => lines.once('close', r)));
   }
-  const watch = watchFiles(lane, child.pid ?? -1, say);
+  const watch = watchFiles(lane, runner, currentFile, bounds.fileMs, say);
   let stopped = false;
-  const atDeadline = deadline === undefined ? undefined : setTimeout(() => {
+  const atDeadline = deadlineMs === undefined ? undefined : setTimeout(() => {
     stopped = true;
     say('⏱ the run\'s deadline (ASB_TEST_DEADLINE) has come: stopping this lane');
     watch.report();
-    killTree(treeOf(child.pid ?? -1, processes()));
-  }, deadline - started);
+    say('⏱ killing the lane\'s runner and what it started:');
+    killTreeAndHolders(runner, new Set([process.pid]), say);
+  }, deadlineMs - started);
+  // The watch ends with the runner (its pid could be taken by another process once reaped).
+  child.once('exit', () => {
+    watch.stop();
+    clearTimeout(atDeadline);
+  });
   return new Promise((res) => {
     child.once('close', (code, signal) => {
-      watch.stop();
-      clearTimeout(atDeadline);
-      void Promise.all(closed).then(() => log.end(() => res({ lane, code: code ?? (signal === null ? 1 : 128), wallMs: Date.now() - started, logPath, killed: watch.killed, stopped })));
+      // A file killed after its tests passed (processes it left holding its output) fails the lane too.
+      const exit = code ?? (signal === null ? 1 : 128);
+      void Promise.all(closed).then(() => log.end(() => res({ lane, code: exit === 0 && watch.killed.length > 0 ? 1 : exit, wallMs: Date.now() - started, logPath, killed: watch.killed, stopped })));
     });
   });
 }
@@ -371,6 +398,11 @@ async function main(): Promise<number> {
     process.stderr.write(`ASB_TEST_LOCAL_LANES must be 1 or 2, got "${wanted}"\n`);
     return 2;
   }
+  const bounds = boundsFrom(process.env);
+  if (typeof bounds === 'string') {
+    process.stderr.write(`${bounds}\n`);
+    return 2;
+  }
   const lanes = splitLanes(patterns, readTimes(TIMES_FILE), wanted === '2' ? 2 : 1);
   mkdirSync(logDir, { recursive: true });
   const width = Math.max(...lanes.map((l) => l.name.length));
@@ -378,11 +410,11 @@ async function main(): Promise<number> {
   const running = new Map<string, Promise<LaneResult>>();
   for (const l of lanes) {
     const waits = (l.after ?? []).map((name) => running.get(name)).filter((r) => r !== undefined);
-    running.set(l.name, Promise.all(waits).then(() => runLane(l, width, logDir)));
+    running.set(l.name, Promise.all(waits).then(() => runLane(l, width, logDir, bounds)));
   }
-  const deadline = runDeadline();
-  if (deadline !== undefined) process.stdout.write(`make test: the tests begin ${minutes(deadline - Date.now())} before the run's deadline\n`);
-  const atDeadline = deadline === undefined ? undefined : setTimeout(() => process.stdout.write(`\nmake test: the run's deadline has come; ${machineNow()}`), deadline - Date.now());
+  const { deadlineMs } = bounds;
+  if (deadlineMs !== undefined) process.stdout.write(`make test: the tests begin ${minutes(deadlineMs - Date.now())} before the run's deadline\n`);
+  const atDeadline = deadlineMs === undefined ? undefined : setTimeout(() => process.stdout.write(`\nmake test: the run's deadline has come; ${machineNow()}`), deadlineMs - Date.now());
   const results = await Promise.all(running.values());
   clearTimeout(atDeadline);
   process.stdout.write('\n');
@@ -395,7 +427,7 @@ async function main(): Promise<number> {
   for (const r of failed) {
     const { failing } = summaryOf(r.logPath);
     process.stdout.write(`\n── lane ${r.lane.name} failed (${relative(repoRoot, r.logPath)}) ──\n${failing === '' ? '(no failing-tests section: see the log)' : failing}\n`);
-    for (const file of r.killed) process.stdout.write(`killed: ${file}, its process ran past a test file's limit (${minutes(fileLimitMs())}; its process tree is in the log)\n`);
+    for (const k of r.killed) process.stdout.write(`killed: ${k.file}: ${k.why} (what was killed is in the log)\n`);
   }
   if (failed.length > 0) process.stdout.write(`\nmake test: lane ${failed.map((r) => r.lane.name).join(' and lane ')} failed\n`);
   return failed.length === 0 ? 0 : 1;

@@ -14,7 +14,8 @@ test('freePort gives a port outside the range the kernel lends to outgoing conne
   const ports = new Set<number>();
   for (let i = 0; i < 20; i++) {
     const port = await freePort();
-    assert.ok(port >= 20_000 && port < low, `port ${String(port)} is not in [20000, ${String(low)})`);
+    // A host whose ephemeral range starts below 21000 leaves too few ports under it: the kernel picks.
+    if (low >= 21_000) assert.ok(port >= 20_000 && port < low, `port ${String(port)} is not in [20000, ${String(low)})`);
     ports.add(port);
     // Free: a server binds it.
     await new Promise<void>((res, rej) => {

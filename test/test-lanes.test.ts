@@ -17,21 +17,23 @@ const NEXT_LOCAL_FIXTURE = 'test/fixtures/lanes/local-lane2.ts';
 interface Run {
   code: number;
   out: string;
+  err: string;
   logs: string;
 }
 
 function runLanes(t: TestContext, files: string[], env: Record<string, string> = {}): Promise<Run> {
   const logs = mkdtempSync(join(tmpdir(), 'asb-lanes-'));
   t.after(() => rmSync(logs, { recursive: true, force: true }));
-  // Without this test runner's own context variable: a `node --test` that finds it runs no files (it takes itself for a nested run).
-  const { NODE_TEST_CONTEXT: _ours, ...outer } = process.env;
+  // Without this test runner's own context variable: a `node --test` that finds it runs no files (it
+  // takes itself for a nested run); nor this run's bounds (CI's deadline), which each test sets as it needs.
+  const { NODE_TEST_CONTEXT: _ours, ASB_TEST_DEADLINE: _deadline, ASB_TEST_FILE_LIMIT_S: _limit, ...outer } = process.env;
   return new Promise((res, rej) => {
-    execFile(process.execPath, ['scripts/test-lanes.ts', '--logs', logs, ...files], { cwd: repoRoot, env: { ...outer, ASB_TEST_LOCAL_LANES: '2', ...env }, timeout: 120_000 }, (err, stdout) => {
+    execFile(process.execPath, ['scripts/test-lanes.ts', '--logs', logs, ...files], { cwd: repoRoot, env: { ...outer, ASB_TEST_LOCAL_LANES: '2', ...env }, timeout: 120_000 }, (err, stdout, stderr) => {
       if (err !== null && typeof err.code !== 'number') {
         rej(new Error(`the lane runner did not run: ${err.message}`));
         return;
       }
-      res({ code: err === null ? 0 : Number(err.code), out: stdout, logs });
+      res({ code: err === null ? 0 : Number(err.code), out: stdout, err: stderr, logs });
     });
   });
 }
@@ -120,9 +122,9 @@ test('a failing lane makes the run exit 1, naming that lane and its failing test
 test('a test file whose process never ends is killed past the limit with what it started, named in the summary, and its lane goes on to the next file', async (t) => {
   // The fixture's test passes, then its process lives on (a child `sleep` holds a pipe to it): without
   // the limit the lane, and CI's whole run, would wait for it for ever.
-  const run = await runLanes(t, [LOCAL_FIXTURE, NEXT_LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1', ASB_LANE_FIXTURE_HANG: 'local', ASB_TEST_FILE_LIMIT_S: '3' });
+  const run = await runLanes(t, [LOCAL_FIXTURE, NEXT_LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1', ASB_LANE_FIXTURE_HANG: 'local', ASB_TEST_FILE_LIMIT_S: '10' });
   assert.equal(run.code, 1, run.out);
-  assert.match(run.out, /^local │ ⏱ test\/fixtures\/lanes\/local-lane\.ts has run 0 min \d s, past a test file's limit \(0 min 3 s\): killing it and what it started:$/m);
+  assert.match(run.out, /^local │ ⏱ test\/fixtures\/lanes\/local-lane\.ts has run 0 min \d+ s, past a test file's limit \(0 min 10 s\): killing it and what it started:$/m);
   const sleeper = /^local │ ⏱ {3}(\d+) \S sleep 3600$/m.exec(run.out);
   assert.ok(sleeper !== null, `the killed file's process tree names its sleep:\n${run.out}`);
   // Gone, or dead and not yet reaped by whoever inherited it.
@@ -138,23 +140,45 @@ test('a test file whose process never ends is killed past the limit with what it
   // The next file ran after the killed one, in the same lane.
   assert.ok(run.out.indexOf('✔ the next local lane\'s fixture runs') > run.out.indexOf('killing it'), run.out);
   assert.match(run.out, /^lane local: FAILED \(exit 1\): 3 tests, 2 passed, 1 failed/m);
-  assert.match(run.out, /^killed: test\/fixtures\/lanes\/local-lane\.ts, its process ran past a test file's limit \(0 min 3 s/m);
+  assert.match(run.out, /^killed: test\/fixtures\/lanes\/local-lane\.ts: its process ran past a test file's limit \(0 min 10 s\)/m);
   assert.match(readFileSync(join(run.logs, 'local.log'), 'utf8'), /^⏱ test\/fixtures\/lanes\/local-lane\.ts has run/m);
 });
 
 test('at the run\'s deadline (ASB_TEST_DEADLINE, which CI sets) every lane says what it was running and stops, and the summary says so with the machine\'s load', async (t) => {
-  const deadline = Math.ceil(Date.now() / 1000) + 4;
+  const deadline = Math.ceil(Date.now() / 1000) + 10;
   const run = await runLanes(t, [LOCAL_FIXTURE, NEXT_LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1', ASB_LANE_FIXTURE_HANG: 'local', ASB_TEST_DEADLINE: String(deadline) });
   assert.equal(run.code, 1, run.out);
   assert.ok(Date.now() >= deadline * 1000, 'the run ended before its deadline');
-  assert.match(run.out, /^make test: the tests begin 0 min \d s before the run's deadline$/m);
+  assert.match(run.out, /^make test: the tests begin 0 min \d+ s before the run's deadline$/m);
   assert.match(run.out, /^local │ ⏱ the run's deadline \(ASB_TEST_DEADLINE\) has come: stopping this lane$/m);
-  assert.match(run.out, /^local │ ⏱ running: test\/fixtures\/lanes\/local-lane\.ts, for 0 min \d s; its processes:$/m);
+  assert.match(run.out, /^local │ ⏱ running: test\/fixtures\/lanes\/local-lane\.ts, for 0 min \d+ s; its processes:$/m);
   assert.match(run.out, /^local │ ⏱ {3}\d+ \S sleep 3600$/m);
   assert.match(run.out, /^make test: the run's deadline has come; load average [\d.]+ [\d.]+ [\d.]+; the busiest processes:\n\s*PID/m);
   assert.match(run.out, /^lane local: STOPPED at the run's deadline: /m);
   // The lane stopped: the file after the stuck one never ran.
   assert.doesNotMatch(run.out, /next local lane's fixture/);
+});
+
+test('a file that ends leaving a process outside its tree holding its output (the runner waits on it) has that process killed and fails; its lane goes on', async (t) => {
+  const run = await runLanes(t, [LOCAL_FIXTURE, NEXT_LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1', ASB_LANE_FIXTURE_ORPHAN: 'local', ASB_TEST_FILE_LIMIT_S: '10' });
+  assert.equal(run.code, 1, run.out);
+  assert.match(run.out, /^local │ ⏱ test\/fixtures\/lanes\/local-lane\.ts has ended, but processes it started hold its output open \(the runner waits for its end\): killing them:$/m);
+  assert.match(run.out, /^local │ ⏱ {3}\d+ \S sleep 3601$/m);
+  assert.ok(run.out.indexOf('✔ the next local lane\'s fixture runs') > run.out.indexOf('killing them'), run.out);
+  // Its tests passed; the lane fails for what it left behind, and says so.
+  assert.match(run.out, /^lane local: FAILED \(exit 1\): 2 tests, 2 passed, 0 failed/m);
+  assert.match(run.out, /^killed: test\/fixtures\/lanes\/local-lane\.ts: processes it started held its output open after it ended/m);
+});
+
+test('a run bound that is not a positive number of seconds is refused, naming it', async (t) => {
+  for (const [name, value] of [['ASB_TEST_DEADLINE', 'soon'], ['ASB_TEST_DEADLINE', String(Date.now())], ['ASB_TEST_FILE_LIMIT_S', '-5']] as const) {
+    const run = await runLanes(t, [LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1', [name]: value });
+    assert.equal(run.code, 2, `${name}=${value}: ${run.out}`);
+    assert.match(run.err, new RegExp(`^${name} must be `), `${name}=${value}`);
+  }
+  // Empty is unset (a shell's `VAR= make test`).
+  const unset = await runLanes(t, [LOCAL_FIXTURE], { ASB_TEST_LOCAL_LANES: '1', ASB_TEST_DEADLINE: '' });
+  assert.equal(unset.code, 0, unset.out);
 });
 
 test('TEST_FILES naming one file runs that file alone, in its lane', async (t) => {

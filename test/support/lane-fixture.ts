@@ -3,7 +3,9 @@
 // With ASB_LANE_FIXTURE_DIR set, each marks that it runs and waits, at most 60 s, for the other
 // lane's mark: it passes only when both lanes run at once. It fails when ASB_LANE_FIXTURE_FAIL
 // names its lane. When ASB_LANE_FIXTURE_HANG names its lane, its test passes but its process never
-// ends: it starts a `sleep` it keeps a pipe to, as a file that forgets a child process does.
+// ends: it starts a `sleep` it keeps a pipe to, as a file that forgets a child process does. When
+// ASB_LANE_FIXTURE_ORPHAN names it, its process ends but leaves a `sleep` outside its tree holding
+// its output, as a daemon started by a test and never stopped would.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { existsSync, writeFileSync } from 'node:fs';
@@ -25,5 +27,6 @@ export function laneFixture(mine: string, other: string): void {
     }
     assert.notEqual(process.env.ASB_LANE_FIXTURE_FAIL, mine, `the ${mine} lane was asked to fail`);
     if (process.env.ASB_LANE_FIXTURE_HANG === mine) spawn('sleep', ['3600'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    if (process.env.ASB_LANE_FIXTURE_ORPHAN === mine) spawn('sh', ['-c', 'sleep 3601 &'], { stdio: ['ignore', 'inherit', 'ignore'] });
   });
 }
