@@ -51,7 +51,7 @@ export function childrenOf(pid: number): number[] {
   return children;
 }
 
-/** A process's command line ('' once it has ended). */
+/** A process's command line (none once it has ended). */
 export function argsOf(pid: number): string[] {
   try {
     return readFileSync(`/proc/${String(pid)}/cmdline`, 'utf8').split('\0').filter((a) => a !== '');
