@@ -287,7 +287,10 @@ function watchFiles(lane: Lane, runner: number, currentFile: string, limitMs: nu
       // it started that left its tree can hold that open for ever.
       if (!orphansChecked && now - noFileSince >= Math.min(ORPHAN_GRACE_MS, limitMs)) {
         orphansChecked = true;
-        const holders = sharing(farEnds(readsOf(runner)), new Set([runner, process.pid]), processes());
+        // Confirmed by the whole process table: a kernel without /proc/<pid>/task/*/children shows none.
+        const all = processes();
+        if (all.some((p) => p.ppid === runner && p.state !== 'Z')) return;
+        const holders = sharing(farEnds(readsOf(runner)), new Set([runner, process.pid]), all);
         const file = lastFile();
         if (holders.length > 0) {
           say(`⏱ ${file} has ended, but processes it started hold its output open (the runner waits for its end): killing them:`);
