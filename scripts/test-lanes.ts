@@ -230,7 +230,8 @@ function ownStreams(streams: readonly string[]): string[] {
 
 /** The streams a lane's `node --test` made to read its files' output (not its own stdio to us, not what it inherited). */
 function readsOf(runner: number): string[] {
-  return ownStreams(streamsOf(runner)).filter((s) => !streamsOf(runner, ['0', '1', '2']).includes(s));
+  const stdio = new Set(streamsOf(runner, ['0', '1', '2']));
+  return ownStreams(streamsOf(runner)).filter((s) => !stdio.has(s));
 }
 
 /**
@@ -291,8 +292,8 @@ function watchFiles(lane: Lane, runner: number, currentFile: string, limitMs: nu
         const all = processes();
         if (all.some((p) => p.ppid === runner && p.state !== 'Z')) return;
         const holders = sharing(farEnds(readsOf(runner)), new Set([runner, process.pid]), all);
-        const file = lastFile();
         if (holders.length > 0) {
+          const file = lastFile();
           say(`⏱ ${file} has ended, but processes it started hold its output open (the runner waits for its end): killing them:`);
           for (const p of holders) say(`⏱   ${describe(p)}`);
           killAll(holders, say);
