@@ -280,6 +280,37 @@ test('concurrent first requests to a hibernated sandbox cause exactly one wake a
   assert.deepEqual(second, { wait: false, cause: { host: HOST(8080), path: '/app' } });
 });
 
+test("a sandbox paused without auto_resume: traffic gets E2B's 502 while its worker says paused, and is routed once a connect has resumed it, though the feed said so later", async (t) => {
+  const r = await startRouterUnderTest(t, { lookupLimits: { burst: 3, ratePerS: 0.001 } });
+  r.snapshot([entry(ID, { state: 'hibernated', podIp: undefined, resumeOnTraffic: false })]);
+  r.worker.existing.add(ID);
+  r.worker.phases.set(ID, 'Hibernated');
+  const client = extProcClient(r.server.address);
+  t.after(() => client.close());
+  const envd = (): ReturnType<typeof get> => get('127.0.0.1:10000', '/files?path=/a', { 'e2b-sandbox-id': ID, 'e2b-sandbox-port': '49983', 'x-access-token': TOKEN });
+  const E2B_GONE = { sandboxId: ID, message: 'The sandbox was not found', code: 502 };
+
+  const paused = await exchange(client, envd());
+  assert.deepEqual(immediate(paused.answer)?.body, E2B_GONE);
+  assert.equal(r.worker.lookups.get(ID), 1, 'its worker was asked');
+  assert.equal(r.worker.resumes.get(ID), undefined, 'traffic does not resume it');
+
+  // A connect resumed it: its worker says Running; the feed says so 50 ms later.
+  r.worker.phases.set(ID, 'Running');
+  setTimeout(() => r.upsert(entry(ID, { podIp: '10.213.0.9' })), 50);
+  const resumed = await exchange(client, envd());
+  assertRouteReply(resumed.answer);
+  assert.equal(resumed.replies.length, 2, 'held until the feed showed it running');
+  assert.equal(r.worker.resumes.get(ID), undefined, 'the router itself never resumed it');
+
+  // Paused again: past the client's lookup budget the table's answer stands (E2B's 502, not a 429).
+  r.worker.phases.set(ID, 'Hibernated');
+  r.upsert(entry(ID, { state: 'hibernated', podIp: undefined, resumeOnTraffic: false }));
+  for (let i = 0; i < 3; i++) assert.deepEqual(immediate((await exchange(client, envd())).answer)?.body, E2B_GONE, `request ${String(i)}`);
+  assert.equal(r.worker.lookups.get(ID), 3, 'asked while its budget lasted, then not');
+  assert.equal(r.worker.resumes.get(ID), undefined);
+});
+
 test('a request without the token cannot wake a sandbox', async (t) => {
   const r = await startRouterUnderTest(t);
   r.snapshot([entry(ID, { state: 'hibernated', podIp: undefined })]);

@@ -83,7 +83,12 @@ export type Decision =
   /** Sandbox not running yet: hold until the table shows it running (wake: ask its worker to resume it). */
   | { kind: 'hold'; entry: RouteEntry; wake: boolean }
   /** Id not in the table: ask its worker whether it exists before answering 404. */
-  | { kind: 'lookup'; id: string; cluster: string; e2b: boolean };
+  | { kind: 'lookup'; id: string; cluster: string; e2b: boolean }
+  /**
+   * The table says paused and not resumable by traffic, but a connect may have resumed it a moment
+   * before the feed said so: ask its worker, and answer `paused` only if the worker agrees.
+   */
+  | { kind: 'confirm'; entry: RouteEntry; paused: Decision };
 
 /** Seconds a client should wait before retrying a 503: a wake takes ~0.2-2 s. */
 export const RETRY_AFTER_S = 2;
@@ -164,7 +169,11 @@ export function decide(headers: RequestHeaders, ctx: DecideContext, listener: Li
       return { kind: 'reject', error: new AsbError('Unavailable', `sandbox ${entry.id} is ${entry.state}`), retryAfterS: undefined };
     case 'hibernated':
       // Paused without auto-resume (E2B): what E2B's proxy answers, and nothing wakes.
-      if (entry.resumeOnTraffic === false) return { kind: 'reject', error: new AsbError('NotFound', `sandbox ${entry.id} is paused and resumes only through connect (created without auto_resume)`), retryAfterS: undefined, e2bSandboxId: entry.id };
+      if (entry.resumeOnTraffic === false) {
+        const paused: Decision = { kind: 'reject', error: new AsbError('NotFound', `sandbox ${entry.id} is paused and resumes only through connect (created without auto_resume)`), retryAfterS: undefined, e2bSandboxId: entry.id };
+        // A worker this edge cannot reach cannot be asked: the table's word stands.
+        return unreachable(entry.cluster, ctx) === undefined ? { kind: 'confirm', entry, paused } : paused;
+      }
       return unreachable(entry.cluster, ctx) ?? { kind: 'hold', entry, wake: true };
     case 'starting':
     case 'running':

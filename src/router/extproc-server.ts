@@ -213,15 +213,17 @@ export class ExtProcServer {
   #onRequestHeaders(call: Call, state: StreamState, msg: HttpHeaders): void {
     const headers = headerMap(msg);
     const decision = decide(headers, this.#opts, state.listener);
-    if (decision.kind !== 'hold' && decision.kind !== 'lookup') {
+    if (decision.kind !== 'hold' && decision.kind !== 'lookup' && decision.kind !== 'confirm') {
       this.#answer(call, state, decision);
       return;
     }
-    if (decision.kind === 'lookup') {
-      // Refused lookups are answered here, before any hold: the worker is never asked.
-      const refused = this.#opts.waker.refuseLookup(decision.id, clientKey(headers, state.listener));
+    if (decision.kind !== 'hold') {
+      // Refused lookups are answered here, before any hold: the worker is never asked. A paused
+      // sandbox gets the table's answer then, as E2B's SDKs expect, not a 429.
+      const id = decision.kind === 'lookup' ? decision.id : decision.entry.id;
+      const refused = this.#opts.waker.refuseLookup(id, clientKey(headers, state.listener));
       if (refused !== undefined) {
-        this.#answer(call, state, lookupRefused(decision.id, refused));
+        this.#answer(call, state, decision.kind === 'lookup' ? lookupRefused(id, refused) : decision.paused);
         return;
       }
     }
@@ -233,7 +235,10 @@ export class ExtProcServer {
     state.abort = new AbortController();
     const signal = state.abort.signal;
     const waker = this.#opts.waker;
-    const wait = decision.kind === 'hold' ? waker.holdUntilRunning(decision.entry, decision.wake, signal, wakeCauseOf(headers)) : waker.lookup(decision.id, decision.cluster, signal);
+    const wait =
+      decision.kind === 'hold' ? waker.holdUntilRunning(decision.entry, decision.wake, signal, wakeCauseOf(headers))
+      : decision.kind === 'lookup' ? waker.lookup(decision.id, decision.cluster, signal)
+      : waker.confirmPaused(decision.entry, signal);
     wait.then(
       () => this.#release(headers, state.listener, signal, waker.holdLimitMs - (performance.now() - started)),
     ).then(
@@ -248,6 +253,10 @@ export class ExtProcServer {
         const error = isAsbError(err) ? err : unavailable('internal error while holding the request');
         if (!isAsbError(err)) this.#log.error({ err }, 'hold failed');
         this.#opts.metrics?.holdSeconds.observe({ result: String(error.status) }, (performance.now() - started) / 1000);
+        if (decision.kind === 'confirm' && isAsbError(err, 'NotFound')) {
+          this.#answer(call, state, decision.paused);
+          return;
+        }
         const reject: Decision = { kind: 'reject', error, retryAfterS: error.status === 503 ? RETRY_AFTER_S : undefined };
         if (decision.kind === 'lookup' && decision.e2b && isAsbError(err, 'NotFound')) reject.e2bSandboxId = decision.id;
         this.#answer(call, state, reject);
@@ -268,6 +277,7 @@ export class ExtProcServer {
     for (;;) {
       const again = decide(headers, this.#opts, listener);
       if (again.kind === 'lookup') return notFound(again.id, again.e2b);
+      if (again.kind === 'confirm') return again.paused;
       if (again.kind === 'hold') return { kind: 'reject', error: unavailable(`sandbox ${again.entry.id} is not running`), retryAfterS: RETRY_AFTER_S };
       if (again.kind !== 'route' || again.pod === undefined || again.sandboxId === undefined) return again;
       const pod = `${again.pod.host}:${again.pod.port}`;

@@ -4,8 +4,10 @@
 // the requested port accepts connections (port-wait.ts: running is not listening), or is refused
 // with 503 when the wake fails or the hold limit passes. Ids the table lacks are
 // looked up at their worker once (coalesced too) before a 404, which covers feed lag for a
-// sandbox created a moment ago. New lookups are limited per client and in total
-// (lookup-limiter.ts); refuseLookup says when one may not start.
+// sandbox created a moment ago; a sandbox the table shows paused without resume on traffic is
+// asked about the same way, which covers feed lag for one a connect resumed a moment ago. New
+// lookups are limited per client and in total (lookup-limiter.ts); refuseLookup says when one
+// may not start.
 import { AsbError } from '../errors.ts';
 import type { Clock } from '../base/clock.ts';
 import type { Logger } from '../base/log.ts';
@@ -13,7 +15,7 @@ import type { RouteEntry } from './contract.ts';
 import { LookupLimiter, type LookupRefusal } from './lookup-limiter.ts';
 import { PortWaiter } from './port-wait.ts';
 import type { RouteTable } from './route-table.ts';
-import { resumeSandbox, sandboxExists, type WorkerEndpoint } from './worker-api.ts';
+import { resumeSandbox, sandboxPhase, type WorkerEndpoint } from './worker-api.ts';
 
 /** The request that caused a wake (host and path), told to the worker for the lifecycle event. */
 export interface WakeCause {
@@ -44,14 +46,17 @@ export type LookupResult = 'found' | 'missing' | 'failed' | LookupRefusal['reaso
 
 export const DEFAULT_HOLD_LIMIT_MS = 25_000;
 
+/** Worker phases (views.ts) of a sandbox that a connect has resumed: it runs, or is on its way. */
+const RESUMED_PHASES: ReadonlySet<string> = new Set(['Pending', 'Running']);
+
 export class Waker {
   readonly #opts: WakerOptions;
   readonly #holdLimitMs: number;
   readonly #missWaitMs: number;
   /** Sandbox id → its wake, kept until the feed shows the sandbox leave `hibernated`. */
   readonly #wakes = new Map<string, Promise<void>>();
-  /** Id → its lookup at the worker, while in flight: concurrent requests for one id share it. */
-  readonly #lookups = new Map<string, Promise<boolean>>();
+  /** Id → its lookup at the worker (the phase it answers, undefined if missing), while in flight: concurrent requests for one id share it. */
+  readonly #lookups = new Map<string, Promise<string | undefined>>();
   readonly #limiter: LookupLimiter;
   readonly #ports: PortWaiter;
 
@@ -109,23 +114,41 @@ export class Waker {
 
   /** For an id the table lacks: resolves with its entry once the feed delivers it, or rejects NotFound. */
   async lookup(id: string, cluster: string, signal: AbortSignal): Promise<RouteEntry> {
-    const worker = this.#opts.workers.get(cluster);
-    if (worker === undefined) throw new AsbError('NotFound', `sandbox ${id} not found`);
-    let pending = this.#lookups.get(id);
-    if (pending === undefined) {
-      const onLookup = this.#opts.onLookup;
-      pending = sandboxExists(worker, id).finally(() => this.#lookups.delete(id));
-      if (onLookup !== undefined) void pending.then((exists) => onLookup(exists ? 'found' : 'missing'), () => onLookup('failed'));
-      this.#lookups.set(id, pending);
-    }
-    // Register the watch before awaiting the lookup so an upsert landing meanwhile is not missed.
-    const waiting = this.#waitFor(id, this.#missWaitMs, signal, pending.then((exists) => {
-      if (!exists) {
+    const asked = this.#ask(id, cluster).then((phase) => {
+      if (phase === undefined) {
         this.#opts.table.rememberMissing(id);
         throw new AsbError('NotFound', `sandbox ${id} not found`);
       }
-    }), (e) => e !== undefined, `sandbox ${id} exists but its route has not arrived yet`);
-    return waiting;
+    });
+    // The watch is registered before the answer comes, so an upsert landing meanwhile is not missed.
+    return this.#waitFor(id, this.#missWaitMs, signal, asked, (e) => e !== undefined, `sandbox ${id} exists but its route has not arrived yet`);
+  }
+
+  /**
+   * For a sandbox the table shows paused without resume on traffic: E2B's connect resumes it and
+   * returns once its worker says running, and the client's next request can come before the feed
+   * says so. Resolves with its entry once the feed shows it running, if its worker says it is no
+   * longer paused; rejects NotFound if the worker says it still is (or is gone).
+   */
+  async confirmPaused(entry: RouteEntry, signal: AbortSignal): Promise<RouteEntry> {
+    const asked = this.#ask(entry.id, entry.cluster).then((phase) => {
+      if (phase === undefined || !RESUMED_PHASES.has(phase)) throw new AsbError('NotFound', `sandbox ${entry.id} is ${phase === undefined ? 'gone' : 'not resumed'}`);
+    });
+    return this.#waitFor(entry.id, this.#holdLimitMs, signal, asked, (e) => e?.state === 'running' && e.podIp !== undefined, `sandbox ${entry.id} was resumed but did not become ready within ${this.#holdLimitMs} ms`);
+  }
+
+  /** The sandbox's phase at its worker, one call however many requests ask at once. */
+  #ask(id: string, cluster: string): Promise<string | undefined> {
+    const worker = this.#opts.workers.get(cluster);
+    if (worker === undefined) return Promise.resolve(undefined);
+    let pending = this.#lookups.get(id);
+    if (pending === undefined) {
+      const onLookup = this.#opts.onLookup;
+      pending = sandboxPhase(worker, id).finally(() => this.#lookups.delete(id));
+      if (onLookup !== undefined) void pending.then((phase) => onLookup(phase === undefined ? 'missing' : 'found'), () => onLookup('failed'));
+      this.#lookups.set(id, pending);
+    }
+    return pending;
   }
 
   #wake(entry: RouteEntry, cause: WakeCause | undefined): Promise<void> {

@@ -1,6 +1,7 @@
 // The three calls a router makes to a worker's REST API, all with the admin key: resume a
-// hibernated sandbox (wake on connect), ask whether an id the table lacks exists, and report
-// data-plane activity. None is on the hot path of a request to a known, running sandbox.
+// hibernated sandbox (wake on connect), ask for a sandbox's phase (does an id the table lacks
+// exist; is one the table says paused still paused), and report data-plane activity. None is on
+// the hot path of a request to a known, running sandbox.
 import { AsbError } from '../errors.ts';
 
 export interface WorkerEndpoint {
@@ -23,13 +24,21 @@ export async function resumeSandbox(worker: WorkerEndpoint, id: string, cause?: 
   await res.body?.cancel();
 }
 
-/** GET /v1/sandboxes/{id}: true if the worker knows the sandbox, false on 404. */
-export async function sandboxExists(worker: WorkerEndpoint, id: string): Promise<boolean> {
+/** GET /v1/sandboxes/{id}: the sandbox's phase as its worker sees it now (Running, Hibernated, …), undefined on 404. */
+export async function sandboxPhase(worker: WorkerEndpoint, id: string): Promise<string | undefined> {
   const res = await call(worker, 'GET', `/v1/sandboxes/${encodeURIComponent(id)}`, undefined);
-  await res.body?.cancel();
-  if (res.status === 404) return false;
-  if (res.status === 200) return true;
-  throw new AsbError('Unavailable', `worker ${worker.cluster} answered HTTP ${res.status} looking up sandbox ${id}`);
+  if (res.status === 404) {
+    await res.body?.cancel();
+    return undefined;
+  }
+  if (res.status !== 200) {
+    await res.body?.cancel();
+    throw new AsbError('Unavailable', `worker ${worker.cluster} answered HTTP ${res.status} looking up sandbox ${id}`);
+  }
+  const view: unknown = await res.json().catch(() => undefined);
+  const phase = typeof view === 'object' && view !== null ? (view as { phase?: unknown }).phase : undefined;
+  if (typeof phase !== 'string') throw new AsbError('Unavailable', `worker ${worker.cluster} answered sandbox ${id} without a phase`);
+  return phase;
 }
 
 /** POST /v1/activity {ids}. */

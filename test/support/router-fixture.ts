@@ -67,6 +67,8 @@ export interface FakeWorker {
   activity: string[][];
   /** Ids GET /v1/sandboxes/{id} answers 200 for. */
   existing: Set<string>;
+  /** The phase that 200 says, per id; default Running. */
+  phases: Map<string, string>;
   /** While set, lookups (GET /v1/sandboxes/{id}) are counted at once but answered only when it resolves. */
   holdLookups: Promise<void> | undefined;
   /** What a resume answers; default 200. */
@@ -75,7 +77,7 @@ export interface FakeWorker {
 }
 
 export async function startFakeWorker(t: TestContext): Promise<FakeWorker> {
-  const fake: FakeWorker = { url: '', resumes: new Map(), resumeBodies: new Map(), lookups: new Map(), activity: [], existing: new Set(), holdLookups: undefined, resumeStatus: 200, onResume: () => undefined };
+  const fake: FakeWorker = { url: '', resumes: new Map(), resumeBodies: new Map(), lookups: new Map(), activity: [], existing: new Set(), phases: new Map(), holdLookups: undefined, resumeStatus: 200, onResume: () => undefined };
   const server: Server = createServer((req: IncomingMessage, res: ServerResponse) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -95,7 +97,7 @@ export async function startFakeWorker(t: TestContext): Promise<FakeWorker> {
       if (req.method === 'GET' && one?.[1] !== undefined) {
         const id = one[1];
         fake.lookups.set(id, (fake.lookups.get(id) ?? 0) + 1);
-        const answer = (): void => send(res, fake.existing.has(id) ? 200 : 404, { id });
+        const answer = (): void => send(res, fake.existing.has(id) ? 200 : 404, fake.existing.has(id) ? { id, phase: fake.phases.get(id) ?? 'Running' } : { id });
         if (fake.holdLookups === undefined) return answer();
         void fake.holdLookups.then(answer);
         return;
