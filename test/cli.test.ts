@@ -353,7 +353,7 @@ test('end to end: apply, create, ls, exec, pause, resume, status, rm against a r
   assert.equal(resumed.code, 0, resumed.stderr);
   assert.equal((JSON.parse(resumed.stdout) as { ready: boolean }).ready, true);
   const after = await run(['exec', sb.id, '--', 'echo', 'awake']);
-  assert.deepEqual([after.code, after.stdout], [0, 'awake\n']);
+  assert.deepEqual([after.code, after.stdout], [0, 'awake\n'], `exec right after resume: ${after.stderr}`);
   const note = await run(['files', 'get', sb.id, '/tmp/note.txt']);
   assert.deepEqual([note.code, note.stdout], [0, 'kept across hibernation']);
 
