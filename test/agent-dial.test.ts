@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { createServer, type AddressInfo } from 'node:net';
+import { createServer, Socket, type AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import { agentExec, agentPty, agentSpawn } from '../src/runtime/local/agent.ts';
 import { AgentLink } from '../src/runtime/local/agent-link.ts';
@@ -121,4 +121,53 @@ test('a process whose sandbox ends before the init names it settles: a spawn res
   assert.deepEqual(await proc.exited, { exitCode: 137, signal: 'SIGKILL' });
   await assert.rejects(terminal, /container pod-a ended before the terminal's command started/);
   assert.equal(link.size, 0);
+});
+
+/**
+ * An init that runs a request at once: as soon as a whole request frame is in, it answers (pid,
+ * "hi\n", exit 0) and closes, without reading what comes after; each request taken prints a line.
+ */
+const PROMPT = `
+import socket, struct, sys
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(16)
+print(s.getsockname()[1], flush=True)
+frame = lambda kind, body: kind + struct.pack('>I', len(body)) + body
+while True:
+    c, _ = s.accept()
+    got = b''
+    while len(got) < 5 or len(got) < 5 + struct.unpack('>I', got[1:5])[0]:
+        more = c.recv(65536)
+        if not more: break
+        got += more
+    print('request', flush=True)
+    c.sendall(frame(b'P', struct.pack('>I', 42)) + frame(b'O', b'hi\\n') + frame(b'X', struct.pack('>IB', 0, 0)))
+    c.close()
+`;
+
+test('an exec whose command ends before the host has sent its stdin still gets its answer, and runs once: the stdin and its end leave with the request', { timeout: 60_000 }, async (t) => {
+  const agent = spawn('python3', ['-c', PROMPT], { stdio: ['ignore', 'pipe', 'inherit'] });
+  t.after(() => agent.kill('SIGKILL'));
+  const [line] = (await once(agent.stdout, 'data')) as [Buffer];
+  const port = Number(String(line).trim());
+  let taken = 0;
+  agent.stdout.on('data', (b: Buffer) => (taken += String(b).split('\n').filter((l) => l === 'request').length));
+  // The host preempted between its writes to the init (a loaded machine): every write after a
+  // connection's first waits 100 ms with the event loop held, as a descheduled process would.
+  const proto = Socket.prototype as unknown as { write: (this: Socket, ...args: unknown[]) => boolean };
+  const write = proto.write;
+  const writes = new WeakMap<Socket, number>();
+  proto.write = function (this: Socket, ...args: unknown[]): boolean {
+    if (this.remotePort === port) {
+      const n = (writes.get(this) ?? 0) + 1;
+      writes.set(this, n);
+      if (n > 1) for (const until = Date.now() + 100; Date.now() < until; );
+    }
+    return write.apply(this, args);
+  };
+  t.after(() => (proto.write = write));
+  const link = new AgentLink({ host: '127.0.0.1', port, token: 'tok' });
+  const result = await agentExec(link, { uid: 0, gid: 0, cwd: '/', command: ['echo', 'hi'], env: [] }, { stdin: '' });
+  assert.deepEqual([result.exitCode, Buffer.from(result.stdout).toString(), Buffer.from(result.stderr).toString()], [0, 'hi\n', '']);
+  await new Promise((r) => setTimeout(r, 100));
+  assert.equal(taken, 1, 'the command ran once');
 });

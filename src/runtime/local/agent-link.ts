@@ -25,10 +25,13 @@ const CONNECT_ATTEMPT_MS = 5000;
 /** A dropped connection of a running pod: reattach attempts before the process is given up. */
 const REATTACH_TRIES = 3;
 /**
- * A request's connection closed before the agent said a word (no pid, no refusal): the request was
- * not taken, since a process it starts is named first. Asked again this many times, 50 ms apart,
- * before the call fails. Seen rarely under load (the cause is not found yet); a wrong token (a pod
- * that is not the one asked for) closes every try the same way and still fails.
+ * A request's connection closed before the agent said a word (no pid, no refusal): asked again
+ * this many times, 50 ms apart, before the call fails; a wrong token (a pod that is not the one
+ * asked for) closes every try the same way and still fails. The agent names a process before
+ * anything else, but the words can be lost here: a write that reaches the agent after it closed
+ * the connection (the process ended at once) is answered with a reset, and the failed write
+ * destroys the socket before its unread answer is read. So a call whose frames are known at the
+ * start (an exec's stdin and its end) sends them in the request's own write (agentExec).
  */
 const UNANSWERED_TRIES = 2;
 
@@ -177,8 +180,8 @@ export class AgentStream {
   #bind(socket: Socket, request: Buffer): void {
     this.#socket = socket;
     if (this.#paused) socket.pause();
-    socket.write(request);
-    for (const f of this.#queued) socket.write(f);
+    // One write: what was queued goes out with the request, before the agent can have answered.
+    socket.write(this.#queued.length === 0 ? request : Buffer.concat([request, ...this.#queued]));
     if (this.#request !== undefined) this.#unconfirmed.push(...this.#queued);
     this.#queued = [];
     let sawEnd = false;

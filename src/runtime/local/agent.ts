@@ -40,10 +40,12 @@ export function agentExec(link: AgentLink, req: AgentRequest, opts: Pick<ExecReq
         resolve(result);
       },
     });
-    stream.open(req).then(() => {
-      if (opts.stdin !== undefined) stream.send(frame('I', typeof opts.stdin === 'string' ? Buffer.from(opts.stdin) : opts.stdin));
-      stream.send(frame('E'));
-    }, reject);
+    const opening = stream.open(req);
+    // Queued before the connection is up, so they go out in the request's own write: sent after
+    // it, they could reach an agent that has run the command and closed already (agent-link.ts).
+    if (opts.stdin !== undefined) stream.send(frame('I', typeof opts.stdin === 'string' ? Buffer.from(opts.stdin) : opts.stdin));
+    stream.send(frame('E'));
+    opening.catch(reject);
   });
 }
 
