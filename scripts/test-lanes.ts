@@ -43,7 +43,7 @@ import { spawn } from 'node:child_process';
 import { createWriteStream, globSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
-import { argsOf, childrenOf, describe, farEnds, killAll, machineNow, processes, sharing, streamsOf, treeOf } from './process-tree.ts';
+import { argsOf, childrenOf, describe, farEnds, killAll, machineNow, processes, sharing, streamsOf, treeOf, type Proc } from './process-tree.ts';
 
 const repoRoot = resolve(import.meta.dirname, '..');
 const DEFAULT_LOG_DIR = join(repoRoot, 'test-artifacts', 'lanes');
@@ -234,6 +234,11 @@ function readsOf(runner: number): string[] {
   return ownStreams(streamsOf(runner)).filter((s) => !stdio.has(s));
 }
 
+/** Processes outside the runner holding the far ends of what it reads: what keeps an ended file's output open. */
+function holdersOfOutput(runner: number, all: readonly Proc[]): Proc[] {
+  return sharing(farEnds(readsOf(runner)), new Set([runner, process.pid]), all);
+}
+
 /**
  * Kills a process tree, children first, then whatever else still holds the root's output open (a
  * child that left the tree, re-parented to init or a subreaper): the reader of that output waits
@@ -291,7 +296,7 @@ function watchFiles(lane: Lane, runner: number, currentFile: string, limitMs: nu
         // Confirmed by the whole process table: a kernel without /proc/<pid>/task/*/children shows none.
         const all = processes();
         if (all.some((p) => p.ppid === runner && p.state !== 'Z')) return;
-        const holders = sharing(farEnds(readsOf(runner)), new Set([runner, process.pid]), all);
+        const holders = holdersOfOutput(runner, all);
         if (holders.length > 0) {
           const file = lastFile();
           say(`⏱ ${file} has ended, but processes it started hold its output open (the runner waits for its end): killing them:`);
@@ -323,7 +328,7 @@ function watchFiles(lane: Lane, runner: number, currentFile: string, limitMs: nu
       say(`⏱ running: ${fileOf(p.pid)}, for ${minutes(p.ageMs)}; its processes:`);
       for (const q of treeOf(p.pid, all)) say(`⏱   ${describe(q)}`);
     }
-    const holders = files.length > 0 ? [] : sharing(farEnds(readsOf(runner)), new Set([runner, process.pid]), all);
+    const holders = files.length > 0 ? [] : holdersOfOutput(runner, all);
     if (holders.length > 0) say(`⏱ no file running; ${lastFile()} has ended, and these hold its output open:`);
     for (const p of holders) say(`⏱   ${describe(p)}`);
   };

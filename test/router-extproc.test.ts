@@ -295,10 +295,12 @@ test("a sandbox paused without auto_resume: traffic gets E2B's 502 while its wor
   assert.equal(r.worker.lookups.get(ID), 1, 'its worker was asked');
   assert.equal(r.worker.resumes.get(ID), undefined, 'traffic does not resume it');
 
-  // A connect resumed it: its worker says Running; the feed says so 50 ms later.
+  // A connect resumed it: its worker says Running; the feed says so only after the router asked.
   r.worker.phases.set(ID, 'Running');
-  setTimeout(() => r.upsert(entry(ID, { podIp: '10.213.0.9' })), 50);
-  const resumed = await exchange(client, envd());
+  const pending = exchange(client, envd());
+  await until(() => r.worker.lookups.get(ID) === 2, 5_000, 'the router asking the worker again');
+  r.upsert(entry(ID, { podIp: '10.213.0.9' }));
+  const resumed = await pending;
   assertRouteReply(resumed.answer);
   assert.equal(resumed.replies.length, 2, 'held until the feed showed it running');
   assert.equal(r.worker.resumes.get(ID), undefined, 'the router itself never resumed it');
